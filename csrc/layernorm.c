@@ -1,0 +1,123 @@
+/* SPDX-License-Identifier: AGPL-3.0-or-later AND Apache-2.0
+ *
+ * layernorm.c -- LayerNorm over C channels and, with the same row kernel,
+ * the time-mix per-head group norm (rows of N, affine indexed by head).
+ *
+ * Statistics are two-pass in double: a row of 1000 + noise has a variance
+ * eight orders of magnitude below its squared mean, which a one-pass fp32
+ * E[x^2] - E[x]^2 cannot resolve.
+ */
+#include "rx_internal.h"
+
+RX_HOT static void row_stats(const float *x, size_t D, float eps, float *mean, float *rstd) {
+    double s = 0.0;
+    for (size_t n = 0; n < D; n++) s += x[n];
+    double mu = s / (double)D, v = 0.0;
+    for (size_t n = 0; n < D; n++) {
+        double d = x[n] - mu;
+        v += d * d;
+    }
+    *mean = (float)mu;
+    *rstd = (float)(1.0 / sqrt(v / (double)D + (double)eps));
+}
+
+/* rows [r0,r1) of x, out: [rows][D]; w, b: [period][D]; mean, rstd: [rows] or NULL */
+RX_HOT static void rownorm_forward_rows(const float *x, const float *w, const float *b,
+                                        float *out, float *mean, float *rstd,
+                                        size_t r0, size_t r1, size_t D, size_t period,
+                                        float eps) {
+    for (size_t r = r0; r < r1; r++) {
+        const float *xr = x + r * D;
+        const float *wr = w + (r % period) * D, *br = b + (r % period) * D;
+        float *o = out + r * D, mu, rs;
+        row_stats(xr, D, eps, &mu, &rs);
+        if (mean) mean[r] = mu;
+        if (rstd) rstd[r] = rs;
+        for (size_t n = 0; n < D; n++) o[n] = (xr[n] - mu) * rs * wr[n] + br[n];
+    }
+}
+
+void rx_rownorm_forward(const float *x, const float *w, const float *b,
+                        float *out, float *mean, float *rstd,
+                        size_t rows, size_t D, size_t period, float eps) {
+    int nt = (rx_in_parallel() || rows * D < 32768) ? 1 : rx_max_threads();
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        int id = rx_thread_id();
+        rownorm_forward_rows(x, w, b, out, mean, rstd, rows * id / nt,
+                             rows * (id + 1) / nt, D, period, eps);
+    }
+}
+
+/* x, dy, dx: [rows][D] (dx may alias dy); w, dw, db: [period][D]. */
+RX_HOT static void rownorm_backward_rows(const float *x, const float *w, const float *dy,
+                                         float *dx, float *dw, float *db,
+                                         size_t r0, size_t r1, size_t D, size_t period,
+                                         float eps) {
+    for (size_t r = r0; r < r1; r++) {
+        const float *xr = x + r * D, *g = dy + r * D, *wr = w + (r % period) * D;
+        float *dwr = dw + (r % period) * D, *dbr = db + (r % period) * D, *o = dx + r * D;
+        float mu, rs;
+        row_stats(xr, D, eps, &mu, &rs);
+        double sg = 0.0, sgx = 0.0;
+        for (size_t n = 0; n < D; n++) {
+            float xh = (xr[n] - mu) * rs, gw = g[n] * wr[n];
+            sg += gw;
+            sgx += gw * xh;
+            dwr[n] += g[n] * xh;
+            dbr[n] += g[n];
+        }
+        float mg = (float)(sg / (double)D), mgx = (float)(sgx / (double)D);
+        for (size_t n = 0; n < D; n++) {
+            float xh = (xr[n] - mu) * rs;
+            o[n] = rs * (g[n] * wr[n] - mg - xh * mgx);
+        }
+    }
+}
+
+int rx_rownorm_backward(const float *x, const float *w, const float *dy,
+                        float *dx, float *dw, float *db,
+                        size_t rows, size_t D, size_t period, float eps) {
+    int nt = (rx_in_parallel() || rows * D < 32768) ? 1 : rx_max_threads();
+    if (nt == 1) {
+        rownorm_backward_rows(x, w, dy, dx, dw, db, 0, rows, D, period, eps);
+        return RX_OK;
+    }
+    /* Each thread accumulates dw/db privately; summed in a fixed order so the
+     * result does not depend on scheduling. */
+    size_t PD = period * D;
+    float *part = rx_fcalloc((size_t)nt * 2 * PD);
+    if (!part) return RX_ENOMEM;
+#pragma omp parallel num_threads(nt)
+    {
+        int id = rx_thread_id();
+        size_t r0 = rows * id / nt, r1 = rows * (id + 1) / nt;
+        rownorm_backward_rows(x, w, dy, dx, part + (size_t)id * 2 * PD,
+                              part + (size_t)id * 2 * PD + PD, r0, r1, D, period, eps);
+    }
+    for (int t = 0; t < nt; t++)
+        for (size_t i = 0; i < PD; i++) {
+            dw[i] += part[(size_t)t * 2 * PD + i];
+            db[i] += part[(size_t)t * 2 * PD + PD + i];
+        }
+    free(part);
+    return RX_OK;
+}
+
+/* x, out: [B][T][C]; w, b: [C] */
+int rx_layernorm_forward_seq(const float *x, const float *w, const float *b, float *out,
+                             int B, int T, int C) {
+    if (!x || !w || !b || !out || B < 1 || T < 1 || C < 1) return RX_EINVAL;
+    rx_rownorm_forward(x, w, b, out, NULL, NULL, (size_t)B * T, (size_t)C, 1, RX_LN_EPS);
+    return RX_OK;
+}
+
+/* x, dy, dx: [B][T][C]; w, dw, db: [C] (dw, db zeroed here) */
+int rx_layernorm_backward(const float *x, const float *w, const float *b, const float *dy,
+                          float *dx, float *dw, float *db, int B, int T, int C) {
+    (void)b; /* the bias does not enter the input gradient */
+    if (!x || !w || !dy || !dx || !dw || !db || B < 1 || T < 1 || C < 1) return RX_EINVAL;
+    rx_fzero(dw, (size_t)C);
+    rx_fzero(db, (size_t)C);
+    return rx_rownorm_backward(x, w, dy, dx, dw, db, (size_t)B * T, (size_t)C, 1, RX_LN_EPS);
+}

@@ -1,0 +1,111 @@
+/* SPDX-License-Identifier: AGPL-3.0-or-later AND Apache-2.0
+ *
+ * rx_internal.h -- helpers shared by the C core; not part of the public API.
+ */
+#ifndef RWKVX_INTERNAL_H
+#define RWKVX_INTERNAL_H
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "rx_pretrain.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/* Hot per-row kernels are compiled for baseline x86-64 and for x86-64-v3
+ * (AVX2+FMA); the loader picks one at run time, so a default build runs on
+ * any x86-64 and still uses wide vectors where the CPU has them. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(RX_NO_CLONES)
+#define RX_HOT __attribute__((target_clones("default", "arch=x86-64-v3")))
+#else
+#define RX_HOT
+#endif
+
+static inline int rx_max_threads(void) {
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+static inline int rx_thread_id(void) {
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+
+static inline int rx_in_parallel(void) {
+#ifdef _OPENMP
+    return omp_in_parallel();
+#else
+    return 1;
+#endif
+}
+
+/* Array allocation with the n*size product checked for overflow. Returns
+ * NULL on overflow or failure; n == 0 allocates one element so callers can
+ * treat NULL as failure only. 64-byte aligned for vector loads. */
+static inline void *rx_alloc(size_t n, size_t size) {
+    if (n == 0) n = 1;
+    if (size != 0 && n > SIZE_MAX / size) return NULL;
+    size_t bytes = n * size;
+    bytes = (bytes + 63) & ~(size_t)63;
+    return aligned_alloc(64, bytes);
+}
+
+static inline float *rx_falloc(size_t n) { return (float *)rx_alloc(n, sizeof(float)); }
+
+static inline float *rx_fcalloc(size_t n) {
+    float *p = rx_falloc(n);
+    if (p) for (size_t i = 0; i < n; i++) p[i] = 0.0f;
+    return p;
+}
+
+static inline void rx_fzero(float *p, size_t n) {
+    if (p) for (size_t i = 0; i < n; i++) p[i] = 0.0f;
+}
+
+static inline float rx_sigmoidf(float x) { return 1.0f / (1.0f + expf(x < -88.0f ? 88.0f : -x)); }
+
+/* The row a token shift reads at (b, t) of x [B][T][C]: x[b][t-1], at t = 0
+ * the carry row init[b] (NULL init: zero, returned as NULL). */
+static inline const float *rx_shift_src(const float *x, const float *init,
+                                        size_t b, size_t t, size_t T, size_t C) {
+    if (t > 0) return x + (b * T + t - 1) * C;
+    return init ? init + b * C : NULL;
+}
+
+/* ---- gemm.c ------------------------------------------------------------
+ * C[M,N] = beta*C + op(A)[M,K] . op(B)[K,N], all row-major. op(A) is A
+ * ([M,K], row stride lda) or, with ta, A^T for A stored [K,M]; likewise B.
+ * beta is 0 (overwrite) or 1 (accumulate). Threads itself with OpenMP when
+ * called outside a parallel region; inside one it runs on the calling
+ * thread. Every projection and its backward goes through here. */
+void rx_sgemm(int ta, int tb, size_t M, size_t N, size_t K,
+              const float *A, size_t lda, const float *B, size_t ldb,
+              float beta, float *C, size_t ldc);
+
+/* ---- layernorm.c -------------------------------------------------------
+ * Row normalisation shared by LayerNorm (period 1) and the time-mix group
+ * norm (period H): rows of length D; row r uses affine w/b at offset
+ * (r % period)*D. mean/rstd (may be NULL) receive the per-row statistics. */
+void rx_rownorm_forward(const float *x, const float *w, const float *b,
+                        float *out, float *mean, float *rstd,
+                        size_t rows, size_t D, size_t period, float eps);
+/* dx written (may alias dy); dw/db [period*D] accumulated (+=), not zeroed.
+ * Returns RX_OK or RX_ENOMEM (per-thread partial sums are allocated). */
+int rx_rownorm_backward(const float *x, const float *w, const float *dy,
+                        float *dx, float *dw, float *db,
+                        size_t rows, size_t D, size_t period, float eps);
+
+#define RX_LN_EPS 1e-5f
+#define RX_GN_EPS 64e-5f
+
+#endif /* RWKVX_INTERNAL_H */

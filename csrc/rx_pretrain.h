@@ -1,0 +1,360 @@
+/* SPDX-License-Identifier: AGPL-3.0-or-later AND Apache-2.0
+ *
+ * rx_pretrain.h -- public C API of rwkvx_c, a CPU pretraining engine for
+ * RWKV-X language models (RWKV-7 blocks interleaved with MoBA-sparse causal
+ * attention blocks).
+ *
+ * The numerical contract (maths, layouts, parameter order, init) is SPEC.md;
+ * this header carries the same functions, structs and layouts as the original
+ * rx_pretrain.h API. The WKV7 backward-through-time follows the recurrence
+ * of BlinkDL's RWKV-LM wkv7 CUDA kernel (Apache-2.0); see NOTICE.
+ *
+ * Conventions shared by every function below
+ *   - Dimension names: B batch, T time, C = n_head*head_size channels,
+ *     H heads, N head size.
+ *   - Per-token tensors are [B][T][C] row-major, which is the same memory as
+ *     [B][T][H][N]. WKV7 state is [B][H][N][N]: row i is the value/output
+ *     dimension, column j the key dimension.
+ *   - Matrices are row-major [in,out]: y[o] = sum_i x[i] * W[i*out + o].
+ *   - Output gradient buffers are written (=); parameter-gradient buffers are
+ *     zeroed by the function and then accumulated over all B*T tokens.
+ *   - Optional pointers may be NULL: a NULL carry or initial state means zero,
+ *     a NULL output means "not wanted".
+ *   - Return codes: RX_OK (0), RX_ENOMEM (-1) allocation failure,
+ *     RX_EINVAL (-2) invalid argument (size < 1, NULL where required, token
+ *     or target out of range). Loss functions return NaN on failure.
+ *   - Sizes are int at the API; every offset inside is size_t / int64_t.
+ */
+#ifndef RWKVX_PRETRAIN_H
+#define RWKVX_PRETRAIN_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define RX_OK 0
+#define RX_ENOMEM (-1)
+#define RX_EINVAL (-2)
+
+/* ====================================================================
+ * WKV7 recurrence, per (b, h), state S starting at s_init (or zero):
+ *     sa[i]   = sum_j a_t[j] * S[i][j]
+ *     S[i][j] = S[i][j]*w_t[j] + v_t[i]*k_t[j] + sa[i]*b_t[j]
+ *     y_t[i]  = sum_j S[i][j] * r_t[j]
+ * ==================================================================== */
+
+/* r,w,k,v,a,b: [B][T][H][N]. s_init, s_final: [B][H][N][N] (NULL: zero / not
+ * wanted). y_out: [B][T][H][N] or NULL. */
+int rx_wkv7_forward_seq(
+    const float *r, const float *w, const float *k, const float *v,
+    const float *a, const float *b, const float *s_init,
+    float *y_out, float *s_final,
+    int B, int T, int n_head, int head_size);
+
+/* Backward through time. dy: [B][T][H][N]. Writes dr..db [B][T][H][N] (dw is
+ * the grad w.r.t. the effective decay w itself; chaining it through the decay
+ * parameterisation is the time-mix's job) and, if dS_out is not NULL, the
+ * grad w.r.t. the initial state [B][H][N][N]. The forward is recomputed
+ * internally from state checkpoints, so memory stays O(B*H*N*N*T/16). */
+int rx_wkv7_backward(
+    const float *r, const float *w, const float *k, const float *v,
+    const float *a, const float *b, const float *dy, const float *s_init,
+    float *dr, float *dw, float *dk, float *dv, float *da, float *db,
+    float *dS_out,
+    int B, int T, int n_head, int head_size);
+
+/* ====================================================================
+ * RWKV-7 time-mix: token shift and lerps, R/K/V/O projections, the w/a/g/v
+ * LoRA gates, key normalisation and modification, the value residual through
+ * v_first, WKV7, per-head group norm, the r*k*r_k bonus and the g gate.
+ * Input is the ln1 output; the result feeds the residual (SPEC §3).
+ * ==================================================================== */
+typedef struct {
+    int c;                  /* n_head*head_size */
+    int n_head, head_size;
+    int Dw, Da, Dg, Dv;     /* LoRA inner sizes (Dv unused at layer 0) */
+    int layer_id;           /* 0 writes v_first, > 0 reads it */
+    const float *x_r, *x_k, *x_v, *x_w, *x_a, *x_g;        /* [c] lerps */
+    const float *receptance_w, *key_w, *value_w, *output_w; /* [c,c] */
+    const float *w0, *w1, *w2;   /* [c], [c,Dw], [Dw,c] */
+    const float *a0, *a1, *a2;   /* [c], [c,Da], [Da,c] */
+    const float *g1, *g2;        /* [c,Dg], [Dg,c] */
+    const float *v0, *v1, *v2;   /* [c], [c,Dv], [Dv,c]; layer_id > 0 only */
+    const float *k_k, *k_a;      /* [c] */
+    const float *r_k;            /* [c] */
+    const float *ln_x_w, *ln_x_b;/* [c] group-norm affine */
+} rx_tm_params;
+
+/* Gradients, same shapes as rx_tm_params. Zeroed by rx_timemix_backward; the
+ * v0/v1/v2 pointers may be NULL at layer 0. */
+typedef struct {
+    float *x_r, *x_k, *x_v, *x_w, *x_a, *x_g;
+    float *receptance_w, *key_w, *value_w, *output_w;
+    float *w0, *w1, *w2;
+    float *a0, *a1, *a2;
+    float *g1, *g2;
+    float *v0, *v1, *v2;
+    float *k_k, *k_a;
+    float *r_k;
+    float *ln_x_w, *ln_x_b;
+} rx_tm_grads;
+
+/* x: [B][T][c]; x_prev_init: [B][c] token-shift carry or NULL;
+ * v_first: [B][T][c], written at layer 0, read at layer > 0; out: [B][T][c]. */
+int rx_timemix_forward_seq(
+    const rx_tm_params *P, const float *x, const float *x_prev_init,
+    float *v_first, float *out, int B, int T);
+
+/* dy: [B][T][c]. Writes dx [B][T][c], every grad in G, and optionally
+ * d_xprev_init [B][c]. d_v_first [B][T][c]: at layer > 0 an output (grad
+ * w.r.t. the v_first input); at layer 0 an optional input carrying the
+ * downstream grad on the v_first this layer produced. */
+int rx_timemix_backward(
+    const rx_tm_params *P, const float *x, const float *x_prev_init,
+    const float *v_first, const float *dy,
+    rx_tm_grads *G, float *dx, float *d_xprev_init, float *d_v_first,
+    int B, int T);
+
+/* ====================================================================
+ * RWKV-7 channel-mix: out = relu(xk . ffn_key_w)^2 . ffn_value_w with
+ * xk = x + (x_prev - x)*ffn_x_k (SPEC §4). Input is the ln2 output.
+ * ==================================================================== */
+typedef struct {
+    int c;
+    int ffn_dim;
+    const float *ffn_x_k;      /* [c] */
+    const float *ffn_key_w;    /* [c,ffn_dim] */
+    const float *ffn_value_w;  /* [ffn_dim,c] */
+} rx_cm_params;
+
+typedef struct {
+    float *ffn_x_k;
+    float *ffn_key_w;
+    float *ffn_value_w;
+} rx_cm_grads;
+
+/* x, out: [B][T][c]; x_prev_init: [B][c] or NULL. */
+int rx_channelmix_forward_seq(
+    const rx_cm_params *P, const float *x, const float *x_prev_init,
+    float *out, int B, int T);
+
+/* dy: [B][T][c]. Writes dx, the grads in G (zeroed here) and optionally
+ * d_xprev_init [B][c]. */
+int rx_channelmix_backward(
+    const rx_cm_params *P, const float *x, const float *x_prev_init,
+    const float *dy, rx_cm_grads *G, float *dx, float *d_xprev_init,
+    int B, int T);
+
+/* ====================================================================
+ * LayerNorm over the C channels, eps 1e-5, biased variance; mean and
+ * variance accumulate in double (SPEC §5).
+ * ==================================================================== */
+
+/* x, out: [B][T][C]; w, b: [C]. */
+int rx_layernorm_forward_seq(
+    const float *x, const float *w, const float *b, float *out,
+    int B, int T, int C);
+
+/* dy, dx: [B][T][C]; dw, db: [C], zeroed then accumulated. */
+int rx_layernorm_backward(
+    const float *x, const float *w, const float *b, const float *dy,
+    float *dx, float *dw, float *db, int B, int T, int C);
+
+/* ====================================================================
+ * RWKV-7 residual block (SPEC §6):
+ *     h1 = ln1(x); x1 = x + TM(h1); h2 = ln2(x1); out = x1 + CM(h2)
+ * ==================================================================== */
+typedef struct {
+    rx_tm_params tm;
+    rx_cm_params cm;
+    const float *ln1_w, *ln1_b;   /* [c] */
+    const float *ln2_w, *ln2_b;   /* [c] */
+} rx_block_params;
+
+typedef struct {
+    rx_tm_grads tm;
+    rx_cm_grads cm;
+    float *ln1_w, *ln1_b, *ln2_w, *ln2_b;
+} rx_block_grads;
+
+/* x, out: [B][T][c]; tm_xprev_init / cm_xprev_init: [B][c] carries over h1
+ * and h2, or NULL; v_first as in rx_timemix_forward_seq. */
+int rx_block_forward_seq(
+    const rx_block_params *P, const float *x,
+    const float *tm_xprev_init, const float *cm_xprev_init,
+    float *v_first, float *out, int B, int T);
+
+/* dy: [B][T][c]. Writes dx, every grad in G, the optional carry grads [B][c]
+ * and d_v_first with the same two roles as in rx_timemix_backward. */
+int rx_block_backward(
+    const rx_block_params *P, const float *x,
+    const float *tm_xprev_init, const float *cm_xprev_init,
+    const float *v_first, const float *dy,
+    rx_block_grads *G, float *dx,
+    float *d_tm_xprev_init, float *d_cm_xprev_init, float *d_v_first,
+    int B, int T);
+
+/* ====================================================================
+ * MoBA-sparse attention block (SPEC §6):
+ *     h1 = ln1(x); q,k,v = h1 . {receptance_w, key_w, value_w}
+ *     y = sparse causal softmax attention, scale 1/sqrt(head_size)
+ *     x1 = x + y . output_w; h2 = ln2(x1); out = x1 + CM(h2)
+ * Each query attends its own chunk causally plus the moba_top_k earlier
+ * chunks whose mean key scores highest against it (ties: smaller chunk
+ * index). moba_top_k <= 0 or >= the number of earlier chunks keeps all.
+ * The selection is hard: the backward holds it fixed.
+ * ==================================================================== */
+typedef struct {
+    int c;                        /* n_head*head_size */
+    int n_head, head_size;
+    int chunk_size;               /* >= 1 */
+    int moba_top_k;               /* earlier chunks kept; <= 0 keeps all */
+    const float *ln1_w, *ln1_b;   /* [c] */
+    const float *receptance_w;    /* [c,c] query projection */
+    const float *key_w;           /* [c,c] */
+    const float *value_w;         /* [c,c] */
+    const float *output_w;        /* [c,c] */
+    const float *ln2_w, *ln2_b;   /* [c] */
+    rx_cm_params cm;
+} rx_attn_params;
+
+typedef struct {
+    float *ln1_w, *ln1_b;
+    float *receptance_w, *key_w, *value_w, *output_w;
+    float *ln2_w, *ln2_b;
+    rx_cm_grads cm;
+} rx_attn_grads;
+
+/* x, out: [B][T][c]; cm_xprev_init: [B][c] or NULL. */
+int rx_attn_forward_seq(
+    const rx_attn_params *P, const float *x, const float *cm_xprev_init,
+    float *out, int B, int T);
+
+/* dy: [B][T][c]. Writes dx, every grad in G (zeroed here) and optionally
+ * d_cm_xprev_init [B][c]. The selection is recomputed and held fixed. */
+int rx_attn_backward_full(
+    const rx_attn_params *P, const float *x, const float *cm_xprev_init,
+    const float *dy, rx_attn_grads *G, float *dx, float *d_cm_xprev_init,
+    int B, int T);
+
+/* Test hooks for the attention core alone. q, k, v, y, dy, dq, dk, dv:
+ * [B][T][c]. p: [B][H][T][T] softmax weights, exactly zero on keys that are
+ * not attended (this is the only place a T x T matrix is materialised).
+ * Only c, n_head, head_size, chunk_size and moba_top_k of P are read. */
+int rx_attn_score_av_forward(const rx_attn_params *P, const float *q, const float *k,
+                             const float *v, int B, int T, float *p, float *y);
+int rx_attn_score_av_backward(const rx_attn_params *P, const float *q, const float *k,
+                              const float *v, const float *dy, int B, int T,
+                              float *dq, float *dk, float *dv);
+
+/* ====================================================================
+ * Whole model, single sequence (SPEC §7):
+ *     x0 = emb[token]; blocks in RWKV-X order; h = ln_out(x);
+ *     logits = h . head; loss = mean cross-entropy over valid targets.
+ * ==================================================================== */
+
+/* out: [T][C] = emb[tokens]. Tokens must lie in [0, vocab); this signature
+ * carries no vocab, so only a negative token can be caught here (its row is
+ * filled with NaN, never read out of bounds). rx_pretrain_forward and the
+ * Python layer check the full range before they call it. */
+void rx_embedding_forward(const float *emb, const int *tokens,
+                          int T, int C, float *out);
+/* d_out: [T][C]; d_emb: [vocab][C], zeroed then scatter-added. Tokens
+ * outside [0, vocab) are skipped. */
+void rx_embedding_backward(const int *tokens, int T, int C, int vocab,
+                           const float *d_out, float *d_emb);
+
+/* x: [T][C]; head: [C][vocab]; logits: [T][vocab]. */
+void rx_head_forward(const float *x, const float *head,
+                     int T, int C, int vocab, float *logits);
+/* dlogits: [T][vocab]; dx: [T][C] written; d_head: [C][vocab] zeroed then
+ * accumulated. */
+void rx_head_backward(const float *x, const float *head, const float *dlogits,
+                      int T, int C, int vocab,
+                      float *dx, float *d_head);
+
+/* Mean over valid positions of -log softmax(logits_t)[target_t]; a position
+ * is valid when ignore_index < 0 or target_t != ignore_index. No valid
+ * position: 0. A valid target outside [0, vocab): NaN. */
+double rx_cross_entropy_forward(const float *logits, const int *targets,
+                                int T, int vocab, int ignore_index);
+/* Same loss; writes dlogits [T][vocab] = (softmax - onehot) / n_valid, zero
+ * rows for ignored positions. */
+double rx_cross_entropy_backward(const float *logits, const int *targets,
+                                 int T, int vocab, int ignore_index,
+                                 float *dlogits);
+
+typedef struct {
+    int n_embd, n_head, head_size;   /* n_head*head_size == n_embd */
+    int n_rwkv_layer, n_attn_layer;
+    int vocab_size;
+    int Dw, Da, Dg, Dv;              /* time-mix LoRA inner sizes */
+    int ffn_dim;                     /* channel-mix hidden size */
+    int chunk_size, moba_top_k;      /* MoBA attention */
+} rx_pt_config;
+
+typedef struct rx_ptmodel rx_ptmodel;   /* owns the parameter and grad arenas */
+
+/* A model with every parameter drawn by the SPEC §8 splitmix64 scheme (a
+ * gradient-check init, bit-identical everywhere). NULL on an invalid config
+ * or allocation failure. */
+rx_ptmodel* rx_model_new_random(const rx_pt_config *pc, uint64_t seed);
+void rx_ptmodel_free(rx_ptmodel *m);
+
+/* Number of parameter tensors. */
+int rx_ptmodel_num_params(const rx_ptmodel *m);
+/* Tensor i in SPEC §8 order: its name, its data and grad (views into the
+ * arenas) and its element count. RX_EINVAL if i is out of range. */
+int rx_ptmodel_param(rx_ptmodel *m, int i, const char **name,
+                     float **data, float **grad, int *n);
+rx_pt_config rx_ptmodel_config(const rx_ptmodel *m);
+/* Live views of the idx-th RWKV / attention block's parameters, or NULL. */
+const rx_block_params* rx_ptmodel_rwkv(rx_ptmodel *m, int idx);
+const rx_attn_params* rx_ptmodel_attn(rx_ptmodel *m, int idx);
+
+/* Activations a forward leaves for the backward. */
+typedef struct {
+    int T, C, vocab, n_blocks;
+    int *tokens;      /* [T] */
+    float *block_in;  /* [n_blocks+1][T][C]: residual entering each block, then the last */
+    float *v_first;   /* [T][C] */
+    float *lnout;     /* [T][C] ln_out output */
+    float *logits;    /* [T][vocab] */
+} rx_pt_acts;
+
+rx_pt_acts* rx_pt_acts_new(const rx_ptmodel *m, int T);
+void rx_pt_acts_free(rx_pt_acts *a);
+
+/* tokens: [T], each in [0, vocab). Fills acts, logits included. */
+int rx_pretrain_forward(rx_ptmodel *m, const int *tokens, int T,
+                        rx_pt_acts *acts);
+
+/* targets: [T]. Writes every parameter grad into the model's grad arena (the
+ * arena is overwritten, not accumulated) and returns the loss; NaN on
+ * invalid input. */
+double rx_pretrain_backward(rx_ptmodel *m, const rx_pt_acts *acts,
+                            const int *targets, int T, int ignore_index);
+
+void rx_ptmodel_zero_grad(rx_ptmodel *m);
+
+/* ====================================================================
+ * Extensions beyond the original API
+ * ==================================================================== */
+
+/* Threads used by every rx_ call made from the calling thread afterwards
+ * (n < 1 restores the default, OMP_NUM_THREADS or the core count). A build
+ * without OpenMP ignores it and reports 1. */
+void rx_set_num_threads(int n);
+int rx_get_num_threads(void);
+/* 1 when the library was compiled with OpenMP. */
+int rx_has_openmp(void);
+/* Name of the GEMM micro-kernel chosen for this CPU ("avx2-fma", "generic"). */
+const char *rx_sgemm_kernel(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* RWKVX_PRETRAIN_H */

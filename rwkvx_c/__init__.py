@@ -1,0 +1,24 @@
+"""rwkvx_c: a CPU pretraining engine for RWKV-X language models.
+
+The kernels (SPEC.md) are C with OpenMP; this package is their validated
+Python surface. Every array is float32 (tokens int32) and C-contiguous.
+"""
+import os as _os
+
+from rwkvx_c._core import *  # noqa: F401,F403
+from rwkvx_c._core import get_num_threads, gemm_kernel, has_openmp, set_num_threads  # noqa: F401
+
+__version__ = "0.1.0"
+
+LIBRARY_NAME = "rwkvx_c"
+"""Link name of the C core's shared library: -lrwkvx_c."""
+
+
+def get_include():
+    """Folder holding rx_pretrain.h, for C programs: -I$(this)."""
+    return _os.path.join(_os.path.dirname(__file__), "include")
+
+
+def get_library_dir():
+    """Folder holding librwkvx_c.so, for C programs: -L$(this) -Wl,-rpath,$(this)."""
+    return _os.path.join(_os.path.dirname(__file__), "lib")

@@ -1,0 +1,142 @@
+# cython: language_level=3
+"""rwkvx_c._core -- the validated Cython skin over the C core (csrc/).
+
+Every function checks dtype (float32 / int32), C-contiguity and shapes
+before calling C, raises TypeError / ValueError naming the argument, and
+releases the GIL while C runs. Results are new NumPy arrays. The kernels of
+each concern live in an include file next to this one.
+"""
+import numpy as np
+
+from rwkvx_c._rx cimport *
+
+# ---------------------------------------------------------------------------
+# validation helpers shared by every binding
+
+
+cdef object _arr(object a, str name, object dtype, int ndim):
+    """a itself after checking type, dtype, C-contiguity and ndim."""
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"{name} must be a numpy.ndarray of {np.dtype(dtype).name}, "
+                        f"got {type(a).__name__}")
+    if a.dtype != dtype:
+        raise TypeError(f"{name} must have dtype {np.dtype(dtype).name}, got {a.dtype}")
+    if a.ndim != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {a.shape}")
+    if not a.flags.c_contiguous:
+        raise ValueError(f"{name} must be C-contiguous (use numpy.ascontiguousarray)")
+    for d in a.shape:
+        if d < 1:
+            raise ValueError(f"{name} has an empty dimension: shape {a.shape}")
+        if d > 2147483647:
+            raise ValueError(f"{name} dimension {d} exceeds the C API's int range")
+    return a
+
+
+cdef object _f32(object a, str name, tuple shape):
+    """Check a float32 array of exactly this shape."""
+    _arr(a, name, np.float32, len(shape))
+    if a.shape != shape:
+        raise ValueError(f"{name} has shape {a.shape}, expected {shape}")
+    return a
+
+
+cdef object _f32_opt(object a, str name, tuple shape):
+    return None if a is None else _f32(a, name, shape)
+
+
+cdef object _tokens(object a, str name, int T, int vocab):
+    """Check an int32 (T,) array with every entry in [0, vocab)."""
+    _arr(a, name, np.int32, 1)
+    if a.shape[0] != T:
+        raise ValueError(f"{name} has length {a.shape[0]}, expected {T}")
+    lo, hi = int(a.min()), int(a.max())
+    if lo < 0 or hi >= vocab:
+        raise ValueError(f"{name} entries must lie in [0, {vocab}), got range [{lo}, {hi}]")
+    return a
+
+
+cdef object _targets(object a, str name, int T, int vocab, int ignore_index):
+    """Like _tokens, but entries equal to ignore_index (when >= 0) are allowed."""
+    _arr(a, name, np.int32, 1)
+    if a.shape[0] != T:
+        raise ValueError(f"{name} has length {a.shape[0]}, expected {T}")
+    valid = a if ignore_index < 0 else a[a != ignore_index]
+    if valid.size and (int(valid.min()) < 0 or int(valid.max()) >= vocab):
+        raise ValueError(f"{name} entries must lie in [0, {vocab}) or equal ignore_index "
+                         f"({ignore_index}), got range [{int(valid.min())}, {int(valid.max())}]")
+    return a
+
+
+cdef int _size(object v, str name) except -1:
+    """A keyword size argument: a Python int >= 1."""
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(v).__name__}")
+    if v < 1 or v > 2147483647:
+        raise ValueError(f"{name} must be >= 1, got {v}")
+    return v
+
+
+cdef const float *_ptr(object a) except? NULL:
+    """Data pointer of a checked float32 array, NULL for None."""
+    cdef const float[::1] mv
+    if a is None:
+        return NULL
+    mv = a.reshape(-1)
+    return &mv[0]
+
+
+cdef float *_wptr(object a) except? NULL:
+    """Data pointer of a writable float32 array we allocated, NULL for None."""
+    cdef float[::1] mv
+    if a is None:
+        return NULL
+    mv = a.reshape(-1)
+    return &mv[0]
+
+
+cdef const int *_iptr(object a) except? NULL:
+    cdef const int[::1] mv = a.reshape(-1)
+    return &mv[0]
+
+
+cdef int _check_rc(int rc, str fn) except -1:
+    if rc == RX_ENOMEM:
+        raise MemoryError(f"{fn}: out of memory")
+    if rc != RX_OK:
+        raise ValueError(f"{fn}: invalid argument (C error code {rc})")
+    return 0
+
+
+def _empty(*shape):
+    return np.empty(shape, dtype=np.float32)
+
+
+# ---------------------------------------------------------------------------
+# threads
+
+
+def set_num_threads(int n):
+    """Use n OpenMP threads in later rwkvx_c calls from this thread.
+
+    n < 1 restores the default (OMP_NUM_THREADS, else the core count).
+    """
+    rx_set_num_threads(n)
+
+
+def get_num_threads():
+    """Number of OpenMP threads the next rwkvx_c call will use (1 without OpenMP)."""
+    return rx_get_num_threads()
+
+
+def has_openmp():
+    """True when the C core was compiled with OpenMP."""
+    return bool(rx_has_openmp())
+
+
+def gemm_kernel():
+    """Name of the GEMM micro-kernel picked for this CPU at run time."""
+    return rx_sgemm_kernel().decode()
+
+
+include "_wkv7.pxi"

@@ -1,0 +1,216 @@
+# Cython declarations of the C API in csrc/rx_pretrain.h (SPEC.md is the contract).
+from libc.stdint cimport uint64_t
+
+cdef extern from "rx_pretrain.h" nogil:
+    int RX_OK
+    int RX_ENOMEM
+    int RX_EINVAL
+
+    int rx_wkv7_forward_seq(const float *r, const float *w, const float *k, const float *v,
+                            const float *a, const float *b, const float *s_init,
+                            float *y_out, float *s_final, int B, int T, int n_head, int head_size)
+    int rx_wkv7_backward(const float *r, const float *w, const float *k, const float *v,
+                         const float *a, const float *b, const float *dy, const float *s_init,
+                         float *dr, float *dw, float *dk, float *dv, float *da, float *db,
+                         float *dS_out, int B, int T, int n_head, int head_size)
+
+    ctypedef struct rx_tm_params:
+        int c
+        int n_head, head_size
+        int Dw, Da, Dg, Dv
+        int layer_id
+        const float *x_r
+        const float *x_k
+        const float *x_v
+        const float *x_w
+        const float *x_a
+        const float *x_g
+        const float *receptance_w
+        const float *key_w
+        const float *value_w
+        const float *output_w
+        const float *w0
+        const float *w1
+        const float *w2
+        const float *a0
+        const float *a1
+        const float *a2
+        const float *g1
+        const float *g2
+        const float *v0
+        const float *v1
+        const float *v2
+        const float *k_k
+        const float *k_a
+        const float *r_k
+        const float *ln_x_w
+        const float *ln_x_b
+
+    ctypedef struct rx_tm_grads:
+        float *x_r
+        float *x_k
+        float *x_v
+        float *x_w
+        float *x_a
+        float *x_g
+        float *receptance_w
+        float *key_w
+        float *value_w
+        float *output_w
+        float *w0
+        float *w1
+        float *w2
+        float *a0
+        float *a1
+        float *a2
+        float *g1
+        float *g2
+        float *v0
+        float *v1
+        float *v2
+        float *k_k
+        float *k_a
+        float *r_k
+        float *ln_x_w
+        float *ln_x_b
+
+    int rx_timemix_forward_seq(const rx_tm_params *P, const float *x, const float *x_prev_init,
+                               float *v_first, float *out, int B, int T)
+    int rx_timemix_backward(const rx_tm_params *P, const float *x, const float *x_prev_init,
+                            const float *v_first, const float *dy, rx_tm_grads *G, float *dx,
+                            float *d_xprev_init, float *d_v_first, int B, int T)
+
+    ctypedef struct rx_cm_params:
+        int c
+        int ffn_dim
+        const float *ffn_x_k
+        const float *ffn_key_w
+        const float *ffn_value_w
+
+    ctypedef struct rx_cm_grads:
+        float *ffn_x_k
+        float *ffn_key_w
+        float *ffn_value_w
+
+    int rx_channelmix_forward_seq(const rx_cm_params *P, const float *x, const float *x_prev_init,
+                                  float *out, int B, int T)
+    int rx_channelmix_backward(const rx_cm_params *P, const float *x, const float *x_prev_init,
+                               const float *dy, rx_cm_grads *G, float *dx, float *d_xprev_init,
+                               int B, int T)
+
+    int rx_layernorm_forward_seq(const float *x, const float *w, const float *b, float *out,
+                                 int B, int T, int C)
+    int rx_layernorm_backward(const float *x, const float *w, const float *b, const float *dy,
+                              float *dx, float *dw, float *db, int B, int T, int C)
+
+    ctypedef struct rx_block_params:
+        rx_tm_params tm
+        rx_cm_params cm
+        const float *ln1_w
+        const float *ln1_b
+        const float *ln2_w
+        const float *ln2_b
+
+    ctypedef struct rx_block_grads:
+        rx_tm_grads tm
+        rx_cm_grads cm
+        float *ln1_w
+        float *ln1_b
+        float *ln2_w
+        float *ln2_b
+
+    int rx_block_forward_seq(const rx_block_params *P, const float *x, const float *tm_xprev_init,
+                             const float *cm_xprev_init, float *v_first, float *out, int B, int T)
+    int rx_block_backward(const rx_block_params *P, const float *x, const float *tm_xprev_init,
+                          const float *cm_xprev_init, const float *v_first, const float *dy,
+                          rx_block_grads *G, float *dx, float *d_tm_xprev_init,
+                          float *d_cm_xprev_init, float *d_v_first, int B, int T)
+
+    ctypedef struct rx_attn_params:
+        int c
+        int n_head, head_size
+        int chunk_size
+        int moba_top_k
+        const float *ln1_w
+        const float *ln1_b
+        const float *receptance_w
+        const float *key_w
+        const float *value_w
+        const float *output_w
+        const float *ln2_w
+        const float *ln2_b
+        rx_cm_params cm
+
+    ctypedef struct rx_attn_grads:
+        float *ln1_w
+        float *ln1_b
+        float *receptance_w
+        float *key_w
+        float *value_w
+        float *output_w
+        float *ln2_w
+        float *ln2_b
+        rx_cm_grads cm
+
+    int rx_attn_forward_seq(const rx_attn_params *P, const float *x, const float *cm_xprev_init,
+                            float *out, int B, int T)
+    int rx_attn_backward_full(const rx_attn_params *P, const float *x, const float *cm_xprev_init,
+                              const float *dy, rx_attn_grads *G, float *dx,
+                              float *d_cm_xprev_init, int B, int T)
+    int rx_attn_score_av_forward(const rx_attn_params *P, const float *q, const float *k,
+                                 const float *v, int B, int T, float *p, float *y)
+    int rx_attn_score_av_backward(const rx_attn_params *P, const float *q, const float *k,
+                                  const float *v, const float *dy, int B, int T,
+                                  float *dq, float *dk, float *dv)
+
+    void rx_embedding_forward(const float *emb, const int *tokens, int T, int C, float *out)
+    void rx_embedding_backward(const int *tokens, int T, int C, int vocab,
+                               const float *d_out, float *d_emb)
+    void rx_head_forward(const float *x, const float *head, int T, int C, int vocab,
+                         float *logits)
+    void rx_head_backward(const float *x, const float *head, const float *dlogits,
+                          int T, int C, int vocab, float *dx, float *d_head)
+    double rx_cross_entropy_forward(const float *logits, const int *targets,
+                                    int T, int vocab, int ignore_index)
+    double rx_cross_entropy_backward(const float *logits, const int *targets,
+                                     int T, int vocab, int ignore_index, float *dlogits)
+
+    ctypedef struct rx_pt_config:
+        int n_embd, n_head, head_size
+        int n_rwkv_layer, n_attn_layer
+        int vocab_size
+        int Dw, Da, Dg, Dv
+        int ffn_dim
+        int chunk_size, moba_top_k
+
+    ctypedef struct rx_ptmodel:
+        pass
+
+    rx_ptmodel* rx_model_new_random(const rx_pt_config *pc, uint64_t seed)
+    void rx_ptmodel_free(rx_ptmodel *m)
+    int rx_ptmodel_num_params(const rx_ptmodel *m)
+    int rx_ptmodel_param(rx_ptmodel *m, int i, const char **name, float **data, float **grad,
+                         int *n)
+    rx_pt_config rx_ptmodel_config(const rx_ptmodel *m)
+    const rx_block_params* rx_ptmodel_rwkv(rx_ptmodel *m, int idx)
+    const rx_attn_params* rx_ptmodel_attn(rx_ptmodel *m, int idx)
+
+    ctypedef struct rx_pt_acts:
+        int T, C, vocab, n_blocks
+        int *tokens
+        float *block_in
+        float *v_first
+        float *lnout
+        float *logits
+
+    rx_pt_acts* rx_pt_acts_new(const rx_ptmodel *m, int T)
+    void rx_pt_acts_free(rx_pt_acts *a)
+    int rx_pretrain_forward(rx_ptmodel *m, const int *tokens, int T, rx_pt_acts *acts)
+    double rx_pretrain_backward(rx_ptmodel *m, const rx_pt_acts *acts, const int *targets,
+                                int T, int ignore_index)
+    void rx_ptmodel_zero_grad(rx_ptmodel *m)
+
+    void rx_set_num_threads(int n)
+    int rx_get_num_threads()
+    int rx_has_openmp()
+    const char *rx_sgemm_kernel()

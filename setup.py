@@ -1,0 +1,128 @@
+"""Build of rwkvx_c: the C core (csrc/) compiled twice from the same sources,
+into the Cython extension rwkvx_c._core and into librwkvx_c.so for C programs.
+
+Environment knobs (all optional):
+  RWKVX_NATIVE=1     add -march=native (faster on the build machine only;
+                     the default build runs on any x86-64 and picks AVX2+FMA
+                     kernels at run time)
+  RWKVX_NO_OPENMP=1  build without OpenMP (single-threaded)
+  RWKVX_DEBUG=1      -O0 -g
+"""
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CSRC = sorted(os.path.relpath(p, HERE) for p in glob.glob(os.path.join(HERE, "csrc", "*.c")))
+LIBNAME = "rwkvx_c"
+
+
+def _flag(name):
+    return os.environ.get(name, "") not in ("", "0")
+
+
+def _compiler_accepts(cc, args, source):
+    """True when `cc args` compiles and links the given C source."""
+    with tempfile.TemporaryDirectory() as d:
+        src = os.path.join(d, "probe.c")
+        with open(src, "w") as f:
+            f.write(source)
+        try:
+            r = subprocess.run(cc + [src, "-o", os.path.join(d, "probe")] + args,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        except OSError:
+            return False
+        return r.returncode == 0
+
+
+OMP_PROBE = """#include <omp.h>
+int main(void) { int n = 0;
+#pragma omp parallel reduction(+:n)
+n += 1;
+return n > 0 ? 0 : 1; }
+"""
+
+
+class BuildExt(build_ext):
+    """Detects OpenMP, then builds the extension and the standalone library."""
+
+    def build_extensions(self):
+        cc = list(self.compiler.compiler_so[:1])
+        cflags = ["-std=gnu11", "-fno-strict-aliasing", "-Wall", "-Wno-unused-function"]
+        cflags += ["-O0", "-g"] if _flag("RWKVX_DEBUG") else ["-O3"]
+        if _flag("RWKVX_NATIVE"):
+            cflags.append("-march=native")
+        omp_c, omp_l = [], []
+        if _flag("RWKVX_NO_OPENMP"):
+            self.warn("rwkvx_c: OpenMP disabled by RWKVX_NO_OPENMP; the build is single-threaded")
+        elif _compiler_accepts(cc, ["-fopenmp"], OMP_PROBE):
+            omp_c, omp_l = ["-fopenmp"], ["-fopenmp"]
+        else:
+            self.warn("rwkvx_c: the C compiler has no OpenMP; building SINGLE-THREADED. "
+                      "Install an OpenMP runtime (libgomp / libomp) and rebuild for threads.")
+        # `omp simd` reductions vectorise even without the OpenMP runtime.
+        if not omp_c and _compiler_accepts(cc, ["-fopenmp-simd"], "int main(void){return 0;}"):
+            omp_c.append("-fopenmp-simd")
+        for ext in self.extensions:
+            ext.extra_compile_args = cflags + omp_c
+            ext.extra_link_args = omp_l
+        super().build_extensions()
+        self._build_shared_library(cflags + omp_c + ["-fvisibility=default"], omp_l)
+
+    def _build_shared_library(self, cflags, ldflags):
+        pkg_dir = os.path.dirname(self.get_ext_fullpath("rwkvx_c._core"))
+        tmp = os.path.join(self.build_temp, "libcore")
+        objs = self.compiler.compile(CSRC, output_dir=tmp, include_dirs=["csrc"],
+                                     extra_postargs=cflags + ["-fPIC"])
+        lib = os.path.join(pkg_dir, "lib", "lib%s.so" % LIBNAME)
+        os.makedirs(os.path.dirname(lib), exist_ok=True)
+        self.compiler.link_shared_object(objs, lib, extra_postargs=ldflags + ["-lm"])
+        inc = os.path.join(pkg_dir, "include")
+        os.makedirs(inc, exist_ok=True)
+        shutil.copy2(os.path.join("csrc", "rx_pretrain.h"), inc)
+
+    def copy_extensions_to_source(self):
+        # --inplace / editable builds: the library and header follow the extension.
+        super().copy_extensions_to_source()
+        built = os.path.join(self.build_lib, "rwkvx_c")
+        src = self.get_finalized_command("build_py").get_package_dir("rwkvx_c")
+        for sub in ("lib", "include"):
+            shutil.copytree(os.path.join(built, sub), os.path.join(src, sub), dirs_exist_ok=True)
+
+
+extensions = [
+    Extension(
+        "rwkvx_c._core",
+        sources=["rwkvx_c/_core.pyx"] + CSRC,
+        include_dirs=["csrc", np.get_include()],
+        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+        depends=glob.glob("csrc/*.h") + glob.glob("rwkvx_c/*.pxi") + glob.glob("rwkvx_c/*.pxd"),
+        libraries=["m"],
+    )
+]
+
+if sys.platform == "win32":
+    sys.exit("rwkvx_c builds on Linux and macOS (GCC or Clang)")
+
+setup(
+    ext_modules=cythonize(
+        extensions,
+        compiler_directives={
+            "language_level": "3",
+            "boundscheck": False,
+            "wraparound": False,
+            "initializedcheck": False,
+            "cdivision": True,
+            "embedsignature": True,
+        },
+    ),
+    cmdclass={"build_ext": BuildExt},
+)
