@@ -91,6 +91,10 @@ static inline const float *rx_shift_src(const float *x, const float *init,
 void rx_sgemm(int ta, int tb, size_t M, size_t N, size_t K,
               const float *A, size_t lda, const float *B, size_t ldb,
               float beta, float *C, size_t ldc);
+/* Test hook: force the named micro-kernel ("generic", "avx2-fma") for every
+ * later call, NULL to pick by CPU again. RX_EINVAL when the name is unknown
+ * or the CPU cannot run it. Not thread-safe against concurrent GEMMs. */
+int rx_sgemm_use_kernel(const char *name);
 
 /* ---- layernorm.c -------------------------------------------------------
  * Row normalisation shared by LayerNorm (period 1) and the time-mix group

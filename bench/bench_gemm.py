@@ -1,0 +1,94 @@
+"""rx_sgemm (csrc/gemm.c) against NumPy's float32 matmul on the projection
+shapes of the SPEC §11 configurations S and M, forward and backward.
+
+    python bench/bench_gemm.py [--preset S M] [--threads 1 2] [--rows 512]
+
+Each shape is M x N x K of C[M,N] = op(A)[M,K] . op(B)[K,N]; "dx" rows are
+grads through a weight (B transposed), "dW" rows weight grads (A transposed,
+K = the T*B rows). GFLOP/s are best-of-rounds; ours and NumPy's alternate so
+machine noise hits both alike.
+"""
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+common.clean_blas_env()
+
+import numpy as np  # noqa: E402
+
+import rwkvx_c as rx  # noqa: E402
+
+
+def shapes(cfg, rows):
+    """(label, M, N, K, ta, tb) of every distinct projection GEMM of a config."""
+    C, F, V = cfg["n_embd"], cfg["ffn_dim"], cfg["vocab_size"]
+    mats = [("CxC", C, C), ("ffn_key", C, F), ("ffn_value", F, C), ("head", C, V)]
+    for d in sorted({cfg["Dw"], cfg["Da"], cfg["Dg"], cfg["Dv"]}):
+        mats += [("lora1 D=%d" % d, C, d), ("lora2 D=%d" % d, d, C)]
+    out = []
+    for name, kin, kout in mats:
+        out.append((name + " fwd", rows, kout, kin, False, False))
+        out.append((name + " dx", rows, kin, kout, False, True))
+        out.append((name + " dW", kin, kout, rows, True, False))
+    return out
+
+
+def operands(M, N, K, ta, tb, rng):
+    a = rng.standard_normal((K, M) if ta else (M, K), dtype=np.float32)
+    b = rng.standard_normal((N, K) if tb else (K, N), dtype=np.float32)
+    return a, b
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--preset", nargs="+", default=["S", "M"], choices=sorted(common.PRESETS))
+    ap.add_argument("--threads", nargs="+", type=int, default=[1, 2])
+    ap.add_argument("--rows", type=int, default=512, help="B*T rows of the activations")
+    ap.add_argument("--repeat", type=int, default=5)
+    args = ap.parse_args()
+    print(common.blas_info(), "| rx kernel:", rx.gemm_kernel())
+    rng = np.random.default_rng(0)
+    seen = set()
+    tot = {n: [0.0, 0.0, 0.0] for n in args.threads}   # flops, our time, numpy time
+    hdr = "%-22s %5s %5s %5s" % ("shape", "M", "N", "K")
+    for n in args.threads:
+        hdr += " | %4s %7s %7s %5s" % ("thr", "rx", "numpy", "ratio")
+    print(hdr)
+    for preset in args.preset:
+        print("-- preset", preset)
+        for label, M, N, K, ta, tb in shapes(common.PRESETS[preset], args.rows):
+            key = (M, N, K, ta, tb)
+            if key in seen:
+                continue
+            seen.add(key)
+            a, b = operands(M, N, K, ta, tb, rng)
+            aa, bb = (a.T if ta else a), (b.T if tb else b)
+            out = np.empty((M, N), dtype=np.float32)
+            line = "%-22s %5d %5d %5d" % (label, M, N, K)
+            for n in args.threads:
+                rx.set_num_threads(n)
+                with common.blas_threads(n):
+                    t_np = t_rx = float("inf")
+                    for _ in range(args.repeat):  # alternate: noise hits both
+                        t_rx = min(t_rx, common.best_time(
+                            lambda: rx._core._sgemm(a, b, ta, tb), repeat=1, min_time=0.05))
+                        t_np = min(t_np, common.best_time(
+                            lambda: np.matmul(aa, bb, out=out), repeat=1, min_time=0.05))
+                fl = 2.0 * M * N * K
+                tot[n][0] += fl
+                tot[n][1] += t_rx
+                tot[n][2] += t_np
+                line += " | %4d %7.1f %7.1f %5.2f" % (n, fl / t_rx / 1e9, fl / t_np / 1e9, t_np / t_rx)
+            print(line, flush=True)
+    for n in args.threads:
+        f, trx, tnp = tot[n]
+        print("all shapes, %d thread(s): rx %.1f GFLOP/s, numpy %.1f GFLOP/s, ratio %.2f"
+              % (n, f / trx / 1e9, f / tnp / 1e9, tnp / trx))
+    rx.set_num_threads(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+# GEMM test/bench hook (csrc/gemm.c). Included by _core.pyx.
+
+cdef extern from "rx_internal.h" nogil:
+    void rx_sgemm(int ta, int tb, size_t M, size_t N, size_t K,
+                  const float *A, size_t lda, const float *B, size_t ldb,
+                  float beta, float *C, size_t ldc)
+    int rx_sgemm_use_kernel(const char *name)
+
+
+def _sgemm(a, b, ta=False, tb=False, c=None):
+    """rx_sgemm, the GEMM behind every projection (test and benchmark hook).
+
+    a : float32 (M, K), or (K, M) with ta
+    b : float32 (K, N), or (N, K) with tb
+    c : None, or float32 (M, N) accumulated into in place (beta = 1)
+    Returns op(a) . op(b) (M, N): a new array, or c itself when given.
+    """
+    _arr(a, "a", np.float32, 2)
+    _arr(b, "b", np.float32, 2)
+    cdef size_t M = a.shape[1] if ta else a.shape[0]
+    cdef size_t K = a.shape[0] if ta else a.shape[1]
+    cdef size_t Kb = b.shape[1] if tb else b.shape[0]
+    cdef size_t N = b.shape[0] if tb else b.shape[1]
+    if Kb != K:
+        raise ValueError(f"b has shape {b.shape}, inner dimension {Kb} != {K} of a")
+    cdef float beta = 0.0
+    if c is None:
+        c = _empty(M, N)
+    else:
+        _f32(c, "c", (<object>M, <object>N))
+        if not c.flags.writeable:
+            raise ValueError("c must be writeable")
+        beta = 1.0
+    cdef int ita = 1 if ta else 0, itb = 1 if tb else 0
+    cdef size_t lda = a.shape[1], ldb = b.shape[1]
+    cdef const float *pa = _ptr(a)
+    cdef const float *pb = _ptr(b)
+    cdef float *pc = _wptr(c)
+    with nogil:
+        rx_sgemm(ita, itb, M, N, K, pa, lda, pb, ldb, beta, pc, N)
+    return c
+
+
+def _sgemm_use_kernel(name=None):
+    """Force the GEMM micro-kernel ("generic", "avx2-fma") for later calls;
+    None picks by CPU again (test hook). ValueError if this CPU cannot run it."""
+    cdef bytes b
+    if name is None:
+        rx_sgemm_use_kernel(NULL)
+        return
+    b = str(name).encode()
+    if rx_sgemm_use_kernel(b) != RX_OK:
+        raise ValueError(f"GEMM kernel {name!r} is unknown or unsupported on this CPU")

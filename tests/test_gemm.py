@@ -1,0 +1,99 @@
+"""rx_sgemm (csrc/gemm.c) against a float64 NumPy product, through the
+rwkvx_c._core._sgemm test hook: every transpose combination, beta accumulate,
+odd and block-crossing sizes, both micro-kernels, one and two threads."""
+import numpy as np
+import pytest
+
+import rwkvx_c as rx
+from rwkvx_c import _core
+
+KERNELS = ["generic"] + (["avx2-fma"] if rx.gemm_kernel() == "avx2-fma" else [])
+
+# (M, N, K): tiny, odd, crossing MR=6 / NR=16 / KC=256 / MC=144 / the in-place
+# versus packed A switch at N=128, and N past one NC=4096 panel.
+SHAPES = [(1, 1, 1), (7, 13, 5), (6, 16, 1), (5, 17, 3), (13, 128, 9), (13, 129, 9),
+          (150, 33, 257), (145, 200, 300), (64, 64, 64), (3, 4100, 2)]
+
+
+def _operands(rng, M, N, K, ta, tb):
+    a = rng.standard_normal((K, M) if ta else (M, K), dtype=np.float32)
+    b = rng.standard_normal((N, K) if tb else (K, N), dtype=np.float32)
+    ref = (a.T if ta else a).astype(np.float64) @ (b.T if tb else b).astype(np.float64)
+    return a, b, ref
+
+
+def _close(got, ref):
+    # fp32 dot products of length K: error grows like sqrt(K) * eps * |terms|
+    scale = max(1.0, float(np.abs(ref).max()))
+    assert np.abs(got - ref).max() <= 1e-5 * scale
+
+
+@pytest.fixture(params=KERNELS)
+def kernel(request):
+    _core._sgemm_use_kernel(request.param)
+    yield request.param
+    _core._sgemm_use_kernel(None)
+
+
+@pytest.mark.parametrize("M,N,K", SHAPES)
+@pytest.mark.parametrize("ta", [False, True])
+@pytest.mark.parametrize("tb", [False, True])
+def test_sgemm_matches_float64(kernel, M, N, K, ta, tb):
+    rng = np.random.default_rng(M * 1000003 + N * 1009 + K * 7 + 2 * ta + tb)
+    a, b, ref = _operands(rng, M, N, K, ta, tb)
+    _close(_core._sgemm(a, b, ta, tb), ref)
+    c0 = rng.standard_normal((M, N), dtype=np.float32)
+    c = c0.copy()
+    out = _core._sgemm(a, b, ta, tb, c=c)
+    assert out is c
+    _close(c, ref + c0)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("M,N,K,ta,tb", [(512, 16, 256, False, False),   # LoRA down
+                                         (256, 32, 512, True, False),    # LoRA weight grad
+                                         (300, 260, 200, False, True),   # dx through a weight
+                                         (97, 515, 130, True, False),
+                                         (20, 700, 40, False, False)])
+def test_sgemm_threads(kernel, threads, M, N, K, ta, tb):
+    rng = np.random.default_rng(M + N + K)
+    a, b, ref = _operands(rng, M, N, K, ta, tb)
+    old = rx.get_num_threads()
+    rx.set_num_threads(threads)
+    try:
+        got = _core._sgemm(a, b, ta, tb)
+    finally:
+        rx.set_num_threads(old)
+    _close(got, ref)
+
+
+def test_sgemm_beta_accumulates_in_place_twice():
+    rng = np.random.default_rng(3)
+    a, b, ref = _operands(rng, 9, 20, 11, False, False)
+    c = np.zeros((9, 20), np.float32)
+    _core._sgemm(a, b, c=c)
+    _core._sgemm(a, b, c=c)
+    _close(c, 2 * ref)
+
+
+def test_sgemm_bad_inputs():
+    a = np.ones((4, 3), np.float32)
+    b = np.ones((3, 5), np.float32)
+    with pytest.raises(TypeError, match="a"):
+        _core._sgemm(a.astype(np.float64), b)
+    with pytest.raises(TypeError, match="b"):
+        _core._sgemm(a, [[1.0]])
+    with pytest.raises(ValueError, match="inner dimension"):
+        _core._sgemm(a, b, ta=True)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        _core._sgemm(np.ones((3, 4), np.float32).T, b)
+    with pytest.raises(ValueError, match="c has shape"):
+        _core._sgemm(a, b, c=np.zeros((5, 4), np.float32))
+    with pytest.raises(ValueError, match="empty"):
+        _core._sgemm(np.ones((0, 3), np.float32), b)
+    ro = np.zeros((4, 5), np.float32)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="writeable"):
+        _core._sgemm(a, b, c=ro)
+    with pytest.raises(ValueError, match="kernel"):
+        _core._sgemm_use_kernel("no-such-kernel")
