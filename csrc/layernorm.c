@@ -41,12 +41,12 @@ void rx_rownorm_forward(const float *x, const float *w, const float *b,
                         float *out, float *mean, float *rstd,
                         size_t rows, size_t D, size_t period, float eps) {
     int nt = (rx_in_parallel() || rows * D < 32768) ? 1 : rx_max_threads();
-#pragma omp parallel num_threads(nt) if (nt > 1)
-    {
-        int id = rx_thread_id();
-        rownorm_forward_rows(x, w, b, out, mean, rstd, rows * id / nt,
-                             rows * (id + 1) / nt, D, period, eps);
-    }
+    /* nt fixed row ranges, not one per thread id: the runtime may grant fewer
+     * threads than asked (OMP_THREAD_LIMIT, OMP_DYNAMIC). */
+#pragma omp parallel for schedule(static, 1) num_threads(nt) if (nt > 1)
+    for (int p = 0; p < nt; p++)
+        rownorm_forward_rows(x, w, b, out, mean, rstd, rows * p / nt, rows * (p + 1) / nt, D,
+                             period, eps);
 }
 
 /* x, dy, dx: [rows][D] (dx may alias dy); w, dw, db: [period][D]. */
@@ -83,18 +83,16 @@ int rx_rownorm_backward(const float *x, const float *w, const float *dy,
         rownorm_backward_rows(x, w, dy, dx, dw, db, 0, rows, D, period, eps);
         return RX_OK;
     }
-    /* Each thread accumulates dw/db privately; summed in a fixed order so the
-     * result does not depend on scheduling. */
+    /* Each row range accumulates dw/db privately; summed in a fixed order so
+     * the result does not depend on scheduling. */
     size_t PD = period * D;
     float *part = rx_fcalloc((size_t)nt * 2 * PD);
     if (!part) return RX_ENOMEM;
-#pragma omp parallel num_threads(nt)
-    {
-        int id = rx_thread_id();
-        size_t r0 = rows * id / nt, r1 = rows * (id + 1) / nt;
-        rownorm_backward_rows(x, w, dy, dx, part + (size_t)id * 2 * PD,
-                              part + (size_t)id * 2 * PD + PD, r0, r1, D, period, eps);
-    }
+#pragma omp parallel for schedule(static, 1) num_threads(nt)
+    for (int p = 0; p < nt; p++)
+        rownorm_backward_rows(x, w, dy, dx, part + (size_t)p * 2 * PD,
+                              part + (size_t)p * 2 * PD + PD, rows * p / nt, rows * (p + 1) / nt,
+                              D, period, eps);
     for (int t = 0; t < nt; t++)
         for (size_t i = 0; i < PD; i++) {
             dw[i] += part[(size_t)t * 2 * PD + i];
