@@ -28,9 +28,11 @@ def test_set_get_round_trip(restore_threads):
 
 
 def run_python(code, **env):
-    full = dict(os.environ, **env)
+    """Runs code in a fresh interpreter that imports the same rwkvx_c as this one."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(rx.__file__)))
+    full = dict(os.environ, PYTHONPATH=here, **env)
     r = subprocess.run([sys.executable, "-c", code], env=full, capture_output=True,
-                       text=True, timeout=60)
+                       text=True, timeout=60, cwd=os.path.dirname(os.path.abspath(__file__)))
     assert r.returncode == 0, r.stderr
     return r.stdout.split()
 
