@@ -44,13 +44,6 @@ def test_omp_num_threads_respected():
     assert run_python(code, OMP_NUM_THREADS="3") == ["3", "1", "3"]
 
 
-def test_without_openmp_reports_one():
-    if rx.has_openmp():
-        pytest.skip("built with OpenMP")
-    rx.set_num_threads(4)
-    assert rx.get_num_threads() == 1
-
-
 def every_kernel(rng):
     """Each kernel run once on sizes big enough to take its threaded path."""
     B, T, H, N, V = 2, 70, 4, 64, 600

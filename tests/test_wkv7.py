@@ -36,7 +36,8 @@ def reference(ins, dy, s_init):
     return y.value, s_final.value, [l.grad for l in leaves], s.grad
 
 
-CASES = [(1, 1, 1, 1), (1, 1, 2, 4), (1, 6, 1, 1), (2, 7, 3, 5), (1, 33, 2, 16), (2, 40, 1, 64)]
+CASES = [(1, 1, 1, 1), (1, 1, 2, 4), (1, 6, 1, 1), (2, 7, 3, 5), (1, 33, 2, 16), (2, 40, 1, 64),
+         (1, 200, 2, 64)]
 
 
 @pytest.mark.parametrize("with_state", [False, True], ids=["zero_state", "s_init"])
