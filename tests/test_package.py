@@ -39,3 +39,12 @@ def test_c_header_and_library_are_installed():
     assert os.path.isfile(os.path.join(rx.get_include(), "rx_pretrain.h"))
     lib = os.path.join(rx.get_library_dir(), "lib%s.so" % rx.LIBRARY_NAME)
     assert os.path.isfile(lib)
+
+
+def test_readme_example_runs():
+    import re
+    readme = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
+    blocks = re.findall(r"```python\n(.*?)```", open(readme).read(), re.S)
+    assert blocks, "README.md has no python example"
+    for code in blocks:
+        exec(compile(code, "README.md", "exec"), {})
