@@ -11,6 +11,7 @@ machine noise hits both alike.
 import argparse
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
@@ -48,6 +49,8 @@ def main():
     ap.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     ap.add_argument("--rows", type=int, default=512, help="B*T rows of the activations")
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--cpu-time", action="store_true",
+                    help="time 1-thread runs by thread CPU time (steadier on a busy machine)")
     args = ap.parse_args()
     print(common.blas_info(), "| rx kernel:", rx.gemm_kernel())
     rng = np.random.default_rng(0)
@@ -69,14 +72,15 @@ def main():
             out = np.empty((M, N), dtype=np.float32)
             line = "%-22s %5d %5d %5d" % (label, M, N, K)
             for n in args.threads:
+                clock = time.thread_time if args.cpu_time and n == 1 else time.perf_counter
                 rx.set_num_threads(n)
                 with common.blas_threads(n):
                     t_np = t_rx = float("inf")
                     for _ in range(args.repeat):  # alternate: noise hits both
                         t_rx = min(t_rx, common.best_time(
-                            lambda: rx._core._sgemm(a, b, ta, tb), repeat=1, min_time=0.05))
+                            lambda: rx._core._sgemm(a, b, ta, tb, out=out), repeat=1, min_time=0.05, clock=clock))
                         t_np = min(t_np, common.best_time(
-                            lambda: np.matmul(aa, bb, out=out), repeat=1, min_time=0.05))
+                            lambda: np.matmul(aa, bb, out=out), repeat=1, min_time=0.05, clock=clock))
                 fl = 2.0 * M * N * K
                 tot[n][0] += fl
                 tot[n][1] += t_rx

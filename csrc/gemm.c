@@ -253,25 +253,23 @@ int rx_sgemm_use_kernel(const char *name) {
 }
 
 /* op(B) rows [p0,p0+kc) x cols [j0,j0+nc) into NR-column slivers, k-major,
- * zero-padded to a whole sliver. */
+ * zero-padded to a whole sliver. Untransposed B is read a row at a time so
+ * the reads run sequentially through memory (sliver by sliver, every one of
+ * kc rows would be a new page). */
 static void pack_b(const gemm_impl *im, int tb, const float *B, size_t ldb, size_t p0,
                    size_t kc, size_t j0, size_t nc, float *Bp) {
     if (tb) {
         im->pack_bt(B, ldb, p0, kc, j0, nc, Bp);
         return;
     }
-    for (size_t s = 0; s < nc; s += NR) {
-        size_t nr = nc - s < NR ? nc - s : NR;
-        for (size_t p = 0; p < kc; p++) {
-            const float *src = B + (p0 + p) * ldb + j0 + s;
-            float *dst = Bp + p * NR;
-            if (nr == NR) {
-                memcpy(dst, src, NR * sizeof(float));
-                continue;
-            }
-            for (size_t j = 0; j < NR; j++) dst[j] = j < nr ? src[j] : 0.0f;
-        }
-        Bp += NR * kc;
+    const size_t full = nc / NR * NR;
+    for (size_t p = 0; p < kc; p++) {
+        const float *src = B + (p0 + p) * ldb + j0;
+        float *dst = Bp + p * NR;
+        for (size_t s = 0; s < full; s += NR) memcpy(dst + s * kc, src + s, NR * sizeof(float));
+        if (full < nc)
+            for (size_t j = 0; j < NR; j++)
+                dst[full * kc + j] = full + j < nc ? src[full + j] : 0.0f;
     }
 }
 

@@ -7,13 +7,14 @@ cdef extern from "rx_internal.h" nogil:
     int rx_sgemm_use_kernel(const char *name)
 
 
-def _sgemm(a, b, ta=False, tb=False, c=None):
+def _sgemm(a, b, ta=False, tb=False, out=None, beta=0.0):
     """rx_sgemm, the GEMM behind every projection (test and benchmark hook).
 
-    a : float32 (M, K), or (K, M) with ta
-    b : float32 (K, N), or (N, K) with tb
-    c : None, or float32 (M, N) accumulated into in place (beta = 1)
-    Returns op(a) . op(b) (M, N): a new array, or c itself when given.
+    a    : float32 (M, K), or (K, M) with ta
+    b    : float32 (K, N), or (N, K) with tb
+    out  : None, or float32 (M, N) written in place
+    beta : 0.0 (out = op(a).op(b)) or 1.0 (out += op(a).op(b); needs out)
+    Returns out, or a new (M, N) array when out is None.
     """
     _arr(a, "a", np.float32, 2)
     _arr(b, "b", np.float32, 2)
@@ -23,22 +24,25 @@ def _sgemm(a, b, ta=False, tb=False, c=None):
     cdef size_t N = b.shape[0] if tb else b.shape[1]
     if Kb != K:
         raise ValueError(f"b has shape {b.shape}, inner dimension {Kb} != {K} of a")
-    cdef float beta = 0.0
-    if c is None:
-        c = _empty(M, N)
+    if beta not in (0.0, 1.0):
+        raise ValueError(f"beta must be 0.0 or 1.0, got {beta!r}")
+    if out is None:
+        if beta != 0.0:
+            raise ValueError("beta = 1.0 accumulates into out, which is None")
+        out = _empty(M, N)
     else:
-        _f32(c, "c", (<object>M, <object>N))
-        if not c.flags.writeable:
-            raise ValueError("c must be writeable")
-        beta = 1.0
+        _f32(out, "out", (<object>M, <object>N))
+        if not out.flags.writeable:
+            raise ValueError("out must be writeable")
+    cdef float fbeta = beta
     cdef int ita = 1 if ta else 0, itb = 1 if tb else 0
     cdef size_t lda = a.shape[1], ldb = b.shape[1]
     cdef const float *pa = _ptr(a)
     cdef const float *pb = _ptr(b)
-    cdef float *pc = _wptr(c)
+    cdef float *pc = _wptr(out)
     with nogil:
-        rx_sgemm(ita, itb, M, N, K, pa, lda, pb, ldb, beta, pc, N)
-    return c
+        rx_sgemm(ita, itb, M, N, K, pa, lda, pb, ldb, fbeta, pc, N)
+    return out
 
 
 def _sgemm_use_kernel(name=None):

@@ -44,9 +44,10 @@ def test_sgemm_matches_float64(kernel, M, N, K, ta, tb):
     _close(_core._sgemm(a, b, ta, tb), ref)
     c0 = rng.standard_normal((M, N), dtype=np.float32)
     c = c0.copy()
-    out = _core._sgemm(a, b, ta, tb, c=c)
-    assert out is c
+    assert _core._sgemm(a, b, ta, tb, out=c, beta=1.0) is c
     _close(c, ref + c0)
+    assert _core._sgemm(a, b, ta, tb, out=c) is c   # beta 0 overwrites
+    _close(c, ref)
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -70,9 +71,9 @@ def test_sgemm_threads(kernel, threads, M, N, K, ta, tb):
 def test_sgemm_beta_accumulates_in_place_twice():
     rng = np.random.default_rng(3)
     a, b, ref = _operands(rng, 9, 20, 11, False, False)
-    c = np.zeros((9, 20), np.float32)
-    _core._sgemm(a, b, c=c)
-    _core._sgemm(a, b, c=c)
+    c = np.full((9, 20), np.nan, np.float32)
+    _core._sgemm(a, b, out=c)                  # beta 0 never reads out
+    _core._sgemm(a, b, out=c, beta=1.0)
     _close(c, 2 * ref)
 
 
@@ -87,13 +88,17 @@ def test_sgemm_bad_inputs():
         _core._sgemm(a, b, ta=True)
     with pytest.raises(ValueError, match="C-contiguous"):
         _core._sgemm(np.ones((3, 4), np.float32).T, b)
-    with pytest.raises(ValueError, match="c has shape"):
-        _core._sgemm(a, b, c=np.zeros((5, 4), np.float32))
+    with pytest.raises(ValueError, match="out has shape"):
+        _core._sgemm(a, b, out=np.zeros((5, 4), np.float32))
+    with pytest.raises(ValueError, match="beta"):
+        _core._sgemm(a, b, out=np.zeros((4, 5), np.float32), beta=0.5)
+    with pytest.raises(ValueError, match="None"):
+        _core._sgemm(a, b, beta=1.0)
     with pytest.raises(ValueError, match="empty"):
         _core._sgemm(np.ones((0, 3), np.float32), b)
     ro = np.zeros((4, 5), np.float32)
     ro.flags.writeable = False
     with pytest.raises(ValueError, match="writeable"):
-        _core._sgemm(a, b, c=ro)
+        _core._sgemm(a, b, out=ro)
     with pytest.raises(ValueError, match="kernel"):
         _core._sgemm_use_kernel("no-such-kernel")

@@ -1,0 +1,201 @@
+"""Training-step benchmark of rwkvx_c beside the same model in PyTorch.
+
+    python bench/bench.py --preset S|M [--seq-len T] [--batch B] [--threads N]
+                          [--steps K] [--no-torch] [--json FILE]
+
+Each implementation runs in its own process that imports only its own library
+(so each peak RSS is its own); this parent process measures NumPy's float32
+sgemm rate at the same thread count, the denominator of model-FLOP
+utilisation (MFU = model FLOP/s per SPEC §11 / NumPy sgemm FLOP/s).
+
+Reported per implementation: tokens/s of forward+backward and of a full
+training step (forward+backward+AdamW, where an optimiser exists), MFU, peak
+RSS, and a per-kernel time breakdown where the implementation can give one.
+The PyTorch side runs only where torch is importable (bench/torch_model.py).
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import common  # noqa: E402
+
+
+def _tokens(rng, B, T, vocab):
+    return rng.integers(0, vocab, size=(B, T + 1)).astype("int32")
+
+
+# ---------------------------------------------------------------------------
+# child: rwkvx_c
+
+
+def run_rx(args, cfg):
+    import numpy as np
+
+    import rwkvx_c as rx
+    rx.set_num_threads(args.threads)
+    out = {"impl": "rwkvx_c", "gemm_kernel": rx.gemm_kernel(), "threads": rx.get_num_threads()}
+    if not hasattr(rx, "RxPtModel"):
+        out["error"] = "rwkvx_c.RxPtModel is not built yet"
+        return out
+    model_cfg = {k: v for k, v in cfg.items() if k != "T"}
+    m = rx.RxPtModel(model_cfg, seed=0)
+    rng = np.random.default_rng(0)
+    B, T = args.batch, args.seq_len
+    seqs = _tokens(rng, B, T, cfg["vocab_size"])
+
+    def fwd_bwd():
+        loss = 0.0
+        for b in range(B):
+            m.forward(np.ascontiguousarray(seqs[b, :T]))
+            loss += m.backward(np.ascontiguousarray(seqs[b, 1:]))
+        return loss / B
+
+    fwd_bwd()  # warm-up: first-touch of activations and packing buffers
+    times = []
+    for _ in range(args.steps):
+        t0 = time.perf_counter()
+        fwd_bwd()
+        times.append(time.perf_counter() - t0)
+    out["fwd_bwd_s"] = min(times)
+    out["fwd_bwd_tok_s"] = B * T / min(times)
+    out["peak_rss_mib"] = common.peak_rss_mib()
+    if hasattr(rx, "profile"):
+        out["breakdown"] = rx.profile()
+    return out
+
+
+# ---------------------------------------------------------------------------
+# child: PyTorch
+
+
+def run_torch(args, cfg):
+    import torch
+
+    import torch_model as tm
+    torch.set_num_threads(args.threads)
+    out = {"impl": "torch %s" % torch.__version__, "threads": torch.get_num_threads()}
+    model_cfg = {k: v for k, v in cfg.items() if k != "T"}
+    m = tm.RwkvXTorch(model_cfg, seed=0)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-4, weight_decay=0.0, foreach=True)
+    g = torch.Generator().manual_seed(0)
+    B, T = args.batch, args.seq_len
+    seqs = torch.randint(0, cfg["vocab_size"], (B, T + 1), generator=g)
+    x, y = seqs[:, :T], seqs[:, 1:]
+
+    def fwd_bwd():
+        m.zero_grad(set_to_none=False)
+        loss = m.loss(x, y)
+        loss.backward()
+        return float(loss)
+
+    def step():
+        fwd_bwd()
+        opt.step()
+
+    step()  # warm-up (also creates the optimiser state)
+    tfb, tst = [], []
+    for _ in range(args.steps):
+        t0 = time.perf_counter()
+        fwd_bwd()
+        tfb.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        step()
+        tst.append(time.perf_counter() - t0)
+    out["fwd_bwd_s"] = min(tfb)
+    out["fwd_bwd_tok_s"] = B * T / min(tfb)
+    out["step_tok_s"] = B * T / min(tst)
+    out["peak_rss_mib"] = common.peak_rss_mib()
+    if args.breakdown:
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            fwd_bwd()
+        rows = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:12]
+        tot = sum(e.self_cpu_time_total for e in prof.key_averages())
+        out["breakdown"] = [(e.key, e.self_cpu_time_total / 1e3, e.self_cpu_time_total / tot)
+                            for e in rows]
+    return out
+
+
+# ---------------------------------------------------------------------------
+# parent
+
+
+def child(impl, args):
+    """Run one implementation in a fresh process; its JSON result."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", impl, "--preset", args.preset,
+           "--seq-len", str(args.seq_len), "--batch", str(args.batch), "--threads",
+           str(args.threads), "--steps", str(args.steps)] + (["--breakdown"] if args.breakdown else [])
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    for line in r.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    return {"impl": impl, "error": (r.stderr or r.stdout).strip().splitlines()[-1:]}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--preset", default="S", choices=sorted(common.PRESETS))
+    ap.add_argument("--seq-len", type=int, default=None, help="T (default: the preset's)")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=5, help="timed steps (best is reported)")
+    ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch side")
+    ap.add_argument("--breakdown", action="store_true", help="per-kernel breakdown (torch profiler)")
+    ap.add_argument("--json", default=None, help="also write the results here")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    cfg = dict(common.PRESETS[args.preset])
+    args.seq_len = args.seq_len or cfg["T"]
+    if args.child:
+        res = (run_rx if args.child == "rx" else run_torch)(args, cfg)
+        print("RESULT " + json.dumps(res))
+        return
+    common.clean_blas_env()
+    flops = common.model_flops_per_token(cfg, args.seq_len)
+    peak = common.numpy_sgemm_gflops(args.threads)
+    print("preset %s  T=%d  B=%d  threads=%d  model %.1f MFLOP/token (SPEC §11)"
+          % (args.preset, args.seq_len, args.batch, args.threads, flops / 1e6))
+    print("NumPy sgemm %.1f GFLOP/s at %d threads (%s)" % (peak, args.threads, common.blas_info()))
+    impls = ["rx"]
+    if not args.no_torch:
+        try:
+            import importlib.util
+            if importlib.util.find_spec("torch") is not None:
+                impls.append("torch")
+        except Exception:
+            pass
+    results = []
+    for impl in impls:
+        res = child(impl, args)
+        results.append(res)
+        if "error" in res:
+            print("%-14s %s" % (res["impl"], res["error"]))
+            continue
+        mfu = res["fwd_bwd_tok_s"] * flops / (peak * 1e9)
+        res["mfu"] = mfu
+        line = "%-14s fwd+bwd %8.0f tok/s  MFU %5.1f%%  peak RSS %7.1f MiB" % (
+            res["impl"], res["fwd_bwd_tok_s"], 100 * mfu, res["peak_rss_mib"])
+        if "step_tok_s" in res:
+            line += "  full step %8.0f tok/s" % res["step_tok_s"]
+        print(line)
+        for row in res.get("breakdown") or []:
+            print("    %-40s %9.2f ms  %5.1f%%" % (row[0], row[1], 100 * row[2]))
+    ok = [r for r in results if "error" not in r]
+    if len(ok) == 2:
+        print("rwkvx_c / torch: %.2fx tokens/s, %.2fx peak RSS"
+              % (ok[0]["fwd_bwd_tok_s"] / ok[1]["fwd_bwd_tok_s"],
+                 ok[0]["peak_rss_mib"] / ok[1]["peak_rss_mib"]))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"preset": args.preset, "T": args.seq_len, "B": args.batch,
+                       "threads": args.threads, "model_flops_per_token": flops,
+                       "numpy_sgemm_gflops": peak, "results": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
