@@ -53,19 +53,21 @@ int rx_tm_acts_alloc(rx_tm_acts *A, const rx_tm_params *P, size_t B, size_t T) {
     const size_t BT = B * T, C = (size_t)P->c, H = (size_t)P->n_head;
     const int vres = P->layer_id > 0;
     const size_t Dv = vres ? (size_t)P->Dv : 0;
-    const size_t nbuf = 19 + (size_t)(2 * vres); /* [BT][C] buffers: vmod, vg at layer > 0 */
     memset(A, 0, sizeof *A);
     A->B = B;
     A->T = T;
-    size_t total = nbuf * lines(BT * C) + lines(BT * (size_t)P->Dw) + lines(BT * (size_t)P->Da) +
-                   lines(BT * (size_t)P->Dg) + lines(BT * Dv) + lines(BT * H);
-    A->mem = rx_falloc(total);
-    if (!A->mem) return RX_ENOMEM;
-    float *p = A->mem;
     float **bufs[] = {&A->xr, &A->xw, &A->xk, &A->xv, &A->xa, &A->xg, &A->r, &A->k,
                       &A->v,  &A->kmod, &A->w, &A->wsig, &A->a, &A->g, &A->aw, &A->bw,
                       &A->y,  &A->z, &A->zg};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) *bufs[i] = carve(&p, BT * C);
+    const size_t nbufs = sizeof bufs / sizeof bufs[0];
+    /* plus vmod and vg at layer > 0 */
+    size_t total = (nbufs + (size_t)(2 * vres)) * lines(BT * C) + lines(BT * (size_t)P->Dw) +
+                   lines(BT * (size_t)P->Da) + lines(BT * (size_t)P->Dg) + lines(BT * Dv) +
+                   lines(BT * H);
+    A->mem = rx_falloc(total);
+    if (!A->mem) return RX_ENOMEM;
+    float *p = A->mem;
+    for (size_t i = 0; i < nbufs; i++) *bufs[i] = carve(&p, BT * C);
     if (vres) {
         A->vmod = carve(&p, BT * C);
         A->vg = carve(&p, BT * C);
