@@ -318,12 +318,11 @@ int rx_tm_backward_acts(const rx_tm_params *P, const rx_tm_acts *A, const float 
     for (size_t i = 0; i < sizeof vecs / sizeof vecs[0]; i++) rx_fzero(vecs[i], C);
     rx_fzero(dx, BT * C);
     rx_fzero(d_xprev_init, B * C);
-    const int par = !rx_in_parallel() && BT * C >= 65536;
 
     /* out = zg . output_w */
     rx_sgemm(1, 0, C, C, BT, A->zg, C, dy, C, 0.0f, G->output_w, C);
     rx_sgemm(0, 1, BT, C, C, dy, C, P->output_w, C, 0.0f, S.dz, C);
-#pragma omp parallel for schedule(static) if (par)
+#pragma omp parallel for schedule(static) if (!rx_in_parallel() && BT * C >= 65536)
     for (size_t h = 0; h < H; h++)
         for (size_t bt = 0; bt < BT; bt++) gate_bonus_back(P, A, &S, G, bt, h);
 
@@ -336,7 +335,7 @@ int rx_tm_backward_acts(const rx_tm_params *P, const rx_tm_acts *A, const float 
         free(S.mem);
         return rc;
     }
-#pragma omp parallel for schedule(static) if (par)
+#pragma omp parallel for schedule(static) if (!rx_in_parallel() && BT * C >= 65536)
     for (size_t h = 0; h < H; h++)
         for (size_t bt = 0; bt < BT; bt++)
             wkv_inputs_back(P, A, &S, G, vres ? v_first + bt * C + h * N : NULL,
