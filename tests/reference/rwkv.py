@@ -3,10 +3,9 @@ autograd Vars, float64. Params dicts use the keys of the Python API: the bare
 rx_tm_params field names for the time-mix ('x_r' .. 'ln_x_b', 'v0'/'v1'/'v2'
 only when layer_id > 0); for the block 'ln1_w', 'ln1_b', 'tm.<field>',
 'ln2_w', 'ln2_b', 'cm.ffn_x_k', 'cm.ffn_key_w', 'cm.ffn_value_w'."""
-import numpy as np
 
-from reference.autograd import Var, stack
 from reference.layers import channelmix, layernorm, token_shift
+from reference.wkv7 import wkv7
 
 DECAY_SCALE = 0.6065306597126334   # e^{-1/2}
 GROUP_NORM_EPS = 64e-5
@@ -40,22 +39,6 @@ def block_param_shapes(C, Dw, Da, Dg, Dv, F, layer_id):
     return shapes
 
 
-def wkv7(r, w, k, v, a, b):
-    """SPEC §2 from a zero state. r..b: (B, T, H, N) -> y (B, T, H, N).
-    S[i][j]: i the value dim, j the key dim."""
-    B, T, H, N = r.shape
-    S = Var(np.zeros((B, H, N, N)), requires_grad=False)
-    ys = []
-    for t in range(T):
-        rt, wt, kt, vt, at, bt = (z[:, t] for z in (r, w, k, v, a, b))
-        row = lambda z: z.reshape(B, H, 1, N)   # indexed by the key dim j
-        col = lambda z: z.reshape(B, H, N, 1)   # indexed by the value dim i
-        sa = (S * row(at)).sum(-1, keepdims=True)
-        S = S * row(wt) + col(vt) * row(kt) + sa * row(bt)
-        ys.append((S * row(rt)).sum(-1))
-    return stack(ys, axis=1)
-
-
 def timemix(p, x, x_prev_init, v_first, n_head, head_size, layer_id):
     """SPEC §3. x: (B, T, C) Var (the ln1 output); x_prev_init (B, C) Var or
     None; v_first (B, T, C) Var, read when layer_id > 0 (ignored at 0).
@@ -79,7 +62,7 @@ def timemix(p, x, x_prev_init, v_first, n_head, head_size, layer_id):
     kk = kk / kk.square().sum(-1, keepdims=True).sqrt().maximum(KK_FLOOR)
     k = k * ((a - 1.0) * p["k_a"] + 1.0)
     heads = lambda z: z.reshape(B, T, H, N)
-    y = wkv7(heads(r), heads(w), heads(k), heads(v), kk * -1.0, kk * heads(a))
+    y, _ = wkv7(heads(r), heads(w), heads(k), heads(v), kk * -1.0, kk * heads(a))
     z = layernorm(y, p["ln_x_w"].reshape(H, N), p["ln_x_b"].reshape(H, N), eps=GROUP_NORM_EPS)
     bonus = (heads(r) * heads(k) * p["r_k"].reshape(H, N)).sum(-1, keepdims=True)
     z = (z + bonus * heads(v)).reshape(B, T, C)
