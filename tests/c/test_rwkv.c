@@ -5,7 +5,7 @@
  * / 2eps with L = sum(out*dy) (+ sum(v_first*dvf) at layer 0). Also the
  * RX_EINVAL returns. Standalone: returns nonzero on failure.
  *
- *   gcc -fsanitize=address,undefined -g -O1 -fopenmp -Icsrc tests/c/test_rwkv.c csrc/ *.c -lm
+ *   gcc -fsanitize=address,undefined -g -O1 -fopenmp -Icsrc tests/c/test_rwkv.c csrc/[a-z]*.c -lm
  */
 #include <math.h>
 #include <stdio.h>
