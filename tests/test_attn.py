@@ -146,20 +146,33 @@ def test_score_av_with_c_selection():
 
 
 def test_equal_gates_choose_the_smaller_chunk():
-    """Chunks 0 and 1 hold identical keys, so their gates tie exactly; with
-    moba_top_k = 1 every query that chooses must keep chunk 0."""
-    B, T, H, N, cs = 1, 16, 1, 4, 4
+    """Chunks 0 and 1 hold identical keys, so their gates tie exactly. With
+    moba_top_k = 1 every query that chooses keeps chunk 0; with moba_top_k = 2
+    and chunk 2 ahead of both, it keeps chunks 2 and 0 (the tie is decided
+    after a larger gate has displaced one of the tied chunks)."""
+    B, T, H, N, cs = 1, 24, 1, 4, 4
     rng = np.random.default_rng(5)
     q = np.abs(f32(rng, B, T, N)) + 1.0
     k = 0.1 * f32(rng, B, T, N)
     k[:, :cs] += 2.0
     k[:, cs:2 * cs] = k[:, :cs]
+    k[:, 2 * cs:3 * cs] += 3.0
     v = f32(rng, B, T, N)
+    for top_k, kept, dropped in ((1, [2], [0, 1]), (2, [0, 2], [1])):
+        p, _ = rx.attn_score_av_forward(q, k, v, n_head=H, head_size=N, chunk_size=cs,
+                                        moba_top_k=top_k)
+        ref = moba_mask(q, k, cs, top_k, H, N)
+        for t in range(3 * cs, T):   # chunks 0, 1, 2 all candidates
+            for j in kept:
+                assert (p[0, 0, t, j * cs:(j + 1) * cs] > 0).all(), (top_k, t, j)
+                assert ref[0, 0, t, j * cs:(j + 1) * cs].all()
+            for j in dropped:
+                assert (p[0, 0, t, j * cs:(j + 1) * cs] == 0).all(), (top_k, t, j)
+                assert not ref[0, 0, t, j * cs:(j + 1) * cs].any()
+    # top_k = 1 among the tied pair alone (queries of chunk 2 see chunks 0, 1)
     p, _ = rx.attn_score_av_forward(q, k, v, n_head=H, head_size=N, chunk_size=cs, moba_top_k=1)
-    ref = moba_mask(q, k, cs, 1, H, N)
-    for t in range(2 * cs, T):
+    for t in range(2 * cs, 3 * cs):
         assert (p[0, 0, t, :cs] > 0).all() and (p[0, 0, t, cs:2 * cs] == 0).all()
-        assert ref[0, 0, t, :cs].all() and not ref[0, 0, t, cs:2 * cs].any()
 
 
 def test_popular_chunk_gathers_many_queries():
