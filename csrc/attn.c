@@ -326,8 +326,8 @@ static void attn_chosen_forward(const attn_dims *d, const attn_head *h, size_t j
                                 attn_tile *tl) {
     const size_t N = d->N, C = d->C, T = d->T, kk = d->kk, TL = ATTN_TILE;
     size_t M = 0;
-    for (size_t t = (kk + 1) * d->cs > (j + 1) * d->cs ? (kk + 1) * d->cs : (j + 1) * d->cs;
-         t < T; t++) {
+    /* queries after chunk j that choose */
+    for (size_t t = ((kk > j ? kk : j) + 1) * d->cs; t < T; t++) {
         size_t r = attn_rank(h->sel + t * kk, kk, j);
         if (r < kk) {
             tl->idx[M] = t;
