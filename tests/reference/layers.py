@@ -28,3 +28,29 @@ def channelmix(p, x, x_prev_init=None):
     xx = token_shift(x, x_prev_init) - x
     xk = x + xx * p["ffn_x_k"]
     return (xk @ p["ffn_key_w"]).relu().square() @ p["ffn_value_w"]
+
+
+def embedding(emb, tokens):
+    """emb (vocab, C) Var; tokens int (T,) in [0, vocab). Returns (T, C)."""
+    return emb[np.asarray(tokens)]
+
+
+def head(x, w):
+    """logits = x . w; x (T, C), w (C, vocab)."""
+    return x @ w
+
+
+def cross_entropy(logits, targets, ignore_index=-1):
+    """Mean over valid positions of -log softmax(logits_t)[target_t] (SPEC §7);
+    position t is valid when ignore_index < 0 or targets[t] != ignore_index.
+    No valid position: 0 (with zero grads). logits (T, vocab) Var."""
+    targets = np.asarray(targets)
+    T = logits.shape[0]
+    valid = np.ones(T, bool) if ignore_index < 0 else targets != ignore_index
+    n_valid = int(valid.sum())
+    if n_valid == 0:
+        return (logits * 0.0).sum()
+    m = logits.value.max(-1, keepdims=True)       # a constant shift: lse is invariant to it
+    lse = (logits - m).exp().sum(-1).log() + m[:, 0]
+    picked = logits[np.arange(T), np.where(valid, targets, 0)]
+    return ((lse - picked) * valid).sum() * (1.0 / n_valid)
