@@ -56,7 +56,7 @@ def stable_selection(params, cfg, tokens):
 
 @pytest.mark.parametrize("n_rwkv,n_attn,expected", [
     (5, 2, "RRARRAR"), (3, 1, "RRRA"), (4, 2, "RRARRA"), (6, 2, "RRRARRRA"), (2, 0, "RR"),
-    (1, 1, "RA"), (3, 3, "RARARA"), (7, 3, "RRARRARRAR"), (5, 3, "RARARAR")])
+    (1, 1, "RA"), (3, 3, "RARARA"), (7, 3, "RRARRARRAR"), (5, 3, "RARARARR")])
 def test_layer_order(n_rwkv, n_attn, expected):
     cfg = dict(BASE, n_rwkv_layer=n_rwkv, n_attn_layer=n_attn)
     assert layer_order(cfg) == expected
