@@ -23,7 +23,7 @@ T = 13
 IGNORE = 5
 
 
-def batch(cfg, seed, B=None, n_ignored=2):
+def batch(cfg, seed, B=None, n_ignored=2, T=T):
     """Random tokens and targets, n_ignored targets per sequence set to IGNORE."""
     rng = np.random.default_rng(seed)
     shape = (T,) if B is None else (B, T)
@@ -206,9 +206,9 @@ def test_finite_differences():
     """Central differences of the float64 reference loss on two elements of
     every tensor (its largest-grad element and a random one) agree with the
     reference autograd and with the C grads."""
-    cfg = dict(BASE, n_rwkv_layer=2, n_attn_layer=1, moba_top_k=1)
+    cfg = dict(BASE, n_rwkv_layer=2, n_attn_layer=1, chunk_size=2, moba_top_k=1)
     m = rx.RxPtModel(cfg, seed=21)
-    tokens, targets = batch(cfg, 22)
+    tokens, targets = batch(cfg, 22, T=8)
     params = {n: v.astype(np.float64) for n, v in m.params.items()}
     stable_selection(params, cfg, tokens)
     _, _, ref_grads = reference(params, cfg, tokens, targets, IGNORE)
