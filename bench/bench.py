@@ -64,8 +64,15 @@ def run_rx(args, cfg):
     out["fwd_bwd_s"] = min(times)
     out["fwd_bwd_tok_s"] = B * T / min(times)
     out["peak_rss_mib"] = common.peak_rss_mib()
-    if hasattr(rx, "profile"):
-        out["breakdown"] = rx.profile()
+    if args.breakdown:
+        rx.profile_enable(True)
+        t0 = time.perf_counter()
+        fwd_bwd()
+        tot = time.perf_counter() - t0
+        prof = rx.profile()
+        rx.profile_enable(False)
+        out["breakdown"] = [(k, v * 1e3, v / tot) for k, v in
+                            sorted(prof.items(), key=lambda kv: -kv[1])]
     return out
 
 
@@ -145,7 +152,8 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--steps", type=int, default=5, help="timed steps (best is reported)")
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch side")
-    ap.add_argument("--breakdown", action="store_true", help="per-kernel breakdown (torch profiler)")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="per-kernel time breakdown of one more step (rx.profile; torch profiler)")
     ap.add_argument("--json", default=None, help="also write the results here")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()

@@ -418,6 +418,7 @@ static void attn_block_p(const attn_dims *d, const attn_head *h, size_t c, size_
 static void attn_core_forward(const attn_dims *d, const float *q, const float *k,
                               const float *v, attn_work *w, float *y, float *p) {
     const size_t n_items = attn_n_items(d), n_chosen = d->kk ? d->B * d->H * d->nck : 0;
+    rx_prof_push(RX_PROF_ATTN);
     attn_select(d, q, k, w);
 #pragma omp parallel num_threads(d->nt) if (d->nt > 1)
     {
@@ -436,6 +437,7 @@ static void attn_core_forward(const attn_dims *d, const float *q, const float *k
             if (p) attn_block_p(d, &h, c, t0, t1, p + bh * d->T * d->T);
         }
     }
+    rx_prof_pop();
 }
 
 /* Rows r < M of a tile (query idx[r]) against keys [klo, klo+n) of chunk j,
@@ -545,6 +547,7 @@ static void attn_core_backward(const attn_dims *d, const float *q, const float *
                                float *dq, float *dk, float *dv) {
     const size_t H = d->H, T = d->T, C = d->C, N = d->N, BHT = d->B * H * T;
     const size_t n_items = attn_n_items(d), n_chunks = d->B * H * d->nch;
+    rx_prof_push(RX_PROF_ATTN);
 #pragma omp parallel num_threads(d->nt) if (d->nt > 1)
     {
         attn_tile tl = attn_tile_of(d, w);
@@ -568,6 +571,7 @@ static void attn_core_backward(const attn_dims *d, const float *q, const float *
             attn_q_backward(d, &h, c, t0, t1, &tl);
         }
     }
+    rx_prof_pop();
 }
 
 /* q, k, v, y: [B][T][C]; p: [B][H][T][T] or NULL */

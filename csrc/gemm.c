@@ -395,8 +395,10 @@ void rx_sgemm(int ta, int tb, size_t M, size_t N, size_t K,
     int nt = rx_in_parallel() ? 1 : rx_max_threads();
     /* below ~10 us of work a fork/join costs more than it saves */
     if ((double)M * N * K < 262144.0) nt = 1;
+    rx_prof_push(RX_PROF_GEMM);
     if (nt <= 1) {
         sgemm_tile(im, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
+        rx_prof_pop();
         return;
     }
     size_t mb = (M + MR - 1) / MR, nb = (N + NR - 1) / NR;
@@ -426,4 +428,5 @@ void rx_sgemm(int ta, int tb, size_t M, size_t N, size_t K,
                        C + i0 * ldc + j0, ldc);
         }
     }
+    rx_prof_pop();
 }

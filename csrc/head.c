@@ -111,12 +111,18 @@ static double cross_entropy(const float *logits, const int *targets, int T, int 
 /* logits: [T][vocab]; targets: [T] */
 double rx_cross_entropy_forward(const float *logits, const int *targets, int T, int vocab,
                                 int ignore_index) {
-    return cross_entropy(logits, targets, T, vocab, ignore_index, NULL);
+    rx_prof_push(RX_PROF_CE);
+    double loss = cross_entropy(logits, targets, T, vocab, ignore_index, NULL);
+    rx_prof_pop();
+    return loss;
 }
 
 /* logits, dlogits: [T][vocab]; targets: [T]. dlogits is required. */
 double rx_cross_entropy_backward(const float *logits, const int *targets, int T, int vocab,
                                  int ignore_index, float *dlogits) {
     if (!dlogits) return NAN;
-    return cross_entropy(logits, targets, T, vocab, ignore_index, dlogits);
+    rx_prof_push(RX_PROF_CE);
+    double loss = cross_entropy(logits, targets, T, vocab, ignore_index, dlogits);
+    rx_prof_pop();
+    return loss;
 }

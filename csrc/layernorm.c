@@ -45,6 +45,7 @@ RX_HOT static void rownorm_forward_rows(const float *x, const float *w, const fl
 void rx_rownorm_forward(const float *x, const float *w, const float *b,
                         float *out, float *mean, float *rstd,
                         size_t rows, size_t D, size_t period, float eps) {
+    rx_prof_push(RX_PROF_NORM);
     int nt = (rx_in_parallel() || rows * D < 32768) ? 1 : rx_max_threads();
     /* nt fixed row ranges, not one per thread id: the runtime may grant fewer
      * threads than asked (OMP_THREAD_LIMIT, OMP_DYNAMIC). */
@@ -52,6 +53,7 @@ void rx_rownorm_forward(const float *x, const float *w, const float *b,
     for (int p = 0; p < nt; p++)
         rownorm_forward_rows(x, w, b, out, mean, rstd, rows * p / nt, rows * (p + 1) / nt, D,
                              period, eps);
+    rx_prof_pop();
 }
 
 /* x, dy, dx: [rows][D] (dx may alias dy); w, dw, db: [period][D]. */
@@ -85,7 +87,9 @@ int rx_rownorm_backward(const float *x, const float *w, const float *dy,
                         size_t rows, size_t D, size_t period, float eps) {
     int nt = (rx_in_parallel() || rows * D < 32768) ? 1 : rx_max_threads();
     if (nt == 1) {
+        rx_prof_push(RX_PROF_NORM);
         rownorm_backward_rows(x, w, dy, dx, dw, db, 0, rows, D, period, eps);
+        rx_prof_pop();
         return RX_OK;
     }
     /* Each row range accumulates dw/db privately; summed in a fixed order so
@@ -93,6 +97,7 @@ int rx_rownorm_backward(const float *x, const float *w, const float *dy,
     size_t PD = period * D;
     float *part = rx_fcalloc((size_t)nt * 2 * PD);
     if (!part) return RX_ENOMEM;
+    rx_prof_push(RX_PROF_NORM);
 #pragma omp parallel for schedule(static, 1) num_threads(nt)
     for (int p = 0; p < nt; p++)
         rownorm_backward_rows(x, w, dy, dx, part + (size_t)p * 2 * PD,
@@ -103,6 +108,7 @@ int rx_rownorm_backward(const float *x, const float *w, const float *dy,
             dw[i] += part[(size_t)t * 2 * PD + i];
             db[i] += part[(size_t)t * 2 * PD + PD + i];
         }
+    rx_prof_pop();
     free(part);
     return RX_OK;
 }

@@ -1,7 +1,10 @@
 /* SPDX-License-Identifier: AGPL-3.0-or-later AND Apache-2.0
  *
- * runtime.c -- thread control, shared by the Python and the C front ends.
+ * runtime.c -- thread control, shared by the Python and the C front ends,
+ * and the per-kernel time accounting of the benchmarks.
  */
+#include <time.h>
+
 #include "rx_internal.h"
 
 #ifdef _OPENMP
@@ -18,3 +21,61 @@ void rx_set_num_threads(int n) { (void)n; }
 int rx_get_num_threads(void) { return 1; }
 int rx_has_openmp(void) { return 0; }
 #endif
+
+/* Self time per slot: a slot's clock runs from its push to its pop, paused
+ * while a nested slot runs. State is per calling thread, and only calls made
+ * outside a parallel region count (kernels nested in a team run inside
+ * their caller's slot). */
+static const char *const prof_names[RX_PROF_N] = {
+    "other (elementwise, glue)", "gemm", "wkv7", "attention core", "norms",
+    "cross-entropy"};
+static _Thread_local int prof_on, prof_depth, prof_cur;
+static _Thread_local int prof_stack[16];
+static _Thread_local double prof_acc[RX_PROF_N], prof_t;
+
+static double prof_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void rx_prof_push(int slot) {
+    if (!prof_on || rx_in_parallel()) return;
+    double now = prof_now();
+    prof_acc[prof_cur] += now - prof_t;
+    prof_t = now;
+    if (prof_depth < (int)(sizeof prof_stack / sizeof prof_stack[0]))
+        prof_stack[prof_depth] = prof_cur;
+    prof_depth++;
+    prof_cur = slot;
+}
+
+void rx_prof_pop(void) {
+    if (!prof_on || rx_in_parallel() || prof_depth == 0) return;
+    double now = prof_now();
+    prof_acc[prof_cur] += now - prof_t;
+    prof_t = now;
+    prof_depth--;
+    prof_cur = prof_depth < (int)(sizeof prof_stack / sizeof prof_stack[0])
+                   ? prof_stack[prof_depth] : RX_PROF_OTHER;
+}
+
+void rx_profile_enable(int on) {
+    for (int i = 0; i < RX_PROF_N; i++) prof_acc[i] = 0.0;
+    prof_depth = 0;
+    prof_cur = RX_PROF_OTHER;
+    prof_on = on != 0;
+    prof_t = prof_now();
+}
+
+int rx_profile_read(double *seconds, int n) {
+    if (prof_on && prof_depth == 0) {   /* charge the time since the last call to "other" */
+        double now = prof_now();
+        prof_acc[prof_cur] += now - prof_t;
+        prof_t = now;
+    }
+    for (int i = 0; seconds && i < n && i < RX_PROF_N; i++) seconds[i] = prof_acc[i];
+    return RX_PROF_N;
+}
+
+const char *rx_profile_name(int i) { return i >= 0 && i < RX_PROF_N ? prof_names[i] : NULL; }

@@ -87,6 +87,14 @@ static inline const float *rx_shift_src(const float *x, const float *init,
     return init ? init + b * C : NULL;
 }
 
+/* ---- runtime.c: per-kernel self time (rx_profile_*) ---------------------
+ * A kernel brackets its work with rx_prof_push(slot) / rx_prof_pop(); time
+ * outside every bracket is RX_PROF_OTHER. No-ops unless profiling is on. */
+enum { RX_PROF_OTHER, RX_PROF_GEMM, RX_PROF_WKV7, RX_PROF_ATTN, RX_PROF_NORM, RX_PROF_CE,
+       RX_PROF_N };
+void rx_prof_push(int slot);
+void rx_prof_pop(void);
+
 /* ---- gemm.c ------------------------------------------------------------
  * C[M,N] = beta*C + op(A)[M,K] . op(B)[K,N], all row-major. op(A) is A
  * ([M,K], row stride lda) or, with ta, A^T for A stored [K,M]; likewise B.

@@ -399,6 +399,15 @@ int rx_has_openmp(void);
 /* Name of the GEMM micro-kernel chosen for this CPU ("avx2-fma", "generic"). */
 const char *rx_sgemm_kernel(void);
 
+/* Per-kernel wall-time accounting (a benchmark hook) of the rx_ calls made
+ * from the calling thread: rx_profile_enable(1) zeroes the counters and
+ * starts counting, 0 stops; rx_profile_read copies up to n per-slot self
+ * times in seconds (time in no kernel is slot 0, "other") and returns the
+ * number of slots; rx_profile_name(i) names slot i (NULL out of range). */
+void rx_profile_enable(int on);
+int rx_profile_read(double *seconds, int n);
+const char *rx_profile_name(int i);
+
 #ifdef __cplusplus
 }
 #endif

@@ -286,6 +286,7 @@ int rx_wkv7_forward_seq(const float *r, const float *w, const float *k, const fl
     const size_t per = NN + N;
     float *scratch = rx_falloc((size_t)nt * per);
     if (!scratch) return RX_ENOMEM;
+    rx_prof_push(RX_PROF_WKV7);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (nt > 1)
     for (size_t bh = 0; bh < BH; bh++) {
         size_t bi = bh / H, h = bh % H;
@@ -307,6 +308,7 @@ int rx_wkv7_forward_seq(const float *r, const float *w, const float *k, const fl
             wkv7_step(S, r + o, w + o, k + o, v + o, a + o, b + o, y, N);
         }
     }
+    rx_prof_pop();
     free(scratch);
     return RX_OK;
 }
@@ -330,6 +332,7 @@ int rx_wkv7_backward(const float *r, const float *w, const float *k, const float
     const size_t per = (WKV_CHUNK + 1) * NN + ncp * NN + NN + (WKV_CHUNK + 1) * N;
     float *scratch = rx_falloc((size_t)nt * per);
     if (!scratch) return RX_ENOMEM;
+    rx_prof_push(RX_PROF_WKV7);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (nt > 1)
     for (size_t bh = 0; bh < BH; bh++) {
         size_t bi = bh / H, h = bh % H;
@@ -392,6 +395,7 @@ int rx_wkv7_backward(const float *r, const float *w, const float *k, const float
         if (dS_out) memcpy(dS_out + bh * NN, dS, NN * sizeof(float));
 #undef OFF
     }
+    rx_prof_pop();
     free(scratch);
     return RX_OK;
 }

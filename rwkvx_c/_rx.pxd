@@ -214,3 +214,6 @@ cdef extern from "rx_pretrain.h" nogil:
     int rx_get_num_threads()
     int rx_has_openmp()
     const char *rx_sgemm_kernel()
+    void rx_profile_enable(int on)
+    int rx_profile_read(double *seconds, int n)
+    const char *rx_profile_name(int i)
