@@ -2,10 +2,12 @@
  *
  * block.c -- the RWKV-7 residual block (SPEC §6):
  *     h1 = ln1(x); x1 = x + TM(h1); h2 = ln2(x1); out = x1 + CM(h2)
- * The time-mix carry is over h1, the channel-mix carry over h2. The
- * backward recomputes the forward with the time-mix intermediates kept
- * (rx_tm_acts), so the time-mix forward runs once per backward.
+ * The time-mix carry is over h1, the channel-mix carry over h2. The forward
+ * can keep its intermediates (rx_block_acts) for the backward, as the whole
+ * model does; the standalone rx_block_backward recomputes them first.
  */
+#include <string.h>
+
 #include "rx_internal.h"
 
 /* dst[i] = a[i] + b[i] (dst may alias a or b) */
@@ -19,6 +21,73 @@ static int block_params_ok(const rx_block_params *P, int B, int T) {
            P->cm.c == P->tm.c && P->ln1_w && P->ln1_b && P->ln2_w && P->ln2_b;
 }
 
+int rx_block_acts_alloc(rx_block_acts *S, const rx_block_params *P, size_t B, size_t T) {
+    const size_t BT = B * T, C = (size_t)P->tm.c, F = (size_t)P->cm.ffn_dim;
+    memset(S, 0, sizeof *S);
+    int rc = rx_tm_acts_alloc(&S->tm, &P->tm, B, T);
+    if (rc != RX_OK) return rc;
+    /* one allocation, each buffer a whole number of 64-byte lines */
+    const size_t rc_ = (BT * C + 15) & ~(size_t)15, rf = (BT * F + 15) & ~(size_t)15;
+    S->mem = rx_falloc(4 * rc_ + 2 * rf);
+    if (!S->mem) return RX_ENOMEM;
+    S->h1 = S->mem;
+    S->x1 = S->h1 + rc_;
+    S->h2 = S->x1 + rc_;
+    S->xk = S->h2 + rc_;
+    S->pre = S->xk + rc_;
+    S->hid = S->pre + rf;
+    return RX_OK;
+}
+
+void rx_block_acts_free(rx_block_acts *S) {
+    rx_tm_acts_free(&S->tm);
+    free(S->mem);
+    S->mem = NULL;
+}
+
+int rx_block_forward_acts(const rx_block_params *P, const float *x,
+                          const float *tm_xprev_init, const float *cm_xprev_init,
+                          const float *v_first_in, float *v_first_out, rx_block_acts *S,
+                          float *out) {
+    const size_t B = S->tm.B, T = S->tm.T, BT = B * T, C = (size_t)P->tm.c;
+    /* out holds TM(h1), then CM(h2), then the block output */
+    rx_rownorm_forward(x, P->ln1_w, P->ln1_b, S->h1, NULL, NULL, BT, C, 1, RX_LN_EPS);
+    int rc = rx_tm_forward_acts(&P->tm, S->h1, tm_xprev_init, v_first_in, v_first_out, &S->tm,
+                                out);
+    if (rc != RX_OK) return rc;
+    add_rows(S->x1, x, out, BT * C);
+    rx_rownorm_forward(S->x1, P->ln2_w, P->ln2_b, S->h2, NULL, NULL, BT, C, 1, RX_LN_EPS);
+    rx_cm_forward_acts(&P->cm, S->h2, cm_xprev_init, S->xk, S->pre, S->hid, out, B, T);
+    add_rows(out, S->x1, out, BT * C);
+    return RX_OK;
+}
+
+int rx_block_backward_acts(const rx_block_params *P, const rx_block_acts *S, const float *x,
+                           const float *tm_xprev_init, const float *cm_xprev_init,
+                           const float *v_first, const float *dy, rx_block_grads *G,
+                           float *dx, float *d_tm_xprev_init, float *d_cm_xprev_init,
+                           float *d_v_first, float *work) {
+    const int vres = P->tm.layer_id > 0;
+    const size_t B = S->tm.B, T = S->tm.T, BT = B * T, C = (size_t)P->tm.c;
+    float *t = work, *dx1 = t + BT * C, *dxk = dx1 + BT * C, *dh = dxk + BT * C;
+    /* out = x1 + CM(ln2(x1)) */
+    rx_cm_backward_acts(&P->cm, S->h2, cm_xprev_init, S->xk, S->pre, S->hid, dy, &G->cm, t,
+                        d_cm_xprev_init, B, T, dh, dxk);
+    int rc = rx_layernorm_backward(S->x1, P->ln2_w, P->ln2_b, t, dx1, G->ln2_w, G->ln2_b,
+                                   (int)B, (int)T, (int)C);
+    if (rc == RX_OK) {
+        add_rows(dx1, dx1, dy, BT * C);
+        /* x1 = x + TM(ln1(x)) */
+        rc = rx_tm_backward_acts(&P->tm, &S->tm, S->h1, tm_xprev_init, vres ? v_first : NULL,
+                                 dx1, &G->tm, t, d_tm_xprev_init, d_v_first);
+    }
+    if (rc == RX_OK)
+        rc = rx_layernorm_backward(x, P->ln1_w, P->ln1_b, t, dx, G->ln1_w, G->ln1_b, (int)B,
+                                   (int)T, (int)C);
+    if (rc == RX_OK) add_rows(dx, dx, dx1, BT * C);
+    return rc;
+}
+
 /* x, out, v_first: [B][T][C]; tm_xprev_init, cm_xprev_init: [B][C] or NULL */
 int rx_block_forward_seq(const rx_block_params *P, const float *x,
                          const float *tm_xprev_init, const float *cm_xprev_init,
@@ -26,25 +95,12 @@ int rx_block_forward_seq(const rx_block_params *P, const float *x,
     if (!block_params_ok(P, B, T) || !x || !out) return RX_EINVAL;
     const int vres = P->tm.layer_id > 0;
     if (vres && !v_first) return RX_EINVAL;
-    const size_t BT = (size_t)B * T, C = (size_t)P->tm.c;
-    rx_tm_acts A;
-    float *h = rx_falloc(BT * C), *t = rx_falloc(BT * C);
-    int rc = rx_tm_acts_alloc(&A, &P->tm, (size_t)B, (size_t)T);
-    if (rc == RX_OK && (!h || !t)) rc = RX_ENOMEM;
-    if (rc == RX_OK) {
-        rx_rownorm_forward(x, P->ln1_w, P->ln1_b, h, NULL, NULL, BT, C, 1, RX_LN_EPS);
-        rc = rx_tm_forward_acts(&P->tm, h, tm_xprev_init, vres ? v_first : NULL,
-                                vres ? NULL : v_first, &A, t);
-    }
-    if (rc == RX_OK) {
-        add_rows(out, x, t, BT * C);
-        rx_rownorm_forward(out, P->ln2_w, P->ln2_b, h, NULL, NULL, BT, C, 1, RX_LN_EPS);
-        rc = rx_channelmix_forward_seq(&P->cm, h, cm_xprev_init, t, B, T);
-    }
-    if (rc == RX_OK) add_rows(out, out, t, BT * C);
-    rx_tm_acts_free(&A);
-    free(h);
-    free(t);
+    rx_block_acts S;
+    int rc = rx_block_acts_alloc(&S, P, (size_t)B, (size_t)T);
+    if (rc == RX_OK)
+        rc = rx_block_forward_acts(P, x, tm_xprev_init, cm_xprev_init, vres ? v_first : NULL,
+                                   vres ? NULL : v_first, &S, out);
+    rx_block_acts_free(&S);
     return rc;
 }
 
@@ -60,43 +116,21 @@ int rx_block_backward(const rx_block_params *P, const float *x,
         return RX_EINVAL;
     const int vres = P->tm.layer_id > 0;
     if (vres && !v_first) return RX_EINVAL;
-    const size_t BT = (size_t)B * T, C = (size_t)P->tm.c;
-    rx_tm_acts A;
-    float *mem = rx_falloc(5 * BT * C);
-    int rc = rx_tm_acts_alloc(&A, &P->tm, (size_t)B, (size_t)T);
-    if (rc == RX_OK && !mem) rc = RX_ENOMEM;
-    if (rc != RX_OK) {
-        rx_tm_acts_free(&A);
-        free(mem);
-        return rc;
-    }
-    float *h1 = mem, *x1 = h1 + BT * C, *h2 = x1 + BT * C, *t = h2 + BT * C, *dx1 = t + BT * C;
-    const float *vf_in = vres ? v_first : NULL;
-
-    /* recompute the forward up to h2, keeping the time-mix intermediates */
-    rx_rownorm_forward(x, P->ln1_w, P->ln1_b, h1, NULL, NULL, BT, C, 1, RX_LN_EPS);
-    rc = rx_tm_forward_acts(&P->tm, h1, tm_xprev_init, vf_in, NULL, &A, t);
-    if (rc == RX_OK) {
-        add_rows(x1, x, t, BT * C);
-        rx_rownorm_forward(x1, P->ln2_w, P->ln2_b, h2, NULL, NULL, BT, C, 1, RX_LN_EPS);
-        /* out = x1 + CM(ln2(x1)) */
-        rc = rx_channelmix_backward(&P->cm, h2, cm_xprev_init, dy, &G->cm, t, d_cm_xprev_init,
-                                    B, T);
-    }
+    const size_t BT = (size_t)B * T, C = (size_t)P->tm.c, F = (size_t)P->cm.ffn_dim;
+    rx_block_acts S;
+    float *work = rx_falloc(RX_BLOCK_WORK(BT, C, F)), *tmp = rx_falloc(BT * C);
+    int rc = rx_block_acts_alloc(&S, P, (size_t)B, (size_t)T);
+    if (rc == RX_OK && (!work || !tmp)) rc = RX_ENOMEM;
+    /* recompute the forward, keeping its intermediates (the block output
+     * itself is not needed) */
     if (rc == RX_OK)
-        rc = rx_layernorm_backward(x1, P->ln2_w, P->ln2_b, t, dx1, G->ln2_w, G->ln2_b, B, T,
-                                   (int)C);
-    if (rc == RX_OK) {
-        add_rows(dx1, dx1, dy, BT * C);
-        /* x1 = x + TM(ln1(x)) */
-        rc = rx_tm_backward_acts(&P->tm, &A, h1, tm_xprev_init, vf_in, dx1, &G->tm, t,
-                                 d_tm_xprev_init, d_v_first);
-    }
+        rc = rx_block_forward_acts(P, x, tm_xprev_init, cm_xprev_init, vres ? v_first : NULL,
+                                   NULL, &S, tmp);
     if (rc == RX_OK)
-        rc = rx_layernorm_backward(x, P->ln1_w, P->ln1_b, t, dx, G->ln1_w, G->ln1_b, B, T,
-                                   (int)C);
-    if (rc == RX_OK) add_rows(dx, dx, dx1, BT * C);
-    rx_tm_acts_free(&A);
-    free(mem);
+        rc = rx_block_backward_acts(P, &S, x, tm_xprev_init, cm_xprev_init, v_first, dy, G, dx,
+                                    d_tm_xprev_init, d_cm_xprev_init, d_v_first, work);
+    rx_block_acts_free(&S);
+    free(work);
+    free(tmp);
     return rc;
 }

@@ -12,6 +12,46 @@ int rx_cm_params_ok(const rx_cm_params *P) {
     return P && P->c >= 1 && P->ffn_dim >= 1 && P->ffn_x_k && P->ffn_key_w && P->ffn_value_w;
 }
 
+/* x, xk, out: [B][T][C]; pre, h: [B][T][F]. Keeps the lerp xk, the key
+ * projection pre (NULL: not kept, h computed in place) and the hidden
+ * h = relu(pre)^2 for rx_cm_backward_acts; out may be NULL (recompute). */
+void rx_cm_forward_acts(const rx_cm_params *P, const float *x, const float *x_prev_init,
+                        float *xk, float *pre, float *h, float *out, size_t B, size_t T) {
+    const size_t C = (size_t)P->c, F = (size_t)P->ffn_dim, BT = B * T;
+    float *k = pre ? pre : h;
+    rx_shift_lerp_forward(P->ffn_x_k, x, x_prev_init, xk, B, T, C);
+    rx_sgemm(0, 0, BT, F, C, xk, C, P->ffn_key_w, F, 0.0f, k, F);
+#pragma omp parallel for schedule(static) if (!rx_in_parallel() && BT * F >= 65536)
+    for (size_t i = 0; i < BT * F; i++) {
+        float r = k[i] > 0.0f ? k[i] : 0.0f;
+        h[i] = r * r;
+    }
+    if (out) rx_sgemm(0, 0, BT, C, F, h, F, P->ffn_value_w, C, 0.0f, out, C);
+}
+
+/* The backward from rx_cm_forward_acts's xk, pre, h; dh [BT][F] and dxk
+ * [BT][C] are scratch and may alias h and xk (which then are consumed);
+ * other arguments as in rx_channelmix_backward. */
+void rx_cm_backward_acts(const rx_cm_params *P, const float *x, const float *x_prev_init,
+                         const float *xk, const float *pre, const float *h, const float *dy,
+                         rx_cm_grads *G, float *dx, float *d_xprev_init, size_t B, size_t T,
+                         float *dh, float *dxk) {
+    const size_t C = (size_t)P->c, F = (size_t)P->ffn_dim, BT = B * T;
+    /* value projection: dWv = h^T dy, dh = dy Wv^T */
+    rx_sgemm(1, 0, F, C, BT, h, F, dy, C, 0.0f, G->ffn_value_w, C);
+    rx_sgemm(0, 1, BT, F, C, dy, C, P->ffn_value_w, C, 0.0f, dh, F);
+#pragma omp parallel for schedule(static) if (!rx_in_parallel() && BT * F >= 65536)
+    for (size_t i = 0; i < BT * F; i++) dh[i] = pre[i] > 0.0f ? 2.0f * pre[i] * dh[i] : 0.0f;
+    /* key projection */
+    rx_sgemm(1, 0, C, F, BT, xk, C, dh, F, 0.0f, G->ffn_key_w, F);
+    rx_sgemm(0, 1, BT, C, F, dh, F, P->ffn_key_w, F, 0.0f, dxk, C);
+    rx_fzero(G->ffn_x_k, C);
+    rx_fzero(dx, BT * C);
+    rx_fzero(d_xprev_init, B * C);
+    rx_shift_lerp_backward(P->ffn_x_k, x, x_prev_init, dxk, dx, G->ffn_x_k, d_xprev_init, B, T,
+                           C);
+}
+
 /* x, out: [B][T][C]; x_prev_init: [B][C] or NULL */
 int rx_channelmix_forward_seq(const rx_cm_params *P, const float *x, const float *x_prev_init,
                               float *out, int B, int T) {
@@ -23,13 +63,7 @@ int rx_channelmix_forward_seq(const rx_cm_params *P, const float *x, const float
         free(h);
         return RX_ENOMEM;
     }
-    rx_shift_lerp_forward(P->ffn_x_k, x, x_prev_init, xk, (size_t)B, (size_t)T, C);
-    rx_sgemm(0, 0, BT, F, C, xk, C, P->ffn_key_w, F, 0.0f, h, F);
-    for (size_t i = 0; i < BT * F; i++) {
-        float r = h[i] > 0.0f ? h[i] : 0.0f;
-        h[i] = r * r;
-    }
-    rx_sgemm(0, 0, BT, C, F, h, F, P->ffn_value_w, C, 0.0f, out, C);
+    rx_cm_forward_acts(P, x, x_prev_init, xk, NULL, h, out, (size_t)B, (size_t)T);
     free(xk);
     free(h);
     return RX_OK;
@@ -43,38 +77,18 @@ int rx_channelmix_backward(const rx_cm_params *P, const float *x, const float *x
         !G->ffn_value_w || !dx)
         return RX_EINVAL;
     const size_t C = (size_t)P->c, F = (size_t)P->ffn_dim, BT = (size_t)B * T;
-    const size_t TT = (size_t)T;
     float *xk = rx_falloc(BT * C), *pre = rx_falloc(BT * F), *h = rx_falloc(BT * F);
-    float *dxk = rx_falloc(BT * C);
-    if (!xk || !pre || !h || !dxk) {
+    if (!xk || !pre || !h) {
         free(xk);
         free(pre);
         free(h);
-        free(dxk);
         return RX_ENOMEM;
     }
-    /* recompute the forward up to the hidden activation */
-    rx_shift_lerp_forward(P->ffn_x_k, x, x_prev_init, xk, (size_t)B, TT, C);
-    rx_sgemm(0, 0, BT, F, C, xk, C, P->ffn_key_w, F, 0.0f, pre, F);
-    for (size_t i = 0; i < BT * F; i++) {
-        float r = pre[i] > 0.0f ? pre[i] : 0.0f;
-        h[i] = r * r;
-    }
-    /* value projection: dWv = h^T dy, then h becomes d(h) = dy Wv^T */
-    rx_sgemm(1, 0, F, C, BT, h, F, dy, C, 0.0f, G->ffn_value_w, C);
-    rx_sgemm(0, 1, BT, F, C, dy, C, P->ffn_value_w, C, 0.0f, h, F);
-    for (size_t i = 0; i < BT * F; i++) h[i] = pre[i] > 0.0f ? 2.0f * pre[i] * h[i] : 0.0f;
-    /* key projection */
-    rx_sgemm(1, 0, C, F, BT, xk, C, h, F, 0.0f, G->ffn_key_w, F);
-    rx_sgemm(0, 1, BT, C, F, h, F, P->ffn_key_w, F, 0.0f, dxk, C);
-    rx_fzero(G->ffn_x_k, C);
-    rx_fzero(dx, BT * C);
-    rx_fzero(d_xprev_init, (size_t)B * C);
-    rx_shift_lerp_backward(P->ffn_x_k, x, x_prev_init, dxk, dx, G->ffn_x_k, d_xprev_init,
-                           (size_t)B, TT, C);
+    rx_cm_forward_acts(P, x, x_prev_init, xk, pre, h, NULL, (size_t)B, (size_t)T);
+    rx_cm_backward_acts(P, x, x_prev_init, xk, pre, h, dy, G, dx, d_xprev_init, (size_t)B,
+                        (size_t)T, h, xk);
     free(xk);
     free(pre);
     free(h);
-    free(dxk);
     return RX_OK;
 }

@@ -374,15 +374,53 @@ static int mul_ok(size_t a, size_t b, size_t *out) {
     return 1;
 }
 
+/* The RWKV blocks' kept forward intermediates, one set per block. */
+struct rx_pt_saved {
+    int n;
+    rx_block_acts *rwkv;   /* [n] */
+    float *work;           /* RX_BLOCK_WORK floats for a block backward */
+};
+
+static void saved_free(struct rx_pt_saved *s) {
+    if (!s) return;
+    for (int i = 0; i < s->n; i++) rx_block_acts_free(&s->rwkv[i]);
+    free(s->rwkv);
+    free(s->work);
+    free(s);
+}
+
+static struct rx_pt_saved *saved_new(const rx_ptmodel *m, size_t B, size_t T) {
+    struct rx_pt_saved *s = calloc(1, sizeof *s);
+    if (!s) return NULL;
+    const int n = m->cfg.n_rwkv_layer;
+    s->rwkv = calloc((size_t)n, sizeof *s->rwkv);
+    s->work = rx_falloc(RX_BLOCK_WORK(B * T, (size_t)m->cfg.n_embd, (size_t)m->cfg.ffn_dim));
+    if (!s->rwkv || !s->work) {
+        free(s->rwkv);
+        free(s->work);
+        free(s);
+        return NULL;
+    }
+    for (; s->n < n; s->n++)
+        if (rx_block_acts_alloc(&s->rwkv[s->n], &m->rwkv[s->n], B, T) != RX_OK) {
+            s->n++;   /* a partial allocation is freed with the rest */
+            saved_free(s);
+            return NULL;
+        }
+    return s;
+}
+
 void rx_pt_acts_free(rx_pt_acts *a) {
     if (!a) return;
+    saved_free(a->saved);
     free(a->tokens);
     free(a->block_in);   /* the start of the one float allocation */
     free(a);
 }
 
 /* One float allocation carved into block_in | v_first | lnout | work |
- * logits | dlogits: BT*((n_blocks+7)*C + 2*vocab) floats. */
+ * logits | dlogits: BT*((n_blocks+7)*C + 2*vocab) floats; the blocks' kept
+ * intermediates and a block backward's scratch beside it. */
 rx_pt_acts *rx_pt_acts_new_batch(const rx_ptmodel *m, int B, int T) {
     if (!m || B < 1 || T < 1 || (int64_t)B * T > INT32_MAX) return NULL;
     const size_t BT = (size_t)B * (size_t)T, C = (size_t)m->cfg.n_embd;
@@ -396,7 +434,9 @@ rx_pt_acts *rx_pt_acts_new_batch(const rx_ptmodel *m, int B, int T) {
     if (!a) return NULL;
     a->tokens = rx_alloc(BT, sizeof(int));
     float *f = rx_fcalloc(total);   /* zeroed: nothing is ever read uninitialised */
-    if (!a->tokens || !f) {
+    a->saved = saved_new(m, (size_t)B, (size_t)T);
+    if (!a->tokens || !f || !a->saved) {
+        saved_free(a->saved);
         free(a->tokens);
         free(f);
         free(a);
@@ -441,7 +481,10 @@ int rx_pretrain_forward_batch(rx_ptmodel *m, const int *tokens, int B, int T, rx
         float *out = acts->block_in + (size_t)(L + 1) * rowc;
         int i = m->block_idx[L];
         int rc = m->layers[L] == 'R'
-                     ? rx_block_forward_seq(&m->rwkv[i], x, NULL, NULL, acts->v_first, out, B, T)
+                     ? rx_block_forward_acts(&m->rwkv[i], x, NULL, NULL,
+                                             i > 0 ? acts->v_first : NULL,
+                                             i > 0 ? NULL : acts->v_first,
+                                             &acts->saved->rwkv[i], out)
                      : rx_attn_forward_seq(&m->attn[i], x, NULL, out, B, T);
         if (rc != RX_OK) return rc;
     }
@@ -473,6 +516,7 @@ double rx_pretrain_backward_batch(rx_ptmodel *m, const rx_pt_acts *acts, const i
     const size_t rowc = (size_t)BT * (size_t)C;
     float *dcur = acts->work, *dnext = acts->work + rowc;
     float *dvf_sum = acts->work + 2 * rowc, *dvf_one = acts->work + 3 * rowc;
+    float *bwork = acts->saved->work;
 
     /* targets are valid here, so a NaN loss means non-finite logits: the
      * NaN grads still go through, as the grads of this call */
@@ -494,15 +538,16 @@ double rx_pretrain_backward_batch(rx_ptmodel *m, const rx_pt_acts *acts, const i
                                        B, T);
         } else if (i > 0) {
             float *dvf = have_dvf ? dvf_one : dvf_sum;
-            rc = rx_block_backward(&m->rwkv[i], x, NULL, NULL, acts->v_first, dcur,
-                                   &m->rwkv_g[i], dnext, NULL, NULL, dvf, B, T);
+            rc = rx_block_backward_acts(&m->rwkv[i], &acts->saved->rwkv[i], x, NULL, NULL,
+                                        acts->v_first, dcur, &m->rwkv_g[i], dnext, NULL, NULL,
+                                        dvf, bwork);
             if (have_dvf)
                 for (size_t e = 0; e < rowc; e++) dvf_sum[e] += dvf_one[e];
             have_dvf = 1;
         } else {
-            rc = rx_block_backward(&m->rwkv[0], x, NULL, NULL, acts->v_first, dcur,
-                                   &m->rwkv_g[0], dnext, NULL, NULL, have_dvf ? dvf_sum : NULL,
-                                   B, T);
+            rc = rx_block_backward_acts(&m->rwkv[0], &acts->saved->rwkv[0], x, NULL, NULL,
+                                        acts->v_first, dcur, &m->rwkv_g[0], dnext, NULL, NULL,
+                                        have_dvf ? dvf_sum : NULL, bwork);
         }
         float *s = dcur;
         dcur = dnext;

@@ -135,6 +135,15 @@ void rx_shift_lerp_backward(const float *mix, const float *x, const float *init,
 
 /* ---- channelmix.c ------------------------------------------------------ */
 int rx_cm_params_ok(const rx_cm_params *P);
+/* Forward keeping xk [BT][C], pre (NULL: not kept) and h [BT][F] for the
+ * backward; out may be NULL. The backward's scratch dh [BT][F] and dxk
+ * [BT][C] may alias h and xk, consuming them. */
+void rx_cm_forward_acts(const rx_cm_params *P, const float *x, const float *x_prev_init,
+                        float *xk, float *pre, float *h, float *out, size_t B, size_t T);
+void rx_cm_backward_acts(const rx_cm_params *P, const float *x, const float *x_prev_init,
+                         const float *xk, const float *pre, const float *h, const float *dy,
+                         rx_cm_grads *G, float *dx, float *d_xprev_init, size_t B, size_t T,
+                         float *dh, float *dxk);
 
 /* ---- timemix.c ---------------------------------------------------------
  * The time-mix forward intermediates, computed once by rx_tm_forward_acts
@@ -171,6 +180,35 @@ int rx_tm_forward_acts(const rx_tm_params *P, const float *x, const float *x_pre
 int rx_tm_backward_acts(const rx_tm_params *P, const rx_tm_acts *A, const float *x,
                         const float *x_prev_init, const float *v_first, const float *dy,
                         rx_tm_grads *G, float *dx, float *d_xprev_init, float *d_v_first);
+
+/* ---- block.c -----------------------------------------------------------
+ * An RWKV block's forward intermediates, kept by rx_block_forward_acts so
+ * the backward need not run the forward again (it only reads them, so it
+ * can run more than once per forward). */
+typedef struct {
+    rx_tm_acts tm;
+    float *h1, *x1, *h2, *xk;   /* [BT][C] ln1 out, residual after TM, ln2 out, CM lerp */
+    float *pre, *hid;           /* [BT][F] CM key projection and relu^2 hidden */
+    float *mem;
+} rx_block_acts;
+
+/* RX_OK or RX_ENOMEM; rx_block_acts_free(S) is safe after either. */
+int rx_block_acts_alloc(rx_block_acts *S, const rx_block_params *P, size_t B, size_t T);
+void rx_block_acts_free(rx_block_acts *S);
+/* rx_block_forward_seq's arguments (validated by the caller), filling S;
+ * v_first as in rx_tm_forward_acts (read at layer > 0, written at 0). */
+int rx_block_forward_acts(const rx_block_params *P, const float *x,
+                          const float *tm_xprev_init, const float *cm_xprev_init,
+                          const float *v_first_in, float *v_first_out, rx_block_acts *S,
+                          float *out);
+/* rx_block_backward's arguments (validated by the caller) with S from
+ * rx_block_forward_acts on the same inputs; work: RX_BLOCK_WORK floats. */
+#define RX_BLOCK_WORK(BT, C, F) (3 * (BT) * (C) + (BT) * (F))
+int rx_block_backward_acts(const rx_block_params *P, const rx_block_acts *S, const float *x,
+                           const float *tm_xprev_init, const float *cm_xprev_init,
+                           const float *v_first, const float *dy, rx_block_grads *G,
+                           float *dx, float *d_tm_xprev_init, float *d_cm_xprev_init,
+                           float *d_v_first, float *work);
 
 #define RX_LN_EPS 1e-5f
 #define RX_GN_EPS 64e-5f

@@ -331,6 +331,8 @@ typedef struct {
     float *dlogits;   /* [T][vocab] backward scratch */
     float *work;      /* [4][T][C] backward scratch: the residual grad (two
                          buffers), the summed v_first grad, one block's */
+    struct rx_pt_saved *saved;  /* internal: the RWKV blocks' forward
+                                   intermediates, reused by the backward */
 } rx_pt_acts;
 
 /* Acts for one sequence of T tokens (B = 1). NULL on T < 1, a NULL model or
@@ -346,8 +348,9 @@ int rx_pretrain_forward(rx_ptmodel *m, const int *tokens, int T,
 /* targets: [T], each in [0, vocab) or equal to ignore_index (when >= 0).
  * Needs a forward into acts with the same T. Writes every parameter grad
  * into the model's grad arena (the arena is overwritten, not accumulated)
- * and returns the loss; NaN on invalid input. The blocks recompute their
- * internals from acts->block_in with the model's current parameters. */
+ * and returns the loss; NaN on invalid input. The RWKV blocks reuse the
+ * intermediates their forward kept in acts and attention blocks recompute
+ * theirs from acts->block_in: change no parameter between the two calls. */
 double rx_pretrain_backward(rx_ptmodel *m, const rx_pt_acts *acts,
                             const int *targets, int T, int ignore_index);
 
