@@ -28,6 +28,7 @@
 #ifndef RWKVX_PRETRAIN_H
 #define RWKVX_PRETRAIN_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -352,6 +353,28 @@ int rx_get_num_threads(void);
 int rx_has_openmp(void);
 /* Name of the GEMM micro-kernel chosen for this CPU ("avx2-fma", "generic"). */
 const char *rx_sgemm_kernel(void);
+
+/* ---- optim.c: AdamW over flat arenas ---------------------------------
+ * params, grads, m, v: [n] (the model's parameter and grad arenas and two
+ * optimiser-state buffers of the same size, m and v zero before step 1).
+ * One decoupled-AdamW step in place, as torch.optim.AdamW:
+ *     g = grad_scale*grad;  m = b1*m + (1-b1)*g;  v = b2*v + (1-b2)*g^2
+ *     p = p*(1 - lr*wd [inside decay ranges only])
+ *         - lr*(m/(1-b1^step)) / (sqrt(v/(1-b2^step)) + eps)
+ * decay_ranges: [n_ranges][2] half-open element ranges [begin, end) that get
+ * weight decay, sorted and non-overlapping (n_ranges 0: no decay anywhere).
+ * grad_scale carries gradient clipping (min(1, max_norm/norm)) without
+ * touching the grads. step >= 1 is the 1-based step count. Elements are
+ * independent, so the result is the same at every thread count.
+ * RX_EINVAL on NULL, n < 1, step < 1, betas outside [0,1), negative lr, eps
+ * or weight_decay, a non-finite grad_scale, or bad ranges. */
+int rx_adamw_step(float *params, const float *grads, float *m, float *v, size_t n,
+                  const int64_t *decay_ranges, int n_ranges,
+                  float lr, float beta1, float beta2, float eps, float weight_decay,
+                  float grad_scale, int64_t step);
+/* g: [n]. The global L2 norm sqrt(sum g^2), accumulated in double with a
+ * fixed summation order at a given thread count. NaN on NULL or n < 1. */
+double rx_grad_norm(const float *g, size_t n);
 
 #ifdef __cplusplus
 }

@@ -140,3 +140,4 @@ def gemm_kernel():
 
 
 include "_wkv7.pxi"
+include "_optim.pxi"
