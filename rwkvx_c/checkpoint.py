@@ -123,7 +123,7 @@ def read_checkpoint(path):
         raise bad("is truncated (header cut short)")
     try:
         header = json.loads(blob[8:8 + hlen].decode("utf-8"))
-        meta = header.pop("__metadata__")
+        meta = header.pop("__metadata__", None)
         if not isinstance(meta, dict) or meta.get("format") != FORMAT:
             raise bad("is not an rwkvx_c checkpoint (no rwkvx_c metadata)")
         config = json.loads(meta["config"])
