@@ -47,7 +47,8 @@ extern "C" {
  * ==================================================================== */
 
 /* r,w,k,v,a,b: [B][T][H][N]. s_init, s_final: [B][H][N][N] (NULL: zero / not
- * wanted). y_out: [B][T][H][N] or NULL. */
+ * wanted); s_final may be s_init itself (the state advanced in place).
+ * y_out: [B][T][H][N] or NULL. */
 int rx_wkv7_forward_seq(
     const float *r, const float *w, const float *k, const float *v,
     const float *a, const float *b, const float *s_init,

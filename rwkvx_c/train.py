@@ -215,6 +215,7 @@ class Trainer:
         self.tokens_seen = 0
         self.last_eval = None
         self._eval_seconds = None
+        self._save_seconds = None
         self._warm_end = None       # elapsed training time when warmup ended
         self._next_eval_at = None
         if _state is not None:
@@ -303,10 +304,12 @@ class Trainer:
             if self.out_dir is None:
                 raise TrainError("save() needs a path when the trainer has no out_dir")
             path = os.path.join(self.out_dir, CHECKPOINT)
+        t = time.perf_counter()
         tensors = dict(self.model.params)
         tensors["optim.m"] = self.optim.m
         tensors["optim.v"] = self.optim.v
         save_checkpoint(path, tensors, self.model.config, self.state())
+        self._save_seconds = time.perf_counter() - t
         return path
 
     # --------------------------------------------------------------- training
@@ -323,7 +326,8 @@ class Trainer:
         if ev is None:  # no evaluation yet: assume the forward runs 3x a train step's speed
             tps = self.tokens_seen / max(self.train_seconds(), 1e-9) if self.tokens_seen else 0
             ev = 3.0 if not tps else self.val_x.size / (3.0 * tps)
-        return 1.15 * ev + 2.0
+        sv = self._save_seconds if self._save_seconds is not None else 0.5
+        return 1.15 * (ev + sv) + 0.5
 
     def progress(self):
         """Fraction of the run done, in [0, 1]: by steps when steps are set,
@@ -347,7 +351,10 @@ class Trainer:
         return lr_at(s, p, lr=o.lr, warmup_steps=o.warmup_steps, min_lr_frac=o.min_lr_frac)
 
     def done(self):
-        """True once the step count or the time budget is used up."""
+        """True once the step count or the time budget is used up (a run
+        takes at least one step)."""
+        if self.step_count == 0:
+            return False
         if self.opts.steps is not None and self.step_count >= self.opts.steps:
             return True
         budget = self._budget_s()

@@ -74,7 +74,7 @@ def test_bad_inputs(tmp_path, corpus, capsys):
                  str(tmp_path / "cache")] + FAST) == 0
     capsys.readouterr()
     ck = os.path.join(out, "checkpoint.safetensors")
-    rc = main(["train", "--out", out, "--resume", "--batch", "3"] + FAST[:2] + FAST[4:])
+    rc = main(["train", "--out", out, "--resume", "--batch", "3"] + FAST[:4] + FAST[6:])
     _one_line_error(capsys, 1, rc, "different configuration", "batch")
     rc = main(["train", "--data", corpus, "--out", out, "--steps", "1"] + FAST)
     _one_line_error(capsys, 1, rc, "already holds a run")
