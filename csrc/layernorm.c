@@ -9,7 +9,11 @@
  */
 #include "rx_internal.h"
 
-RX_HOT static void row_stats(const float *x, size_t D, float eps, float *mean, float *rstd) {
+/* The mean comes back as mean + mean_lo (two floats): rounded to one float
+ * it is off by up to half an ulp of the offset (3e-5 at 1000), an error
+ * that (x - mean) would carry into every normalised value. */
+RX_HOT static void row_stats(const float *x, size_t D, float eps, float *mean, float *mean_lo,
+                             float *rstd) {
     double s = 0.0;
     for (size_t n = 0; n < D; n++) s += x[n];
     double mu = s / (double)D, v = 0.0;
@@ -18,6 +22,7 @@ RX_HOT static void row_stats(const float *x, size_t D, float eps, float *mean, f
         v += d * d;
     }
     *mean = (float)mu;
+    *mean_lo = (float)(mu - (double)*mean);
     *rstd = (float)(1.0 / sqrt(v / (double)D + (double)eps));
 }
 
@@ -29,11 +34,11 @@ RX_HOT static void rownorm_forward_rows(const float *x, const float *w, const fl
     for (size_t r = r0; r < r1; r++) {
         const float *xr = x + r * D;
         const float *wr = w + (r % period) * D, *br = b + (r % period) * D;
-        float *o = out + r * D, mu, rs;
-        row_stats(xr, D, eps, &mu, &rs);
+        float *o = out + r * D, mu, mlo, rs;
+        row_stats(xr, D, eps, &mu, &mlo, &rs);
         if (mean) mean[r] = mu;
         if (rstd) rstd[r] = rs;
-        for (size_t n = 0; n < D; n++) o[n] = (xr[n] - mu) * rs * wr[n] + br[n];
+        for (size_t n = 0; n < D; n++) o[n] = ((xr[n] - mu) - mlo) * rs * wr[n] + br[n];
     }
 }
 
@@ -41,12 +46,12 @@ void rx_rownorm_forward(const float *x, const float *w, const float *b,
                         float *out, float *mean, float *rstd,
                         size_t rows, size_t D, size_t period, float eps) {
     int nt = (rx_in_parallel() || rows * D < 32768) ? 1 : rx_max_threads();
-#pragma omp parallel num_threads(nt) if (nt > 1)
-    {
-        int id = rx_thread_id();
-        rownorm_forward_rows(x, w, b, out, mean, rstd, rows * id / nt,
-                             rows * (id + 1) / nt, D, period, eps);
-    }
+    /* nt fixed row ranges, not one per thread id: the runtime may grant fewer
+     * threads than asked (OMP_THREAD_LIMIT, OMP_DYNAMIC). */
+#pragma omp parallel for schedule(static, 1) num_threads(nt) if (nt > 1)
+    for (int p = 0; p < nt; p++)
+        rownorm_forward_rows(x, w, b, out, mean, rstd, rows * p / nt, rows * (p + 1) / nt, D,
+                             period, eps);
 }
 
 /* x, dy, dx: [rows][D] (dx may alias dy); w, dw, db: [period][D]. */
@@ -57,11 +62,11 @@ RX_HOT static void rownorm_backward_rows(const float *x, const float *w, const f
     for (size_t r = r0; r < r1; r++) {
         const float *xr = x + r * D, *g = dy + r * D, *wr = w + (r % period) * D;
         float *dwr = dw + (r % period) * D, *dbr = db + (r % period) * D, *o = dx + r * D;
-        float mu, rs;
-        row_stats(xr, D, eps, &mu, &rs);
+        float mu, mlo, rs;
+        row_stats(xr, D, eps, &mu, &mlo, &rs);
         double sg = 0.0, sgx = 0.0;
         for (size_t n = 0; n < D; n++) {
-            float xh = (xr[n] - mu) * rs, gw = g[n] * wr[n];
+            float xh = ((xr[n] - mu) - mlo) * rs, gw = g[n] * wr[n];
             sg += gw;
             sgx += gw * xh;
             dwr[n] += g[n] * xh;
@@ -69,7 +74,7 @@ RX_HOT static void rownorm_backward_rows(const float *x, const float *w, const f
         }
         float mg = (float)(sg / (double)D), mgx = (float)(sgx / (double)D);
         for (size_t n = 0; n < D; n++) {
-            float xh = (xr[n] - mu) * rs;
+            float xh = ((xr[n] - mu) - mlo) * rs;
             o[n] = rs * (g[n] * wr[n] - mg - xh * mgx);
         }
     }
@@ -83,18 +88,16 @@ int rx_rownorm_backward(const float *x, const float *w, const float *dy,
         rownorm_backward_rows(x, w, dy, dx, dw, db, 0, rows, D, period, eps);
         return RX_OK;
     }
-    /* Each thread accumulates dw/db privately; summed in a fixed order so the
-     * result does not depend on scheduling. */
+    /* Each row range accumulates dw/db privately; summed in a fixed order so
+     * the result does not depend on scheduling. */
     size_t PD = period * D;
     float *part = rx_fcalloc((size_t)nt * 2 * PD);
     if (!part) return RX_ENOMEM;
-#pragma omp parallel num_threads(nt)
-    {
-        int id = rx_thread_id();
-        size_t r0 = rows * id / nt, r1 = rows * (id + 1) / nt;
-        rownorm_backward_rows(x, w, dy, dx, part + (size_t)id * 2 * PD,
-                              part + (size_t)id * 2 * PD + PD, r0, r1, D, period, eps);
-    }
+#pragma omp parallel for schedule(static, 1) num_threads(nt)
+    for (int p = 0; p < nt; p++)
+        rownorm_backward_rows(x, w, dy, dx, part + (size_t)p * 2 * PD,
+                              part + (size_t)p * 2 * PD + PD, rows * p / nt, rows * (p + 1) / nt,
+                              D, period, eps);
     for (int t = 0; t < nt; t++)
         for (size_t i = 0; i < PD; i++) {
             dw[i] += part[(size_t)t * 2 * PD + i];

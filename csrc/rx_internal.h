@@ -72,6 +72,11 @@ static inline void rx_fzero(float *p, size_t n) {
     if (p) for (size_t i = 0; i < n; i++) p[i] = 0.0f;
 }
 
+/* Marks an output of a void API function that got invalid arguments. */
+static inline void rx_fnan(float *p, size_t n) {
+    if (p) for (size_t i = 0; i < n; i++) p[i] = NAN;
+}
+
 static inline float rx_sigmoidf(float x) { return 1.0f / (1.0f + expf(x < -88.0f ? 88.0f : -x)); }
 
 /* The row a token shift reads at (b, t) of x [B][T][C]: x[b][t-1], at t = 0

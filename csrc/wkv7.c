@@ -101,8 +101,8 @@ int rx_wkv7_forward_seq(const float *r, const float *w, const float *k, const fl
     for (size_t bh = 0; bh < BH; bh++) {
         size_t bi = bh / H, h = bh % H;
         float *S = s_final ? s_final + bh * NN : scratch + (size_t)rx_thread_id() * NN;
-        if (s_init) memcpy(S, s_init + bh * NN, NN * sizeof(float));
-        else memset(S, 0, NN * sizeof(float));
+        if (!s_init) memset(S, 0, NN * sizeof(float));
+        else if (S != s_init + bh * NN) memcpy(S, s_init + bh * NN, NN * sizeof(float));
         for (size_t t = 0; t < (size_t)T; t++) {
             size_t o = (bi * (size_t)T + t) * C + h * N;
             wkv7_step(S, r + o, w + o, k + o, v + o, a + o, b + o, y_out ? y_out + o : NULL, N);

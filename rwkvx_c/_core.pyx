@@ -140,4 +140,5 @@ def gemm_kernel():
 
 
 include "_wkv7.pxi"
+include "_layers.pxi"
 include "_optim.pxi"

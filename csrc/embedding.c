@@ -1,0 +1,56 @@
+/* SPDX-License-Identifier: AGPL-3.0-or-later AND Apache-2.0
+ *
+ * embedding.c -- token embedding: a gather forward, a scatter-add backward.
+ *
+ * The void signatures cannot report an error, so a bad argument shows up in
+ * the output instead: a row that cannot be gathered is NaN (never an
+ * out-of-bounds read), a backward with a missing input fills d_emb with NaN.
+ */
+#include <string.h>
+
+#include "rx_internal.h"
+
+/* emb: [vocab][C]; tokens: [T]; out: [T][C]. A negative token, or a NULL emb
+ * or tokens, yields NaN rows. */
+void rx_embedding_forward(const float *emb, const int *tokens, int T, int C, float *out) {
+    if (!out || T < 1 || C < 1) return;
+    const size_t TT = (size_t)T, CC = (size_t)C;
+#pragma omp parallel for schedule(static) if (!rx_in_parallel() && TT * CC >= 65536)
+    for (size_t t = 0; t < TT; t++) {
+        float *o = out + t * CC;
+        if (!emb || !tokens || tokens[t] < 0) {
+            rx_fnan(o, CC);
+            continue;
+        }
+        memcpy(o, emb + (size_t)tokens[t] * CC, CC * sizeof(float));
+    }
+}
+
+/* tokens: [T]; d_out: [T][C]; d_emb: [vocab][C], zeroed then scatter-added.
+ * Tokens outside [0, vocab) contribute nothing. */
+void rx_embedding_backward(const int *tokens, int T, int C, int vocab,
+                           const float *d_out, float *d_emb) {
+    if (!d_emb || C < 1 || vocab < 1) return;
+    const size_t TT = (size_t)T, CC = (size_t)C, V = (size_t)vocab;
+    if (!tokens || !d_out || T < 1) {
+        rx_fnan(d_emb, V * CC);
+        return;
+    }
+    /* Threads own disjoint channel slices of every row, so repeated tokens
+     * never race and each element is summed in token order (deterministic). */
+    int nt = (rx_in_parallel() || (V + TT) * CC < 65536) ? 1 : rx_max_threads();
+    if ((size_t)nt > CC) nt = (int)CC;
+#pragma omp parallel for schedule(static, 1) num_threads(nt) if (nt > 1)
+    for (int p = 0; p < nt; p++) {
+        size_t c0 = CC * (size_t)p / (size_t)nt, c1 = CC * (size_t)(p + 1) / (size_t)nt;
+        for (size_t v = 0; v < V; v++)
+            for (size_t c = c0; c < c1; c++) d_emb[v * CC + c] = 0.0f;
+        for (size_t t = 0; t < TT; t++) {
+            int tok = tokens[t];
+            if (tok < 0 || tok >= vocab) continue;
+            float *de = d_emb + (size_t)tok * CC;
+            const float *g = d_out + t * CC;
+            for (size_t c = c0; c < c1; c++) de[c] += g[c];
+        }
+    }
+}

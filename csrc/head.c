@@ -1,0 +1,122 @@
+/* SPDX-License-Identifier: AGPL-3.0-or-later AND Apache-2.0
+ *
+ * head.c -- the unembedding projection and the softmax cross-entropy loss
+ * that reads its logits (SPEC §7).
+ *
+ * The void signatures cannot return an error: outputs of a call with a
+ * missing input are filled with NaN instead.
+ *
+ * The log-sum-exp subtracts the row maximum and accumulates in double, so
+ * logits of +-1e4 give a finite loss and a clean softmax.
+ */
+#include "rx_internal.h"
+
+/* x: [T][C]; head: [C][vocab]; logits: [T][vocab] */
+void rx_head_forward(const float *x, const float *head, int T, int C, int vocab,
+                     float *logits) {
+    if (!logits || T < 1 || C < 1 || vocab < 1) return;
+    const size_t TT = (size_t)T, CC = (size_t)C, V = (size_t)vocab;
+    if (!x || !head) {
+        rx_fnan(logits, TT * V);
+        return;
+    }
+    rx_sgemm(0, 0, TT, V, CC, x, CC, head, V, 0.0f, logits, V);
+}
+
+/* x: [T][C]; head: [C][vocab]; dlogits: [T][vocab];
+ * dx: [T][C] written; d_head: [C][vocab] overwritten with x^T . dlogits */
+void rx_head_backward(const float *x, const float *head, const float *dlogits,
+                      int T, int C, int vocab, float *dx, float *d_head) {
+    if (T < 1 || C < 1 || vocab < 1) return;
+    const size_t TT = (size_t)T, CC = (size_t)C, V = (size_t)vocab;
+    if (!x || !head || !dlogits || !dx || !d_head) {
+        rx_fnan(dx, TT * CC);
+        rx_fnan(d_head, CC * V);
+        return;
+    }
+    rx_sgemm(0, 1, TT, CC, V, dlogits, V, head, V, 0.0f, dx, CC);
+    rx_sgemm(1, 0, CC, V, TT, x, CC, dlogits, V, 0.0f, d_head, V);
+}
+
+/* One row: returns -log softmax(l)[target]; if d is not NULL writes
+ * d = (softmax(l) - onehot(target)) * scale. l, d: [V] */
+RX_HOT static double ce_row(const float *l, size_t V, size_t target, float *d, double scale) {
+    float m = l[0];
+    for (size_t v = 1; v < V; v++) m = l[v] > m ? l[v] : m;
+    double s = 0.0;
+    for (size_t v = 0; v < V; v++) s += exp((double)l[v] - m);
+    double lse = (double)m + log(s);
+    if (d) {
+        for (size_t v = 0; v < V; v++) d[v] = (float)(exp((double)l[v] - lse) * scale);
+        d[target] = (float)((exp((double)l[target] - lse) - 1.0) * scale);
+    }
+    return lse - (double)l[target];
+}
+
+static int ce_valid(int target, int ignore_index) {
+    return ignore_index < 0 || target != ignore_index;
+}
+
+/* logits, dlogits: [T][vocab]; targets: [T]. Shared by the forward (dlogits
+ * NULL) and the backward. On failure returns NaN and fills dlogits (if any)
+ * with NaN. */
+static double cross_entropy(const float *logits, const int *targets, int T, int vocab,
+                            int ignore_index, float *dlogits) {
+    if (T < 1 || vocab < 1) return NAN;
+    const size_t TT = (size_t)T, V = (size_t)vocab;
+    size_t n_valid = 0;
+    int ok = logits && targets;
+    for (size_t t = 0; ok && t < TT; t++) {
+        if (!ce_valid(targets[t], ignore_index)) continue;
+        if (targets[t] < 0 || targets[t] >= vocab) ok = 0;
+        n_valid++;
+    }
+    if (!ok) {
+        rx_fnan(dlogits, TT * V);
+        return NAN;
+    }
+    if (n_valid == 0) {
+        rx_fzero(dlogits, TT * V);
+        return 0.0;
+    }
+    const double scale = 1.0 / (double)n_valid;
+    /* nt fixed row ranges, each summed into its own slot and the slots added
+     * in order: the loss does not depend on how many threads ran them. */
+    int nt = (rx_in_parallel() || TT * V < 32768) ? 1 : rx_max_threads();
+    if ((size_t)nt > TT) nt = (int)TT;
+    double *part = rx_alloc((size_t)nt, sizeof(double));
+    if (!part) {
+        rx_fnan(dlogits, TT * V);
+        return NAN;
+    }
+#pragma omp parallel for schedule(static, 1) num_threads(nt) if (nt > 1)
+    for (int p = 0; p < nt; p++) {
+        size_t t0 = TT * (size_t)p / (size_t)nt, t1 = TT * (size_t)(p + 1) / (size_t)nt;
+        double acc = 0.0;
+        for (size_t t = t0; t < t1; t++) {
+            float *d = dlogits ? dlogits + t * V : NULL;
+            if (ce_valid(targets[t], ignore_index))
+                acc += ce_row(logits + t * V, V, (size_t)targets[t], d, scale);
+            else
+                rx_fzero(d, V);
+        }
+        part[p] = acc;
+    }
+    double loss = 0.0;
+    for (int p = 0; p < nt; p++) loss += part[p];
+    free(part);
+    return loss * scale;
+}
+
+/* logits: [T][vocab]; targets: [T] */
+double rx_cross_entropy_forward(const float *logits, const int *targets, int T, int vocab,
+                                int ignore_index) {
+    return cross_entropy(logits, targets, T, vocab, ignore_index, NULL);
+}
+
+/* logits, dlogits: [T][vocab]; targets: [T]. dlogits is required. */
+double rx_cross_entropy_backward(const float *logits, const int *targets, int T, int vocab,
+                                 int ignore_index, float *dlogits) {
+    if (!dlogits) return NAN;
+    return cross_entropy(logits, targets, T, vocab, ignore_index, dlogits);
+}

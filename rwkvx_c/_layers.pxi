@@ -1,0 +1,192 @@
+# LayerNorm (SPEC §5), embedding, head and cross-entropy (SPEC §7).
+# Included by _core.pyx.
+
+
+cdef int _index(object v, str name) except? -1:
+    """A keyword int argument that may be negative (ignore_index)."""
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(v).__name__}")
+    if v < -2147483648 or v > 2147483647:
+        raise ValueError(f"{name} {v} exceeds the C API's int range")
+    return v
+
+
+def layernorm_forward(x, w, b):
+    """LayerNorm over the last axis, eps 1e-5, biased variance (SPEC §5).
+
+    x : float32 (B, T, C); w, b : float32 (C,).
+    Returns out (B, T, C).
+    """
+    _arr(x, "x", np.float32, 3)
+    cdef int B = x.shape[0], T = x.shape[1], C = x.shape[2]
+    _f32(w, "w", (C,))
+    _f32(b, "b", (C,))
+    out = _empty(B, T, C)
+    cdef const float *px = _ptr(x)
+    cdef const float *pw = _ptr(w)
+    cdef const float *pb = _ptr(b)
+    cdef float *po = _wptr(out)
+    cdef int rc
+    with nogil:
+        rc = rx_layernorm_forward_seq(px, pw, pb, po, B, T, C)
+    _check_rc(rc, "layernorm_forward")
+    return out
+
+
+def layernorm_backward(x, w, b, dy):
+    """Backward of layernorm_forward.
+
+    x, dy : float32 (B, T, C); w, b : float32 (C,).
+    Returns (dx, dw, db): dx (B, T, C), dw and db (C,) summed over B and T.
+    """
+    _arr(x, "x", np.float32, 3)
+    cdef int B = x.shape[0], T = x.shape[1], C = x.shape[2]
+    _f32(w, "w", (C,))
+    _f32(b, "b", (C,))
+    _f32(dy, "dy", (B, T, C))
+    dx, dw, db = _empty(B, T, C), _empty(C), _empty(C)
+    cdef const float *px = _ptr(x)
+    cdef const float *pw = _ptr(w)
+    cdef const float *pb = _ptr(b)
+    cdef const float *pdy = _ptr(dy)
+    cdef float *pdx = _wptr(dx)
+    cdef float *pdw = _wptr(dw)
+    cdef float *pdb = _wptr(db)
+    cdef int rc
+    with nogil:
+        rc = rx_layernorm_backward(px, pw, pb, pdy, pdx, pdw, pdb, B, T, C)
+    _check_rc(rc, "layernorm_backward")
+    return dx, dw, db
+
+
+def embedding_forward(emb, tokens):
+    """Token embedding: out[t] = emb[tokens[t]].
+
+    emb : float32 (vocab, C); tokens : int32 (T,), each in [0, vocab).
+    Returns out (T, C).
+    """
+    _arr(emb, "emb", np.float32, 2)
+    cdef int V = emb.shape[0], C = emb.shape[1]
+    _arr(tokens, "tokens", np.int32, 1)
+    cdef int T = tokens.shape[0]
+    _tokens(tokens, "tokens", T, V)
+    out = _empty(T, C)
+    cdef const float *pe = _ptr(emb)
+    cdef const int *pt = _iptr(tokens)
+    cdef float *po = _wptr(out)
+    with nogil:
+        rx_embedding_forward(pe, pt, T, C, po)
+    return out
+
+
+def embedding_backward(tokens, d_out, vocab):
+    """Backward of embedding_forward: scatter-adds d_out rows into d_emb.
+
+    tokens : int32 (T,), each in [0, vocab); d_out : float32 (T, C);
+    vocab : int >= 1. Returns d_emb (vocab, C).
+    """
+    cdef int V = _size(vocab, "vocab")
+    _arr(tokens, "tokens", np.int32, 1)
+    cdef int T = tokens.shape[0]
+    _tokens(tokens, "tokens", T, V)
+    _arr(d_out, "d_out", np.float32, 2)
+    if d_out.shape[0] != T:
+        raise ValueError(f"d_out has shape {d_out.shape}, expected ({T}, C) to match tokens")
+    cdef int C = d_out.shape[1]
+    d_emb = _empty(V, C)
+    cdef const int *pt = _iptr(tokens)
+    cdef const float *pg = _ptr(d_out)
+    cdef float *pd = _wptr(d_emb)
+    with nogil:
+        rx_embedding_backward(pt, T, C, V, pg, pd)
+    return d_emb
+
+
+def head_forward(x, head):
+    """Unembedding projection: logits = x . head.
+
+    x : float32 (T, C); head : float32 (C, vocab).
+    Returns logits (T, vocab).
+    """
+    _arr(x, "x", np.float32, 2)
+    cdef int T = x.shape[0], C = x.shape[1]
+    _arr(head, "head", np.float32, 2)
+    if head.shape[0] != C:
+        raise ValueError(f"head has shape {head.shape}, expected ({C}, vocab) to match x")
+    cdef int V = head.shape[1]
+    logits = _empty(T, V)
+    cdef const float *px = _ptr(x)
+    cdef const float *ph = _ptr(head)
+    cdef float *pl = _wptr(logits)
+    with nogil:
+        rx_head_forward(px, ph, T, C, V, pl)
+    return logits
+
+
+def head_backward(x, head, dlogits):
+    """Backward of head_forward.
+
+    x : float32 (T, C); head : float32 (C, vocab); dlogits : float32 (T, vocab).
+    Returns (dx, d_head): dx (T, C), d_head (C, vocab).
+    """
+    _arr(x, "x", np.float32, 2)
+    cdef int T = x.shape[0], C = x.shape[1]
+    _arr(head, "head", np.float32, 2)
+    if head.shape[0] != C:
+        raise ValueError(f"head has shape {head.shape}, expected ({C}, vocab) to match x")
+    cdef int V = head.shape[1]
+    _f32(dlogits, "dlogits", (T, V))
+    dx, d_head = _empty(T, C), _empty(C, V)
+    cdef const float *px = _ptr(x)
+    cdef const float *ph = _ptr(head)
+    cdef const float *pg = _ptr(dlogits)
+    cdef float *pdx = _wptr(dx)
+    cdef float *pdh = _wptr(d_head)
+    with nogil:
+        rx_head_backward(px, ph, pg, T, C, V, pdx, pdh)
+    return dx, d_head
+
+
+cdef tuple _ce_args(object logits, object targets, object ignore_index):
+    """(T, vocab, ignore_index) after checking the cross-entropy arguments."""
+    _arr(logits, "logits", np.float32, 2)
+    cdef int T = logits.shape[0], V = logits.shape[1]
+    cdef int ii = _index(ignore_index, "ignore_index")
+    _targets(targets, "targets", T, V, ii)
+    return T, V, ii
+
+
+def cross_entropy_forward(logits, targets, ignore_index=-1):
+    """Mean softmax cross-entropy over valid positions (SPEC §7).
+
+    logits : float32 (T, vocab); targets : int32 (T,). A position is valid
+    when ignore_index < 0 or targets[t] != ignore_index; valid targets lie in
+    [0, vocab). Returns the loss as a float (0.0 when no position is valid).
+    """
+    T, V, ii = _ce_args(logits, targets, ignore_index)
+    cdef int cT = T, cV = V, cii = ii
+    cdef const float *pl = _ptr(logits)
+    cdef const int *pt = _iptr(targets)
+    cdef double loss
+    with nogil:
+        loss = rx_cross_entropy_forward(pl, pt, cT, cV, cii)
+    return loss
+
+
+def cross_entropy_backward(logits, targets, ignore_index=-1):
+    """Loss and its grad w.r.t. the logits.
+
+    Arguments as cross_entropy_forward. Returns (loss, dlogits): dlogits
+    (T, vocab) = (softmax - onehot) / n_valid, zero rows at ignored positions
+    (all zero when no position is valid).
+    """
+    T, V, ii = _ce_args(logits, targets, ignore_index)
+    cdef int cT = T, cV = V, cii = ii
+    dlogits = _empty(cT, cV)
+    cdef const float *pl = _ptr(logits)
+    cdef const int *pt = _iptr(targets)
+    cdef float *pd = _wptr(dlogits)
+    cdef double loss
+    with nogil:
+        loss = rx_cross_entropy_backward(pl, pt, cT, cV, cii, pd)
+    return loss, dlogits

@@ -1,0 +1,36 @@
+"""Comparison helpers shared by the kernel tests.
+
+assert_rel(label, got, ref, tol) checks max|got - ref| <= tol * max|ref| (the
+tolerances of the brief: 1e-5 for forward outputs, 1e-4 for gradients) and
+records the measured ratio under `label`; `pytest --rx-errors` prints the
+worst ratio per label at the end of the run."""
+import numpy as np
+
+FWD_TOL = 1e-5
+GRAD_TOL = 1e-4
+
+worst = {}
+
+
+def rel_err(got, ref):
+    """max|got - ref| / max|ref| (0 when both are all zero)."""
+    got = np.asarray(got, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    assert got.shape == ref.shape, f"shape {got.shape} != reference {ref.shape}"
+    assert np.all(np.isfinite(got)), "non-finite values in the result"
+    diff = np.max(np.abs(got - ref))
+    scale = np.max(np.abs(ref))
+    if scale == 0.0:
+        return 0.0 if diff == 0.0 else np.inf
+    return float(diff / scale)
+
+
+def assert_rel(label, got, ref, tol):
+    err = rel_err(got, ref)
+    worst[label] = max(worst.get(label, 0.0), err)
+    assert err <= tol, f"{label}: max|err| / max|ref| = {err:.3e} > {tol:.0e}"
+
+
+def rand(rng, *shape, scale=1.0):
+    """float32 normal draws (the kernels' input type)."""
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
