@@ -8,27 +8,14 @@
 
 #include "rx_internal.h"
 
-/* xk [B][T][C] = lerp of x toward its token-shifted self */
-static void cm_shift(const float *mix, const float *x, const float *x_prev_init,
-                     float *xk, size_t B, size_t T, size_t C) {
-#pragma omp parallel for schedule(static) if (!rx_in_parallel() && B * T * C >= 65536)
-    for (size_t bt = 0; bt < B * T; bt++) {
-        size_t b = bt / T, t = bt % T;
-        const float *xr = x + bt * C, *xp = rx_shift_src(x, x_prev_init, b, t, T, C);
-        float *o = xk + bt * C;
-        for (size_t c = 0; c < C; c++) o[c] = xr[c] + ((xp ? xp[c] : 0.0f) - xr[c]) * mix[c];
-    }
-}
-
-static int cm_args_ok(const rx_cm_params *P, int B, int T) {
-    return P && P->c >= 1 && P->ffn_dim >= 1 && P->ffn_x_k && P->ffn_key_w && P->ffn_value_w &&
-           B >= 1 && T >= 1;
+int rx_cm_params_ok(const rx_cm_params *P) {
+    return P && P->c >= 1 && P->ffn_dim >= 1 && P->ffn_x_k && P->ffn_key_w && P->ffn_value_w;
 }
 
 /* x, out: [B][T][C]; x_prev_init: [B][C] or NULL */
 int rx_channelmix_forward_seq(const rx_cm_params *P, const float *x, const float *x_prev_init,
                               float *out, int B, int T) {
-    if (!cm_args_ok(P, B, T) || !x || !out) return RX_EINVAL;
+    if (!rx_cm_params_ok(P) || B < 1 || T < 1 || !x || !out) return RX_EINVAL;
     const size_t C = (size_t)P->c, F = (size_t)P->ffn_dim, BT = (size_t)B * T;
     float *xk = rx_falloc(BT * C), *h = rx_falloc(BT * F);
     if (!xk || !h) {
@@ -36,7 +23,7 @@ int rx_channelmix_forward_seq(const rx_cm_params *P, const float *x, const float
         free(h);
         return RX_ENOMEM;
     }
-    cm_shift(P->ffn_x_k, x, x_prev_init, xk, (size_t)B, (size_t)T, C);
+    rx_shift_lerp_forward(P->ffn_x_k, x, x_prev_init, xk, (size_t)B, (size_t)T, C);
     rx_sgemm(0, 0, BT, F, C, xk, C, P->ffn_key_w, F, 0.0f, h, F);
     for (size_t i = 0; i < BT * F; i++) {
         float r = h[i] > 0.0f ? h[i] : 0.0f;
@@ -52,7 +39,7 @@ int rx_channelmix_forward_seq(const rx_cm_params *P, const float *x, const float
 int rx_channelmix_backward(const rx_cm_params *P, const float *x, const float *x_prev_init,
                            const float *dy, rx_cm_grads *G, float *dx, float *d_xprev_init,
                            int B, int T) {
-    if (!cm_args_ok(P, B, T) || !x || !dy || !G || !G->ffn_x_k || !G->ffn_key_w ||
+    if (!rx_cm_params_ok(P) || B < 1 || T < 1 || !x || !dy || !G || !G->ffn_x_k || !G->ffn_key_w ||
         !G->ffn_value_w || !dx)
         return RX_EINVAL;
     const size_t C = (size_t)P->c, F = (size_t)P->ffn_dim, BT = (size_t)B * T;
@@ -67,7 +54,7 @@ int rx_channelmix_backward(const rx_cm_params *P, const float *x, const float *x
         return RX_ENOMEM;
     }
     /* recompute the forward up to the hidden activation */
-    cm_shift(P->ffn_x_k, x, x_prev_init, xk, (size_t)B, TT, C);
+    rx_shift_lerp_forward(P->ffn_x_k, x, x_prev_init, xk, (size_t)B, TT, C);
     rx_sgemm(0, 0, BT, F, C, xk, C, P->ffn_key_w, F, 0.0f, pre, F);
     for (size_t i = 0; i < BT * F; i++) {
         float r = pre[i] > 0.0f ? pre[i] : 0.0f;
@@ -80,22 +67,11 @@ int rx_channelmix_backward(const rx_cm_params *P, const float *x, const float *x
     /* key projection */
     rx_sgemm(1, 0, C, F, BT, xk, C, h, F, 0.0f, G->ffn_key_w, F);
     rx_sgemm(0, 1, BT, C, F, h, F, P->ffn_key_w, F, 0.0f, dxk, C);
-    /* token shift: xk = x (1 - m) + x_prev m */
-    const float *m = P->ffn_x_k;
     rx_fzero(G->ffn_x_k, C);
-    for (size_t b = 0; b < (size_t)B; b++)
-        for (size_t t = 0; t < TT; t++) {
-            size_t bt = b * TT + t;
-            const float *xr = x + bt * C, *xp = rx_shift_src(x, x_prev_init, b, t, TT, C);
-            const float *g = dxk + bt * C, *gn = t + 1 < TT ? dxk + (bt + 1) * C : NULL;
-            float *o = dx + bt * C;
-            for (size_t c = 0; c < C; c++) {
-                G->ffn_x_k[c] += g[c] * ((xp ? xp[c] : 0.0f) - xr[c]);
-                o[c] = g[c] * (1.0f - m[c]) + (gn ? gn[c] * m[c] : 0.0f);
-            }
-            if (t == 0 && d_xprev_init)
-                for (size_t c = 0; c < C; c++) d_xprev_init[b * C + c] = g[c] * m[c];
-        }
+    rx_fzero(dx, BT * C);
+    rx_fzero(d_xprev_init, (size_t)B * C);
+    rx_shift_lerp_backward(P->ffn_x_k, x, x_prev_init, dxk, dx, G->ffn_x_k, d_xprev_init,
+                           (size_t)B, TT, C);
     free(xk);
     free(pre);
     free(h);

@@ -110,6 +110,56 @@ int rx_rownorm_backward(const float *x, const float *w, const float *dy,
                         float *dx, float *dw, float *db,
                         size_t rows, size_t D, size_t period, float eps);
 
+/* ---- tokenshift.c ------------------------------------------------------
+ * out [B][T][C] = x + (x_prev - x) * mix, x_prev the token-shifted x with
+ * the carry init [B][C] (NULL: zero) at t = 0. */
+void rx_shift_lerp_forward(const float *mix, const float *x, const float *init, float *out,
+                           size_t B, size_t T, size_t C);
+/* Its backward for the grad dout on out: accumulates (+=) into dx
+ * [B][T][C], dmix [C] and d_init [B][C] (NULL: not wanted). */
+void rx_shift_lerp_backward(const float *mix, const float *x, const float *init,
+                            const float *dout, float *dx, float *dmix, float *d_init,
+                            size_t B, size_t T, size_t C);
+
+/* ---- channelmix.c ------------------------------------------------------ */
+int rx_cm_params_ok(const rx_cm_params *P);
+
+/* ---- timemix.c ---------------------------------------------------------
+ * The time-mix forward intermediates, computed once by rx_tm_forward_acts
+ * and consumed by rx_tm_backward_acts; the block keeps them alive across
+ * the channel-mix backward so its backward runs the time-mix forward once.
+ * Rows are the B*T tokens; every [BT][C] buffer is 64-byte aligned. */
+typedef struct {
+    size_t B, T;
+    float *xr, *xw, *xk, *xv, *xa, *xg; /* [BT][C] token-shift lerps */
+    float *r, *k, *v;                   /* [BT][C] projections, k and v unmodified */
+    float *kmod, *vmod;                 /* [BT][C] k, v entering WKV7 (vmod == v at layer 0) */
+    float *w, *wsig;                    /* [BT][C] decay, sigmoid inside it */
+    float *a, *g, *vg;                  /* [BT][C] gates (vg NULL at layer 0) */
+    float *aw, *bw;                     /* [BT][C] WKV7 a = -kk and b = kk*a */
+    float *y, *z, *zg;                  /* [BT][C] WKV7 out, group norm + bonus, z*g */
+    float *tw, *ta, *tg, *tv;           /* [BT][D*] LoRA hiddens after activation */
+    float *bonus;                       /* [BT][H] sum over the head of r*kmod*r_k */
+    float *mem;
+} rx_tm_acts;
+
+/* Every size and pointer of P valid (v0/v1/v2 and Dv only at layer > 0). */
+int rx_tm_params_ok(const rx_tm_params *P);
+int rx_tm_grads_ok(const rx_tm_params *P, const rx_tm_grads *G);
+/* RX_OK or RX_ENOMEM; rx_tm_acts_free(A) is safe after either. */
+int rx_tm_acts_alloc(rx_tm_acts *A, const rx_tm_params *P, size_t B, size_t T);
+void rx_tm_acts_free(rx_tm_acts *A);
+/* x: [B][T][C]. Layer 0 writes v (v_first_out may be NULL); layer > 0
+ * reads v_first_in. out [B][T][C] may be NULL (backward recompute). */
+int rx_tm_forward_acts(const rx_tm_params *P, const float *x, const float *x_prev_init,
+                       const float *v_first_in, float *v_first_out, rx_tm_acts *A,
+                       float *out);
+/* A filled by rx_tm_forward_acts on the same inputs; arguments as in
+ * rx_timemix_backward. */
+int rx_tm_backward_acts(const rx_tm_params *P, const rx_tm_acts *A, const float *x,
+                        const float *x_prev_init, const float *v_first, const float *dy,
+                        rx_tm_grads *G, float *dx, float *d_xprev_init, float *d_v_first);
+
 #define RX_LN_EPS 1e-5f
 #define RX_GN_EPS 64e-5f
 

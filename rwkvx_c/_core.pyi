@@ -30,6 +30,28 @@ def cross_entropy_forward(logits: F32, targets: I32, ignore_index: int = ...) ->
 def cross_entropy_backward(logits: F32, targets: I32,
                            ignore_index: int = ...) -> tuple[float, F32]: ...
 
+# -- RWKV-7 time-mix, channel-mix, block (SPEC §3, §4, §6) ----------------------
+# params: dict name -> F32 ('x_r' .. 'ln_x_b' for the time-mix, 'ffn_x_k' ..
+# for the channel-mix, 'ln1_w', 'tm.x_r', ..., 'cm.ffn_value_w' for the block);
+# grads come back keyed the same. v_first / d_v_first: see SPEC §10.
+def timemix_forward(p: dict[str, F32], x: F32, x_prev_init: F32 | None = ...,
+                    v_first: F32 | None = ..., *, n_head: int, head_size: int,
+                    layer_id: int) -> tuple[F32, F32]: ...
+def timemix_backward(p: dict[str, F32], x: F32, dy: F32, x_prev_init: F32 | None = ...,
+                     v_first: F32 | None = ..., d_v_first: F32 | None = ..., *, n_head: int,
+                     head_size: int,
+                     layer_id: int) -> tuple[F32, dict[str, F32], F32, F32 | None]: ...
+def channelmix_forward(p: dict[str, F32], x: F32, x_prev_init: F32 | None = ...) -> F32: ...
+def channelmix_backward(p: dict[str, F32], x: F32, dy: F32,
+                        x_prev_init: F32 | None = ...) -> tuple[F32, dict[str, F32], F32]: ...
+def block_forward(p: dict[str, F32], x: F32, tm_xprev_init: F32 | None = ...,
+                  cm_xprev_init: F32 | None = ..., v_first: F32 | None = ..., *, n_head: int,
+                  head_size: int, layer_id: int) -> tuple[F32, F32]: ...
+def block_backward(p: dict[str, F32], x: F32, dy: F32, tm_xprev_init: F32 | None = ...,
+                   cm_xprev_init: F32 | None = ..., v_first: F32 | None = ...,
+                   d_v_first: F32 | None = ..., *, n_head: int, head_size: int,
+                   layer_id: int) -> tuple[F32, dict[str, F32], F32, F32, F32 | None]: ...
+
 # -- AdamW / grad norm over flat buffers (csrc/optim.c) ----------------------
 def grad_norm(g: F32) -> float: ...
 def adamw_step(params: F32, grads: F32, m: F32, v: F32, *, lr: float, step: int,

@@ -141,4 +141,5 @@ def gemm_kernel():
 
 include "_wkv7.pxi"
 include "_layers.pxi"
+include "_rwkv.pxi"
 include "_optim.pxi"

@@ -1,0 +1,408 @@
+/* SPDX-License-Identifier: AGPL-3.0-or-later AND Apache-2.0
+ *
+ * timemix.c -- the RWKV-7 time-mix (SPEC §3), forward and exact backward.
+ *
+ * rx_tm_forward_acts computes every intermediate the backward needs into an
+ * rx_tm_acts; the forward entry point and the backward (which gets only x,
+ * and so recomputes) share it. Rows are the B*T tokens: projections and
+ * LoRAs are single GEMMs over all rows, the elementwise gates run OpenMP
+ * over rows, and the backward's fused passes run OpenMP over heads, so each
+ * parameter-grad column is summed by one thread in token order and the
+ * result does not depend on the thread count.
+ */
+#include <string.h>
+
+#include "rx_internal.h"
+
+#define TM_DECAY_SCALE 0.6065306597126334f /* e^{-1/2} */
+#define TM_KK_FLOOR 1e-12f                 /* floor of the kk L2 norm */
+
+enum { ACT_NONE, ACT_TANH, ACT_SIGMOID };
+
+int rx_tm_params_ok(const rx_tm_params *P) {
+    if (!P || P->c < 1 || P->n_head < 1 || P->head_size < 1 || P->layer_id < 0) return 0;
+    if ((int64_t)P->n_head * P->head_size != P->c) return 0;
+    if (P->Dw < 1 || P->Da < 1 || P->Dg < 1) return 0;
+    if (!P->x_r || !P->x_k || !P->x_v || !P->x_w || !P->x_a || !P->x_g || !P->receptance_w ||
+        !P->key_w || !P->value_w || !P->output_w || !P->w0 || !P->w1 || !P->w2 || !P->a0 ||
+        !P->a1 || !P->a2 || !P->g1 || !P->g2 || !P->k_k || !P->k_a || !P->r_k || !P->ln_x_w ||
+        !P->ln_x_b)
+        return 0;
+    return P->layer_id == 0 || (P->Dv >= 1 && P->v0 && P->v1 && P->v2);
+}
+
+int rx_tm_grads_ok(const rx_tm_params *P, const rx_tm_grads *G) {
+    if (!G || !G->x_r || !G->x_k || !G->x_v || !G->x_w || !G->x_a || !G->x_g ||
+        !G->receptance_w || !G->key_w || !G->value_w || !G->output_w || !G->w0 || !G->w1 ||
+        !G->w2 || !G->a0 || !G->a1 || !G->a2 || !G->g1 || !G->g2 || !G->k_k || !G->k_a ||
+        !G->r_k || !G->ln_x_w || !G->ln_x_b)
+        return 0;
+    return P->layer_id == 0 || (G->v0 && G->v1 && G->v2);
+}
+
+/* Sub-buffers of one allocation, each rounded up to whole 64-byte lines. */
+static size_t lines(size_t n) { return (n + 15) & ~(size_t)15; }
+
+static float *carve(float **p, size_t n) {
+    float *r = *p;
+    *p += lines(n);
+    return r;
+}
+
+int rx_tm_acts_alloc(rx_tm_acts *A, const rx_tm_params *P, size_t B, size_t T) {
+    const size_t BT = B * T, C = (size_t)P->c, H = (size_t)P->n_head;
+    const int vres = P->layer_id > 0;
+    const size_t Dv = vres ? (size_t)P->Dv : 0;
+    memset(A, 0, sizeof *A);
+    A->B = B;
+    A->T = T;
+    float **bufs[] = {&A->xr, &A->xw, &A->xk, &A->xv, &A->xa, &A->xg, &A->r, &A->k,
+                      &A->v,  &A->kmod, &A->w, &A->wsig, &A->a, &A->g, &A->aw, &A->bw,
+                      &A->y,  &A->z, &A->zg};
+    const size_t nbufs = sizeof bufs / sizeof bufs[0];
+    /* plus vmod and vg at layer > 0 */
+    size_t total = (nbufs + (size_t)(2 * vres)) * lines(BT * C) + lines(BT * (size_t)P->Dw) +
+                   lines(BT * (size_t)P->Da) + lines(BT * (size_t)P->Dg) + lines(BT * Dv) +
+                   lines(BT * H);
+    A->mem = rx_falloc(total);
+    if (!A->mem) return RX_ENOMEM;
+    float *p = A->mem;
+    for (size_t i = 0; i < nbufs; i++) *bufs[i] = carve(&p, BT * C);
+    if (vres) {
+        A->vmod = carve(&p, BT * C);
+        A->vg = carve(&p, BT * C);
+    } else {
+        A->vmod = A->v;
+    }
+    A->tw = carve(&p, BT * (size_t)P->Dw);
+    A->ta = carve(&p, BT * (size_t)P->Da);
+    A->tg = carve(&p, BT * (size_t)P->Dg);
+    A->tv = vres ? carve(&p, BT * Dv) : NULL;
+    A->bonus = carve(&p, BT * H);
+    return RX_OK;
+}
+
+void rx_tm_acts_free(rx_tm_acts *A) {
+    free(A->mem);
+    A->mem = NULL;
+}
+
+/* h [n] = act(h) */
+static void activate(float *h, size_t n, int act) {
+#pragma omp parallel for schedule(static) if (!rx_in_parallel() && n >= 65536)
+    for (size_t i = 0; i < n; i++) h[i] = act == ACT_TANH ? tanhf(h[i]) : rx_sigmoidf(h[i]);
+}
+
+/* LoRA: h [BT][D] = act(xin [BT][C] . W1 [C][D]); out [BT][C] = h . W2 [D][C] */
+static void lora_forward(const float *xin, const float *W1, const float *W2, int act, float *h,
+                         float *out, size_t BT, size_t C, size_t D) {
+    rx_sgemm(0, 0, BT, D, C, xin, C, W1, D, 0.0f, h, D);
+    if (act != ACT_NONE) activate(h, BT * D, act);
+    rx_sgemm(0, 0, BT, C, D, h, D, W2, C, 0.0f, out, C);
+}
+
+/* Backward of lora_forward for the grad dout [BT][C] on out: G2 [D][C] and
+ * G1 [C][D] written, dh [BT][D] scratch, dxin [BT][C] written (beta 0) or
+ * accumulated (beta 1). */
+static void lora_backward(const float *xin, const float *W1, const float *W2, int act,
+                          const float *h, const float *dout, float *G1, float *G2, float *dh,
+                          float *dxin, float beta, size_t BT, size_t C, size_t D) {
+    rx_sgemm(1, 0, D, C, BT, h, D, dout, C, 0.0f, G2, C);
+    rx_sgemm(0, 1, BT, D, C, dout, C, W2, C, 0.0f, dh, D);
+    if (act != ACT_NONE) {
+#pragma omp parallel for schedule(static) if (!rx_in_parallel() && BT * D >= 65536)
+        for (size_t i = 0; i < BT * D; i++)
+            dh[i] *= act == ACT_TANH ? 1.0f - h[i] * h[i] : h[i] * (1.0f - h[i]);
+    }
+    rx_sgemm(1, 0, C, D, BT, xin, C, dh, D, 0.0f, G1, D);
+    rx_sgemm(0, 1, BT, C, D, dh, D, W1, D, beta, dxin, C);
+}
+
+/* One token row (offset o = bt*C): the LoRA pre-activations already in w,
+ * a, vg become the decay, the gates and the value residual; then kk and the
+ * modified key, per head. vf: v_first row in (layer > 0) or out (layer 0,
+ * may be NULL). */
+RX_HOT static void gates_row(const rx_tm_params *P, const rx_tm_acts *A, size_t o,
+                             const float *vf_in, float *vf_out) {
+    const size_t C = (size_t)P->c, H = (size_t)P->n_head, N = (size_t)P->head_size;
+    const float *k = A->k + o, *v = A->v + o;
+    float *w = A->w + o, *ws = A->wsig + o, *a = A->a + o, *km = A->kmod + o;
+    for (size_t c = 0; c < C; c++) {
+        float s = rx_sigmoidf(P->w0[c] + w[c]);
+        ws[c] = s;
+        w[c] = expf(-TM_DECAY_SCALE * s);
+        a[c] = rx_sigmoidf(P->a0[c] + a[c]);
+        km[c] = k[c] * (1.0f + (a[c] - 1.0f) * P->k_a[c]);
+    }
+    if (P->layer_id > 0) {
+        float *vg = A->vg + o, *vm = A->vmod + o;
+        for (size_t c = 0; c < C; c++) {
+            vg[c] = rx_sigmoidf(P->v0[c] + vg[c]);
+            vm[c] = v[c] + (vf_in[c] - v[c]) * vg[c];
+        }
+    } else if (vf_out) {
+        memcpy(vf_out, v, C * sizeof(float));
+    }
+    for (size_t h = 0; h < H; h++) {
+        const float *kh = k + h * N, *kkw = P->k_k + h * N, *ah = a + h * N;
+        float *aw = A->aw + o + h * N, *bw = A->bw + o + h * N, ss = 0.0f;
+        for (size_t n = 0; n < N; n++) ss += (kh[n] * kkw[n]) * (kh[n] * kkw[n]);
+        float nrm = sqrtf(ss), inv = 1.0f / (nrm > TM_KK_FLOOR ? nrm : TM_KK_FLOOR);
+        for (size_t n = 0; n < N; n++) {
+            float kk = kh[n] * kkw[n] * inv;
+            aw[n] = -kk;
+            bw[n] = kk * ah[n];
+        }
+    }
+}
+
+/* One token row: the r*k*r_k bonus per head, added to the group-norm
+ * output z, then zg = z*g. */
+RX_HOT static void bonus_row(const rx_tm_params *P, const rx_tm_acts *A, size_t bt) {
+    const size_t C = (size_t)P->c, H = (size_t)P->n_head, N = (size_t)P->head_size;
+    const size_t o = bt * C;
+    for (size_t h = 0; h < H; h++) {
+        const size_t oh = o + h * N;
+        const float *r = A->r + oh, *km = A->kmod + oh, *vm = A->vmod + oh, *rk = P->r_k + h * N;
+        const float *g = A->g + oh;
+        float *z = A->z + oh, *zg = A->zg + oh, s = 0.0f;
+        for (size_t n = 0; n < N; n++) s += r[n] * km[n] * rk[n];
+        A->bonus[bt * H + h] = s;
+        for (size_t n = 0; n < N; n++) {
+            z[n] += s * vm[n];
+            zg[n] = z[n] * g[n];
+        }
+    }
+}
+
+int rx_tm_forward_acts(const rx_tm_params *P, const float *x, const float *x_prev_init,
+                       const float *v_first_in, float *v_first_out, rx_tm_acts *A,
+                       float *out) {
+    const size_t B = A->B, T = A->T, BT = B * T, C = (size_t)P->c;
+    const size_t H = (size_t)P->n_head, N = (size_t)P->head_size;
+    const float *mix[6] = {P->x_r, P->x_w, P->x_k, P->x_v, P->x_a, P->x_g};
+    float *xin[6] = {A->xr, A->xw, A->xk, A->xv, A->xa, A->xg};
+    for (int i = 0; i < 6; i++) rx_shift_lerp_forward(mix[i], x, x_prev_init, xin[i], B, T, C);
+    rx_sgemm(0, 0, BT, C, C, A->xr, C, P->receptance_w, C, 0.0f, A->r, C);
+    rx_sgemm(0, 0, BT, C, C, A->xk, C, P->key_w, C, 0.0f, A->k, C);
+    rx_sgemm(0, 0, BT, C, C, A->xv, C, P->value_w, C, 0.0f, A->v, C);
+    /* pre-activations of the decay, a and v-residual gates; g is complete */
+    lora_forward(A->xw, P->w1, P->w2, ACT_TANH, A->tw, A->w, BT, C, (size_t)P->Dw);
+    lora_forward(A->xa, P->a1, P->a2, ACT_NONE, A->ta, A->a, BT, C, (size_t)P->Da);
+    lora_forward(A->xg, P->g1, P->g2, ACT_SIGMOID, A->tg, A->g, BT, C, (size_t)P->Dg);
+    if (P->layer_id > 0)
+        lora_forward(A->xv, P->v1, P->v2, ACT_NONE, A->tv, A->vg, BT, C, (size_t)P->Dv);
+#pragma omp parallel for schedule(static) if (!rx_in_parallel() && BT * C >= 65536)
+    for (size_t bt = 0; bt < BT; bt++)
+        gates_row(P, A, bt * C, v_first_in ? v_first_in + bt * C : NULL,
+                  v_first_out ? v_first_out + bt * C : NULL);
+    int rc = rx_wkv7_forward_seq(A->r, A->w, A->kmod, A->vmod, A->aw, A->bw, NULL, A->y, NULL,
+                                 (int)B, (int)T, (int)H, (int)N);
+    if (rc != RX_OK) return rc;
+    rx_rownorm_forward(A->y, P->ln_x_w, P->ln_x_b, A->z, NULL, NULL, BT * H, N, H, RX_GN_EPS);
+#pragma omp parallel for schedule(static) if (!rx_in_parallel() && BT * C >= 65536)
+    for (size_t bt = 0; bt < BT; bt++) bonus_row(P, A, bt);
+    if (out) rx_sgemm(0, 0, BT, C, C, A->zg, C, P->output_w, C, 0.0f, out, C);
+    return RX_OK;
+}
+
+/* Backward scratch, [BT][C] each unless noted. After the fused passes the
+ * WKV7 grads hold the grads of the quantities named on the right. */
+typedef struct {
+    float *dz;        /* grad on z; then on the v-residual gate pre-activation */
+    float *dg;        /* grad on g */
+    float *dyw;       /* grad on the WKV7 output y */
+    float *dr, *dk, *dv;     /* WKV7 grads -> grads on r, k, v projections */
+    float *dw, *da, *db;     /* WKV7 grads -> decay / a pre-activations; db: grad on kk */
+    float *dxin;      /* grad on one token-shift lerp at a time */
+    float *dlo;       /* [BT][max D] LoRA hidden grad */
+    float *ds;        /* [BT][H] grad on the bonus sum */
+    float *mem;
+} tm_grad_scratch;
+
+/* Pass over one (token, head) after the output projection: dz *= g, dg,
+ * and the bonus-sum grad; dr_k accumulated. */
+RX_HOT static void gate_bonus_back(const rx_tm_params *P, const rx_tm_acts *A,
+                                   tm_grad_scratch *S, rx_tm_grads *G, size_t bt, size_t h) {
+    const size_t C = (size_t)P->c, H = (size_t)P->n_head, N = (size_t)P->head_size;
+    const size_t oh = bt * C + h * N;
+    const float *g = A->g + oh, *z = A->z + oh, *vm = A->vmod + oh, *r = A->r + oh;
+    const float *km = A->kmod + oh;
+    float *dz = S->dz + oh, *dg = S->dg + oh, *drk = G->r_k + h * N, ds = 0.0f;
+    for (size_t n = 0; n < N; n++) {
+        dg[n] = dz[n] * z[n];
+        dz[n] *= g[n];
+        ds += dz[n] * vm[n];
+    }
+    S->ds[bt * H + h] = ds;
+    for (size_t n = 0; n < N; n++) drk[n] += ds * r[n] * km[n];
+}
+
+/* Pass over one (token, head) after the WKV7 backward: adds the bonus
+ * grads, recombines a_wkv/b_wkv onto kk and a, undoes the key modification,
+ * the kk normalisation, the value residual and the gate nonlinearities. */
+RX_HOT static void wkv_inputs_back(const rx_tm_params *P, const rx_tm_acts *A,
+                                   tm_grad_scratch *S, rx_tm_grads *G, const float *vf,
+                                   const float *dvf_in, float *dvf_out, size_t bt, size_t h) {
+    const size_t C = (size_t)P->c, H = (size_t)P->n_head, N = (size_t)P->head_size;
+    const size_t oh = bt * C + h * N, c0 = h * N;
+    const float *r = A->r + oh, *k = A->k + oh, *v = A->v + oh, *km = A->kmod + oh;
+    const float *a = A->a + oh, *w = A->w + oh, *ws = A->wsig + oh, *aw = A->aw + oh;
+    const float *rk = P->r_k + c0, *kka = P->k_a + c0, *kkw = P->k_k + c0;
+    const float ds = S->ds[bt * H + h], bon = A->bonus[bt * H + h];
+    float *dz = S->dz + oh, *dr = S->dr + oh, *dk = S->dk + oh, *dv = S->dv + oh;
+    float *dw = S->dw + oh, *da = S->da + oh, *dkk = S->db + oh;
+    float ss = 0.0f, dot = 0.0f;
+    for (size_t n = 0; n < N; n++) {
+        const size_t c = c0 + n;
+        float dkm = dk[n] + ds * r[n] * rk[n]; /* grad on the modified key */
+        dr[n] += ds * km[n] * rk[n];
+        float kk = -aw[n];
+        float dkkn = dkk[n] * a[n] - da[n];    /* b_wkv = kk*a, a_wkv = -kk */
+        float dat = dkk[n] * kk + dkm * k[n] * kka[n];
+        G->k_a[c] += dkm * k[n] * (a[n] - 1.0f);
+        dk[n] = dkm * (1.0f + (a[n] - 1.0f) * kka[n]);
+        dkk[n] = dkkn;
+        da[n] = dat * a[n] * (1.0f - a[n]);
+        G->a0[c] += da[n];
+        dw[n] *= -TM_DECAY_SCALE * w[n] * ws[n] * (1.0f - ws[n]);
+        G->w0[c] += dw[n];
+        float dvm = dv[n] + dz[n] * bon;       /* grad on the modified value */
+        if (P->layer_id > 0) {
+            float vg = A->vg[oh + n];
+            dv[n] = dvm * (1.0f - vg);
+            if (dvf_out) dvf_out[n] = dvm * vg;
+            dz[n] = dvm * (vf[n] - v[n]) * vg * (1.0f - vg);
+            G->v0[c] += dz[n];
+        } else {
+            dv[n] = dvm + (dvf_in ? dvf_in[n] : 0.0f);
+        }
+        float u = k[n] * kkw[n];
+        ss += u * u;
+        dot += kk * dkkn;
+    }
+    /* kk = u / max(|u|, floor), u = k*k_k: below the floor the scale is constant */
+    float nrm = sqrtf(ss);
+    int scaled = nrm > TM_KK_FLOOR;
+    float inv = 1.0f / (scaled ? nrm : TM_KK_FLOOR);
+    for (size_t n = 0; n < N; n++) {
+        float du = (scaled ? dkk[n] + aw[n] * dot : dkk[n]) * inv;
+        dk[n] += du * kkw[n];
+        G->k_k[c0 + n] += du * k[n];
+    }
+}
+
+int rx_tm_backward_acts(const rx_tm_params *P, const rx_tm_acts *A, const float *x,
+                        const float *x_prev_init, const float *v_first, const float *dy,
+                        rx_tm_grads *G, float *dx, float *d_xprev_init, float *d_v_first) {
+    const size_t B = A->B, T = A->T, BT = B * T, C = (size_t)P->c;
+    const size_t H = (size_t)P->n_head, N = (size_t)P->head_size;
+    const int vres = P->layer_id > 0;
+    size_t Dmax = (size_t)P->Dw;
+    if ((size_t)P->Da > Dmax) Dmax = (size_t)P->Da;
+    if ((size_t)P->Dg > Dmax) Dmax = (size_t)P->Dg;
+    if (vres && (size_t)P->Dv > Dmax) Dmax = (size_t)P->Dv;
+
+    tm_grad_scratch S;
+    S.mem = rx_falloc(10 * lines(BT * C) + lines(BT * Dmax) + lines(BT * H));
+    if (!S.mem) return RX_ENOMEM;
+    float *p = S.mem;
+    float **bufs[] = {&S.dz, &S.dg, &S.dyw, &S.dr, &S.dk, &S.dv, &S.dw, &S.da, &S.db, &S.dxin};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) *bufs[i] = carve(&p, BT * C);
+    S.dlo = carve(&p, BT * Dmax);
+    S.ds = carve(&p, BT * H);
+
+    /* parameter vectors accumulate; matrices are written by their GEMMs */
+    float *vecs[] = {G->x_r, G->x_k, G->x_v, G->x_w, G->x_a, G->x_g, G->w0, G->a0,
+                     G->k_k, G->k_a, G->r_k, G->ln_x_w, G->ln_x_b, vres ? G->v0 : NULL};
+    for (size_t i = 0; i < sizeof vecs / sizeof vecs[0]; i++) rx_fzero(vecs[i], C);
+    rx_fzero(dx, BT * C);
+    rx_fzero(d_xprev_init, B * C);
+
+    /* out = zg . output_w */
+    rx_sgemm(1, 0, C, C, BT, A->zg, C, dy, C, 0.0f, G->output_w, C);
+    rx_sgemm(0, 1, BT, C, C, dy, C, P->output_w, C, 0.0f, S.dz, C);
+#pragma omp parallel for schedule(static) if (!rx_in_parallel() && BT * C >= 65536)
+    for (size_t h = 0; h < H; h++)
+        for (size_t bt = 0; bt < BT; bt++) gate_bonus_back(P, A, &S, G, bt, h);
+
+    int rc = rx_rownorm_backward(A->y, P->ln_x_w, S.dz, S.dyw, G->ln_x_w, G->ln_x_b, BT * H, N,
+                                 H, RX_GN_EPS);
+    if (rc == RX_OK)
+        rc = rx_wkv7_backward(A->r, A->w, A->kmod, A->vmod, A->aw, A->bw, S.dyw, NULL, S.dr,
+                              S.dw, S.dk, S.dv, S.da, S.db, NULL, (int)B, (int)T, (int)H, (int)N);
+    if (rc != RX_OK) {
+        free(S.mem);
+        return rc;
+    }
+#pragma omp parallel for schedule(static) if (!rx_in_parallel() && BT * C >= 65536)
+    for (size_t h = 0; h < H; h++)
+        for (size_t bt = 0; bt < BT; bt++)
+            wkv_inputs_back(P, A, &S, G, vres ? v_first + bt * C + h * N : NULL,
+                            !vres && d_v_first ? d_v_first + bt * C + h * N : NULL,
+                            vres && d_v_first ? d_v_first + bt * C + h * N : NULL, bt, h);
+
+    /* projections and LoRAs back to their token-shift lerps, then to x */
+    rx_sgemm(1, 0, C, C, BT, A->xr, C, S.dr, C, 0.0f, G->receptance_w, C);
+    rx_sgemm(0, 1, BT, C, C, S.dr, C, P->receptance_w, C, 0.0f, S.dxin, C);
+    rx_shift_lerp_backward(P->x_r, x, x_prev_init, S.dxin, dx, G->x_r, d_xprev_init, B, T, C);
+
+    rx_sgemm(1, 0, C, C, BT, A->xk, C, S.dk, C, 0.0f, G->key_w, C);
+    rx_sgemm(0, 1, BT, C, C, S.dk, C, P->key_w, C, 0.0f, S.dxin, C);
+    rx_shift_lerp_backward(P->x_k, x, x_prev_init, S.dxin, dx, G->x_k, d_xprev_init, B, T, C);
+
+    rx_sgemm(1, 0, C, C, BT, A->xv, C, S.dv, C, 0.0f, G->value_w, C);
+    rx_sgemm(0, 1, BT, C, C, S.dv, C, P->value_w, C, 0.0f, S.dxin, C);
+    if (vres)
+        lora_backward(A->xv, P->v1, P->v2, ACT_NONE, A->tv, S.dz, G->v1, G->v2, S.dlo, S.dxin,
+                      1.0f, BT, C, (size_t)P->Dv);
+    rx_shift_lerp_backward(P->x_v, x, x_prev_init, S.dxin, dx, G->x_v, d_xprev_init, B, T, C);
+
+    lora_backward(A->xw, P->w1, P->w2, ACT_TANH, A->tw, S.dw, G->w1, G->w2, S.dlo, S.dxin, 0.0f,
+                  BT, C, (size_t)P->Dw);
+    rx_shift_lerp_backward(P->x_w, x, x_prev_init, S.dxin, dx, G->x_w, d_xprev_init, B, T, C);
+
+    lora_backward(A->xa, P->a1, P->a2, ACT_NONE, A->ta, S.da, G->a1, G->a2, S.dlo, S.dxin, 0.0f,
+                  BT, C, (size_t)P->Da);
+    rx_shift_lerp_backward(P->x_a, x, x_prev_init, S.dxin, dx, G->x_a, d_xprev_init, B, T, C);
+
+    lora_backward(A->xg, P->g1, P->g2, ACT_SIGMOID, A->tg, S.dg, G->g1, G->g2, S.dlo, S.dxin,
+                  0.0f, BT, C, (size_t)P->Dg);
+    rx_shift_lerp_backward(P->x_g, x, x_prev_init, S.dxin, dx, G->x_g, d_xprev_init, B, T, C);
+
+    free(S.mem);
+    return RX_OK;
+}
+
+/* x, out: [B][T][C]; x_prev_init: [B][C] or NULL; v_first: [B][T][C] */
+int rx_timemix_forward_seq(const rx_tm_params *P, const float *x, const float *x_prev_init,
+                           float *v_first, float *out, int B, int T) {
+    if (!rx_tm_params_ok(P) || !x || !out || B < 1 || T < 1) return RX_EINVAL;
+    if (P->layer_id > 0 && !v_first) return RX_EINVAL;
+    rx_tm_acts A;
+    int rc = rx_tm_acts_alloc(&A, P, (size_t)B, (size_t)T);
+    if (rc == RX_OK)
+        rc = rx_tm_forward_acts(P, x, x_prev_init, P->layer_id > 0 ? v_first : NULL,
+                                P->layer_id > 0 ? NULL : v_first, &A, out);
+    rx_tm_acts_free(&A);
+    return rc;
+}
+
+/* x, dy, dx, v_first, d_v_first: [B][T][C]; x_prev_init, d_xprev_init: [B][C] */
+int rx_timemix_backward(const rx_tm_params *P, const float *x, const float *x_prev_init,
+                        const float *v_first, const float *dy, rx_tm_grads *G, float *dx,
+                        float *d_xprev_init, float *d_v_first, int B, int T) {
+    if (!rx_tm_params_ok(P) || !rx_tm_grads_ok(P, G) || !x || !dy || !dx || B < 1 || T < 1)
+        return RX_EINVAL;
+    if (P->layer_id > 0 && !v_first) return RX_EINVAL;
+    rx_tm_acts A;
+    int rc = rx_tm_acts_alloc(&A, P, (size_t)B, (size_t)T);
+    if (rc == RX_OK)
+        rc = rx_tm_forward_acts(P, x, x_prev_init, P->layer_id > 0 ? v_first : NULL, NULL, &A,
+                                NULL);
+    if (rc == RX_OK)
+        rc = rx_tm_backward_acts(P, &A, x, x_prev_init, v_first, dy, G, dx, d_xprev_init,
+                                 d_v_first);
+    rx_tm_acts_free(&A);
+    return rc;
+}
