@@ -154,6 +154,12 @@ void rx_tm_acts_free(rx_tm_acts *A);
 int rx_tm_forward_acts(const rx_tm_params *P, const float *x, const float *x_prev_init,
                        const float *v_first_in, float *v_first_out, rx_tm_acts *A,
                        float *out);
+/* rx_tm_forward_acts continuing from the WKV state [B][H][N][N] in state,
+ * which it advances in place (NULL: zero initial state, nothing kept); the
+ * recurrent-inference form (infer.c). */
+int rx_tm_forward_state(const rx_tm_params *P, const float *x, const float *x_prev_init,
+                        const float *v_first_in, float *v_first_out, float *state,
+                        rx_tm_acts *A, float *out);
 /* A filled by rx_tm_forward_acts on the same inputs; arguments as in
  * rx_timemix_backward. */
 int rx_tm_backward_acts(const rx_tm_params *P, const rx_tm_acts *A, const float *x,
