@@ -187,6 +187,8 @@ class Trainer:
                 raise TrainError(f"{out_dir} already holds a run; use resume (--resume) "
                                  "or another output folder")
             os.makedirs(out_dir, exist_ok=True)
+            if _state is None and os.path.exists(os.path.join(out_dir, LOG)):
+                os.unlink(os.path.join(out_dir, LOG))  # rows of a run that never saved
         if opts.threads is not None:
             _core.set_num_threads(opts.threads)
         try:
@@ -260,6 +262,9 @@ class Trainer:
         return cls(opts, out_dir, _state=state, _tensors=tensors)
 
     def _restore(self, state, tensors):
+        if state.get("corpus") != self.corpus.description:
+            raise TrainError(f"the corpus changed since the checkpoint: it was "
+                             f"{state.get('corpus')}, it is now {self.corpus.description}")
         names = self.model.param_names
         missing = [n for n in names if n not in tensors]
         if missing:
