@@ -52,6 +52,19 @@ def block_backward(p: dict[str, F32], x: F32, dy: F32, tm_xprev_init: F32 | None
                    d_v_first: F32 | None = ..., *, n_head: int, head_size: int,
                    layer_id: int) -> tuple[F32, dict[str, F32], F32, F32, F32 | None]: ...
 
+# -- MoBA attention block (SPEC §6) ---------------------------------------------
+# p: dict with exactly 'ln1_w', 'ln1_b', 'receptance_w', 'key_w', 'value_w',
+# 'output_w', 'ln2_w', 'ln2_b', 'cm.ffn_x_k', 'cm.ffn_key_w', 'cm.ffn_value_w'
+def attn_forward(p: dict[str, F32], x: F32, cm_xprev_init: F32 | None = ..., *,
+                 n_head: int, head_size: int, chunk_size: int, moba_top_k: int) -> F32: ...
+def attn_backward(p: dict[str, F32], x: F32, dy: F32, cm_xprev_init: F32 | None = ..., *,
+                  n_head: int, head_size: int, chunk_size: int,
+                  moba_top_k: int) -> tuple[F32, dict[str, F32], F32]: ...
+def attn_score_av_forward(q: F32, k: F32, v: F32, *, n_head: int, head_size: int,
+                          chunk_size: int, moba_top_k: int) -> tuple[F32, F32]: ...
+def attn_score_av_backward(q: F32, k: F32, v: F32, dy: F32, *, n_head: int, head_size: int,
+                           chunk_size: int, moba_top_k: int) -> tuple[F32, F32, F32]: ...
+
 # -- AdamW / grad norm over flat buffers (csrc/optim.c) ----------------------
 def grad_norm(g: F32) -> float: ...
 def adamw_step(params: F32, grads: F32, m: F32, v: F32, *, lr: float, step: int,

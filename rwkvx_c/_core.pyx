@@ -142,4 +142,5 @@ def gemm_kernel():
 include "_wkv7.pxi"
 include "_layers.pxi"
 include "_rwkv.pxi"
+include "_attn.pxi"
 include "_optim.pxi"

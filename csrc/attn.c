@@ -1,0 +1,711 @@
+/* SPDX-License-Identifier: AGPL-3.0-or-later AND Apache-2.0
+ *
+ * attn.c -- the MoBA-sparse attention block (SPEC §6):
+ *     h1 = ln1(x);  q, k, v = h1 . {receptance_w, key_w, value_w}
+ *     per (b, head, query t), ct = t / chunk_size:
+ *         gate_j  = q_t . (mean key of chunk j)          for complete chunks j < ct
+ *         keys(t) = the moba_top_k chunks of largest gate (all of them when
+ *                   moba_top_k <= 0 or >= ct; ties to the smaller j)
+ *                   plus the own chunk causally, ct*chunk_size <= s <= t
+ *         y_t     = softmax_{s in keys(t)}(q_t . k_s / sqrt(N)) . v
+ *     x1 = x + y . output_w;  h2 = ln2(x1);  out = x1 + CM(h2)
+ *
+ * Cost follows the keys actually attended, O(T (top_k+1) chunk_size C),
+ * plus the gates, O(T^2 C / chunk_size); extra memory is O(T top_k C). No
+ * T x T matrix exists outside the score_av test hook.
+ *
+ * Selection: chunk means and gates are computed in double by one code path
+ * that the forward and the backward share; the backward recomputes q and k
+ * bit-identically (same GEMM on the same inputs), so the selection it holds
+ * fixed is exactly the forward's. Double gates also keep the choice as close
+ * as possible to a float64 evaluation of the same q and k.
+ *
+ * Work is done in tiles of at most 64 queries x 64 keys through rx_sgemm
+ * (scores q.k^T, weights.v and their grads), split by how a (query, key
+ * chunk) pair arises, so that every tile is full where the work is:
+ *   - dense pairs, the own chunk and every earlier chunk of a query that
+ *     does not choose, are shared by all queries of a chunk: query-major
+ *     tiles over contiguous rows;
+ *   - chosen pairs: queries of one chunk choose different chunks, so these
+ *     are key-major, as in MoBA's reference implementation: each key chunk
+ *     gathers every query that chose it, and leaves a partial softmax
+ *     (max, sum, unnormalised output) per (query, rank of the chunk in its
+ *     selection) that the query-major pass merges by log-sum-exp.
+ * Softmax is online (running max, sums in double) and the forward keeps
+ * each query's log-sum-exp, so the backward recovers p = exp(score - lse).
+ * The backward runs key-major over every pair for dk, dv (plus the dq of
+ * chosen pairs, per rank), then query-major for the dq of dense pairs. No
+ * two threads ever write the same row, so results do not depend on the
+ * thread count.
+ */
+#include <string.h>
+
+#include "rx_internal.h"
+
+#define ATTN_TILE 64   /* queries or keys per tile: a 64 x 64 score tile stays in cache */
+
+/* Geometry of one call. */
+typedef struct {
+    size_t B, T, H, N, C;
+    size_t cs;      /* chunk_size */
+    size_t nck;     /* complete chunks, T / cs: the only gate candidates */
+    size_t nch;     /* all chunks, ceil(T / cs) */
+    size_t cw;      /* min(cs, T): the most rows a chunk holds */
+    size_t kk;      /* chunks a choosing query keeps; 0 when no query chooses */
+    float scale;    /* 1 / sqrt(N) */
+    int nt;         /* threads for this call's parallel loops */
+} attn_dims;
+
+/* Scratch of one call, allocated once. */
+typedef struct {
+    double *kmean;  /* [B*H][nck][N] mean key of every complete chunk */
+    double *gates;  /* [nt][nck] per-thread gate row */
+    int *sel;       /* [B*H][T][kk] chosen chunks of each choosing query, ascending */
+    float *lse;     /* [B*H][T] log-sum-exp of each query's scaled scores */
+    float *dd;      /* [B*H][T] D_t = dy_t . y_t (backward only) */
+    float *part;    /* [B*H][T][kk][N] per chosen chunk: unnormalised output
+                     * (forward), dq contribution (backward) */
+    float *pm, *pl; /* [B*H][T][kk] per chosen chunk: max and sum of the forward */
+    size_t *idx;    /* [nt][2][TILE] per-thread tile rows: query, rank */
+    double *l;      /* [nt][TILE] */
+    float *tile;    /* [nt][ATTN_TILE_FLOATS] see attn_tile */
+} attn_work;
+
+#define ATTN_TILE_FLOATS(N) (3 * ATTN_TILE * (N) + 2 * ATTN_TILE * ATTN_TILE + 2 * ATTN_TILE)
+
+static int attn_dims_init(const rx_attn_params *P, int B, int T, attn_dims *d) {
+    if (!P || B < 1 || T < 1 || P->n_head < 1 || P->head_size < 1 || P->chunk_size < 1 ||
+        (int64_t)P->n_head * P->head_size != (int64_t)P->c)
+        return 0;
+    d->B = (size_t)B;
+    d->T = (size_t)T;
+    d->H = (size_t)P->n_head;
+    d->N = (size_t)P->head_size;
+    d->C = (size_t)P->c;
+    d->cs = (size_t)P->chunk_size;
+    d->nck = d->T / d->cs;
+    d->nch = (d->T + d->cs - 1) / d->cs;
+    d->cw = d->cs < d->T ? d->cs : d->T;
+    d->kk = P->moba_top_k > 0 && (size_t)P->moba_top_k < d->nck ? (size_t)P->moba_top_k : 0;
+    d->scale = (float)(1.0 / sqrt((double)P->head_size));
+    /* the team also runs small calls: rx_sgemm on a tile stays serial only
+     * inside an active parallel region */
+    d->nt = rx_in_parallel() ? 1 : rx_max_threads();
+    return 1;
+}
+
+static void attn_work_free(attn_work *w) {
+    free(w->kmean);
+    free(w->gates);
+    free(w->sel);
+    free(w->lse);
+    free(w->dd);
+    free(w->part);
+    free(w->pm);
+    free(w->pl);
+    free(w->idx);
+    free(w->l);
+    free(w->tile);
+}
+
+static int attn_work_alloc(const attn_dims *d, attn_work *w, int backward) {
+    const size_t BHT = d->B * d->H * d->T, nt = (size_t)d->nt;
+    w->kmean = (double *)rx_alloc(d->B * d->H * d->nck * d->N, sizeof(double));
+    w->gates = (double *)rx_alloc(nt * d->nck, sizeof(double));
+    w->sel = (int *)rx_alloc(BHT * d->kk, sizeof(int));
+    w->lse = rx_falloc(BHT);
+    w->dd = backward ? rx_falloc(BHT) : NULL;
+    w->part = (float *)rx_alloc(BHT * d->kk, d->N * sizeof(float));
+    w->pm = rx_falloc(BHT * d->kk);
+    w->pl = rx_falloc(BHT * d->kk);
+    w->idx = (size_t *)rx_alloc(nt * 2 * ATTN_TILE, sizeof(size_t));
+    w->l = (double *)rx_alloc(nt * ATTN_TILE, sizeof(double));
+    w->tile = rx_falloc(nt * ATTN_TILE_FLOATS(d->N));
+    if (!w->kmean || !w->gates || !w->sel || !w->lse || (backward && !w->dd) || !w->part ||
+        !w->pm || !w->pl || !w->idx || !w->l || !w->tile) {
+        attn_work_free(w);
+        return RX_ENOMEM;
+    }
+    return RX_OK;
+}
+
+/* 1 when query t keeps a chosen subset of the earlier chunks, 0 when it
+ * attends all of them; the queries that choose are exactly t >= (kk+1)*cs. */
+static inline int attn_chooses(const attn_dims *d, size_t t) {
+    return d->kk > 0 && d->kk < t / d->cs;
+}
+
+/* Position of chunk j among the kk ascending entries of sel_t, kk if absent. */
+static inline size_t attn_rank(const int *sel_t, size_t kk, size_t j) {
+    size_t lo = 0, hi = kk;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if ((size_t)sel_t[mid] < j) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo < kk && (size_t)sel_t[lo] == j ? lo : kk;
+}
+
+/* ---- selection ----------------------------------------------------------- */
+
+/* kb: one head's key rows (stride C); km [nck][N] = mean key of each complete
+ * chunk, accumulated in double */
+static void attn_chunk_mean(const attn_dims *d, const float *kb, size_t j, double *km) {
+    for (size_t n = 0; n < d->N; n++) km[n] = 0.0;
+    for (size_t s = j * d->cs; s < (j + 1) * d->cs; s++) {
+        const float *ks = kb + s * d->C;
+        for (size_t n = 0; n < d->N; n++) km[n] += ks[n];
+    }
+    for (size_t n = 0; n < d->N; n++) km[n] /= (double)d->cs;
+}
+
+/* qt [N]; km [ct][N]; sel [kk] receives the kk chunks of largest gate
+ * q_t . km_j (equal gates: the smaller j), in ascending order; g: scratch [ct] */
+RX_HOT static void attn_select_query(const float *qt, const double *km, size_t ct, size_t N,
+                                     size_t kk, double *g, int *sel) {
+    for (size_t j = 0; j < ct; j++) {
+        const double *m = km + j * N;
+        double s = 0.0;
+#pragma omp simd reduction(+ : s)
+        for (size_t n = 0; n < N; n++) s += (double)qt[n] * m[n];
+        g[j] = s;
+    }
+    /* sel[0..n) ordered by gate, descending; a later j needs a strictly
+     * larger gate to move ahead, which settles ties toward the smaller j */
+    size_t n = 0;
+    for (size_t j = 0; j < ct; j++) {
+        if (n == kk && !(g[j] > g[sel[kk - 1]])) continue;
+        size_t pos = n < kk ? n++ : kk - 1;
+        while (pos > 0 && g[j] > g[sel[pos - 1]]) {
+            sel[pos] = sel[pos - 1];
+            pos--;
+        }
+        sel[pos] = (int)j;
+    }
+    for (size_t i = 1; i < kk; i++) {
+        int v = sel[i];
+        size_t p = i;
+        for (; p > 0 && sel[p - 1] > v; p--) sel[p] = sel[p - 1];
+        sel[p] = v;
+    }
+}
+
+/* q, k: [B][T][C]. Fills w->kmean and w->sel. */
+static void attn_select(const attn_dims *d, const float *q, const float *k, attn_work *w) {
+    if (!d->kk) return;
+    const size_t H = d->H, T = d->T, C = d->C, N = d->N, nck = d->nck;
+    const size_t n_means = d->B * H * nck, n_queries = d->B * H * T;
+#pragma omp parallel for schedule(static) num_threads(d->nt) if (d->nt > 1)
+    for (size_t i = 0; i < n_means; i++) {
+        size_t bh = i / nck, b = bh / H, h = bh % H;
+        attn_chunk_mean(d, k + b * T * C + h * N, i % nck, w->kmean + i * N);
+    }
+#pragma omp parallel for schedule(dynamic, 64) num_threads(d->nt) if (d->nt > 1)
+    for (size_t i = 0; i < n_queries; i++) {
+        size_t bh = i / T, t = i % T, b = bh / H, h = bh % H;
+        if (!attn_chooses(d, t)) continue;
+        attn_select_query(q + (b * T + t) * C + h * N, w->kmean + bh * nck * N, t / d->cs, N,
+                          d->kk, w->gates + (size_t)rx_thread_id() * nck, w->sel + i * d->kk);
+    }
+}
+
+/* ---- attention core -------------------------------------------------------- */
+
+/* Query-major work items: (head, chunk, tile within the chunk), so a chunk
+ * longer than a tile still splits. Item i covers rows [*lo, *hi) of chunk
+ * *c of head *bh; returns 0 for the empty tail tiles of a short last chunk. */
+static int attn_item(const attn_dims *d, size_t i, size_t *bh, size_t *c, size_t *lo,
+                     size_t *hi) {
+    const size_t per = (d->cw + ATTN_TILE - 1) / ATTN_TILE;
+    *bh = i / (d->nch * per);
+    *c = i / per % d->nch;
+    *lo = *c * d->cs + i % per * ATTN_TILE;
+    size_t end = (*c + 1) * d->cs < d->T ? (*c + 1) * d->cs : d->T;
+    *hi = *lo + ATTN_TILE < end ? *lo + ATTN_TILE : end;
+    return *lo < *hi;
+}
+
+static size_t attn_n_items(const attn_dims *d) {
+    return d->B * d->H * d->nch * ((d->cw + ATTN_TILE - 1) / ATTN_TILE);
+}
+
+/* One head: rows of the [B][T][C] tensors offset to (b, h), stride C; its
+ * per-query rows of the work arrays. */
+typedef struct {
+    const float *q, *k, *v, *y, *dy;
+    float *yo, *dq, *dk, *dv;
+    const int *sel;     /* [T][kk] */
+    float *lse, *dd;    /* [T] */
+    float *part;        /* [T][kk][N] */
+    float *pm, *pl;     /* [T][kk] */
+} attn_head;
+
+static attn_head attn_head_of(const attn_dims *d, attn_work *w, size_t bh, const float *q,
+                              const float *k, const float *v, const float *y, const float *dy,
+                              float *yo, float *dq, float *dk, float *dv) {
+    const size_t off = bh / d->H * d->T * d->C + bh % d->H * d->N, pt = bh * d->T;
+    attn_head h = {q + off, k + off, v + off, y ? y + off : NULL, dy ? dy + off : NULL,
+                   yo ? yo + off : NULL, dq ? dq + off : NULL, dk ? dk + off : NULL,
+                   dv ? dv + off : NULL, w->sel + pt * d->kk, w->lse + pt,
+                   w->dd ? w->dd + pt : NULL, w->part + pt * d->kk * d->N,
+                   w->pm + pt * d->kk, w->pl + pt * d->kk};
+    return h;
+}
+
+/* One thread's tile scratch. */
+typedef struct {
+    size_t *idx, *rank;   /* [TILE] query of each row; rank of the key chunk in its selection */
+    float *qg, *dyg, *og; /* [TILE][N] gathered q and dy rows; a GEMM result */
+    float *s, *ds;        /* [TILE][TILE] scores, then weights; their grads */
+    float *m, *rs;        /* [TILE] running max; factor rescaling the sums so far */
+    double *l;            /* [TILE] running sum */
+} attn_tile;
+
+static attn_tile attn_tile_of(const attn_dims *d, attn_work *w) {
+    const size_t id = (size_t)rx_thread_id(), N = d->N, TL = ATTN_TILE;
+    float *f = w->tile + id * ATTN_TILE_FLOATS(N);
+    attn_tile t = {w->idx + id * 2 * TL, w->idx + id * 2 * TL + TL,
+                   f, f + TL * N, f + 2 * TL * N, f + 3 * TL * N, f + 3 * TL * N + TL * TL,
+                   f + 3 * TL * N + 2 * TL * TL, f + 3 * TL * N + 2 * TL * TL + TL,
+                   w->l + id * TL};
+    return t;
+}
+
+/* How many of the n keys from klo in chunk j query t attends: all of a
+ * chunk before its own, in its own chunk those up to t. */
+static inline size_t attn_lim(const attn_dims *d, size_t t, size_t j, size_t klo, size_t n) {
+    size_t hi = t / d->cs == j ? t + 1 : (j + 1) * d->cs;
+    return hi <= klo ? 0 : hi - klo < n ? hi - klo : n;
+}
+
+/* End of the key tile from klo in chunk j for queries up to tmax. */
+static inline size_t attn_kend(const attn_dims *d, size_t j, size_t klo, size_t tmax) {
+    size_t end = (j + 1) * d->cs;
+    if (end > tmax + 1) end = tmax + 1;
+    return klo + ATTN_TILE < end ? klo + ATTN_TILE : end;
+}
+
+/* Online softmax step over one key tile (keys [klo, klo+n) of chunk j):
+ * rows r < M of tl->s hold raw scores q . k. Scales them, updates the
+ * running max and sum, leaves the weights exp(score - max) (zero on keys
+ * not attended) in tl->s and the factor for the sums so far in tl->rs. */
+static void attn_online(const attn_dims *d, size_t j, size_t klo, size_t n, size_t M,
+                        attn_tile *tl) {
+    for (size_t r = 0; r < M; r++) {
+        const size_t lim = attn_lim(d, tl->idx[r], j, klo, n);
+        float *sr = tl->s + r * ATTN_TILE, m = tl->m[r], cm = -INFINITY;
+        for (size_t s = 0; s < lim; s++) {
+            sr[s] *= d->scale;
+            if (sr[s] > cm) cm = sr[s];
+        }
+        tl->rs[r] = 1.0f;
+        if (lim && cm > m) {
+            tl->rs[r] = expf(m - cm);
+            tl->l[r] *= tl->rs[r];
+            tl->m[r] = m = cm;
+        }
+        double sum = 0.0;
+        for (size_t s = 0; s < lim; s++) sum += (sr[s] = expf(sr[s] - m));
+        for (size_t s = lim; s < n; s++) sr[s] = 0.0f;
+        tl->l[r] += sum;
+    }
+}
+
+/* acc rows r < M (stride ld) = acc * rs[r] + weights . v over keys [klo, klo+n) */
+static void attn_accumulate(const attn_dims *d, const attn_head *h, size_t klo, size_t n,
+                            size_t M, attn_tile *tl, float *acc, size_t ld) {
+    for (size_t r = 0; r < M; r++)
+        if (tl->rs[r] != 1.0f)
+            for (size_t i = 0; i < d->N; i++) acc[r * ld + i] *= tl->rs[r];
+    rx_sgemm(0, 0, M, d->N, n, tl->s, ATTN_TILE, h->v + klo * d->C, d->C, 1.0f, acc, ld);
+}
+
+/* Chosen pairs of key chunk j < nck (forward): every query that chose j,
+ * a tile at a time, leaves its partial softmax over the chunk in its slot. */
+static void attn_chosen_forward(const attn_dims *d, const attn_head *h, size_t j,
+                                attn_tile *tl) {
+    const size_t N = d->N, C = d->C, T = d->T, kk = d->kk, TL = ATTN_TILE;
+    size_t M = 0;
+    /* queries after chunk j that choose */
+    for (size_t t = ((kk > j ? kk : j) + 1) * d->cs; t < T; t++) {
+        size_t r = attn_rank(h->sel + t * kk, kk, j);
+        if (r < kk) {
+            tl->idx[M] = t;
+            tl->rank[M] = r;
+            memcpy(tl->qg + M * N, h->q + t * C, N * sizeof(float));
+            M++;
+        }
+        if (M == TL || (M && t + 1 == T)) {
+            for (size_t i = 0; i < M; i++) {
+                tl->m[i] = -INFINITY;
+                tl->l[i] = 0.0;
+            }
+            memset(tl->og, 0, M * N * sizeof(float));
+            for (size_t klo = j * d->cs; klo < (j + 1) * d->cs; klo += TL) {
+                const size_t n = attn_kend(d, j, klo, T) - klo;
+                rx_sgemm(0, 1, M, n, N, tl->qg, N, h->k + klo * C, C, 0.0f, tl->s, TL);
+                attn_online(d, j, klo, n, M, tl);
+                attn_accumulate(d, h, klo, n, M, tl, tl->og, N);
+            }
+            for (size_t i = 0; i < M; i++) {
+                size_t slot = tl->idx[i] * kk + tl->rank[i];
+                memcpy(h->part + slot * N, tl->og + i * N, N * sizeof(float));
+                h->pm[slot] = tl->m[i];
+                h->pl[slot] = (float)tl->l[i];
+            }
+            M = 0;
+        }
+    }
+}
+
+/* Queries [t0, t1) of chunk c (one tile): online softmax over their dense
+ * pairs, then their chosen chunks' partials merged in; writes y and lse. */
+static void attn_dense_forward(const attn_dims *d, const attn_head *h, size_t c, size_t t0,
+                               size_t t1, attn_tile *tl) {
+    const size_t N = d->N, C = d->C, M = t1 - t0, kk = d->kk, TL = ATTN_TILE;
+    const int chooses = attn_chooses(d, t0);
+    float *y = h->yo + t0 * C;
+    for (size_t r = 0; r < M; r++) {
+        tl->idx[r] = t0 + r;
+        tl->m[r] = -INFINITY;
+        tl->l[r] = 0.0;
+        memset(y + r * C, 0, N * sizeof(float));
+    }
+    for (size_t j = chooses ? c : 0; j <= c; j++)
+        for (size_t klo = j * d->cs, n; klo < t1 && klo < (j + 1) * d->cs; klo += n) {
+            n = attn_kend(d, j, klo, t1 - 1) - klo;
+            rx_sgemm(0, 1, M, n, N, h->q + t0 * C, C, h->k + klo * C, C, 0.0f, tl->s, TL);
+            attn_online(d, j, klo, n, M, tl);
+            attn_accumulate(d, h, klo, n, M, tl, y, C);
+        }
+    for (size_t r = 0; r < M; r++) {
+        float *yt = y + r * C, m = tl->m[r];
+        double l = tl->l[r];
+        for (size_t i = 0; chooses && i < kk; i++) {
+            const size_t slot = (t0 + r) * kk + i;
+            const float *o = h->part + slot * N, pm = h->pm[slot];
+            const float nm = pm > m ? pm : m, a = expf(m - nm), b = expf(pm - nm);
+            for (size_t n = 0; n < N; n++) yt[n] = yt[n] * a + o[n] * b;
+            l = l * a + (double)h->pl[slot] * b;
+            m = nm;
+        }
+        const float inv = (float)(1.0 / l);
+        for (size_t n = 0; n < N; n++) yt[n] *= inv;
+        h->lse[t0 + r] = (float)((double)m + log(l));
+    }
+}
+
+/* Rows [t0, t1) (chunk c) of p_h [T][T]: the softmax weights, exactly zero
+ * off the attended keys. Test hook only. */
+static void attn_block_p(const attn_dims *d, const attn_head *h, size_t c, size_t t0,
+                         size_t t1, float *p_h) {
+    const size_t T = d->T, C = d->C, N = d->N;
+    memset(p_h + t0 * T, 0, (t1 - t0) * T * sizeof(float));
+    for (size_t t = t0; t < t1; t++)
+        for (size_t j = 0; j <= c; j++) {
+            if (j < c && attn_chooses(d, t) && attn_rank(h->sel + t * d->kk, d->kk, j) == d->kk)
+                continue;
+            for (size_t s = j * d->cs, n = attn_lim(d, t, j, s, d->cs); n--; s++) {
+                float a = 0.0f;
+                for (size_t i = 0; i < N; i++) a += h->q[t * C + i] * h->k[s * C + i];
+                p_h[t * T + s] = expf(a * d->scale - h->lse[t]);
+            }
+        }
+}
+
+/* q, k, v, y: [B][T][C]; p: [B][H][T][T] or NULL. Selects (w->kmean,
+ * w->sel), then writes y and w->lse. */
+static void attn_core_forward(const attn_dims *d, const float *q, const float *k,
+                              const float *v, attn_work *w, float *y, float *p) {
+    const size_t n_items = attn_n_items(d), n_chosen = d->kk ? d->B * d->H * d->nck : 0;
+    attn_select(d, q, k, w);
+#pragma omp parallel num_threads(d->nt) if (d->nt > 1)
+    {
+        attn_tile tl = attn_tile_of(d, w);
+#pragma omp for schedule(dynamic, 1)
+        for (size_t i = 0; i < n_chosen; i++) {
+            attn_head h = attn_head_of(d, w, i / d->nck, q, k, v, NULL, NULL, y, NULL, NULL, NULL);
+            attn_chosen_forward(d, &h, i % d->nck, &tl);
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (size_t i = 0; i < n_items; i++) {
+            size_t bh, c, t0, t1;
+            if (!attn_item(d, i, &bh, &c, &t0, &t1)) continue;
+            attn_head h = attn_head_of(d, w, bh, q, k, v, NULL, NULL, y, NULL, NULL, NULL);
+            attn_dense_forward(d, &h, c, t0, t1, &tl);
+            if (p) attn_block_p(d, &h, c, t0, t1, p + bh * d->T * d->T);
+        }
+    }
+}
+
+/* Rows r < M of a tile (query idx[r]) against keys [klo, klo+n) of chunk j,
+ * selection fixed: from q . k^T in tl->s and dy . v^T in tl->ds, leaves the
+ * weights p in tl->s and the score grads p (dp - D) / sqrt(N) in tl->ds,
+ * both zero on keys not attended. */
+static void attn_tile_grads(const attn_dims *d, const attn_head *h, size_t j, size_t klo,
+                            size_t n, size_t M, attn_tile *tl) {
+    for (size_t r = 0; r < M; r++) {
+        const size_t t = tl->idx[r], lim = attn_lim(d, t, j, klo, n);
+        float *sr = tl->s + r * ATTN_TILE, *gr = tl->ds + r * ATTN_TILE;
+        for (size_t s = 0; s < lim; s++) {
+            float p = expf(sr[s] * d->scale - h->lse[t]);
+            sr[s] = p;
+            gr[s] = p * (gr[s] - h->dd[t]) * d->scale;
+        }
+        for (size_t s = lim; s < n; s++) sr[s] = gr[s] = 0.0f;
+    }
+}
+
+/* M queries (rows of Q, DY with stride ld; tl->idx) against all of key
+ * chunk j: dk, dv of the chunk accumulated; with slots, each row's dq
+ * contribution stored at its (query, rank) slot. */
+static void attn_kv_tile(const attn_dims *d, const attn_head *h, size_t j, const float *Q,
+                         const float *DY, size_t ld, size_t M, int slots, attn_tile *tl) {
+    const size_t N = d->N, C = d->C, TL = ATTN_TILE, tmax = tl->idx[M - 1];
+    for (size_t klo = j * d->cs, n; klo <= tmax && klo < (j + 1) * d->cs; klo += n) {
+        n = attn_kend(d, j, klo, tmax) - klo;
+        rx_sgemm(0, 1, M, n, N, Q, ld, h->k + klo * C, C, 0.0f, tl->s, TL);
+        rx_sgemm(0, 1, M, n, N, DY, ld, h->v + klo * C, C, 0.0f, tl->ds, TL);
+        attn_tile_grads(d, h, j, klo, n, M, tl);
+        rx_sgemm(1, 0, n, N, M, tl->ds, TL, Q, ld, 1.0f, h->dk + klo * C, C);
+        rx_sgemm(1, 0, n, N, M, tl->s, TL, DY, ld, 1.0f, h->dv + klo * C, C);
+        if (slots)
+            rx_sgemm(0, 0, M, N, n, tl->ds, TL, h->k + klo * C, C, klo > j * d->cs ? 1.0f : 0.0f,
+                     tl->og, N);
+    }
+    for (size_t r = 0; slots && r < M; r++)
+        memcpy(h->part + (tl->idx[r] * d->kk + tl->rank[r]) * N, tl->og + r * N,
+               N * sizeof(float));
+}
+
+/* Keys of chunk j: dk, dv rows from every query that attends them -- the
+ * dense ones (own chunk, then every later query that does not choose) as
+ * contiguous tiles, then those that chose j, gathered -- and the dq
+ * contribution of each chosen pair. */
+static void attn_kv_backward(const attn_dims *d, const attn_head *h, size_t j, attn_tile *tl) {
+    const size_t N = d->N, C = d->C, T = d->T, kk = d->kk, TL = ATTN_TILE, lo = j * d->cs;
+    const size_t hi = lo + d->cs < T ? lo + d->cs : T;
+    for (size_t s = lo; s < hi; s++) {
+        memset(h->dk + s * C, 0, N * sizeof(float));
+        memset(h->dv + s * C, 0, N * sizeof(float));
+    }
+    size_t dend = kk ? (kk + 1) * d->cs : T;
+    dend = dend < hi ? hi : dend > T ? T : dend;
+    for (size_t t0 = lo, M; t0 < dend; t0 += M) {
+        M = dend - t0 < TL ? dend - t0 : TL;
+        for (size_t r = 0; r < M; r++) tl->idx[r] = t0 + r;
+        attn_kv_tile(d, h, j, h->q + t0 * C, h->dy + t0 * C, C, M, 0, tl);
+    }
+    size_t M = 0;
+    for (size_t t = dend; j < d->nck && t < T; t++) {
+        size_t r = attn_rank(h->sel + t * kk, kk, j);
+        if (r < kk) {
+            tl->idx[M] = t;
+            tl->rank[M] = r;
+            memcpy(tl->qg + M * N, h->q + t * C, N * sizeof(float));
+            memcpy(tl->dyg + M * N, h->dy + t * C, N * sizeof(float));
+            M++;
+        }
+        if (M == TL || (M && t + 1 == T)) {
+            attn_kv_tile(d, h, j, tl->qg, tl->dyg, N, M, 1, tl);
+            M = 0;
+        }
+    }
+}
+
+/* Queries [t0, t1) of chunk c (one tile): dq from their dense pairs, plus
+ * the chosen pairs' contributions from their slots. */
+static void attn_q_backward(const attn_dims *d, const attn_head *h, size_t c, size_t t0,
+                            size_t t1, attn_tile *tl) {
+    const size_t N = d->N, C = d->C, M = t1 - t0, kk = d->kk, TL = ATTN_TILE;
+    const int chooses = attn_chooses(d, t0);
+    float *dq = h->dq + t0 * C;
+    for (size_t r = 0; r < M; r++) {
+        tl->idx[r] = t0 + r;
+        memset(dq + r * C, 0, N * sizeof(float));
+        for (size_t i = 0; chooses && i < kk; i++) {
+            const float *o = h->part + ((t0 + r) * kk + i) * N;
+            for (size_t n = 0; n < N; n++) dq[r * C + n] += o[n];
+        }
+    }
+    for (size_t j = chooses ? c : 0; j <= c; j++)
+        for (size_t klo = j * d->cs, n; klo < t1 && klo < (j + 1) * d->cs; klo += n) {
+            n = attn_kend(d, j, klo, t1 - 1) - klo;
+            rx_sgemm(0, 1, M, n, N, h->q + t0 * C, C, h->k + klo * C, C, 0.0f, tl->s, TL);
+            rx_sgemm(0, 1, M, n, N, h->dy + t0 * C, C, h->v + klo * C, C, 0.0f, tl->ds, TL);
+            attn_tile_grads(d, h, j, klo, n, M, tl);
+            rx_sgemm(0, 0, M, N, n, tl->ds, TL, h->k + klo * C, C, 1.0f, dq, C);
+        }
+}
+
+/* q, k, v, y, dy, dq, dk, dv: [B][T][C]; w as left by attn_core_forward on
+ * the same q, k, v (selection and lse). */
+static void attn_core_backward(const attn_dims *d, const float *q, const float *k,
+                               const float *v, const float *y, const float *dy, attn_work *w,
+                               float *dq, float *dk, float *dv) {
+    const size_t H = d->H, T = d->T, C = d->C, N = d->N, BHT = d->B * H * T;
+    const size_t n_items = attn_n_items(d), n_chunks = d->B * H * d->nch;
+#pragma omp parallel num_threads(d->nt) if (d->nt > 1)
+    {
+        attn_tile tl = attn_tile_of(d, w);
+#pragma omp for schedule(static)
+        for (size_t i = 0; i < BHT; i++) {
+            const size_t o = (i / (H * T) * T + i % T) * C + i / T % H * N;
+            double dd = 0.0;
+            for (size_t n = 0; n < N; n++) dd += (double)dy[o + n] * y[o + n];
+            w->dd[i] = (float)dd;
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (size_t i = 0; i < n_chunks; i++) {
+            attn_head h = attn_head_of(d, w, i / d->nch, q, k, v, y, dy, NULL, NULL, dk, dv);
+            attn_kv_backward(d, &h, i % d->nch, &tl);
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (size_t i = 0; i < n_items; i++) {
+            size_t bh, c, t0, t1;
+            if (!attn_item(d, i, &bh, &c, &t0, &t1)) continue;
+            attn_head h = attn_head_of(d, w, bh, q, k, v, y, dy, NULL, dq, NULL, NULL);
+            attn_q_backward(d, &h, c, t0, t1, &tl);
+        }
+    }
+}
+
+/* q, k, v, y: [B][T][C]; p: [B][H][T][T] or NULL */
+int rx_attn_score_av_forward(const rx_attn_params *P, const float *q, const float *k,
+                             const float *v, int B, int T, float *p, float *y) {
+    attn_dims d;
+    attn_work w;
+    if (!attn_dims_init(P, B, T, &d) || !q || !k || !v || !y) return RX_EINVAL;
+    if (attn_work_alloc(&d, &w, 0) != RX_OK) return RX_ENOMEM;
+    attn_core_forward(&d, q, k, v, &w, y, p);
+    attn_work_free(&w);
+    return RX_OK;
+}
+
+/* q, k, v, dy, dq, dk, dv: [B][T][C] */
+int rx_attn_score_av_backward(const rx_attn_params *P, const float *q, const float *k,
+                              const float *v, const float *dy, int B, int T,
+                              float *dq, float *dk, float *dv) {
+    attn_dims d;
+    attn_work w;
+    if (!attn_dims_init(P, B, T, &d) || !q || !k || !v || !dy || !dq || !dk || !dv)
+        return RX_EINVAL;
+    float *y = rx_falloc(d.B * d.T * d.C);
+    if (!y || attn_work_alloc(&d, &w, 1) != RX_OK) {
+        free(y);
+        return RX_ENOMEM;
+    }
+    attn_core_forward(&d, q, k, v, &w, y, NULL);
+    attn_core_backward(&d, q, k, v, y, dy, &w, dq, dk, dv);
+    attn_work_free(&w);
+    free(y);
+    return RX_OK;
+}
+
+/* ---- the block ------------------------------------------------------------- */
+
+static int attn_block_ok(const rx_attn_params *P, int B, int T, attn_dims *d) {
+    return attn_dims_init(P, B, T, d) && P->ln1_w && P->ln1_b && P->receptance_w &&
+           P->key_w && P->value_w && P->output_w && P->ln2_w && P->ln2_b &&
+           P->cm.c == P->c && P->cm.ffn_dim >= 1 && P->cm.ffn_x_k && P->cm.ffn_key_w &&
+           P->cm.ffn_value_w;
+}
+
+/* x: [B][T][C] -> h1 = ln1(x), q, k, v, y = attention (w: selection, lse),
+ * all [B][T][C]; y may alias h1, which is dead once q, k, v exist. */
+static void attn_front(const rx_attn_params *P, const attn_dims *d, const float *x, float *h1,
+                       float *q, float *k, float *v, float *y, attn_work *w) {
+    const size_t BT = d->B * d->T, C = d->C;
+    rx_rownorm_forward(x, P->ln1_w, P->ln1_b, h1, NULL, NULL, BT, C, 1, RX_LN_EPS);
+    rx_sgemm(0, 0, BT, C, C, h1, C, P->receptance_w, C, 0.0f, q, C);
+    rx_sgemm(0, 0, BT, C, C, h1, C, P->key_w, C, 0.0f, k, C);
+    rx_sgemm(0, 0, BT, C, C, h1, C, P->value_w, C, 0.0f, v, C);
+    attn_core_forward(d, q, k, v, w, y, NULL);
+}
+
+/* x, y: [B][T][C] -> x1 = x + y . output_w, h2 = ln2(x1) */
+static void attn_residual(const rx_attn_params *P, const attn_dims *d, const float *x,
+                          const float *y, float *x1, float *h2) {
+    const size_t BT = d->B * d->T, C = d->C;
+    memcpy(x1, x, BT * C * sizeof(float));
+    rx_sgemm(0, 0, BT, C, C, y, C, P->output_w, C, 1.0f, x1, C);
+    rx_rownorm_forward(x1, P->ln2_w, P->ln2_b, h2, NULL, NULL, BT, C, 1, RX_LN_EPS);
+}
+
+/* x, out: [B][T][C]; cm_xprev_init: [B][C] or NULL */
+int rx_attn_forward_seq(const rx_attn_params *P, const float *x, const float *cm_xprev_init,
+                        float *out, int B, int T) {
+    attn_dims d;
+    attn_work w;
+    if (!attn_block_ok(P, B, T, &d) || !x || !out) return RX_EINVAL;
+    const size_t BTC = d.B * d.T * d.C;
+    float *buf = rx_alloc(BTC, 5 * sizeof(float));
+    if (!buf || attn_work_alloc(&d, &w, 0) != RX_OK) {
+        free(buf);
+        return RX_ENOMEM;
+    }
+    float *h1 = buf, *q = h1 + BTC, *k = q + BTC, *v = k + BTC, *x1 = v + BTC;
+    float *y = h1, *h2 = q;
+    attn_front(P, &d, x, h1, q, k, v, y, &w);
+    attn_residual(P, &d, x, y, x1, h2);
+    int rc = rx_channelmix_forward_seq(&P->cm, h2, cm_xprev_init, out, B, T);
+    if (rc == RX_OK)
+        for (size_t i = 0; i < BTC; i++) out[i] += x1[i];
+    attn_work_free(&w);
+    free(buf);
+    return rc;
+}
+
+/* x, dy, dx: [B][T][C]; cm_xprev_init, d_cm_xprev_init: [B][C] or NULL */
+int rx_attn_backward_full(const rx_attn_params *P, const float *x, const float *cm_xprev_init,
+                          const float *dy, rx_attn_grads *G, float *dx, float *d_cm_xprev_init,
+                          int B, int T) {
+    attn_dims d;
+    attn_work w;
+    if (!attn_block_ok(P, B, T, &d) || !x || !dy || !dx || !G || !G->ln1_w || !G->ln1_b ||
+        !G->receptance_w || !G->key_w || !G->value_w || !G->output_w || !G->ln2_w ||
+        !G->ln2_b || !G->cm.ffn_x_k || !G->cm.ffn_key_w || !G->cm.ffn_value_w)
+        return RX_EINVAL;
+    const size_t BT = d.B * d.T, C = d.C, BTC = BT * C;
+    float *buf = rx_alloc(BTC, 10 * sizeof(float));
+    if (!buf || attn_work_alloc(&d, &w, 1) != RX_OK) {
+        free(buf);
+        return RX_ENOMEM;
+    }
+    float *h1 = buf, *q = h1 + BTC, *k = q + BTC, *v = k + BTC, *y = v + BTC;
+    float *x1 = y + BTC, *h2 = x1 + BTC, *g1 = h2 + BTC, *dk = g1 + BTC, *dv = dk + BTC;
+    /* buffers reused once their first content is dead */
+    float *dya = h2, *dq = x1, *dh1 = h2;
+    attn_front(P, &d, x, h1, q, k, v, y, &w);
+    attn_residual(P, &d, x, y, x1, h2);
+    /* channel-mix, then ln2: g1 = d x1 = dy + ln2'(dCM/dh2) */
+    int rc = rx_channelmix_backward(&P->cm, h2, cm_xprev_init, dy, &G->cm, g1,
+                                    d_cm_xprev_init, B, T);
+    if (rc != RX_OK) goto done;
+    rx_fzero(G->ln2_w, C);
+    rx_fzero(G->ln2_b, C);
+    rc = rx_rownorm_backward(x1, P->ln2_w, g1, g1, G->ln2_w, G->ln2_b, BT, C, 1, RX_LN_EPS);
+    if (rc != RX_OK) goto done;
+    for (size_t i = 0; i < BTC; i++) g1[i] += dy[i];
+    /* output projection */
+    rx_sgemm(1, 0, C, C, BT, y, C, g1, C, 0.0f, G->output_w, C);
+    rx_sgemm(0, 1, BT, C, C, g1, C, P->output_w, C, 0.0f, dya, C);
+    attn_core_backward(&d, q, k, v, y, dya, &w, dq, dk, dv);
+    /* q, k, v projections */
+    rx_sgemm(1, 0, C, C, BT, h1, C, dq, C, 0.0f, G->receptance_w, C);
+    rx_sgemm(1, 0, C, C, BT, h1, C, dk, C, 0.0f, G->key_w, C);
+    rx_sgemm(1, 0, C, C, BT, h1, C, dv, C, 0.0f, G->value_w, C);
+    rx_sgemm(0, 1, BT, C, C, dq, C, P->receptance_w, C, 0.0f, dh1, C);
+    rx_sgemm(0, 1, BT, C, C, dk, C, P->key_w, C, 1.0f, dh1, C);
+    rx_sgemm(0, 1, BT, C, C, dv, C, P->value_w, C, 1.0f, dh1, C);
+    /* ln1 and the residual */
+    rx_fzero(G->ln1_w, C);
+    rx_fzero(G->ln1_b, C);
+    rc = rx_rownorm_backward(x, P->ln1_w, dh1, dx, G->ln1_w, G->ln1_b, BT, C, 1, RX_LN_EPS);
+    if (rc != RX_OK) goto done;
+    for (size_t i = 0; i < BTC; i++) dx[i] += g1[i];
+done:
+    attn_work_free(&w);
+    free(buf);
+    return rc;
+}
