@@ -166,6 +166,13 @@ int rx_tm_backward_acts(const rx_tm_params *P, const rx_tm_acts *A, const float 
                         const float *x_prev_init, const float *v_first, const float *dy,
                         rx_tm_grads *G, float *dx, float *d_xprev_init, float *d_v_first);
 
+/* ---- attn.c ------------------------------------------------------------
+ * Decoding: queries q [T][C] at positions pos..pos+T-1 of one sequence
+ * against its keys and values k, v [pos+T][C]; y [T][C]. The forward's
+ * selection and softmax kernels, one query at a time (infer.c). */
+int rx_attn_decode(const rx_attn_params *P, const float *q, const float *k, const float *v,
+                   int pos, int T, float *y);
+
 #define RX_LN_EPS 1e-5f
 #define RX_GN_EPS 64e-5f
 
