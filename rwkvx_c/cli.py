@@ -115,7 +115,7 @@ def build_parser():
     t.add_argument("--eval-every", type=_positive_int, metavar="K", help="evaluate every K "
                    "steps (default: 10 evaluations over the run)")
     t.add_argument("--eval-tokens", type=_positive_int, metavar="N", help="validation tokens "
-                   "per evaluation (default 65536)")
+                   "per evaluation (default 32768)")
     t.add_argument("--save-every", type=_positive_int, metavar="K", help="checkpoint every K "
                    "steps (default: at every evaluation) and always at the end")
     t.add_argument("--cache-dir", metavar="DIR", help="where corpora are cached as token "
