@@ -199,6 +199,7 @@ def plot_log(rows, path):
 
 
 def _train(a):
+    from rwkvx_c import get_num_threads
     from rwkvx_c.checkpoint import CheckpointError
     from rwkvx_c.data import DataError
     from rwkvx_c.train import LOG, TrainError, TrainOptions, Trainer
@@ -237,7 +238,7 @@ def _train(a):
           f"  model  preset {o.preset}, layers {m.layers}, {m.n_params:,} params, "
           f"init {o.init}\n"
           f"  train  batch {o.batch} x seq_len {o.seq_len}, lr {o.lr:g}, stop after {stop_by}, "
-          f"{__import__('rwkvx_c').get_num_threads()} threads"
+          f"{get_num_threads()} threads"
           + (f", resumed at step {tr.step_count}" if a.resume else ""), flush=True)
 
     interrupted = []

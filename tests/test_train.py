@@ -38,28 +38,38 @@ def _opts(tmp_path, **kw):
     return TrainOptions(**base)
 
 
-def test_batched_grads_are_the_mean_of_per_sequence_grads():
+@pytest.mark.parametrize("ignore", [False, True])
+def test_batched_grads_are_the_sum_of_per_sequence_grads(ignore):
+    """The batch loss is the mean over all valid tokens, so its grads are the
+    per-sequence grads summed with weights n_valid_b / n_valid."""
     m = rx.RxPtModel(SMALL, seed=3)
     B, T = 3, 19  # T > (top_k + 1) * chunk_size: MoBA selection is active
     rng = np.random.default_rng(1)
     x = rng.integers(0, 256, size=(B, T), dtype=np.int32)
     y = rng.integers(0, 256, size=(B, T), dtype=np.int32)
+    ii = -1
+    if ignore:  # unequal valid counts per sequence
+        ii = 7
+        y[0, :5] = ii
+        y[2, 3] = ii
+    nv = (y != ii).sum(axis=1) if ignore else np.full(B, T)
     losses, grads = [], []
     for b in range(B):
         m.forward(np.ascontiguousarray(x[b]))
-        losses.append(m.backward(np.ascontiguousarray(y[b])))
+        losses.append(m.backward(np.ascontiguousarray(y[b]), ignore_index=ii))
         grads.append(m.grad_buffer.astype(np.float64))
     logits = m.forward(x)
-    loss = m.backward(y)
+    loss = m.backward(y, ignore_index=ii)
     assert logits.shape == (B, T, 256)
-    assert abs(loss - np.mean(losses)) <= 1e-5 * abs(loss)
-    want = np.mean(grads, axis=0)
+    w = nv / nv.sum()
+    assert abs(loss - np.dot(w, losses)) <= 1e-5 * abs(loss)
+    want = sum(wb * g for wb, g in zip(w, grads))
     got = m.grad_buffer
     for name in m.param_names:
         a = m.grads[name]
         off = (a.__array_interface__["data"][0] - got.__array_interface__["data"][0]) // 4
-        w = want[off:off + a.size].reshape(a.shape)
-        assert np.max(np.abs(a - w)) <= 1e-4 * max(np.max(np.abs(w)), 1e-30), name
+        ref_t = want[off:off + a.size].reshape(a.shape)
+        assert np.max(np.abs(a - ref_t)) <= 1e-4 * max(np.max(np.abs(ref_t)), 1e-30), name
 
 
 def test_rwkv7_init():
