@@ -316,7 +316,11 @@ rx_pt_config rx_ptmodel_config(const rx_ptmodel *m);
 const rx_block_params* rx_ptmodel_rwkv(rx_ptmodel *m, int idx);
 const rx_attn_params* rx_ptmodel_attn(rx_ptmodel *m, int idx);
 
-/* Activations a forward leaves for the backward. */
+/* Activations a forward leaves for the backward, for B sequences of T tokens
+ * (B = 1 from rx_pt_acts_new; see rx_pt_acts_new_batch). Every [T] below is
+ * [B][T] with sequence b at rows b*T .. b*T+T-1. The fields after logits
+ * extend the original struct; acts come only from rx_pt_acts_new*, which
+ * sizes all of it once, so neither forward nor backward allocates here. */
 typedef struct {
     int T, C, vocab, n_blocks;
     int *tokens;      /* [T] */
@@ -324,18 +328,28 @@ typedef struct {
     float *v_first;   /* [T][C] */
     float *lnout;     /* [T][C] ln_out output */
     float *logits;    /* [T][vocab] */
+    int B;            /* sequences; T above is the length of each */
+    int ready;        /* 1 after a successful forward into these acts */
+    float *dlogits;   /* [T][vocab] backward scratch */
+    float *work;      /* [4][T][C] backward scratch: the residual grad (two
+                         buffers), the summed v_first grad, one block's */
 } rx_pt_acts;
 
+/* Acts for one sequence of T tokens (B = 1). NULL on T < 1, a NULL model or
+ * allocation failure. */
 rx_pt_acts* rx_pt_acts_new(const rx_ptmodel *m, int T);
 void rx_pt_acts_free(rx_pt_acts *a);
 
-/* tokens: [T], each in [0, vocab). Fills acts, logits included. */
+/* tokens: [T], each in [0, vocab). acts must come from rx_pt_acts_new(m, T)
+ * (or _batch with B = 1) for this T. Fills acts, logits included. */
 int rx_pretrain_forward(rx_ptmodel *m, const int *tokens, int T,
                         rx_pt_acts *acts);
 
-/* targets: [T]. Writes every parameter grad into the model's grad arena (the
- * arena is overwritten, not accumulated) and returns the loss; NaN on
- * invalid input. */
+/* targets: [T], each in [0, vocab) or equal to ignore_index (when >= 0).
+ * Needs a forward into acts with the same T. Writes every parameter grad
+ * into the model's grad arena (the arena is overwritten, not accumulated)
+ * and returns the loss; NaN on invalid input. The blocks recompute their
+ * internals from acts->block_in with the model's current parameters. */
 double rx_pretrain_backward(rx_ptmodel *m, const rx_pt_acts *acts,
                             const int *targets, int T, int ignore_index);
 
@@ -344,6 +358,38 @@ void rx_ptmodel_zero_grad(rx_ptmodel *m);
 /* ====================================================================
  * Extensions beyond the original API
  * ==================================================================== */
+
+/* ---- model.c: batches, validation and the arenas --------------------
+ * A batch is B independent sequences of T tokens ([B][T] row-major); every
+ * block kernel runs them together (OpenMP over B*H and over rows). The
+ * single-sequence functions above are the B = 1 case. */
+
+/* Acts for B sequences of T tokens; B*T must fit an int. NULL on bad sizes
+ * or allocation failure. */
+rx_pt_acts *rx_pt_acts_new_batch(const rx_ptmodel *m, int B, int T);
+/* tokens: [B][T], each in [0, vocab); acts from rx_pt_acts_new_batch(m, B, T).
+ * RX_EINVAL on a token out of range or acts of another shape or model. */
+int rx_pretrain_forward_batch(rx_ptmodel *m, const int *tokens, int B, int T,
+                              rx_pt_acts *acts);
+/* targets: [B][T]. The loss is the mean over every valid position of the
+ * batch, and the grads are those of that mean; NaN on invalid input or when
+ * acts hold no forward of this B and T. */
+double rx_pretrain_backward_batch(rx_ptmodel *m, const rx_pt_acts *acts,
+                                  const int *targets, int B, int T, int ignore_index);
+
+/* RX_OK when rx_model_new_random accepts pc (SPEC §7, and every tensor's
+ * element count fits an int), else RX_EINVAL. */
+int rx_pt_config_validate(const rx_pt_config *pc);
+/* Shape of tensor i: returns its ndim (1 or 2) and fills shape[0..ndim-1];
+ * RX_EINVAL if i is out of range. */
+int rx_ptmodel_param_shape(const rx_ptmodel *m, int i, int shape[2]);
+/* The parameter / gradient arena: the tensors of rx_ptmodel_param back to
+ * back in order, no padding. *n (may be NULL) receives the element count. */
+float *rx_ptmodel_param_arena(rx_ptmodel *m, int64_t *n);
+float *rx_ptmodel_grad_arena(rx_ptmodel *m, int64_t *n);
+/* Block kinds in model order, one 'R' (RWKV-7) or 'A' (attention) per
+ * block, NUL-terminated: "RRARRAR" for n_rwkv = 5, n_attn = 2. */
+const char *rx_ptmodel_layers(const rx_ptmodel *m);
 
 /* Threads used by every rx_ call made from the calling thread afterwards
  * (n < 1 restores the default, OMP_NUM_THREADS or the core count). A build

@@ -1,0 +1,520 @@
+/* SPDX-License-Identifier: AGPL-3.0-or-later AND Apache-2.0
+ *
+ * model.c -- the whole RWKV-X model (SPEC §7, §8): the parameter and grad
+ * arenas, the splitmix64 init, introspection, the layer order, and the
+ * forward / backward over B sequences at once.
+ *
+ *     x0 = emb[tokens]; x = block_L(x) in model order; h = ln_out(x);
+ *     logits = h . head; loss = mean CE over the valid targets
+ *
+ * Every parameter is a view into one float32 arena and its grad the view at
+ * the same offset of a second arena, so an optimiser, a checkpoint or a
+ * NumPy view sees the whole model as one flat vector.
+ */
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "rx_internal.h"
+
+#define RX_PREFIX_MAX 20 /* "blocks.<int>." */
+#define RX_NAME_MAX 48   /* "blocks.<int>.tm.receptance_w" fits with room */
+
+enum { INIT_MAT, INIT_EMB, INIT_VEC, INIT_GAMMA, INIT_BETA };
+/* symbolic tensor dimensions, resolved against the config */
+enum { D_NONE, D_C, D_V, D_F, D_DW, D_DA, D_DG, D_DV };
+
+typedef struct {
+    char name[RX_NAME_MAX];
+    size_t off, n;       /* element offset into the arenas, element count */
+    int ndim, shape[2];
+    int init;
+} rx_tensor;
+
+struct rx_ptmodel {
+    rx_pt_config cfg;
+    int n_blocks, n_tensors;
+    char *layers;             /* [n_blocks+1] 'R' / 'A', NUL-terminated */
+    int *block_idx;           /* [n_blocks] index within the RWKV or attention array */
+    rx_tensor *tensors;       /* [n_tensors] in SPEC §8 order */
+    float *params, *grads;    /* the two arenas, [n_elems] each */
+    size_t n_elems;
+    const float *emb, *ln_out_w, *ln_out_b, *head;
+    float *g_emb, *g_ln_out_w, *g_ln_out_b, *g_head;
+    rx_block_params *rwkv;    /* [n_rwkv_layer], views into the arenas */
+    rx_block_grads *rwkv_g;
+    rx_attn_params *attn;     /* [n_attn_layer] */
+    rx_attn_grads *attn_g;
+};
+
+/* ---- config and layer order ------------------------------------------ */
+
+static int64_t dim_of(const rx_pt_config *c, int d) {
+    switch (d) {
+    case D_C: return c->n_embd;
+    case D_V: return c->vocab_size;
+    case D_F: return c->ffn_dim;
+    case D_DW: return c->Dw;
+    case D_DA: return c->Da;
+    case D_DG: return c->Dg;
+    case D_DV: return c->Dv;
+    default: return 1;
+    }
+}
+
+int rx_pt_config_validate(const rx_pt_config *c) {
+    if (!c) return RX_EINVAL;
+    if (c->n_embd < 1 || c->n_head < 1 || c->head_size < 1 || c->n_rwkv_layer < 1 ||
+        c->n_attn_layer < 0 || c->n_attn_layer > c->n_rwkv_layer || c->vocab_size < 1 ||
+        c->Dw < 1 || c->Da < 1 || c->Dg < 1 || c->Dv < 1 || c->ffn_dim < 1 ||
+        c->chunk_size < 1)
+        return RX_EINVAL;
+    if ((int64_t)c->n_head * c->head_size != c->n_embd) return RX_EINVAL;
+    /* rx_ptmodel_param reports element counts as int: the largest of the
+     * [C, x] tensors must fit */
+    const int64_t C = c->n_embd;
+    for (int d = D_C; d <= D_DV; d++)
+        if (C * dim_of(c, d) > INT32_MAX) return RX_EINVAL;
+    return RX_OK;
+}
+
+/* layers[L] for L in model order: an attention block after every
+ * interval-th RWKV block until n_attn are placed (SPEC §7) */
+static void layer_order(const rx_pt_config *c, char *layers, int *block_idx) {
+    int interval = c->n_attn_layer ? c->n_rwkv_layer / c->n_attn_layer : 0;
+    int L = 0, placed = 0;
+    for (int r = 0; r < c->n_rwkv_layer; r++) {
+        layers[L] = 'R';
+        block_idx[L++] = r;
+        if (placed < c->n_attn_layer && (r + 1) % interval == 0) {
+            layers[L] = 'A';
+            block_idx[L++] = placed++;
+        }
+    }
+    layers[L] = '\0';
+}
+
+/* ---- parameter layout (SPEC §8) ---------------------------------------- */
+
+typedef struct {
+    const char *name;
+    size_t p_off, g_off;   /* offsets of the pointer in the params / grads struct */
+    int d0, d1, init;
+} field_spec;
+
+#define TM(f, d0, d1, init) \
+    { #f, offsetof(rx_tm_params, f), offsetof(rx_tm_grads, f), d0, d1, init }
+/* the value-residual fields, present only when layer_id > 0 */
+#define IS_VRES(s) ((s)->p_off >= offsetof(rx_tm_params, v0) && \
+                    (s)->p_off <= offsetof(rx_tm_params, v2))
+/* rx_tm_params pointer fields in declaration order */
+static const field_spec tm_fields[] = {
+    TM(x_r, D_C, D_NONE, INIT_VEC), TM(x_k, D_C, D_NONE, INIT_VEC),
+    TM(x_v, D_C, D_NONE, INIT_VEC), TM(x_w, D_C, D_NONE, INIT_VEC),
+    TM(x_a, D_C, D_NONE, INIT_VEC), TM(x_g, D_C, D_NONE, INIT_VEC),
+    TM(receptance_w, D_C, D_C, INIT_MAT), TM(key_w, D_C, D_C, INIT_MAT),
+    TM(value_w, D_C, D_C, INIT_MAT), TM(output_w, D_C, D_C, INIT_MAT),
+    TM(w0, D_C, D_NONE, INIT_VEC), TM(w1, D_C, D_DW, INIT_MAT), TM(w2, D_DW, D_C, INIT_MAT),
+    TM(a0, D_C, D_NONE, INIT_VEC), TM(a1, D_C, D_DA, INIT_MAT), TM(a2, D_DA, D_C, INIT_MAT),
+    TM(g1, D_C, D_DG, INIT_MAT), TM(g2, D_DG, D_C, INIT_MAT),
+    TM(v0, D_C, D_NONE, INIT_VEC), TM(v1, D_C, D_DV, INIT_MAT), TM(v2, D_DV, D_C, INIT_MAT),
+    TM(k_k, D_C, D_NONE, INIT_VEC), TM(k_a, D_C, D_NONE, INIT_VEC),
+    TM(r_k, D_C, D_NONE, INIT_VEC),
+    TM(ln_x_w, D_C, D_NONE, INIT_GAMMA), TM(ln_x_b, D_C, D_NONE, INIT_BETA),
+};
+#undef TM
+#define N_TM_FIELDS (int)(sizeof tm_fields / sizeof tm_fields[0])
+#define RWKV_TENSORS (N_TM_FIELDS + 7)   /* + ln1 (2), ln2 (2), channel-mix (3) */
+#define ATTN_TENSORS 11
+
+/* The tensor table under construction, with the places each tensor's data
+ * and grad pointers go once the arenas exist. */
+typedef struct {
+    rx_ptmodel *m;
+    const float ***pp;   /* [n_tensors] where each data pointer is stored */
+    float ***gp;         /* [n_tensors] where each grad pointer is stored */
+} layout;
+
+/* Appends one tensor of shape [d0] or [d0, d1] at the end of the arenas. */
+static void add(layout *ly, const char *prefix, const char *field, int d0, int d1, int init,
+                const float **pp, float **gp) {
+    rx_ptmodel *m = ly->m;
+    rx_tensor *t = &m->tensors[m->n_tensors];
+    snprintf(t->name, sizeof t->name, "%s%s", prefix, field);
+    t->ndim = d1 == D_NONE ? 1 : 2;
+    t->shape[0] = (int)dim_of(&m->cfg, d0);
+    t->shape[1] = t->ndim == 2 ? (int)dim_of(&m->cfg, d1) : 1;
+    t->n = (size_t)t->shape[0] * (size_t)t->shape[1];
+    t->off = m->n_elems;
+    t->init = init;
+    ly->pp[m->n_tensors] = pp;
+    ly->gp[m->n_tensors] = gp;
+    m->n_elems += t->n;
+    m->n_tensors++;
+}
+
+static void add_cm(layout *ly, const char *pre, rx_cm_params *p, rx_cm_grads *g) {
+    add(ly, pre, "cm.ffn_x_k", D_C, D_NONE, INIT_VEC, &p->ffn_x_k, &g->ffn_x_k);
+    add(ly, pre, "cm.ffn_key_w", D_C, D_F, INIT_MAT, &p->ffn_key_w, &g->ffn_key_w);
+    add(ly, pre, "cm.ffn_value_w", D_F, D_C, INIT_MAT, &p->ffn_value_w, &g->ffn_value_w);
+}
+
+static void add_rwkv(layout *ly, const char *pre, rx_block_params *p, rx_block_grads *g) {
+    add(ly, pre, "ln1_w", D_C, D_NONE, INIT_GAMMA, &p->ln1_w, &g->ln1_w);
+    add(ly, pre, "ln1_b", D_C, D_NONE, INIT_BETA, &p->ln1_b, &g->ln1_b);
+    char tm_pre[RX_PREFIX_MAX + 4];
+    snprintf(tm_pre, sizeof tm_pre, "%stm.", pre);
+    for (int f = 0; f < N_TM_FIELDS; f++) {
+        const field_spec *s = &tm_fields[f];
+        if (p->tm.layer_id == 0 && IS_VRES(s)) continue;
+        add(ly, tm_pre, s->name, s->d0, s->d1, s->init,
+            (const float **)((char *)&p->tm + s->p_off), (float **)((char *)&g->tm + s->g_off));
+    }
+    add(ly, pre, "ln2_w", D_C, D_NONE, INIT_GAMMA, &p->ln2_w, &g->ln2_w);
+    add(ly, pre, "ln2_b", D_C, D_NONE, INIT_BETA, &p->ln2_b, &g->ln2_b);
+    add_cm(ly, pre, &p->cm, &g->cm);
+}
+
+static void add_attn(layout *ly, const char *pre, rx_attn_params *p, rx_attn_grads *g) {
+    add(ly, pre, "ln1_w", D_C, D_NONE, INIT_GAMMA, &p->ln1_w, &g->ln1_w);
+    add(ly, pre, "ln1_b", D_C, D_NONE, INIT_BETA, &p->ln1_b, &g->ln1_b);
+    add(ly, pre, "receptance_w", D_C, D_C, INIT_MAT, &p->receptance_w, &g->receptance_w);
+    add(ly, pre, "key_w", D_C, D_C, INIT_MAT, &p->key_w, &g->key_w);
+    add(ly, pre, "value_w", D_C, D_C, INIT_MAT, &p->value_w, &g->value_w);
+    add(ly, pre, "output_w", D_C, D_C, INIT_MAT, &p->output_w, &g->output_w);
+    add(ly, pre, "ln2_w", D_C, D_NONE, INIT_GAMMA, &p->ln2_w, &g->ln2_w);
+    add(ly, pre, "ln2_b", D_C, D_NONE, INIT_BETA, &p->ln2_b, &g->ln2_b);
+    add_cm(ly, pre, &p->cm, &g->cm);
+}
+
+/* The sizes every block kernel reads from its params struct. */
+static void set_block_sizes(const rx_pt_config *c, rx_ptmodel *m) {
+    for (int i = 0; i < c->n_rwkv_layer; i++) {
+        rx_tm_params *tm = &m->rwkv[i].tm;
+        tm->c = c->n_embd;
+        tm->n_head = c->n_head;
+        tm->head_size = c->head_size;
+        tm->Dw = c->Dw;
+        tm->Da = c->Da;
+        tm->Dg = c->Dg;
+        tm->Dv = c->Dv;
+        tm->layer_id = i;
+        m->rwkv[i].cm.c = c->n_embd;
+        m->rwkv[i].cm.ffn_dim = c->ffn_dim;
+    }
+    for (int i = 0; i < c->n_attn_layer; i++) {
+        rx_attn_params *a = &m->attn[i];
+        a->c = c->n_embd;
+        a->n_head = c->n_head;
+        a->head_size = c->head_size;
+        a->chunk_size = c->chunk_size;
+        a->moba_top_k = c->moba_top_k;
+        a->cm.c = c->n_embd;
+        a->cm.ffn_dim = c->ffn_dim;
+    }
+}
+
+/* ---- init (SPEC §8) ---------------------------------------------------- */
+
+static uint64_t splitmix64(uint64_t *state) {
+    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* One element of the scheme, in double, rounded once to float. The volatile
+ * product keeps a compiler from fusing 1 + 0.2*d into an FMA, whose single
+ * rounding would differ from the reference in the last bit. */
+static float init_value(int init, uint64_t x) {
+    double d = (double)(x >> 40) * (1.0 / 16777216.0) - 0.5;
+    volatile double p;
+    switch (init) {
+    case INIT_MAT: return (float)(d * 0.3);
+    case INIT_GAMMA: p = 0.2 * d; return (float)(1.0 + p);
+    case INIT_BETA: return (float)(0.2 * d);
+    default: return (float)(d * 0.5);   /* INIT_EMB and INIT_VEC */
+    }
+}
+
+static void init_params(rx_ptmodel *m, uint64_t seed) {
+    uint64_t state = seed;
+    for (int i = 0; i < m->n_tensors; i++) {
+        const rx_tensor *t = &m->tensors[i];
+        float *p = m->params + t->off;
+        for (size_t e = 0; e < t->n; e++) p[e] = init_value(t->init, splitmix64(&state));
+    }
+}
+
+/* ---- construction ------------------------------------------------------ */
+
+void rx_ptmodel_free(rx_ptmodel *m) {
+    if (!m) return;
+    free(m->layers);
+    free(m->block_idx);
+    free(m->tensors);
+    free(m->params);
+    free(m->grads);
+    free(m->rwkv);
+    free(m->rwkv_g);
+    free(m->attn);
+    free(m->attn_g);
+    free(m);
+}
+
+rx_ptmodel *rx_model_new_random(const rx_pt_config *pc, uint64_t seed) {
+    if (rx_pt_config_validate(pc) != RX_OK) return NULL;
+    rx_ptmodel *m = calloc(1, sizeof *m);
+    if (!m) return NULL;
+    m->cfg = *pc;
+    const int nr = pc->n_rwkv_layer, na = pc->n_attn_layer;
+    const size_t max_tensors = 4 + (size_t)nr * RWKV_TENSORS + (size_t)na * ATTN_TENSORS;
+    m->n_blocks = nr + na;
+    m->layers = malloc((size_t)m->n_blocks + 1);
+    m->block_idx = malloc((size_t)m->n_blocks * sizeof(int));
+    m->tensors = calloc(max_tensors, sizeof(rx_tensor));
+    m->rwkv = calloc((size_t)nr, sizeof(rx_block_params));
+    m->rwkv_g = calloc((size_t)nr, sizeof(rx_block_grads));
+    m->attn = calloc((size_t)(na ? na : 1), sizeof(rx_attn_params));
+    m->attn_g = calloc((size_t)(na ? na : 1), sizeof(rx_attn_grads));
+    layout ly = {m, calloc(max_tensors, sizeof(float **)), calloc(max_tensors, sizeof(float **))};
+    if (!m->layers || !m->block_idx || !m->tensors || !m->rwkv || !m->rwkv_g || !m->attn ||
+        !m->attn_g || !ly.pp || !ly.gp)
+        goto fail;
+    layer_order(pc, m->layers, m->block_idx);
+    set_block_sizes(pc, m);
+
+    add(&ly, "", "emb", D_V, D_C, INIT_EMB, &m->emb, &m->g_emb);
+    for (int L = 0; L < m->n_blocks; L++) {
+        char pre[RX_PREFIX_MAX];
+        snprintf(pre, sizeof pre, "blocks.%d.", L);
+        int i = m->block_idx[L];
+        if (m->layers[L] == 'R') add_rwkv(&ly, pre, &m->rwkv[i], &m->rwkv_g[i]);
+        else add_attn(&ly, pre, &m->attn[i], &m->attn_g[i]);
+    }
+    add(&ly, "", "ln_out_w", D_C, D_NONE, INIT_GAMMA, &m->ln_out_w, &m->g_ln_out_w);
+    add(&ly, "", "ln_out_b", D_C, D_NONE, INIT_BETA, &m->ln_out_b, &m->g_ln_out_b);
+    add(&ly, "", "head", D_C, D_V, INIT_MAT, &m->head, &m->g_head);
+
+    m->params = rx_falloc(m->n_elems);
+    m->grads = rx_fcalloc(m->n_elems);
+    if (!m->params || !m->grads) goto fail;
+    for (int i = 0; i < m->n_tensors; i++) {
+        *ly.pp[i] = m->params + m->tensors[i].off;
+        *ly.gp[i] = m->grads + m->tensors[i].off;
+    }
+    init_params(m, seed);
+    free(ly.pp);
+    free(ly.gp);
+    return m;
+fail:
+    free(ly.pp);
+    free(ly.gp);
+    rx_ptmodel_free(m);
+    return NULL;
+}
+
+/* ---- introspection ------------------------------------------------------ */
+
+int rx_ptmodel_num_params(const rx_ptmodel *m) { return m ? m->n_tensors : 0; }
+
+int rx_ptmodel_param(rx_ptmodel *m, int i, const char **name, float **data, float **grad,
+                     int *n) {
+    if (!m || i < 0 || i >= m->n_tensors) return RX_EINVAL;
+    const rx_tensor *t = &m->tensors[i];
+    if (name) *name = t->name;
+    if (data) *data = m->params + t->off;
+    if (grad) *grad = m->grads + t->off;
+    if (n) *n = (int)t->n;
+    return RX_OK;
+}
+
+int rx_ptmodel_param_shape(const rx_ptmodel *m, int i, int shape[2]) {
+    if (!m || !shape || i < 0 || i >= m->n_tensors) return RX_EINVAL;
+    const rx_tensor *t = &m->tensors[i];
+    shape[0] = t->shape[0];
+    if (t->ndim == 2) shape[1] = t->shape[1];
+    return t->ndim;
+}
+
+float *rx_ptmodel_param_arena(rx_ptmodel *m, int64_t *n) {
+    if (n) *n = m ? (int64_t)m->n_elems : 0;
+    return m ? m->params : NULL;
+}
+
+float *rx_ptmodel_grad_arena(rx_ptmodel *m, int64_t *n) {
+    if (n) *n = m ? (int64_t)m->n_elems : 0;
+    return m ? m->grads : NULL;
+}
+
+rx_pt_config rx_ptmodel_config(const rx_ptmodel *m) {
+    rx_pt_config none = {0};
+    return m ? m->cfg : none;
+}
+
+const char *rx_ptmodel_layers(const rx_ptmodel *m) { return m ? m->layers : NULL; }
+
+const rx_block_params *rx_ptmodel_rwkv(rx_ptmodel *m, int idx) {
+    return m && idx >= 0 && idx < m->cfg.n_rwkv_layer ? &m->rwkv[idx] : NULL;
+}
+
+const rx_attn_params *rx_ptmodel_attn(rx_ptmodel *m, int idx) {
+    return m && idx >= 0 && idx < m->cfg.n_attn_layer ? &m->attn[idx] : NULL;
+}
+
+void rx_ptmodel_zero_grad(rx_ptmodel *m) {
+    if (m) rx_fzero(m->grads, m->n_elems);
+}
+
+/* ---- activations --------------------------------------------------------- */
+
+/* a*b into *out, 0 on size_t overflow */
+static int mul_ok(size_t a, size_t b, size_t *out) {
+    if (b && a > SIZE_MAX / b) return 0;
+    *out = a * b;
+    return 1;
+}
+
+void rx_pt_acts_free(rx_pt_acts *a) {
+    if (!a) return;
+    free(a->tokens);
+    free(a->block_in);   /* the start of the one float allocation */
+    free(a);
+}
+
+/* One float allocation carved into block_in | v_first | lnout | work |
+ * logits | dlogits: BT*((n_blocks+7)*C + 2*vocab) floats. */
+rx_pt_acts *rx_pt_acts_new_batch(const rx_ptmodel *m, int B, int T) {
+    if (!m || B < 1 || T < 1 || (int64_t)B * T > INT32_MAX) return NULL;
+    const size_t BT = (size_t)B * (size_t)T, C = (size_t)m->cfg.n_embd;
+    const size_t V = (size_t)m->cfg.vocab_size, nb = (size_t)m->n_blocks;
+    size_t rowc, rowv, total;
+    if (!mul_ok(BT, C, &rowc) || !mul_ok(BT, V, &rowv) || !mul_ok(rowc, nb + 7, &total) ||
+        total > SIZE_MAX - 2 * rowv || rowv > SIZE_MAX / 2)
+        return NULL;
+    total += 2 * rowv;
+    rx_pt_acts *a = calloc(1, sizeof *a);
+    if (!a) return NULL;
+    a->tokens = rx_alloc(BT, sizeof(int));
+    float *f = rx_fcalloc(total);   /* zeroed: nothing is ever read uninitialised */
+    if (!a->tokens || !f) {
+        free(a->tokens);
+        free(f);
+        free(a);
+        return NULL;
+    }
+    a->B = B;
+    a->T = T;
+    a->C = (int)C;
+    a->vocab = (int)V;
+    a->n_blocks = (int)nb;
+    a->block_in = f;
+    a->v_first = a->block_in + (nb + 1) * rowc;
+    a->lnout = a->v_first + rowc;
+    a->work = a->lnout + rowc;
+    a->logits = a->work + 4 * rowc;
+    a->dlogits = a->logits + rowv;
+    return a;
+}
+
+rx_pt_acts *rx_pt_acts_new(const rx_ptmodel *m, int T) { return rx_pt_acts_new_batch(m, 1, T); }
+
+/* acts were made for this model's sizes and this B, T */
+static int acts_fit(const rx_ptmodel *m, const rx_pt_acts *a, int B, int T) {
+    return a && a->B == B && a->T == T && a->C == m->cfg.n_embd &&
+           a->vocab == m->cfg.vocab_size && a->n_blocks == m->n_blocks;
+}
+
+/* ---- forward ------------------------------------------------------------- */
+
+/* tokens: [B][T]; fills acts: block_in, v_first, lnout, logits */
+int rx_pretrain_forward_batch(rx_ptmodel *m, const int *tokens, int B, int T, rx_pt_acts *acts) {
+    if (!m || !tokens || B < 1 || T < 1 || !acts_fit(m, acts, B, T)) return RX_EINVAL;
+    const int V = m->cfg.vocab_size, C = m->cfg.n_embd, BT = B * T;
+    for (int i = 0; i < BT; i++)
+        if (tokens[i] < 0 || tokens[i] >= V) return RX_EINVAL;
+    acts->ready = 0;
+    memcpy(acts->tokens, tokens, (size_t)BT * sizeof(int));
+    const size_t rowc = (size_t)BT * (size_t)C;
+    rx_embedding_forward(m->emb, acts->tokens, BT, C, acts->block_in);
+    for (int L = 0; L < m->n_blocks; L++) {
+        const float *x = acts->block_in + (size_t)L * rowc;
+        float *out = acts->block_in + (size_t)(L + 1) * rowc;
+        int i = m->block_idx[L];
+        int rc = m->layers[L] == 'R'
+                     ? rx_block_forward_seq(&m->rwkv[i], x, NULL, NULL, acts->v_first, out, B, T)
+                     : rx_attn_forward_seq(&m->attn[i], x, NULL, out, B, T);
+        if (rc != RX_OK) return rc;
+    }
+    int rc = rx_layernorm_forward_seq(acts->block_in + (size_t)m->n_blocks * rowc, m->ln_out_w,
+                                      m->ln_out_b, acts->lnout, B, T, C);
+    if (rc != RX_OK) return rc;
+    rx_head_forward(acts->lnout, m->head, BT, C, V, acts->logits);
+    acts->ready = 1;
+    return RX_OK;
+}
+
+int rx_pretrain_forward(rx_ptmodel *m, const int *tokens, int T, rx_pt_acts *acts) {
+    return rx_pretrain_forward_batch(m, tokens, 1, T, acts);
+}
+
+/* ---- backward ------------------------------------------------------------ */
+
+/* targets: [B][T]; returns the mean loss over the valid positions of the
+ * batch and writes the grads of that mean into the grad arena */
+double rx_pretrain_backward_batch(rx_ptmodel *m, const rx_pt_acts *acts, const int *targets,
+                                  int B, int T, int ignore_index) {
+    if (!m || !targets || B < 1 || T < 1 || !acts_fit(m, acts, B, T) || !acts->ready)
+        return NAN;
+    const int V = m->cfg.vocab_size, C = m->cfg.n_embd, BT = B * T;
+    for (int i = 0; i < BT; i++) {
+        int t = targets[i];
+        if ((ignore_index < 0 || t != ignore_index) && (t < 0 || t >= V)) return NAN;
+    }
+    const size_t rowc = (size_t)BT * (size_t)C;
+    float *dcur = acts->work, *dnext = acts->work + rowc;
+    float *dvf_sum = acts->work + 2 * rowc, *dvf_one = acts->work + 3 * rowc;
+
+    /* targets are valid here, so a NaN loss means non-finite logits: the
+     * NaN grads still go through, as the grads of this call */
+    double loss = rx_cross_entropy_backward(acts->logits, targets, BT, V, ignore_index,
+                                            acts->dlogits);
+    rx_head_backward(acts->lnout, m->head, acts->dlogits, BT, C, V, dnext, m->g_head);
+    int rc = rx_layernorm_backward(acts->block_in + (size_t)m->n_blocks * rowc, m->ln_out_w,
+                                   m->ln_out_b, dnext, dcur, m->g_ln_out_w, m->g_ln_out_b, B, T,
+                                   C);
+    /* dcur: grad on the residual leaving block L. Every RWKV block after
+     * the first reads v_first; their grads on it are summed into dvf_sum and
+     * handed to RWKV block 0 (always the first block), which produced it. */
+    int have_dvf = 0;
+    for (int L = m->n_blocks - 1; L >= 0 && rc == RX_OK; L--) {
+        const float *x = acts->block_in + (size_t)L * rowc;
+        int i = m->block_idx[L];
+        if (m->layers[L] == 'A') {
+            rc = rx_attn_backward_full(&m->attn[i], x, NULL, dcur, &m->attn_g[i], dnext, NULL,
+                                       B, T);
+        } else if (i > 0) {
+            float *dvf = have_dvf ? dvf_one : dvf_sum;
+            rc = rx_block_backward(&m->rwkv[i], x, NULL, NULL, acts->v_first, dcur,
+                                   &m->rwkv_g[i], dnext, NULL, NULL, dvf, B, T);
+            if (have_dvf)
+                for (size_t e = 0; e < rowc; e++) dvf_sum[e] += dvf_one[e];
+            have_dvf = 1;
+        } else {
+            rc = rx_block_backward(&m->rwkv[0], x, NULL, NULL, acts->v_first, dcur,
+                                   &m->rwkv_g[0], dnext, NULL, NULL, have_dvf ? dvf_sum : NULL,
+                                   B, T);
+        }
+        float *s = dcur;
+        dcur = dnext;
+        dnext = s;
+    }
+    if (rc != RX_OK) return NAN;
+    rx_embedding_backward(acts->tokens, BT, C, V, dcur, m->g_emb);
+    return loss;
+}
+
+double rx_pretrain_backward(rx_ptmodel *m, const rx_pt_acts *acts, const int *targets, int T,
+                            int ignore_index) {
+    return rx_pretrain_backward_batch(m, acts, targets, 1, T, ignore_index);
+}

@@ -1,0 +1,315 @@
+# The whole model (SPEC §7, §8, §10): RxPtModel over csrc/model.c. Included
+# by _core.pyx.
+from cpython.buffer cimport PyBUF_FORMAT, PyBUF_WRITABLE
+from libc.stdint cimport int64_t, uint64_t
+from libc.string cimport memcpy
+
+cdef extern from "rx_pretrain.h" nogil:
+    rx_pt_acts *rx_pt_acts_new_batch(const rx_ptmodel *m, int B, int T)
+    int rx_pretrain_forward_batch(rx_ptmodel *m, const int *tokens, int B, int T,
+                                  rx_pt_acts *acts)
+    double rx_pretrain_backward_batch(rx_ptmodel *m, const rx_pt_acts *acts, const int *targets,
+                                      int B, int T, int ignore_index)
+    int rx_pt_config_validate(const rx_pt_config *pc)
+    int rx_ptmodel_param_shape(const rx_ptmodel *m, int i, int *shape)
+    float *rx_ptmodel_param_arena(rx_ptmodel *m, int64_t *n)
+    float *rx_ptmodel_grad_arena(rx_ptmodel *m, int64_t *n)
+    const char *rx_ptmodel_layers(const rx_ptmodel *m)
+
+
+CONFIG_FIELDS = ("n_embd", "n_head", "head_size", "n_rwkv_layer", "n_attn_layer", "vocab_size",
+                 "Dw", "Da", "Dg", "Dv", "ffn_dim", "chunk_size", "moba_top_k")
+
+
+cdef rx_pt_config _pt_config(object config) except *:
+    """The C config of a config dict, every SPEC §7 rule checked by name."""
+    cdef rx_pt_config c
+    if not isinstance(config, dict):
+        raise TypeError(f"config must be a dict, got {type(config).__name__}")
+    missing = [k for k in CONFIG_FIELDS if k not in config]
+    unknown = [k for k in config if k not in CONFIG_FIELDS]
+    if missing:
+        raise ValueError(f"config is missing {missing}")
+    if unknown:
+        raise ValueError(f"config has unknown keys {unknown}; expected {list(CONFIG_FIELDS)}")
+    for k in CONFIG_FIELDS:
+        v = config[k]
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            raise ValueError(f"config['{k}'] must be an int, got {type(v).__name__}")
+        if not -2147483648 <= v <= 2147483647:
+            raise ValueError(f"config['{k}'] = {v} exceeds the C API's int range")
+        if k == "n_attn_layer":
+            if v < 0:
+                raise ValueError(f"config['n_attn_layer'] must be >= 0, got {v}")
+        elif k != "moba_top_k" and v < 1:
+            raise ValueError(f"config['{k}'] must be >= 1, got {v}")
+    if config["n_attn_layer"] > config["n_rwkv_layer"]:
+        raise ValueError(f"config['n_attn_layer'] ({config['n_attn_layer']}) must not exceed "
+                         f"config['n_rwkv_layer'] ({config['n_rwkv_layer']})")
+    if config["n_head"] * config["head_size"] != config["n_embd"]:
+        raise ValueError(f"config['n_head'] * config['head_size'] ({config['n_head']} * "
+                         f"{config['head_size']}) must equal config['n_embd'] ({config['n_embd']})")
+    c.n_embd, c.n_head, c.head_size = config["n_embd"], config["n_head"], config["head_size"]
+    c.n_rwkv_layer, c.n_attn_layer = config["n_rwkv_layer"], config["n_attn_layer"]
+    c.vocab_size, c.ffn_dim = config["vocab_size"], config["ffn_dim"]
+    c.Dw, c.Da, c.Dg, c.Dv = config["Dw"], config["Da"], config["Dg"], config["Dv"]
+    c.chunk_size, c.moba_top_k = config["chunk_size"], config["moba_top_k"]
+    if rx_pt_config_validate(&c) != RX_OK:
+        raise ValueError("config too large: a parameter tensor would exceed 2**31 - 1 elements")
+    return c
+
+
+cdef class _ModelHandle:
+    """Owns one C model. RxPtModel and every array view hold a reference, so
+    the C memory is freed only when the last of them is gone."""
+    cdef rx_ptmodel *m
+
+    def __dealloc__(self):
+        if self.m != NULL:
+            rx_ptmodel_free(self.m)
+            self.m = NULL
+
+
+cdef class _Arena:
+    """A writable 1-D float32 buffer over one of the model's arenas."""
+    cdef _ModelHandle handle
+    cdef float *ptr
+    cdef Py_ssize_t shape[1]
+    cdef Py_ssize_t strides[1]
+
+    def __getbuffer__(self, Py_buffer *buf, int flags):
+        buf.buf = <void *>self.ptr
+        buf.obj = self
+        buf.len = self.shape[0] * sizeof(float)
+        buf.itemsize = sizeof(float)
+        buf.readonly = 0
+        buf.ndim = 1
+        buf.format = NULL
+        if flags & PyBUF_FORMAT:
+            buf.format = b"f"
+        buf.shape = self.shape
+        buf.strides = self.strides
+        buf.suboffsets = NULL
+        buf.internal = NULL
+
+    def __releasebuffer__(self, Py_buffer *buf):
+        pass
+
+
+cdef object _arena_view(_ModelHandle h, float *ptr, int64_t n):
+    cdef _Arena a = _Arena.__new__(_Arena)
+    a.handle, a.ptr = h, ptr
+    a.shape[0], a.strides[0] = n, sizeof(float)
+    return np.asarray(a)
+
+
+cdef class RxPtModel:
+    """A whole RWKV-X model (SPEC §7) with its parameters and grads in two
+    flat float32 arenas, initialised by the SPEC §8 splitmix64 scheme.
+
+    RxPtModel(config, seed=0)
+        config : dict with exactly the rx_pt_config fields (CONFIG_FIELDS):
+                 n_embd, n_head, head_size, n_rwkv_layer, n_attn_layer,
+                 vocab_size, Dw, Da, Dg, Dv, ffn_dim, chunk_size, moba_top_k
+        seed   : int in [0, 2**64)
+    A missing or unknown key, or a value breaking SPEC §7, is a ValueError
+    naming it.
+
+    params / grads map each SPEC §8 name to a writable zero-copy view of its
+    tensor; param_buffer / grad_buffer view the whole arenas. A view keeps
+    the model's memory alive after the model itself is deleted.
+    """
+    cdef _ModelHandle _h
+    cdef rx_pt_acts *_acts
+    cdef int _B, _T            # the batch shape _acts was made for
+    cdef object _fwd_shape     # tokens shape of the last successful forward
+    cdef bint _busy            # a forward / backward runs (the GIL is released)
+    cdef dict _config, _params, _grads
+    cdef list _names
+    cdef object _pbuf, _gbuf
+    cdef str _layers
+
+    def __cinit__(self):
+        self._acts = NULL
+
+    def __init__(self, config, seed=0):
+        cdef rx_pt_config c = _pt_config(config)
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+            raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+        if not 0 <= seed < 2 ** 64:
+            raise ValueError(f"seed must lie in [0, 2**64), got {seed}")
+        cdef uint64_t s = seed
+        h = _ModelHandle()
+        with nogil:
+            h.m = rx_model_new_random(&c, s)
+        if h.m == NULL:
+            raise MemoryError("RxPtModel: out of memory allocating the parameter arenas")
+        self._h = h
+        self._config = {k: int(config[k]) for k in CONFIG_FIELDS}
+        self._layers = rx_ptmodel_layers(h.m).decode()
+        cdef int64_t n
+        cdef float *base = rx_ptmodel_param_arena(h.m, &n)
+        self._pbuf = _arena_view(h, base, n)
+        self._gbuf = _arena_view(h, rx_ptmodel_grad_arena(h.m, NULL), n)
+        cdef const char *name
+        cdef float *data
+        cdef float *grad
+        cdef int cnt, ndim
+        cdef int shape[2]
+        self._names, self._params, self._grads = [], {}, {}
+        for i in range(rx_ptmodel_num_params(h.m)):
+            rx_ptmodel_param(h.m, i, &name, &data, &grad, &cnt)
+            ndim = rx_ptmodel_param_shape(h.m, i, shape)
+            off = data - base
+            key = name.decode()
+            shp = (shape[0], shape[1])[:ndim]
+            self._names.append(key)
+            self._params[key] = self._pbuf[off:off + cnt].reshape(shp)
+            self._grads[key] = self._gbuf[off:off + cnt].reshape(shp)
+        self._fwd_shape = None
+
+    def __dealloc__(self):
+        if self._acts != NULL:
+            rx_pt_acts_free(self._acts)
+            self._acts = NULL
+
+    @property
+    def config(self):
+        """The config dict (a copy)."""
+        return dict(self._config)
+
+    @property
+    def layers(self):
+        """Block kinds in model order, 'R' (RWKV-7) or 'A' (attention): e.g. 'RRARRAR'."""
+        return self._layers
+
+    @property
+    def param_names(self):
+        """Parameter names in SPEC §8 order."""
+        return list(self._names)
+
+    @property
+    def params(self):
+        """dict name -> writable float32 view into the parameter arena (SPEC §8 shapes)."""
+        return dict(self._params)
+
+    @property
+    def grads(self):
+        """dict name -> writable float32 view into the grad arena, same keys and shapes."""
+        return dict(self._grads)
+
+    @property
+    def param_buffer(self):
+        """1-D float32 view of every parameter, in param_names order, no padding."""
+        return self._pbuf
+
+    @property
+    def grad_buffer(self):
+        """1-D float32 view of every grad, same layout as param_buffer."""
+        return self._gbuf
+
+    @property
+    def n_params(self):
+        """Total number of parameter elements."""
+        return int(self._pbuf.shape[0])
+
+    cdef int _enter(self) except -1:
+        if self._busy:
+            raise RuntimeError("RxPtModel is already running forward/backward in another thread")
+        self._busy = True
+        return 0
+
+    def forward(self, tokens):
+        """Logits of the model on a token sequence or a batch of them.
+
+        tokens : int32 (T,) or (B, T), every entry in [0, vocab_size)
+        Returns float32 (T, vocab_size) or (B, T, vocab_size), a new array.
+        A batch runs its B sequences independently and together.
+        """
+        if not isinstance(tokens, np.ndarray):
+            raise TypeError(f"tokens must be a numpy.ndarray of int32, got {type(tokens).__name__}")
+        if tokens.ndim not in (1, 2):
+            raise ValueError(f"tokens must be (T,) or (B, T), got shape {tokens.shape}")
+        _arr(tokens, "tokens", np.int32, tokens.ndim)
+        if tokens.size > 2147483647:
+            raise ValueError(f"tokens has {tokens.size} entries, more than the C API's int range")
+        cdef int V = self._config["vocab_size"]
+        cdef int B = 1 if tokens.ndim == 1 else tokens.shape[0]
+        cdef int T = tokens.shape[tokens.ndim - 1]
+        cdef const int *ptok
+        cdef int rc
+        _tokens(tokens.reshape(-1), "tokens", B * T, V)
+        self._enter()
+        try:
+            self._fwd_shape = None
+            if self._acts == NULL or self._B != B or self._T != T:
+                if self._acts != NULL:
+                    rx_pt_acts_free(self._acts)
+                self._acts = rx_pt_acts_new_batch(self._h.m, B, T)
+                if self._acts == NULL:
+                    raise MemoryError(f"RxPtModel.forward: out of memory for B={B}, T={T}")
+                self._B, self._T = B, T
+            logits = _empty(*tokens.shape, V)
+            ptok = _iptr(tokens)
+            with nogil:
+                rc = rx_pretrain_forward_batch(self._h.m, ptok, B, T, self._acts)
+            _check_rc(rc, "RxPtModel.forward")
+            memcpy(_wptr(logits), self._acts.logits, <size_t>B * T * V * sizeof(float))
+            self._fwd_shape = tokens.shape
+        finally:
+            self._busy = False
+        return logits
+
+    def backward(self, targets, int ignore_index=-1):
+        """Loss of the last forward against targets, with every grad.
+
+        targets      : int32 with the shape of the last forward's tokens, each
+                       in [0, vocab_size) or equal to ignore_index
+        ignore_index : positions whose target equals it are left out of the
+                       mean (a negative ignore_index keeps every position)
+        Returns the mean cross-entropy over the valid positions (0.0 when none
+        is) as a float and overwrites grads / grad_buffer with its gradient.
+        The blocks recompute from the cached block inputs with the current
+        parameters.
+        """
+        if self._fwd_shape is None:
+            raise ValueError("RxPtModel.backward: no forward() preceded it")
+        if not isinstance(targets, np.ndarray):
+            raise TypeError(f"targets must be a numpy.ndarray of int32, got {type(targets).__name__}")
+        if targets.shape != self._fwd_shape:
+            raise ValueError(f"targets has shape {targets.shape}, expected {self._fwd_shape} "
+                             "(the shape of the last forward's tokens)")
+        _arr(targets, "targets", np.int32, targets.ndim)
+        cdef int B = self._B, T = self._T
+        _targets(targets.reshape(-1), "targets", B * T, self._config["vocab_size"], ignore_index)
+        cdef double loss
+        cdef const int *ptgt = _iptr(targets)
+        self._enter()
+        try:
+            with nogil:
+                loss = rx_pretrain_backward_batch(self._h.m, self._acts, ptgt, B, T,
+                                                  ignore_index)
+        finally:
+            self._busy = False
+        if loss != loss and np.isfinite(self._logits_view()).all():
+            # finite logits give a finite loss: the NaN is a kernel's failure
+            raise MemoryError("RxPtModel.backward: out of memory in a block kernel")
+        return loss
+
+    cdef object _logits_view(self):
+        cdef size_t n = <size_t>self._B * self._T * self._config["vocab_size"]
+        return np.asarray(<float[:n]>self._acts.logits)
+
+    def zero_grad(self):
+        """Set every grad to zero."""
+        self._enter()
+        try:
+            rx_ptmodel_zero_grad(self._h.m)
+        finally:
+            self._busy = False
+
+    def __repr__(self):
+        c = self._config
+        return (f"RxPtModel(layers='{self._layers}', n_params={self.n_params:,}, "
+                f"n_embd={c['n_embd']}, n_head={c['n_head']}x{c['head_size']}, "
+                f"vocab_size={c['vocab_size']}, ffn_dim={c['ffn_dim']})")
