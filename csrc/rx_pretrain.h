@@ -423,6 +423,30 @@ int rx_adamw_step(float *params, const float *grads, float *m, float *v, size_t 
  * fixed summation order at a given thread count. NaN on NULL or n < 1. */
 double rx_grad_norm(const float *g, size_t n);
 
+/* ---- infer.c: recurrent inference for generation ---------------------
+ * One sequence advanced a few tokens at a time from a carried state: the
+ * prompt in one call, then one token per call. RWKV-7 blocks carry their
+ * WKV state and both token-shift carries; attention blocks keep every
+ * earlier key and value (up to max_len positions) and select chunks
+ * exactly as the training forward does. The logits equal those of a
+ * full-sequence rx_pretrain_forward over the same tokens to float32
+ * rounding. The state reads the model's parameters live: free it before
+ * the model. */
+typedef struct rx_infer_state rx_infer_state;
+/* A fresh state at position 0; max_len bounds the attention cache. NULL on
+ * a NULL model, max_len < 1 or allocation failure. */
+rx_infer_state *rx_infer_new(rx_ptmodel *m, int max_len);
+void rx_infer_free(rx_infer_state *s);
+/* Back to position 0 (zero states, empty cache). */
+void rx_infer_reset(rx_infer_state *s);
+/* Tokens consumed so far; -1 for NULL. */
+int rx_infer_pos(const rx_infer_state *s);
+/* tokens: [T], each in [0, vocab), continuing the sequence; logits:
+ * [T][vocab] for those positions. RX_EINVAL on bad arguments or when an
+ * attention cache would pass max_len (the state is then unchanged);
+ * after RX_ENOMEM the state is undefined until rx_infer_reset. */
+int rx_infer_forward(rx_infer_state *s, const int *tokens, int T, float *logits);
+
 #ifdef __cplusplus
 }
 #endif

@@ -6,11 +6,6 @@ import os
 import numpy as np
 import pytest
 
-import rwkvx_c as _rx
-
-if not hasattr(_rx, "RxPtModel"):  # until the whole model is merged
-    pytest.skip("rwkvx_c.RxPtModel not built yet", allow_module_level=True)
-
 import rwkvx_c as rx
 from rwkvx_c.checkpoint import read_checkpoint
 from rwkvx_c.init import init_model
