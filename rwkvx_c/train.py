@@ -316,7 +316,7 @@ class Trainer:
         tensors["optim.m"] = self.optim.m
         tensors["optim.v"] = self.optim.v
         save_checkpoint(path, tensors, self.model.config, self.state())
-        self._save_seconds = time.perf_counter() - t
+        self._save_seconds = max(self._save_seconds or 0.0, time.perf_counter() - t)
         return path
 
     # --------------------------------------------------------------- training
@@ -334,7 +334,7 @@ class Trainer:
             tps = self.tokens_seen / max(self.train_seconds(), 1e-9) if self.tokens_seen else 0
             ev = 3.0 if not tps else self.val_x.size / (3.0 * tps)
         sv = self._save_seconds if self._save_seconds is not None else 0.5
-        return 1.15 * (ev + sv) + 0.5
+        return 1.25 * (ev + sv) + 1.0
 
     def progress(self):
         """Fraction of the run done, in [0, 1]: by steps when steps are set,
@@ -407,7 +407,8 @@ class Trainer:
             n += y.size
         val = total / n
         bpb = val / math.log(2) if self.corpus.is_bytes else None
-        self._eval_seconds = time.perf_counter() - t
+        # the slowest evaluation so far: on a shared machine the next can be as slow
+        self._eval_seconds = max(self._eval_seconds or 0.0, time.perf_counter() - t)
         self.last_eval = {"step": self.step_count, "val_loss": val, "val_bpb": bpb}
         return {"val_loss": val, "val_bpb": bpb}
 
