@@ -440,6 +440,62 @@ static void attn_core_forward(const attn_dims *d, const float *q, const float *k
     rx_prof_pop();
 }
 
+/* Decoding (infer.c): queries q [T][C] at positions pos..pos+T-1 of one
+ * sequence against its keys and values k, v [pos+T][C], every earlier
+ * position included; y [T][C]. Chunk means, gates and selection are the
+ * forward's own code, so each query attends exactly the keys it attends
+ * in training; its softmax runs over them with the same online tiles, one
+ * query at a time. Serial: T is one token, or one prompt. */
+int rx_attn_decode(const rx_attn_params *P, const float *q, const float *k, const float *v,
+                   int pos, int T, float *y) {
+    attn_dims d;
+    if (!q || !k || !v || !y || pos < 0 || T < 1 || (int64_t)pos + T > INT32_MAX ||
+        !attn_dims_init(P, 1, pos + T, &d))
+        return RX_EINVAL;
+    d.nt = 1;
+    const size_t H = d.H, N = d.N, C = d.C, L = d.T, nck = d.nck, kk = d.kk, p0 = (size_t)pos;
+    attn_work w;
+    memset(&w, 0, sizeof w);
+    w.kmean = (double *)rx_alloc(kk ? H * nck * N : 0, sizeof(double));
+    w.gates = (double *)rx_alloc(nck, sizeof(double));
+    w.sel = (int *)rx_alloc(kk, sizeof(int));
+    w.idx = (size_t *)rx_alloc(2 * ATTN_TILE, sizeof(size_t));
+    w.l = (double *)rx_alloc(ATTN_TILE, sizeof(double));
+    w.tile = rx_falloc(ATTN_TILE_FLOATS(N));
+    if (!w.kmean || !w.gates || !w.sel || !w.idx || !w.l || !w.tile) {
+        attn_work_free(&w);
+        return RX_ENOMEM;
+    }
+    attn_tile tl = attn_tile_of(&d, &w);
+    for (size_t i = 0; kk && i < H * nck; i++)
+        attn_chunk_mean(&d, k + i / nck * N, i % nck, w.kmean + i * N);
+    for (size_t t = p0; t < L; t++)
+        for (size_t h = 0; h < H; h++) {
+            const float *qt = q + (t - p0) * C + h * N;
+            float *yt = y + (t - p0) * C + h * N;
+            const attn_head hd = {.k = k + h * N, .v = v + h * N};
+            const int chooses = attn_chooses(&d, t);
+            if (chooses) attn_select_query(qt, w.kmean + h * nck * N, t / d.cs, N, kk, w.gates, w.sel);
+            tl.idx[0] = t;
+            tl.m[0] = -INFINITY;
+            tl.l[0] = 0.0;
+            memset(yt, 0, N * sizeof(float));
+            for (size_t j = 0; j <= t / d.cs; j++) {
+                if (chooses && j < t / d.cs && attn_rank(w.sel, kk, j) == kk) continue;
+                for (size_t klo = j * d.cs, n; klo <= t && klo < (j + 1) * d.cs; klo += n) {
+                    n = attn_kend(&d, j, klo, t) - klo;
+                    rx_sgemm(0, 1, 1, n, N, qt, N, hd.k + klo * C, C, 0.0f, tl.s, ATTN_TILE);
+                    attn_online(&d, j, klo, n, 1, &tl);
+                    attn_accumulate(&d, &hd, klo, n, 1, &tl, yt, C);
+                }
+            }
+            const float inv = (float)(1.0 / tl.l[0]);
+            for (size_t n = 0; n < N; n++) yt[n] *= inv;
+        }
+    attn_work_free(&w);
+    return RX_OK;
+}
+
 /* Rows r < M of a tile (query idx[r]) against keys [klo, klo+n) of chunk j,
  * selection fixed: from q . k^T in tl->s and dy . v^T in tl->ds, leaves the
  * weights p in tl->s and the score grads p (dp - D) / sqrt(N) in tl->ds,

@@ -127,14 +127,15 @@ static const field_spec tm_fields[] = {
 #define RWKV_TENSORS (N_TM_FIELDS + 7)   /* + ln1 (2), ln2 (2), channel-mix (3) */
 #define ATTN_TENSORS 11
 
-/* Appends one tensor to the table and remembers where its data and grad
- * pointers go once the arenas exist. */
+/* The tensor table under construction, with the places each tensor's data
+ * and grad pointers go once the arenas exist. */
 typedef struct {
     rx_ptmodel *m;
     const float ***pp;   /* [n_tensors] where each data pointer is stored */
     float ***gp;         /* [n_tensors] where each grad pointer is stored */
 } layout;
 
+/* Appends one tensor of shape [d0] or [d0, d1] at the end of the arenas. */
 static void add(layout *ly, const char *prefix, const char *field, int d0, int d1, int init,
                 const float **pp, float **gp) {
     rx_ptmodel *m = ly->m;

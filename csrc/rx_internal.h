@@ -175,6 +175,12 @@ void rx_tm_acts_free(rx_tm_acts *A);
 int rx_tm_forward_acts(const rx_tm_params *P, const float *x, const float *x_prev_init,
                        const float *v_first_in, float *v_first_out, rx_tm_acts *A,
                        float *out);
+/* rx_tm_forward_acts continuing from the WKV state [B][H][N][N] in state,
+ * which it advances in place (NULL: zero initial state, nothing kept); the
+ * recurrent-inference form (infer.c). */
+int rx_tm_forward_state(const rx_tm_params *P, const float *x, const float *x_prev_init,
+                        const float *v_first_in, float *v_first_out, float *state,
+                        rx_tm_acts *A, float *out);
 /* A filled by rx_tm_forward_acts on the same inputs; arguments as in
  * rx_timemix_backward. */
 int rx_tm_backward_acts(const rx_tm_params *P, const rx_tm_acts *A, const float *x,
@@ -209,6 +215,13 @@ int rx_block_backward_acts(const rx_block_params *P, const rx_block_acts *S, con
                            const float *v_first, const float *dy, rx_block_grads *G,
                            float *dx, float *d_tm_xprev_init, float *d_cm_xprev_init,
                            float *d_v_first, float *work);
+
+/* ---- attn.c ------------------------------------------------------------
+ * Decoding: queries q [T][C] at positions pos..pos+T-1 of one sequence
+ * against its keys and values k, v [pos+T][C]; y [T][C]. The forward's
+ * selection and softmax kernels, one query at a time (infer.c). */
+int rx_attn_decode(const rx_attn_params *P, const float *q, const float *k, const float *v,
+                   int pos, int T, float *y);
 
 #define RX_LN_EPS 1e-5f
 #define RX_GN_EPS 64e-5f

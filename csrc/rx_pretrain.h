@@ -28,6 +28,7 @@
 #ifndef RWKVX_PRETRAIN_H
 #define RWKVX_PRETRAIN_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -46,7 +47,8 @@ extern "C" {
  * ==================================================================== */
 
 /* r,w,k,v,a,b: [B][T][H][N]. s_init, s_final: [B][H][N][N] (NULL: zero / not
- * wanted). y_out: [B][T][H][N] or NULL. */
+ * wanted); s_final may be s_init itself (the state advanced in place).
+ * y_out: [B][T][H][N] or NULL. */
 int rx_wkv7_forward_seq(
     const float *r, const float *w, const float *k, const float *v,
     const float *a, const float *b, const float *s_init,
@@ -410,6 +412,52 @@ const char *rx_sgemm_kernel(void);
 void rx_profile_enable(int on);
 int rx_profile_read(double *seconds, int n);
 const char *rx_profile_name(int i);
+
+/* ---- optim.c: AdamW over flat arenas ---------------------------------
+ * params, grads, m, v: [n] (the model's parameter and grad arenas and two
+ * optimiser-state buffers of the same size, m and v zero before step 1).
+ * One decoupled-AdamW step in place, as torch.optim.AdamW:
+ *     g = grad_scale*grad;  m = b1*m + (1-b1)*g;  v = b2*v + (1-b2)*g^2
+ *     p = p*(1 - lr*wd [inside decay ranges only])
+ *         - lr*(m/(1-b1^step)) / (sqrt(v/(1-b2^step)) + eps)
+ * decay_ranges: [n_ranges][2] half-open element ranges [begin, end) that get
+ * weight decay, sorted and non-overlapping (n_ranges 0: no decay anywhere).
+ * grad_scale carries gradient clipping (min(1, max_norm/norm)) without
+ * touching the grads. step >= 1 is the 1-based step count. Elements are
+ * independent, so the result is the same at every thread count.
+ * RX_EINVAL on NULL, n < 1, step < 1, betas outside [0,1), negative lr, eps
+ * or weight_decay, a non-finite grad_scale, or bad ranges. */
+int rx_adamw_step(float *params, const float *grads, float *m, float *v, size_t n,
+                  const int64_t *decay_ranges, int n_ranges,
+                  float lr, float beta1, float beta2, float eps, float weight_decay,
+                  float grad_scale, int64_t step);
+/* g: [n]. The global L2 norm sqrt(sum g^2), accumulated in double with a
+ * fixed summation order at a given thread count. NaN on NULL or n < 1. */
+double rx_grad_norm(const float *g, size_t n);
+
+/* ---- infer.c: recurrent inference for generation ---------------------
+ * One sequence advanced a few tokens at a time from a carried state: the
+ * prompt in one call, then one token per call. RWKV-7 blocks carry their
+ * WKV state and both token-shift carries; attention blocks keep every
+ * earlier key and value (up to max_len positions) and select chunks
+ * exactly as the training forward does. The logits equal those of a
+ * full-sequence rx_pretrain_forward over the same tokens to float32
+ * rounding. The state reads the model's parameters live: free it before
+ * the model. */
+typedef struct rx_infer_state rx_infer_state;
+/* A fresh state at position 0; max_len bounds the attention cache. NULL on
+ * a NULL model, max_len < 1 or allocation failure. */
+rx_infer_state *rx_infer_new(rx_ptmodel *m, int max_len);
+void rx_infer_free(rx_infer_state *s);
+/* Back to position 0 (zero states, empty cache). */
+void rx_infer_reset(rx_infer_state *s);
+/* Tokens consumed so far; -1 for NULL. */
+int rx_infer_pos(const rx_infer_state *s);
+/* tokens: [T], each in [0, vocab), continuing the sequence; logits:
+ * [T][vocab] for those positions. RX_EINVAL on bad arguments or when an
+ * attention cache would pass max_len (the state is then unchanged);
+ * after RX_ENOMEM the state is undefined until rx_infer_reset. */
+int rx_infer_forward(rx_infer_state *s, const int *tokens, int T, float *logits);
 
 #ifdef __cplusplus
 }

@@ -175,9 +175,9 @@ RX_HOT static void bonus_row(const rx_tm_params *P, const rx_tm_acts *A, size_t 
     }
 }
 
-int rx_tm_forward_acts(const rx_tm_params *P, const float *x, const float *x_prev_init,
-                       const float *v_first_in, float *v_first_out, rx_tm_acts *A,
-                       float *out) {
+int rx_tm_forward_state(const rx_tm_params *P, const float *x, const float *x_prev_init,
+                        const float *v_first_in, float *v_first_out, float *state,
+                        rx_tm_acts *A, float *out) {
     const size_t B = A->B, T = A->T, BT = B * T, C = (size_t)P->c;
     const size_t H = (size_t)P->n_head, N = (size_t)P->head_size;
     const float *mix[6] = {P->x_r, P->x_w, P->x_k, P->x_v, P->x_a, P->x_g};
@@ -196,14 +196,20 @@ int rx_tm_forward_acts(const rx_tm_params *P, const float *x, const float *x_pre
     for (size_t bt = 0; bt < BT; bt++)
         gates_row(P, A, bt * C, v_first_in ? v_first_in + bt * C : NULL,
                   v_first_out ? v_first_out + bt * C : NULL);
-    int rc = rx_wkv7_forward_seq(A->r, A->w, A->kmod, A->vmod, A->aw, A->bw, NULL, A->y, NULL,
-                                 (int)B, (int)T, (int)H, (int)N);
+    int rc = rx_wkv7_forward_seq(A->r, A->w, A->kmod, A->vmod, A->aw, A->bw, state, A->y,
+                                 state, (int)B, (int)T, (int)H, (int)N);
     if (rc != RX_OK) return rc;
     rx_rownorm_forward(A->y, P->ln_x_w, P->ln_x_b, A->z, NULL, NULL, BT * H, N, H, RX_GN_EPS);
 #pragma omp parallel for schedule(static) if (!rx_in_parallel() && BT * C >= 65536)
     for (size_t bt = 0; bt < BT; bt++) bonus_row(P, A, bt);
     if (out) rx_sgemm(0, 0, BT, C, C, A->zg, C, P->output_w, C, 0.0f, out, C);
     return RX_OK;
+}
+
+int rx_tm_forward_acts(const rx_tm_params *P, const float *x, const float *x_prev_init,
+                       const float *v_first_in, float *v_first_out, rx_tm_acts *A,
+                       float *out) {
+    return rx_tm_forward_state(P, x, x_prev_init, v_first_in, v_first_out, NULL, A, out);
 }
 
 /* Backward scratch, [BT][C] each unless noted. After the fused passes the

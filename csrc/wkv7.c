@@ -292,8 +292,8 @@ int rx_wkv7_forward_seq(const float *r, const float *w, const float *k, const fl
         size_t bi = bh / H, h = bh % H;
         float *own = scratch + (size_t)rx_thread_id() * per, *sa = own + NN;
         float *S = s_final ? s_final + bh * NN : own;
-        if (s_init) memcpy(S, s_init + bh * NN, NN * sizeof(float));
-        else memset(S, 0, NN * sizeof(float));
+        if (!s_init) memset(S, 0, NN * sizeof(float));
+        else if (S != s_init + bh * NN) memcpy(S, s_init + bh * NN, NN * sizeof(float));
         const float *in[7] = {r, w, k, v, a, b, y_out};
         for (size_t t = 0; t < (size_t)T; t++) {
             size_t o = (bi * (size_t)T + t) * C + h * N;

@@ -44,6 +44,7 @@ def test_c_header_and_library_are_installed():
 def test_readme_example_runs():
     import re
     readme = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
+    # Blocks fenced `python` must run as they stand (`py` ones are sketches).
     blocks = re.findall(r"```python\n(.*?)```", open(readme).read(), re.S)
     assert blocks, "README.md has no python example"
     for code in blocks:

@@ -1,0 +1,113 @@
+/* SPDX-License-Identifier: AGPL-3.0-or-later AND Apache-2.0
+ *
+ * optim.c -- AdamW over the flat parameter arena, and the global grad norm
+ * that gradient clipping needs.
+ *
+ * The update is decoupled AdamW (Loshchilov & Hutter), as torch.optim.AdamW:
+ *     p  <- p - lr*wd*p                     (only inside the decay ranges)
+ *     m  <- b1*m + (1-b1)*g                 g = grad_scale * grad
+ *     v  <- b2*v + (1-b2)*g^2
+ *     p  <- p - lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps)
+ * Every element is independent, so threads split the arena into contiguous
+ * slices; the result does not depend on the thread count.
+ *
+ * The grad norm sums squares in double, per thread over a fixed slice, and
+ * adds the partial sums in thread order: at a given thread count it is the
+ * same number on every run, which bit-exact resumption relies on.
+ */
+#include "rx_internal.h"
+
+#define RX_OPTIM_MIN_PAR 65536 /* below this many elements threads cost more than they save */
+
+static int optim_threads(size_t n) {
+    if (rx_in_parallel() || n < RX_OPTIM_MIN_PAR) return 1;
+    return rx_max_threads();
+}
+
+/* p, g, m, v: [n]; the AdamW update of elements [0, n), with decay when wd_on */
+RX_HOT static void adamw_span(float *p, const float *g, float *m, float *v, size_t n,
+                              float lr, float b1, float b2, float eps, float decay,
+                              float gscale, float bc1, float rbc2) {
+    /* decay is 1 - lr*wd inside decay ranges and exactly 1 elsewhere */
+#pragma omp simd
+    for (size_t i = 0; i < n; i++) {
+        float gi = g[i] * gscale;
+        float mi = b1 * m[i] + (1.0f - b1) * gi;
+        float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        p[i] = p[i] * decay - lr * (mi / bc1) / (sqrtf(vi * rbc2) + eps);
+    }
+}
+
+/* params, grads, m, v: [n]; decay_ranges: [n_ranges][2] sorted half-open
+ * [begin, end) element ranges, non-overlapping, within [0, n) */
+int rx_adamw_step(float *params, const float *grads, float *m, float *v, size_t n,
+                  const int64_t *decay_ranges, int n_ranges,
+                  float lr, float beta1, float beta2, float eps, float weight_decay,
+                  float grad_scale, int64_t step) {
+    if (!params || !grads || !m || !v || n < 1 || n_ranges < 0 ||
+        (n_ranges > 0 && !decay_ranges) || step < 1 || !(beta1 >= 0.0f && beta1 < 1.0f) ||
+        !(beta2 >= 0.0f && beta2 < 1.0f) || !(eps >= 0.0f) || !(lr >= 0.0f) ||
+        !(weight_decay >= 0.0f) || !isfinite(grad_scale))
+        return RX_EINVAL;
+    int64_t prev = 0;
+    for (int r = 0; r < n_ranges; r++) {
+        int64_t b = decay_ranges[2 * (size_t)r], e = decay_ranges[2 * (size_t)r + 1];
+        if (b < prev || e < b || (uint64_t)e > (uint64_t)n) return RX_EINVAL;
+        prev = e;
+    }
+    /* bias corrections in double: beta^step underflows gracefully there */
+    const float bc1 = (float)(1.0 - pow((double)beta1, (double)step));
+    const float rbc2 = (float)(1.0 / (1.0 - pow((double)beta2, (double)step)));
+    const float decay_on = 1.0f - lr * weight_decay;
+    int nt = optim_threads(n);
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        int id = rx_thread_id();
+        size_t lo = n * (size_t)id / (size_t)nt, hi = n * ((size_t)id + 1) / (size_t)nt;
+        /* walk the alternating no-decay / decay segments, clipped to [lo, hi) */
+        size_t at = lo;
+        for (int r = 0; r <= n_ranges && at < hi; r++) {
+            size_t b = r < n_ranges ? (size_t)decay_ranges[2 * (size_t)r] : hi;
+            size_t e = r < n_ranges ? (size_t)decay_ranges[2 * (size_t)r + 1] : hi;
+            if (b > hi) b = hi;
+            if (e > hi) e = hi;
+            if (b > at) {
+                adamw_span(params + at, grads + at, m + at, v + at, b - at, lr, beta1, beta2,
+                           eps, 1.0f, grad_scale, bc1, rbc2);
+                at = b;
+            }
+            if (e > at) {
+                adamw_span(params + at, grads + at, m + at, v + at, e - at, lr, beta1, beta2,
+                           eps, decay_on, grad_scale, bc1, rbc2);
+                at = e;
+            }
+        }
+    }
+    return RX_OK;
+}
+
+RX_HOT static double sumsq_span(const float *g, size_t n) {
+    double s = 0.0;
+#pragma omp simd reduction(+ : s)
+    for (size_t i = 0; i < n; i++) s += (double)g[i] * (double)g[i];
+    return s;
+}
+
+/* g: [n]. Returns sqrt(sum g^2), NaN on invalid input (or a NaN grad). */
+double rx_grad_norm(const float *g, size_t n) {
+    if (!g || n < 1) return NAN;
+    int nt = optim_threads(n);
+    double part[256];
+    if (nt > 256) nt = 256;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        int id = rx_thread_id();
+        size_t lo = n * (size_t)id / (size_t)nt, hi = n * ((size_t)id + 1) / (size_t)nt;
+        part[id] = sumsq_span(g + lo, hi - lo);
+    }
+    double s = 0.0;
+    for (int t = 0; t < nt; t++) s += part[t];
+    return sqrt(s);
+}

@@ -1,0 +1,75 @@
+# Recurrent inference for generation (csrc/infer.c). Included by _core.pyx
+# after _model.pxi (it reads RxPtModel's C handle).
+
+cdef extern from "rx_pretrain.h" nogil:
+    ctypedef struct rx_infer_state:
+        pass
+    rx_infer_state *rx_infer_new(rx_ptmodel *m, int max_len)
+    void rx_infer_free(rx_infer_state *s)
+    void rx_infer_reset(rx_infer_state *s)
+    int rx_infer_pos(const rx_infer_state *s)
+    int rx_infer_forward(rx_infer_state *s, const int *tokens, int T, float *logits)
+
+
+cdef class InferState:
+    """Recurrent state of one sequence for generation with an RxPtModel.
+
+    InferState(model, max_len)
+        model   : the RxPtModel (kept alive; its current parameters are used)
+        max_len : most positions the sequence may reach (attention KV cache)
+
+    forward(tokens) runs the next tokens (int32 (T,)) from the carried state
+    and returns their logits, float32 (T, vocab_size): the prompt once, then
+    one token per call. RWKV-7 blocks carry their WKV state and token-shift
+    carries; attention blocks keep a key/value cache and apply the same MoBA
+    selection as training. The logits equal model.forward over the whole
+    sequence to float32 rounding.
+    """
+    cdef rx_infer_state *s
+    cdef RxPtModel model
+    cdef int vocab, max_len, n_attn
+
+    def __cinit__(self):
+        self.s = NULL
+
+    def __init__(self, RxPtModel model, max_len):
+        cdef int L = _size(max_len, "max_len")
+        self.model = model
+        self.vocab = model._config["vocab_size"]
+        self.n_attn = model._config["n_attn_layer"]
+        self.max_len = L
+        with nogil:
+            self.s = rx_infer_new(model._h.m, L)
+        if self.s == NULL:
+            raise MemoryError(f"InferState: out of memory for max_len={L}")
+
+    def __dealloc__(self):
+        if self.s != NULL:
+            rx_infer_free(self.s)
+            self.s = NULL
+
+    @property
+    def pos(self):
+        """Tokens consumed so far."""
+        return rx_infer_pos(self.s)
+
+    def reset(self):
+        """Start a new sequence (position 0)."""
+        rx_infer_reset(self.s)
+
+    def forward(self, tokens):
+        """Logits float32 (T, vocab_size) of the next T tokens (int32 (T,))."""
+        _arr(tokens, "tokens", np.int32, 1)
+        cdef int T = tokens.shape[0]
+        _tokens(tokens, "tokens", T, self.vocab)
+        if self.n_attn > 0 and self.pos + T > self.max_len:
+            raise ValueError(f"tokens would take the sequence to {self.pos + T} positions, "
+                             f"past max_len={self.max_len}")
+        logits = _empty(T, self.vocab)
+        cdef const int *pt = _iptr(tokens)
+        cdef float *pl = _wptr(logits)
+        cdef int rc
+        with nogil:
+            rc = rx_infer_forward(self.s, pt, T, pl)
+        _check_rc(rc, "InferState.forward")
+        return logits

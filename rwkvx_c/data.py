@@ -1,0 +1,306 @@
+"""Training data: a byte-level tokenizer, corpora as memory-mapped token
+arrays, and seeded batch sampling whose state can be checkpointed.
+
+Tokenizer: one token per byte (vocab 256); decoding is bytes -> UTF-8 with
+replacement, so any text (or any file) round-trips byte for byte.
+
+Corpora (``load_corpus``):
+  - None (the default): the Python standard library's own ``.py`` files,
+    found through ``sysconfig.get_paths()["stdlib"]`` (site-packages
+    excluded), so every machine with Python has it without a download. Each
+    file goes to validation when the first 8 bytes of SHA-1(relative path)
+    as a big-endian integer are divisible by 50 (about 2% of the files),
+    otherwise to training.
+  - a text file: its bytes; the last ``val_fraction`` of it is validation.
+  - a folder: every non-hidden regular text file below it (files with a NUL
+    byte in their first 8 KiB are taken as binary and skipped), split by file
+    with the same hash rule; when that leaves either side without a full
+    window, the concatenation's tail is validation instead.
+  - a ``.bin`` token file: raw little-endian uint8/uint16/uint32 tokens,
+    memory-mapped (memory stays flat at any size). The dtype comes from a
+    sidecar ``NAME.bin.json`` ({"dtype": "uint16", "vocab_size": 50304})
+    or from the name (``*.u8.bin``, ``*.u16.bin``, ``*.u32.bin``,
+    ``*.uint16.bin``, ...); the vocab size from the sidecar, else 256 for
+    uint8 and max(token)+1 otherwise. The tail ``val_fraction`` is validation.
+Folders and the default corpus are concatenated once into ``train.bin`` /
+``val.bin`` under the cache folder ($RWKVX_CACHE, else
+$XDG_CACHE_HOME/rwkvx_c, else ~/.cache/rwkvx_c), keyed by the file list,
+sizes and modification times, and memory-mapped from there.
+"""
+import hashlib
+import json
+import os
+import shutil
+import sysconfig
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["ByteTokenizer", "Corpus", "DataError", "BatchSampler", "load_corpus",
+           "default_cache_dir", "eval_windows"]
+
+VOCAB_BYTES = 256
+_DTYPES = {"uint8": np.uint8, "u8": np.uint8, "uint16": np.uint16, "u16": np.uint16,
+           "uint32": np.uint32, "u32": np.uint32}
+
+
+class DataError(ValueError):
+    """A corpus that cannot be used (missing, empty, unreadable, too small)."""
+
+
+class ByteTokenizer:
+    """Byte-level tokenizer: token i is byte i; vocab_size 256."""
+
+    vocab_size = VOCAB_BYTES
+
+    def encode(self, text):
+        """str (UTF-8) or bytes -> int32 (n,)."""
+        b = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+        return np.frombuffer(b, dtype=np.uint8).astype(np.int32)
+
+    def decode(self, tokens):
+        """Token ids -> str (invalid UTF-8 becomes U+FFFD)."""
+        return bytes(np.asarray(tokens, dtype=np.uint8).tolist()).decode("utf-8", errors="replace")
+
+
+@dataclass
+class Corpus:
+    """Train and validation tokens (1-D, memory-mapped where possible)."""
+    train: np.ndarray
+    val: np.ndarray
+    vocab_size: int
+    is_bytes: bool        # one token per byte: bits per byte = loss / ln 2
+    description: str
+
+
+def default_cache_dir():
+    d = os.environ.get("RWKVX_CACHE")
+    if d:
+        return d
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "rwkvx_c")
+
+
+def _is_val_file(rel):
+    h = hashlib.sha1(rel.encode("utf-8", "surrogateescape")).digest()
+    return int.from_bytes(h[:8], "big") % 50 == 0
+
+
+def stdlib_files():
+    """Sorted (relative path, absolute path) of the standard library's .py files."""
+    root = sysconfig.get_paths()["stdlib"]
+    out = []
+    for d, dirs, files in os.walk(root):
+        dirs[:] = sorted(x for x in dirs
+                         if x not in ("site-packages", "dist-packages", "__pycache__"))
+        for f in files:
+            if f.endswith(".py"):
+                p = os.path.join(d, f)
+                out.append((os.path.relpath(p, root).replace(os.sep, "/"), p))
+    return root, sorted(out)
+
+
+def _text_files(folder):
+    out = []
+    for d, dirs, files in os.walk(folder):
+        dirs[:] = sorted(x for x in dirs if not x.startswith("."))
+        for f in files:
+            p = os.path.join(d, f)
+            if f.startswith(".") or not os.path.isfile(p):
+                continue
+            try:
+                with open(p, "rb") as fh:
+                    if b"\0" in fh.read(8192):
+                        continue
+            except OSError:
+                continue
+            out.append((os.path.relpath(p, folder).replace(os.sep, "/"), p))
+    return sorted(out)
+
+
+def _atomic_concat(paths, dest):
+    tmp = dest + ".tmp%d" % os.getpid()
+    n = 0
+    with open(tmp, "wb") as out:
+        for p in paths:
+            with open(p, "rb") as f:
+                shutil.copyfileobj(f, out, 1 << 22)
+            n = out.tell()
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, dest)
+    return n
+
+
+def _memmap(path, dtype=np.uint8):
+    if os.path.getsize(path) == 0:  # numpy cannot map an empty file
+        return np.zeros(0, dtype=dtype)
+    return np.memmap(path, dtype=dtype, mode="r")
+
+
+def _cache_dir_for(files, label, cache_dir):
+    """Cache folder keyed by the source label and every file's name, size and mtime."""
+    sig = hashlib.sha1(label.encode("utf-8", "surrogateescape"))
+    for rel, p in files:
+        st = os.stat(p)
+        sig.update(f"{rel}\0{st.st_size}\0{st.st_mtime_ns}\n".encode("utf-8", "surrogateescape"))
+    d = os.path.join(cache_dir or default_cache_dir(), sig.hexdigest()[:20])
+    os.makedirs(d, exist_ok=True)
+    return d
+
+
+def _cached_concat(d, name, paths):
+    """d/name holding the files' bytes back to back (built once, atomically), memory-mapped."""
+    dest = os.path.join(d, name)
+    if not os.path.exists(dest):
+        _atomic_concat(paths, dest)
+    return _memmap(dest)
+
+
+def _split_by_file(files, label, cache_dir, val_fraction, min_len, what):
+    """(train, val) memmaps split by file hash, or by the tail of the
+    concatenation when a side would be shorter than min_len."""
+    d = _cache_dir_for(files, label, cache_dir)
+    train = _cached_concat(d, "train.bin", [p for rel, p in files if not _is_val_file(rel)])
+    val = _cached_concat(d, "val.bin", [p for rel, p in files if _is_val_file(rel)])
+    if len(train) >= min_len and len(val) >= min_len:
+        return train, val
+    whole = _cached_concat(d, "all.bin", [p for _, p in files])
+    if len(whole) == 0:
+        raise DataError(f"{what} holds no data: every file is empty")
+    return _tail_split(whole, val_fraction, min_len, what)
+
+
+def _tail_split(tokens, val_fraction, min_len, what):
+    n = len(tokens)
+    nval = max(int(n * val_fraction), min_len)
+    if n - nval < min_len:
+        raise DataError(f"{what} has {n} tokens: too few for a training and a validation "
+                        f"split of at least {min_len} tokens each (seq_len + 1)")
+    return tokens[: n - nval], tokens[n - nval:]
+
+
+def _bin_dtype(path):
+    side = path + ".json"
+    info = {}
+    if os.path.exists(side):
+        try:
+            with open(side) as f:
+                info = json.load(f)
+        except (OSError, ValueError) as e:
+            raise DataError(f"cannot read token sidecar {side}: {e}") from None
+    name = info.get("dtype")
+    if name is None:
+        parts = os.path.basename(path).lower().split(".")
+        hits = [p for p in parts[:-1] if p in _DTYPES]
+        name = hits[-1] if hits else None
+    if name not in _DTYPES:
+        raise DataError(f"cannot tell the token dtype of {path}: name it *.u8.bin, *.u16.bin "
+                        f"or *.u32.bin, or add {os.path.basename(side)} with "
+                        '{"dtype": "uint16"}')
+    return np.dtype(_DTYPES[name]), info.get("vocab_size")
+
+
+def _load_bin(path, val_fraction, min_len):
+    dtype, vocab = _bin_dtype(path)
+    size = os.path.getsize(path)
+    if size == 0:
+        raise DataError(f"token file {path} is empty")
+    if size % dtype.itemsize:
+        raise DataError(f"token file {path} has {size} bytes, not a multiple of "
+                        f"{dtype.itemsize} ({dtype.name})")
+    tokens = np.memmap(path, dtype=dtype, mode="r")
+    if vocab is None:
+        if dtype == np.uint8:
+            vocab = VOCAB_BYTES
+        else:  # chunked so memory stays flat
+            vocab = 1 + max(int(tokens[i:i + (1 << 24)].max())
+                            for i in range(0, len(tokens), 1 << 24))
+    train, val = _tail_split(tokens, val_fraction, min_len, f"token file {path}")
+    return Corpus(train, val, int(vocab), dtype == np.uint8 and vocab <= VOCAB_BYTES,
+                  f"{path} ({len(tokens):,} {dtype.name} tokens)")
+
+
+def load_corpus(path=None, *, seq_len=256, val_fraction=0.02, cache_dir=None):
+    """The corpus at `path` (None: the standard-library default); see the module doc.
+
+    Raises DataError with a one-line reason for a missing path, an empty
+    corpus, an unreadable token file or a corpus too small for seq_len.
+    """
+    min_len = seq_len + 1
+    if path is None:
+        root, files = stdlib_files()
+        if not files:
+            raise DataError(f"no .py files found in the standard library at {root}")
+        train, val = _split_by_file(files, "stdlib:" + root, cache_dir, val_fraction, min_len,
+                                    f"the standard library at {root}")
+        return Corpus(train, val, VOCAB_BYTES, True,
+                      f"Python standard library .py files ({len(files)} files, "
+                      f"{len(train):,} train / {len(val):,} val bytes)")
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise DataError(f"data path does not exist: {path}")
+    if os.path.isdir(path):
+        files = _text_files(path)
+        if not files:
+            raise DataError(f"no text files found in folder {path}")
+        train, val = _split_by_file(files, "dir:" + os.path.abspath(path), cache_dir,
+                                    val_fraction, min_len, f"folder {path}")
+        return Corpus(train, val, VOCAB_BYTES, True,
+                      f"{path} ({len(files)} files, {len(train):,} train / {len(val):,} val bytes)")
+    if path.endswith(".bin"):
+        return _load_bin(path, val_fraction, min_len)
+    try:
+        if os.path.getsize(path) == 0:
+            raise DataError(f"data file is empty: {path}")
+        tokens = np.memmap(path, dtype=np.uint8, mode="r")
+    except OSError as e:
+        raise DataError(f"cannot read data file {path}: {e.strerror}") from None
+    train, val = _tail_split(tokens, val_fraction, min_len, f"data file {path}")
+    return Corpus(train, val, VOCAB_BYTES, True,
+                  f"{path} ({len(train):,} train / {len(val):,} val bytes)")
+
+
+class BatchSampler:
+    """Random (B, T) training windows from a 1-D token array.
+
+    Each batch draws B start offsets uniformly from [0, len - T - 1] with a
+    numpy PCG64 Generator seeded by `seed`; inputs are tokens[o:o+T], targets
+    tokens[o+1:o+T+1]. state()/set_state() capture the generator and the
+    number of batches drawn, so a restored sampler continues the same stream.
+    """
+
+    def __init__(self, tokens, batch, seq_len, seed):
+        if len(tokens) < seq_len + 1:
+            raise DataError(f"corpus split of {len(tokens)} tokens is shorter than "
+                            f"seq_len + 1 = {seq_len + 1}")
+        self.tokens, self.batch, self.seq_len = tokens, int(batch), int(seq_len)
+        self.rng = np.random.Generator(np.random.PCG64(seed))
+        self.batches = 0
+
+    def next(self):
+        """(inputs, targets), both int32 (B, T)."""
+        T = self.seq_len
+        offs = self.rng.integers(0, len(self.tokens) - T, size=self.batch)
+        win = np.stack([np.asarray(self.tokens[o:o + T + 1]) for o in offs]).astype(np.int32)
+        self.batches += 1
+        return np.ascontiguousarray(win[:, :T]), np.ascontiguousarray(win[:, 1:])
+
+    def state(self):
+        """JSON-serialisable sampler state."""
+        return {"bit_generator": self.rng.bit_generator.state, "batches": self.batches}
+
+    def set_state(self, st):
+        self.rng.bit_generator.state = st["bit_generator"]
+        self.batches = int(st["batches"])
+
+
+def eval_windows(tokens, seq_len, n_windows):
+    """Fixed validation windows: up to n_windows (T+1)-token windows at evenly
+    spaced offsets covering the split (the same every call)."""
+    T = seq_len
+    span = len(tokens) - T - 1
+    n = max(1, min(int(n_windows), span // T + 1 if span > 0 else 1))
+    offs = np.linspace(0, max(span, 0), n).astype(np.int64)
+    win = np.stack([np.asarray(tokens[o:o + T + 1]) for o in offs]).astype(np.int32)
+    return np.ascontiguousarray(win[:, :T]), np.ascontiguousarray(win[:, 1:])

@@ -1,0 +1,97 @@
+"""AdamW over a model's flat parameter arena, and the learning-rate schedule.
+
+The update itself runs in C (``rwkvx_c.adamw_step``, csrc/optim.c) in place
+on ``model.param_buffer``; the first and second moments live in two flat
+float32 buffers of the same length. Weight decay applies to matrices only
+(every 2-D parameter tensor); vectors -- lerps, biases, norm gains, decay and
+gate offsets -- are never decayed.
+"""
+import math
+
+import numpy as np
+
+from rwkvx_c._core import adamw_step, grad_norm
+
+__all__ = ["AdamW", "decay_ranges", "lr_at"]
+
+
+def _offset(view, base):
+    """Element offset of a float32 view inside the flat arena `base`."""
+    return (view.__array_interface__["data"][0] - base.__array_interface__["data"][0]) // 4
+
+
+def decay_ranges(model, predicate=None):
+    """(R, 2) int64 [begin, end) element ranges of the arena that get weight decay.
+
+    predicate(name, array) -> bool picks the tensors; the default is every 2-D
+    tensor (projection matrices, LoRA factors, emb and head). Adjacent ranges
+    are merged, so the C loop walks few segments.
+    """
+    if predicate is None:
+        predicate = lambda name, a: a.ndim == 2  # noqa: E731
+    base = model.param_buffer
+    spans = []
+    for name in model.param_names:
+        a = model.params[name]
+        if predicate(name, a):
+            b = _offset(a, base)
+            spans.append((b, b + a.size))
+    spans.sort()
+    merged = []
+    for b, e in spans:
+        if merged and merged[-1][1] == b:
+            merged[-1][1] = e
+        else:
+            merged.append([b, e])
+    return np.array(merged, dtype=np.int64).reshape(-1, 2)
+
+
+def lr_at(step, progress, *, lr, warmup_steps, min_lr_frac=0.1):
+    """Learning rate for 1-based `step`.
+
+    Linear warmup over the first `warmup_steps` steps (step s gets
+    lr*s/warmup_steps), then a cosine from lr down to min_lr_frac*lr as
+    `progress` -- the fraction of the post-warmup run done, in [0, 1], by
+    steps or by wall-clock -- goes from 0 to 1.
+    """
+    if warmup_steps > 0 and step <= warmup_steps:
+        return lr * step / warmup_steps
+    p = min(max(progress, 0.0), 1.0)
+    lo = lr * min_lr_frac
+    return lo + 0.5 * (lr - lo) * (1.0 + math.cos(math.pi * p))
+
+
+class AdamW:
+    """Decoupled AdamW over flat buffers, with global grad-norm clipping.
+
+    params, grads : the model's param_buffer / grad_buffer (float32 (n,), zero-copy)
+    ranges        : weight-decay ranges (see decay_ranges)
+    grad_clip     : clip the global grad norm to this (<= 0: no clipping)
+    State: m, v (float32 (n,)) and t, the number of steps taken.
+    """
+
+    def __init__(self, params, grads, ranges, *, betas=(0.9, 0.99), eps=1e-8,
+                 weight_decay=0.1, grad_clip=1.0):
+        self.params, self.grads = params, grads
+        self.ranges = np.ascontiguousarray(ranges, dtype=np.int64).reshape(-1, 2)
+        self.beta1, self.beta2 = float(betas[0]), float(betas[1])
+        self.eps, self.weight_decay, self.grad_clip = float(eps), float(weight_decay), float(grad_clip)
+        self.m = np.zeros_like(params)
+        self.v = np.zeros_like(params)
+        self.t = 0
+
+    def step(self, lr):
+        """One update with learning rate lr; returns the grad norm before clipping."""
+        norm = grad_norm(self.grads)
+        if not math.isfinite(norm):
+            raise FloatingPointError(f"gradient norm is {norm}: the loss diverged "
+                                     "(try a lower --lr)")
+        scale = 1.0
+        if self.grad_clip > 0 and norm > self.grad_clip:
+            scale = self.grad_clip / (norm + 1e-6)
+        self.t += 1
+        adamw_step(self.params, self.grads, self.m, self.v, lr=lr, step=self.t,
+                   beta1=self.beta1, beta2=self.beta2, eps=self.eps,
+                   weight_decay=self.weight_decay, decay_ranges=self.ranges,
+                   grad_scale=scale)
+        return norm

@@ -1,0 +1,92 @@
+"""Text generation from a trained checkpoint.
+
+Generation is recurrent, as RWKV models are used: the prompt runs through
+the model once (``InferState.forward`` over all its tokens), then every new
+token costs one step. RWKV-7 blocks carry their WKV state and both
+token-shift carries; attention blocks keep a key/value cache and apply the
+same MoBA chunk selection as training. The per-token step is C
+(csrc/infer.c); temperature and top-p (nucleus) sampling are here.
+"""
+import codecs
+import os
+
+import numpy as np
+
+from rwkvx_c import _core
+from rwkvx_c.checkpoint import CheckpointError, read_checkpoint
+from rwkvx_c.data import ByteTokenizer
+
+__all__ = ["load_model", "sample_token", "generate", "checkpoint_path"]
+
+
+def checkpoint_path(path):
+    """The checkpoint file for a run folder or a checkpoint file path."""
+    if os.path.isdir(path):
+        return os.path.join(path, "checkpoint.safetensors")
+    return path
+
+
+def load_model(path):
+    """An RxPtModel holding the parameters of the checkpoint at path (a run
+    folder or a .safetensors file). Raises CheckpointError when it is
+    missing, corrupt or does not describe a model."""
+    p = checkpoint_path(path)
+    tensors, config, _ = read_checkpoint(p)
+    try:
+        model = _core.RxPtModel(config)
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"checkpoint {p} holds an unusable model config: {e}") from None
+    for name in model.param_names:
+        t = tensors.get(name)
+        if t is None or t.shape != model.params[name].shape:
+            raise CheckpointError(f"checkpoint {p} lacks tensor {name} of shape "
+                                  f"{model.params[name].shape}")
+        model.params[name][...] = t
+    return model
+
+
+def sample_token(logits, rng, temperature=1.0, top_p=1.0):
+    """A token id drawn from logits (vocab,).
+
+    temperature <= 0 picks the argmax; otherwise softmax(logits/temperature)
+    restricted to the smallest set of most likely tokens whose probability
+    reaches top_p (top_p >= 1 keeps them all), renormalised.
+    """
+    logits = np.asarray(logits, dtype=np.float64)
+    if temperature <= 0:
+        return int(np.argmax(logits))
+    z = logits / temperature
+    p = np.exp(z - z.max())
+    p /= p.sum()
+    if top_p < 1.0:
+        order = np.argsort(-p, kind="stable")
+        cum = np.cumsum(p[order])
+        keep = order[: int(np.searchsorted(cum, top_p)) + 1]
+        q = np.zeros_like(p)
+        q[keep] = p[keep]
+        p = q / q.sum()
+    return int(rng.choice(len(p), p=p))
+
+
+def generate(model, prompt, max_new_tokens=200, temperature=1.0, top_p=0.9, seed=0):
+    """Yield the decoded text of each new token after `prompt` (str or bytes).
+
+    The prompt runs once; each new token is one recurrent step. An empty
+    prompt starts from a newline.
+    """
+    tok = ByteTokenizer()
+    ids = tok.encode(prompt) if len(prompt) else tok.encode("\n")
+    state = _core.InferState(model, max_len=len(ids) + max(max_new_tokens, 1))
+    rng = np.random.Generator(np.random.PCG64(seed))
+    logits = state.forward(np.ascontiguousarray(ids, dtype=np.int32))[-1]
+    dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    for i in range(max_new_tokens):
+        t = sample_token(logits, rng, temperature, top_p)
+        text = dec.decode(bytes([t]) if t < 256 else b"")
+        if text:
+            yield text
+        if i + 1 < max_new_tokens:
+            logits = state.forward(np.array([t], dtype=np.int32))[-1]
+    tail = dec.decode(b"", final=True)
+    if tail:
+        yield tail

@@ -1,0 +1,504 @@
+"""Pretraining driver: presets, the Trainer API and its run loop.
+
+A script drives training step by step::
+
+    from rwkvx_c.train import Trainer, TrainOptions
+    tr = Trainer(TrainOptions(preset="tiny", steps=200), out_dir="runs/demo")
+    while not tr.done():
+        row = tr.step()              # {'step', 'loss', 'lr', 'tokens_per_s', ...}
+    print(tr.evaluate())             # {'val_loss', 'val_bpb'}
+    tr.save()                        # DIR/checkpoint.safetensors
+    tr = Trainer.resume("runs/demo", steps=400)   # continue exactly
+
+One step: B windows of T+1 tokens from the seeded sampler -> model.forward
+(B, T) -> model.backward (mean loss over B*T tokens, grads summed over the
+batch, all in C) -> global grad-norm clipping -> AdamW in place on the
+parameter arena. Nothing is copied on this path.
+
+Determinism: with the same thread count a resumed run repeats the
+uninterrupted run's losses bit for bit when its schedule is by steps
+(--steps). A wall-clock budget (--time-budget) schedules the learning rate by
+elapsed time, which no run can repeat exactly; it still resumes where it
+stopped, with the time already spent counted.
+"""
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field, fields
+
+import numpy as np
+
+from rwkvx_c import _core
+from rwkvx_c.checkpoint import CheckpointError, read_checkpoint, save_checkpoint
+from rwkvx_c.data import BatchSampler, load_corpus, eval_windows
+from rwkvx_c.init import SCHEMES, init_model
+from rwkvx_c.optim import AdamW, decay_ranges, lr_at
+
+__all__ = ["PRESETS", "TrainOptions", "Trainer", "TrainError", "CHECKPOINT", "LOG"]
+
+CHECKPOINT = "checkpoint.safetensors"
+LOG = "log.jsonl"
+
+
+def _cfg(n_embd, n_head, head_size, n_rwkv, n_attn, vocab, ffn, Dw, Da, Dg, Dv, chunk, top_k):
+    return dict(n_embd=n_embd, n_head=n_head, head_size=head_size, n_rwkv_layer=n_rwkv,
+                n_attn_layer=n_attn, vocab_size=vocab, ffn_dim=ffn, Dw=Dw, Da=Da, Dg=Dg, Dv=Dv,
+                chunk_size=chunk, moba_top_k=top_k)
+
+
+# Model configs of SPEC §11 plus the default; training defaults per preset.
+PRESETS = {
+    "tiny": dict(model=_cfg(128, 2, 64, 2, 1, 256, 512, 16, 16, 32, 8, 32, 2),
+                 seq_len=256, batch=8, lr=3e-3, warmup_steps=20),
+    "S": dict(model=_cfg(256, 4, 64, 4, 2, 256, 1024, 32, 32, 64, 16, 64, 2),
+              seq_len=512, batch=8, lr=2e-3, warmup_steps=50),
+    "M": dict(model=_cfg(512, 8, 64, 6, 2, 4096, 2048, 64, 64, 128, 32, 64, 4),
+              seq_len=512, batch=8, lr=1e-3, warmup_steps=100),
+    # The no-argument job: the tiny model, which learns the most per second of
+    # 2-core CPU time (measured: val_bpb 1.73 after 9.5 minutes on a loaded
+    # 2-core machine; see docs/training.md).
+    "default": dict(model=_cfg(128, 2, 64, 2, 1, 256, 512, 16, 16, 32, 8, 32, 2),
+                    seq_len=256, batch=8, lr=3e-3, warmup_steps=20, time_budget=9.5),
+}
+
+
+class TrainError(ValueError):
+    """A training setup that cannot run (bad option, data, checkpoint or resume)."""
+
+
+@dataclass
+class TrainOptions:
+    """Everything that defines a run. None means "the preset's value".
+
+    steps / time_budget: stop after this many optimiser steps / this many
+    minutes of wall-clock for the whole run, final evaluation and checkpoint
+    included (whichever comes first). With steps the learning-rate schedule
+    runs over steps; with only a time budget it runs over elapsed time.
+    """
+    preset: str = "default"
+    data: str = None              # None: the standard-library corpus
+    steps: int = None
+    time_budget: float = None     # minutes
+    batch: int = None
+    seq_len: int = None
+    lr: float = None
+    warmup_steps: int = None
+    min_lr_frac: float = 0.1
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    beta1: float = 0.9
+    beta2: float = 0.99
+    adam_eps: float = 1e-8
+    threads: int = None           # None: OMP_NUM_THREADS or every core
+    seed: int = 0
+    eval_every: int = None        # steps; None: 10 evaluations over the run
+    eval_tokens: int = 32768
+    save_every: int = None        # steps; None: at every evaluation
+    init: str = "rwkv7"
+    model: dict = field(default=None)  # overrides of the preset's model config
+    cache_dir: str = None
+
+    # options a resumed run may change without changing what it computes
+    RESUMABLE = ("steps", "time_budget", "eval_every", "save_every", "threads", "cache_dir")
+
+    def resolved(self):
+        """A copy with every preset default filled in and every value checked."""
+        if self.preset not in PRESETS:
+            raise TrainError(f"unknown preset {self.preset!r}; choose one of "
+                             f"{', '.join(PRESETS)}")
+        p = PRESETS[self.preset]
+        o = TrainOptions(**{f.name: getattr(self, f.name) for f in fields(self)})
+        for k in ("batch", "seq_len", "lr", "warmup_steps"):
+            if getattr(o, k) is None:
+                setattr(o, k, p[k])
+        if o.steps is None and o.time_budget is None:
+            o.time_budget = p.get("time_budget")
+            if o.time_budget is None:
+                o.steps = 1000
+        model = dict(p["model"])
+        if o.model:
+            unknown = set(o.model) - set(model)
+            if unknown:
+                raise TrainError(f"unknown model config keys: {', '.join(sorted(unknown))}")
+            model.update(o.model)
+        o.model = model
+        o._check()
+        return o
+
+    def _check(self):
+        def pos(name, v, integer=True, allow_zero=False):
+            ok = isinstance(v, (int, np.integer)) and not isinstance(v, bool) if integer \
+                else isinstance(v, (int, float)) and math.isfinite(v)
+            if not ok or v < 0 or (v == 0 and not allow_zero):
+                kind = "an integer" if integer else "a number"
+                raise TrainError(f"{name} must be {kind} {'>= 0' if allow_zero else '> 0'}, "
+                                 f"got {v!r}")
+        if self.steps is not None:
+            pos("steps", self.steps)
+        if self.time_budget is not None:
+            pos("time_budget", self.time_budget, integer=False)
+        pos("batch", self.batch)
+        pos("seq_len", self.seq_len)
+        pos("lr", self.lr, integer=False)
+        pos("warmup_steps", self.warmup_steps, allow_zero=True)
+        pos("eval_tokens", self.eval_tokens)
+        pos("weight_decay", self.weight_decay, integer=False, allow_zero=True)
+        pos("grad_clip", self.grad_clip, integer=False, allow_zero=True)
+        pos("adam_eps", self.adam_eps, integer=False, allow_zero=True)
+        if not 0.0 <= self.min_lr_frac <= 1.0:
+            raise TrainError(f"min_lr_frac must lie in [0, 1], got {self.min_lr_frac}")
+        for b in ("beta1", "beta2"):
+            if not 0.0 <= getattr(self, b) < 1.0:
+                raise TrainError(f"{b} must lie in [0, 1), got {getattr(self, b)}")
+        for k in ("eval_every", "save_every", "threads"):
+            if getattr(self, k) is not None:
+                pos(k, getattr(self, k))
+        if not isinstance(self.seed, int) or self.seed < 0:
+            raise TrainError(f"seed must be an integer >= 0, got {self.seed!r}")
+        if self.init not in SCHEMES:
+            raise TrainError(f"unknown init {self.init!r}; choose one of {', '.join(SCHEMES)}")
+        if self.batch * self.seq_len > 2 ** 31 - 1:
+            raise TrainError("batch * seq_len exceeds 2**31 - 1")
+
+    def to_dict(self):
+        return asdict(self)
+
+
+def _cross_entropy(logits, targets):
+    """Mean cross-entropy of (B, T, V) logits against (B, T) targets, in C."""
+    V = logits.shape[-1]
+    return _core.cross_entropy_forward(logits.reshape(-1, V), targets.reshape(-1))
+
+
+class Trainer:
+    """A training run in out_dir: model, optimiser, data, schedule, log.
+
+    Trainer(options, out_dir) starts a new run (out_dir must not hold a
+    checkpoint yet); Trainer.resume(out_dir, **changes) continues one.
+    Methods: step(), evaluate(), save(), done(), run(), close().
+    """
+
+    def __init__(self, options=None, out_dir=None, *, _state=None, _tensors=None):
+        opts = (options or TrainOptions()).resolved()
+        self.opts = opts
+        self.out_dir = out_dir
+        self._t0 = time.perf_counter()
+        if out_dir is not None:
+            if _state is None and os.path.exists(os.path.join(out_dir, CHECKPOINT)):
+                raise TrainError(f"{out_dir} already holds a run; use resume (--resume) "
+                                 "or another output folder")
+            os.makedirs(out_dir, exist_ok=True)
+            if _state is None and os.path.exists(os.path.join(out_dir, LOG)):
+                os.unlink(os.path.join(out_dir, LOG))  # rows of a run that never saved
+        if opts.threads is not None:
+            _core.set_num_threads(opts.threads)
+        try:
+            self.corpus = load_corpus(opts.data, seq_len=opts.seq_len, cache_dir=opts.cache_dir)
+        except OSError as e:
+            raise TrainError(f"cannot prepare the corpus: {e}") from None
+        cfg = dict(opts.model)
+        if self.corpus.vocab_size > cfg["vocab_size"]:
+            raise TrainError(f"the corpus has {self.corpus.vocab_size} token ids but the model's "
+                             f"vocab_size is {cfg['vocab_size']}")
+        try:
+            self.model = _core.RxPtModel(cfg, seed=opts.seed)
+        except ValueError as e:
+            raise TrainError(f"bad model config: {e}") from None
+        if _tensors is None:
+            init_model(self.model, opts.init, seed=opts.seed)
+        self.optim = AdamW(self.model.param_buffer, self.model.grad_buffer,
+                           decay_ranges(self.model), betas=(opts.beta1, opts.beta2),
+                           eps=opts.adam_eps, weight_decay=opts.weight_decay,
+                           grad_clip=opts.grad_clip)
+        self.sampler = BatchSampler(self.corpus.train, opts.batch, opts.seq_len, opts.seed)
+        self.val_x, self.val_y = eval_windows(self.corpus.val, opts.seq_len,
+                                              max(1, opts.eval_tokens // opts.seq_len))
+        self.step_count = 0
+        self.elapsed = 0.0          # training seconds of earlier sessions of this run
+        self.tokens_seen = 0
+        self.last_eval = None
+        self._eval_seconds = None
+        self._save_seconds = None
+        self._warm_end = None       # elapsed training time when warmup ended
+        self._next_eval_at = None
+        if _state is not None:
+            self._restore(_state, _tensors)
+        # the budget counts this session's set-up (corpus, model) too
+        self._session_start = self._t0
+
+    # ------------------------------------------------------------------ state
+    @classmethod
+    def resume(cls, out_dir, **changes):
+        """Continue the run saved in out_dir; changes may set the RESUMABLE
+        options (steps, time_budget, eval_every, save_every, threads, cache_dir).
+        Any other option that differs from the saved run is a TrainError."""
+        path = os.path.join(out_dir, CHECKPOINT)
+        try:
+            tensors, config, state = read_checkpoint(path)
+        except CheckpointError as e:
+            raise TrainError(str(e)) from None
+        saved = state.get("options")
+        if not isinstance(saved, dict):
+            raise TrainError(f"checkpoint {path} holds no training state")
+        opts = TrainOptions(**{f.name: saved.get(f.name) for f in fields(TrainOptions)})
+        diff = []
+        for k, v in changes.items():
+            if k not in {f.name for f in fields(TrainOptions)}:
+                raise TrainError(f"unknown option {k!r}")
+            if v is None:
+                continue
+            if k in TrainOptions.RESUMABLE:
+                setattr(opts, k, v)
+            elif k == "model":
+                for mk, mv in v.items():
+                    if opts.model.get(mk) != mv:
+                        diff.append(f"model.{mk} {opts.model.get(mk)!r} -> {mv!r}")
+            elif getattr(opts, k) != v:
+                diff.append(f"{k} {getattr(opts, k)!r} -> {v!r}")
+        if diff:
+            raise TrainError("cannot resume with a different configuration: " + "; ".join(diff))
+        if config != opts.model:
+            raise TrainError(f"checkpoint {path} is inconsistent: its model config differs "
+                             "from its saved options")
+        return cls(opts, out_dir, _state=state, _tensors=tensors)
+
+    def _restore(self, state, tensors):
+        if state.get("corpus") != self.corpus.description:
+            raise TrainError(f"the corpus changed since the checkpoint: it was "
+                             f"{state.get('corpus')}, it is now {self.corpus.description}")
+        names = self.model.param_names
+        missing = [n for n in names if n not in tensors]
+        if missing:
+            raise TrainError(f"checkpoint lacks tensor {missing[0]}")
+        for n in names:
+            view = self.model.params[n]
+            if tensors[n].shape != view.shape:
+                raise TrainError(f"checkpoint tensor {n} has shape {tensors[n].shape}, the model "
+                                 f"expects {view.shape}")
+            view[...] = tensors[n]
+        n = self.model.n_params
+        for key, buf in (("optim.m", self.optim.m), ("optim.v", self.optim.v)):
+            if key not in tensors or tensors[key].shape != (n,):
+                raise TrainError(f"checkpoint lacks the optimiser state {key}")
+            buf[...] = tensors[key]
+        self.optim.t = int(state["optim_t"])
+        self.step_count = int(state["step"])
+        self.elapsed = float(state["elapsed"])
+        self.tokens_seen = int(state["tokens_seen"])
+        self.sampler.set_state(state["sampler"])
+        self._warm_end = state.get("warm_end")
+        self._next_eval_at = state.get("next_eval_at")
+        self.last_eval = state.get("last_eval")
+        self._eval_seconds = state.get("eval_seconds")
+        if self.out_dir:
+            self._truncate_log(self.step_count)
+
+    def state(self):
+        """The JSON-serialisable run state a checkpoint stores."""
+        return {"step": self.step_count, "optim_t": self.optim.t,
+                "elapsed": self.train_seconds(), "tokens_seen": self.tokens_seen,
+                "sampler": self.sampler.state(), "warm_end": self._warm_end,
+                "next_eval_at": self._next_eval_at, "last_eval": self.last_eval,
+                "eval_seconds": self._eval_seconds, "options": self.opts.to_dict(),
+                "corpus": self.corpus.description}
+
+    def save(self, path=None):
+        """Write the checkpoint (params, AdamW moments, run state) atomically.
+
+        Defaults to out_dir/checkpoint.safetensors; returns the path."""
+        if path is None:
+            if self.out_dir is None:
+                raise TrainError("save() needs a path when the trainer has no out_dir")
+            path = os.path.join(self.out_dir, CHECKPOINT)
+        t = time.perf_counter()
+        tensors = dict(self.model.params)
+        tensors["optim.m"] = self.optim.m
+        tensors["optim.v"] = self.optim.v
+        save_checkpoint(path, tensors, self.model.config, self.state())
+        self._save_seconds = max(self._save_seconds or 0.0, time.perf_counter() - t)
+        return path
+
+    # --------------------------------------------------------------- training
+    def train_seconds(self):
+        """Wall-clock seconds this run has trained, earlier sessions included."""
+        return self.elapsed + (time.perf_counter() - self._session_start)
+
+    def _budget_s(self):
+        return None if self.opts.time_budget is None else self.opts.time_budget * 60.0
+
+    def _reserve_s(self):
+        """Seconds kept back from a time budget for the final evaluation and save."""
+        ev = self._eval_seconds
+        if ev is None:  # no evaluation yet: assume the forward runs 3x a train step's speed
+            tps = self.tokens_seen / max(self.train_seconds(), 1e-9) if self.tokens_seen else 0
+            ev = 3.0 if not tps else self.val_x.size / (3.0 * tps)
+        sv = self._save_seconds if self._save_seconds is not None else 0.5
+        return 1.25 * (ev + sv) + 1.0
+
+    def progress(self):
+        """Fraction of the run done, in [0, 1]: by steps when steps are set,
+        else by the time budget."""
+        if self.opts.steps is not None:
+            return min(1.0, self.step_count / self.opts.steps)
+        budget = self._budget_s()
+        return min(1.0, self.train_seconds() / max(budget - self._reserve_s(), 1e-9))
+
+    def lr(self):
+        """Learning rate of the next step."""
+        o = self.opts
+        s = self.step_count + 1
+        if o.steps is not None:
+            p = (s - o.warmup_steps) / max(o.steps - o.warmup_steps, 1)
+        else:
+            t = self.train_seconds()
+            t0 = self._warm_end or 0.0
+            end = self._budget_s() - self._reserve_s()
+            p = (t - t0) / max(end - t0, 1e-9)
+        return lr_at(s, p, lr=o.lr, warmup_steps=o.warmup_steps, min_lr_frac=o.min_lr_frac)
+
+    def done(self):
+        """True once the step count or the time budget is used up (a run
+        takes at least one step)."""
+        if self.step_count == 0:
+            return False
+        if self.opts.steps is not None and self.step_count >= self.opts.steps:
+            return True
+        budget = self._budget_s()
+        if budget is not None:
+            per_step = self.train_seconds() / max(self.step_count, 1) if self.step_count else 0
+            wall = self.train_seconds()
+            return wall + per_step + self._reserve_s() >= budget
+        return False
+
+    def step(self):
+        """One optimiser step. Returns {'step', 'loss', 'lr', 'tokens_per_s',
+        'grad_norm', 'elapsed'}."""
+        t = time.perf_counter()
+        lr = self.lr()
+        x, y = self.sampler.next()
+        self.model.forward(x)
+        loss = self.model.backward(y)
+        if not math.isfinite(loss):
+            raise FloatingPointError(f"loss is {loss} at step {self.step_count + 1}: the run "
+                                     "diverged (try a lower --lr)")
+        norm = self.optim.step(lr)
+        self.step_count += 1
+        self.tokens_seen += x.size
+        if self.step_count == self.opts.warmup_steps:
+            self._warm_end = self.train_seconds()
+        dt = time.perf_counter() - t
+        return {"step": self.step_count, "loss": float(loss), "lr": lr,
+                "tokens_per_s": x.size / dt, "grad_norm": norm,
+                "elapsed": round(self.train_seconds(), 3)}
+
+    def evaluate(self):
+        """Mean validation loss over the fixed validation windows (up to
+        eval_tokens tokens), and bits per byte for byte-level corpora.
+        Touches neither the parameters nor the training data stream."""
+        t = time.perf_counter()
+        B = self.opts.batch
+        total, n = 0.0, 0
+        for i in range(0, len(self.val_x), B):
+            x = np.ascontiguousarray(self.val_x[i:i + B])
+            y = np.ascontiguousarray(self.val_y[i:i + B])
+            logits = self.model.forward(x)
+            total += _cross_entropy(logits, y) * y.size
+            n += y.size
+        val = total / n
+        bpb = val / math.log(2) if self.corpus.is_bytes else None
+        # the slowest evaluation so far: on a shared machine the next can be as slow
+        self._eval_seconds = max(self._eval_seconds or 0.0, time.perf_counter() - t)
+        self.last_eval = {"step": self.step_count, "val_loss": val, "val_bpb": bpb}
+        return {"val_loss": val, "val_bpb": bpb}
+
+    def eval_due(self):
+        """True when the periodic evaluation falls on the step just taken."""
+        o = self.opts
+        if o.eval_every is not None:
+            return self.step_count % o.eval_every == 0
+        if o.steps is not None:
+            return self.step_count % max(1, o.steps // 10) == 0
+        budget = self._budget_s()
+        if self._next_eval_at is None:
+            self._next_eval_at = budget / 10.0
+        if self.train_seconds() >= self._next_eval_at:
+            while self._next_eval_at <= self.train_seconds():
+                self._next_eval_at += budget / 10.0
+            return True
+        return False
+
+    def save_due(self, evaluated):
+        if self.opts.save_every is not None:
+            return self.step_count % self.opts.save_every == 0
+        return evaluated
+
+    # ------------------------------------------------------------------- log
+    def _log_path(self):
+        return os.path.join(self.out_dir, LOG) if self.out_dir else None
+
+    def log(self, row):
+        """Append one JSON row to out_dir/log.jsonl."""
+        p = self._log_path()
+        if p:
+            with open(p, "a") as f:
+                f.write(json.dumps(row) + "\n")
+
+    def _truncate_log(self, step):
+        """Drop log rows past `step` (work after the checkpoint that is redone)."""
+        p = self._log_path()
+        if not p or not os.path.exists(p):
+            return
+        keep = []
+        with open(p) as f:
+            for line in f:
+                try:
+                    if json.loads(line).get("step", 0) <= step:
+                        keep.append(line if line.endswith("\n") else line + "\n")
+                except ValueError:
+                    continue
+        tmp = p + ".tmp"
+        with open(tmp, "w") as f:
+            f.writelines(keep)
+        os.replace(tmp, p)
+
+    def read_log(self):
+        """The rows of out_dir/log.jsonl."""
+        p = self._log_path()
+        if not p or not os.path.exists(p):
+            return []
+        with open(p) as f:
+            return [json.loads(line) for line in f if line.strip()]
+
+    # ------------------------------------------------------------------- loop
+    def run(self, on_step=None, stop=None):
+        """Train until done(): periodic evaluation, checkpoints and log rows,
+        then a final evaluation, checkpoint and log row. on_step(row) sees
+        every row; stop() returning True ends the run early (with the final
+        evaluation and checkpoint). Returns the final evaluation."""
+        final = None
+        while not self.done():
+            if stop is not None and stop():
+                break
+            row = self.step()
+            evaluated = False
+            if self.eval_due() and not self.done():
+                row.update(self.evaluate())
+                evaluated = True
+            self.log(row)
+            if on_step:
+                on_step(row)
+            if self.out_dir and self.save_due(evaluated):
+                self.save()
+        if self.last_eval is None or self.last_eval["step"] != self.step_count:
+            final = self.evaluate()
+            row = {"step": self.step_count, **final, "elapsed": round(self.train_seconds(), 3),
+                   "final": True}
+            self.log(row)
+            if on_step:
+                on_step(row)
+        else:
+            final = {k: self.last_eval[k] for k in ("val_loss", "val_bpb")}
+        if self.out_dir:
+            self.save()
+        return final

@@ -1,0 +1,96 @@
+"""Checkpoint files (rwkvx_c/checkpoint.py): round trip, safetensors
+compatibility, atomic writes, and clear errors on damaged files."""
+import os
+
+import numpy as np
+import pytest
+
+from rwkvx_c.checkpoint import CheckpointError, read_checkpoint, save_checkpoint
+
+
+def _tensors():
+    g = np.random.default_rng(0)
+    return {"emb": g.standard_normal((7, 5)).astype(np.float32),
+            "blocks.0.ln1_w": g.standard_normal(5).astype(np.float32),
+            "optim.m": g.standard_normal(40).astype(np.float32)}
+
+
+def test_round_trip(tmp_path):
+    p = str(tmp_path / "c.safetensors")
+    t = _tensors()
+    cfg = {"n_embd": 5, "vocab_size": 7}
+    state = {"step": 12, "sampler": {"state": 2 ** 100}}
+    save_checkpoint(p, t, cfg, state)
+    got, c2, s2 = read_checkpoint(p)
+    assert c2 == cfg and s2 == state
+    assert list(got) == list(t)
+    for k in t:
+        np.testing.assert_array_equal(got[k], t[k])
+        assert got[k].dtype == np.float32
+    assert not [f for f in os.listdir(tmp_path) if f != "c.safetensors"]  # no temp left
+
+
+def test_readable_by_safetensors_package(tmp_path):
+    st = pytest.importorskip("safetensors.numpy")
+    from safetensors import safe_open
+    p = str(tmp_path / "c.safetensors")
+    t = _tensors()
+    save_checkpoint(p, t, {"a": 1}, {"b": 2})
+    got = st.load_file(p)
+    for k in t:
+        np.testing.assert_array_equal(got[k], t[k])
+    with safe_open(p, framework="np") as f:
+        assert f.metadata()["format"] == "rwkvx_c.checkpoint"
+
+
+def test_overwrite_is_atomic_on_failure(tmp_path):
+    p = str(tmp_path / "c.safetensors")
+    save_checkpoint(p, _tensors(), {}, {"step": 1})
+    before = open(p, "rb").read()
+    bad = {"x": np.zeros(3, np.float64)}
+    with pytest.raises(TypeError):
+        save_checkpoint(p, bad, {}, {"step": 2})
+    assert open(p, "rb").read() == before
+    assert os.listdir(tmp_path) == ["c.safetensors"]
+
+
+@pytest.mark.parametrize("cut", [0, 5, 8, 40, -1, -100])
+def test_truncated(tmp_path, cut):
+    p = str(tmp_path / "c.safetensors")
+    save_checkpoint(p, _tensors(), {}, {})
+    blob = open(p, "rb").read()
+    open(p, "wb").write(blob[:cut] if cut >= 0 else blob[:len(blob) + cut])
+    with pytest.raises(CheckpointError, match="truncated|corrupt"):
+        read_checkpoint(p)
+
+
+def test_corrupt(tmp_path):
+    p = str(tmp_path / "c.safetensors")
+    save_checkpoint(p, _tensors(), {}, {})
+    blob = bytearray(open(p, "rb").read())
+    flipped = blob.copy()
+    flipped[-17] ^= 0x40  # one bit of tensor data
+    open(p, "wb").write(bytes(flipped))
+    with pytest.raises(CheckpointError, match="checksum"):
+        read_checkpoint(p)
+    garbled = blob.copy()
+    garbled[12:20] = b"\xff" * 8  # inside the JSON header
+    open(p, "wb").write(bytes(garbled))
+    with pytest.raises(CheckpointError, match="corrupt"):
+        read_checkpoint(p)
+    open(p, "wb").write(b"\xff" * 64)
+    with pytest.raises(CheckpointError, match="corrupt|truncated"):
+        read_checkpoint(p)
+    open(p, "wb").write(bytes(blob) + b"extra")
+    with pytest.raises(CheckpointError, match="after the last tensor"):
+        read_checkpoint(p)
+    with pytest.raises(CheckpointError, match="no checkpoint"):
+        read_checkpoint(str(tmp_path / "missing.safetensors"))
+
+
+def test_foreign_safetensors_rejected(tmp_path):
+    st = pytest.importorskip("safetensors.numpy")
+    p = str(tmp_path / "other.safetensors")
+    st.save_file({"w": np.ones(3, np.float32)}, p)
+    with pytest.raises(CheckpointError, match="not an rwkvx_c checkpoint"):
+        read_checkpoint(p)
