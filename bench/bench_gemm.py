@@ -5,8 +5,8 @@ shapes of the SPEC §11 configurations S and M, forward and backward.
 
 Each shape is M x N x K of C[M,N] = op(A)[M,K] . op(B)[K,N]; "dx" rows are
 grads through a weight (B transposed), "dW" rows weight grads (A transposed,
-K = the T*B rows). GFLOP/s are best-of-rounds; ours and NumPy's alternate so
-machine noise hits both alike.
+K = the T*B rows). GFLOP/s are best-of-rounds, each library timed on its own (interleaved
+calls would make the two thread pools spin against each other).
 """
 import argparse
 import os
@@ -54,39 +54,53 @@ def main():
     args = ap.parse_args()
     print(common.blas_info(), "| rx kernel:", rx.gemm_kernel())
     rng = np.random.default_rng(0)
-    seen = set()
+    seen, rows = set(), []
+    for preset in args.preset:
+        rows.append(("-- preset " + preset,))
+        for label, M, N, K, ta, tb in shapes(common.PRESETS[preset], args.rows):
+            if (M, N, K, ta, tb) not in seen:
+                seen.add((M, N, K, ta, tb))
+                a, b = operands(M, N, K, ta, tb, rng)
+                rows.append((label, M, N, K, ta, tb, a, b))
+    # One library at a time: alternating calls would leave one library's idle
+    # threads spinning while the other's run, and slow both.
+    rate = {}
+    for n in args.threads:
+        clock = time.thread_time if args.cpu_time and n == 1 else time.perf_counter
+        rx.set_num_threads(n)
+        with common.blas_threads(n):
+            for lib in ("rx", "numpy"):
+                for row in rows:
+                    if len(row) == 1:
+                        continue
+                    label, M, N, K, ta, tb, a, b = row
+                    out = np.empty((M, N), dtype=np.float32)
+                    if lib == "rx":
+                        fn = lambda: rx._core._sgemm(a, b, ta, tb, out=out)  # noqa: E731
+                    else:
+                        aa, bb = (a.T if ta else a), (b.T if tb else b)
+                        fn = lambda: np.matmul(aa, bb, out=out)  # noqa: E731
+                    t = common.best_time(fn, repeat=args.repeat, min_time=0.05, clock=clock)
+                    rate[(lib, n, M, N, K, ta, tb)] = t
     tot = {n: [0.0, 0.0, 0.0] for n in args.threads}   # flops, our time, numpy time
     hdr = "%-22s %5s %5s %5s" % ("shape", "M", "N", "K")
     for n in args.threads:
         hdr += " | %4s %7s %7s %5s" % ("thr", "rx", "numpy", "ratio")
     print(hdr)
-    for preset in args.preset:
-        print("-- preset", preset)
-        for label, M, N, K, ta, tb in shapes(common.PRESETS[preset], args.rows):
-            key = (M, N, K, ta, tb)
-            if key in seen:
-                continue
-            seen.add(key)
-            a, b = operands(M, N, K, ta, tb, rng)
-            aa, bb = (a.T if ta else a), (b.T if tb else b)
-            out = np.empty((M, N), dtype=np.float32)
-            line = "%-22s %5d %5d %5d" % (label, M, N, K)
-            for n in args.threads:
-                clock = time.thread_time if args.cpu_time and n == 1 else time.perf_counter
-                rx.set_num_threads(n)
-                with common.blas_threads(n):
-                    t_np = t_rx = float("inf")
-                    for _ in range(args.repeat):  # alternate: noise hits both
-                        t_rx = min(t_rx, common.best_time(
-                            lambda: rx._core._sgemm(a, b, ta, tb, out=out), repeat=1, min_time=0.05, clock=clock))
-                        t_np = min(t_np, common.best_time(
-                            lambda: np.matmul(aa, bb, out=out), repeat=1, min_time=0.05, clock=clock))
-                fl = 2.0 * M * N * K
-                tot[n][0] += fl
-                tot[n][1] += t_rx
-                tot[n][2] += t_np
-                line += " | %4d %7.1f %7.1f %5.2f" % (n, fl / t_rx / 1e9, fl / t_np / 1e9, t_np / t_rx)
-            print(line, flush=True)
+    for row in rows:
+        if len(row) == 1:
+            print(row[0])
+            continue
+        label, M, N, K, ta, tb = row[:6]
+        line = "%-22s %5d %5d %5d" % (label, M, N, K)
+        fl = 2.0 * M * N * K
+        for n in args.threads:
+            t_rx, t_np = rate[("rx", n, M, N, K, ta, tb)], rate[("numpy", n, M, N, K, ta, tb)]
+            tot[n][0] += fl
+            tot[n][1] += t_rx
+            tot[n][2] += t_np
+            line += " | %4d %7.1f %7.1f %5.2f" % (n, fl / t_rx / 1e9, fl / t_np / 1e9, t_np / t_rx)
+        print(line, flush=True)
     for n in args.threads:
         f, trx, tnp = tot[n]
         print("all shapes, %d thread(s): rx %.1f GFLOP/s, numpy %.1f GFLOP/s, ratio %.2f"
