@@ -5,12 +5,12 @@
  * Goto/BLIS structure: op(B) is packed in KC x NC panels of NR-column
  * slivers, and a 6x16 register-tiled micro-kernel runs over them, the B
  * sliver staying in L1 while the A slivers of an MC x KC block stream from
- * L2. op(A) is read in place when it is a plain row-major matrix (six row
- * pointers; packing it would cost as much as the arithmetic on the skinny
- * LoRA shapes) and packed when transposed, where packing is a cheap
- * contiguous copy and in-place reads would touch one cache line per k.
- * Transposes are absorbed by the packing and the A addressing, so one
- * micro-kernel serves A.B, A^T.B and A.B^T.
+ * L2. For narrow tiles (N <= NPACK, the LoRA shapes) op(A) is read in
+ * place -- six row pointers, or a k-stride when transposed -- because each
+ * A element meets only a few B slivers and packing it would cost as much
+ * as the arithmetic; wider tiles pack it (a vectorised 6x8 transpose, or a
+ * contiguous copy when transposed). Transposes are absorbed by the packing
+ * and the A addressing, so one micro-kernel serves A.B, A^T.B and A.B^T.
  *
  * Kernels are picked at run time: AVX2+FMA where the CPU has it, portable C
  * elsewhere.
