@@ -414,9 +414,11 @@ void rx_sgemm(int ta, int tb, size_t M, size_t N, size_t K,
         }
     }
     int pn = nt / pm;
-#pragma omp parallel num_threads(nt)
-    {
-        int id = rx_thread_id(), im_ = id / pn, in = id % pn;
+    /* tiles by index, not by thread id: OpenMP may grant fewer threads than
+     * asked (OMP_THREAD_LIMIT, OMP_DYNAMIC) and every tile must still run */
+#pragma omp parallel for schedule(static, 1) num_threads(nt)
+    for (int id = 0; id < nt; id++) {
+        int im_ = id / pn, in = id % pn;
         size_t i0 = mb * im_ / pm * MR, i1 = mb * (im_ + 1) / pm * MR;
         size_t j0 = nb * in / pn * NR, j1 = nb * (in + 1) / pn * NR;
         if (i1 > M) i1 = M;

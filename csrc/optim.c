@@ -62,9 +62,9 @@ int rx_adamw_step(float *params, const float *grads, float *m, float *v, size_t 
     const float rbc2 = (float)(1.0 / (1.0 - pow((double)beta2, (double)step)));
     const float decay_on = 1.0f - lr * weight_decay;
     int nt = optim_threads(n);
-#pragma omp parallel num_threads(nt) if (nt > 1)
-    {
-        int id = rx_thread_id();
+    /* parts by index, not thread id: OpenMP may grant fewer threads */
+#pragma omp parallel for schedule(static, 1) num_threads(nt) if (nt > 1)
+    for (int id = 0; id < nt; id++) {
         size_t lo = n * (size_t)id / (size_t)nt, hi = n * ((size_t)id + 1) / (size_t)nt;
         /* walk the alternating no-decay / decay segments, clipped to [lo, hi) */
         size_t at = lo;
@@ -101,9 +101,8 @@ double rx_grad_norm(const float *g, size_t n) {
     int nt = optim_threads(n);
     double part[256];
     if (nt > 256) nt = 256;
-#pragma omp parallel num_threads(nt) if (nt > 1)
-    {
-        int id = rx_thread_id();
+#pragma omp parallel for schedule(static, 1) num_threads(nt) if (nt > 1)
+    for (int id = 0; id < nt; id++) {
         size_t lo = n * (size_t)id / (size_t)nt, hi = n * ((size_t)id + 1) / (size_t)nt;
         part[id] = sumsq_span(g + lo, hi - lo);
     }

@@ -77,3 +77,27 @@ def test_results_independent_of_thread_count(restore_threads):
     for one, two in zip(*runs):
         # only summation order may differ: fp32 rounding, nothing more
         np.testing.assert_allclose(two, one, rtol=0, atol=1e-6 * max(np.abs(one).max(), 1e-30))
+
+
+def test_fewer_threads_granted_than_asked():
+    # OMP_THREAD_LIMIT=1 makes OpenMP grant one thread where two are asked for:
+    # work split by thread id would silently skip the second half.
+    code = """
+import numpy as np, rwkvx_c as rx
+from rwkvx_c._core import _sgemm
+rx.set_num_threads(2)
+rng = np.random.default_rng(0)
+a = rng.standard_normal((300, 200)).astype(np.float32)
+b = rng.standard_normal((200, 400)).astype(np.float32)
+ref = a.astype(np.float64) @ b
+err = np.abs(_sgemm(a, b) - ref).max() / np.abs(ref).max()
+assert err < 1e-5, err
+g = rng.standard_normal(1 << 20).astype(np.float32)
+n = rx.grad_norm(g)
+assert abs(n - np.sqrt((g.astype(np.float64) ** 2).sum())) < 1e-6 * n, n
+p, m, v = np.zeros_like(g), np.zeros_like(g), np.zeros_like(g)
+rx.adamw_step(p, g, m, v, lr=1e-3, step=1)
+assert np.all(p != 0) and np.all(m != 0)
+print("ok")
+"""
+    assert run_python(code, OMP_THREAD_LIMIT="1")[-1] == "ok"
