@@ -13,7 +13,6 @@ With a fixed top_k, time and memory should grow linearly in T ("per 1k T"
 columns stay flat); --top-k 0 (dense causal) shows the quadratic contrast.
 """
 import argparse
-import glob
 import json
 import os
 import resource
@@ -21,10 +20,8 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# An in-place build wins over an installed rwkvx_c.
-if glob.glob(os.path.join(ROOT, "rwkvx_c", "_core*.so")) and ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402,F401  (puts an in-place build of rwkvx_c first)
 
 
 def rss_mib():

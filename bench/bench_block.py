@@ -9,11 +9,15 @@ itself, as the whole-model backward does). The best of --repeat timed runs
 is reported after one warm-up. GFLOP/s counts the SPEC §11 model FLOPs of
 the block (2*3 x the forward multiply-adds), not the recompute."""
 import argparse
+import os
+import sys
 import time
 
 import numpy as np
 
-import rwkvx_c as rx
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402,F401  (puts an in-place build of rwkvx_c first)
+import rwkvx_c as rx  # noqa: E402
 
 TM_FIELDS = ("x_r", "x_k", "x_v", "x_w", "x_a", "x_g", "receptance_w", "key_w", "value_w",
              "output_w", "w0", "w1", "w2", "a0", "a1", "a2", "g1", "g2", "v0", "v1", "v2",
