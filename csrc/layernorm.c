@@ -9,21 +9,42 @@
  */
 #include "rx_internal.h"
 
+/* Row sums are kept in LANES independent double accumulators combined in a
+ * fixed order at the end: a single chained accumulator waits on the add
+ * latency at every element, separate lanes vectorise. The order is written
+ * out, so no -ffast-math reassociation is involved. */
+#define LANES 8
+
+static inline double lanes_total(const double acc[LANES]) {
+    double t = 0.0;
+    for (size_t l = 0; l < LANES; l++) t += acc[l];
+    return t;
+}
+
 /* The mean comes back as mean + mean_lo (two floats): rounded to one float
  * it is off by up to half an ulp of the offset (3e-5 at 1000), an error
  * that (x - mean) would carry into every normalised value. */
-RX_HOT static void row_stats(const float *x, size_t D, float eps, float *mean, float *mean_lo,
-                             float *rstd) {
-    double s = 0.0;
-    for (size_t n = 0; n < D; n++) s += x[n];
-    double mu = s / (double)D, v = 0.0;
-    for (size_t n = 0; n < D; n++) {
+RX_HOT static void row_stats(const float *restrict x, size_t D, float eps, float *mean,
+                             float *mean_lo, float *rstd) {
+    double acc[LANES] = {0};
+    size_t n = 0;
+    for (; n + LANES <= D; n += LANES)
+        for (size_t l = 0; l < LANES; l++) acc[l] += x[n + l];
+    for (; n < D; n++) acc[0] += x[n];
+    const double mu = lanes_total(acc) / (double)D;
+    for (size_t l = 0; l < LANES; l++) acc[l] = 0.0;
+    for (n = 0; n + LANES <= D; n += LANES)
+        for (size_t l = 0; l < LANES; l++) {
+            double d = x[n + l] - mu;
+            acc[l] += d * d;
+        }
+    for (; n < D; n++) {
         double d = x[n] - mu;
-        v += d * d;
+        acc[0] += d * d;
     }
     *mean = (float)mu;
     *mean_lo = (float)(mu - (double)*mean);
-    *rstd = (float)(1.0 / sqrt(v / (double)D + (double)eps));
+    *rstd = (float)(1.0 / sqrt(lanes_total(acc) / (double)D + (double)eps));
 }
 
 /* rows [r0,r1) of x, out: [rows][D]; w, b: [period][D]; mean, rstd: [rows] or NULL */
@@ -63,18 +84,35 @@ RX_HOT static void rownorm_backward_rows(const float *x, const float *w, const f
                                          float eps) {
     for (size_t r = r0; r < r1; r++) {
         const float *xr = x + r * D, *g = dy + r * D, *wr = w + (r % period) * D;
-        float *dwr = dw + (r % period) * D, *dbr = db + (r % period) * D, *o = dx + r * D;
+        float *restrict dwr = dw + (r % period) * D, *restrict dbr = db + (r % period) * D;
+        float *o = dx + r * D;
         float mu, mlo, rs;
         row_stats(xr, D, eps, &mu, &mlo, &rs);
-        double sg = 0.0, sgx = 0.0;
-        for (size_t n = 0; n < D; n++) {
+        /* xh and g*w are fp32 as in the output; their sums in double lanes */
+        double sg[LANES] = {0}, sgx[LANES] = {0};
+        size_t n = 0;
+        for (; n + LANES <= D; n += LANES) {
+            float gw[LANES], gwx[LANES];
+            for (size_t l = 0; l < LANES; l++) {
+                gw[l] = g[n + l] * wr[n + l];
+                gwx[l] = gw[l] * (((xr[n + l] - mu) - mlo) * rs);
+            }
+            for (size_t l = 0; l < LANES; l++) {
+                sg[l] += gw[l];
+                sgx[l] += gwx[l];
+            }
+        }
+        for (; n < D; n++) {
             float xh = ((xr[n] - mu) - mlo) * rs, gw = g[n] * wr[n];
-            sg += gw;
-            sgx += gw * xh;
-            dwr[n] += g[n] * xh;
+            sg[0] += gw;
+            sgx[0] += gw * xh;
+        }
+        for (n = 0; n < D; n++) {
+            dwr[n] += g[n] * (((xr[n] - mu) - mlo) * rs);
             dbr[n] += g[n];
         }
-        float mg = (float)(sg / (double)D), mgx = (float)(sgx / (double)D);
+        float mg = (float)(lanes_total(sg) / (double)D);
+        float mgx = (float)(lanes_total(sgx) / (double)D);
         for (size_t n = 0; n < D; n++) {
             float xh = ((xr[n] - mu) - mlo) * rs;
             o[n] = rs * (g[n] * wr[n] - mg - xh * mgx);
