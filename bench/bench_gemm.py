@@ -1,12 +1,17 @@
 """rx_sgemm (csrc/gemm.c) against NumPy's float32 matmul on the projection
 shapes of the SPEC §11 configurations S and M, forward and backward.
 
-    python bench/bench_gemm.py [--preset S M] [--threads 1 2] [--rows 512]
+    python bench/bench_gemm.py [--preset S M] [--threads 1 2] [--rows 512] [--cold]
 
 Each shape is M x N x K of C[M,N] = op(A)[M,K] . op(B)[K,N]; "dx" rows are
 grads through a weight (B transposed), "dW" rows weight grads (A transposed,
 K = the T*B rows). GFLOP/s are best-of-rounds, each library timed on its own (interleaved
 calls would make the two thread pools spin against each other).
+
+--cold evicts the caches (writes a --flush-mib buffer) before every timed
+call, so A, B and C come from DRAM as in a training step, where the kernels
+between two projections push their operands out of L2 and often L3; each
+call is then timed alone (best of --repeat).
 """
 import argparse
 import os
@@ -43,6 +48,19 @@ def operands(M, N, K, ta, tb, rng):
     return a, b
 
 
+def cold_time(fn, flush, repeat, clock):
+    """Best time of one call of fn, each after writing all of flush (which
+    evicts every cached line of the operands)."""
+    fn()
+    best = float("inf")
+    for _ in range(repeat):
+        flush += 1.0
+        t0 = clock()
+        fn()
+        best = min(best, clock() - t0)
+    return best
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--preset", nargs="+", default=["S", "M"], choices=sorted(common.PRESETS))
@@ -51,8 +69,14 @@ def main():
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--cpu-time", action="store_true",
                     help="time 1-thread runs by thread CPU time (steadier on a busy machine)")
+    ap.add_argument("--cold", action="store_true",
+                    help="flush the caches before every call (operands come from memory)")
+    ap.add_argument("--flush-mib", type=int, default=64,
+                    help="size of the buffer written to flush the caches with --cold")
     args = ap.parse_args()
-    print(common.blas_info(), "| rx kernel:", rx.gemm_kernel())
+    print(common.blas_info(), "| rx kernel:", rx.gemm_kernel(),
+          "| cold (%d MiB flush)" % args.flush_mib if args.cold else "| hot caches")
+    flush = np.zeros(args.flush_mib << 18, dtype=np.float32) if args.cold else None
     rng = np.random.default_rng(0)
     seen, rows = set(), []
     for preset in args.preset:
@@ -80,7 +104,10 @@ def main():
                     else:
                         aa, bb = (a.T if ta else a), (b.T if tb else b)
                         fn = lambda: np.matmul(aa, bb, out=out)  # noqa: E731
-                    t = common.best_time(fn, repeat=args.repeat, min_time=0.05, clock=clock)
+                    if args.cold:
+                        t = cold_time(fn, flush, args.repeat, clock)
+                    else:
+                        t = common.best_time(fn, repeat=args.repeat, min_time=0.05, clock=clock)
                     rate[(lib, n, M, N, K, ta, tb)] = t
     tot = {n: [0.0, 0.0, 0.0] for n in args.threads}   # flops, our time, numpy time
     hdr = "%-22s %5s %5s %5s" % ("shape", "M", "N", "K")
