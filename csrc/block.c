@@ -10,10 +10,17 @@
 
 #include "rx_internal.h"
 
+/* A chunk of add_rows (omp simd: dst may alias a or b element for element) */
+RX_HOT static void add_chunk(float *dst, const float *a, const float *b, size_t n) {
+#pragma omp simd
+    for (size_t i = 0; i < n; i++) dst[i] = a[i] + b[i];
+}
+
 /* dst[i] = a[i] + b[i] (dst may alias a or b) */
 static void add_rows(float *dst, const float *a, const float *b, size_t n) {
 #pragma omp parallel for schedule(static) if (!rx_in_parallel() && n >= 65536)
-    for (size_t i = 0; i < n; i++) dst[i] = a[i] + b[i];
+    for (size_t i0 = 0; i0 < n; i0 += RX_EW_CHUNK)
+        add_chunk(dst + i0, a + i0, b + i0, rx_ew_len(i0, n));
 }
 
 static int block_params_ok(const rx_block_params *P, int B, int T) {
@@ -27,7 +34,7 @@ int rx_block_acts_alloc(rx_block_acts *S, const rx_block_params *P, size_t B, si
     int rc = rx_tm_acts_alloc(&S->tm, &P->tm, B, T);
     if (rc != RX_OK) return rc;
     /* one allocation, each buffer a whole number of 64-byte lines */
-    const size_t rc_ = (BT * C + 15) & ~(size_t)15, rf = (BT * F + 15) & ~(size_t)15;
+    const size_t rc_ = rx_lines(BT * C), rf = rx_lines(BT * F);
     S->mem = rx_falloc(4 * rc_ + 2 * rf);
     if (!S->mem) return RX_ENOMEM;
     S->h1 = S->mem;
@@ -62,6 +69,13 @@ int rx_block_forward_acts(const rx_block_params *P, const float *x,
     return RX_OK;
 }
 
+/* t | dx1 | then the channel-mix dxk | dh, later the time-mix scratch */
+size_t rx_block_work(const rx_block_params *P, size_t BT) {
+    const size_t C = (size_t)P->tm.c, F = (size_t)P->cm.ffn_dim;
+    const size_t cm = rx_lines(BT * C) + rx_lines(BT * F), tm = rx_tm_backward_work(&P->tm, BT);
+    return 2 * rx_lines(BT * C) + (cm > tm ? cm : tm);
+}
+
 int rx_block_backward_acts(const rx_block_params *P, const rx_block_acts *S, const float *x,
                            const float *tm_xprev_init, const float *cm_xprev_init,
                            const float *v_first, const float *dy, rx_block_grads *G,
@@ -69,7 +83,8 @@ int rx_block_backward_acts(const rx_block_params *P, const rx_block_acts *S, con
                            float *d_v_first, float *work) {
     const int vres = P->tm.layer_id > 0;
     const size_t B = S->tm.B, T = S->tm.T, BT = B * T, C = (size_t)P->tm.c;
-    float *t = work, *dx1 = t + BT * C, *dxk = dx1 + BT * C, *dh = dxk + BT * C;
+    float *p = work, *t = rx_carve(&p, BT * C), *dx1 = rx_carve(&p, BT * C), *rest = p;
+    float *dxk = rx_carve(&p, BT * C), *dh = p;
     /* out = x1 + CM(ln2(x1)) */
     rx_cm_backward_acts(&P->cm, S->h2, cm_xprev_init, S->xk, S->pre, S->hid, dy, &G->cm, t,
                         d_cm_xprev_init, B, T, dh, dxk);
@@ -79,7 +94,7 @@ int rx_block_backward_acts(const rx_block_params *P, const rx_block_acts *S, con
         add_rows(dx1, dx1, dy, BT * C);
         /* x1 = x + TM(ln1(x)) */
         rc = rx_tm_backward_acts(&P->tm, &S->tm, S->h1, tm_xprev_init, vres ? v_first : NULL,
-                                 dx1, &G->tm, t, d_tm_xprev_init, d_v_first);
+                                 dx1, &G->tm, t, d_tm_xprev_init, d_v_first, rest);
     }
     if (rc == RX_OK)
         rc = rx_layernorm_backward(x, P->ln1_w, P->ln1_b, t, dx, G->ln1_w, G->ln1_b, (int)B,
@@ -116,9 +131,9 @@ int rx_block_backward(const rx_block_params *P, const float *x,
         return RX_EINVAL;
     const int vres = P->tm.layer_id > 0;
     if (vres && !v_first) return RX_EINVAL;
-    const size_t BT = (size_t)B * T, C = (size_t)P->tm.c, F = (size_t)P->cm.ffn_dim;
+    const size_t BT = (size_t)B * T, C = (size_t)P->tm.c;
     rx_block_acts S;
-    float *work = rx_falloc(RX_BLOCK_WORK(BT, C, F)), *tmp = rx_falloc(BT * C);
+    float *work = rx_falloc(rx_block_work(P, BT)), *tmp = rx_falloc(BT * C);
     int rc = rx_block_acts_alloc(&S, P, (size_t)B, (size_t)T);
     if (rc == RX_OK && (!work || !tmp)) rc = RX_ENOMEM;
     /* recompute the forward, keeping its intermediates (the block output

@@ -12,20 +12,29 @@ int rx_cm_params_ok(const rx_cm_params *P) {
     return P && P->c >= 1 && P->ffn_dim >= 1 && P->ffn_x_k && P->ffn_key_w && P->ffn_value_w;
 }
 
+/* A chunk of the relu^2 hidden: h [n] = relu(k)^2, in place when
+ * k == h (omp simd: each element is read before it is written). */
+RX_HOT static void relu2(const float *k, float *h, size_t n) {
+#pragma omp simd
+    for (size_t i = 0; i < n; i++) h[i] = rx_selectf(k[i] > 0.0f, k[i] * k[i], 0.0f);
+}
+
+/* Its backward on the grad dh [n], in place: dh = 2 relu(pre) dh */
+RX_HOT static void relu2_back(const float *restrict pre, float *restrict dh, size_t n) {
+    for (size_t i = 0; i < n; i++) dh[i] = rx_selectf(pre[i] > 0.0f, 2.0f * pre[i] * dh[i], 0.0f);
+}
+
 /* x, xk, out: [B][T][C]; pre, h: [B][T][F]. Keeps the lerp xk, the key
  * projection pre (NULL: not kept, h computed in place) and the hidden
  * h = relu(pre)^2 for rx_cm_backward_acts; out may be NULL (recompute). */
 void rx_cm_forward_acts(const rx_cm_params *P, const float *x, const float *x_prev_init,
                         float *xk, float *pre, float *h, float *out, size_t B, size_t T) {
-    const size_t C = (size_t)P->c, F = (size_t)P->ffn_dim, BT = B * T;
+    const size_t C = (size_t)P->c, F = (size_t)P->ffn_dim, BT = B * T, n = BT * F;
     float *k = pre ? pre : h;
-    rx_shift_lerp_forward(P->ffn_x_k, x, x_prev_init, xk, B, T, C);
+    rx_shift_lerp_forward(1, &P->ffn_x_k, x, x_prev_init, &xk, B, T, C);
     rx_sgemm(0, 0, BT, F, C, xk, C, P->ffn_key_w, F, 0.0f, k, F);
-#pragma omp parallel for schedule(static) if (!rx_in_parallel() && BT * F >= 65536)
-    for (size_t i = 0; i < BT * F; i++) {
-        float r = k[i] > 0.0f ? k[i] : 0.0f;
-        h[i] = r * r;
-    }
+#pragma omp parallel for schedule(static) if (!rx_in_parallel() && n >= 65536)
+    for (size_t i0 = 0; i0 < n; i0 += RX_EW_CHUNK) relu2(k + i0, h + i0, rx_ew_len(i0, n));
     if (out) rx_sgemm(0, 0, BT, C, F, h, F, P->ffn_value_w, C, 0.0f, out, C);
 }
 
@@ -36,20 +45,19 @@ void rx_cm_backward_acts(const rx_cm_params *P, const float *x, const float *x_p
                          const float *xk, const float *pre, const float *h, const float *dy,
                          rx_cm_grads *G, float *dx, float *d_xprev_init, size_t B, size_t T,
                          float *dh, float *dxk) {
-    const size_t C = (size_t)P->c, F = (size_t)P->ffn_dim, BT = B * T;
+    const size_t C = (size_t)P->c, F = (size_t)P->ffn_dim, BT = B * T, n = BT * F;
     /* value projection: dWv = h^T dy, dh = dy Wv^T */
     rx_sgemm(1, 0, F, C, BT, h, F, dy, C, 0.0f, G->ffn_value_w, C);
     rx_sgemm(0, 1, BT, F, C, dy, C, P->ffn_value_w, C, 0.0f, dh, F);
-#pragma omp parallel for schedule(static) if (!rx_in_parallel() && BT * F >= 65536)
-    for (size_t i = 0; i < BT * F; i++) dh[i] = pre[i] > 0.0f ? 2.0f * pre[i] * dh[i] : 0.0f;
+#pragma omp parallel for schedule(static) if (!rx_in_parallel() && n >= 65536)
+    for (size_t i0 = 0; i0 < n; i0 += RX_EW_CHUNK)
+        relu2_back(pre + i0, dh + i0, rx_ew_len(i0, n));
     /* key projection */
     rx_sgemm(1, 0, C, F, BT, xk, C, dh, F, 0.0f, G->ffn_key_w, F);
     rx_sgemm(0, 1, BT, C, F, dh, F, P->ffn_key_w, F, 0.0f, dxk, C);
-    rx_fzero(G->ffn_x_k, C);
-    rx_fzero(dx, BT * C);
-    rx_fzero(d_xprev_init, B * C);
-    rx_shift_lerp_backward(P->ffn_x_k, x, x_prev_init, dxk, dx, G->ffn_x_k, d_xprev_init, B, T,
-                           C);
+    const float *dxk_c = dxk;
+    rx_shift_lerp_backward(1, &P->ffn_x_k, x, x_prev_init, &dxk_c, dx, &G->ffn_x_k, d_xprev_init,
+                           B, T, C);
 }
 
 /* x, out: [B][T][C]; x_prev_init: [B][C] or NULL */

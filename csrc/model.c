@@ -379,7 +379,7 @@ static int mul_ok(size_t a, size_t b, size_t *out) {
 struct rx_pt_saved {
     int n;
     rx_block_acts *rwkv;   /* [n] */
-    float *work;           /* RX_BLOCK_WORK floats for a block backward */
+    float *work;           /* rx_block_work floats for any block's backward */
 };
 
 static void saved_free(struct rx_pt_saved *s) {
@@ -395,7 +395,10 @@ static struct rx_pt_saved *saved_new(const rx_ptmodel *m, size_t B, size_t T) {
     if (!s) return NULL;
     const int n = m->cfg.n_rwkv_layer;
     s->rwkv = calloc((size_t)n, sizeof *s->rwkv);
-    s->work = rx_falloc(RX_BLOCK_WORK(B * T, (size_t)m->cfg.n_embd, (size_t)m->cfg.ffn_dim));
+    size_t nwork = 0;
+    for (int i = 0; i < n; i++)
+        if (rx_block_work(&m->rwkv[i], B * T) > nwork) nwork = rx_block_work(&m->rwkv[i], B * T);
+    s->work = rx_falloc(nwork);
     if (!s->rwkv || !s->work) {
         free(s->rwkv);
         free(s->work);

@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "rx_pretrain.h"
 
@@ -77,7 +78,88 @@ static inline void rx_fnan(float *p, size_t n) {
     if (p) for (size_t i = 0; i < n; i++) p[i] = NAN;
 }
 
-static inline float rx_sigmoidf(float x) { return 1.0f / (1.0f + expf(x < -88.0f ? 88.0f : -x)); }
+/* Buffers carved from one allocation: rx_lines(n) floats hold n in whole
+ * 64-byte lines plus one more, so that buffers of one power-of-two size do
+ * not all start in the same cache set (a pass over six of them would evict
+ * its own lines); rx_carve hands out the next n. */
+static inline size_t rx_lines(size_t n) { return ((n + 15) & ~(size_t)15) + 16; }
+
+static inline float *rx_carve(float **p, size_t n) {
+    float *r = *p;
+    *p += rx_lines(n);
+    return r;
+}
+
+/* Elementwise passes over n floats run OpenMP over chunks of this many */
+#define RX_EW_CHUNK ((size_t)16384)
+
+static inline size_t rx_ew_len(size_t i0, size_t n) {
+    return n - i0 < RX_EW_CHUNK ? n - i0 : RX_EW_CHUNK;
+}
+
+/* c ? a : b by bit masks. GCC (with the default -ftrapping-math) will not
+ * if-convert a float ?: whose arms compute anything, so a loop holding one
+ * stays scalar; this form vectorises to a compare and an and/or. */
+static inline float rx_selectf(int c, float a, float b) {
+    uint32_t ua, ub, m = 0u - (uint32_t)(c != 0);
+    memcpy(&ua, &a, sizeof ua);
+    memcpy(&ub, &b, sizeof ub);
+    ua = (ua & m) | (ub & ~m);
+    memcpy(&a, &ua, sizeof a);
+    return a;
+}
+
+/* e^x without a libm call or a branch, so loops calling it vectorise:
+ * Cody-Waite reduction x = n ln2 + r (|r| <= ln2/2), Cephes' polynomial for
+ * e^r, then 2^n applied as two normal power-of-two factors, so a subnormal
+ * result is rounded once, as by ldexpf. Within 1.5 ulp of e^x everywhere
+ * (tests/c/test_fastmath.c); +inf above ~88.72, +0 below ~-103.97, NaN in,
+ * NaN out. All integer work is unsigned: no UB whatever x is. */
+static inline float rx_expf(float x) {
+    x = rx_selectf(x < -110.0f, -110.0f, x);
+    x = rx_selectf(x > 90.0f, 90.0f, x);
+    /* round x/ln2 to the nearest integer n: adding 1.5*2^23 leaves n in the
+     * low mantissa bits */
+    const float magic = 12582912.0f;
+    float t = x * 1.44269504088896341f + magic, n = t - magic;
+    float r = x - n * 0.693359375f;   /* ln2 high part, exact product */
+    r = r + n * 2.12194440e-4f;       /* minus the low part */
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * (r * r) + r + 1.0f;
+    /* n + 256 in [97, 386]; 2^n = 2^(n1) 2^(n2) with biased exponents
+     * e1 = floor(nb/2) - 1 and e2 = ceil(nb/2) - 1, both in [47, 192] */
+    uint32_t tb, nb, s1b, s2b;
+    memcpy(&tb, &t, sizeof tb);
+    nb = tb - 0x4B400000u + 256u;
+    s1b = ((nb >> 1) - 1u) << 23;
+    s2b = ((nb - (nb >> 1)) - 1u) << 23;
+    float s1, s2;
+    memcpy(&s1, &s1b, sizeof s1);
+    memcpy(&s2, &s2b, sizeof s2);
+    return (p * s1) * s2;
+}
+
+static inline float rx_sigmoidf(float x) {
+    return 1.0f / (1.0f + rx_expf(rx_selectf(x < -88.0f, 88.0f, -x)));
+}
+
+/* tanh without libm, vectorisable: Cephes' odd polynomial below 0.625 (where
+ * 1 - 2/(e^2x + 1) would cancel), that formula above. */
+static inline float rx_tanhf(float x) {
+    float ax = fabsf(x), z = x * x;
+    float p = -5.70498872745e-3f;
+    p = p * z + 2.06390887954e-2f;
+    p = p * z - 5.37397155531e-2f;
+    p = p * z + 1.33314422036e-1f;
+    p = p * z - 3.33332819422e-1f;
+    float small = ax + ax * (z * p), big = 1.0f - 2.0f / (rx_expf(2.0f * ax) + 1.0f);
+    return copysignf(rx_selectf(ax < 0.625f, small, big), x);
+}
 
 /* The row a token shift reads at (b, t) of x [B][T][C]: x[b][t-1], at t = 0
  * the carry row init[b] (NULL init: zero, returned as NULL). */
@@ -123,15 +205,16 @@ int rx_rownorm_backward(const float *x, const float *w, const float *dy,
                         size_t rows, size_t D, size_t period, float eps);
 
 /* ---- tokenshift.c ------------------------------------------------------
- * out [B][T][C] = x + (x_prev - x) * mix, x_prev the token-shifted x with
- * the carry init [B][C] (NULL: zero) at t = 0. */
-void rx_shift_lerp_forward(const float *mix, const float *x, const float *init, float *out,
-                           size_t B, size_t T, size_t C);
-/* Its backward for the grad dout on out: accumulates (+=) into dx
- * [B][T][C], dmix [C] and d_init [B][C] (NULL: not wanted). */
-void rx_shift_lerp_backward(const float *mix, const float *x, const float *init,
-                            const float *dout, float *dx, float *dmix, float *d_init,
-                            size_t B, size_t T, size_t C);
+ * n lerps of one x in one pass: out[i] [B][T][C] = x + (x_prev - x) *
+ * mix[i], x_prev the token-shifted x with the carry init [B][C] (NULL: zero)
+ * at t = 0. */
+void rx_shift_lerp_forward(int n, const float *const *mix, const float *x, const float *init,
+                           float *const *out, size_t B, size_t T, size_t C);
+/* Their backward for the grads dout[i] on out[i]: writes dx [B][T][C], each
+ * dmix[i] [C] and d_init [B][C] (NULL: not wanted). */
+void rx_shift_lerp_backward(int n, const float *const *mix, const float *x, const float *init,
+                            const float *const *dout, float *dx, float *const *dmix,
+                            float *d_init, size_t B, size_t T, size_t C);
 
 /* ---- channelmix.c ------------------------------------------------------ */
 int rx_cm_params_ok(const rx_cm_params *P);
@@ -182,10 +265,13 @@ int rx_tm_forward_state(const rx_tm_params *P, const float *x, const float *x_pr
                         const float *v_first_in, float *v_first_out, float *state,
                         rx_tm_acts *A, float *out);
 /* A filled by rx_tm_forward_acts on the same inputs; arguments as in
- * rx_timemix_backward. */
+ * rx_timemix_backward; work: rx_tm_backward_work(P, B*T) floats of scratch
+ * (NULL: allocated and freed here). */
+size_t rx_tm_backward_work(const rx_tm_params *P, size_t BT);
 int rx_tm_backward_acts(const rx_tm_params *P, const rx_tm_acts *A, const float *x,
                         const float *x_prev_init, const float *v_first, const float *dy,
-                        rx_tm_grads *G, float *dx, float *d_xprev_init, float *d_v_first);
+                        rx_tm_grads *G, float *dx, float *d_xprev_init, float *d_v_first,
+                        float *work);
 
 /* ---- block.c -----------------------------------------------------------
  * An RWKV block's forward intermediates, kept by rx_block_forward_acts so
@@ -208,8 +294,9 @@ int rx_block_forward_acts(const rx_block_params *P, const float *x,
                           const float *v_first_in, float *v_first_out, rx_block_acts *S,
                           float *out);
 /* rx_block_backward's arguments (validated by the caller) with S from
- * rx_block_forward_acts on the same inputs; work: RX_BLOCK_WORK floats. */
-#define RX_BLOCK_WORK(BT, C, F) (3 * (BT) * (C) + (BT) * (F))
+ * rx_block_forward_acts on the same inputs; work: rx_block_work(P, B*T)
+ * floats of scratch. */
+size_t rx_block_work(const rx_block_params *P, size_t BT);
 int rx_block_backward_acts(const rx_block_params *P, const rx_block_acts *S, const float *x,
                            const float *tm_xprev_init, const float *cm_xprev_init,
                            const float *v_first, const float *dy, rx_block_grads *G,

@@ -6,9 +6,9 @@
  * rx_tm_acts; the forward entry point and the backward (which gets only x,
  * and so recomputes) share it. Rows are the B*T tokens: projections and
  * LoRAs are single GEMMs over all rows, the elementwise gates run OpenMP
- * over rows, and the backward's fused passes run OpenMP over heads, so each
- * parameter-grad column is summed by one thread in token order and the
- * result does not depend on the thread count.
+ * over rows, and the backward's fused passes run OpenMP over groups of
+ * heads, so each parameter-grad column is summed by one thread in token
+ * order and the result does not depend on the thread count.
  */
 #include <string.h>
 
@@ -40,15 +40,6 @@ int rx_tm_grads_ok(const rx_tm_params *P, const rx_tm_grads *G) {
     return P->layer_id == 0 || (G->v0 && G->v1 && G->v2);
 }
 
-/* Sub-buffers of one allocation, each rounded up to whole 64-byte lines. */
-static size_t lines(size_t n) { return (n + 15) & ~(size_t)15; }
-
-static float *carve(float **p, size_t n) {
-    float *r = *p;
-    *p += lines(n);
-    return r;
-}
-
 int rx_tm_acts_alloc(rx_tm_acts *A, const rx_tm_params *P, size_t B, size_t T) {
     const size_t BT = B * T, C = (size_t)P->c, H = (size_t)P->n_head;
     const int vres = P->layer_id > 0;
@@ -61,24 +52,24 @@ int rx_tm_acts_alloc(rx_tm_acts *A, const rx_tm_params *P, size_t B, size_t T) {
                       &A->y,  &A->z, &A->zg};
     const size_t nbufs = sizeof bufs / sizeof bufs[0];
     /* plus vmod and vg at layer > 0 */
-    size_t total = (nbufs + (size_t)(2 * vres)) * lines(BT * C) + lines(BT * (size_t)P->Dw) +
-                   lines(BT * (size_t)P->Da) + lines(BT * (size_t)P->Dg) + lines(BT * Dv) +
-                   lines(BT * H);
+    size_t total = (nbufs + (size_t)(2 * vres)) * rx_lines(BT * C) +
+                   rx_lines(BT * (size_t)P->Dw) + rx_lines(BT * (size_t)P->Da) +
+                   rx_lines(BT * (size_t)P->Dg) + rx_lines(BT * Dv) + rx_lines(BT * H);
     A->mem = rx_falloc(total);
     if (!A->mem) return RX_ENOMEM;
     float *p = A->mem;
-    for (size_t i = 0; i < nbufs; i++) *bufs[i] = carve(&p, BT * C);
+    for (size_t i = 0; i < nbufs; i++) *bufs[i] = rx_carve(&p, BT * C);
     if (vres) {
-        A->vmod = carve(&p, BT * C);
-        A->vg = carve(&p, BT * C);
+        A->vmod = rx_carve(&p, BT * C);
+        A->vg = rx_carve(&p, BT * C);
     } else {
         A->vmod = A->v;
     }
-    A->tw = carve(&p, BT * (size_t)P->Dw);
-    A->ta = carve(&p, BT * (size_t)P->Da);
-    A->tg = carve(&p, BT * (size_t)P->Dg);
-    A->tv = vres ? carve(&p, BT * Dv) : NULL;
-    A->bonus = carve(&p, BT * H);
+    A->tw = rx_carve(&p, BT * (size_t)P->Dw);
+    A->ta = rx_carve(&p, BT * (size_t)P->Da);
+    A->tg = rx_carve(&p, BT * (size_t)P->Dg);
+    A->tv = vres ? rx_carve(&p, BT * Dv) : NULL;
+    A->bonus = rx_carve(&p, BT * H);
     return RX_OK;
 }
 
@@ -87,10 +78,27 @@ void rx_tm_acts_free(rx_tm_acts *A) {
     A->mem = NULL;
 }
 
+/* A chunk of a LoRA hidden, in place: h [n] = act(h) */
+RX_HOT static void activate_chunk(float *h, size_t n, int act) {
+    if (act == ACT_TANH)
+        for (size_t i = 0; i < n; i++) h[i] = rx_tanhf(h[i]);
+    else
+        for (size_t i = 0; i < n; i++) h[i] = rx_sigmoidf(h[i]);
+}
+
+/* Its backward on the grad dh [n] from the activated h: dh *= act'(h) */
+RX_HOT static void activate_back_chunk(const float *restrict h, float *restrict dh, size_t n,
+                                       int act) {
+    if (act == ACT_TANH)
+        for (size_t i = 0; i < n; i++) dh[i] *= 1.0f - h[i] * h[i];
+    else
+        for (size_t i = 0; i < n; i++) dh[i] *= h[i] * (1.0f - h[i]);
+}
+
 /* h [n] = act(h) */
 static void activate(float *h, size_t n, int act) {
 #pragma omp parallel for schedule(static) if (!rx_in_parallel() && n >= 65536)
-    for (size_t i = 0; i < n; i++) h[i] = act == ACT_TANH ? tanhf(h[i]) : rx_sigmoidf(h[i]);
+    for (size_t i0 = 0; i0 < n; i0 += RX_EW_CHUNK) activate_chunk(h + i0, rx_ew_len(i0, n), act);
 }
 
 /* LoRA: h [BT][D] = act(xin [BT][C] . W1 [C][D]); out [BT][C] = h . W2 [D][C] */
@@ -110,9 +118,10 @@ static void lora_backward(const float *xin, const float *W1, const float *W2, in
     rx_sgemm(1, 0, D, C, BT, h, D, dout, C, 0.0f, G2, C);
     rx_sgemm(0, 1, BT, D, C, dout, C, W2, C, 0.0f, dh, D);
     if (act != ACT_NONE) {
-#pragma omp parallel for schedule(static) if (!rx_in_parallel() && BT * D >= 65536)
-        for (size_t i = 0; i < BT * D; i++)
-            dh[i] *= act == ACT_TANH ? 1.0f - h[i] * h[i] : h[i] * (1.0f - h[i]);
+        const size_t n = BT * D;
+#pragma omp parallel for schedule(static) if (!rx_in_parallel() && n >= 65536)
+        for (size_t i0 = 0; i0 < n; i0 += RX_EW_CHUNK)
+            activate_back_chunk(h + i0, dh + i0, rx_ew_len(i0, n), act);
     }
     rx_sgemm(1, 0, C, D, BT, xin, C, dh, D, 0.0f, G1, D);
     rx_sgemm(0, 1, BT, C, D, dh, D, W1, D, beta, dxin, C);
@@ -127,17 +136,21 @@ RX_HOT static void gates_row(const rx_tm_params *P, const rx_tm_acts *A, size_t 
     const size_t C = (size_t)P->c, H = (size_t)P->n_head, N = (size_t)P->head_size;
     const float *k = A->k + o, *v = A->v + o;
     float *w = A->w + o, *ws = A->wsig + o, *a = A->a + o, *km = A->kmod + o;
+    const float *w0 = P->w0, *a0 = P->a0, *ka = P->k_a;
+#pragma omp simd
     for (size_t c = 0; c < C; c++) {
-        float s = rx_sigmoidf(P->w0[c] + w[c]);
+        float s = rx_sigmoidf(w0[c] + w[c]);
         ws[c] = s;
-        w[c] = expf(-TM_DECAY_SCALE * s);
-        a[c] = rx_sigmoidf(P->a0[c] + a[c]);
-        km[c] = k[c] * (1.0f + (a[c] - 1.0f) * P->k_a[c]);
+        w[c] = rx_expf(-TM_DECAY_SCALE * s);
+        a[c] = rx_sigmoidf(a0[c] + a[c]);
+        km[c] = k[c] * (1.0f + (a[c] - 1.0f) * ka[c]);
     }
     if (P->layer_id > 0) {
+        const float *v0 = P->v0;
         float *vg = A->vg + o, *vm = A->vmod + o;
+#pragma omp simd
         for (size_t c = 0; c < C; c++) {
-            vg[c] = rx_sigmoidf(P->v0[c] + vg[c]);
+            vg[c] = rx_sigmoidf(v0[c] + vg[c]);
             vm[c] = v[c] + (vf_in[c] - v[c]) * vg[c];
         }
     } else if (vf_out) {
@@ -146,8 +159,10 @@ RX_HOT static void gates_row(const rx_tm_params *P, const rx_tm_acts *A, size_t 
     for (size_t h = 0; h < H; h++) {
         const float *kh = k + h * N, *kkw = P->k_k + h * N, *ah = a + h * N;
         float *aw = A->aw + o + h * N, *bw = A->bw + o + h * N, ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
         for (size_t n = 0; n < N; n++) ss += (kh[n] * kkw[n]) * (kh[n] * kkw[n]);
         float nrm = sqrtf(ss), inv = 1.0f / (nrm > TM_KK_FLOOR ? nrm : TM_KK_FLOOR);
+#pragma omp simd
         for (size_t n = 0; n < N; n++) {
             float kk = kh[n] * kkw[n] * inv;
             aw[n] = -kk;
@@ -166,8 +181,10 @@ RX_HOT static void bonus_row(const rx_tm_params *P, const rx_tm_acts *A, size_t 
         const float *r = A->r + oh, *km = A->kmod + oh, *vm = A->vmod + oh, *rk = P->r_k + h * N;
         const float *g = A->g + oh;
         float *z = A->z + oh, *zg = A->zg + oh, s = 0.0f;
+#pragma omp simd reduction(+ : s)
         for (size_t n = 0; n < N; n++) s += r[n] * km[n] * rk[n];
         A->bonus[bt * H + h] = s;
+#pragma omp simd
         for (size_t n = 0; n < N; n++) {
             z[n] += s * vm[n];
             zg[n] = z[n] * g[n];
@@ -182,7 +199,7 @@ int rx_tm_forward_state(const rx_tm_params *P, const float *x, const float *x_pr
     const size_t H = (size_t)P->n_head, N = (size_t)P->head_size;
     const float *mix[6] = {P->x_r, P->x_w, P->x_k, P->x_v, P->x_a, P->x_g};
     float *xin[6] = {A->xr, A->xw, A->xk, A->xv, A->xa, A->xg};
-    for (int i = 0; i < 6; i++) rx_shift_lerp_forward(mix[i], x, x_prev_init, xin[i], B, T, C);
+    rx_shift_lerp_forward(6, mix, x, x_prev_init, xin, B, T, C);
     rx_sgemm(0, 0, BT, C, C, A->xr, C, P->receptance_w, C, 0.0f, A->r, C);
     rx_sgemm(0, 0, BT, C, C, A->xk, C, P->key_w, C, 0.0f, A->k, C);
     rx_sgemm(0, 0, BT, C, C, A->xv, C, P->value_w, C, 0.0f, A->v, C);
@@ -220,10 +237,8 @@ typedef struct {
     float *dyw;       /* grad on the WKV7 output y */
     float *dr, *dk, *dv;     /* WKV7 grads -> grads on r, k, v projections */
     float *dw, *da, *db;     /* WKV7 grads -> decay / a pre-activations; db: grad on kk */
-    float *dxin;      /* grad on one token-shift lerp at a time */
     float *dlo;       /* [BT][max D] LoRA hidden grad */
     float *ds;        /* [BT][H] grad on the bonus sum */
-    float *mem;
 } tm_grad_scratch;
 
 /* Pass over one (token, head) after the output projection: dz *= g, dg,
@@ -235,18 +250,22 @@ RX_HOT static void gate_bonus_back(const rx_tm_params *P, const rx_tm_acts *A,
     const float *g = A->g + oh, *z = A->z + oh, *vm = A->vmod + oh, *r = A->r + oh;
     const float *km = A->kmod + oh;
     float *dz = S->dz + oh, *dg = S->dg + oh, *drk = G->r_k + h * N, ds = 0.0f;
+#pragma omp simd reduction(+ : ds)
     for (size_t n = 0; n < N; n++) {
         dg[n] = dz[n] * z[n];
         dz[n] *= g[n];
         ds += dz[n] * vm[n];
     }
     S->ds[bt * H + h] = ds;
+#pragma omp simd
     for (size_t n = 0; n < N; n++) drk[n] += ds * r[n] * km[n];
 }
 
 /* Pass over one (token, head) after the WKV7 backward: adds the bonus
  * grads, recombines a_wkv/b_wkv onto kk and a, undoes the key modification,
- * the kk normalisation, the value residual and the gate nonlinearities. */
+ * the kk normalisation, the value residual and the gate nonlinearities.
+ * Three vectorised loops: the shared part, the value residual (layer > 0)
+ * or the v_first grad (layer 0), and the kk normalisation. */
 RX_HOT static void wkv_inputs_back(const rx_tm_params *P, const rx_tm_acts *A,
                                    tm_grad_scratch *S, rx_tm_grads *G, const float *vf,
                                    const float *dvf_in, float *dvf_out, size_t bt, size_t h) {
@@ -258,79 +277,112 @@ RX_HOT static void wkv_inputs_back(const rx_tm_params *P, const rx_tm_acts *A,
     const float ds = S->ds[bt * H + h], bon = A->bonus[bt * H + h];
     float *dz = S->dz + oh, *dr = S->dr + oh, *dk = S->dk + oh, *dv = S->dv + oh;
     float *dw = S->dw + oh, *da = S->da + oh, *dkk = S->db + oh;
+    float *gka = G->k_a + c0, *ga0 = G->a0 + c0, *gw0 = G->w0 + c0, *gkk = G->k_k + c0;
     float ss = 0.0f, dot = 0.0f;
+#pragma omp simd reduction(+ : ss, dot)
     for (size_t n = 0; n < N; n++) {
-        const size_t c = c0 + n;
         float dkm = dk[n] + ds * r[n] * rk[n]; /* grad on the modified key */
         dr[n] += ds * km[n] * rk[n];
         float kk = -aw[n];
         float dkkn = dkk[n] * a[n] - da[n];    /* b_wkv = kk*a, a_wkv = -kk */
         float dat = dkk[n] * kk + dkm * k[n] * kka[n];
-        G->k_a[c] += dkm * k[n] * (a[n] - 1.0f);
+        gka[n] += dkm * k[n] * (a[n] - 1.0f);
         dk[n] = dkm * (1.0f + (a[n] - 1.0f) * kka[n]);
         dkk[n] = dkkn;
         da[n] = dat * a[n] * (1.0f - a[n]);
-        G->a0[c] += da[n];
+        ga0[n] += da[n];
         dw[n] *= -TM_DECAY_SCALE * w[n] * ws[n] * (1.0f - ws[n]);
-        G->w0[c] += dw[n];
-        float dvm = dv[n] + dz[n] * bon;       /* grad on the modified value */
-        if (P->layer_id > 0) {
-            float vg = A->vg[oh + n];
-            dv[n] = dvm * (1.0f - vg);
-            if (dvf_out) dvf_out[n] = dvm * vg;
-            dz[n] = dvm * (vf[n] - v[n]) * vg * (1.0f - vg);
-            G->v0[c] += dz[n];
-        } else {
-            dv[n] = dvm + (dvf_in ? dvf_in[n] : 0.0f);
-        }
+        gw0[n] += dw[n];
+        dv[n] += dz[n] * bon;                  /* grad on the modified value */
         float u = k[n] * kkw[n];
         ss += u * u;
         dot += kk * dkkn;
     }
+    if (P->layer_id > 0) {
+        const float *vg = A->vg + oh;
+        float *gv0 = G->v0 + c0;
+        if (dvf_out) {
+#pragma omp simd
+            for (size_t n = 0; n < N; n++) dvf_out[n] = dv[n] * vg[n];
+        }
+        /* dz becomes the grad on the v-residual gate pre-activation */
+#pragma omp simd
+        for (size_t n = 0; n < N; n++) {
+            float dvm = dv[n];
+            dv[n] = dvm * (1.0f - vg[n]);
+            dz[n] = dvm * (vf[n] - v[n]) * vg[n] * (1.0f - vg[n]);
+            gv0[n] += dz[n];
+        }
+    } else if (dvf_in) {
+#pragma omp simd
+        for (size_t n = 0; n < N; n++) dv[n] += dvf_in[n];
+    }
     /* kk = u / max(|u|, floor), u = k*k_k: below the floor the scale is constant */
     float nrm = sqrtf(ss);
-    int scaled = nrm > TM_KK_FLOOR;
-    float inv = 1.0f / (scaled ? nrm : TM_KK_FLOOR);
+    const int scaled = nrm > TM_KK_FLOOR;
+    const float inv = 1.0f / (scaled ? nrm : TM_KK_FLOOR), dotu = scaled ? dot : 0.0f;
+#pragma omp simd
     for (size_t n = 0; n < N; n++) {
-        float du = (scaled ? dkk[n] + aw[n] * dot : dkk[n]) * inv;
+        float du = (dkk[n] + aw[n] * dotu) * inv;
         dk[n] += du * kkw[n];
-        G->k_k[c0 + n] += du * k[n];
+        gkk[n] += du * k[n];
     }
+}
+
+/* The widest LoRA hidden */
+static size_t lora_dmax(const rx_tm_params *P) {
+    size_t D = (size_t)P->Dw;
+    if ((size_t)P->Da > D) D = (size_t)P->Da;
+    if ((size_t)P->Dg > D) D = (size_t)P->Dg;
+    if (P->layer_id > 0 && (size_t)P->Dv > D) D = (size_t)P->Dv;
+    return D;
+}
+
+/* Floats of rx_tm_backward_acts's scratch (tm_grad_scratch): nine [BT][C]
+ * grads, the LoRA hidden grad and the bonus-sum grad. */
+size_t rx_tm_backward_work(const rx_tm_params *P, size_t BT) {
+    return 9 * rx_lines(BT * (size_t)P->c) + rx_lines(BT * lora_dmax(P)) +
+           rx_lines(BT * (size_t)P->n_head);
 }
 
 int rx_tm_backward_acts(const rx_tm_params *P, const rx_tm_acts *A, const float *x,
                         const float *x_prev_init, const float *v_first, const float *dy,
-                        rx_tm_grads *G, float *dx, float *d_xprev_init, float *d_v_first) {
+                        rx_tm_grads *G, float *dx, float *d_xprev_init, float *d_v_first,
+                        float *work) {
     const size_t B = A->B, T = A->T, BT = B * T, C = (size_t)P->c;
     const size_t H = (size_t)P->n_head, N = (size_t)P->head_size;
     const int vres = P->layer_id > 0;
-    size_t Dmax = (size_t)P->Dw;
-    if ((size_t)P->Da > Dmax) Dmax = (size_t)P->Da;
-    if ((size_t)P->Dg > Dmax) Dmax = (size_t)P->Dg;
-    if (vres && (size_t)P->Dv > Dmax) Dmax = (size_t)P->Dv;
-
+    float *own = NULL;
+    if (!work) {
+        work = own = rx_falloc(rx_tm_backward_work(P, BT));
+        if (!own) return RX_ENOMEM;
+    }
     tm_grad_scratch S;
-    S.mem = rx_falloc(10 * lines(BT * C) + lines(BT * Dmax) + lines(BT * H));
-    if (!S.mem) return RX_ENOMEM;
-    float *p = S.mem;
-    float **bufs[] = {&S.dz, &S.dg, &S.dyw, &S.dr, &S.dk, &S.dv, &S.dw, &S.da, &S.db, &S.dxin};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) *bufs[i] = carve(&p, BT * C);
-    S.dlo = carve(&p, BT * Dmax);
-    S.ds = carve(&p, BT * H);
+    float *p = work;
+    float **bufs[] = {&S.dz, &S.dg, &S.dyw, &S.dr, &S.dk, &S.dv, &S.dw, &S.da, &S.db};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) *bufs[i] = rx_carve(&p, BT * C);
+    S.dlo = rx_carve(&p, BT * lora_dmax(P));
+    S.ds = rx_carve(&p, BT * H);
 
-    /* parameter vectors accumulate; matrices are written by their GEMMs */
-    float *vecs[] = {G->x_r, G->x_k, G->x_v, G->x_w, G->x_a, G->x_g, G->w0, G->a0,
-                     G->k_k, G->k_a, G->r_k, G->ln_x_w, G->ln_x_b, vres ? G->v0 : NULL};
+    /* parameter vectors accumulate; matrices are written by their GEMMs,
+     * the lerp mixes by the lerp backward */
+    float *vecs[] = {G->w0, G->a0, G->k_k, G->k_a, G->r_k, G->ln_x_w, G->ln_x_b,
+                     vres ? G->v0 : NULL};
     for (size_t i = 0; i < sizeof vecs / sizeof vecs[0]; i++) rx_fzero(vecs[i], C);
-    rx_fzero(dx, BT * C);
-    rx_fzero(d_xprev_init, B * C);
 
     /* out = zg . output_w */
     rx_sgemm(1, 0, C, C, BT, A->zg, C, dy, C, 0.0f, G->output_w, C);
     rx_sgemm(0, 1, BT, C, C, dy, C, P->output_w, C, 0.0f, S.dz, C);
-#pragma omp parallel for schedule(static) if (!rx_in_parallel() && BT * C >= 65536)
-    for (size_t h = 0; h < H; h++)
-        for (size_t bt = 0; bt < BT; bt++) gate_bonus_back(P, A, &S, G, bt, h);
+    /* the per-(token, head) passes: one group of heads per thread, each
+     * thread walking its heads token by token (whole row segments) */
+    const int par = !rx_in_parallel() && BT * C >= 65536;
+    const size_t nth = par ? (size_t)rx_max_threads() : 1, hper = (H + nth - 1) / nth;
+    const size_t ngrp = (H + hper - 1) / hper;
+#pragma omp parallel for schedule(static) if (par)
+    for (size_t grp = 0; grp < ngrp; grp++)
+        for (size_t bt = 0; bt < BT; bt++)
+            for (size_t h = grp * hper; h < H && h < (grp + 1) * hper; h++)
+                gate_bonus_back(P, A, &S, G, bt, h);
 
     int rc = rx_rownorm_backward(A->y, P->ln_x_w, S.dz, S.dyw, G->ln_x_w, G->ln_x_b, BT * H, N,
                                  H, RX_GN_EPS);
@@ -338,45 +390,40 @@ int rx_tm_backward_acts(const rx_tm_params *P, const rx_tm_acts *A, const float 
         rc = rx_wkv7_backward(A->r, A->w, A->kmod, A->vmod, A->aw, A->bw, S.dyw, NULL, S.dr,
                               S.dw, S.dk, S.dv, S.da, S.db, NULL, (int)B, (int)T, (int)H, (int)N);
     if (rc != RX_OK) {
-        free(S.mem);
+        free(own);
         return rc;
     }
-#pragma omp parallel for schedule(static) if (!rx_in_parallel() && BT * C >= 65536)
-    for (size_t h = 0; h < H; h++)
+#pragma omp parallel for schedule(static) if (par)
+    for (size_t grp = 0; grp < ngrp; grp++)
         for (size_t bt = 0; bt < BT; bt++)
-            wkv_inputs_back(P, A, &S, G, vres ? v_first + bt * C + h * N : NULL,
-                            !vres && d_v_first ? d_v_first + bt * C + h * N : NULL,
-                            vres && d_v_first ? d_v_first + bt * C + h * N : NULL, bt, h);
+            for (size_t h = grp * hper; h < H && h < (grp + 1) * hper; h++)
+                wkv_inputs_back(P, A, &S, G, vres ? v_first + bt * C + h * N : NULL,
+                                !vres && d_v_first ? d_v_first + bt * C + h * N : NULL,
+                                vres && d_v_first ? d_v_first + bt * C + h * N : NULL, bt, h);
 
-    /* projections and LoRAs back to their token-shift lerps, then to x */
+    /* projections and LoRAs back to their token-shift lerps, each lerp grad
+     * into the buffer freed just before it, then all six back to x at once */
+    float *dxr = S.dyw, *dxk = S.dr, *dxv = S.dk, *dxw = S.dv, *dxa = S.dw, *dxg = S.da;
     rx_sgemm(1, 0, C, C, BT, A->xr, C, S.dr, C, 0.0f, G->receptance_w, C);
-    rx_sgemm(0, 1, BT, C, C, S.dr, C, P->receptance_w, C, 0.0f, S.dxin, C);
-    rx_shift_lerp_backward(P->x_r, x, x_prev_init, S.dxin, dx, G->x_r, d_xprev_init, B, T, C);
-
+    rx_sgemm(0, 1, BT, C, C, S.dr, C, P->receptance_w, C, 0.0f, dxr, C);
     rx_sgemm(1, 0, C, C, BT, A->xk, C, S.dk, C, 0.0f, G->key_w, C);
-    rx_sgemm(0, 1, BT, C, C, S.dk, C, P->key_w, C, 0.0f, S.dxin, C);
-    rx_shift_lerp_backward(P->x_k, x, x_prev_init, S.dxin, dx, G->x_k, d_xprev_init, B, T, C);
-
+    rx_sgemm(0, 1, BT, C, C, S.dk, C, P->key_w, C, 0.0f, dxk, C);
     rx_sgemm(1, 0, C, C, BT, A->xv, C, S.dv, C, 0.0f, G->value_w, C);
-    rx_sgemm(0, 1, BT, C, C, S.dv, C, P->value_w, C, 0.0f, S.dxin, C);
+    rx_sgemm(0, 1, BT, C, C, S.dv, C, P->value_w, C, 0.0f, dxv, C);
     if (vres)
-        lora_backward(A->xv, P->v1, P->v2, ACT_NONE, A->tv, S.dz, G->v1, G->v2, S.dlo, S.dxin,
+        lora_backward(A->xv, P->v1, P->v2, ACT_NONE, A->tv, S.dz, G->v1, G->v2, S.dlo, dxv,
                       1.0f, BT, C, (size_t)P->Dv);
-    rx_shift_lerp_backward(P->x_v, x, x_prev_init, S.dxin, dx, G->x_v, d_xprev_init, B, T, C);
-
-    lora_backward(A->xw, P->w1, P->w2, ACT_TANH, A->tw, S.dw, G->w1, G->w2, S.dlo, S.dxin, 0.0f,
+    lora_backward(A->xw, P->w1, P->w2, ACT_TANH, A->tw, S.dw, G->w1, G->w2, S.dlo, dxw, 0.0f,
                   BT, C, (size_t)P->Dw);
-    rx_shift_lerp_backward(P->x_w, x, x_prev_init, S.dxin, dx, G->x_w, d_xprev_init, B, T, C);
-
-    lora_backward(A->xa, P->a1, P->a2, ACT_NONE, A->ta, S.da, G->a1, G->a2, S.dlo, S.dxin, 0.0f,
+    lora_backward(A->xa, P->a1, P->a2, ACT_NONE, A->ta, S.da, G->a1, G->a2, S.dlo, dxa, 0.0f,
                   BT, C, (size_t)P->Da);
-    rx_shift_lerp_backward(P->x_a, x, x_prev_init, S.dxin, dx, G->x_a, d_xprev_init, B, T, C);
-
-    lora_backward(A->xg, P->g1, P->g2, ACT_SIGMOID, A->tg, S.dg, G->g1, G->g2, S.dlo, S.dxin,
+    lora_backward(A->xg, P->g1, P->g2, ACT_SIGMOID, A->tg, S.dg, G->g1, G->g2, S.dlo, dxg,
                   0.0f, BT, C, (size_t)P->Dg);
-    rx_shift_lerp_backward(P->x_g, x, x_prev_init, S.dxin, dx, G->x_g, d_xprev_init, B, T, C);
-
-    free(S.mem);
+    const float *mix[6] = {P->x_r, P->x_k, P->x_v, P->x_w, P->x_a, P->x_g};
+    const float *dxin[6] = {dxr, dxk, dxv, dxw, dxa, dxg};
+    float *dmix[6] = {G->x_r, G->x_k, G->x_v, G->x_w, G->x_a, G->x_g};
+    rx_shift_lerp_backward(6, mix, x, x_prev_init, dxin, dx, dmix, d_xprev_init, B, T, C);
+    free(own);
     return RX_OK;
 }
 
@@ -408,7 +455,7 @@ int rx_timemix_backward(const rx_tm_params *P, const float *x, const float *x_pr
                                 NULL);
     if (rc == RX_OK)
         rc = rx_tm_backward_acts(P, &A, x, x_prev_init, v_first, dy, G, dx, d_xprev_init,
-                                 d_v_first);
+                                 d_v_first, NULL);
     rx_tm_acts_free(&A);
     return rc;
 }
