@@ -39,18 +39,36 @@ void rx_head_backward(const float *x, const float *head, const float *dlogits,
 }
 
 /* One row: returns -log softmax(l)[target]; if d is not NULL writes
- * d = (softmax(l) - onehot(target)) * scale. l, d: [V] */
-RX_HOT static double ce_row(const float *l, size_t V, size_t target, float *d, double scale) {
+ * d = (softmax(l) - onehot(target)) * scale. l, d: [V]. One exp per logit
+ * (rx_expf, vectorised): e = exp(l - max) is summed in eight double lanes
+ * and, scaled by 1/sum, is the softmax. */
+#define CE_LANES 8
+RX_HOT static double ce_row(const float *restrict l, size_t V, size_t target,
+                            float *restrict d, double scale) {
     float m = l[0];
     for (size_t v = 1; v < V; v++) m = l[v] > m ? l[v] : m;
-    double s = 0.0;
-    for (size_t v = 0; v < V; v++) s += exp((double)l[v] - m);
-    double lse = (double)m + log(s);
-    if (d) {
-        for (size_t v = 0; v < V; v++) d[v] = (float)(exp((double)l[v] - lse) * scale);
-        d[target] = (float)((exp((double)l[target] - lse) - 1.0) * scale);
+    double acc[CE_LANES] = {0};
+    size_t v = 0;
+    for (; v + CE_LANES <= V; v += CE_LANES) {
+        float e[CE_LANES];
+        for (size_t j = 0; j < CE_LANES; j++) e[j] = rx_expf(l[v + j] - m);
+        if (d)
+            for (size_t j = 0; j < CE_LANES; j++) d[v + j] = e[j];
+        for (size_t j = 0; j < CE_LANES; j++) acc[j] += e[j];
     }
-    return lse - (double)l[target];
+    for (; v < V; v++) {
+        float e = rx_expf(l[v] - m);
+        if (d) d[v] = e;
+        acc[0] += e;
+    }
+    double s = 0.0;
+    for (size_t j = 0; j < CE_LANES; j++) s += acc[j];
+    if (d) {
+        const float f = (float)(scale / s);
+        for (v = 0; v < V; v++) d[v] *= f;
+        d[target] = (float)((double)d[target] - scale);
+    }
+    return (double)m + log(s) - (double)l[target];
 }
 
 static int ce_valid(int target, int ignore_index) {
