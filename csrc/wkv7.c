@@ -137,51 +137,62 @@ RX_AVX2 static void rowdots_avx2(const float *S, const float *a, float *sa, size
  * with this step's sa [N] given. One pass over the state: while a row of
  * the new state is in registers it also gives y (NULL: not wanted) and,
  * against the next step's a (an, NULL: last step), the next step's sa
- * (san [N]), so no step reads the state twice. r and an are loaded before
- * the rows' stores, which might alias them, so each is read once per
- * column block. Always inlined so NULL y or an compile their work away. */
+ * (san [N]), so no step reads the state twice. Two rows at a time keep
+ * every operand in a vector register (the rows' stores might alias the
+ * inputs, so the compiler would reload anything not held in one). Always
+ * inlined so NULL y or an compile their work away. */
 RX_AVX2 static inline __attribute__((always_inline)) void
 step_avx2(const float *Si, float *So, const float *r, const float *w, const float *k,
           const float *v, const float *b, const float *sa, const float *an, float *y,
           float *san, size_t N) {
-    for (size_t i = 0; i < N; i += 4) {
-        const float *s0 = Si + i * N, *s1 = s0 + N, *s2 = s1 + N, *s3 = s2 + N;
-        float *o0 = So + i * N, *o1 = o0 + N, *o2 = o1 + N, *o3 = o2 + N;
-        __m256 y0 = _mm256_setzero_ps(), y1 = y0, y2 = y0, y3 = y0;
-        __m256 n0 = y0, n1 = y0, n2 = y0, n3 = y0;
+    for (size_t i = 0; i < N; i += 2) {
+        const float *s0 = Si + i * N, *s1 = s0 + N;
+        float *o0 = So + i * N, *o1 = o0 + N;
+        const __m256 sa0 = _mm256_broadcast_ss(sa + i), sa1 = _mm256_broadcast_ss(sa + i + 1);
+        const __m256 v0 = _mm256_broadcast_ss(v + i), v1 = _mm256_broadcast_ss(v + i + 1);
+        __m256 y0 = _mm256_setzero_ps(), y1 = y0, n0 = y0, n1 = y0;
         for (size_t j = 0; j < N; j += 8) {
             const __m256 wv = _mm256_loadu_ps(w + j), kv = _mm256_loadu_ps(k + j);
             const __m256 bv = _mm256_loadu_ps(b + j);
             const __m256 rv = y ? _mm256_loadu_ps(r + j) : wv;
             const __m256 nv = an ? _mm256_loadu_ps(an + j) : wv;
             __m256 t;
-#define ROW(s_, o_, q_, y_, n_)                                                         \
-    t = _mm256_mul_ps(_mm256_broadcast_ss(sa + i + q_), bv);                            \
-    t = _mm256_fmadd_ps(_mm256_broadcast_ss(v + i + q_), kv, t);                        \
-    t = _mm256_fmadd_ps(_mm256_loadu_ps(s_ + j), wv, t);                                \
+#define ROW(s_, o_, v_, sa_, y_, n_)                                                    \
+    t = _mm256_fmadd_ps(_mm256_loadu_ps(s_ + j), wv,                                    \
+                        _mm256_fmadd_ps(v_, kv, _mm256_mul_ps(sa_, bv)));               \
     _mm256_storeu_ps(o_ + j, t);                                                        \
     if (y) y_ = _mm256_fmadd_ps(t, rv, y_);                                             \
     if (an) n_ = _mm256_fmadd_ps(t, nv, n_);
-            ROW(s0, o0, 0, y0, n0)
-            ROW(s1, o1, 1, y1, n1)
-            ROW(s2, o2, 2, y2, n2)
-            ROW(s3, o3, 3, y3, n3)
+            ROW(s0, o0, v0, sa0, y0, n0)
+            ROW(s1, o1, v1, sa1, y1, n1)
 #undef ROW
         }
-        if (y) _mm_storeu_ps(y + i, hsum4(y0, y1, y2, y3));
-        if (an) _mm_storeu_ps(san + i, hsum4(n0, n1, n2, n3));
+        /* lanes: y_i, y_i+1, san_i, san_i+1 */
+        __m128 q = hsum4(y0, y1, n0, n1);
+        if (y) _mm_storel_pi((__m64 *)(y + i), q);
+        if (an) _mm_storeh_pi((__m64 *)(san + i), q);
     }
 }
 
-/* step_avx2 with each combination of y and an compiled on its own. */
+/* step_avx2 with each combination of y and an compiled on its own, and
+ * for N = 64 (every reference configuration's head size) with N a
+ * constant: the row offsets become immediates, which frees the general
+ * registers the loops otherwise spill their row pointers from. */
 RX_AVX2 static void step_avx2_any(const float *Si, float *So, const float *r, const float *w,
                                   const float *k, const float *v, const float *b,
                                   const float *sa, const float *an, float *y, float *san,
                                   size_t N) {
-    if (y && an) step_avx2(Si, So, r, w, k, v, b, sa, an, y, san, N);
-    else if (y) step_avx2(Si, So, r, w, k, v, b, sa, NULL, y, NULL, N);
-    else if (an) step_avx2(Si, So, NULL, w, k, v, b, sa, an, NULL, san, N);
-    else step_avx2(Si, So, NULL, w, k, v, b, sa, NULL, NULL, NULL, N);
+#define STEP(N_)                                                                        \
+    if (y && an) step_avx2(Si, So, r, w, k, v, b, sa, an, y, san, N_);                  \
+    else if (y) step_avx2(Si, So, r, w, k, v, b, sa, NULL, y, NULL, N_);                \
+    else if (an) step_avx2(Si, So, NULL, w, k, v, b, sa, an, NULL, san, N_);            \
+    else step_avx2(Si, So, NULL, w, k, v, b, sa, NULL, NULL, NULL, N_);
+    if (N == 64) {
+        STEP(64)
+    } else {
+        STEP(N)
+    }
+#undef STEP
 }
 
 /* Rows per tile of the backward's column sums: 16 rows of S0 and dS are
@@ -200,15 +211,16 @@ RX_AVX2 static void coldots_avx2(const float *S, const float *x, float *out, siz
     }
 }
 
-/* wkv7_step_back for N % 8 == 0, with this step's sa [N] from the forward
- * and dsa [N] as scratch. Reads only the state before the step, S0: the dr
- * it would need the state after the step for is the previous step's,
- * drp = dyp . S0 (dyp = dy of step t-1; zero at a sequence's first step). */
-RX_AVX2 static void step_back_avx2(const float *S0, float *dS, const float *r, const float *w,
-                                   const float *k, const float *v, const float *a,
-                                   const float *b, const float *dy, const float *dyp,
-                                   const float *sa, float *dsa, float *drp, float *dw,
-                                   float *dk, float *dv, float *da, float *db, size_t N) {
+/* wkv7_step_back for N % 8 == 0 (through step_back_avx2), with this step's
+ * sa [N] from the forward and dsa [N] as scratch. Reads only the state
+ * before the step, S0: the dr it would need the state after the step for
+ * is the previous step's, drp = dyp . S0 (dyp = dy of step t-1; zero at a
+ * sequence's first step). */
+RX_AVX2 static inline __attribute__((always_inline)) void
+step_back_body(const float *S0, float *dS, const float *r, const float *w, const float *k,
+               const float *v, const float *a, const float *b, const float *dy,
+               const float *dyp, const float *sa, float *dsa, float *drp, float *dw, float *dk,
+               float *dv, float *da, float *db, size_t N) {
     __m256 x = _mm256_setzero_ps(), z = x;
     for (size_t j = 0; j < N; j += 8) {
         __m256 rv = _mm256_loadu_ps(r + j);
@@ -268,6 +280,18 @@ RX_AVX2 static void step_back_avx2(const float *S0, float *dS, const float *r, c
             _mm256_storeu_ps(da + j, ca);
         }
     }
+}
+
+/* step_back_body, with N a constant for N = 64 as in step_avx2_any. */
+RX_AVX2 static void step_back_avx2(const float *S0, float *dS, const float *r, const float *w,
+                                   const float *k, const float *v, const float *a,
+                                   const float *b, const float *dy, const float *dyp,
+                                   const float *sa, float *dsa, float *drp, float *dw,
+                                   float *dk, float *dv, float *da, float *db, size_t N) {
+    if (N == 64)
+        step_back_body(S0, dS, r, w, k, v, a, b, dy, dyp, sa, dsa, drp, dw, dk, dv, da, db, 64);
+    else
+        step_back_body(S0, dS, r, w, k, v, a, b, dy, dyp, sa, dsa, drp, dw, dk, dv, da, db, N);
 }
 
 static int wkv7_use_avx2(size_t N) {
@@ -448,6 +472,11 @@ int rx_wkv7_backward_cp(const float *r, const float *w, const float *k, const fl
             for (size_t t = t1; t-- > t0;) {
                 size_t o = OFF(t);
                 if (t >= t0 + WKV_AHEAD) prefetch_rows(in, 13, o - WKV_AHEAD * C, N);
+                /* and a sixteenth of the checkpoint the next chunk starts from */
+                const size_t part = NN / RX_WKV7_CHUNK;
+                if (c > 0)
+                    for (size_t q = 0; q < part; q += 16)
+                        __builtin_prefetch(cpb + (c - 1) * NN + (t1 - 1 - t) * part + q);
 #ifdef RX_X86
                 if (fast) {
                     step_back_avx2(STATE(t), dS, r + o, w + o, k + o, v + o, a + o, b + o,
