@@ -323,62 +323,78 @@ static int wkv7_args_ok(const float *r, const float *w, const float *k, const fl
     return r && w && k && v && a && b && B >= 1 && T >= 1 && H >= 1 && N >= 1;
 }
 
+/* One (b, h) of the forward over [B][T][H][N] rows: S [N][N] enters as the
+ * initial state and leaves as the final one; y_out (NULL: not wanted);
+ * cpb [ceil(T/RX_WKV7_CHUNK)][N][N] receives the checkpoints (NULL: not
+ * kept); sa [2][N] scratch. */
+static void forward_head(const float *r, const float *w, const float *k, const float *v,
+                         const float *a, const float *b, float *y_out, float *S, float *cpb,
+                         float *sa, size_t bi, size_t h, size_t TT, size_t C, size_t N,
+                         int fast) {
+    const size_t NN = N * N;
+    float *san = sa + N;
+    const float *in[7] = {r, w, k, v, a, b, y_out};
+#define OFF(t) ((bi * TT + (t)) * C + h * N)
+#ifdef RX_X86
+    if (fast) rowdots_avx2(S, a + OFF(0), sa, N);
+#else
+    (void)fast;
+#endif
+    for (size_t t = 0; t < TT; t++) {
+        size_t o = OFF(t);
+        float *y = y_out ? y_out + o : NULL;
+        if (cpb && t % RX_WKV7_CHUNK == 0)
+            memcpy(cpb + t / RX_WKV7_CHUNK * NN, S, NN * sizeof(float));
+        if (t + WKV_AHEAD < TT) prefetch_rows(in, y_out ? 7 : 6, o + WKV_AHEAD * C, N);
+#ifdef RX_X86
+        if (fast) {
+            step_avx2_any(S, S, r + o, w + o, k + o, v + o, b + o, sa,
+                          t + 1 < TT ? a + OFF(t + 1) : NULL, y, san, N);
+            float *tmp = sa;
+            sa = san;
+            san = tmp;
+            continue;
+        }
+#endif
+        wkv7_step(S, r + o, w + o, k + o, v + o, a + o, b + o, y, N);
+    }
+#undef OFF
+}
+
 /* Per (b, h) scratch of the forward: a state [N][N] (used when s_final is
- * NULL) and sa for two steps [2][N]; the backward's per (b, h) scratch
- * (RX_WKV7_WORK) holds more, so both take it from the same buffer. */
+ * NULL) and sa [2][N]; the backward's (RX_WKV7_WORK) holds more, so both
+ * take it from the same buffer. */
 #define WKV_FWD_WORK(N) ((N) * (N) + 2 * (N))
 
 /* r..b, y_out: [B][T][H][N]; s_init, s_final: [B][H][N][N]; cp as in
- * rx_wkv7_backward_cp; work [B*H][>= WKV_FWD_WORK(N)] (NULL: allocated here) */
+ * rx_internal.h; work [B*H][wstride >= WKV_FWD_WORK(N)] (NULL: one slot
+ * per thread allocated here) */
 static int wkv7_forward(const float *r, const float *w, const float *k, const float *v,
                         const float *a, const float *b, const float *s_init, float *y_out,
                         float *s_final, float *cp, float *work, size_t wstride, int B, int T,
                         int n_head, int head_size) {
     if (!wkv7_args_ok(r, w, k, v, a, b, B, T, n_head, head_size)) return RX_EINVAL;
-    const size_t H = (size_t)n_head, N = (size_t)head_size, C = H * N, NN = N * N;
+    const size_t H = (size_t)n_head, N = (size_t)head_size, NN = N * N;
     const size_t BH = (size_t)B * H, TT = (size_t)T;
     const size_t ncp = (TT + RX_WKV7_CHUNK - 1) / RX_WKV7_CHUNK;
+    int nt = rx_in_parallel() ? 1 : rx_max_threads();
+    if ((size_t)nt > BH) nt = (int)BH;
     float *own = NULL;
     if (!work) {
         wstride = WKV_FWD_WORK(N);
-        work = own = rx_falloc(BH * wstride);
+        work = own = rx_falloc((size_t)nt * wstride);
         if (!own) return RX_ENOMEM;
     }
-    int nt = rx_in_parallel() ? 1 : rx_max_threads();
-    if ((size_t)nt > BH) nt = (int)BH;
     const int fast = wkv7_use_avx2(N);
     rx_prof_push(RX_PROF_WKV7);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (nt > 1)
     for (size_t bh = 0; bh < BH; bh++) {
-        size_t bi = bh / H, h = bh % H;
-        float *wk = work + bh * wstride, *sa = wk + NN, *san = sa + N;
+        float *wk = work + (own ? (size_t)rx_thread_id() : bh) * wstride;
         float *S = s_final ? s_final + bh * NN : wk;
         if (!s_init) memset(S, 0, NN * sizeof(float));
         else if (S != s_init + bh * NN) memcpy(S, s_init + bh * NN, NN * sizeof(float));
-        const float *in[7] = {r, w, k, v, a, b, y_out};
-#define OFF(t) ((bi * TT + (t)) * C + h * N)
-#ifdef RX_X86
-        if (fast) rowdots_avx2(S, a + OFF(0), sa, N);
-#endif
-        for (size_t t = 0; t < TT; t++) {
-            size_t o = OFF(t);
-            float *y = y_out ? y_out + o : NULL;
-            if (cp && t % RX_WKV7_CHUNK == 0)
-                memcpy(cp + (bh * ncp + t / RX_WKV7_CHUNK) * NN, S, NN * sizeof(float));
-            if (t + WKV_AHEAD < TT) prefetch_rows(in, y_out ? 7 : 6, o + WKV_AHEAD * C, N);
-#ifdef RX_X86
-            if (fast) {
-                step_avx2_any(S, S, r + o, w + o, k + o, v + o, b + o, sa,
-                              t + 1 < TT ? a + OFF(t + 1) : NULL, y, san, N);
-                float *tmp = sa;
-                sa = san;
-                san = tmp;
-                continue;
-            }
-#endif
-            wkv7_step(S, r + o, w + o, k + o, v + o, a + o, b + o, y, N);
-        }
-#undef OFF
+        forward_head(r, w, k, v, a, b, y_out, S, cp ? cp + bh * ncp * NN : NULL, wk + NN,
+                     bh / H, bh % H, TT, H * N, N, fast);
     }
     rx_prof_pop();
     free(own);
@@ -417,33 +433,35 @@ int rx_wkv7_backward_cp(const float *r, const float *w, const float *k, const fl
     const size_t BH = (size_t)B * H, TT = (size_t)T;
     const size_t ncp = (TT + RX_WKV7_CHUNK - 1) / RX_WKV7_CHUNK;
     const size_t per = RX_WKV7_WORK(1, N);
-    float *own = work ? NULL : rx_falloc(BH * per);
-    float *own_cp = cp ? NULL : rx_falloc(BH * ncp * NN);
-    if (!work) work = own;
-    if (!cp) cp = own_cp;
-    int rc = work && cp ? RX_OK : RX_ENOMEM;
-    if (rc == RX_OK && own_cp)
-        rc = wkv7_forward(r, w, k, v, a, b, s_init, NULL, NULL, own_cp, work, per, B, T,
-                          n_head, head_size);
-    if (rc != RX_OK) {
-        free(own);
-        free(own_cp);
-        return rc;
-    }
     int nt = rx_in_parallel() ? 1 : rx_max_threads();
     if ((size_t)nt > BH) nt = (int)BH;
+    /* standalone: scratch and checkpoints per thread, each head's made by
+     * its own forward just before its backward */
+    float *own = work ? NULL : rx_falloc((size_t)nt * per);
+    float *own_cp = cp ? NULL : rx_falloc((size_t)nt * ncp * NN);
+    if ((!work && !own) || (!cp && !own_cp)) {
+        free(own);
+        free(own_cp);
+        return RX_ENOMEM;
+    }
     const int fast = wkv7_use_avx2(N);
     rx_prof_push(RX_PROF_WKV7);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (nt > 1)
     for (size_t bh = 0; bh < BH; bh++) {
-        size_t bi = bh / H, h = bh % H;
+        size_t bi = bh / H, h = bh % H, tid = (size_t)rx_thread_id();
         /* buf [RX_WKV7_CHUNK][N][N]: the state after each step of a chunk;
          * dS [N][N]; sab [RX_WKV7_CHUNK + 1][N]: each step's sa; dsa, and a
          * zero dy and a discarded dr for the step before a sequence [N] */
-        float *buf = work + bh * per, *dS = buf + RX_WKV7_CHUNK * NN;
+        float *buf = own ? own + tid * per : work + bh * per, *dS = buf + RX_WKV7_CHUNK * NN;
         float *sab = dS + NN, *dsa = sab + (RX_WKV7_CHUNK + 1) * N, *zero = dsa + N;
         float *junk = zero + N;
-        const float *cpb = cp + bh * ncp * NN;
+        const float *cpb = own_cp ? own_cp + tid * ncp * NN : cp + bh * ncp * NN;
+        if (own_cp) {
+            if (s_init) memcpy(buf, s_init + bh * NN, NN * sizeof(float));
+            else memset(buf, 0, NN * sizeof(float));
+            forward_head(r, w, k, v, a, b, NULL, buf, own_cp + tid * ncp * NN, sab, bi, h, TT, C,
+                         N, fast);
+        }
 #define OFF(t) ((bi * TT + (t)) * C + h * N)
         const float *in[13] = {w, k, v, a, b, r, dy, dr, dw, dk, dv, da, db};
         memset(dS, 0, NN * sizeof(float));
