@@ -118,10 +118,10 @@ RX_AVX2 static inline float hsum1(__m256 a) {
     return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
 
-/* sa [N] = rows of S [N][N] dotted with a [N], N % 8 == 0: the sa of a step
- * whose previous step did not compute it (the first of a run). Same
- * summation order as the fused sums in step_avx2, so both give equal bits. */
-RX_AVX2 static void rowdots_avx2(const float *S, const float *a, float *sa, size_t N) {
+/* sa [N] = rows of S [N][N] dotted with a [N], N % 8 == 0: a step's sa,
+ * from the state it starts from. */
+RX_AVX2 static inline __attribute__((always_inline)) void
+rowdots_body(const float *S, const float *a, float *sa, size_t N) {
     for (size_t i = 0; i < N; i += 4) {
         const float *s0 = S + i * N, *s1 = s0 + N, *s2 = s1 + N, *s3 = s2 + N;
         __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
@@ -136,46 +136,49 @@ RX_AVX2 static void rowdots_avx2(const float *S, const float *a, float *sa, size
     }
 }
 
+/* rowdots_body for the first step of a run (the later ones get their sa
+ * from step_avx2). */
+RX_AVX2 static void rowdots_avx2(const float *S, const float *a, float *sa, size_t N) {
+    rowdots_body(S, a, sa, N);
+}
+
 /* wkv7_step for N % 8 == 0, reading the state from Si and writing it to So
  * (the same buffer or another one, so a recomputed chunk needs no copies),
- * with this step's sa [N] given. One pass over the state: while a row of
- * the new state is in registers it also gives y (NULL: not wanted) and,
- * against the next step's a (an, NULL: last step), the next step's sa
- * (san [N]), so no step reads the state twice. Two rows at a time keep
- * every operand in a vector register (the rows' stores might alias the
- * inputs, so the compiler would reload anything not held in one). Always
- * inlined so NULL y or an compile their work away. */
+ * with this step's sa [N] given; y [N] may be NULL. Then, for the next
+ * step's a (an, NULL: last step), the next step's sa (san [N]). Four rows at
+ * a time, their y row sums reduced together (one horizontal add tree per
+ * four rows); all rows are updated before any next sa is summed, so the
+ * sums pipeline instead of each waiting on its row's update. Always inlined
+ * so NULL y or an compile their work away. */
 RX_AVX2 static inline __attribute__((always_inline)) void
 step_avx2(const float *Si, float *So, const float *r, const float *w, const float *k,
           const float *v, const float *b, const float *sa, const float *an, float *y,
           float *san, size_t N) {
-    for (size_t i = 0; i < N; i += 2) {
-        const float *s0 = Si + i * N, *s1 = s0 + N;
-        float *o0 = So + i * N, *o1 = o0 + N;
-        const __m256 sa0 = _mm256_broadcast_ss(sa + i), sa1 = _mm256_broadcast_ss(sa + i + 1);
-        const __m256 v0 = _mm256_broadcast_ss(v + i), v1 = _mm256_broadcast_ss(v + i + 1);
-        __m256 y0 = _mm256_setzero_ps(), y1 = y0, n0 = y0, n1 = y0;
+    for (size_t i = 0; i < N; i += 4) {
+        const float *s0 = Si + i * N, *s1 = s0 + N, *s2 = s1 + N, *s3 = s2 + N;
+        float *o0 = So + i * N, *o1 = o0 + N, *o2 = o1 + N, *o3 = o2 + N;
+        __m256 sa0 = _mm256_broadcast_ss(sa + i), sa1 = _mm256_broadcast_ss(sa + i + 1);
+        __m256 sa2 = _mm256_broadcast_ss(sa + i + 2), sa3 = _mm256_broadcast_ss(sa + i + 3);
+        __m256 v0 = _mm256_broadcast_ss(v + i), v1 = _mm256_broadcast_ss(v + i + 1);
+        __m256 v2 = _mm256_broadcast_ss(v + i + 2), v3 = _mm256_broadcast_ss(v + i + 3);
+        __m256 y0 = _mm256_setzero_ps(), y1 = y0, y2 = y0, y3 = y0;
         for (size_t j = 0; j < N; j += 8) {
-            const __m256 wv = _mm256_loadu_ps(w + j), kv = _mm256_loadu_ps(k + j);
-            const __m256 bv = _mm256_loadu_ps(b + j);
-            const __m256 rv = y ? _mm256_loadu_ps(r + j) : wv;
-            const __m256 nv = an ? _mm256_loadu_ps(an + j) : wv;
-            __m256 t;
-#define ROW(s_, o_, v_, sa_, y_, n_)                                                    \
+            __m256 wv = _mm256_loadu_ps(w + j), kv = _mm256_loadu_ps(k + j);
+            __m256 bv = _mm256_loadu_ps(b + j), t;
+#define ROW(s_, o_, v_, sa_, y_)                                                        \
     t = _mm256_fmadd_ps(_mm256_loadu_ps(s_ + j), wv,                                    \
                         _mm256_fmadd_ps(v_, kv, _mm256_mul_ps(sa_, bv)));               \
     _mm256_storeu_ps(o_ + j, t);                                                        \
-    if (y) y_ = _mm256_fmadd_ps(t, rv, y_);                                             \
-    if (an) n_ = _mm256_fmadd_ps(t, nv, n_);
-            ROW(s0, o0, v0, sa0, y0, n0)
-            ROW(s1, o1, v1, sa1, y1, n1)
+    if (y) y_ = _mm256_fmadd_ps(t, _mm256_loadu_ps(r + j), y_);
+            ROW(s0, o0, v0, sa0, y0)
+            ROW(s1, o1, v1, sa1, y1)
+            ROW(s2, o2, v2, sa2, y2)
+            ROW(s3, o3, v3, sa3, y3)
 #undef ROW
         }
-        /* lanes: y_i, y_i+1, san_i, san_i+1 */
-        __m128 q = hsum4(y0, y1, n0, n1);
-        if (y) _mm_storel_pi((__m64 *)(y + i), q);
-        if (an) _mm_storeh_pi((__m64 *)(san + i), q);
+        if (y) _mm_storeu_ps(y + i, hsum4(y0, y1, y2, y3));
     }
+    if (an) rowdots_body(So, an, san, N);
 }
 
 /* step_avx2 with each combination of y and an compiled on its own, and
