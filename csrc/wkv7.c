@@ -27,18 +27,18 @@
  * recomputed states in L2. When N is a multiple of 8 and the CPU has
  * AVX2+FMA, hand-vectorised steps run instead of the portable ones (for
  * N = 64 compiled with N a constant):
- *   - forward: one pass over the state per step, two rows at a time: each
- *     new row, still in registers, gives its y and the next step's sa, the
- *     four row sums reduced by one horizontal add tree;
+ *   - forward: four rows at a time, their y row sums reduced together
+ *     (one horizontal add tree per four rows, not one per row); then the
+ *     next step's sa from the new state, so a chunk's recomputation can
+ *     start from a checkpoint and keep every step's sa;
  *   - backward: the row sums dv = dS k + dy (r.k), dsa = dS b + dy (r.b)
  *     first, four rows at a time; then one pass over 8-column blocks that
  *     keeps the column sums in registers and rewrites dS in place, so no
  *     per-column accumulator goes through memory per row. It reads only
  *     S_{t-1}: dr_{t-1} = S_{t-1}^T dy_{t-1} takes the place of dr_t, and
  *     only a sequence's last step needs its dr from S_t.
- * The vectorised recomputation keeps each step's sa for the backward. Both
- * forms follow the same equations; they differ only in the order of float
- * additions.
+ * Both forms follow the same equations; they differ only in the order of
+ * float additions.
  */
 #include <string.h>
 
