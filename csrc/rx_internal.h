@@ -204,6 +204,26 @@ int rx_rownorm_backward(const float *x, const float *w, const float *dy,
                         float *dx, float *dw, float *db,
                         size_t rows, size_t D, size_t period, float eps);
 
+/* ---- wkv7.c ------------------------------------------------------------
+ * The model's WKV7 (rx_wkv7_forward_seq / rx_wkv7_backward otherwise). The
+ * forward also keeps cp [B][H][ceil(T/RX_WKV7_CHUNK)][N][N] (NULL: not
+ * kept), the state entering every RX_WKV7_CHUNK-th step; the backward
+ * starts from those (NULL: runs the forward again to make them) and only
+ * reads them, so it can run twice per forward. work [RX_WKV7_WORK(B*H, N)]
+ * is scratch for either (NULL: allocated per call). */
+#define RX_WKV7_CHUNK 16
+#define RX_WKV7_CP(BH, T, N) ((BH) * (((T) + RX_WKV7_CHUNK - 1) / RX_WKV7_CHUNK) * (N) * (N))
+#define RX_WKV7_WORK(BH, N) ((BH) * ((RX_WKV7_CHUNK + 1) * (N) * (N) + (RX_WKV7_CHUNK + 4) * (N)))
+int rx_wkv7_forward_cp(const float *r, const float *w, const float *k, const float *v,
+                       const float *a, const float *b, const float *s_init, float *y_out,
+                       float *s_final, float *cp, float *work, int B, int T, int n_head,
+                       int head_size);
+int rx_wkv7_backward_cp(const float *r, const float *w, const float *k, const float *v,
+                        const float *a, const float *b, const float *dy, const float *s_init,
+                        const float *cp, float *work, float *dr, float *dw, float *dk,
+                        float *dv, float *da, float *db, float *dS_out, int B, int T,
+                        int n_head, int head_size);
+
 /* ---- tokenshift.c ------------------------------------------------------
  * n lerps of one x in one pass: out[i] [B][T][C] = x + (x_prev - x) *
  * mix[i], x_prev the token-shifted x with the carry init [B][C] (NULL: zero)
@@ -244,6 +264,7 @@ typedef struct {
     float *y, *z, *zg;                  /* [BT][C] WKV7 out, group norm + bonus, z*g */
     float *tw, *ta, *tg, *tv;           /* [BT][D*] LoRA hiddens after activation */
     float *bonus;                       /* [BT][H] sum over the head of r*kmod*r_k */
+    float *wkv_cp, *wkv_work;           /* rx_wkv7_forward_cp's checkpoints and scratch */
     float *mem;
 } rx_tm_acts;
 

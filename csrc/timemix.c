@@ -41,7 +41,7 @@ int rx_tm_grads_ok(const rx_tm_params *P, const rx_tm_grads *G) {
 }
 
 int rx_tm_acts_alloc(rx_tm_acts *A, const rx_tm_params *P, size_t B, size_t T) {
-    const size_t BT = B * T, C = (size_t)P->c, H = (size_t)P->n_head;
+    const size_t BT = B * T, C = (size_t)P->c, H = (size_t)P->n_head, N = (size_t)P->head_size;
     const int vres = P->layer_id > 0;
     const size_t Dv = vres ? (size_t)P->Dv : 0;
     memset(A, 0, sizeof *A);
@@ -54,7 +54,8 @@ int rx_tm_acts_alloc(rx_tm_acts *A, const rx_tm_params *P, size_t B, size_t T) {
     /* plus vmod and vg at layer > 0 */
     size_t total = (nbufs + (size_t)(2 * vres)) * rx_lines(BT * C) +
                    rx_lines(BT * (size_t)P->Dw) + rx_lines(BT * (size_t)P->Da) +
-                   rx_lines(BT * (size_t)P->Dg) + rx_lines(BT * Dv) + rx_lines(BT * H);
+                   rx_lines(BT * (size_t)P->Dg) + rx_lines(BT * Dv) + rx_lines(BT * H) +
+                   rx_lines(RX_WKV7_CP(B * H, T, N)) + rx_lines(RX_WKV7_WORK(B * H, N));
     A->mem = rx_falloc(total);
     if (!A->mem) return RX_ENOMEM;
     float *p = A->mem;
@@ -70,6 +71,8 @@ int rx_tm_acts_alloc(rx_tm_acts *A, const rx_tm_params *P, size_t B, size_t T) {
     A->tg = rx_carve(&p, BT * (size_t)P->Dg);
     A->tv = vres ? rx_carve(&p, BT * Dv) : NULL;
     A->bonus = rx_carve(&p, BT * H);
+    A->wkv_cp = rx_carve(&p, RX_WKV7_CP(B * H, T, N));
+    A->wkv_work = rx_carve(&p, RX_WKV7_WORK(B * H, N));
     return RX_OK;
 }
 
@@ -213,8 +216,8 @@ int rx_tm_forward_state(const rx_tm_params *P, const float *x, const float *x_pr
     for (size_t bt = 0; bt < BT; bt++)
         gates_row(P, A, bt * C, v_first_in ? v_first_in + bt * C : NULL,
                   v_first_out ? v_first_out + bt * C : NULL);
-    int rc = rx_wkv7_forward_seq(A->r, A->w, A->kmod, A->vmod, A->aw, A->bw, state, A->y,
-                                 state, (int)B, (int)T, (int)H, (int)N);
+    int rc = rx_wkv7_forward_cp(A->r, A->w, A->kmod, A->vmod, A->aw, A->bw, state, A->y, state,
+                                A->wkv_cp, A->wkv_work, (int)B, (int)T, (int)H, (int)N);
     if (rc != RX_OK) return rc;
     rx_rownorm_forward(A->y, P->ln_x_w, P->ln_x_b, A->z, NULL, NULL, BT * H, N, H, RX_GN_EPS);
 #pragma omp parallel for schedule(static) if (!rx_in_parallel() && BT * C >= 65536)
@@ -387,8 +390,9 @@ int rx_tm_backward_acts(const rx_tm_params *P, const rx_tm_acts *A, const float 
     int rc = rx_rownorm_backward(A->y, P->ln_x_w, S.dz, S.dyw, G->ln_x_w, G->ln_x_b, BT * H, N,
                                  H, RX_GN_EPS);
     if (rc == RX_OK)
-        rc = rx_wkv7_backward(A->r, A->w, A->kmod, A->vmod, A->aw, A->bw, S.dyw, NULL, S.dr,
-                              S.dw, S.dk, S.dv, S.da, S.db, NULL, (int)B, (int)T, (int)H, (int)N);
+        rc = rx_wkv7_backward_cp(A->r, A->w, A->kmod, A->vmod, A->aw, A->bw, S.dyw, NULL,
+                                 A->wkv_cp, A->wkv_work, S.dr, S.dw, S.dk, S.dv, S.da, S.db, NULL,
+                                 (int)B, (int)T, (int)H, (int)N);
     if (rc != RX_OK) {
         free(own);
         return rc;

@@ -13,26 +13,32 @@
  *     dS_{t-1} = dS diag(w_t) + dsa a_t^T
  * Unlike the CUDA kernel, dw is w.r.t. the effective decay w itself.
  *
- * Memory: the backward keeps the state only every WKV_CHUNK steps and
+ * Memory: the backward keeps the state only every RX_WKV7_CHUNK steps and
  * recomputes the states inside a chunk from its checkpoint, so a head costs
- * ceil(T/16)*N*N saved floats instead of T*N*N. Recomputation repeats the
- * forward arithmetic exactly, so the states match the forward's bit for bit.
+ * ceil(T/16)*N*N saved floats instead of T*N*N. The model's forward keeps
+ * these checkpoints (rx_wkv7_forward_cp) so its backward does not run the
+ * forward again. Recomputation repeats the forward arithmetic exactly, so
+ * the states match the forward's bit for bit.
  *
  * Each (b, h) pair is independent: OpenMP runs over B*H, and every row
  * operation runs over the key dimension j, contiguous in memory.
  *
  * Speed: a head's state (16 KiB at N = 64) stays in L1 and its chunk of
  * recomputed states in L2. When N is a multiple of 8 and the CPU has
- * AVX2+FMA, hand-vectorised steps run instead of the portable ones:
- *   - forward: four rows at a time; their sa and y row sums are reduced
- *     together (one horizontal add tree per four rows, not one per row);
+ * AVX2+FMA, hand-vectorised steps run instead of the portable ones (for
+ * N = 64 compiled with N a constant):
+ *   - forward: four rows at a time, their y row sums reduced together
+ *     (one horizontal add tree per four rows, not one per row); then the
+ *     next step's sa from the new state, so a chunk's recomputation can
+ *     start from a checkpoint and keep every step's sa;
  *   - backward: the row sums dv = dS k + dy (r.k), dsa = dS b + dy (r.b)
  *     first, four rows at a time; then one pass over 8-column blocks that
- *     keeps the column sums dr, dw, dk, db, da in registers and rewrites dS
- *     in place, so no per-column accumulator goes through memory per row.
- * The vectorised forward stores the sa it computes so the backward reuses
- * it. Both forms follow the same equations; they differ only in the order
- * of float additions.
+ *     keeps the column sums in registers and rewrites dS in place, so no
+ *     per-column accumulator goes through memory per row. It reads only
+ *     S_{t-1}: dr_{t-1} = S_{t-1}^T dy_{t-1} takes the place of dr_t, and
+ *     only a sequence's last step needs its dr from S_t.
+ * Both forms follow the same equations; they differ only in the order of
+ * float additions.
  */
 #include <string.h>
 
@@ -42,8 +48,6 @@
 #include <immintrin.h>
 #define RX_X86 1
 #endif
-
-#define WKV_CHUNK 16
 
 /* One step for one head: S [N][N] updated in place; y [N] or NULL. */
 RX_HOT static void wkv7_step(float *S, const float *r, const float *w, const float *k,
@@ -114,26 +118,42 @@ RX_AVX2 static inline float hsum1(__m256 a) {
     return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
 
-/* wkv7_step for N % 8 == 0, reading the state from Si and writing it to So
- * (the same buffer or another one, so a recomputed chunk needs no copies).
- * sa [N] receives this step's sa; y [N] may be NULL. All sa first, then
- * all updates: the row sums then pipeline instead of each update waiting
- * on its own reduction. Always inlined so a NULL y compiles the y work away. */
+/* sa [N] = rows of S [N][N] dotted with a [N], N % 8 == 0: a step's sa,
+ * from the state it starts from. */
 RX_AVX2 static inline __attribute__((always_inline)) void
-step_avx2(const float *Si, float *So, const float *r, const float *w, const float *k,
-          const float *v, const float *a, const float *b, float *y, float *sa, size_t N) {
+rowdots_body(const float *S, const float *a, float *sa, size_t N) {
     for (size_t i = 0; i < N; i += 4) {
-        const float *s0 = Si + i * N, *s1 = s0 + N, *s2 = s1 + N, *s3 = s2 + N;
+        const float *s0 = S + i * N, *s1 = s0 + N, *s2 = s1 + N, *s3 = s2 + N;
         __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
         for (size_t j = 0; j < N; j += 8) {
             __m256 av = _mm256_loadu_ps(a + j);
-            c0 = _mm256_fmadd_ps(av, _mm256_loadu_ps(s0 + j), c0);
-            c1 = _mm256_fmadd_ps(av, _mm256_loadu_ps(s1 + j), c1);
-            c2 = _mm256_fmadd_ps(av, _mm256_loadu_ps(s2 + j), c2);
-            c3 = _mm256_fmadd_ps(av, _mm256_loadu_ps(s3 + j), c3);
+            c0 = _mm256_fmadd_ps(_mm256_loadu_ps(s0 + j), av, c0);
+            c1 = _mm256_fmadd_ps(_mm256_loadu_ps(s1 + j), av, c1);
+            c2 = _mm256_fmadd_ps(_mm256_loadu_ps(s2 + j), av, c2);
+            c3 = _mm256_fmadd_ps(_mm256_loadu_ps(s3 + j), av, c3);
         }
         _mm_storeu_ps(sa + i, hsum4(c0, c1, c2, c3));
     }
+}
+
+/* rowdots_body for the first step of a run (the later ones get their sa
+ * from step_avx2). */
+RX_AVX2 static void rowdots_avx2(const float *S, const float *a, float *sa, size_t N) {
+    rowdots_body(S, a, sa, N);
+}
+
+/* wkv7_step for N % 8 == 0, reading the state from Si and writing it to So
+ * (the same buffer or another one, so a recomputed chunk needs no copies),
+ * with this step's sa [N] given; y [N] may be NULL. Then, for the next
+ * step's a (an, NULL: last step), the next step's sa (san [N]). Four rows at
+ * a time, their y row sums reduced together (one horizontal add tree per
+ * four rows); all rows are updated before any next sa is summed, so the
+ * sums pipeline instead of each waiting on its row's update. Always inlined
+ * so NULL y or an compile their work away. */
+RX_AVX2 static inline __attribute__((always_inline)) void
+step_avx2(const float *Si, float *So, const float *r, const float *w, const float *k,
+          const float *v, const float *b, const float *sa, const float *an, float *y,
+          float *san, size_t N) {
     for (size_t i = 0; i < N; i += 4) {
         const float *s0 = Si + i * N, *s1 = s0 + N, *s2 = s1 + N, *s3 = s2 + N;
         float *o0 = So + i * N, *o1 = o0 + N, *o2 = o1 + N, *o3 = o2 + N;
@@ -158,36 +178,56 @@ step_avx2(const float *Si, float *So, const float *r, const float *w, const floa
         }
         if (y) _mm_storeu_ps(y + i, hsum4(y0, y1, y2, y3));
     }
+    if (an) rowdots_body(So, an, san, N);
 }
 
-/* The forward's steps: outputs y (or nothing), state in place, sa [N] scratch. */
-RX_AVX2 static void step_avx2_y(float *S, const float *r, const float *w, const float *k,
-                                const float *v, const float *a, const float *b, float *y,
-                                float *sa, size_t N) {
-    if (y) step_avx2(S, S, r, w, k, v, a, b, y, sa, N);
-    else step_avx2(S, S, NULL, w, k, v, a, b, NULL, sa, N);
+/* step_avx2 with each combination of y and an compiled on its own, and
+ * for N = 64 (every reference configuration's head size) with N a
+ * constant: the row offsets become immediates, which frees the general
+ * registers the loops otherwise spill their row pointers from. */
+RX_AVX2 static void step_avx2_any(const float *Si, float *So, const float *r, const float *w,
+                                  const float *k, const float *v, const float *b,
+                                  const float *sa, const float *an, float *y, float *san,
+                                  size_t N) {
+#define STEP(N_)                                                                        \
+    if (y && an) step_avx2(Si, So, r, w, k, v, b, sa, an, y, san, N_);                  \
+    else if (y) step_avx2(Si, So, r, w, k, v, b, sa, NULL, y, NULL, N_);                \
+    else if (an) step_avx2(Si, So, NULL, w, k, v, b, sa, an, NULL, san, N_);            \
+    else step_avx2(Si, So, NULL, w, k, v, b, sa, NULL, NULL, NULL, N_);
+    if (N == 64) {
+        STEP(64)
+    } else {
+        STEP(N)
+    }
+#undef STEP
 }
 
-/* The backward's recomputation: Si -> So, keeping sa. */
-RX_AVX2 static void step_avx2_sa(const float *Si, float *So, const float *w, const float *k,
-                                 const float *v, const float *a, const float *b, float *sa,
-                                 size_t N) {
-    step_avx2(Si, So, NULL, w, k, v, a, b, NULL, sa, N);
-}
-
-/* Rows per tile of the backward's column sums: 16 rows of S0, S1 and dS are
- * 12 KiB at N = 64, so a tile stays in L1 across its column blocks (whole
- * columns would map 64 rows x 3 arrays onto 16 cache sets). */
+/* Rows per tile of the backward's column sums: 16 rows of S0 and dS are
+ * 8 KiB at N = 64, so a tile stays in L1 across its column blocks (whole
+ * columns would map 64 rows x 2 arrays onto 16 cache sets). */
 #define WKV_BACK_ROWS 16
 
-/* wkv7_step_back for N % 8 == 0, with this step's sa [N] from the forward
- * and dsa [N] as scratch. */
-RX_AVX2 static void step_back_avx2(const float *S0, const float *S1, float *dS,
-                                   const float *r, const float *w, const float *k,
-                                   const float *v, const float *a, const float *b,
-                                   const float *dy, const float *sa, float *dsa,
-                                   float *dr, float *dw, float *dk, float *dv, float *da,
-                                   float *db, size_t N) {
+/* out [N] = x [N] . S [N][N] (sums over rows), N % 8 == 0: the dr of a
+ * sequence's last step, the only one no later step computes. */
+RX_AVX2 static void coldots_avx2(const float *S, const float *x, float *out, size_t N) {
+    for (size_t j = 0; j < N; j += 8) {
+        __m256 c = _mm256_setzero_ps();
+        for (size_t i = 0; i < N; i++)
+            c = _mm256_fmadd_ps(_mm256_broadcast_ss(x + i), _mm256_loadu_ps(S + i * N + j), c);
+        _mm256_storeu_ps(out + j, c);
+    }
+}
+
+/* wkv7_step_back for N % 8 == 0 (through step_back_avx2), with this step's
+ * sa [N] from the forward and dsa [N] as scratch. Reads only the state
+ * before the step, S0: the dr it would need the state after the step for
+ * is the previous step's, drp = dyp . S0 (dyp = dy of step t-1; zero at a
+ * sequence's first step). */
+RX_AVX2 static inline __attribute__((always_inline)) void
+step_back_body(const float *S0, float *dS, const float *r, const float *w, const float *k,
+               const float *v, const float *a, const float *b, const float *dy,
+               const float *dyp, const float *sa, float *dsa, float *drp, float *dw, float *dk,
+               float *dv, float *da, float *db, size_t N) {
     __m256 x = _mm256_setzero_ps(), z = x;
     for (size_t j = 0; j < N; j += 8) {
         __m256 rv = _mm256_loadu_ps(r + j);
@@ -195,11 +235,13 @@ RX_AVX2 static void step_back_avx2(const float *S0, const float *S1, float *dS,
         z = _mm256_fmadd_ps(rv, _mm256_loadu_ps(b + j), z);
     }
     const __m128 rk = _mm_set1_ps(hsum1(x)), rb = _mm_set1_ps(hsum1(z));
-    /* row sums of g = dS + dy r^T against k and b */
+    /* row sums of g = dS + dy r^T against k and b; meanwhile S0, which the
+     * column pass reads next, comes in from L2 */
     for (size_t i = 0; i < N; i += 4) {
         const float *g0 = dS + i * N, *g1 = g0 + N, *g2 = g1 + N, *g3 = g2 + N;
         __m256 p0 = _mm256_setzero_ps(), p1 = p0, p2 = p0, p3 = p0;
         __m256 q0 = p0, q1 = p0, q2 = p0, q3 = p0;
+        for (size_t j = 0; j < N; j += 16) __builtin_prefetch(S0 + i * N + j);
         for (size_t j = 0; j < N; j += 8) {
             __m256 kv = _mm256_loadu_ps(k + j), bv = _mm256_loadu_ps(b + j), t;
             t = _mm256_loadu_ps(g0 + j); p0 = _mm256_fmadd_ps(t, kv, p0); q0 = _mm256_fmadd_ps(t, bv, q0);
@@ -224,7 +266,7 @@ RX_AVX2 static void step_back_avx2(const float *S0, const float *S1, float *dS,
                 __m256 dyi = _mm256_broadcast_ss(dy + i), dsai = _mm256_broadcast_ss(dsa + i);
                 __m256 g = _mm256_fmadd_ps(dyi, rv, _mm256_loadu_ps(dS + o));
                 __m256 s0 = _mm256_loadu_ps(S0 + o);
-                cr = _mm256_fmadd_ps(dyi, _mm256_loadu_ps(S1 + o), cr);
+                cr = _mm256_fmadd_ps(_mm256_broadcast_ss(dyp + i), s0, cr);
                 cw = _mm256_fmadd_ps(g, s0, cw);
                 ck = _mm256_fmadd_ps(_mm256_broadcast_ss(v + i), g, ck);
                 cb = _mm256_fmadd_ps(_mm256_broadcast_ss(sa + i), g, cb);
@@ -232,19 +274,31 @@ RX_AVX2 static void step_back_avx2(const float *S0, const float *S1, float *dS,
                 _mm256_storeu_ps(dS + o, _mm256_fmadd_ps(g, wv, _mm256_mul_ps(dsai, av)));
             }
             if (i0 > 0) {
-                cr = _mm256_add_ps(cr, _mm256_loadu_ps(dr + j));
+                cr = _mm256_add_ps(cr, _mm256_loadu_ps(drp + j));
                 cw = _mm256_add_ps(cw, _mm256_loadu_ps(dw + j));
                 ck = _mm256_add_ps(ck, _mm256_loadu_ps(dk + j));
                 cb = _mm256_add_ps(cb, _mm256_loadu_ps(db + j));
                 ca = _mm256_add_ps(ca, _mm256_loadu_ps(da + j));
             }
-            _mm256_storeu_ps(dr + j, cr);
+            _mm256_storeu_ps(drp + j, cr);
             _mm256_storeu_ps(dw + j, cw);
             _mm256_storeu_ps(dk + j, ck);
             _mm256_storeu_ps(db + j, cb);
             _mm256_storeu_ps(da + j, ca);
         }
     }
+}
+
+/* step_back_body, with N a constant for N = 64 as in step_avx2_any. */
+RX_AVX2 static void step_back_avx2(const float *S0, float *dS, const float *r, const float *w,
+                                   const float *k, const float *v, const float *a,
+                                   const float *b, const float *dy, const float *dyp,
+                                   const float *sa, float *dsa, float *drp, float *dw,
+                                   float *dk, float *dv, float *da, float *db, size_t N) {
+    if (N == 64)
+        step_back_body(S0, dS, r, w, k, v, a, b, dy, dyp, sa, dsa, drp, dw, dk, dv, da, db, 64);
+    else
+        step_back_body(S0, dS, r, w, k, v, a, b, dy, dyp, sa, dsa, drp, dw, dk, dv, da, db, N);
 }
 
 static int wkv7_use_avx2(size_t N) {
@@ -272,44 +326,202 @@ static int wkv7_args_ok(const float *r, const float *w, const float *k, const fl
     return r && w && k && v && a && b && B >= 1 && T >= 1 && H >= 1 && N >= 1;
 }
 
+/* One (b, h) of the forward over [B][T][H][N] rows: S [N][N] enters as the
+ * initial state and leaves as the final one; y_out (NULL: not wanted);
+ * cpb [ceil(T/RX_WKV7_CHUNK)][N][N] receives the checkpoints (NULL: not
+ * kept); sa [2][N] scratch. */
+static void forward_head(const float *r, const float *w, const float *k, const float *v,
+                         const float *a, const float *b, float *y_out, float *S, float *cpb,
+                         float *sa, size_t bi, size_t h, size_t TT, size_t C, size_t N,
+                         int fast) {
+    const size_t NN = N * N;
+    float *san = sa + N;
+    const float *in[7] = {r, w, k, v, a, b, y_out};
+#define OFF(t) ((bi * TT + (t)) * C + h * N)
+#ifdef RX_X86
+    if (fast) rowdots_avx2(S, a + OFF(0), sa, N);
+#else
+    (void)fast;
+#endif
+    for (size_t t = 0; t < TT; t++) {
+        size_t o = OFF(t);
+        float *y = y_out ? y_out + o : NULL;
+        if (cpb && t % RX_WKV7_CHUNK == 0)
+            memcpy(cpb + t / RX_WKV7_CHUNK * NN, S, NN * sizeof(float));
+        if (t + WKV_AHEAD < TT) prefetch_rows(in, y_out ? 7 : 6, o + WKV_AHEAD * C, N);
+#ifdef RX_X86
+        if (fast) {
+            step_avx2_any(S, S, r + o, w + o, k + o, v + o, b + o, sa,
+                          t + 1 < TT ? a + OFF(t + 1) : NULL, y, san, N);
+            float *tmp = sa;
+            sa = san;
+            san = tmp;
+            continue;
+        }
+#endif
+        wkv7_step(S, r + o, w + o, k + o, v + o, a + o, b + o, y, N);
+    }
+#undef OFF
+}
+
+/* Per (b, h) scratch of the forward: a state [N][N] (used when s_final is
+ * NULL) and sa [2][N]; the backward's (RX_WKV7_WORK) holds more, so both
+ * take it from the same buffer. */
+#define WKV_FWD_WORK(N) ((N) * (N) + 2 * (N))
+
+/* r..b, y_out: [B][T][H][N]; s_init, s_final: [B][H][N][N]; cp as in
+ * rx_internal.h; work [B*H][wstride >= WKV_FWD_WORK(N)] (NULL: one slot
+ * per thread allocated here) */
+static int wkv7_forward(const float *r, const float *w, const float *k, const float *v,
+                        const float *a, const float *b, const float *s_init, float *y_out,
+                        float *s_final, float *cp, float *work, size_t wstride, int B, int T,
+                        int n_head, int head_size) {
+    if (!wkv7_args_ok(r, w, k, v, a, b, B, T, n_head, head_size)) return RX_EINVAL;
+    const size_t H = (size_t)n_head, N = (size_t)head_size, NN = N * N;
+    const size_t BH = (size_t)B * H, TT = (size_t)T;
+    const size_t ncp = (TT + RX_WKV7_CHUNK - 1) / RX_WKV7_CHUNK;
+    int nt = rx_in_parallel() ? 1 : rx_max_threads();
+    if ((size_t)nt > BH) nt = (int)BH;
+    float *own = NULL;
+    if (!work) {
+        wstride = WKV_FWD_WORK(N);
+        work = own = rx_falloc((size_t)nt * wstride);
+        if (!own) return RX_ENOMEM;
+    }
+    const int fast = wkv7_use_avx2(N);
+    rx_prof_push(RX_PROF_WKV7);
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (nt > 1)
+    for (size_t bh = 0; bh < BH; bh++) {
+        float *wk = work + (own ? (size_t)rx_thread_id() : bh) * wstride;
+        float *S = s_final ? s_final + bh * NN : wk;
+        if (!s_init) memset(S, 0, NN * sizeof(float));
+        else if (S != s_init + bh * NN) memcpy(S, s_init + bh * NN, NN * sizeof(float));
+        forward_head(r, w, k, v, a, b, y_out, S, cp ? cp + bh * ncp * NN : NULL, wk + NN,
+                     bh / H, bh % H, TT, H * N, N, fast);
+    }
+    rx_prof_pop();
+    free(own);
+    return RX_OK;
+}
+
 /* r..b, y_out: [B][T][H][N]; s_init, s_final: [B][H][N][N] */
 int rx_wkv7_forward_seq(const float *r, const float *w, const float *k, const float *v,
                         const float *a, const float *b, const float *s_init,
                         float *y_out, float *s_final, int B, int T, int n_head, int head_size) {
-    if (!wkv7_args_ok(r, w, k, v, a, b, B, T, n_head, head_size)) return RX_EINVAL;
+    return wkv7_forward(r, w, k, v, a, b, s_init, y_out, s_final, NULL, NULL, 0, B, T, n_head,
+                        head_size);
+}
+
+/* As rx_wkv7_forward_seq, also keeping the checkpoints cp; work [RX_WKV7_WORK] */
+int rx_wkv7_forward_cp(const float *r, const float *w, const float *k, const float *v,
+                       const float *a, const float *b, const float *s_init, float *y_out,
+                       float *s_final, float *cp, float *work, int B, int T, int n_head,
+                       int head_size) {
+    return wkv7_forward(r, w, k, v, a, b, s_init, y_out, s_final, cp, work,
+                        work ? RX_WKV7_WORK(1, (size_t)head_size) : 0, B, T, n_head,
+                        head_size);
+}
+
+/* r..b, dy, dr..db: [B][T][H][N]; s_init, dS_out: [B][H][N][N]; cp, work as
+ * in rx_internal.h */
+int rx_wkv7_backward_cp(const float *r, const float *w, const float *k, const float *v,
+                        const float *a, const float *b, const float *dy, const float *s_init,
+                        const float *cp, float *work, float *dr, float *dw, float *dk,
+                        float *dv, float *da, float *db, float *dS_out, int B, int T,
+                        int n_head, int head_size) {
+    if (!wkv7_args_ok(r, w, k, v, a, b, B, T, n_head, head_size) || !dy || !dr || !dw ||
+        !dk || !dv || !da || !db)
+        return RX_EINVAL;
     const size_t H = (size_t)n_head, N = (size_t)head_size, C = H * N, NN = N * N;
-    const size_t BH = (size_t)B * H;
+    const size_t BH = (size_t)B * H, TT = (size_t)T;
+    const size_t ncp = (TT + RX_WKV7_CHUNK - 1) / RX_WKV7_CHUNK;
+    const size_t per = RX_WKV7_WORK(1, N);
     int nt = rx_in_parallel() ? 1 : rx_max_threads();
     if ((size_t)nt > BH) nt = (int)BH;
+    /* standalone: scratch and checkpoints per thread, each head's made by
+     * its own forward just before its backward */
+    float *own = work ? NULL : rx_falloc((size_t)nt * per);
+    float *own_cp = cp ? NULL : rx_falloc((size_t)nt * ncp * NN);
+    if ((!work && !own) || (!cp && !own_cp)) {
+        free(own);
+        free(own_cp);
+        return RX_ENOMEM;
+    }
     const int fast = wkv7_use_avx2(N);
-    /* per thread: a state (used when s_final is NULL) and sa [N] */
-    const size_t per = NN + N;
-    float *scratch = rx_falloc((size_t)nt * per);
-    if (!scratch) return RX_ENOMEM;
     rx_prof_push(RX_PROF_WKV7);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (nt > 1)
     for (size_t bh = 0; bh < BH; bh++) {
-        size_t bi = bh / H, h = bh % H;
-        float *own = scratch + (size_t)rx_thread_id() * per, *sa = own + NN;
-        float *S = s_final ? s_final + bh * NN : own;
-        if (!s_init) memset(S, 0, NN * sizeof(float));
-        else if (S != s_init + bh * NN) memcpy(S, s_init + bh * NN, NN * sizeof(float));
-        const float *in[7] = {r, w, k, v, a, b, y_out};
-        for (size_t t = 0; t < (size_t)T; t++) {
-            size_t o = (bi * (size_t)T + t) * C + h * N;
-            float *y = y_out ? y_out + o : NULL;
-            if (t + WKV_AHEAD < (size_t)T) prefetch_rows(in, y_out ? 7 : 6, o + WKV_AHEAD * C, N);
-#ifdef RX_X86
-            if (fast) {
-                step_avx2_y(S, r + o, w + o, k + o, v + o, a + o, b + o, y, sa, N);
-                continue;
-            }
-#endif
-            wkv7_step(S, r + o, w + o, k + o, v + o, a + o, b + o, y, N);
+        size_t bi = bh / H, h = bh % H, tid = (size_t)rx_thread_id();
+        /* buf [RX_WKV7_CHUNK][N][N]: the state after each step of a chunk;
+         * dS [N][N]; sab [RX_WKV7_CHUNK + 1][N]: each step's sa; dsa, and a
+         * zero dy and a discarded dr for the step before a sequence [N] */
+        float *buf = own ? own + tid * per : work + bh * per, *dS = buf + RX_WKV7_CHUNK * NN;
+        float *sab = dS + NN, *dsa = sab + (RX_WKV7_CHUNK + 1) * N, *zero = dsa + N;
+        float *junk = zero + N;
+        const float *cpb = own_cp ? own_cp + tid * ncp * NN : cp + bh * ncp * NN;
+        if (own_cp) {
+            if (s_init) memcpy(buf, s_init + bh * NN, NN * sizeof(float));
+            else memset(buf, 0, NN * sizeof(float));
+            forward_head(r, w, k, v, a, b, NULL, buf, own_cp + tid * ncp * NN, sab, bi, h, TT, C,
+                         N, fast);
         }
+#define OFF(t) ((bi * TT + (t)) * C + h * N)
+        const float *in[13] = {w, k, v, a, b, r, dy, dr, dw, dk, dv, da, db};
+        memset(dS, 0, NN * sizeof(float));
+        memset(zero, 0, N * sizeof(float));
+        for (size_t c = ncp; c-- > 0;) {
+            size_t t0 = c * RX_WKV7_CHUNK, t1 = t0 + RX_WKV7_CHUNK < TT ? t0 + RX_WKV7_CHUNK : TT;
+            const float *Sc = cpb + c * NN;
+#define STATE(t) ((t) > t0 ? buf + ((t) - t0 - 1) * NN : Sc) /* state entering step t */
+#ifdef RX_X86
+            if (fast) rowdots_avx2(Sc, a + OFF(t0), sab, N);
+#endif
+            for (size_t t = t0; t < t1; t++) {
+                float *Sn = buf + (t - t0) * NN;
+                size_t o = OFF(t);
+                if (t + WKV_AHEAD < t1) prefetch_rows(in, 5, o + WKV_AHEAD * C, N);
+#ifdef RX_X86
+                if (fast) {
+                    step_avx2_any(STATE(t), Sn, NULL, w + o, k + o, v + o, b + o,
+                                  sab + (t - t0) * N, t + 1 < t1 ? a + OFF(t + 1) : NULL, NULL,
+                                  sab + (t - t0 + 1) * N, N);
+                    continue;
+                }
+#endif
+                memcpy(Sn, STATE(t), NN * sizeof(float));
+                wkv7_step(Sn, r + o, w + o, k + o, v + o, a + o, b + o, NULL, N);
+            }
+#ifdef RX_X86
+            if (fast && t1 == TT) coldots_avx2(STATE(TT), dy + OFF(TT - 1), dr + OFF(TT - 1), N);
+#endif
+            for (size_t t = t1; t-- > t0;) {
+                size_t o = OFF(t);
+                if (t >= t0 + WKV_AHEAD) prefetch_rows(in, 13, o - WKV_AHEAD * C, N);
+                /* and a sixteenth of the checkpoint the next chunk starts from */
+                const size_t part = NN / RX_WKV7_CHUNK;
+                if (c > 0)
+                    for (size_t q = 0; q < part; q += 16)
+                        __builtin_prefetch(cpb + (c - 1) * NN + (t1 - 1 - t) * part + q);
+#ifdef RX_X86
+                if (fast) {
+                    step_back_avx2(STATE(t), dS, r + o, w + o, k + o, v + o, a + o, b + o,
+                                   dy + o, t > 0 ? dy + o - C : zero, sab + (t - t0) * N, dsa,
+                                   t > 0 ? dr + o - C : junk, dw + o, dk + o, dv + o, da + o,
+                                   db + o, N);
+                    continue;
+                }
+#endif
+                wkv7_step_back(STATE(t), STATE(t + 1), dS, r + o, w + o, k + o, v + o, a + o,
+                               b + o, dy + o, dr + o, dw + o, dk + o, dv + o, da + o, db + o, N);
+            }
+#undef STATE
+        }
+        if (dS_out) memcpy(dS_out + bh * NN, dS, NN * sizeof(float));
+#undef OFF
     }
     rx_prof_pop();
-    free(scratch);
+    free(own);
+    free(own_cp);
     return RX_OK;
 }
 
@@ -318,84 +530,6 @@ int rx_wkv7_backward(const float *r, const float *w, const float *k, const float
                      const float *a, const float *b, const float *dy, const float *s_init,
                      float *dr, float *dw, float *dk, float *dv, float *da, float *db,
                      float *dS_out, int B, int T, int n_head, int head_size) {
-    if (!wkv7_args_ok(r, w, k, v, a, b, B, T, n_head, head_size) || !dy || !dr || !dw ||
-        !dk || !dv || !da || !db)
-        return RX_EINVAL;
-    const size_t H = (size_t)n_head, N = (size_t)head_size, C = H * N, NN = N * N;
-    const size_t BH = (size_t)B * H, TT = (size_t)T;
-    const size_t ncp = (TT + WKV_CHUNK - 1) / WKV_CHUNK;
-    int nt = rx_in_parallel() ? 1 : rx_max_threads();
-    if ((size_t)nt > BH) nt = (int)BH;
-    const int fast = wkv7_use_avx2(N);
-    /* per thread: chunk states [WKV_CHUNK+1][N][N], checkpoints [ncp][N][N],
-     * dS [N][N], the chunk's sa [WKV_CHUNK][N], dsa [N] */
-    const size_t per = (WKV_CHUNK + 1) * NN + ncp * NN + NN + (WKV_CHUNK + 1) * N;
-    float *scratch = rx_falloc((size_t)nt * per);
-    if (!scratch) return RX_ENOMEM;
-    rx_prof_push(RX_PROF_WKV7);
-#pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (nt > 1)
-    for (size_t bh = 0; bh < BH; bh++) {
-        size_t bi = bh / H, h = bh % H;
-        float *buf = scratch + (size_t)rx_thread_id() * per;
-        float *cp = buf + (WKV_CHUNK + 1) * NN, *dS = cp + ncp * NN;
-        float *sab = dS + NN, *dsa = sab + WKV_CHUNK * N;
-#define OFF(t) ((bi * TT + (t)) * C + h * N)
-        /* forward: checkpoint the state entering every chunk */
-        float *S = buf;
-        if (s_init) memcpy(S, s_init + bh * NN, NN * sizeof(float));
-        else memset(S, 0, NN * sizeof(float));
-        const float *in[13] = {w, k, v, a, b, r, dy, dr, dw, dk, dv, da, db};
-        for (size_t t = 0; t < TT; t++) {
-            if (t % WKV_CHUNK == 0) memcpy(cp + (t / WKV_CHUNK) * NN, S, NN * sizeof(float));
-            size_t o = OFF(t);
-            if (t + WKV_AHEAD < TT) prefetch_rows(in, 5, o + WKV_AHEAD * C, N);
-#ifdef RX_X86
-            if (fast) {
-                step_avx2_y(S, NULL, w + o, k + o, v + o, a + o, b + o, NULL, dsa, N);
-                continue;
-            }
-#endif
-            wkv7_step(S, r + o, w + o, k + o, v + o, a + o, b + o, NULL, N);
-        }
-        memset(dS, 0, NN * sizeof(float));
-        for (size_t c = ncp; c-- > 0;) {
-            size_t t0 = c * WKV_CHUNK, t1 = t0 + WKV_CHUNK < TT ? t0 + WKV_CHUNK : TT;
-            /* buf[u] = state entering step t0+u, for u = 0..t1-t0 */
-            memcpy(buf, cp + c * NN, NN * sizeof(float));
-            for (size_t t = t0; t < t1; t++) {
-                float *Sn = buf + (t - t0 + 1) * NN;
-                size_t o = OFF(t);
-                if (t + WKV_AHEAD < t1) prefetch_rows(in, 5, o + WKV_AHEAD * C, N);
-#ifdef RX_X86
-                if (fast) {
-                    step_avx2_sa(Sn - NN, Sn, w + o, k + o, v + o, a + o, b + o,
-                                 sab + (t - t0) * N, N);
-                    continue;
-                }
-#endif
-                memcpy(Sn, Sn - NN, NN * sizeof(float));
-                wkv7_step(Sn, r + o, w + o, k + o, v + o, a + o, b + o, NULL, N);
-            }
-            for (size_t t = t1; t-- > t0;) {
-                size_t o = OFF(t);
-                if (t >= t0 + WKV_AHEAD) prefetch_rows(in, 13, o - WKV_AHEAD * C, N);
-                const float *S0 = buf + (t - t0) * NN, *S1 = S0 + NN;
-#ifdef RX_X86
-                if (fast) {
-                    step_back_avx2(S0, S1, dS, r + o, w + o, k + o, v + o, a + o, b + o,
-                                   dy + o, sab + (t - t0) * N, dsa, dr + o, dw + o, dk + o,
-                                   dv + o, da + o, db + o, N);
-                    continue;
-                }
-#endif
-                wkv7_step_back(S0, S1, dS, r + o, w + o, k + o, v + o, a + o, b + o, dy + o,
-                               dr + o, dw + o, dk + o, dv + o, da + o, db + o, N);
-            }
-        }
-        if (dS_out) memcpy(dS_out + bh * NN, dS, NN * sizeof(float));
-#undef OFF
-    }
-    rx_prof_pop();
-    free(scratch);
-    return RX_OK;
+    return rx_wkv7_backward_cp(r, w, k, v, a, b, dy, s_init, NULL, NULL, dr, dw, dk, dv, da, db,
+                               dS_out, B, T, n_head, head_size);
 }

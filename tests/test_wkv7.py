@@ -36,8 +36,10 @@ def reference(ins, dy, s_init):
     return y.value, s_final.value, [l.grad for l in leaves], s.grad
 
 
+# N % 8 == 0 runs the vectorised steps: T = 1, exactly one 16-step chunk and
+# one step more reach every boundary of their chunked backward
 CASES = [(1, 1, 1, 1), (1, 1, 2, 4), (1, 6, 1, 1), (2, 7, 3, 5), (1, 33, 2, 16), (2, 40, 1, 64),
-         (1, 200, 2, 64)]
+         (1, 200, 2, 64), (1, 1, 2, 8), (2, 16, 2, 8), (1, 17, 1, 64)]
 
 
 @pytest.mark.parametrize("with_state", [False, True], ids=["zero_state", "s_init"])
