@@ -228,6 +228,14 @@ static void attn_select(const attn_dims *d, const float *q, const float *k, attn
 
 /* ---- attention core -------------------------------------------------------- */
 
+/* a [n] . b [n], accumulated in double */
+RX_HOT static double attn_dot(const float *a, const float *b, size_t n) {
+    double s = 0.0;
+#pragma omp simd reduction(+ : s)
+    for (size_t i = 0; i < n; i++) s += (double)a[i] * b[i];
+    return s;
+}
+
 /* Query-major work items: (head, chunk, tile within the chunk), so a chunk
  * longer than a tile still splits. Item i covers rows [*lo, *hi) of chunk
  * *c of head *bh; returns 0 for the empty tail tiles of a short last chunk. */
@@ -302,18 +310,49 @@ static inline size_t attn_kend(const attn_dims *d, size_t j, size_t klo, size_t 
     return klo + ATTN_TILE < end ? klo + ATTN_TILE : end;
 }
 
+/* exp(x) for softmax weights, x <= 0 up to rounding (any x < 88): Cephes'
+ * degree-5 polynomial after a Cody-Waite reduction, within 2 ulp of expf;
+ * 0 below -87 (expf is under 2e-38 there, against a largest weight of 1),
+ * NaN for NaN. No branch, call or float select (GCC if-converts neither
+ * under the default -ftrapping-math), so the tile loops vectorise. */
+static inline float attn_exp(float x) {
+    const float magic = 12582912.0f;   /* 1.5 * 2^23: adding it rounds to an integer */
+    const float t = x * 1.44269504088896341f + magic;
+    const float n = t - magic, r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
+    /* below -87 the exponent bits are garbage, masked off at the end */
+    const uint32_t keep = (uint32_t)0 - (uint32_t)!(x < -87.0f);
+    uint32_t tb, mb, sb, yb;
+    memcpy(&tb, &t, sizeof tb);
+    memcpy(&mb, &magic, sizeof mb);
+    sb = (tb - mb + 127u) << 23;   /* 2^n */
+    float scale, p = 1.9875691500e-4f;
+    memcpy(&scale, &sb, sizeof scale);
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    float y = (p * r * r + r + 1.0f) * scale;
+    memcpy(&yb, &y, sizeof yb);
+    yb &= keep;
+    memcpy(&y, &yb, sizeof y);
+    return y;
+}
+
 /* Online softmax step over one key tile (keys [klo, klo+n) of chunk j):
  * rows r < M of tl->s hold raw scores q . k. Scales them, updates the
  * running max and sum, leaves the weights exp(score - max) (zero on keys
  * not attended) in tl->s and the factor for the sums so far in tl->rs. */
-static void attn_online(const attn_dims *d, size_t j, size_t klo, size_t n, size_t M,
-                        attn_tile *tl) {
+RX_HOT static void attn_online(const attn_dims *d, size_t j, size_t klo, size_t n, size_t M,
+                               attn_tile *tl) {
+    const float scale = d->scale;
     for (size_t r = 0; r < M; r++) {
         const size_t lim = attn_lim(d, tl->idx[r], j, klo, n);
-        float *sr = tl->s + r * ATTN_TILE, m = tl->m[r], cm = -INFINITY;
+        float *restrict sr = tl->s + r * ATTN_TILE, m = tl->m[r], cm = -INFINITY;
+#pragma omp simd reduction(max : cm)
         for (size_t s = 0; s < lim; s++) {
-            sr[s] *= d->scale;
-            if (sr[s] > cm) cm = sr[s];
+            sr[s] *= scale;
+            cm = sr[s] > cm ? sr[s] : cm;
         }
         tl->rs[r] = 1.0f;
         if (lim && cm > m) {
@@ -321,8 +360,14 @@ static void attn_online(const attn_dims *d, size_t j, size_t klo, size_t n, size
             tl->l[r] *= tl->rs[r];
             tl->m[r] = m = cm;
         }
-        double sum = 0.0;
-        for (size_t s = 0; s < lim; s++) sum += (sr[s] = expf(sr[s] - m));
+        /* a float sum of at most a tile of weights in [0, 1], in vector
+         * lanes of a few terms each, before the running sum in double */
+        float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+        for (size_t s = 0; s < lim; s++) {
+            sr[s] = attn_exp(sr[s] - m);
+            sum += sr[s];
+        }
         for (size_t s = lim; s < n; s++) sr[s] = 0.0f;
         tl->l[r] += sum;
     }
@@ -425,7 +470,7 @@ static void attn_block_p(const attn_dims *d, const attn_head *h, size_t c, size_
             for (size_t s = j * d->cs, n = attn_lim(d, t, j, s, d->cs); n--; s++) {
                 float a = 0.0f;
                 for (size_t i = 0; i < N; i++) a += h->q[t * C + i] * h->k[s * C + i];
-                p_h[t * T + s] = expf(a * d->scale - h->lse[t]);
+                p_h[t * T + s] = attn_exp(a * d->scale - h->lse[t]);
             }
         }
 }
@@ -513,15 +558,18 @@ int rx_attn_decode(const rx_attn_params *P, const float *q, const float *k, cons
  * selection fixed: from q . k^T in tl->s and dy . v^T in tl->ds, leaves the
  * weights p in tl->s and the score grads p (dp - D) / sqrt(N) in tl->ds,
  * both zero on keys not attended. */
-static void attn_tile_grads(const attn_dims *d, const attn_head *h, size_t j, size_t klo,
-                            size_t n, size_t M, attn_tile *tl) {
+RX_HOT static void attn_tile_grads(const attn_dims *d, const attn_head *h, size_t j,
+                                   size_t klo, size_t n, size_t M, attn_tile *tl) {
+    const float scale = d->scale;
     for (size_t r = 0; r < M; r++) {
         const size_t t = tl->idx[r], lim = attn_lim(d, t, j, klo, n);
-        float *sr = tl->s + r * ATTN_TILE, *gr = tl->ds + r * ATTN_TILE;
+        const float lse = h->lse[t], dd = h->dd[t];
+        float *restrict sr = tl->s + r * ATTN_TILE, *restrict gr = tl->ds + r * ATTN_TILE;
+#pragma omp simd
         for (size_t s = 0; s < lim; s++) {
-            float p = expf(sr[s] * d->scale - h->lse[t]);
+            const float p = attn_exp(sr[s] * scale - lse);
             sr[s] = p;
-            gr[s] = p * (gr[s] - h->dd[t]) * d->scale;
+            gr[s] = p * (gr[s] - dd) * scale;
         }
         for (size_t s = lim; s < n; s++) sr[s] = gr[s] = 0.0f;
     }
@@ -623,9 +671,7 @@ static void attn_core_backward(const attn_dims *d, const float *q, const float *
 #pragma omp for schedule(static)
         for (size_t i = 0; i < BHT; i++) {
             const size_t o = (i / (H * T) * T + i % T) * C + i / T % H * N;
-            double dd = 0.0;
-            for (size_t n = 0; n < N; n++) dd += (double)dy[o + n] * y[o + n];
-            w->dd[i] = (float)dd;
+            w->dd[i] = (float)attn_dot(dy + o, y + o, N);
         }
 #pragma omp for schedule(dynamic, 1)
         for (size_t i = 0; i < n_chunks; i++) {
