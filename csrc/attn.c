@@ -14,10 +14,10 @@
  * plus the gates, O(T^2 C / chunk_size); extra memory is O(T top_k C). No
  * T x T matrix exists outside the score_av test hook.
  *
- * Selection: chunk means and gates are computed in double by one code path
- * that the forward and the backward share; the backward recomputes q and k
- * bit-identically (same GEMM on the same inputs), so the selection it holds
- * fixed is exactly the forward's. Double gates also keep the choice as close
+ * Selection: chunk means and gates are computed in double by one code path,
+ * the forward's; the backward holds fixed the selection that forward kept
+ * (rx_attn_acts: q, k, v, selection and log-sum-exp, so the model's
+ * backward runs no forward again). Double gates keep the choice as close
  * as possible to a float64 evaluation of the same q and k.
  *
  * Work is done in tiles of at most 64 queries x 64 keys through rx_sgemm
@@ -31,8 +31,10 @@
  *     gathers every query that chose it, and leaves a partial softmax
  *     (max, sum, unnormalised output) per (query, rank of the chunk in its
  *     selection) that the query-major pass merges by log-sum-exp.
- * Softmax is online (running max, sums in double) and the forward keeps
- * each query's log-sum-exp, so the backward recovers p = exp(score - lse).
+ * Softmax is online (running max; per tile a float sum in vector lanes,
+ * running sums in double; a call-free exp so the tile loops vectorise) and
+ * the forward keeps each query's log-sum-exp, so the backward recovers
+ * p = exp(score - lse).
  * The backward runs key-major over every pair for dk, dv (plus the dq of
  * chosen pairs, per rank), then query-major for the dq of dense pairs. No
  * two threads ever write the same row, so results do not depend on the
