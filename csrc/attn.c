@@ -14,10 +14,10 @@
  * plus the gates, O(T^2 C / chunk_size); extra memory is O(T top_k C). No
  * T x T matrix exists outside the score_av test hook.
  *
- * Selection: chunk means and gates are computed in double by one code path
- * that the forward and the backward share; the backward recomputes q and k
- * bit-identically (same GEMM on the same inputs), so the selection it holds
- * fixed is exactly the forward's. Double gates also keep the choice as close
+ * Selection: chunk means and gates are computed in double by one code path,
+ * the forward's; the backward holds fixed the selection that forward kept
+ * (rx_attn_acts: q, k, v, selection and log-sum-exp, so the model's
+ * backward runs no forward again). Double gates keep the choice as close
  * as possible to a float64 evaluation of the same q and k.
  *
  * Work is done in tiles of at most 64 queries x 64 keys through rx_sgemm
@@ -31,8 +31,10 @@
  *     gathers every query that chose it, and leaves a partial softmax
  *     (max, sum, unnormalised output) per (query, rank of the chunk in its
  *     selection) that the query-major pass merges by log-sum-exp.
- * Softmax is online (running max, sums in double) and the forward keeps
- * each query's log-sum-exp, so the backward recovers p = exp(score - lse).
+ * Softmax is online (running max; per tile a float sum in vector lanes,
+ * running sums in double; a call-free exp so the tile loops vectorise) and
+ * the forward keeps each query's log-sum-exp, so the backward recovers
+ * p = exp(score - lse).
  * The backward runs key-major over every pair for dk, dv (plus the dq of
  * chosen pairs, per rank), then query-major for the dq of dense pairs. No
  * two threads ever write the same row, so results do not depend on the
@@ -56,16 +58,18 @@ typedef struct {
     int nt;         /* threads for this call's parallel loops */
 } attn_dims;
 
-/* Scratch of one call, allocated once. */
+/* Scratch of one call (standalone entry points) or of one block's acts
+ * (the model: allocated with them, sel and lse kept for the backward). */
 typedef struct {
     double *kmean;  /* [B*H][nck][N] mean key of every complete chunk */
-    double *gates;  /* [nt][nck] per-thread gate row */
     int *sel;       /* [B*H][T][kk] chosen chunks of each choosing query, ascending */
     float *lse;     /* [B*H][T] log-sum-exp of each query's scaled scores */
     float *dd;      /* [B*H][T] D_t = dy_t . y_t (backward only) */
     float *part;    /* [B*H][T][kk][N] per chosen chunk: unnormalised output
                      * (forward), dq contribution (backward) */
     float *pm, *pl; /* [B*H][T][kk] per chosen chunk: max and sum of the forward */
+    size_t nt;      /* threads the per-thread arrays below hold */
+    double *gates;  /* [nt][nck] per-thread gate row */
     size_t *idx;    /* [nt][2][TILE] per-thread tile rows: query, rank */
     double *l;      /* [nt][TILE] */
     float *tile;    /* [nt][ATTN_TILE_FLOATS] see attn_tile */
@@ -96,33 +100,48 @@ static int attn_dims_init(const rx_attn_params *P, int B, int T, attn_dims *d) {
 
 static void attn_work_free(attn_work *w) {
     free(w->kmean);
-    free(w->gates);
     free(w->sel);
     free(w->lse);
     free(w->dd);
     free(w->part);
     free(w->pm);
     free(w->pl);
+    free(w->gates);
     free(w->idx);
     free(w->l);
     free(w->tile);
 }
 
-static int attn_work_alloc(const attn_dims *d, attn_work *w, int backward) {
-    const size_t BHT = d->B * d->H * d->T, nt = (size_t)d->nt;
-    w->kmean = (double *)rx_alloc(d->B * d->H * d->nck * d->N, sizeof(double));
+/* The per-thread arrays for d->nt threads; kept when they already hold as
+ * many, so acts reallocate only if the thread count grows after them. */
+static int attn_work_threads(const attn_dims *d, attn_work *w) {
+    const size_t nt = (size_t)d->nt;
+    if (nt <= w->nt) return RX_OK;
+    free(w->gates);
+    free(w->idx);
+    free(w->l);
+    free(w->tile);
     w->gates = (double *)rx_alloc(nt * d->nck, sizeof(double));
+    w->idx = (size_t *)rx_alloc(nt * 2 * ATTN_TILE, sizeof(size_t));
+    w->l = (double *)rx_alloc(nt * ATTN_TILE, sizeof(double));
+    w->tile = rx_falloc(nt * ATTN_TILE_FLOATS(d->N));
+    w->nt = w->gates && w->idx && w->l && w->tile ? nt : 0;
+    return w->nt ? RX_OK : RX_ENOMEM;
+}
+
+/* Everything zeroed first, so attn_work_free is safe after a failure. */
+static int attn_work_alloc(const attn_dims *d, attn_work *w, int backward) {
+    const size_t BHT = d->B * d->H * d->T;
+    memset(w, 0, sizeof *w);
+    w->kmean = (double *)rx_alloc(d->B * d->H * d->nck * d->N, sizeof(double));
     w->sel = (int *)rx_alloc(BHT * d->kk, sizeof(int));
     w->lse = rx_falloc(BHT);
     w->dd = backward ? rx_falloc(BHT) : NULL;
     w->part = (float *)rx_alloc(BHT * d->kk, d->N * sizeof(float));
     w->pm = rx_falloc(BHT * d->kk);
     w->pl = rx_falloc(BHT * d->kk);
-    w->idx = (size_t *)rx_alloc(nt * 2 * ATTN_TILE, sizeof(size_t));
-    w->l = (double *)rx_alloc(nt * ATTN_TILE, sizeof(double));
-    w->tile = rx_falloc(nt * ATTN_TILE_FLOATS(d->N));
-    if (!w->kmean || !w->gates || !w->sel || !w->lse || (backward && !w->dd) || !w->part ||
-        !w->pm || !w->pl || !w->idx || !w->l || !w->tile) {
+    if (!w->kmean || !w->sel || !w->lse || (backward && !w->dd) || !w->part || !w->pm ||
+        !w->pl || attn_work_threads(d, w) != RX_OK) {
         attn_work_free(w);
         return RX_ENOMEM;
     }
@@ -211,6 +230,14 @@ static void attn_select(const attn_dims *d, const float *q, const float *k, attn
 
 /* ---- attention core -------------------------------------------------------- */
 
+/* a [n] . b [n], accumulated in double */
+RX_HOT static double attn_dot(const float *a, const float *b, size_t n) {
+    double s = 0.0;
+#pragma omp simd reduction(+ : s)
+    for (size_t i = 0; i < n; i++) s += (double)a[i] * b[i];
+    return s;
+}
+
 /* Query-major work items: (head, chunk, tile within the chunk), so a chunk
  * longer than a tile still splits. Item i covers rows [*lo, *hi) of chunk
  * *c of head *bh; returns 0 for the empty tail tiles of a short last chunk. */
@@ -289,14 +316,16 @@ static inline size_t attn_kend(const attn_dims *d, size_t j, size_t klo, size_t 
  * rows r < M of tl->s hold raw scores q . k. Scales them, updates the
  * running max and sum, leaves the weights exp(score - max) (zero on keys
  * not attended) in tl->s and the factor for the sums so far in tl->rs. */
-static void attn_online(const attn_dims *d, size_t j, size_t klo, size_t n, size_t M,
-                        attn_tile *tl) {
+RX_HOT static void attn_online(const attn_dims *d, size_t j, size_t klo, size_t n, size_t M,
+                               attn_tile *tl) {
+    const float scale = d->scale;
     for (size_t r = 0; r < M; r++) {
         const size_t lim = attn_lim(d, tl->idx[r], j, klo, n);
-        float *sr = tl->s + r * ATTN_TILE, m = tl->m[r], cm = -INFINITY;
+        float *restrict sr = tl->s + r * ATTN_TILE, m = tl->m[r], cm = -INFINITY;
+#pragma omp simd reduction(max : cm)
         for (size_t s = 0; s < lim; s++) {
-            sr[s] *= d->scale;
-            if (sr[s] > cm) cm = sr[s];
+            sr[s] *= scale;
+            cm = sr[s] > cm ? sr[s] : cm;
         }
         tl->rs[r] = 1.0f;
         if (lim && cm > m) {
@@ -304,8 +333,14 @@ static void attn_online(const attn_dims *d, size_t j, size_t klo, size_t n, size
             tl->l[r] *= tl->rs[r];
             tl->m[r] = m = cm;
         }
-        double sum = 0.0;
-        for (size_t s = 0; s < lim; s++) sum += (sr[s] = expf(sr[s] - m));
+        /* a float sum of at most a tile of weights in [0, 1], in vector
+         * lanes of a few terms each, before the running sum in double */
+        float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+        for (size_t s = 0; s < lim; s++) {
+            sr[s] = rx_expf(sr[s] - m);
+            sum += sr[s];
+        }
         for (size_t s = lim; s < n; s++) sr[s] = 0.0f;
         tl->l[r] += sum;
     }
@@ -408,7 +443,7 @@ static void attn_block_p(const attn_dims *d, const attn_head *h, size_t c, size_
             for (size_t s = j * d->cs, n = attn_lim(d, t, j, s, d->cs); n--; s++) {
                 float a = 0.0f;
                 for (size_t i = 0; i < N; i++) a += h->q[t * C + i] * h->k[s * C + i];
-                p_h[t * T + s] = expf(a * d->scale - h->lse[t]);
+                p_h[t * T + s] = rx_expf(a * d->scale - h->lse[t]);
             }
         }
 }
@@ -457,12 +492,8 @@ int rx_attn_decode(const rx_attn_params *P, const float *q, const float *k, cons
     attn_work w;
     memset(&w, 0, sizeof w);
     w.kmean = (double *)rx_alloc(kk ? H * nck * N : 0, sizeof(double));
-    w.gates = (double *)rx_alloc(nck, sizeof(double));
     w.sel = (int *)rx_alloc(kk, sizeof(int));
-    w.idx = (size_t *)rx_alloc(2 * ATTN_TILE, sizeof(size_t));
-    w.l = (double *)rx_alloc(ATTN_TILE, sizeof(double));
-    w.tile = rx_falloc(ATTN_TILE_FLOATS(N));
-    if (!w.kmean || !w.gates || !w.sel || !w.idx || !w.l || !w.tile) {
+    if (!w.kmean || !w.sel || attn_work_threads(&d, &w) != RX_OK) {
         attn_work_free(&w);
         return RX_ENOMEM;
     }
@@ -500,15 +531,18 @@ int rx_attn_decode(const rx_attn_params *P, const float *q, const float *k, cons
  * selection fixed: from q . k^T in tl->s and dy . v^T in tl->ds, leaves the
  * weights p in tl->s and the score grads p (dp - D) / sqrt(N) in tl->ds,
  * both zero on keys not attended. */
-static void attn_tile_grads(const attn_dims *d, const attn_head *h, size_t j, size_t klo,
-                            size_t n, size_t M, attn_tile *tl) {
+RX_HOT static void attn_tile_grads(const attn_dims *d, const attn_head *h, size_t j,
+                                   size_t klo, size_t n, size_t M, attn_tile *tl) {
+    const float scale = d->scale;
     for (size_t r = 0; r < M; r++) {
         const size_t t = tl->idx[r], lim = attn_lim(d, t, j, klo, n);
-        float *sr = tl->s + r * ATTN_TILE, *gr = tl->ds + r * ATTN_TILE;
+        const float lse = h->lse[t], dd = h->dd[t];
+        float *restrict sr = tl->s + r * ATTN_TILE, *restrict gr = tl->ds + r * ATTN_TILE;
+#pragma omp simd
         for (size_t s = 0; s < lim; s++) {
-            float p = expf(sr[s] * d->scale - h->lse[t]);
+            const float p = rx_expf(sr[s] * scale - lse);
             sr[s] = p;
-            gr[s] = p * (gr[s] - h->dd[t]) * d->scale;
+            gr[s] = p * (gr[s] - dd) * scale;
         }
         for (size_t s = lim; s < n; s++) sr[s] = gr[s] = 0.0f;
     }
@@ -610,9 +644,7 @@ static void attn_core_backward(const attn_dims *d, const float *q, const float *
 #pragma omp for schedule(static)
         for (size_t i = 0; i < BHT; i++) {
             const size_t o = (i / (H * T) * T + i % T) * C + i / T % H * N;
-            double dd = 0.0;
-            for (size_t n = 0; n < N; n++) dd += (double)dy[o + n] * y[o + n];
-            w->dd[i] = (float)dd;
+            w->dd[i] = (float)attn_dot(dy + o, y + o, N);
         }
 #pragma omp for schedule(dynamic, 1)
         for (size_t i = 0; i < n_chunks; i++) {
@@ -664,15 +696,8 @@ int rx_attn_score_av_backward(const rx_attn_params *P, const float *q, const flo
 
 /* ---- the block ------------------------------------------------------------- */
 
-static int attn_block_ok(const rx_attn_params *P, int B, int T, attn_dims *d) {
-    return attn_dims_init(P, B, T, d) && P->ln1_w && P->ln1_b && P->receptance_w &&
-           P->key_w && P->value_w && P->output_w && P->ln2_w && P->ln2_b &&
-           P->cm.c == P->c && P->cm.ffn_dim >= 1 && P->cm.ffn_x_k && P->cm.ffn_key_w &&
-           P->cm.ffn_value_w;
-}
-
 /* x: [B][T][C] -> h1 = ln1(x), q, k, v, y = attention (w: selection, lse),
- * all [B][T][C]; y may alias h1, which is dead once q, k, v exist. */
+ * all [B][T][C] */
 static void attn_front(const rx_attn_params *P, const attn_dims *d, const float *x, float *h1,
                        float *q, float *k, float *v, float *y, attn_work *w) {
     const size_t BT = d->B * d->T, C = d->C;
@@ -692,27 +717,132 @@ static void attn_residual(const rx_attn_params *P, const attn_dims *d, const flo
     rx_rownorm_forward(x1, P->ln2_w, P->ln2_b, h2, NULL, NULL, BT, C, 1, RX_LN_EPS);
 }
 
+/* The block's forward intermediates, everything its backward reads: kept
+ * by rx_attn_forward_acts, only read by rx_attn_backward_acts (so it runs
+ * more than once per forward), the core's scratch allocated with them. */
+struct rx_attn_acts {
+    size_t B, T;
+    float *h1, *q, *k, *v, *y, *x1, *h2, *xk; /* [BT][C] ln1 out, projections, attention
+                                               * out, residual, ln2 out, CM lerp */
+    float *pre, *hid;                         /* [BT][F] CM key projection, relu^2 */
+    attn_work w;                              /* sel and lse kept; the rest scratch */
+    float *mem;
+};
+
+void rx_attn_acts_free(rx_attn_acts *S) {
+    if (!S) return;
+    attn_work_free(&S->w);
+    free(S->mem);
+    free(S);
+}
+
+rx_attn_acts *rx_attn_acts_new(const rx_attn_params *P, size_t B, size_t T) {
+    attn_dims d;
+    if (B > INT32_MAX || T > INT32_MAX || !attn_dims_init(P, (int)B, (int)T, &d) ||
+        P->cm.ffn_dim < 1)
+        return NULL;
+    rx_attn_acts *S = calloc(1, sizeof *S);
+    if (!S) return NULL;
+    S->B = B;
+    S->T = T;
+    /* one allocation, each buffer a whole number of 64-byte lines */
+    const size_t rc = (B * T * d.C + 15) & ~(size_t)15;
+    const size_t rf = (B * T * (size_t)P->cm.ffn_dim + 15) & ~(size_t)15;
+    S->mem = rc > SIZE_MAX / 16 || rf > SIZE_MAX / 4 ? NULL : rx_falloc(8 * rc + 2 * rf);
+    if (!S->mem || attn_work_alloc(&d, &S->w, 1) != RX_OK) {
+        free(S->mem);
+        free(S);
+        return NULL;
+    }
+    float *f = S->mem;
+    float **bufs[] = {&S->h1, &S->q, &S->k, &S->v, &S->y, &S->x1, &S->h2, &S->xk};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++, f += rc) *bufs[i] = f;
+    S->pre = f;
+    S->hid = f + rf;
+    return S;
+}
+
+static int attn_block_ok(const rx_attn_params *P, int B, int T, attn_dims *d) {
+    return attn_dims_init(P, B, T, d) && P->ln1_w && P->ln1_b && P->receptance_w &&
+           P->key_w && P->value_w && P->output_w && P->ln2_w && P->ln2_b &&
+           P->cm.c == P->c && P->cm.ffn_dim >= 1 && P->cm.ffn_x_k && P->cm.ffn_key_w &&
+           P->cm.ffn_value_w;
+}
+
+static int attn_grads_ok(const rx_attn_grads *G) {
+    return G && G->ln1_w && G->ln1_b && G->receptance_w && G->key_w && G->value_w &&
+           G->output_w && G->ln2_w && G->ln2_b && G->cm.ffn_x_k && G->cm.ffn_key_w &&
+           G->cm.ffn_value_w;
+}
+
+/* x: [B][T][C]; cm_xprev_init: [B][C] or NULL; out: [B][T][C] or NULL
+ * (intermediates only). P and S for the same sizes. */
+int rx_attn_forward_acts(const rx_attn_params *P, const float *x, const float *cm_xprev_init,
+                         rx_attn_acts *S, float *out) {
+    attn_dims d;
+    if (!S || !x || !attn_block_ok(P, (int)S->B, (int)S->T, &d)) return RX_EINVAL;
+    if (attn_work_threads(&d, &S->w) != RX_OK) return RX_ENOMEM;
+    const size_t BTC = d.B * d.T * d.C;
+    attn_front(P, &d, x, S->h1, S->q, S->k, S->v, S->y, &S->w);
+    attn_residual(P, &d, x, S->y, S->x1, S->h2);
+    rx_cm_forward_acts(&P->cm, S->h2, cm_xprev_init, S->xk, S->pre, S->hid, out, d.B, d.T);
+    if (out)
+        for (size_t i = 0; i < BTC; i++) out[i] += S->x1[i];
+    return RX_OK;
+}
+
+/* S from rx_attn_forward_acts on the same x and carry; dy, dx: [B][T][C];
+ * d_cm_xprev_init: [B][C] or NULL; G overwritten; work: RX_ATTN_WORK floats */
+int rx_attn_backward_acts(const rx_attn_params *P, rx_attn_acts *S, const float *x,
+                          const float *cm_xprev_init, const float *dy, rx_attn_grads *G,
+                          float *dx, float *d_cm_xprev_init, float *work) {
+    attn_dims d;
+    if (!S || !x || !dy || !dx || !work || !attn_grads_ok(G) ||
+        !attn_block_ok(P, (int)S->B, (int)S->T, &d))
+        return RX_EINVAL;
+    if (attn_work_threads(&d, &S->w) != RX_OK) return RX_ENOMEM;
+    const size_t BT = d.B * d.T, C = d.C, BTC = BT * C;
+    /* t: the channel-mix lerp grad, then d y, then d h1 */
+    float *g1 = work, *dq = g1 + BTC, *dk = dq + BTC, *dv = dk + BTC, *t = dv + BTC;
+    float *dh = t + BTC;
+    /* channel-mix, then ln2: g1 = d x1 = dy + ln2'(dCM/dh2) */
+    rx_cm_backward_acts(&P->cm, S->h2, cm_xprev_init, S->xk, S->pre, S->hid, dy, &G->cm, g1,
+                        d_cm_xprev_init, d.B, d.T, dh, t);
+    rx_fzero(G->ln2_w, C);
+    rx_fzero(G->ln2_b, C);
+    int rc = rx_rownorm_backward(S->x1, P->ln2_w, g1, g1, G->ln2_w, G->ln2_b, BT, C, 1,
+                                 RX_LN_EPS);
+    if (rc != RX_OK) return rc;
+    for (size_t i = 0; i < BTC; i++) g1[i] += dy[i];
+    /* output projection */
+    rx_sgemm(1, 0, C, C, BT, S->y, C, g1, C, 0.0f, G->output_w, C);
+    rx_sgemm(0, 1, BT, C, C, g1, C, P->output_w, C, 0.0f, t, C);
+    attn_core_backward(&d, S->q, S->k, S->v, S->y, t, &S->w, dq, dk, dv);
+    /* q, k, v projections */
+    rx_sgemm(1, 0, C, C, BT, S->h1, C, dq, C, 0.0f, G->receptance_w, C);
+    rx_sgemm(1, 0, C, C, BT, S->h1, C, dk, C, 0.0f, G->key_w, C);
+    rx_sgemm(1, 0, C, C, BT, S->h1, C, dv, C, 0.0f, G->value_w, C);
+    rx_sgemm(0, 1, BT, C, C, dq, C, P->receptance_w, C, 0.0f, t, C);
+    rx_sgemm(0, 1, BT, C, C, dk, C, P->key_w, C, 1.0f, t, C);
+    rx_sgemm(0, 1, BT, C, C, dv, C, P->value_w, C, 1.0f, t, C);
+    /* ln1 and the residual */
+    rx_fzero(G->ln1_w, C);
+    rx_fzero(G->ln1_b, C);
+    rc = rx_rownorm_backward(x, P->ln1_w, t, dx, G->ln1_w, G->ln1_b, BT, C, 1, RX_LN_EPS);
+    if (rc != RX_OK) return rc;
+    for (size_t i = 0; i < BTC; i++) dx[i] += g1[i];
+    return RX_OK;
+}
+
 /* x, out: [B][T][C]; cm_xprev_init: [B][C] or NULL */
 int rx_attn_forward_seq(const rx_attn_params *P, const float *x, const float *cm_xprev_init,
                         float *out, int B, int T) {
     attn_dims d;
-    attn_work w;
     if (!attn_block_ok(P, B, T, &d) || !x || !out) return RX_EINVAL;
-    const size_t BTC = d.B * d.T * d.C;
-    float *buf = rx_alloc(BTC, 5 * sizeof(float));
-    if (!buf || attn_work_alloc(&d, &w, 0) != RX_OK) {
-        free(buf);
-        return RX_ENOMEM;
-    }
-    float *h1 = buf, *q = h1 + BTC, *k = q + BTC, *v = k + BTC, *x1 = v + BTC;
-    float *y = h1, *h2 = q;
-    attn_front(P, &d, x, h1, q, k, v, y, &w);
-    attn_residual(P, &d, x, y, x1, h2);
-    int rc = rx_channelmix_forward_seq(&P->cm, h2, cm_xprev_init, out, B, T);
-    if (rc == RX_OK)
-        for (size_t i = 0; i < BTC; i++) out[i] += x1[i];
-    attn_work_free(&w);
-    free(buf);
+    rx_attn_acts *S = rx_attn_acts_new(P, d.B, d.T);
+    if (!S) return RX_ENOMEM;
+    int rc = rx_attn_forward_acts(P, x, cm_xprev_init, S, out);
+    rx_attn_acts_free(S);
     return rc;
 }
 
@@ -721,51 +851,14 @@ int rx_attn_backward_full(const rx_attn_params *P, const float *x, const float *
                           const float *dy, rx_attn_grads *G, float *dx, float *d_cm_xprev_init,
                           int B, int T) {
     attn_dims d;
-    attn_work w;
-    if (!attn_block_ok(P, B, T, &d) || !x || !dy || !dx || !G || !G->ln1_w || !G->ln1_b ||
-        !G->receptance_w || !G->key_w || !G->value_w || !G->output_w || !G->ln2_w ||
-        !G->ln2_b || !G->cm.ffn_x_k || !G->cm.ffn_key_w || !G->cm.ffn_value_w)
+    if (!attn_block_ok(P, B, T, &d) || !x || !dy || !dx || !attn_grads_ok(G))
         return RX_EINVAL;
-    const size_t BT = d.B * d.T, C = d.C, BTC = BT * C;
-    float *buf = rx_alloc(BTC, 10 * sizeof(float));
-    if (!buf || attn_work_alloc(&d, &w, 1) != RX_OK) {
-        free(buf);
-        return RX_ENOMEM;
-    }
-    float *h1 = buf, *q = h1 + BTC, *k = q + BTC, *v = k + BTC, *y = v + BTC;
-    float *x1 = y + BTC, *h2 = x1 + BTC, *g1 = h2 + BTC, *dk = g1 + BTC, *dv = dk + BTC;
-    /* buffers reused once their first content is dead */
-    float *dya = h2, *dq = x1, *dh1 = h2;
-    attn_front(P, &d, x, h1, q, k, v, y, &w);
-    attn_residual(P, &d, x, y, x1, h2);
-    /* channel-mix, then ln2: g1 = d x1 = dy + ln2'(dCM/dh2) */
-    int rc = rx_channelmix_backward(&P->cm, h2, cm_xprev_init, dy, &G->cm, g1,
-                                    d_cm_xprev_init, B, T);
-    if (rc != RX_OK) goto done;
-    rx_fzero(G->ln2_w, C);
-    rx_fzero(G->ln2_b, C);
-    rc = rx_rownorm_backward(x1, P->ln2_w, g1, g1, G->ln2_w, G->ln2_b, BT, C, 1, RX_LN_EPS);
-    if (rc != RX_OK) goto done;
-    for (size_t i = 0; i < BTC; i++) g1[i] += dy[i];
-    /* output projection */
-    rx_sgemm(1, 0, C, C, BT, y, C, g1, C, 0.0f, G->output_w, C);
-    rx_sgemm(0, 1, BT, C, C, g1, C, P->output_w, C, 0.0f, dya, C);
-    attn_core_backward(&d, q, k, v, y, dya, &w, dq, dk, dv);
-    /* q, k, v projections */
-    rx_sgemm(1, 0, C, C, BT, h1, C, dq, C, 0.0f, G->receptance_w, C);
-    rx_sgemm(1, 0, C, C, BT, h1, C, dk, C, 0.0f, G->key_w, C);
-    rx_sgemm(1, 0, C, C, BT, h1, C, dv, C, 0.0f, G->value_w, C);
-    rx_sgemm(0, 1, BT, C, C, dq, C, P->receptance_w, C, 0.0f, dh1, C);
-    rx_sgemm(0, 1, BT, C, C, dk, C, P->key_w, C, 1.0f, dh1, C);
-    rx_sgemm(0, 1, BT, C, C, dv, C, P->value_w, C, 1.0f, dh1, C);
-    /* ln1 and the residual */
-    rx_fzero(G->ln1_w, C);
-    rx_fzero(G->ln1_b, C);
-    rc = rx_rownorm_backward(x, P->ln1_w, dh1, dx, G->ln1_w, G->ln1_b, BT, C, 1, RX_LN_EPS);
-    if (rc != RX_OK) goto done;
-    for (size_t i = 0; i < BTC; i++) dx[i] += g1[i];
-done:
-    attn_work_free(&w);
-    free(buf);
+    rx_attn_acts *S = rx_attn_acts_new(P, d.B, d.T);
+    float *work = rx_falloc(RX_ATTN_WORK(d.B * d.T, d.C, (size_t)P->cm.ffn_dim));
+    int rc = !S || !work ? RX_ENOMEM : rx_attn_forward_acts(P, x, cm_xprev_init, S, NULL);
+    if (rc == RX_OK)
+        rc = rx_attn_backward_acts(P, S, x, cm_xprev_init, dy, G, dx, d_cm_xprev_init, work);
+    rx_attn_acts_free(S);
+    free(work);
     return rc;
 }

@@ -375,17 +375,21 @@ static int mul_ok(size_t a, size_t b, size_t *out) {
     return 1;
 }
 
-/* The RWKV blocks' kept forward intermediates, one set per block. */
+/* The blocks' kept forward intermediates, one set per block. */
 struct rx_pt_saved {
-    int n;
+    int n, na;
     rx_block_acts *rwkv;   /* [n] */
-    float *work;           /* rx_block_work floats for any block's backward */
+    rx_attn_acts **attn;   /* [na] */
+    float *work;           /* scratch for any block's backward: the largest
+                            * rx_block_work or RX_ATTN_WORK */
 };
 
 static void saved_free(struct rx_pt_saved *s) {
     if (!s) return;
     for (int i = 0; i < s->n; i++) rx_block_acts_free(&s->rwkv[i]);
+    for (int i = 0; i < s->na; i++) rx_attn_acts_free(s->attn[i]);
     free(s->rwkv);
+    free(s->attn);
     free(s->work);
     free(s);
 }
@@ -393,14 +397,17 @@ static void saved_free(struct rx_pt_saved *s) {
 static struct rx_pt_saved *saved_new(const rx_ptmodel *m, size_t B, size_t T) {
     struct rx_pt_saved *s = calloc(1, sizeof *s);
     if (!s) return NULL;
-    const int n = m->cfg.n_rwkv_layer;
-    s->rwkv = calloc((size_t)n, sizeof *s->rwkv);
-    size_t nwork = 0;
+    const int n = m->cfg.n_rwkv_layer, na = m->cfg.n_attn_layer;
+    const size_t BT = B * T, C = (size_t)m->cfg.n_embd, F = (size_t)m->cfg.ffn_dim;
+    size_t nwork = na ? RX_ATTN_WORK(BT, C, F) : 0;
     for (int i = 0; i < n; i++)
-        if (rx_block_work(&m->rwkv[i], B * T) > nwork) nwork = rx_block_work(&m->rwkv[i], B * T);
+        if (rx_block_work(&m->rwkv[i], BT) > nwork) nwork = rx_block_work(&m->rwkv[i], BT);
+    s->rwkv = calloc((size_t)n, sizeof *s->rwkv);
+    s->attn = calloc((size_t)(na ? na : 1), sizeof *s->attn);
     s->work = rx_falloc(nwork);
-    if (!s->rwkv || !s->work) {
+    if (!s->rwkv || !s->attn || !s->work) {
         free(s->rwkv);
+        free(s->attn);
         free(s->work);
         free(s);
         return NULL;
@@ -408,6 +415,11 @@ static struct rx_pt_saved *saved_new(const rx_ptmodel *m, size_t B, size_t T) {
     for (; s->n < n; s->n++)
         if (rx_block_acts_alloc(&s->rwkv[s->n], &m->rwkv[s->n], B, T) != RX_OK) {
             s->n++;   /* a partial allocation is freed with the rest */
+            saved_free(s);
+            return NULL;
+        }
+    for (; s->na < na; s->na++)
+        if (!(s->attn[s->na] = rx_attn_acts_new(&m->attn[s->na], B, T))) {
             saved_free(s);
             return NULL;
         }
@@ -489,7 +501,7 @@ int rx_pretrain_forward_batch(rx_ptmodel *m, const int *tokens, int B, int T, rx
                                              i > 0 ? acts->v_first : NULL,
                                              i > 0 ? NULL : acts->v_first,
                                              &acts->saved->rwkv[i], out)
-                     : rx_attn_forward_seq(&m->attn[i], x, NULL, out, B, T);
+                     : rx_attn_forward_acts(&m->attn[i], x, NULL, acts->saved->attn[i], out);
         if (rc != RX_OK) return rc;
     }
     int rc = rx_layernorm_forward_seq(acts->block_in + (size_t)m->n_blocks * rowc, m->ln_out_w,
@@ -538,8 +550,8 @@ double rx_pretrain_backward_batch(rx_ptmodel *m, const rx_pt_acts *acts, const i
         const float *x = acts->block_in + (size_t)L * rowc;
         int i = m->block_idx[L];
         if (m->layers[L] == 'A') {
-            rc = rx_attn_backward_full(&m->attn[i], x, NULL, dcur, &m->attn_g[i], dnext, NULL,
-                                       B, T);
+            rc = rx_attn_backward_acts(&m->attn[i], acts->saved->attn[i], x, NULL, dcur,
+                                       &m->attn_g[i], dnext, NULL, bwork);
         } else if (i > 0) {
             float *dvf = have_dvf ? dvf_one : dvf_sum;
             rc = rx_block_backward_acts(&m->rwkv[i], &acts->saved->rwkv[i], x, NULL, NULL,

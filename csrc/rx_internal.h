@@ -325,7 +325,22 @@ int rx_block_backward_acts(const rx_block_params *P, const rx_block_acts *S, con
                            float *d_v_first, float *work);
 
 /* ---- attn.c ------------------------------------------------------------
- * Decoding: queries q [T][C] at positions pos..pos+T-1 of one sequence
+ * An attention block's forward intermediates and its core's scratch, all
+ * allocated once by rx_attn_acts_new for B, T (NULL: bad sizes or no
+ * memory), kept by rx_attn_forward_acts so the backward need not run the
+ * forward again: rx_attn_backward_acts only reads them (it may run more
+ * than once per forward). Arguments as in rx_attn_forward_seq /
+ * rx_attn_backward_full; out may be NULL; work: RX_ATTN_WORK floats. */
+typedef struct rx_attn_acts rx_attn_acts;
+rx_attn_acts *rx_attn_acts_new(const rx_attn_params *P, size_t B, size_t T);
+void rx_attn_acts_free(rx_attn_acts *S);
+int rx_attn_forward_acts(const rx_attn_params *P, const float *x, const float *cm_xprev_init,
+                         rx_attn_acts *S, float *out);
+#define RX_ATTN_WORK(BT, C, F) (5 * (BT) * (C) + (BT) * (F))
+int rx_attn_backward_acts(const rx_attn_params *P, rx_attn_acts *S, const float *x,
+                          const float *cm_xprev_init, const float *dy, rx_attn_grads *G,
+                          float *dx, float *d_cm_xprev_init, float *work);
+/* Decoding: queries q [T][C] at positions pos..pos+T-1 of one sequence
  * against its keys and values k, v [pos+T][C]; y [T][C]. The forward's
  * selection and softmax kernels, one query at a time (infer.c). */
 int rx_attn_decode(const rx_attn_params *P, const float *q, const float *k, const float *v,

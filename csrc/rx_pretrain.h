@@ -350,9 +350,9 @@ int rx_pretrain_forward(rx_ptmodel *m, const int *tokens, int T,
 /* targets: [T], each in [0, vocab) or equal to ignore_index (when >= 0).
  * Needs a forward into acts with the same T. Writes every parameter grad
  * into the model's grad arena (the arena is overwritten, not accumulated)
- * and returns the loss; NaN on invalid input. The RWKV blocks reuse the
- * intermediates their forward kept in acts and attention blocks recompute
- * theirs from acts->block_in: change no parameter between the two calls. */
+ * and returns the loss; NaN on invalid input. Every block reuses the
+ * intermediates its forward kept in acts (so the backward may run more than
+ * once per forward): change no parameter between the two calls. */
 double rx_pretrain_backward(rx_ptmodel *m, const rx_pt_acts *acts,
                             const int *targets, int T, int ignore_index);
 

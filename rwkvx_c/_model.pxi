@@ -269,9 +269,9 @@ cdef class RxPtModel:
                        mean (a negative ignore_index keeps every position)
         Returns the mean cross-entropy over the valid positions (0.0 when none
         is) as a float and overwrites grads / grad_buffer with its gradient.
-        RWKV blocks reuse the intermediates their forward kept, attention
-        blocks recompute from the cached block inputs: change no parameter
-        between forward() and backward().
+        Every block reuses the intermediates its forward kept (backward may
+        run again on the same forward): change no parameter between
+        forward() and backward().
         """
         if self._fwd_shape is None:
             raise ValueError("RxPtModel.backward: no forward() preceded it")

@@ -97,6 +97,34 @@ def test_score_av_matches_reference(case):
         check(f"score_av[{case}] {name}", c, r, GRAD_TOL)
 
 
+def test_score_av_wide_scores_underflow():
+    """Scores spread far beyond exp's range: the weights of the far losers
+    underflow to exactly zero (rx_expf flushes below about -104), and y and
+    every grad still match the reference. Integer q and k in eighths with
+    N = 4 (scale 1/2) make every score exact in fp32, so only the softmax
+    itself is compared."""
+    B, T, H, N, cs, top_k = 1, 40, 2, 4, 4, 2
+    rng = np.random.default_rng(16)
+    C = H * N
+    q = rng.integers(-12, 13, (B, T, C)).astype(np.float32)
+    k = (rng.integers(-64, 65, (B, T, C)) / 8).astype(np.float32)
+    v, dy = f32(rng, B, T, C), f32(rng, B, T, C)
+    kw = dict(n_head=H, head_size=N, chunk_size=cs, moba_top_k=top_k)
+    assert moba_gate_margin(q, k, cs, top_k, H, N) > MIN_MARGIN
+    p, y = rx.attn_score_av_forward(q, k, v, **kw)
+    dq, dk, dv = rx.attn_score_av_backward(q, k, v, dy, **kw)
+    mask = moba_mask(q, k, cs, top_k, H, N)
+    assert np.all(np.isfinite(p)) and np.all(p >= 0.0) and np.all(p[~mask] == 0.0)
+    assert (mask & (p == 0.0)).any()            # the cut-off is exercised
+    Q, K, V = leaf(q), leaf(k), leaf(v)
+    pr, yr = attn_core(Q, K, V, H, N, cs, top_k)
+    (yr * dy.astype(np.float64)).sum().backward()
+    check("score_av[wide] p", p, pr.value, FWD_TOL)
+    check("score_av[wide] y", y, yr.value, FWD_TOL)
+    for name, c, r in (("dq", dq, Q.grad), ("dk", dk, K.grad), ("dv", dv, V.grad)):
+        check(f"score_av[wide] {name}", c, r, GRAD_TOL)
+
+
 def test_selection_is_active():
     """The 'active' cases really drop earlier chunks (a test that cannot fail otherwise)."""
     B, T, H, N, cs, top_k, seed = CASES["active"]

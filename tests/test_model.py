@@ -45,6 +45,18 @@ def reference(params, cfg, tokens, targets, ignore_index):
     return loss.value, logits.value, grads
 
 
+def batch_reference(name, seed, B=2):
+    """A fresh model of PATTERNS[name], a batch of B sequences with stable
+    selections, and the reference (loss, logits, grads) on it."""
+    cfg = PATTERNS[name]
+    m = rx.RxPtModel(cfg, seed=seed)
+    tokens, targets = batch(cfg, seed + 1, B=B)
+    params = {n: v.copy() for n, v in m.params.items()}
+    for b in range(B):
+        stable_selection(params, cfg, tokens[b])
+    return (m, tokens, targets, *reference(params, cfg, tokens, targets, IGNORE))
+
+
 def stable_selection(params, cfg, tokens):
     """The C and float64 MoBA selections cannot differ: every kept/dropped
     gate gap is far above fp32 rounding."""
@@ -193,6 +205,27 @@ def test_backward_overwrites_and_repeats():
     assert np.array_equal(m.grad_buffer, g1)
 
 
+def test_backward_repeats_with_selection_and_thread_change():
+    """Attention blocks keep their forward's intermediates (q, k, v, the chunk
+    selection, the log-sum-exp): backward after one batched forward, with MoBA
+    selection active, is exact, and again after the thread count grows (the
+    kept per-thread scratch grows with it)."""
+    # 5R2A: chunk 4, top_k 1, T 13: queries t >= 8 choose
+    m, tokens, targets, ref_loss, _, ref_grads = batch_reference("5R2A", 51)
+    n_threads = rx.get_num_threads()
+    try:
+        rx.set_num_threads(1)
+        m.forward(tokens)
+        for threads in (1, 2, 1):
+            rx.set_num_threads(threads)
+            m.grad_buffer[...] = 123.0
+            assert abs(m.backward(targets, ignore_index=IGNORE) - ref_loss) <= FWD_TOL * ref_loss
+            for n in m.param_names:
+                assert_rel("model.repeat.grads", m.grads[n], ref_grads[n], GRAD_TOL)
+    finally:
+        rx.set_num_threads(n_threads)
+
+
 def test_no_valid_target_gives_zero_loss_and_grads():
     m = rx.RxPtModel(PATTERNS["3R1A"], seed=4)
     tokens, _ = batch(m.config, 5)
@@ -267,13 +300,7 @@ def test_batch_equals_per_sequence():
 
 
 def test_batch_matches_reference():
-    cfg = PATTERNS["3R1A"]
-    m = rx.RxPtModel(cfg, seed=41)
-    tokens, targets = batch(cfg, 42, B=2)
-    params = {n: v.copy() for n, v in m.params.items()}
-    for b in range(2):
-        stable_selection(params, cfg, tokens[b])
-    ref_loss, ref_logits, ref_grads = reference(params, cfg, tokens, targets, IGNORE)
+    m, tokens, targets, ref_loss, ref_logits, ref_grads = batch_reference("3R1A", 41)
     assert_rel("model.batch.logits", m.forward(tokens), ref_logits, FWD_TOL)
     assert abs(m.backward(targets, ignore_index=IGNORE) - ref_loss) <= FWD_TOL * ref_loss
     for n in m.param_names:
