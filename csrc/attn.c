@@ -724,7 +724,8 @@ struct rx_attn_acts {
     size_t B, T;
     float *h1, *q, *k, *v, *y, *x1, *h2, *xk; /* [BT][C] ln1 out, projections, attention
                                                * out, residual, ln2 out, CM lerp */
-    float *pre, *hid;                         /* [BT][F] CM key projection, relu^2 */
+    float *hid;                               /* [BT][F] CM relu^2 (the backward recovers
+                                               * relu of the key projection from it) */
     attn_work w;                              /* sel and lse kept; the rest scratch */
     float *mem;
 };
@@ -748,7 +749,7 @@ rx_attn_acts *rx_attn_acts_new(const rx_attn_params *P, size_t B, size_t T) {
     /* one allocation, each buffer a whole number of 64-byte lines */
     const size_t rc = (B * T * d.C + 15) & ~(size_t)15;
     const size_t rf = (B * T * (size_t)P->cm.ffn_dim + 15) & ~(size_t)15;
-    S->mem = rc > SIZE_MAX / 16 || rf > SIZE_MAX / 4 ? NULL : rx_falloc(8 * rc + 2 * rf);
+    S->mem = rc > SIZE_MAX / 16 || rf > SIZE_MAX / 4 ? NULL : rx_falloc(8 * rc + rf);
     if (!S->mem || attn_work_alloc(&d, &S->w, 1) != RX_OK) {
         free(S->mem);
         free(S);
@@ -757,8 +758,7 @@ rx_attn_acts *rx_attn_acts_new(const rx_attn_params *P, size_t B, size_t T) {
     float *f = S->mem;
     float **bufs[] = {&S->h1, &S->q, &S->k, &S->v, &S->y, &S->x1, &S->h2, &S->xk};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++, f += rc) *bufs[i] = f;
-    S->pre = f;
-    S->hid = f + rf;
+    S->hid = f;
     return S;
 }
 
@@ -785,7 +785,7 @@ int rx_attn_forward_acts(const rx_attn_params *P, const float *x, const float *c
     const size_t BTC = d.B * d.T * d.C;
     attn_front(P, &d, x, S->h1, S->q, S->k, S->v, S->y, &S->w);
     attn_residual(P, &d, x, S->y, S->x1, S->h2);
-    rx_cm_forward_acts(&P->cm, S->h2, cm_xprev_init, S->xk, S->pre, S->hid, out, d.B, d.T);
+    rx_cm_forward_acts(&P->cm, S->h2, cm_xprev_init, S->xk, NULL, S->hid, out, d.B, d.T);
     if (out)
         for (size_t i = 0; i < BTC; i++) out[i] += S->x1[i];
     return RX_OK;
@@ -806,7 +806,7 @@ int rx_attn_backward_acts(const rx_attn_params *P, rx_attn_acts *S, const float 
     float *g1 = work, *dq = g1 + BTC, *dk = dq + BTC, *dv = dk + BTC, *t = dv + BTC;
     float *dh = t + BTC;
     /* channel-mix, then ln2: g1 = d x1 = dy + ln2'(dCM/dh2) */
-    rx_cm_backward_acts(&P->cm, S->h2, cm_xprev_init, S->xk, S->pre, S->hid, dy, &G->cm, g1,
+    rx_cm_backward_acts(&P->cm, S->h2, cm_xprev_init, S->xk, NULL, S->hid, dy, &G->cm, g1,
                         d_cm_xprev_init, d.B, d.T, dh, t);
     rx_fzero(G->ln2_w, C);
     rx_fzero(G->ln2_b, C);

@@ -35,14 +35,13 @@ int rx_block_acts_alloc(rx_block_acts *S, const rx_block_params *P, size_t B, si
     if (rc != RX_OK) return rc;
     /* one allocation, each buffer a whole number of 64-byte lines */
     const size_t rc_ = rx_lines(BT * C), rf = rx_lines(BT * F);
-    S->mem = rx_falloc(4 * rc_ + 2 * rf);
+    S->mem = rx_falloc(4 * rc_ + rf);
     if (!S->mem) return RX_ENOMEM;
     S->h1 = S->mem;
     S->x1 = S->h1 + rc_;
     S->h2 = S->x1 + rc_;
     S->xk = S->h2 + rc_;
-    S->pre = S->xk + rc_;
-    S->hid = S->pre + rf;
+    S->hid = S->xk + rc_;
     return RX_OK;
 }
 
@@ -64,7 +63,7 @@ int rx_block_forward_acts(const rx_block_params *P, const float *x,
     if (rc != RX_OK) return rc;
     add_rows(S->x1, x, out, BT * C);
     rx_rownorm_forward(S->x1, P->ln2_w, P->ln2_b, S->h2, NULL, NULL, BT, C, 1, RX_LN_EPS);
-    rx_cm_forward_acts(&P->cm, S->h2, cm_xprev_init, S->xk, S->pre, S->hid, out, B, T);
+    rx_cm_forward_acts(&P->cm, S->h2, cm_xprev_init, S->xk, NULL, S->hid, out, B, T);
     add_rows(out, S->x1, out, BT * C);
     return RX_OK;
 }
@@ -86,7 +85,7 @@ int rx_block_backward_acts(const rx_block_params *P, const rx_block_acts *S, con
     float *p = work, *t = rx_carve(&p, BT * C), *dx1 = rx_carve(&p, BT * C), *rest = p;
     float *dxk = rx_carve(&p, BT * C), *dh = p;
     /* out = x1 + CM(ln2(x1)) */
-    rx_cm_backward_acts(&P->cm, S->h2, cm_xprev_init, S->xk, S->pre, S->hid, dy, &G->cm, t,
+    rx_cm_backward_acts(&P->cm, S->h2, cm_xprev_init, S->xk, NULL, S->hid, dy, &G->cm, t,
                         d_cm_xprev_init, B, T, dh, dxk);
     int rc = rx_layernorm_backward(S->x1, P->ln2_w, P->ln2_b, t, dx1, G->ln2_w, G->ln2_b,
                                    (int)B, (int)T, (int)C);

@@ -24,6 +24,14 @@ RX_HOT static void relu2_back(const float *restrict pre, float *restrict dh, siz
     for (size_t i = 0; i < n; i++) dh[i] = rx_selectf(pre[i] > 0.0f, 2.0f * pre[i] * dh[i], 0.0f);
 }
 
+/* The same from the hidden h = relu(pre)^2 alone: relu(pre) = sqrt(h)
+ * exactly, since in binary floating point sqrt(fl(x*x)) == x for every
+ * x > 0 whose square neither overflows nor underflows (below ~1e-19 the
+ * term 2 x dh is far under any fp32 resolution of the other grads). */
+RX_HOT static void relu2_back_h(const float *restrict h, float *restrict dh, size_t n) {
+    for (size_t i = 0; i < n; i++) dh[i] = 2.0f * sqrtf(h[i]) * dh[i];
+}
+
 /* x, xk, out: [B][T][C]; pre, h: [B][T][F]. Keeps the lerp xk, the key
  * projection pre (NULL: not kept, h computed in place) and the hidden
  * h = relu(pre)^2 for rx_cm_backward_acts; out may be NULL (recompute). */
@@ -39,8 +47,10 @@ void rx_cm_forward_acts(const rx_cm_params *P, const float *x, const float *x_pr
 }
 
 /* The backward from rx_cm_forward_acts's xk, pre, h; dh [BT][F] and dxk
- * [BT][C] are scratch and may alias h and xk (which then are consumed);
- * other arguments as in rx_channelmix_backward. */
+ * [BT][C] are scratch and may alias h and xk (which then are consumed).
+ * pre may be NULL (not kept: relu(pre) is recovered from h, so the model
+ * stores one [BT][F] buffer per block instead of two); dh must then not
+ * alias h. Other arguments as in rx_channelmix_backward. */
 void rx_cm_backward_acts(const rx_cm_params *P, const float *x, const float *x_prev_init,
                          const float *xk, const float *pre, const float *h, const float *dy,
                          rx_cm_grads *G, float *dx, float *d_xprev_init, size_t B, size_t T,
@@ -50,8 +60,12 @@ void rx_cm_backward_acts(const rx_cm_params *P, const float *x, const float *x_p
     rx_sgemm(1, 0, F, C, BT, h, F, dy, C, 0.0f, G->ffn_value_w, C);
     rx_sgemm(0, 1, BT, F, C, dy, C, P->ffn_value_w, C, 0.0f, dh, F);
 #pragma omp parallel for schedule(static) if (!rx_in_parallel() && n >= 65536)
-    for (size_t i0 = 0; i0 < n; i0 += RX_EW_CHUNK)
-        relu2_back(pre + i0, dh + i0, rx_ew_len(i0, n));
+    for (size_t i0 = 0; i0 < n; i0 += RX_EW_CHUNK) {
+        if (pre)
+            relu2_back(pre + i0, dh + i0, rx_ew_len(i0, n));
+        else
+            relu2_back_h(h + i0, dh + i0, rx_ew_len(i0, n));
+    }
     /* key projection */
     rx_sgemm(1, 0, C, F, BT, xk, C, dh, F, 0.0f, G->ffn_key_w, F);
     rx_sgemm(0, 1, BT, C, F, dh, F, P->ffn_key_w, F, 0.0f, dxk, C);

@@ -240,7 +240,8 @@ void rx_shift_lerp_backward(int n, const float *const *mix, const float *x, cons
 int rx_cm_params_ok(const rx_cm_params *P);
 /* Forward keeping xk [BT][C], pre (NULL: not kept) and h [BT][F] for the
  * backward; out may be NULL. The backward's scratch dh [BT][F] and dxk
- * [BT][C] may alias h and xk, consuming them. */
+ * [BT][C] may alias h and xk, consuming them; with pre NULL it recovers
+ * relu(pre) from h, and dh must not alias h. */
 void rx_cm_forward_acts(const rx_cm_params *P, const float *x, const float *x_prev_init,
                         float *xk, float *pre, float *h, float *out, size_t B, size_t T);
 void rx_cm_backward_acts(const rx_cm_params *P, const float *x, const float *x_prev_init,
@@ -301,7 +302,7 @@ int rx_tm_backward_acts(const rx_tm_params *P, const rx_tm_acts *A, const float 
 typedef struct {
     rx_tm_acts tm;
     float *h1, *x1, *h2, *xk;   /* [BT][C] ln1 out, residual after TM, ln2 out, CM lerp */
-    float *pre, *hid;           /* [BT][F] CM key projection and relu^2 hidden */
+    float *hid;                 /* [BT][F] CM relu^2 hidden (its backward recovers relu(pre)) */
     float *mem;
 } rx_block_acts;
 
