@@ -69,9 +69,11 @@ void rx_cm_backward_acts(const rx_cm_params *P, const float *x, const float *x_p
     /* key projection */
     rx_sgemm(1, 0, C, F, BT, xk, C, dh, F, 0.0f, G->ffn_key_w, F);
     rx_sgemm(0, 1, BT, C, F, dh, F, P->ffn_key_w, F, 0.0f, dxk, C);
+    /* dh is free now: it holds the lerp's per-block sums when large enough */
     const float *dxk_c = dxk;
+    float *part = RX_SHIFT_PART(1, BT, C) <= n ? dh : NULL;
     rx_shift_lerp_backward(1, &P->ffn_x_k, x, x_prev_init, &dxk_c, dx, &G->ffn_x_k, d_xprev_init,
-                           B, T, C);
+                           B, T, C, part);
 }
 
 /* x, out: [B][T][C]; x_prev_init: [B][C] or NULL */

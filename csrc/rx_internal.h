@@ -231,10 +231,14 @@ int rx_wkv7_backward_cp(const float *r, const float *w, const float *k, const fl
 void rx_shift_lerp_forward(int n, const float *const *mix, const float *x, const float *init,
                            float *const *out, size_t B, size_t T, size_t C);
 /* Their backward for the grads dout[i] on out[i]: writes dx [B][T][C], each
- * dmix[i] [C] and d_init [B][C] (NULL: not wanted). */
+ * dmix[i] [C] and d_init [B][C] (NULL: not wanted). part: RX_SHIFT_PART
+ * floats of scratch for threaded per-block sums, or NULL (one thread). */
+#define RX_SHIFT_ROWS 32
+#define RX_SHIFT_PART(n, BT, C) \
+    ((size_t)(n) * (((size_t)(BT) + RX_SHIFT_ROWS - 1) / RX_SHIFT_ROWS) * (size_t)(C))
 void rx_shift_lerp_backward(int n, const float *const *mix, const float *x, const float *init,
                             const float *const *dout, float *dx, float *const *dmix,
-                            float *d_init, size_t B, size_t T, size_t C);
+                            float *d_init, size_t B, size_t T, size_t C, float *part);
 
 /* ---- channelmix.c ------------------------------------------------------ */
 int rx_cm_params_ok(const rx_cm_params *P);

@@ -242,17 +242,44 @@ typedef struct {
     float *dw, *da, *db;     /* WKV7 grads -> decay / a pre-activations; db: grad on kk */
     float *dlo;       /* [BT][max D] LoRA hidden grad */
     float *ds;        /* [BT][H] grad on the bonus sum */
+    float *part;      /* [blocks][TM_NVEC][C] per-block parameter-vector grads */
 } tm_grad_scratch;
 
+/* The per-(token, head) passes run over fixed blocks of TM_ROWS tokens, a
+ * thread taking a contiguous run of blocks: whole rows, where a split by
+ * heads had two threads stream interleaved halves of every row (measured
+ * at twice the thread time of one thread). Each block sums its
+ * parameter-vector grads into its own rows of part, added in block order
+ * afterwards, so the result depends on B*T but not on the thread count. */
+#define TM_ROWS RX_SHIFT_ROWS
+enum { TV_KA, TV_A0, TV_W0, TV_KK, TV_V0, TV_RK, TM_NVEC };
+
+static size_t tm_blocks(size_t BT) { return (BT + TM_ROWS - 1) / TM_ROWS; }
+
+/* Floats of part: the passes' block sums, later the six lerps' */
+static size_t tm_part(size_t BT, size_t C) {
+    size_t a = tm_blocks(BT) * TM_NVEC * C, b = RX_SHIFT_PART(6, BT, C);
+    return a > b ? a : b;
+}
+
+/* dst [C] = sum over blocks, in order, of part row v */
+static void tm_part_sum(const float *part, size_t nblk, size_t C, int v, float *dst) {
+    for (size_t c = 0; c < C; c++) dst[c] = 0.0f;
+    for (size_t b = 0; b < nblk; b++) {
+        const float *row = part + (b * TM_NVEC + (size_t)v) * C;
+        for (size_t c = 0; c < C; c++) dst[c] += row[c];
+    }
+}
+
 /* Pass over one (token, head) after the output projection: dz *= g, dg,
- * and the bonus-sum grad; dr_k accumulated. */
+ * and the bonus-sum grad; dr_k accumulated into the block's part rows V. */
 RX_HOT static void gate_bonus_back(const rx_tm_params *P, const rx_tm_acts *A,
-                                   tm_grad_scratch *S, rx_tm_grads *G, size_t bt, size_t h) {
+                                   tm_grad_scratch *S, float *V, size_t bt, size_t h) {
     const size_t C = (size_t)P->c, H = (size_t)P->n_head, N = (size_t)P->head_size;
     const size_t oh = bt * C + h * N;
     const float *g = A->g + oh, *z = A->z + oh, *vm = A->vmod + oh, *r = A->r + oh;
     const float *km = A->kmod + oh;
-    float *dz = S->dz + oh, *dg = S->dg + oh, *drk = G->r_k + h * N, ds = 0.0f;
+    float *dz = S->dz + oh, *dg = S->dg + oh, *drk = V + TV_RK * C + h * N, ds = 0.0f;
 #pragma omp simd reduction(+ : ds)
     for (size_t n = 0; n < N; n++) {
         dg[n] = dz[n] * z[n];
@@ -268,9 +295,10 @@ RX_HOT static void gate_bonus_back(const rx_tm_params *P, const rx_tm_acts *A,
  * grads, recombines a_wkv/b_wkv onto kk and a, undoes the key modification,
  * the kk normalisation, the value residual and the gate nonlinearities.
  * Three vectorised loops: the shared part, the value residual (layer > 0)
- * or the v_first grad (layer 0), and the kk normalisation. */
+ * or the v_first grad (layer 0), and the kk normalisation. Parameter-vector
+ * grads accumulate into the block's part rows V. */
 RX_HOT static void wkv_inputs_back(const rx_tm_params *P, const rx_tm_acts *A,
-                                   tm_grad_scratch *S, rx_tm_grads *G, const float *vf,
+                                   tm_grad_scratch *S, float *V, const float *vf,
                                    const float *dvf_in, float *dvf_out, size_t bt, size_t h) {
     const size_t C = (size_t)P->c, H = (size_t)P->n_head, N = (size_t)P->head_size;
     const size_t oh = bt * C + h * N, c0 = h * N;
@@ -280,7 +308,8 @@ RX_HOT static void wkv_inputs_back(const rx_tm_params *P, const rx_tm_acts *A,
     const float ds = S->ds[bt * H + h], bon = A->bonus[bt * H + h];
     float *dz = S->dz + oh, *dr = S->dr + oh, *dk = S->dk + oh, *dv = S->dv + oh;
     float *dw = S->dw + oh, *da = S->da + oh, *dkk = S->db + oh;
-    float *gka = G->k_a + c0, *ga0 = G->a0 + c0, *gw0 = G->w0 + c0, *gkk = G->k_k + c0;
+    float *gka = V + TV_KA * C + c0, *ga0 = V + TV_A0 * C + c0, *gw0 = V + TV_W0 * C + c0;
+    float *gkk = V + TV_KK * C + c0;
     float ss = 0.0f, dot = 0.0f;
 #pragma omp simd reduction(+ : ss, dot)
     for (size_t n = 0; n < N; n++) {
@@ -303,7 +332,7 @@ RX_HOT static void wkv_inputs_back(const rx_tm_params *P, const rx_tm_acts *A,
     }
     if (P->layer_id > 0) {
         const float *vg = A->vg + oh;
-        float *gv0 = G->v0 + c0;
+        float *gv0 = V + TV_V0 * C + c0;
         if (dvf_out) {
 #pragma omp simd
             for (size_t n = 0; n < N; n++) dvf_out[n] = dv[n] * vg[n];
@@ -342,10 +371,10 @@ static size_t lora_dmax(const rx_tm_params *P) {
 }
 
 /* Floats of rx_tm_backward_acts's scratch (tm_grad_scratch): nine [BT][C]
- * grads, the LoRA hidden grad and the bonus-sum grad. */
+ * grads, the LoRA hidden grad, the bonus-sum grad and the block parts. */
 size_t rx_tm_backward_work(const rx_tm_params *P, size_t BT) {
     return 9 * rx_lines(BT * (size_t)P->c) + rx_lines(BT * lora_dmax(P)) +
-           rx_lines(BT * (size_t)P->n_head);
+           rx_lines(BT * (size_t)P->n_head) + rx_lines(tm_part(BT, (size_t)P->c));
 }
 
 int rx_tm_backward_acts(const rx_tm_params *P, const rx_tm_acts *A, const float *x,
@@ -366,26 +395,23 @@ int rx_tm_backward_acts(const rx_tm_params *P, const rx_tm_acts *A, const float 
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) *bufs[i] = rx_carve(&p, BT * C);
     S.dlo = rx_carve(&p, BT * lora_dmax(P));
     S.ds = rx_carve(&p, BT * H);
+    const size_t nblk = tm_blocks(BT);
+    S.part = rx_carve(&p, tm_part(BT, C));
 
-    /* parameter vectors accumulate; matrices are written by their GEMMs,
-     * the lerp mixes by the lerp backward */
-    float *vecs[] = {G->w0, G->a0, G->k_k, G->k_a, G->r_k, G->ln_x_w, G->ln_x_b,
-                     vres ? G->v0 : NULL};
-    for (size_t i = 0; i < sizeof vecs / sizeof vecs[0]; i++) rx_fzero(vecs[i], C);
+    /* the group norm's affine grads accumulate; everything else is written */
+    rx_fzero(G->ln_x_w, C);
+    rx_fzero(G->ln_x_b, C);
 
     /* out = zg . output_w */
     rx_sgemm(1, 0, C, C, BT, A->zg, C, dy, C, 0.0f, G->output_w, C);
     rx_sgemm(0, 1, BT, C, C, dy, C, P->output_w, C, 0.0f, S.dz, C);
-    /* the per-(token, head) passes: one group of heads per thread, each
-     * thread walking its heads token by token (whole row segments) */
     const int par = !rx_in_parallel() && BT * C >= 65536;
-    const size_t nth = par ? (size_t)rx_max_threads() : 1, hper = (H + nth - 1) / nth;
-    const size_t ngrp = (H + hper - 1) / hper;
+    rx_fzero(S.part, nblk * TM_NVEC * C);
 #pragma omp parallel for schedule(static) if (par)
-    for (size_t grp = 0; grp < ngrp; grp++)
-        for (size_t bt = 0; bt < BT; bt++)
-            for (size_t h = grp * hper; h < H && h < (grp + 1) * hper; h++)
-                gate_bonus_back(P, A, &S, G, bt, h);
+    for (size_t blk = 0; blk < nblk; blk++)
+        for (size_t bt = blk * TM_ROWS; bt < BT && bt < (blk + 1) * TM_ROWS; bt++)
+            for (size_t h = 0; h < H; h++)
+                gate_bonus_back(P, A, &S, S.part + blk * TM_NVEC * C, bt, h);
 
     int rc = rx_rownorm_backward(A->y, P->ln_x_w, S.dz, S.dyw, G->ln_x_w, G->ln_x_b, BT * H, N,
                                  H, RX_GN_EPS);
@@ -398,12 +424,19 @@ int rx_tm_backward_acts(const rx_tm_params *P, const rx_tm_acts *A, const float 
         return rc;
     }
 #pragma omp parallel for schedule(static) if (par)
-    for (size_t grp = 0; grp < ngrp; grp++)
-        for (size_t bt = 0; bt < BT; bt++)
-            for (size_t h = grp * hper; h < H && h < (grp + 1) * hper; h++)
-                wkv_inputs_back(P, A, &S, G, vres ? v_first + bt * C + h * N : NULL,
+    for (size_t blk = 0; blk < nblk; blk++)
+        for (size_t bt = blk * TM_ROWS; bt < BT && bt < (blk + 1) * TM_ROWS; bt++)
+            for (size_t h = 0; h < H; h++)
+                wkv_inputs_back(P, A, &S, S.part + blk * TM_NVEC * C,
+                                vres ? v_first + bt * C + h * N : NULL,
                                 !vres && d_v_first ? d_v_first + bt * C + h * N : NULL,
                                 vres && d_v_first ? d_v_first + bt * C + h * N : NULL, bt, h);
+    tm_part_sum(S.part, nblk, C, TV_KA, G->k_a);
+    tm_part_sum(S.part, nblk, C, TV_A0, G->a0);
+    tm_part_sum(S.part, nblk, C, TV_W0, G->w0);
+    tm_part_sum(S.part, nblk, C, TV_KK, G->k_k);
+    tm_part_sum(S.part, nblk, C, TV_RK, G->r_k);
+    if (vres) tm_part_sum(S.part, nblk, C, TV_V0, G->v0);
 
     /* projections and LoRAs back to their token-shift lerps, each lerp grad
      * into the buffer freed just before it, then all six back to x at once */
@@ -426,7 +459,7 @@ int rx_tm_backward_acts(const rx_tm_params *P, const rx_tm_acts *A, const float 
     const float *mix[6] = {P->x_r, P->x_k, P->x_v, P->x_w, P->x_a, P->x_g};
     const float *dxin[6] = {dxr, dxk, dxv, dxw, dxa, dxg};
     float *dmix[6] = {G->x_r, G->x_k, G->x_v, G->x_w, G->x_a, G->x_g};
-    rx_shift_lerp_backward(6, mix, x, x_prev_init, dxin, dx, dmix, d_xprev_init, B, T, C);
+    rx_shift_lerp_backward(6, mix, x, x_prev_init, dxin, dx, dmix, d_xprev_init, B, T, C, S.part);
     free(own);
     return RX_OK;
 }

@@ -7,7 +7,6 @@
  */
 #include "rx_internal.h"
 
-
 /* One token row, C columns: out = x + (xp - x) * mix; xp NULL: zero. */
 RX_HOT static void lerp_row(const float *restrict x, const float *restrict xp,
                             const float *restrict mix, float *restrict out, size_t C) {
@@ -27,66 +26,66 @@ void rx_shift_lerp_forward(int n, const float *const *mix, const float *x, const
     }
 }
 
-/* One lerp's grads over a column block of one token: g the grad on its
- * output there, which reaches x at this token (dx) and at the one before
- * (dxp: the previous dx row, the carry's grad, or NULL: not wanted); xp
- * NULL: a zero carry. */
-static inline void lerp_back_cols(const float *restrict x, const float *restrict xp,
-                                  const float *restrict g, const float *restrict mix,
-                                  float *restrict dx, float *restrict dxp,
-                                  float *restrict dmix, size_t nc) {
-    for (size_t c = 0; c < nc; c++) dx[c] += g[c] * (1.0f - mix[c]);
-    if (dxp)
-        for (size_t c = 0; c < nc; c++) dxp[c] += g[c] * mix[c];
-    if (xp)
-        for (size_t c = 0; c < nc; c++) dmix[c] += g[c] * (xp[c] - x[c]);
-    else
-        for (size_t c = 0; c < nc; c++) dmix[c] -= g[c] * x[c];
-}
-
-/* Columns [c0, c1) of rx_shift_lerp_backward, all tokens in order. Each
- * token reads only its own row of every grad: with six grads, reading the
- * next row too would hold twelve lines of one cache set. The pass over x
- * is split in three loops so that each stays one vector loop. */
-RX_HOT static void lerp_back_block(int n, const float *const *mix, const float *x,
-                                   const float *init, const float *const *dout, float *dx,
-                                   float *const *dmix, float *d_init, size_t B, size_t T,
-                                   size_t C, size_t c0, size_t c1) {
-    const size_t nc = c1 - c0;
-    for (int i = 0; i < n; i++)
-        for (size_t c = c0; c < c1; c++) dmix[i][c] = 0.0f;
-    for (size_t b = 0; b < B; b++)
-        for (size_t t = 0; t < T; t++) {
-            const size_t o = (b * T + t) * C + c0;
-            const float *xp = rx_shift_src(x, init, b, t, T, C);
-            float *o_dx = dx + o, *o_dxp = t > 0 ? o_dx - C : d_init ? d_init + b * C + c0 : NULL;
-            xp = xp ? xp + c0 : NULL;
-            for (size_t c = 0; c < nc; c++) o_dx[c] = 0.0f;
-            if (t == 0 && o_dxp)
-                for (size_t c = 0; c < nc; c++) o_dxp[c] = 0.0f;
-            for (int i = 0; i < n; i++)
-                lerp_back_cols(x + o, xp, dout[i] + o, mix[i] + c0, o_dx, o_dxp, dmix[i] + c0, nc);
+/* Token rows [r0, r1) of rx_shift_lerp_backward: writes their dx rows
+ * (and d_init at t = 0) and sums each lerp's dmix over them into dm(i):
+ * part + i*C, or dmix[i] when part is NULL. x[t] receives dout[t] (1 - mix)
+ * and dout[t+1] mix, so every row is written by the one block owning it. */
+RX_HOT static void lerp_back_rows(int n, const float *const *mix, const float *x,
+                                  const float *init, const float *const *dout, float *dx,
+                                  float *part, float *const *dmix, float *d_init, size_t T,
+                                  size_t C, size_t r0, size_t r1) {
+    for (int i = 0; i < n; i++) {
+        float *dm = part ? part + (size_t)i * C : dmix[i];
+        for (size_t c = 0; c < C; c++) dm[c] = 0.0f;
+    }
+    for (size_t bt = r0; bt < r1; bt++) {
+        const size_t b = bt / T, t = bt % T;
+        const float *restrict xr = x + bt * C;
+        const float *restrict xp = rx_shift_src(x, init, b, t, T, C);
+        float *restrict o = dx + bt * C;
+        float *restrict di = t == 0 && d_init ? d_init + b * C : NULL;
+        for (size_t c = 0; c < C; c++) o[c] = 0.0f;
+        if (di)
+            for (size_t c = 0; c < C; c++) di[c] = 0.0f;
+        for (int i = 0; i < n; i++) {
+            const float *restrict g = dout[i] + bt * C, *restrict m = mix[i];
+            float *restrict dm = part ? part + (size_t)i * C : dmix[i];
+            for (size_t c = 0; c < C; c++) o[c] += g[c] * (1.0f - m[c]);
+            if (t + 1 < T)
+                for (size_t c = 0; c < C; c++) o[c] += g[c + C] * m[c];
+            if (di)
+                for (size_t c = 0; c < C; c++) di[c] += g[c] * m[c];
+            if (xp)
+                for (size_t c = 0; c < C; c++) dm[c] += g[c] * (xp[c] - xr[c]);
+            else
+                for (size_t c = 0; c < C; c++) dm[c] -= g[c] * xr[c];
         }
+    }
 }
 
 /* mix[n], dmix[n]: [C] each; x, dx: [B][T][C]; dout[n]: [B][T][C] each, the
- * grads on the n lerps' outputs; init, d_init: [B][C] or NULL. Writes dx,
- * dmix and d_init (not wanted: NULL). out = x (1 - mix) + x_prev mix, so
- * x[t] receives dout[t] (1 - mix) and dout[t+1] mix. Columns are split
- * across threads and each column is summed in token order, so dmix does not
- * depend on the thread count. */
+ * grads on the n lerps' outputs; init, d_init: [B][C] or NULL; part:
+ * RX_SHIFT_PART(n, B*T, C) floats of scratch, or NULL. Writes dx, dmix and
+ * d_init (not wanted: NULL). Threads take whole token rows, in fixed blocks
+ * of RX_SHIFT_ROWS whose dmix sums (in part) are added in block order, so
+ * dmix depends on B*T but not on the thread count; without part one
+ * thread runs all rows as one block. */
 void rx_shift_lerp_backward(int n, const float *const *mix, const float *x, const float *init,
                             const float *const *dout, float *dx, float *const *dmix,
-                            float *d_init, size_t B, size_t T, size_t C) {
-    /* one block of columns per thread, in whole 64-byte lines (threads never
-     * write the same line of dx): wide blocks let the prefetcher stream rows */
-    const int par = !rx_in_parallel() && B * T * C * n >= 65536;
-    const size_t nth = par ? (size_t)rx_max_threads() : 1;
-    const size_t width = ((C + nth - 1) / nth + 15) & ~(size_t)15;
-    const size_t nblk = (C + width - 1) / width;
-#pragma omp parallel for schedule(static) if (par)
-    for (size_t blk = 0; blk < nblk; blk++) {
-        size_t c0 = blk * width, c1 = c0 + width < C ? c0 + width : C;
-        lerp_back_block(n, mix, x, init, dout, dx, dmix, d_init, B, T, C, c0, c1);
+                            float *d_init, size_t B, size_t T, size_t C, float *part) {
+    const size_t BT = B * T, rows = part ? RX_SHIFT_ROWS : BT, nblk = (BT + rows - 1) / rows;
+    const size_t stride = (size_t)n * C;
+#pragma omp parallel for schedule(static) if (part && !rx_in_parallel() && BT * stride >= 65536)
+    for (size_t blk = 0; blk < nblk; blk++)
+        lerp_back_rows(n, mix, x, init, dout, dx, part ? part + blk * stride : NULL, dmix,
+                       d_init, T, C, blk * rows, blk * rows + rows < BT ? blk * rows + rows : BT);
+    if (!part) return;
+    for (int i = 0; i < n; i++) {
+        float *dm = dmix[i];
+        for (size_t c = 0; c < C; c++) dm[c] = 0.0f;
+        for (size_t blk = 0; blk < nblk; blk++) {
+            const float *pr = part + blk * stride + (size_t)i * C;
+            for (size_t c = 0; c < C; c++) dm[c] += pr[c];
+        }
     }
 }

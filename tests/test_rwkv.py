@@ -45,8 +45,14 @@ CASES = [
     ("block_l2", "block", 2, 5, 3, 8, (3, 5, 6, 4), 37, 2, True, False),
     ("block_l0_T1", "block", 2, 1, 3, 8, (6, 4, 3, 5), 37, 0, False, False),
     ("block_l2_T19", "block", 1, 19, 3, 8, (6, 4, 3, 5), 37, 2, True, False),
-    # C = 100: two token-shift column blocks of the fused lerp, the last partial
+    # C = 100: rows not a multiple of any vector width
     ("block_l1_C100", "block", 2, 3, 5, 20, (3, 4, 5, 6), 37, 1, True, False),
+    # B*T = 57: two token blocks of the backward's per-block sums, the first
+    # one straddling sequences 0 and 1
+    ("block_l1_B3_T19", "block", 3, 19, 3, 8, (6, 4, 3, 5), 37, 1, True, False),
+    # F*B*T < C: the channel-mix lerp backward has no room for block sums
+    # and runs as one block
+    ("cm_T1_C100", "cm", 1, 1, 5, 20, None, 37, 0, True, False),
 ]
 # Big enough that every OpenMP path runs threaded (B*T*C >= 65536).
 BIG = ("block_l1_big", "block", 2, 128, 4, 64, (8, 8, 16, 4), 96, 1, True, False)
