@@ -167,7 +167,7 @@ def main():
     ap.add_argument("--seq-len", type=int, default=None, help="T (default: the preset's)")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=5, help="timed steps (best is reported)")
+    ap.add_argument("--steps", type=int, default=10, help="timed steps (best is reported)")
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch side")
     ap.add_argument("--breakdown", action="store_true",
                     help="per-kernel time breakdown of one more step (rx.profile; torch profiler)")
