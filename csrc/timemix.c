@@ -5,10 +5,10 @@
  * rx_tm_forward_acts computes every intermediate the backward needs into an
  * rx_tm_acts; the forward entry point and the backward (which gets only x,
  * and so recomputes) share it. Rows are the B*T tokens: projections and
- * LoRAs are single GEMMs over all rows, the elementwise gates run OpenMP
- * over rows, and the backward's fused passes run OpenMP over groups of
- * heads, so each parameter-grad column is summed by one thread in token
- * order and the result does not depend on the thread count.
+ * LoRAs are single GEMMs over all rows, and the elementwise passes run
+ * OpenMP over rows; the backward's parameter-vector grads are summed per
+ * fixed block of tokens and then across blocks in order, so the result
+ * does not depend on the thread count.
  */
 #include <string.h>
 
