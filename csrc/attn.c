@@ -702,9 +702,10 @@ static void attn_front(const rx_attn_params *P, const attn_dims *d, const float 
                        float *q, float *k, float *v, float *y, attn_work *w) {
     const size_t BT = d->B * d->T, C = d->C;
     rx_rownorm_forward(x, P->ln1_w, P->ln1_b, h1, NULL, NULL, BT, C, 1, RX_LN_EPS);
-    rx_sgemm(0, 0, BT, C, C, h1, C, P->receptance_w, C, 0.0f, q, C);
-    rx_sgemm(0, 0, BT, C, C, h1, C, P->key_w, C, 0.0f, k, C);
-    rx_sgemm(0, 0, BT, C, C, h1, C, P->value_w, C, 0.0f, v, C);
+    const rx_gemm_op qkv[3] = {{0, 0, BT, C, C, h1, C, P->receptance_w, C, 0.0f, q, C},
+                               {0, 0, BT, C, C, h1, C, P->key_w, C, 0.0f, k, C},
+                               {0, 0, BT, C, C, h1, C, P->value_w, C, 0.0f, v, C}};
+    rx_sgemm_batch(qkv, 3);
     attn_core_forward(d, q, k, v, w, y, NULL);
 }
 
@@ -815,14 +816,17 @@ int rx_attn_backward_acts(const rx_attn_params *P, rx_attn_acts *S, const float 
     if (rc != RX_OK) return rc;
     for (size_t i = 0; i < BTC; i++) g1[i] += dy[i];
     /* output projection */
-    rx_sgemm(1, 0, C, C, BT, S->y, C, g1, C, 0.0f, G->output_w, C);
-    rx_sgemm(0, 1, BT, C, C, g1, C, P->output_w, C, 0.0f, t, C);
+    const rx_gemm_op out[2] = {{1, 0, C, C, BT, S->y, C, g1, C, 0.0f, G->output_w, C},
+                               {0, 1, BT, C, C, g1, C, P->output_w, C, 0.0f, t, C}};
+    rx_sgemm_batch(out, 2);
     attn_core_backward(&d, S->q, S->k, S->v, S->y, t, &S->w, dq, dk, dv);
     /* q, k, v projections */
-    rx_sgemm(1, 0, C, C, BT, S->h1, C, dq, C, 0.0f, G->receptance_w, C);
-    rx_sgemm(1, 0, C, C, BT, S->h1, C, dk, C, 0.0f, G->key_w, C);
-    rx_sgemm(1, 0, C, C, BT, S->h1, C, dv, C, 0.0f, G->value_w, C);
-    rx_sgemm(0, 1, BT, C, C, dq, C, P->receptance_w, C, 0.0f, t, C);
+    /* the three grads on h1 add into one buffer: only the first joins the batch */
+    const rx_gemm_op qkv[4] = {{1, 0, C, C, BT, S->h1, C, dq, C, 0.0f, G->receptance_w, C},
+                               {1, 0, C, C, BT, S->h1, C, dk, C, 0.0f, G->key_w, C},
+                               {1, 0, C, C, BT, S->h1, C, dv, C, 0.0f, G->value_w, C},
+                               {0, 1, BT, C, C, dq, C, P->receptance_w, C, 0.0f, t, C}};
+    rx_sgemm_batch(qkv, 4);
     rx_sgemm(0, 1, BT, C, C, dk, C, P->key_w, C, 1.0f, t, C);
     rx_sgemm(0, 1, BT, C, C, dv, C, P->value_w, C, 1.0f, t, C);
     /* ln1 and the residual */

@@ -57,8 +57,9 @@ void rx_cm_backward_acts(const rx_cm_params *P, const float *x, const float *x_p
                          float *dh, float *dxk) {
     const size_t C = (size_t)P->c, F = (size_t)P->ffn_dim, BT = B * T, n = BT * F;
     /* value projection: dWv = h^T dy, dh = dy Wv^T */
-    rx_sgemm(1, 0, F, C, BT, h, F, dy, C, 0.0f, G->ffn_value_w, C);
-    rx_sgemm(0, 1, BT, F, C, dy, C, P->ffn_value_w, C, 0.0f, dh, F);
+    const rx_gemm_op value[2] = {{1, 0, F, C, BT, h, F, dy, C, 0.0f, G->ffn_value_w, C},
+                                 {0, 1, BT, F, C, dy, C, P->ffn_value_w, C, 0.0f, dh, F}};
+    rx_sgemm_batch(value, 2);
 #pragma omp parallel for schedule(static) if (!rx_in_parallel() && n >= 65536)
     for (size_t i0 = 0; i0 < n; i0 += RX_EW_CHUNK) {
         if (pre)
@@ -67,8 +68,9 @@ void rx_cm_backward_acts(const rx_cm_params *P, const float *x, const float *x_p
             relu2_back_h(h + i0, dh + i0, rx_ew_len(i0, n));
     }
     /* key projection */
-    rx_sgemm(1, 0, C, F, BT, xk, C, dh, F, 0.0f, G->ffn_key_w, F);
-    rx_sgemm(0, 1, BT, C, F, dh, F, P->ffn_key_w, F, 0.0f, dxk, C);
+    const rx_gemm_op key[2] = {{1, 0, C, F, BT, xk, C, dh, F, 0.0f, G->ffn_key_w, F},
+                               {0, 1, BT, C, F, dh, F, P->ffn_key_w, F, 0.0f, dxk, C}};
+    rx_sgemm_batch(key, 2);
     /* dh is free now: it holds the lerp's per-block sums when large enough */
     const float *dxk_c = dxk;
     float *part = RX_SHIFT_PART(1, BT, C) <= n ? dh : NULL;

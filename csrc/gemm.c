@@ -308,138 +308,258 @@ static void pack_a(const gemm_impl *im, int ta, const float *A, size_t lda, size
 }
 
 /* Packing buffers live for the thread's lifetime: a training step calls the
- * GEMM hundreds of times and must not allocate in it. */
-static _Thread_local float *tl_apack, *tl_bpack;
+ * GEMM hundreds of times and must not allocate in it. tl_bfull holds op(B)
+ * packed over all of K for one column block of a parallel unit, grown to the
+ * largest block seen; tl_bkey names what it holds (batch, op, column block)
+ * so consecutive units of the same block skip the packing. */
+static _Thread_local float *tl_apack, *tl_bpack, *tl_bfull;
+static _Thread_local size_t tl_bfull_n, tl_bkey[3];
 
 /* C[M,N] = beta*C + op(A).op(B) in double, no buffers: the out-of-memory path. */
-static void sgemm_plain(int ta, int tb, size_t M, size_t N, size_t K, const float *A,
-                        size_t lda, const float *B, size_t ldb, float beta, float *C,
-                        size_t ldc) {
-    for (size_t i = 0; i < M; i++)
-        for (size_t j = 0; j < N; j++) {
-            double s = beta != 0.0f ? C[i * ldc + j] : 0.0;
-            for (size_t p = 0; p < K; p++)
-                s += (double)(ta ? A[p * lda + i] : A[i * lda + p]) *
-                     (tb ? B[j * ldb + p] : B[p * ldb + j]);
-            C[i * ldc + j] = (float)s;
+static void sgemm_plain(const rx_gemm_op *g, size_t i0, size_t i1, size_t j0, size_t j1) {
+    for (size_t i = i0; i < i1; i++)
+        for (size_t j = j0; j < j1; j++) {
+            double s = g->beta != 0.0f ? g->C[i * g->ldc + j] : 0.0;
+            for (size_t p = 0; p < g->K; p++)
+                s += (double)(g->ta ? g->A[p * g->lda + i] : g->A[i * g->lda + p]) *
+                     (g->tb ? g->B[j * g->ldb + p] : g->B[p * g->ldb + j]);
+            g->C[i * g->ldc + j] = (float)s;
         }
 }
 
-/* The tile C[0:M,0:N] of a serial GEMM (A, B, C already offset to it). */
-static void sgemm_tile(const gemm_impl *im, int ta, int tb, size_t M, size_t N, size_t K,
-                       const float *A, size_t lda, const float *B, size_t ldb,
-                       float beta, float *C, size_t ldc) {
-    if (!tl_apack) tl_apack = rx_falloc((size_t)MC * KC + MR); /* + pack_an slack */
-    if (!tl_bpack) tl_bpack = rx_falloc((size_t)KC * NC);
-    float *Ap = tl_apack, *Bp = tl_bpack;
-    if (!Ap || !Bp) {
-        sgemm_plain(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
-        return;
-    }
+/* C[i0:i0+mc, j0:j0+nc] (+)= op(A)[i0:i0+mc, pc:pc+kc] . Bp, Bp the packed
+ * kc x nc panel of op(B); mc <= MC. Ap: MC*KC+MR floats of scratch. */
+static void sgemm_block(const gemm_impl *im, const rx_gemm_op *g, size_t i0, size_t mc,
+                        size_t pc, size_t kc, size_t j0, size_t nc, const float *Bp,
+                        float *Ap, int acc) {
     const ukernel_fn kern = im->kern;
+    const int ta = g->ta;
+    const size_t lda = g->lda, ldc = g->ldc;
     /* Reused over more than NPACK/NR B slivers, a packed A block pays for
      * its packing: the micro-kernel then streams one contiguous sliver
-     * instead of six rows (or kc strided lines) from L2. Measured on Zen3. */
-    const int pack_all = N > NPACK;
+     * instead of six rows (or kc strided lines) from L2. Measured on Zen3.
+     * A in place: only a ragged last sliver is packed (zero rows would
+     * otherwise be read past the matrix). */
+    size_t full = nc > NPACK ? 0 : mc / MR * MR;
+    if (full < mc) pack_a(im, ta, g->A, lda, i0 + full, mc - full, pc, kc, Ap);
     float edge[MR * NR];
-    for (size_t jc = 0; jc < N; jc += NC) {
-        size_t nc = N - jc < NC ? N - jc : NC;
-        for (size_t pc = 0; pc < K; pc += KC) {
-            size_t kc = K - pc < KC ? K - pc : KC;
-            int acc = pc > 0 || beta != 0.0f;
-            pack_b(im, tb, B, ldb, pc, kc, jc, nc, Bp);
-            for (size_t ic = 0; ic < M; ic += MC) {
-                size_t mc = M - ic < MC ? M - ic : MC;
-                /* A in place: only a ragged last sliver is packed (zero rows
-                 * would otherwise be read past the matrix). */
-                size_t full = pack_all ? 0 : mc / MR * MR;
-                if (full < mc) pack_a(im, ta, A, lda, ic + full, mc - full, pc, kc, Ap);
-                for (size_t jr = 0; jr < nc; jr += NR) {
-                    size_t nr = nc - jr < NR ? nc - jr : NR;
-                    const float *bp = Bp + jr * kc;
-                    for (size_t ir = 0; ir < mc; ir += MR) {
-                        size_t mr = mc - ir < MR ? mc - ir : MR;
-                        float *c = C + (ic + ir) * ldc + jc + jr;
-                        const float *ap;
-                        size_t rs, cs;
-                        if (ir < full && !ta) {
-                            ap = A + (ic + ir) * lda + pc, rs = lda, cs = 1;
-                        } else if (ir < full) {
-                            ap = A + pc * lda + ic + ir, rs = 1, cs = lda;
-                        } else {
-                            ap = Ap + (ir - full) * kc, rs = 1, cs = MR;
-                        }
-                        if (mr == MR && nr == NR) {
-                            kern(kc, ap, rs, cs, bp, c, ldc, acc);
-                            continue;
-                        }
-                        kern(kc, ap, rs, cs, bp, edge, NR, 0);
-                        for (size_t i = 0; i < mr; i++)
-                            for (size_t j = 0; j < nr; j++)
-                                c[i * ldc + j] = acc ? c[i * ldc + j] + edge[i * NR + j]
-                                                     : edge[i * NR + j];
-                    }
-                }
+    for (size_t jr = 0; jr < nc; jr += NR) {
+        size_t nr = nc - jr < NR ? nc - jr : NR;
+        const float *bp = Bp + jr * kc;
+        for (size_t ir = 0; ir < mc; ir += MR) {
+            size_t mr = mc - ir < MR ? mc - ir : MR;
+            float *c = g->C + (i0 + ir) * ldc + j0 + jr;
+            const float *ap;
+            size_t rs, cs;
+            if (ir < full && !ta) {
+                ap = g->A + (i0 + ir) * lda + pc, rs = lda, cs = 1;
+            } else if (ir < full) {
+                ap = g->A + pc * lda + i0 + ir, rs = 1, cs = lda;
+            } else {
+                ap = Ap + (ir - full) * kc, rs = 1, cs = MR;
             }
+            if (mr == MR && nr == NR) {
+                kern(kc, ap, rs, cs, bp, c, ldc, acc);
+                continue;
+            }
+            kern(kc, ap, rs, cs, bp, edge, NR, 0);
+            for (size_t i = 0; i < mr; i++)
+                for (size_t j = 0; j < nr; j++)
+                    c[i * ldc + j] = acc ? c[i * ldc + j] + edge[i * NR + j] : edge[i * NR + j];
         }
     }
 }
 
-/* Relative time of one thread's tile: tm x tn padded to whole slivers, plus
- * the packing every thread repeats for its own columns (and rows when A is
- * transposed), in units of one micro-kernel FMA step per 16 MACs. */
-static double tile_cost(size_t tm, size_t tn, size_t K, int ta, int tb) {
-    double m = (double)tm * MR, n = (double)tn * NR, k = (double)K;
-    return m * n * k / 16.0 + k * n * (tb ? 0.5 : 0.25) + (ta ? k * m * 0.25 : 0.0);
+/* A whole GEMM on the calling thread. */
+static void sgemm_serial(const gemm_impl *im, const rx_gemm_op *g) {
+    if (!tl_apack) tl_apack = rx_falloc((size_t)MC * KC + MR); /* + pack_an slack */
+    if (!tl_bpack) tl_bpack = rx_falloc((size_t)KC * NC);
+    if (!tl_apack || !tl_bpack) {
+        sgemm_plain(g, 0, g->M, 0, g->N);
+        return;
+    }
+    for (size_t jc = 0; jc < g->N; jc += NC) {
+        size_t nc = g->N - jc < NC ? g->N - jc : NC;
+        for (size_t pc = 0; pc < g->K; pc += KC) {
+            size_t kc = g->K - pc < KC ? g->K - pc : KC;
+            pack_b(im, g->tb, g->B, g->ldb, pc, kc, jc, nc, tl_bpack);
+            for (size_t ic = 0; ic < g->M; ic += MC)
+                sgemm_block(im, g, ic, g->M - ic < MC ? g->M - ic : MC, pc, kc, jc, nc,
+                            tl_bpack, tl_apack, pc > 0 || g->beta != 0.0f);
+        }
+    }
+}
+
+/* ---- parallel batches -------------------------------------------------
+ * A batch of independent GEMMs runs in one parallel region. Thread t owns
+ * rows [t*M/nt, (t+1)*M/nt) of every op, cut into units of at most MC rows
+ * within column blocks of at most UNIT_W columns: the threads share op(B)
+ * (one fetch from memory serves both), each reads only its own rows of
+ * op(A), and each packs a column block of op(B) once (tl_bfull, all of K)
+ * for all its row units. A thread that finishes its units takes units from
+ * the back of another's: a core slowed by a neighbour (or by more cache
+ * misses) sheds work instead of holding the rest at the join. */
+#define UNIT_W 512       /* column block width: a packed 256-deep block is 512 KiB */
+#define MAX_BATCH 16
+#define MAX_THREADS 64
+
+typedef struct {
+    size_t k, jb, i0, i1, j0, j1;   /* op, column block, C tile */
+} gunit;
+
+/* The calling thread's unit table, grown to the largest batch seen. */
+static _Thread_local gunit *tl_units;
+static _Thread_local size_t tl_units_n;
+
+/* Packs op(B) over all of K, columns [j0,j0+nc), as consecutive KC-deep
+ * panels of NR-column slivers: panel pc starts at pc * round_up(nc, NR). */
+static void pack_b_full(const gemm_impl *im, const rx_gemm_op *g, size_t j0, size_t nc,
+                        float *Bf) {
+    const size_t ncp = (nc + NR - 1) / NR * NR;
+    for (size_t pc = 0; pc < g->K; pc += KC)
+        pack_b(im, g->tb, g->B, g->ldb, pc, g->K - pc < KC ? g->K - pc : KC, j0, nc, Bf + pc * ncp);
+}
+
+static void run_unit(const gemm_impl *im, const rx_gemm_op *ops, const gunit *un, size_t batch) {
+    const rx_gemm_op *g = &ops[un->k];
+    const size_t nc = un->j1 - un->j0, ncp = (nc + NR - 1) / NR * NR;
+    const size_t need = ((g->K + KC - 1) / KC * KC) * ncp;
+    if (!tl_apack) tl_apack = rx_falloc((size_t)MC * KC + MR);
+    if (need > tl_bfull_n) {
+        free(tl_bfull);
+        tl_bfull = rx_falloc(need);
+        tl_bfull_n = tl_bfull ? need : 0;
+        tl_bkey[0] = 0;
+    }
+    if (!tl_apack || !tl_bfull) {
+        sgemm_plain(g, un->i0, un->i1, un->j0, un->j1);
+        return;
+    }
+    if (tl_bkey[0] != batch || tl_bkey[1] != un->k || tl_bkey[2] != un->jb) {
+        pack_b_full(im, g, un->j0, nc, tl_bfull);
+        tl_bkey[0] = batch, tl_bkey[1] = un->k, tl_bkey[2] = un->jb;
+    }
+    for (size_t pc = 0; pc < g->K; pc += KC)
+        sgemm_block(im, g, un->i0, un->i1 - un->i0, pc, g->K - pc < KC ? g->K - pc : KC, un->j0,
+                    nc, tl_bfull + pc * ncp, tl_apack, pc > 0 || g->beta != 0.0f);
+}
+
+/* Segment state: next unit from the front (low half), end (high half). */
+static int claim(uint64_t *seg, int back, size_t *u) {
+    uint64_t w = __atomic_load_n(seg, __ATOMIC_ACQUIRE);
+    for (;;) {
+        uint32_t lo = (uint32_t)w, hi = (uint32_t)(w >> 32);
+        if (lo >= hi) return 0;
+        uint64_t nw = back ? ((uint64_t)(hi - 1) << 32 | lo) : ((uint64_t)hi << 32 | (lo + 1));
+        if (__atomic_compare_exchange_n(seg, &w, nw, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+            *u = back ? hi - 1 : lo;
+            return 1;
+        }
+    }
+}
+
+/* Each op's unit rows R (multiple of MR, <= MC) and columns W. Aims at ~8
+ * units per thread, so stealing can even out a slow core. */
+static void unit_shape(const rx_gemm_op *g, double target, size_t *R, size_t *W) {
+    size_t nbj = (g->N + UNIT_W - 1) / UNIT_W;
+    *W = ((g->N + nbj - 1) / nbj + NR - 1) / NR * NR;
+    double rows = target / ((double)*W * (double)g->K);
+    *R = rows >= MC ? MC : ((size_t)rows + MR - 1) / MR * MR;
+    if (*R < MR) *R = MR;
+}
+
+/* Fills tl_units (thread part by thread part) and seg; returns the count,
+ * 0 when the table cannot be allocated. */
+static size_t plan_units(const rx_gemm_op *ops, size_t nops, int nt, double total,
+                         uint64_t *seg) {
+    const double target = total / (8.0 * nt);
+    size_t nu = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        nu = 0;
+        for (int t = 0; t < nt; t++) {
+            if (pass) seg[t] = nu;
+            for (size_t k = 0; k < nops; k++) {
+                const rx_gemm_op *g = &ops[k];
+                size_t R, W, mb = (g->M + MR - 1) / MR;
+                unit_shape(g, target, &R, &W);
+                size_t r0 = mb * t / nt * MR, r1 = mb * (t + 1) / nt * MR;
+                if (r1 > g->M) r1 = g->M;
+                for (size_t j0 = 0, jb = 0; j0 < g->N; j0 += W, jb++)
+                    for (size_t i0 = r0; i0 < r1; i0 += R, nu++)
+                        if (pass)
+                            tl_units[nu] = (gunit){k, jb, i0, i0 + R < r1 ? i0 + R : r1, j0,
+                                                   j0 + W < g->N ? j0 + W : g->N};
+            }
+        }
+        if (!pass && nu > tl_units_n) {
+            free(tl_units);
+            tl_units = malloc(nu * sizeof *tl_units);
+            tl_units_n = tl_units ? nu : 0;
+            if (!tl_units) return 0;
+        }
+    }
+    for (int t = 0; t < nt; t++) {
+        uint64_t hi = t + 1 < nt ? seg[t + 1] : nu;
+        seg[t] = hi << 32 | seg[t];
+    }
+    return nu;
+}
+
+static void sgemm_parallel(const gemm_impl *im, const rx_gemm_op *ops, size_t nops, int nt,
+                           double total) {
+    uint64_t seg[MAX_THREADS];
+    if (!plan_units(ops, nops, nt, total, seg)) {
+        for (size_t k = 0; k < nops; k++) sgemm_serial(im, &ops[k]);
+        return;
+    }
+    const gunit *units = tl_units;
+    static size_t batches;
+    const size_t batch = __atomic_add_fetch(&batches, 1, __ATOMIC_RELAXED);
+#pragma omp parallel num_threads(nt)
+    {
+        /* OpenMP may grant fewer threads than asked (OMP_THREAD_LIMIT,
+         * OMP_DYNAMIC): stealing then finishes every segment */
+        const int t = rx_thread_id();
+        size_t v;
+        while (claim(&seg[t], 0, &v)) run_unit(im, ops, &units[v], batch);
+        for (int d = 1; d < nt; d++)
+            while (claim(&seg[(t + d) % nt], 1, &v)) run_unit(im, ops, &units[v], batch);
+    }
+}
+
+void rx_sgemm_batch(const rx_gemm_op *ops, size_t n) {
+    const gemm_impl *im = pick_impl();
+    rx_prof_push(RX_PROF_GEMM);
+    for (size_t b = 0; b < n; b += MAX_BATCH) {
+        rx_gemm_op live[MAX_BATCH];
+        size_t nl = 0;
+        double total = 0.0;
+        for (size_t k = b; k < n && k < b + MAX_BATCH; k++) {
+            const rx_gemm_op *g = &ops[k];
+            if (g->M == 0 || g->N == 0) continue;
+            if (g->K == 0) {
+                if (g->beta == 0.0f)
+                    for (size_t i = 0; i < g->M; i++) memset(g->C + i * g->ldc, 0, g->N * sizeof(float));
+                continue;
+            }
+            live[nl++] = *g;
+            total += (double)g->M * g->N * g->K;
+        }
+        int nt = rx_in_parallel() ? 1 : rx_max_threads();
+        if (nt > MAX_THREADS) nt = MAX_THREADS;
+        /* below ~10 us of work a fork/join costs more than it saves */
+        if (total < 262144.0) nt = 1;
+        if (nt <= 1)
+            for (size_t k = 0; k < nl; k++) sgemm_serial(im, &live[k]);
+        else if (nl)
+            sgemm_parallel(im, live, nl, nt, total);
+    }
+    rx_prof_pop();
 }
 
 void rx_sgemm(int ta, int tb, size_t M, size_t N, size_t K,
               const float *A, size_t lda, const float *B, size_t ldb,
               float beta, float *C, size_t ldc) {
-    const gemm_impl *im = pick_impl();
-    if (M == 0 || N == 0) return;
-    if (K == 0) {
-        if (beta == 0.0f)
-            for (size_t i = 0; i < M; i++) memset(C + i * ldc, 0, N * sizeof(float));
-        return;
-    }
-    int nt = rx_in_parallel() ? 1 : rx_max_threads();
-    /* below ~10 us of work a fork/join costs more than it saves */
-    if ((double)M * N * K < 262144.0) nt = 1;
-    rx_prof_push(RX_PROF_GEMM);
-    if (nt <= 1) {
-        sgemm_tile(im, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
-        rx_prof_pop();
-        return;
-    }
-    size_t mb = (M + MR - 1) / MR, nb = (N + NR - 1) / NR;
-    int pm = 1;
-    double best = -1.0;
-    for (int d = 1; d <= nt; d++) {
-        if (nt % d) continue;
-        size_t tm = (mb + d - 1) / d, tn = (nb + (nt / d) - 1) / (nt / d);
-        double cost = tile_cost(tm, tn, K, ta, tb);
-        if (best < 0 || cost < best) {
-            best = cost;
-            pm = d;
-        }
-    }
-    int pn = nt / pm;
-    /* tiles by index, not by thread id: OpenMP may grant fewer threads than
-     * asked (OMP_THREAD_LIMIT, OMP_DYNAMIC) and every tile must still run */
-#pragma omp parallel for schedule(static, 1) num_threads(nt)
-    for (int id = 0; id < nt; id++) {
-        int im_ = id / pn, in = id % pn;
-        size_t i0 = mb * im_ / pm * MR, i1 = mb * (im_ + 1) / pm * MR;
-        size_t j0 = nb * in / pn * NR, j1 = nb * (in + 1) / pn * NR;
-        if (i1 > M) i1 = M;
-        if (j1 > N) j1 = N;
-        if (i0 < i1 && j0 < j1) {
-            const float *a = ta ? A + i0 : A + i0 * lda;
-            const float *b = tb ? B + j0 * ldb : B + j0;
-            sgemm_tile(im, ta, tb, i1 - i0, j1 - j0, K, a, lda, b, ldb, beta,
-                       C + i0 * ldc + j0, ldc);
-        }
-    }
-    rx_prof_pop();
+    const rx_gemm_op g = {ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc};
+    rx_sgemm_batch(&g, 1);
 }

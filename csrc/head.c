@@ -34,8 +34,9 @@ void rx_head_backward(const float *x, const float *head, const float *dlogits,
         rx_fnan(d_head, CC * V);
         return;
     }
-    rx_sgemm(0, 1, TT, CC, V, dlogits, V, head, V, 0.0f, dx, CC);
-    rx_sgemm(1, 0, CC, V, TT, x, CC, dlogits, V, 0.0f, d_head, V);
+    const rx_gemm_op ops[2] = {{0, 1, TT, CC, V, dlogits, V, head, V, 0.0f, dx, CC},
+                               {1, 0, CC, V, TT, x, CC, dlogits, V, 0.0f, d_head, V}};
+    rx_sgemm_batch(ops, 2);
 }
 
 /* One row: returns -log softmax(l)[target]; if d is not NULL writes

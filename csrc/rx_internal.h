@@ -186,6 +186,21 @@ void rx_prof_pop(void);
 void rx_sgemm(int ta, int tb, size_t M, size_t N, size_t K,
               const float *A, size_t lda, const float *B, size_t ldb,
               float beta, float *C, size_t ldc);
+/* One GEMM of a batch, the arguments of rx_sgemm. */
+typedef struct {
+    int ta, tb;
+    size_t M, N, K;
+    const float *A;
+    size_t lda;
+    const float *B;
+    size_t ldb;
+    float beta;
+    float *C;
+    size_t ldc;
+} rx_gemm_op;
+/* Independent GEMMs -- no op reads or writes another's C -- run in one
+ * parallel region, balanced across threads as one pool of work. */
+void rx_sgemm_batch(const rx_gemm_op *ops, size_t n);
 /* Test hook: force the named micro-kernel ("generic", "avx2-fma") for every
  * later call, NULL to pick by CPU again. RX_EINVAL when the name is unknown
  * or the CPU cannot run it. Not thread-safe against concurrent GEMMs. */

@@ -104,30 +104,92 @@ static void activate(float *h, size_t n, int act) {
     for (size_t i0 = 0; i0 < n; i0 += RX_EW_CHUNK) activate_chunk(h + i0, rx_ew_len(i0, n), act);
 }
 
-/* LoRA: h [BT][D] = act(xin [BT][C] . W1 [C][D]); out [BT][C] = h . W2 [D][C] */
-static void lora_forward(const float *xin, const float *W1, const float *W2, int act, float *h,
-                         float *out, size_t BT, size_t C, size_t D) {
-    rx_sgemm(0, 0, BT, D, C, xin, C, W1, D, 0.0f, h, D);
-    if (act != ACT_NONE) activate(h, BT * D, act);
-    rx_sgemm(0, 0, BT, C, D, h, D, W2, C, 0.0f, out, C);
+/* One LoRA, out [BT][C] = act(xin [BT][C] . W1 [C][D]) . W2 [D][C], with
+ * its hidden h [BT][D]; backward: grads G1, G2 on W1, W2, dh [BT][D]
+ * scratch, dxin [BT][C] written (beta 0) or accumulated (beta 1). */
+typedef struct {
+    const float *xin, *W1, *W2;
+    int act;
+    size_t D;
+    float *h, *out;
+    float *G1, *G2, *dh, *dxin;
+    float beta;
+} lora;
+
+/* The up- and down-projections of every LoRA of a layer (and the extra
+ * independent GEMMs in pre) run as two GEMM batches. */
+static void lora_forward(const lora *L, size_t n, const rx_gemm_op *pre, size_t npre, size_t BT,
+                         size_t C) {
+    rx_gemm_op ops[8];
+    size_t k = 0;
+    for (size_t i = 0; i < npre; i++) ops[k++] = pre[i];
+    for (size_t i = 0; i < n; i++)
+        ops[k++] = (rx_gemm_op){0, 0, BT, L[i].D, C, L[i].xin, C, L[i].W1, L[i].D, 0.0f, L[i].h, L[i].D};
+    rx_sgemm_batch(ops, k);
+    for (size_t i = 0; i < n; i++) {
+        if (L[i].act != ACT_NONE) activate(L[i].h, BT * L[i].D, L[i].act);
+        ops[i] = (rx_gemm_op){0, 0, BT, C, L[i].D, L[i].h, L[i].D, L[i].W2, C, 0.0f, L[i].out, C};
+    }
+    rx_sgemm_batch(ops, n);
 }
 
-/* Backward of lora_forward for the grad dout [BT][C] on out: G2 [D][C] and
- * G1 [C][D] written, dh [BT][D] scratch, dxin [BT][C] written (beta 0) or
- * accumulated (beta 1). */
-static void lora_backward(const float *xin, const float *W1, const float *W2, int act,
-                          const float *h, const float *dout, float *G1, float *G2, float *dh,
-                          float *dxin, float beta, size_t BT, size_t C, size_t D) {
-    rx_sgemm(1, 0, D, C, BT, h, D, dout, C, 0.0f, G2, C);
-    rx_sgemm(0, 1, BT, D, C, dout, C, W2, C, 0.0f, dh, D);
-    if (act != ACT_NONE) {
-        const size_t n = BT * D;
-#pragma omp parallel for schedule(static) if (!rx_in_parallel() && n >= 65536)
-        for (size_t i0 = 0; i0 < n; i0 += RX_EW_CHUNK)
-            activate_back_chunk(h + i0, dh + i0, rx_ew_len(i0, n), act);
+/* Backward of lora_forward for the grads dout [BT][C] on each out, in the
+ * same two batches (pre joins the first). */
+static void lora_backward(const lora *L, const float *const *dout, size_t n,
+                          const rx_gemm_op *pre, size_t npre, size_t BT, size_t C) {
+    rx_gemm_op ops[16];
+    size_t k = 0;
+    for (size_t i = 0; i < npre; i++) ops[k++] = pre[i];
+    for (size_t i = 0; i < n; i++) {
+        const size_t D = L[i].D;
+        ops[k++] = (rx_gemm_op){1, 0, D, C, BT, L[i].h, D, dout[i], C, 0.0f, L[i].G2, C};
+        ops[k++] = (rx_gemm_op){0, 1, BT, D, C, dout[i], C, L[i].W2, C, 0.0f, L[i].dh, D};
     }
-    rx_sgemm(1, 0, C, D, BT, xin, C, dh, D, 0.0f, G1, D);
-    rx_sgemm(0, 1, BT, C, D, dh, D, W1, D, beta, dxin, C);
+    rx_sgemm_batch(ops, k);
+    k = 0;
+    for (size_t i = 0; i < n; i++) {
+        const size_t D = L[i].D, nh = BT * D;
+        if (L[i].act != ACT_NONE) {
+#pragma omp parallel for schedule(static) if (!rx_in_parallel() && nh >= 65536)
+            for (size_t i0 = 0; i0 < nh; i0 += RX_EW_CHUNK)
+                activate_back_chunk(L[i].h + i0, L[i].dh + i0, rx_ew_len(i0, nh), L[i].act);
+        }
+        ops[k++] = (rx_gemm_op){1, 0, C, D, BT, L[i].xin, C, L[i].dh, D, 0.0f, L[i].G1, D};
+        ops[k++] = (rx_gemm_op){0, 1, BT, C, D, L[i].dh, D, L[i].W1, D, L[i].beta, L[i].dxin, C};
+    }
+    rx_sgemm_batch(ops, k);
+}
+
+/* Backward scratch, [BT][C] each unless noted. After the fused passes the
+ * WKV7 grads hold the grads of the quantities named on the right. */
+typedef struct {
+    float *dz;        /* grad on z; then on the v-residual gate pre-activation */
+    float *dg;        /* grad on g */
+    float *dyw;       /* grad on the WKV7 output y */
+    float *dr, *dk, *dv;     /* WKV7 grads -> grads on r, k, v projections */
+    float *dw, *da, *db;     /* WKV7 grads -> decay / a pre-activations; db: grad on kk */
+    float *dxv;       /* grad on the v lerp output */
+    float *dlo;       /* [BT][Dw+Da+Dg+Dv] LoRA hidden grads */
+    float *ds;        /* [BT][H] grad on the bonus sum */
+    float *part;      /* [blocks][TM_NVEC][C] per-block parameter-vector grads */
+} tm_grad_scratch;
+
+/* The LoRAs of a layer, in the order w, a, g, v (v used from layer 1 on):
+ * inputs, weights, hiddens and forward outputs; with S, the backward's
+ * hidden-grad scratch, the rest left for the caller. */
+static void tm_loras(const rx_tm_params *P, const rx_tm_acts *A, tm_grad_scratch *S, lora L[4]) {
+    const size_t BT = A->B * A->T, D[4] = {(size_t)P->Dw, (size_t)P->Da, (size_t)P->Dg,
+                                          (size_t)P->Dv};
+    const float *xin[4] = {A->xw, A->xa, A->xg, A->xv};
+    const float *W1[4] = {P->w1, P->a1, P->g1, P->v1}, *W2[4] = {P->w2, P->a2, P->g2, P->v2};
+    float *h[4] = {A->tw, A->ta, A->tg, A->tv}, *out[4] = {A->w, A->a, A->g, A->vg};
+    const int act[4] = {ACT_TANH, ACT_NONE, ACT_SIGMOID, ACT_NONE};
+    float *dh = S ? S->dlo : NULL;
+    for (int i = 0; i < 4; i++) {
+        L[i] = (lora){xin[i], W1[i], W2[i], act[i], D[i], h[i], out[i],
+                      NULL, NULL, dh, NULL, 0.0f};
+        if (dh) dh += BT * D[i];
+    }
 }
 
 /* One token row (offset o = bt*C): the LoRA pre-activations already in w,
@@ -203,15 +265,14 @@ int rx_tm_forward_state(const rx_tm_params *P, const float *x, const float *x_pr
     const float *mix[6] = {P->x_r, P->x_w, P->x_k, P->x_v, P->x_a, P->x_g};
     float *xin[6] = {A->xr, A->xw, A->xk, A->xv, A->xa, A->xg};
     rx_shift_lerp_forward(6, mix, x, x_prev_init, xin, B, T, C);
-    rx_sgemm(0, 0, BT, C, C, A->xr, C, P->receptance_w, C, 0.0f, A->r, C);
-    rx_sgemm(0, 0, BT, C, C, A->xk, C, P->key_w, C, 0.0f, A->k, C);
-    rx_sgemm(0, 0, BT, C, C, A->xv, C, P->value_w, C, 0.0f, A->v, C);
+    const rx_gemm_op rkv[3] = {
+        {0, 0, BT, C, C, A->xr, C, P->receptance_w, C, 0.0f, A->r, C},
+        {0, 0, BT, C, C, A->xk, C, P->key_w, C, 0.0f, A->k, C},
+        {0, 0, BT, C, C, A->xv, C, P->value_w, C, 0.0f, A->v, C}};
     /* pre-activations of the decay, a and v-residual gates; g is complete */
-    lora_forward(A->xw, P->w1, P->w2, ACT_TANH, A->tw, A->w, BT, C, (size_t)P->Dw);
-    lora_forward(A->xa, P->a1, P->a2, ACT_NONE, A->ta, A->a, BT, C, (size_t)P->Da);
-    lora_forward(A->xg, P->g1, P->g2, ACT_SIGMOID, A->tg, A->g, BT, C, (size_t)P->Dg);
-    if (P->layer_id > 0)
-        lora_forward(A->xv, P->v1, P->v2, ACT_NONE, A->tv, A->vg, BT, C, (size_t)P->Dv);
+    lora L[4];
+    tm_loras(P, A, NULL, L);
+    lora_forward(L, P->layer_id > 0 ? 4 : 3, rkv, 3, BT, C);
 #pragma omp parallel for schedule(static) if (!rx_in_parallel() && BT * C >= 65536)
     for (size_t bt = 0; bt < BT; bt++)
         gates_row(P, A, bt * C, v_first_in ? v_first_in + bt * C : NULL,
@@ -232,18 +293,6 @@ int rx_tm_forward_acts(const rx_tm_params *P, const float *x, const float *x_pre
     return rx_tm_forward_state(P, x, x_prev_init, v_first_in, v_first_out, NULL, A, out);
 }
 
-/* Backward scratch, [BT][C] each unless noted. After the fused passes the
- * WKV7 grads hold the grads of the quantities named on the right. */
-typedef struct {
-    float *dz;        /* grad on z; then on the v-residual gate pre-activation */
-    float *dg;        /* grad on g */
-    float *dyw;       /* grad on the WKV7 output y */
-    float *dr, *dk, *dv;     /* WKV7 grads -> grads on r, k, v projections */
-    float *dw, *da, *db;     /* WKV7 grads -> decay / a pre-activations; db: grad on kk */
-    float *dlo;       /* [BT][max D] LoRA hidden grad */
-    float *ds;        /* [BT][H] grad on the bonus sum */
-    float *part;      /* [blocks][TM_NVEC][C] per-block parameter-vector grads */
-} tm_grad_scratch;
 
 /* The per-(token, head) passes run over fixed blocks of TM_ROWS tokens, a
  * thread taking a contiguous run of blocks: whole rows, where a split by
@@ -361,19 +410,15 @@ RX_HOT static void wkv_inputs_back(const rx_tm_params *P, const rx_tm_acts *A,
     }
 }
 
-/* The widest LoRA hidden */
-static size_t lora_dmax(const rx_tm_params *P) {
-    size_t D = (size_t)P->Dw;
-    if ((size_t)P->Da > D) D = (size_t)P->Da;
-    if ((size_t)P->Dg > D) D = (size_t)P->Dg;
-    if (P->layer_id > 0 && (size_t)P->Dv > D) D = (size_t)P->Dv;
-    return D;
+/* The four LoRA hiddens side by side */
+static size_t lora_dsum(const rx_tm_params *P) {
+    return (size_t)P->Dw + (size_t)P->Da + (size_t)P->Dg + (size_t)P->Dv;
 }
 
-/* Floats of rx_tm_backward_acts's scratch (tm_grad_scratch): nine [BT][C]
- * grads, the LoRA hidden grad, the bonus-sum grad and the block parts. */
+/* Floats of rx_tm_backward_acts's scratch (tm_grad_scratch): ten [BT][C]
+ * grads, the LoRA hidden grads, the bonus-sum grad and the block parts. */
 size_t rx_tm_backward_work(const rx_tm_params *P, size_t BT) {
-    return 9 * rx_lines(BT * (size_t)P->c) + rx_lines(BT * lora_dmax(P)) +
+    return 10 * rx_lines(BT * (size_t)P->c) + rx_lines(BT * lora_dsum(P)) +
            rx_lines(BT * (size_t)P->n_head) + rx_lines(tm_part(BT, (size_t)P->c));
 }
 
@@ -391,9 +436,9 @@ int rx_tm_backward_acts(const rx_tm_params *P, const rx_tm_acts *A, const float 
     }
     tm_grad_scratch S;
     float *p = work;
-    float **bufs[] = {&S.dz, &S.dg, &S.dyw, &S.dr, &S.dk, &S.dv, &S.dw, &S.da, &S.db};
+    float **bufs[] = {&S.dz, &S.dg, &S.dyw, &S.dr, &S.dk, &S.dv, &S.dw, &S.da, &S.db, &S.dxv};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) *bufs[i] = rx_carve(&p, BT * C);
-    S.dlo = rx_carve(&p, BT * lora_dmax(P));
+    S.dlo = rx_carve(&p, BT * lora_dsum(P));
     S.ds = rx_carve(&p, BT * H);
     const size_t nblk = tm_blocks(BT);
     S.part = rx_carve(&p, tm_part(BT, C));
@@ -403,8 +448,9 @@ int rx_tm_backward_acts(const rx_tm_params *P, const rx_tm_acts *A, const float 
     rx_fzero(G->ln_x_b, C);
 
     /* out = zg . output_w */
-    rx_sgemm(1, 0, C, C, BT, A->zg, C, dy, C, 0.0f, G->output_w, C);
-    rx_sgemm(0, 1, BT, C, C, dy, C, P->output_w, C, 0.0f, S.dz, C);
+    const rx_gemm_op out[2] = {{1, 0, C, C, BT, A->zg, C, dy, C, 0.0f, G->output_w, C},
+                               {0, 1, BT, C, C, dy, C, P->output_w, C, 0.0f, S.dz, C}};
+    rx_sgemm_batch(out, 2);
     const int par = !rx_in_parallel() && BT * C >= 65536;
     rx_fzero(S.part, nblk * TM_NVEC * C);
 #pragma omp parallel for schedule(static) if (par)
@@ -438,24 +484,25 @@ int rx_tm_backward_acts(const rx_tm_params *P, const rx_tm_acts *A, const float 
     tm_part_sum(S.part, nblk, C, TV_RK, G->r_k);
     if (vres) tm_part_sum(S.part, nblk, C, TV_V0, G->v0);
 
-    /* projections and LoRAs back to their token-shift lerps, each lerp grad
-     * into the buffer freed just before it, then all six back to x at once */
-    float *dxr = S.dyw, *dxk = S.dr, *dxv = S.dk, *dxw = S.dv, *dxa = S.dw, *dxg = S.da;
-    rx_sgemm(1, 0, C, C, BT, A->xr, C, S.dr, C, 0.0f, G->receptance_w, C);
-    rx_sgemm(0, 1, BT, C, C, S.dr, C, P->receptance_w, C, 0.0f, dxr, C);
-    rx_sgemm(1, 0, C, C, BT, A->xk, C, S.dk, C, 0.0f, G->key_w, C);
-    rx_sgemm(0, 1, BT, C, C, S.dk, C, P->key_w, C, 0.0f, dxk, C);
-    rx_sgemm(1, 0, C, C, BT, A->xv, C, S.dv, C, 0.0f, G->value_w, C);
-    rx_sgemm(0, 1, BT, C, C, S.dv, C, P->value_w, C, 0.0f, dxv, C);
-    if (vres)
-        lora_backward(A->xv, P->v1, P->v2, ACT_NONE, A->tv, S.dz, G->v1, G->v2, S.dlo, dxv,
-                      1.0f, BT, C, (size_t)P->Dv);
-    lora_backward(A->xw, P->w1, P->w2, ACT_TANH, A->tw, S.dw, G->w1, G->w2, S.dlo, dxw, 0.0f,
-                  BT, C, (size_t)P->Dw);
-    lora_backward(A->xa, P->a1, P->a2, ACT_NONE, A->ta, S.da, G->a1, G->a2, S.dlo, dxa, 0.0f,
-                  BT, C, (size_t)P->Da);
-    lora_backward(A->xg, P->g1, P->g2, ACT_SIGMOID, A->tg, S.dg, G->g1, G->g2, S.dlo, dxg,
-                  0.0f, BT, C, (size_t)P->Dg);
+    /* projections and LoRAs back to their token-shift lerps: r, k, v and the
+     * LoRA down-projections in one batch, their lerp grads into buffers
+     * nothing in it reads; the v-residual LoRA then adds into dxv */
+    float *dxr = S.dyw, *dxk = S.db, *dxv = S.dxv, *dxw = S.dv, *dxa = S.dw, *dxg = S.da;
+    const rx_gemm_op rkv[6] = {
+        {1, 0, C, C, BT, A->xr, C, S.dr, C, 0.0f, G->receptance_w, C},
+        {0, 1, BT, C, C, S.dr, C, P->receptance_w, C, 0.0f, dxr, C},
+        {1, 0, C, C, BT, A->xk, C, S.dk, C, 0.0f, G->key_w, C},
+        {0, 1, BT, C, C, S.dk, C, P->key_w, C, 0.0f, dxk, C},
+        {1, 0, C, C, BT, A->xv, C, S.dv, C, 0.0f, G->value_w, C},
+        {0, 1, BT, C, C, S.dv, C, P->value_w, C, 0.0f, dxv, C}};
+    lora L[4];
+    tm_loras(P, A, &S, L);
+    L[0].G1 = G->w1, L[0].G2 = G->w2, L[0].dxin = dxw;
+    L[1].G1 = G->a1, L[1].G2 = G->a2, L[1].dxin = dxa;
+    L[2].G1 = G->g1, L[2].G2 = G->g2, L[2].dxin = dxg;
+    L[3].G1 = G->v1, L[3].G2 = G->v2, L[3].dxin = dxv, L[3].beta = 1.0f;
+    const float *dlo[4] = {S.dw, S.da, S.dg, S.dz};
+    lora_backward(L, dlo, vres ? 4 : 3, rkv, 6, BT, C);
     const float *mix[6] = {P->x_r, P->x_k, P->x_v, P->x_w, P->x_a, P->x_g};
     const float *dxin[6] = {dxr, dxk, dxv, dxw, dxa, dxg};
     float *dmix[6] = {G->x_r, G->x_k, G->x_v, G->x_w, G->x_a, G->x_g};

@@ -1,8 +1,9 @@
 /* rx_sgemm against a plain double-precision triple loop on random inputs:
  * every transpose combination, beta 0 and 1, sizes crossing every block
  * edge of csrc/gemm.c, leading dimensions past the row length, each
- * available micro-kernel. Returns nonzero on
- * failure. Built with csrc/*.c under -fsanitize=address,undefined. */
+ * available micro-kernel; and rx_sgemm_batch on mixed batches at several
+ * thread counts (more threads than cores, so units get stolen). Returns
+ * nonzero on failure. Built with csrc/*.c under -fsanitize=address,undefined. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,15 +16,22 @@ static float frand(void) {
     return (float)((rng_state >> 40) * (1.0 / 16777216.0)) - 0.5f;
 }
 
+/* One GEMM under test: exact-size operands (so the sanitizer catches any
+ * read or write past them), C prefilled, and the double reference. */
+typedef struct {
+    rx_gemm_op op;
+    size_t nc, pad;
+    double *R, amax;
+} gcase;
+
 /* pad: extra floats at the end of every row of A, B and C (lda > columns) */
-static int check(int ta, int tb, size_t M, size_t N, size_t K, float beta, size_t pad) {
+static void make(gcase *g, int ta, int tb, size_t M, size_t N, size_t K, float beta, size_t pad) {
+    if (!M || !N || !K) pad = 0; /* empty operands: nothing to pad */
     size_t lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
     size_t na = (ta ? K : M) * lda - pad, nb = (tb ? N : K) * ldb - pad, nc = M * ldc - pad;
-    /* exact-size buffers so the sanitizer catches any read or write past them */
-    float *A = malloc(na * sizeof(float)), *B = malloc(nb * sizeof(float));
-    float *C = malloc(nc * sizeof(float));
-    double *R = malloc(nc * sizeof(double));
-    int bad = 0;
+    float *A = malloc(na * sizeof(float) + 1), *B = malloc(nb * sizeof(float) + 1);
+    float *C = malloc(nc * sizeof(float) + 1);
+    double *R = malloc(nc * sizeof(double) + 1);
     for (size_t i = 0; i < na; i++) A[i] = frand();
     for (size_t i = 0; i < nb; i++) B[i] = frand();
     for (size_t i = 0; i < nc; i++) C[i] = R[i] = frand();
@@ -37,21 +45,60 @@ static int check(int ta, int tb, size_t M, size_t N, size_t K, float beta, size_
             R[i * ldc + j] = s;
             if (fabs(s) > amax) amax = fabs(s);
         }
-    rx_sgemm(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
-    double tol = 1e-5 * (amax > 1.0 ? amax : 1.0);
+    *g = (gcase){{ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc}, nc, pad, R, amax};
+}
+
+/* Compares and frees; nonzero on a mismatch. */
+static int verify(gcase *g, const char *what) {
+    const rx_gemm_op *o = &g->op;
+    double tol = 1e-5 * (g->amax > 1.0 ? g->amax : 1.0);
+    int bad = 0;
     /* the padding of C must come back untouched: it holds R's values too */
-    for (size_t i = 0; i < nc && !bad; i++)
-        if (!(fabs(C[i] - R[i]) <= tol)) {
-            fprintf(stderr, "gemm %s ta=%d tb=%d M=%zu N=%zu K=%zu beta=%g pad=%zu: "
-                    "C[%zu]=%g want %g\n", rx_sgemm_kernel(), ta, tb, M, N, K, beta, pad, i,
-                    C[i], R[i]);
+    for (size_t i = 0; i < g->nc && !bad; i++)
+        if (!(fabs(o->C[i] - g->R[i]) <= tol)) {
+            fprintf(stderr, "%s %s ta=%d tb=%d M=%zu N=%zu K=%zu beta=%g pad=%zu: "
+                    "C[%zu]=%g want %g\n", what, rx_sgemm_kernel(), o->ta, o->tb, o->M, o->N,
+                    o->K, o->beta, g->pad, i, o->C[i], g->R[i]);
             bad = 1;
         }
-    free(A);
-    free(B);
-    free(C);
-    free(R);
+    free((void *)o->A);
+    free((void *)o->B);
+    free(o->C);
+    free(g->R);
     return bad;
+}
+
+static int check(int ta, int tb, size_t M, size_t N, size_t K, float beta, size_t pad) {
+    gcase g;
+    make(&g, ta, tb, M, N, K, beta, pad);
+    const rx_gemm_op *o = &g.op;
+    rx_sgemm(ta, tb, M, N, K, o->A, o->lda, o->B, o->ldb, beta, o->C, o->ldc);
+    return verify(&g, "gemm");
+}
+
+/* A batch of n ops cycling through shapes that take every unit path: one
+ * op big enough to be split by columns, N past the 512-column unit block,
+ * K past a packing panel, empty and K == 0 ops, tiny ops. n > 16 crosses
+ * the batch chunking. */
+static int check_batch(size_t n, int threads) {
+    static const size_t shapes[][3] = {{300, 260, 515}, {3, 1100, 40},  {97, 515, 130},
+                                       {1, 1, 1},       {512, 16, 258}, {0, 5, 5},
+                                       {7, 9, 0},       {38, 48, 259},  {150, 33, 257}};
+    const size_t ns = sizeof shapes / sizeof shapes[0];
+    gcase g[24];
+    rx_gemm_op ops[24];
+    for (size_t k = 0; k < n; k++) {
+        const size_t *sh = shapes[k % ns];
+        make(&g[k], (int)(k & 1), (int)((k >> 1) & 1), sh[0], sh[1], sh[2],
+             (k >> 2) & 1 ? 1.0f : 0.0f, (k % 3 == 0) * 3);
+        ops[k] = g[k].op;
+    }
+    rx_set_num_threads(threads);
+    rx_sgemm_batch(ops, n);
+    rx_set_num_threads(0);
+    int fails = 0;
+    for (size_t k = 0; k < n; k++) fails += verify(&g[k], "batch");
+    return fails;
 }
 
 int main(void) {
@@ -72,6 +119,11 @@ int main(void) {
                  * transpose of it, sees both */
                 fails += check(t & 1, (t >> 1) & 1, shapes[s][0], shapes[s][1], shapes[s][2],
                                (t >> 2) ? 1.0f : 0.0f, ((s + t + (t >> 2)) & 1) * 3);
+    }
+    static const int threads[] = {1, 2, 3, 5};
+    for (size_t t = 0; t < 4; t++) {
+        fails += check_batch(9, threads[t]);
+        fails += check_batch(19, threads[t]);
     }
     if (rx_sgemm_use_kernel("no-such-kernel") != RX_EINVAL) fails++;
     rx_sgemm_use_kernel(NULL);
