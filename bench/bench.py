@@ -1,7 +1,8 @@
 """Training-step benchmark of rwkvx_c beside the same model in PyTorch.
 
     python bench/bench.py --preset S|M [--seq-len T] [--batch B] [--threads N]
-                          [--steps K] [--rounds R] [--no-torch] [--json FILE]
+                          [--steps K] [--rounds R] [--no-torch] [--scaling]
+                          [--json FILE]
 
 Each implementation runs in its own process that imports only its own library
 (so each peak RSS is its own). The processes alternate for R rounds and each
@@ -16,6 +17,8 @@ Reported per implementation: tokens/s of forward+backward and of a full
 training step (forward+backward+AdamW, where an optimiser exists), MFU, peak
 RSS, and a per-kernel time breakdown where the implementation can give one.
 The PyTorch side runs only where torch is importable (bench/torch_model.py).
+--scaling adds rwkvx_c at 1 thread to the alternating rounds and reports
+its N-thread over 1-thread speed-up, both sides sampling the same drift.
 """
 import argparse
 import json
@@ -153,11 +156,11 @@ def run_torch(args, cfg):
 # parent
 
 
-def child(impl, args):
+def child(impl, args, threads):
     """Run one implementation in a fresh process; its JSON result."""
     cmd = [sys.executable, os.path.abspath(__file__), "--child", impl, "--preset", args.preset,
            "--seq-len", str(args.seq_len), "--batch", str(args.batch), "--threads",
-           str(args.threads), "--steps", str(args.steps)] + (["--breakdown"] if args.breakdown else [])
+           str(threads), "--steps", str(args.steps)] + (["--breakdown"] if args.breakdown else [])
     r = subprocess.run(cmd, capture_output=True, text=True)
     for line in r.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -175,6 +178,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=2,
                     help="alternating rounds of the implementations (best is reported)")
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch side")
+    ap.add_argument("--scaling", action="store_true",
+                    help="also time rwkvx_c at 1 thread in the same rounds; report the speed-up")
     ap.add_argument("--breakdown", action="store_true",
                     help="per-kernel time breakdown of one more step (rx.profile; torch profiler)")
     ap.add_argument("--json", default=None, help="also write the results here")
@@ -200,16 +205,19 @@ def main():
                 impls.append("torch")
         except Exception:
             pass
+    runs = [(impl, args.threads) for impl in impls]
+    if args.scaling and args.threads > 1:
+        runs.append(("rx", 1))
     best = {}
     for _ in range(max(1, args.rounds)):
-        for impl in impls:
-            res = child(impl, args)
-            prev = best.get(impl)
+        for run in runs:
+            res = child(run[0], args, run[1])
+            prev = best.get(run)
             if prev is None or ("error" in prev and "error" not in res) or (
                     "error" not in res and res["fwd_bwd_tok_s"] > prev["fwd_bwd_tok_s"]):
-                best[impl] = res
+                best[run] = res
     print("best of %d alternating round(s) x %d steps" % (max(1, args.rounds), args.steps))
-    results = [best[impl] for impl in impls]
+    results = [best[(impl, args.threads)] for impl in impls]
     for res in results:
         if "error" in res:
             print("%-14s %s" % (res["impl"], res["error"]))
@@ -228,6 +236,12 @@ def main():
         print("rwkvx_c / torch: %.2fx tokens/s, %.2fx peak RSS"
               % (ok[0]["fwd_bwd_tok_s"] / ok[1]["fwd_bwd_tok_s"],
                  ok[0]["peak_rss_mib"] / ok[1]["peak_rss_mib"]))
+    one = best.get(("rx", 1))
+    if one and "error" not in one and "error" not in results[0]:
+        print("rwkvx_c at 1 thread %8.0f tok/s: %d threads give %.2fx"
+              % (one["fwd_bwd_tok_s"], args.threads,
+                 results[0]["fwd_bwd_tok_s"] / one["fwd_bwd_tok_s"]))
+        results[0]["one_thread_tok_s"] = one["fwd_bwd_tok_s"]
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"preset": args.preset, "T": args.seq_len, "B": args.batch,

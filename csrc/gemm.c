@@ -15,10 +15,11 @@
  * Kernels are picked at run time: AVX2+FMA where the CPU has it, portable C
  * elsewhere.
  *
- * Threading: the C matrix is cut into a pm x pn grid of tiles, one per
- * thread, each tile a complete serial GEMM with its own packing buffers, so
- * threads never synchronise inside a call. The grid minimises the slowest
- * tile's arithmetic plus the packing it repeats.
+ * Threading: rx_sgemm_batch runs a batch of independent GEMMs (a single
+ * rx_sgemm is a batch of one) in one parallel region; each thread owns its
+ * share of every op's rows and steals leftover units from the others at
+ * the end (see "parallel batches" below), so a layer's projections cost
+ * one fork/join and a slow core does not hold the others.
  */
 #include <string.h>
 
