@@ -492,6 +492,7 @@ static size_t plan_units(const rx_gemm_op *ops, size_t nops, int nt, double tota
                                                    j0 + W < g->N ? j0 + W : g->N};
             }
         }
+        if (!pass && nu > UINT32_MAX - 1) return 0; /* segments count in 32 bits */
         if (!pass && nu > tl_units_n) {
             free(tl_units);
             tl_units = malloc(nu * sizeof *tl_units);
