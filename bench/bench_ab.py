@@ -1,0 +1,105 @@
+"""A/B of two rwkvx_c builds on one training step, paired round by round.
+
+    python bench/bench_ab.py DIR_A DIR_B [--preset S|M] [--threads N]
+                             [--rounds R] [--steps K]
+
+DIR_A and DIR_B are source trees with in-place builds (`python3 setup.py
+build_ext --inplace`), e.g. a `git worktree` of the base commit and the
+working tree. One worker process per build imports rwkvx_c from its tree and
+keeps its model; the two take turns running K forward+backward steps (T of
+the preset, B=1), for R rounds, alternating which goes first. Each round
+pairs the two sides' best steps, taken seconds apart, so the ratio B/A per
+round cancels most of a cloud machine's drift; its median and quartiles are
+the verdict (below 1: B is faster).
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import common  # noqa: E402
+
+
+def worker(tree, preset, threads):
+    """Reads a step count per line from stdin; answers with the step times."""
+    sys.path.insert(0, os.path.abspath(tree))
+    import numpy as np
+
+    import rwkvx_c as rx
+    rx.set_num_threads(threads)
+    cfg = dict(common.PRESETS[preset])
+    T = cfg.pop("T")
+    m = rx.RxPtModel(cfg, seed=1)
+    seq = np.random.default_rng(0).integers(0, cfg["vocab_size"], size=T + 1).astype(np.int32)
+    tok, tgt = np.ascontiguousarray(seq[:T]), np.ascontiguousarray(seq[1:])
+    m.forward(tok)
+    m.backward(tgt)
+    print(json.dumps({"from": os.path.dirname(rx.__file__)}), flush=True)
+    for line in sys.stdin:
+        ts = []
+        for _ in range(int(line)):
+            t0 = time.perf_counter()
+            m.forward(tok)
+            m.backward(tgt)
+            ts.append(time.perf_counter() - t0)
+        print(json.dumps(ts), flush=True)
+
+
+def quartiles(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 4], statistics.median(xs), xs[(3 * len(xs)) // 4]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("a")
+    ap.add_argument("b")
+    ap.add_argument("--preset", default="S", choices=sorted(common.PRESETS))
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        worker(args.worker, args.preset, args.threads)
+        return
+    common.clean_blas_env()
+    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", tree,
+                               "x", "x", "--preset", args.preset, "--threads", str(args.threads)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+             for tree in (args.a, args.b)]
+    for p, tree in zip(procs, (args.a, args.b)):
+        line = p.stdout.readline()
+        if not line:
+            sys.exit("worker for %s failed to start" % tree)
+        print("%s: rwkvx_c from %s" % ("AB"[procs.index(p)], json.loads(line)["from"]))
+    times, pairs = ([], []), []
+    for r in range(args.rounds):
+        best = [0.0, 0.0]
+        for i in ((0, 1) if r % 2 == 0 else (1, 0)):
+            procs[i].stdin.write("%d\n" % args.steps)
+            procs[i].stdin.flush()
+            ts = json.loads(procs[i].stdout.readline())
+            times[i].extend(ts)
+            best[i] = min(ts)
+        pairs.append(best[1] / best[0])
+    for p in procs:
+        p.stdin.close()
+        p.wait()
+    print("preset %s, %d threads, %d rounds x %d steps each" % (args.preset, args.threads,
+                                                               args.rounds, args.steps))
+    for name, ts in zip("AB", times):
+        q1, med, _ = quartiles(ts)
+        print("%s: best %.1f ms  25%% %.1f ms  median %.1f ms per step"
+              % (name, 1e3 * min(ts), 1e3 * q1, 1e3 * med))
+    q1, med, q3 = quartiles(pairs)
+    print("B/A per round: median %.3f (quartiles %.3f-%.3f)" % (med, q1, q3))
+
+
+if __name__ == "__main__":
+    main()
