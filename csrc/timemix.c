@@ -117,10 +117,13 @@ typedef struct {
 } lora;
 
 /* The up- and down-projections of every LoRA of a layer (and the extra
- * independent GEMMs in pre) run as two GEMM batches. */
+ * independent GEMMs in pre) run as two GEMM batches. A layer has at most
+ * LORA_MAX LoRAs; its callers join at most PRE_MAX projections. */
+#define LORA_MAX 4
+#define PRE_MAX 6
 static void lora_forward(const lora *L, size_t n, const rx_gemm_op *pre, size_t npre, size_t BT,
                          size_t C) {
-    rx_gemm_op ops[8];
+    rx_gemm_op ops[PRE_MAX + LORA_MAX];
     size_t k = 0;
     for (size_t i = 0; i < npre; i++) ops[k++] = pre[i];
     for (size_t i = 0; i < n; i++)
@@ -137,7 +140,7 @@ static void lora_forward(const lora *L, size_t n, const rx_gemm_op *pre, size_t 
  * same two batches (pre joins the first). */
 static void lora_backward(const lora *L, const float *const *dout, size_t n,
                           const rx_gemm_op *pre, size_t npre, size_t BT, size_t C) {
-    rx_gemm_op ops[16];
+    rx_gemm_op ops[PRE_MAX + 2 * LORA_MAX];
     size_t k = 0;
     for (size_t i = 0; i < npre; i++) ops[k++] = pre[i];
     for (size_t i = 0; i < n; i++) {
