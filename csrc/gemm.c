@@ -3,7 +3,7 @@
  * gemm.c -- the one single-precision GEMM behind every projection.
  *
  * Goto/BLIS structure: op(B) is packed in KC x NC panels of NR-column
- * slivers, and a 6x16 register-tiled micro-kernel runs over them, the B
+ * slivers, and an MR x 16 register-tiled micro-kernel runs over them, the B
  * sliver staying in L1 while the A slivers of an MC x KC block stream from
  * L2. For narrow tiles (N <= NPACK, the LoRA shapes) op(A) is read in
  * place -- six row pointers, or a k-stride when transposed -- because each
@@ -12,8 +12,10 @@
  * contiguous copy when transposed). Transposes are absorbed by the packing
  * and the A addressing, so one micro-kernel serves A.B, A^T.B and A.B^T.
  *
- * Kernels are picked at run time: AVX2+FMA where the CPU has it, portable C
- * elsewhere.
+ * Kernels are picked at run time: AVX-512 (an 8x16 tile) where the CPU and
+ * OS have it, AVX2+FMA (6x16) where they have that, portable C (6x16)
+ * elsewhere. The packed B layout is the
+ * same for all three; the A sliver height MR is the kernel's.
  *
  * Threading: rx_sgemm_batch runs a batch of independent GEMMs (a single
  * rx_sgemm is a batch of one) in one parallel region; each thread owns its
@@ -30,15 +32,18 @@
 #define RX_X86 1
 #endif
 
-#define MR 6
+#define MR 6       /* tile rows of the AVX2 and portable kernels */
+#define MR512 8    /* tile rows of the AVX-512 kernel */
+#define MR_MAX 8
 #define NR 16
 #define KC 256   /* a KC x NR B sliver is 16 KiB: half of L1 */
-#define MC 144   /* multiple of MR; the MC x KC A block stays in L2 */
+#define MC 144   /* multiple of every MR; the MC x KC A block stays in L2 */
 #define NC 4096  /* multiple of NR; the packed B panel lives in L3 */
 #define NPACK 128 /* op(A) is packed only for wider tiles, see sgemm_tile */
 #define PF_K 48   /* k steps ahead the micro-kernel prefetches a k-strided A */
 
-/* C[MR,NR] (+)= op(A)[MR,kc] . Bp[kc][NR], Bp a packed sliver. Element (i, p)
+/* C[MR,NR] (+)= op(A)[MR,kc] . Bp[kc][NR], Bp a packed sliver, MR the
+ * kernel's tile rows. Element (i, p)
  * of the A sliver is A[i*rs + p*cs]: cs == 1 reads MR rows of a row-major
  * matrix in place, rs == 1 a packed (or transposed) sliver with k-stride cs. */
 typedef void (*ukernel_fn)(size_t kc, const float *A, size_t rs, size_t cs,
@@ -48,13 +53,14 @@ typedef void (*ukernel_fn)(size_t kc, const float *A, size_t rs, size_t cs,
 typedef void (*packbt_fn)(const float *B, size_t ldb, size_t p0, size_t kc,
                           size_t j0, size_t nc, float *Bp);
 
-/* Packs rows [i0,i0+mc) x cols [p0,p0+kc) of a row-major A into MR-row
+/* Packs rows [i0,i0+mc) x cols [p0,p0+kc) of a row-major A into the kernel's MR-row
  * slivers, k-major, zero-padded; may write MR floats past the last sliver. */
 typedef void (*packan_fn)(const float *A, size_t lda, size_t i0, size_t mc,
                           size_t p0, size_t kc, float *Ap);
 
 typedef struct {
     const char *name;
+    size_t mr;          /* tile rows: the height of a packed A sliver */
     ukernel_fn kern;
     packbt_fn pack_bt;
     packan_fn pack_an;
@@ -88,15 +94,22 @@ static void pack_bt_generic(const float *B, size_t ldb, size_t p0, size_t kc,
     }
 }
 
+/* pack_an for R-row slivers: the portable kernel's, and the vectorised
+ * packers' ragged last sliver. */
+static void pack_an_rows(size_t R, const float *A, size_t lda, size_t i0, size_t mc,
+                         size_t p0, size_t kc, float *Ap) {
+    for (size_t s = 0; s < mc; s += R) {
+        size_t mr = mc - s < R ? mc - s : R;
+        for (size_t p = 0; p < kc; p++)
+            for (size_t i = 0; i < R; i++)
+                Ap[p * R + i] = i < mr ? A[(i0 + s + i) * lda + p0 + p] : 0.0f;
+        Ap += R * kc;
+    }
+}
+
 static void pack_an_generic(const float *A, size_t lda, size_t i0, size_t mc,
                             size_t p0, size_t kc, float *Ap) {
-    for (size_t s = 0; s < mc; s += MR) {
-        size_t mr = mc - s < MR ? mc - s : MR;
-        for (size_t p = 0; p < kc; p++)
-            for (size_t i = 0; i < MR; i++)
-                Ap[p * MR + i] = i < mr ? A[(i0 + s + i) * lda + p0 + p] : 0.0f;
-        Ap += MR * kc;
-    }
+    pack_an_rows(MR, A, lda, i0, mc, p0, kc, Ap);
 }
 
 #ifdef RX_X86
@@ -208,7 +221,7 @@ RX_AVX2 static void pack_an_avx2(const float *A, size_t lda, size_t i0, size_t m
                                  size_t p0, size_t kc, float *Ap) {
     for (size_t s = 0; s < mc; s += MR, Ap += MR * kc) {
         if (mc - s < MR) {
-            pack_an_generic(A, lda, i0 + s, mc - s, p0, kc, Ap);
+            pack_an_rows(MR, A, lda, i0 + s, mc - s, p0, kc, Ap);
             continue;
         }
         const float *src = A + (i0 + s) * lda + p0;
@@ -224,12 +237,86 @@ RX_AVX2 static void pack_an_avx2(const float *A, size_t lda, size_t i0, size_t m
             for (size_t i = 0; i < MR; i++) Ap[p * MR + i] = src[i * lda + p];
     }
 }
+
+#define RX_AVX512 __attribute__((target("avx512f,avx2,fma")))
+
+/* The 8x16 tile: one zmm of B per k step, each of the eight A values
+ * broadcast into its row's FMA. Eight independent accumulators cover a
+ * 4-cycle FMA latency on two 512-bit FMA ports (Intel server cores). Zen 4
+ * runs 512-bit FMAs at the AVX2 rate; there a 12-row tile measured 4-7%
+ * slower than the AVX2 kernel on wide projections (its A sliver crowds the
+ * B sliver out of the 32 KiB L1), this one 0-10% faster (bench_gemm.py). */
+RX_AVX512 static void ukernel_avx512(size_t kc, const float *A, size_t rs, size_t cs,
+                                     const float *Bp, float *C, size_t ldc, int acc) {
+    __m512 c[MR512];
+#pragma GCC unroll 8
+    for (size_t i = 0; i < MR512; i++) {
+        c[i] = _mm512_setzero_ps();
+        _mm_prefetch((const char *)(C + i * ldc), _MM_HINT_T0);
+        _mm_prefetch((const char *)(C + i * ldc + NR - 1), _MM_HINT_T0);
+    }
+    if (cs == 1) {
+        for (size_t p = 0; p < kc; p++, A++, Bp += NR) {
+            __m512 b = _mm512_load_ps(Bp);
+#pragma GCC unroll 8
+            for (size_t i = 0; i < MR512; i++)
+                c[i] = _mm512_fmadd_ps(_mm512_set1_ps(A[i * rs]), b, c[i]);
+        }
+    } else {
+        /* as in the AVX2 kernel: a k-strided A is prefetched ahead; a
+         * sliver may span two lines */
+#pragma GCC unroll 2
+        for (size_t p = 0; p < kc; p++, A += cs, Bp += NR) {
+            _mm_prefetch((const char *)(A + PF_K * cs), _MM_HINT_T0);
+            _mm_prefetch((const char *)(A + PF_K * cs + MR512 - 1), _MM_HINT_T0);
+            __m512 b = _mm512_load_ps(Bp);
+#pragma GCC unroll 8
+            for (size_t i = 0; i < MR512; i++)
+                c[i] = _mm512_fmadd_ps(_mm512_set1_ps(A[i]), b, c[i]);
+        }
+    }
+#pragma GCC unroll 8
+    for (size_t i = 0; i < MR512; i++) {
+        float *ci = C + i * ldc;
+        _mm512_storeu_ps(ci, acc ? _mm512_add_ps(c[i], _mm512_loadu_ps(ci)) : c[i]);
+    }
+}
+
+/* Eight rows of eight k values, one 8x8 transpose: k column q is eight
+ * floats at Ap[(p+q)*8]. */
+RX_AVX512 static void pack_an_avx512(const float *A, size_t lda, size_t i0, size_t mc,
+                                     size_t p0, size_t kc, float *Ap) {
+    for (size_t s = 0; s < mc; s += MR512, Ap += MR512 * kc) {
+        if (mc - s < MR512) {
+            pack_an_rows(MR512, A, lda, i0 + s, mc - s, p0, kc, Ap);
+            continue;
+        }
+        const float *src = A + (i0 + s) * lda + p0;
+        size_t p = 0;
+        for (; p + 8 <= kc; p += 8) {
+            __m256 r[MR512];
+            for (size_t i = 0; i < MR512; i++) r[i] = _mm256_loadu_ps(src + i * lda + p);
+            transpose8(r);
+            for (size_t q = 0; q < 8; q++) _mm256_storeu_ps(Ap + (p + q) * MR512, r[q]);
+        }
+        for (; p < kc; p++)
+            for (size_t i = 0; i < MR512; i++) Ap[p * MR512 + i] = src[i * lda + p];
+    }
+}
 #endif
 
-static const gemm_impl impl_generic = {"generic", ukernel_generic, pack_bt_generic,
+static const gemm_impl impl_generic = {"generic", MR, ukernel_generic, pack_bt_generic,
                                        pack_an_generic};
 #ifdef RX_X86
-static const gemm_impl impl_avx2 = {"avx2-fma", ukernel_avx2, pack_bt_avx2, pack_an_avx2};
+static const gemm_impl impl_avx2 = {"avx2-fma", MR, ukernel_avx2, pack_bt_avx2, pack_an_avx2};
+static const gemm_impl impl_avx512 = {"avx512f", MR512, ukernel_avx512, pack_bt_avx2,
+                                      pack_an_avx512};
+
+/* libgcc's test includes the OS's saving of the zmm state (XCR0). */
+static int have_avx512(void) { return __builtin_cpu_supports("avx512f"); }
+static int have_avx2(void) {
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
 #endif
 
 /* Set by rx_sgemm_use_kernel (tests); NULL: pick by CPU. */
@@ -238,7 +325,8 @@ static const gemm_impl *forced_impl;
 static const gemm_impl *pick_impl(void) {
     if (forced_impl) return forced_impl;
 #ifdef RX_X86
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return &impl_avx2;
+    if (have_avx512()) return &impl_avx512;
+    if (have_avx2()) return &impl_avx2;
 #endif
     return &impl_generic;
 }
@@ -255,9 +343,12 @@ int rx_sgemm_use_kernel(const char *name) {
         return RX_OK;
     }
 #ifdef RX_X86
-    if (!strcmp(name, impl_avx2.name) && __builtin_cpu_supports("avx2") &&
-        __builtin_cpu_supports("fma")) {
+    if (!strcmp(name, impl_avx2.name) && have_avx2()) {
         forced_impl = &impl_avx2;
+        return RX_OK;
+    }
+    if (!strcmp(name, impl_avx512.name) && have_avx512()) {
+        forced_impl = &impl_avx512;
         return RX_OK;
     }
 #endif
@@ -285,26 +376,27 @@ static void pack_b(const gemm_impl *im, int tb, const float *B, size_t ldb, size
     }
 }
 
-/* op(A) rows [i0,i0+mc) x cols [p0,p0+kc) into MR-row slivers, k-major,
- * zero-padded to a whole sliver. */
+/* op(A) rows [i0,i0+mc) x cols [p0,p0+kc) into slivers of the kernel's
+ * MR rows, k-major, zero-padded to a whole sliver. */
 static void pack_a(const gemm_impl *im, int ta, const float *A, size_t lda, size_t i0,
                    size_t mc, size_t p0, size_t kc, float *Ap) {
     if (!ta) {
         im->pack_an(A, lda, i0, mc, p0, kc, Ap);
         return;
     }
-    for (size_t s = 0; s < mc; s += MR) {
-        size_t mr = mc - s < MR ? mc - s : MR;
+    const size_t R = im->mr;
+    for (size_t s = 0; s < mc; s += R) {
+        size_t mr = mc - s < R ? mc - s : R;
         for (size_t p = 0; p < kc; p++) {
             const float *src = A + (p0 + p) * lda + i0 + s;
-            float *dst = Ap + p * MR;
-            if (mr == MR) {
-                memcpy(dst, src, MR * sizeof(float));
+            float *dst = Ap + p * R;
+            if (mr == R) {
+                memcpy(dst, src, R * sizeof(float));
                 continue;
             }
-            for (size_t i = 0; i < MR; i++) dst[i] = i < mr ? src[i] : 0.0f;
+            for (size_t i = 0; i < R; i++) dst[i] = i < mr ? src[i] : 0.0f;
         }
-        Ap += MR * kc;
+        Ap += R * kc;
     }
 }
 
@@ -329,11 +421,12 @@ static void sgemm_plain(const rx_gemm_op *g, size_t i0, size_t i1, size_t j0, si
 }
 
 /* C[i0:i0+mc, j0:j0+nc] (+)= op(A)[i0:i0+mc, pc:pc+kc] . Bp, Bp the packed
- * kc x nc panel of op(B); mc <= MC. Ap: MC*KC+MR floats of scratch. */
+ * kc x nc panel of op(B); mc <= MC. Ap: MC*KC+MR_MAX floats of scratch. */
 static void sgemm_block(const gemm_impl *im, const rx_gemm_op *g, size_t i0, size_t mc,
                         size_t pc, size_t kc, size_t j0, size_t nc, const float *Bp,
                         float *Ap, int acc) {
     const ukernel_fn kern = im->kern;
+    const size_t R = im->mr;
     const int ta = g->ta;
     const size_t lda = g->lda, ldc = g->ldc;
     /* Reused over more than NPACK/NR B slivers, a packed A block pays for
@@ -341,14 +434,14 @@ static void sgemm_block(const gemm_impl *im, const rx_gemm_op *g, size_t i0, siz
      * instead of six rows (or kc strided lines) from L2. Measured on Zen3.
      * A in place: only a ragged last sliver is packed (zero rows would
      * otherwise be read past the matrix). */
-    size_t full = nc > NPACK ? 0 : mc / MR * MR;
+    size_t full = nc > NPACK ? 0 : mc / R * R;
     if (full < mc) pack_a(im, ta, g->A, lda, i0 + full, mc - full, pc, kc, Ap);
-    float edge[MR * NR];
+    float edge[MR_MAX * NR];
     for (size_t jr = 0; jr < nc; jr += NR) {
         size_t nr = nc - jr < NR ? nc - jr : NR;
         const float *bp = Bp + jr * kc;
-        for (size_t ir = 0; ir < mc; ir += MR) {
-            size_t mr = mc - ir < MR ? mc - ir : MR;
+        for (size_t ir = 0; ir < mc; ir += R) {
+            size_t mr = mc - ir < R ? mc - ir : R;
             float *c = g->C + (i0 + ir) * ldc + j0 + jr;
             const float *ap;
             size_t rs, cs;
@@ -357,9 +450,9 @@ static void sgemm_block(const gemm_impl *im, const rx_gemm_op *g, size_t i0, siz
             } else if (ir < full) {
                 ap = g->A + pc * lda + i0 + ir, rs = 1, cs = lda;
             } else {
-                ap = Ap + (ir - full) * kc, rs = 1, cs = MR;
+                ap = Ap + (ir - full) * kc, rs = 1, cs = R;
             }
-            if (mr == MR && nr == NR) {
+            if (mr == R && nr == NR) {
                 kern(kc, ap, rs, cs, bp, c, ldc, acc);
                 continue;
             }
@@ -373,7 +466,7 @@ static void sgemm_block(const gemm_impl *im, const rx_gemm_op *g, size_t i0, siz
 
 /* A whole GEMM on the calling thread. */
 static void sgemm_serial(const gemm_impl *im, const rx_gemm_op *g) {
-    if (!tl_apack) tl_apack = rx_falloc((size_t)MC * KC + MR); /* + pack_an slack */
+    if (!tl_apack) tl_apack = rx_falloc((size_t)MC * KC + MR_MAX); /* + pack_an slack */
     if (!tl_bpack) tl_bpack = rx_falloc((size_t)KC * NC);
     if (!tl_apack || !tl_bpack) {
         sgemm_plain(g, 0, g->M, 0, g->N);
@@ -425,7 +518,7 @@ static void run_unit(const gemm_impl *im, const rx_gemm_op *ops, const gunit *un
     const rx_gemm_op *g = &ops[un->k];
     const size_t nc = un->j1 - un->j0, ncp = (nc + NR - 1) / NR * NR;
     const size_t need = ((g->K + KC - 1) / KC * KC) * ncp;
-    if (!tl_apack) tl_apack = rx_falloc((size_t)MC * KC + MR);
+    if (!tl_apack) tl_apack = rx_falloc((size_t)MC * KC + MR_MAX);
     if (need > tl_bfull_n) {
         free(tl_bfull);
         tl_bfull = rx_falloc(need);
@@ -459,20 +552,20 @@ static int claim(uint64_t *seg, int back, size_t *u) {
     }
 }
 
-/* Each op's unit rows R (multiple of MR, <= MC) and columns W. Aims at ~8
- * units per thread, so stealing can even out a slow core. */
-static void unit_shape(const rx_gemm_op *g, double target, size_t *R, size_t *W) {
+/* Each op's unit rows R (multiple of the kernel's mr, <= MC) and columns W.
+ * Aims at ~8 units per thread, so stealing can even out a slow core. */
+static void unit_shape(const rx_gemm_op *g, size_t mr, double target, size_t *R, size_t *W) {
     size_t nbj = (g->N + UNIT_W - 1) / UNIT_W;
     *W = ((g->N + nbj - 1) / nbj + NR - 1) / NR * NR;
     double rows = target / ((double)*W * (double)g->K);
-    *R = rows >= MC ? MC : ((size_t)rows + MR - 1) / MR * MR;
-    if (*R < MR) *R = MR;
+    *R = rows >= MC ? MC : ((size_t)rows + mr - 1) / mr * mr;
+    if (*R < mr) *R = mr;
 }
 
 /* Fills tl_units (thread part by thread part) and seg; returns the count,
  * 0 when the table cannot be allocated. */
-static size_t plan_units(const rx_gemm_op *ops, size_t nops, int nt, double total,
-                         uint64_t *seg) {
+static size_t plan_units(const rx_gemm_op *ops, size_t nops, size_t mr, int nt,
+                         double total, uint64_t *seg) {
     const double target = total / (8.0 * nt);
     size_t nu = 0;
     for (int pass = 0; pass < 2; pass++) {
@@ -481,9 +574,9 @@ static size_t plan_units(const rx_gemm_op *ops, size_t nops, int nt, double tota
             if (pass) seg[t] = nu;
             for (size_t k = 0; k < nops; k++) {
                 const rx_gemm_op *g = &ops[k];
-                size_t R, W, mb = (g->M + MR - 1) / MR;
-                unit_shape(g, target, &R, &W);
-                size_t r0 = mb * t / nt * MR, r1 = mb * (t + 1) / nt * MR;
+                size_t R, W, mb = (g->M + mr - 1) / mr;
+                unit_shape(g, mr, target, &R, &W);
+                size_t r0 = mb * t / nt * mr, r1 = mb * (t + 1) / nt * mr;
                 if (r1 > g->M) r1 = g->M;
                 for (size_t j0 = 0, jb = 0; j0 < g->N; j0 += W, jb++)
                     for (size_t i0 = r0; i0 < r1; i0 += R, nu++)
@@ -510,7 +603,7 @@ static size_t plan_units(const rx_gemm_op *ops, size_t nops, int nt, double tota
 static void sgemm_parallel(const gemm_impl *im, const rx_gemm_op *ops, size_t nops, int nt,
                            double total) {
     uint64_t seg[MAX_THREADS];
-    if (!plan_units(ops, nops, nt, total, seg)) {
+    if (!plan_units(ops, nops, im->mr, nt, total, seg)) {
         for (size_t k = 0; k < nops; k++) sgemm_serial(im, &ops[k]);
         return;
     }

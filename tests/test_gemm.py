@@ -1,18 +1,30 @@
 """rx_sgemm (csrc/gemm.c) against a float64 NumPy product, through the
 rwkvx_c._core._sgemm test hook: every transpose combination, beta accumulate,
-odd and block-crossing sizes, both micro-kernels, one and two threads."""
+odd and block-crossing sizes, every micro-kernel this CPU runs, one and two
+threads."""
 import numpy as np
 import pytest
 
 import rwkvx_c as rx
 from rwkvx_c import _core
 
-KERNELS = ["generic"] + (["avx2-fma"] if rx.gemm_kernel() == "avx2-fma" else [])
 
-# (M, N, K): tiny, odd, crossing MR=6 / NR=16 / KC=256 / MC=144 / the in-place
-# versus packed A switch at N=128, and N past one NC=4096 panel.
+def _runs_here(name):
+    try:
+        _core._sgemm_use_kernel(name)
+    except ValueError:
+        return False
+    _core._sgemm_use_kernel(None)
+    return True
+
+
+# every kernel this CPU can run; the portable one always
+KERNELS = [k for k in ("generic", "avx2-fma", "avx512f") if _runs_here(k)]
+
+# (M, N, K): tiny, odd, crossing MR=6 and 8 / NR=16 / KC=256 / MC=144 / the
+# in-place versus packed A switch at N=128, and N past one NC=4096 panel.
 SHAPES = [(1, 1, 1), (7, 13, 5), (6, 16, 1), (5, 17, 3), (13, 128, 9), (13, 129, 9),
-          (150, 33, 257), (145, 200, 300), (64, 64, 64), (3, 4100, 2)]
+          (25, 40, 11), (150, 33, 257), (145, 200, 300), (64, 64, 64), (3, 4100, 2)]
 
 
 def _operands(rng, M, N, K, ta, tb):

@@ -108,10 +108,12 @@ int main(void) {
                                        /* model shapes: M % 6 == 2, K one past a kc
                                         * block and k % 4 == 2 and 3 (the unrolled
                                         * micro-kernel's remainders) */
-                                       {512, 16, 258}, {20, 260, 515}, {38, 48, 259}};
-    static const char *kernels[] = {"generic", "avx2-fma"};
+                                       {512, 16, 258}, {20, 260, 515}, {38, 48, 259},
+                                       /* crossing the AVX-512 kernel's 8-row tile */
+                                       {8, 16, 8}, {17, 31, 17}, {36, 129, 40}};
+    static const char *kernels[] = {"generic", "avx2-fma", "avx512f"};
     int fails = 0;
-    for (size_t kk = 0; kk < 2; kk++) {
+    for (size_t kk = 0; kk < sizeof kernels / sizeof kernels[0]; kk++) {
         if (rx_sgemm_use_kernel(kernels[kk]) != RX_OK) continue;  /* CPU lacks it */
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
             for (int t = 0; t < 8; t++)
