@@ -390,8 +390,13 @@ static void pack_a(const gemm_impl *im, int ta, const float *A, size_t lda, size
         for (size_t p = 0; p < kc; p++) {
             const float *src = A + (p0 + p) * lda + i0 + s;
             float *dst = Ap + p * R;
-            if (mr == R) {
-                memcpy(dst, src, R * sizeof(float));
+            /* constant sizes: the copies inline instead of calling memcpy */
+            if (mr == R && R == MR512) {
+                memcpy(dst, src, MR512 * sizeof(float));
+                continue;
+            }
+            if (mr == R && R == MR) {
+                memcpy(dst, src, MR * sizeof(float));
                 continue;
             }
             for (size_t i = 0; i < R; i++) dst[i] = i < mr ? src[i] : 0.0f;
