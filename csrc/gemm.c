@@ -214,30 +214,6 @@ RX_AVX2 static void pack_bt_avx2(const float *B, size_t ldb, size_t p0, size_t k
     }
 }
 
-/* Six rows of eight k values, transposed as an 8x8 block with two zero
- * rows: k column q lands at Ap[(p+q)*MR] as eight floats whose last two the
- * next store overwrites (the last ones spill into the buffer's slack). */
-RX_AVX2 static void pack_an_avx2(const float *A, size_t lda, size_t i0, size_t mc,
-                                 size_t p0, size_t kc, float *Ap) {
-    for (size_t s = 0; s < mc; s += MR, Ap += MR * kc) {
-        if (mc - s < MR) {
-            pack_an_rows(MR, A, lda, i0 + s, mc - s, p0, kc, Ap);
-            continue;
-        }
-        const float *src = A + (i0 + s) * lda + p0;
-        size_t p = 0;
-        for (; p + 8 <= kc; p += 8) {
-            __m256 r[8];
-            for (size_t i = 0; i < MR; i++) r[i] = _mm256_loadu_ps(src + i * lda + p);
-            r[6] = r[7] = _mm256_setzero_ps();
-            transpose8(r);
-            for (size_t q = 0; q < 8; q++) _mm256_storeu_ps(Ap + (p + q) * MR, r[q]);
-        }
-        for (; p < kc; p++)
-            for (size_t i = 0; i < MR; i++) Ap[p * MR + i] = src[i * lda + p];
-    }
-}
-
 #define RX_AVX512 __attribute__((target("avx512f,avx2,fma")))
 
 /* The 8x16 tile: one zmm of B per k step, each of the eight A values
@@ -282,26 +258,41 @@ RX_AVX512 static void ukernel_avx512(size_t kc, const float *A, size_t rs, size_
     }
 }
 
-/* Eight rows of eight k values, one 8x8 transpose: k column q is eight
- * floats at Ap[(p+q)*8]. */
-RX_AVX512 static void pack_an_avx512(const float *A, size_t lda, size_t i0, size_t mc,
-                                     size_t p0, size_t kc, float *Ap) {
-    for (size_t s = 0; s < mc; s += MR512, Ap += MR512 * kc) {
-        if (mc - s < MR512) {
-            pack_an_rows(MR512, A, lda, i0 + s, mc - s, p0, kc, Ap);
+/* R <= 8 rows of eight k values, transposed as an 8x8 block over 8 - R
+ * zero rows: k column q lands at Ap[(p+q)*R] as eight floats whose last
+ * 8 - R the next store overwrites (the last ones spill into the buffer's
+ * slack). R is a constant at each use, so the loops unroll. */
+RX_AVX2 static inline __attribute__((always_inline)) void
+pack_an_body(size_t R, const float *A, size_t lda, size_t i0, size_t mc, size_t p0, size_t kc,
+             float *Ap) {
+    for (size_t s = 0; s < mc; s += R, Ap += R * kc) {
+        if (mc - s < R) {
+            pack_an_rows(R, A, lda, i0 + s, mc - s, p0, kc, Ap);
             continue;
         }
         const float *src = A + (i0 + s) * lda + p0;
         size_t p = 0;
         for (; p + 8 <= kc; p += 8) {
-            __m256 r[MR512];
-            for (size_t i = 0; i < MR512; i++) r[i] = _mm256_loadu_ps(src + i * lda + p);
+            __m256 r[8];
+            for (size_t i = 0; i < 8; i++)
+                r[i] = i < R ? _mm256_loadu_ps(src + i * lda + p) : _mm256_setzero_ps();
             transpose8(r);
-            for (size_t q = 0; q < 8; q++) _mm256_storeu_ps(Ap + (p + q) * MR512, r[q]);
+            for (size_t q = 0; q < 8; q++) _mm256_storeu_ps(Ap + (p + q) * R, r[q]);
         }
         for (; p < kc; p++)
-            for (size_t i = 0; i < MR512; i++) Ap[p * MR512 + i] = src[i * lda + p];
+            for (size_t i = 0; i < R; i++) Ap[p * R + i] = src[i * lda + p];
     }
+}
+
+RX_AVX2 static void pack_an_avx2(const float *A, size_t lda, size_t i0, size_t mc,
+                                 size_t p0, size_t kc, float *Ap) {
+    pack_an_body(MR, A, lda, i0, mc, p0, kc, Ap);
+}
+
+/* the AVX-512 kernel's 8-row slivers: AVX2 code is as fast for a copy */
+RX_AVX2 static void pack_an_8(const float *A, size_t lda, size_t i0, size_t mc,
+                              size_t p0, size_t kc, float *Ap) {
+    pack_an_body(MR512, A, lda, i0, mc, p0, kc, Ap);
 }
 #endif
 
@@ -310,7 +301,7 @@ static const gemm_impl impl_generic = {"generic", MR, ukernel_generic, pack_bt_g
 #ifdef RX_X86
 static const gemm_impl impl_avx2 = {"avx2-fma", MR, ukernel_avx2, pack_bt_avx2, pack_an_avx2};
 static const gemm_impl impl_avx512 = {"avx512f", MR512, ukernel_avx512, pack_bt_avx2,
-                                      pack_an_avx512};
+                                      pack_an_8};
 
 /* libgcc's test includes the OS's saving of the zmm state (XCR0). */
 static int have_avx512(void) { return __builtin_cpu_supports("avx512f"); }
