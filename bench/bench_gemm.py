@@ -2,6 +2,7 @@
 shapes of the SPEC §11 configurations S and M, forward and backward.
 
     python bench/bench_gemm.py [--preset S M] [--threads 1 2] [--rows 512] [--cold]
+                               [--kernel generic|avx2-fma|avx512f]
 
 Each shape is M x N x K of C[M,N] = op(A)[M,K] . op(B)[K,N]; "dx" rows are
 grads through a weight (B transposed), "dW" rows weight grads (A transposed,
@@ -12,6 +13,9 @@ calls would make the two thread pools spin against each other).
 call, so A, B and C come from DRAM as in a training step, where the kernels
 between two projections push their operands out of L2 and often L3; each
 call is then timed alone (best of --repeat).
+
+--kernel forces one of rx_sgemm's micro-kernels (default: the one picked
+for this CPU), so two runs compare kernels on the same shapes.
 """
 import argparse
 import os
@@ -73,8 +77,11 @@ def main():
                     help="flush the caches before every call (operands come from memory)")
     ap.add_argument("--flush-mib", type=int, default=64,
                     help="size of the buffer written to flush the caches with --cold")
+    ap.add_argument("--kernel", help="force this rx_sgemm micro-kernel")
     args = ap.parse_args()
-    print(common.blas_info(), "| rx kernel:", rx.gemm_kernel(),
+    if args.kernel:
+        rx._core._sgemm_use_kernel(args.kernel)   # ValueError if this CPU lacks it
+    print(common.blas_info(), "| rx kernel:", args.kernel or rx.gemm_kernel(),
           "| cold (%d MiB flush)" % args.flush_mib if args.cold else "| hot caches")
     flush = np.zeros(args.flush_mib << 18, dtype=np.float32) if args.cold else None
     rng = np.random.default_rng(0)

@@ -6,7 +6,7 @@
  * slivers, and an MR x 16 register-tiled micro-kernel runs over them, the B
  * sliver staying in L1 while the A slivers of an MC x KC block stream from
  * L2. For narrow tiles (N <= NPACK, the LoRA shapes) op(A) is read in
- * place -- six row pointers, or a k-stride when transposed -- because each
+ * place -- MR row pointers, or a k-stride when transposed -- because each
  * A element meets only a few B slivers and packing it would cost as much
  * as the arithmetic; wider tiles pack it (a vectorised 6x8 transpose, or a
  * contiguous copy when transposed). Transposes are absorbed by the packing
@@ -14,8 +14,8 @@
  *
  * Kernels are picked at run time: AVX-512 (an 8x16 tile) where the CPU and
  * OS have it, AVX2+FMA (6x16) where they have that, portable C (6x16)
- * elsewhere. The packed B layout is the
- * same for all three; the A sliver height MR is the kernel's.
+ * elsewhere. All three share the packed B layout; the height MR of an A
+ * sliver is the kernel's.
  *
  * Threading: rx_sgemm_batch runs a batch of independent GEMMs (a single
  * rx_sgemm is a batch of one) in one parallel region; each thread owns its
@@ -39,13 +39,13 @@
 #define KC 256   /* a KC x NR B sliver is 16 KiB: half of L1 */
 #define MC 144   /* multiple of every MR; the MC x KC A block stays in L2 */
 #define NC 4096  /* multiple of NR; the packed B panel lives in L3 */
-#define NPACK 128 /* op(A) is packed only for wider tiles, see sgemm_tile */
+#define NPACK 128 /* op(A) is packed only for wider tiles, see sgemm_block */
 #define PF_K 48   /* k steps ahead the micro-kernel prefetches a k-strided A */
 
 /* C[MR,NR] (+)= op(A)[MR,kc] . Bp[kc][NR], Bp a packed sliver, MR the
- * kernel's tile rows. Element (i, p)
- * of the A sliver is A[i*rs + p*cs]: cs == 1 reads MR rows of a row-major
- * matrix in place, rs == 1 a packed (or transposed) sliver with k-stride cs. */
+ * kernel's tile rows. Element (i, p) of the A sliver is A[i*rs + p*cs]:
+ * cs == 1 reads MR rows of a row-major matrix in place, rs == 1 a packed
+ * (or transposed) sliver with k-stride cs. */
 typedef void (*ukernel_fn)(size_t kc, const float *A, size_t rs, size_t cs,
                            const float *Bp, float *C, size_t ldc, int acc);
 /* Packs op(B) rows [p0,p0+kc) x cols [j0,j0+nc) of a B stored [N,K] (the
@@ -53,8 +53,9 @@ typedef void (*ukernel_fn)(size_t kc, const float *A, size_t rs, size_t cs,
 typedef void (*packbt_fn)(const float *B, size_t ldb, size_t p0, size_t kc,
                           size_t j0, size_t nc, float *Bp);
 
-/* Packs rows [i0,i0+mc) x cols [p0,p0+kc) of a row-major A into the kernel's MR-row
- * slivers, k-major, zero-padded; may write MR floats past the last sliver. */
+/* Packs rows [i0,i0+mc) x cols [p0,p0+kc) of a row-major A into the
+ * kernel's MR-row slivers, k-major, zero-padded; may write MR floats past
+ * the last sliver. */
 typedef void (*packan_fn)(const float *A, size_t lda, size_t i0, size_t mc,
                           size_t p0, size_t kc, float *Ap);
 
@@ -221,7 +222,8 @@ RX_AVX2 static void pack_bt_avx2(const float *B, size_t ldb, size_t p0, size_t k
  * 4-cycle FMA latency on two 512-bit FMA ports (Intel server cores). Zen 4
  * runs 512-bit FMAs at the AVX2 rate; there a 12-row tile measured 4-7%
  * slower than the AVX2 kernel on wide projections (its A sliver crowds the
- * B sliver out of the 32 KiB L1), this one 0-10% faster (bench_gemm.py). */
+ * B sliver out of the 32 KiB L1), this one 0-12% faster (bench_gemm.py
+ * --kernel) and 1-2% faster in a training step. */
 RX_AVX512 static void ukernel_avx512(size_t kc, const float *A, size_t rs, size_t cs,
                                      const float *Bp, float *C, size_t ldc, int acc) {
     __m512 c[MR512];
@@ -427,7 +429,9 @@ static void sgemm_block(const gemm_impl *im, const rx_gemm_op *g, size_t i0, siz
     const size_t lda = g->lda, ldc = g->ldc;
     /* Reused over more than NPACK/NR B slivers, a packed A block pays for
      * its packing: the micro-kernel then streams one contiguous sliver
-     * instead of six rows (or kc strided lines) from L2. Measured on Zen3.
+     * instead of MR rows (or kc strided lines) from L2. Measured on Zen 3;
+     * on Zen 4 reading A in place up to N = 256 made a training step 2%
+     * slower.
      * A in place: only a ragged last sliver is packed (zero rows would
      * otherwise be read past the matrix). */
     size_t full = nc > NPACK ? 0 : mc / R * R;
