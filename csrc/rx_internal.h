@@ -201,9 +201,10 @@ typedef struct {
 /* Independent GEMMs -- no op reads or writes another's C -- run in one
  * parallel region, balanced across threads as one pool of work. */
 void rx_sgemm_batch(const rx_gemm_op *ops, size_t n);
-/* Test hook: force the named micro-kernel ("generic", "avx2-fma") for every
- * later call, NULL to pick by CPU again. RX_EINVAL when the name is unknown
- * or the CPU cannot run it. Not thread-safe against concurrent GEMMs. */
+/* Test hook: force the named micro-kernel ("generic", "avx2-fma",
+ * "avx512f") for every later call, NULL to pick by CPU again. RX_EINVAL
+ * when the name is unknown or the CPU cannot run it. Not thread-safe
+ * against concurrent GEMMs. */
 int rx_sgemm_use_kernel(const char *name);
 
 /* ---- layernorm.c -------------------------------------------------------

@@ -135,7 +135,8 @@ def has_openmp():
 
 
 def gemm_kernel():
-    """Name of the GEMM micro-kernel picked for this CPU at run time."""
+    """Name of the GEMM micro-kernel picked for this CPU at run time:
+    "avx512f", "avx2-fma" or "generic"."""
     return rx_sgemm_kernel().decode()
 
 
