@@ -34,7 +34,7 @@
 
 #define MR 6       /* tile rows of the AVX2 and portable kernels */
 #define MR512 8    /* tile rows of the AVX-512 kernel */
-#define MR_MAX 8
+#define MR_MAX MR512 /* the largest MR: scratch sizes */
 #define NR 16
 #define KC 256   /* a KC x NR B sliver is 16 KiB: half of L1 */
 #define MC 144   /* multiple of every MR; the MC x KC A block stays in L2 */
