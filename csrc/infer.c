@@ -27,7 +27,7 @@ struct rx_infer_state {
     rx_pt_config cfg;
     const char *layers;        /* block kinds in model order */
     int n_blocks, max_len, pos;
-    const float *emb, *ln_out_w, *ln_out_b, *head;
+    const float *emb, *ln0_w, *ln0_b, *ln_out_w, *ln_out_b, *head;   /* ln0: NULL without */
     float *tm_carry;           /* [n_rwkv][C] last ln1 output */
     float *cm_carry;           /* [n_blocks][C] last ln2 output */
     float *wkv;                /* [n_rwkv][H][N][N] */
@@ -75,6 +75,8 @@ rx_infer_state *rx_infer_new(rx_ptmodel *m, int max_len) {
     s->n_blocks = s->cfg.n_rwkv_layer + s->cfg.n_attn_layer;
     s->max_len = max_len;
     s->emb = param_named(m, "emb");
+    s->ln0_w = param_named(m, "ln0_w");
+    s->ln0_b = param_named(m, "ln0_b");
     s->ln_out_w = param_named(m, "ln_out_w");
     s->ln_out_b = param_named(m, "ln_out_b");
     s->head = param_named(m, "head");
@@ -166,7 +168,12 @@ int rx_infer_forward(rx_infer_state *s, const int *tokens, int T, float *logits)
     int rc = rx_tm_acts_alloc(&A[0], &rx_ptmodel_rwkv(s->m, 0)->tm, 1, TT);
     if (rc == RX_OK && nr > 1) rc = rx_tm_acts_alloc(&A[1], &rx_ptmodel_rwkv(s->m, 1)->tm, 1, TT);
     if (rc == RX_OK) {
-        rx_embedding_forward(s->emb, tokens, T, (int)C, x);
+        if (s->ln0_w) {
+            rx_embedding_forward(s->emb, tokens, T, (int)C, h);
+            rx_rownorm_forward(h, s->ln0_w, s->ln0_b, x, NULL, NULL, TT, C, 1, RX_LN_EPS);
+        } else {
+            rx_embedding_forward(s->emb, tokens, T, (int)C, x);
+        }
         int ri = 0, ai = 0;
         for (int b = 0; b < s->n_blocks && rc == RX_OK; b++) {
             if (s->layers[b] == 'R') {

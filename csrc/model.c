@@ -4,7 +4,8 @@
  * arenas, the splitmix64 init, introspection, the layer order, and the
  * forward / backward over B sequences at once.
  *
- *     x0 = emb[tokens]; x = block_L(x) in model order; h = ln_out(x);
+ *     x0 = emb[tokens] (then ln0(x0) when the model has ln0);
+ *     x = block_L(x) in model order; h = ln_out(x);
  *     logits = h . head; loss = mean CE over the valid targets
  *
  * Every parameter is a view into one float32 arena and its grad the view at
@@ -33,14 +34,15 @@ typedef struct {
 
 struct rx_ptmodel {
     rx_pt_config cfg;
+    int flags;                /* RX_PT_LN0 | ...: options beside the config */
     int n_blocks, n_tensors;
     char *layers;             /* [n_blocks+1] 'R' / 'A', NUL-terminated */
     int *block_idx;           /* [n_blocks] index within the RWKV or attention array */
     rx_tensor *tensors;       /* [n_tensors] in SPEC §8 order */
     float *params, *grads;    /* the two arenas, [n_elems] each */
     size_t n_elems;
-    const float *emb, *ln_out_w, *ln_out_b, *head;
-    float *g_emb, *g_ln_out_w, *g_ln_out_b, *g_head;
+    const float *emb, *ln0_w, *ln0_b, *ln_out_w, *ln_out_b, *head;
+    float *g_emb, *g_ln0_w, *g_ln0_b, *g_ln_out_w, *g_ln_out_b, *g_head;
     rx_block_params *rwkv;    /* [n_rwkv_layer], views into the arenas */
     rx_block_grads *rwkv_g;
     rx_attn_params *attn;     /* [n_attn_layer] */
@@ -262,13 +264,14 @@ void rx_ptmodel_free(rx_ptmodel *m) {
     free(m);
 }
 
-rx_ptmodel *rx_model_new_random(const rx_pt_config *pc, uint64_t seed) {
-    if (rx_pt_config_validate(pc) != RX_OK) return NULL;
+rx_ptmodel *rx_model_new_random_flags(const rx_pt_config *pc, int flags, uint64_t seed) {
+    if (rx_pt_config_validate(pc) != RX_OK || (flags & ~RX_PT_FLAGS_ALL)) return NULL;
     rx_ptmodel *m = calloc(1, sizeof *m);
     if (!m) return NULL;
     m->cfg = *pc;
+    m->flags = flags;
     const int nr = pc->n_rwkv_layer, na = pc->n_attn_layer;
-    const size_t max_tensors = 4 + (size_t)nr * RWKV_TENSORS + (size_t)na * ATTN_TENSORS;
+    const size_t max_tensors = 6 + (size_t)nr * RWKV_TENSORS + (size_t)na * ATTN_TENSORS;
     m->n_blocks = nr + na;
     m->layers = malloc((size_t)m->n_blocks + 1);
     m->block_idx = malloc((size_t)m->n_blocks * sizeof(int));
@@ -285,6 +288,10 @@ rx_ptmodel *rx_model_new_random(const rx_pt_config *pc, uint64_t seed) {
     set_block_sizes(pc, m);
 
     add(&ly, "", "emb", D_V, D_C, INIT_EMB, &m->emb, &m->g_emb);
+    if (flags & RX_PT_LN0) {
+        add(&ly, "", "ln0_w", D_C, D_NONE, INIT_GAMMA, &m->ln0_w, &m->g_ln0_w);
+        add(&ly, "", "ln0_b", D_C, D_NONE, INIT_BETA, &m->ln0_b, &m->g_ln0_b);
+    }
     for (int L = 0; L < m->n_blocks; L++) {
         char pre[RX_PREFIX_MAX];
         snprintf(pre, sizeof pre, "blocks.%d.", L);
@@ -314,7 +321,13 @@ fail:
     return NULL;
 }
 
+rx_ptmodel *rx_model_new_random(const rx_pt_config *pc, uint64_t seed) {
+    return rx_model_new_random_flags(pc, 0, seed);
+}
+
 /* ---- introspection ------------------------------------------------------ */
+
+int rx_ptmodel_flags(const rx_ptmodel *m) { return m ? m->flags : -1; }
 
 int rx_ptmodel_num_params(const rx_ptmodel *m) { return m ? m->n_tensors : 0; }
 
@@ -491,7 +504,14 @@ int rx_pretrain_forward_batch(rx_ptmodel *m, const int *tokens, int B, int T, rx
     acts->ready = 0;
     memcpy(acts->tokens, tokens, (size_t)BT * sizeof(int));
     const size_t rowc = (size_t)BT * (size_t)C;
-    rx_embedding_forward(m->emb, acts->tokens, BT, C, acts->block_in);
+    if (m->ln0_w) {
+        /* the raw rows go through scratch; the backward gathers them again */
+        rx_embedding_forward(m->emb, acts->tokens, BT, C, acts->work);
+        rx_rownorm_forward(acts->work, m->ln0_w, m->ln0_b, acts->block_in, NULL, NULL, (size_t)BT,
+                           (size_t)C, 1, RX_LN_EPS);
+    } else {
+        rx_embedding_forward(m->emb, acts->tokens, BT, C, acts->block_in);
+    }
     for (int L = 0; L < m->n_blocks; L++) {
         const float *x = acts->block_in + (size_t)L * rowc;
         float *out = acts->block_in + (size_t)(L + 1) * rowc;
@@ -568,6 +588,13 @@ double rx_pretrain_backward_batch(rx_ptmodel *m, const rx_pt_acts *acts, const i
         float *s = dcur;
         dcur = dnext;
         dnext = s;
+    }
+    if (rc == RX_OK && m->ln0_w) {
+        /* dcur is the grad on ln0's output; the raw rows are gathered again
+         * into the free dnext, and the grad on them overwrites dcur */
+        rx_embedding_forward(m->emb, acts->tokens, BT, C, dnext);
+        rc = rx_layernorm_backward(dnext, m->ln0_w, m->ln0_b, dcur, dcur, m->g_ln0_w, m->g_ln0_b,
+                                   B, T, C);
     }
     if (rc != RX_OK) return NAN;
     rx_embedding_backward(acts->tokens, BT, C, V, dcur, m->g_emb);

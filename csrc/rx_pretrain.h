@@ -380,6 +380,18 @@ int rx_pretrain_forward_batch(rx_ptmodel *m, const int *tokens, int B, int T,
 double rx_pretrain_backward_batch(rx_ptmodel *m, const rx_pt_acts *acts,
                                   const int *targets, int B, int T, int ignore_index);
 
+/* Options beside rx_pt_config (whose layout stays the original's), as bits
+ * of one flags int. RX_PT_LN0: x0 = LayerNorm(emb[token]; ln0_w, ln0_b),
+ * eps 1e-5, with ln0_w, ln0_b [C] right after emb in the arenas (SPEC §7,
+ * §8), as official RWKV-7's blocks.0.ln0. */
+#define RX_PT_LN0 1
+#define RX_PT_FLAGS_ALL RX_PT_LN0
+/* rx_model_new_random with options; flags 0 is rx_model_new_random itself.
+ * NULL on an invalid config, an unknown flag bit or allocation failure. */
+rx_ptmodel *rx_model_new_random_flags(const rx_pt_config *pc, int flags, uint64_t seed);
+/* The flags the model was made with; -1 for NULL. */
+int rx_ptmodel_flags(const rx_ptmodel *m);
+
 /* RX_OK when rx_model_new_random accepts pc (SPEC §7, and every tensor's
  * element count fits an int), else RX_EINVAL. */
 int rx_pt_config_validate(const rx_pt_config *pc);

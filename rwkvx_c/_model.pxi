@@ -15,10 +15,24 @@ cdef extern from "rx_pretrain.h" nogil:
     float *rx_ptmodel_param_arena(rx_ptmodel *m, int64_t *n)
     float *rx_ptmodel_grad_arena(rx_ptmodel *m, int64_t *n)
     const char *rx_ptmodel_layers(const rx_ptmodel *m)
+    rx_ptmodel *rx_model_new_random_flags(const rx_pt_config *pc, int flags, uint64_t seed)
+    int rx_ptmodel_flags(const rx_ptmodel *m)
+    int RX_PT_LN0
 
 
 CONFIG_FIELDS = ("n_embd", "n_head", "head_size", "n_rwkv_layer", "n_attn_layer", "vocab_size",
                  "Dw", "Da", "Dg", "Dv", "ffn_dim", "chunk_size", "moba_top_k")
+# Config keys beyond the C struct (each a bit of rx_model_new_random_flags'
+# flags), with their defaults: absent means the model as before them.
+OPTION_FIELDS = {"ln0": 0}
+
+
+cdef int _pt_flags(dict config) except -1:
+    """The C flags of a config dict's optional keys (OPTION_FIELDS)."""
+    v = config.get("ln0", 0)
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v not in (0, 1):
+        raise ValueError(f"config['ln0'] must be 0 or 1, got {v!r}")
+    return RX_PT_LN0 if v else 0
 
 
 cdef rx_pt_config _pt_config(object config) except *:
@@ -27,11 +41,12 @@ cdef rx_pt_config _pt_config(object config) except *:
     if not isinstance(config, dict):
         raise TypeError(f"config must be a dict, got {type(config).__name__}")
     missing = [k for k in CONFIG_FIELDS if k not in config]
-    unknown = [k for k in config if k not in CONFIG_FIELDS]
+    unknown = [k for k in config if k not in CONFIG_FIELDS and k not in OPTION_FIELDS]
     if missing:
         raise ValueError(f"config is missing {missing}")
     if unknown:
-        raise ValueError(f"config has unknown keys {unknown}; expected {list(CONFIG_FIELDS)}")
+        raise ValueError(f"config has unknown keys {unknown}; expected {list(CONFIG_FIELDS)} "
+                         f"and optionally {list(OPTION_FIELDS)}")
     for k in CONFIG_FIELDS:
         v = config[k]
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
@@ -110,7 +125,9 @@ cdef class RxPtModel:
     RxPtModel(config, seed=0)
         config : dict with exactly the rx_pt_config fields (CONFIG_FIELDS):
                  n_embd, n_head, head_size, n_rwkv_layer, n_attn_layer,
-                 vocab_size, Dw, Da, Dg, Dv, ffn_dim, chunk_size, moba_top_k
+                 vocab_size, Dw, Da, Dg, Dv, ffn_dim, chunk_size, moba_top_k;
+                 optionally ln0 (0 or 1, default 0: x0 = LayerNorm(emb[token])
+                 with params ln0_w, ln0_b right after emb)
         seed   : int in [0, 2**64)
     A missing or unknown key, or a value breaking SPEC §7, is a ValueError
     naming it.
@@ -134,6 +151,7 @@ cdef class RxPtModel:
 
     def __init__(self, config, seed=0):
         cdef rx_pt_config c = _pt_config(config)
+        cdef int flags = _pt_flags(config)
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
             raise TypeError(f"seed must be an int, got {type(seed).__name__}")
         if not 0 <= seed < 2 ** 64:
@@ -141,11 +159,12 @@ cdef class RxPtModel:
         cdef uint64_t s = seed
         h = _ModelHandle()
         with nogil:
-            h.m = rx_model_new_random(&c, s)
+            h.m = rx_model_new_random_flags(&c, flags, s)
         if h.m == NULL:
             raise MemoryError("RxPtModel: out of memory allocating the parameter arenas")
         self._h = h
         self._config = {k: int(config[k]) for k in CONFIG_FIELDS}
+        self._config["ln0"] = 1 if rx_ptmodel_flags(h.m) & RX_PT_LN0 else 0
         self._layers = rx_ptmodel_layers(h.m).decode()
         cdef int64_t n
         cdef float *base = rx_ptmodel_param_arena(h.m, &n)

@@ -38,7 +38,7 @@ names. Schemes:
       ``ffn_value_w = 0``. Every block starts as the identity on the
       residual stream.
     - group norm ``ln_x_w = ((1 + L) / n_blocks)^0.7``, ``ln_x_b = 0``;
-      every LayerNorm gain 1, bias 0.
+      every LayerNorm gain 1, bias 0 (``ln0`` included, when the model has it).
     - ``head``: orthogonal with gain 0.5 (0.5 sqrt(vocab/C) when vocab > C).
     - attention blocks: query, key, value orthogonal gain 1, ``output_w``
       zero, LayerNorms 1/0, their channel-mix as above.
@@ -133,9 +133,9 @@ def _rwkv7_value(name, shape, rng, cfg, kinds):
     if name == "head":
         gain = 0.5 * np.sqrt(vocab / C) if vocab > C else 0.5
         return _orthogonal(rng, shape[0], shape[1], gain)
-    if name == "ln_out_w":
+    if name in ("ln0_w", "ln_out_w"):
         return np.ones(shape)
-    if name == "ln_out_b":
+    if name in ("ln0_b", "ln_out_b"):
         return np.zeros(shape)
     m = _NAME.match(name)
     if not m:

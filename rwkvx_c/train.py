@@ -44,7 +44,7 @@ LOG = "log.jsonl"
 def _cfg(n_embd, n_head, head_size, n_rwkv, n_attn, vocab, ffn, Dw, Da, Dg, Dv, chunk, top_k):
     return dict(n_embd=n_embd, n_head=n_head, head_size=head_size, n_rwkv_layer=n_rwkv,
                 n_attn_layer=n_attn, vocab_size=vocab, ffn_dim=ffn, Dw=Dw, Da=Da, Dg=Dg, Dv=Dv,
-                chunk_size=chunk, moba_top_k=top_k)
+                chunk_size=chunk, moba_top_k=top_k, ln0=1)
 
 
 # Model configs of SPEC §11 plus the default; training defaults per preset.
@@ -242,6 +242,9 @@ class Trainer:
         if not isinstance(saved, dict):
             raise TrainError(f"checkpoint {path} holds no training state")
         opts = TrainOptions(**{f.name: saved.get(f.name) for f in fields(TrainOptions)})
+        # runs saved before the ln0 key existed had none: ln0 = 0, not the preset's
+        opts.model = {"ln0": 0, **(opts.model or {})}
+        config = {"ln0": 0, **config}
         diff = []
         for k, v in changes.items():
             if k not in {f.name for f in fields(TrainOptions)}:

@@ -49,6 +49,8 @@ def param_specs(config):
 
     cm = [("cm.ffn_x_k", (C,)), ("cm.ffn_key_w", (C, F)), ("cm.ffn_value_w", (F, C))]
     specs = [("emb", (V, C))]
+    if config.get("ln0", 0):
+        specs += [("ln0_w", (C,)), ("ln0_b", (C,))]
     n_rwkv = 0
     for L, kind in enumerate(layer_order(config)):
         pre = f"blocks.{L}."
@@ -119,6 +121,8 @@ def model_forward(params, config, tokens, block_inputs=None):
     B, T = tok2.shape
     H, N = config["n_head"], config["head_size"]
     x = embedding(params["emb"], tok2)
+    if config.get("ln0", 0):
+        x = layernorm(x, params["ln0_w"], params["ln0_b"])
     v_first, r = None, 0
     for L, kind in enumerate(layer_order(config)):
         p = _sub(params, f"blocks.{L}.")
