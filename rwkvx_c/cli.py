@@ -6,6 +6,8 @@
                   [--eval-every K] [...]
     rwkvx-c sample DIR --prompt TEXT [--max-new-tokens N] [--temperature X]
                   [--top-p P] [--seed S]
+    rwkvx-c export DIR --format rwkv7|rwkvx|gguf --out FILE [--dtype fp32|bf16|fp16]
+    rwkvx-c import FILE.pth --out DIR
 
 Bad input is one line on stderr naming the problem and a non-zero exit
 status (2 for bad flags, 1 otherwise); no traceback, and an existing
@@ -52,7 +54,7 @@ def build_parser():
     from rwkvx_c.train import PRESETS
     from rwkvx_c.init import SCHEMES
     p = _Parser(prog="rwkvx-c", description="CPU pretraining of RWKV-X language models.")
-    sub = p.add_subparsers(dest="cmd", metavar="{train,sample}", parser_class=_Parser)
+    sub = p.add_subparsers(dest="cmd", metavar="{train,sample,export,import}", parser_class=_Parser)
     sub.required = True
 
     t = sub.add_parser("train", help="train a model (no arguments: the default job)",
@@ -107,6 +109,23 @@ def build_parser():
                    help="nucleus sampling mass (default 0.9)")
     s.add_argument("--seed", type=_nonneg_int, default=0, metavar="S")
     s.add_argument("--threads", type=_positive_int, metavar="N")
+
+    from rwkvx_c.interop import DTYPES, FORMATS
+    e = sub.add_parser("export", help="write a trained model for another tool",
+                       description="Write the model in DIR as an RWKV-LM x070 .pth (rwkv7: "
+                       "the rwkv package), an RWKV-X .pth (rwkvx: the rwkv-x package) or a "
+                       "GGUF file (gguf: llama.cpp). See docs/interop.md.")
+    e.add_argument("dir", metavar="DIR", help="run folder (or checkpoint file)")
+    e.add_argument("--format", required=True, choices=list(FORMATS))
+    e.add_argument("--out", required=True, metavar="FILE")
+    e.add_argument("--dtype", default="fp32", choices=list(DTYPES),
+                   help="tensor type in the file (default fp32)")
+    i = sub.add_parser("import", help="make a run folder from an RWKV-7 .pth",
+                       description="Read an RWKV-LM x070 .pth (bf16, fp16 or fp32) into a new "
+                       "run folder that rwkvx-c sample runs and rwkvx-c train --resume "
+                       "continues training from.")
+    i.add_argument("file", metavar="FILE", help="x070 .pth state dict")
+    i.add_argument("--out", required=True, metavar="DIR")
     return p
 
 
@@ -297,10 +316,38 @@ def _sample(a):
     return 0
 
 
+def _export(a):
+    from rwkvx_c.checkpoint import CheckpointError
+    from rwkvx_c.interop import InteropError, export_model
+    from rwkvx_c.sample import load_model
+    try:
+        export_model(load_model(a.dir), a.format, a.out, a.dtype)
+    except (CheckpointError, InteropError) as e:
+        return _err(str(e))
+    except OSError as e:
+        return _err(f"{e.strerror}: {e.filename}" if e.filename else str(e))
+    print(f"rwkvx-c export: {a.out} ({a.format}, {a.dtype})")
+    return 0
+
+
+def _import(a):
+    from rwkvx_c.interop import InteropError, import_pth
+    try:
+        ckpt = import_pth(a.file, a.out)
+    except InteropError as e:
+        return _err(str(e))
+    except OSError as e:
+        return _err(f"{e.strerror}: {e.filename}" if e.filename else str(e))
+    print(f"rwkvx-c import: {ckpt}\n  sample     rwkvx-c sample {a.out} --prompt 'Hello'\n"
+          f"  train      rwkvx-c train --resume --out {a.out}")
+    return 0
+
+
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    cmds = {"train": _train, "sample": _sample, "export": _export, "import": _import}
     try:
-        return _train(args) if args.cmd == "train" else _sample(args)
+        return cmds[args.cmd](args)
     except BrokenPipeError:
         return 1
 

@@ -179,13 +179,15 @@ class Trainer:
     Methods: step(), evaluate(), save(), done(), run(), close().
     """
 
-    def __init__(self, options=None, out_dir=None, *, _state=None, _tensors=None):
+    def __init__(self, options=None, out_dir=None, *, _state=None, _tensors=None,
+                 _weights=None):
         opts = (options or TrainOptions()).resolved()
         self.opts = opts
         self.out_dir = out_dir
         self._t0 = time.perf_counter()
         if out_dir is not None:
-            if _state is None and os.path.exists(os.path.join(out_dir, CHECKPOINT)):
+            if _state is None and _weights is None and \
+                    os.path.exists(os.path.join(out_dir, CHECKPOINT)):
                 raise TrainError(f"{out_dir} already holds a run; use resume (--resume) "
                                  "or another output folder")
             os.makedirs(out_dir, exist_ok=True)
@@ -205,7 +207,9 @@ class Trainer:
             self.model = _core.RxPtModel(cfg, seed=opts.seed)
         except ValueError as e:
             raise TrainError(f"bad model config: {e}") from None
-        if _tensors is None:
+        if _weights is not None:   # an imported model: its weights, a fresh optimiser
+            self._load_params(_weights)
+        elif _tensors is None:
             init_model(self.model, opts.init, seed=opts.seed)
         self.optim = AdamW(self.model.param_buffer, self.model.grad_buffer,
                            decay_ranges(self.model), betas=(opts.beta1, opts.beta2),
@@ -239,6 +243,10 @@ class Trainer:
         except CheckpointError as e:
             raise TrainError(str(e)) from None
         saved = state.get("options")
+        if not isinstance(saved, dict) and state.get("imported_from"):
+            # weights only (rwkvx-c import): a new run starts from them
+            kw = {k: v for k, v in changes.items() if v is not None}
+            return cls(TrainOptions(**{**kw, "model": dict(config)}), out_dir, _weights=tensors)
         if not isinstance(saved, dict):
             raise TrainError(f"checkpoint {path} holds no training state")
         opts = TrainOptions(**{f.name: saved.get(f.name) for f in fields(TrainOptions)})
@@ -270,16 +278,7 @@ class Trainer:
         if state.get("corpus") != self.corpus.description:
             raise TrainError(f"the corpus changed since the checkpoint: it was "
                              f"{state.get('corpus')}, it is now {self.corpus.description}")
-        names = self.model.param_names
-        missing = [n for n in names if n not in tensors]
-        if missing:
-            raise TrainError(f"checkpoint lacks tensor {missing[0]}")
-        for n in names:
-            view = self.model.params[n]
-            if tensors[n].shape != view.shape:
-                raise TrainError(f"checkpoint tensor {n} has shape {tensors[n].shape}, the model "
-                                 f"expects {view.shape}")
-            view[...] = tensors[n]
+        self._load_params(tensors)
         n = self.model.n_params
         for key, buf in (("optim.m", self.optim.m), ("optim.v", self.optim.v)):
             if key not in tensors or tensors[key].shape != (n,):
@@ -296,6 +295,18 @@ class Trainer:
         self._eval_seconds = state.get("eval_seconds")
         if self.out_dir:
             self._truncate_log(self.step_count)
+
+    def _load_params(self, tensors):
+        names = self.model.param_names
+        missing = [n for n in names if n not in tensors]
+        if missing:
+            raise TrainError(f"checkpoint lacks tensor {missing[0]}")
+        for n in names:
+            view = self.model.params[n]
+            if tensors[n].shape != view.shape:
+                raise TrainError(f"checkpoint tensor {n} has shape {tensors[n].shape}, the model "
+                                 f"expects {view.shape}")
+            view[...] = tensors[n]
 
     def state(self):
         """The JSON-serialisable run state a checkpoint stores."""

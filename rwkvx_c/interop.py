@@ -1,0 +1,389 @@
+"""Models in and out of rwkvx_c: the RWKV-LM x070 state dict (RWKV-7, as the
+``rwkv`` pip package and RWKV-LM load it), the RWKV-X layout of the
+``rwkv-x`` pip package, and GGUF for llama.cpp's RWKV-7 architecture.
+
+The Python API works between an :class:`RxPtModel` and a plain dict of
+float32 NumPy arrays under the foreign names, so scripts need neither the
+CLI nor PyTorch::
+
+    sd = to_rwkv7(model)              # {"emb.weight": ..., "blocks.0.ln0.weight": ...}
+    model = from_rwkv7(sd)            # sizes derived from the shapes
+    save_pth(sd, "model.pth", "bf16") # needs torch (pip install "rwkvx_c[torch]")
+    sd = load_pth("model.pth")        # bf16 / fp16 / fp32 in, float32 out
+
+The mapping, tensor by tensor, and where the formats' maths differ is
+docs/interop.md. A model a format cannot hold is an InteropError with one
+line saying why; nothing is written then.
+"""
+from __future__ import annotations
+
+import os
+import re
+from typing import Dict, Iterator, List, Mapping, Tuple
+
+import numpy as np
+
+from rwkvx_c import _core
+
+__all__ = ["InteropError", "to_rwkv7", "from_rwkv7", "rwkv7_config", "to_rwkvx",
+           "rwkvx_refusal", "load_pth", "save_pth", "export_model", "import_pth", "DTYPES",
+           "FORMATS"]
+
+DTYPES = ("fp32", "bf16", "fp16")
+
+# sizes a model imported from x070 gets for what x070 has no tensor for:
+# MoBA settings (no attention blocks) and, with a single layer, the
+# value-residual LoRA (layer 0 has none)
+_NO_ATTN = dict(n_attn_layer=0, chunk_size=32, moba_top_k=2)
+
+# How a tensor is stored in each layout: "same" (identical array), "vec"
+# (ours [C], theirs (1, 1, C)), "lin" (ours [in, out], theirs a torch Linear
+# weight [out, in]), "heads" (ours [C], theirs [H, N]).
+_TM_X070 = (
+    ("x_r", "x_r", "vec"), ("x_w", "x_w", "vec"), ("x_k", "x_k", "vec"),
+    ("x_v", "x_v", "vec"), ("x_a", "x_a", "vec"), ("x_g", "x_g", "vec"),
+    ("w0", "w0", "vec"), ("w1", "w1", "same"), ("w2", "w2", "same"),
+    ("a0", "a0", "vec"), ("a1", "a1", "same"), ("a2", "a2", "same"),
+    ("v0", "v0", "vec"), ("v1", "v1", "same"), ("v2", "v2", "same"),
+    ("g1", "g1", "same"), ("g2", "g2", "same"),
+    ("k_k", "k_k", "vec"), ("k_a", "k_a", "vec"), ("r_k", "r_k", "heads"),
+    ("receptance.weight", "receptance_w", "lin"), ("key.weight", "key_w", "lin"),
+    ("value.weight", "value_w", "lin"), ("output.weight", "output_w", "lin"),
+    ("ln_x.weight", "ln_x_w", "same"), ("ln_x.bias", "ln_x_b", "same"),
+)
+_VRES = ("v0", "v1", "v2")
+
+
+class InteropError(ValueError):
+    """A model or file that the requested format cannot hold or that is not
+    a valid file of it (one line, saying why)."""
+
+
+def _need_torch():
+    try:
+        import torch
+    except ImportError:
+        raise InteropError('reading and writing .pth files needs PyTorch: '
+                           'pip install "rwkvx_c[torch]"') from None
+    return torch
+
+
+# ---- the x070 names ---------------------------------------------------------
+
+
+def _rwkv_pairs(i: int, L: int, with_vres: bool) -> Iterator[Tuple[str, str, str]]:
+    """(x070 name, our name, layout) of RWKV layer i, our block L."""
+    pre, ours = f"blocks.{i}.", f"blocks.{L}."
+    yield pre + "ln1.weight", ours + "ln1_w", "same"
+    yield pre + "ln1.bias", ours + "ln1_b", "same"
+    yield pre + "ln2.weight", ours + "ln2_w", "same"
+    yield pre + "ln2.bias", ours + "ln2_b", "same"
+    for theirs, field, kind in _TM_X070:
+        if field in _VRES and not with_vres:
+            continue
+        yield pre + "att." + theirs, ours + "tm." + field, kind
+    yield pre + "ffn.x_k", ours + "cm.ffn_x_k", "vec"
+    yield pre + "ffn.key.weight", ours + "cm.ffn_key_w", "lin"
+    yield pre + "ffn.value.weight", ours + "cm.ffn_value_w", "lin"
+
+
+def _x070_pairs(config: Mapping[str, int], prefix: str = "") -> List[Tuple[str, str, str]]:
+    """Every (x070 name, our name, layout) of a model without attention
+    blocks, x070 names under prefix."""
+    pairs = [("emb.weight", "emb", "same"), ("blocks.0.ln0.weight", "ln0_w", "same"),
+             ("blocks.0.ln0.bias", "ln0_b", "same")]
+    for i in range(config["n_rwkv_layer"]):
+        pairs += list(_rwkv_pairs(i, i, i > 0))
+    pairs += [("ln_out.weight", "ln_out_w", "same"), ("ln_out.bias", "ln_out_b", "same"),
+              ("head.weight", "head", "lin")]
+    return [(prefix + t, o, k) for t, o, k in pairs]
+
+
+def _to_foreign(a: np.ndarray, kind: str) -> np.ndarray:
+    """Ours to theirs for every layout but "heads" (which needs H, N)."""
+    if kind == "vec":
+        return a.reshape(1, 1, -1).copy()
+    if kind == "lin":
+        return np.ascontiguousarray(a.T)
+    return a.copy()
+
+
+def _from_foreign(a: np.ndarray, kind: str) -> np.ndarray:
+    if kind == "lin":
+        return np.ascontiguousarray(a.T)
+    if kind in ("vec", "heads"):
+        return a.reshape(-1)
+    return a
+
+
+def _export_pairs(model, pairs) -> Dict[str, np.ndarray]:
+    p, H, N = model.params, model.config["n_head"], model.config["head_size"]
+    out = {}
+    for theirs, ours, kind in pairs:
+        a = np.asarray(p[ours], dtype=np.float32)
+        out[theirs] = a.reshape(H, N).copy() if kind == "heads" else _to_foreign(a, kind)
+    return out
+
+
+def _require_ln0(model, fmt: str) -> None:
+    if not model.config.get("ln0", 0):
+        raise InteropError(f"{fmt} needs ln0 (the embedding LayerNorm) and this model has "
+                           "none; it predates ln0 and cannot be exported exactly")
+
+
+def to_rwkv7(model) -> Dict[str, np.ndarray]:
+    """The RWKV-LM x070 state dict of a model without attention blocks:
+    float32 arrays under the official names and layouts (Linear weights
+    [out, in], lerps and offsets (1, 1, C), r_k [H, N], head [V, C]).
+    Layer 0 gets no v0/v1/v2 (it has none; loaders ignore them there)."""
+    c = model.config
+    if c["n_attn_layer"]:
+        raise InteropError(f"rwkv7 (x070) holds no attention blocks and this model has "
+                           f"{c['n_attn_layer']}; export it with --format rwkvx")
+    _require_ln0(model, "rwkv7 (x070)")
+    return _export_pairs(model, _x070_pairs(c))
+
+
+def _shape(sd: Mapping[str, np.ndarray], name: str, ndim: int) -> Tuple[int, ...]:
+    if name not in sd:
+        raise InteropError(f"not an RWKV-7 (x070) state dict: {name} is missing")
+    s = tuple(np.shape(sd[name]))
+    if len(s) != ndim:
+        raise InteropError(f"{name} has shape {s}, expected {ndim} dimensions")
+    return s
+
+
+def rwkv7_config(sd: Mapping[str, np.ndarray], prefix: str = "") -> Dict[str, int]:
+    """The RxPtModel config of an x070 state dict (names under prefix), every
+    size derived from the tensor shapes."""
+    V, C = _shape(sd, prefix + "emb.weight", 2)
+    H, N = _shape(sd, prefix + "blocks.0.att.r_k", 2)
+    layers = {int(m.group(1)) for k in sd
+              for m in [re.match(re.escape(prefix) + r"blocks\.(\d+)\.", k)] if m}
+    n_layer = max(layers) + 1
+    if layers != set(range(n_layer)):
+        raise InteropError(f"layer numbers have gaps: {sorted(set(range(n_layer)) - layers)[:3]}"
+                           " missing")
+    pre = prefix + "blocks.0."
+    F = _shape(sd, pre + "ffn.key.weight", 2)[0]
+    Dw = _shape(sd, pre + "att.w1", 2)[1]
+    Da = _shape(sd, pre + "att.a1", 2)[1]
+    Dg = _shape(sd, pre + "att.g1", 2)[1]
+    if n_layer > 1:
+        Dv = _shape(sd, prefix + "blocks.1.att.v1", 2)[1]
+    elif pre + "att.v1" in sd:
+        Dv = _shape(sd, pre + "att.v1", 2)[1]
+    else:
+        Dv = Dw  # a single layer has no value residual: any size serves
+    if H * N != C:
+        raise InteropError(f"r_k is [{H}, {N}] but the embedding width is {C}")
+    return dict(n_embd=C, n_head=H, head_size=N, n_rwkv_layer=n_layer, vocab_size=V,
+                ffn_dim=F, Dw=Dw, Da=Da, Dg=Dg, Dv=Dv, ln0=1, **_NO_ATTN)
+
+
+def _fill(model, sd: Mapping[str, np.ndarray], pairs, optional=()) -> None:
+    """Copies sd into model by pairs after checking every name and shape:
+    nothing is written unless all of sd is understood."""
+    known = {t for t, _, _ in pairs}
+    extra = [k for k in sd if k not in known and k not in optional]
+    if extra:
+        raise InteropError(f"{extra[0]} is not a tensor of the RWKV-7 model rwkvx_c holds "
+                           f"({len(extra)} such; DeepEmbed and other variants are not "
+                           "supported)")
+    p, H, N = model.params, model.config["n_head"], model.config["head_size"]
+    staged = []
+    for theirs, ours, kind in pairs:
+        if theirs not in sd:
+            raise InteropError(f"not an RWKV-7 (x070) state dict: {theirs} is missing")
+        a = np.asarray(sd[theirs])
+        want = p[ours].shape
+        if kind == "lin":
+            want = want[::-1]
+        elif kind == "vec":
+            want = (1, 1) + want
+        elif kind == "heads":
+            want = (H, N)
+        if a.shape != want:
+            raise InteropError(f"{theirs} has shape {a.shape}, expected {want}")
+        if not np.issubdtype(a.dtype, np.floating):
+            raise InteropError(f"{theirs} has dtype {a.dtype}, expected floating point")
+        staged.append((ours, _from_foreign(a.astype(np.float32, copy=False), kind)))
+    for k in optional:
+        if k in sd and not np.issubdtype(np.asarray(sd[k]).dtype, np.floating):
+            raise InteropError(f"{k} has dtype {np.asarray(sd[k]).dtype}")
+    for ours, a in staged:
+        p[ours][...] = a
+
+
+def from_rwkv7(sd: Mapping[str, np.ndarray]):
+    """An RxPtModel (ln0 = 1, no attention blocks) holding an x070 state
+    dict's weights. Layer 0's v0/v1/v2 may be present (they are unused) or
+    absent; any other unknown tensor is an InteropError."""
+    config = rwkv7_config(sd)
+    try:
+        model = _core.RxPtModel(config)
+    except ValueError as e:
+        raise InteropError(f"the state dict's sizes make no valid model: {e}") from None
+    _fill(model, sd, _x070_pairs(config),
+          optional=tuple(f"blocks.0.att.{v}" for v in _VRES))
+    return model
+
+
+# ---- .pth files ------------------------------------------------------------------
+
+
+def load_pth(path: str) -> Dict[str, np.ndarray]:
+    """The tensors of a .pth state dict as float32 NumPy arrays (bf16, fp16
+    and fp32 are converted exactly). Needs torch; loads weights only."""
+    torch = _need_torch()
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise InteropError(f"{path}: no such file") from None
+    except Exception as e:  # pickle and zip errors have many types
+        raise InteropError(f"{path} is not a readable .pth state dict: {e}") from None
+    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        raise InteropError(f"{path} does not hold a flat dict of tensors")
+    out = {}
+    for k, v in obj.items():
+        if not v.is_floating_point():
+            raise InteropError(f"{path}: tensor {k} has dtype {v.dtype}, expected floating point")
+        out[k] = v.detach().to(torch.float32).contiguous().numpy()
+    return out
+
+
+def _torch_dtype(torch, dtype: str):
+    if dtype not in DTYPES:
+        raise InteropError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+
+
+def _atomic_write(path: str, write) -> None:
+    """write(tmp_path), then rename onto path: a failed write leaves nothing."""
+    d = os.path.dirname(os.path.abspath(path))
+    os.makedirs(d, exist_ok=True)
+    tmp = os.path.join(d, f".{os.path.basename(path)}.tmp{os.getpid()}")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def save_pth(sd: Mapping[str, np.ndarray], path: str, dtype: str = "fp32") -> None:
+    """Writes sd as a torch .pth state dict of dtype (fp32, bf16 or fp16;
+    round to nearest even), atomically."""
+    torch = _need_torch()
+    td = _torch_dtype(torch, dtype)
+    tensors = {k: torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32)).to(td)
+               for k, v in sd.items()}
+    _atomic_write(path, lambda tmp: torch.save(tensors, tmp))
+
+
+# ---- RWKV-X (the rwkv-x pip package) ------------------------------------------------
+
+
+def _attn_pairs(j: int, L: int) -> List[Tuple[str, str, str]]:
+    """(rwkv-x name, our name, layout) of attention block j, our block L."""
+    pre, ours = f"moba.{j}.", f"blocks.{L}."
+    return [(pre + "ln1.weight", ours + "ln1_w", "same"), (pre + "ln1.bias", ours + "ln1_b", "same"),
+            (pre + "att.receptance.weight", ours + "receptance_w", "lin"),
+            (pre + "att.key.weight", ours + "key_w", "lin"),
+            (pre + "att.value.weight", ours + "value_w", "lin"),
+            (pre + "att.output.weight", ours + "output_w", "lin"),
+            (pre + "ln2.weight", ours + "ln2_w", "same"), (pre + "ln2.bias", ours + "ln2_b", "same"),
+            (pre + "ffn.x_k", ours + "cm.ffn_x_k", "vec"),
+            (pre + "ffn.key.weight", ours + "cm.ffn_key_w", "lin"),
+            (pre + "ffn.value.weight", ours + "cm.ffn_value_w", "lin")]
+
+
+def rwkvx_refusal(config: Mapping[str, int]) -> str | None:
+    """Why the rwkv-x package (0.2.x) cannot run this config exactly, or None.
+
+    rwkv-x attends densely (causal softmax over every earlier token, no MoBA
+    chunk selection), derives the head count as n_embd // 64, gives its
+    attention blocks' channel-mix 4 * n_embd hidden units, and with several
+    attention blocks runs RWKV blocks in groups of n_rwkv // n_attn, dropping
+    any remainder."""
+    c = config
+    if not c.get("ln0", 0):
+        return "rwkv-x needs ln0 (the embedding LayerNorm) and this model has none"
+    if c["head_size"] != 64:
+        return f"rwkv-x fixes the head size at 64; this model has {c['head_size']}"
+    na, nr = c["n_attn_layer"], c["n_rwkv_layer"]
+    if na == 0:
+        return None
+    if c["moba_top_k"] > 0:
+        return (f"rwkv-x attends densely (no MoBA chunk selection); this model selects "
+                f"moba_top_k={c['moba_top_k']} chunks of {c['chunk_size']} (0 is dense)")
+    if c["ffn_dim"] != 4 * c["n_embd"]:
+        return (f"rwkv-x's attention blocks have a 4*n_embd = {4 * c['n_embd']} channel-mix; "
+                f"this model's ffn_dim is {c['ffn_dim']}")
+    if na > 1 and nr % na:
+        return (f"rwkv-x drops the last n_rwkv_layer % n_attn_layer RWKV blocks; "
+                f"{nr} % {na} != 0 here")
+    return None
+
+
+def to_rwkvx(model) -> Dict[str, np.ndarray]:
+    """The RWKV-X checkpoint dict of a model: the x070 dict under "rwkv."
+    (RWKV blocks numbered in their own array) and the attention blocks under
+    "moba.<j>.". InteropError when rwkv-x cannot run the model exactly."""
+    why = rwkvx_refusal(model.config)
+    if why:
+        raise InteropError(why)
+    pairs = [("rwkv." + t, o, k) for t, o, k in
+             (("emb.weight", "emb", "same"), ("blocks.0.ln0.weight", "ln0_w", "same"),
+              ("blocks.0.ln0.bias", "ln0_b", "same"))]
+    i = j = 0
+    for L, kind in enumerate(model.layers):
+        if kind == "R":
+            pairs += [("rwkv." + t, o, k) for t, o, k in _rwkv_pairs(i, L, i > 0)]
+            i += 1
+        else:
+            pairs += _attn_pairs(j, L)
+            j += 1
+    pairs += [("rwkv.ln_out.weight", "ln_out_w", "same"), ("rwkv.ln_out.bias", "ln_out_b", "same"),
+              ("rwkv.head.weight", "head", "lin")]
+    return _export_pairs(model, pairs)
+
+
+# ---- run folders ---------------------------------------------------------------------
+
+FORMATS = ("rwkv7", "rwkvx", "gguf")
+
+
+def export_model(model, fmt: str, out: str, dtype: str = "fp32") -> None:
+    """Writes model to the file out in format fmt (rwkv7, rwkvx or gguf) at
+    dtype (fp32, bf16 or fp16), atomically; InteropError when the format
+    cannot hold the model (nothing is written then)."""
+    if dtype not in DTYPES:
+        raise InteropError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    if fmt == "rwkv7":
+        save_pth(to_rwkv7(model), out, dtype)
+    elif fmt == "rwkvx":
+        save_pth(to_rwkvx(model), out, dtype)
+    elif fmt == "gguf":
+        from rwkvx_c.gguf_export import save_gguf
+        save_gguf(model, out, dtype)
+    else:
+        raise InteropError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+
+
+def import_pth(path: str, out_dir: str) -> str:
+    """A run folder out_dir holding the x070 .pth at path as a checkpoint
+    (weights only: `rwkvx-c sample` runs it, `rwkvx-c train --resume`
+    starts a new run from it). Returns the checkpoint path; refuses a folder
+    that already holds a checkpoint."""
+    from rwkvx_c.checkpoint import save_checkpoint
+    from rwkvx_c.train import CHECKPOINT
+    ckpt = os.path.join(out_dir, CHECKPOINT)
+    if os.path.exists(ckpt):
+        raise InteropError(f"{out_dir} already holds a checkpoint; choose another --out")
+    model = from_rwkv7(load_pth(path))
+    tensors = {n: model.params[n] for n in model.param_names}
+    save_checkpoint(ckpt, tensors, model.config,
+                    {"imported_from": os.path.abspath(path), "format": "rwkv7", "step": 0})
+    return ckpt

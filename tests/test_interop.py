@@ -1,0 +1,264 @@
+"""Interop (rwkvx_c.interop): the x070 and RWKV-X mappings, .pth round
+trips, and logits against the external tools themselves -- the `rwkv`
+package (RWKV_V7_ON=1, cpu fp32) and the `rwkv-x` package -- each run in a
+subprocess (they set process-wide torch state at import).
+
+Without torch / rwkv / rwkv-x these tests skip, unless RWKVX_REQUIRE_INTEROP=1
+(set by .ci/run), where a missing tool is a failure."""
+import importlib.util
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import rwkvx_c as rx
+from rwkvx_c import interop
+from rwkvx_c.interop import InteropError
+
+ODD = dict(n_embd=15, n_head=3, head_size=5, n_rwkv_layer=3, n_attn_layer=0, vocab_size=23,
+           Dw=3, Da=5, Dg=7, Dv=2, ffn_dim=19, chunk_size=3, moba_top_k=0, ln0=1)
+# the external tools: head size 64 (rwkv-x fixes it), ffn 4C (rwkv-x's attention blocks)
+H64 = dict(n_embd=128, n_head=2, head_size=64, n_rwkv_layer=2, n_attn_layer=0, vocab_size=256,
+           ffn_dim=512, Dw=16, Da=16, Dg=32, Dv=8, chunk_size=4, moba_top_k=0, ln0=1)
+TOL = 1e-4   # max |logit diff| / max |logit|, fp32 on both sides
+
+_RWKV = """
+import os, sys
+os.environ["RWKV_V7_ON"] = "1"
+import numpy as np
+from rwkv.model import RWKV
+m = RWKV(model=sys.argv[1][:-len(".pth")], strategy="cpu fp32")
+out, _ = m.forward(np.load(sys.argv[2]).tolist(), None, full_output=True)
+np.save(sys.argv[3], out.float().numpy())
+"""
+_RWKVX = """
+import sys
+import numpy as np
+from rwkv_x.model import RWKV_X
+m = RWKV_X(sys.argv[1], "cpu fp32")
+out, _ = m.forward(np.load(sys.argv[2]).tolist(), None, full_output=True)
+np.save(sys.argv[3], out.float().numpy())
+"""
+
+
+def _need(*mods):
+    missing = [m for m in mods if importlib.util.find_spec(m) is None]
+    if missing:
+        if os.environ.get("RWKVX_REQUIRE_INTEROP") == "1":
+            pytest.fail(f"RWKVX_REQUIRE_INTEROP=1 but {', '.join(missing)} is not installed")
+        pytest.skip(f"{', '.join(missing)} not installed")
+
+
+def _tool_logits(script, pth, tokens, tmp_path):
+    """Logits (T, V) of an external tool on tokens, from a fresh interpreter."""
+    tok, out = tmp_path / "tokens.npy", tmp_path / "logits.npy"
+    np.save(tok, np.asarray(tokens, dtype=np.int64))
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    r = subprocess.run([sys.executable, "-c", script, str(pth), str(tok), str(out)],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return np.load(out)
+
+
+def _rel(a, b):
+    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+
+
+def _official_dict(rng, V=256, C=128, H=2, N=64, L=3, F=448, Dw=32, Da=32, Dv=32, Dg=64,
+                   layer0_v=True):
+    """A random x070 state dict built from the official names and layouts
+    (RWKV-LM's RWKV_Tmix_x070 / RWKV_CMix_x070), independent of our mapping:
+    values scaled so every path carries signal."""
+    def u(*shape, s=0.5):
+        return ((rng.random(shape) - 0.5) * s).astype(np.float32)
+
+    sd = {"emb.weight": u(V, C, s=2.0), "blocks.0.ln0.weight": 1 + u(C, s=0.2),
+          "blocks.0.ln0.bias": u(C, s=0.2)}
+    for i in range(L):
+        p = f"blocks.{i}."
+        sd[p + "ln1.weight"], sd[p + "ln1.bias"] = 1 + u(C, s=0.2), u(C, s=0.2)
+        sd[p + "ln2.weight"], sd[p + "ln2.bias"] = 1 + u(C, s=0.2), u(C, s=0.2)
+        a = p + "att."
+        for x in ("x_r", "x_w", "x_k", "x_v", "x_a", "x_g", "w0", "a0", "k_k", "k_a"):
+            sd[a + x] = u(1, 1, C, s=1.0)
+        sd[a + "w1"], sd[a + "w2"] = u(C, Dw), u(Dw, C)
+        sd[a + "a1"], sd[a + "a2"] = u(C, Da), u(Da, C)
+        if i > 0 or layer0_v:
+            sd[a + "v0"], sd[a + "v1"], sd[a + "v2"] = u(1, 1, C, s=1.0), u(C, Dv), u(Dv, C)
+        sd[a + "g1"], sd[a + "g2"] = u(C, Dg), u(Dg, C)
+        sd[a + "r_k"] = u(H, N)
+        for w in ("receptance", "key", "value", "output"):
+            sd[a + w + ".weight"] = u(C, C, s=0.3)
+        sd[a + "ln_x.weight"], sd[a + "ln_x.bias"] = 1 + u(C, s=0.2), u(C, s=0.2)
+        sd[p + "ffn.x_k"] = u(1, 1, C, s=1.0)
+        sd[p + "ffn.key.weight"], sd[p + "ffn.value.weight"] = u(F, C, s=0.3), u(C, F, s=0.3)
+    sd["ln_out.weight"], sd["ln_out.bias"] = 1 + u(C, s=0.2), u(C, s=0.2)
+    sd["head.weight"] = u(V, C, s=0.3)
+    return sd
+
+
+# ---- the mapping (NumPy only) ---------------------------------------------------
+
+
+def test_rwkv7_names_shapes_and_round_trip():
+    m = rx.RxPtModel(ODD, seed=1)
+    sd = interop.to_rwkv7(m)
+    C, H, N, F = 15, 3, 5, 19
+    assert sd["emb.weight"].shape == (23, C) and sd["head.weight"].shape == (23, C)
+    assert np.array_equal(sd["head.weight"], m.params["head"].T)
+    assert np.array_equal(sd["blocks.0.ln0.weight"], m.params["ln0_w"])
+    assert sd["blocks.1.att.r_k"].shape == (H, N)
+    assert sd["blocks.2.att.w0"].shape == (1, 1, C)
+    assert sd["blocks.1.att.w1"].shape == (C, 3) and sd["blocks.1.att.v2"].shape == (2, C)
+    assert np.array_equal(sd["blocks.1.att.key.weight"], m.params["blocks.1.tm.key_w"].T)
+    assert sd["blocks.0.ffn.key.weight"].shape == (F, C)
+    assert "blocks.0.att.v0" not in sd and "blocks.1.att.v0" in sd
+    assert len(sd) == len(m.param_names)
+    back = interop.from_rwkv7(sd)
+    moba = ("chunk_size", "moba_top_k")   # x070 has no attention: not stored
+    assert {k: v for k, v in back.config.items() if k not in moba} == \
+        {k: v for k, v in m.config.items() if k not in moba}
+    assert back.param_buffer.tobytes() == m.param_buffer.tobytes()
+
+
+def test_rwkv7_import_derives_sizes_and_accepts_layer0_v():
+    rng = np.random.default_rng(0)
+    sd = _official_dict(rng, V=37, C=12, H=3, N=4, L=2, F=30, Dw=5, Da=6, Dv=7, Dg=9)
+    m = interop.from_rwkv7(sd)
+    c = m.config
+    assert (c["vocab_size"], c["n_embd"], c["n_head"], c["head_size"], c["n_rwkv_layer"],
+            c["ffn_dim"], c["Dw"], c["Da"], c["Dv"], c["Dg"], c["ln0"]) == \
+        (37, 12, 3, 4, 2, 30, 5, 6, 7, 9, 1)
+    assert np.array_equal(m.params["blocks.1.tm.r_k"], sd["blocks.1.att.r_k"].reshape(-1))
+    without = {k: v for k, v in sd.items() if k not in ("blocks.0.att.v0", "blocks.0.att.v1",
+                                                        "blocks.0.att.v2")}
+    assert interop.from_rwkv7(without).param_buffer.tobytes() == m.param_buffer.tobytes()
+
+
+@pytest.mark.parametrize("change,match", [
+    (lambda sd: sd.update({"blocks.0.ffn.s_emb.weight": np.zeros((4, 4), np.float32)}),
+     "s_emb"),
+    (lambda sd: sd.pop("blocks.1.att.g2"), "blocks.1.att.g2 is missing"),
+    (lambda sd: sd.pop("blocks.0.ln0.weight"), "ln0.weight is missing"),
+    (lambda sd: sd.update({"blocks.1.att.w0": np.zeros((12,), np.float32)}), "shape"),
+    (lambda sd: sd.update({"head.weight": np.zeros((12, 37), np.float32)}), "shape"),
+    (lambda sd: sd.update({"blocks.0.att.r_k": np.zeros((2, 4), np.float32)}), "r_k"),
+    (lambda sd: sd.update({"blocks.3.ln1.weight": np.ones(12, np.float32)}), "gaps"),
+    (lambda sd: sd.update({"emb.weight": np.zeros((37, 12), np.int32)}), "dtype"),
+])
+def test_rwkv7_import_refuses_bad_dicts(change, match):
+    sd = _official_dict(np.random.default_rng(1), V=37, C=12, H=3, N=4, L=2, F=30, Dw=5,
+                        Da=6, Dv=7, Dg=9)
+    change(sd)
+    with pytest.raises(InteropError, match=match):
+        interop.from_rwkv7(sd)
+
+
+def test_export_refusals():
+    with pytest.raises(InteropError, match="attention blocks"):
+        interop.to_rwkv7(rx.RxPtModel(dict(ODD, n_attn_layer=1)))
+    no_ln0 = {k: v for k, v in ODD.items() if k != "ln0"}
+    with pytest.raises(InteropError, match="ln0"):
+        interop.to_rwkv7(rx.RxPtModel(no_ln0))
+    hybrid = dict(H64, n_rwkv_layer=4, n_attn_layer=2)
+    interop.to_rwkvx(rx.RxPtModel(hybrid))
+    for change, word in [(dict(moba_top_k=2), "moba_top_k=2"), (dict(ffn_dim=500), "ffn_dim"),
+                         (dict(n_rwkv_layer=5), "5 % 2"), (dict(ln0=0), "ln0"),
+                         (dict(n_head=4, head_size=32), "head size")]:
+        with pytest.raises(InteropError, match=word):
+            interop.to_rwkvx(rx.RxPtModel(dict(hybrid, **change)))
+
+
+def test_rwkvx_layout():
+    m = rx.RxPtModel(dict(H64, n_rwkv_layer=4, n_attn_layer=2), seed=2)
+    assert m.layers == "RRARRA"
+    sd = interop.to_rwkvx(m)
+    assert np.array_equal(sd["rwkv.blocks.2.att.x_r"].reshape(-1), m.params["blocks.3.tm.x_r"])
+    assert np.array_equal(sd["moba.1.att.key.weight"], m.params["blocks.5.key_w"].T)
+    assert np.array_equal(sd["moba.0.ffn.x_k"].reshape(-1), m.params["blocks.2.cm.ffn_x_k"])
+    assert len(sd) == len(m.param_names)
+
+
+# ---- .pth files (torch) ------------------------------------------------------------
+
+
+def test_pth_round_trip_and_dtypes(tmp_path):
+    _need("torch")
+    import torch
+    m = rx.RxPtModel(ODD, seed=3)
+    path = tmp_path / "m.pth"
+    interop.save_pth(interop.to_rwkv7(m), str(path))
+    back = interop.from_rwkv7(interop.load_pth(str(path)))
+    assert back.param_buffer.tobytes() == m.param_buffer.tobytes()
+    for dt, tdt in (("bf16", torch.bfloat16), ("fp16", torch.float16)):
+        interop.save_pth(interop.to_rwkv7(m), str(path), dt)
+        raw = torch.load(str(path), weights_only=True)
+        assert raw["emb.weight"].dtype == tdt
+        got = interop.from_rwkv7(interop.load_pth(str(path))).params["head"]
+        want = torch.from_numpy(m.params["head"]).to(tdt).float().numpy()
+        assert np.array_equal(got, want)
+    with pytest.raises(InteropError, match="dtype"):
+        interop.export_model(m, "rwkv7", str(path), "int8")
+    with pytest.raises(InteropError, match="not a readable"):
+        (tmp_path / "junk.pth").write_bytes(b"not a pickle")
+        interop.load_pth(str(tmp_path / "junk.pth"))
+
+
+# ---- the external tools ---------------------------------------------------------------
+
+
+def _trained(tmp_path, **model):
+    """A model trained a few steps by the Trainer (real, non-degenerate weights)."""
+    from rwkvx_c.train import TrainOptions, Trainer
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("def f(x):\n    return x * 2\n" * 300)
+    opts = TrainOptions(preset="tiny", data=str(corpus), batch=2, seq_len=32, steps=4,
+                        eval_tokens=64, warmup_steps=1, threads=1, model=model,
+                        cache_dir=str(tmp_path / "cache"))
+    tr = Trainer(opts, str(tmp_path / "run"))
+    tr.run()
+    return tr.model
+
+
+def test_rwkv_package_reproduces_an_exported_model(tmp_path):
+    _need("torch", "rwkv")
+    m = _trained(tmp_path, n_rwkv_layer=2, n_attn_layer=0, n_embd=128, n_head=2, head_size=64)
+    path = tmp_path / "out.pth"
+    interop.export_model(m, "rwkv7", str(path))
+    tokens = np.frombuffer(b"def f(x):\n    return x", np.uint8).astype(np.int32)
+    ref = _tool_logits(_RWKV, path, tokens, tmp_path)
+    err = _rel(m.forward(tokens), ref)
+    print(f"rwkv package vs RxPtModel (exported, trained 4 steps): {err:.2e}")
+    assert err <= TOL
+
+
+def test_rxptmodel_reproduces_the_rwkv_package_on_an_official_dict(tmp_path):
+    _need("torch", "rwkv")
+    import torch
+    sd = _official_dict(np.random.default_rng(5))
+    path = tmp_path / "official.pth"
+    # written by torch directly, in bf16 as official checkpoints are
+    torch.save({k: torch.from_numpy(v).to(torch.bfloat16) for k, v in sd.items()}, path)
+    run = tmp_path / "imported"
+    interop.import_pth(str(path), str(run))
+    from rwkvx_c.sample import load_model
+    m = load_model(str(run))
+    tokens = np.random.default_rng(6).integers(0, 256, 24).astype(np.int32)
+    ref = _tool_logits(_RWKV, path, tokens, tmp_path)
+    err = _rel(m.forward(tokens), ref)
+    print(f"RxPtModel (imported bf16 x070) vs rwkv package: {err:.2e}")
+    assert err <= TOL
+
+
+def test_rwkvx_package_reproduces_a_hybrid_model(tmp_path):
+    _need("torch", "rwkv_x")
+    m = rx.RxPtModel(dict(H64, n_rwkv_layer=4, n_attn_layer=2), seed=7)  # SPEC init: all active
+    path = tmp_path / "x.pth"
+    interop.export_model(m, "rwkvx", str(path))
+    tokens = np.random.default_rng(8).integers(0, 256, 21).astype(np.int32)
+    ref = _tool_logits(_RWKVX, path, tokens, tmp_path)
+    err = _rel(m.forward(tokens), ref)
+    print(f"rwkv-x package vs RxPtModel (hybrid RRARRA): {err:.2e}")
+    assert err <= TOL
