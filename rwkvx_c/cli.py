@@ -96,6 +96,22 @@ def build_parser():
     t.add_argument("--cache-dir", metavar="DIR", help="where corpora are cached as token "
                    "files (default $RWKVX_CACHE or ~/.cache/rwkvx_c)")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    g = t.add_argument_group("model shape (each overrides the preset; stored in the checkpoint)")
+    g.add_argument("--n-embd", type=_positive_int, metavar="C", help="width; a new width "
+                   "also sets ffn_dim 4*C and RWKV-7's LoRA sizes for C unless given")
+    g.add_argument("--head-size", type=_positive_int, metavar="N", help="head size "
+                   "(n_embd must be a multiple; 64 for llama.cpp and rwkv-x)")
+    g.add_argument("--n-layer", type=_positive_int, metavar="L", help="RWKV-7 blocks")
+    g.add_argument("--n-attn-layer", type=_nonneg_int, metavar="A", help="MoBA attention "
+                   "blocks (0: pure RWKV-7)")
+    g.add_argument("--ffn-dim", type=_positive_int, metavar="F", help="channel-mix hidden size")
+    g.add_argument("--chunk-size", type=_positive_int, metavar="K", help="MoBA chunk size")
+    g.add_argument("--moba-top-k", type=_nonneg_int, metavar="K", help="MoBA chunks each "
+                   "query selects (0: all, dense causal attention)")
+    for flag, what in (("--d-decay", "decay"), ("--d-aaa", "in-context learning rate"),
+                       ("--d-mv", "value-residual"), ("--d-gate", "output gate")):
+        g.add_argument(flag, type=_positive_int, metavar="D", help=f"{what} LoRA size "
+                       "(default: RWKV-7's max(32, round(f*sqrt(C)/32)*32))")
 
     s = sub.add_parser("sample", help="generate text from a trained run",
                        description="Generate text from the checkpoint in DIR: the prompt is "
@@ -194,14 +210,21 @@ def _train(a):
     from rwkvx_c import get_num_threads
     from rwkvx_c.checkpoint import CheckpointError
     from rwkvx_c.data import DataError
-    from rwkvx_c.train import LOG, TrainError, TrainOptions, Trainer
+    from rwkvx_c.train import LOG, TrainError, TrainOptions, Trainer, shape_overrides
 
     opts = dict(data=a.data, preset=a.preset, steps=a.steps, time_budget=a.time_budget,
                 batch=a.batch, seq_len=a.seq_len, lr=a.lr, warmup_steps=a.warmup,
                 weight_decay=a.weight_decay, grad_clip=a.grad_clip, threads=a.threads,
                 seed=a.seed, init=a.init, eval_every=a.eval_every,
                 eval_tokens=a.eval_tokens, save_every=a.save_every, cache_dir=a.cache_dir)
+    shape = {k: getattr(a, k) for k in ("n_embd", "head_size", "n_layer", "n_attn_layer",
+                                        "ffn_dim", "chunk_size", "moba_top_k", "d_decay",
+                                        "d_aaa", "d_mv", "d_gate")}
     try:
+        if any(v is not None for v in shape.values()):
+            if a.resume:
+                return _err("the model shape of a run is fixed; drop the shape flags with --resume")
+            opts["model"] = shape_overrides(a.preset or "default", **shape)
         if a.resume:
             out = a.out or _latest_run()
             if out is None:

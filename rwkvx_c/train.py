@@ -67,6 +67,54 @@ class TrainError(ValueError):
     """A training setup that cannot run (bad option, data, checkpoint or resume)."""
 
 
+def rwkv7_lora_sizes(n_embd):
+    """(Dw, Da, Dv, Dg): the LoRA sizes RWKV-LM's x070 suggests for a width,
+    max(32, round(f * sqrt(C) / 32) * 32) with f = 2.5, 2.5, 1.7, 5."""
+    def size(f):
+        return max(32, int(round(f * n_embd ** 0.5 / 32) * 32))
+    return size(2.5), size(2.5), size(1.7), size(5.0)
+
+
+def shape_overrides(preset="default", *, n_embd=None, head_size=None, n_layer=None,
+                    n_attn_layer=None, ffn_dim=None, chunk_size=None, moba_top_k=None,
+                    d_decay=None, d_aaa=None, d_mv=None, d_gate=None):
+    """The model-config overrides of the model-shape options (None: the
+    preset's value). A new width brings its own defaults: ffn_dim 4*n_embd
+    and the RWKV-7 LoRA sizes of rwkv7_lora_sizes. TrainError on a shape
+    that cannot be built."""
+    if preset not in PRESETS:
+        raise TrainError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
+    base = PRESETS[preset]["model"]
+    out = {}
+    C = base["n_embd"] if n_embd is None else n_embd
+    N = base["head_size"] if head_size is None else head_size
+    for name, v, least in (("n_embd", n_embd, 1), ("head_size", head_size, 1),
+                           ("n_layer", n_layer, 1), ("n_attn_layer", n_attn_layer, 0),
+                           ("ffn_dim", ffn_dim, 1), ("chunk_size", chunk_size, 1),
+                           ("moba_top_k", moba_top_k, 0), ("d_decay", d_decay, 1),
+                           ("d_aaa", d_aaa, 1), ("d_mv", d_mv, 1), ("d_gate", d_gate, 1)):
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < least):
+            raise TrainError(f"{name} must be an integer >= {least}, got {v!r}")
+    if C % N:
+        raise TrainError(f"n_embd {C} is not a multiple of head_size {N}")
+    if n_embd is not None or head_size is not None:
+        out.update(n_embd=C, head_size=N, n_head=C // N)
+    if n_embd is not None:
+        Dw, Da, Dv, Dg = rwkv7_lora_sizes(C)
+        out.update(ffn_dim=4 * C, Dw=Dw, Da=Da, Dv=Dv, Dg=Dg)
+    n_r = base["n_rwkv_layer"] if n_layer is None else n_layer
+    n_a = base["n_attn_layer"] if n_attn_layer is None else n_attn_layer
+    if n_a > n_r:
+        raise TrainError(f"n_attn_layer {n_a} exceeds n_layer {n_r} (one attention block "
+                         "follows each group of RWKV blocks)")
+    for key, v in (("n_rwkv_layer", n_layer), ("n_attn_layer", n_attn_layer),
+                   ("ffn_dim", ffn_dim), ("chunk_size", chunk_size), ("moba_top_k", moba_top_k),
+                   ("Dw", d_decay), ("Da", d_aaa), ("Dv", d_mv), ("Dg", d_gate)):
+        if v is not None:
+            out[key] = v
+    return out
+
+
 @dataclass
 class TrainOptions:
     """Everything that defines a run. None means "the preset's value".

@@ -262,3 +262,59 @@ def test_rwkvx_package_reproduces_a_hybrid_model(tmp_path):
     err = _rel(m.forward(tokens), ref)
     print(f"rwkv-x package vs RxPtModel (hybrid RRARRA): {err:.2e}")
     assert err <= TOL
+
+
+# ---- the command line ------------------------------------------------------------------
+
+
+def _one_line(capsys, rc, *words):
+    err = capsys.readouterr().err.strip()
+    assert rc == 1 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    for w in words:
+        assert w in err, err
+
+
+def test_cli_shape_flags_export_import_sample_resume(tmp_path, capsys):
+    _need("torch")
+    from rwkvx_c.checkpoint import read_checkpoint
+    from rwkvx_c.cli import main
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("abc def ghi\n" * 500)
+    fast = ["--data", str(corpus), "--preset", "tiny", "--seq-len", "16", "--batch", "2",
+            "--eval-tokens", "32", "--threads", "1", "--no-progress", "--cache-dir",
+            str(tmp_path / "cache")]
+    run = str(tmp_path / "run")
+    assert main(["train", "--out", run, "--steps", "2", "--n-attn-layer", "0", "--n-embd", "64",
+                 "--n-layer", "1", "--ffn-dim", "96", "--d-gate", "8"] + fast) == 0
+    _, config, _ = read_checkpoint(f"{run}/checkpoint.safetensors")
+    assert (config["n_embd"], config["n_head"], config["n_rwkv_layer"], config["n_attn_layer"],
+            config["ffn_dim"], config["Dg"], config["Dw"], config["ln0"]) == \
+        (64, 1, 1, 0, 96, 8, 32, 1)
+    pth = str(tmp_path / "m.pth")
+    assert main(["export", run, "--format", "rwkv7", "--out", pth, "--dtype", "bf16"]) == 0
+    imp = str(tmp_path / "imp")
+    assert main(["import", pth, "--out", imp]) == 0
+    capsys.readouterr()
+    assert main(["sample", imp, "--prompt", "ab", "--max-new-tokens", "5"]) == 0
+    assert capsys.readouterr().out.startswith("ab")
+    # continued pretraining from the imported weights, then an ordinary resume
+    assert main(["train", "--out", imp, "--resume", "--steps", "2"] + fast) == 0
+    assert main(["train", "--out", imp, "--resume", "--steps", "3"] + fast) == 0
+    capsys.readouterr()
+    # one-line refusals; nothing written
+    hyb = str(tmp_path / "hyb")
+    assert main(["train", "--out", hyb, "--steps", "1"] + fast) == 0
+    capsys.readouterr()
+    _one_line(capsys, main(["export", hyb, "--format", "rwkv7", "--out", pth + "2"]),
+              "attention")
+    _one_line(capsys, main(["export", hyb, "--format", "rwkvx", "--out", pth + "2"]),
+              "moba_top_k")
+    assert not os.path.exists(pth + "2")
+    _one_line(capsys, main(["import", pth, "--out", imp]), "already holds")
+    _one_line(capsys, main(["import", str(corpus), "--out", str(tmp_path / "x")]),
+              "not a readable")
+    assert not os.path.exists(tmp_path / "x")
+    _one_line(capsys, main(["train", "--n-embd", "100", "--head-size", "64"] + fast),
+              "multiple of head_size")
+    _one_line(capsys, main(["train", "--n-layer", "2", "--n-attn-layer", "3"] + fast),
+              "exceeds n_layer")
