@@ -1,0 +1,130 @@
+"""GGUF export for llama.cpp's rwkv7: read back with the gguf package's own
+reader -- names, ggml shapes, types, metadata, tokenizer and every value --
+plus the refusals. With llama.cpp's Python binding (llama_cpp importable, or
+a Python that has it named by RWKVX_LLAMA_PYTHON) the logits are compared
+too; without it that check skips (CI does not build llama.cpp)."""
+import importlib.util
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import rwkvx_c as rx
+from rwkvx_c.interop import InteropError, export_model
+
+gguf = pytest.importorskip("gguf") if os.environ.get("RWKVX_REQUIRE_INTEROP") != "1" \
+    else __import__("gguf")
+
+CFG = dict(n_embd=128, n_head=2, head_size=64, n_rwkv_layer=3, n_attn_layer=0, vocab_size=256,
+           ffn_dim=320, Dw=16, Da=24, Dg=40, Dv=8, chunk_size=32, moba_top_k=2, ln0=1)
+
+
+def _read(path):
+    r = gguf.GGUFReader(str(path))
+    fields = {}
+    for name, f in r.fields.items():
+        if f.types and f.types[0] == gguf.GGUFValueType.ARRAY:
+            fields[name] = [f.contents(i) for i in range(len(f.data))]
+        else:
+            fields[name] = f.contents()
+    return r, fields
+
+
+def test_fp32_read_back_exactly(tmp_path):
+    m = rx.RxPtModel(CFG, seed=3)
+    path = tmp_path / "m.gguf"
+    export_model(m, "gguf", str(path))
+    r, f = _read(path)
+    assert f["general.architecture"] == "rwkv7"
+    assert f["general.file_type"] == 0
+    for key, want in (("rwkv7.embedding_length", 128), ("rwkv7.block_count", 3),
+                      ("rwkv7.feed_forward_length", 320), ("rwkv7.wkv.head_size", 64),
+                      ("rwkv7.attention.decay_lora_rank", 16),
+                      ("rwkv7.attention.iclr_lora_rank", 24),
+                      ("rwkv7.attention.value_residual_mix_lora_rank", 8),
+                      ("rwkv7.attention.gate_lora_rank", 40),
+                      ("rwkv7.attention.head_count", 0), ("rwkv7.context_length", 1048576)):
+        assert f[key] == want, key
+    assert abs(f["rwkv7.attention.layer_norm_epsilon"] - 1e-5) < 1e-12
+    assert f["tokenizer.ggml.model"] == "rwkv"
+    toks = f["tokenizer.ggml.tokens"]
+    assert len(toks) == 256 and toks[97] == "a" and toks[10] == "\\n" and toks[200] == "\\xc8"
+    assert len(set(toks)) == 256
+    t = {x.name: x for x in r.tensors}
+    p = m.params
+    # ggml dims are the numpy shape reversed: an [in, out] matrix is stored [out, in]
+    checks = {
+        "token_embd.weight": ((128, 256), p["emb"]),
+        "token_embd_norm.weight": ((128,), p["ln0_w"]),
+        "blk.1.time_mix_key.weight": ((128, 128), p["blocks.1.tm.key_w"].T),
+        "blk.2.time_mix_w1.weight": ((128, 16), p["blocks.2.tm.w1"].T),
+        "blk.2.time_mix_v2.weight": ((8, 128), p["blocks.2.tm.v2"].T),
+        "blk.0.time_mix_v1.weight": ((128, 24), p["blocks.0.tm.a1"].T),  # layer-0 stand-in
+        "blk.0.time_mix_r_k.weight": ((128,), p["blocks.0.tm.r_k"]),
+        "blk.1.channel_mix_key.weight": ((128, 320), p["blocks.1.cm.ffn_key_w"].T),
+        "blk.1.channel_mix_value.weight": ((320, 128), p["blocks.1.cm.ffn_value_w"].T),
+        "output.weight": ((128, 256), p["head"].T),
+    }
+    for name, (ne, want) in checks.items():
+        assert tuple(int(d) for d in t[name].shape) == ne, name
+        assert np.array_equal(np.asarray(t[name].data).reshape(want.shape), want), name
+    lerp = np.asarray(t["blk.1.time_mix_lerp_fused.weight"].data).reshape(6, 128)
+    for j, x in enumerate(("x_r", "x_w", "x_k", "x_v", "x_a", "x_g")):
+        assert np.array_equal(lerp[j], p[f"blocks.1.tm.{x}"])
+    assert len(t) == 3 + 3 * 28 + 3   # 28 tensors per block (loader: rwkv7 load_arch_tensors)
+
+
+def test_bf16_keeps_small_tensors_f32(tmp_path):
+    m = rx.RxPtModel(CFG, seed=4)
+    path = tmp_path / "m.gguf"
+    export_model(m, "gguf", str(path), "bf16")
+    r, f = _read(path)
+    assert f["general.file_type"] == 32
+    types = {x.name: x.tensor_type.name for x in r.tensors}
+    assert types["blk.0.time_mix_key.weight"] == "BF16" and types["output.weight"] == "BF16"
+    for n in ("blk.0.time_mix_w1.weight", "blk.0.time_mix_lerp_fused.weight",
+              "blk.0.attn_norm.weight", "blk.0.time_mix_w0.weight"):
+        assert types[n] == "F32", n
+
+
+@pytest.mark.parametrize("change,word", [
+    (dict(n_attn_layer=1), "attention"), (dict(ln0=0), "ln0"),
+    (dict(n_head=4, head_size=32), "head size 64"), (dict(vocab_size=300), "vocab 300")])
+def test_refusals(tmp_path, change, word):
+    with pytest.raises(InteropError, match=word):
+        export_model(rx.RxPtModel(dict(CFG, **change)), "gguf", str(tmp_path / "x.gguf"))
+    assert not os.listdir(tmp_path)
+
+
+_LLAMA = """
+import sys, numpy as np
+from llama_cpp import Llama
+toks = [int(t) for t in np.load(sys.argv[2])]
+llm = Llama(model_path=sys.argv[1], n_ctx=len(toks) + 8, n_batch=64, n_ubatch=64,
+            n_gpu_layers=0, logits_all=True, n_threads=1, verbose=False)
+llm.eval(toks)
+np.save(sys.argv[3], np.array(llm.scores[:llm.n_tokens, :], dtype=np.float32))
+"""
+
+
+@pytest.mark.parametrize("dtype,tol", [("fp32", 1e-4), ("bf16", 5e-2), ("fp16", 1e-2)])
+def test_llama_cpp_logits(tmp_path, dtype, tol):
+    py = os.environ.get("RWKVX_LLAMA_PYTHON")
+    if not py:
+        if importlib.util.find_spec("llama_cpp") is None:
+            pytest.skip("llama.cpp's Python binding is not installed")
+        py = sys.executable
+    m = rx.RxPtModel(CFG, seed=5)
+    path = tmp_path / "m.gguf"
+    export_model(m, "gguf", str(path), dtype)
+    tokens = np.frombuffer(b"def f(x):\n    return x + 1\n", np.uint8).astype(np.int32)
+    np.save(tmp_path / "t.npy", tokens)
+    r = subprocess.run([py, "-c", _LLAMA, str(path), str(tmp_path / "t.npy"),
+                        str(tmp_path / "l.npy")], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got, ref = np.load(tmp_path / "l.npy"), m.forward(tokens)
+    err = float(np.abs(got - ref).max() / np.abs(ref).max())
+    print(f"llama.cpp ({dtype}) vs RxPtModel: {err:.2e}")
+    assert err <= tol
