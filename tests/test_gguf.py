@@ -128,3 +128,16 @@ def test_llama_cpp_logits(tmp_path, dtype, tol):
     err = float(np.abs(got - ref).max() / np.abs(ref).max())
     print(f"llama.cpp ({dtype}) vs RxPtModel: {err:.2e}")
     assert err <= tol
+
+
+def test_world_vocabulary_tokens():
+    if importlib.util.find_spec("rwkv") is None:
+        if os.environ.get("RWKVX_REQUIRE_INTEROP") == "1":
+            pytest.fail("RWKVX_REQUIRE_INTEROP=1 but rwkv is not installed")
+        pytest.skip("the rwkv package (World vocabulary file) is not installed")
+    from rwkvx_c.gguf_export import gguf_vocab
+    texts, types = gguf_vocab(65536)
+    assert len(texts) == len(types) == 65536 and len(set(texts)) == 65536
+    assert texts[0] == "<s>" and types[0] == int(gguf.TokenType.CONTROL)
+    assert texts[11] == "\\n" and texts[261] == "\\n\\n"   # World ids 11 and 261
+    assert texts[-1].startswith("[PAD") and types[-1] == int(gguf.TokenType.UNUSED)

@@ -312,8 +312,41 @@ done:
     CHECK(rx_pt_acts_new(NULL, 4) == NULL, "acts of no model");
 }
 
+/* RX_PT_LN0: ln0_w, ln0_b right after emb; flags 0 is rx_model_new_random;
+ * unknown flag bits are refused. (Its maths: tests/test_ln0.py.) */
+static void test_ln0_flag(uint64_t seed) {
+    CHECK(rx_model_new_random_flags(&BASE, 1 << 5, seed) == NULL, "unknown flag accepted");
+    CHECK(rx_ptmodel_flags(NULL) == -1, "flags of no model");
+    rx_ptmodel *plain = rx_model_new_random(&BASE, seed);
+    rx_ptmodel *zero = rx_model_new_random_flags(&BASE, 0, seed);
+    rx_ptmodel *ln0 = rx_model_new_random_flags(&BASE, RX_PT_LN0, seed);
+    CHECK(plain && zero && ln0, "models");
+    if (plain && zero && ln0) {
+        int64_t n0, n1, n2;
+        float *p0 = rx_ptmodel_param_arena(plain, &n0), *p1 = rx_ptmodel_param_arena(zero, &n1);
+        rx_ptmodel_param_arena(ln0, &n2);
+        CHECK(n0 == n1 && memcmp(p0, p1, (size_t)n0 * sizeof(float)) == 0, "flags 0 differs");
+        CHECK(n2 == n0 + 2 * 16, "ln0 arena %lld", (long long)n2);
+        CHECK(rx_ptmodel_flags(ln0) == RX_PT_LN0 && rx_ptmodel_flags(plain) == 0, "flags");
+        CHECK(rx_ptmodel_num_params(ln0) == rx_ptmodel_num_params(plain) + 2, "tensor count");
+        const char *name;
+        float *data, *grad;
+        int n;
+        rx_ptmodel_param(ln0, 1, &name, &data, &grad, &n);
+        CHECK(strcmp(name, "ln0_w") == 0 && n == 16, "tensor 1 is %s", name);
+        rx_ptmodel_param(ln0, 2, &name, &data, &grad, &n);
+        CHECK(strcmp(name, "ln0_b") == 0 && n == 16, "tensor 2 is %s", name);
+        rx_ptmodel_param(ln0, 3, &name, &data, &grad, &n);
+        CHECK(strcmp(name, "blocks.0.ln1_w") == 0, "tensor 3 is %s", name);
+    }
+    rx_ptmodel_free(plain);
+    rx_ptmodel_free(zero);
+    rx_ptmodel_free(ln0);
+}
+
 int main(void) {
     test_configs();
+    test_ln0_flag(7);
     const uint64_t seed = 0x0123456789ABCDEFull;
     rx_ptmodel *m = rx_model_new_random(&BASE, seed);
     CHECK(m != NULL, "model");
