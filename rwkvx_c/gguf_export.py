@@ -17,7 +17,7 @@ from typing import Dict, List, Tuple
 
 import numpy as np
 
-from rwkvx_c.interop import DTYPES, InteropError, _atomic_write, _require_ln0
+from rwkvx_c.interop import DTYPES, InteropError, _atomic_write
 
 __all__ = ["gguf_refusal", "gguf_tensors", "gguf_vocab", "save_gguf"]
 
