@@ -25,7 +25,7 @@ import numpy as np
 
 from rwkvx_c import _core
 
-__all__ = ["InteropError", "to_rwkv7", "from_rwkv7", "rwkv7_config", "to_rwkvx",
+__all__ = ["InteropError", "to_rwkv7", "from_rwkv7", "rwkv7_config", "to_rwkvx", "from_rwkvx",
            "rwkvx_refusal", "load_pth", "save_pth", "export_model", "import_pth", "DTYPES",
            "FORMATS"]
 
@@ -334,6 +334,11 @@ def to_rwkvx(model) -> Dict[str, np.ndarray]:
     why = rwkvx_refusal(model.config)
     if why:
         raise InteropError(why)
+    return _export_pairs(model, _rwkvx_pairs(model))
+
+
+def _rwkvx_pairs(model) -> List[Tuple[str, str, str]]:
+    """Every (rwkv-x name, our name, layout) of a model, in our block order."""
     pairs = [("rwkv." + t, o, k) for t, o, k in
              (("emb.weight", "emb", "same"), ("blocks.0.ln0.weight", "ln0_w", "same"),
               ("blocks.0.ln0.bias", "ln0_b", "same"))]
@@ -347,7 +352,36 @@ def to_rwkvx(model) -> Dict[str, np.ndarray]:
             j += 1
     pairs += [("rwkv.ln_out.weight", "ln_out_w", "same"), ("rwkv.ln_out.bias", "ln_out_b", "same"),
               ("rwkv.head.weight", "head", "lin")]
-    return _export_pairs(model, pairs)
+    return pairs
+
+
+def from_rwkvx(sd: Mapping[str, np.ndarray]):
+    """An RxPtModel holding an RWKV-X checkpoint dict (the inverse of
+    to_rwkvx): dense attention (moba_top_k 0), sizes from the shapes."""
+    rwkv = {k: v for k, v in sd.items() if k.startswith("rwkv.")}
+    moba = {int(m.group(1)) for k in sd for m in [re.match(r"moba\.(\d+)\.", k)] if m}
+    other = [k for k in sd if not k.startswith("rwkv.") and not k.startswith("moba.")]
+    if other:
+        raise InteropError(f"{other[0]} is neither under rwkv. nor under moba.: not an RWKV-X "
+                           "checkpoint")
+    config = rwkv7_config(rwkv, prefix="rwkv.")
+    n_attn = len(moba)
+    if moba != set(range(n_attn)):
+        raise InteropError("attention block numbers have gaps")
+    config.update(n_attn_layer=n_attn, moba_top_k=0)
+    if n_attn and config["ffn_dim"] != 4 * config["n_embd"]:
+        raise InteropError(f"rwkv-x attention blocks need ffn_dim 4*n_embd; the RWKV blocks "
+                           f"have {config['ffn_dim']}")
+    why = rwkvx_refusal(config)
+    if why:
+        raise InteropError(why)
+    try:
+        model = _core.RxPtModel(config)
+    except ValueError as e:
+        raise InteropError(f"the checkpoint's sizes make no valid model: {e}") from None
+    _fill(model, sd, _rwkvx_pairs(model),
+          optional=tuple(f"rwkv.blocks.0.att.{v}" for v in _VRES))
+    return model
 
 
 # ---- run folders ---------------------------------------------------------------------

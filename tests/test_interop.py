@@ -179,6 +179,15 @@ def test_rwkvx_layout():
     assert np.array_equal(sd["moba.1.att.key.weight"], m.params["blocks.5.key_w"].T)
     assert np.array_equal(sd["moba.0.ffn.x_k"].reshape(-1), m.params["blocks.2.cm.ffn_x_k"])
     assert len(sd) == len(m.param_names)
+    back = interop.from_rwkvx(sd)
+    assert back.layers == m.layers and back.config["moba_top_k"] == 0
+    assert back.param_buffer.tobytes() == m.param_buffer.tobytes()
+    bad = dict(sd)
+    bad["moba.0.att.gate.weight"] = np.zeros((128, 128), np.float32)
+    with pytest.raises(InteropError, match="moba.0.att.gate.weight"):
+        interop.from_rwkvx(bad)
+    with pytest.raises(InteropError, match="neither"):
+        interop.from_rwkvx(dict(sd, extra=np.zeros(3, np.float32)))
 
 
 # ---- .pth files (torch) ------------------------------------------------------------
