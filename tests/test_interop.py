@@ -327,3 +327,17 @@ def test_cli_shape_flags_export_import_sample_resume(tmp_path, capsys):
               "multiple of head_size")
     _one_line(capsys, main(["train", "--n-layer", "2", "--n-attn-layer", "3"] + fast),
               "exceeds n_layer")
+
+
+def test_shape_overrides_and_lora_formula():
+    from rwkvx_c.train import TrainError, rwkv7_lora_sizes, shape_overrides
+    # RWKV-7 0.1B (C = 768) ships w1 [768, 64], a1 [768, 64], v1 [768, 32], g1 [768, 128]
+    assert rwkv7_lora_sizes(768) == (64, 64, 32, 128)
+    assert rwkv7_lora_sizes(64) == (32, 32, 32, 32)
+    assert shape_overrides("tiny", n_attn_layer=0) == {"n_attn_layer": 0}
+    o = shape_overrides("tiny", n_embd=192, d_gate=16)
+    assert (o["n_head"], o["ffn_dim"], o["Dw"], o["Dg"]) == (3, 768, 32, 16)
+    for kw, word in ((dict(n_embd=100), "multiple"), (dict(n_attn_layer=5), "exceeds"),
+                     (dict(head_size=0), "head_size"), (dict(moba_top_k=-1), "moba_top_k")):
+        with pytest.raises(TrainError, match=word):
+            shape_overrides("tiny", **kw)
