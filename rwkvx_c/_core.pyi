@@ -67,6 +67,7 @@ def attn_score_av_backward(q: F32, k: F32, v: F32, dy: F32, *, n_head: int, head
 
 # -- whole model (SPEC §7, §8, §10) ----------------------------------------------
 CONFIG_FIELDS: tuple[str, ...]
+OPTION_FIELDS: dict[str, int]
 
 class RxPtModel:
     """RWKV-X model over two flat float32 arenas (params, grads)."""
