@@ -25,6 +25,7 @@ ARCH = "rwkv7"
 CONTEXT_LENGTH = 1048576   # what the converter writes: RWKV has no context limit
 LN_EPS = 1e-5
 WORLD_VOCAB = 65536
+WORLD_EOT = 261   # "\n\n" in the World vocabulary: end of a chat turn
 # the lerps, stacked in the order llama.cpp's graph reads them
 _LERPS = ("x_r", "x_w", "x_k", "x_v", "x_a", "x_g")
 
@@ -180,6 +181,10 @@ def save_gguf(model, path: str, dtype: str = "fp32") -> None:
         w.add_tokenizer_model("rwkv")
         w.add_token_list(texts)
         w.add_token_types(types)
+        if c["vocab_size"] == WORLD_VOCAB:   # the converter's World special tokens
+            w.add_bos_token_id(0)
+            w.add_eos_token_id(0)
+            w.add_eot_token_id(WORLD_EOT)
         for name, a in tensors.items():
             if qtype == gguf.GGMLQuantizationType.F32 or _keeps_f32(name, a):
                 w.add_tensor(name, a)

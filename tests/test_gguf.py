@@ -141,3 +141,17 @@ def test_world_vocabulary_tokens():
     assert texts[0] == "<s>" and types[0] == int(gguf.TokenType.CONTROL)
     assert texts[11] == "\\n" and texts[261] == "\\n\\n"   # World ids 11 and 261
     assert texts[-1].startswith("[PAD") and types[-1] == int(gguf.TokenType.UNUSED)
+
+
+@pytest.mark.skipif(os.environ.get("RWKVX_SLOW") != "1",
+                    reason="15 s (the gguf reader parses 65536 strings); RWKVX_SLOW=1 runs it")
+def test_world_gguf_special_tokens(tmp_path):
+    m = rx.RxPtModel(dict(CFG, n_embd=64, n_head=1, n_rwkv_layer=1, ffn_dim=64,
+                          vocab_size=65536), seed=6)
+    path = tmp_path / "w.gguf"
+    export_model(m, "gguf", str(path))
+    f = gguf.GGUFReader(str(path)).fields   # read lazily: 65536 strings are slow to list
+    toks = f["tokenizer.ggml.tokens"]
+    assert len(toks.data) == 65536 and toks.contents(261) == "\\n\\n"
+    assert [f[f"tokenizer.ggml.{k}_token_id"].contents() for k in ("bos", "eos", "eot")] == \
+        [0, 0, 261]
