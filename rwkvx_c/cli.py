@@ -137,10 +137,10 @@ def build_parser():
     e.add_argument("--dtype", default="fp32", choices=list(DTYPES),
                    help="tensor type in the file (default fp32)")
     i = sub.add_parser("import", help="make a run folder from an RWKV-7 .pth",
-                       description="Read an RWKV-LM x070 .pth (bf16, fp16 or fp32) into a new "
-                       "run folder that rwkvx-c sample runs and rwkvx-c train --resume "
-                       "continues training from.")
-    i.add_argument("file", metavar="FILE", help="x070 .pth state dict")
+                       description="Read an RWKV-LM x070 .pth (bf16, fp16 or fp32), or an "
+                       "RWKV-X one, into a new run folder that rwkvx-c sample runs and "
+                       "rwkvx-c train --resume continues training from.")
+    i.add_argument("file", metavar="FILE", help="x070 state dict or RWKV-X checkpoint (.pth)")
     i.add_argument("--out", required=True, metavar="DIR")
     return p
 

@@ -407,7 +407,8 @@ def export_model(model, fmt: str, out: str, dtype: str = "fp32") -> None:
 
 
 def import_pth(path: str, out_dir: str) -> str:
-    """A run folder out_dir holding the x070 .pth at path as a checkpoint
+    """A run folder out_dir holding the .pth at path -- an x070 state dict,
+    or an RWKV-X checkpoint (names under rwkv. / moba.) -- as a checkpoint
     (weights only: `rwkvx-c sample` runs it, `rwkvx-c train --resume`
     starts a new run from it). Returns the checkpoint path; refuses a folder
     that already holds a checkpoint."""
@@ -416,8 +417,10 @@ def import_pth(path: str, out_dir: str) -> str:
     ckpt = os.path.join(out_dir, CHECKPOINT)
     if os.path.exists(ckpt):
         raise InteropError(f"{out_dir} already holds a checkpoint; choose another --out")
-    model = from_rwkv7(load_pth(path))
+    sd = load_pth(path)
+    fmt = "rwkvx" if any(k.startswith("rwkv.") for k in sd) else "rwkv7"
+    model = from_rwkvx(sd) if fmt == "rwkvx" else from_rwkv7(sd)
     tensors = {n: model.params[n] for n in model.param_names}
     save_checkpoint(ckpt, tensors, model.config,
-                    {"imported_from": os.path.abspath(path), "format": "rwkv7", "step": 0})
+                    {"imported_from": os.path.abspath(path), "format": fmt, "step": 0})
     return ckpt

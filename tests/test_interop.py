@@ -318,6 +318,16 @@ def test_cli_shape_flags_export_import_sample_resume(tmp_path, capsys):
               "attention")
     _one_line(capsys, main(["export", hyb, "--format", "rwkvx", "--out", pth + "2"]),
               "moba_top_k")
+    dense = str(tmp_path / "dense")   # a hybrid rwkv-x holds: exported and imported back
+    assert main(["train", "--out", dense, "--steps", "1", "--n-embd", "64", "--moba-top-k",
+                 "0"] + fast) == 0
+    xpth = str(tmp_path / "x.pth")
+    assert main(["export", dense, "--format", "rwkvx", "--out", xpth]) == 0
+    assert main(["import", xpth, "--out", str(tmp_path / "ximp")]) == 0
+    from rwkvx_c.sample import load_model
+    a, b = load_model(dense), load_model(str(tmp_path / "ximp"))
+    assert a.layers == b.layers == "RRA" and a.param_buffer.tobytes() == b.param_buffer.tobytes()
+    capsys.readouterr()
     assert not os.path.exists(pth + "2")
     _one_line(capsys, main(["import", pth, "--out", imp]), "already holds")
     _one_line(capsys, main(["import", str(corpus), "--out", str(tmp_path / "x")]),
