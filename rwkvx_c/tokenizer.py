@@ -21,6 +21,7 @@ the tokenizer again without the original file (``run_tokenizer``).
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import importlib.util
 import json
@@ -155,26 +156,35 @@ def world_vocab_path() -> str:
                          "pip install -U 'rwkvx_c[world]'")
 
 
+@functools.lru_cache(maxsize=4)
+def _build_trie(path: str, size: int, mtime_ns: int, vocab_size: int) -> tuple:
+    """(ByteTrie, id -> bytes, file SHA-256) of a vocabulary file; cached by
+    path, size and mtime (a trainer and its sampler load it more than once)."""
+    from rwkvx_c._core import ByteTrie
+    entries = _parse_trie_vocab(path)
+    if not entries or max(i for _, i in entries) >= vocab_size:
+        raise TokenizerError(f"{path}: ids exceed vocab_size {vocab_size}")
+    try:
+        trie = ByteTrie(entries, vocab_size)
+    except ValueError as e:
+        raise TokenizerError(f"{path}: {e}") from None
+    table = [b""] * vocab_size
+    for b, i in entries:
+        table[i] = b
+    return trie, table, _sha256_file(path)
+
+
 class WorldTokenizer(Tokenizer):
     """Greedy longest match over a byte trie (the RWKV World rule), in C."""
 
     name = "world"
 
     def __init__(self, path: str | None = None, vocab_size: int = WORLD_VOCAB_SIZE):
-        from rwkvx_c._core import ByteTrie
         self.path = path or world_vocab_path()
-        entries = _parse_trie_vocab(self.path)
-        if max(i for _, i in entries) >= vocab_size:
-            raise TokenizerError(f"{self.path}: ids exceed vocab_size {vocab_size}")
+        st = os.stat(self.path)
+        self._trie, self._bytes, self._sha = _build_trie(self.path, st.st_size, st.st_mtime_ns,
+                                                         vocab_size)
         self.vocab_size = vocab_size
-        try:
-            self._trie = ByteTrie(entries, vocab_size)
-        except ValueError as e:
-            raise TokenizerError(f"{self.path}: {e}") from None
-        self._bytes = [b""] * vocab_size
-        for b, i in entries:
-            self._bytes[i] = b
-        self._sha = _sha256_file(self.path)
         self.threads = None   # None: the rwkvx_c thread count
 
     def _nt(self) -> int:
@@ -293,7 +303,7 @@ class HFTokenizer(Tokenizer):
         return np.array([len(self.decode([i])) for i in range(self.vocab_size)], dtype=np.int32)
 
     def identity(self) -> dict:
-        return {"name": "hf", "file": os.path.basename(self.path), "sha256": self._sha}
+        return {"name": "hf", "sha256": self._sha}
 
     def save(self, folder: str) -> None:
         dest = os.path.join(folder, RUN_FILE)
