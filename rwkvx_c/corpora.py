@@ -43,15 +43,28 @@ import json
 import os
 import shutil
 import struct
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 
-from rwkvx_c.data import (Corpus, DataError, _is_val_file, _tail_split, _text_files,
-                          default_cache_dir, stdlib_files)
+from rwkvx_c.data import (
+    Corpus,
+    DataError,
+    _is_val_file,
+    _tail_split,
+    _text_files,
+    default_cache_dir,
+    stdlib_files,
+)
 
-__all__ = ["load_tokenized", "read_binidx", "iter_documents", "source_files", "is_binidx",
-           "needs_tokenizing"]
+__all__ = [
+    "is_binidx",
+    "iter_documents",
+    "load_tokenized",
+    "needs_tokenizing",
+    "read_binidx",
+    "source_files",
+]
 
 BATCH_BYTES = 16 << 20
 PIECE_BYTES = 8 << 20
@@ -227,7 +240,7 @@ class _TokenWriter:
     """Appends token arrays to a file as `dtype`."""
 
     def __init__(self, path, dtype):
-        self.f = open(path, "wb")
+        self.f = open(path, "wb")  # noqa: SIM115 -- closed by close(), in a finally
         self.dtype = dtype
         self.n = 0
 

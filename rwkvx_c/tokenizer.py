@@ -26,12 +26,23 @@ import hashlib
 import importlib.util
 import json
 import os
-from typing import Iterable, Iterator, Sequence, Union
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Union
 
 import numpy as np
 
-__all__ = ["TokenizerError", "Tokenizer", "ByteTokenizer", "WorldTokenizer", "HFTokenizer",
-           "load", "run_tokenizer", "train_bpe", "world_vocab_path", "WORLD_VOCAB"]
+__all__ = [
+    "WORLD_VOCAB",
+    "ByteTokenizer",
+    "HFTokenizer",
+    "Tokenizer",
+    "TokenizerError",
+    "WorldTokenizer",
+    "load",
+    "run_tokenizer",
+    "train_bpe",
+    "world_vocab_path",
+]
 
 Text = Union[str, bytes, bytearray, memoryview]
 WORLD_VOCAB = "rwkv_vocab_v20230424.txt"
@@ -259,7 +270,7 @@ class HFTokenizer(Tokenizer):
             self._tok = tk.Tokenizer.from_str(self._json.decode("utf-8"))
         except OSError as e:
             raise TokenizerError(f"cannot read tokenizer {path}: {e.strerror}") from None
-        except Exception as e:  # tokenizers raises its own Exception type
+        except Exception as e:  # noqa: BLE001 -- tokenizers raises plain Exception
             raise TokenizerError(f"{path} is not a tokenizers tokenizer.json: "
                                  f"{str(e).splitlines()[0]}") from None
         self.path = path

@@ -14,6 +14,11 @@ from rwkvx_c import tokenizer as tkz
 from rwkvx_c.data import DataError, load_corpus
 
 
+def _read(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
 def _all_tokens(c):
     """A corpus built from few files is split by its tail: train ++ val is everything."""
     return np.concatenate([np.asarray(c.train), np.asarray(c.val)])
@@ -62,8 +67,7 @@ def _write_binidx(stem, docs, dtype=np.uint16, code=8, magic=b"MMIDIDX\x00\x00")
     sizes = np.array([len(d) for d in docs], dtype="<i4")
     ptrs = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype("<i8") * np.dtype(dtype).itemsize
     with open(str(stem) + ".bin", "wb") as f:
-        for d in docs:
-            f.write(np.asarray(d, dtype=dtype).tobytes())
+        f.writelines(np.asarray(d, dtype=dtype).tobytes() for d in docs)
     with open(str(stem) + ".idx", "wb") as f:
         f.write(magic + struct.pack("<QBQQ", 1, code, len(docs), len(docs) + 1))
         f.write(sizes.tobytes() + ptrs.tobytes() + np.arange(len(docs) + 1, dtype="<i8").tobytes())
@@ -118,7 +122,7 @@ def test_several_paths_in_order(tmp_path):
 def test_long_documents_stream_exactly(tmp_path, monkeypatch):
     world = tkz.load("world")
     _, files = corpora.stdlib_files()
-    text = b"".join(open(p, "rb").read() for _, p in files[:30])
+    text = b"".join(_read(p) for _, p in files[:30])
     p = tmp_path / "long.txt"
     p.write_bytes(text)
     monkeypatch.setattr(corpora, "PIECE_BYTES", 5000)   # many pieces, many carries
@@ -188,9 +192,9 @@ def test_val_bpb_is_bits_per_byte_of_text(tmp_path):
     """Trainer.evaluate's val_bpb = sum of -log p(target) in nats /
     (ln 2 * bytes the targets decode to), recomputed here in float64."""
     pytest.importorskip("tokenizers")
-    from rwkvx_c.train import TrainOptions, Trainer
+    from rwkvx_c.train import Trainer, TrainOptions
     _, files = corpora.stdlib_files()
-    docs = [open(p, "rb").read() for _, p in files[:30]]
+    docs = [_read(p) for _, p in files[:30]]
     tj = str(tmp_path / "tok.json")
     tok = tkz.train_bpe(iter(docs), 300, tj, progress=False)
     data = tmp_path / "data.txt"
