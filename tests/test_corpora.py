@@ -227,3 +227,34 @@ def test_val_bpb_is_bits_per_byte_of_text(tmp_path):
     from rwkvx_c.train import TrainError
     with pytest.raises(TrainError, match="trained with tokenizer hf"):
         Trainer.resume(str(tmp_path / "run"), tokenizer="byte")
+
+
+def test_cli_tokenizer_train_then_train_sample_resume(tmp_path, capsys):
+    pytest.importorskip("tokenizers")
+    from rwkvx_c.cli import main
+    d = tmp_path / "docs"
+    d.mkdir()
+    rng = np.random.default_rng(0)
+    words = ["alpha", "beta", "gamma", "delta", "def", "return", "(x)", "\n", "    "]
+    for i in range(12):
+        (d / f"{i}.txt").write_text(" ".join(rng.choice(words, 3000)))
+    (d / "r.jsonl").write_text(json.dumps({"text": "gamma delta " * 200}) + "\n")
+    tj = str(tmp_path / "tok.json")
+    assert main(["tokenizer", "train", str(d), "--vocab-size", "300", "--out", tj,
+                 "--no-progress"]) == 0
+    out = str(tmp_path / "run")
+    fast = ["--preset", "tiny", "--seq-len", "32", "--batch", "2", "--eval-tokens", "64",
+            "--threads", "2", "--no-progress", "--cache-dir", str(tmp_path / "c")]
+    assert main(["train", "--data", str(d), "--tokenizer", tj, "--out", out,
+                 "--steps", "2"] + fast) == 0
+    text = capsys.readouterr().out
+    assert "tokens hf, vocab 300" in text and "val_bpb" in text
+    assert os.path.isfile(os.path.join(out, "tokenizer.json"))
+    assert main(["sample", out, "--prompt", "def ", "--max-new-tokens", "5"]) == 0
+    capsys.readouterr()
+    rc = main(["train", "--resume", "--out", out, "--steps", "3", "--tokenizer", "byte"] + fast)
+    err = capsys.readouterr().err
+    assert rc == 1 and len(err.strip().splitlines()) == 1 and "tokenizer" in err, err
+    rc = main(["train", "--tokenizer", "nope", "--out", str(tmp_path / "r2")] + fast)
+    err = capsys.readouterr().err
+    assert rc == 1 and "unknown tokenizer 'nope'" in err and "Traceback" not in err
