@@ -22,6 +22,8 @@ Corpora (``load_corpus``):
     or from the name (``*.u8.bin``, ``*.u16.bin``, ``*.u32.bin``,
     ``*.uint16.bin``, ...); the vocab size from the sidecar, else 256 for
     uint8 and max(token)+1 otherwise. The tail ``val_fraction`` is validation.
+  - JSON lines (``.jsonl``, ``.jsonl.gz``), RWKV-LM binidx, several paths,
+    and any corpus read with a tokenizer other than bytes: rwkvx_c.corpora.
 Folders and the default corpus are concatenated once into ``train.bin`` /
 ``val.bin`` under the cache folder ($RWKVX_CACHE, else
 $XDG_CACHE_HOME/rwkvx_c, else ~/.cache/rwkvx_c), keyed by the file list,
