@@ -159,7 +159,8 @@ def _kind(path: str) -> str:
 
 
 def source_files(paths) -> list:
-    """Sorted-per-path (relative name, absolute path, kind) of every source file."""
+    """(name, path, kind) of every source file, sorted within each path; name
+    (relative to its folder, or the file's own name) decides the split."""
     if paths is None:
         _, files = stdlib_files()
         return [(rel, p, "text") for rel, p in files]
@@ -178,9 +179,9 @@ def source_files(paths) -> list:
                         names[os.path.relpath(p, path).replace(os.sep, "/")] = p
             if not names:
                 raise DataError(f"no text or .jsonl files found in folder {path}")
-            out += [(f"{path}/{rel}", p, _kind(p)) for rel, p in sorted(names.items())]
-        else:
-            out.append((path, path, _kind(path)))
+            out += [(rel, p, _kind(p)) for rel, p in sorted(names.items())]
+        else:  # the split must not depend on how the path is spelt
+            out.append((os.path.basename(path), path, _kind(path)))
     return out
 
 
@@ -293,8 +294,8 @@ def _cache_key(files, tok, text_field) -> str:
     h = hashlib.sha256(json.dumps([tok.identity(), text_field]).encode())
     for rel, p, kind in files:
         st = os.stat(p)
-        h.update(f"{rel}\0{kind}\0{st.st_size}\0{st.st_mtime_ns}\n".encode("utf-8",
-                                                                           "surrogateescape"))
+        h.update(f"{os.path.abspath(p)}\0{rel}\0{kind}\0{st.st_size}\0{st.st_mtime_ns}\n"
+                 .encode("utf-8", "surrogateescape"))
     return h.hexdigest()[:24]
 
 

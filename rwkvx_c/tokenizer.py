@@ -92,7 +92,9 @@ class Tokenizer:
         newline (a long document is encoded line-block by line-block)."""
         if final:
             return self.encode(data), len(data)
-        cut = data.rfind(b"\n") + 1
+        # a piece with no line end is cut after a space, else taken whole,
+        # so what is carried over stays bounded
+        cut = data.rfind(b"\n") + 1 or data.rfind(b" ") + 1 or len(data)
         return self.encode(data[:cut]), cut
 
     def save(self, folder: str) -> None:
