@@ -57,7 +57,8 @@ def build_parser():
     sub.required = True
 
     t = sub.add_parser("train", help="train a model (no arguments: the default job)",
-                       description="Train a byte-level RWKV-X model. With no arguments: the "
+                       description="Train an RWKV-X model (bytes by default, or --tokenizer). With "
+                       "no arguments: the "
                        "default preset on the Python standard library's .py files, for at "
                        "most 9.5 minutes, into a new folder under ./runs/.")
     t.add_argument("--data", metavar="PATH", nargs="+", help="text file, folder, .jsonl / "
