@@ -8,6 +8,7 @@
                   [--top-p P] [--seed S]
     rwkvx-c export DIR --format rwkv7|rwkvx|gguf --out FILE [--dtype fp32|bf16|fp16]
     rwkvx-c import FILE.pth --out DIR
+    rwkvx-c tokenizer train [DATA ...] --vocab-size N --out tok.json
 
 Bad input is one line on stderr naming the problem and a non-zero exit
 status (2 for bad flags, 1 otherwise); no traceback, and an existing
@@ -54,15 +55,23 @@ def build_parser():
     from rwkvx_c.train import PRESETS
     from rwkvx_c.init import SCHEMES
     p = _Parser(prog="rwkvx-c", description="CPU pretraining of RWKV-X language models.")
-    sub = p.add_subparsers(dest="cmd", metavar="{train,sample,export,import}", parser_class=_Parser)
+    sub = p.add_subparsers(dest="cmd", metavar="{train,sample,export,import,tokenizer}",
+                           parser_class=_Parser)
     sub.required = True
 
     t = sub.add_parser("train", help="train a model (no arguments: the default job)",
-                       description="Train a byte-level RWKV-X model. With no arguments: the "
+                       description="Train an RWKV-X model (bytes by default, or --tokenizer). With "
+                       "no arguments: the "
                        "default preset on the Python standard library's .py files, for at "
                        "most 9.5 minutes, into a new folder under ./runs/.")
-    t.add_argument("--data", metavar="PATH", help="text file, folder of text files, or "
-                   ".bin token file (default: the Python standard library's .py files)")
+    t.add_argument("--data", metavar="PATH", nargs="+", help="text file, folder, .jsonl / "
+                   ".jsonl.gz, RWKV-LM binidx (.bin + .idx) or .bin token file; several "
+                   "paths are read in order (default: the Python standard library's .py files)")
+    t.add_argument("--tokenizer", metavar="byte|world|PATH", help="byte (default), world "
+                   "(the RWKV World vocabulary; needs rwkvx_c[world]) or a tokenizer.json "
+                   "(needs rwkvx_c[hf]); a resumed run keeps its own")
+    t.add_argument("--text-field", metavar="NAME", help="the text field of .jsonl records "
+                   "(default: text)")
     t.add_argument("--preset", choices=list(PRESETS), help="model size and training "
                    "defaults (default: 'default')")
     t.add_argument("--steps", type=_positive_int, metavar="N", help="stop after N steps "
@@ -142,6 +151,20 @@ def build_parser():
                        "rwkvx-c train --resume continues training from.")
     i.add_argument("file", metavar="FILE", help="x070 state dict or RWKV-X checkpoint (.pth)")
     i.add_argument("--out", required=True, metavar="DIR")
+    k = sub.add_parser("tokenizer", help="fit a tokenizer on a corpus")
+    ksub = k.add_subparsers(dest="tok_cmd", metavar="{train}", parser_class=_Parser)
+    ksub.required = True
+    kt = ksub.add_parser("train", help="fit a byte-level BPE (needs rwkvx_c[hf])",
+                         description="Fit a byte-level BPE tokenizer with the tokenizers "
+                         "library on the training files of DATA (same formats as train "
+                         "--data; default: the Python standard library's .py files) and write "
+                         "its tokenizer.json.")
+    kt.add_argument("data", metavar="DATA", nargs="*")
+    kt.add_argument("--vocab-size", type=_checked(int, lambda v: v > 256, "an integer > 256"),
+                    required=True, metavar="N")
+    kt.add_argument("--out", required=True, metavar="FILE")
+    kt.add_argument("--text-field", default="text", metavar="NAME")
+    kt.add_argument("--no-progress", action="store_true")
     return p
 
 
@@ -212,11 +235,13 @@ def _train(a):
     from rwkvx_c.data import DataError
     from rwkvx_c.train import LOG, TrainError, TrainOptions, Trainer, shape_overrides
 
-    opts = dict(data=a.data, preset=a.preset, steps=a.steps, time_budget=a.time_budget,
+    data = a.data[0] if a.data and len(a.data) == 1 else a.data
+    opts = dict(data=data, preset=a.preset, steps=a.steps, time_budget=a.time_budget,
                 batch=a.batch, seq_len=a.seq_len, lr=a.lr, warmup_steps=a.warmup,
                 weight_decay=a.weight_decay, grad_clip=a.grad_clip, threads=a.threads,
                 seed=a.seed, init=a.init, eval_every=a.eval_every,
-                eval_tokens=a.eval_tokens, save_every=a.save_every, cache_dir=a.cache_dir)
+                eval_tokens=a.eval_tokens, save_every=a.save_every, cache_dir=a.cache_dir,
+                tokenizer=a.tokenizer, text_field=a.text_field)
     shape = {k: getattr(a, k) for k in ("n_embd", "head_size", "n_layer", "n_attn_layer",
                                         "ffn_dim", "chunk_size", "moba_top_k", "d_decay",
                                         "d_aaa", "d_mv", "d_gate")}
@@ -232,12 +257,12 @@ def _train(a):
             if not os.path.isdir(out):
                 return _err(f"--resume: run folder {out} does not exist")
             if a.data is not None:
-                opts["data"] = a.data
-            tr = Trainer.resume(out, **opts)
+                opts["data"] = data
+            tr = Trainer.resume(out, progress=not a.no_progress, **opts)
         else:
             out = a.out or _new_run_dir()
             kw = {k: v for k, v in opts.items() if v is not None}
-            tr = Trainer(TrainOptions(**kw), out)
+            tr = Trainer(TrainOptions(**kw), out, progress=not a.no_progress)
     except (TrainError, DataError, CheckpointError) as e:
         return _err(str(e))
     except OSError as e:
@@ -250,6 +275,7 @@ def _train(a):
         (f"{o.time_budget:g} min" if o.time_budget else "")
     print(f"rwkvx-c train: {out}\n"
           f"  data   {tr.corpus.description}\n"
+          f"  tokens {tr.tokenizer.identity()['name']}, vocab {tr.tokenizer.vocab_size:,}\n"
           f"  model  preset {o.preset}, layers {m.layers}, {m.n_params:,} params, "
           f"init {o.init}\n"
           f"  train  batch {o.batch} x seq_len {o.seq_len}, lr {o.lr:g}, stop after {stop_by}, "
@@ -321,18 +347,19 @@ def _train(a):
 def _sample(a):
     import rwkvx_c
     from rwkvx_c.checkpoint import CheckpointError
-    from rwkvx_c.sample import generate, load_model
+    from rwkvx_c.sample import generate, load_run
     if a.threads:
         rwkvx_c.set_num_threads(a.threads)
     try:
-        model = load_model(a.dir)
+        model, tok = load_run(a.dir)
     except CheckpointError as e:
         return _err(str(e))
     if model.config["vocab_size"] < 256:
         return _err(f"the model in {a.dir} is not byte-level (vocab {model.config['vocab_size']})")
     out = sys.stdout
     out.write(a.prompt)
-    for text in generate(model, a.prompt, a.max_new_tokens, a.temperature, a.top_p, a.seed):
+    for text in generate(model, a.prompt, a.max_new_tokens, a.temperature, a.top_p, a.seed,
+                         tokenizer=tok):
         out.write(text)
         out.flush()
     out.write("\n")
@@ -342,9 +369,14 @@ def _sample(a):
 def _export(a):
     from rwkvx_c.checkpoint import CheckpointError
     from rwkvx_c.interop import InteropError, export_model
-    from rwkvx_c.sample import load_model
+    from rwkvx_c.sample import load_run
     try:
-        export_model(load_model(a.dir), a.format, a.out, a.dtype)
+        model, tok = load_run(a.dir)
+        if a.format == "gguf" and tok.name not in ("byte", "world"):
+            # the GGUF holds its vocabulary, and llama.cpp's rwkv7 knows byte and World only
+            return _err(f"the run in {a.dir} uses a {tok.name} tokenizer; a GGUF export needs "
+                        "the byte or the World tokenizer")
+        export_model(model, a.format, a.out, a.dtype)
     except (CheckpointError, InteropError) as e:
         return _err(str(e))
     except OSError as e:
@@ -366,9 +398,26 @@ def _import(a):
     return 0
 
 
+def _tokenizer_train(a):
+    from rwkvx_c.corpora import iter_documents, source_files
+    from rwkvx_c.data import DataError, _is_val_file
+    from rwkvx_c.tokenizer import TokenizerError, train_bpe
+    try:
+        files = [f for f in source_files(a.data or None) if not _is_val_file(f[0])]
+        docs = (d for d, _ in iter_documents(files, a.text_field))
+        tok = train_bpe(docs, a.vocab_size, a.out, progress=not a.no_progress)
+    except (DataError, TokenizerError) as e:
+        return _err(str(e))
+    except OSError as e:
+        return _err(f"{e.strerror}: {e.filename}" if e.filename else str(e))
+    print(f"wrote {a.out}: byte-level BPE, {tok.vocab_size:,} ids, fitted on {len(files)} files")
+    return 0
+
+
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    cmds = {"train": _train, "sample": _sample, "export": _export, "import": _import}
+    cmds = {"train": _train, "sample": _sample, "export": _export, "import": _import,
+            "tokenizer": _tokenizer_train}
     try:
         return cmds[args.cmd](args)
     except BrokenPipeError:

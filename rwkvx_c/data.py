@@ -22,6 +22,8 @@ Corpora (``load_corpus``):
     or from the name (``*.u8.bin``, ``*.u16.bin``, ``*.u32.bin``,
     ``*.uint16.bin``, ...); the vocab size from the sidecar, else 256 for
     uint8 and max(token)+1 otherwise. The tail ``val_fraction`` is validation.
+  - JSON lines (``.jsonl``, ``.jsonl.gz``), RWKV-LM binidx, several paths,
+    and any corpus read with a tokenizer other than bytes: rwkvx_c.corpora.
 Folders and the default corpus are concatenated once into ``train.bin`` /
 ``val.bin`` under the cache folder ($RWKVX_CACHE, else
 $XDG_CACHE_HOME/rwkvx_c, else ~/.cache/rwkvx_c), keyed by the file list,
@@ -71,6 +73,7 @@ class Corpus:
     vocab_size: int
     is_bytes: bool        # one token per byte: bits per byte = loss / ln 2
     description: str
+    token_bytes: np.ndarray = None  # UTF-8 bytes each id decodes to (val_bpb's divisor)
 
 
 def default_cache_dir():
@@ -221,12 +224,32 @@ def _load_bin(path, val_fraction, min_len):
                   f"{path} ({len(tokens):,} {dtype.name} tokens)")
 
 
-def load_corpus(path=None, *, seq_len=256, val_fraction=0.02, cache_dir=None):
-    """The corpus at `path` (None: the standard-library default); see the module doc.
+def load_corpus(path=None, *, seq_len=256, val_fraction=0.02, cache_dir=None, tokenizer=None,
+                text_field="text", progress=False):
+    """The corpus at `path` (None: the standard-library default; a list:
+    several paths); see the module doc. tokenizer (a rwkvx_c.tokenizer
+    Tokenizer, None for bytes), JSON lines, binidx and several paths go
+    through rwkvx_c.corpora, which tokenises once into the cache.
 
     Raises DataError with a one-line reason for a missing path, an empty
     corpus, an unreadable token file or a corpus too small for seq_len.
     """
+    from rwkvx_c import corpora
+    paths = None if path is None else [path] if isinstance(path, (str, os.PathLike)) \
+        else list(path)
+    if paths is not None and not paths:
+        raise DataError("no data path given")
+    byte = tokenizer is None or tokenizer.name == "byte"
+    one = os.fspath(paths[0]) if paths is not None and len(paths) == 1 else None
+    raw_bin = one is not None and one.endswith(".bin") and not corpora.is_binidx(one)
+    if not raw_bin and (paths is not None and one is None or not byte
+                        or one is not None and corpora.needs_tokenizing(one)):
+        from rwkvx_c.tokenizer import ByteTokenizer as _Bytes
+        return corpora.load_tokenized(paths, tokenizer or _Bytes(), seq_len=seq_len,
+                                      val_fraction=val_fraction, cache_dir=cache_dir,
+                                      text_field=text_field, progress=progress)
+    if one is not None:
+        path = one
     min_len = seq_len + 1
     if path is None:
         root, files = stdlib_files()
@@ -249,7 +272,13 @@ def load_corpus(path=None, *, seq_len=256, val_fraction=0.02, cache_dir=None):
         return Corpus(train, val, VOCAB_BYTES, True,
                       f"{path} ({len(files)} files, {len(train):,} train / {len(val):,} val bytes)")
     if path.endswith(".bin"):
-        return _load_bin(path, val_fraction, min_len)
+        c = _load_bin(path, val_fraction, min_len)
+        if tokenizer is not None and tokenizer.name != "byte":
+            if c.vocab_size > tokenizer.vocab_size:
+                raise DataError(f"token file {path} has ids up to {c.vocab_size - 1}, outside "
+                                f"the tokenizer's vocabulary of {tokenizer.vocab_size}")
+            c.vocab_size, c.token_bytes = tokenizer.vocab_size, tokenizer.token_lengths()
+        return c
     try:
         if os.path.getsize(path) == 0:
             raise DataError(f"data file is empty: {path}")

@@ -14,9 +14,9 @@ import numpy as np
 
 from rwkvx_c import _core
 from rwkvx_c.checkpoint import CheckpointError, read_checkpoint
-from rwkvx_c.data import ByteTokenizer
+from rwkvx_c.tokenizer import ByteTokenizer, TokenizerError, run_tokenizer
 
-__all__ = ["load_model", "sample_token", "generate", "checkpoint_path"]
+__all__ = ["load_model", "load_run", "sample_token", "generate", "checkpoint_path"]
 
 
 def checkpoint_path(path):
@@ -30,8 +30,22 @@ def load_model(path):
     """An RxPtModel holding the parameters of the checkpoint at path (a run
     folder or a .safetensors file). Raises CheckpointError when it is
     missing, corrupt or does not describe a model."""
+    return load_run(path)[0]
+
+
+def load_run(path):
+    """(model, tokenizer) of the checkpoint at path: the tokenizer the run
+    was trained with (its identity is in the checkpoint; a tokenizer.json
+    lies beside it). CheckpointError when either cannot be had."""
     p = checkpoint_path(path)
-    tensors, config, _ = read_checkpoint(p)
+    tensors, config, state = read_checkpoint(p)
+    try:
+        tok = run_tokenizer(os.path.dirname(os.path.abspath(p)), (state or {}).get("tokenizer"))
+    except TokenizerError as e:
+        raise CheckpointError(str(e)) from None
+    if tok.name != "byte" and tok.vocab_size > config.get("vocab_size", 0):
+        raise CheckpointError(f"checkpoint {p}: its model has {config.get('vocab_size')} ids, "
+                              f"fewer than its tokenizer's {tok.vocab_size}")
     try:
         model = _core.RxPtModel(config)
     except (TypeError, ValueError) as e:
@@ -42,7 +56,7 @@ def load_model(path):
             raise CheckpointError(f"checkpoint {p} lacks tensor {name} of shape "
                                   f"{model.params[name].shape}")
         model.params[name][...] = t
-    return model
+    return model, tok
 
 
 def sample_token(logits, rng, temperature=1.0, top_p=1.0):
@@ -68,13 +82,15 @@ def sample_token(logits, rng, temperature=1.0, top_p=1.0):
     return int(rng.choice(len(p), p=p))
 
 
-def generate(model, prompt, max_new_tokens=200, temperature=1.0, top_p=0.9, seed=0):
+def generate(model, prompt, max_new_tokens=200, temperature=1.0, top_p=0.9, seed=0,
+             tokenizer=None):
     """Yield the decoded text of each new token after `prompt` (str or bytes).
 
     The prompt runs once; each new token is one recurrent step. An empty
-    prompt starts from a newline.
+    prompt starts from a newline. tokenizer: the run's (load_run); None
+    means bytes.
     """
-    tok = ByteTokenizer()
+    tok = tokenizer or ByteTokenizer()
     ids = tok.encode(prompt) if len(prompt) else tok.encode("\n")
     state = _core.InferState(model, max_len=len(ids) + max(max_new_tokens, 1))
     rng = np.random.Generator(np.random.PCG64(seed))
@@ -82,7 +98,7 @@ def generate(model, prompt, max_new_tokens=200, temperature=1.0, top_p=0.9, seed
     dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
     for i in range(max_new_tokens):
         t = sample_token(logits, rng, temperature, top_p)
-        text = dec.decode(bytes([t]) if t < 256 else b"")
+        text = dec.decode(tok.decode([t]) if t < tok.vocab_size else b"")
         if text:
             yield text
         if i + 1 < max_new_tokens:

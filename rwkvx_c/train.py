@@ -34,6 +34,8 @@ from rwkvx_c.checkpoint import CheckpointError, read_checkpoint, save_checkpoint
 from rwkvx_c.data import BatchSampler, load_corpus, eval_windows
 from rwkvx_c.init import SCHEMES, init_model
 from rwkvx_c.optim import AdamW, decay_ranges, lr_at
+from rwkvx_c.tokenizer import TokenizerError, check_identity, run_tokenizer
+from rwkvx_c.tokenizer import load as load_tokenizer
 
 __all__ = ["PRESETS", "TrainOptions", "Trainer", "TrainError", "CHECKPOINT", "LOG"]
 
@@ -125,7 +127,9 @@ class TrainOptions:
     runs over steps; with only a time budget it runs over elapsed time.
     """
     preset: str = "default"
-    data: str = None              # None: the standard-library corpus
+    data: str = None              # None: the standard-library corpus; a list: several paths
+    tokenizer: str = "byte"       # "byte", "world" or a tokenizer.json path (rwkvx_c.tokenizer)
+    text_field: str = "text"      # the text of a .jsonl record
     steps: int = None
     time_budget: float = None     # minutes
     batch: int = None
@@ -227,8 +231,8 @@ class Trainer:
     Methods: step(), evaluate(), save(), done(), run(), close().
     """
 
-    def __init__(self, options=None, out_dir=None, *, _state=None, _tensors=None,
-                 _weights=None):
+    def __init__(self, options=None, out_dir=None, *, progress=False, _state=None,
+                 _tensors=None, _weights=None):
         opts = (options or TrainOptions()).resolved()
         self.opts = opts
         self.out_dir = out_dir
@@ -244,9 +248,20 @@ class Trainer:
         if opts.threads is not None:
             _core.set_num_threads(opts.threads)
         try:
-            self.corpus = load_corpus(opts.data, seq_len=opts.seq_len, cache_dir=opts.cache_dir)
+            self.tokenizer = (run_tokenizer(out_dir, _state.get("tokenizer")) if _state is not None
+                              else load_tokenizer(opts.tokenizer))
+        except TokenizerError as e:
+            raise TrainError(str(e)) from None
+        if out_dir is not None and _state is None:
+            self.tokenizer.save(out_dir)   # a tokenizer.json travels with the run
+        try:
+            self.corpus = load_corpus(opts.data, seq_len=opts.seq_len, cache_dir=opts.cache_dir,
+                                      tokenizer=self.tokenizer, text_field=opts.text_field,
+                                      progress=progress)
         except OSError as e:
             raise TrainError(f"cannot prepare the corpus: {e}") from None
+        if self.tokenizer.name != "byte":  # the model's vocabulary is the tokenizer's
+            opts.model["vocab_size"] = self.tokenizer.vocab_size
         cfg = dict(opts.model)
         if self.corpus.vocab_size > cfg["vocab_size"]:
             raise TrainError(f"the corpus has {self.corpus.vocab_size} token ids but the model's "
@@ -266,6 +281,10 @@ class Trainer:
         self.sampler = BatchSampler(self.corpus.train, opts.batch, opts.seq_len, opts.seed)
         self.val_x, self.val_y = eval_windows(self.corpus.val, opts.seq_len,
                                               max(1, opts.eval_tokens // opts.seq_len))
+        # val_bpb divides by the text bytes the validation targets decode to
+        tb = self.corpus.token_bytes
+        self.val_bytes = int(tb[self.val_y].sum()) if tb is not None else \
+            self.val_y.size if self.corpus.is_bytes else None
         self.step_count = 0
         self.elapsed = 0.0          # training seconds of earlier sessions of this run
         self.tokens_seen = 0
@@ -281,7 +300,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ state
     @classmethod
-    def resume(cls, out_dir, **changes):
+    def resume(cls, out_dir, progress=False, **changes):
         """Continue the run saved in out_dir; changes may set the RESUMABLE
         options (steps, time_budget, eval_every, save_every, threads, cache_dir).
         Any other option that differs from the saved run is a TrainError."""
@@ -297,7 +316,8 @@ class Trainer:
             return cls(TrainOptions(**{**kw, "model": dict(config)}), out_dir, _weights=tensors)
         if not isinstance(saved, dict):
             raise TrainError(f"checkpoint {path} holds no training state")
-        opts = TrainOptions(**{f.name: saved.get(f.name) for f in fields(TrainOptions)})
+        # options added since the checkpoint was written take their defaults
+        opts = TrainOptions(**{f.name: saved.get(f.name, f.default) for f in fields(TrainOptions)})
         # runs saved before the ln0 key existed had none: ln0 = 0, not the preset's
         opts.model = {"ln0": 0, **(opts.model or {})}
         config = {"ln0": 0, **config}
@@ -309,6 +329,11 @@ class Trainer:
                 continue
             if k in TrainOptions.RESUMABLE:
                 setattr(opts, k, v)
+            elif k == "tokenizer":  # judged by the vocabulary's hash, not the spelling
+                try:
+                    check_identity(load_tokenizer(v), state.get("tokenizer"), f"the run in {out_dir}")
+                except TokenizerError as e:
+                    raise TrainError(f"cannot resume: {e}") from None
             elif k == "model":
                 for mk, mv in v.items():
                     if opts.model.get(mk) != mv:
@@ -320,7 +345,7 @@ class Trainer:
         if config != opts.model:
             raise TrainError(f"checkpoint {path} is inconsistent: its model config differs "
                              "from its saved options")
-        return cls(opts, out_dir, _state=state, _tensors=tensors)
+        return cls(opts, out_dir, progress=progress, _state=state, _tensors=tensors)
 
     def _restore(self, state, tensors):
         if state.get("corpus") != self.corpus.description:
@@ -363,7 +388,7 @@ class Trainer:
                 "sampler": self.sampler.state(), "warm_end": self._warm_end,
                 "next_eval_at": self._next_eval_at, "last_eval": self.last_eval,
                 "eval_seconds": self._eval_seconds, "options": self.opts.to_dict(),
-                "corpus": self.corpus.description}
+                "corpus": self.corpus.description, "tokenizer": self.tokenizer.identity()}
 
     def save(self, path=None):
         """Write the checkpoint (params, AdamW moments, run state) atomically.
@@ -456,7 +481,10 @@ class Trainer:
 
     def evaluate(self):
         """Mean validation loss over the fixed validation windows (up to
-        eval_tokens tokens), and bits per byte for byte-level corpora.
+        eval_tokens tokens), and bits per byte of text: the loss summed in
+        nats over every target token / (ln 2 * the UTF-8 bytes those tokens
+        decode to), comparable across tokenizers (None for token files of
+        unknown vocabulary).
         Touches neither the parameters nor the training data stream."""
         t = time.perf_counter()
         B = self.opts.batch
@@ -468,7 +496,7 @@ class Trainer:
             total += _cross_entropy(logits, y) * y.size
             n += y.size
         val = total / n
-        bpb = val / math.log(2) if self.corpus.is_bytes else None
+        bpb = total / (math.log(2) * self.val_bytes) if self.val_bytes else None
         # the slowest evaluation so far: on a shared machine the next can be as slow
         self._eval_seconds = max(self._eval_seconds or 0.0, time.perf_counter() - t)
         self.last_eval = {"step": self.step_count, "val_loss": val, "val_bpb": bpb}
