@@ -39,7 +39,7 @@ import traceback
 
 import numpy as np
 
-__all__ = ["ProcessGroup", "MPIGroup", "world", "mpi_requested", "abort_job", "DistributedError"]
+__all__ = ["DistributedError", "MPIGroup", "ProcessGroup", "abort_job", "mpi_requested", "world"]
 
 _FORCE = "RWKVX_MPI"
 _ON, _OFF = ("1", "on", "yes", "true"), ("0", "off", "no", "false")
@@ -112,7 +112,7 @@ class ProcessGroup:
     def default_threads(self):
         """OpenMP threads for this rank when --threads is not given; None keeps
         the library default (OMP_NUM_THREADS, else every core)."""
-        return None
+        return
 
     def average_grads(self, grads, loss):
         return loss
