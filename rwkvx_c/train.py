@@ -15,6 +15,11 @@ One step: B windows of T+1 tokens from the seeded sampler -> model.forward
 batch, all in C) -> global grad-norm clipping -> AdamW in place on the
 parameter arena. Nothing is copied on this path.
 
+Under MPI (``mpiexec -n P``; rwkvx_c/distributed.py) every rank trains on
+its B/P rows of the same global batch and the gradients are averaged in place
+before the optimiser, so P ranks train the one-process model; only rank 0
+writes the run folder.
+
 Determinism: with the same thread count a resumed run repeats the
 uninterrupted run's losses bit for bit when its schedule is by steps
 (--steps). A wall-clock budget (--time-budget) schedules the learning rate by
@@ -329,7 +334,10 @@ class Trainer:
     def save(self, path=None):
         """Write the checkpoint (params, AdamW moments, run state) atomically.
 
-        Defaults to out_dir/checkpoint.safetensors; returns the path."""
+        Defaults to out_dir/checkpoint.safetensors; returns the path (None on
+        ranks other than 0, which write nothing)."""
+        if not self.group.is_root:
+            return None
         if path is None:
             if self.out_dir is None:
                 raise TrainError("save() needs a path when the trainer has no out_dir")

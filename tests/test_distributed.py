@@ -156,10 +156,11 @@ def test_batch_must_divide_over_ranks(tmp_path):
     assert not os.path.exists(tmp_path / "x" / "checkpoint.safetensors")
 
 
-@pytest.mark.parametrize("how", ["raise", "die"])
+@pytest.mark.parametrize("how", ["raise", "die", "interrupt"])
 def test_a_failing_rank_ends_the_job(tmp_path, how):
     """Rank 1 raises (or is killed) at its second step while rank 0 waits in
-    the gradient allreduce: the job must end with an error, not hang."""
+    the gradient allreduce: the job must end with an error, not hang. A
+    SIGINT on rank 1 alone stops both ranks at the same step, cleanly."""
     script = tmp_path / "fail.py"
     script.write_text(
         "import os, signal, sys\n"
@@ -171,12 +172,20 @@ def test_a_failing_rank_ends_the_job(tmp_path, how):
         "        if self.step_count == 1:\n"
         f"            if {how!r} == 'die':\n"
         "                os.kill(os.getpid(), signal.SIGKILL)\n"
-        "            raise RuntimeError('injected failure')\n"
+        f"            if {how!r} == 'interrupt':\n"
+        "                os.kill(os.getpid(), signal.SIGINT)\n"
+        "            else:\n"
+        "                raise RuntimeError('injected failure')\n"
         "        return step(self)\n"
         "    Trainer.step = failing\n"
         "sys.exit(cli.main(['train'] + sys.argv[1:]))\n")
-    r = _launch(2, ["--out", str(tmp_path / "f"), "--steps", "5"] + FAST, tmp_path,
-                script=script)
+    out = tmp_path / "f"
+    r = _launch(2, ["--out", str(out), "--steps", "5"] + FAST, tmp_path, script=script)
+    if how == "interrupt":
+        assert r.returncode == 130, r.stderr
+        steps = [row["step"] for row in _losses(out)[1] if "loss" in row]
+        assert 1 <= len(steps) < 5 and os.path.exists(out / "checkpoint.safetensors")
+        return
     assert r.returncode != 0
     if how == "raise":
         assert "rank 1 of 2 failed (RuntimeError: injected failure)" in r.stderr
