@@ -91,8 +91,44 @@ def worker(a):
                 ts.append(time.perf_counter() - t)
             row[f"allreduce_{p}_s"] = min(ts)
             row[f"allreduce_{p}_mib"] = n * 4 / 2 ** 20
+        # the S preset's gradients: an allreduce of the order of this step's compute here
+        n = RxPtModel(PRESETS["S"]["model"], seed=0).n_params
+        row.update(overlap_probe(tr, g, np.ones(n, dtype=np.float32)))
     if g.is_root:
         print("ROW " + json.dumps(row), flush=True)
+
+
+def overlap_probe(tr, g, buf):
+    """Does a non-blocking Iallreduce progress while the C backward runs?
+    Times a forward+backward alone, an Allreduce of buf alone, and the two
+    together (Iallreduce started, backward, Wait); best of 3 each."""
+    MPI = g._MPI
+    x, y = tr.sampler.next()
+    lo, hi = tr._rows
+    x, y = x[lo:hi], y[lo:hi]
+
+    def compute():
+        tr.model.forward(x)
+        tr.model.backward(y)
+
+    def reduce():
+        g.comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+
+    def both():
+        req = g.comm.Iallreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+        compute()
+        req.Wait()
+
+    out = {}
+    for name, fn in (("compute", compute), ("reduce", reduce), ("both", both)):
+        ts = []
+        for _ in range(3):
+            g.comm.Barrier()
+            t = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t)
+        out[f"probe_{name}_s"] = float(g.comm.allreduce(min(ts), op=MPI.MAX))
+    return out
 
 
 def _run(cmd, env):
@@ -132,6 +168,11 @@ def measure(a):
           f"({100 * rn['allreduce_s'] / rn['step_s']:.1f}%) | {1e3 * rn['wait_s']:.2f} |")
     print(f"\n{rn['ranks']} ranks / 1 rank: {rn['tokens_per_s'] / r1['tokens_per_s']:.3f}x "
           f"(1.0 = the same cores used as well by ranks as by threads)")
+    c, r, b = (rn[f"probe_{k}_s"] for k in ("compute", "reduce", "both"))
+    print(f"overlap probe (Iallreduce of the S gradients started, then this step's "
+          f"forward+backward, then Wait): compute {1e3 * c:.1f} ms, allreduce {1e3 * r:.1f} ms, "
+          f"both {1e3 * b:.1f} ms; hidden {1e3 * (c + r - b):.1f} ms of "
+          f"{1e3 * r:.1f} (0 = no progress in the background)")
     for p in ("S", "M"):
         mib, s = rn[f"allreduce_{p}_mib"], rn[f"allreduce_{p}_s"]
         print(f"bare Allreduce of the {p} gradients ({mib:.1f} MiB) between {rn['ranks']} ranks "
