@@ -229,11 +229,30 @@ def plot_log(rows, path):
     return True
 
 
+def _resume_dir(out):
+    from rwkvx_c.train import TrainError
+    out = out or _latest_run()
+    if out is None:
+        raise TrainError("--resume found no run under ./runs/; name one with --out DIR")
+    if not os.path.isdir(out):
+        raise TrainError(f"--resume: run folder {out} does not exist")
+    return out
+
+
 def _train(a):
     from rwkvx_c import get_num_threads
     from rwkvx_c.checkpoint import CheckpointError
     from rwkvx_c.data import DataError
+    from rwkvx_c.distributed import DistributedError, world
     from rwkvx_c.train import LOG, TrainError, TrainOptions, Trainer, shape_overrides
+
+    try:
+        group = world()
+    except DistributedError as e:
+        return _err(str(e))
+    if not group.is_root:  # rank 0 speaks for the job; a failing rank still reports (abort)
+        sys.stdout = sys.stderr = open(os.devnull, "w")
+        a.no_progress = True
 
     data = a.data[0] if a.data and len(a.data) == 1 else a.data
     opts = dict(data=data, preset=a.preset, steps=a.steps, time_budget=a.time_budget,
@@ -251,20 +270,16 @@ def _train(a):
                 return _err("the model shape of a run is fixed; drop the shape flags with --resume")
             opts["model"] = shape_overrides(a.preset or "default", **shape)
         if a.resume:
-            out = a.out or _latest_run()
-            if out is None:
-                return _err("--resume found no run under ./runs/; name one with --out DIR")
-            if not os.path.isdir(out):
-                return _err(f"--resume: run folder {out} does not exist")
+            out = group.on_root(_resume_dir, a.out)
             if a.data is not None:
                 opts["data"] = data
             tr = Trainer.resume(out, progress=not a.no_progress, **opts)
         else:
-            out = a.out or _new_run_dir()
+            out = group.root_value(a.out or _new_run_dir())
             kw = {k: v for k, v in opts.items() if v is not None}
             tr = Trainer(TrainOptions(**kw), out, progress=not a.no_progress)
-    except (TrainError, DataError, CheckpointError) as e:
-        return _err(str(e))
+    except (TrainError, DataError, CheckpointError, DistributedError) as e:
+        return _err(str(e) + (f" (on rank {e.rank})" if getattr(e, "rank", 0) else ""))
     except OSError as e:
         return _err(f"{e.strerror}: {e.filename}" if e.filename else str(e))
 
@@ -279,7 +294,8 @@ def _train(a):
           f"  model  preset {o.preset}, layers {m.layers}, {m.n_params:,} params, "
           f"init {o.init}\n"
           f"  train  batch {o.batch} x seq_len {o.seq_len}, lr {o.lr:g}, stop after {stop_by}, "
-          f"{get_num_threads()} threads"
+          + (f"{get_num_threads()} threads" if group.size == 1 else
+             f"{group.size} ranks x {get_num_threads()} threads per rank")
           + (f", resumed at step {tr.step_count}" if a.resume else ""), flush=True)
 
     interrupted = []
@@ -317,7 +333,7 @@ def _train(a):
             bar.update(min(bar.total, tr.train_seconds()) - bar.n)
 
     try:
-        final = tr.run(on_step=on_step, stop=lambda: bool(interrupted))
+        final = tr.run(on_step=on_step, stop=lambda: group.any(interrupted))
     except FloatingPointError as e:
         if bar:
             bar.close()
@@ -326,6 +342,8 @@ def _train(a):
         signal.signal(signal.SIGINT, old)
     if bar:
         bar.close()
+    if not group.is_root:
+        return 130 if interrupted else 0
     rows = tr.read_log()
     plot = os.path.join(out, "loss.png")
     plotted = plot_log(rows, plot)
@@ -422,6 +440,10 @@ def main(argv=None):
         return cmds[args.cmd](args)
     except BrokenPipeError:
         return 1
+    except BaseException as e:
+        from rwkvx_c.distributed import abort_job
+        abort_job(e)  # under MPI: report this rank's failure and end every rank
+        raise
 
 
 if __name__ == "__main__":

@@ -15,6 +15,11 @@ One step: B windows of T+1 tokens from the seeded sampler -> model.forward
 batch, all in C) -> global grad-norm clipping -> AdamW in place on the
 parameter arena. Nothing is copied on this path.
 
+Under MPI (``mpiexec -n P``; rwkvx_c/distributed.py) every rank trains on
+its B/P rows of the same global batch and the gradients are averaged in place
+before the optimiser, so P ranks train the one-process model; only rank 0
+writes the run folder.
+
 Determinism: with the same thread count a resumed run repeats the
 uninterrupted run's losses bit for bit when its schedule is by steps
 (--steps). A wall-clock budget (--time-budget) schedules the learning rate by
@@ -32,6 +37,7 @@ import numpy as np
 from rwkvx_c import _core
 from rwkvx_c.checkpoint import CheckpointError, read_checkpoint, save_checkpoint
 from rwkvx_c.data import BatchSampler, load_corpus, eval_windows
+from rwkvx_c.distributed import world
 from rwkvx_c.init import SCHEMES, init_model
 from rwkvx_c.optim import AdamW, decay_ranges, lr_at
 from rwkvx_c.tokenizer import TokenizerError, check_identity, run_tokenizer
@@ -229,10 +235,23 @@ class Trainer:
     Trainer(options, out_dir) starts a new run (out_dir must not hold a
     checkpoint yet); Trainer.resume(out_dir, **changes) continues one.
     Methods: step(), evaluate(), save(), done(), run(), close().
+
+    group: the data-parallel process group (default: rwkvx_c.distributed.world(),
+    a no-op in a plain run). Under MPI each rank computes its rows of every
+    batch and only rank 0 touches out_dir; see docs/distributed.md.
     """
 
-    def __init__(self, options=None, out_dir=None, *, progress=False, _state=None,
+    def __init__(self, options=None, out_dir=None, *, group=None, progress=False, _state=None,
                  _tensors=None, _weights=None):
+        self.group = world() if group is None else group
+        # an error on any rank raises on every rank: none is left waiting
+        self.group.agree(self._setup, options, out_dir, _state, _tensors, _weights,
+                         progress and self.group.is_root)
+        self.group.broadcast_(self.model.param_buffer)
+
+    def _setup(self, options, run_dir, _state, _tensors, _weights, progress):
+        # every rank reads the run folder (its tokenizer); only rank 0 writes it
+        out_dir = run_dir if self.group.is_root else None
         opts = (options or TrainOptions()).resolved()
         self.opts = opts
         self.out_dir = out_dir
@@ -245,10 +264,11 @@ class Trainer:
             os.makedirs(out_dir, exist_ok=True)
             if _state is None and os.path.exists(os.path.join(out_dir, LOG)):
                 os.unlink(os.path.join(out_dir, LOG))  # rows of a run that never saved
-        if opts.threads is not None:
-            _core.set_num_threads(opts.threads)
+        threads = opts.threads if opts.threads is not None else self.group.default_threads()
+        if threads is not None:
+            _core.set_num_threads(threads)
         try:
-            self.tokenizer = (run_tokenizer(out_dir, _state.get("tokenizer")) if _state is not None
+            self.tokenizer = (run_tokenizer(run_dir, _state.get("tokenizer")) if _state is not None
                               else load_tokenizer(opts.tokenizer))
         except TokenizerError as e:
             raise TrainError(str(e)) from None
@@ -278,7 +298,9 @@ class Trainer:
                            decay_ranges(self.model), betas=(opts.beta1, opts.beta2),
                            eps=opts.adam_eps, weight_decay=opts.weight_decay,
                            grad_clip=opts.grad_clip)
+        # every rank draws the global batch and trains on its rows of it
         self.sampler = BatchSampler(self.corpus.train, opts.batch, opts.seq_len, opts.seed)
+        self._rows = self.group.rows(opts.batch)
         self.val_x, self.val_y = eval_windows(self.corpus.val, opts.seq_len,
                                               max(1, opts.eval_tokens // opts.seq_len))
         # val_bpb divides by the text bytes the validation targets decode to
@@ -300,20 +322,23 @@ class Trainer:
 
     # ------------------------------------------------------------------ state
     @classmethod
-    def resume(cls, out_dir, progress=False, **changes):
+    def resume(cls, out_dir, *, group=None, progress=False, **changes):
         """Continue the run saved in out_dir; changes may set the RESUMABLE
         options (steps, time_budget, eval_every, save_every, threads, cache_dir).
-        Any other option that differs from the saved run is a TrainError."""
+        Any other option that differs from the saved run is a TrainError.
+        Under MPI rank 0 reads the checkpoint and sends it to the others."""
+        group = world() if group is None else group
         path = os.path.join(out_dir, CHECKPOINT)
         try:
-            tensors, config, state = read_checkpoint(path)
+            tensors, config, state = group.on_root(read_checkpoint, path)
         except CheckpointError as e:
             raise TrainError(str(e)) from None
         saved = state.get("options")
         if not isinstance(saved, dict) and state.get("imported_from"):
             # weights only (rwkvx-c import): a new run starts from them
             kw = {k: v for k, v in changes.items() if v is not None}
-            return cls(TrainOptions(**{**kw, "model": dict(config)}), out_dir, _weights=tensors)
+            return cls(TrainOptions(**{**kw, "model": dict(config)}), out_dir, group=group,
+                       progress=progress, _weights=tensors)
         if not isinstance(saved, dict):
             raise TrainError(f"checkpoint {path} holds no training state")
         # options added since the checkpoint was written take their defaults
@@ -345,9 +370,15 @@ class Trainer:
         if config != opts.model:
             raise TrainError(f"checkpoint {path} is inconsistent: its model config differs "
                              "from its saved options")
-        return cls(opts, out_dir, progress=progress, _state=state, _tensors=tensors)
+        return cls(opts, out_dir, group=group, progress=progress, _state=state, _tensors=tensors)
 
     def _restore(self, state, tensors):
+        # a different number of ranks sums the gradients in another order: not the same run
+        ranks = int(state.get("world_size", 1))
+        if ranks != self.group.size:
+            raise TrainError(f"the run was trained on {ranks} process(es) and this is "
+                             f"{self.group.size}; resume it with the same number "
+                             f"(mpiexec -n {ranks}), or start a new run")
         if state.get("corpus") != self.corpus.description:
             raise TrainError(f"the corpus changed since the checkpoint: it was "
                              f"{state.get('corpus')}, it is now {self.corpus.description}")
@@ -388,12 +419,16 @@ class Trainer:
                 "sampler": self.sampler.state(), "warm_end": self._warm_end,
                 "next_eval_at": self._next_eval_at, "last_eval": self.last_eval,
                 "eval_seconds": self._eval_seconds, "options": self.opts.to_dict(),
-                "corpus": self.corpus.description, "tokenizer": self.tokenizer.identity()}
+                "corpus": self.corpus.description, "tokenizer": self.tokenizer.identity(),
+                "world_size": self.group.size}
 
     def save(self, path=None):
         """Write the checkpoint (params, AdamW moments, run state) atomically.
 
-        Defaults to out_dir/checkpoint.safetensors; returns the path."""
+        Defaults to out_dir/checkpoint.safetensors; returns the path (None on
+        ranks other than 0, which write nothing)."""
+        if not self.group.is_root:
+            return None
         if path is None:
             if self.out_dir is None:
                 raise TrainError("save() needs a path when the trainer has no out_dir")
@@ -446,7 +481,10 @@ class Trainer:
 
     def done(self):
         """True once the step count or the time budget is used up (a run
-        takes at least one step)."""
+        takes at least one step). Rank 0's clock decides for every rank."""
+        return self.group.root_value(self._done())
+
+    def _done(self):
         if self.step_count == 0:
             return False
         if self.opts.steps is not None and self.step_count >= self.opts.steps:
@@ -462,10 +500,12 @@ class Trainer:
         """One optimiser step. Returns {'step', 'loss', 'lr', 'tokens_per_s',
         'grad_norm', 'elapsed'}."""
         t = time.perf_counter()
-        lr = self.lr()
+        lr = self.group.root_value(self.lr())
         x, y = self.sampler.next()
-        self.model.forward(x)
-        loss = self.model.backward(y)
+        lo, hi = self._rows
+        self.model.forward(x[lo:hi])
+        loss = self.model.backward(y[lo:hi])
+        loss = self.group.average_grads(self.model.grad_buffer, loss)
         if not math.isfinite(loss):
             raise FloatingPointError(f"loss is {loss} at step {self.step_count + 1}: the run "
                                      "diverged (try a lower --lr)")
@@ -487,14 +527,17 @@ class Trainer:
         unknown vocabulary).
         Touches neither the parameters nor the training data stream."""
         t = time.perf_counter()
-        B = self.opts.batch
+        lo, hi = self._rows
+        B = hi - lo
+        first, last = self.group.split(len(self.val_x))
         total, n = 0.0, 0
-        for i in range(0, len(self.val_x), B):
-            x = np.ascontiguousarray(self.val_x[i:i + B])
-            y = np.ascontiguousarray(self.val_y[i:i + B])
+        for i in range(first, last, B):
+            x = np.ascontiguousarray(self.val_x[i:min(i + B, last)])
+            y = np.ascontiguousarray(self.val_y[i:min(i + B, last)])
             logits = self.model.forward(x)
             total += _cross_entropy(logits, y) * y.size
             n += y.size
+        total, n = self.group.sum_values(total, n)
         val = total / n
         bpb = total / (math.log(2) * self.val_bytes) if self.val_bytes else None
         # the slowest evaluation so far: on a shared machine the next can be as slow
@@ -503,7 +546,11 @@ class Trainer:
         return {"val_loss": val, "val_bpb": bpb}
 
     def eval_due(self):
-        """True when the periodic evaluation falls on the step just taken."""
+        """True when the periodic evaluation falls on the step just taken
+        (rank 0's clock decides for every rank)."""
+        return self.group.root_value(self._eval_due())
+
+    def _eval_due(self):
         o = self.opts
         if o.eval_every is not None:
             return self.step_count % o.eval_every == 0
@@ -532,7 +579,7 @@ class Trainer:
         p = self._log_path()
         if p:
             with open(p, "a") as f:
-                f.write(json.dumps(row) + "\n")
+                f.write(json.dumps({**row, "world_size": self.group.size}) + "\n")
 
     def _truncate_log(self, step):
         """Drop log rows past `step` (work after the checkpoint that is redone)."""
