@@ -543,7 +543,8 @@ static void sgemm_serial(const gemm_impl *im, const rx_gemm_op *g) {
  * misses) sheds work instead of holding the rest at the join. */
 #define UNIT_W 512       /* column block width: a packed 256-deep block is 512 KiB */
 #define MAX_BATCH 16
-#define MAX_THREADS 64
+#define MAX_THREADS 256   /* a larger team is cut to this; 2 KiB of segments */
+#define MIN_UNIT_W 64     /* narrowest column block split off for a wide team */
 
 typedef struct {
     size_t k, jb, i0, i1, j0, j1;   /* op, column block, C tile */
@@ -601,13 +602,25 @@ static int claim(uint64_t *seg, int back, size_t *u) {
 }
 
 /* Each op's unit rows R (multiple of the kernel's mr, <= MC) and columns W.
- * Aims at ~8 units per thread, so stealing can even out a slow core. */
-static void unit_shape(const rx_gemm_op *g, size_t mr, double target, size_t *R, size_t *W) {
+ * Aims at ~8 units per thread, so stealing can even out a slow core. An op
+ * with few row slivers for the team (a weight gradient has M = C rows and
+ * K = B*T deep: 16 slivers at C = 256) is cut into narrower column blocks
+ * until it has two units per thread, else 48 of 64 threads would idle
+ * through it. The cut never changes a result: each C element is summed
+ * over k in the same order whatever its unit. */
+static void unit_shape(const rx_gemm_op *g, size_t mr, int nt, double target, size_t *R,
+                       size_t *W) {
     size_t nbj = (g->N + UNIT_W - 1) / UNIT_W;
     *W = ((g->N + nbj - 1) / nbj + NR - 1) / NR * NR;
     double rows = target / ((double)*W * (double)g->K);
     *R = rows >= MC ? MC : ((size_t)rows + mr - 1) / mr * mr;
     if (*R < mr) *R = mr;
+    const size_t nbi = (g->M + *R - 1) / *R, want = 2 * (size_t)nt;
+    if (nbi * nbj < want && *W > MIN_UNIT_W) {
+        nbj = (want + nbi - 1) / nbi;
+        *W = ((g->N + nbj - 1) / nbj + NR - 1) / NR * NR;
+        if (*W < MIN_UNIT_W) *W = MIN_UNIT_W;
+    }
 }
 
 /* Fills tl_units (thread part by thread part) and seg; returns the count,
@@ -623,7 +636,7 @@ static size_t plan_units(const rx_gemm_op *ops, size_t nops, size_t mr, int nt,
             for (size_t k = 0; k < nops; k++) {
                 const rx_gemm_op *g = &ops[k];
                 size_t R, W, mb = (g->M + mr - 1) / mr;
-                unit_shape(g, mr, target, &R, &W);
+                unit_shape(g, mr, nt, target, &R, &W);
                 size_t r0 = mb * t / nt * mr, r1 = mb * (t + 1) / nt * mr;
                 if (r1 > g->M) r1 = g->M;
                 for (size_t j0 = 0, jb = 0; j0 < g->N; j0 += W, jb++)

@@ -70,7 +70,9 @@ def test_sgemm_matches_float64(kernel, M, N, K, ta, tb):
                                          (256, 32, 512, True, False),    # LoRA weight grad
                                          (300, 260, 200, False, True),   # dx through a weight
                                          (97, 515, 130, True, False),
-                                         (20, 700, 40, False, False)])
+                                         (20, 700, 40, False, False),
+                                         # one row sliver: cut into column blocks
+                                         (16, 300, 600, True, False)])
 def test_sgemm_threads(kernel, threads, M, N, K, ta, tb):
     rng = np.random.default_rng(M + N + K)
     a, b, ref = _operands(rng, M, N, K, ta, tb)
