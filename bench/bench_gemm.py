@@ -21,9 +21,9 @@ and kernel once per round in turn, and reports the median round of each:
 on a shared machine every contender then samples the same load. --square S
 adds an S x S x S product.
 """
-import statistics
 import argparse
 import os
+import statistics
 import sys
 import time
 
