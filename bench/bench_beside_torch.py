@@ -18,8 +18,11 @@ runtime's idle workers spin on the cores the first one needs) and its
 thread count. The medians over rounds of each kind's median step and their
 ratios to `alone` are printed. --env gives one or more environments for
 the children (each a quoted list of NAME=VALUE, "-" for the inherited
-one), e.g. --env - "OMP_WAIT_POLICY=passive": every round runs every kind
+one), e.g. --env - "GOMP_SPINCOUNT=300000": every round runs every kind
 in every environment, so waiting policies compare under the same load.
+rwkvx_c bounds libgomp's spin at import when neither GOMP_SPINCOUNT nor
+OMP_WAIT_POLICY is set (rwkvx_c/_omp.py); GOMP_SPINCOUNT=300000 restores
+libgomp's own default.
 """
 import argparse
 import json
@@ -32,21 +35,6 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import common  # noqa: E402
-
-# file names of the OpenMP runtimes in use on Linux: GNU, LLVM, Intel
-_OMP_LIBS = ("libgomp", "libomp", "libiomp")
-
-
-def openmp_runtimes():
-    """Paths of the OpenMP runtime libraries mapped into this process."""
-    found = set()
-    with open("/proc/self/maps") as f:
-        for line in f:
-            path = line.split()[-1]
-            if any(os.path.basename(path).startswith(n) for n in _OMP_LIBS):
-                found.add(path)
-    return sorted(found)
-
 
 def child(args):
     import numpy as np
@@ -80,7 +68,7 @@ def child(args):
         t0 = time.perf_counter()
         step()
         times.append(time.perf_counter() - t0)
-    return {"median_s": statistics.median(times), "openmp": openmp_runtimes(),
+    return {"median_s": statistics.median(times), "openmp": rx.openmp_runtimes(),
             "threads": len(os.listdir("/proc/self/task"))}
 
 

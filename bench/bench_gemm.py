@@ -16,9 +16,9 @@ call is then timed alone (best of --repeat).
 
 --kernel forces one of rx_sgemm's micro-kernels (default: the one picked
 for this CPU: rwkvx_c.gemm_kernel()); several names compare those kernels
-in one process. --rounds R repeats the whole sweep R times, every library
-and kernel once per round in turn, and reports the median round of each:
-on a shared machine every contender then samples the same load. --square S
+in one process. --rounds R repeats the whole sweep R times and reports
+the median round of each: at 1 thread every library and kernel runs on
+each shape in turn, so on a shared machine all sample the same load. --square S
 adds an S x S x S product.
 """
 import argparse
@@ -109,33 +109,33 @@ def main():
     for S in args.square:
         a, b = operands(S, S, S, False, False, rng)
         rows.append(("square %d" % S, S, S, S, False, False, a, b))
-    # One library at a time: alternating calls would leave one library's idle
-    # threads spinning while the other's run, and slow both.
+    # Several threads: one library at a time, since alternating calls would
+    # leave one library's idle threads spinning while the other's run. One
+    # thread: every library on each shape in turn, so a burst of load from
+    # elsewhere hits all of them on that shape rather than one library.
     times = {}
     for _ in range(args.rounds):
         for n in args.threads:
             clock = time.thread_time if args.cpu_time and n == 1 else time.perf_counter
             rx.set_num_threads(n)
+            shaped = [r for r in rows if len(r) > 1]
+            order = ([(lib, r) for r in shaped for lib in libs] if n == 1
+                     else [(lib, r) for lib in libs for r in shaped])
             with common.blas_threads(n):
-                for lib in libs:
+                for lib, row in order:
+                    label, M, N, K, ta, tb, a, b = row
+                    out = np.empty((M, N), dtype=np.float32)
                     if lib != "numpy":
                         rx._core._sgemm_use_kernel(lib[3:])
-                    for row in rows:
-                        if len(row) == 1:
-                            continue
-                        label, M, N, K, ta, tb, a, b = row
-                        out = np.empty((M, N), dtype=np.float32)
-                        if lib != "numpy":
-                            fn = lambda: rx._core._sgemm(a, b, ta, tb, out=out)  # noqa: E731
-                        else:
-                            aa, bb = (a.T if ta else a), (b.T if tb else b)
-                            fn = lambda: np.matmul(aa, bb, out=out)  # noqa: E731
-                        if args.cold:
-                            t = cold_time(fn, flush, args.repeat, clock)
-                        else:
-                            t = common.best_time(fn, repeat=args.repeat, min_time=0.05,
-                                                 clock=clock)
-                        times.setdefault((lib, n, M, N, K, ta, tb), []).append(t)
+                        fn = lambda: rx._core._sgemm(a, b, ta, tb, out=out)  # noqa: E731
+                    else:
+                        aa, bb = (a.T if ta else a), (b.T if tb else b)
+                        fn = lambda: np.matmul(aa, bb, out=out)  # noqa: E731
+                    if args.cold:
+                        t = cold_time(fn, flush, args.repeat, clock)
+                    else:
+                        t = common.best_time(fn, repeat=args.repeat, min_time=0.05, clock=clock)
+                    times.setdefault((lib, n, M, N, K, ta, tb), []).append(t)
             rx._core._sgemm_use_kernel(None)
     rate = {key: statistics.median(ts) for key, ts in times.items()}
     for k in kernels:
