@@ -2,7 +2,7 @@
 shapes of the SPEC §11 configurations S and M, forward and backward.
 
     python bench/bench_gemm.py [--preset S M] [--threads 1 2] [--rows 512] [--cold]
-                               [--kernel generic|avx2-fma|avx512f]
+                               [--kernel NAME [NAME ...]] [--rounds R] [--square 2048]
 
 Each shape is M x N x K of C[M,N] = op(A)[M,K] . op(B)[K,N]; "dx" rows are
 grads through a weight (B transposed), "dW" rows weight grads (A transposed,
@@ -15,10 +15,15 @@ between two projections push their operands out of L2 and often L3; each
 call is then timed alone (best of --repeat).
 
 --kernel forces one of rx_sgemm's micro-kernels (default: the one picked
-for this CPU), so two runs compare kernels on the same shapes.
+for this CPU: rwkvx_c.gemm_kernel()); several names compare those kernels
+in one process. --rounds R repeats the whole sweep R times and reports
+the median round of each: at 1 thread every library and kernel runs on
+each shape in turn, so on a shared machine all sample the same load. --square S
+adds an S x S x S product.
 """
 import argparse
 import os
+import statistics
 import sys
 import time
 
@@ -77,12 +82,18 @@ def main():
                     help="flush the caches before every call (operands come from memory)")
     ap.add_argument("--flush-mib", type=int, default=64,
                     help="size of the buffer written to flush the caches with --cold")
-    ap.add_argument("--kernel", help="force this rx_sgemm micro-kernel")
+    ap.add_argument("--kernel", nargs="+", help="force these rx_sgemm micro-kernels in turn")
+    ap.add_argument("--rounds", type=int, default=1, help="sweeps; the median is reported")
+    ap.add_argument("--square", type=int, nargs="*", default=[], help="add S x S x S products")
     args = ap.parse_args()
-    if args.kernel:
-        rx._core._sgemm_use_kernel(args.kernel)   # ValueError if this CPU lacks it
-    print(common.blas_info(), "| rx kernel:", args.kernel or rx.gemm_kernel(),
-          "| cold (%d MiB flush)" % args.flush_mib if args.cold else "| hot caches")
+    kernels = args.kernel or [rx.gemm_kernel()]
+    for k in kernels:
+        rx._core._sgemm_use_kernel(k)   # ValueError if this CPU lacks it
+    rx._core._sgemm_use_kernel(None)
+    libs = ["rx " + k for k in kernels] + ["numpy"]
+    print(common.blas_info(), "| rx kernels:", ", ".join(kernels),
+          "| cold (%d MiB flush)" % args.flush_mib if args.cold else "| hot caches",
+          "| median of %d rounds" % args.rounds)
     flush = np.zeros(args.flush_mib << 18, dtype=np.float32) if args.cold else None
     rng = np.random.default_rng(0)
     seen, rows = set(), []
@@ -93,20 +104,29 @@ def main():
                 seen.add((M, N, K, ta, tb))
                 a, b = operands(M, N, K, ta, tb, rng)
                 rows.append((label, M, N, K, ta, tb, a, b))
-    # One library at a time: alternating calls would leave one library's idle
-    # threads spinning while the other's run, and slow both.
-    rate = {}
-    for n in args.threads:
-        clock = time.thread_time if args.cpu_time and n == 1 else time.perf_counter
-        rx.set_num_threads(n)
-        with common.blas_threads(n):
-            for lib in ("rx", "numpy"):
-                for row in rows:
-                    if len(row) == 1:
-                        continue
+    if args.square:
+        rows.append(("-- square",))
+    for S in args.square:
+        a, b = operands(S, S, S, False, False, rng)
+        rows.append(("square %d" % S, S, S, S, False, False, a, b))
+    # Several threads: one library at a time, since alternating calls would
+    # leave one library's idle threads spinning while the other's run. One
+    # thread: every library on each shape in turn, so a burst of load from
+    # elsewhere hits all of them on that shape rather than one library.
+    times = {}
+    for _ in range(args.rounds):
+        for n in args.threads:
+            clock = time.thread_time if args.cpu_time and n == 1 else time.perf_counter
+            rx.set_num_threads(n)
+            shaped = [r for r in rows if len(r) > 1]
+            order = ([(lib, r) for r in shaped for lib in libs] if n == 1
+                     else [(lib, r) for lib in libs for r in shaped])
+            with common.blas_threads(n):
+                for lib, row in order:
                     label, M, N, K, ta, tb, a, b = row
                     out = np.empty((M, N), dtype=np.float32)
-                    if lib == "rx":
+                    if lib != "numpy":
+                        rx._core._sgemm_use_kernel(lib[3:])
                         fn = lambda: rx._core._sgemm(a, b, ta, tb, out=out)  # noqa: E731
                     else:
                         aa, bb = (a.T if ta else a), (b.T if tb else b)
@@ -115,31 +135,44 @@ def main():
                         t = cold_time(fn, flush, args.repeat, clock)
                     else:
                         t = common.best_time(fn, repeat=args.repeat, min_time=0.05, clock=clock)
-                    rate[(lib, n, M, N, K, ta, tb)] = t
-    tot = {n: [0.0, 0.0, 0.0] for n in args.threads}   # flops, our time, numpy time
+                    times.setdefault((lib, n, M, N, K, ta, tb), []).append(t)
+            rx._core._sgemm_use_kernel(None)
+    rate = {key: statistics.median(ts) for key, ts in times.items()}
+    for k in kernels:
+        report(rows, rate, args.threads, "rx " + k)
+    rx.set_num_threads(0)
+
+
+def report(rows, rate, threads, lib):
+    """GFLOP/s of one rx kernel and of NumPy per shape, their ratio, and
+    each preset's total (its distinct shapes, each called once)."""
+    print("== rx_sgemm kernel", lib[3:])
+    tot = {}   # (section, threads): [flops, our time, numpy time]
     hdr = "%-22s %5s %5s %5s" % ("shape", "M", "N", "K")
-    for n in args.threads:
+    for n in threads:
         hdr += " | %4s %7s %7s %5s" % ("thr", "rx", "numpy", "ratio")
     print(hdr)
+    section = None
     for row in rows:
         if len(row) == 1:
             print(row[0])
+            section = row[0][3:]
             continue
         label, M, N, K, ta, tb = row[:6]
         line = "%-22s %5d %5d %5d" % (label, M, N, K)
         fl = 2.0 * M * N * K
-        for n in args.threads:
-            t_rx, t_np = rate[("rx", n, M, N, K, ta, tb)], rate[("numpy", n, M, N, K, ta, tb)]
-            tot[n][0] += fl
-            tot[n][1] += t_rx
-            tot[n][2] += t_np
+        for n in threads:
+            t_rx, t_np = rate[(lib, n, M, N, K, ta, tb)], rate[("numpy", n, M, N, K, ta, tb)]
+            t = tot.setdefault((section, n), [0.0, 0.0, 0.0])
+            t[0] += fl
+            t[1] += t_rx
+            t[2] += t_np
             line += " | %4d %7.1f %7.1f %5.2f" % (n, fl / t_rx / 1e9, fl / t_np / 1e9, t_np / t_rx)
         print(line, flush=True)
-    for n in args.threads:
-        f, trx, tnp = tot[n]
-        print("all shapes, %d thread(s): rx %.1f GFLOP/s, numpy %.1f GFLOP/s, ratio %.2f"
-              % (n, f / trx / 1e9, f / tnp / 1e9, tnp / trx))
-    rx.set_num_threads(0)
+    for (section, n), (f, trx, tnp) in tot.items():
+        if section.startswith("preset"):
+            print("%s, %d thread(s): rx %.1f GFLOP/s, numpy %.1f GFLOP/s, ratio %.2f"
+                  % (section, n, f / trx / 1e9, f / tnp / 1e9, tnp / trx))
 
 
 if __name__ == "__main__":

@@ -26,6 +26,8 @@ void rx_embedding_forward(const float *emb, const int *tokens, int T, int C, flo
     }
 }
 
+#define EMB_MIN_SLICE 16 /* floats: one 64-byte line */
+
 /* tokens: [T]; d_out: [T][C]; d_emb: [vocab][C], zeroed then scatter-added.
  * Tokens outside [0, vocab) contribute nothing. */
 void rx_embedding_backward(const int *tokens, int T, int C, int vocab,
@@ -39,7 +41,10 @@ void rx_embedding_backward(const int *tokens, int T, int C, int vocab,
     /* Threads own disjoint channel slices of every row, so repeated tokens
      * never race and each element is summed in token order (deterministic). */
     int nt = (rx_in_parallel() || (V + TT) * CC < 65536) ? 1 : rx_max_threads();
-    if ((size_t)nt > CC) nt = (int)CC;
+    /* a slice of at least a cache line: a wide team would otherwise share
+     * every written line among several threads (4 floats each at C = 256
+     * and 64 threads) */
+    if ((size_t)nt > CC / EMB_MIN_SLICE) nt = CC >= EMB_MIN_SLICE ? (int)(CC / EMB_MIN_SLICE) : 1;
 #pragma omp parallel for schedule(static, 1) num_threads(nt) if (nt > 1)
     for (int p = 0; p < nt; p++) {
         size_t c0 = CC * (size_t)p / (size_t)nt, c1 = CC * (size_t)(p + 1) / (size_t)nt;

@@ -12,10 +12,13 @@
  * contiguous copy when transposed). Transposes are absorbed by the packing
  * and the A addressing, so one micro-kernel serves A.B, A^T.B and A.B^T.
  *
- * Kernels are picked at run time: AVX-512 (an 8x16 tile) where the CPU and
- * OS have it, AVX2+FMA (6x16) where they have that, portable C (6x16)
- * elsewhere. All three share the packed B layout; the height MR of an A
- * sliver is the kernel's.
+ * Kernels are picked at run time: AVX-512 where the CPU and OS have it (a
+ * 16x16 tile on Intel, 8x16 elsewhere, see ukernel_avx512), AVX2+FMA
+ * (6x16) where they have that, portable C (6x16) elsewhere. All share the
+ * packed B layout; the height MR of an A sliver is the kernel's. Every
+ * SIMD kernel sums each C element over k in the same order, one FMA per
+ * step, so they give bit-identical results and the choice never changes
+ * a training run.
  *
  * Threading: rx_sgemm_batch runs a batch of independent GEMMs (a single
  * rx_sgemm is a batch of one) in one parallel region; each thread owns its
@@ -33,12 +36,18 @@
 #endif
 
 #define MR 6       /* tile rows of the AVX2 and portable kernels */
-#define MR512 8    /* tile rows of the AVX-512 kernel */
-#define MR_MAX MR512 /* the largest MR: scratch sizes */
+#define MR512 8    /* tile rows of the AVX-512 kernel for AMD */
+#define MR512I 16  /* tile rows of the AVX-512 kernel for Intel */
+#define MR_MAX MR512I /* the largest MR: scratch sizes */
 #define NR 16
 #define KC 256   /* a KC x NR B sliver is 16 KiB: half of L1 */
 #define MC 144   /* multiple of every MR; the MC x KC A block stays in L2 */
-#define NC 4096  /* multiple of NR; the packed B panel lives in L3 */
+_Static_assert(MC % MR == 0 && MC % MR512 == 0 && MC % MR512I == 0, "MC: whole slivers");
+/* multiple of NR. The 1 MiB KC x NC panel of B stays in a 2 MiB L2 (Intel
+ * server cores): at NC = 4096 (4 MiB, streamed from L3) the 1-thread head
+ * projection (512 x 4096 x 512) ran at 80-87 GFLOP/s on Sapphire Rapids,
+ * at 1024 at 92-97. Parallel units are narrower still (UNIT_W). */
+#define NC 1024
 #define NPACK 128 /* op(A) is packed only for wider tiles, see sgemm_block */
 #define PF_K 48   /* k steps ahead the micro-kernel prefetches a k-strided A */
 
@@ -217,18 +226,25 @@ RX_AVX2 static void pack_bt_avx2(const float *B, size_t ldb, size_t p0, size_t k
 
 #define RX_AVX512 __attribute__((target("avx512f,avx2,fma")))
 
-/* The 8x16 tile: one zmm of B per k step, each of the eight A values
- * broadcast into its row's FMA. Eight independent accumulators cover a
- * 4-cycle FMA latency on two 512-bit FMA ports (Intel server cores). Zen 4
- * runs 512-bit FMAs at the AVX2 rate; there a 12-row tile measured 4-7%
- * slower than the AVX2 kernel on wide projections (its A sliver crowds the
- * B sliver out of the 32 KiB L1), this one 0-12% faster (bench_gemm.py
- * --kernel) and 1-2% faster in a training step. */
-RX_AVX512 static void ukernel_avx512(size_t kc, const float *A, size_t rs, size_t cs,
-                                     const float *Bp, float *C, size_t ldc, int acc) {
-    __m512 c[MR512];
-#pragma GCC unroll 8
-    for (size_t i = 0; i < MR512; i++) {
+/* The R x 16 tile: one zmm of B per k step, each of the R A values
+ * broadcast into its row's FMA; R independent accumulators. Two 512-bit
+ * FMA ports of 4-cycle latency (Intel server cores) need at least 8 FMAs
+ * in flight; 8 leave no slack for the loads, and the 8x16 tile ran at 89%
+ * of the 16x16's rate in L1 on a Sapphire Rapids core (121 against 136
+ * GFLOP/s; 12 to 28 rows all reached 136), so Intel gets R = 16: its A
+ * and B slivers (16 KiB each at KC = 256) fit the 48 KiB L1 together.
+ * Zen 4 runs 512-bit FMAs at the AVX2 rate and has a 32 KiB L1; there a
+ * 12-row tile measured 4-7% slower than the AVX2 kernel on wide
+ * projections (its A sliver crowds the B sliver out of L1), the 8-row one
+ * 0-12% faster (bench_gemm.py --kernel) and 1-2% faster in a training
+ * step, so AMD and other vendors keep R = 8. R is a constant at each use,
+ * so the loops unroll into registers. */
+RX_AVX512 static inline __attribute__((always_inline)) void
+ukernel_avx512_body(size_t R, size_t kc, const float *A, size_t rs, size_t cs, const float *Bp,
+                    float *C, size_t ldc, int acc) {
+    __m512 c[MR_MAX];
+#pragma GCC unroll 16
+    for (size_t i = 0; i < R; i++) {
         c[i] = _mm512_setzero_ps();
         _mm_prefetch((const char *)(C + i * ldc), _MM_HINT_T0);
         _mm_prefetch((const char *)(C + i * ldc + NR - 1), _MM_HINT_T0);
@@ -236,8 +252,8 @@ RX_AVX512 static void ukernel_avx512(size_t kc, const float *A, size_t rs, size_
     if (cs == 1) {
         for (size_t p = 0; p < kc; p++, A++, Bp += NR) {
             __m512 b = _mm512_load_ps(Bp);
-#pragma GCC unroll 8
-            for (size_t i = 0; i < MR512; i++)
+#pragma GCC unroll 16
+            for (size_t i = 0; i < R; i++)
                 c[i] = _mm512_fmadd_ps(_mm512_set1_ps(A[i * rs]), b, c[i]);
         }
     } else {
@@ -246,24 +262,35 @@ RX_AVX512 static void ukernel_avx512(size_t kc, const float *A, size_t rs, size_
 #pragma GCC unroll 2
         for (size_t p = 0; p < kc; p++, A += cs, Bp += NR) {
             _mm_prefetch((const char *)(A + PF_K * cs), _MM_HINT_T0);
-            _mm_prefetch((const char *)(A + PF_K * cs + MR512 - 1), _MM_HINT_T0);
+            _mm_prefetch((const char *)(A + PF_K * cs + R - 1), _MM_HINT_T0);
             __m512 b = _mm512_load_ps(Bp);
-#pragma GCC unroll 8
-            for (size_t i = 0; i < MR512; i++)
+#pragma GCC unroll 16
+            for (size_t i = 0; i < R; i++)
                 c[i] = _mm512_fmadd_ps(_mm512_set1_ps(A[i]), b, c[i]);
         }
     }
-#pragma GCC unroll 8
-    for (size_t i = 0; i < MR512; i++) {
+#pragma GCC unroll 16
+    for (size_t i = 0; i < R; i++) {
         float *ci = C + i * ldc;
         _mm512_storeu_ps(ci, acc ? _mm512_add_ps(c[i], _mm512_loadu_ps(ci)) : c[i]);
     }
 }
 
-/* R <= 8 rows of eight k values, transposed as an 8x8 block over 8 - R
- * zero rows: k column q lands at Ap[(p+q)*R] as eight floats whose last
- * 8 - R the next store overwrites (the last ones spill into the buffer's
- * slack). R is a constant at each use, so the loops unroll. */
+RX_AVX512 static void ukernel_avx512(size_t kc, const float *A, size_t rs, size_t cs,
+                                     const float *Bp, float *C, size_t ldc, int acc) {
+    ukernel_avx512_body(MR512, kc, A, rs, cs, Bp, C, ldc, acc);
+}
+
+RX_AVX512 static void ukernel_avx512_16(size_t kc, const float *A, size_t rs, size_t cs,
+                                        const float *Bp, float *C, size_t ldc, int acc) {
+    ukernel_avx512_body(MR512I, kc, A, rs, cs, Bp, C, ldc, acc);
+}
+
+/* R rows of eight k values, transposed as 8x8 blocks of eight rows each
+ * (the last over zero rows when R is not a multiple of 8): k column q of
+ * rows [h, h+8) lands at Ap[(p+q)*R + h] as eight floats, of which those
+ * past row R the next store overwrites (the last ones spill into the
+ * buffer's slack). R is a constant at each use, so the loops unroll. */
 RX_AVX2 static inline __attribute__((always_inline)) void
 pack_an_body(size_t R, const float *A, size_t lda, size_t i0, size_t mc, size_t p0, size_t kc,
              float *Ap) {
@@ -274,13 +301,15 @@ pack_an_body(size_t R, const float *A, size_t lda, size_t i0, size_t mc, size_t 
         }
         const float *src = A + (i0 + s) * lda + p0;
         size_t p = 0;
-        for (; p + 8 <= kc; p += 8) {
-            __m256 r[8];
-            for (size_t i = 0; i < 8; i++)
-                r[i] = i < R ? _mm256_loadu_ps(src + i * lda + p) : _mm256_setzero_ps();
-            transpose8(r);
-            for (size_t q = 0; q < 8; q++) _mm256_storeu_ps(Ap + (p + q) * R, r[q]);
-        }
+        for (; p + 8 <= kc; p += 8)
+            for (size_t h = 0; h < R; h += 8) {
+                __m256 r[8];
+                for (size_t i = 0; i < 8; i++)
+                    r[i] = h + i < R ? _mm256_loadu_ps(src + (h + i) * lda + p)
+                                     : _mm256_setzero_ps();
+                transpose8(r);
+                for (size_t q = 0; q < 8; q++) _mm256_storeu_ps(Ap + (p + q) * R + h, r[q]);
+            }
         for (; p < kc; p++)
             for (size_t i = 0; i < R; i++) Ap[p * R + i] = src[i * lda + p];
     }
@@ -291,10 +320,15 @@ RX_AVX2 static void pack_an_avx2(const float *A, size_t lda, size_t i0, size_t m
     pack_an_body(MR, A, lda, i0, mc, p0, kc, Ap);
 }
 
-/* the AVX-512 kernel's 8-row slivers: AVX2 code is as fast for a copy */
+/* the AVX-512 kernels' 8- and 16-row slivers: AVX2 code is as fast for a copy */
 RX_AVX2 static void pack_an_8(const float *A, size_t lda, size_t i0, size_t mc,
                               size_t p0, size_t kc, float *Ap) {
     pack_an_body(MR512, A, lda, i0, mc, p0, kc, Ap);
+}
+
+RX_AVX2 static void pack_an_16(const float *A, size_t lda, size_t i0, size_t mc,
+                               size_t p0, size_t kc, float *Ap) {
+    pack_an_body(MR512I, A, lda, i0, mc, p0, kc, Ap);
 }
 #endif
 
@@ -304,9 +338,15 @@ static const gemm_impl impl_generic = {"generic", MR, ukernel_generic, pack_bt_g
 static const gemm_impl impl_avx2 = {"avx2-fma", MR, ukernel_avx2, pack_bt_avx2, pack_an_avx2};
 static const gemm_impl impl_avx512 = {"avx512f", MR512, ukernel_avx512, pack_bt_avx2,
                                       pack_an_8};
+static const gemm_impl impl_avx512_16 = {"avx512f-16x16", MR512I, ukernel_avx512_16,
+                                         pack_bt_avx2, pack_an_16};
 
 /* libgcc's test includes the OS's saving of the zmm state (XCR0). */
 static int have_avx512(void) { return __builtin_cpu_supports("avx512f"); }
+/* The vendor, not a timing, picks the AVX-512 tile: a calibration run at
+ * start-up would measure a shared or throttled core as often as the
+ * kernel, and could pick differently from run to run. */
+static int is_intel(void) { return __builtin_cpu_is("intel"); }
 static int have_avx2(void) {
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
@@ -318,7 +358,7 @@ static const gemm_impl *forced_impl;
 static const gemm_impl *pick_impl(void) {
     if (forced_impl) return forced_impl;
 #ifdef RX_X86
-    if (have_avx512()) return &impl_avx512;
+    if (have_avx512()) return is_intel() ? &impl_avx512_16 : &impl_avx512;
     if (have_avx2()) return &impl_avx2;
 #endif
     return &impl_generic;
@@ -342,6 +382,10 @@ int rx_sgemm_use_kernel(const char *name) {
     }
     if (!strcmp(name, impl_avx512.name) && have_avx512()) {
         forced_impl = &impl_avx512;
+        return RX_OK;
+    }
+    if (!strcmp(name, impl_avx512_16.name) && have_avx512()) {
+        forced_impl = &impl_avx512_16;
         return RX_OK;
     }
 #endif
@@ -384,6 +428,10 @@ static void pack_a(const gemm_impl *im, int ta, const float *A, size_t lda, size
             const float *src = A + (p0 + p) * lda + i0 + s;
             float *dst = Ap + p * R;
             /* constant sizes: the copies inline instead of calling memcpy */
+            if (mr == R && R == MR512I) {
+                memcpy(dst, src, MR512I * sizeof(float));
+                continue;
+            }
             if (mr == R && R == MR512) {
                 memcpy(dst, src, MR512 * sizeof(float));
                 continue;
@@ -495,7 +543,8 @@ static void sgemm_serial(const gemm_impl *im, const rx_gemm_op *g) {
  * misses) sheds work instead of holding the rest at the join. */
 #define UNIT_W 512       /* column block width: a packed 256-deep block is 512 KiB */
 #define MAX_BATCH 16
-#define MAX_THREADS 64
+#define MAX_THREADS 256   /* a larger team is cut to this; 2 KiB of segments */
+#define MIN_UNIT_W 64     /* narrowest column block split off for a wide team */
 
 typedef struct {
     size_t k, jb, i0, i1, j0, j1;   /* op, column block, C tile */
@@ -553,13 +602,25 @@ static int claim(uint64_t *seg, int back, size_t *u) {
 }
 
 /* Each op's unit rows R (multiple of the kernel's mr, <= MC) and columns W.
- * Aims at ~8 units per thread, so stealing can even out a slow core. */
-static void unit_shape(const rx_gemm_op *g, size_t mr, double target, size_t *R, size_t *W) {
+ * Aims at ~8 units per thread, so stealing can even out a slow core. An op
+ * with few row slivers for the team (a weight gradient has M = C rows and
+ * K = B*T deep: 16 slivers at C = 256) is cut into narrower column blocks
+ * until it has two units per thread, else 48 of 64 threads would idle
+ * through it. The cut never changes a result: each C element is summed
+ * over k in the same order whatever its unit. */
+static void unit_shape(const rx_gemm_op *g, size_t mr, int nt, double target, size_t *R,
+                       size_t *W) {
     size_t nbj = (g->N + UNIT_W - 1) / UNIT_W;
     *W = ((g->N + nbj - 1) / nbj + NR - 1) / NR * NR;
     double rows = target / ((double)*W * (double)g->K);
     *R = rows >= MC ? MC : ((size_t)rows + mr - 1) / mr * mr;
     if (*R < mr) *R = mr;
+    const size_t nbi = (g->M + *R - 1) / *R, want = 2 * (size_t)nt;
+    if (nbi * nbj < want && *W > MIN_UNIT_W) {
+        nbj = (want + nbi - 1) / nbi;
+        *W = ((g->N + nbj - 1) / nbj + NR - 1) / NR * NR;
+        if (*W < MIN_UNIT_W) *W = MIN_UNIT_W;
+    }
 }
 
 /* Fills tl_units (thread part by thread part) and seg; returns the count,
@@ -575,7 +636,7 @@ static size_t plan_units(const rx_gemm_op *ops, size_t nops, size_t mr, int nt,
             for (size_t k = 0; k < nops; k++) {
                 const rx_gemm_op *g = &ops[k];
                 size_t R, W, mb = (g->M + mr - 1) / mr;
-                unit_shape(g, mr, target, &R, &W);
+                unit_shape(g, mr, nt, target, &R, &W);
                 size_t r0 = mb * t / nt * mr, r1 = mb * (t + 1) / nt * mr;
                 if (r1 > g->M) r1 = g->M;
                 for (size_t j0 = 0, jb = 0; j0 < g->N; j0 += W, jb++)

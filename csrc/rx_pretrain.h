@@ -413,8 +413,8 @@ void rx_set_num_threads(int n);
 int rx_get_num_threads(void);
 /* 1 when the library was compiled with OpenMP. */
 int rx_has_openmp(void);
-/* Name of the GEMM micro-kernel chosen for this CPU ("avx512f", "avx2-fma",
- * "generic"). */
+/* Name of the GEMM micro-kernel chosen for this CPU ("avx512f-16x16" on
+ * Intel, "avx512f", "avx2-fma", "generic"). */
 const char *rx_sgemm_kernel(void);
 
 /* Per-kernel wall-time accounting (a benchmark hook) of the rx_ calls made

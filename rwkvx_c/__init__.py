@@ -5,8 +5,13 @@ Python surface. Every array is float32 (tokens int32) and C-contiguous.
 """
 import os as _os
 
-from rwkvx_c._core import *  # noqa: F401,F403
-from rwkvx_c._core import get_num_threads, gemm_kernel, has_openmp, set_num_threads  # noqa: F401
+from rwkvx_c._omp import bound_spin as _bound_spin
+from rwkvx_c._omp import openmp_runtimes  # noqa: F401
+
+_bound_spin()   # before the C core loads the OpenMP runtime; see _omp.py
+
+from rwkvx_c._core import *  # noqa: E402,F401,F403
+from rwkvx_c._core import get_num_threads, gemm_kernel, has_openmp, set_num_threads  # noqa: E402,F401
 
 __version__ = "0.1.0"
 

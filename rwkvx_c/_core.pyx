@@ -136,7 +136,8 @@ def has_openmp():
 
 def gemm_kernel():
     """Name of the GEMM micro-kernel picked for this CPU at run time:
-    "avx512f", "avx2-fma" or "generic"."""
+    "avx512f-16x16" (Intel with AVX-512), "avx512f" (other AVX-512 CPUs),
+    "avx2-fma" or "generic"."""
     return rx_sgemm_kernel().decode()
 
 

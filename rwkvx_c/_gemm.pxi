@@ -46,9 +46,9 @@ def _sgemm(a, b, ta=False, tb=False, out=None, beta=0.0):
 
 
 def _sgemm_use_kernel(name=None):
-    """Force the GEMM micro-kernel ("generic", "avx2-fma", "avx512f") for
-    later calls; None picks by CPU again (test hook). ValueError if this CPU
-    cannot run it."""
+    """Force the GEMM micro-kernel ("generic", "avx2-fma", "avx512f",
+    "avx512f-16x16") for later calls; None picks by CPU again (test hook).
+    ValueError if this CPU cannot run it."""
     cdef bytes b
     if name is None:
         rx_sgemm_use_kernel(NULL)

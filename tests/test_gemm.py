@@ -19,12 +19,15 @@ def _runs_here(name):
 
 
 # every kernel this CPU can run; the portable one always
-KERNELS = [k for k in ("generic", "avx2-fma", "avx512f") if _runs_here(k)]
+KERNELS = [k for k in ("generic", "avx2-fma", "avx512f", "avx512f-16x16") if _runs_here(k)]
+# the SIMD ones: one FMA per k step in the same order, so bit-identical results
+SIMD = [k for k in KERNELS if k != "generic"]
 
-# (M, N, K): tiny, odd, crossing MR=6 and 8 / NR=16 / KC=256 / MC=144 / the
-# in-place versus packed A switch at N=128, and N past one NC=4096 panel.
+# (M, N, K): tiny, odd, crossing MR=6, 8 and 16 / NR=16 / KC=256 / MC=144 / the
+# in-place versus packed A switch at N=128, and N past one NC=1024 panel.
 SHAPES = [(1, 1, 1), (7, 13, 5), (6, 16, 1), (5, 17, 3), (13, 128, 9), (13, 129, 9),
-          (25, 40, 11), (150, 33, 257), (145, 200, 300), (64, 64, 64), (3, 4100, 2)]
+          (25, 40, 11), (150, 33, 257), (145, 200, 300), (64, 64, 64), (3, 4100, 2),
+          (16, 16, 16), (17, 31, 19), (47, 130, 33), (161, 1030, 40)]
 
 
 def _operands(rng, M, N, K, ta, tb):
@@ -67,7 +70,9 @@ def test_sgemm_matches_float64(kernel, M, N, K, ta, tb):
                                          (256, 32, 512, True, False),    # LoRA weight grad
                                          (300, 260, 200, False, True),   # dx through a weight
                                          (97, 515, 130, True, False),
-                                         (20, 700, 40, False, False)])
+                                         (20, 700, 40, False, False),
+                                         # one row sliver: cut into column blocks
+                                         (16, 300, 600, True, False)])
 def test_sgemm_threads(kernel, threads, M, N, K, ta, tb):
     rng = np.random.default_rng(M + N + K)
     a, b, ref = _operands(rng, M, N, K, ta, tb)
@@ -114,3 +119,22 @@ def test_sgemm_bad_inputs():
         _core._sgemm(a, b, out=ro)
     with pytest.raises(ValueError, match="kernel"):
         _core._sgemm_use_kernel("no-such-kernel")
+
+
+@pytest.mark.skipif(len(SIMD) < 2, reason="this CPU runs fewer than two SIMD GEMM kernels")
+@pytest.mark.parametrize("M,N,K,ta,tb", [(161, 1030, 300, False, False), (47, 130, 33, True, True),
+                                         (33, 100, 20, False, True), (100, 20, 520, True, False)])
+def test_simd_kernels_bit_identical(M, N, K, ta, tb):
+    # the tile height must not change a result: a run's numbers do not
+    # depend on the CPU vendor's kernel choice
+    rng = np.random.default_rng(M + 7 * N + 11 * K)
+    a, b, _ = _operands(rng, M, N, K, ta, tb)
+    got = []
+    try:
+        for k in SIMD:
+            _core._sgemm_use_kernel(k)
+            got.append(_core._sgemm(a, b, ta, tb))
+    finally:
+        _core._sgemm_use_kernel(None)
+    for k, g in zip(SIMD[1:], got[1:]):
+        assert np.array_equal(g, got[0]), k
