@@ -18,13 +18,13 @@ from typing import Dict, List, Tuple
 import numpy as np
 
 from rwkvx_c.interop import DTYPES, InteropError, _atomic_write
+from rwkvx_c.tokenizer import WORLD_VOCAB_SIZE as WORLD_VOCAB
 
 __all__ = ["gguf_refusal", "gguf_tensors", "gguf_vocab", "save_gguf"]
 
 ARCH = "rwkv7"
 CONTEXT_LENGTH = 1048576   # what the converter writes: RWKV has no context limit
 LN_EPS = 1e-5
-WORLD_VOCAB = 65536
 WORLD_EOT = 261   # "\n\n" in the World vocabulary: end of a chat turn
 # the lerps, stacked in the order llama.cpp's graph reads them
 _LERPS = ("x_r", "x_w", "x_k", "x_v", "x_a", "x_g")

@@ -421,6 +421,11 @@ def import_pth(path: str, out_dir: str) -> str:
     fmt = "rwkvx" if any(k.startswith("rwkv.") for k in sd) else "rwkv7"
     model = from_rwkvx(sd) if fmt == "rwkvx" else from_rwkv7(sd)
     tensors = {n: model.params[n] for n in model.param_names}
-    save_checkpoint(ckpt, tensors, model.config,
-                    {"imported_from": os.path.abspath(path), "format": fmt, "step": 0})
+    state = {"imported_from": os.path.abspath(path), "format": fmt, "step": 0}
+    from rwkvx_c.tokenizer import WORLD_VOCAB_SIZE
+    if model.config["vocab_size"] == WORLD_VOCAB_SIZE:
+        # official weights of this size use the World vocabulary: sample and
+        # train --resume then tokenise with it (rwkvx_c.tokenizer.run_tokenizer)
+        state["tokenizer"] = {"name": "world", "sha256": None}
+    save_checkpoint(ckpt, tensors, model.config, state)
     return ckpt

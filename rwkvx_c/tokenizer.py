@@ -363,7 +363,10 @@ def check_identity(tok: Tokenizer, ident: dict | None, what: str) -> None:
     """TokenizerError unless tok is the tokenizer `ident` describes."""
     mine = tok.identity()
     theirs = ident or {"name": "byte", "sha256": None}
-    if (mine["name"], mine["sha256"]) != (theirs.get("name"), theirs.get("sha256")):
+    # an identity without a hash names a vocabulary only (an imported World model)
+    same_hash = theirs.get("sha256") is None and theirs.get("name") != "byte" \
+        or mine["sha256"] == theirs.get("sha256")
+    if mine["name"] != theirs.get("name") or not same_hash:
         def show(d):
             return d["name"] + (f" (sha256 {d['sha256'][:12]})" if d.get("sha256") else "")
         raise TokenizerError(f"{what} was trained with tokenizer {show(theirs)}, not "

@@ -337,6 +337,8 @@ class Trainer:
         if not isinstance(saved, dict) and state.get("imported_from"):
             # weights only (rwkvx-c import): a new run starts from them
             kw = {k: v for k, v in changes.items() if v is not None}
+            if state.get("tokenizer") and "tokenizer" not in kw:
+                kw["tokenizer"] = state["tokenizer"]["name"]   # an imported World model
             return cls(TrainOptions(**{**kw, "model": dict(config)}), out_dir, group=group,
                        progress=progress, _weights=tensors)
         if not isinstance(saved, dict):

@@ -351,3 +351,22 @@ def test_shape_overrides_and_lora_formula():
                      (dict(head_size=0), "head_size"), (dict(moba_top_k=-1), "moba_top_k")):
         with pytest.raises(TrainError, match=word):
             shape_overrides("tiny", **kw)
+
+
+def test_imported_world_model_keeps_the_world_tokenizer(tmp_path):
+    # A 65536-row x070 model is a World model: sample and train --resume must
+    # tokenise with the World vocabulary, not silently with bytes.
+    _need("torch", "rwkv")
+    from rwkvx_c.sample import load_run
+    from rwkvx_c.train import Trainer
+    rng = np.random.default_rng(3)
+    sd = _official_dict(rng, V=65536, C=8, H=2, N=4, L=1, F=16, Dw=2, Da=2, Dv=2, Dg=2)
+    pth = tmp_path / "w.pth"
+    interop.save_pth(sd, str(pth), "fp32")
+    interop.import_pth(str(pth), str(tmp_path / "run"))
+    _, tok = load_run(str(tmp_path / "run"))
+    assert tok.name == "world"
+    (tmp_path / "text.txt").write_text("a few words of plain English text. " * 600)
+    tr = Trainer.resume(str(tmp_path / "run"), steps=1, seq_len=16, batch=2,
+                        data=str(tmp_path / "text.txt"), cache_dir=str(tmp_path / "cache"))
+    assert tr.tokenizer.name == "world"
