@@ -93,6 +93,10 @@ def build_parser():
                    "steps (default: at every evaluation) and always at the end")
     t.add_argument("--cache-dir", metavar="DIR", help="where corpora are cached as token "
                    "files (default $RWKVX_CACHE or ~/.cache/rwkvx_c)")
+    t.add_argument("--precision", choices=["fp32", "bf16", "auto"], default="auto",
+                   help="projection GEMMs in fp32, or bf16 with fp32 accumulation; auto "
+                   "(default): bf16 where the CPU has AMX-BF16 or AVX512-BF16. A resumed "
+                   "run keeps its precision")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     s = sub.add_parser("sample", help="generate text from a trained run",
@@ -172,7 +176,7 @@ def plot_log(rows, path):
 
 
 def _train(a):
-    from rwkvx_c import get_num_threads
+    from rwkvx_c import gemm_kernel, get_num_threads
     from rwkvx_c.checkpoint import CheckpointError
     from rwkvx_c.data import DataError
     from rwkvx_c.train import LOG, TrainError, TrainOptions, Trainer
@@ -181,7 +185,8 @@ def _train(a):
                 batch=a.batch, seq_len=a.seq_len, lr=a.lr, warmup_steps=a.warmup,
                 weight_decay=a.weight_decay, grad_clip=a.grad_clip, threads=a.threads,
                 seed=a.seed, init=a.init, eval_every=a.eval_every,
-                eval_tokens=a.eval_tokens, save_every=a.save_every, cache_dir=a.cache_dir)
+                eval_tokens=a.eval_tokens, save_every=a.save_every, cache_dir=a.cache_dir,
+                precision=a.precision)
     try:
         if a.resume:
             out = a.out or _latest_run()
@@ -211,7 +216,8 @@ def _train(a):
           f"  model  preset {o.preset}, layers {m.layers}, {m.n_params:,} params, "
           f"init {o.init}\n"
           f"  train  batch {o.batch} x seq_len {o.seq_len}, lr {o.lr:g}, stop after {stop_by}, "
-          f"{get_num_threads()} threads"
+          f"{get_num_threads()} threads, {m.precision}"
+          + (f" ({gemm_kernel(m.precision)})")
           + (f", resumed at step {tr.step_count}" if a.resume else ""), flush=True)
 
     interrupted = []

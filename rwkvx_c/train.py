@@ -98,6 +98,7 @@ class TrainOptions:
     init: str = "rwkv7"
     model: dict = field(default=None)  # overrides of the preset's model config
     cache_dir: str = None
+    precision: str = "fp32"       # "fp32", "bf16", or "auto": bf16 on bf16 hardware
 
     # options a resumed run may change without changing what it computes
     RESUMABLE = ("steps", "time_budget", "eval_every", "save_every", "threads", "cache_dir")
@@ -123,6 +124,8 @@ class TrainOptions:
                 raise TrainError(f"unknown model config keys: {', '.join(sorted(unknown))}")
             model.update(o.model)
         o.model = model
+        if o.precision == "auto":
+            o.precision = "bf16" if _core.bf16_hardware() else "fp32"
         o._check()
         return o
 
@@ -156,6 +159,8 @@ class TrainOptions:
                 pos(k, getattr(self, k))
         if not isinstance(self.seed, int) or self.seed < 0:
             raise TrainError(f"seed must be an integer >= 0, got {self.seed!r}")
+        if self.precision not in ("fp32", "bf16"):
+            raise TrainError(f"precision must be fp32, bf16 or auto, got {self.precision!r}")
         if self.init not in SCHEMES:
             raise TrainError(f"unknown init {self.init!r}; choose one of {', '.join(SCHEMES)}")
         if self.batch * self.seq_len > 2 ** 31 - 1:
@@ -202,7 +207,7 @@ class Trainer:
             raise TrainError(f"the corpus has {self.corpus.vocab_size} token ids but the model's "
                              f"vocab_size is {cfg['vocab_size']}")
         try:
-            self.model = _core.RxPtModel(cfg, seed=opts.seed)
+            self.model = _core.RxPtModel(cfg, seed=opts.seed, precision=opts.precision)
         except ValueError as e:
             raise TrainError(f"bad model config: {e}") from None
         if _tensors is None:
@@ -232,7 +237,9 @@ class Trainer:
     def resume(cls, out_dir, **changes):
         """Continue the run saved in out_dir; changes may set the RESUMABLE
         options (steps, time_budget, eval_every, save_every, threads, cache_dir).
-        Any other option that differs from the saved run is a TrainError."""
+        Any other option that differs from the saved run is a TrainError; so
+        is another precision (the run would change arithmetic mid-way and
+        lose bit-exact resume), while precision "auto" keeps the saved one."""
         path = os.path.join(out_dir, CHECKPOINT)
         try:
             tensors, config, state = read_checkpoint(path)
@@ -242,6 +249,10 @@ class Trainer:
         if not isinstance(saved, dict):
             raise TrainError(f"checkpoint {path} holds no training state")
         opts = TrainOptions(**{f.name: saved.get(f.name) for f in fields(TrainOptions)})
+        if opts.precision is None:  # a checkpoint from before precision existed
+            opts.precision = "fp32"
+        if changes.get("precision") == "auto":
+            changes = dict(changes, precision=None)
         diff = []
         for k, v in changes.items():
             if k not in {f.name for f in fields(TrainOptions)}:
