@@ -2,7 +2,7 @@
 shapes of the SPEC §11 configurations S and M, forward and backward.
 
     python bench/bench_gemm.py [--preset S M] [--threads 1 2] [--rows 512] [--cold]
-                               [--kernel generic|avx2-fma|avx512f]
+                               [--kernel generic|avx2-fma|avx512f] [--precision fp32|bf16]
 
 Each shape is M x N x K of C[M,N] = op(A)[M,K] . op(B)[K,N]; "dx" rows are
 grads through a weight (B transposed), "dW" rows weight grads (A transposed,
@@ -16,6 +16,11 @@ call is then timed alone (best of --repeat).
 
 --kernel forces one of rx_sgemm's micro-kernels (default: the one picked
 for this CPU), so two runs compare kernels on the same shapes.
+
+--precision bf16 times rx_bgemm (the bf16 projection GEMM: operands rounded
+to bf16 while packing, fp32 accumulation) in the rx column instead, still
+against NumPy's float32 matmul; --kernel then names a bf16 kernel
+(amx-bf16, avx512-bf16, generic-bf16).
 """
 import argparse
 import os
@@ -77,11 +82,16 @@ def main():
                     help="flush the caches before every call (operands come from memory)")
     ap.add_argument("--flush-mib", type=int, default=64,
                     help="size of the buffer written to flush the caches with --cold")
-    ap.add_argument("--kernel", help="force this rx_sgemm micro-kernel")
+    ap.add_argument("--kernel", help="force this rx_sgemm (or, with --precision bf16, "
+                    "rx_bgemm) kernel")
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
+                    help="bf16: time rx_bgemm in the rx column")
     args = ap.parse_args()
-    if args.kernel:
-        rx._core._sgemm_use_kernel(args.kernel)   # ValueError if this CPU lacks it
-    print(common.blas_info(), "| rx kernel:", args.kernel or rx.gemm_kernel(),
+    bf16 = args.precision == "bf16"
+    if args.kernel:   # ValueError if this CPU lacks it
+        (rx._core._bgemm_use_kernel if bf16 else rx._core._sgemm_use_kernel)(args.kernel)
+    rx_gemm = rx._core._bgemm if bf16 else rx._core._sgemm
+    print(common.blas_info(), "| rx kernel:", args.kernel or rx.gemm_kernel(args.precision),
           "| cold (%d MiB flush)" % args.flush_mib if args.cold else "| hot caches")
     flush = np.zeros(args.flush_mib << 18, dtype=np.float32) if args.cold else None
     rng = np.random.default_rng(0)
@@ -107,7 +117,7 @@ def main():
                     label, M, N, K, ta, tb, a, b = row
                     out = np.empty((M, N), dtype=np.float32)
                     if lib == "rx":
-                        fn = lambda: rx._core._sgemm(a, b, ta, tb, out=out)  # noqa: E731
+                        fn = lambda: rx_gemm(a, b, ta, tb, out=out)  # noqa: E731
                     else:
                         aa, bb = (a.T if ta else a), (b.T if tb else b)
                         fn = lambda: np.matmul(aa, bb, out=out)  # noqa: E731
