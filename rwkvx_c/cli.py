@@ -216,8 +216,7 @@ def _train(a):
           f"  model  preset {o.preset}, layers {m.layers}, {m.n_params:,} params, "
           f"init {o.init}\n"
           f"  train  batch {o.batch} x seq_len {o.seq_len}, lr {o.lr:g}, stop after {stop_by}, "
-          f"{get_num_threads()} threads, {m.precision}"
-          + (f" ({gemm_kernel(m.precision)})")
+          f"{get_num_threads()} threads, {m.precision} ({gemm_kernel(m.precision)})"
           + (f", resumed at step {tr.step_count}" if a.resume else ""), flush=True)
 
     interrupted = []
