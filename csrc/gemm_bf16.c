@@ -606,7 +606,7 @@ static void bgemm_pass(const bgemm_impl *im, const rx_gemm_op *ops, size_t n) {
     int nt = rx_in_parallel() ? 1 : rx_max_threads();
     /* below ~10 us of work a fork/join costs more than it saves */
     if (total < 262144.0) nt = 1;
-    (void)nt;
+    (void)nt; /* read only by the OpenMP pragma */
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
 #pragma omp for schedule(dynamic, 1)
