@@ -2,7 +2,7 @@
 
     python bench/bench.py --preset S|M [--seq-len T] [--batch B] [--threads N]
                           [--steps K] [--rounds R] [--no-torch] [--scaling]
-                          [--json FILE]
+                          [--precision fp32|bf16] [--json FILE]
 
 Each implementation runs in its own process that imports only its own library
 (so each peak RSS is its own). The processes alternate for R rounds and each
@@ -19,6 +19,10 @@ RSS, and a per-kernel time breakdown where the implementation can give one.
 The PyTorch side runs only where torch is importable (bench/torch_model.py).
 --scaling adds rwkvx_c at 1 thread to the alternating rounds and reports
 its N-thread over 1-thread speed-up, both sides sampling the same drift.
+--precision bf16 adds rwkvx_c with precision="bf16" and PyTorch under
+torch.autocast("cpu", dtype=torch.bfloat16) (its WKV7 kept fp32) to the same
+alternating rounds, beside the fp32 runs; their MFU counts against a measured
+bf16 matmul rate (common.bf16_matmul_gflops) instead of NumPy's sgemm.
 """
 import argparse
 import json
@@ -45,12 +49,16 @@ def run_rx(args, cfg):
 
     import rwkvx_c as rx
     rx.set_num_threads(args.threads)
-    out = {"impl": "rwkvx_c", "gemm_kernel": rx.gemm_kernel(), "threads": rx.get_num_threads()}
+    bf16 = args.precision == "bf16"
+    out = {"impl": "rwkvx_c" + (" bf16" if bf16 else ""),
+           "gemm_kernel": rx.gemm_kernel(args.precision), "threads": rx.get_num_threads()}
     if not hasattr(rx, "RxPtModel"):
         out["error"] = "rwkvx_c.RxPtModel is not built yet"
         return out
     model_cfg = {k: v for k, v in cfg.items() if k != "T"}
     m = rx.RxPtModel(model_cfg, seed=0)
+    if bf16:
+        m.precision = "bf16"
     rng = np.random.default_rng(0)
     B, T = args.batch, args.seq_len
     seqs = _tokens(rng, B, T, cfg["vocab_size"])
@@ -109,7 +117,9 @@ def run_torch(args, cfg):
 
     import torch_model as tm
     torch.set_num_threads(args.threads)
-    out = {"impl": "torch %s" % torch.__version__, "threads": torch.get_num_threads()}
+    bf16 = args.precision == "bf16"
+    out = {"impl": "torch %s" % torch.__version__ + (" bf16" if bf16 else ""),
+           "threads": torch.get_num_threads()}
     model_cfg = {k: v for k, v in cfg.items() if k != "T"}
     m = tm.RwkvXTorch(model_cfg, seed=0)
     opt = torch.optim.AdamW(m.parameters(), lr=1e-4, weight_decay=0.0, foreach=True)
@@ -120,7 +130,8 @@ def run_torch(args, cfg):
 
     def fwd_bwd():
         m.zero_grad(set_to_none=False)
-        loss = m.loss(x, y)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = m.loss(x, y)
         loss.backward()
         return float(loss)
 
@@ -156,11 +167,12 @@ def run_torch(args, cfg):
 # parent
 
 
-def child(impl, args, threads):
+def child(impl, args, threads, precision="fp32"):
     """Run one implementation in a fresh process; its JSON result."""
     cmd = [sys.executable, os.path.abspath(__file__), "--child", impl, "--preset", args.preset,
            "--seq-len", str(args.seq_len), "--batch", str(args.batch), "--threads",
-           str(threads), "--steps", str(args.steps)] + (["--breakdown"] if args.breakdown else [])
+           str(threads), "--steps", str(args.steps), "--precision", precision] + \
+        (["--breakdown"] if args.breakdown else [])
     r = subprocess.run(cmd, capture_output=True, text=True)
     for line in r.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -182,6 +194,9 @@ def main():
                     help="also time rwkvx_c at 1 thread in the same rounds; report the speed-up")
     ap.add_argument("--breakdown", action="store_true",
                     help="per-kernel time breakdown of one more step (rx.profile; torch profiler)")
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
+                    help="bf16: also run both sides in bf16 (rwkvx_c precision='bf16', "
+                    "torch autocast), beside fp32")
     ap.add_argument("--json", default=None, help="also write the results here")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -197,6 +212,11 @@ def main():
     print("preset %s  T=%d  B=%d  threads=%d  model %.1f MFLOP/token (SPEC §11)"
           % (args.preset, args.seq_len, args.batch, args.threads, flops / 1e6))
     print("NumPy sgemm %.1f GFLOP/s at %d threads (%s)" % (peak, args.threads, common.blas_info()))
+    peak_bf16 = None
+    if args.precision == "bf16":
+        peak_bf16, src = common.bf16_matmul_gflops(args.threads)
+        print("bf16 matmul %.1f GFLOP/s at %d threads (%s): the bf16 runs' MFU denominator"
+              % (peak_bf16, args.threads, src))
     impls = ["rx"]
     if not args.no_torch:
         try:
@@ -205,38 +225,44 @@ def main():
                 impls.append("torch")
         except Exception:
             pass
-    runs = [(impl, args.threads) for impl in impls]
+    runs = [(impl, args.threads, "fp32") for impl in impls]
+    if args.precision == "bf16":
+        runs += [(impl, args.threads, "bf16") for impl in impls]
     if args.scaling and args.threads > 1:
-        runs.append(("rx", 1))
+        runs.append(("rx", 1, "fp32"))
     best = {}
     for _ in range(max(1, args.rounds)):
         for run in runs:
-            res = child(run[0], args, run[1])
+            res = child(run[0], args, run[1], run[2])
             prev = best.get(run)
             if prev is None or ("error" in prev and "error" not in res) or (
                     "error" not in res and res["fwd_bwd_tok_s"] > prev["fwd_bwd_tok_s"]):
                 best[run] = res
     print("best of %d alternating round(s) x %d steps" % (max(1, args.rounds), args.steps))
-    results = [best[(impl, args.threads)] for impl in impls]
-    for res in results:
+    results = [best[r] for r in runs if r[1] == args.threads]
+    for res, run in zip(results, runs):
         if "error" in res:
             print("%-14s %s" % (res["impl"], res["error"]))
             continue
-        mfu = res["fwd_bwd_tok_s"] * flops / (peak * 1e9)
+        mfu = res["fwd_bwd_tok_s"] * flops / ((peak_bf16 if run[2] == "bf16" else peak) * 1e9)
         res["mfu"] = mfu
-        line = "%-14s fwd+bwd %8.0f tok/s  MFU %5.1f%%  peak RSS %7.1f MiB" % (
+        line = "%-19s fwd+bwd %8.0f tok/s  MFU %5.1f%%  peak RSS %7.1f MiB" % (
             res["impl"], res["fwd_bwd_tok_s"], 100 * mfu, res["peak_rss_mib"])
         if "step_tok_s" in res:
             line += "  full step %8.0f tok/s" % res["step_tok_s"]
         print(line)
         for row in res.get("breakdown") or []:
             print("    %-40s %9.2f ms  %5.1f%%" % (row[0], row[1], 100 * row[2]))
-    ok = [r for r in results if "error" not in r]
-    if len(ok) == 2:
-        print("rwkvx_c / torch: %.2fx tokens/s, %.2fx peak RSS"
-              % (ok[0]["fwd_bwd_tok_s"] / ok[1]["fwd_bwd_tok_s"],
-                 ok[0]["peak_rss_mib"] / ok[1]["peak_rss_mib"]))
-    one = best.get(("rx", 1))
+    by = {(run[0], run[2]): res for res, run in zip(results, runs) if "error" not in res}
+    for a, b, what in ((("rx", "fp32"), ("torch", "fp32"), "rwkvx_c / torch"),
+                       (("rx", "bf16"), ("torch", "bf16"), "rwkvx_c bf16 / torch bf16"),
+                       (("rx", "bf16"), ("rx", "fp32"), "rwkvx_c bf16 / rwkvx_c fp32"),
+                       (("torch", "bf16"), ("torch", "fp32"), "torch bf16 / torch fp32")):
+        if a in by and b in by:
+            print("%s: %.2fx tokens/s, %.2fx peak RSS"
+                  % (what, by[a]["fwd_bwd_tok_s"] / by[b]["fwd_bwd_tok_s"],
+                     by[a]["peak_rss_mib"] / by[b]["peak_rss_mib"]))
+    one = best.get(("rx", 1, "fp32"))
     if one and "error" not in one and "error" not in results[0]:
         print("rwkvx_c at 1 thread %8.0f tok/s: %d threads give %.2fx"
               % (one["fwd_bwd_tok_s"], args.threads,
@@ -247,7 +273,8 @@ def main():
             json.dump({"preset": args.preset, "T": args.seq_len, "B": args.batch,
                        "threads": args.threads, "rounds": args.rounds,
                        "model_flops_per_token": flops,
-                       "numpy_sgemm_gflops": peak, "results": results}, f, indent=1)
+                       "numpy_sgemm_gflops": peak, "bf16_matmul_gflops": peak_bf16,
+                       "results": results}, f, indent=1)
 
 
 if __name__ == "__main__":

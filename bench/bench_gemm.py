@@ -2,7 +2,7 @@
 shapes of the SPEC §11 configurations S and M, forward and backward.
 
     python bench/bench_gemm.py [--preset S M] [--threads 1 2] [--rows 512] [--cold]
-                               [--kernel NAME [NAME ...]] [--rounds R] [--square 2048]
+                               [--kernel NAME [NAME ...]] [--rounds R] [--square 2048] [--precision fp32|bf16]
 
 Each shape is M x N x K of C[M,N] = op(A)[M,K] . op(B)[K,N]; "dx" rows are
 grads through a weight (B transposed), "dW" rows weight grads (A transposed,
@@ -20,6 +20,11 @@ in one process. --rounds R repeats the whole sweep R times and reports
 the median round of each: at 1 thread every library and kernel runs on
 each shape in turn, so on a shared machine all sample the same load. --square S
 adds an S x S x S product.
+
+--precision bf16 times rx_bgemm (the bf16 projection GEMM: operands rounded
+to bf16 while packing, fp32 accumulation) in the rx column instead, still
+against NumPy's float32 matmul; --kernel then names a bf16 kernel
+(amx-bf16, avx512-bf16, generic-bf16).
 """
 import argparse
 import os
@@ -82,14 +87,20 @@ def main():
                     help="flush the caches before every call (operands come from memory)")
     ap.add_argument("--flush-mib", type=int, default=64,
                     help="size of the buffer written to flush the caches with --cold")
-    ap.add_argument("--kernel", nargs="+", help="force these rx_sgemm micro-kernels in turn")
+    ap.add_argument("--kernel", nargs="+", help="force these rx_sgemm (or, with --precision "
+                    "bf16, rx_bgemm) micro-kernels in turn")
     ap.add_argument("--rounds", type=int, default=1, help="sweeps; the median is reported")
     ap.add_argument("--square", type=int, nargs="*", default=[], help="add S x S x S products")
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
+                    help="bf16: time rx_bgemm in the rx columns")
     args = ap.parse_args()
-    kernels = args.kernel or [rx.gemm_kernel()]
+    bf16 = args.precision == "bf16"
+    use_kernel = rx._core._bgemm_use_kernel if bf16 else rx._core._sgemm_use_kernel
+    rx_gemm = rx._core._bgemm if bf16 else rx._core._sgemm
+    kernels = args.kernel or [rx.gemm_kernel(args.precision)]
     for k in kernels:
-        rx._core._sgemm_use_kernel(k)   # ValueError if this CPU lacks it
-    rx._core._sgemm_use_kernel(None)
+        use_kernel(k)   # ValueError if this CPU lacks it
+    use_kernel(None)
     libs = ["rx " + k for k in kernels] + ["numpy"]
     print(common.blas_info(), "| rx kernels:", ", ".join(kernels),
           "| cold (%d MiB flush)" % args.flush_mib if args.cold else "| hot caches",
@@ -126,8 +137,8 @@ def main():
                     label, M, N, K, ta, tb, a, b = row
                     out = np.empty((M, N), dtype=np.float32)
                     if lib != "numpy":
-                        rx._core._sgemm_use_kernel(lib[3:])
-                        fn = lambda: rx._core._sgemm(a, b, ta, tb, out=out)  # noqa: E731
+                        use_kernel(lib[3:])
+                        fn = lambda: rx_gemm(a, b, ta, tb, out=out)  # noqa: E731
                     else:
                         aa, bb = (a.T if ta else a), (b.T if tb else b)
                         fn = lambda: np.matmul(aa, bb, out=out)  # noqa: E731

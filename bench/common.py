@@ -121,6 +121,27 @@ def numpy_sgemm_gflops(threads=None, sizes=((1024, 1024, 1024), (2048, 2048, 102
     return best
 
 
+def bf16_matmul_gflops(threads, size=2048, repeat=5):
+    """The bf16 matmul rate in GFLOP/s that bf16 MFU is counted against, and
+    where it comes from: PyTorch's bf16 matmul (oneDNN; AMX where the CPU has
+    it) on a size^3 product at `threads` threads, else rwkvx_c's own bf16
+    GEMM when torch is missing."""
+    a = np.random.default_rng(0).standard_normal((size, size), dtype=np.float32)
+    try:
+        import torch
+    except ImportError:
+        import rwkvx_c as rx
+        from rwkvx_c import _core
+        rx.set_num_threads(threads)
+        c = np.empty_like(a)
+        t = best_time(lambda: _core._bgemm(a, a, out=c), repeat=repeat)
+        return 2.0 * size ** 3 / t / 1e9, "rwkvx_c " + rx.gemm_kernel("bf16")
+    torch.set_num_threads(threads)
+    x = torch.from_numpy(a).bfloat16()
+    t = best_time(lambda: torch.matmul(x, x), repeat=repeat)
+    return 2.0 * size ** 3 / t / 1e9, "torch %s bf16 matmul" % torch.__version__
+
+
 class _nullctx:
     def __enter__(self):
         return self

@@ -207,7 +207,10 @@ def time_mix(p, x, v_first, layer_id, H, N, wkv=wkv7_chunked):
     kk = kk.view(B, T, C)
     k = k * (1 + (a - 1) * p["k_a"])
     h4 = lambda t: t.view(B, T, H, N)  # noqa: E731
-    y, _ = wkv(h4(r), h4(w), h4(k), h4(v), h4(-kk), h4(kk * a))
+    # WKV7 stays in the model's dtype under torch.autocast (bench.py --precision
+    # bf16), as in rwkvx_c
+    with torch.autocast("cpu", enabled=False):
+        y, _ = wkv(*(h4(t).to(x.dtype) for t in (r, w, k, v, -kk, kk * a)))
     z = F.group_norm(y.reshape(B * T, C), H, p["ln_x_w"], p["ln_x_b"], eps=64e-5).view(B, T, C)
     bonus = (h4(r) * h4(k) * p["r_k"].view(H, N)).sum(-1, keepdim=True) * h4(v)
     z = z + bonus.reshape(B, T, C)

@@ -705,7 +705,7 @@ static void attn_front(const rx_attn_params *P, const attn_dims *d, const float 
     const rx_gemm_op qkv[3] = {{0, 0, BT, C, C, h1, C, P->receptance_w, C, 0.0f, q, C},
                                {0, 0, BT, C, C, h1, C, P->key_w, C, 0.0f, k, C},
                                {0, 0, BT, C, C, h1, C, P->value_w, C, 0.0f, v, C}};
-    rx_sgemm_batch(qkv, 3);
+    rx_pgemm_batch(qkv, 3);
     attn_core_forward(d, q, k, v, w, y, NULL);
 }
 
@@ -714,7 +714,7 @@ static void attn_residual(const rx_attn_params *P, const attn_dims *d, const flo
                           const float *y, float *x1, float *h2) {
     const size_t BT = d->B * d->T, C = d->C;
     memcpy(x1, x, BT * C * sizeof(float));
-    rx_sgemm(0, 0, BT, C, C, y, C, P->output_w, C, 1.0f, x1, C);
+    rx_pgemm(0, 0, BT, C, C, y, C, P->output_w, C, 1.0f, x1, C);
     rx_rownorm_forward(x1, P->ln2_w, P->ln2_b, h2, NULL, NULL, BT, C, 1, RX_LN_EPS);
 }
 
@@ -818,7 +818,7 @@ int rx_attn_backward_acts(const rx_attn_params *P, rx_attn_acts *S, const float 
     /* output projection */
     const rx_gemm_op out[2] = {{1, 0, C, C, BT, S->y, C, g1, C, 0.0f, G->output_w, C},
                                {0, 1, BT, C, C, g1, C, P->output_w, C, 0.0f, t, C}};
-    rx_sgemm_batch(out, 2);
+    rx_pgemm_batch(out, 2);
     attn_core_backward(&d, S->q, S->k, S->v, S->y, t, &S->w, dq, dk, dv);
     /* q, k, v projections */
     /* the three grads on h1 add into one buffer: only the first joins the batch */
@@ -826,9 +826,9 @@ int rx_attn_backward_acts(const rx_attn_params *P, rx_attn_acts *S, const float 
                                {1, 0, C, C, BT, S->h1, C, dk, C, 0.0f, G->key_w, C},
                                {1, 0, C, C, BT, S->h1, C, dv, C, 0.0f, G->value_w, C},
                                {0, 1, BT, C, C, dq, C, P->receptance_w, C, 0.0f, t, C}};
-    rx_sgemm_batch(qkv, 4);
-    rx_sgemm(0, 1, BT, C, C, dk, C, P->key_w, C, 1.0f, t, C);
-    rx_sgemm(0, 1, BT, C, C, dv, C, P->value_w, C, 1.0f, t, C);
+    rx_pgemm_batch(qkv, 4);
+    rx_pgemm(0, 1, BT, C, C, dk, C, P->key_w, C, 1.0f, t, C);
+    rx_pgemm(0, 1, BT, C, C, dv, C, P->value_w, C, 1.0f, t, C);
     /* ln1 and the residual */
     rx_fzero(G->ln1_w, C);
     rx_fzero(G->ln1_b, C);

@@ -40,10 +40,10 @@ void rx_cm_forward_acts(const rx_cm_params *P, const float *x, const float *x_pr
     const size_t C = (size_t)P->c, F = (size_t)P->ffn_dim, BT = B * T, n = BT * F;
     float *k = pre ? pre : h;
     rx_shift_lerp_forward(1, &P->ffn_x_k, x, x_prev_init, &xk, B, T, C);
-    rx_sgemm(0, 0, BT, F, C, xk, C, P->ffn_key_w, F, 0.0f, k, F);
+    rx_pgemm(0, 0, BT, F, C, xk, C, P->ffn_key_w, F, 0.0f, k, F);
 #pragma omp parallel for schedule(static) if (!rx_in_parallel() && n >= 65536)
     for (size_t i0 = 0; i0 < n; i0 += RX_EW_CHUNK) relu2(k + i0, h + i0, rx_ew_len(i0, n));
-    if (out) rx_sgemm(0, 0, BT, C, F, h, F, P->ffn_value_w, C, 0.0f, out, C);
+    if (out) rx_pgemm(0, 0, BT, C, F, h, F, P->ffn_value_w, C, 0.0f, out, C);
 }
 
 /* The backward from rx_cm_forward_acts's xk, pre, h; dh [BT][F] and dxk
@@ -59,7 +59,7 @@ void rx_cm_backward_acts(const rx_cm_params *P, const float *x, const float *x_p
     /* value projection: dWv = h^T dy, dh = dy Wv^T */
     const rx_gemm_op value[2] = {{1, 0, F, C, BT, h, F, dy, C, 0.0f, G->ffn_value_w, C},
                                  {0, 1, BT, F, C, dy, C, P->ffn_value_w, C, 0.0f, dh, F}};
-    rx_sgemm_batch(value, 2);
+    rx_pgemm_batch(value, 2);
 #pragma omp parallel for schedule(static) if (!rx_in_parallel() && n >= 65536)
     for (size_t i0 = 0; i0 < n; i0 += RX_EW_CHUNK) {
         if (pre)
@@ -70,7 +70,7 @@ void rx_cm_backward_acts(const rx_cm_params *P, const float *x, const float *x_p
     /* key projection */
     const rx_gemm_op key[2] = {{1, 0, C, F, BT, xk, C, dh, F, 0.0f, G->ffn_key_w, F},
                                {0, 1, BT, C, F, dh, F, P->ffn_key_w, F, 0.0f, dxk, C}};
-    rx_sgemm_batch(key, 2);
+    rx_pgemm_batch(key, 2);
     /* dh is free now: it holds the lerp's per-block sums when large enough */
     const float *dxk_c = dxk;
     float *part = RX_SHIFT_PART(1, BT, C) <= n ? dh : NULL;

@@ -20,7 +20,7 @@ void rx_head_forward(const float *x, const float *head, int T, int C, int vocab,
         rx_fnan(logits, TT * V);
         return;
     }
-    rx_sgemm(0, 0, TT, V, CC, x, CC, head, V, 0.0f, logits, V);
+    rx_pgemm(0, 0, TT, V, CC, x, CC, head, V, 0.0f, logits, V);
 }
 
 /* x: [T][C]; head: [C][vocab]; dlogits: [T][vocab];
@@ -36,7 +36,7 @@ void rx_head_backward(const float *x, const float *head, const float *dlogits,
     }
     const rx_gemm_op ops[2] = {{0, 1, TT, CC, V, dlogits, V, head, V, 0.0f, dx, CC},
                                {1, 0, CC, V, TT, x, CC, dlogits, V, 0.0f, d_head, V}};
-    rx_sgemm_batch(ops, 2);
+    rx_pgemm_batch(ops, 2);
 }
 
 /* One row: returns -log softmax(l)[target]; if d is not NULL writes

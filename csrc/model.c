@@ -47,6 +47,7 @@ struct rx_ptmodel {
     rx_block_grads *rwkv_g;
     rx_attn_params *attn;     /* [n_attn_layer] */
     rx_attn_grads *attn_g;
+    int precision;            /* RX_PRECISION_*: the projections' GEMM */
 };
 
 /* ---- config and layer order ------------------------------------------ */
@@ -496,7 +497,7 @@ static int acts_fit(const rx_ptmodel *m, const rx_pt_acts *a, int B, int T) {
 /* ---- forward ------------------------------------------------------------- */
 
 /* tokens: [B][T]; fills acts: block_in, v_first, lnout, logits */
-int rx_pretrain_forward_batch(rx_ptmodel *m, const int *tokens, int B, int T, rx_pt_acts *acts) {
+static int forward_batch(rx_ptmodel *m, const int *tokens, int B, int T, rx_pt_acts *acts) {
     if (!m || !tokens || B < 1 || T < 1 || !acts_fit(m, acts, B, T)) return RX_EINVAL;
     const int V = m->cfg.vocab_size, C = m->cfg.n_embd, BT = B * T;
     for (int i = 0; i < BT; i++)
@@ -532,6 +533,14 @@ int rx_pretrain_forward_batch(rx_ptmodel *m, const int *tokens, int B, int T, rx
     return RX_OK;
 }
 
+/* forward_batch with the projections in the model's precision */
+int rx_pretrain_forward_batch(rx_ptmodel *m, const int *tokens, int B, int T, rx_pt_acts *acts) {
+    const int old = rx_gemm_set_precision(m ? m->precision : RX_PRECISION_FP32);
+    const int rc = forward_batch(m, tokens, B, T, acts);
+    rx_gemm_set_precision(old);
+    return rc;
+}
+
 int rx_pretrain_forward(rx_ptmodel *m, const int *tokens, int T, rx_pt_acts *acts) {
     return rx_pretrain_forward_batch(m, tokens, 1, T, acts);
 }
@@ -540,8 +549,8 @@ int rx_pretrain_forward(rx_ptmodel *m, const int *tokens, int T, rx_pt_acts *act
 
 /* targets: [B][T]; returns the mean loss over the valid positions of the
  * batch and writes the grads of that mean into the grad arena */
-double rx_pretrain_backward_batch(rx_ptmodel *m, const rx_pt_acts *acts, const int *targets,
-                                  int B, int T, int ignore_index) {
+static double backward_batch(rx_ptmodel *m, const rx_pt_acts *acts, const int *targets, int B,
+                             int T, int ignore_index) {
     if (!m || !targets || B < 1 || T < 1 || !acts_fit(m, acts, B, T) || !acts->ready)
         return NAN;
     const int V = m->cfg.vocab_size, C = m->cfg.n_embd, BT = B * T;
@@ -600,6 +609,23 @@ double rx_pretrain_backward_batch(rx_ptmodel *m, const rx_pt_acts *acts, const i
     rx_embedding_backward(acts->tokens, BT, C, V, dcur, m->g_emb);
     return loss;
 }
+
+/* backward_batch with the projections in the model's precision */
+double rx_pretrain_backward_batch(rx_ptmodel *m, const rx_pt_acts *acts, const int *targets,
+                                  int B, int T, int ignore_index) {
+    const int old = rx_gemm_set_precision(m ? m->precision : RX_PRECISION_FP32);
+    const double loss = backward_batch(m, acts, targets, B, T, ignore_index);
+    rx_gemm_set_precision(old);
+    return loss;
+}
+
+int rx_ptmodel_set_precision(rx_ptmodel *m, int precision) {
+    if (!m || (precision != RX_PRECISION_FP32 && precision != RX_PRECISION_BF16)) return RX_EINVAL;
+    m->precision = precision;
+    return RX_OK;
+}
+
+int rx_ptmodel_precision(const rx_ptmodel *m) { return m ? m->precision : RX_EINVAL; }
 
 double rx_pretrain_backward(rx_ptmodel *m, const rx_pt_acts *acts, const int *targets, int T,
                             int ignore_index) {

@@ -207,6 +207,28 @@ void rx_sgemm_batch(const rx_gemm_op *ops, size_t n);
  * against concurrent GEMMs. */
 int rx_sgemm_use_kernel(const char *name);
 
+/* ---- gemm_bf16.c -------------------------------------------------------
+ * rx_sgemm's contract on operands rounded to bf16 (nearest even, subnormal
+ * results to zero) with fp32 accumulation and an fp32 C; see gemm_bf16.c
+ * for the kernels and the tolerance between them. */
+void rx_bgemm(int ta, int tb, size_t M, size_t N, size_t K,
+              const float *A, size_t lda, const float *B, size_t ldb,
+              float beta, float *C, size_t ldc);
+void rx_bgemm_batch(const rx_gemm_op *ops, size_t n);
+/* Test hook as rx_sgemm_use_kernel: "amx-bf16", "avx512-bf16",
+ * "generic-bf16"; NULL picks by CPU (or RWKVX_BF16_KERNEL) again. */
+int rx_bgemm_use_kernel(const char *name);
+/* The projection GEMM: rx_sgemm(_batch) or rx_bgemm(_batch) by the calling
+ * thread's projection precision (RX_PRECISION_*), which the model sets for
+ * the span of its forward and backward and rx_gemm_set_precision returns to
+ * what it was (the return value). Every projection calls these; attention's
+ * score tiles call rx_sgemm and stay fp32. */
+int rx_gemm_set_precision(int precision);
+void rx_pgemm(int ta, int tb, size_t M, size_t N, size_t K,
+              const float *A, size_t lda, const float *B, size_t ldb,
+              float beta, float *C, size_t ldc);
+void rx_pgemm_batch(const rx_gemm_op *ops, size_t n);
+
 /* ---- layernorm.c -------------------------------------------------------
  * Row normalisation shared by LayerNorm (period 1) and the time-mix group
  * norm (period H): rows of length D; row r uses affine w/b at offset

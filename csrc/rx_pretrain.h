@@ -472,6 +472,36 @@ int rx_infer_pos(const rx_infer_state *s);
  * after RX_ENOMEM the state is undefined until rx_infer_reset. */
 int rx_infer_forward(rx_infer_state *s, const int *tokens, int T, float *logits);
 
+/* ---- gemm_bf16.c, model.c: bf16 mixed precision ----------------------
+ * With RX_PRECISION_BF16 every projection GEMM of the model's forward and
+ * backward -- time-mix R/K/V/O and its LoRAs, channel-mix key/value,
+ * attention Q/K/V/O, the head -- multiplies operands rounded to bf16 (round
+ * to nearest even) and accumulates in fp32; weight grads are fp32 products
+ * of bf16-rounded activations and output grads.
+ * Kept fp32, and why:
+ *   - parameters, gradients and AdamW state: a bf16 weight could not take an
+ *     update smaller than 2^-8 of itself, so small learning rates would stall;
+ *   - the WKV7 recurrence and its state: it sums over the whole sequence
+ *     through a decay, and bf16's 8-bit mantissa would drift over T steps;
+ *   - LayerNorm / group norm statistics, softmax, cross-entropy: reductions
+ *     and exponentials whose error bf16 would multiply, at little cost;
+ *   - attention's score and value tiles (64 x 64 x head_size): too small for
+ *     the bf16 packing to pay, and the softmax reads their output;
+ *   - token shift, gates and activations: elementwise, memory-bound.
+ * Recurrent inference (rx_infer_*) runs in fp32 whatever the precision. */
+#define RX_PRECISION_FP32 0
+#define RX_PRECISION_BF16 1
+/* Sets / reads the model's precision (default RX_PRECISION_FP32). Changing
+ * it between a forward and its backward is allowed but mixes the two.
+ * RX_EINVAL on a NULL model or an unknown value. */
+int rx_ptmodel_set_precision(rx_ptmodel *m, int precision);
+int rx_ptmodel_precision(const rx_ptmodel *m);
+/* Name of the bf16 kernel chosen for this CPU ("amx-bf16", "avx512-bf16",
+ * "generic-bf16": fp32 arithmetic on the same bf16-rounded operands). */
+const char *rx_bgemm_kernel(void);
+/* 1 when that kernel uses bf16 hardware (what precision "auto" asks). */
+int rx_bgemm_hw(void);
+
 #ifdef __cplusplus
 }
 #endif

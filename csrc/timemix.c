@@ -128,12 +128,12 @@ static void lora_forward(const lora *L, size_t n, const rx_gemm_op *pre, size_t 
     for (size_t i = 0; i < npre; i++) ops[k++] = pre[i];
     for (size_t i = 0; i < n; i++)
         ops[k++] = (rx_gemm_op){0, 0, BT, L[i].D, C, L[i].xin, C, L[i].W1, L[i].D, 0.0f, L[i].h, L[i].D};
-    rx_sgemm_batch(ops, k);
+    rx_pgemm_batch(ops, k);
     for (size_t i = 0; i < n; i++) {
         if (L[i].act != ACT_NONE) activate(L[i].h, BT * L[i].D, L[i].act);
         ops[i] = (rx_gemm_op){0, 0, BT, C, L[i].D, L[i].h, L[i].D, L[i].W2, C, 0.0f, L[i].out, C};
     }
-    rx_sgemm_batch(ops, n);
+    rx_pgemm_batch(ops, n);
 }
 
 /* Backward of lora_forward for the grads dout [BT][C] on each out, in the
@@ -148,7 +148,7 @@ static void lora_backward(const lora *L, const float *const *dout, size_t n,
         ops[k++] = (rx_gemm_op){1, 0, D, C, BT, L[i].h, D, dout[i], C, 0.0f, L[i].G2, C};
         ops[k++] = (rx_gemm_op){0, 1, BT, D, C, dout[i], C, L[i].W2, C, 0.0f, L[i].dh, D};
     }
-    rx_sgemm_batch(ops, k);
+    rx_pgemm_batch(ops, k);
     k = 0;
     for (size_t i = 0; i < n; i++) {
         const size_t D = L[i].D, nh = BT * D;
@@ -160,7 +160,7 @@ static void lora_backward(const lora *L, const float *const *dout, size_t n,
         ops[k++] = (rx_gemm_op){1, 0, C, D, BT, L[i].xin, C, L[i].dh, D, 0.0f, L[i].G1, D};
         ops[k++] = (rx_gemm_op){0, 1, BT, C, D, L[i].dh, D, L[i].W1, D, L[i].beta, L[i].dxin, C};
     }
-    rx_sgemm_batch(ops, k);
+    rx_pgemm_batch(ops, k);
 }
 
 /* Backward scratch, [BT][C] each unless noted. After the fused passes the
@@ -286,7 +286,7 @@ int rx_tm_forward_state(const rx_tm_params *P, const float *x, const float *x_pr
     rx_rownorm_forward(A->y, P->ln_x_w, P->ln_x_b, A->z, NULL, NULL, BT * H, N, H, RX_GN_EPS);
 #pragma omp parallel for schedule(static) if (!rx_in_parallel() && BT * C >= 65536)
     for (size_t bt = 0; bt < BT; bt++) bonus_row(P, A, bt);
-    if (out) rx_sgemm(0, 0, BT, C, C, A->zg, C, P->output_w, C, 0.0f, out, C);
+    if (out) rx_pgemm(0, 0, BT, C, C, A->zg, C, P->output_w, C, 0.0f, out, C);
     return RX_OK;
 }
 
@@ -453,7 +453,7 @@ int rx_tm_backward_acts(const rx_tm_params *P, const rx_tm_acts *A, const float 
     /* out = zg . output_w */
     const rx_gemm_op out[2] = {{1, 0, C, C, BT, A->zg, C, dy, C, 0.0f, G->output_w, C},
                                {0, 1, BT, C, C, dy, C, P->output_w, C, 0.0f, S.dz, C}};
-    rx_sgemm_batch(out, 2);
+    rx_pgemm_batch(out, 2);
     const int par = !rx_in_parallel() && BT * C >= 65536;
     rx_fzero(S.part, nblk * TM_NVEC * C);
 #pragma omp parallel for schedule(static) if (par)

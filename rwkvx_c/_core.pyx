@@ -134,11 +134,24 @@ def has_openmp():
     return bool(rx_has_openmp())
 
 
-def gemm_kernel():
-    """Name of the GEMM micro-kernel picked for this CPU at run time:
-    "avx512f-16x16" (Intel with AVX-512), "avx512f" (other AVX-512 CPUs),
-    "avx2-fma" or "generic"."""
-    return rx_sgemm_kernel().decode()
+def gemm_kernel(precision="fp32"):
+    """Name of the GEMM kernel picked for this CPU at run time for a
+    precision: "fp32" -> "avx512f-16x16" (Intel
+    with AVX-512), "avx512f" (other AVX-512 CPUs), "avx2-fma" or "generic"; "bf16" ->
+    "amx-bf16", "avx512-bf16" or "generic-bf16" (fp32 arithmetic on the same
+    bf16-rounded operands)."""
+    if precision == "fp32":
+        return rx_sgemm_kernel().decode()
+    if precision == "bf16":
+        return rx_bgemm_kernel().decode()
+    raise ValueError(f"precision must be 'fp32' or 'bf16', got {precision!r}")
+
+
+def bf16_hardware():
+    """True when the bf16 GEMM runs on bf16 hardware here (AMX-BF16 or
+    AVX512-BF16); precision "auto" picks bf16 on AMX only
+    (rwkvx_c.train.auto_precision)."""
+    return bool(rx_bgemm_hw())
 
 
 include "_wkv7.pxi"

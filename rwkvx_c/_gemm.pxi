@@ -5,6 +5,10 @@ cdef extern from "rx_internal.h" nogil:
                   const float *A, size_t lda, const float *B, size_t ldb,
                   float beta, float *C, size_t ldc)
     int rx_sgemm_use_kernel(const char *name)
+    void rx_bgemm(int ta, int tb, size_t M, size_t N, size_t K,
+                  const float *A, size_t lda, const float *B, size_t ldb,
+                  float beta, float *C, size_t ldc)
+    int rx_bgemm_use_kernel(const char *name)
 
 
 def _sgemm(a, b, ta=False, tb=False, out=None, beta=0.0):
@@ -16,6 +20,16 @@ def _sgemm(a, b, ta=False, tb=False, out=None, beta=0.0):
     beta : 0.0 (out = op(a).op(b)) or 1.0 (out += op(a).op(b); needs out)
     Returns out, or a new (M, N) array when out is None.
     """
+    return _gemm(a, b, ta, tb, out, beta, False)
+
+
+def _bgemm(a, b, ta=False, tb=False, out=None, beta=0.0):
+    """rx_bgemm, the bf16 projection GEMM: as _sgemm on a and b rounded to
+    bf16 (nearest even), fp32 accumulation (test and benchmark hook)."""
+    return _gemm(a, b, ta, tb, out, beta, True)
+
+
+cdef object _gemm(a, b, ta, tb, out, beta, bint bf16):
     _arr(a, "a", np.float32, 2)
     _arr(b, "b", np.float32, 2)
     cdef size_t M = a.shape[1] if ta else a.shape[0]
@@ -41,7 +55,10 @@ def _sgemm(a, b, ta=False, tb=False, out=None, beta=0.0):
     cdef const float *pb = _ptr(b)
     cdef float *pc = _wptr(out)
     with nogil:
-        rx_sgemm(ita, itb, M, N, K, pa, lda, pb, ldb, fbeta, pc, N)
+        if bf16:
+            rx_bgemm(ita, itb, M, N, K, pa, lda, pb, ldb, fbeta, pc, N)
+        else:
+            rx_sgemm(ita, itb, M, N, K, pa, lda, pb, ldb, fbeta, pc, N)
     return out
 
 
@@ -56,3 +73,16 @@ def _sgemm_use_kernel(name=None):
     b = str(name).encode()
     if rx_sgemm_use_kernel(b) != RX_OK:
         raise ValueError(f"GEMM kernel {name!r} is unknown or unsupported on this CPU")
+
+
+def _bgemm_use_kernel(name=None):
+    """Force the bf16 GEMM kernel ("amx-bf16", "avx512-bf16",
+    "generic-bf16") for later calls; None picks by CPU again (test hook).
+    ValueError if this CPU cannot run it."""
+    cdef bytes b
+    if name is None:
+        rx_bgemm_use_kernel(NULL)
+        return
+    b = str(name).encode()
+    if rx_bgemm_use_kernel(b) != RX_OK:
+        raise ValueError(f"bf16 GEMM kernel {name!r} is unknown or unsupported on this CPU")

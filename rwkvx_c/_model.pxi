@@ -118,17 +118,29 @@ cdef object _arena_view(_ModelHandle h, float *ptr, int64_t n):
     return np.asarray(a)
 
 
+cdef int _precision_code(precision) except -1:
+    if precision == "fp32":
+        return RX_PRECISION_FP32
+    if precision == "bf16":
+        return RX_PRECISION_BF16
+    raise ValueError(f"precision must be 'fp32' or 'bf16', got {precision!r}")
+
+
 cdef class RxPtModel:
     """A whole RWKV-X model (SPEC §7) with its parameters and grads in two
     flat float32 arenas, initialised by the SPEC §8 splitmix64 scheme.
 
-    RxPtModel(config, seed=0)
+    RxPtModel(config, seed=0, *, precision="fp32")
         config : dict with exactly the rx_pt_config fields (CONFIG_FIELDS):
                  n_embd, n_head, head_size, n_rwkv_layer, n_attn_layer,
                  vocab_size, Dw, Da, Dg, Dv, ffn_dim, chunk_size, moba_top_k;
                  optionally ln0 (0 or 1, default 0: x0 = LayerNorm(emb[token])
                  with params ln0_w, ln0_b right after emb)
         seed   : int in [0, 2**64)
+        precision : "fp32", or "bf16": every projection GEMM multiplies
+                 bf16-rounded operands with fp32 accumulation; parameters,
+                 grads, WKV7, norms, softmax and the loss stay fp32 (see
+                 rx_pretrain.h). Readable and settable as m.precision.
     A missing or unknown key, or a value breaking SPEC §7, is a ValueError
     naming it.
 
@@ -149,9 +161,10 @@ cdef class RxPtModel:
     def __cinit__(self):
         self._acts = NULL
 
-    def __init__(self, config, seed=0):
+    def __init__(self, config, seed=0, *, precision="fp32"):
         cdef rx_pt_config c = _pt_config(config)
         cdef int flags = _pt_flags(config)
+        cdef int prec = _precision_code(precision)
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
             raise TypeError(f"seed must be an int, got {type(seed).__name__}")
         if not 0 <= seed < 2 ** 64:
@@ -163,6 +176,7 @@ cdef class RxPtModel:
         if h.m == NULL:
             raise MemoryError("RxPtModel: out of memory allocating the parameter arenas")
         self._h = h
+        rx_ptmodel_set_precision(h.m, prec)
         self._config = {k: int(config[k]) for k in CONFIG_FIELDS}
         self._config["ln0"] = 1 if rx_ptmodel_flags(h.m) & RX_PT_LN0 else 0
         self._layers = rx_ptmodel_layers(h.m).decode()
@@ -196,6 +210,18 @@ cdef class RxPtModel:
     def config(self):
         """The config dict (a copy)."""
         return dict(self._config)
+
+    @property
+    def precision(self):
+        """The projections' GEMM precision, "fp32" or "bf16" (settable)."""
+        return "bf16" if rx_ptmodel_precision(self._h.m) == RX_PRECISION_BF16 else "fp32"
+
+    @precision.setter
+    def precision(self, value):
+        cdef int prec = _precision_code(value)
+        if self._busy:
+            raise RuntimeError("RxPtModel: precision changed while a forward or backward runs")
+        rx_ptmodel_set_precision(self._h.m, prec)
 
     @property
     def layers(self):

@@ -214,6 +214,11 @@ cdef extern from "rx_pretrain.h" nogil:
     int rx_get_num_threads()
     int rx_has_openmp()
     const char *rx_sgemm_kernel()
+    const char *rx_bgemm_kernel()
+    int rx_bgemm_hw()
+    int RX_PRECISION_FP32, RX_PRECISION_BF16
+    int rx_ptmodel_set_precision(rx_ptmodel *m, int precision)
+    int rx_ptmodel_precision(const rx_ptmodel *m)
     void rx_profile_enable(int on)
     int rx_profile_read(double *seconds, int n)
     const char *rx_profile_name(int i)

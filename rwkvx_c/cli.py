@@ -104,6 +104,10 @@ def build_parser():
                    "steps (default: at every evaluation) and always at the end")
     t.add_argument("--cache-dir", metavar="DIR", help="where corpora are cached as token "
                    "files (default $RWKVX_CACHE or ~/.cache/rwkvx_c)")
+    t.add_argument("--precision", choices=["fp32", "bf16", "auto"], default="auto",
+                   help="projection GEMMs in fp32, or bf16 with fp32 accumulation; auto "
+                   "(default): bf16 where the CPU has AMX-BF16, where it is measured faster. A resumed "
+                   "run keeps its precision")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     g = t.add_argument_group("model shape (each overrides the preset; stored in the checkpoint)")
     g.add_argument("--n-embd", type=_positive_int, metavar="C", help="width; a new width "
@@ -240,7 +244,7 @@ def _resume_dir(out):
 
 
 def _train(a):
-    from rwkvx_c import get_num_threads
+    from rwkvx_c import gemm_kernel, get_num_threads
     from rwkvx_c.checkpoint import CheckpointError
     from rwkvx_c.data import DataError
     from rwkvx_c.distributed import DistributedError, world
@@ -260,7 +264,8 @@ def _train(a):
                 weight_decay=a.weight_decay, grad_clip=a.grad_clip, threads=a.threads,
                 seed=a.seed, init=a.init, eval_every=a.eval_every,
                 eval_tokens=a.eval_tokens, save_every=a.save_every, cache_dir=a.cache_dir,
-                tokenizer=a.tokenizer, text_field=a.text_field)
+                tokenizer=a.tokenizer, text_field=a.text_field,
+                precision=a.precision)
     shape = {k: getattr(a, k) for k in ("n_embd", "head_size", "n_layer", "n_attn_layer",
                                         "ffn_dim", "chunk_size", "moba_top_k", "d_decay",
                                         "d_aaa", "d_mv", "d_gate")}
@@ -296,6 +301,7 @@ def _train(a):
           f"  train  batch {o.batch} x seq_len {o.seq_len}, lr {o.lr:g}, stop after {stop_by}, "
           + (f"{get_num_threads()} threads" if group.size == 1 else
              f"{group.size} ranks x {get_num_threads()} threads per rank")
+          + f", {m.precision} ({gemm_kernel(m.precision)})"
           + (f", resumed at step {tr.step_count}" if a.resume else ""), flush=True)
 
     interrupted = []

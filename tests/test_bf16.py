@@ -1,0 +1,291 @@
+"""bf16 mixed precision: rx_bgemm (csrc/gemm_bf16.c) through the _bgemm test
+hook, each bf16 kernel this CPU runs, and the model / trainer with
+precision="bf16".
+
+Tolerances (see gemm_bf16.c): the product of two bf16 numbers is exact in
+fp32, so a kernel adds exact products in some order. For one output with
+P = sum |a_k b_k| over the rounded operands, any fp32 summation order is
+within (K + 2) 2^-24 (P + |C_old|) of the exact sum, plus K 2^-125 for
+products the hardware flushes to zero. Two kernels agree within twice that.
+The rounding itself is checked exactly: op(A) . I returns bf16(op(A)).
+"""
+import json
+import os
+
+import numpy as np
+import pytest
+
+import rwkvx_c as rx
+from rwkvx_c import _core
+from rwkvx_c.train import TrainError, TrainOptions, Trainer
+
+U = 2.0 ** -24
+KERNELS = ("generic-bf16", "avx512-bf16", "amx-bf16")
+
+
+def _runs_here(name):
+    try:
+        _core._bgemm_use_kernel(name)
+    except ValueError:
+        return False
+    _core._bgemm_use_kernel(None)
+    return True
+
+
+def _kernel_param(name):
+    return pytest.param(name, marks=pytest.mark.skipif(
+        not _runs_here(name), reason=f"this CPU (or OS) cannot run the {name} kernel"))
+
+
+@pytest.fixture(params=[_kernel_param(k) for k in KERNELS])
+def kernel(request):
+    _core._bgemm_use_kernel(request.param)
+    yield request.param
+    _core._bgemm_use_kernel(None)
+
+
+def bf16(x):
+    """Round float32 to bf16 (nearest even; NaN stays NaN; results in the bf16
+    subnormal range flush to signed zero), returned as float32."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) & 0xFFFF
+    r = np.where((u & 0x7FFFFFFF) > 0x7F800000, (u >> 16) | 0x40, r)
+    r = np.where((r & 0x7F80) == 0, r & 0x8000, r)
+    return (r.astype(np.uint32) << 16).view(np.float32)
+
+
+def _operands(rng, M, N, K, ta, tb):
+    a = rng.standard_normal((K, M) if ta else (M, K), dtype=np.float32) * 3
+    b = rng.standard_normal((N, K) if tb else (K, N), dtype=np.float32)
+    A = bf16(a.T if ta else a).astype(np.float64)
+    B = bf16(b.T if tb else b).astype(np.float64)
+    return a, b, A @ B, np.abs(A) @ np.abs(B)
+
+
+# tiny, odd, crossing the 16-row / 32-column / 32-k blocks, the 64 x 128 units
+SHAPES = [(1, 1, 1), (7, 13, 5), (16, 16, 32), (17, 33, 31), (33, 47, 70), (65, 129, 33),
+          (130, 40, 257), (3, 300, 2)]
+
+
+@pytest.mark.parametrize("M,N,K", SHAPES)
+@pytest.mark.parametrize("ta", [False, True])
+@pytest.mark.parametrize("tb", [False, True])
+def test_bgemm_matches_float64_on_rounded_operands(kernel, M, N, K, ta, tb):
+    rng = np.random.default_rng(M * 1000003 + N * 1009 + K * 7 + 2 * ta + tb)
+    a, b, ref, P = _operands(rng, M, N, K, ta, tb)
+    got = _core._bgemm(a, b, ta, tb)
+    assert (np.abs(got - ref) <= (K + 2) * U * P + K * 2.0 ** -125).all()
+    c0 = rng.standard_normal((M, N), dtype=np.float32)
+    c = c0.copy()
+    assert _core._bgemm(a, b, ta, tb, out=c, beta=1.0) is c
+    tol = (K + 2) * U * (P + np.abs(c0)) + K * 2.0 ** -125
+    assert (np.abs(c - (ref + c0)) <= tol).all()
+
+
+@pytest.mark.parametrize("ta", [False, True])
+@pytest.mark.parametrize("tb", [False, True])
+def test_bgemm_rounds_to_nearest_even_exactly(kernel, ta, tb):
+    """a . I and I . b return the bf16 rounding of a and b bit for bit: ties
+    to even, carries into the exponent, the largest finite values,
+    subnormal inputs and results (to zero)."""
+    rng = np.random.default_rng(5)
+    special = np.array([1.0, 1 + 2 ** -8, 1 + 3 * 2 ** -8, 1 + 2 ** -9, 1 + 3 * 2 ** -9,
+                        -(1 + 2 ** -9), 1 - 2 ** -25, 3.3e38, -3.38e38, 1e-39, -1e-39,
+                        1.2e-38, 1.1754944e-38, 0.0, -0.0, 65504.0, 2 ** -133, 255.5],
+                       dtype=np.float32)
+    M, K = 37, 45
+    a = rng.standard_normal((M, K)).astype(np.float32)
+    a.flat[:special.size] = special
+    assert np.isfinite(bf16(a)).all()
+    eye = np.eye(K, dtype=np.float32)
+    got = _core._bgemm(np.ascontiguousarray(a.T) if ta else a, eye, ta, tb)
+    assert np.array_equal(got, bf16(a))
+    b = np.ascontiguousarray(a.T)  # (K, M): I . b = bf16(b)
+    got = _core._bgemm(eye, np.ascontiguousarray(b.T) if tb else b, ta, tb)
+    assert np.array_equal(got, bf16(b))
+
+
+def test_bgemm_nan_and_overflow(kernel):
+    a = np.ones((3, 4), np.float32)
+    a[1, 2] = np.nan
+    got = _core._bgemm(a, np.ones((4, 5), np.float32))
+    assert np.isnan(got[1]).all() and np.isfinite(got[[0, 2]]).all()
+    # above the largest bf16 (0x7F7F...) by more than half an ulp: infinity
+    big = np.array([[3.4e38]], np.float32)
+    assert _core._bgemm(big, np.ones((1, 1), np.float32))[0, 0] == np.inf
+
+
+@pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (False, True)])
+def test_kernels_agree_with_fp32_gemm_on_rounded_operands(kernel, ta, tb):
+    """Each bf16 kernel against rx_sgemm on operands rounded beforehand (fp32
+    FMAs of bf16 values add the same exact products): within twice the
+    one-kernel bound, on a projection-like shape."""
+    M, N, K = 300, 96, 200
+    rng = np.random.default_rng(11)
+    a, b, _, P = _operands(rng, M, N, K, ta, tb)
+    got = _core._bgemm(a, b, ta, tb)
+    want = _core._sgemm(bf16(a), bf16(b), ta, tb)
+    assert (np.abs(got - want) <= 2 * (K + 2) * U * P + K * 2.0 ** -124).all()
+    assert not np.array_equal(got, _core._sgemm(a, b, ta, tb))  # it did round
+
+
+def test_bgemm_independent_of_thread_count(kernel):
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal((700, 300), dtype=np.float32)
+    b = rng.standard_normal((300, 200), dtype=np.float32)
+    n = rx.get_num_threads()
+    try:
+        outs = []
+        for t in (1, 2, 3):
+            rx.set_num_threads(t)
+            outs.append(_core._bgemm(a, b))
+    finally:
+        rx.set_num_threads(n)
+    assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[0], outs[2])
+
+
+def test_kernel_names_and_hooks():
+    assert rx.gemm_kernel() in ("generic", "avx2-fma", "avx512f")
+    picked = rx.gemm_kernel("bf16")
+    assert picked in KERNELS and _runs_here(picked)
+    assert rx.bf16_hardware() == (picked != "generic-bf16")
+    with pytest.raises(ValueError, match="precision"):
+        rx.gemm_kernel("fp16")
+    with pytest.raises(ValueError, match="unknown or unsupported"):
+        _core._bgemm_use_kernel("no-such-kernel")
+    with pytest.raises(ValueError, match="inner dimension"):
+        _core._bgemm(np.ones((2, 3), np.float32), np.ones((4, 2), np.float32))
+
+
+def test_env_var_forces_kernel(tmp_path):
+    """RWKVX_BF16_KERNEL picks the kernel for a process (one this CPU lacks is
+    ignored)."""
+    import subprocess
+    import sys
+    code = "import rwkvx_c as rx; print(rx.gemm_kernel('bf16'))"
+    for name in ("generic-bf16", "no-such-kernel"):
+        env = dict(os.environ, RWKVX_BF16_KERNEL=name)
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                           text=True, cwd=os.path.dirname(os.path.dirname(__file__)))
+        assert r.returncode == 0, r.stderr
+        want = name if name == "generic-bf16" else rx.gemm_kernel("bf16")
+        assert r.stdout.strip() == want
+
+
+# ---- the model -------------------------------------------------------------
+
+SMALL = dict(n_embd=64, n_head=2, head_size=32, n_rwkv_layer=2, n_attn_layer=1, vocab_size=97,
+             ffn_dim=128, Dw=8, Da=8, Dg=16, Dv=8, chunk_size=8, moba_top_k=1)
+
+
+def _fwd_bwd(m, x, y):
+    logits = m.forward(x).astype(np.float64)
+    loss = m.backward(y)
+    return logits, loss, m.grad_buffer.astype(np.float64)
+
+
+def test_precision_keyword_and_property():
+    m = rx.RxPtModel(SMALL)
+    assert m.precision == "fp32"
+    m.precision = "bf16"
+    assert m.precision == "bf16"
+    assert rx.RxPtModel(SMALL, precision="bf16").precision == "bf16"
+    with pytest.raises(ValueError, match="precision"):
+        rx.RxPtModel(SMALL, precision="fp16")
+    with pytest.raises(ValueError, match="precision"):
+        m.precision = "half"
+    assert m.precision == "bf16"
+
+
+def test_bf16_model_close_to_fp32_model():
+    """Loose bound, stated: each projection's inputs carry a relative rounding
+    error <= 2^-9, so one GEMM's output is off by <= 2^-8 of its |a||b| sum;
+    the logits pass through about 4 GEMMs per block (3 blocks) and the head,
+    ~13 in series: norm-wise 13 * 2^-8 ~ 5%. Grads pass through twice as
+    many (forward and backward): 10%. The loss (a mean of log-softmax)
+    moves by at most the logits' max change."""
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 97, (2, 40)).astype(np.int32)
+    y = rng.integers(0, 97, (2, 40)).astype(np.int32)
+    l32, loss32, g32 = _fwd_bwd(rx.RxPtModel(SMALL, seed=4), x, y)
+    l16, loss16, g16 = _fwd_bwd(rx.RxPtModel(SMALL, seed=4, precision="bf16"), x, y)
+    rel = lambda a, b: np.linalg.norm(a - b) / np.linalg.norm(b)  # noqa: E731
+    assert 0 < rel(l16, l32) <= 0.05
+    assert abs(loss16 - loss32) <= 2 * np.abs(l16 - l32).max()
+    assert 0 < rel(g16, g32) <= 0.10
+
+
+def test_bf16_model_kernels_agree(kernel):
+    """The bf16 model on each kernel against the generic kernel: the kernels
+    differ only in fp32 summation order, but a later rounding to bf16 can
+    turn a last-bit difference into 2^-8 of that element, rarely; norm-wise
+    1% on the logits and 3% on the grads. Repeated calls are bitwise equal."""
+    rng = np.random.default_rng(1)
+    x = rng.integers(0, 97, (2, 24)).astype(np.int32)
+    y = rng.integers(0, 97, (2, 24)).astype(np.int32)
+    m = rx.RxPtModel(SMALL, seed=2, precision="bf16")
+    l_k, loss_k, g_k = _fwd_bwd(m, x, y)
+    _core._bgemm_use_kernel("generic-bf16")
+    l_g, loss_g, g_g = _fwd_bwd(m, x, y)
+    # the kernels' sums differ in the last fp32 bits; a rounding to bf16
+    # further on may then land on the other side (2^-8), rarely
+    assert np.linalg.norm(l_k - l_g) <= 1e-2 * np.linalg.norm(l_g)
+    assert np.linalg.norm(g_k - g_g) <= 3e-2 * np.linalg.norm(g_g)
+    again = _fwd_bwd(m, x, y)
+    assert np.array_equal(again[0], l_g) and np.array_equal(again[2], g_g)  # deterministic
+
+
+# ---- the trainer -------------------------------------------------------------
+
+def _opts(tmp_path, **kw):
+    p = tmp_path / "corpus.txt"
+    if not p.exists():
+        rng = np.random.default_rng(0)
+        words = ["def", "return", "self", "import", "class", "for", "in", "if", "(", ")", ":"]
+        p.write_text(" ".join(rng.choice(words, 6000)))
+    base = dict(preset="tiny", data=str(p), model=dict(SMALL, vocab_size=256), batch=2,
+                seq_len=24, steps=6, eval_tokens=96, warmup_steps=2, lr=3e-3, threads=2,
+                cache_dir=str(tmp_path / "cache"), precision="bf16")
+    base.update(kw)
+    return TrainOptions(**base)
+
+
+def _losses(tr, until):
+    out = []
+    while tr.step_count < until:
+        out.append(tr.step()["loss"])
+    return out
+
+
+def test_bf16_resume_reproduces_the_uninterrupted_run(tmp_path):
+    full = Trainer(_opts(tmp_path), str(tmp_path / "full"))
+    assert full.model.precision == "bf16"
+    ref_losses = _losses(full, 6)
+    part = Trainer(_opts(tmp_path), str(tmp_path / "part"))
+    first = _losses(part, 3)
+    part.save()
+    del part
+    resumed = Trainer.resume(str(tmp_path / "part"), precision="auto")
+    assert resumed.model.precision == "bf16"
+    assert first + _losses(resumed, 6) == ref_losses  # bit for bit
+
+
+def test_precision_in_checkpoint_and_resume_refuses_a_change(tmp_path):
+    out = str(tmp_path / "run")
+    Trainer(_opts(tmp_path, steps=2), out).run()
+    from rwkvx_c.checkpoint import read_checkpoint
+    state = read_checkpoint(os.path.join(out, "checkpoint.safetensors"))[2]
+    assert state["options"]["precision"] == "bf16"
+    with pytest.raises(TrainError, match="precision 'bf16' -> 'fp32'"):
+        Trainer.resume(out, precision="fp32")
+    with pytest.raises(TrainError, match="precision must be"):
+        Trainer(_opts(tmp_path, precision="fp16"), str(tmp_path / "other"))
+
+
+def test_auto_precision_follows_the_hardware(tmp_path):
+    o = _opts(tmp_path, precision="auto").resolved()
+    # independent of the library's own pick: the kernel's CPU flag
+    with open("/proc/cpuinfo") as f:
+        amx = " amx_bf16" in f.read()
+    assert o.precision == ("bf16" if amx else "fp32")
+    json.dumps(o.to_dict())
