@@ -145,7 +145,7 @@ def test_bgemm_independent_of_thread_count(kernel):
 
 
 def test_kernel_names_and_hooks():
-    assert rx.gemm_kernel() in ("generic", "avx2-fma", "avx512f")
+    assert rx.gemm_kernel() in ("generic", "avx2-fma", "avx512f", "avx512f-16x16")
     picked = rx.gemm_kernel("bf16")
     assert picked in KERNELS and _runs_here(picked)
     assert rx.bf16_hardware() == (picked != "generic-bf16")
