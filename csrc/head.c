@@ -1,14 +1,17 @@
 /* SPDX-License-Identifier: AGPL-3.0-or-later AND Apache-2.0
  *
  * head.c -- the unembedding projection and the softmax cross-entropy loss
- * that reads its logits (SPEC §7).
+ * that reads its logits (docs/maths.md, "Loss").
  *
  * The void signatures cannot return an error: outputs of a call with a
  * missing input are filled with NaN instead.
  *
  * The log-sum-exp subtracts the row maximum and accumulates in double, so
- * logits of +-1e4 give a finite loss and a clean softmax.
+ * any finite logits, +-3e38 included, give the exact loss and a clean
+ * softmax (docs/maths.md, "Loss").
  */
+#include <float.h>
+
 #include "rx_internal.h"
 
 /* x: [T][C]; head: [C][vocab]; logits: [T][vocab] */
@@ -42,12 +45,23 @@ void rx_head_backward(const float *x, const float *head, const float *dlogits,
 /* One row: returns -log softmax(l)[target]; if d is not NULL writes
  * d = (softmax(l) - onehot(target)) * scale. l, d: [V]. One exp per logit
  * (rx_expf, vectorised): e = exp(l - max) is summed in eight double lanes
- * and, scaled by 1/sum, is the softmax. */
+ * and, scaled by 1/sum, is the softmax.
+ *
+ * The loss is formed as log(sum) + (max - l[target]), never as
+ * max + log(sum) - l[target]: with logits near 3e38 the latter loses
+ * log(sum) to the rounding of max and reads 0.0 (docs/maths.md, "Loss").
+ * log(sum) is log1p of the sum without the maximum's own 1, so a target
+ * that dominates its row by a gap g still gives ~e^-g, not log(1.0) = 0;
+ * below CE_TINY_TAIL the float terms lose precision to underflow and the
+ * tail is summed again in double. A row of V >= 2 finite logits never
+ * assigns its target probability 1, so its loss is at least DBL_TRUE_MIN. */
 #define CE_LANES 8
+#define CE_TINY_TAIL 1e-30
 RX_HOT static double ce_row(const float *restrict l, size_t V, size_t target,
                             float *restrict d, double scale) {
-    float m = l[0];
-    for (size_t v = 1; v < V; v++) m = l[v] > m ? l[v] : m;
+    size_t am = 0;
+    for (size_t v = 1; v < V; v++) am = l[v] > l[am] ? v : am;
+    const float m = l[am];
     double acc[CE_LANES] = {0};
     size_t v = 0;
     for (; v + CE_LANES <= V; v += CE_LANES) {
@@ -69,7 +83,14 @@ RX_HOT static double ce_row(const float *restrict l, size_t V, size_t target,
         for (v = 0; v < V; v++) d[v] *= f;
         d[target] = (float)((double)d[target] - scale);
     }
-    return (double)m + log(s) - (double)l[target];
+    double tail = s - 1.0;   /* s counts the maximum's own e = 1 */
+    if (tail < CE_TINY_TAIL) {
+        tail = 0.0;
+        for (v = 0; v < V; v++)
+            if (v != am) tail += exp((double)l[v] - (double)m);
+    }
+    double loss = log1p(tail) + ((double)m - (double)l[target]);
+    return V > 1 && loss < DBL_TRUE_MIN ? DBL_TRUE_MIN : loss;
 }
 
 static int ce_valid(int target, int ignore_index) {
