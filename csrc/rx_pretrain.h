@@ -395,8 +395,10 @@ float *rx_ptmodel_grad_arena(rx_ptmodel *m, int64_t *n);
 const char *rx_ptmodel_layers(const rx_ptmodel *m);
 
 /* Threads used by every rx_ call made from the calling thread afterwards
- * (n < 1 restores the default, OMP_NUM_THREADS or the core count). A build
- * without OpenMP ignores it and reports 1. */
+ * (n < 1 restores the default, OMP_NUM_THREADS or the core count; n above
+ * RX_MAX_THREADS is taken as RX_MAX_THREADS). A build without OpenMP
+ * ignores it and reports 1. */
+#define RX_MAX_THREADS 1024
 void rx_set_num_threads(int n);
 int rx_get_num_threads(void);
 /* 1 when the library was compiled with OpenMP. */

@@ -59,6 +59,12 @@ cdef rx_pt_config _pt_config(object config) except *:
     return c
 
 
+def check_config(config):
+    """Raises TypeError / ValueError naming the first bad field of a model
+    config (the checks RxPtModel makes), allocating nothing."""
+    _pt_config(config)
+
+
 cdef class _ModelHandle:
     """Owns one C model. RxPtModel and every array view hold a reference, so
     the C memory is freed only when the last of them is gone."""
@@ -133,6 +139,9 @@ cdef class RxPtModel:
         self._acts = NULL
 
     def __init__(self, config, seed=0):
+        if self._h is not None:
+            # a second __init__ would swap the arenas under live views and _acts
+            raise RuntimeError("RxPtModel is already initialised; make a new one")
         cdef rx_pt_config c = _pt_config(config)
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
             raise TypeError(f"seed must be an int, got {type(seed).__name__}")

@@ -210,6 +210,7 @@ cdef extern from "rx_pretrain.h" nogil:
                                 int T, int ignore_index)
     void rx_ptmodel_zero_grad(rx_ptmodel *m)
 
+    enum: RX_MAX_THREADS
     void rx_set_num_threads(int n)
     int rx_get_num_threads()
     int rx_has_openmp()

@@ -83,7 +83,7 @@ class DivergenceGuard:
 
     def check_eval(self, val_loss: float, step: int) -> None:
         if not (math.isfinite(val_loss) and val_loss <= self.ceiling()):
-            raise Divergence(step, f"the validation loss {val_loss:.4g} is above the "
+            raise Divergence(step, f"the loss of the model {val_loss:.4g} is above the "
                                    f"uniform-guess loss ln(V) = {self.uniform:.4g} + "
                                    f"{UNIFORM_SLACK_NATS:g}")
 

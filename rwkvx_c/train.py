@@ -29,11 +29,14 @@ from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
 
-from rwkvx_c import _core
+from rwkvx_c import _core, memcheck
 from rwkvx_c.checkpoint import CheckpointError, read_checkpoint, save_checkpoint
 from rwkvx_c.data import BatchSampler, load_corpus, eval_windows
 from rwkvx_c.init import SCHEMES, init_model
+from rwkvx_c.guard import MAX_ROLLBACKS, ON_DIVERGENCE, ROLLBACK_LR_FACTOR, Divergence, \
+    DivergenceGuard
 from rwkvx_c.optim import AdamW, decay_ranges, lr_at
+from rwkvx_c.runlock import RunLock, RunLocked
 
 __all__ = ["PRESETS", "TrainOptions", "Trainer", "TrainError", "CHECKPOINT", "LOG"]
 
@@ -57,7 +60,7 @@ PRESETS = {
               seq_len=512, batch=8, lr=1e-3, warmup_steps=100),
     # The no-argument job: the tiny model, which learns the most per second of
     # 2-core CPU time (measured: val_bpb 1.73 after 9.5 minutes on a loaded
-    # 2-core machine; see docs/training.md).
+    # 2-core machine; see docs/training.md, "Presets").
     "default": dict(model=_cfg(128, 2, 64, 2, 1, 256, 512, 16, 16, 32, 8, 32, 2),
                     seq_len=256, batch=8, lr=3e-3, warmup_steps=20, time_budget=9.5),
 }
@@ -98,9 +101,11 @@ class TrainOptions:
     init: str = "rwkv7"
     model: dict = field(default=None)  # overrides of the preset's model config
     cache_dir: str = None
+    on_divergence: str = "stop"   # or "rollback" (rwkvx_c.guard)
 
     # options a resumed run may change without changing what it computes
-    RESUMABLE = ("steps", "time_budget", "eval_every", "save_every", "threads", "cache_dir")
+    RESUMABLE = ("steps", "time_budget", "eval_every", "save_every", "threads", "cache_dir",
+                 "on_divergence")
 
     def resolved(self):
         """A copy with every preset default filled in and every value checked."""
@@ -156,6 +161,13 @@ class TrainOptions:
                 pos(k, getattr(self, k))
         if not isinstance(self.seed, int) or self.seed < 0:
             raise TrainError(f"seed must be an integer >= 0, got {self.seed!r}")
+        if self.on_divergence is None:
+            self.on_divergence = "stop"
+        if self.on_divergence not in ON_DIVERGENCE:
+            raise TrainError(f"unknown on_divergence {self.on_divergence!r}; choose one of "
+                             f"{', '.join(ON_DIVERGENCE)}")
+        if self.threads is not None and self.threads > _core.MAX_THREADS:
+            raise TrainError(f"threads must be at most {_core.MAX_THREADS}, got {self.threads}")
         if self.init not in SCHEMES:
             raise TrainError(f"unknown init {self.init!r}; choose one of {', '.join(SCHEMES)}")
         if self.batch * self.seq_len > 2 ** 31 - 1:
@@ -177,13 +189,25 @@ class Trainer:
     Trainer(options, out_dir) starts a new run (out_dir must not hold a
     checkpoint yet); Trainer.resume(out_dir, **changes) continues one.
     Methods: step(), evaluate(), save(), done(), run(), close().
+    While it lives (until close() or the end of run()) it holds the run
+    folder's lock (rwkvx_c.runlock).
     """
 
-    def __init__(self, options=None, out_dir=None, *, _state=None, _tensors=None):
+    def __init__(self, options=None, out_dir=None, *, _state=None, _tensors=None, _lock=None):
         opts = (options or TrainOptions()).resolved()
         self.opts = opts
         self.out_dir = out_dir
         self._t0 = time.perf_counter()
+        self._lock = _lock
+        if out_dir is not None and self._lock is None:
+            self._lock = _take_lock(out_dir)
+        try:
+            self._setup(opts, out_dir, _state, _tensors)
+        except BaseException:
+            self.close()
+            raise
+
+    def _setup(self, opts, out_dir, _state, _tensors):
         if out_dir is not None:
             if _state is None and os.path.exists(os.path.join(out_dir, CHECKPOINT)):
                 raise TrainError(f"{out_dir} already holds a run; use resume (--resume) "
@@ -202,9 +226,13 @@ class Trainer:
             raise TrainError(f"the corpus has {self.corpus.vocab_size} token ids but the model's "
                              f"vocab_size is {cfg['vocab_size']}")
         try:
+            _core.check_config(cfg)
+            memcheck.check(memcheck.param_bytes(memcheck.estimate_params(cfg)),
+                           "the model with its optimiser state", "choose a smaller --preset")
             self.model = _core.RxPtModel(cfg, seed=opts.seed)
         except ValueError as e:
             raise TrainError(f"bad model config: {e}") from None
+        self._check_memory()
         if _tensors is None:
             init_model(self.model, opts.init, seed=opts.seed)
         self.optim = AdamW(self.model.param_buffer, self.model.grad_buffer,
@@ -222,17 +250,51 @@ class Trainer:
         self._save_seconds = None
         self._warm_end = None       # elapsed training time when warmup ended
         self._next_eval_at = None
+        self.guard = DivergenceGuard(cfg["vocab_size"])
+        self.lr_scale = 1.0         # lowered by each rollback after a divergence
+        self.rollbacks = 0
+        self.saved_step = None      # step of the checkpoint in out_dir, None before one
+        self._last_batch = None
         if _state is not None:
             self._restore(_state, _tensors)
         # the budget counts this session's set-up (corpus, model) too
         self._session_start = self._t0
 
+    def _check_memory(self):
+        """Refuses (TrainError) a batch whose step would not fit in memory."""
+        o = self.opts
+        per_tok = memcheck.acts_bytes_per_token(self.model)
+        need = memcheck.param_bytes(self.model.n_params) + per_tok * o.batch * o.seq_len
+        try:
+            memcheck.check(need, f"a step of batch {o.batch} x seq_len {o.seq_len} "
+                           f"({per_tok:,} bytes of activations per token)",
+                           "lower --batch or --seq-len")
+        except memcheck.MemoryTooSmall as e:
+            raise TrainError(str(e)) from None
+
+    def close(self):
+        """Release the run folder's lock (idempotent)."""
+        if getattr(self, "_lock", None) is not None:
+            self._lock.release()
+            self._lock = None
+
     # ------------------------------------------------------------------ state
     @classmethod
     def resume(cls, out_dir, **changes):
         """Continue the run saved in out_dir; changes may set the RESUMABLE
-        options (steps, time_budget, eval_every, save_every, threads, cache_dir).
-        Any other option that differs from the saved run is a TrainError."""
+        options (steps, time_budget, eval_every, save_every, threads,
+        cache_dir, on_divergence). Any other option that differs from the
+        saved run is a TrainError."""
+        lock = _take_lock(out_dir) if os.path.isdir(out_dir) else None
+        try:
+            return cls._resume(out_dir, lock, changes)
+        except BaseException:
+            if lock is not None:
+                lock.release()
+            raise
+
+    @classmethod
+    def _resume(cls, out_dir, lock, changes):
         path = os.path.join(out_dir, CHECKPOINT)
         try:
             tensors, config, state = read_checkpoint(path)
@@ -261,7 +323,7 @@ class Trainer:
         if config != opts.model:
             raise TrainError(f"checkpoint {path} is inconsistent: its model config differs "
                              "from its saved options")
-        return cls(opts, out_dir, _state=state, _tensors=tensors)
+        return cls(opts, out_dir, _state=state, _tensors=tensors, _lock=lock)
 
     def _restore(self, state, tensors):
         if state.get("corpus") != self.corpus.description:
@@ -291,6 +353,9 @@ class Trainer:
         self._next_eval_at = state.get("next_eval_at")
         self.last_eval = state.get("last_eval")
         self._eval_seconds = state.get("eval_seconds")
+        self.lr_scale = float(state.get("lr_scale", 1.0))
+        self.rollbacks = int(state.get("rollbacks", 0))
+        self.saved_step = self.step_count
         if self.out_dir:
             self._truncate_log(self.step_count)
 
@@ -301,23 +366,42 @@ class Trainer:
                 "sampler": self.sampler.state(), "warm_end": self._warm_end,
                 "next_eval_at": self._next_eval_at, "last_eval": self.last_eval,
                 "eval_seconds": self._eval_seconds, "options": self.opts.to_dict(),
-                "corpus": self.corpus.description}
+                "corpus": self.corpus.description, "lr_scale": self.lr_scale,
+                "rollbacks": self.rollbacks}
 
     def save(self, path=None):
         """Write the checkpoint (params, AdamW moments, run state) atomically.
 
-        Defaults to out_dir/checkpoint.safetensors; returns the path."""
+        Defaults to out_dir/checkpoint.safetensors; returns the path. A
+        model with a non-finite parameter or a loss above the uniform-guess
+        bound (rwkvx_c.guard) is never written: Divergence instead."""
         if path is None:
             if self.out_dir is None:
                 raise TrainError("save() needs a path when the trainer has no out_dir")
             path = os.path.join(self.out_dir, CHECKPOINT)
         t = time.perf_counter()
+        self._check_saveable()
         tensors = dict(self.model.params)
         tensors["optim.m"] = self.optim.m
         tensors["optim.v"] = self.optim.v
         save_checkpoint(path, tensors, self.model.config, self.state())
+        if self.out_dir is not None and path == os.path.join(self.out_dir, CHECKPOINT):
+            self.saved_step = self.step_count
         self._save_seconds = max(self._save_seconds or 0.0, time.perf_counter() - t)
         return path
+
+    def _check_saveable(self):
+        """Divergence unless the model as it is now (after its last update)
+        is finite and not worse than the uniform guess: on the validation
+        loss of this step when there is one, else on the loss of the last
+        training batch, recomputed (one forward)."""
+        self.guard.check_params(self.model.param_buffer, self.step_count)
+        if self.last_eval is not None and self.last_eval["step"] == self.step_count:
+            self.guard.check_eval(self.last_eval["val_loss"], self.step_count)
+        elif self._last_batch is not None:
+            x, y = self._last_batch
+            loss = _cross_entropy(self.model.forward(x), y)
+            self.guard.check_eval(loss, self.step_count)
 
     # --------------------------------------------------------------- training
     def train_seconds(self):
@@ -355,7 +439,8 @@ class Trainer:
             t0 = self._warm_end or 0.0
             end = self._budget_s() - self._reserve_s()
             p = (t - t0) / max(end - t0, 1e-9)
-        return lr_at(s, p, lr=o.lr, warmup_steps=o.warmup_steps, min_lr_frac=o.min_lr_frac)
+        return self.lr_scale * lr_at(s, p, lr=o.lr, warmup_steps=o.warmup_steps,
+                                     min_lr_frac=o.min_lr_frac)
 
     def done(self):
         """True once the step count or the time budget is used up (a run
@@ -377,12 +462,14 @@ class Trainer:
         t = time.perf_counter()
         lr = self.lr()
         x, y = self.sampler.next()
+        self._last_batch = (x, y)
         self.model.forward(x)
         loss = self.model.backward(y)
-        if not math.isfinite(loss):
-            raise FloatingPointError(f"loss is {loss} at step {self.step_count + 1}: the run "
-                                     "diverged (try a lower --lr)")
-        norm = self.optim.step(lr)
+        self.guard.check_loss(loss, self.step_count + 1)
+        try:
+            norm = self.optim.step(lr)
+        except FloatingPointError:
+            raise Divergence(self.step_count + 1, "the gradient norm is not finite") from None
         self.step_count += 1
         self.tokens_seen += x.size
         if self.step_count == self.opts.warmup_steps:
@@ -475,23 +562,76 @@ class Trainer:
         """Train until done(): periodic evaluation, checkpoints and log rows,
         then a final evaluation, checkpoint and log row. on_step(row) sees
         every row; stop() returning True ends the run early (with the final
-        evaluation and checkpoint). Returns the final evaluation."""
+        evaluation and checkpoint). Returns the final evaluation.
+
+        A divergence (rwkvx_c.guard) stops the run with Divergence, whose
+        message says what happened to the checkpoint; with on_divergence
+        "rollback" the run instead reloads its last checkpoint, multiplies
+        the learning rate by ROLLBACK_LR_FACTOR and goes on, up to
+        MAX_ROLLBACKS times. The run folder's lock is released on return."""
+        try:
+            return self._run(on_step, stop)
+        finally:
+            self.close()
+
+    def _diverged(self, e):
+        """Rolls back after Divergence e when allowed, else re-raises it with
+        the checkpoint's fate in its message."""
+        path = os.path.join(self.out_dir, CHECKPOINT) if self.out_dir else None
+        have = path is not None and self.saved_step is not None and os.path.exists(path)
+        if self.opts.on_divergence == "rollback" and have and self.rollbacks < MAX_ROLLBACKS:
+            elapsed, start = self.elapsed, self._session_start
+            tensors, _, state = read_checkpoint(path)
+            self._restore(state, tensors)
+            self.elapsed, self._session_start = elapsed, start  # the lost time was spent
+            self.rollbacks += 1
+            self.lr_scale *= ROLLBACK_LR_FACTOR
+            self.guard.reset()
+            self.log({"step": self.step_count, "rollback": self.rollbacks, "reason": e.reason,
+                      "lr_scale": self.lr_scale})
+            return
+        if have:
+            fate = f"the checkpoint of step {self.saved_step} in {self.out_dir} is kept"
+        elif self.out_dir:
+            fate = f"no checkpoint was saved in {self.out_dir}"
+        else:
+            fate = "nothing was saved"
+        if self.opts.on_divergence == "rollback" and have:
+            fate += f" ({self.rollbacks} rollbacks did not help)"
+        hint = "" if self.opts.on_divergence == "rollback" or not have else \
+            " or --on-divergence rollback"
+        raise Divergence(e.step, f"{e.reason}; {fate}; try a lower --lr{hint}") from None
+
+    def _run(self, on_step, stop):
         final = None
         while not self.done():
             if stop is not None and stop():
                 break
-            row = self.step()
-            evaluated = False
-            if self.eval_due() and not self.done():
-                row.update(self.evaluate())
-                evaluated = True
+            try:
+                row = self.step()
+                evaluated = False
+                if self.eval_due() and not self.done():
+                    row.update(self.evaluate())
+                    self.guard.check_eval(row["val_loss"], self.step_count)
+                    evaluated = True
+            except Divergence as e:
+                self._diverged(e)
+                continue
             self.log(row)
             if on_step:
                 on_step(row)
             if self.out_dir and self.save_due(evaluated):
-                self.save()
+                try:
+                    self.save()
+                except Divergence as e:
+                    self._diverged(e)
         if self.last_eval is None or self.last_eval["step"] != self.step_count:
             final = self.evaluate()
+            try:
+                self.guard.check_eval(final["val_loss"], self.step_count)
+            except Divergence as e:
+                self._diverged(e)
+                return self._run(on_step, stop)
             row = {"step": self.step_count, **final, "elapsed": round(self.train_seconds(), 3),
                    "final": True}
             self.log(row)
@@ -502,3 +642,10 @@ class Trainer:
         if self.out_dir:
             self.save()
         return final
+
+
+def _take_lock(out_dir):
+    try:
+        return RunLock(out_dir)
+    except RunLocked as e:
+        raise TrainError(str(e)) from None
