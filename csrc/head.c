@@ -1,14 +1,14 @@
 /* SPDX-License-Identifier: AGPL-3.0-or-later AND Apache-2.0
  *
  * head.c -- the unembedding projection and the softmax cross-entropy loss
- * that reads its logits (docs/maths.md, "Loss").
+ * that reads its logits (docs/maths.md §Loss).
  *
  * The void signatures cannot return an error: outputs of a call with a
  * missing input are filled with NaN instead.
  *
  * The log-sum-exp subtracts the row maximum and accumulates in double, so
  * any finite logits, +-3e38 included, give the exact loss and a clean
- * softmax (docs/maths.md, "Loss").
+ * softmax (docs/maths.md §Loss).
  */
 #include <float.h>
 
@@ -49,7 +49,7 @@ void rx_head_backward(const float *x, const float *head, const float *dlogits,
  *
  * The loss is formed as log(sum) + (max - l[target]), never as
  * max + log(sum) - l[target]: with logits near 3e38 the latter loses
- * log(sum) to the rounding of max and reads 0.0 (docs/maths.md, "Loss").
+ * log(sum) to the rounding of max and reads 0.0 (docs/maths.md §Loss).
  * log(sum) is log1p of the sum without the maximum's own 1 (the tail), so a
  * target that dominates its row by a gap g still gives ~e^-g, not log(1.0);
  * below CE_TINY_TAIL the float terms lose precision to underflow and the

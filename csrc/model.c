@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: AGPL-3.0-or-later AND Apache-2.0
  *
- * model.c -- the whole RWKV-X model (SPEC §7, §8): the parameter and grad
+ * model.c -- the whole RWKV-X model (docs/maths.md, docs/layout.md): the parameter and grad
  * arenas, the splitmix64 init, introspection, the layer order, and the
  * forward / backward over B sequences at once.
  *
@@ -36,7 +36,7 @@ struct rx_ptmodel {
     int n_blocks, n_tensors;
     char *layers;             /* [n_blocks+1] 'R' / 'A', NUL-terminated */
     int *block_idx;           /* [n_blocks] index within the RWKV or attention array */
-    rx_tensor *tensors;       /* [n_tensors] in SPEC §8 order */
+    rx_tensor *tensors;       /* [n_tensors] in docs/layout.md §Parameters order */
     float *params, *grads;    /* the two arenas, [n_elems] each */
     size_t n_elems;
     const float *emb, *ln_out_w, *ln_out_b, *head;
@@ -79,7 +79,7 @@ int rx_pt_config_validate(const rx_pt_config *c) {
 }
 
 /* layers[L] for L in model order: an attention block after every
- * interval-th RWKV block until n_attn are placed (SPEC §7) */
+ * interval-th RWKV block until n_attn are placed (docs/maths.md §Whole model) */
 static void layer_order(const rx_pt_config *c, char *layers, int *block_idx) {
     int interval = c->n_attn_layer ? c->n_rwkv_layer / c->n_attn_layer : 0;
     int L = 0, placed = 0;
@@ -94,7 +94,7 @@ static void layer_order(const rx_pt_config *c, char *layers, int *block_idx) {
     layers[L] = '\0';
 }
 
-/* ---- parameter layout (SPEC §8) ---------------------------------------- */
+/* ---- parameter layout (docs/layout.md §Parameters) ---------------------------------------- */
 
 typedef struct {
     const char *name;
@@ -214,7 +214,7 @@ static void set_block_sizes(const rx_pt_config *c, rx_ptmodel *m) {
     }
 }
 
-/* ---- init (SPEC §8) ---------------------------------------------------- */
+/* ---- init (docs/layout.md §Parameters) ---------------------------------------------------- */
 
 static uint64_t splitmix64(uint64_t *state) {
     uint64_t z = (*state += 0x9E3779B97F4A7C15ull);

@@ -4,7 +4,7 @@
  * RWKV-X language models (RWKV-7 blocks interleaved with MoBA-sparse causal
  * attention blocks).
  *
- * The numerical contract (maths, layouts, parameter order, init) is SPEC.md;
+ * The numerical contract (maths, layouts, parameter order, init) is docs/;
  * this header carries the same functions, structs and layouts as the original
  * rx_pretrain.h API. The WKV7 backward-through-time follows the recurrence
  * of BlinkDL's RWKV-LM wkv7 CUDA kernel (Apache-2.0); see NOTICE.
@@ -71,7 +71,7 @@ int rx_wkv7_backward(
  * RWKV-7 time-mix: token shift and lerps, R/K/V/O projections, the w/a/g/v
  * LoRA gates, key normalisation and modification, the value residual through
  * v_first, WKV7, per-head group norm, the r*k*r_k bonus and the g gate.
- * Input is the ln1 output; the result feeds the residual (SPEC §3).
+ * Input is the ln1 output; the result feeds the residual (docs/maths.md §Time-mix).
  * ==================================================================== */
 typedef struct {
     int c;                  /* n_head*head_size */
@@ -121,7 +121,7 @@ int rx_timemix_backward(
 
 /* ====================================================================
  * RWKV-7 channel-mix: out = relu(xk . ffn_key_w)^2 . ffn_value_w with
- * xk = x + (x_prev - x)*ffn_x_k (SPEC §4). Input is the ln2 output.
+ * xk = x + (x_prev - x)*ffn_x_k (docs/maths.md §Channel-mix). Input is the ln2 output.
  * ==================================================================== */
 typedef struct {
     int c;
@@ -151,7 +151,7 @@ int rx_channelmix_backward(
 
 /* ====================================================================
  * LayerNorm over the C channels, eps 1e-5, biased variance; mean and
- * variance accumulate in double (SPEC §5).
+ * variance accumulate in double (docs/maths.md §LayerNorm).
  * ==================================================================== */
 
 /* x, out: [B][T][C]; w, b: [C]. */
@@ -165,7 +165,7 @@ int rx_layernorm_backward(
     float *dx, float *dw, float *db, int B, int T, int C);
 
 /* ====================================================================
- * RWKV-7 residual block (SPEC §6):
+ * RWKV-7 residual block (docs/maths.md §Blocks):
  *     h1 = ln1(x); x1 = x + TM(h1); h2 = ln2(x1); out = x1 + CM(h2)
  * ==================================================================== */
 typedef struct {
@@ -199,7 +199,7 @@ int rx_block_backward(
     int B, int T);
 
 /* ====================================================================
- * MoBA-sparse attention block (SPEC §6):
+ * MoBA-sparse attention block (docs/maths.md §Blocks):
  *     h1 = ln1(x); q,k,v = h1 . {receptance_w, key_w, value_w}
  *     y = sparse causal softmax attention, scale 1/sqrt(head_size)
  *     x1 = x + y . output_w; h2 = ln2(x1); out = x1 + CM(h2)
@@ -252,7 +252,7 @@ int rx_attn_score_av_backward(const rx_attn_params *P, const float *q, const flo
                               float *dq, float *dk, float *dv);
 
 /* ====================================================================
- * Whole model, single sequence (SPEC §7):
+ * Whole model, single sequence (docs/maths.md §Whole model):
  *     x0 = emb[token]; blocks in RWKV-X order; h = ln_out(x);
  *     logits = h . head; loss = mean cross-entropy over valid targets.
  * ==================================================================== */
@@ -299,7 +299,7 @@ typedef struct {
 
 typedef struct rx_ptmodel rx_ptmodel;   /* owns the parameter and grad arenas */
 
-/* A model with every parameter drawn by the SPEC §8 splitmix64 scheme (a
+/* A model with every parameter drawn by the docs/layout.md §Init splitmix64 scheme (a
  * gradient-check init, bit-identical everywhere). NULL on an invalid config
  * or allocation failure. */
 rx_ptmodel* rx_model_new_random(const rx_pt_config *pc, uint64_t seed);
@@ -307,7 +307,7 @@ void rx_ptmodel_free(rx_ptmodel *m);
 
 /* Number of parameter tensors. */
 int rx_ptmodel_num_params(const rx_ptmodel *m);
-/* Tensor i in SPEC §8 order: its name, its data and grad (views into the
+/* Tensor i in docs/layout.md §Parameters order: its name, its data and grad (views into the
  * arenas) and its element count. RX_EINVAL if i is out of range. */
 int rx_ptmodel_param(rx_ptmodel *m, int i, const char **name,
                      float **data, float **grad, int *n);
@@ -380,7 +380,7 @@ int rx_pretrain_forward_batch(rx_ptmodel *m, const int *tokens, int B, int T,
 double rx_pretrain_backward_batch(rx_ptmodel *m, const rx_pt_acts *acts,
                                   const int *targets, int B, int T, int ignore_index);
 
-/* RX_OK when rx_model_new_random accepts pc (SPEC §7, and every tensor's
+/* RX_OK when rx_model_new_random accepts pc (docs/maths.md §Whole model, and every tensor's
  * element count fits an int), else RX_EINVAL. */
 int rx_pt_config_validate(const rx_pt_config *pc);
 /* Shape of tensor i: returns its ndim (1 or 2) and fills shape[0..ndim-1];

@@ -1,4 +1,4 @@
-# The whole model (SPEC §7, §8, §10): RxPtModel over csrc/model.c. Included
+# The whole model (docs/maths.md, docs/layout.md): RxPtModel over csrc/model.c. Included
 # by _core.pyx.
 from cpython.buffer cimport PyBUF_FORMAT, PyBUF_WRITABLE
 from libc.stdint cimport int64_t, uint64_t
@@ -22,7 +22,7 @@ CONFIG_FIELDS = ("n_embd", "n_head", "head_size", "n_rwkv_layer", "n_attn_layer"
 
 
 cdef rx_pt_config _pt_config(object config) except *:
-    """The C config of a config dict, every SPEC §7 rule checked by name."""
+    """The C config of a config dict, every docs/maths.md §Whole model rule checked by name."""
     cdef rx_pt_config c
     if not isinstance(config, dict):
         raise TypeError(f"config must be a dict, got {type(config).__name__}")
@@ -110,18 +110,18 @@ cdef object _arena_view(_ModelHandle h, float *ptr, int64_t n):
 
 
 cdef class RxPtModel:
-    """A whole RWKV-X model (SPEC §7) with its parameters and grads in two
-    flat float32 arenas, initialised by the SPEC §8 splitmix64 scheme.
+    """A whole RWKV-X model (docs/maths.md §Whole model) with its parameters and grads in two
+    flat float32 arenas, initialised by the docs/layout.md §Init splitmix64 scheme.
 
     RxPtModel(config, seed=0)
         config : dict with exactly the rx_pt_config fields (CONFIG_FIELDS):
                  n_embd, n_head, head_size, n_rwkv_layer, n_attn_layer,
                  vocab_size, Dw, Da, Dg, Dv, ffn_dim, chunk_size, moba_top_k
         seed   : int in [0, 2**64)
-    A missing or unknown key, or a value breaking SPEC §7, is a ValueError
+    A missing or unknown key, or a value breaking docs/maths.md §Whole model, is a ValueError
     naming it.
 
-    params / grads map each SPEC §8 name to a writable zero-copy view of its
+    params / grads map each docs/layout.md §Parameters name to a writable zero-copy view of its
     tensor; param_buffer / grad_buffer view the whole arenas. A view keeps
     the model's memory alive after the model itself is deleted.
     """
@@ -194,12 +194,12 @@ cdef class RxPtModel:
 
     @property
     def param_names(self):
-        """Parameter names in SPEC §8 order."""
+        """Parameter names in docs/layout.md §Parameters order."""
         return list(self._names)
 
     @property
     def params(self):
-        """dict name -> writable float32 view into the parameter arena (SPEC §8 shapes)."""
+        """dict name -> writable float32 view into the parameter arena (docs/layout.md §Parameters shapes)."""
         return dict(self._params)
 
     @property

@@ -1,4 +1,4 @@
-# Cython declarations of the C API in csrc/rx_pretrain.h (SPEC.md is the contract).
+# Cython declarations of the C API in csrc/rx_pretrain.h (docs/ is the contract).
 from libc.stdint cimport uint64_t
 
 cdef extern from "rx_pretrain.h" nogil:

@@ -4,7 +4,7 @@ Format: a standard safetensors file (8-byte little-endian header length, a
 JSON header, then the raw little-endian tensor bytes), readable by the
 `safetensors` package and any other safetensors reader. Tensors:
 
-  - every model parameter under its SPEC §8 name (``emb``,
+  - every model parameter under its docs/layout.md §Parameters name (``emb``,
     ``blocks.0.tm.x_r``, ..., ``head``), float32, its own shape;
   - the AdamW moments as flat float32 arrays ``optim.m`` and ``optim.v``
     (same length and layout as the model's parameter arena), when saved.

@@ -1,4 +1,4 @@
-"""Divergence detection for a training run (docs/training.md, "Divergence").
+"""Divergence detection for a training run (docs/training.md §Divergence).
 
 A run has diverged when, before its optimiser step,
 

@@ -1,11 +1,11 @@
 """Parameter initialisation for training, selectable by name.
 
 ``init_model(model, scheme, seed)`` writes through ``model.params`` (zero-copy
-views of the parameter arena), so it works on any model that uses the SPEC §8
+views of the parameter arena), so it works on any model that uses the docs/layout.md §Parameters
 names. Schemes:
 
 ``"spec"``
-    Leave the parameters as the C model drew them: the SPEC §8 splitmix64
+    Leave the parameters as the C model drew them: the docs/layout.md §Init splitmix64
     test init (uniform, every element O(0.1)). It exists for gradient checks;
     it trains, but slowly.
 
@@ -26,7 +26,7 @@ names. Schemes:
       with z the per-head zigzag ``z = s |s|``, ``s = (i mod N - (N-1)/2) /
       ((N-1)/2)``: a spread of decay speeds across channels and within each
       head, so the state holds both short and long memories. The effective
-      decay is exp(-e^-0.5 sigmoid(w0 + ...)) (SPEC §3).
+      decay is exp(-e^-0.5 sigmoid(w0 + ...)) (docs/maths.md §Time-mix).
     - ``a0 = -0.19 + 0.3 z + 0.4 l`` (in-context learning rate ~0.45),
       ``v0 = 0.73 - 0.4 l`` (value-residual gate), ``k_k = 0.71 - 0.1 l``,
       ``k_a = 1.02``, ``r_k = -0.04``, with ``l = i/(C-1) - 0.5``.
@@ -44,7 +44,7 @@ names. Schemes:
       zero, LayerNorms 1/0, their channel-mix as above.
 
     The random parts (orthogonal matrices, emb) come from a NumPy PCG64
-    generator seeded with `seed`, tensors in SPEC §8 order.
+    generator seeded with `seed`, tensors in docs/layout.md §Parameters order.
 """
 import contextlib
 import ctypes
@@ -187,7 +187,7 @@ def init_model(model, scheme="rwkv7", seed=0):
     """Initialise model's parameters in place with the named scheme.
 
     model : anything with .param_names, .params (name -> writable float32
-            view, SPEC §8 names and shapes) and .config (dict)
+            view, docs/layout.md §Parameters names and shapes) and .config (dict)
     scheme: "rwkv7" (RWKV-7 training init) or "spec" (keep the C test init)
     """
     if scheme not in SCHEMES:

@@ -50,7 +50,7 @@ def _cfg(n_embd, n_head, head_size, n_rwkv, n_attn, vocab, ffn, Dw, Da, Dg, Dv, 
                 chunk_size=chunk, moba_top_k=top_k)
 
 
-# Model configs of SPEC §11 plus the default; training defaults per preset.
+# Model configs of docs/training.md §Presets plus the default; training defaults per preset.
 PRESETS = {
     "tiny": dict(model=_cfg(128, 2, 64, 2, 1, 256, 512, 16, 16, 32, 8, 32, 2),
                  seq_len=256, batch=8, lr=3e-3, warmup_steps=20),
@@ -60,7 +60,7 @@ PRESETS = {
               seq_len=512, batch=8, lr=1e-3, warmup_steps=100),
     # The no-argument job: the tiny model, which learns the most per second of
     # 2-core CPU time (measured: val_bpb 1.73 after 9.5 minutes on a loaded
-    # 2-core machine; see docs/training.md, "Presets").
+    # 2-core machine; see docs/training.md §Presets).
     "default": dict(model=_cfg(128, 2, 64, 2, 1, 256, 512, 16, 16, 32, 8, 32, 2),
                     seq_len=256, batch=8, lr=3e-3, warmup_steps=20, time_budget=9.5),
 }
