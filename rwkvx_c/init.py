@@ -46,11 +46,10 @@ names. Schemes:
     The random parts (orthogonal matrices, emb) come from a NumPy PCG64
     generator seeded with `seed`, tensors in docs/layout.md §Parameters order.
 """
-import contextlib
-import ctypes
 import re
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 __all__ = ["SCHEMES", "init_model"]
 
@@ -60,41 +59,6 @@ _LERP_POWER = {"x_r": 0.2, "x_g": 0.2, "x_k": 0.7, "x_v": 0.7, "x_w": 0.9, "x_a"
 _LORA_UP = ("w2", "a2", "v2", "g2")
 _LORA_DOWN = ("w1", "a1", "v1", "g1")
 _NAME = re.compile(r"^blocks\.(\d+)\.(.+)$")
-
-
-@contextlib.contextmanager
-def _serial_blas():
-    """Run numpy's OpenBLAS on one thread inside the block (Linux; a no-op
-    elsewhere or when no OpenBLAS is loaded).
-
-    The orthogonal matrices come from numpy's QR. With OpenBLAS threads
-    running it on a busy 2-core machine, their spin-waits fought the other
-    processes and the init took 12 s instead of 0.3 s; the matrices are
-    small, one thread is plenty."""
-    libs = []
-    try:
-        with open("/proc/self/maps") as f:
-            paths = {ln.split()[-1] for ln in f if "openblas" in ln.lower() and "/" in ln}
-        for path in sorted(paths):
-            lib = ctypes.CDLL(path)
-            for pre in ("scipy_openblas", "openblas"):
-                for suf in ("64_", "_64_", ""):
-                    get = getattr(lib, f"{pre}_get_num_threads{suf}", None)
-                    put = getattr(lib, f"{pre}_set_num_threads{suf}", None)
-                    if get is not None and put is not None:
-                        libs.append((put, int(get())))
-                        put(1)
-                        break
-                else:
-                    continue
-                break
-    except (OSError, ValueError):
-        pass
-    try:
-        yield
-    finally:
-        for put, n in libs:
-            put(n)
 
 
 def _orthogonal(rng, rows, cols, gain):
@@ -197,7 +161,11 @@ def init_model(model, scheme="rwkv7", seed=0):
     cfg = model.config
     rng = np.random.Generator(np.random.PCG64(seed))
     kinds = _block_kinds(model.param_names)
-    with _serial_blas():
+    # The orthogonal matrices come from NumPy's QR. With BLAS threads running
+    # it on a busy 2-core machine their spin-waits fought the other processes
+    # and the init took 12 s instead of 0.3 s; the matrices are small, one
+    # thread is plenty.
+    with threadpool_limits(limits=1, user_api="blas"):
         for name in model.param_names:
             view = model.params[name]
             val = np.asarray(_rwkv7_value(name, view.shape, rng, cfg, kinds), dtype=np.float64)
