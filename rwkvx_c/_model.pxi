@@ -290,6 +290,10 @@ cdef class RxPtModel:
             raise ValueError(f"targets has shape {targets.shape}, expected {self._fwd_shape} "
                              "(the shape of the last forward's tokens)")
         _arr(targets, "targets", np.int32, targets.ndim)
+        # checked and read from a private copy: another thread writing to the
+        # caller's array cannot make the ids the kernels read differ from
+        # the ids checked (a NaN loss below then really is a kernel failure)
+        targets = targets.copy()
         cdef int B = self._B, T = self._T
         _targets(targets.reshape(-1), "targets", B * T, self._config["vocab_size"], ignore_index)
         cdef double loss

@@ -168,6 +168,8 @@ def parse_checkpoint(blob, path="<bytes>"):
         raise
     except (UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):
         raise bad("is corrupt (unreadable header)") from None
+    if not isinstance(config, dict) or not isinstance(state, dict):
+        raise bad("is corrupt (config or state is not a JSON object)")
     if meta.get("version") not in _READS:
         raise bad(f"has format version {meta.get('version')!r}; this rwkvx_c reads "
                   f"{' and '.join(_READS)}")

@@ -151,11 +151,13 @@ class TrainOptions:
         pos("weight_decay", self.weight_decay, integer=False, allow_zero=True)
         pos("grad_clip", self.grad_clip, integer=False, allow_zero=True)
         pos("adam_eps", self.adam_eps, integer=False, allow_zero=True)
-        if not 0.0 <= self.min_lr_frac <= 1.0:
-            raise TrainError(f"min_lr_frac must lie in [0, 1], got {self.min_lr_frac}")
+        def real(v):
+            return isinstance(v, (int, float, np.floating)) and not isinstance(v, bool)
+        if not (real(self.min_lr_frac) and 0.0 <= self.min_lr_frac <= 1.0):
+            raise TrainError(f"min_lr_frac must lie in [0, 1], got {self.min_lr_frac!r}")
         for b in ("beta1", "beta2"):
-            if not 0.0 <= getattr(self, b) < 1.0:
-                raise TrainError(f"{b} must lie in [0, 1), got {getattr(self, b)}")
+            if not (real(getattr(self, b)) and 0.0 <= getattr(self, b) < 1.0):
+                raise TrainError(f"{b} must lie in [0, 1), got {getattr(self, b)!r}")
         for k in ("eval_every", "save_every", "threads"):
             if getattr(self, k) is not None:
                 pos(k, getattr(self, k))
@@ -230,7 +232,9 @@ class Trainer:
             memcheck.check(memcheck.param_bytes(memcheck.estimate_params(cfg)),
                            "the model with its optimiser state", "choose a smaller --preset")
             self.model = _core.RxPtModel(cfg, seed=opts.seed)
-        except ValueError as e:
+        except memcheck.MemoryTooSmall as e:
+            raise TrainError(str(e)) from None
+        except (TypeError, ValueError) as e:
             raise TrainError(f"bad model config: {e}") from None
         self._check_memory()
         if _tensors is None:
@@ -304,6 +308,12 @@ class Trainer:
         if not isinstance(saved, dict):
             raise TrainError(f"checkpoint {path} holds no training state")
         opts = TrainOptions(**{f.name: saved.get(f.name) for f in fields(TrainOptions)})
+        try:
+            opts.resolved()
+        except TrainError as e:
+            raise TrainError(f"checkpoint {path} holds bad options: {e}") from None
+        except (TypeError, ValueError, AttributeError) as e:
+            raise TrainError(f"checkpoint {path} holds bad options ({e})") from None
         diff = []
         for k, v in changes.items():
             if k not in {f.name for f in fields(TrainOptions)}:
@@ -326,6 +336,15 @@ class Trainer:
         return cls(opts, out_dir, _state=state, _tensors=tensors, _lock=lock)
 
     def _restore(self, state, tensors):
+        try:
+            self._restore_state(state, tensors)
+        except (TypeError, ValueError, KeyError, AttributeError, OverflowError) as e:
+            if isinstance(e, TrainError):
+                raise
+            raise TrainError(f"the checkpoint holds a bad run state ({type(e).__name__}: "
+                             f"{e})") from None
+
+    def _restore_state(self, state, tensors):
         if state.get("corpus") != self.corpus.description:
             raise TrainError(f"the corpus changed since the checkpoint: it was "
                              f"{state.get('corpus')}, it is now {self.corpus.description}")
@@ -344,17 +363,24 @@ class Trainer:
             if key not in tensors or tensors[key].shape != (n,):
                 raise TrainError(f"checkpoint lacks the optimiser state {key}")
             buf[...] = tensors[key]
-        self.optim.t = int(state["optim_t"])
-        self.step_count = int(state["step"])
-        self.elapsed = float(state["elapsed"])
-        self.tokens_seen = int(state["tokens_seen"])
+        self.optim.t = _count(state["optim_t"], "optim_t")
+        self.step_count = _count(state["step"], "step")
+        self.elapsed = _seconds(state["elapsed"], "elapsed")
+        self.tokens_seen = _count(state["tokens_seen"], "tokens_seen")
         self.sampler.set_state(state["sampler"])
-        self._warm_end = state.get("warm_end")
-        self._next_eval_at = state.get("next_eval_at")
-        self.last_eval = state.get("last_eval")
-        self._eval_seconds = state.get("eval_seconds")
+        self._warm_end = _seconds(state.get("warm_end"), "warm_end", none=True)
+        self._next_eval_at = _seconds(state.get("next_eval_at"), "next_eval_at", none=True)
+        last = state.get("last_eval")
+        if last is not None:
+            last = {"step": _count(last["step"], "last_eval.step"),
+                    "val_loss": float(last["val_loss"]),
+                    "val_bpb": None if last.get("val_bpb") is None else float(last["val_bpb"])}
+        self.last_eval = last
+        self._eval_seconds = _seconds(state.get("eval_seconds"), "eval_seconds", none=True)
         self.lr_scale = float(state.get("lr_scale", 1.0))
-        self.rollbacks = int(state.get("rollbacks", 0))
+        if not 0.0 < self.lr_scale <= 1.0:
+            raise TrainError(f"the checkpoint's lr_scale {self.lr_scale!r} is not in (0, 1]")
+        self.rollbacks = _count(state.get("rollbacks", 0), "rollbacks")
         self.saved_step = self.step_count
         if self.out_dir:
             self._truncate_log(self.step_count)
@@ -580,12 +606,14 @@ class Trainer:
         path = os.path.join(self.out_dir, CHECKPOINT) if self.out_dir else None
         have = path is not None and self.saved_step is not None and os.path.exists(path)
         if self.opts.on_divergence == "rollback" and have and self.rollbacks < MAX_ROLLBACKS:
+            # the checkpoint's own count and scale are older than this session's
             elapsed, start = self.elapsed, self._session_start
+            rollbacks, lr_scale = self.rollbacks, self.lr_scale
             tensors, _, state = read_checkpoint(path)
             self._restore(state, tensors)
             self.elapsed, self._session_start = elapsed, start  # the lost time was spent
-            self.rollbacks += 1
-            self.lr_scale *= ROLLBACK_LR_FACTOR
+            self.rollbacks = rollbacks + 1
+            self.lr_scale = lr_scale * ROLLBACK_LR_FACTOR
             self.guard.reset()
             self.log({"step": self.step_count, "rollback": self.rollbacks, "reason": e.reason,
                       "lr_scale": self.lr_scale})
@@ -649,3 +677,19 @@ def _take_lock(out_dir):
         return RunLock(out_dir)
     except RunLocked as e:
         raise TrainError(str(e)) from None
+
+
+def _count(v, name):
+    """A saved integer >= 0 (a checkpoint's run state), else TrainError."""
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise TrainError(f"the checkpoint's {name} {v!r} is not an integer >= 0")
+    return v
+
+
+def _seconds(v, name, none=False):
+    """A saved finite number >= 0 (None allowed when none), else TrainError."""
+    if v is None and none:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < math.inf:
+        raise TrainError(f"the checkpoint's {name} {v!r} is not a number >= 0")
+    return float(v)
