@@ -18,7 +18,7 @@ rng = random.Random(16)
 data, work = sys.argv[1], sys.argv[2]
 HOSTILE = ["0", "-1", "1", "2", "nan", "inf", "-inf", "1e308", "1e-308", "-0",
            "99999999999999999999", "", "abc", "\udcff\udcfe", "3.5", "0x10", "\uff11",
-           "/dev/null", "/nonexistent/x", data, " 2", "1_000"]
+           "/dev/null", os.path.join(data, "x"), data, " 2", "1_000"]   # data/x: not a folder
 TRAIN = ["--steps", "--time-budget", "--batch", "--seq-len", "--lr", "--warmup",
          "--weight-decay", "--grad-clip", "--threads", "--seed", "--eval-every", "--eval-tokens",
          "--save-every", "--init", "--preset", "--on-divergence", "--data", "--out",
@@ -43,7 +43,8 @@ while time.monotonic() < deadline:
                 v = "3"   # the other bound is the fuzzed one: keep the run short
             argv += [flag, v]
     else:
-        argv = ["sample", rng.choice([os.path.join(work, "good"), "/nonexistent", data, work])]
+        argv = ["sample", rng.choice([os.path.join(work, "good"), os.path.join(data, "x"), data,
+                                      work])]
         for _ in range(rng.randint(1, 2)):
             flag = rng.choice(SAMPLE)
             v = rng.choice(HOSTILE)
