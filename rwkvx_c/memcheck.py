@@ -59,22 +59,25 @@ def _heap_in_use():
 
 
 def acts_bytes_per_token(model, fallback: int | None = None) -> int:
-    """Heap bytes one more token of B*T costs a forward + backward of `model`.
+    """Heap bytes one more token of B*T costs a training step of `model`.
 
-    Runs forward/backward at two small sequence lengths and divides the heap
-    difference (the model's activation buffers and the returned logits) by
-    the token difference. Without glibc's mallinfo2, returns `fallback` or a
-    bound from the config."""
+    Runs forward and backward at two small sequence lengths and divides the
+    heap difference (the activation buffers the model keeps, and the
+    returned logits) by the token difference. Without glibc's mallinfo2,
+    returns `fallback` or a bound from the config."""
     c = model.config
-    t1 = 2 * c["chunk_size"]
+    t1 = c["chunk_size"]
     used = []
-    for T in (t1, 2 * t1):
+    # the first steps only warm up: they make what stays whatever the batch
+    # (the threads' GEMM scratch, malloc's arenas); the last two measure
+    for T in (2 * t1, t1, 2 * t1, t1, 2 * t1):
         x = np.zeros((1, T), dtype=np.int32)
         logits = model.forward(x)
         model.backward(x)
         used.append(_heap_in_use())
         del logits
     model.zero_grad()
+    used = used[-2:]
     if used[0] is None or used[1] <= used[0]:
         if fallback is not None:
             return fallback
