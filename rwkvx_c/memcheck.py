@@ -5,7 +5,7 @@ moments, all float32, plus a checkpoint being read on resume) + the step's
 activations, ~linear in B*T. Parameters are counted from the config before
 the model exists (an upper estimate: the matrices exactly, every vector as
 VECTORS_PER_LAYER C-vectors); the activation bytes per token are measured
-on the model itself, from the heap growth of two small forwards (see
+on the model itself, from the heap growth between two small steps (see
 acts_bytes_per_token), so they follow whatever the C core keeps.
 """
 from __future__ import annotations
