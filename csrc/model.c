@@ -486,12 +486,19 @@ static int acts_fit(const rx_ptmodel *m, const rx_pt_acts *a, int B, int T) {
 int rx_pretrain_forward_batch(rx_ptmodel *m, const int *tokens, int B, int T, rx_pt_acts *acts) {
     if (!m || !tokens || B < 1 || T < 1 || !acts_fit(m, acts, B, T)) return RX_EINVAL;
     const int V = m->cfg.vocab_size, C = m->cfg.n_embd, BT = B * T;
-    /* copy, then check the copy: a caller's thread writing to tokens
-     * meanwhile cannot slip an id past the check into the embedding */
+    /* copy into the backward's scratch (work), check the copy, then keep
+     * it: a caller's thread writing to tokens meanwhile cannot slip an id
+     * past the check into the embedding, and a rejected call leaves the
+     * previous forward intact */
+    unsigned char *copy = (unsigned char *)acts->work;
+    memcpy(copy, tokens, (size_t)BT * sizeof(int));
+    for (int i = 0; i < BT; i++) {
+        int t;
+        memcpy(&t, copy + (size_t)i * sizeof(int), sizeof t);
+        if (t < 0 || t >= V) return RX_EINVAL;
+    }
     acts->ready = 0;
-    memcpy(acts->tokens, tokens, (size_t)BT * sizeof(int));
-    for (int i = 0; i < BT; i++)
-        if (acts->tokens[i] < 0 || acts->tokens[i] >= V) return RX_EINVAL;
+    memcpy(acts->tokens, copy, (size_t)BT * sizeof(int));
     const size_t rowc = (size_t)BT * (size_t)C;
     rx_embedding_forward(m->emb, acts->tokens, BT, C, acts->block_in);
     for (int L = 0; L < m->n_blocks; L++) {
