@@ -267,8 +267,12 @@ class Trainer:
     def _check_memory(self):
         """Refuses (TrainError) a batch whose step would not fit in memory."""
         o = self.opts
+        params = memcheck.param_bytes(self.model.n_params)
+        rough = memcheck.ROUGH_MARGIN * memcheck.rough_bytes_per_token(o.model)
+        if memcheck.fits(params + rough * o.batch * o.seq_len):
+            return   # far from the limit: not worth the measuring steps
         per_tok = memcheck.acts_bytes_per_token(self.model)
-        need = memcheck.param_bytes(self.model.n_params) + per_tok * o.batch * o.seq_len
+        need = params + per_tok * o.batch * o.seq_len
         try:
             memcheck.check(need, f"a step of batch {o.batch} x seq_len {o.seq_len} "
                            f"({per_tok:,} bytes of activations per token)",
