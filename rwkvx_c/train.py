@@ -134,7 +134,7 @@ class TrainOptions:
     def _check(self):
         def pos(name, v, integer=True, allow_zero=False):
             ok = isinstance(v, (int, np.integer)) and not isinstance(v, bool) if integer \
-                else isinstance(v, (int, float)) and math.isfinite(v)
+                else isinstance(v, (int, float)) and not isinstance(v, bool) and _finite(v)
             if not ok or v < 0 or (v == 0 and not allow_zero):
                 kind = "an integer" if integer else "a number"
                 raise TrainError(f"{name} must be {kind} {'>= 0' if allow_zero else '> 0'}, "
@@ -163,6 +163,9 @@ class TrainOptions:
                 pos(k, getattr(self, k))
         if not isinstance(self.seed, int) or self.seed < 0:
             raise TrainError(f"seed must be an integer >= 0, got {self.seed!r}")
+        for k in ("data", "cache_dir"):
+            if getattr(self, k) is not None and not isinstance(getattr(self, k), str):
+                raise TrainError(f"{k} must be a path, got {getattr(self, k)!r}")
         if self.on_divergence is None:
             self.on_divergence = "stop"
         if self.on_divergence not in ON_DIVERGENCE:
@@ -697,3 +700,11 @@ def _seconds(v, name, none=False):
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < math.inf:
         raise TrainError(f"the checkpoint's {name} {v!r} is not a number >= 0")
     return float(v)
+
+
+def _finite(v):
+    """math.isfinite, False (not OverflowError) for an int beyond float range."""
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False

@@ -21,10 +21,10 @@ def env(**kw):
     return e
 
 
-def python(code, timeout=120, **kw):
-    """CompletedProcess of `python -c code` importing this rwkvx_c."""
+def python(code, timeout=120, cwd=HERE, **kw):
+    """CompletedProcess of `python -c code` importing this rwkvx_c, in cwd."""
     return subprocess.run([sys.executable, "-c", code], env=env(), capture_output=True,
-                          text=True, timeout=timeout, cwd=HERE, **kw)
+                          text=True, timeout=timeout, cwd=cwd, **kw)
 
 
 def cli(*args, cwd, timeout=180, **kw):

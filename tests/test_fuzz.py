@@ -2,7 +2,8 @@
 headers. Each runs in one subprocess (a crash fails the test, not the suite)
 that tries cases until its time is up (FUZZ_SECONDS, ~8 s each on 2 cores)
 and fails on the first case that ends in anything but a clean exit: status
-0, 1 or 2 with no uncaught exception, or a CheckpointError / TrainError.
+0, 1 or 2 with no uncaught exception, or a CheckpointError / TrainError /
+DataError (each one line at the CLI).
 Checkpoint mutations are written with valid checksums, so they reach the
 code that interprets the header instead of stopping at the CRC."""
 import os
@@ -70,7 +71,8 @@ print("cases", n)
 def test_fuzz_cli_flags(tmp_path):
     data = corpus(str(tmp_path), 4000)
     r = python(f"import sys\nsys.argv = ['w', {data!r}, {str(tmp_path)!r}, "
-               f"'{FUZZ_SECONDS}']\n" + CLI_WORKER, timeout=FUZZ_SECONDS + 240)
+               f"'{FUZZ_SECONDS}']\n" + CLI_WORKER, timeout=FUZZ_SECONDS + 240,
+               cwd=str(tmp_path))   # relative --out values land there
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "cases" in r.stdout
 
@@ -79,6 +81,7 @@ CKPT_WORKER = r'''
 import copy, json, math, os, random, sys, time, traceback
 import numpy as np
 from rwkvx_c.checkpoint import CheckpointError, read_checkpoint, save_checkpoint
+from rwkvx_c.data import DataError
 from rwkvx_c.sample import load_model
 from rwkvx_c.train import TrainError, TrainOptions, Trainer
 from hostile import SMALL
@@ -143,7 +146,7 @@ while time.monotonic() < deadline:
     for load in (lambda: load_model(dest), lambda: Trainer.resume(dest, steps=3).close()):
         try:
             load()
-        except (CheckpointError, TrainError):
+        except (CheckpointError, TrainError, DataError):   # the CLI's one-line errors
             pass
         except BaseException:
             print("CASE", what, ascii(c), ascii(s)[:400]); traceback.print_exc(); sys.exit(3)
@@ -154,6 +157,7 @@ print("cases", n)
 def test_fuzz_checkpoint_header(tmp_path):
     data = corpus(str(tmp_path), 4000)
     r = python(f"import sys\nsys.argv = ['w', {data!r}, {str(tmp_path)!r}, "
-               f"'{FUZZ_SECONDS}']\n" + CKPT_WORKER, timeout=FUZZ_SECONDS + 240)
+               f"'{FUZZ_SECONDS}']\n" + CKPT_WORKER, timeout=FUZZ_SECONDS + 240,
+               cwd=str(tmp_path))   # relative --out values land there
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "cases" in r.stdout
