@@ -91,6 +91,27 @@ class BuildExt(build_ext):
         inc = os.path.join(pkg_dir, "include")
         os.makedirs(inc, exist_ok=True)
         shutil.copy2(os.path.join("csrc", "rx_pretrain.h"), inc)
+        self._write_pkgconfig(os.path.join(pkg_dir, "lib", "pkgconfig"))
+
+    @staticmethod
+    def _write_pkgconfig(folder):
+        """lib/pkgconfig/rwkvx_c.pc, relative to itself (${pcfiledir}), so the
+        installed package works wherever it lands:
+        PKG_CONFIG_PATH=$(python -c 'import rwkvx_c; print(rwkvx_c.get_library_dir())')/pkgconfig
+        """
+        from setuptools.config.pyprojecttoml import read_configuration
+        version = read_configuration(os.path.join(HERE, "pyproject.toml"))["project"]["version"]
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, "%s.pc" % LIBNAME), "w") as f:
+            f.write("prefix=${pcfiledir}/../..\n"
+                    "libdir=${prefix}/lib\n"
+                    "includedir=${prefix}/include\n\n"
+                    "Name: %s\n"
+                    "Description: CPU pretraining kernels of RWKV-X language models\n"
+                    "Version: %s\n"
+                    "Cflags: -I${includedir}\n"
+                    "Libs: -L${libdir} -l%s -Wl,-rpath,${libdir}\n"
+                    "Libs.private: -lm\n" % (LIBNAME, version, LIBNAME))
 
     def copy_extensions_to_source(self):
         # --inplace / editable builds: the library and header follow the extension.

@@ -11,7 +11,7 @@ speed drifts over tens of seconds, and alternating lets both sides sample
 the same drift rather than one side catching a slow stretch. This parent
 process measures NumPy's float32
 sgemm rate at the same thread count, the denominator of model-FLOP
-utilisation (MFU = model FLOP/s per SPEC §11 / NumPy sgemm FLOP/s).
+utilisation (MFU = model FLOP/s per docs/training.md §Presets / NumPy sgemm FLOP/s).
 
 Reported per implementation: tokens/s of forward+backward and of a full
 training step (forward+backward+AdamW, where an optimiser exists), MFU, peak
@@ -209,7 +209,7 @@ def main():
     common.clean_blas_env()
     flops = common.model_flops_per_token(cfg, args.seq_len)
     peak = common.numpy_sgemm_gflops(args.threads)
-    print("preset %s  T=%d  B=%d  threads=%d  model %.1f MFLOP/token (SPEC §11)"
+    print("preset %s  T=%d  B=%d  threads=%d  model %.1f MFLOP/token (docs/training.md §Presets)"
           % (args.preset, args.seq_len, args.batch, args.threads, flops / 1e6))
     print("NumPy sgemm %.1f GFLOP/s at %d threads (%s)" % (peak, args.threads, common.blas_info()))
     peak_bf16 = None

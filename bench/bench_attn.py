@@ -4,7 +4,7 @@
                                [--top-k 2] [--chunk 64]
 
 Defaults: B = 1, C = 256 (4 heads x 64), chunk_size 64, moba_top_k 2,
-ffn_dim 1024 (SPEC §11 config S). Every T runs in a fresh subprocess, so
+ffn_dim 1024 (docs/training.md §Presets config S). Every T runs in a fresh subprocess, so
 its peak RSS is its own: "peak MiB" is the process's peak resident set minus
 its resident set just before the first call (inputs and parameters already
 allocated), i.e. the memory the forward and backward calls themselves

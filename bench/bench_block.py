@@ -6,7 +6,7 @@
 A token is one (b, t) position: tokens/s = B*T / (seconds of one
 block_forward plus one block_backward; the backward recomputes the forward
 itself, as the whole-model backward does). The best of --repeat timed runs
-is reported after one warm-up. GFLOP/s counts the SPEC §11 model FLOPs of
+is reported after one warm-up. GFLOP/s counts the docs/training.md §Presets model FLOPs of
 the block (2*3 x the forward multiply-adds), not the recompute."""
 import argparse
 import os

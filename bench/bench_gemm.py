@@ -1,5 +1,5 @@
 """rx_sgemm (csrc/gemm.c) against NumPy's float32 matmul on the projection
-shapes of the SPEC §11 configurations S and M, forward and backward.
+shapes of the docs/training.md §Presets configurations S and M, forward and backward.
 
     python bench/bench_gemm.py [--preset S M] [--threads 1 2] [--rows 512] [--cold]
                                [--kernel NAME [NAME ...]] [--rounds R] [--square 2048] [--precision fp32|bf16]

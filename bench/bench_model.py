@@ -1,5 +1,5 @@
 """Whole-model training step (forward + backward of RxPtModel) in tokens/s
-on the SPEC §11 reference configurations, SPEC §8 init, random tokens.
+on the docs/training.md §Presets reference configurations, docs/layout.md §Init, random tokens.
 
     python bench/bench_model.py [--preset S M] [--threads 1 2] [--T 512] [--B 1]
 

@@ -3,7 +3,7 @@
 - numpy_sgemm_gflops: NumPy's own float32 matmul rate, measured in-process
   (the denominator of model-FLOP utilisation).
 - peak_rss_mib: peak resident set of this process.
-- model_flops_per_token: SPEC §11 model FLOPs per trained token.
+- model_flops_per_token: docs/training.md §Presets model FLOPs per trained token.
 - clean_blas_env: re-executes a benchmark without OPENBLAS_CORETYPE /
   OPENBLAS_L2_SIZE, which some machines set for old OpenBLAS builds and which
   slow a current NumPy. Benchmarks only: tests and CI never touch them.
@@ -23,7 +23,7 @@ if glob.glob(os.path.join(ROOT, "rwkvx_c", "_core*.so")) and ROOT not in sys.pat
     sys.path.insert(0, ROOT)
 
 PRESETS = {
-    # SPEC §11 reference configurations (rx_pt_config field names) and their T.
+    # docs/training.md §Presets reference configurations (rx_pt_config field names) and their T.
     "tiny": dict(n_embd=128, n_head=2, head_size=64, n_rwkv_layer=2, n_attn_layer=1,
                  vocab_size=256, ffn_dim=512, Dw=16, Da=16, Dg=32, Dv=8,
                  chunk_size=32, moba_top_k=2, T=256),
@@ -158,7 +158,7 @@ def peak_rss_mib():
 
 
 def attended_keys(T, chunk_size, top_k):
-    """Total attended keys over the T queries of one sequence (SPEC §6):
+    """Total attended keys over the T queries of one sequence (docs/maths.md §Blocks):
     the causal part of the query's own chunk plus every selected earlier chunk
     (all of them when top_k <= 0 or top_k >= the number of earlier chunks)."""
     total = 0
@@ -170,7 +170,7 @@ def attended_keys(T, chunk_size, top_k):
 
 
 def model_macs_per_token(cfg, T=None):
-    """Forward multiply-adds per token (SPEC §11): projections, LoRAs,
+    """Forward multiply-adds per token (docs/training.md §Presets): projections, LoRAs,
     channel-mix, 4*C*N for the WKV7 state, 2*C per attended key, the head."""
     T = T if T is not None else cfg["T"]
     C, N = cfg["n_embd"], cfg["head_size"]

@@ -1,4 +1,4 @@
-"""The RWKV-X model of SPEC.md written in plain PyTorch, for the side-by-side
+"""The RWKV-X model of docs/maths.md written in plain PyTorch, for the side-by-side
 benchmark (bench/bench.py). PyTorch is optional: nothing in rwkvx_c or its
 tests needs it.
 
@@ -7,11 +7,11 @@ every projection is one batched matmul (oneDNN/MKL), the WKV7 recurrence is
 solved in 16-step chunks with dense products (below), attention is one masked
 dense softmax per head, and autograd does the backward.
 
-Parameter names and shapes are SPEC §8's (`model.params` maps name -> tensor),
+Parameter names and shapes are docs/layout.md §Parameters (`model.params` maps name -> tensor),
 so weights can be copied in from an rwkvx_c.RxPtModel; `init_params` draws the
-SPEC §8 splitmix64 init, so the same seed gives the same weights as rwkvx_c.
+docs/layout.md §Init splitmix64 init, so the same seed gives the same weights as rwkvx_c.
 
-Chunked WKV7 (per batch row and head; S is [value i][key j], SPEC §2). Within
+Chunked WKV7 (per batch row and head; S is [value i][key j], docs/maths.md §WKV7). Within
 a chunk of L steps entering with state S0, with W_t = prod_{q<=t} w_q and
 u_t = S_{t-1} a_t (the sa of step t):
     S_t = S0 diag(W_t) + sum_{s<=t} (u_s b_s^T + v_s k_s^T) diag(W_t / W_s)
@@ -42,7 +42,7 @@ TM_FIELDS = ["x_r", "x_k", "x_v", "x_w", "x_a", "x_g", "receptance_w", "key_w", 
 
 
 def layer_order(n_rwkv, n_attn):
-    """SPEC §7: 'R' / 'A' per block in model order."""
+    """docs/maths.md §Whole model: 'R' / 'A' per block in model order."""
     if n_attn == 0:
         return ["R"] * n_rwkv
     interval, out, placed = n_rwkv // n_attn, [], 0
@@ -55,7 +55,7 @@ def layer_order(n_rwkv, n_attn):
 
 
 def param_shapes(cfg):
-    """[(name, shape)] in SPEC §8 order."""
+    """[(name, shape)] in docs/layout.md §Parameters order."""
     C, V, F_ = cfg["n_embd"], cfg["vocab_size"], cfg["ffn_dim"]
     Dw, Da, Dg, Dv = cfg["Dw"], cfg["Da"], cfg["Dg"], cfg["Dv"]
     tm = {"receptance_w": (C, C), "key_w": (C, C), "value_w": (C, C), "output_w": (C, C),
@@ -81,7 +81,7 @@ def param_shapes(cfg):
 
 
 def _splitmix64_uniform(seed, n):
-    """n draws u in [0,1) of SPEC §8's splitmix64 stream, continuing nothing."""
+    """n draws u in [0,1) of docs/layout.md §Init splitmix64 stream, continuing nothing."""
     with np.errstate(over="ignore"):
         z = (np.uint64(seed) + np.arange(1, n + 1, dtype=np.uint64)
              * np.uint64(0x9E3779B97F4A7C15))
@@ -92,7 +92,7 @@ def _splitmix64_uniform(seed, n):
 
 
 def init_params(cfg, seed=0):
-    """{name: float32 ndarray} drawn by the SPEC §8 scheme."""
+    """{name: float32 ndarray} drawn by the docs/layout.md §Init scheme."""
     shapes = param_shapes(cfg)
     total = sum(int(np.prod(s)) for _, s in shapes)
     u = _splitmix64_uniform(seed, total)
@@ -121,7 +121,7 @@ def init_params(cfg, seed=0):
 
 
 def wkv7_loop(r, w, k, v, a, b, s0=None):
-    """The plain recurrence of SPEC §2 (reference). Inputs (B,T,H,N)."""
+    """The plain recurrence of docs/maths.md §WKV7 (reference). Inputs (B,T,H,N)."""
     B, T, H, N = r.shape
     S = torch.zeros(B, H, N, N, dtype=r.dtype) if s0 is None else s0
     ys = []
@@ -181,7 +181,7 @@ def wkv7_chunked(r, w, k, v, a, b, s0=None, L=WKV_CHUNK):
 
 
 # ---------------------------------------------------------------------------
-# layers (SPEC §3-§7); x is (B,T,C)
+# layers (docs/maths.md); x is (B,T,C)
 
 
 def _shift(x):
@@ -223,7 +223,7 @@ def channel_mix(p, x):
 
 
 def moba_attention(q, k, v, chunk, top_k):
-    """SPEC §6 MoBA sparse attention as one masked dense softmax per head.
+    """docs/maths.md §Blocks MoBA sparse attention as one masked dense softmax per head.
     q, k, v (B,H,T,N); the chunk selection is hard (no grad through gates)."""
     B, H, T, N = q.shape
     cid = torch.arange(T) // chunk
@@ -249,7 +249,7 @@ def moba_attention(q, k, v, chunk, top_k):
 
 
 class RwkvXTorch(torch.nn.Module):
-    """Whole model of SPEC §7. params: {SPEC §8 name: tensor}."""
+    """Whole model of docs/maths.md §Whole model. params: {docs/layout.md §Parameters name: tensor}."""
 
     def __init__(self, cfg, seed=0, dtype=torch.float32, wkv=wkv7_chunked):
         super().__init__()
@@ -300,7 +300,7 @@ class RwkvXTorch(torch.nn.Module):
         return x @ self.params["head"]
 
     def loss(self, tokens, targets, ignore_index=-1):
-        """SPEC §7 mean cross-entropy over valid targets (0 when none is valid)."""
+        """docs/maths.md §Loss: mean cross-entropy over valid targets (0 when none is valid)."""
         logits = self.forward(tokens)
         t = targets.reshape(-1).long()
         valid = t != ignore_index if ignore_index >= 0 else torch.ones_like(t, dtype=torch.bool)

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: AGPL-3.0-or-later AND Apache-2.0
  *
- * attn.c -- the MoBA-sparse attention block (SPEC §6):
+ * attn.c -- the MoBA-sparse attention block (docs/maths.md §Blocks):
  *     h1 = ln1(x);  q, k, v = h1 . {receptance_w, key_w, value_w}
  *     per (b, head, query t), ct = t / chunk_size:
  *         gate_j  = q_t . (mean key of chunk j)          for complete chunks j < ct

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: AGPL-3.0-or-later AND Apache-2.0
  *
- * block.c -- the RWKV-7 residual block (SPEC §6):
+ * block.c -- the RWKV-7 residual block (docs/maths.md §Blocks):
  *     h1 = ln1(x); x1 = x + TM(h1); h2 = ln2(x1); out = x1 + CM(h2)
  * The time-mix carry is over h1, the channel-mix carry over h2. The forward
  * can keep its intermediates (rx_block_acts) for the backward, as the whole

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: AGPL-3.0-or-later AND Apache-2.0
  *
- * channelmix.c -- the RWKV-7 squared-ReLU FFN with its token shift (SPEC §4):
+ * channelmix.c -- the RWKV-7 squared-ReLU FFN with its token shift (docs/maths.md §Channel-mix):
  *     xk  = x + (x_prev - x) * ffn_x_k
  *     out = relu(xk . ffn_key_w)^2 . ffn_value_w
  */

@@ -18,11 +18,13 @@ void rx_embedding_forward(const float *emb, const int *tokens, int T, int C, flo
 #pragma omp parallel for schedule(static) if (!rx_in_parallel() && TT * CC >= 65536)
     for (size_t t = 0; t < TT; t++) {
         float *o = out + t * CC;
-        if (!emb || !tokens || tokens[t] < 0) {
+        /* one read: the id checked is the id gathered */
+        const int tok = tokens ? __atomic_load_n(&tokens[t], __ATOMIC_RELAXED) : -1;
+        if (!emb || tok < 0) {
             rx_fnan(o, CC);
             continue;
         }
-        memcpy(o, emb + (size_t)tokens[t] * CC, CC * sizeof(float));
+        memcpy(o, emb + (size_t)tok * CC, CC * sizeof(float));
     }
 }
 

@@ -26,6 +26,7 @@
  * the end (see "parallel batches" below), so a layer's projections cost
  * one fork/join and a slow core does not hold the others.
  */
+#include <pthread.h>
 #include <string.h>
 
 #include "rx_internal.h"
@@ -446,13 +447,63 @@ static void pack_a(const gemm_impl *im, int ta, const float *A, size_t lda, size
     }
 }
 
+/* A parallel batch's work item (see "parallel batches" below). */
+typedef struct {
+    size_t k, jb, i0, i1, j0, j1;   /* op, column block, C tile */
+} gunit;
+
 /* Packing buffers live for the thread's lifetime: a training step calls the
- * GEMM hundreds of times and must not allocate in it. tl_bfull holds op(B)
+ * GEMM hundreds of times and must not allocate in it. bfull holds op(B)
  * packed over all of K for one column block of a parallel unit, grown to the
- * largest block seen; tl_bkey names what it holds (batch, op, column block)
- * so consecutive units of the same block skip the packing. */
-static _Thread_local float *tl_apack, *tl_bpack, *tl_bfull;
-static _Thread_local size_t tl_bfull_n, tl_bkey[3];
+ * largest block seen; bkey names what it holds (batch, op, column block)
+ * so consecutive units of the same block skip the packing. units is the
+ * thread's unit table, grown to the largest batch seen.
+ *
+ * The scratch is reached through a thread-local pointer and also registered
+ * under a pthread key whose destructor frees it when the thread exits: a
+ * caller that runs steps from many short-lived threads (or an OpenMP pool
+ * that shrinks when the thread count drops) would otherwise leak a few MiB
+ * per thread. */
+typedef struct {
+    float *apack, *bpack, *bfull;
+    size_t bfull_n, bkey[3];
+    gunit *units;
+    size_t units_n;
+} gemm_scratch;
+
+static _Thread_local gemm_scratch *tl;
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+static int scratch_key_ok;
+
+static void scratch_free(void *p) {
+    gemm_scratch *s = p;
+    free(s->apack);
+    free(s->bpack);
+    free(s->bfull);
+    free(s->units);
+    free(s);
+}
+
+static void scratch_key_make(void) {
+    scratch_key_ok = pthread_key_create(&scratch_key, scratch_free) == 0;
+}
+
+/* The calling thread's scratch, created empty on first use; NULL when it
+ * cannot be made (the callers then take the unbuffered path). */
+static gemm_scratch *scratch(void) {
+    if (tl) return tl;
+    pthread_once(&scratch_once, scratch_key_make);
+    if (!scratch_key_ok) return NULL;
+    gemm_scratch *s = calloc(1, sizeof *s);
+    if (!s) return NULL;
+    if (pthread_setspecific(scratch_key, s) != 0) {
+        free(s);
+        return NULL;
+    }
+    return tl = s;
+}
+
 
 /* C[M,N] = beta*C + op(A).op(B) in double, no buffers: the out-of-memory path. */
 static void sgemm_plain(const rx_gemm_op *g, size_t i0, size_t i1, size_t j0, size_t j1) {
@@ -514,9 +565,10 @@ static void sgemm_block(const gemm_impl *im, const rx_gemm_op *g, size_t i0, siz
 
 /* A whole GEMM on the calling thread. */
 static void sgemm_serial(const gemm_impl *im, const rx_gemm_op *g) {
-    if (!tl_apack) tl_apack = rx_falloc((size_t)MC * KC + MR_MAX); /* + pack_an slack */
-    if (!tl_bpack) tl_bpack = rx_falloc((size_t)KC * NC);
-    if (!tl_apack || !tl_bpack) {
+    gemm_scratch *sc = scratch();
+    if (sc && !sc->apack) sc->apack = rx_falloc((size_t)MC * KC + MR_MAX); /* + pack_an slack */
+    if (sc && !sc->bpack) sc->bpack = rx_falloc((size_t)KC * NC);
+    if (!sc || !sc->apack || !sc->bpack) {
         sgemm_plain(g, 0, g->M, 0, g->N);
         return;
     }
@@ -524,10 +576,10 @@ static void sgemm_serial(const gemm_impl *im, const rx_gemm_op *g) {
         size_t nc = g->N - jc < NC ? g->N - jc : NC;
         for (size_t pc = 0; pc < g->K; pc += KC) {
             size_t kc = g->K - pc < KC ? g->K - pc : KC;
-            pack_b(im, g->tb, g->B, g->ldb, pc, kc, jc, nc, tl_bpack);
+            pack_b(im, g->tb, g->B, g->ldb, pc, kc, jc, nc, sc->bpack);
             for (size_t ic = 0; ic < g->M; ic += MC)
                 sgemm_block(im, g, ic, g->M - ic < MC ? g->M - ic : MC, pc, kc, jc, nc,
-                            tl_bpack, tl_apack, pc > 0 || g->beta != 0.0f);
+                            sc->bpack, sc->apack, pc > 0 || g->beta != 0.0f);
         }
     }
 }
@@ -537,7 +589,7 @@ static void sgemm_serial(const gemm_impl *im, const rx_gemm_op *g) {
  * rows [t*M/nt, (t+1)*M/nt) of every op, cut into units of at most MC rows
  * within column blocks of at most UNIT_W columns: the threads share op(B)
  * (one fetch from memory serves both), each reads only its own rows of
- * op(A), and each packs a column block of op(B) once (tl_bfull, all of K)
+ * op(A), and each packs a column block of op(B) once (bfull, all of K)
  * for all its row units. A thread that finishes its units takes units from
  * the back of another's: a core slowed by a neighbour (or by more cache
  * misses) sheds work instead of holding the rest at the join. */
@@ -546,13 +598,6 @@ static void sgemm_serial(const gemm_impl *im, const rx_gemm_op *g) {
 #define MAX_THREADS 256   /* a larger team is cut to this; 2 KiB of segments */
 #define MIN_UNIT_W 64     /* narrowest column block split off for a wide team */
 
-typedef struct {
-    size_t k, jb, i0, i1, j0, j1;   /* op, column block, C tile */
-} gunit;
-
-/* The calling thread's unit table, grown to the largest batch seen. */
-static _Thread_local gunit *tl_units;
-static _Thread_local size_t tl_units_n;
 
 /* Packs op(B) over all of K, columns [j0,j0+nc), as consecutive KC-deep
  * panels of NR-column slivers: panel pc starts at pc * round_up(nc, NR). */
@@ -567,24 +612,25 @@ static void run_unit(const gemm_impl *im, const rx_gemm_op *ops, const gunit *un
     const rx_gemm_op *g = &ops[un->k];
     const size_t nc = un->j1 - un->j0, ncp = (nc + NR - 1) / NR * NR;
     const size_t need = ((g->K + KC - 1) / KC * KC) * ncp;
-    if (!tl_apack) tl_apack = rx_falloc((size_t)MC * KC + MR_MAX);
-    if (need > tl_bfull_n) {
-        free(tl_bfull);
-        tl_bfull = rx_falloc(need);
-        tl_bfull_n = tl_bfull ? need : 0;
-        tl_bkey[0] = 0;
+    gemm_scratch *sc = scratch();
+    if (sc && !sc->apack) sc->apack = rx_falloc((size_t)MC * KC + MR_MAX);
+    if (sc && need > sc->bfull_n) {
+        free(sc->bfull);
+        sc->bfull = rx_falloc(need);
+        sc->bfull_n = sc->bfull ? need : 0;
+        sc->bkey[0] = 0;
     }
-    if (!tl_apack || !tl_bfull) {
+    if (!sc || !sc->apack || !sc->bfull) {
         sgemm_plain(g, un->i0, un->i1, un->j0, un->j1);
         return;
     }
-    if (tl_bkey[0] != batch || tl_bkey[1] != un->k || tl_bkey[2] != un->jb) {
-        pack_b_full(im, g, un->j0, nc, tl_bfull);
-        tl_bkey[0] = batch, tl_bkey[1] = un->k, tl_bkey[2] = un->jb;
+    if (sc->bkey[0] != batch || sc->bkey[1] != un->k || sc->bkey[2] != un->jb) {
+        pack_b_full(im, g, un->j0, nc, sc->bfull);
+        sc->bkey[0] = batch, sc->bkey[1] = un->k, sc->bkey[2] = un->jb;
     }
     for (size_t pc = 0; pc < g->K; pc += KC)
         sgemm_block(im, g, un->i0, un->i1 - un->i0, pc, g->K - pc < KC ? g->K - pc : KC, un->j0,
-                    nc, tl_bfull + pc * ncp, tl_apack, pc > 0 || g->beta != 0.0f);
+                    nc, sc->bfull + pc * ncp, sc->apack, pc > 0 || g->beta != 0.0f);
 }
 
 /* Segment state: next unit from the front (low half), end (high half). */
@@ -623,10 +669,12 @@ static void unit_shape(const rx_gemm_op *g, size_t mr, int nt, double target, si
     }
 }
 
-/* Fills tl_units (thread part by thread part) and seg; returns the count,
+/* Fills the calling thread's unit table (thread part by thread part) and seg; returns the count,
  * 0 when the table cannot be allocated. */
 static size_t plan_units(const rx_gemm_op *ops, size_t nops, size_t mr, int nt,
                          double total, uint64_t *seg) {
+    gemm_scratch *sc = scratch();
+    if (!sc) return 0;
     const double target = total / (8.0 * nt);
     size_t nu = 0;
     for (int pass = 0; pass < 2; pass++) {
@@ -642,16 +690,16 @@ static size_t plan_units(const rx_gemm_op *ops, size_t nops, size_t mr, int nt,
                 for (size_t j0 = 0, jb = 0; j0 < g->N; j0 += W, jb++)
                     for (size_t i0 = r0; i0 < r1; i0 += R, nu++)
                         if (pass)
-                            tl_units[nu] = (gunit){k, jb, i0, i0 + R < r1 ? i0 + R : r1, j0,
+                            sc->units[nu] = (gunit){k, jb, i0, i0 + R < r1 ? i0 + R : r1, j0,
                                                    j0 + W < g->N ? j0 + W : g->N};
             }
         }
         if (!pass && nu > UINT32_MAX - 1) return 0; /* segments count in 32 bits */
-        if (!pass && nu > tl_units_n) {
-            free(tl_units);
-            tl_units = malloc(nu * sizeof *tl_units);
-            tl_units_n = tl_units ? nu : 0;
-            if (!tl_units) return 0;
+        if (!pass && nu > sc->units_n) {
+            free(sc->units);
+            sc->units = malloc(nu * sizeof *sc->units);
+            sc->units_n = sc->units ? nu : 0;
+            if (!sc->units) return 0;
         }
     }
     for (int t = 0; t < nt; t++) {
@@ -668,7 +716,7 @@ static void sgemm_parallel(const gemm_impl *im, const rx_gemm_op *ops, size_t no
         for (size_t k = 0; k < nops; k++) sgemm_serial(im, &ops[k]);
         return;
     }
-    const gunit *units = tl_units;
+    const gunit *units = tl->units;
     static size_t batches;
     const size_t batch = __atomic_add_fetch(&batches, 1, __ATOMIC_RELAXED);
 #pragma omp parallel num_threads(nt)

@@ -1,14 +1,17 @@
 /* SPDX-License-Identifier: AGPL-3.0-or-later AND Apache-2.0
  *
  * head.c -- the unembedding projection and the softmax cross-entropy loss
- * that reads its logits (SPEC §7).
+ * that reads its logits (docs/maths.md §Loss).
  *
  * The void signatures cannot return an error: outputs of a call with a
  * missing input are filled with NaN instead.
  *
  * The log-sum-exp subtracts the row maximum and accumulates in double, so
- * logits of +-1e4 give a finite loss and a clean softmax.
+ * any finite logits, +-3e38 included, give the exact loss and a clean
+ * softmax (docs/maths.md §Loss).
  */
+#include <float.h>
+
 #include "rx_internal.h"
 
 /* x: [T][C]; head: [C][vocab]; logits: [T][vocab] */
@@ -42,12 +45,25 @@ void rx_head_backward(const float *x, const float *head, const float *dlogits,
 /* One row: returns -log softmax(l)[target]; if d is not NULL writes
  * d = (softmax(l) - onehot(target)) * scale. l, d: [V]. One exp per logit
  * (rx_expf, vectorised): e = exp(l - max) is summed in eight double lanes
- * and, scaled by 1/sum, is the softmax. */
+ * and, scaled by 1/sum, is the softmax.
+ *
+ * The loss is formed as log(sum) + (max - l[target]), never as
+ * max + log(sum) - l[target]: with logits near 3e38 the latter loses
+ * log(sum) to the rounding of max and reads 0.0 (docs/maths.md §Loss).
+ * log(sum) is log1p of the sum without the maximum's own 1 (the tail), so a
+ * target that dominates its row by a gap g still gives ~e^-g, not log(1.0);
+ * below CE_TINY_TAIL the float terms lose precision to underflow and the
+ * tail is summed again in double. A row of V >= 2 finite logits never
+ * assigns its target probability 1, so its loss is at least DBL_TRUE_MIN. */
 #define CE_LANES 8
+#define CE_TINY_TAIL 1e-30
 RX_HOT static double ce_row(const float *restrict l, size_t V, size_t target,
                             float *restrict d, double scale) {
-    float m = l[0];
-    for (size_t v = 1; v < V; v++) m = l[v] > m ? l[v] : m;
+    size_t am = 0;
+    for (size_t v = 1; v < V; v++) am = l[v] > l[am] ? v : am;
+    const float m = l[am];
+    /* acc sums every e but the maximum's own 1, so small terms are not
+     * rounded away against it */
     double acc[CE_LANES] = {0};
     size_t v = 0;
     for (; v + CE_LANES <= V; v += CE_LANES) {
@@ -55,21 +71,28 @@ RX_HOT static double ce_row(const float *restrict l, size_t V, size_t target,
         for (size_t j = 0; j < CE_LANES; j++) e[j] = rx_expf(l[v + j] - m);
         if (d)
             for (size_t j = 0; j < CE_LANES; j++) d[v + j] = e[j];
-        for (size_t j = 0; j < CE_LANES; j++) acc[j] += e[j];
+        for (size_t j = 0; j < CE_LANES; j++) acc[j] += v + j == am ? 0.0f : e[j];
     }
     for (; v < V; v++) {
         float e = rx_expf(l[v] - m);
         if (d) d[v] = e;
-        acc[0] += e;
+        acc[0] += v == am ? 0.0f : e;
     }
-    double s = 0.0;
-    for (size_t j = 0; j < CE_LANES; j++) s += acc[j];
+    double tail = 0.0;
+    for (size_t j = 0; j < CE_LANES; j++) tail += acc[j];
+    const double s = 1.0 + tail;
     if (d) {
         const float f = (float)(scale / s);
         for (v = 0; v < V; v++) d[v] *= f;
         d[target] = (float)((double)d[target] - scale);
     }
-    return (double)m + log(s) - (double)l[target];
+    if (tail < CE_TINY_TAIL) {
+        tail = 0.0;
+        for (v = 0; v < V; v++)
+            if (v != am) tail += exp((double)l[v] - (double)m);
+    }
+    double loss = log1p(tail) + ((double)m - (double)l[target]);
+    return V > 1 && loss < DBL_TRUE_MIN ? DBL_TRUE_MIN : loss;
 }
 
 static int ce_valid(int target, int ignore_index) {
@@ -108,22 +131,32 @@ static double cross_entropy(const float *logits, const int *targets, int T, int 
         rx_fnan(dlogits, TT * V);
         return NAN;
     }
-#pragma omp parallel for schedule(static, 1) num_threads(nt) if (nt > 1)
+    /* each target is read once here and range-checked as read: a caller's
+     * thread changing targets after the check above cannot index past V */
+    int bad = 0;
+#pragma omp parallel for schedule(static, 1) num_threads(nt) if (nt > 1) reduction(| : bad)
     for (int p = 0; p < nt; p++) {
         size_t t0 = TT * (size_t)p / (size_t)nt, t1 = TT * (size_t)(p + 1) / (size_t)nt;
         double acc = 0.0;
         for (size_t t = t0; t < t1; t++) {
             float *d = dlogits ? dlogits + t * V : NULL;
-            if (ce_valid(targets[t], ignore_index))
-                acc += ce_row(logits + t * V, V, (size_t)targets[t], d, scale);
-            else
+            const int y = __atomic_load_n(&targets[t], __ATOMIC_RELAXED);
+            if (!ce_valid(y, ignore_index))
                 rx_fzero(d, V);
+            else if (y >= 0 && y < vocab)
+                acc += ce_row(logits + t * V, V, (size_t)y, d, scale);
+            else
+                bad = 1;
         }
         part[p] = acc;
     }
     double loss = 0.0;
     for (int p = 0; p < nt; p++) loss += part[p];
     free(part);
+    if (bad) {
+        rx_fnan(dlogits, TT * V);
+        return NAN;
+    }
     return loss * scale;
 }
 

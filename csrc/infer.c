@@ -153,11 +153,22 @@ static int cm_step(rx_infer_state *s, int b, const rx_cm_params *cm, const float
 int rx_infer_forward(rx_infer_state *s, const int *tokens, int T, float *logits) {
     if (!s || !tokens || !logits || T < 1) return RX_EINVAL;
     if (s->cfg.n_attn_layer > 0 && (int64_t)s->pos + T > s->max_len) return RX_EINVAL;
-    for (int t = 0; t < T; t++)
-        if (tokens[t] < 0 || tokens[t] >= s->cfg.vocab_size) return RX_EINVAL;
     const size_t C = (size_t)s->cfg.n_embd, TT = (size_t)T, V = (size_t)s->cfg.vocab_size;
+    /* the ids are copied, then checked: a caller's thread writing to tokens
+     * meanwhile cannot slip an id past the check into the embedding */
+    int *tok = rx_alloc(TT, sizeof(int));
+    if (!tok) return RX_ENOMEM;
+    memcpy(tok, tokens, TT * sizeof(int));
+    for (size_t t = 0; t < TT; t++)
+        if (tok[t] < 0 || tok[t] >= s->cfg.vocab_size) {
+            free(tok);
+            return RX_EINVAL;
+        }
     float *buf = rx_falloc(6 * TT * C);
-    if (!buf) return RX_ENOMEM;
+    if (!buf) {
+        free(tok);
+        return RX_ENOMEM;
+    }
     float *x = buf, *h = x + TT * C, *o = h + TT * C, *vf = o + TT * C, *q = vf + TT * C;
     float *y = q + TT * C;
     /* time-mix intermediates: one set for layer 0, one shared by the later
@@ -169,10 +180,10 @@ int rx_infer_forward(rx_infer_state *s, const int *tokens, int T, float *logits)
     if (rc == RX_OK && nr > 1) rc = rx_tm_acts_alloc(&A[1], &rx_ptmodel_rwkv(s->m, 1)->tm, 1, TT);
     if (rc == RX_OK) {
         if (s->ln0_w) {
-            rx_embedding_forward(s->emb, tokens, T, (int)C, h);
+            rx_embedding_forward(s->emb, tok, T, (int)C, h);
             rx_rownorm_forward(h, s->ln0_w, s->ln0_b, x, NULL, NULL, TT, C, 1, RX_LN_EPS);
         } else {
-            rx_embedding_forward(s->emb, tokens, T, (int)C, x);
+            rx_embedding_forward(s->emb, tok, T, (int)C, x);
         }
         int ri = 0, ai = 0;
         for (int b = 0; b < s->n_blocks && rc == RX_OK; b++) {
@@ -196,5 +207,6 @@ int rx_infer_forward(rx_infer_state *s, const int *tokens, int T, float *logits)
     rx_tm_acts_free(&A[0]);
     rx_tm_acts_free(&A[1]);
     free(buf);
+    free(tok);
     return rc;
 }

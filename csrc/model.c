@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: AGPL-3.0-or-later AND Apache-2.0
  *
- * model.c -- the whole RWKV-X model (SPEC §7, §8): the parameter and grad
+ * model.c -- the whole RWKV-X model (docs/maths.md, docs/layout.md): the parameter and grad
  * arenas, the splitmix64 init, introspection, the layer order, and the
  * forward / backward over B sequences at once.
  *
@@ -38,7 +38,7 @@ struct rx_ptmodel {
     int n_blocks, n_tensors;
     char *layers;             /* [n_blocks+1] 'R' / 'A', NUL-terminated */
     int *block_idx;           /* [n_blocks] index within the RWKV or attention array */
-    rx_tensor *tensors;       /* [n_tensors] in SPEC §8 order */
+    rx_tensor *tensors;       /* [n_tensors] in docs/layout.md §Parameters order */
     float *params, *grads;    /* the two arenas, [n_elems] each */
     size_t n_elems;
     const float *emb, *ln0_w, *ln0_b, *ln_out_w, *ln_out_b, *head;
@@ -82,7 +82,7 @@ int rx_pt_config_validate(const rx_pt_config *c) {
 }
 
 /* layers[L] for L in model order: an attention block after every
- * interval-th RWKV block until n_attn are placed (SPEC §7) */
+ * interval-th RWKV block until n_attn are placed (docs/maths.md §Whole model) */
 static void layer_order(const rx_pt_config *c, char *layers, int *block_idx) {
     int interval = c->n_attn_layer ? c->n_rwkv_layer / c->n_attn_layer : 0;
     int L = 0, placed = 0;
@@ -97,7 +97,7 @@ static void layer_order(const rx_pt_config *c, char *layers, int *block_idx) {
     layers[L] = '\0';
 }
 
-/* ---- parameter layout (SPEC §8) ---------------------------------------- */
+/* ---- parameter layout (docs/layout.md §Parameters) ---------------------------------------- */
 
 typedef struct {
     const char *name;
@@ -217,7 +217,7 @@ static void set_block_sizes(const rx_pt_config *c, rx_ptmodel *m) {
     }
 }
 
-/* ---- init (SPEC §8) ---------------------------------------------------- */
+/* ---- init (docs/layout.md §Parameters) ---------------------------------------------------- */
 
 static uint64_t splitmix64(uint64_t *state) {
     uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
@@ -500,10 +500,19 @@ static int acts_fit(const rx_ptmodel *m, const rx_pt_acts *a, int B, int T) {
 static int forward_batch(rx_ptmodel *m, const int *tokens, int B, int T, rx_pt_acts *acts) {
     if (!m || !tokens || B < 1 || T < 1 || !acts_fit(m, acts, B, T)) return RX_EINVAL;
     const int V = m->cfg.vocab_size, C = m->cfg.n_embd, BT = B * T;
-    for (int i = 0; i < BT; i++)
-        if (tokens[i] < 0 || tokens[i] >= V) return RX_EINVAL;
+    /* copy into the backward's scratch (work), check the copy, then keep
+     * it: a caller's thread writing to tokens meanwhile cannot slip an id
+     * past the check into the embedding, and a rejected call leaves the
+     * previous forward intact */
+    unsigned char *copy = (unsigned char *)acts->work;
+    memcpy(copy, tokens, (size_t)BT * sizeof(int));
+    for (int i = 0; i < BT; i++) {
+        int t;
+        memcpy(&t, copy + (size_t)i * sizeof(int), sizeof t);
+        if (t < 0 || t >= V) return RX_EINVAL;
+    }
     acts->ready = 0;
-    memcpy(acts->tokens, tokens, (size_t)BT * sizeof(int));
+    memcpy(acts->tokens, copy, (size_t)BT * sizeof(int));
     const size_t rowc = (size_t)BT * (size_t)C;
     if (m->ln0_w) {
         /* the raw rows go through scratch; the backward gathers them again */

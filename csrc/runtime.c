@@ -12,6 +12,8 @@ static int rx_default_threads;   /* omp_get_max_threads() before any override */
 
 void rx_set_num_threads(int n) {
     if (!rx_default_threads) rx_default_threads = omp_get_max_threads();
+    /* far above any core count: OpenMP would try to start every thread */
+    if (n > RX_MAX_THREADS) n = RX_MAX_THREADS;
     omp_set_num_threads(n >= 1 ? n : rx_default_threads);
 }
 int rx_get_num_threads(void) { return omp_get_max_threads(); }

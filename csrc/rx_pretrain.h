@@ -4,7 +4,7 @@
  * RWKV-X language models (RWKV-7 blocks interleaved with MoBA-sparse causal
  * attention blocks).
  *
- * The numerical contract (maths, layouts, parameter order, init) is SPEC.md;
+ * The numerical contract (maths, layouts, parameter order, init) is docs/;
  * this header carries the same functions, structs and layouts as the original
  * rx_pretrain.h API. The WKV7 backward-through-time follows the recurrence
  * of BlinkDL's RWKV-LM wkv7 CUDA kernel (Apache-2.0); see NOTICE.
@@ -71,7 +71,7 @@ int rx_wkv7_backward(
  * RWKV-7 time-mix: token shift and lerps, R/K/V/O projections, the w/a/g/v
  * LoRA gates, key normalisation and modification, the value residual through
  * v_first, WKV7, per-head group norm, the r*k*r_k bonus and the g gate.
- * Input is the ln1 output; the result feeds the residual (SPEC §3).
+ * Input is the ln1 output; the result feeds the residual (docs/maths.md §Time-mix).
  * ==================================================================== */
 typedef struct {
     int c;                  /* n_head*head_size */
@@ -121,7 +121,7 @@ int rx_timemix_backward(
 
 /* ====================================================================
  * RWKV-7 channel-mix: out = relu(xk . ffn_key_w)^2 . ffn_value_w with
- * xk = x + (x_prev - x)*ffn_x_k (SPEC §4). Input is the ln2 output.
+ * xk = x + (x_prev - x)*ffn_x_k (docs/maths.md §Channel-mix). Input is the ln2 output.
  * ==================================================================== */
 typedef struct {
     int c;
@@ -151,7 +151,7 @@ int rx_channelmix_backward(
 
 /* ====================================================================
  * LayerNorm over the C channels, eps 1e-5, biased variance; mean and
- * variance accumulate in double (SPEC §5).
+ * variance accumulate in double (docs/maths.md §LayerNorm).
  * ==================================================================== */
 
 /* x, out: [B][T][C]; w, b: [C]. */
@@ -165,7 +165,7 @@ int rx_layernorm_backward(
     float *dx, float *dw, float *db, int B, int T, int C);
 
 /* ====================================================================
- * RWKV-7 residual block (SPEC §6):
+ * RWKV-7 residual block (docs/maths.md §Blocks):
  *     h1 = ln1(x); x1 = x + TM(h1); h2 = ln2(x1); out = x1 + CM(h2)
  * ==================================================================== */
 typedef struct {
@@ -199,7 +199,7 @@ int rx_block_backward(
     int B, int T);
 
 /* ====================================================================
- * MoBA-sparse attention block (SPEC §6):
+ * MoBA-sparse attention block (docs/maths.md §Blocks):
  *     h1 = ln1(x); q,k,v = h1 . {receptance_w, key_w, value_w}
  *     y = sparse causal softmax attention, scale 1/sqrt(head_size)
  *     x1 = x + y . output_w; h2 = ln2(x1); out = x1 + CM(h2)
@@ -252,7 +252,7 @@ int rx_attn_score_av_backward(const rx_attn_params *P, const float *q, const flo
                               float *dq, float *dk, float *dv);
 
 /* ====================================================================
- * Whole model, single sequence (SPEC §7):
+ * Whole model, single sequence (docs/maths.md §Whole model):
  *     x0 = emb[token]; blocks in RWKV-X order; h = ln_out(x);
  *     logits = h . head; loss = mean cross-entropy over valid targets.
  * ==================================================================== */
@@ -299,7 +299,7 @@ typedef struct {
 
 typedef struct rx_ptmodel rx_ptmodel;   /* owns the parameter and grad arenas */
 
-/* A model with every parameter drawn by the SPEC §8 splitmix64 scheme (a
+/* A model with every parameter drawn by the docs/layout.md §Init splitmix64 scheme (a
  * gradient-check init, bit-identical everywhere). NULL on an invalid config
  * or allocation failure. */
 rx_ptmodel* rx_model_new_random(const rx_pt_config *pc, uint64_t seed);
@@ -307,7 +307,7 @@ void rx_ptmodel_free(rx_ptmodel *m);
 
 /* Number of parameter tensors. */
 int rx_ptmodel_num_params(const rx_ptmodel *m);
-/* Tensor i in SPEC §8 order: its name, its data and grad (views into the
+/* Tensor i in docs/layout.md §Parameters order: its name, its data and grad (views into the
  * arenas) and its element count. RX_EINVAL if i is out of range. */
 int rx_ptmodel_param(rx_ptmodel *m, int i, const char **name,
                      float **data, float **grad, int *n);
@@ -382,8 +382,8 @@ double rx_pretrain_backward_batch(rx_ptmodel *m, const rx_pt_acts *acts,
 
 /* Options beside rx_pt_config (whose layout stays the original's), as bits
  * of one flags int. RX_PT_LN0: x0 = LayerNorm(emb[token]; ln0_w, ln0_b),
- * eps 1e-5, with ln0_w, ln0_b [C] right after emb in the arenas (SPEC §7,
- * §8), as official RWKV-7's blocks.0.ln0. */
+ * eps 1e-5, with ln0_w, ln0_b [C] right after emb in the arenas (docs/maths.md,
+ * docs/layout.md), as official RWKV-7's blocks.0.ln0. */
 #define RX_PT_LN0 1
 #define RX_PT_FLAGS_ALL RX_PT_LN0
 /* rx_model_new_random with options; flags 0 is rx_model_new_random itself.
@@ -392,7 +392,7 @@ rx_ptmodel *rx_model_new_random_flags(const rx_pt_config *pc, int flags, uint64_
 /* The flags the model was made with; -1 for NULL. */
 int rx_ptmodel_flags(const rx_ptmodel *m);
 
-/* RX_OK when rx_model_new_random accepts pc (SPEC §7, and every tensor's
+/* RX_OK when rx_model_new_random accepts pc (docs/maths.md §Whole model, and every tensor's
  * element count fits an int), else RX_EINVAL. */
 int rx_pt_config_validate(const rx_pt_config *pc);
 /* Shape of tensor i: returns its ndim (1 or 2) and fills shape[0..ndim-1];
@@ -407,8 +407,10 @@ float *rx_ptmodel_grad_arena(rx_ptmodel *m, int64_t *n);
 const char *rx_ptmodel_layers(const rx_ptmodel *m);
 
 /* Threads used by every rx_ call made from the calling thread afterwards
- * (n < 1 restores the default, OMP_NUM_THREADS or the core count). A build
- * without OpenMP ignores it and reports 1. */
+ * (n < 1 restores the default, OMP_NUM_THREADS or the core count; n above
+ * RX_MAX_THREADS is taken as RX_MAX_THREADS). A build without OpenMP
+ * ignores it and reports 1. */
+#define RX_MAX_THREADS 1024
 void rx_set_num_threads(int n);
 int rx_get_num_threads(void);
 /* 1 when the library was compiled with OpenMP. */

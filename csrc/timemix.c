@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: AGPL-3.0-or-later AND Apache-2.0
  *
- * timemix.c -- the RWKV-7 time-mix (SPEC §3), forward and exact backward.
+ * timemix.c -- the RWKV-7 time-mix (docs/maths.md §Time-mix), forward and exact backward.
  *
  * rx_tm_forward_acts computes every intermediate the backward needs into an
  * rx_tm_acts; the forward entry point and the backward (which gets only x,

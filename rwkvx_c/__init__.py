@@ -1,6 +1,6 @@
 """rwkvx_c: a CPU pretraining engine for RWKV-X language models.
 
-The kernels (SPEC.md) are C with OpenMP; this package is their validated
+The kernels (docs/maths.md) are C with OpenMP; this package is their validated
 Python surface. Every array is float32 (tokens int32) and C-contiguous.
 """
 import os as _os

@@ -1,4 +1,4 @@
-# MoBA-sparse attention block and its score/AV test hooks (SPEC §6). Included by _core.pyx.
+# MoBA-sparse attention block and its score/AV test hooks (docs/maths.md §Blocks). Included by _core.pyx.
 from libc.string cimport memset
 
 _ATTN_KEYS = ("ln1_w", "ln1_b", "receptance_w", "key_w", "value_w", "output_w",
@@ -73,7 +73,7 @@ cdef int _attn_hook_params(rx_attn_params *P, int n_head, int head_size, int chu
 
 
 def attn_forward(p, x, cm_xprev_init=None, *, n_head, head_size, chunk_size, moba_top_k):
-    """MoBA-sparse attention block (SPEC §6).
+    """MoBA-sparse attention block (docs/maths.md §Blocks).
 
     p             : dict of float32 arrays, exactly the keys 'ln1_w', 'ln1_b' (C,),
                     'receptance_w', 'key_w', 'value_w', 'output_w' (C, C), 'ln2_w',

@@ -1,4 +1,4 @@
-# Type stub of rwkvx_c._core (the Cython extension). Shapes follow SPEC §10:
+# Type stub of rwkvx_c._core (the Cython extension). Shapes follow docs/layout.md:
 # every array is float32 (tokens / targets int32) and C-contiguous.
 # Each concern appends its section below.
 import numpy as np
@@ -8,19 +8,21 @@ F32 = npt.NDArray[np.float32]
 I32 = npt.NDArray[np.int32]
 
 # -- threads -----------------------------------------------------------------
+MAX_THREADS: int
 def set_num_threads(n: int) -> None: ...
+def check_config(config: dict[str, int]) -> None: ...
 def get_num_threads() -> int: ...
 def has_openmp() -> bool: ...
 def gemm_kernel(precision: str = ...) -> str: ...
 def bf16_hardware() -> bool: ...
 
-# -- WKV7 (SPEC §2) ------------------------------------------------------------
+# -- WKV7 (docs/maths.md §WKV7) ------------------------------------------------------------
 def wkv7_forward(r: F32, w: F32, k: F32, v: F32, a: F32, b: F32,
                  s_init: F32 | None = ...) -> tuple[F32, F32]: ...
 def wkv7_backward(r: F32, w: F32, k: F32, v: F32, a: F32, b: F32, dy: F32,
                   s_init: F32 | None = ...) -> tuple[F32, F32, F32, F32, F32, F32, F32]: ...
 
-# -- LayerNorm (SPEC §5), embedding, head, cross-entropy (SPEC §7) -------------
+# -- LayerNorm (docs/maths.md §LayerNorm), embedding, head, cross-entropy (docs/maths.md §Loss) -------------
 def layernorm_forward(x: F32, w: F32, b: F32) -> F32: ...
 def layernorm_backward(x: F32, w: F32, b: F32, dy: F32) -> tuple[F32, F32, F32]: ...
 def embedding_forward(emb: F32, tokens: I32) -> F32: ...
@@ -31,10 +33,10 @@ def cross_entropy_forward(logits: F32, targets: I32, ignore_index: int = ...) ->
 def cross_entropy_backward(logits: F32, targets: I32,
                            ignore_index: int = ...) -> tuple[float, F32]: ...
 
-# -- RWKV-7 time-mix, channel-mix, block (SPEC §3, §4, §6) ----------------------
+# -- RWKV-7 time-mix, channel-mix, block (docs/maths.md) ----------------------
 # params: dict name -> F32 ('x_r' .. 'ln_x_b' for the time-mix, 'ffn_x_k' ..
 # for the channel-mix, 'ln1_w', 'tm.x_r', ..., 'cm.ffn_value_w' for the block);
-# grads come back keyed the same. v_first / d_v_first: see SPEC §10.
+# grads come back keyed the same. v_first / d_v_first: see docs/layout.md.
 def timemix_forward(p: dict[str, F32], x: F32, x_prev_init: F32 | None = ...,
                     v_first: F32 | None = ..., *, n_head: int, head_size: int,
                     layer_id: int) -> tuple[F32, F32]: ...
@@ -53,7 +55,7 @@ def block_backward(p: dict[str, F32], x: F32, dy: F32, tm_xprev_init: F32 | None
                    d_v_first: F32 | None = ..., *, n_head: int, head_size: int,
                    layer_id: int) -> tuple[F32, dict[str, F32], F32, F32, F32 | None]: ...
 
-# -- MoBA attention block (SPEC §6) ---------------------------------------------
+# -- MoBA attention block (docs/maths.md §Blocks) ---------------------------------------------
 # p: dict with exactly 'ln1_w', 'ln1_b', 'receptance_w', 'key_w', 'value_w',
 # 'output_w', 'ln2_w', 'ln2_b', 'cm.ffn_x_k', 'cm.ffn_key_w', 'cm.ffn_value_w'
 def attn_forward(p: dict[str, F32], x: F32, cm_xprev_init: F32 | None = ..., *,
@@ -66,7 +68,7 @@ def attn_score_av_forward(q: F32, k: F32, v: F32, *, n_head: int, head_size: int
 def attn_score_av_backward(q: F32, k: F32, v: F32, dy: F32, *, n_head: int, head_size: int,
                            chunk_size: int, moba_top_k: int) -> tuple[F32, F32, F32]: ...
 
-# -- whole model (SPEC §7, §8, §10) ----------------------------------------------
+# -- whole model (docs/maths.md, docs/layout.md) ----------------------------------------------
 CONFIG_FIELDS: tuple[str, ...]
 OPTION_FIELDS: dict[str, int]
 

@@ -116,11 +116,20 @@ def _empty(*shape):
 # threads
 
 
-def set_num_threads(int n):
+MAX_THREADS = RX_MAX_THREADS
+
+
+def set_num_threads(n):
     """Use n OpenMP threads in later rwkvx_c calls from this thread.
 
-    n < 1 restores the default (OMP_NUM_THREADS, else the core count).
+    n = 0 restores the default (OMP_NUM_THREADS, else the core count); a
+    negative n, or one above MAX_THREADS, is a ValueError (OpenMP would try
+    to start that many threads).
     """
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+        raise TypeError(f"set_num_threads: n must be an int, got {type(n).__name__}")
+    if not 0 <= n <= RX_MAX_THREADS:
+        raise ValueError(f"set_num_threads: n must lie in [0, {RX_MAX_THREADS}], got {n}")
     rx_set_num_threads(n)
 
 

@@ -1,4 +1,4 @@
-# LayerNorm (SPEC §5), embedding, head and cross-entropy (SPEC §7).
+# LayerNorm (docs/maths.md §LayerNorm), embedding, head and cross-entropy (docs/maths.md §Loss).
 # Included by _core.pyx.
 
 
@@ -12,7 +12,7 @@ cdef int _index(object v, str name) except? -1:
 
 
 def layernorm_forward(x, w, b):
-    """LayerNorm over the last axis, eps 1e-5, biased variance (SPEC §5).
+    """LayerNorm over the last axis, eps 1e-5, biased variance (docs/maths.md §LayerNorm).
 
     x : float32 (B, T, C); w, b : float32 (C,).
     Returns out (B, T, C).
@@ -157,7 +157,7 @@ cdef tuple _ce_args(object logits, object targets, object ignore_index):
 
 
 def cross_entropy_forward(logits, targets, ignore_index=-1):
-    """Mean softmax cross-entropy over valid positions (SPEC §7).
+    """Mean softmax cross-entropy over valid positions (docs/maths.md §Loss).
 
     logits : float32 (T, vocab); targets : int32 (T,). A position is valid
     when ignore_index < 0 or targets[t] != ignore_index; valid targets lie in

@@ -1,4 +1,4 @@
-# The whole model (SPEC §7, §8, §10): RxPtModel over csrc/model.c. Included
+# The whole model (docs/maths.md, docs/layout.md): RxPtModel over csrc/model.c. Included
 # by _core.pyx.
 from cpython.buffer cimport PyBUF_FORMAT, PyBUF_WRITABLE
 from libc.stdint cimport int64_t, uint64_t
@@ -36,7 +36,7 @@ cdef int _pt_flags(dict config) except -1:
 
 
 cdef rx_pt_config _pt_config(object config) except *:
-    """The C config of a config dict, every SPEC §7 rule checked by name."""
+    """The C config of a config dict, every docs/maths.md §Whole model rule checked by name."""
     cdef rx_pt_config c
     if not isinstance(config, dict):
         raise TypeError(f"config must be a dict, got {type(config).__name__}")
@@ -72,6 +72,12 @@ cdef rx_pt_config _pt_config(object config) except *:
     if rx_pt_config_validate(&c) != RX_OK:
         raise ValueError("config too large: a parameter tensor would exceed 2**31 - 1 elements")
     return c
+
+
+def check_config(config):
+    """Raises TypeError / ValueError naming the first bad field of a model
+    config (the checks RxPtModel makes), allocating nothing."""
+    _pt_config(config)
 
 
 cdef class _ModelHandle:
@@ -127,8 +133,8 @@ cdef int _precision_code(precision) except -1:
 
 
 cdef class RxPtModel:
-    """A whole RWKV-X model (SPEC §7) with its parameters and grads in two
-    flat float32 arenas, initialised by the SPEC §8 splitmix64 scheme.
+    """A whole RWKV-X model (docs/maths.md §Whole model) with its parameters and grads in two
+    flat float32 arenas, initialised by the docs/layout.md §Init splitmix64 scheme.
 
     RxPtModel(config, seed=0, *, precision="fp32")
         config : dict with exactly the rx_pt_config fields (CONFIG_FIELDS):
@@ -141,10 +147,10 @@ cdef class RxPtModel:
                  bf16-rounded operands with fp32 accumulation; parameters,
                  grads, WKV7, norms, softmax and the loss stay fp32 (see
                  rx_pretrain.h). Readable and settable as m.precision.
-    A missing or unknown key, or a value breaking SPEC §7, is a ValueError
+    A missing or unknown key, or a value breaking docs/maths.md §Whole model, is a ValueError
     naming it.
 
-    params / grads map each SPEC §8 name to a writable zero-copy view of its
+    params / grads map each docs/layout.md §Parameters name to a writable zero-copy view of its
     tensor; param_buffer / grad_buffer view the whole arenas. A view keeps
     the model's memory alive after the model itself is deleted.
     """
@@ -162,6 +168,9 @@ cdef class RxPtModel:
         self._acts = NULL
 
     def __init__(self, config, seed=0, *, precision="fp32"):
+        if self._h is not None:
+            # a second __init__ would swap the arenas under live views and _acts
+            raise RuntimeError("RxPtModel is already initialised; make a new one")
         cdef rx_pt_config c = _pt_config(config)
         cdef int flags = _pt_flags(config)
         cdef int prec = _precision_code(precision)
@@ -230,12 +239,12 @@ cdef class RxPtModel:
 
     @property
     def param_names(self):
-        """Parameter names in SPEC §8 order."""
+        """Parameter names in docs/layout.md §Parameters order."""
         return list(self._names)
 
     @property
     def params(self):
-        """dict name -> writable float32 view into the parameter arena (SPEC §8 shapes)."""
+        """dict name -> writable float32 view into the parameter arena (docs/layout.md §Parameters shapes)."""
         return dict(self._params)
 
     @property
@@ -326,6 +335,10 @@ cdef class RxPtModel:
             raise ValueError(f"targets has shape {targets.shape}, expected {self._fwd_shape} "
                              "(the shape of the last forward's tokens)")
         _arr(targets, "targets", np.int32, targets.ndim)
+        # checked and read from a private copy: another thread writing to the
+        # caller's array cannot make the ids the kernels read differ from
+        # the ids checked (a NaN loss below then really is a kernel failure)
+        targets = targets.copy()
         cdef int B = self._B, T = self._T
         _targets(targets.reshape(-1), "targets", B * T, self._config["vocab_size"], ignore_index)
         cdef double loss

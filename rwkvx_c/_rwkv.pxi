@@ -1,8 +1,8 @@
-# RWKV-7 time-mix, channel-mix and residual block (SPEC §3, §4, §6, §10).
+# RWKV-7 time-mix, channel-mix and residual block (docs/maths.md, docs/layout.md).
 # Included by _core.pyx.
 #
 # A params dict is keyed by field name: bare rx_tm_params / rx_cm_params
-# names for the time-mix and channel-mix alone, SPEC §8 names without the
+# names for the time-mix and channel-mix alone, docs/layout.md §Parameters names without the
 # 'blocks.L.' prefix for the block. LoRA sizes come from the shapes of
 # w1/a1/g1/v1 (and ffn_dim from ffn_key_w). Grads come back as a dict with
 # the same keys.
@@ -187,7 +187,7 @@ cdef int _v_first_args(object v_first, object d_v_first, int layer_id, tuple sha
 
 
 def timemix_forward(p, x, x_prev_init=None, v_first=None, *, n_head, head_size, layer_id):
-    """RWKV-7 time-mix (SPEC §3) over a batch of sequences.
+    """RWKV-7 time-mix (docs/maths.md §Time-mix) over a batch of sequences.
 
     p           : dict of float32 params keyed 'x_r' .. 'ln_x_b' (rx_tm_params
                   names; 'v0', 'v1', 'v2' present iff layer_id > 0)
@@ -263,7 +263,7 @@ def timemix_backward(p, x, dy, x_prev_init=None, v_first=None, d_v_first=None, *
 
 
 def channelmix_forward(p, x, x_prev_init=None):
-    """RWKV-7 channel-mix (SPEC §4): relu(xk . ffn_key_w)^2 . ffn_value_w.
+    """RWKV-7 channel-mix (docs/maths.md §Channel-mix): relu(xk . ffn_key_w)^2 . ffn_value_w.
 
     p           : dict with 'ffn_x_k' (C,), 'ffn_key_w' (C, F), 'ffn_value_w' (F, C)
     x           : float32 (B, T, C), the ln2 output
@@ -344,7 +344,7 @@ cdef int _block_fill(rx_block_params *P, dict p, int H, int N, int layer_id) exc
 
 def block_forward(p, x, tm_xprev_init=None, cm_xprev_init=None, v_first=None, *, n_head,
                   head_size, layer_id):
-    """RWKV-7 residual block (SPEC §6): h1 = ln1(x); x1 = x + TM(h1);
+    """RWKV-7 residual block (docs/maths.md §Blocks): h1 = ln1(x); x1 = x + TM(h1);
     h2 = ln2(x1); out = x1 + CM(h2).
 
     p             : dict keyed 'ln1_w', 'ln1_b', 'tm.x_r' .. 'tm.ln_x_b'

@@ -1,4 +1,4 @@
-# Cython declarations of the C API in csrc/rx_pretrain.h (SPEC.md is the contract).
+# Cython declarations of the C API in csrc/rx_pretrain.h (docs/ is the contract).
 from libc.stdint cimport uint64_t
 
 cdef extern from "rx_pretrain.h" nogil:
@@ -210,6 +210,7 @@ cdef extern from "rx_pretrain.h" nogil:
                                 int T, int ignore_index)
     void rx_ptmodel_zero_grad(rx_ptmodel *m)
 
+    enum: RX_MAX_THREADS
     void rx_set_num_threads(int n)
     int rx_get_num_threads()
     int rx_has_openmp()

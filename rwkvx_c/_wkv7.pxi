@@ -1,4 +1,4 @@
-# WKV7 recurrence (SPEC §2). Included by _core.pyx.
+# WKV7 recurrence (docs/maths.md §WKV7). Included by _core.pyx.
 
 
 cdef tuple _wkv7_shape(object r):
@@ -7,7 +7,7 @@ cdef tuple _wkv7_shape(object r):
 
 
 def wkv7_forward(r, w, k, v, a, b, s_init=None):
-    """WKV7 recurrence over a whole sequence (SPEC §2).
+    """WKV7 recurrence over a whole sequence (docs/maths.md §WKV7).
 
     r, w, k, v, a, b : float32 (B, T, H, N)
     s_init           : float32 (B, H, N, N) initial state, or None for zero

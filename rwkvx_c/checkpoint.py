@@ -4,7 +4,7 @@ Format: a standard safetensors file (8-byte little-endian header length, a
 JSON header, then the raw little-endian tensor bytes), readable by the
 `safetensors` package and any other safetensors reader. Tensors:
 
-  - every model parameter under its SPEC §8 name (``emb``,
+  - every model parameter under its docs/layout.md §Parameters name (``emb``,
     ``blocks.0.tm.x_r``, ..., ``head``), float32, its own shape;
   - the AdamW moments as flat float32 arrays ``optim.m`` and ``optim.v``
     (same length and layout as the model's parameter arena), when saved.
@@ -12,9 +12,11 @@ JSON header, then the raw little-endian tensor bytes), readable by the
 ``__metadata__`` (string -> string, as safetensors requires) holds
 ``format`` ("rwkvx_c.checkpoint"), ``version``, ``config`` (the model
 config as JSON), ``state`` (JSON: step, optimiser step count, sampler RNG
-state and data position, elapsed training time, trainer options, ...) and
-``data_crc32``, the CRC-32 of the whole data section, so a flipped byte is
-caught, not trained on.
+state and data position, elapsed training time, trainer options, ...),
+``data_crc32``, the CRC-32 of the whole data section, and ``header_crc32``,
+the CRC-32 of the length prefix and the header with this field's own value
+read as "00000000": no flipped bit anywhere in the file is trained on
+(version 1 files, which lack header_crc32, are still read).
 
 Why not the `safetensors` package: its writer wants the whole file in one
 call with no fsync and no streaming, and its reader returns copies; a
@@ -34,11 +36,15 @@ import zlib
 
 import numpy as np
 
-__all__ = ["CheckpointError", "save_checkpoint", "read_checkpoint", "FORMAT", "VERSION"]
+__all__ = ["CheckpointError", "save_checkpoint", "read_checkpoint", "parse_checkpoint", "FORMAT",
+           "VERSION"]
 
 FORMAT = "rwkvx_c.checkpoint"
-VERSION = "1"
+VERSION = "2"
+_READS = ("1", "2")
 _MAX_HEADER = 64 << 20
+_HCRC_KEY = b'"header_crc32":"'   # unique: quotes inside JSON string values are escaped
+_HCRC_ZERO = b"00000000"
 
 
 class CheckpointError(ValueError):
@@ -74,15 +80,20 @@ def save_checkpoint(path, tensors, config, state):
         crc = zlib.crc32(memoryview(a).cast("B"), crc)
         off += nbytes
     meta = {"format": FORMAT, "version": VERSION, "config": json.dumps(config, sort_keys=True),
-            "state": json.dumps(state, sort_keys=True), "data_crc32": "%08x" % crc}
+            "state": json.dumps(state, sort_keys=True), "data_crc32": "%08x" % crc,
+            "header_crc32": _HCRC_ZERO.decode()}
     header = json.dumps({"__metadata__": meta, **entries}, separators=(",", ":")).encode()
     header += b" " * (-len(header) % 8)  # data starts 8-byte aligned, as safetensors does
+    prefix = struct.pack("<Q", len(header))
+    at = header.index(_HCRC_KEY) + len(_HCRC_KEY)
+    hcrc = b"%08x" % zlib.crc32(header, zlib.crc32(prefix))
+    header = header[:at] + hcrc + header[at + 8:]
     d = os.path.dirname(os.path.abspath(path))
     os.makedirs(d, exist_ok=True)
     tmp = os.path.join(d, ".%s.tmp%d" % (os.path.basename(path), os.getpid()))
     try:
         with open(tmp, "wb") as f:
-            f.write(struct.pack("<Q", len(header)))
+            f.write(prefix)
             f.write(header)
             for a in arrays:
                 f.write(memoryview(a).cast("B"))
@@ -104,9 +115,6 @@ def read_checkpoint(path):
     tensors maps names to read-only float32 arrays backed by the file's
     bytes. Raises CheckpointError naming the file and the problem.
     """
-    def bad(msg):
-        return CheckpointError(f"checkpoint {path} {msg}")
-
     try:
         with open(path, "rb") as f:
             blob = f.read()
@@ -114,6 +122,30 @@ def read_checkpoint(path):
         raise CheckpointError(f"no checkpoint at {path}") from None
     except OSError as e:
         raise CheckpointError(f"cannot read checkpoint {path}: {e.strerror}") from None
+    return parse_checkpoint(blob, path)
+
+
+def _header_crc_ok(blob, hlen):
+    """True when the header checksum matches (files of version 1 have none:
+    None)."""
+    header = blob[8:8 + hlen]
+    at = header.find(_HCRC_KEY)
+    if at < 0:
+        return None
+    if header.find(_HCRC_KEY, at + 1) >= 0:
+        return False
+    at += len(_HCRC_KEY)
+    want = header[at:at + 8]
+    zeroed = header[:at] + _HCRC_ZERO + header[at + 8:]
+    return want == b"%08x" % zlib.crc32(zeroed, zlib.crc32(blob[:8]))
+
+
+def parse_checkpoint(blob, path="<bytes>"):
+    """(tensors, config, state) from the bytes of a checkpoint file; path
+    only names it in errors. See read_checkpoint."""
+    def bad(msg):
+        return CheckpointError(f"checkpoint {path} {msg}")
+
     if len(blob) < 8:
         raise bad(f"is truncated ({len(blob)} bytes)")
     (hlen,) = struct.unpack("<Q", blob[:8])
@@ -121,6 +153,9 @@ def read_checkpoint(path):
         raise bad("is corrupt (impossible header length)")
     if 8 + hlen > len(blob):
         raise bad("is truncated (header cut short)")
+    hcrc = _header_crc_ok(blob, hlen)
+    if hcrc is False:
+        raise bad("is corrupt (header checksum mismatch)")
     try:
         header = json.loads(blob[8:8 + hlen].decode("utf-8"))
         meta = header.pop("__metadata__", None)
@@ -133,8 +168,13 @@ def read_checkpoint(path):
         raise
     except (UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):
         raise bad("is corrupt (unreadable header)") from None
-    if meta.get("version") != VERSION:
-        raise bad(f"has format version {meta.get('version')!r}; this rwkvx_c reads {VERSION}")
+    if not isinstance(config, dict) or not isinstance(state, dict):
+        raise bad("is corrupt (config or state is not a JSON object)")
+    if meta.get("version") not in _READS:
+        raise bad(f"has format version {meta.get('version')!r}; this rwkvx_c reads "
+                  f"{' and '.join(_READS)}")
+    if hcrc is None and meta.get("version") != "1":
+        raise bad("is corrupt (no header checksum)")
     data = memoryview(blob)[8 + hlen:]
     spans = []
     try:

@@ -12,7 +12,10 @@
 
 Bad input is one line on stderr naming the problem and a non-zero exit
 status (2 for bad flags, 1 otherwise); no traceback, and an existing
-checkpoint is never touched by a run that fails to start.
+checkpoint is never touched by a run that fails to start. Only a bug (an
+exception of no expected kind) shows its traceback. A diverged run stops
+with status 1 (or rolls back, with --on-divergence rollback); Ctrl-C ends a
+run after its checkpoint (status 130), a second Ctrl-C at once.
 """
 import argparse
 import datetime
@@ -104,11 +107,15 @@ def build_parser():
                    "steps (default: at every evaluation) and always at the end")
     t.add_argument("--cache-dir", metavar="DIR", help="where corpora are cached as token "
                    "files (default $RWKVX_CACHE or ~/.cache/rwkvx_c)")
+    t.add_argument("--on-divergence", choices=["stop", "rollback"], help="when the loss "
+                   "blows up: stop (default), or reload the last checkpoint and halve the "
+                   "learning rate (at most 3 times)")
+    t.add_argument("--no-progress", action="store_true", help="no progress bar (without a "
+                   "terminal the progress is a plain line every few seconds)")
     t.add_argument("--precision", choices=["fp32", "bf16", "auto"], default="auto",
                    help="projection GEMMs in fp32, or bf16 with fp32 accumulation; auto "
                    "(default): bf16 where the CPU has AMX-BF16, where it is measured faster. A resumed "
                    "run keeps its precision")
-    t.add_argument("--no-progress", action="store_true", help="no progress bar")
     g = t.add_argument_group("model shape (each overrides the preset; stored in the checkpoint)")
     g.add_argument("--n-embd", type=_positive_int, metavar="C", help="width; a new width "
                    "also sets ffn_dim 4*C and RWKV-7's LoRA sizes for C unless given")
@@ -265,7 +272,7 @@ def _train(a):
                 seed=a.seed, init=a.init, eval_every=a.eval_every,
                 eval_tokens=a.eval_tokens, save_every=a.save_every, cache_dir=a.cache_dir,
                 tokenizer=a.tokenizer, text_field=a.text_field,
-                precision=a.precision)
+                precision=a.precision, on_divergence=a.on_divergence)
     shape = {k: getattr(a, k) for k in ("n_embd", "head_size", "n_layer", "n_attn_layer",
                                         "ffn_dim", "chunk_size", "moba_top_k", "d_decay",
                                         "d_aaa", "d_mv", "d_gate")}
@@ -313,13 +320,13 @@ def _train(a):
     old = signal.signal(signal.SIGINT, on_sigint)
     bar = None
     if not a.no_progress:
-        from tqdm import tqdm
+        from rwkvx_c.progress import make_progress
         if o.steps is not None:
-            bar = tqdm(total=o.steps, initial=tr.step_count, unit="step", dynamic_ncols=True)
+            bar = make_progress(o.steps, tr.step_count, "step")
         else:
-            bar = tqdm(total=round(o.time_budget * 60), initial=round(tr.train_seconds()),
-                       unit="s", dynamic_ncols=True,
-                       bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f}s [{elapsed}<{remaining}{postfix}]")
+            bar = make_progress(round(o.time_budget * 60), round(tr.train_seconds()), "s",
+                                bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f}s "
+                                "[{elapsed}<{remaining}{postfix}]")
     post = {}
 
     def on_step(row):
@@ -340,10 +347,16 @@ def _train(a):
 
     try:
         final = tr.run(on_step=on_step, stop=lambda: group.any(interrupted))
-    except FloatingPointError as e:
+    except (FloatingPointError, MemoryError) as e:
+        # the Divergence message says what became of the checkpoint
         if bar:
             bar.close()
-        return _err(f"{e}; the last checkpoint in {out} is intact")
+        return _err(str(e) if isinstance(e, FloatingPointError) else f"out of memory: {e}")
+    except OSError as e:
+        if bar:
+            bar.close()
+        return _err(f"cannot write to {out}: {e.strerror or e}; its previous checkpoint, "
+                    "if any, is kept")
     finally:
         signal.signal(signal.SIGINT, old)
     if bar:
@@ -373,6 +386,8 @@ def _sample(a):
     from rwkvx_c.checkpoint import CheckpointError
     from rwkvx_c.sample import generate, load_run
     if a.threads:
+        if a.threads > rwkvx_c.MAX_THREADS:
+            return _err(f"--threads must be at most {rwkvx_c.MAX_THREADS}, got {a.threads}")
         rwkvx_c.set_num_threads(a.threads)
     try:
         model, tok = load_run(a.dir)
@@ -380,13 +395,17 @@ def _sample(a):
         return _err(str(e))
     if model.config["vocab_size"] < 256:
         return _err(f"the model in {a.dir} is not byte-level (vocab {model.config['vocab_size']})")
-    out = sys.stdout
-    out.write(a.prompt)
-    for text in generate(model, a.prompt, a.max_new_tokens, a.temperature, a.top_p, a.seed,
+    # the prompt's own bytes, also when they are not UTF-8 (argv decodes
+    # them with surrogateescape); the output is written as UTF-8 bytes
+    prompt = os.fsencode(a.prompt)
+    out = sys.stdout.buffer
+    out.write(prompt)
+    for text in generate(model, prompt, a.max_new_tokens, a.temperature, a.top_p, a.seed,
                          tokenizer=tok):
-        out.write(text)
+        out.write(text.encode("utf-8", "surrogateescape"))
         out.flush()
-    out.write("\n")
+    out.write(b"\n")
+    out.flush()
     return 0
 
 
@@ -438,6 +457,14 @@ def _tokenizer_train(a):
     return 0
 
 
+def _expected_errors():
+    """Exception classes that mean bad input or a bad environment, not a bug."""
+    from rwkvx_c.checkpoint import CheckpointError
+    from rwkvx_c.data import DataError
+    from rwkvx_c.train import TrainError
+    return (TrainError, DataError, CheckpointError, MemoryError, OSError)
+
+
 def main(argv=None):
     args = build_parser().parse_args(argv)
     cmds = {"train": _train, "sample": _sample, "export": _export, "import": _import,
@@ -445,7 +472,19 @@ def main(argv=None):
     try:
         return cmds[args.cmd](args)
     except BrokenPipeError:
+        # the reader went away (`| head`): silence the flush at exit too
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
         return 1
+    except KeyboardInterrupt:
+        sys.stderr.write("\nrwkvx-c: interrupted\n")
+        return 130
+    except _expected_errors() as e:
+        from rwkvx_c.distributed import abort_job
+        abort_job(e)  # under MPI the other ranks must not wait for this one
+        if isinstance(e, OSError) and e.filename:
+            return _err(f"{e.strerror}: {e.filename}")
+        return _err(f"out of memory: {e}" if isinstance(e, MemoryError) else str(e))
     except BaseException as e:
         from rwkvx_c.distributed import abort_job
         abort_job(e)  # under MPI: report this rank's failure and end every rank

@@ -1,11 +1,11 @@
 """Parameter initialisation for training, selectable by name.
 
 ``init_model(model, scheme, seed)`` writes through ``model.params`` (zero-copy
-views of the parameter arena), so it works on any model that uses the SPEC §8
+views of the parameter arena), so it works on any model that uses the docs/layout.md §Parameters
 names. Schemes:
 
 ``"spec"``
-    Leave the parameters as the C model drew them: the SPEC §8 splitmix64
+    Leave the parameters as the C model drew them: the docs/layout.md §Init splitmix64
     test init (uniform, every element O(0.1)). It exists for gradient checks;
     it trains, but slowly.
 
@@ -26,7 +26,7 @@ names. Schemes:
       with z the per-head zigzag ``z = s |s|``, ``s = (i mod N - (N-1)/2) /
       ((N-1)/2)``: a spread of decay speeds across channels and within each
       head, so the state holds both short and long memories. The effective
-      decay is exp(-e^-0.5 sigmoid(w0 + ...)) (SPEC §3).
+      decay is exp(-e^-0.5 sigmoid(w0 + ...)) (docs/maths.md §Time-mix).
     - ``a0 = -0.19 + 0.3 z + 0.4 l`` (in-context learning rate ~0.45),
       ``v0 = 0.73 - 0.4 l`` (value-residual gate), ``k_k = 0.71 - 0.1 l``,
       ``k_a = 1.02``, ``r_k = -0.04``, with ``l = i/(C-1) - 0.5``.
@@ -44,13 +44,12 @@ names. Schemes:
       zero, LayerNorms 1/0, their channel-mix as above.
 
     The random parts (orthogonal matrices, emb) come from a NumPy PCG64
-    generator seeded with `seed`, tensors in SPEC §8 order.
+    generator seeded with `seed`, tensors in docs/layout.md §Parameters order.
 """
-import contextlib
-import ctypes
 import re
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 __all__ = ["SCHEMES", "init_model"]
 
@@ -60,41 +59,6 @@ _LERP_POWER = {"x_r": 0.2, "x_g": 0.2, "x_k": 0.7, "x_v": 0.7, "x_w": 0.9, "x_a"
 _LORA_UP = ("w2", "a2", "v2", "g2")
 _LORA_DOWN = ("w1", "a1", "v1", "g1")
 _NAME = re.compile(r"^blocks\.(\d+)\.(.+)$")
-
-
-@contextlib.contextmanager
-def _serial_blas():
-    """Run numpy's OpenBLAS on one thread inside the block (Linux; a no-op
-    elsewhere or when no OpenBLAS is loaded).
-
-    The orthogonal matrices come from numpy's QR. With OpenBLAS threads
-    running it on a busy 2-core machine, their spin-waits fought the other
-    processes and the init took 12 s instead of 0.3 s; the matrices are
-    small, one thread is plenty."""
-    libs = []
-    try:
-        with open("/proc/self/maps") as f:
-            paths = {ln.split()[-1] for ln in f if "openblas" in ln.lower() and "/" in ln}
-        for path in sorted(paths):
-            lib = ctypes.CDLL(path)
-            for pre in ("scipy_openblas", "openblas"):
-                for suf in ("64_", "_64_", ""):
-                    get = getattr(lib, f"{pre}_get_num_threads{suf}", None)
-                    put = getattr(lib, f"{pre}_set_num_threads{suf}", None)
-                    if get is not None and put is not None:
-                        libs.append((put, int(get())))
-                        put(1)
-                        break
-                else:
-                    continue
-                break
-    except (OSError, ValueError):
-        pass
-    try:
-        yield
-    finally:
-        for put, n in libs:
-            put(n)
 
 
 def _orthogonal(rng, rows, cols, gain):
@@ -187,7 +151,7 @@ def init_model(model, scheme="rwkv7", seed=0):
     """Initialise model's parameters in place with the named scheme.
 
     model : anything with .param_names, .params (name -> writable float32
-            view, SPEC §8 names and shapes) and .config (dict)
+            view, docs/layout.md §Parameters names and shapes) and .config (dict)
     scheme: "rwkv7" (RWKV-7 training init) or "spec" (keep the C test init)
     """
     if scheme not in SCHEMES:
@@ -197,7 +161,11 @@ def init_model(model, scheme="rwkv7", seed=0):
     cfg = model.config
     rng = np.random.Generator(np.random.PCG64(seed))
     kinds = _block_kinds(model.param_names)
-    with _serial_blas():
+    # The orthogonal matrices come from NumPy's QR. With BLAS threads running
+    # it on a busy 2-core machine their spin-waits fought the other processes
+    # and the init took 12 s instead of 0.3 s; the matrices are small, one
+    # thread is plenty.
+    with threadpool_limits(limits=1, user_api="blas"):
         for name in model.param_names:
             view = model.params[name]
             val = np.asarray(_rwkv7_value(name, view.shape, rng, cfg, kinds), dtype=np.float64)

@@ -12,7 +12,7 @@ import os
 
 import numpy as np
 
-from rwkvx_c import _core
+from rwkvx_c import _core, memcheck
 from rwkvx_c.checkpoint import CheckpointError, read_checkpoint
 from rwkvx_c.tokenizer import ByteTokenizer, TokenizerError, run_tokenizer
 
@@ -47,9 +47,15 @@ def load_run(path):
         raise CheckpointError(f"checkpoint {p}: its model has {config.get('vocab_size')} ids, "
                               f"fewer than its tokenizer's {tok.vocab_size}")
     try:
+        _core.check_config(config)
+        # the parameters and the file's copy of them, checked before either exists
+        memcheck.check(8 * memcheck.estimate_params(config), f"the model of {p}",
+                       "sample on a machine with more memory")
         model = _core.RxPtModel(config)
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"checkpoint {p} holds an unusable model config: {e}") from None
+    except memcheck.MemoryTooSmall as e:
+        raise CheckpointError(str(e)) from None
     for name in model.param_names:
         t = tensors.get(name)
         if t is None or t.shape != model.params[name].shape:
@@ -69,8 +75,10 @@ def sample_token(logits, rng, temperature=1.0, top_p=1.0):
     logits = np.asarray(logits, dtype=np.float64)
     if temperature <= 0:
         return int(np.argmax(logits))
-    z = logits / temperature
-    p = np.exp(z - z.max())
+    # shifted before the division: a tiny temperature sends the gaps to
+    # -inf (probability 0), never inf - inf = NaN
+    z = (logits - logits.max()) / temperature
+    p = np.exp(z)
     p /= p.sum()
     if top_p < 1.0:
         order = np.argsort(-p, kind="stable")

@@ -34,14 +34,17 @@ from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
 
-from rwkvx_c import _core
+from rwkvx_c import _core, memcheck
 from rwkvx_c.checkpoint import CheckpointError, read_checkpoint, save_checkpoint
 from rwkvx_c.data import BatchSampler, load_corpus, eval_windows
 from rwkvx_c.distributed import world
 from rwkvx_c.init import SCHEMES, init_model
+from rwkvx_c.guard import MAX_ROLLBACKS, ON_DIVERGENCE, ROLLBACK_LR_FACTOR, Divergence, \
+    DivergenceGuard
 from rwkvx_c.optim import AdamW, decay_ranges, lr_at
 from rwkvx_c.tokenizer import TokenizerError, check_identity, run_tokenizer
 from rwkvx_c.tokenizer import load as load_tokenizer
+from rwkvx_c.runlock import RunLock, RunLocked
 
 __all__ = ["PRESETS", "TrainOptions", "Trainer", "TrainError", "CHECKPOINT", "LOG"]
 
@@ -55,7 +58,7 @@ def _cfg(n_embd, n_head, head_size, n_rwkv, n_attn, vocab, ffn, Dw, Da, Dg, Dv, 
                 chunk_size=chunk, moba_top_k=top_k, ln0=1)
 
 
-# Model configs of SPEC §11 plus the default; training defaults per preset.
+# Model configs of docs/training.md §Presets plus the default; training defaults per preset.
 PRESETS = {
     "tiny": dict(model=_cfg(128, 2, 64, 2, 1, 256, 512, 16, 16, 32, 8, 32, 2),
                  seq_len=256, batch=8, lr=3e-3, warmup_steps=20),
@@ -65,7 +68,7 @@ PRESETS = {
               seq_len=512, batch=8, lr=1e-3, warmup_steps=100),
     # The no-argument job: the tiny model, which learns the most per second of
     # 2-core CPU time (measured: val_bpb 1.73 after 9.5 minutes on a loaded
-    # 2-core machine; see docs/training.md).
+    # 2-core machine; see docs/training.md §Presets).
     "default": dict(model=_cfg(128, 2, 64, 2, 1, 256, 512, 16, 16, 32, 8, 32, 2),
                     seq_len=256, batch=8, lr=3e-3, warmup_steps=20, time_budget=9.5),
 }
@@ -166,9 +169,11 @@ class TrainOptions:
     model: dict = field(default=None)  # overrides of the preset's model config
     cache_dir: str = None
     precision: str = "fp32"       # "fp32", "bf16", or "auto": bf16 on bf16 hardware
+    on_divergence: str = "stop"   # or "rollback" (rwkvx_c.guard)
 
     # options a resumed run may change without changing what it computes
-    RESUMABLE = ("steps", "time_budget", "eval_every", "save_every", "threads", "cache_dir")
+    RESUMABLE = ("steps", "time_budget", "eval_every", "save_every", "threads", "cache_dir",
+                 "on_divergence")
 
     def resolved(self):
         """A copy with every preset default filled in and every value checked."""
@@ -199,7 +204,7 @@ class TrainOptions:
     def _check(self):
         def pos(name, v, integer=True, allow_zero=False):
             ok = isinstance(v, (int, np.integer)) and not isinstance(v, bool) if integer \
-                else isinstance(v, (int, float)) and math.isfinite(v)
+                else isinstance(v, (int, float)) and not isinstance(v, bool) and _finite(v)
             if not ok or v < 0 or (v == 0 and not allow_zero):
                 kind = "an integer" if integer else "a number"
                 raise TrainError(f"{name} must be {kind} {'>= 0' if allow_zero else '> 0'}, "
@@ -216,11 +221,13 @@ class TrainOptions:
         pos("weight_decay", self.weight_decay, integer=False, allow_zero=True)
         pos("grad_clip", self.grad_clip, integer=False, allow_zero=True)
         pos("adam_eps", self.adam_eps, integer=False, allow_zero=True)
-        if not 0.0 <= self.min_lr_frac <= 1.0:
-            raise TrainError(f"min_lr_frac must lie in [0, 1], got {self.min_lr_frac}")
+        def real(v):
+            return isinstance(v, (int, float, np.floating)) and not isinstance(v, bool)
+        if not (real(self.min_lr_frac) and 0.0 <= self.min_lr_frac <= 1.0):
+            raise TrainError(f"min_lr_frac must lie in [0, 1], got {self.min_lr_frac!r}")
         for b in ("beta1", "beta2"):
-            if not 0.0 <= getattr(self, b) < 1.0:
-                raise TrainError(f"{b} must lie in [0, 1), got {getattr(self, b)}")
+            if not (real(getattr(self, b)) and 0.0 <= getattr(self, b) < 1.0):
+                raise TrainError(f"{b} must lie in [0, 1), got {getattr(self, b)!r}")
         for k in ("eval_every", "save_every", "threads"):
             if getattr(self, k) is not None:
                 pos(k, getattr(self, k))
@@ -228,6 +235,17 @@ class TrainOptions:
             raise TrainError(f"seed must be an integer >= 0, got {self.seed!r}")
         if self.precision not in ("fp32", "bf16"):
             raise TrainError(f"precision must be fp32, bf16 or auto, got {self.precision!r}")
+        paths = self.data if isinstance(self.data, (list, tuple)) else [self.data]
+        for k, v in [("data", p) for p in paths] + [("cache_dir", self.cache_dir)]:
+            if v is not None and not isinstance(v, str):
+                raise TrainError(f"{k} must be a path, got {v!r}")
+        if self.on_divergence is None:
+            self.on_divergence = "stop"
+        if self.on_divergence not in ON_DIVERGENCE:
+            raise TrainError(f"unknown on_divergence {self.on_divergence!r}; choose one of "
+                             f"{', '.join(ON_DIVERGENCE)}")
+        if self.threads is not None and self.threads > _core.MAX_THREADS:
+            raise TrainError(f"threads must be at most {_core.MAX_THREADS}, got {self.threads}")
         if self.init not in SCHEMES:
             raise TrainError(f"unknown init {self.init!r}; choose one of {', '.join(SCHEMES)}")
         if self.batch * self.seq_len > 2 ** 31 - 1:
@@ -253,23 +271,32 @@ class Trainer:
     group: the data-parallel process group (default: rwkvx_c.distributed.world(),
     a no-op in a plain run). Under MPI each rank computes its rows of every
     batch and only rank 0 touches out_dir; see docs/distributed.md.
+    While it lives (until close() or the end of run()) rank 0 holds the run
+    folder's lock (rwkvx_c.runlock).
     """
 
     def __init__(self, options=None, out_dir=None, *, group=None, progress=False, _state=None,
-                 _tensors=None, _weights=None):
+                 _tensors=None, _weights=None, _lock=None):
         self.group = world() if group is None else group
-        # an error on any rank raises on every rank: none is left waiting
-        self.group.agree(self._setup, options, out_dir, _state, _tensors, _weights,
-                         progress and self.group.is_root)
-        self.group.broadcast_(self.model.param_buffer)
+        self._lock = _lock
+        try:
+            # an error on any rank raises on every rank: none is left waiting
+            self.group.agree(self._setup, options, out_dir, _state, _tensors, _weights,
+                             progress and self.group.is_root)
+            self.group.broadcast_(self.model.param_buffer)
+        except BaseException:
+            self.close()
+            raise
 
     def _setup(self, options, run_dir, _state, _tensors, _weights, progress):
-        # every rank reads the run folder (its tokenizer); only rank 0 writes it
-        out_dir = run_dir if self.group.is_root else None
         opts = (options or TrainOptions()).resolved()
         self.opts = opts
+        # every rank reads the run folder (its tokenizer); only rank 0 writes it
+        out_dir = run_dir if self.group.is_root else None
         self.out_dir = out_dir
         self._t0 = time.perf_counter()
+        if out_dir is not None and self._lock is None:
+            self._lock = _take_lock(out_dir)
         if out_dir is not None:
             if _state is None and _weights is None and \
                     os.path.exists(os.path.join(out_dir, CHECKPOINT)):
@@ -301,9 +328,15 @@ class Trainer:
             raise TrainError(f"the corpus has {self.corpus.vocab_size} token ids but the model's "
                              f"vocab_size is {cfg['vocab_size']}")
         try:
+            _core.check_config(cfg)
+            memcheck.check(memcheck.param_bytes(memcheck.estimate_params(cfg)),
+                           "the model with its optimiser state", "choose a smaller --preset")
             self.model = _core.RxPtModel(cfg, seed=opts.seed, precision=opts.precision)
-        except ValueError as e:
+        except memcheck.MemoryTooSmall as e:
+            raise TrainError(str(e)) from None
+        except (TypeError, ValueError) as e:
             raise TrainError(f"bad model config: {e}") from None
+        self._check_memory()
         if _weights is not None:   # an imported model: its weights, a fresh optimiser
             self._load_params(_weights)
         elif _tensors is None:
@@ -329,21 +362,60 @@ class Trainer:
         self._save_seconds = None
         self._warm_end = None       # elapsed training time when warmup ended
         self._next_eval_at = None
+        self.guard = DivergenceGuard(cfg["vocab_size"])
+        self.lr_scale = 1.0         # lowered by each rollback after a divergence
+        self.rollbacks = 0
+        self.saved_step = None      # step of the checkpoint in out_dir, None before one
+        self._last_batch = None
         if _state is not None:
             self._restore(_state, _tensors)
         # the budget counts this session's set-up (corpus, model) too
         self._session_start = self._t0
 
+    def _check_memory(self):
+        """Refuses (TrainError) a batch whose step would not fit in memory."""
+        o = self.opts
+        params = memcheck.param_bytes(self.model.n_params)
+        rough = memcheck.ROUGH_MARGIN * memcheck.rough_bytes_per_token(o.model)
+        if memcheck.fits(params + rough * o.batch * o.seq_len):
+            return   # far from the limit: not worth the measuring steps
+        per_tok = memcheck.acts_bytes_per_token(self.model)
+        need = params + per_tok * o.batch * o.seq_len
+        try:
+            memcheck.check(need, f"a step of batch {o.batch} x seq_len {o.seq_len} "
+                           f"({per_tok:,} bytes of activations per token)",
+                           "lower --batch or --seq-len")
+        except memcheck.MemoryTooSmall as e:
+            raise TrainError(str(e)) from None
+
+    def close(self):
+        """Release the run folder's lock (idempotent)."""
+        if getattr(self, "_lock", None) is not None:
+            self._lock.release()
+            self._lock = None
+
     # ------------------------------------------------------------------ state
     @classmethod
     def resume(cls, out_dir, *, group=None, progress=False, **changes):
         """Continue the run saved in out_dir; changes may set the RESUMABLE
-        options (steps, time_budget, eval_every, save_every, threads, cache_dir).
-        Any other option that differs from the saved run is a TrainError; so
-        is another precision (the run would change arithmetic mid-way and
-        lose bit-exact resume), while precision "auto" keeps the saved one.
-        Under MPI rank 0 reads the checkpoint and sends it to the others."""
+        options (steps, time_budget, eval_every, save_every, threads,
+        cache_dir, on_divergence). Any other option that differs from the
+        saved run is a TrainError; so is another precision (the run would
+        change arithmetic mid-way and lose bit-exact resume), while precision
+        "auto" keeps the saved one. Under MPI rank 0 reads the checkpoint and
+        sends it to the others, and holds the run folder's lock."""
         group = world() if group is None else group
+        lock = group.agree(lambda: _take_lock(out_dir)
+                           if group.is_root and os.path.isdir(out_dir) else None)
+        try:
+            return cls._resume(out_dir, lock, group, progress, changes)
+        except BaseException:
+            if lock is not None:
+                lock.release()
+            raise
+
+    @classmethod
+    def _resume(cls, out_dir, lock, group, progress, changes):
         path = os.path.join(out_dir, CHECKPOINT)
         try:
             tensors, config, state = group.on_root(read_checkpoint, path)
@@ -356,7 +428,7 @@ class Trainer:
             if state.get("tokenizer") and "tokenizer" not in kw:
                 kw["tokenizer"] = state["tokenizer"]["name"]   # an imported World model
             return cls(TrainOptions(**{**kw, "model": dict(config)}), out_dir, group=group,
-                       progress=progress, _weights=tensors)
+                       progress=progress, _weights=tensors, _lock=lock)
         if not isinstance(saved, dict):
             raise TrainError(f"checkpoint {path} holds no training state")
         # options added since the checkpoint was written take their defaults
@@ -366,6 +438,12 @@ class Trainer:
         config = {"ln0": 0, **config}
         if changes.get("precision") == "auto":
             changes = dict(changes, precision=None)
+        try:
+            opts.resolved()
+        except TrainError as e:
+            raise TrainError(f"checkpoint {path} holds bad options: {e}") from None
+        except (TypeError, ValueError, AttributeError) as e:
+            raise TrainError(f"checkpoint {path} holds bad options ({e})") from None
         diff = []
         for k, v in changes.items():
             if k not in {f.name for f in fields(TrainOptions)}:
@@ -390,15 +468,25 @@ class Trainer:
         if config != opts.model:
             raise TrainError(f"checkpoint {path} is inconsistent: its model config differs "
                              "from its saved options")
-        return cls(opts, out_dir, group=group, progress=progress, _state=state, _tensors=tensors)
+        return cls(opts, out_dir, group=group, progress=progress, _state=state, _tensors=tensors,
+                   _lock=lock)
 
     def _restore(self, state, tensors):
         # a different number of ranks sums the gradients in another order: not the same run
-        ranks = int(state.get("world_size", 1))
+        ranks = state.get("world_size", 1)
         if ranks != self.group.size:
             raise TrainError(f"the run was trained on {ranks} process(es) and this is "
                              f"{self.group.size}; resume it with the same number "
                              f"(mpiexec -n {ranks}), or start a new run")
+        try:
+            self._restore_state(state, tensors)
+        except (TypeError, ValueError, KeyError, AttributeError, OverflowError) as e:
+            if isinstance(e, TrainError):
+                raise
+            raise TrainError(f"the checkpoint holds a bad run state ({type(e).__name__}: "
+                             f"{e})") from None
+
+    def _restore_state(self, state, tensors):
         if state.get("corpus") != self.corpus.description:
             raise TrainError(f"the corpus changed since the checkpoint: it was "
                              f"{state.get('corpus')}, it is now {self.corpus.description}")
@@ -408,15 +496,25 @@ class Trainer:
             if key not in tensors or tensors[key].shape != (n,):
                 raise TrainError(f"checkpoint lacks the optimiser state {key}")
             buf[...] = tensors[key]
-        self.optim.t = int(state["optim_t"])
-        self.step_count = int(state["step"])
-        self.elapsed = float(state["elapsed"])
-        self.tokens_seen = int(state["tokens_seen"])
+        self.optim.t = _count(state["optim_t"], "optim_t")
+        self.step_count = _count(state["step"], "step")
+        self.elapsed = _seconds(state["elapsed"], "elapsed")
+        self.tokens_seen = _count(state["tokens_seen"], "tokens_seen")
         self.sampler.set_state(state["sampler"])
-        self._warm_end = state.get("warm_end")
-        self._next_eval_at = state.get("next_eval_at")
-        self.last_eval = state.get("last_eval")
-        self._eval_seconds = state.get("eval_seconds")
+        self._warm_end = _seconds(state.get("warm_end"), "warm_end", none=True)
+        self._next_eval_at = _seconds(state.get("next_eval_at"), "next_eval_at", none=True)
+        last = state.get("last_eval")
+        if last is not None:
+            last = {"step": _count(last["step"], "last_eval.step"),
+                    "val_loss": float(last["val_loss"]),
+                    "val_bpb": None if last.get("val_bpb") is None else float(last["val_bpb"])}
+        self.last_eval = last
+        self._eval_seconds = _seconds(state.get("eval_seconds"), "eval_seconds", none=True)
+        self.lr_scale = float(state.get("lr_scale", 1.0))
+        if not 0.0 < self.lr_scale <= 1.0:
+            raise TrainError(f"the checkpoint's lr_scale {self.lr_scale!r} is not in (0, 1]")
+        self.rollbacks = _count(state.get("rollbacks", 0), "rollbacks")
+        self.saved_step = self.step_count
         if self.out_dir:
             self._truncate_log(self.step_count)
 
@@ -440,13 +538,16 @@ class Trainer:
                 "next_eval_at": self._next_eval_at, "last_eval": self.last_eval,
                 "eval_seconds": self._eval_seconds, "options": self.opts.to_dict(),
                 "corpus": self.corpus.description, "tokenizer": self.tokenizer.identity(),
-                "world_size": self.group.size}
+                "world_size": self.group.size,
+                "lr_scale": self.lr_scale, "rollbacks": self.rollbacks}
 
     def save(self, path=None):
         """Write the checkpoint (params, AdamW moments, run state) atomically.
 
         Defaults to out_dir/checkpoint.safetensors; returns the path (None on
-        ranks other than 0, which write nothing)."""
+        ranks other than 0, which write nothing). A model with a non-finite
+        parameter or a loss above the uniform-guess bound (rwkvx_c.guard) is
+        never written: Divergence instead."""
         if not self.group.is_root:
             return None
         if path is None:
@@ -454,12 +555,28 @@ class Trainer:
                 raise TrainError("save() needs a path when the trainer has no out_dir")
             path = os.path.join(self.out_dir, CHECKPOINT)
         t = time.perf_counter()
+        self._check_saveable()
         tensors = dict(self.model.params)
         tensors["optim.m"] = self.optim.m
         tensors["optim.v"] = self.optim.v
         save_checkpoint(path, tensors, self.model.config, self.state())
+        if self.out_dir is not None and path == os.path.join(self.out_dir, CHECKPOINT):
+            self.saved_step = self.step_count
         self._save_seconds = max(self._save_seconds or 0.0, time.perf_counter() - t)
         return path
+
+    def _check_saveable(self):
+        """Divergence unless the model as it is now (after its last update)
+        is finite and not worse than the uniform guess: on the validation
+        loss of this step when there is one, else on the loss of the last
+        training batch, recomputed (one forward)."""
+        self.guard.check_params(self.model.param_buffer, self.step_count)
+        if self.last_eval is not None and self.last_eval["step"] == self.step_count:
+            self.guard.check_eval(self.last_eval["val_loss"], self.step_count)
+        elif self._last_batch is not None:
+            x, y = self._last_batch
+            loss = _cross_entropy(self.model.forward(x), y)
+            self.guard.check_eval(loss, self.step_count)
 
     # --------------------------------------------------------------- training
     def train_seconds(self):
@@ -497,7 +614,8 @@ class Trainer:
             t0 = self._warm_end or 0.0
             end = self._budget_s() - self._reserve_s()
             p = (t - t0) / max(end - t0, 1e-9)
-        return lr_at(s, p, lr=o.lr, warmup_steps=o.warmup_steps, min_lr_frac=o.min_lr_frac)
+        return self.lr_scale * lr_at(s, p, lr=o.lr, warmup_steps=o.warmup_steps,
+                                     min_lr_frac=o.min_lr_frac)
 
     def done(self):
         """True once the step count or the time budget is used up (a run
@@ -522,14 +640,16 @@ class Trainer:
         t = time.perf_counter()
         lr = self.group.root_value(self.lr())
         x, y = self.sampler.next()
+        self._last_batch = (x, y)
         lo, hi = self._rows
         self.model.forward(x[lo:hi])
         loss = self.model.backward(y[lo:hi])
         loss = self.group.average_grads(self.model.grad_buffer, loss)
-        if not math.isfinite(loss):
-            raise FloatingPointError(f"loss is {loss} at step {self.step_count + 1}: the run "
-                                     "diverged (try a lower --lr)")
-        norm = self.optim.step(lr)
+        self.guard.check_loss(loss, self.step_count + 1)
+        try:
+            norm = self.optim.step(lr)
+        except FloatingPointError:
+            raise Divergence(self.step_count + 1, "the gradient norm is not finite") from None
         self.step_count += 1
         self.tokens_seen += x.size
         if self.step_count == self.opts.warmup_steps:
@@ -632,23 +752,80 @@ class Trainer:
         """Train until done(): periodic evaluation, checkpoints and log rows,
         then a final evaluation, checkpoint and log row. on_step(row) sees
         every row; stop() returning True ends the run early (with the final
-        evaluation and checkpoint). Returns the final evaluation."""
+        evaluation and checkpoint). Returns the final evaluation.
+
+        A divergence (rwkvx_c.guard) stops the run with Divergence, whose
+        message says what happened to the checkpoint; with on_divergence
+        "rollback" the run instead reloads its last checkpoint, multiplies
+        the learning rate by ROLLBACK_LR_FACTOR and goes on, up to
+        MAX_ROLLBACKS times. The run folder's lock is released on return."""
+        try:
+            return self._run(on_step, stop)
+        finally:
+            self.close()
+
+    def _diverged(self, e):
+        """Rolls back after Divergence e when allowed, else re-raises it with
+        the checkpoint's fate in its message."""
+        path = os.path.join(self.out_dir, CHECKPOINT) if self.out_dir else None
+        have = path is not None and self.saved_step is not None and os.path.exists(path)
+        # under MPI only rank 0 holds the checkpoint: every rank stops instead
+        if self.opts.on_divergence == "rollback" and have and self.rollbacks < MAX_ROLLBACKS \
+                and self.group.size == 1:
+            # the checkpoint's own count and scale are older than this session's
+            elapsed, start = self.elapsed, self._session_start
+            rollbacks, lr_scale = self.rollbacks, self.lr_scale
+            tensors, _, state = read_checkpoint(path)
+            self._restore(state, tensors)
+            self.elapsed, self._session_start = elapsed, start  # the lost time was spent
+            self.rollbacks = rollbacks + 1
+            self.lr_scale = lr_scale * ROLLBACK_LR_FACTOR
+            self.guard.reset()
+            self.log({"step": self.step_count, "rollback": self.rollbacks, "reason": e.reason,
+                      "lr_scale": self.lr_scale})
+            return
+        if have:
+            fate = f"the checkpoint of step {self.saved_step} in {self.out_dir} is kept"
+        elif self.out_dir:
+            fate = f"no checkpoint was saved in {self.out_dir}"
+        else:
+            fate = "nothing was saved"
+        if self.opts.on_divergence == "rollback" and have:
+            fate += f" ({self.rollbacks} rollbacks did not help)"
+        hint = "" if self.opts.on_divergence == "rollback" or not have else \
+            " or --on-divergence rollback"
+        raise Divergence(e.step, f"{e.reason}; {fate}; try a lower --lr{hint}") from None
+
+    def _run(self, on_step, stop):
         final = None
         while not self.done():
             if stop is not None and stop():
                 break
-            row = self.step()
-            evaluated = False
-            if self.eval_due() and not self.done():
-                row.update(self.evaluate())
-                evaluated = True
+            try:
+                row = self.step()
+                evaluated = False
+                if self.eval_due() and not self.done():
+                    row.update(self.evaluate())
+                    self.guard.check_eval(row["val_loss"], self.step_count)
+                    evaluated = True
+            except Divergence as e:
+                self._diverged(e)
+                continue
             self.log(row)
             if on_step:
                 on_step(row)
             if self.out_dir and self.save_due(evaluated):
-                self.save()
+                try:
+                    self.save()
+                except Divergence as e:
+                    self._diverged(e)
         if self.last_eval is None or self.last_eval["step"] != self.step_count:
             final = self.evaluate()
+            try:
+                self.guard.check_eval(final["val_loss"], self.step_count)
+            except Divergence as e:
+                self._diverged(e)
+                return self._run(on_step, stop)
             row = {"step": self.step_count, **final, "elapsed": round(self.train_seconds(), 3),
                    "final": True}
             self.log(row)
@@ -659,3 +836,34 @@ class Trainer:
         if self.out_dir:
             self.save()
         return final
+
+
+def _take_lock(out_dir):
+    try:
+        return RunLock(out_dir)
+    except RunLocked as e:
+        raise TrainError(str(e)) from None
+
+
+def _count(v, name):
+    """A saved integer >= 0 (a checkpoint's run state), else TrainError."""
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise TrainError(f"the checkpoint's {name} {v!r} is not an integer >= 0")
+    return v
+
+
+def _seconds(v, name, none=False):
+    """A saved finite number >= 0 (None allowed when none), else TrainError."""
+    if v is None and none:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < math.inf:
+        raise TrainError(f"the checkpoint's {name} {v!r} is not a number >= 0")
+    return float(v)
+
+
+def _finite(v):
+    """math.isfinite, False (not OverflowError) for an int beyond float range."""
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False

@@ -1,4 +1,4 @@
-"""MoBA-sparse attention (SPEC §6): the C kernels against the float64 reference."""
+"""MoBA-sparse attention (docs/maths.md §Blocks): the C kernels against the float64 reference."""
 import numpy as np
 import pytest
 
@@ -145,7 +145,7 @@ def test_selection_is_active():
 def test_score_av_with_c_selection():
     """Many queries, small chunks: whatever the C kernel selects (near ties
     included), the reference run on the C selection gives the same p, y and
-    grads, and the C selection has the SPEC's shape."""
+    grads, and the C selection has the shape docs/maths.md gives."""
     B, T, H, N, cs, top_k = 2, 64, 2, 4, 2, 3
     rng = np.random.default_rng(11)
     C = H * N

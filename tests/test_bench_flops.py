@@ -1,4 +1,4 @@
-"""SPEC §11 model-FLOP count of bench/common.py: reproduces the quoted
+"""docs/training.md §Presets model-FLOP count of bench/common.py: reproduces the quoted
 S ~= 32.8 and M ~= 181 MFLOP/token at T=512, and its attended-key count
 agrees with a brute-force enumeration of the MoBA key sets."""
 import importlib.util

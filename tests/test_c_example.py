@@ -57,3 +57,19 @@ def test_c_example_matches_python(example, seed, T):
     assert float(got["loss"]) == loss
     norm = float(np.sqrt(np.sum(m.grad_buffer.astype(np.float64) ** 2)))
     assert abs(float(got["grad_norm"]) - norm) <= 1e-9 * norm
+
+
+def test_pkg_config_builds_the_example(tmp_path):
+    """The installed lib/pkgconfig/rwkvx_c.pc gives the flags to build and
+    run a C program against the library (no rwkvx_c paths spelled out)."""
+    cc, pc = _compiler(), shutil.which("pkg-config")
+    if cc is None or pc is None:
+        pytest.skip("no C compiler or pkg-config")
+    env = dict(os.environ, PKG_CONFIG_PATH=os.path.join(rx.get_library_dir(), "pkgconfig"))
+    flags = subprocess.run([pc, "--cflags", "--libs", rx.LIBRARY_NAME], env=env,
+                           capture_output=True, text=True, check=True).stdout.split()
+    exe = str(tmp_path / "train_step")
+    subprocess.run([cc, "-std=c11", "-O2", EXAMPLE, *flags, "-lm", "-o", exe], check=True)
+    out = subprocess.run([exe, "0", "16"], env=dict(os.environ, OMP_NUM_THREADS="1"),
+                         capture_output=True, text=True, check=True).stdout
+    assert "loss" in out

@@ -1,4 +1,4 @@
-"""LayerNorm (SPEC §5), embedding, head and cross-entropy (SPEC §7) against
+"""LayerNorm (docs/maths.md §LayerNorm), embedding, head and cross-entropy (docs/maths.md §Loss) against
 the float64 references."""
 import numpy as np
 import pytest

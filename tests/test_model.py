@@ -1,4 +1,4 @@
-"""The whole model (SPEC §7, §8, §10): RxPtModel against the float64
+"""The whole model (docs/maths.md, docs/layout.md): RxPtModel against the float64
 reference of tests/reference/model.py -- names, order, shapes, bit-exact
 init, zero-copy views, whole-model gradients for three layer patterns,
 finite differences, batches, and clean errors on bad input."""

@@ -55,7 +55,7 @@ def test_wkv7_reference_gradients(B, T, H, N):
 
 
 def test_wkv7_reference_matches_loop():
-    """The vectorised reference against the SPEC §2 loop written out by hand."""
+    """The vectorised reference against the docs/maths.md §WKV7 loop written out by hand."""
     rng = np.random.default_rng(7)
     B, T, H, N = 2, 3, 2, 3
     r, w, k, v, a, b, s = wkv7_inputs(rng, B, T, H, N)

@@ -46,7 +46,7 @@ def test_core_grads_fd():
     B, T, H, N, cs, top_k = 2, 10, 2, 3, 3, 1
     C = H * N
     q, k, v, w = (rng.standard_normal((B, T, C)) for _ in range(4))
-    mask = moba_mask(q, k, cs, top_k, H, N)      # held fixed, as SPEC §6 says
+    mask = moba_mask(q, k, cs, top_k, H, N)      # held fixed, as docs/maths.md §Blocks says
     assert (np.tril(np.ones((T, T), bool)) & ~mask).any()
 
     def f(q, k, v):

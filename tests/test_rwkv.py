@@ -1,4 +1,4 @@
-"""RWKV-7 time-mix, channel-mix and residual block (SPEC §3, §4, §6): the C
+"""RWKV-7 time-mix, channel-mix and residual block (docs/maths.md): the C
 kernels through the Python API against the float64 reference
 (tests/reference/rwkv.py), forward and every gradient.
 

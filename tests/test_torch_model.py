@@ -1,5 +1,5 @@
 """bench/torch_model.py (the PyTorch side of the benchmark) computes the same
-model as rwkvx_c: bit-identical SPEC §8 init, and in float64 the same loss and
+model as rwkvx_c: bit-identical docs/layout.md §Init, and in float64 the same loss and
 gradients as RxPtModel. Skipped where PyTorch is not installed (it is an
 optional benchmark extra, not a dependency)."""
 import importlib.util

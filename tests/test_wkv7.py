@@ -1,4 +1,4 @@
-"""rx.wkv7_forward / rx.wkv7_backward against the float64 reference (SPEC §2)."""
+"""rx.wkv7_forward / rx.wkv7_backward against the float64 reference (docs/maths.md §WKV7)."""
 import numpy as np
 import pytest
 

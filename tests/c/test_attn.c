@@ -56,7 +56,7 @@ static double rel_err(const float *a, const double *b, size_t n) {
 
 /* ---- double reference of the attention core -------------------------------- */
 
-/* mask [B][H][T][T]: 1 where query t attends key s (SPEC §6) */
+/* mask [B][H][T][T]: 1 where query t attends key s (docs/maths.md §Blocks) */
 static void ref_mask(const double *q, const double *k, int B, int T, int H, int N, int cs,
                      int top_k, char *mask) {
     int C = H * N;

@@ -1,4 +1,4 @@
-/* Sanitizer test of csrc/infer.c: a random-init model (SPEC §8) run over T
+/* Sanitizer test of csrc/infer.c: a random-init model (docs/layout.md §Parameters) run over T
  * tokens by rx_pretrain_forward and again by rx_infer_forward, one token per
  * call and then prompt + tail; the logits must agree. MoBA selection is
  * active (T > (top_k + 1) * chunk_size). Returns nonzero on failure. */

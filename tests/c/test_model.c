@@ -121,7 +121,7 @@ static void test_layout_and_init(rx_ptmodel *m, uint64_t seed) {
     rx_pt_config c = rx_ptmodel_config(m);
     CHECK(memcmp(&c, &BASE, sizeof c) == 0, "config round trip");
 
-    /* init: the SPEC §8 scheme in double, element by element */
+    /* init: the docs/layout.md §Init scheme in double, element by element */
     uint64_t s = seed;
     off = 0;
     for (int i = 0; i < n_t; i++) {

@@ -1,5 +1,5 @@
 /* test_rwkv.c -- the RWKV-7 time-mix and block kernels against plain
- * double-precision loops written from SPEC §3-§6, and their backward
+ * double-precision loops written from docs/maths.md §Time-mix-§6, and their backward
  * against central finite differences of those loops: for every tensor, a
  * random direction d in it alone, <grad_C, d> vs (L(th+eps d) - L(th-eps d))
  * / 2eps with L = sum(out*dy) (+ sum(v_first*dvf) at layer 0). Also the
@@ -49,7 +49,7 @@ static double urand(void) { /* [-1, 1) */
     return (double)(rng_state >> 11) * (2.0 / 9007199254740992.0) - 1.0;
 }
 
-/* ---------------- double-precision reference, straight from SPEC ------- */
+/* ---------------- double-precision reference, straight from docs ------- */
 
 static double sigm(double x) { return 1.0 / (1.0 + exp(-x)); }
 
@@ -89,7 +89,7 @@ static void norm_d(const double *x, const double *w, const double *b, double *ou
 
 enum { BTC = B * T * C };
 
-/* SPEC §3. th: every tensor in double; x: the time-mix input. */
+/* docs/maths.md §Time-mix. th: every tensor in double; x: the time-mix input. */
 static void tm_d(const double *th, const double *x, const double *xp, int layer,
                  double *vf_out, double *out) {
     static double xs[6][BTC], r[BTC], k[BTC], v[BTC], w[BTC], a[BTC], g[BTC], vg[BTC];
@@ -155,7 +155,7 @@ static void tm_d(const double *th, const double *x, const double *xp, int layer,
     mat_d(z, B * T, C, th + OFF[OW], C, out);
 }
 
-/* SPEC §4 */
+/* docs/maths.md §Channel-mix */
 static void cm_d(const double *th, const double *x, const double *xp, double *out) {
     static double xk[BTC], hid[B * T * F];
     lerp_d(x, xp, th + OFF[FXK], xk);
@@ -164,7 +164,7 @@ static void cm_d(const double *th, const double *x, const double *xp, double *ou
     mat_d(hid, B * T, F, th + OFF[FVW], C, out);
 }
 
-/* SPEC §6 (block) or §3 alone; the loss of the gradient checks */
+/* docs/maths.md §Blocks (block) or §3 alone; the loss of the gradient checks */
 static double loss_d(const double *th, int block, int layer, const double *dy,
                      const double *dvf, double *out) {
     static double h[BTC], x1[BTC], t1[BTC], vf[BTC];

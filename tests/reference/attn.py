@@ -1,4 +1,4 @@
-"""Reference MoBA-sparse attention block (SPEC §6), float64 autograd Vars.
+"""Reference MoBA-sparse attention block (docs/maths.md §Blocks), float64 autograd Vars.
 
 Tensors are (B, T, C) with C = n_head * head_size, heads laid out as
 (B, T, H, N). The chunk selection is hard (not differentiated): it is a
@@ -47,7 +47,7 @@ def moba_gates(q, k, chunk_size, n_head, head_size):
 
 
 def moba_mask(q, k, chunk_size, moba_top_k, n_head, head_size):
-    """Bool (B, H, T, T): True where query t attends key s (SPEC §6)."""
+    """Bool (B, H, T, T): True where query t attends key s (docs/maths.md §Blocks)."""
     q = _np(q)
     B, T, _ = q.shape
     mask = np.zeros((B, n_head, T, T), dtype=bool)
@@ -101,7 +101,7 @@ def attn_core(q, k, v, n_head, head_size, chunk_size, moba_top_k, mask=None):
 
 
 def attn_block(p, x, cm_xprev_init, n_head, head_size, chunk_size, moba_top_k, mask=None):
-    """The whole attention block. p: dict of Vars with the SPEC §10 keys
+    """The whole attention block. p: dict of Vars with the docs/layout.md keys
     ('ln1_w', ..., 'cm.ffn_value_w'); x: (B, T, C); cm_xprev_init: (B, C) or
     None. Returns out (B, T, C)."""
     h1 = layernorm(x, p["ln1_w"], p["ln1_b"])

@@ -1,6 +1,6 @@
 """A tiny reverse-mode automatic differentiation over NumPy float64.
 
-The references write only the forward maths of SPEC.md with these operations;
+The references write only the forward maths of docs/maths.md with these operations;
 gradients then follow mechanically, so a reference's backward can never
 disagree with its own forward. Central finite differences (`fd_grad`) check the
 operations themselves in tests/test_reference.py.

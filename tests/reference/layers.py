@@ -1,5 +1,5 @@
 """Reference layers shared by both block kinds: token shift, LayerNorm
-(SPEC §5) and the RWKV-7 channel-mix (SPEC §4). Inputs and outputs are
+(docs/maths.md §LayerNorm) and the RWKV-7 channel-mix (docs/maths.md §Channel-mix). Inputs and outputs are
 autograd Vars of shape (B, T, C) unless stated."""
 import numpy as np
 
@@ -41,7 +41,7 @@ def head(x, w):
 
 
 def cross_entropy(logits, targets, ignore_index=-1):
-    """Mean over valid positions of -log softmax(logits_t)[target_t] (SPEC §7);
+    """Mean over valid positions of -log softmax(logits_t)[target_t] (docs/maths.md §Whole model);
     position t is valid when ignore_index < 0 or targets[t] != ignore_index.
     No valid position: 0 (with zero grads). logits (T, vocab) Var."""
     targets = np.asarray(targets)

@@ -1,4 +1,4 @@
-"""Reference whole model (SPEC §7, §8): parameter names, order and shapes,
+"""Reference whole model (docs/maths.md, docs/layout.md): parameter names, order and shapes,
 the splitmix64 init, the layer order, and the forward and loss composed from
 the block references. Parameters are a dict name -> array (or autograd Var);
 tokens and targets are int arrays (T,) or (B, T)."""
@@ -40,7 +40,7 @@ def layer_order(config):
 
 
 def param_specs(config):
-    """[(name, shape)] in SPEC §8 order."""
+    """[(name, shape)] in docs/layout.md §Parameters order."""
     C, V, F = config["n_embd"], config["vocab_size"], config["ffn_dim"]
     dims = {"C": C, "Dw": config["Dw"], "Da": config["Da"], "Dg": config["Dg"], "Dv": config["Dv"]}
 
@@ -91,7 +91,7 @@ def _init_kind(name, shape):
 
 
 def init_params(config, seed):
-    """dict name -> float32 array: the SPEC §8 init, computed in double and
+    """dict name -> float32 array: the docs/layout.md §Init, computed in double and
     rounded once to float32."""
     out, start = {}, 0
     for name, shape in param_specs(config):

@@ -1,4 +1,4 @@
-"""Reference RWKV-7 time-mix (SPEC §3) and residual block (SPEC §6) over
+"""Reference RWKV-7 time-mix (docs/maths.md §Time-mix) and residual block (docs/maths.md §Blocks) over
 autograd Vars, float64. Params dicts use the keys of the Python API: the bare
 rx_tm_params field names for the time-mix ('x_r' .. 'ln_x_b', 'v0'/'v1'/'v2'
 only when layer_id > 0); for the block 'ln1_w', 'ln1_b', 'tm.<field>',
@@ -31,7 +31,7 @@ def tm_param_shapes(C, Dw, Da, Dg, Dv, layer_id):
 
 
 def block_param_shapes(C, Dw, Da, Dg, Dv, F, layer_id):
-    """{name: shape} of a block params dict, in SPEC §8 order."""
+    """{name: shape} of a block params dict, in docs/layout.md §Parameters order."""
     shapes = {"ln1_w": (C,), "ln1_b": (C,)}
     shapes.update({"tm." + k: s for k, s in tm_param_shapes(C, Dw, Da, Dg, Dv, layer_id).items()})
     shapes.update({"ln2_w": (C,), "ln2_b": (C,), "cm.ffn_x_k": (C,), "cm.ffn_key_w": (C, F),
@@ -40,7 +40,7 @@ def block_param_shapes(C, Dw, Da, Dg, Dv, F, layer_id):
 
 
 def timemix(p, x, x_prev_init, v_first, n_head, head_size, layer_id):
-    """SPEC §3. x: (B, T, C) Var (the ln1 output); x_prev_init (B, C) Var or
+    """docs/maths.md §Time-mix. x: (B, T, C) Var (the ln1 output); x_prev_init (B, C) Var or
     None; v_first (B, T, C) Var, read when layer_id > 0 (ignored at 0).
     Returns (out, v_first_out): layer 0 returns its own v, later layers
     return the v_first they were given."""
@@ -70,7 +70,7 @@ def timemix(p, x, x_prev_init, v_first, n_head, head_size, layer_id):
 
 
 def rwkv_block(p, x, tm_xprev_init, cm_xprev_init, v_first, n_head, head_size, layer_id):
-    """SPEC §6: h1 = ln1(x); x1 = x + TM(h1); h2 = ln2(x1); out = x1 + CM(h2).
+    """docs/maths.md §Blocks: h1 = ln1(x); x1 = x + TM(h1); h2 = ln2(x1); out = x1 + CM(h2).
     Carries are over h1 and h2. Returns (out, v_first_out) as timemix."""
     tm = {k[3:]: v for k, v in p.items() if k.startswith("tm.")}
     cm = {k[3:]: v for k, v in p.items() if k.startswith("cm.")}

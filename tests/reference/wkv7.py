@@ -1,4 +1,4 @@
-"""Reference WKV7 recurrence (SPEC §2) over autograd Vars, per (b, h):
+"""Reference WKV7 recurrence (docs/maths.md §WKV7) over autograd Vars, per (b, h):
 
     sa[i]   = sum_j a_t[j] S[i][j]
     S[i][j] = S[i][j] w_t[j] + v_t[i] k_t[j] + sa[i] b_t[j]

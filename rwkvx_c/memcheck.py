@@ -1,0 +1,124 @@
+"""A run's peak memory, estimated before it allocates, against what is free.
+
+Peak = parameters x PARAM_COPIES (the parameters, their grads and AdamW's two
+moments, all float32, plus a checkpoint being read on resume) + the step's
+activations, ~linear in B*T. Parameters are counted from the config before
+the model exists (an upper estimate: the matrices exactly, every vector as
+VECTORS_PER_LAYER C-vectors); the activation bytes per token are measured
+on the model itself, from the heap growth between two small steps (see
+acts_bytes_per_token), so they follow whatever the C core keeps.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+
+import numpy as np
+
+__all__ = ["MemoryTooSmall", "estimate_params", "param_bytes", "acts_bytes_per_token",
+           "rough_bytes_per_token", "available_bytes", "fits", "check", "PARAM_COPIES", "HEADROOM"]
+
+PARAM_COPIES = 7            # params, grads, AdamW m and v (4 x 4 B) + a checkpoint read (3 x 4 B)
+VECTORS_PER_LAYER = 32      # an RWKV block has ~22 C-vectors (lerps, biases, norms); margin
+HEADROOM = 0.9              # refuse beyond 90% of MemAvailable: the OS, Python, NumPy need some
+ROUGH_MARGIN = 4            # rough_bytes_per_token x this bounds the measured figure
+
+
+class MemoryTooSmall(MemoryError):
+    """The run would not fit in the available memory."""
+
+
+def estimate_params(cfg: dict) -> int:
+    """Parameter elements of a model config (>= the model's n_params)."""
+    C, V, F = cfg["n_embd"], cfg["vocab_size"], cfg["ffn_dim"]
+    lora = cfg["Dw"] + cfg["Da"] + cfg["Dg"] + cfg["Dv"]
+    per_block = 4 * C * C + 2 * C * F + VECTORS_PER_LAYER * C
+    return (2 * V * C + 2 * C + cfg["n_rwkv_layer"] * (per_block + 2 * C * lora)
+            + cfg["n_attn_layer"] * per_block)
+
+
+def param_bytes(n_params: int) -> int:
+    return 4 * PARAM_COPIES * n_params
+
+
+def _heap_in_use():
+    """Bytes glibc's malloc has handed out (arena + mmap'ed blocks), or None."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"))
+        f = libc.mallinfo2
+    except (OSError, AttributeError, TypeError):
+        return None
+
+    class Mallinfo2(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks",
+                                                    "hblkhd", "usmblks", "fsmblks", "uordblks",
+                                                    "fordblks", "keepcost")]
+    f.restype = Mallinfo2
+    m = f()
+    return m.uordblks + m.hblkhd
+
+
+def acts_bytes_per_token(model, fallback: int | None = None) -> int:
+    """Heap bytes one more token of B*T costs a training step of `model`.
+
+    Runs forward and backward at two small sequence lengths and divides the
+    heap difference (the activation buffers the model keeps, and the
+    returned logits) by the token difference. Without glibc's mallinfo2,
+    returns `fallback` or a bound from the config."""
+    c = model.config
+    t1 = c["chunk_size"]
+    used = []
+    # the first steps only warm up: they make what stays whatever the batch
+    # (the threads' GEMM scratch, malloc's arenas); the last two measure
+    for T in (2 * t1, t1, 2 * t1, t1, 2 * t1):
+        x = np.zeros((1, T), dtype=np.int32)
+        logits = model.forward(x)
+        model.backward(x)
+        used.append(_heap_in_use())
+        del logits
+    model.zero_grad()
+    used = used[-2:]
+    if used[0] is None or used[1] <= used[0]:
+        return fallback if fallback is not None else ROUGH_MARGIN * rough_bytes_per_token(c)
+    return (used[1] - used[0]) // t1
+
+
+def rough_bytes_per_token(cfg: dict) -> int:
+    """A config-only figure for the activation bytes per token: within ~10%
+    of the measured ones on the presets (tiny: 52 vs 54 KB)."""
+    nb = cfg["n_rwkv_layer"] + cfg["n_attn_layer"]
+    return 4 * (nb * (24 * cfg["n_embd"] + 2 * cfg["ffn_dim"]) + 3 * cfg["vocab_size"])
+
+
+def fits(need: int, available: int | None = None) -> bool:
+    """True when need bytes fit in HEADROOM of the available memory (or
+    when the available memory is unknown)."""
+    avail = available_bytes() if available is None else available
+    return avail is None or need <= HEADROOM * avail
+
+
+def available_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo, or None where there is none."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def check(need: int, what: str, advice: str, available: int | None = None) -> None:
+    """Raises MemoryTooSmall when need bytes exceed HEADROOM of the available memory."""
+    if os.environ.get("RWKVX_NO_MEMCHECK"):
+        return
+    avail = available_bytes() if available is None else available
+    if not fits(need, avail):
+        raise MemoryTooSmall(f"{what} needs about {_gib(need)} but only {_gib(avail)} is "
+                             f"available; {advice}")

@@ -1,0 +1,163 @@
+"""Seeded, time-bounded fuzzing of the command line and of checkpoint
+headers. Each runs in one subprocess (a crash fails the test, not the suite)
+that tries cases until its time is up (FUZZ_SECONDS, ~8 s each on 2 cores)
+and fails on the first case that ends in anything but a clean exit: status
+0, 1 or 2 with no uncaught exception, or a CheckpointError / TrainError /
+DataError (each one line at the CLI).
+Checkpoint mutations are written with valid checksums, so they reach the
+code that interprets the header instead of stopping at the CRC."""
+import os
+
+from hostile import corpus, python
+
+FUZZ_SECONDS = float(os.environ.get("RWKVX_FUZZ_SECONDS", "8"))
+
+CLI_WORKER = r'''
+import contextlib, io, os, random, sys, time, traceback
+from rwkvx_c.cli import main
+rng = random.Random(16)
+data, work = sys.argv[1], sys.argv[2]
+HOSTILE = ["0", "-1", "1", "2", "nan", "inf", "-inf", "1e308", "1e-308", "-0",
+           "99999999999999999999", "", "abc", "\udcff\udcfe", "3.5", "0x10", "\uff11",
+           "/dev/null", os.path.join(data, "x"), data, " 2", "1_000"]   # data/x: not a folder
+TRAIN = ["--steps", "--time-budget", "--batch", "--seq-len", "--lr", "--warmup",
+         "--weight-decay", "--grad-clip", "--threads", "--seed", "--eval-every", "--eval-tokens",
+         "--save-every", "--init", "--preset", "--on-divergence", "--data", "--out",
+         "--cache-dir"]
+SAMPLE = ["--prompt", "--max-new-tokens", "--temperature", "--top-p", "--seed", "--threads"]
+base = ["train", "--preset", "tiny", "--data", data, "--batch", "2", "--seq-len", "16",
+        "--steps", "2", "--time-budget", "0.02", "--eval-tokens", "32", "--no-progress",
+        "--cache-dir", os.path.join(work, "cache")]
+assert main(base + ["--out", os.path.join(work, "good")]) == 0
+deadline = time.monotonic() + float(sys.argv[3])
+n = 0
+while time.monotonic() < deadline:
+    n += 1
+    if rng.random() < 0.75:
+        argv = base + ["--out", os.path.join(work, "r%d" % n)]
+        if rng.random() < 0.2:
+            argv += ["--resume"]
+        for _ in range(rng.randint(1, 2)):
+            flag = rng.choice(TRAIN)
+            v = rng.choice(HOSTILE)
+            if flag in ("--steps", "--time-budget") and v == "99999999999999999999":
+                v = "3"   # the other bound is the fuzzed one: keep the run short
+            argv += [flag, v]
+    else:
+        argv = ["sample", rng.choice([os.path.join(work, "good"), os.path.join(data, "x"), data,
+                                      work])]
+        for _ in range(rng.randint(1, 2)):
+            flag = rng.choice(SAMPLE)
+            v = rng.choice(HOSTILE)
+            if flag == "--max-new-tokens" and v.isdigit() and int(v) > 50:
+                v = "50"
+            argv += [flag, v]
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            rc = main(argv)
+    except SystemExit as e:
+        rc = e.code
+    except BaseException:
+        print("CASE", ascii(argv)); traceback.print_exc(); sys.exit(3)
+    if rc not in (0, 1, 2, 130):
+        print("CASE", ascii(argv), "status", rc); sys.exit(3)
+    if rc in (1, 2) and len(err.getvalue().strip().splitlines()) != 1:
+        print("CASE", ascii(argv), "not one line:", ascii(err.getvalue())); sys.exit(3)
+print("cases", n)
+'''
+
+
+def test_fuzz_cli_flags(tmp_path):
+    data = corpus(str(tmp_path), 4000)
+    r = python(f"import sys\nsys.argv = ['w', {data!r}, {str(tmp_path)!r}, "
+               f"'{FUZZ_SECONDS}']\n" + CLI_WORKER, timeout=FUZZ_SECONDS + 240,
+               cwd=str(tmp_path))   # relative --out values land there
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "cases" in r.stdout
+
+
+CKPT_WORKER = r'''
+import copy, json, math, os, random, sys, time, traceback
+import numpy as np
+from rwkvx_c.checkpoint import CheckpointError, read_checkpoint, save_checkpoint
+from rwkvx_c.data import DataError
+from rwkvx_c.sample import load_model
+from rwkvx_c.train import TrainError, TrainOptions, Trainer
+from hostile import SMALL
+data, work, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
+run = os.path.join(work, "run")
+tr = Trainer(TrainOptions(preset="tiny", data=data, model=dict(SMALL), batch=2, seq_len=16,
+                          steps=2, eval_tokens=32, cache_dir=os.path.join(work, "c")), run)
+tr.run()
+tensors, config, state = read_checkpoint(os.path.join(run, "checkpoint.safetensors"))
+tensors = {k: np.array(v) for k, v in tensors.items()}
+rng = random.Random(16)
+WILD = [0, -1, 1, 2 ** 31, 2 ** 63, 2 ** 64 + 1, -2 ** 70, 1.5, float("nan"), float("inf"),
+        "7", "", None, True, [], {}, [1, 2], 10 ** 400, 1e308, "\udcff"]
+
+def paths(obj, pre=()):
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from paths(v, pre + (k,))
+    elif isinstance(obj, list) and obj and not isinstance(obj[0], (int, float)):
+        for i, v in enumerate(obj):
+            yield from paths(v, pre + (i,))
+    yield pre
+
+def mutate(obj):
+    obj = copy.deepcopy(obj)
+    p = rng.choice(list(paths(obj)))
+    if not p:
+        return rng.choice(WILD)
+    tgt = obj
+    for k in p[:-1]:
+        tgt = tgt[k]
+    if rng.random() < 0.15 and isinstance(tgt, dict):
+        del tgt[p[-1]]
+    else:
+        tgt[p[-1]] = rng.choice(WILD)
+    return obj
+
+deadline = time.monotonic() + seconds
+n = 0
+dest = os.path.join(work, "fz")
+os.makedirs(dest, exist_ok=True)
+while time.monotonic() < deadline:
+    n += 1
+    c, s, t = config, state, tensors
+    what = rng.choice(["config", "state", "tensors"])
+    if what == "config":
+        c = mutate(config)
+    elif what == "state":
+        s = mutate(state)
+    else:
+        t = dict(tensors)
+        k = rng.choice(list(t))
+        if rng.random() < 0.5:
+            del t[k]
+        else:
+            t[k] = np.zeros(rng.choice([(0,), (1,), (3, 5), (10 ** 6,)]), np.float32)
+    try:
+        json.dumps(c, allow_nan=True); json.dumps(s, allow_nan=True)
+        save_checkpoint(os.path.join(dest, "checkpoint.safetensors"), t, c, s)
+    except (TypeError, ValueError, OverflowError):
+        continue   # not writable as JSON: no file can hold it
+    for load in (lambda: load_model(dest), lambda: Trainer.resume(dest, steps=3).close()):
+        try:
+            load()
+        except (CheckpointError, TrainError, DataError):   # the CLI's one-line errors
+            pass
+        except BaseException:
+            print("CASE", what, ascii(c), ascii(s)[:400]); traceback.print_exc(); sys.exit(3)
+print("cases", n)
+'''
+
+
+def test_fuzz_checkpoint_header(tmp_path):
+    data = corpus(str(tmp_path), 4000)
+    r = python(f"import sys\nsys.argv = ['w', {data!r}, {str(tmp_path)!r}, "
+               f"'{FUZZ_SECONDS}']\n" + CKPT_WORKER, timeout=FUZZ_SECONDS + 240,
+               cwd=str(tmp_path))   # relative --out values land there
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "cases" in r.stdout
