@@ -263,7 +263,7 @@ def test_rxptmodel_reproduces_the_rwkv_package_on_an_official_dict(tmp_path):
 
 def test_rwkvx_package_reproduces_a_hybrid_model(tmp_path):
     _need("torch", "rwkv_x")
-    m = rx.RxPtModel(dict(H64, n_rwkv_layer=4, n_attn_layer=2), seed=7)  # SPEC init: all active
+    m = rx.RxPtModel(dict(H64, n_rwkv_layer=4, n_attn_layer=2), seed=7)  # test init: all active
     path = tmp_path / "x.pth"
     interop.export_model(m, "rwkvx", str(path))
     tokens = np.random.default_rng(8).integers(0, 256, 21).astype(np.int32)

@@ -1,4 +1,4 @@
-"""The optional embedding LayerNorm ln0 (SPEC §7, §8): names and order, the
+"""The optional embedding LayerNorm ln0 (docs/maths.md §Whole model, docs/layout.md): names and order, the
 bit-exact test init, forward and every gradient against the float64
 reference on odd sizes, finite differences through ln0, the batched path,
 recurrent inference, and the config key's checks."""
