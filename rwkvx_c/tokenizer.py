@@ -343,6 +343,9 @@ def run_tokenizer(folder: str, ident: dict | None) -> Tokenizer:
     """The tokenizer a run in `folder` was trained with (identity `ident`,
     None for runs that predate tokenizers: bytes). Raises TokenizerError when
     it cannot be had or no longer matches the stored hash."""
+    if ident is not None and not isinstance(ident, dict):
+        raise TokenizerError(f"the run in {folder} names its tokenizer as {ident!r}, "
+                             "not as a name and hash")
     if not ident or ident.get("name") == "byte":
         return ByteTokenizer()
     if ident.get("name") == "world":

@@ -433,17 +433,17 @@ class Trainer:
             raise TrainError(f"checkpoint {path} holds no training state")
         # options added since the checkpoint was written take their defaults
         opts = TrainOptions(**{f.name: saved.get(f.name, f.default) for f in fields(TrainOptions)})
-        # runs saved before the ln0 key existed had none: ln0 = 0, not the preset's
-        opts.model = {"ln0": 0, **(opts.model or {})}
-        config = {"ln0": 0, **config}
-        if changes.get("precision") == "auto":
-            changes = dict(changes, precision=None)
         try:
             opts.resolved()
         except TrainError as e:
             raise TrainError(f"checkpoint {path} holds bad options: {e}") from None
         except (TypeError, ValueError, AttributeError) as e:
             raise TrainError(f"checkpoint {path} holds bad options ({e})") from None
+        # runs saved before the ln0 key existed had none: ln0 = 0, not the preset's
+        opts.model = {"ln0": 0, **(opts.model or {})}
+        config = {"ln0": 0, **config}
+        if changes.get("precision") == "auto":
+            changes = dict(changes, precision=None)
         diff = []
         for k, v in changes.items():
             if k not in {f.name for f in fields(TrainOptions)}:
