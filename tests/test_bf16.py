@@ -164,9 +164,11 @@ def test_env_var_forces_kernel(tmp_path):
     import sys
     code = "import rwkvx_c as rx; print(rx.gemm_kernel('bf16'))"
     for name in ("generic-bf16", "no-such-kernel"):
-        env = dict(os.environ, RWKVX_BF16_KERNEL=name)
+        # the package as imported here, run from a folder with no source tree
+        env = dict(os.environ, RWKVX_BF16_KERNEL=name,
+                   PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(rx.__file__))))
         r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                           text=True, cwd=os.path.dirname(os.path.dirname(__file__)))
+                           text=True, cwd=str(tmp_path))
         assert r.returncode == 0, r.stderr
         want = name if name == "generic-bf16" else rx.gemm_kernel("bf16")
         assert r.stdout.strip() == want

@@ -7,6 +7,7 @@ identical, resume works with the same number of ranks and is refused with
 another, and a rank that raises or dies ends the whole job (no hang).
 Runs are kept tiny (seq_len 32, batch 4, a few steps).
 """
+import importlib.util
 import json
 import os
 import shutil
@@ -63,7 +64,8 @@ def test_plain_run_never_imports_mpi4py(tmp_path):
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("OMPI_", "PMI", "RWKVX_MPI"))}
     r = subprocess.run([sys.executable, "-c", code], env=dict(env, PYTHONPATH=ROOT),
-                       capture_output=True, text=True, timeout=TIMEOUT, check=False)
+                       capture_output=True, text=True, timeout=TIMEOUT, check=False,
+                       cwd=tmp_path)
     assert r.returncode == 0, r.stderr
 
 
@@ -132,8 +134,11 @@ def test_two_ranks_match_one_process_and_resume(tmp_path):
     v1 = [row["val_loss"] for row in rows1 if "val_loss" in row]
     v2 = [row["val_loss"] for row in rows2 if "val_loss" in row]
     assert np.allclose(v1, v2, rtol=1e-5, atol=0)
-    # rank 0 alone writes: its checkpoint, log, plot and run lock (rwkvx_c.runlock)
-    assert sorted(os.listdir(two)) == [".lock", "checkpoint.safetensors", "log.jsonl", "loss.png"]
+    # rank 0 alone writes: its checkpoint, log, plot (with matplotlib) and run lock
+    want = [".lock", "checkpoint.safetensors", "log.jsonl"]
+    if importlib.util.find_spec("matplotlib") is not None:
+        want.append("loss.png")
+    assert sorted(os.listdir(two)) == want
 
     r = _launch(2, ["--out", again, "--steps", "4"] + FAST, tmp_path)
     assert r.returncode == 0, r.stderr

@@ -407,7 +407,7 @@ def test_second_resume_of_a_run_is_refused(tmp_path):
         [sys.executable, "-c", "import sys, time; from rwkvx_c.runlock import RunLock; "
          "held = RunLock(sys.argv[1]); print('locked', flush=True); time.sleep(60)",
          str(tmp_path / "run")], env=__import__("hostile").env(), stdout=subprocess.PIPE,
-        text=True)
+        text=True, cwd=str(tmp_path))
     try:
         assert holder.stdout.readline().strip() == "locked"
         r = cli("train", "--resume", "--steps", "4", *common, cwd=str(tmp_path))

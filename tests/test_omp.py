@@ -10,7 +10,10 @@ import pytest
 
 import rwkvx_c as rx
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# the package the tests import (installed, or the in-place build), never a source
+# tree in the working folder: the probe runs in the tests folder
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(rx.__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
 PROBE = ("import json, os, rwkvx_c as rx; print(json.dumps("
          "[os.environ.get('GOMP_SPINCOUNT'), rx.openmp_runtimes()]))")
 
@@ -21,7 +24,7 @@ def _probe(env_extra, pre=""):
     env.update(env_extra)
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     r = subprocess.run([sys.executable, "-c", pre + PROBE], env=env, capture_output=True,
-                       text=True, check=True)
+                       text=True, check=True, cwd=HERE)
     return json.loads(r.stdout.splitlines()[-1])
 
 
