@@ -731,24 +731,29 @@ static void sgemm_parallel(const gemm_impl *im, const rx_gemm_op *ops, size_t no
     }
 }
 
+size_t rx_gemm_live_ops(const rx_gemm_op *ops, size_t n, rx_gemm_op *live) {
+    size_t nl = 0;
+    for (size_t k = 0; k < n; k++) {
+        const rx_gemm_op *g = &ops[k];
+        if (g->M == 0 || g->N == 0) continue;
+        if (g->K == 0) {
+            if (g->beta == 0.0f)
+                for (size_t i = 0; i < g->M; i++) memset(g->C + i * g->ldc, 0, g->N * sizeof(float));
+            continue;
+        }
+        live[nl++] = *g;
+    }
+    return nl;
+}
+
 void rx_sgemm_batch(const rx_gemm_op *ops, size_t n) {
     const gemm_impl *im = pick_impl();
     rx_prof_push(RX_PROF_GEMM);
     for (size_t b = 0; b < n; b += MAX_BATCH) {
         rx_gemm_op live[MAX_BATCH];
-        size_t nl = 0;
+        const size_t nl = rx_gemm_live_ops(ops + b, n - b < MAX_BATCH ? n - b : MAX_BATCH, live);
         double total = 0.0;
-        for (size_t k = b; k < n && k < b + MAX_BATCH; k++) {
-            const rx_gemm_op *g = &ops[k];
-            if (g->M == 0 || g->N == 0) continue;
-            if (g->K == 0) {
-                if (g->beta == 0.0f)
-                    for (size_t i = 0; i < g->M; i++) memset(g->C + i * g->ldc, 0, g->N * sizeof(float));
-                continue;
-            }
-            live[nl++] = *g;
-            total += (double)g->M * g->N * g->K;
-        }
+        for (size_t k = 0; k < nl; k++) total += (double)live[k].M * live[k].N * live[k].K;
         int nt = rx_in_parallel() ? 1 : rx_max_threads();
         if (nt > MAX_THREADS) nt = MAX_THREADS;
         /* below ~10 us of work a fork/join costs more than it saves */

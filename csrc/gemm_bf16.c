@@ -627,17 +627,7 @@ void rx_bgemm_batch(const rx_gemm_op *ops, size_t n) {
     rx_prof_push(RX_PROF_GEMM);
     for (size_t b = 0; b < n; b += MAX_OPS) {
         rx_gemm_op live[MAX_OPS];
-        size_t nl = 0;
-        for (size_t k = b; k < n && k < b + MAX_OPS; k++) {
-            const rx_gemm_op *g = &ops[k];
-            if (g->M == 0 || g->N == 0) continue;
-            if (g->K == 0) {
-                if (g->beta == 0.0f)
-                    for (size_t i = 0; i < g->M; i++) memset(g->C + i * g->ldc, 0, g->N * sizeof(float));
-                continue;
-            }
-            live[nl++] = *g;
-        }
+        const size_t nl = rx_gemm_live_ops(ops + b, n - b < MAX_OPS ? n - b : MAX_OPS, live);
         if (nl) bgemm_pass(im, live, nl);
     }
     rx_prof_pop();

@@ -201,6 +201,10 @@ typedef struct {
 /* Independent GEMMs -- no op reads or writes another's C -- run in one
  * parallel region, balanced across threads as one pool of work. */
 void rx_sgemm_batch(const rx_gemm_op *ops, size_t n);
+/* ops[0..n) -> live: the ops with work to do, in order; returns their count.
+ * An op with K = 0 and beta = 0 is done here (C = 0); any other with no
+ * work (M, N or K zero) is dropped. Shared by the fp32 and bf16 batches. */
+size_t rx_gemm_live_ops(const rx_gemm_op *ops, size_t n, rx_gemm_op *live);
 /* Test hook: force the named micro-kernel ("generic", "avx2-fma",
  * "avx512f") for every later call, NULL to pick by CPU again. RX_EINVAL
  * when the name is unknown or the CPU cannot run it. Not thread-safe
