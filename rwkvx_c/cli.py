@@ -489,6 +489,11 @@ def main(argv=None):
         from rwkvx_c.distributed import abort_job
         abort_job(e)  # under MPI: report this rank's failure and end every rank
         raise
+    finally:
+        if argv is None:
+            # the command is over: a late Ctrl-C (a second one arriving as the
+            # first one's clean stop finishes) must not kill the exiting process
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 if __name__ == "__main__":

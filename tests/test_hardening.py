@@ -517,5 +517,9 @@ def test_double_ctrl_c_ends_cleanly(tmp_path):
     time.sleep(0.05)
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=120)
-    assert p.returncode == 130, err.decode()
+    # 130: the second Ctrl-C cut the first one's clean stop short; 0: that stop
+    # (evaluate, checkpoint) had already finished when it came
+    assert p.returncode in (0, 130), err.decode()
     assert b"Traceback" not in err, err.decode()
+    if p.returncode == 0:
+        assert (tmp_path / "run" / "checkpoint.safetensors").exists()
