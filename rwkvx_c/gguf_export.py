@@ -11,8 +11,6 @@ installed `rwkv` package's vocabulary file; nothing is downloaded).
 """
 from __future__ import annotations
 
-import ast
-import os
 from typing import Dict, List, Tuple
 
 import numpy as np
@@ -62,24 +60,17 @@ def _token_text(b: bytes) -> str:
 
 
 def _world_tokens() -> List[bytes]:
-    """The World vocabulary's tokens 1..65529 from the rwkv package's file."""
+    """The World vocabulary's tokens 1..65529, read as the World tokenizer
+    reads them (rwkvx_c.tokenizer)."""
+    from rwkvx_c.tokenizer import TokenizerError, parse_vocab_file, world_vocab_path
     try:
-        import rwkv
-    except ImportError:
-        raise InteropError("a World-vocabulary model needs the World vocabulary file of the "
-                           "rwkv package: pip install rwkv") from None
-    path = os.path.join(os.path.dirname(rwkv.__file__), "rwkv_vocab_v20230424.txt")
-    toks = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            idx, rest = line.split(" ", 1)
-            lit, length = rest.rstrip("\n").rsplit(" ", 1)
-            t = ast.literal_eval(lit)
-            t = t.encode("utf-8") if isinstance(t, str) else t
-            if int(idx) != n or len(t) != int(length):
-                raise InteropError(f"{path}:{n}: unexpected World vocabulary line")
-            toks.append(t)
-    return toks
+        path = world_vocab_path()
+        entries = sorted(parse_vocab_file(path), key=lambda e: e[1])
+    except TokenizerError as e:
+        raise InteropError(f"a World-vocabulary model needs its vocabulary: {e}") from None
+    if [i for _, i in entries] != list(range(1, len(entries) + 1)):
+        raise InteropError(f"{path}: the World vocabulary's ids are not 1..{len(entries)}")
+    return [t for t, _ in entries]
 
 
 def gguf_vocab(vocab_size: int) -> Tuple[List[str], List[int]]:

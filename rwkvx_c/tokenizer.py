@@ -126,7 +126,7 @@ class ByteTokenizer(Tokenizer):
         return {"name": "byte", "sha256": None}
 
 
-def _parse_trie_vocab(path: str) -> list:
+def parse_vocab_file(path: str) -> list:
     """(bytes, id) entries of an RWKV vocabulary file: lines 'ID LITERAL LEN',
     LITERAL a Python str or bytes literal, LEN its UTF-8 byte length."""
     entries = []
@@ -174,7 +174,7 @@ def _build_trie(path: str, size: int, mtime_ns: int, vocab_size: int) -> tuple:
     """(ByteTrie, id -> bytes, file SHA-256) of a vocabulary file; cached by
     path, size and mtime (a trainer and its sampler load it more than once)."""
     from rwkvx_c._core import ByteTrie
-    entries = _parse_trie_vocab(path)
+    entries = parse_vocab_file(path)
     if not entries or max(i for _, i in entries) >= vocab_size:
         raise TokenizerError(f"{path}: ids exceed vocab_size {vocab_size}")
     try:
