@@ -70,18 +70,22 @@ def acts_bytes_per_token(model, fallback: int | None = None) -> int:
     t1 = c["chunk_size"]
     used = []
     # the first steps only warm up: they make what stays whatever the batch
-    # (the threads' GEMM scratch, malloc's arenas); the last two measure
-    for T in (2 * t1, t1, 2 * t1, t1, 2 * t1):
+    # (the threads' GEMM scratch, malloc's arenas). Each later t1 -> 2*t1
+    # step measures; a one-time allocation (a thread's first scratch) can
+    # only add to one of them, so the smallest is the per-token figure.
+    for T in (2 * t1, t1, 2 * t1, t1, 2 * t1, t1, 2 * t1):
         x = np.zeros((1, T), dtype=np.int32)
         logits = model.forward(x)
         model.backward(x)
         used.append(_heap_in_use())
         del logits
     model.zero_grad()
-    used = used[-2:]
-    if used[0] is None or used[1] <= used[0]:
+    if used[0] is None:
         return fallback if fallback is not None else ROUGH_MARGIN * rough_bytes_per_token(c)
-    return (used[1] - used[0]) // t1
+    grown = [used[i + 1] - used[i] for i in (1, 3, 5)]
+    if min(grown) <= 0:
+        return fallback if fallback is not None else ROUGH_MARGIN * rough_bytes_per_token(c)
+    return min(grown) // t1
 
 
 def rough_bytes_per_token(cfg: dict) -> int:
