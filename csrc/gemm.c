@@ -469,6 +469,8 @@ typedef struct {
     size_t bfull_n, bkey[3];
     gunit *units;
     size_t units_n;
+    void *bf16_pack;   /* rx_bgemm's packed operands (rx_gemm_thread_buffer) */
+    size_t bf16_pack_n;
 } gemm_scratch;
 
 static _Thread_local gemm_scratch *tl;
@@ -482,6 +484,7 @@ static void scratch_free(void *p) {
     free(s->bpack);
     free(s->bfull);
     free(s->units);
+    free(s->bf16_pack);
     free(s);
 }
 
@@ -502,6 +505,17 @@ static gemm_scratch *scratch(void) {
         return NULL;
     }
     return tl = s;
+}
+
+void *rx_gemm_thread_buffer(size_t bytes) {
+    gemm_scratch *s = scratch();
+    if (!s) return NULL;
+    if (bytes > s->bf16_pack_n) {
+        free(s->bf16_pack);
+        s->bf16_pack = rx_alloc(bytes, 1);
+        s->bf16_pack_n = s->bf16_pack ? bytes : 0;
+    }
+    return s->bf16_pack;
 }
 
 

@@ -4,9 +4,9 @@
  *
  *     C[M,N] = beta*C + op(A)[M,K] . op(B)[K,N]      (rx_sgemm's arguments)
  *
- * computed on operands rounded to bfloat16 (round to nearest even;
- * results in the bf16 subnormal range flush to signed zero, as the bf16
- * dot-product instructions treat subnormal inputs) with fp32 accumulation
+ * computed on operands rounded to bfloat16 (round to nearest even, fp32
+ * subnormal inputs to signed zero, exactly as the vcvtne2ps2bf16
+ * instruction converts) with fp32 accumulation
  * and an fp32 C. The product of two bf16 numbers is exact in fp32, so every
  * kernel below adds the same exact products: they differ only in the order
  * of the fp32 additions, and at most in products below 2^-126 that the
@@ -16,7 +16,9 @@
  * for each ordering, plus the flushed products); tests/test_gemm_bf16.py
  * holds them to that.
  *
- * Both operands are converted once per call into a packed bf16 copy:
+ * Both operands are converted into a packed bf16 copy -- op(B) whole at the
+ * start of a call, op(A) one 64-row panel at a time by the thread that
+ * computes with it (compute_item):
  *   op(A): 16-row x 32-k blocks, each 16 rows of 64 bytes (an AMX A tile);
  *   op(B): 16-column x 32-k blocks, each 16 rows of k pairs x 16 columns
  *          (the "VNNI" layout of an AMX B tile, and one zmm per k pair).
@@ -31,10 +33,11 @@
  * bf16-specific is compiled with per-function target attributes, so a
  * default build runs on any x86-64.
  *
- * Threading: a batch of independent GEMMs (as rx_sgemm_batch) packs all its
- * operands in one parallel pass, then computes C in 64 x 128 units. Each C
- * element is summed over all of K by one thread in a fixed order, so the
- * result does not depend on the thread count.
+ * Threading: a batch of independent GEMMs (as rx_sgemm_batch) packs every
+ * op(B) in one parallel pass, then runs its compute items (64-row panels,
+ * cut into column ranges when there are too few panels for the team).
+ * Each C element is summed over all of K by one thread in a fixed order,
+ * so the result does not depend on the thread count.
  */
 #include <string.h>
 
@@ -52,24 +55,25 @@
 #define BT_K 32              /* k values of a packed block row: 64 bytes */
 #define BT_E (BT_R * BT_K)   /* bf16 elements of one packed block (1 KiB) */
 #define BLK 32               /* C block of one kernel call: 2x2 tiles */
-#define UNIT_M 64            /* rows of a parallel compute unit */
-#define UNIT_N 128           /* columns of a parallel compute unit */
+#define PANEL 64             /* rows of op(A) a compute item packs and computes */
 #define PACK_BLKS 4          /* 16-row (or -column) blocks per packing task */
+#define KCB 8                /* k chunks (of BT_K) per range of compute_item */
 #define MAX_OPS 16           /* ops of one pass (rx_sgemm_batch's batch size) */
 
 typedef uint16_t bf16;
 
 /* ---- rounding ------------------------------------------------------------ */
 
-/* fp32 -> bf16, round to nearest even; NaN stays a (quiet) NaN; a result in
- * the bf16 subnormal range becomes a signed zero. */
+/* fp32 -> bf16 as vcvtne2ps2bf16 converts (Intel SDM): round to nearest
+ * even; NaN stays a (quiet) NaN; a subnormal input becomes a signed zero
+ * (so the largest subnormals do not round up to the smallest normal). The
+ * AVX-512 packers use that instruction, so every kernel sees the same bits. */
 static inline bf16 bf16_round(float x) {
     uint32_t u;
     memcpy(&u, &x, sizeof u);
     if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16)((u >> 16) | 0x40u);
-    uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    if (!(r & 0x7f80u)) r &= 0x8000u;
-    return (bf16)r;
+    if (!(u & 0x7f800000u)) return (bf16)((u >> 16) & 0x8000u);
+    return (bf16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
 static inline float bf16_float(bf16 h) {
@@ -84,7 +88,7 @@ static inline float bf16_float(bf16 h) {
 typedef struct {
     const rx_gemm_op *g;
     size_t mp, np, nkc;   /* M, N padded to BLK; K in BT_K chunks */
-    bf16 *ap, *bp;        /* [mp/16][nkc][16][32], [np/16][nkc][16][32] */
+    bf16 *bp;             /* [np/16][nkc][16][32]; op(A) is packed per panel */
 } bop;
 
 static inline float opa(const rx_gemm_op *g, size_t i, size_t k) {
@@ -95,12 +99,12 @@ static inline float opb(const rx_gemm_op *g, size_t k, size_t j) {
     return g->tb ? g->B[j * g->ldb + k] : g->B[k * g->ldb + j];
 }
 
-/* Packs the 16-row blocks [b0,b1) of op(A). */
-static void pack_a_generic(const bop *o, size_t b0, size_t b1) {
+/* Packs the 16-row blocks [b0,b1) of op(A) into ap (block b0 first). */
+static void pack_a_generic(const bop *o, size_t b0, size_t b1, bf16 *ap) {
     const rx_gemm_op *g = o->g;
     for (size_t rb = b0; rb < b1; rb++)
         for (size_t kc = 0; kc < o->nkc; kc++) {
-            bf16 *dst = o->ap + (rb * o->nkc + kc) * BT_E;
+            bf16 *dst = ap + ((rb - b0) * o->nkc + kc) * BT_E;
             for (size_t r = 0; r < BT_R; r++)
                 for (size_t q = 0; q < BT_K; q++) {
                     size_t i = rb * BT_R + r, k = kc * BT_K + q;
@@ -132,25 +136,25 @@ static void store_block(const float *t, float *C, size_t ldc, size_t mr, size_t 
             C[i * ldc + j] = acc ? C[i * ldc + j] + t[i * BLK + j] : t[i * BLK + j];
 }
 
-/* C block [mr<=32][nr<=32] (+)= Ap[32 rows] . Bp[32 columns] over nkc
- * chunks; Ap, Bp point at the first of two consecutive row / column blocks
- * (the second is nkc blocks further on). */
-typedef void (*bkernel_fn)(const bf16 *Ap, const bf16 *Bp, size_t nkc, float *C, size_t ldc,
-                           size_t mr, size_t nr, int acc);
+/* C block [mr<=32][nr<=32] (+)= Ap[32 rows] . Bp[32 columns] over nk
+ * k chunks; Ap, Bp point at the first chunk of the first of two row /
+ * column blocks, the second starting bs elements further on. */
+typedef void (*bkernel_fn)(const bf16 *Ap, const bf16 *Bp, size_t nk, size_t bs, float *C,
+                           size_t ldc, size_t mr, size_t nr, int acc);
 
 /* Sums in the order vdpbf16ps documents: per k pair the odd product, then
  * the even one, each added to the fp32 accumulator. */
-static void kernel_generic(const bf16 *Ap, const bf16 *Bp, size_t nkc, float *C, size_t ldc,
-                           size_t mr, size_t nr, int acc) {
+static void kernel_generic(const bf16 *Ap, const bf16 *Bp, size_t nk, size_t bs, float *C,
+                           size_t ldc, size_t mr, size_t nr, int acc) {
     float t[BLK * BLK];
     for (size_t i = 0; i < BLK; i++) {
-        const bf16 *a = Ap + (i / BT_R) * nkc * BT_E + (i % BT_R) * BT_K;
+        const bf16 *a = Ap + (i / BT_R) * bs + (i % BT_R) * BT_K;
         float s[BLK] = {0};
-        for (size_t kc = 0; kc < nkc; kc++)
+        for (size_t kc = 0; kc < nk; kc++)
             for (size_t p = 0; p < BT_K / 2; p++) {
                 float a0 = bf16_float(a[kc * BT_E + 2 * p]), a1 = bf16_float(a[kc * BT_E + 2 * p + 1]);
                 for (size_t j = 0; j < BLK; j++) {
-                    const bf16 *b = Bp + (j / BT_R) * nkc * BT_E + kc * BT_E + p * BT_K + 2 * (j % BT_R);
+                    const bf16 *b = Bp + (j / BT_R) * bs + kc * BT_E + p * BT_K + 2 * (j % BT_R);
                     s[j] += a1 * bf16_float(b[1]);
                     s[j] += a0 * bf16_float(b[0]);
                 }
@@ -161,34 +165,27 @@ static void kernel_generic(const bf16 *Ap, const bf16 *Bp, size_t nkc, float *C,
 }
 
 #ifdef RX_BF16_X86
-#define RX_PACK512 __attribute__((target("avx512f,avx512bw")))
+/* The packers convert with vcvtne2ps2bf16, which every CPU that runs the
+ * AMX or AVX512-BF16 kernel has (one instruction for 32 floats, where the
+ * same rounding in integer arithmetic took about ten per 16: packing was
+ * more than half of the bf16 GEMM's time). */
+#define RX_PACK512 __attribute__((target("avx512f,avx512bw,avx512bf16")))
 #define RX_DPBF16 __attribute__((target("avx512f,avx512bw,avx512bf16")))
-#define RX_AMX __attribute__((target("avx512f,avx512bw,amx-tile,amx-bf16")))
-
-/* bf16_round on 16 lanes, each result in the low half of its 32-bit lane. */
-RX_PACK512 static inline __m512i round16(__m512 x) {
-    const __m512i u = _mm512_castps_si512(x);
-    const __m512i hi = _mm512_srli_epi32(u, 16);
-    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_and_si512(hi, _mm512_set1_epi32(1)),
-                                                     _mm512_set1_epi32(0x7fff)));
-    r = _mm512_srli_epi32(r, 16);
-    const __mmask16 nan = _mm512_cmpgt_epu32_mask(
-        _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
-    r = _mm512_mask_or_epi32(r, nan, hi, _mm512_set1_epi32(0x40));
-    const __mmask16 sub = _mm512_testn_epi32_mask(r, _mm512_set1_epi32(0x7f80));
-    return _mm512_mask_and_epi32(r, sub, r, _mm512_set1_epi32(0x8000));
-}
+#define RX_AMX __attribute__((target("avx512f,avx512bw,avx512bf16,amx-tile,amx-bf16")))
 
 /* 16 floats of row k and 16 of row k+1 (either may be masked to zero) as 16
- * k pairs, the row-k value in the low half. */
+ * k pairs, the row-k value in the low half of each 32-bit lane. */
 RX_PACK512 static inline __m512i pair16(__m512 lo, __m512 hi) {
-    return _mm512_or_si512(round16(lo), _mm512_slli_epi32(round16(hi), 16));
+    /* cvtne2ps puts lo's 16 results in words 0-15 and hi's in 16-31 */
+    const __m512i mix = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
+                                         24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1,
+                                         16, 0);
+    return _mm512_permutexvar_epi16(mix, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
 }
 
 /* 32 consecutive floats (k in order) as 16 k pairs. */
 RX_PACK512 static inline __m512i run32(__m512 x0, __m512 x1) {
-    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(round16(x0))),
-                              _mm512_cvtepi32_epi16(round16(x1)), 1);
+    return (__m512i)_mm512_cvtne2ps_pbh(x1, x0);
 }
 
 /* In-register 16x16 transpose of 32-bit elements: r[q] lane i becomes r[i]
@@ -229,50 +226,61 @@ RX_PACK512 static inline __m512 load16(const float *row, size_t k, size_t K) {
     return row ? _mm512_maskz_loadu_ps(lanes(k, K), row + k) : _mm512_setzero_ps();
 }
 
+/* k pairs (k0 + 2p, k0 + 2p + 1), p < 16, of the 16 lanes from column x0
+ * of k-major rows (row k at base + k * ld, valid lanes mask, valid k < K),
+ * transposed in registers into 16 rows of 32 k values at dst. */
+RX_PACK512 static inline void kmajor_block(const float *base, size_t ld, size_t x0, __mmask16 mask,
+                                           size_t k0, size_t K, bf16 *dst) {
+    __m512i v[16];
+    for (size_t p = 0; p < 16; p++) {
+        size_t k = k0 + 2 * p;
+        __m512 lo = k < K ? _mm512_maskz_loadu_ps(mask, base + k * ld + x0) : _mm512_setzero_ps();
+        __m512 hi = k + 1 < K ? _mm512_maskz_loadu_ps(mask, base + (k + 1) * ld + x0)
+                              : _mm512_setzero_ps();
+        v[p] = pair16(lo, hi);
+    }
+    transpose16(v);
+    for (size_t r = 0; r < BT_R; r++) _mm512_storeu_si512(dst + r * BT_K, v[r]);
+}
+
 /* pack_a_generic with AVX-512: rows of an untransposed A are 32-float
  * runs; a transposed A is read as k-rows of 16 floats, paired and
- * transposed in registers. */
-RX_PACK512 static void pack_a_512(const bop *o, size_t b0, size_t b1) {
+ * transposed in registers. There k is the outer loop, so each k row is
+ * read as one run over the task's blocks: block-outer, the reads strode
+ * K rows apart and spent most of the packing time waiting on memory. */
+RX_PACK512 static void pack_a_512(const bop *o, size_t b0, size_t b1, bf16 *ap) {
     const rx_gemm_op *g = o->g;
     const size_t M = g->M, K = g->K;
+    if (g->ta) {
+        for (size_t kc = 0; kc < o->nkc; kc++)
+            for (size_t rb = b0; rb < b1; rb++)
+                kmajor_block(g->A, g->lda, rb * BT_R, lanes(rb * BT_R, M), kc * BT_K, K,
+                             ap + ((rb - b0) * o->nkc + kc) * BT_E);
+        return;
+    }
     for (size_t rb = b0; rb < b1; rb++)
         for (size_t kc = 0; kc < o->nkc; kc++) {
-            bf16 *dst = o->ap + (rb * o->nkc + kc) * BT_E;
+            bf16 *dst = ap + ((rb - b0) * o->nkc + kc) * BT_E;
             const size_t i0 = rb * BT_R, k0 = kc * BT_K;
-            if (!g->ta) {
-                for (size_t r = 0; r < BT_R; r++) {
-                    const float *row = i0 + r < M ? g->A + (i0 + r) * g->lda : NULL;
-                    _mm512_storeu_si512(dst + r * BT_K,
-                                        run32(load16(row, k0, K), load16(row, k0 + 16, K)));
-                }
-                continue;
+            for (size_t r = 0; r < BT_R; r++) {
+                const float *row = i0 + r < M ? g->A + (i0 + r) * g->lda : NULL;
+                _mm512_storeu_si512(dst + r * BT_K,
+                                    run32(load16(row, k0, K), load16(row, k0 + 16, K)));
             }
-            __m512i v[16];
-            const __mmask16 mi = lanes(i0, M);
-            for (size_t p = 0; p < 16; p++) {
-                size_t k = k0 + 2 * p;
-                __m512 lo = k < K ? _mm512_maskz_loadu_ps(mi, g->A + k * g->lda + i0)
-                                  : _mm512_setzero_ps();
-                __m512 hi = k + 1 < K ? _mm512_maskz_loadu_ps(mi, g->A + (k + 1) * g->lda + i0)
-                                      : _mm512_setzero_ps();
-                v[p] = pair16(lo, hi);
-            }
-            transpose16(v);
-            for (size_t r = 0; r < BT_R; r++) _mm512_storeu_si512(dst + r * BT_K, v[r]);
         }
 }
 
 /* pack_b_generic with AVX-512: an untransposed B pairs two k-rows of 16
- * columns; a transposed one reads each column's 32-float k run and
- * transposes. */
+ * columns (k outer, as for a transposed A); a transposed one reads each
+ * column's 32-float k run and transposes. */
 RX_PACK512 static void pack_b_512(const bop *o, size_t b0, size_t b1) {
     const rx_gemm_op *g = o->g;
     const size_t N = g->N, K = g->K;
-    for (size_t cb = b0; cb < b1; cb++)
-        for (size_t kc = 0; kc < o->nkc; kc++) {
-            bf16 *dst = o->bp + (cb * o->nkc + kc) * BT_E;
-            const size_t j0 = cb * BT_R, k0 = kc * BT_K;
-            if (!g->tb) {
+    if (!g->tb) {
+        for (size_t kc = 0; kc < o->nkc; kc++)
+            for (size_t cb = b0; cb < b1; cb++) {
+                bf16 *dst = o->bp + (cb * o->nkc + kc) * BT_E;
+                const size_t j0 = cb * BT_R, k0 = kc * BT_K;
                 const __mmask16 mj = lanes(j0, N);
                 for (size_t p = 0; p < 16; p++) {
                     size_t k = k0 + 2 * p;
@@ -282,8 +290,13 @@ RX_PACK512 static void pack_b_512(const bop *o, size_t b0, size_t b1) {
                                           : _mm512_setzero_ps();
                     _mm512_storeu_si512(dst + p * BT_K, pair16(lo, hi));
                 }
-                continue;
             }
+        return;
+    }
+    for (size_t cb = b0; cb < b1; cb++)
+        for (size_t kc = 0; kc < o->nkc; kc++) {
+            bf16 *dst = o->bp + (cb * o->nkc + kc) * BT_E;
+            const size_t j0 = cb * BT_R, k0 = kc * BT_K;
             __m512i v[16];
             for (size_t c = 0; c < 16; c++) {
                 const float *row = j0 + c < N ? g->B + (j0 + c) * g->ldb : NULL;
@@ -294,13 +307,13 @@ RX_PACK512 static void pack_b_512(const bop *o, size_t b0, size_t b1) {
         }
 }
 
-/* 8 rows x 32 columns of C from rows [0,8) of the 16-row A blocks at a
- * (stride nkc blocks: Ap of kernel_avx512bf16 plus a row offset). */
-RX_DPBF16 static inline void dp8x32(const bf16 *a, const bf16 *b0, const bf16 *b1, size_t nkc,
+/* 8 rows x 32 columns of C from rows [0,8) of the nk chunks of a 16-row
+ * A block at a (Ap of kernel_avx512bf16 plus a row offset). */
+RX_DPBF16 static inline void dp8x32(const bf16 *a, const bf16 *b0, const bf16 *b1, size_t nk,
                                     float *t) {
     __m512 c[8][2];
     for (int i = 0; i < 8; i++) c[i][0] = c[i][1] = _mm512_setzero_ps();
-    for (size_t kc = 0; kc < nkc; kc++, a += BT_E, b0 += BT_E, b1 += BT_E)
+    for (size_t kc = 0; kc < nk; kc++, a += BT_E, b0 += BT_E, b1 += BT_E)
         for (size_t p = 0; p < BT_K / 2; p++) {
             const __m512bh x0 = (__m512bh)_mm512_load_si512(b0 + p * BT_K);
             const __m512bh x1 = (__m512bh)_mm512_load_si512(b1 + p * BT_K);
@@ -319,13 +332,13 @@ RX_DPBF16 static inline void dp8x32(const bf16 *a, const bf16 *b0, const bf16 *b
     }
 }
 
-RX_DPBF16 static void kernel_avx512bf16(const bf16 *Ap, const bf16 *Bp, size_t nkc, float *C,
-                                        size_t ldc, size_t mr, size_t nr, int acc) {
+RX_DPBF16 static void kernel_avx512bf16(const bf16 *Ap, const bf16 *Bp, size_t nk, size_t bs,
+                                        float *C, size_t ldc, size_t mr, size_t nr, int acc) {
     float t[BLK * BLK] __attribute__((aligned(64)));
-    const bf16 *b1 = Bp + nkc * BT_E;
+    const bf16 *b1 = Bp + bs;
     for (size_t i = 0; i < BLK; i += 8)
         if (i < mr)
-            dp8x32(Ap + (i / BT_R) * nkc * BT_E + (i % BT_R) * BT_K, Bp, b1, nkc, t + i * BLK);
+            dp8x32(Ap + (i / BT_R) * bs + (i % BT_R) * BT_K, Bp, b1, nk, t + i * BLK);
     if (mr == BLK && nr == BLK) {
         for (size_t i = 0; i < BLK; i++)
             for (size_t h = 0; h < BLK; h += 16) {
@@ -359,16 +372,33 @@ RX_AMX static void amx_configure(void) {
 RX_AMX static void amx_release(void) { _tile_release(); }
 
 /* Tiles 0-3 hold C (rows 0-15 / 16-31 x columns 0-15 / 16-31), 4-5 the two
- * A blocks, 6-7 the two B blocks of the current k chunk. Accumulates from
- * zero and adds the old C after, as the other kernels do. */
-RX_AMX static void kernel_amx(const bf16 *Ap, const bf16 *Bp, size_t nkc, float *C, size_t ldc,
-                              size_t mr, size_t nr, int acc) {
-    const bf16 *a1 = Ap + nkc * BT_E, *b1 = Bp + nkc * BT_E;
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
-    for (size_t kc = 0; kc < nkc; kc++) {
+ * A blocks, 6-7 the two B blocks of the current k chunk. With acc the
+ * tiles start from the old C (through t for a ragged block) and keep
+ * accumulating, so a C block summed over several calls of consecutive k
+ * ranges gets exactly the bits of one call over all of them. */
+RX_AMX static void kernel_amx(const bf16 *Ap, const bf16 *Bp, size_t nk, size_t bs, float *C,
+                              size_t ldc, size_t mr, size_t nr, int acc) {
+    const bf16 *a1 = Ap + bs, *b1 = Bp + bs;
+    const int full = mr == BLK && nr == BLK;
+    float t[BLK * BLK] __attribute__((aligned(64)));
+    float *c = full ? C : t;
+    const size_t s = (full ? ldc : BLK) * sizeof(float), ld = full ? ldc : BLK;
+    if (acc) {
+        if (!full) {
+            memset(t, 0, sizeof t);
+            for (size_t i = 0; i < mr; i++) memcpy(t + i * BLK, C + i * ldc, nr * sizeof(float));
+        }
+        _tile_loadd(0, c, s);
+        _tile_loadd(1, c + 16, s);
+        _tile_loadd(2, c + 16 * ld, s);
+        _tile_loadd(3, c + 16 * ld + 16, s);
+    } else {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+    }
+    for (size_t kc = 0; kc < nk; kc++) {
         _tile_loadd(4, Ap + kc * BT_E, 64);
         _tile_loadd(6, Bp + kc * BT_E, 64);
         _tile_loadd(7, b1 + kc * BT_E, 64);
@@ -378,29 +408,12 @@ RX_AMX static void kernel_amx(const bf16 *Ap, const bf16 *Bp, size_t nkc, float 
         _tile_dpbf16ps(2, 5, 6);
         _tile_dpbf16ps(3, 5, 7);
     }
-    if (mr == BLK && nr == BLK && !acc) {
-        const size_t s = ldc * sizeof(float);
-        _tile_stored(0, C, s);
-        _tile_stored(1, C + 16, s);
-        _tile_stored(2, C + 16 * ldc, s);
-        _tile_stored(3, C + 16 * ldc + 16, s);
-        return;
-    }
-    float t[BLK * BLK] __attribute__((aligned(64)));
-    const size_t s = BLK * sizeof(float);
-    _tile_stored(0, t, s);
-    _tile_stored(1, t + 16, s);
-    _tile_stored(2, t + 16 * BLK, s);
-    _tile_stored(3, t + 16 * BLK + 16, s);
-    if (mr == BLK && nr == BLK) {
-        for (size_t i = 0; i < BLK; i++)
-            for (size_t h = 0; h < BLK; h += 16) {
-                float *c = C + i * ldc + h;
-                _mm512_storeu_ps(c, _mm512_add_ps(_mm512_loadu_ps(c), _mm512_load_ps(t + i * BLK + h)));
-            }
-        return;
-    }
-    store_block(t, C, ldc, mr, nr, acc);
+    _tile_stored(0, c, s);
+    _tile_stored(1, c + 16, s);
+    _tile_stored(2, c + 16 * ld, s);
+    _tile_stored(3, c + 16 * ld + 16, s);
+    if (!full)
+        for (size_t i = 0; i < mr; i++) memcpy(C + i * ldc, t + i * BLK, nr * sizeof(float));
 }
 
 /* CPUID / XCR0 checks the compiler's __builtin_cpu_supports may not know. */
@@ -443,7 +456,7 @@ static int have_amx(void) {
 typedef struct {
     const char *name;
     bkernel_fn kern;
-    void (*pack_a)(const bop *, size_t, size_t);
+    void (*pack_a)(const bop *, size_t, size_t, bf16 *);
     void (*pack_b)(const bop *, size_t, size_t);
     int amx;   /* tile configuration around the kernel calls */
 } bgemm_impl;
@@ -508,28 +521,37 @@ int rx_bgemm_hw(void) { return pick_bimpl() != &bimpl_generic; }
 
 /* ---- the batch driver ---------------------------------------------------- */
 
-/* The calling thread's packed operands, grown to the largest batch seen: a
- * training step must not allocate. */
-static _Thread_local bf16 *tl_pack;
-static _Thread_local size_t tl_pack_n;
-
-static void compute_unit(const bgemm_impl *im, const bop *o, size_t i0, size_t j0) {
+/* The compute phase's work item: op k's rows [i0, i0+PANEL) by columns
+ * [j0, j1). The item packs its A panel (PANEL rows, all of K) into the
+ * thread's own buffer, where it stays in L2 while the item's columns are
+ * computed -- packed all at once before the compute, op(A) of the long
+ * projections (B*T rows) came back from L3 -- and then walks K in ranges
+ * of KCB chunks (256 k: the A range is 32 KiB), each 32-column B block of
+ * a range serving both 32-row halves of the panel. Each C
+ * element is summed over all of K by one thread in a fixed order, so the
+ * result does not depend on the thread count. */
+static void compute_item(const bgemm_impl *im, const bop *o, size_t i0, size_t j0, size_t j1,
+                         bf16 *ap) {
     const rx_gemm_op *g = o->g;
-    const int acc = g->beta != 0.0f;
-    const size_t i1 = i0 + UNIT_M < o->mp ? i0 + UNIT_M : o->mp;
-    const size_t j1 = j0 + UNIT_N < o->np ? j0 + UNIT_N : o->np;
-    for (size_t i = i0; i < i1; i += BLK)
-        for (size_t j = j0; j < j1; j += BLK) {
-            size_t mr = g->M - i < BLK ? g->M - i : BLK, nr = g->N - j < BLK ? g->N - j : BLK;
-            im->kern(o->ap + i / BT_R * o->nkc * BT_E, o->bp + j / BT_R * o->nkc * BT_E, o->nkc,
-                     g->C + i * g->ldc + j, g->ldc, mr, nr, acc);
-        }
+    const size_t i1 = i0 + PANEL < o->mp ? i0 + PANEL : o->mp;
+    const size_t bs = o->nkc * BT_E;
+    im->pack_a(o, i0 / BT_R, i1 / BT_R, ap);
+    for (size_t kb = 0; kb < o->nkc; kb += KCB) {
+        const size_t nk = o->nkc - kb < KCB ? o->nkc - kb : KCB;
+        const int acc = kb > 0 || g->beta != 0.0f;
+        for (size_t j = j0; j < j1; j += BLK)
+            for (size_t i = i0; i < i1; i += BLK) {
+                size_t mr = g->M - i < BLK ? g->M - i : BLK, nr = g->N - j < BLK ? g->N - j : BLK;
+                im->kern(ap + (i - i0) / BT_R * bs + kb * BT_E, o->bp + j / BT_R * bs + kb * BT_E,
+                         nk, bs, g->C + i * g->ldc + j, g->ldc, mr, nr, acc);
+            }
+    }
 }
 
-/* Work item w of a phase: op, and the block / unit within it. */
+/* Work of a pass: prefix counts of B packing tasks and of compute items
+ * (per op: panels x column ranges of width cw). */
 typedef struct {
-    size_t pa[MAX_OPS + 1], pb[MAX_OPS + 1];   /* prefix counts of packing tasks */
-    size_t cu[MAX_OPS + 1], cun[MAX_OPS];       /* prefix counts of compute units; units per row */
+    size_t pb[MAX_OPS + 1], ci[MAX_OPS + 1], ncr[MAX_OPS], cw[MAX_OPS];
 } bplan;
 
 static size_t find_op(const size_t *prefix, size_t n, size_t w) {
@@ -538,30 +560,14 @@ static size_t find_op(const size_t *prefix, size_t n, size_t w) {
     return k;
 }
 
-static void pack_task(const bgemm_impl *im, const bop *o, const bplan *pl, size_t n, size_t w) {
-    if (w < pl->pa[n]) {
-        size_t k = find_op(pl->pa, n + 1, w), b0 = (w - pl->pa[k]) * PACK_BLKS;
-        size_t nb = o[k].mp / BT_R;
-        im->pack_a(&o[k], b0, b0 + PACK_BLKS < nb ? b0 + PACK_BLKS : nb);
-        return;
-    }
-    w -= pl->pa[n];
-    size_t k = find_op(pl->pb, n + 1, w), b0 = (w - pl->pb[k]) * PACK_BLKS;
-    size_t nb = o[k].np / BT_R;
-    im->pack_b(&o[k], b0, b0 + PACK_BLKS < nb ? b0 + PACK_BLKS : nb);
-}
-
-static void compute_task(const bgemm_impl *im, const bop *o, const bplan *pl, size_t n, size_t w) {
-    size_t k = find_op(pl->cu, n + 1, w), u = w - pl->cu[k];
-    compute_unit(im, &o[k], u / pl->cun[k] * UNIT_M, u % pl->cun[k] * UNIT_N);
-}
-
-/* Up to MAX_OPS live ops (M, N, K >= 1) in one pass. */
+/* Up to MAX_OPS live ops (M, N, K >= 1) in one pass: op(B) of every op is
+ * packed first (the weights, or the output grads of a weight gradient),
+ * then the items run. */
 static void bgemm_pass(const bgemm_impl *im, const rx_gemm_op *ops, size_t n) {
     bop o[MAX_OPS];
     bplan pl;
-    size_t need = 0;
-    pl.pa[0] = pl.pb[0] = pl.cu[0] = 0;
+    int nt = rx_in_parallel() ? 1 : rx_max_threads();
+    size_t need = 0, panel = 0, panels = 0;
     double total = 0.0;
     for (size_t k = 0; k < n; k++) {
         const rx_gemm_op *g = &ops[k];
@@ -569,19 +575,31 @@ static void bgemm_pass(const bgemm_impl *im, const rx_gemm_op *ops, size_t n) {
         o[k].mp = (g->M + BLK - 1) / BLK * BLK;
         o[k].np = (g->N + BLK - 1) / BLK * BLK;
         o[k].nkc = (g->K + BT_K - 1) / BT_K;
-        need += (o[k].mp + o[k].np) * o[k].nkc * BT_K;
-        pl.pa[k + 1] = pl.pa[k] + (o[k].mp / BT_R + PACK_BLKS - 1) / PACK_BLKS;
-        pl.pb[k + 1] = pl.pb[k] + (o[k].np / BT_R + PACK_BLKS - 1) / PACK_BLKS;
-        pl.cun[k] = (o[k].np + UNIT_N - 1) / UNIT_N;
-        pl.cu[k + 1] = pl.cu[k] + (o[k].mp + UNIT_M - 1) / UNIT_M * pl.cun[k];
+        need += o[k].np * o[k].nkc * BT_K;
+        if (PANEL * o[k].nkc * BT_K > panel) panel = PANEL * o[k].nkc * BT_K;
+        panels += (o[k].mp + PANEL - 1) / PANEL;
         total += (double)g->M * g->N * g->K;
     }
-    if (need > tl_pack_n) {
-        free(tl_pack);
-        tl_pack = rx_alloc(need, sizeof(bf16));
-        tl_pack_n = tl_pack ? need : 0;
+    /* below ~10 us of work a fork/join costs more than it saves */
+    if (total < 262144.0) nt = 1;
+    /* too few panels for the team: cut the columns too (each cut packs
+     * its panel again, so only as far as two items per thread) */
+    size_t cuts = panels >= 2 * (size_t)nt ? 1 : (2 * (size_t)nt + panels - 1) / panels;
+    pl.pb[0] = pl.ci[0] = 0;
+    for (size_t k = 0; k < n; k++) {
+        size_t nblk = o[k].np / BLK, ncr = cuts < nblk ? cuts : nblk;
+        pl.cw[k] = (nblk + ncr - 1) / ncr * BLK;
+        pl.ncr[k] = (o[k].np + pl.cw[k] - 1) / pl.cw[k];
+        pl.pb[k + 1] = pl.pb[k] + (o[k].np / BT_R + PACK_BLKS - 1) / PACK_BLKS;
+        pl.ci[k + 1] = pl.ci[k] + (o[k].mp + PANEL - 1) / PANEL * pl.ncr[k];
     }
-    if (!tl_pack) {
+    /* the calling thread's buffer: every op's packed op(B), then one A
+     * panel per thread; grown to the largest pass seen (a training step
+     * must not allocate) and freed with the thread */
+    bf16 *pack = NULL;
+    if (panel <= (SIZE_MAX / sizeof(bf16) - need) / (size_t)nt)
+        pack = rx_gemm_thread_buffer((need + (size_t)nt * panel) * sizeof(bf16));
+    if (!pack) {
         /* out of memory: the same products, one element at a time */
         for (size_t k = 0; k < n; k++) {
             const rx_gemm_op *g = &ops[k];
@@ -595,27 +613,32 @@ static void bgemm_pass(const bgemm_impl *im, const rx_gemm_op *ops, size_t n) {
         }
         return;
     }
-    bf16 *p = tl_pack;
+    bf16 *p = pack;
     for (size_t k = 0; k < n; k++) {
-        o[k].ap = p;
-        p += o[k].mp * o[k].nkc * BT_K;
         o[k].bp = p;
         p += o[k].np * o[k].nkc * BT_K;
     }
-    const size_t npack = pl.pa[n] + pl.pb[n], ncomp = pl.cu[n];
-    int nt = rx_in_parallel() ? 1 : rx_max_threads();
-    /* below ~10 us of work a fork/join costs more than it saves */
-    if (total < 262144.0) nt = 1;
+    bf16 *const panels_at = p;
+    const size_t npack = pl.pb[n], nitem = pl.ci[n];
     (void)nt; /* read only by the OpenMP pragma */
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
+        bf16 *ap = panels_at + (size_t)rx_thread_id() * panel;
 #pragma omp for schedule(dynamic, 1)
-        for (size_t w = 0; w < npack; w++) pack_task(im, o, &pl, n, w);
+        for (size_t w = 0; w < npack; w++) {
+            size_t k = find_op(pl.pb, n + 1, w), b0 = (w - pl.pb[k]) * PACK_BLKS;
+            size_t nb = o[k].np / BT_R;
+            im->pack_b(&o[k], b0, b0 + PACK_BLKS < nb ? b0 + PACK_BLKS : nb);
+        }
 #ifdef RX_BF16_X86
         if (im->amx) amx_configure();
 #endif
 #pragma omp for schedule(dynamic, 1)
-        for (size_t w = 0; w < ncomp; w++) compute_task(im, o, &pl, n, w);
+        for (size_t w = 0; w < nitem; w++) {
+            size_t k = find_op(pl.ci, n + 1, w), u = w - pl.ci[k];
+            size_t j0 = u % pl.ncr[k] * pl.cw[k], j1 = j0 + pl.cw[k] < o[k].np ? j0 + pl.cw[k] : o[k].np;
+            compute_item(im, &o[k], u / pl.ncr[k] * PANEL, j0, j1, ap);
+        }
 #ifdef RX_BF16_X86
         if (im->amx) amx_release();
 #endif

@@ -205,6 +205,10 @@ void rx_sgemm_batch(const rx_gemm_op *ops, size_t n);
  * An op with K = 0 and beta = 0 is done here (C = 0); any other with no
  * work (M, N or K zero) is dropped. Shared by the fp32 and bf16 batches. */
 size_t rx_gemm_live_ops(const rx_gemm_op *ops, size_t n, rx_gemm_op *live);
+/* The calling thread's buffer of at least `bytes` for rx_bgemm's packed
+ * operands, grown to the largest request and freed with the thread's GEMM
+ * scratch when the thread exits; NULL when it cannot be allocated. */
+void *rx_gemm_thread_buffer(size_t bytes);
 /* Test hook: force the named micro-kernel ("generic", "avx2-fma",
  * "avx512f") for every later call, NULL to pick by CPU again. RX_EINVAL
  * when the name is unknown or the CPU cannot run it. Not thread-safe

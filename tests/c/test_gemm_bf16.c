@@ -19,13 +19,14 @@ static float frand(void) {
     return (float)((rng_state >> 40) * (1.0 / 16777216.0)) - 0.5f;
 }
 
-/* finite x to the nearest bf16 (ties to even), bf16-subnormal results to 0 */
+/* finite x to the nearest bf16 (ties to even), subnormal inputs to signed 0
+ * (as vcvtne2ps2bf16) */
 static double to_bf16(float x) {
     uint32_t u;
     memcpy(&u, &x, sizeof u);
     uint32_t low = u & 0xffffu, r = u >> 16;
     if (low > 0x8000u || (low == 0x8000u && (r & 1u))) r++;
-    if (!(r & 0x7f80u)) r &= 0x8000u;
+    if (!(u & 0x7f800000u)) r = (u >> 16) & 0x8000u;
     u = r << 16;
     memcpy(&x, &u, sizeof x);
     return x;
