@@ -1,7 +1,8 @@
 """A/B of two rwkvx_c builds on one training step, paired round by round.
 
     python bench/bench_ab.py DIR_A DIR_B [--preset S|M] [--threads N]
-                             [--rounds R] [--steps K]
+                             [--rounds R] [--steps K] [--precision fp32|bf16]
+                             [--clock wall|cpu]
 
 DIR_A and DIR_B are source trees with in-place builds (`python3 setup.py
 build_ext --inplace`), e.g. a `git worktree` of the base commit and the
@@ -10,7 +11,9 @@ keeps its model; the two take turns running K forward+backward steps (T of
 the preset, B=1), for R rounds, alternating which goes first. Each round
 pairs the two sides' best steps, taken seconds apart, so the ratio B/A per
 round cancels most of a cloud machine's drift; its median and quartiles are
-the verdict (below 1: B is faster).
+the verdict (below 1: B is faster). --clock cpu (with --threads 1) times
+each worker's CPU time, which a busy shared machine inflates far less than
+the wall clock.
 """
 import argparse
 import json
@@ -25,7 +28,7 @@ sys.path.insert(0, HERE)
 import common  # noqa: E402
 
 
-def worker(tree, preset, threads):
+def worker(tree, preset, threads, precision, clock):
     """Reads a step count per line from stdin; answers with the step times."""
     sys.path.insert(0, os.path.abspath(tree))
     import numpy as np
@@ -35,6 +38,9 @@ def worker(tree, preset, threads):
     cfg = dict(common.PRESETS[preset])
     T = cfg.pop("T")
     m = rx.RxPtModel(cfg, seed=1)
+    if precision != "fp32":  # a build from before precisions existed runs fp32 only
+        m.precision = precision
+    now = time.thread_time if clock == "cpu" else time.perf_counter
     seq = np.random.default_rng(0).integers(0, cfg["vocab_size"], size=T + 1).astype(np.int32)
     tok, tgt = np.ascontiguousarray(seq[:T]), np.ascontiguousarray(seq[1:])
     m.forward(tok)
@@ -43,10 +49,10 @@ def worker(tree, preset, threads):
     for line in sys.stdin:
         ts = []
         for _ in range(int(line)):
-            t0 = time.perf_counter()
+            t0 = now()
             m.forward(tok)
             m.backward(tgt)
-            ts.append(time.perf_counter() - t0)
+            ts.append(now() - t0)
         print(json.dumps(ts), flush=True)
 
 
@@ -63,14 +69,19 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.clock == "cpu" and args.threads != 1:
+        ap.error("--clock cpu measures one thread: add --threads 1")
     if args.worker:
-        worker(args.worker, args.preset, args.threads)
+        worker(args.worker, args.preset, args.threads, args.precision, args.clock)
         return
     common.clean_blas_env()
     procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", tree,
-                               "x", "x", "--preset", args.preset, "--threads", str(args.threads)],
+                               "x", "x", "--preset", args.preset, "--threads", str(args.threads),
+                               "--precision", args.precision, "--clock", args.clock],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
              for tree in (args.a, args.b)]
     for p, tree in zip(procs, (args.a, args.b)):
@@ -91,8 +102,8 @@ def main():
     for p in procs:
         p.stdin.close()
         p.wait()
-    print("preset %s, %d threads, %d rounds x %d steps each" % (args.preset, args.threads,
-                                                               args.rounds, args.steps))
+    print("preset %s, %s, %d threads, %s clock, %d rounds x %d steps each"
+          % (args.preset, args.precision, args.threads, args.clock, args.rounds, args.steps))
     for name, ts in zip("AB", times):
         q1, med, _ = quartiles(ts)
         print("%s: best %.1f ms  25%% %.1f ms  median %.1f ms per step"
