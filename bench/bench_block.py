@@ -19,18 +19,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402,F401  (puts an in-place build of rwkvx_c first)
 import rwkvx_c as rx  # noqa: E402
 
-TM_FIELDS = ("x_r", "x_k", "x_v", "x_w", "x_a", "x_g", "receptance_w", "key_w", "value_w",
-             "output_w", "w0", "w1", "w2", "a0", "a1", "a2", "g1", "g2", "v0", "v1", "v2",
-             "k_k", "k_a", "r_k", "ln_x_w", "ln_x_b")
-
 
 def block_params(C, Dw, Da, Dg, Dv, F, layer_id, rng):
-    mats = {"receptance_w": (C, C), "key_w": (C, C), "value_w": (C, C), "output_w": (C, C),
-            "w1": (C, Dw), "w2": (Dw, C), "a1": (C, Da), "a2": (Da, C), "g1": (C, Dg),
-            "g2": (Dg, C), "v1": (C, Dv), "v2": (Dv, C)}
     shapes = {"ln1_w": (C,), "ln1_b": (C,)}
-    shapes.update({"tm." + f: mats.get(f, (C,)) for f in TM_FIELDS
-                   if layer_id > 0 or f not in ("v0", "v1", "v2")})
+    tm = rx.tm_shapes(dict(C=C, Dw=Dw, Da=Da, Dg=Dg, Dv=Dv), layer_id)
+    shapes.update({"tm." + f: s for f, s in tm.items()})
     shapes.update({"ln2_w": (C,), "ln2_b": (C,), "cm.ffn_x_k": (C,), "cm.ffn_key_w": (C, F),
                    "cm.ffn_value_w": (F, C)})
     p = {}

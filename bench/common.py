@@ -9,6 +9,7 @@
   slow a current NumPy. Benchmarks only: tests and CI never touch them.
 """
 import glob
+import importlib.util
 import os
 import resource
 import sys
@@ -22,18 +23,22 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if glob.glob(os.path.join(ROOT, "rwkvx_c", "_core*.so")) and ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-PRESETS = {
-    # docs/training.md §Presets reference configurations (rx_pt_config field names) and their T.
-    "tiny": dict(n_embd=128, n_head=2, head_size=64, n_rwkv_layer=2, n_attn_layer=1,
-                 vocab_size=256, ffn_dim=512, Dw=16, Da=16, Dg=32, Dv=8,
-                 chunk_size=32, moba_top_k=2, T=256),
-    "S": dict(n_embd=256, n_head=4, head_size=64, n_rwkv_layer=4, n_attn_layer=2,
-              vocab_size=256, ffn_dim=1024, Dw=32, Da=32, Dg=64, Dv=16,
-              chunk_size=64, moba_top_k=2, T=512),
-    "M": dict(n_embd=512, n_head=8, head_size=64, n_rwkv_layer=6, n_attn_layer=2,
-              vocab_size=4096, ffn_dim=2048, Dw=64, Da=64, Dg=128, Dv=32,
-              chunk_size=64, moba_top_k=4, T=512),
-}
+
+def _load_presets():
+    """rwkvx_c/presets.py loaded by path: importing the rwkvx_c package here
+    would pin this tree's build before bench_ab.py imports another one."""
+    path = os.path.join(ROOT, "rwkvx_c", "presets.py")
+    spec = importlib.util.spec_from_file_location("rwkvx_c_presets", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.PRESETS
+
+
+# docs/training.md §Presets reference configurations (rx_pt_config field names)
+# and their T, the preset's sequence length: the trainer's models without ln0,
+# as the benchmarks have always timed them ("default" is tiny again).
+PRESETS = {name: dict({k: v for k, v in p["model"].items() if k != "ln0"}, T=p["seq_len"])
+           for name, p in _load_presets().items() if name != "default"}
 
 _BLAS_VARS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 

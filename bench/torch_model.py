@@ -7,7 +7,8 @@ every projection is one batched matmul (oneDNN/MKL), the WKV7 recurrence is
 solved in 16-step chunks with dense products (below), attention is one masked
 dense softmax per head, and autograd does the backward.
 
-Parameter names and shapes are docs/layout.md §Parameters (`model.params` maps name -> tensor),
+Parameter names and shapes are docs/layout.md §Parameters (`model.params` maps name -> tensor;
+the time-mix's come from rwkvx_c.tm_shapes, the library's one schema),
 so weights can be copied in from an rwkvx_c.RxPtModel; `init_params` draws the
 docs/layout.md §Init splitmix64 init, so the same seed gives the same weights as rwkvx_c.
 
@@ -33,12 +34,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+import common  # noqa: F401  (puts an in-place build of rwkvx_c first)
+import rwkvx_c as rx
+
 WKV_CHUNK = 16
 E_HALF = 0.6065306597126334  # e^{-1/2}
-
-TM_FIELDS = ["x_r", "x_k", "x_v", "x_w", "x_a", "x_g", "receptance_w", "key_w", "value_w",
-             "output_w", "w0", "w1", "w2", "a0", "a1", "a2", "g1", "g2", "v0", "v1", "v2",
-             "k_k", "k_a", "r_k", "ln_x_w", "ln_x_b"]
 
 
 def layer_order(n_rwkv, n_attn):
@@ -57,20 +57,14 @@ def layer_order(n_rwkv, n_attn):
 def param_shapes(cfg):
     """[(name, shape)] in docs/layout.md §Parameters order."""
     C, V, F_ = cfg["n_embd"], cfg["vocab_size"], cfg["ffn_dim"]
-    Dw, Da, Dg, Dv = cfg["Dw"], cfg["Da"], cfg["Dg"], cfg["Dv"]
-    tm = {"receptance_w": (C, C), "key_w": (C, C), "value_w": (C, C), "output_w": (C, C),
-          "w1": (C, Dw), "w2": (Dw, C), "a1": (C, Da), "a2": (Da, C), "g1": (C, Dg),
-          "g2": (Dg, C), "v1": (C, Dv), "v2": (Dv, C)}
+    sizes = dict(C=C, Dw=cfg["Dw"], Da=cfg["Da"], Dg=cfg["Dg"], Dv=cfg["Dv"])
     out = [("emb", (V, C))]
     rwkv_id = 0
     for L, kind in enumerate(layer_order(cfg["n_rwkv_layer"], cfg["n_attn_layer"])):
         p = "blocks.%d." % L
         out += [(p + "ln1_w", (C,)), (p + "ln1_b", (C,))]
         if kind == "R":
-            for f in TM_FIELDS:
-                if f in ("v0", "v1", "v2") and rwkv_id == 0:
-                    continue
-                out.append((p + "tm." + f, tm.get(f, (C,))))
+            out += [(p + "tm." + f, s) for f, s in rx.tm_shapes(sizes, rwkv_id).items()]
             rwkv_id += 1
         else:
             out += [(p + n, (C, C)) for n in ("receptance_w", "key_w", "value_w", "output_w")]

@@ -22,8 +22,10 @@
 #define RX_NAME_MAX 48   /* "blocks.<int>.tm.receptance_w" fits with room */
 
 enum { INIT_MAT, INIT_EMB, INIT_VEC, INIT_GAMMA, INIT_BETA };
-/* symbolic tensor dimensions, resolved against the config */
-enum { D_NONE, D_C, D_V, D_F, D_DW, D_DA, D_DG, D_DV };
+/* symbolic tensor dimensions, resolved against the config; the suffixes
+ * are the dimension names of RX_TM_FIELDS */
+enum { D_NONE, D_C, D_V, D_F, D_Dw, D_Da, D_Dg, D_Dv };
+static const char *const dim_name[] = {NULL, "C", "V", "F", "Dw", "Da", "Dg", "Dv"};
 
 typedef struct {
     char name[RX_NAME_MAX];
@@ -57,10 +59,10 @@ static int64_t dim_of(const rx_pt_config *c, int d) {
     case D_C: return c->n_embd;
     case D_V: return c->vocab_size;
     case D_F: return c->ffn_dim;
-    case D_DW: return c->Dw;
-    case D_DA: return c->Da;
-    case D_DG: return c->Dg;
-    case D_DV: return c->Dv;
+    case D_Dw: return c->Dw;
+    case D_Da: return c->Da;
+    case D_Dg: return c->Dg;
+    case D_Dv: return c->Dv;
     default: return 1;
     }
 }
@@ -76,7 +78,7 @@ int rx_pt_config_validate(const rx_pt_config *c) {
     /* rx_ptmodel_param reports element counts as int: the largest of the
      * [C, x] tensors must fit */
     const int64_t C = c->n_embd;
-    for (int d = D_C; d <= D_DV; d++)
+    for (int d = D_C; d <= D_Dv; d++)
         if (C * dim_of(c, d) > INT32_MAX) return RX_EINVAL;
     return RX_OK;
 }
@@ -103,30 +105,55 @@ typedef struct {
     const char *name;
     size_t p_off, g_off;   /* offsets of the pointer in the params / grads struct */
     int d0, d1, init;
+    int layer0;            /* 0: absent from RWKV block 0 */
 } field_spec;
 
-#define TM(f, d0, d1, init) \
-    { #f, offsetof(rx_tm_params, f), offsetof(rx_tm_grads, f), d0, d1, init }
-/* the value-residual fields, present only when layer_id > 0 */
-#define IS_VRES(s) ((s)->p_off >= offsetof(rx_tm_params, v0) && \
-                    (s)->p_off <= offsetof(rx_tm_params, v2))
-/* rx_tm_params pointer fields in declaration order */
-static const field_spec tm_fields[] = {
-    TM(x_r, D_C, D_NONE, INIT_VEC), TM(x_k, D_C, D_NONE, INIT_VEC),
-    TM(x_v, D_C, D_NONE, INIT_VEC), TM(x_w, D_C, D_NONE, INIT_VEC),
-    TM(x_a, D_C, D_NONE, INIT_VEC), TM(x_g, D_C, D_NONE, INIT_VEC),
-    TM(receptance_w, D_C, D_C, INIT_MAT), TM(key_w, D_C, D_C, INIT_MAT),
-    TM(value_w, D_C, D_C, INIT_MAT), TM(output_w, D_C, D_C, INIT_MAT),
-    TM(w0, D_C, D_NONE, INIT_VEC), TM(w1, D_C, D_DW, INIT_MAT), TM(w2, D_DW, D_C, INIT_MAT),
-    TM(a0, D_C, D_NONE, INIT_VEC), TM(a1, D_C, D_DA, INIT_MAT), TM(a2, D_DA, D_C, INIT_MAT),
-    TM(g1, D_C, D_DG, INIT_MAT), TM(g2, D_DG, D_C, INIT_MAT),
-    TM(v0, D_C, D_NONE, INIT_VEC), TM(v1, D_C, D_DV, INIT_MAT), TM(v2, D_DV, D_C, INIT_MAT),
-    TM(k_k, D_C, D_NONE, INIT_VEC), TM(k_a, D_C, D_NONE, INIT_VEC),
-    TM(r_k, D_C, D_NONE, INIT_VEC),
-    TM(ln_x_w, D_C, D_NONE, INIT_GAMMA), TM(ln_x_b, D_C, D_NONE, INIT_BETA),
-};
+/* RX_TM_FIELDS as data, for the layout below and rx_tm_field */
+#define TM(f, rows, cols, init, layer0)                                                   \
+    {#f, offsetof(rx_tm_params, f), offsetof(rx_tm_grads, f), D_##rows, D_##cols, INIT_##init, \
+     layer0},
+static const field_spec tm_fields[] = {RX_TM_FIELDS(TM)};
 #undef TM
-#define N_TM_FIELDS (int)(sizeof tm_fields / sizeof tm_fields[0])
+enum {
+#define TM(f, rows, cols, init, layer0) TM_I_##f,   /* each field's index */
+    RX_TM_FIELDS(TM)
+#undef TM
+    N_TM_FIELDS
+};
+
+/* RX_TM_FIELDS is exactly the pointer fields of rx_tm_params and
+ * rx_tm_grads, in order: field i sits i pointers after the first, and the
+ * last ends the struct. A field added, dropped or moved on one side only
+ * stops the build here instead of misplacing a tensor. */
+#define TM(f, rows, cols, init, layer0)                                                      \
+    _Static_assert(offsetof(rx_tm_params, f) ==                                            \
+                           offsetof(rx_tm_params, x_r) + TM_I_##f * sizeof(const float *), \
+                   "RX_TM_FIELDS out of rx_tm_params order at " #f);                       \
+    _Static_assert(offsetof(rx_tm_grads, f) ==                                             \
+                           offsetof(rx_tm_grads, x_r) + TM_I_##f * sizeof(float *),        \
+                   "RX_TM_FIELDS out of rx_tm_grads order at " #f);
+RX_TM_FIELDS(TM)
+#undef TM
+_Static_assert(sizeof(rx_tm_params) ==
+                   offsetof(rx_tm_params, x_r) + N_TM_FIELDS * sizeof(const float *),
+               "rx_tm_params has a field RX_TM_FIELDS lacks");
+_Static_assert(sizeof(rx_tm_grads) == offsetof(rx_tm_grads, x_r) + N_TM_FIELDS * sizeof(float *),
+               "rx_tm_grads has a field RX_TM_FIELDS lacks");
+
+int rx_tm_num_fields(void) { return N_TM_FIELDS; }
+
+int rx_tm_field(int i, const char **name, size_t *p_off, size_t *g_off, const char *dims[2],
+                int *at_layer0) {
+    if (i < 0 || i >= N_TM_FIELDS) return RX_EINVAL;
+    const field_spec *s = &tm_fields[i];
+    if (name) *name = s->name;
+    if (p_off) *p_off = s->p_off;
+    if (g_off) *g_off = s->g_off;
+    if (dims) dims[0] = dim_name[s->d0], dims[1] = dim_name[s->d1];
+    if (at_layer0) *at_layer0 = s->layer0;
+    return RX_OK;
+}
+
 #define RWKV_TENSORS (N_TM_FIELDS + 7)   /* + ln1 (2), ln2 (2), channel-mix (3) */
 #define ATTN_TENSORS 11
 
@@ -169,7 +196,7 @@ static void add_rwkv(layout *ly, const char *pre, rx_block_params *p, rx_block_g
     snprintf(tm_pre, sizeof tm_pre, "%stm.", pre);
     for (int f = 0; f < N_TM_FIELDS; f++) {
         const field_spec *s = &tm_fields[f];
-        if (p->tm.layer_id == 0 && IS_VRES(s)) continue;
+        if (p->tm.layer_id == 0 && !s->layer0) continue;
         add(ly, tm_pre, s->name, s->d0, s->d1, s->init,
             (const float **)((char *)&p->tm + s->p_off), (float **)((char *)&g->tm + s->g_off));
     }

@@ -299,6 +299,27 @@ void rx_cm_backward_acts(const rx_cm_params *P, const float *x, const float *x_p
                          rx_cm_grads *G, float *dx, float *d_xprev_init, size_t B, size_t T,
                          float *dh, float *dxk);
 
+/* ---- the time-mix schema ------------------------------------------------
+ * The one list of the time-mix parameters (docs/layout.md §Parameters):
+ * X(field, rows, cols, init, layer0) for each pointer of rx_tm_params and
+ * rx_tm_grads, in their declaration order, which model.c checks at compile
+ * time. rows and cols name a dimension (C, Dw, Da, Dg, Dv; cols NONE for a
+ * vector), init the spec init rule (MAT, VEC, GAMMA, BETA), layer0 whether
+ * RWKV block 0 has the field (the value residual only follows it). The
+ * model's layout and the pointer checks expand it; the Python side reads it
+ * through rx_tm_field (docs/layout.md §Parameters). */
+#define RX_TM_FIELDS(X)                                                                  \
+    X(x_r, C, NONE, VEC, 1) X(x_k, C, NONE, VEC, 1) X(x_v, C, NONE, VEC, 1)             \
+    X(x_w, C, NONE, VEC, 1) X(x_a, C, NONE, VEC, 1) X(x_g, C, NONE, VEC, 1)             \
+    X(receptance_w, C, C, MAT, 1) X(key_w, C, C, MAT, 1) X(value_w, C, C, MAT, 1)        \
+    X(output_w, C, C, MAT, 1)                                                            \
+    X(w0, C, NONE, VEC, 1) X(w1, C, Dw, MAT, 1) X(w2, Dw, C, MAT, 1)                     \
+    X(a0, C, NONE, VEC, 1) X(a1, C, Da, MAT, 1) X(a2, Da, C, MAT, 1)                     \
+    X(g1, C, Dg, MAT, 1) X(g2, Dg, C, MAT, 1)                                            \
+    X(v0, C, NONE, VEC, 0) X(v1, C, Dv, MAT, 0) X(v2, Dv, C, MAT, 0)                     \
+    X(k_k, C, NONE, VEC, 1) X(k_a, C, NONE, VEC, 1) X(r_k, C, NONE, VEC, 1)              \
+    X(ln_x_w, C, NONE, GAMMA, 1) X(ln_x_b, C, NONE, BETA, 1)
+
 /* ---- timemix.c ---------------------------------------------------------
  * The time-mix forward intermediates, computed once by rx_tm_forward_acts
  * and consumed by rx_tm_backward_acts; the block keeps them alive across

@@ -405,6 +405,18 @@ float *rx_ptmodel_grad_arena(rx_ptmodel *m, int64_t *n);
 /* Block kinds in model order, one 'R' (RWKV-7) or 'A' (attention) per
  * block, NUL-terminated: "RRARRAR" for n_rwkv = 5, n_attn = 2. */
 const char *rx_ptmodel_layers(const rx_ptmodel *m);
+/* The time-mix schema: the fields of rx_tm_params / rx_tm_grads as data,
+ * so a binding can fill them by table instead of by name (the list is
+ * csrc/rx_internal.h's RX_TM_FIELDS, checked against both structs when the
+ * library is built). Field i in [0, rx_tm_num_fields()), in declaration
+ * order: its name, the byte offset of its pointer in rx_tm_params and in
+ * rx_tm_grads, the names of its dimensions (dims[0] one of "C", "Dw", "Da",
+ * "Dg", "Dv"; dims[1] too, or NULL for a vector) and whether RWKV block 0
+ * has it (0 for the value residual v0, v1, v2). Outputs may be NULL.
+ * RX_EINVAL if i is out of range. */
+int rx_tm_num_fields(void);
+int rx_tm_field(int i, const char **name, size_t *p_off, size_t *g_off, const char *dims[2],
+                int *at_layer0);
 
 /* Threads used by every rx_ call made from the calling thread afterwards
  * (n < 1 restores the default, OMP_NUM_THREADS or the core count; n above

@@ -22,22 +22,22 @@ enum { ACT_NONE, ACT_TANH, ACT_SIGMOID };
 int rx_tm_params_ok(const rx_tm_params *P) {
     if (!P || P->c < 1 || P->n_head < 1 || P->head_size < 1 || P->layer_id < 0) return 0;
     if ((int64_t)P->n_head * P->head_size != P->c) return 0;
-    if (P->Dw < 1 || P->Da < 1 || P->Dg < 1) return 0;
-    if (!P->x_r || !P->x_k || !P->x_v || !P->x_w || !P->x_a || !P->x_g || !P->receptance_w ||
-        !P->key_w || !P->value_w || !P->output_w || !P->w0 || !P->w1 || !P->w2 || !P->a0 ||
-        !P->a1 || !P->a2 || !P->g1 || !P->g2 || !P->k_k || !P->k_a || !P->r_k || !P->ln_x_w ||
-        !P->ln_x_b)
-        return 0;
-    return P->layer_id == 0 || (P->Dv >= 1 && P->v0 && P->v1 && P->v2);
+    if (P->Dw < 1 || P->Da < 1 || P->Dg < 1 || (P->layer_id > 0 && P->Dv < 1)) return 0;
+    /* every field this layer has is set; block 0's value residual is not read */
+#define TM_SET(f, rows, cols, init, layer0) \
+    if (!P->f && ((layer0) || P->layer_id > 0)) return 0;
+    RX_TM_FIELDS(TM_SET)
+#undef TM_SET
+    return 1;
 }
 
 int rx_tm_grads_ok(const rx_tm_params *P, const rx_tm_grads *G) {
-    if (!G || !G->x_r || !G->x_k || !G->x_v || !G->x_w || !G->x_a || !G->x_g ||
-        !G->receptance_w || !G->key_w || !G->value_w || !G->output_w || !G->w0 || !G->w1 ||
-        !G->w2 || !G->a0 || !G->a1 || !G->a2 || !G->g1 || !G->g2 || !G->k_k || !G->k_a ||
-        !G->r_k || !G->ln_x_w || !G->ln_x_b)
-        return 0;
-    return P->layer_id == 0 || (G->v0 && G->v1 && G->v2);
+    if (!G) return 0;
+#define TM_SET(f, rows, cols, init, layer0) \
+    if (!G->f && ((layer0) || P->layer_id > 0)) return 0;
+    RX_TM_FIELDS(TM_SET)
+#undef TM_SET
+    return 1;
 }
 
 int rx_tm_acts_alloc(rx_tm_acts *A, const rx_tm_params *P, size_t B, size_t T) {

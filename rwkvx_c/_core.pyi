@@ -37,6 +37,10 @@ def cross_entropy_backward(logits: F32, targets: I32,
 # params: dict name -> F32 ('x_r' .. 'ln_x_b' for the time-mix, 'ffn_x_k' ..
 # for the channel-mix, 'ln1_w', 'tm.x_r', ..., 'cm.ffn_value_w' for the block);
 # grads come back keyed the same. v_first / d_v_first: see docs/layout.md.
+# The time-mix schema (docs/layout.md §Parameters): (name, dims, at_layer0) in
+# rx_tm_params order, and {name: shape} for given dimension sizes.
+def tm_fields() -> tuple[tuple[str, tuple[str, ...], bool], ...]: ...
+def tm_shapes(sizes: dict[str, int], layer_id: int) -> dict[str, tuple[int, ...]]: ...
 def timemix_forward(p: dict[str, F32], x: F32, x_prev_init: F32 | None = ...,
                     v_first: F32 | None = ..., *, n_head: int, head_size: int,
                     layer_id: int) -> tuple[F32, F32]: ...

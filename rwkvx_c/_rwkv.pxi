@@ -7,9 +7,40 @@
 # w1/a1/g1/v1 (and ffn_dim from ffn_key_w). Grads come back as a dict with
 # the same keys.
 
-_TM_FIELDS = ("x_r", "x_k", "x_v", "x_w", "x_a", "x_g", "receptance_w", "key_w", "value_w",
-              "output_w", "w0", "w1", "w2", "a0", "a1", "a2", "g1", "g2", "v0", "v1", "v2",
-              "k_k", "k_a", "r_k", "ln_x_w", "ln_x_b")
+cdef tuple _tm_table():
+    """rx_tm_field's rows: (name, dims, at_layer0, params offset, grads offset)."""
+    cdef const char *name
+    cdef const char *dims[2]
+    cdef size_t p_off, g_off
+    cdef int at0
+    rows = []
+    for i in range(rx_tm_num_fields()):
+        rx_tm_field(i, &name, &p_off, &g_off, dims, &at0)
+        shape = (dims[0].decode(),) if dims[1] == NULL else (dims[0].decode(), dims[1].decode())
+        rows.append((name.decode(), shape, bool(at0), p_off, g_off))
+    return tuple(rows)
+
+
+_TM_TABLE = _tm_table()
+
+
+def tm_fields():
+    """The time-mix parameters (docs/layout.md §Parameters), as the C library
+    defines them, in rx_tm_params order: a tuple of (name, dims, at_layer0).
+    dims names the shape's dimensions ('C', 'Dw', 'Da', 'Dg', 'Dv'): ('C',)
+    for a vector, ('C', 'Dw') for a [C, Dw] matrix; at_layer0 is False for
+    the value residual v0, v1, v2, which RWKV block 0 lacks."""
+    return tuple(row[:3] for row in _TM_TABLE)
+
+
+def tm_shapes(sizes, layer_id):
+    """{name: shape} of the time-mix parameters of the RWKV block layer_id, in
+    rx_tm_params order; sizes maps each dimension name of tm_fields ('C',
+    'Dw', 'Da', 'Dg', 'Dv') to its size ('Dv' is not read at layer_id 0)."""
+    return {name: tuple(sizes[d] for d in dims) for name, dims, at0, _, _ in _TM_TABLE
+            if at0 or layer_id > 0}
+
+
 _CM_FIELDS = ("ffn_x_k", "ffn_key_w", "ffn_value_w")
 
 
@@ -22,7 +53,7 @@ cdef int _layer_id(object v) except -1:
 
 
 cdef tuple _tm_keys(str pre, int layer_id):
-    return tuple(pre + f for f in _TM_FIELDS if layer_id > 0 or f not in ("v0", "v1", "v2"))
+    return tuple(pre + row[0] for row in _TM_TABLE if row[2] or layer_id > 0)
 
 
 cdef tuple _cm_keys(str pre):
@@ -55,10 +86,8 @@ cdef dict _tm_shapes(dict p, str pre, int C, int layer_id):
     cdef int Dw = _inner_dim(p, pre + "w1", C), Da = _inner_dim(p, pre + "a1", C)
     cdef int Dg = _inner_dim(p, pre + "g1", C)
     cdef int Dv = _inner_dim(p, pre + "v1", C) if layer_id > 0 else 0
-    mats = {"receptance_w": (C, C), "key_w": (C, C), "value_w": (C, C), "output_w": (C, C),
-            "w1": (C, Dw), "w2": (Dw, C), "a1": (C, Da), "a2": (Da, C), "g1": (C, Dg),
-            "g2": (Dg, C), "v1": (C, Dv), "v2": (Dv, C)}
-    return {k: mats.get(k[len(pre):], (C,)) for k in _tm_keys(pre, layer_id)}
+    shapes = tm_shapes({"C": C, "Dw": Dw, "Da": Da, "Dg": Dg, "Dv": Dv}, layer_id)
+    return {pre + k: s for k, s in shapes.items()}
 
 
 cdef dict _cm_shapes(dict p, str pre, int C):
@@ -82,63 +111,21 @@ cdef int _tm_fill(rx_tm_params *P, dict p, str pre, int H, int N, int layer_id) 
     P.Dg = p[pre + "g1"].shape[1]
     P.Dv = p[pre + "v1"].shape[1] if layer_id > 0 else 0
     P.layer_id = layer_id
-    P.x_r = _ptr(p[pre + "x_r"])
-    P.x_k = _ptr(p[pre + "x_k"])
-    P.x_v = _ptr(p[pre + "x_v"])
-    P.x_w = _ptr(p[pre + "x_w"])
-    P.x_a = _ptr(p[pre + "x_a"])
-    P.x_g = _ptr(p[pre + "x_g"])
-    P.receptance_w = _ptr(p[pre + "receptance_w"])
-    P.key_w = _ptr(p[pre + "key_w"])
-    P.value_w = _ptr(p[pre + "value_w"])
-    P.output_w = _ptr(p[pre + "output_w"])
-    P.w0 = _ptr(p[pre + "w0"])
-    P.w1 = _ptr(p[pre + "w1"])
-    P.w2 = _ptr(p[pre + "w2"])
-    P.a0 = _ptr(p[pre + "a0"])
-    P.a1 = _ptr(p[pre + "a1"])
-    P.a2 = _ptr(p[pre + "a2"])
-    P.g1 = _ptr(p[pre + "g1"])
-    P.g2 = _ptr(p[pre + "g2"])
-    P.v0 = _ptr(p.get(pre + "v0"))
-    P.v1 = _ptr(p.get(pre + "v1"))
-    P.v2 = _ptr(p.get(pre + "v2"))
-    P.k_k = _ptr(p[pre + "k_k"])
-    P.k_a = _ptr(p[pre + "k_a"])
-    P.r_k = _ptr(p[pre + "r_k"])
-    P.ln_x_w = _ptr(p[pre + "ln_x_w"])
-    P.ln_x_b = _ptr(p[pre + "ln_x_b"])
+    cdef char *base = <char *>P
+    cdef size_t off
+    for row in _TM_TABLE:   # at layer 0 p has no v0/v1/v2: those stay NULL
+        off = row[3]
+        (<const float **>(base + off))[0] = _ptr(p.get(pre + row[0]))
     return 0
 
 
 cdef int _tm_grads_fill(rx_tm_grads *G, dict g, str pre) except -1:
     """Point G at the grad arrays of g (v0/v1/v2 NULL when absent)."""
-    G.x_r = _wptr(g[pre + "x_r"])
-    G.x_k = _wptr(g[pre + "x_k"])
-    G.x_v = _wptr(g[pre + "x_v"])
-    G.x_w = _wptr(g[pre + "x_w"])
-    G.x_a = _wptr(g[pre + "x_a"])
-    G.x_g = _wptr(g[pre + "x_g"])
-    G.receptance_w = _wptr(g[pre + "receptance_w"])
-    G.key_w = _wptr(g[pre + "key_w"])
-    G.value_w = _wptr(g[pre + "value_w"])
-    G.output_w = _wptr(g[pre + "output_w"])
-    G.w0 = _wptr(g[pre + "w0"])
-    G.w1 = _wptr(g[pre + "w1"])
-    G.w2 = _wptr(g[pre + "w2"])
-    G.a0 = _wptr(g[pre + "a0"])
-    G.a1 = _wptr(g[pre + "a1"])
-    G.a2 = _wptr(g[pre + "a2"])
-    G.g1 = _wptr(g[pre + "g1"])
-    G.g2 = _wptr(g[pre + "g2"])
-    G.v0 = _wptr(g.get(pre + "v0"))
-    G.v1 = _wptr(g.get(pre + "v1"))
-    G.v2 = _wptr(g.get(pre + "v2"))
-    G.k_k = _wptr(g[pre + "k_k"])
-    G.k_a = _wptr(g[pre + "k_a"])
-    G.r_k = _wptr(g[pre + "r_k"])
-    G.ln_x_w = _wptr(g[pre + "ln_x_w"])
-    G.ln_x_b = _wptr(g[pre + "ln_x_b"])
+    cdef char *base = <char *>G
+    cdef size_t off
+    for row in _TM_TABLE:
+        off = row[4]
+        (<float **>(base + off))[0] = _wptr(g.get(pre + row[0]))
     return 0
 
 

@@ -14,65 +14,21 @@ cdef extern from "rx_pretrain.h" nogil:
                          float *dr, float *dw, float *dk, float *dv, float *da, float *db,
                          float *dS_out, int B, int T, int n_head, int head_size)
 
+    # The time-mix pointers are set by offset from rx_tm_field's table
+    # (_rwkv.pxi), so only the sizes are declared here; the C compiler sees
+    # the whole structs.
     ctypedef struct rx_tm_params:
         int c
         int n_head, head_size
         int Dw, Da, Dg, Dv
         int layer_id
-        const float *x_r
-        const float *x_k
-        const float *x_v
-        const float *x_w
-        const float *x_a
-        const float *x_g
-        const float *receptance_w
-        const float *key_w
-        const float *value_w
-        const float *output_w
-        const float *w0
-        const float *w1
-        const float *w2
-        const float *a0
-        const float *a1
-        const float *a2
-        const float *g1
-        const float *g2
-        const float *v0
-        const float *v1
-        const float *v2
-        const float *k_k
-        const float *k_a
-        const float *r_k
-        const float *ln_x_w
-        const float *ln_x_b
 
     ctypedef struct rx_tm_grads:
-        float *x_r
-        float *x_k
-        float *x_v
-        float *x_w
-        float *x_a
-        float *x_g
-        float *receptance_w
-        float *key_w
-        float *value_w
-        float *output_w
-        float *w0
-        float *w1
-        float *w2
-        float *a0
-        float *a1
-        float *a2
-        float *g1
-        float *g2
-        float *v0
-        float *v1
-        float *v2
-        float *k_k
-        float *k_a
-        float *r_k
-        float *ln_x_w
-        float *ln_x_b
+        pass
+
+    int rx_tm_num_fields()
+    int rx_tm_field(int i, const char **name, size_t *p_off, size_t *g_off, const char **dims,
+                    int *at_layer0)
 
     int rx_timemix_forward_seq(const rx_tm_params *P, const float *x, const float *x_prev_init,
                                float *v_first, float *out, int B, int T)

@@ -51,7 +51,8 @@ _TM_X070 = (
     ("value.weight", "value_w", "lin"), ("output.weight", "output_w", "lin"),
     ("ln_x.weight", "ln_x_w", "same"), ("ln_x.bias", "ln_x_b", "same"),
 )
-_VRES = ("v0", "v1", "v2")
+# the fields RWKV block 0 lacks (the value residual), from the library's schema
+_VRES = tuple(name for name, _, at_layer0 in _core.tm_fields() if not at_layer0)
 
 
 class InteropError(ValueError):

@@ -42,6 +42,7 @@ from rwkvx_c.init import SCHEMES, init_model
 from rwkvx_c.guard import MAX_ROLLBACKS, ON_DIVERGENCE, ROLLBACK_LR_FACTOR, Divergence, \
     DivergenceGuard
 from rwkvx_c.optim import AdamW, decay_ranges, lr_at
+from rwkvx_c.presets import PRESETS
 from rwkvx_c.tokenizer import TokenizerError, check_identity, run_tokenizer
 from rwkvx_c.tokenizer import load as load_tokenizer
 from rwkvx_c.runlock import RunLock, RunLocked
@@ -50,28 +51,6 @@ __all__ = ["PRESETS", "TrainOptions", "Trainer", "TrainError", "CHECKPOINT", "LO
 
 CHECKPOINT = "checkpoint.safetensors"
 LOG = "log.jsonl"
-
-
-def _cfg(n_embd, n_head, head_size, n_rwkv, n_attn, vocab, ffn, Dw, Da, Dg, Dv, chunk, top_k):
-    return dict(n_embd=n_embd, n_head=n_head, head_size=head_size, n_rwkv_layer=n_rwkv,
-                n_attn_layer=n_attn, vocab_size=vocab, ffn_dim=ffn, Dw=Dw, Da=Da, Dg=Dg, Dv=Dv,
-                chunk_size=chunk, moba_top_k=top_k, ln0=1)
-
-
-# Model configs of docs/training.md §Presets plus the default; training defaults per preset.
-PRESETS = {
-    "tiny": dict(model=_cfg(128, 2, 64, 2, 1, 256, 512, 16, 16, 32, 8, 32, 2),
-                 seq_len=256, batch=8, lr=3e-3, warmup_steps=20),
-    "S": dict(model=_cfg(256, 4, 64, 4, 2, 256, 1024, 32, 32, 64, 16, 64, 2),
-              seq_len=512, batch=8, lr=2e-3, warmup_steps=50),
-    "M": dict(model=_cfg(512, 8, 64, 6, 2, 4096, 2048, 64, 64, 128, 32, 64, 4),
-              seq_len=512, batch=8, lr=1e-3, warmup_steps=100),
-    # The no-argument job: the tiny model, which learns the most per second of
-    # 2-core CPU time (measured: val_bpb 1.73 after 9.5 minutes on a loaded
-    # 2-core machine; see docs/training.md §Presets).
-    "default": dict(model=_cfg(128, 2, 64, 2, 1, 256, 512, 16, 16, 32, 8, 32, 2),
-                    seq_len=256, batch=8, lr=3e-3, warmup_steps=20, time_budget=9.5),
-}
 
 
 def auto_precision():

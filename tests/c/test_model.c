@@ -151,6 +151,53 @@ static void test_layout_and_init(rx_ptmodel *m, uint64_t seed) {
 }
 
 /* loss of the model on tokens/targets through forward + CE on the logits */
+/* The exported time-mix schema: one pointer slot per field, in order, ending
+ * each struct; the model's blocks 0 and 1 hold exactly its fields in its
+ * order (block 0 without the at_layer0 = 0 ones), and the pointer at each
+ * offset of the live views is that tensor's data and grad. */
+static void test_tm_schema(rx_ptmodel *m) {
+    const int nf = rx_tm_num_fields();
+    CHECK(nf > 0, "no time-mix fields");
+    CHECK(rx_tm_field(nf, NULL, NULL, NULL, NULL, NULL) == RX_EINVAL &&
+              rx_tm_field(-1, NULL, NULL, NULL, NULL, NULL) == RX_EINVAL,
+          "field index out of range");
+    const size_t p0 = offsetof(rx_tm_params, x_r);
+    for (int blk = 0; blk < 2; blk++) {
+        const rx_block_params *P = rx_ptmodel_rwkv(m, blk);
+        const int first = blk == 0 ? 3 : 3 + 30;   /* emb, [block 0,] ln1_w, ln1_b */
+        int t = first;
+        for (int i = 0; i < nf; i++) {
+            const char *fname, *dims[2], *name;
+            size_t p_off, g_off;
+            int at0, n;
+            float *data, *grad;
+            CHECK(rx_tm_field(i, &fname, &p_off, &g_off, dims, &at0) == RX_OK, "field %d", i);
+            CHECK(p_off == p0 + (size_t)i * sizeof(float *) && g_off == (size_t)i * sizeof(float *),
+                  "field %s at offsets %zu, %zu", fname, p_off, g_off);
+            CHECK(dims[0] != NULL, "field %s has no rows", fname);
+            const float *view = *(const float *const *)((const char *)&P->tm + p_off);
+            if (blk == 0 && !at0) {
+                CHECK(view == NULL, "block 0 has %s", fname);
+                continue;
+            }
+            rx_ptmodel_param(m, t++, &name, &data, &grad, &n);
+            char want[64];
+            snprintf(want, sizeof want, "blocks.%d.tm.%s", blk, fname);
+            CHECK(strcmp(name, want) == 0, "tensor %d is %s, the schema says %s", t - 1, name,
+                  want);
+            CHECK(view == data, "%s: view at its offset is not its data", want);
+        }
+        const char *next;
+        rx_ptmodel_param(m, t, &next, NULL, NULL, NULL);
+        char want[64];
+        snprintf(want, sizeof want, "blocks.%d.ln2_w", blk);
+        CHECK(strcmp(next, want) == 0, "block %d: %s follows the time-mix", blk, next);
+    }
+    CHECK(p0 + (size_t)nf * sizeof(float *) == sizeof(rx_tm_params) &&
+              (size_t)nf * sizeof(float *) == sizeof(rx_tm_grads),
+          "the schema does not cover the structs");
+}
+
 static double loss_of(rx_ptmodel *m, rx_pt_acts *a, const int *tok, const int *tgt, int ign) {
     if (rx_pretrain_forward(m, tok, SEQ, a) != RX_OK) return NAN;
     return rx_cross_entropy_forward(a->logits, tgt, SEQ, a->vocab, ign);
@@ -352,6 +399,7 @@ int main(void) {
     CHECK(m != NULL, "model");
     if (m) {
         test_layout_and_init(m, seed);
+        test_tm_schema(m);
         test_forward_backward(m);
         test_batch(m);
     }

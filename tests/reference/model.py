@@ -7,22 +7,11 @@ import numpy as np
 from reference.attn import attn_block, attn_block_qk, moba_gate_margin
 from reference.autograd import Var
 from reference.layers import cross_entropy, embedding, head, layernorm
-from reference.rwkv import rwkv_block
+from reference.rwkv import rwkv_block, tm_param_shapes
 
 CONFIG_FIELDS = ("n_embd", "n_head", "head_size", "n_rwkv_layer", "n_attn_layer", "vocab_size",
                  "Dw", "Da", "Dg", "Dv", "ffn_dim", "chunk_size", "moba_top_k")
 
-# rx_tm_params pointer fields in declaration order, with their shapes
-_TM_FIELDS = (
-    ("x_r", "C"), ("x_k", "C"), ("x_v", "C"), ("x_w", "C"), ("x_a", "C"), ("x_g", "C"),
-    ("receptance_w", "CC"), ("key_w", "CC"), ("value_w", "CC"), ("output_w", "CC"),
-    ("w0", "C"), ("w1", "C Dw"), ("w2", "Dw C"),
-    ("a0", "C"), ("a1", "C Da"), ("a2", "Da C"),
-    ("g1", "C Dg"), ("g2", "Dg C"),
-    ("v0", "C"), ("v1", "C Dv"), ("v2", "Dv C"),
-    ("k_k", "C"), ("k_a", "C"), ("r_k", "C"), ("ln_x_w", "C"), ("ln_x_b", "C"),
-)
-_VALUE_RESIDUAL = ("v0", "v1", "v2")
 _ATTN_FIELDS = ("receptance_w", "key_w", "value_w", "output_w")
 
 
@@ -42,11 +31,7 @@ def layer_order(config):
 def param_specs(config):
     """[(name, shape)] in docs/layout.md §Parameters order."""
     C, V, F = config["n_embd"], config["vocab_size"], config["ffn_dim"]
-    dims = {"C": C, "Dw": config["Dw"], "Da": config["Da"], "Dg": config["Dg"], "Dv": config["Dv"]}
-
-    def shape(code):
-        return (C, C) if code == "CC" else tuple(dims[d] for d in code.split())
-
+    lora = [config[d] for d in ("Dw", "Da", "Dg", "Dv")]
     cm = [("cm.ffn_x_k", (C,)), ("cm.ffn_key_w", (C, F)), ("cm.ffn_value_w", (F, C))]
     specs = [("emb", (V, C))]
     if config.get("ln0", 0):
@@ -56,8 +41,7 @@ def param_specs(config):
         pre = f"blocks.{L}."
         block = [("ln1_w", (C,)), ("ln1_b", (C,))]
         if kind == "R":
-            block += [("tm." + f, shape(code)) for f, code in _TM_FIELDS
-                      if n_rwkv > 0 or f not in _VALUE_RESIDUAL]
+            block += [("tm." + f, s) for f, s in tm_param_shapes(C, *lora, n_rwkv).items()]
             n_rwkv += 1
         else:
             block += [(f, (C, C)) for f in _ATTN_FIELDS]

@@ -4,6 +4,10 @@ rx_tm_params field names for the time-mix ('x_r' .. 'ln_x_b', 'v0'/'v1'/'v2'
 only when layer_id > 0); for the block 'ln1_w', 'ln1_b', 'tm.<field>',
 'ln2_w', 'ln2_b', 'cm.ffn_x_k', 'cm.ffn_key_w', 'cm.ffn_value_w'."""
 
+import functools
+import os
+import re
+
 from reference.layers import channelmix, layernorm, token_shift
 from reference.wkv7 import wkv7
 
@@ -11,23 +15,37 @@ DECAY_SCALE = 0.6065306597126334   # e^{-1/2}
 GROUP_NORM_EPS = 64e-5
 KK_FLOOR = 1e-12
 
-TM_FIELDS = ("x_r", "x_k", "x_v", "x_w", "x_a", "x_g", "receptance_w", "key_w", "value_w",
-             "output_w", "w0", "w1", "w2", "a0", "a1", "a2", "g1", "g2", "v0", "v1", "v2",
-             "k_k", "k_a", "r_k", "ln_x_w", "ln_x_b")
-CM_FIELDS = ("ffn_x_k", "ffn_key_w", "ffn_value_w")
+_LAYOUT_MD = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir,
+                          "docs", "layout.md")
+
+
+@functools.lru_cache(maxsize=None)
+def tm_schema():
+    """((name, dims, at_layer0), ...) of the time-mix fields in rx_tm_params
+    order, read from the table of docs/layout.md §Parameters (the contract),
+    so the tests hold the library's one schema (rwkvx_c.tm_fields) against
+    the docs rather than against a copy. dims names the shape's dimensions,
+    ('C',) or ('C', 'Dw'); at_layer0 is False where the role says the field
+    is absent in RWKV block 0."""
+    with open(_LAYOUT_MD, encoding="utf-8") as f:
+        text = f.read()
+    table = text.split("Time-mix fields", 1)[1].split("\n\n")[1]
+    out = []
+    for row in table.splitlines()[2:]:
+        names, shapes, role = (c.strip().strip("`") for c in row.strip("|").split("|"))
+        names = names.split()
+        dims = [tuple(d.strip() for d in s.split(",")) for s in re.findall(r"\[([^]]+)\]", shapes)]
+        dims = dims * len(names) if len(dims) == 1 else dims
+        assert len(dims) == len(names), row
+        out += [(n, d, "absent in RWKV block 0" not in role) for n, d in zip(names, dims)]
+    return tuple(out)
 
 
 def tm_param_shapes(C, Dw, Da, Dg, Dv, layer_id):
     """{name: shape} of a time-mix params dict, in rx_tm_params order."""
-    shapes = {}
-    for f in TM_FIELDS:
-        if f in ("v0", "v1", "v2") and layer_id == 0:
-            continue
-        shapes[f] = {"receptance_w": (C, C), "key_w": (C, C), "value_w": (C, C),
-                     "output_w": (C, C), "w1": (C, Dw), "w2": (Dw, C), "a1": (C, Da),
-                     "a2": (Da, C), "g1": (C, Dg), "g2": (Dg, C), "v1": (C, Dv),
-                     "v2": (Dv, C)}.get(f, (C,))
-    return shapes
+    sizes = dict(C=C, Dw=Dw, Da=Da, Dg=Dg, Dv=Dv)
+    return {n: tuple(sizes[d] for d in dims) for n, dims, at0 in tm_schema()
+            if at0 or layer_id > 0}
 
 
 def block_param_shapes(C, Dw, Da, Dg, Dv, F, layer_id):
