@@ -10,8 +10,8 @@ from rwkvx_c._omp import openmp_runtimes  # noqa: F401
 
 _bound_spin()   # before the C core loads the OpenMP runtime; see _omp.py
 
-from rwkvx_c._core import *  # noqa: E402,F401,F403
-from rwkvx_c._core import get_num_threads, gemm_kernel, has_openmp, set_num_threads  # noqa: E402,F401
+from rwkvx_c._core import *  # noqa: E402, F403
+from rwkvx_c._core import gemm_kernel, get_num_threads, has_openmp, set_num_threads  # noqa: E402,F401
 
 __version__ = "0.1.0"
 

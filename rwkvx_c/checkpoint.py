@@ -29,6 +29,7 @@ Writes go to a temporary file in the destination folder, are fsynced and
 then renamed over the destination (and the folder fsynced): a crash at any
 moment leaves either the old checkpoint or the new one, never a torn file.
 """
+import contextlib
 import json
 import os
 import struct
@@ -75,7 +76,8 @@ def save_checkpoint(path, tensors, config, state):
         if a.dtype != np.float32 or not a.flags.c_contiguous:
             raise TypeError(f"checkpoint tensor {name} must be C-contiguous float32")
         nbytes = a.size * 4
-        entries[name] = {"dtype": "F32", "shape": list(a.shape), "data_offsets": [off, off + nbytes]}
+        entries[name] = {"dtype": "F32", "shape": list(a.shape),
+                         "data_offsets": [off, off + nbytes]}
         arrays.append(a)
         crc = zlib.crc32(memoryview(a).cast("B"), crc)
         off += nbytes
@@ -101,10 +103,8 @@ def save_checkpoint(path, tensors, config, state):
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         raise
     _fsync_dir(d)
 

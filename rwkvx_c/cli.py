@@ -55,8 +55,8 @@ _unit_float = _checked(float, lambda v: 0 <= v <= 1, "a number in [0, 1]")
 
 
 def build_parser():
-    from rwkvx_c.train import PRESETS
     from rwkvx_c.init import SCHEMES
+    from rwkvx_c.train import PRESETS
     p = _Parser(prog="rwkvx-c", description="CPU pretraining of RWKV-X language models.")
     sub = p.add_subparsers(dest="cmd", metavar="{train,sample,export,import,tokenizer}",
                            parser_class=_Parser)
@@ -114,8 +114,8 @@ def build_parser():
                    "terminal the progress is a plain line every few seconds)")
     t.add_argument("--precision", choices=["fp32", "bf16", "auto"], default="auto",
                    help="projection GEMMs in fp32, or bf16 with fp32 accumulation; auto "
-                   "(default): bf16 where the CPU has AMX-BF16, where it is measured faster. A resumed "
-                   "run keeps its precision")
+                   "(default): bf16 where the CPU has AMX-BF16, where it is measured faster. "
+                   "A resumed run keeps its precision")
     g = t.add_argument_group("model shape (each overrides the preset; stored in the checkpoint)")
     g.add_argument("--n-embd", type=_positive_int, metavar="C", help="width; a new width "
                    "also sets ffn_dim 4*C and RWKV-7's LoRA sizes for C unless given")
@@ -216,18 +216,18 @@ def plot_log(rows, path):
     va = [(r["step"], r["val_loss"]) for r in rows if "val_loss" in r]
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
     if tr:
-        s, l = zip(*tr)
-        ax.plot(s, l, lw=0.6, alpha=0.35, color="tab:blue")
-        k = max(1, len(l) // 50)
+        s, loss = zip(*tr)
+        ax.plot(s, loss, lw=0.6, alpha=0.35, color="tab:blue")
+        k = max(1, len(loss) // 50)
         if k > 1:
             import numpy as np
-            sm = np.convolve(l, np.ones(k) / k, mode="valid")
+            sm = np.convolve(loss, np.ones(k) / k, mode="valid")
             ax.plot(s[k - 1:], sm, color="tab:blue", label="train loss")
         else:
             ax.lines[-1].set_label("train loss")
     if va:
-        s, l = zip(*va)
-        ax.plot(s, l, "o-", color="tab:orange", label="validation loss")
+        s, loss = zip(*va)
+        ax.plot(s, loss, "o-", color="tab:orange", label="validation loss")
     ax.set_xlabel("step")
     ax.set_ylabel("loss (nats / token)")
     ax.grid(alpha=0.3)
@@ -255,14 +255,15 @@ def _train(a):
     from rwkvx_c.checkpoint import CheckpointError
     from rwkvx_c.data import DataError
     from rwkvx_c.distributed import DistributedError, world
-    from rwkvx_c.train import LOG, TrainError, TrainOptions, Trainer, shape_overrides
+    from rwkvx_c.train import LOG, Trainer, TrainError, TrainOptions, shape_overrides
 
     try:
         group = world()
     except DistributedError as e:
         return _err(str(e))
     if not group.is_root:  # rank 0 speaks for the job; a failing rank still reports (abort)
-        sys.stdout = sys.stderr = open(os.devnull, "w")
+        # stays open for the whole process: the silenced streams are never restored
+        sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115
         a.no_progress = True
 
     data = a.data[0] if a.data and len(a.data) == 1 else a.data

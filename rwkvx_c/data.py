@@ -242,8 +242,8 @@ def load_corpus(path=None, *, seq_len=256, val_fraction=0.02, cache_dir=None, to
     byte = tokenizer is None or tokenizer.name == "byte"
     one = os.fspath(paths[0]) if paths is not None and len(paths) == 1 else None
     raw_bin = one is not None and one.endswith(".bin") and not corpora.is_binidx(one)
-    if not raw_bin and (paths is not None and one is None or not byte
-                        or one is not None and corpora.needs_tokenizing(one)):
+    if not raw_bin and ((paths is not None and one is None) or not byte
+                        or (one is not None and corpora.needs_tokenizing(one))):
         from rwkvx_c.tokenizer import ByteTokenizer as _Bytes
         return corpora.load_tokenized(paths, tokenizer or _Bytes(), seq_len=seq_len,
                                       val_fraction=val_fraction, cache_dir=cache_dir,

@@ -11,8 +11,6 @@ installed `rwkv` package's vocabulary file; nothing is downloaded).
 """
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
-
 import numpy as np
 
 from rwkvx_c.interop import DTYPES, InteropError, _atomic_write
@@ -59,7 +57,7 @@ def _token_text(b: bytes) -> str:
     return repr(b)[2:-1]
 
 
-def _world_tokens() -> List[bytes]:
+def _world_tokens() -> list[bytes]:
     """The World vocabulary's tokens 1..65529, read as the World tokenizer
     reads them (rwkvx_c.tokenizer)."""
     from rwkvx_c.tokenizer import TokenizerError, parse_vocab_file, world_vocab_path
@@ -73,7 +71,7 @@ def _world_tokens() -> List[bytes]:
     return [t for t, _ in entries]
 
 
-def gguf_vocab(vocab_size: int) -> Tuple[List[str], List[int]]:
+def gguf_vocab(vocab_size: int) -> tuple[list[str], list[int]]:
     """(token texts, token types) for tokenizer.ggml.tokens / token_type."""
     gguf = _need_gguf()
     normal, control, unused = (int(gguf.TokenType.NORMAL), int(gguf.TokenType.CONTROL),
@@ -87,7 +85,7 @@ def gguf_vocab(vocab_size: int) -> Tuple[List[str], List[int]]:
     return texts + [f"[PAD{i}]" for i in range(pad)], types + [unused] * pad
 
 
-def gguf_tensors(model) -> Dict[str, np.ndarray]:
+def gguf_tensors(model) -> dict[str, np.ndarray]:
     """GGUF tensor name -> float32 array in the shape given to the writer
     (numpy order: a [out, in] matrix for llama.cpp's [in, out] ggml dims)."""
     why = gguf_refusal(model.config)
@@ -116,14 +114,16 @@ def gguf_tensors(model) -> Dict[str, np.ndarray]:
             pre + "time_mix_v0.weight": p[tm + v + "0"],
             pre + "time_mix_v1.weight": t(p[tm + v + "1"]),
             pre + "time_mix_v2.weight": t(p[tm + v + "2"]),
-            pre + "time_mix_g1.weight": t(p[tm + "g1"]), pre + "time_mix_g2.weight": t(p[tm + "g2"]),
+            pre + "time_mix_g1.weight": t(p[tm + "g1"]),
+            pre + "time_mix_g2.weight": t(p[tm + "g2"]),
             pre + "time_mix_k_k.weight": p[tm + "k_k"], pre + "time_mix_k_a.weight": p[tm + "k_a"],
             pre + "time_mix_r_k.weight": p[tm + "r_k"],
             pre + "time_mix_receptance.weight": t(p[tm + "receptance_w"]),
             pre + "time_mix_key.weight": t(p[tm + "key_w"]),
             pre + "time_mix_value.weight": t(p[tm + "value_w"]),
             pre + "time_mix_output.weight": t(p[tm + "output_w"]),
-            pre + "time_mix_ln.weight": p[tm + "ln_x_w"], pre + "time_mix_ln.bias": p[tm + "ln_x_b"],
+            pre + "time_mix_ln.weight": p[tm + "ln_x_w"],
+            pre + "time_mix_ln.bias": p[tm + "ln_x_b"],
             pre + "channel_mix_lerp_k.weight": p[b + "cm.ffn_x_k"],
             pre + "channel_mix_key.weight": t(p[b + "cm.ffn_key_w"]),
             pre + "channel_mix_value.weight": t(p[b + "cm.ffn_value_w"]),

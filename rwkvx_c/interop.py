@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Dict, Iterator, List, Mapping, Tuple
+from collections.abc import Iterator, Mapping
 
 import numpy as np
 
@@ -71,7 +71,7 @@ def _need_torch():
 # ---- the x070 names ---------------------------------------------------------
 
 
-def _rwkv_pairs(i: int, L: int, with_vres: bool) -> Iterator[Tuple[str, str, str]]:
+def _rwkv_pairs(i: int, L: int, with_vres: bool) -> Iterator[tuple[str, str, str]]:
     """(x070 name, our name, layout) of RWKV layer i, our block L."""
     pre, ours = f"blocks.{i}.", f"blocks.{L}."
     yield pre + "ln1.weight", ours + "ln1_w", "same"
@@ -87,7 +87,7 @@ def _rwkv_pairs(i: int, L: int, with_vres: bool) -> Iterator[Tuple[str, str, str
     yield pre + "ffn.value.weight", ours + "cm.ffn_value_w", "lin"
 
 
-def _x070_pairs(config: Mapping[str, int], prefix: str = "") -> List[Tuple[str, str, str]]:
+def _x070_pairs(config: Mapping[str, int], prefix: str = "") -> list[tuple[str, str, str]]:
     """Every (x070 name, our name, layout) of a model without attention
     blocks, x070 names under prefix."""
     pairs = [("emb.weight", "emb", "same"), ("blocks.0.ln0.weight", "ln0_w", "same"),
@@ -116,7 +116,7 @@ def _from_foreign(a: np.ndarray, kind: str) -> np.ndarray:
     return a
 
 
-def _export_pairs(model, pairs) -> Dict[str, np.ndarray]:
+def _export_pairs(model, pairs) -> dict[str, np.ndarray]:
     p, H, N = model.params, model.config["n_head"], model.config["head_size"]
     out = {}
     for theirs, ours, kind in pairs:
@@ -131,7 +131,7 @@ def _require_ln0(model, fmt: str) -> None:
                            "none; it predates ln0 and cannot be exported exactly")
 
 
-def to_rwkv7(model) -> Dict[str, np.ndarray]:
+def to_rwkv7(model) -> dict[str, np.ndarray]:
     """The RWKV-LM x070 state dict of a model without attention blocks:
     float32 arrays under the official names and layouts (Linear weights
     [out, in], lerps and offsets (1, 1, C), r_k [H, N], head [V, C]).
@@ -144,7 +144,7 @@ def to_rwkv7(model) -> Dict[str, np.ndarray]:
     return _export_pairs(model, _x070_pairs(c))
 
 
-def _shape(sd: Mapping[str, np.ndarray], name: str, ndim: int) -> Tuple[int, ...]:
+def _shape(sd: Mapping[str, np.ndarray], name: str, ndim: int) -> tuple[int, ...]:
     if name not in sd:
         raise InteropError(f"not an RWKV-7 (x070) state dict: {name} is missing")
     s = tuple(np.shape(sd[name]))
@@ -153,7 +153,7 @@ def _shape(sd: Mapping[str, np.ndarray], name: str, ndim: int) -> Tuple[int, ...
     return s
 
 
-def rwkv7_config(sd: Mapping[str, np.ndarray], prefix: str = "") -> Dict[str, int]:
+def rwkv7_config(sd: Mapping[str, np.ndarray], prefix: str = "") -> dict[str, int]:
     """The RxPtModel config of an x070 state dict (names under prefix), every
     size derived from the tensor shapes."""
     V, C = _shape(sd, prefix + "emb.weight", 2)
@@ -232,7 +232,7 @@ def from_rwkv7(sd: Mapping[str, np.ndarray]):
 # ---- .pth files ------------------------------------------------------------------
 
 
-def load_pth(path: str) -> Dict[str, np.ndarray]:
+def load_pth(path: str) -> dict[str, np.ndarray]:
     """The tensors of a .pth state dict as float32 NumPy arrays (bf16, fp16
     and fp32 are converted exactly). Needs torch; loads weights only."""
     torch = _need_torch()
@@ -240,7 +240,7 @@ def load_pth(path: str) -> Dict[str, np.ndarray]:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise InteropError(f"{path}: no such file") from None
-    except Exception as e:  # pickle and zip errors have many types
+    except Exception as e:  # noqa: BLE001 -- pickle and zip errors have many types
         raise InteropError(f"{path} is not a readable .pth state dict: {e}") from None
     if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
         raise InteropError(f"{path} does not hold a flat dict of tensors")
@@ -285,15 +285,17 @@ def save_pth(sd: Mapping[str, np.ndarray], path: str, dtype: str = "fp32") -> No
 # ---- RWKV-X (the rwkv-x pip package) ------------------------------------------------
 
 
-def _attn_pairs(j: int, L: int) -> List[Tuple[str, str, str]]:
+def _attn_pairs(j: int, L: int) -> list[tuple[str, str, str]]:
     """(rwkv-x name, our name, layout) of attention block j, our block L."""
     pre, ours = f"moba.{j}.", f"blocks.{L}."
-    return [(pre + "ln1.weight", ours + "ln1_w", "same"), (pre + "ln1.bias", ours + "ln1_b", "same"),
+    return [(pre + "ln1.weight", ours + "ln1_w", "same"),
+            (pre + "ln1.bias", ours + "ln1_b", "same"),
             (pre + "att.receptance.weight", ours + "receptance_w", "lin"),
             (pre + "att.key.weight", ours + "key_w", "lin"),
             (pre + "att.value.weight", ours + "value_w", "lin"),
             (pre + "att.output.weight", ours + "output_w", "lin"),
-            (pre + "ln2.weight", ours + "ln2_w", "same"), (pre + "ln2.bias", ours + "ln2_b", "same"),
+            (pre + "ln2.weight", ours + "ln2_w", "same"),
+            (pre + "ln2.bias", ours + "ln2_b", "same"),
             (pre + "ffn.x_k", ours + "cm.ffn_x_k", "vec"),
             (pre + "ffn.key.weight", ours + "cm.ffn_key_w", "lin"),
             (pre + "ffn.value.weight", ours + "cm.ffn_value_w", "lin")]
@@ -327,7 +329,7 @@ def rwkvx_refusal(config: Mapping[str, int]) -> str | None:
     return None
 
 
-def to_rwkvx(model) -> Dict[str, np.ndarray]:
+def to_rwkvx(model) -> dict[str, np.ndarray]:
     """The RWKV-X checkpoint dict of a model: the x070 dict under "rwkv."
     (RWKV blocks numbered in their own array) and the attention blocks under
     "moba.<j>.". InteropError when rwkv-x cannot run the model exactly."""
@@ -337,7 +339,7 @@ def to_rwkvx(model) -> Dict[str, np.ndarray]:
     return _export_pairs(model, _rwkvx_pairs(model))
 
 
-def _rwkvx_pairs(model) -> List[Tuple[str, str, str]]:
+def _rwkvx_pairs(model) -> list[tuple[str, str, str]]:
     """Every (rwkv-x name, our name, layout) of a model, in our block order."""
     pairs = [("rwkv." + t, o, k) for t, o, k in
              (("emb.weight", "emb", "same"), ("blocks.0.ln0.weight", "ln0_w", "same"),

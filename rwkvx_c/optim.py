@@ -75,7 +75,8 @@ class AdamW:
         self.params, self.grads = params, grads
         self.ranges = np.ascontiguousarray(ranges, dtype=np.int64).reshape(-1, 2)
         self.beta1, self.beta2 = float(betas[0]), float(betas[1])
-        self.eps, self.weight_decay, self.grad_clip = float(eps), float(weight_decay), float(grad_clip)
+        self.eps, self.weight_decay = float(eps), float(weight_decay)
+        self.grad_clip = float(grad_clip)
         self.m = np.zeros_like(params)
         self.v = np.zeros_like(params)
         self.t = 0

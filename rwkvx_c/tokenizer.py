@@ -367,7 +367,7 @@ def check_identity(tok: Tokenizer, ident: dict | None, what: str) -> None:
     mine = tok.identity()
     theirs = ident or {"name": "byte", "sha256": None}
     # an identity without a hash names a vocabulary only (an imported World model)
-    same_hash = theirs.get("sha256") is None and theirs.get("name") != "byte" \
+    same_hash = (theirs.get("sha256") is None and theirs.get("name") != "byte") \
         or mine["sha256"] == theirs.get("sha256")
     if mine["name"] != theirs.get("name") or not same_hash:
         def show(d):

@@ -36,15 +36,20 @@ import numpy as np
 
 from rwkvx_c import _core, memcheck
 from rwkvx_c.checkpoint import CheckpointError, read_checkpoint, save_checkpoint
-from rwkvx_c.data import BatchSampler, load_corpus, eval_windows
+from rwkvx_c.data import BatchSampler, eval_windows, load_corpus
 from rwkvx_c.distributed import world
+from rwkvx_c.guard import (
+    MAX_ROLLBACKS,
+    ON_DIVERGENCE,
+    ROLLBACK_LR_FACTOR,
+    Divergence,
+    DivergenceGuard,
+)
 from rwkvx_c.init import SCHEMES, init_model
-from rwkvx_c.guard import MAX_ROLLBACKS, ON_DIVERGENCE, ROLLBACK_LR_FACTOR, Divergence, \
-    DivergenceGuard
 from rwkvx_c.optim import AdamW, decay_ranges, lr_at
+from rwkvx_c.runlock import RunLock, RunLocked
 from rwkvx_c.tokenizer import TokenizerError, check_identity, run_tokenizer
 from rwkvx_c.tokenizer import load as load_tokenizer
-from rwkvx_c.runlock import RunLock, RunLocked
 
 __all__ = ["PRESETS", "TrainOptions", "Trainer", "TrainError", "CHECKPOINT", "LOG"]
 
@@ -454,7 +459,8 @@ class Trainer:
                 setattr(opts, k, v)
             elif k == "tokenizer":  # judged by the vocabulary's hash, not the spelling
                 try:
-                    check_identity(load_tokenizer(v), state.get("tokenizer"), f"the run in {out_dir}")
+                    check_identity(load_tokenizer(v), state.get("tokenizer"),
+                                   f"the run in {out_dir}")
                 except TokenizerError as e:
                     raise TrainError(f"cannot resume: {e}") from None
             elif k == "model":

@@ -58,7 +58,7 @@ def test_jsonl_errors_name_file_and_line(tmp_path):
         load_corpus(str(p), seq_len=4, cache_dir=str(tmp_path / "c"))
     g = tmp_path / "cut.jsonl.gz"
     g.write_bytes(gzip.compress(b'{"text": "abc"}\n' * 1000)[:-12])  # no trailer
-    with pytest.raises(DataError, match="cut.jsonl.gz"):
+    with pytest.raises(DataError, match=r"cut\.jsonl\.gz"):
         load_corpus(str(g), seq_len=4, cache_dir=str(tmp_path / "c"))
 
 

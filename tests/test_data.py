@@ -5,8 +5,15 @@ import os
 import numpy as np
 import pytest
 
-from rwkvx_c.data import (BatchSampler, ByteTokenizer, DataError, eval_windows, load_corpus,
-                          stdlib_files, _is_val_file)
+from rwkvx_c.data import (
+    BatchSampler,
+    ByteTokenizer,
+    DataError,
+    _is_val_file,
+    eval_windows,
+    load_corpus,
+    stdlib_files,
+)
 
 
 def test_tokenizer_round_trip():
@@ -21,7 +28,7 @@ def test_tokenizer_round_trip():
 
 def test_default_corpus_split_by_file(tmp_path):
     c = load_corpus(cache_dir=str(tmp_path), seq_len=64)
-    root, files = stdlib_files()
+    _root, files = stdlib_files()
     assert all("site-packages" not in rel for rel, _ in files)
     val_files = [p for rel, p in files if _is_val_file(rel)]
     train_files = [p for rel, p in files if not _is_val_file(rel)]
