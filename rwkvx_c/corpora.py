@@ -27,7 +27,8 @@ source file's path, size and modification time (size+mtime, not content:
 hashing a corpus of many GB on every start would cost as much as reading it);
 change any of them and the cache is rebuilt. The pass writes into a
 temporary folder that is renamed into place only when complete, so an
-interrupted pass leaves nothing a later run would use.
+interrupted pass leaves nothing a later run would use; the temporary of a
+killed pass (its writer's PID dead) is removed at the next load.
 
 Memory: documents are read and encoded in batches of at most BATCH_BYTES, a
 longer document in pieces of PIECE_BYTES (exactly, for byte and trie
@@ -51,6 +52,7 @@ from rwkvx_c.data import (
     Corpus,
     DataError,
     _is_val_file,
+    _sweep_orphans,
     _tail_split,
     _text_files,
     default_cache_dir,
@@ -363,7 +365,9 @@ def load_tokenized(paths, tok, *, seq_len=256, val_fraction=0.02, cache_dir=None
     files = source_files(paths)
     if not files:
         raise DataError("no source files found")
-    d = os.path.join(cache_dir or default_cache_dir(), "tok-" + _cache_key(files, tok, text_field))
+    root = cache_dir or default_cache_dir()
+    _sweep_orphans(root, "tok-")
+    d = os.path.join(root, "tok-" + _cache_key(files, tok, text_field))
     if not os.path.exists(os.path.join(d, "meta.json")):
         _build(d, files, tok, text_field, min_len, progress)
     with open(os.path.join(d, "meta.json")) as f:

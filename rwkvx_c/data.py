@@ -27,11 +27,15 @@ Corpora (``load_corpus``):
 Folders and the default corpus are concatenated once into ``train.bin`` /
 ``val.bin`` under the cache folder ($RWKVX_CACHE, else
 $XDG_CACHE_HOME/rwkvx_c, else ~/.cache/rwkvx_c), keyed by the file list,
-sizes and modification times, and memory-mapped from there.
+sizes and modification times, and memory-mapped from there. Each is written
+to NAME.tmpPID and renamed into place; a killed writer's temporary is
+removed at the next load that uses the folder.
 """
+import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import sysconfig
 from dataclasses import dataclass
@@ -121,17 +125,55 @@ def _text_files(folder):
     return sorted(out)
 
 
+_TMP_PID = re.compile(r"\.tmp(\d+)$")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return True   # another user's process, or no PID we can judge: not ours to remove
+    return True
+
+
+def _sweep_orphans(folder: str, prefix: str = "") -> None:
+    """Remove the temporaries (NAME.tmpPID, files or folders) in `folder`
+    whose writer is dead: a killed writer never renames its temporary into
+    place, and nothing else would ever delete it. A live writer's stays."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return
+    for name in names:
+        m = _TMP_PID.search(name)
+        if not m or not name.startswith(prefix) or _pid_alive(int(m.group(1))):
+            continue
+        p = os.path.join(folder, name)
+        if os.path.isdir(p) and not os.path.islink(p):
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):   # another sweeper may be first
+                os.unlink(p)
+
+
 def _atomic_concat(paths, dest):
     tmp = dest + ".tmp%d" % os.getpid()
     n = 0
-    with open(tmp, "wb") as out:
-        for p in paths:
-            with open(p, "rb") as f:
-                shutil.copyfileobj(f, out, 1 << 22)
-            n = out.tell()
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(tmp, dest)
+    try:
+        with open(tmp, "wb") as out:
+            for p in paths:
+                with open(p, "rb") as f:
+                    shutil.copyfileobj(f, out, 1 << 22)
+                n = out.tell()
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, dest)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     return n
 
 
@@ -149,6 +191,7 @@ def _cache_dir_for(files, label, cache_dir):
         sig.update(f"{rel}\0{st.st_size}\0{st.st_mtime_ns}\n".encode("utf-8", "surrogateescape"))
     d = os.path.join(cache_dir or default_cache_dir(), sig.hexdigest()[:20])
     os.makedirs(d, exist_ok=True)
+    _sweep_orphans(d)
     return d
 
 
