@@ -46,6 +46,7 @@ __all__ = ["ByteTokenizer", "Corpus", "DataError", "BatchSampler", "load_corpus"
            "default_cache_dir", "eval_windows"]
 
 VOCAB_BYTES = 256
+_MAX_VOCAB = 2 ** 31 - 1   # token ids are int32 in the C API
 _DTYPES = {"uint8": np.uint8, "u8": np.uint8, "uint16": np.uint16, "u16": np.uint16,
            "uint32": np.uint32, "u32": np.uint32}
 
@@ -226,25 +227,43 @@ def _tail_split(tokens, val_fraction, min_len, what):
     return tokens[: n - nval], tokens[n - nval:]
 
 
+def _show(v):
+    """A sidecar value for a one-line message: ASCII, and short whatever it holds."""
+    s = ascii(v)
+    return s if len(s) <= 40 else s[:37] + "..."
+
+
 def _bin_dtype(path):
     side = path + ".json"
     info = {}
     if os.path.exists(side):
         try:
-            with open(side) as f:
+            with open(side, encoding="utf-8") as f:
                 info = json.load(f)
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError) as e:   # UnicodeDecodeError is a ValueError
             raise DataError(f"cannot read token sidecar {side}: {e}") from None
+        if not isinstance(info, dict):
+            raise DataError(f"token sidecar {side} holds {_show(info)}, not a JSON object "
+                            'such as {"dtype": "uint16", "vocab_size": 50304}')
     name = info.get("dtype")
     if name is None:
         parts = os.path.basename(path).lower().split(".")
         hits = [p for p in parts[:-1] if p in _DTYPES]
         name = hits[-1] if hits else None
+    elif not isinstance(name, str) or name not in _DTYPES:
+        raise DataError(f"token sidecar {side}: dtype {_show(name)} is not uint8, uint16 "
+                        "or uint32")
     if name not in _DTYPES:
         raise DataError(f"cannot tell the token dtype of {path}: name it *.u8.bin, *.u16.bin "
                         f"or *.u32.bin, or add {os.path.basename(side)} with "
                         '{"dtype": "uint16"}')
-    return np.dtype(_DTYPES[name]), info.get("vocab_size")
+    vocab = info.get("vocab_size")
+    # bool is an int to Python, and float vocabularies do not exist
+    if vocab is not None and (isinstance(vocab, bool) or not isinstance(vocab, int)
+                              or not 1 <= vocab <= _MAX_VOCAB):
+        raise DataError(f"token sidecar {side}: vocab_size {_show(vocab)} is not an integer "
+                        f"in [1, {_MAX_VOCAB}]")
+    return np.dtype(_DTYPES[name]), vocab
 
 
 def _load_bin(path, val_fraction, min_len):
@@ -256,12 +275,18 @@ def _load_bin(path, val_fraction, min_len):
         raise DataError(f"token file {path} has {size} bytes, not a multiple of "
                         f"{dtype.itemsize} ({dtype.name})")
     tokens = np.memmap(path, dtype=dtype, mode="r")
-    if vocab is None:
-        if dtype == np.uint8:
-            vocab = VOCAB_BYTES
-        else:  # chunked so memory stays flat
-            vocab = 1 + max(int(tokens[i:i + (1 << 24)].max())
-                            for i in range(0, len(tokens), 1 << 24))
+    # a sidecar's vocab_size is checked against the tokens: one below it would
+    # only fail mid-training, at the first batch holding a larger id
+    if not (dtype == np.uint8 and (vocab is None or vocab >= VOCAB_BYTES)):
+        top = max(int(tokens[i:i + (1 << 24)].max())   # chunked so memory stays flat
+                  for i in range(0, len(tokens), 1 << 24))
+        if vocab is None:
+            vocab = top + 1
+        elif top >= vocab:
+            raise DataError(f"token file {path} holds token id {top}, but its sidecar's "
+                            f"vocab_size is {vocab}")
+    elif vocab is None:
+        vocab = VOCAB_BYTES
     train, val = _tail_split(tokens, val_fraction, min_len, f"token file {path}")
     return Corpus(train, val, int(vocab), dtype == np.uint8 and vocab <= VOCAB_BYTES,
                   f"{path} ({len(tokens):,} {dtype.name} tokens)")

@@ -103,6 +103,24 @@ def test_bad_corpora(tmp_path):
         load_corpus(str(tmp_path / "odd.u16.bin"))
 
 
+@pytest.mark.parametrize("sidecar,match", [
+    (b'["uint16"]', "not a JSON object"),
+    (b'{"dtype": "float32"}', "dtype 'float32' is not"),
+    (b'{"dtype": 16}', "dtype 16 is not"),
+    (b'{"dtype": "uint16", "vocab_size": true}', "vocab_size True is not"),
+    (b'{"dtype": "uint16", "vocab_size": NaN}', "vocab_size nan is not"),
+    (b'{"dtype": "uint16", "vocab_size": -5}', "vocab_size -5 is not"),
+    (b'{"dtype": "uint16", "vocab_size": 100}', "token id 999, but its sidecar's vocab_size is 1"),
+    (b'{"dtype": "uint\xff16"}', "cannot read token sidecar"),
+])
+def test_bad_token_sidecar(tmp_path, sidecar, match):
+    p = tmp_path / "t.bin"
+    (np.arange(5000) % 1000).astype(np.uint16).tofile(p)
+    (tmp_path / "t.bin.json").write_bytes(sidecar)
+    with pytest.raises(DataError, match=match):
+        load_corpus(str(p), seq_len=32)
+
+
 def test_sampler_windows_and_state():
     tokens = np.arange(10000, dtype=np.uint16) % 256
     s = BatchSampler(tokens, 4, 16, seed=7)
