@@ -251,11 +251,7 @@ def _resume_dir(out):
 
 
 def _train(a):
-    from rwkvx_c import gemm_kernel, get_num_threads
-    from rwkvx_c.checkpoint import CheckpointError
-    from rwkvx_c.data import DataError
     from rwkvx_c.distributed import DistributedError, world
-    from rwkvx_c.train import LOG, Trainer, TrainError, TrainOptions, shape_overrides
 
     try:
         group = world()
@@ -265,52 +261,11 @@ def _train(a):
         # stays open for the whole process: the silenced streams are never restored
         sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115
         a.no_progress = True
-
-    data = a.data[0] if a.data and len(a.data) == 1 else a.data
-    opts = dict(data=data, preset=a.preset, steps=a.steps, time_budget=a.time_budget,
-                batch=a.batch, seq_len=a.seq_len, lr=a.lr, warmup_steps=a.warmup,
-                weight_decay=a.weight_decay, grad_clip=a.grad_clip, threads=a.threads,
-                seed=a.seed, init=a.init, eval_every=a.eval_every,
-                eval_tokens=a.eval_tokens, save_every=a.save_every, cache_dir=a.cache_dir,
-                tokenizer=a.tokenizer, text_field=a.text_field,
-                precision=a.precision, on_divergence=a.on_divergence)
-    shape = {k: getattr(a, k) for k in ("n_embd", "head_size", "n_layer", "n_attn_layer",
-                                        "ffn_dim", "chunk_size", "moba_top_k", "d_decay",
-                                        "d_aaa", "d_mv", "d_gate")}
-    try:
-        if any(v is not None for v in shape.values()):
-            if a.resume:
-                return _err("the model shape of a run is fixed; drop the shape flags with --resume")
-            opts["model"] = shape_overrides(a.preset or "default", **shape)
-        if a.resume:
-            out = group.on_root(_resume_dir, a.out)
-            if a.data is not None:
-                opts["data"] = data
-            tr = Trainer.resume(out, progress=not a.no_progress, **opts)
-        else:
-            out = group.root_value(a.out or _new_run_dir())
-            kw = {k: v for k, v in opts.items() if v is not None}
-            tr = Trainer(TrainOptions(**kw), out, progress=not a.no_progress)
-    except (TrainError, DataError, CheckpointError, DistributedError) as e:
-        return _err(str(e) + (f" (on rank {e.rank})" if getattr(e, "rank", 0) else ""))
-    except OSError as e:
-        return _err(f"{e.strerror}: {e.filename}" if e.filename else str(e))
-
-    o = tr.opts
-    m = tr.model
-    stop_by = (f"{o.steps} steps" if o.steps is not None else "") + \
-        (" or " if o.steps is not None and o.time_budget else "") + \
-        (f"{o.time_budget:g} min" if o.time_budget else "")
-    print(f"rwkvx-c train: {out}\n"
-          f"  data   {tr.corpus.description}\n"
-          f"  tokens {tr.tokenizer.identity()['name']}, vocab {tr.tokenizer.vocab_size:,}\n"
-          f"  model  preset {o.preset}, layers {m.layers}, {m.n_params:,} params, "
-          f"init {o.init}\n"
-          f"  train  batch {o.batch} x seq_len {o.seq_len}, lr {o.lr:g}, stop after {stop_by}, "
-          + (f"{get_num_threads()} threads" if group.size == 1 else
-             f"{group.size} ranks x {get_num_threads()} threads per rank")
-          + f", {m.precision} ({gemm_kernel(m.precision)})"
-          + (f", resumed at step {tr.step_count}" if a.resume else ""), flush=True)
+    started = _start_run(a, group)
+    if isinstance(started, int):
+        return started
+    tr, out = started
+    _print_header(tr, out, group, a.resume)
 
     interrupted = []
 
@@ -319,35 +274,10 @@ def _train(a):
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
     old = signal.signal(signal.SIGINT, on_sigint)
-    bar = None
-    if not a.no_progress:
-        from rwkvx_c.progress import make_progress
-        if o.steps is not None:
-            bar = make_progress(o.steps, tr.step_count, "step")
-        else:
-            bar = make_progress(round(o.time_budget * 60), round(tr.train_seconds()), "s",
-                                bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f}s "
-                                "[{elapsed}<{remaining}{postfix}]")
-    post = {}
-
-    def on_step(row):
-        if bar is None:
-            return
-        if "loss" in row:
-            post["loss"] = f"{row['loss']:.3f}"
-            post["tok/s"] = f"{row['tokens_per_s']:.0f}"
-        if row.get("val_bpb") is not None:
-            post["val_bpb"] = f"{row['val_bpb']:.3f}"
-        elif "val_loss" in row:
-            post["val_loss"] = f"{row['val_loss']:.3f}"
-        bar.set_postfix(post, refresh=False)
-        if o.steps is not None:
-            bar.update(row["step"] - bar.n)
-        else:
-            bar.update(min(bar.total, tr.train_seconds()) - bar.n)
-
+    bar = None if a.no_progress else _progress_bar(tr)
     try:
-        final = tr.run(on_step=on_step, stop=lambda: group.any(interrupted))
+        final = tr.run(on_step=_progress_update(bar, tr),
+                       stop=lambda: group.any(interrupted))
     except (FloatingPointError, MemoryError) as e:
         # the Divergence message says what became of the checkpoint
         if bar:
@@ -362,11 +292,116 @@ def _train(a):
         signal.signal(signal.SIGINT, old)
     if bar:
         bar.close()
-    if not group.is_root:
-        return 130 if interrupted else 0
-    rows = tr.read_log()
+    if group.is_root:
+        _print_summary(tr, out, final, bool(interrupted))
+    return 130 if interrupted else 0
+
+
+def _train_options(a):
+    """The TrainOptions fields the flags set (None: not given), shape flags
+    folded into `model`; TrainError for shape flags with --resume."""
+    from rwkvx_c.train import TrainError, shape_overrides
+    data = a.data[0] if a.data and len(a.data) == 1 else a.data
+    opts = dict(data=data, preset=a.preset, steps=a.steps, time_budget=a.time_budget,
+                batch=a.batch, seq_len=a.seq_len, lr=a.lr, warmup_steps=a.warmup,
+                weight_decay=a.weight_decay, grad_clip=a.grad_clip, threads=a.threads,
+                seed=a.seed, init=a.init, eval_every=a.eval_every,
+                eval_tokens=a.eval_tokens, save_every=a.save_every, cache_dir=a.cache_dir,
+                tokenizer=a.tokenizer, text_field=a.text_field,
+                precision=a.precision, on_divergence=a.on_divergence)
+    shape = {k: getattr(a, k) for k in ("n_embd", "head_size", "n_layer", "n_attn_layer",
+                                        "ffn_dim", "chunk_size", "moba_top_k", "d_decay",
+                                        "d_aaa", "d_mv", "d_gate")}
+    if any(v is not None for v in shape.values()):
+        if a.resume:
+            raise TrainError("the model shape of a run is fixed; drop the shape flags with "
+                             "--resume")
+        opts["model"] = shape_overrides(a.preset or "default", **shape)
+    return opts
+
+
+def _start_run(a, group):
+    """(Trainer, run folder) of a new or resumed run, or the exit status of
+    a one-line error."""
+    from rwkvx_c.checkpoint import CheckpointError
+    from rwkvx_c.data import DataError
+    from rwkvx_c.distributed import DistributedError
+    from rwkvx_c.train import Trainer, TrainError, TrainOptions
+    try:
+        opts = _train_options(a)
+        if a.resume:
+            out = group.on_root(_resume_dir, a.out)
+            tr = Trainer.resume(out, progress=not a.no_progress, **opts)
+        else:
+            out = group.root_value(a.out or _new_run_dir())
+            kw = {k: v for k, v in opts.items() if v is not None}
+            tr = Trainer(TrainOptions(**kw), out, progress=not a.no_progress)
+    except (TrainError, DataError, CheckpointError, DistributedError) as e:
+        return _err(str(e) + (f" (on rank {e.rank})" if getattr(e, "rank", 0) else ""))
+    except OSError as e:
+        return _err(f"{e.strerror}: {e.filename}" if e.filename else str(e))
+    return tr, out
+
+
+def _print_header(tr, out, group, resumed):
+    """What the run is: data, tokens, model, training set-up."""
+    from rwkvx_c import gemm_kernel, get_num_threads
+    o = tr.opts
+    m = tr.model
+    stop_by = (f"{o.steps} steps" if o.steps is not None else "") + \
+        (" or " if o.steps is not None and o.time_budget else "") + \
+        (f"{o.time_budget:g} min" if o.time_budget else "")
+    print(f"rwkvx-c train: {out}\n"
+          f"  data   {tr.corpus.description}\n"
+          f"  tokens {tr.tokenizer.identity()['name']}, vocab {tr.tokenizer.vocab_size:,}\n"
+          f"  model  preset {o.preset}, layers {m.layers}, {m.n_params:,} params, "
+          f"init {o.init}\n"
+          f"  train  batch {o.batch} x seq_len {o.seq_len}, lr {o.lr:g}, stop after {stop_by}, "
+          + (f"{get_num_threads()} threads" if group.size == 1 else
+             f"{group.size} ranks x {get_num_threads()} threads per rank")
+          + f", {m.precision} ({gemm_kernel(m.precision)})"
+          + (f", resumed at step {tr.step_count}" if resumed else ""), flush=True)
+
+
+def _progress_bar(tr):
+    """A bar over the run's steps, or over its time budget in seconds."""
+    from rwkvx_c.progress import make_progress
+    o = tr.opts
+    if o.steps is not None:
+        return make_progress(o.steps, tr.step_count, "step")
+    return make_progress(round(o.time_budget * 60), round(tr.train_seconds()), "s",
+                         bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f}s "
+                         "[{elapsed}<{remaining}{postfix}]")
+
+
+def _progress_update(bar, tr):
+    """The run's on_step: moves the bar and shows the latest losses on it."""
+    post = {}
+
+    def on_step(row):
+        if bar is None:
+            return
+        if "loss" in row:
+            post["loss"] = f"{row['loss']:.3f}"
+            post["tok/s"] = f"{row['tokens_per_s']:.0f}"
+        if row.get("val_bpb") is not None:
+            post["val_bpb"] = f"{row['val_bpb']:.3f}"
+        elif "val_loss" in row:
+            post["val_loss"] = f"{row['val_loss']:.3f}"
+        bar.set_postfix(post, refresh=False)
+        if tr.opts.steps is not None:
+            bar.update(row["step"] - bar.n)
+        else:
+            bar.update(min(bar.total, tr.train_seconds()) - bar.n)
+    return on_step
+
+
+def _print_summary(tr, out, final, interrupted):
+    """The final evaluation, where the run's files are (the loss plot drawn
+    now) and how to sample from it."""
+    from rwkvx_c.train import LOG
     plot = os.path.join(out, "loss.png")
-    plotted = plot_log(rows, plot)
+    plotted = plot_log(tr.read_log(), plot)
     bpb = final.get("val_bpb")
     print(f"step {tr.step_count}: val_loss {final['val_loss']:.4f}"
           + (f", val_bpb {bpb:.4f}" if bpb is not None else "")
@@ -379,7 +414,6 @@ def _train(a):
     else:
         print("  plot       skipped: matplotlib is not installed (pip install 'rwkvx_c[train]')")
     print(f"  sample     rwkvx-c sample {out} --prompt 'def '")
-    return 130 if interrupted else 0
 
 
 def _sample(a):

@@ -294,38 +294,59 @@ class Trainer:
             raise
 
     def _setup(self, options, run_dir, _state, _tensors, _weights, progress):
-        opts = (options or TrainOptions()).resolved()
-        self.opts = opts
+        self.opts = (options or TrainOptions()).resolved()
         # every rank reads the run folder (its tokenizer); only rank 0 writes it
-        out_dir = run_dir if self.group.is_root else None
-        self.out_dir = out_dir
+        self.out_dir = run_dir if self.group.is_root else None
         self._t0 = time.perf_counter()
-        if out_dir is not None and self._lock is None:
-            self._lock = _take_lock(out_dir)
-        if out_dir is not None:
-            if _state is None and _weights is None and \
-                    os.path.exists(os.path.join(out_dir, CHECKPOINT)):
-                raise TrainError(f"{out_dir} already holds a run; use resume (--resume) "
-                                 "or another output folder")
-            os.makedirs(out_dir, exist_ok=True)
-            if _state is None and os.path.exists(os.path.join(out_dir, LOG)):
-                os.unlink(os.path.join(out_dir, LOG))  # rows of a run that never saved
-        threads = opts.threads if opts.threads is not None else self.group.default_threads()
+        self._prepare_out_dir(new=_state is None, imported=_weights is not None)
+        threads = self.opts.threads if self.opts.threads is not None \
+            else self.group.default_threads()
         if threads is not None:
             _core.set_num_threads(threads)
+        self._load_data(run_dir, _state, progress)
+        self._build_model(_tensors, _weights)
+        self._prepare_batches()
+        self._reset_counters()
+        if _state is not None:
+            self._restore(_state, _tensors)
+        # the budget counts this session's set-up (corpus, model) too
+        self._session_start = self._t0
+
+    def _prepare_out_dir(self, new, imported):
+        """Lock the run folder (rank 0), refuse to start over a saved run,
+        and drop the log of a run that never saved."""
+        out_dir = self.out_dir
+        if out_dir is None:
+            return
+        if self._lock is None:
+            self._lock = _take_lock(out_dir)
+        if new and not imported and os.path.exists(os.path.join(out_dir, CHECKPOINT)):
+            raise TrainError(f"{out_dir} already holds a run; use resume (--resume) "
+                             "or another output folder")
+        os.makedirs(out_dir, exist_ok=True)
+        if new and os.path.exists(os.path.join(out_dir, LOG)):
+            os.unlink(os.path.join(out_dir, LOG))  # rows of a run that never saved
+
+    def _load_data(self, run_dir, _state, progress):
+        """The tokenizer (a resumed run's own) and the corpus it reads."""
+        opts = self.opts
         try:
             self.tokenizer = (run_tokenizer(run_dir, _state.get("tokenizer")) if _state is not None
                               else load_tokenizer(opts.tokenizer))
         except TokenizerError as e:
             raise TrainError(str(e)) from None
-        if out_dir is not None and _state is None:
-            self.tokenizer.save(out_dir)   # a tokenizer.json travels with the run
+        if self.out_dir is not None and _state is None:
+            self.tokenizer.save(self.out_dir)   # a tokenizer.json travels with the run
         try:
             self.corpus = load_corpus(opts.data, seq_len=opts.seq_len, cache_dir=opts.cache_dir,
                                       tokenizer=self.tokenizer, text_field=opts.text_field,
                                       progress=progress)
         except OSError as e:
             raise TrainError(f"cannot prepare the corpus: {e}") from None
+
+    def _build_model(self, _tensors, _weights):
+        """The model (checked to fit in memory), its first weights and the optimiser."""
+        opts = self.opts
         if self.tokenizer.name != "byte":  # the model's vocabulary is the tokenizer's
             opts.model["vocab_size"] = self.tokenizer.vocab_size
         cfg = dict(opts.model)
@@ -350,6 +371,11 @@ class Trainer:
                            decay_ranges(self.model), betas=(opts.beta1, opts.beta2),
                            eps=opts.adam_eps, weight_decay=opts.weight_decay,
                            grad_clip=opts.grad_clip)
+        self.guard = DivergenceGuard(cfg["vocab_size"])
+
+    def _prepare_batches(self):
+        """The training batch sampler, this rank's rows, and the validation windows."""
+        opts = self.opts
         # every rank draws the global batch and trains on its rows of it
         self.sampler = BatchSampler(self.corpus.train, opts.batch, opts.seq_len, opts.seed)
         self._rows = self.group.rows(opts.batch)
@@ -359,6 +385,9 @@ class Trainer:
         tb = self.corpus.token_bytes
         self.val_bytes = int(tb[self.val_y].sum()) if tb is not None else \
             self.val_y.size if self.corpus.is_bytes else None
+
+    def _reset_counters(self):
+        """The run state of step 0 (a resume then restores the saved one)."""
         self.step_count = 0
         self.elapsed = 0.0          # training seconds of earlier sessions of this run
         self.tokens_seen = 0
@@ -367,15 +396,10 @@ class Trainer:
         self._save_seconds = None
         self._warm_end = None       # elapsed training time when warmup ended
         self._next_eval_at = None
-        self.guard = DivergenceGuard(cfg["vocab_size"])
         self.lr_scale = 1.0         # lowered by each rollback after a divergence
         self.rollbacks = 0
         self.saved_step = None      # step of the checkpoint in out_dir, None before one
         self._last_batch = None
-        if _state is not None:
-            self._restore(_state, _tensors)
-        # the budget counts this session's set-up (corpus, model) too
-        self._session_start = self._t0
 
     def _check_memory(self):
         """Refuses (TrainError) a batch whose step would not fit in memory."""
@@ -434,43 +458,9 @@ class Trainer:
                 kw["tokenizer"] = state["tokenizer"]["name"]   # an imported World model
             return cls(TrainOptions(**{**kw, "model": dict(config)}), out_dir, group=group,
                        progress=progress, _weights=tensors, _lock=lock)
-        if not isinstance(saved, dict):
-            raise TrainError(f"checkpoint {path} holds no training state")
-        # options added since the checkpoint was written take their defaults
-        opts = TrainOptions(**{f.name: saved.get(f.name, f.default) for f in fields(TrainOptions)})
-        try:
-            opts.resolved()
-        except TrainError as e:
-            raise TrainError(f"checkpoint {path} holds bad options: {e}") from None
-        except (TypeError, ValueError, AttributeError) as e:
-            raise TrainError(f"checkpoint {path} holds bad options ({e})") from None
-        # runs saved before the ln0 key existed had none: ln0 = 0, not the preset's
-        opts.model = {"ln0": 0, **(opts.model or {})}
-        config = {"ln0": 0, **config}
-        if changes.get("precision") == "auto":
-            changes = dict(changes, precision=None)
-        diff = []
-        for k, v in changes.items():
-            if k not in {f.name for f in fields(TrainOptions)}:
-                raise TrainError(f"unknown option {k!r}")
-            if v is None:
-                continue
-            if k in TrainOptions.RESUMABLE:
-                setattr(opts, k, v)
-            elif k == "tokenizer":  # judged by the vocabulary's hash, not the spelling
-                try:
-                    check_identity(load_tokenizer(v), state.get("tokenizer"),
-                                   f"the run in {out_dir}")
-                except TokenizerError as e:
-                    raise TrainError(f"cannot resume: {e}") from None
-            elif k == "model":
-                for mk, mv in v.items():
-                    if opts.model.get(mk) != mv:
-                        diff.append(f"model.{mk} {opts.model.get(mk)!r} -> {mv!r}")
-            elif getattr(opts, k) != v:
-                diff.append(f"{k} {getattr(opts, k)!r} -> {v!r}")
-        if diff:
-            raise TrainError("cannot resume with a different configuration: " + "; ".join(diff))
+        opts = _saved_options(saved, path)
+        config = {"ln0": 0, **config}   # as in _saved_options
+        _apply_changes(opts, changes, state.get("tokenizer"), out_dir)
         if config != opts.model:
             raise TrainError(f"checkpoint {path} is inconsistent: its model config differs "
                              "from its saved options")
@@ -803,28 +793,10 @@ class Trainer:
         raise Divergence(e.step, f"{e.reason}; {fate}; try a lower --lr{hint}") from None
 
     def _run(self, on_step, stop):
-        final = None
         while not self.done():
             if stop is not None and stop():
                 break
-            try:
-                row = self.step()
-                evaluated = False
-                if self.eval_due() and not self.done():
-                    row.update(self.evaluate())
-                    self.guard.check_eval(row["val_loss"], self.step_count)
-                    evaluated = True
-            except Divergence as e:
-                self._diverged(e)
-                continue
-            self.log(row)
-            if on_step:
-                on_step(row)
-            if self.out_dir and self.save_due(evaluated):
-                try:
-                    self.save()
-                except Divergence as e:
-                    self._diverged(e)
+            self._train_step(on_step)
         if self.last_eval is None or self.last_eval["step"] != self.step_count:
             final = self.evaluate()
             try:
@@ -842,6 +814,75 @@ class Trainer:
         if self.out_dir:
             self.save()
         return final
+
+    def _train_step(self, on_step):
+        """One step of the loop: the step, its periodic evaluation, its log
+        row and its checkpoint; a divergence rolls back or raises (_diverged)."""
+        try:
+            row = self.step()
+            evaluated = False
+            if self.eval_due() and not self.done():
+                row.update(self.evaluate())
+                self.guard.check_eval(row["val_loss"], self.step_count)
+                evaluated = True
+        except Divergence as e:
+            self._diverged(e)
+            return
+        self.log(row)
+        if on_step:
+            on_step(row)
+        if self.out_dir and self.save_due(evaluated):
+            try:
+                self.save()
+            except Divergence as e:
+                self._diverged(e)
+
+
+def _saved_options(saved, path):
+    """The TrainOptions a checkpoint's state holds (TrainError if it holds none or bad ones)."""
+    if not isinstance(saved, dict):
+        raise TrainError(f"checkpoint {path} holds no training state")
+    # options added since the checkpoint was written take their defaults
+    opts = TrainOptions(**{f.name: saved.get(f.name, f.default) for f in fields(TrainOptions)})
+    try:
+        opts.resolved()
+    except TrainError as e:
+        raise TrainError(f"checkpoint {path} holds bad options: {e}") from None
+    except (TypeError, ValueError, AttributeError) as e:
+        raise TrainError(f"checkpoint {path} holds bad options ({e})") from None
+    # runs saved before the ln0 key existed had none: ln0 = 0, not the preset's
+    opts.model = {"ln0": 0, **(opts.model or {})}
+    return opts
+
+
+def _apply_changes(opts, changes, tokenizer, out_dir):
+    """Sets the RESUMABLE options of `changes` on a resumed run's opts; any
+    other option that differs from the saved run is a TrainError, as is a
+    tokenizer with another vocabulary than the run's (`tokenizer`, its identity)."""
+    if changes.get("precision") == "auto":   # "auto" keeps the saved precision
+        changes = dict(changes, precision=None)
+    names = {f.name for f in fields(TrainOptions)}
+    diff = []
+    for k, v in changes.items():
+        if k not in names:
+            raise TrainError(f"unknown option {k!r}")
+        if v is None:
+            continue
+        if k in TrainOptions.RESUMABLE:
+            setattr(opts, k, v)
+        elif k == "tokenizer":  # judged by the vocabulary's hash, not the spelling
+            try:
+                check_identity(load_tokenizer(v), tokenizer, f"the run in {out_dir}")
+            except TokenizerError as e:
+                raise TrainError(f"cannot resume: {e}") from None
+        elif k == "model":
+            for mk, mv in v.items():
+                if opts.model.get(mk) != mv:
+                    diff.append(f"model.{mk} {opts.model.get(mk)!r} -> {mv!r}")
+        elif getattr(opts, k) != v:
+            diff.append(f"{k} {getattr(opts, k)!r} -> {v!r}")
+    if diff:
+        raise TrainError("cannot resume with a different configuration: " + "; ".join(diff))
 
 
 def _take_lock(out_dir):
