@@ -17,12 +17,23 @@ exception of no expected kind) shows its traceback. A diverged run stops
 with status 1 (or rolls back, with --on-divergence rollback); Ctrl-C ends a
 run after its checkpoint (status 130), a second Ctrl-C at once.
 """
+from __future__ import annotations
+
 import argparse
 import datetime
 import math
 import os
 import signal
 import sys
+from collections.abc import Callable, Sequence
+from types import FrameType
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+
+if TYPE_CHECKING:
+    from rwkvx_c.distributed import ProcessGroup
+    from rwkvx_c.train import Trainer
+
+T = TypeVar("T")
 
 __all__ = ["main"]
 
@@ -30,13 +41,14 @@ __all__ = ["main"]
 class _Parser(argparse.ArgumentParser):
     """argparse with one-line errors."""
 
-    def error(self, message):
+    def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def _checked(conv, ok, what):
+def _checked(conv: Callable[[str], T], ok: Callable[[T], bool],
+             what: str) -> Callable[[str], T]:
     """An argparse type: conv(s), which must satisfy ok, else "expected <what>"."""
-    def parse(s):
+    def parse(s: str) -> T:
         try:
             v = conv(s)
         except ValueError:
@@ -54,7 +66,7 @@ _nonneg_float = _checked(float, lambda v: math.isfinite(v) and v >= 0, "a number
 _unit_float = _checked(float, lambda v: 0 <= v <= 1, "a number in [0, 1]")
 
 
-def build_parser():
+def build_parser() -> argparse.ArgumentParser:
     from rwkvx_c.init import SCHEMES
     from rwkvx_c.train import PRESETS
     p = _Parser(prog="rwkvx-c", description="CPU pretraining of RWKV-X language models.")
@@ -179,12 +191,12 @@ def build_parser():
     return p
 
 
-def _err(msg, code=1):
+def _err(msg: str, code: int = 1) -> int:
     sys.stderr.write(f"rwkvx-c: error: {msg}\n")
     return code
 
 
-def _new_run_dir():
+def _new_run_dir() -> str:
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     base = os.path.join("runs", stamp)
     d, i = base, 1
@@ -194,7 +206,7 @@ def _new_run_dir():
     return d
 
 
-def _latest_run():
+def _latest_run() -> str | None:
     from rwkvx_c.train import CHECKPOINT
     if not os.path.isdir("runs"):
         return None
@@ -203,7 +215,7 @@ def _latest_run():
     return max(cands, key=os.path.getmtime) if cands else None
 
 
-def plot_log(rows, path):
+def plot_log(rows: Sequence[dict[str, Any]], path: str) -> bool:
     """DIR/loss.png: training loss and validation loss against steps.
     Returns False (and writes nothing) when matplotlib is missing."""
     try:
@@ -240,7 +252,7 @@ def plot_log(rows, path):
     return True
 
 
-def _resume_dir(out):
+def _resume_dir(out: str | None) -> str:
     from rwkvx_c.train import TrainError
     out = out or _latest_run()
     if out is None:
@@ -250,7 +262,7 @@ def _resume_dir(out):
     return out
 
 
-def _train(a):
+def _train(a: argparse.Namespace) -> int:
     from rwkvx_c.distributed import DistributedError, world
 
     try:
@@ -267,9 +279,9 @@ def _train(a):
     tr, out = started
     _print_header(tr, out, group, a.resume)
 
-    interrupted = []
+    interrupted: list[int] = []
 
-    def on_sigint(signum, frame):
+    def on_sigint(signum: int, frame: FrameType | None) -> None:
         interrupted.append(1)
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
@@ -297,7 +309,7 @@ def _train(a):
     return 130 if interrupted else 0
 
 
-def _train_options(a):
+def _train_options(a: argparse.Namespace) -> dict[str, Any]:
     """The TrainOptions fields the flags set (None: not given), shape flags
     folded into `model`; TrainError for shape flags with --resume."""
     from rwkvx_c.train import TrainError, shape_overrides
@@ -320,7 +332,7 @@ def _train_options(a):
     return opts
 
 
-def _start_run(a, group):
+def _start_run(a: argparse.Namespace, group: ProcessGroup) -> tuple[Trainer, str] | int:
     """(Trainer, run folder) of a new or resumed run, or the exit status of
     a one-line error."""
     from rwkvx_c.checkpoint import CheckpointError
@@ -337,13 +349,14 @@ def _start_run(a, group):
             kw = {k: v for k, v in opts.items() if v is not None}
             tr = Trainer(TrainOptions(**kw), out, progress=not a.no_progress)
     except (TrainError, DataError, CheckpointError, DistributedError) as e:
-        return _err(str(e) + (f" (on rank {e.rank})" if getattr(e, "rank", 0) else ""))
+        rank = getattr(e, "rank", 0)   # set by distributed.py on an error from another rank
+        return _err(str(e) + (f" (on rank {rank})" if rank else ""))
     except OSError as e:
         return _err(f"{e.strerror}: {e.filename}" if e.filename else str(e))
     return tr, out
 
 
-def _print_header(tr, out, group, resumed):
+def _print_header(tr: Trainer, out: str, group: ProcessGroup, resumed: bool) -> None:
     """What the run is: data, tokens, model, training set-up."""
     from rwkvx_c import gemm_kernel, get_num_threads
     o = tr.opts
@@ -363,22 +376,23 @@ def _print_header(tr, out, group, resumed):
           + (f", resumed at step {tr.step_count}" if resumed else ""), flush=True)
 
 
-def _progress_bar(tr):
+def _progress_bar(tr: Trainer) -> Any:
     """A bar over the run's steps, or over its time budget in seconds."""
     from rwkvx_c.progress import make_progress
     o = tr.opts
     if o.steps is not None:
         return make_progress(o.steps, tr.step_count, "step")
+    assert o.time_budget is not None   # resolved(): a run without steps has a time budget
     return make_progress(round(o.time_budget * 60), round(tr.train_seconds()), "s",
                          bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f}s "
                          "[{elapsed}<{remaining}{postfix}]")
 
 
-def _progress_update(bar, tr):
+def _progress_update(bar: Any, tr: Trainer) -> Callable[[dict[str, Any]], None]:
     """The run's on_step: moves the bar and shows the latest losses on it."""
-    post = {}
+    post: dict[str, str] = {}
 
-    def on_step(row):
+    def on_step(row: dict[str, Any]) -> None:
         if bar is None:
             return
         if "loss" in row:
@@ -396,7 +410,7 @@ def _progress_update(bar, tr):
     return on_step
 
 
-def _print_summary(tr, out, final, interrupted):
+def _print_summary(tr: Trainer, out: str, final: dict[str, Any], interrupted: bool) -> None:
     """The final evaluation, where the run's files are (the loss plot drawn
     now) and how to sample from it."""
     from rwkvx_c.train import LOG
@@ -416,7 +430,7 @@ def _print_summary(tr, out, final, interrupted):
     print(f"  sample     rwkvx-c sample {out} --prompt 'def '")
 
 
-def _sample(a):
+def _sample(a: argparse.Namespace) -> int:
     import rwkvx_c
     from rwkvx_c.checkpoint import CheckpointError
     from rwkvx_c.sample import generate, load_run
@@ -444,7 +458,7 @@ def _sample(a):
     return 0
 
 
-def _export(a):
+def _export(a: argparse.Namespace) -> int:
     from rwkvx_c.checkpoint import CheckpointError
     from rwkvx_c.interop import InteropError, export_model
     from rwkvx_c.sample import load_run
@@ -463,7 +477,7 @@ def _export(a):
     return 0
 
 
-def _import(a):
+def _import(a: argparse.Namespace) -> int:
     from rwkvx_c.interop import InteropError, import_pth
     try:
         ckpt = import_pth(a.file, a.out)
@@ -476,7 +490,7 @@ def _import(a):
     return 0
 
 
-def _tokenizer_train(a):
+def _tokenizer_train(a: argparse.Namespace) -> int:
     from rwkvx_c.corpora import iter_documents, source_files
     from rwkvx_c.data import DataError, _is_val_file
     from rwkvx_c.tokenizer import TokenizerError, train_bpe
@@ -492,7 +506,7 @@ def _tokenizer_train(a):
     return 0
 
 
-def _expected_errors():
+def _expected_errors() -> tuple[type[BaseException], ...]:
     """Exception classes that mean bad input or a bad environment, not a bug."""
     from rwkvx_c.checkpoint import CheckpointError
     from rwkvx_c.data import DataError
@@ -500,10 +514,11 @@ def _expected_errors():
     return (TrainError, DataError, CheckpointError, MemoryError, OSError)
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    cmds = {"train": _train, "sample": _sample, "export": _export, "import": _import,
-            "tokenizer": _tokenizer_train}
+    cmds: dict[str, Callable[[argparse.Namespace], int]] = {
+        "train": _train, "sample": _sample, "export": _export, "import": _import,
+        "tokenizer": _tokenizer_train}
     try:
         return cmds[args.cmd](args)
     except BrokenPipeError:

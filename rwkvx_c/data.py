@@ -31,6 +31,8 @@ sizes and modification times, and memory-mapped from there. Each is written
 to NAME.tmpPID and renamed into place; a killed writer's temporary is
 removed at the next load that uses the folder.
 """
+from __future__ import annotations
+
 import contextlib
 import hashlib
 import json
@@ -38,14 +40,23 @@ import os
 import re
 import shutil
 import sysconfig
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Union
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from rwkvx_c.tokenizer import Tokenizer
 
 __all__ = ["ByteTokenizer", "Corpus", "DataError", "BatchSampler", "load_corpus",
            "default_cache_dir", "eval_windows"]
 
 VOCAB_BYTES = 256
+# (name relative to its folder, path) of a source file; the name decides its split
+Files = list[tuple[str, str]]
+# a corpus argument: one path, several, or None for the standard library
+DataPaths = Union[str, "os.PathLike[str]", Sequence[Union[str, "os.PathLike[str]"]], None]
 _MAX_VOCAB = 2 ** 31 - 1   # token ids are int32 in the C API
 _DTYPES = {"uint8": np.uint8, "u8": np.uint8, "uint16": np.uint16, "u16": np.uint16,
            "uint32": np.uint32, "u32": np.uint32}
@@ -60,12 +71,12 @@ class ByteTokenizer:
 
     vocab_size = VOCAB_BYTES
 
-    def encode(self, text):
+    def encode(self, text: str | bytes) -> np.ndarray:
         """str (UTF-8) or bytes -> int32 (n,)."""
         b = text.encode("utf-8") if isinstance(text, str) else bytes(text)
         return np.frombuffer(b, dtype=np.uint8).astype(np.int32)
 
-    def decode(self, tokens):
+    def decode(self, tokens: Sequence[int] | np.ndarray) -> str:
         """Token ids -> str (invalid UTF-8 becomes U+FFFD)."""
         return bytes(np.asarray(tokens, dtype=np.uint8).tolist()).decode("utf-8", errors="replace")
 
@@ -78,10 +89,10 @@ class Corpus:
     vocab_size: int
     is_bytes: bool        # one token per byte: bits per byte = loss / ln 2
     description: str
-    token_bytes: np.ndarray = None  # UTF-8 bytes each id decodes to (val_bpb's divisor)
+    token_bytes: np.ndarray | None = None  # UTF-8 bytes each id decodes to (val_bpb's divisor)
 
 
-def default_cache_dir():
+def default_cache_dir() -> str:
     d = os.environ.get("RWKVX_CACHE")
     if d:
         return d
@@ -89,12 +100,12 @@ def default_cache_dir():
     return os.path.join(base, "rwkvx_c")
 
 
-def _is_val_file(rel):
+def _is_val_file(rel: str) -> bool:
     h = hashlib.sha1(rel.encode("utf-8", "surrogateescape")).digest()
     return int.from_bytes(h[:8], "big") % 50 == 0
 
 
-def stdlib_files():
+def stdlib_files() -> tuple[str, Files]:
     """Sorted (relative path, absolute path) of the standard library's .py files."""
     root = sysconfig.get_paths()["stdlib"]
     out = []
@@ -108,7 +119,7 @@ def stdlib_files():
     return root, sorted(out)
 
 
-def _text_files(folder):
+def _text_files(folder: str) -> Files:
     out = []
     for d, dirs, files in os.walk(folder):
         dirs[:] = sorted(x for x in dirs if not x.startswith("."))
@@ -159,7 +170,7 @@ def _sweep_orphans(folder: str, prefix: str = "") -> None:
                 os.unlink(p)
 
 
-def _atomic_concat(paths, dest):
+def _atomic_concat(paths: Sequence[str], dest: str) -> int:
     tmp = dest + ".tmp%d" % os.getpid()
     n = 0
     try:
@@ -178,13 +189,13 @@ def _atomic_concat(paths, dest):
     return n
 
 
-def _memmap(path, dtype=np.uint8):
+def _memmap(path: str, dtype: Any = np.uint8) -> np.ndarray:
     if os.path.getsize(path) == 0:  # numpy cannot map an empty file
         return np.zeros(0, dtype=dtype)
     return np.memmap(path, dtype=dtype, mode="r")
 
 
-def _cache_dir_for(files, label, cache_dir):
+def _cache_dir_for(files: Files, label: str, cache_dir: str | None) -> str:
     """Cache folder keyed by the source label and every file's name, size and mtime."""
     sig = hashlib.sha1(label.encode("utf-8", "surrogateescape"))
     for rel, p in files:
@@ -196,7 +207,7 @@ def _cache_dir_for(files, label, cache_dir):
     return d
 
 
-def _cached_concat(d, name, paths):
+def _cached_concat(d: str, name: str, paths: Sequence[str]) -> np.ndarray:
     """d/name holding the files' bytes back to back (built once, atomically), memory-mapped."""
     dest = os.path.join(d, name)
     if not os.path.exists(dest):
@@ -204,7 +215,8 @@ def _cached_concat(d, name, paths):
     return _memmap(dest)
 
 
-def _split_by_file(files, label, cache_dir, val_fraction, min_len, what):
+def _split_by_file(files: Files, label: str, cache_dir: str | None, val_fraction: float,
+                   min_len: int, what: str) -> tuple[np.ndarray, np.ndarray]:
     """(train, val) memmaps split by file hash, or by the tail of the
     concatenation when a side would be shorter than min_len."""
     d = _cache_dir_for(files, label, cache_dir)
@@ -218,7 +230,8 @@ def _split_by_file(files, label, cache_dir, val_fraction, min_len, what):
     return _tail_split(whole, val_fraction, min_len, what)
 
 
-def _tail_split(tokens, val_fraction, min_len, what):
+def _tail_split(tokens: np.ndarray, val_fraction: float, min_len: int,
+                what: str) -> tuple[np.ndarray, np.ndarray]:
     n = len(tokens)
     nval = max(int(n * val_fraction), min_len)
     if n - nval < min_len:
@@ -227,13 +240,13 @@ def _tail_split(tokens, val_fraction, min_len, what):
     return tokens[: n - nval], tokens[n - nval:]
 
 
-def _show(v):
+def _show(v: object) -> str:
     """A sidecar value for a one-line message: ASCII, and short whatever it holds."""
     s = ascii(v)
     return s if len(s) <= 40 else s[:37] + "..."
 
 
-def _bin_dtype(path):
+def _bin_dtype(path: str) -> tuple[np.dtype, int | None]:
     side = path + ".json"
     info = {}
     if os.path.exists(side):
@@ -266,7 +279,7 @@ def _bin_dtype(path):
     return np.dtype(_DTYPES[name]), vocab
 
 
-def _load_bin(path, val_fraction, min_len):
+def _load_bin(path: str, val_fraction: float, min_len: int) -> Corpus:
     dtype, vocab = _bin_dtype(path)
     size = os.path.getsize(path)
     if size == 0:
@@ -292,8 +305,9 @@ def _load_bin(path, val_fraction, min_len):
                   f"{path} ({len(tokens):,} {dtype.name} tokens)")
 
 
-def load_corpus(path=None, *, seq_len=256, val_fraction=0.02, cache_dir=None, tokenizer=None,
-                text_field="text", progress=False):
+def load_corpus(path: DataPaths = None, *, seq_len: int = 256, val_fraction: float = 0.02,
+                cache_dir: str | None = None, tokenizer: Tokenizer | None = None,
+                text_field: str = "text", progress: bool = False) -> Corpus:
     """The corpus at `path` (None: the standard-library default; a list:
     several paths); see the module doc. tokenizer (a rwkvx_c.tokenizer
     Tokenizer, None for bytes), JSON lines, binidx and several paths go
@@ -316,10 +330,8 @@ def load_corpus(path=None, *, seq_len=256, val_fraction=0.02, cache_dir=None, to
         return corpora.load_tokenized(paths, tokenizer or _Bytes(), seq_len=seq_len,
                                       val_fraction=val_fraction, cache_dir=cache_dir,
                                       text_field=text_field, progress=progress)
-    if one is not None:
-        path = one
     min_len = seq_len + 1
-    if path is None:
+    if one is None:   # no path: several paths were tokenised above
         root, files = stdlib_files()
         if not files:
             raise DataError(f"no .py files found in the standard library at {root}")
@@ -328,7 +340,7 @@ def load_corpus(path=None, *, seq_len=256, val_fraction=0.02, cache_dir=None, to
         return Corpus(train, val, VOCAB_BYTES, True,
                       f"Python standard library .py files ({len(files)} files, "
                       f"{len(train):,} train / {len(val):,} val bytes)")
-    path = os.fspath(path)
+    path = one
     if not os.path.exists(path):
         raise DataError(f"data path does not exist: {path}")
     if os.path.isdir(path):
@@ -367,7 +379,7 @@ class BatchSampler:
     number of batches drawn, so a restored sampler continues the same stream.
     """
 
-    def __init__(self, tokens, batch, seq_len, seed):
+    def __init__(self, tokens: np.ndarray, batch: int, seq_len: int, seed: int) -> None:
         if len(tokens) < seq_len + 1:
             raise DataError(f"corpus split of {len(tokens)} tokens is shorter than "
                             f"seq_len + 1 = {seq_len + 1}")
@@ -375,7 +387,7 @@ class BatchSampler:
         self.rng = np.random.Generator(np.random.PCG64(seed))
         self.batches = 0
 
-    def next(self):
+    def next(self) -> tuple[np.ndarray, np.ndarray]:
         """(inputs, targets), both int32 (B, T)."""
         T = self.seq_len
         offs = self.rng.integers(0, len(self.tokens) - T, size=self.batch)
@@ -383,16 +395,17 @@ class BatchSampler:
         self.batches += 1
         return np.ascontiguousarray(win[:, :T]), np.ascontiguousarray(win[:, 1:])
 
-    def state(self):
+    def state(self) -> dict[str, Any]:
         """JSON-serialisable sampler state."""
         return {"bit_generator": self.rng.bit_generator.state, "batches": self.batches}
 
-    def set_state(self, st):
+    def set_state(self, st: dict[str, Any]) -> None:
         self.rng.bit_generator.state = st["bit_generator"]
         self.batches = int(st["batches"])
 
 
-def eval_windows(tokens, seq_len, n_windows):
+def eval_windows(tokens: np.ndarray, seq_len: int,
+                 n_windows: int) -> tuple[np.ndarray, np.ndarray]:
     """Fixed validation windows: up to n_windows (T+1)-token windows at evenly
     spaced offsets covering the split (the same every call)."""
     T = seq_len

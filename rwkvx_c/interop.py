@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from rwkvx_c import _core
+from rwkvx_c._core import RxPtModel
 
 __all__ = ["InteropError", "to_rwkv7", "from_rwkv7", "rwkv7_config", "to_rwkvx", "from_rwkvx",
            "rwkvx_refusal", "load_pth", "save_pth", "export_model", "import_pth", "DTYPES",
@@ -59,7 +61,7 @@ class InteropError(ValueError):
     a valid file of it (one line, saying why)."""
 
 
-def _need_torch():
+def _need_torch() -> Any:
     try:
         import torch
     except ImportError:
@@ -116,7 +118,8 @@ def _from_foreign(a: np.ndarray, kind: str) -> np.ndarray:
     return a
 
 
-def _export_pairs(model, pairs) -> dict[str, np.ndarray]:
+def _export_pairs(model: RxPtModel, pairs: Sequence[tuple[str, str, str]]
+                  ) -> dict[str, np.ndarray]:
     p, H, N = model.params, model.config["n_head"], model.config["head_size"]
     out = {}
     for theirs, ours, kind in pairs:
@@ -125,13 +128,13 @@ def _export_pairs(model, pairs) -> dict[str, np.ndarray]:
     return out
 
 
-def _require_ln0(model, fmt: str) -> None:
+def _require_ln0(model: RxPtModel, fmt: str) -> None:
     if not model.config.get("ln0", 0):
         raise InteropError(f"{fmt} needs ln0 (the embedding LayerNorm) and this model has "
                            "none; it predates ln0 and cannot be exported exactly")
 
 
-def to_rwkv7(model) -> dict[str, np.ndarray]:
+def to_rwkv7(model: RxPtModel) -> dict[str, np.ndarray]:
     """The RWKV-LM x070 state dict of a model without attention blocks:
     float32 arrays under the official names and layouts (Linear weights
     [out, in], lerps and offsets (1, 1, C), r_k [H, N], head [V, C]).
@@ -181,7 +184,8 @@ def rwkv7_config(sd: Mapping[str, np.ndarray], prefix: str = "") -> dict[str, in
                 ffn_dim=F, Dw=Dw, Da=Da, Dg=Dg, Dv=Dv, ln0=1, **_NO_ATTN)
 
 
-def _fill(model, sd: Mapping[str, np.ndarray], pairs, optional=()) -> None:
+def _fill(model: RxPtModel, sd: Mapping[str, np.ndarray],
+          pairs: Sequence[tuple[str, str, str]], optional: Sequence[str] = ()) -> None:
     """Copies sd into model by pairs after checking every name and shape:
     nothing is written unless all of sd is understood."""
     known = {t for t, _, _ in pairs}
@@ -215,7 +219,7 @@ def _fill(model, sd: Mapping[str, np.ndarray], pairs, optional=()) -> None:
         p[ours][...] = a
 
 
-def from_rwkv7(sd: Mapping[str, np.ndarray]):
+def from_rwkv7(sd: Mapping[str, np.ndarray]) -> RxPtModel:
     """An RxPtModel (ln0 = 1, no attention blocks) holding an x070 state
     dict's weights. Layer 0's v0/v1/v2 may be present (they are unused) or
     absent; any other unknown tensor is an InteropError."""
@@ -252,13 +256,13 @@ def load_pth(path: str) -> dict[str, np.ndarray]:
     return out
 
 
-def _torch_dtype(torch, dtype: str):
+def _torch_dtype(torch: Any, dtype: str) -> Any:
     if dtype not in DTYPES:
         raise InteropError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
     return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
 
 
-def _atomic_write(path: str, write) -> None:
+def _atomic_write(path: str, write: Callable[[str], object]) -> None:
     """write(tmp_path), then rename onto path: a failed write leaves nothing."""
     d = os.path.dirname(os.path.abspath(path))
     os.makedirs(d, exist_ok=True)
@@ -329,7 +333,7 @@ def rwkvx_refusal(config: Mapping[str, int]) -> str | None:
     return None
 
 
-def to_rwkvx(model) -> dict[str, np.ndarray]:
+def to_rwkvx(model: RxPtModel) -> dict[str, np.ndarray]:
     """The RWKV-X checkpoint dict of a model: the x070 dict under "rwkv."
     (RWKV blocks numbered in their own array) and the attention blocks under
     "moba.<j>.". InteropError when rwkv-x cannot run the model exactly."""
@@ -339,7 +343,7 @@ def to_rwkvx(model) -> dict[str, np.ndarray]:
     return _export_pairs(model, _rwkvx_pairs(model))
 
 
-def _rwkvx_pairs(model) -> list[tuple[str, str, str]]:
+def _rwkvx_pairs(model: RxPtModel) -> list[tuple[str, str, str]]:
     """Every (rwkv-x name, our name, layout) of a model, in our block order."""
     pairs = [("rwkv." + t, o, k) for t, o, k in
              (("emb.weight", "emb", "same"), ("blocks.0.ln0.weight", "ln0_w", "same"),
@@ -357,7 +361,7 @@ def _rwkvx_pairs(model) -> list[tuple[str, str, str]]:
     return pairs
 
 
-def from_rwkvx(sd: Mapping[str, np.ndarray]):
+def from_rwkvx(sd: Mapping[str, np.ndarray]) -> RxPtModel:
     """An RxPtModel holding an RWKV-X checkpoint dict (the inverse of
     to_rwkvx): dense attention (moba_top_k 0), sizes from the shapes."""
     rwkv = {k: v for k, v in sd.items() if k.startswith("rwkv.")}
@@ -391,7 +395,7 @@ def from_rwkvx(sd: Mapping[str, np.ndarray]):
 FORMATS = ("rwkv7", "rwkvx", "gguf")
 
 
-def export_model(model, fmt: str, out: str, dtype: str = "fp32") -> None:
+def export_model(model: RxPtModel, fmt: str, out: str, dtype: str = "fp32") -> None:
     """Writes model to the file out in format fmt (rwkv7, rwkvx or gguf) at
     dtype (fp32, bf16 or fp16), atomically; InteropError when the format
     cannot hold the model (nothing is written then)."""

@@ -58,6 +58,9 @@ def test_jsonl_errors_name_file_and_line(tmp_path):
     p.write_text('{"text": "ok"}\nnot json\n')
     with pytest.raises(DataError, match=r"bad.jsonl:2: not JSON"):
         load_corpus(str(p), seq_len=4, cache_dir=str(tmp_path / "c"))
+    p.write_bytes(b'{"text": "ok"}\n{"text": "\xff\xfe"}\n')
+    with pytest.raises(DataError, match=r"bad.jsonl:2: not UTF-8"):
+        load_corpus(str(p), seq_len=4, cache_dir=str(tmp_path / "c"))
     g = tmp_path / "cut.jsonl.gz"
     g.write_bytes(gzip.compress(b'{"text": "abc"}\n' * 1000)[:-12])  # no trailer
     with pytest.raises(DataError, match=r"cut\.jsonl\.gz"):
