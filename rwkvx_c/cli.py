@@ -67,13 +67,21 @@ _unit_float = _checked(float, lambda v: 0 <= v <= 1, "a number in [0, 1]")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from rwkvx_c.init import SCHEMES
-    from rwkvx_c.train import PRESETS
     p = _Parser(prog="rwkvx-c", description="CPU pretraining of RWKV-X language models.")
     sub = p.add_subparsers(dest="cmd", metavar="{train,sample,export,import,tokenizer}",
                            parser_class=_Parser)
     sub.required = True
+    _add_train(sub)
+    _add_sample(sub)
+    _add_export(sub)
+    _add_import(sub)
+    _add_tokenizer(sub)
+    return p
 
+
+def _add_train(sub: argparse._SubParsersAction[_Parser]) -> None:
+    from rwkvx_c.init import SCHEMES
+    from rwkvx_c.train import PRESETS
     t = sub.add_parser("train", help="train a model (no arguments: the default job)",
                        description="Train an RWKV-X model (bytes by default, or --tokenizer). With "
                        "no arguments: the "
@@ -145,6 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
         g.add_argument(flag, type=_positive_int, metavar="D", help=f"{what} LoRA size "
                        "(default: RWKV-7's max(32, round(f*sqrt(C)/32)*32))")
 
+
+def _add_sample(sub: argparse._SubParsersAction[_Parser]) -> None:
     s = sub.add_parser("sample", help="generate text from a trained run",
                        description="Generate text from the checkpoint in DIR: the prompt is "
                        "run once, then one recurrent step per new token.")
@@ -158,6 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=_nonneg_int, default=0, metavar="S")
     s.add_argument("--threads", type=_positive_int, metavar="N")
 
+
+def _add_export(sub: argparse._SubParsersAction[_Parser]) -> None:
     from rwkvx_c.interop import DTYPES, FORMATS
     e = sub.add_parser("export", help="write a trained model for another tool",
                        description="Write the model in DIR as an RWKV-LM x070 .pth (rwkv7: "
@@ -168,12 +180,18 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--out", required=True, metavar="FILE")
     e.add_argument("--dtype", default="fp32", choices=list(DTYPES),
                    help="tensor type in the file (default fp32)")
+
+
+def _add_import(sub: argparse._SubParsersAction[_Parser]) -> None:
     i = sub.add_parser("import", help="make a run folder from an RWKV-7 .pth",
                        description="Read an RWKV-LM x070 .pth (bf16, fp16 or fp32), or an "
                        "RWKV-X one, into a new run folder that rwkvx-c sample runs and "
                        "rwkvx-c train --resume continues training from.")
     i.add_argument("file", metavar="FILE", help="x070 state dict or RWKV-X checkpoint (.pth)")
     i.add_argument("--out", required=True, metavar="DIR")
+
+
+def _add_tokenizer(sub: argparse._SubParsersAction[_Parser]) -> None:
     k = sub.add_parser("tokenizer", help="fit a tokenizer on a corpus")
     ksub = k.add_subparsers(dest="tok_cmd", metavar="{train}", parser_class=_Parser)
     ksub.required = True
@@ -188,7 +206,6 @@ def build_parser() -> argparse.ArgumentParser:
     kt.add_argument("--out", required=True, metavar="FILE")
     kt.add_argument("--text-field", default="text", metavar="NAME")
     kt.add_argument("--no-progress", action="store_true")
-    return p
 
 
 def _err(msg: str, code: int = 1) -> int:
