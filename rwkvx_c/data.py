@@ -332,33 +332,51 @@ def load_corpus(path: DataPaths = None, *, seq_len: int = 256, val_fraction: flo
                                       text_field=text_field, progress=progress)
     min_len = seq_len + 1
     if one is None:   # no path: several paths were tokenised above
-        root, files = stdlib_files()
-        if not files:
-            raise DataError(f"no .py files found in the standard library at {root}")
-        train, val = _split_by_file(files, "stdlib:" + root, cache_dir, val_fraction, min_len,
-                                    f"the standard library at {root}")
-        return Corpus(train, val, VOCAB_BYTES, True,
-                      f"Python standard library .py files ({len(files)} files, "
-                      f"{len(train):,} train / {len(val):,} val bytes)")
-    path = one
-    if not os.path.exists(path):
-        raise DataError(f"data path does not exist: {path}")
-    if os.path.isdir(path):
-        files = _text_files(path)
-        if not files:
-            raise DataError(f"no text files found in folder {path}")
-        train, val = _split_by_file(files, "dir:" + os.path.abspath(path), cache_dir,
-                                    val_fraction, min_len, f"folder {path}")
-        return Corpus(train, val, VOCAB_BYTES, True,
-                      f"{path} ({len(files)} files, {len(train):,} train / {len(val):,} val bytes)")
-    if path.endswith(".bin"):
-        c = _load_bin(path, val_fraction, min_len)
-        if tokenizer is not None and tokenizer.name != "byte":
-            if c.vocab_size > tokenizer.vocab_size:
-                raise DataError(f"token file {path} has ids up to {c.vocab_size - 1}, outside "
-                                f"the tokenizer's vocabulary of {tokenizer.vocab_size}")
-            c.vocab_size, c.token_bytes = tokenizer.vocab_size, tokenizer.token_lengths()
-        return c
+        return _stdlib_corpus(cache_dir, val_fraction, min_len)
+    if not os.path.exists(one):
+        raise DataError(f"data path does not exist: {one}")
+    if os.path.isdir(one):
+        return _folder_corpus(one, cache_dir, val_fraction, min_len)
+    if one.endswith(".bin"):
+        return _token_file_corpus(one, tokenizer, val_fraction, min_len)
+    return _text_file_corpus(one, val_fraction, min_len)
+
+
+def _stdlib_corpus(cache_dir: str | None, val_fraction: float, min_len: int) -> Corpus:
+    root, files = stdlib_files()
+    if not files:
+        raise DataError(f"no .py files found in the standard library at {root}")
+    train, val = _split_by_file(files, "stdlib:" + root, cache_dir, val_fraction, min_len,
+                                f"the standard library at {root}")
+    return Corpus(train, val, VOCAB_BYTES, True,
+                  f"Python standard library .py files ({len(files)} files, "
+                  f"{len(train):,} train / {len(val):,} val bytes)")
+
+
+def _folder_corpus(path: str, cache_dir: str | None, val_fraction: float,
+                   min_len: int) -> Corpus:
+    files = _text_files(path)
+    if not files:
+        raise DataError(f"no text files found in folder {path}")
+    train, val = _split_by_file(files, "dir:" + os.path.abspath(path), cache_dir,
+                                val_fraction, min_len, f"folder {path}")
+    return Corpus(train, val, VOCAB_BYTES, True,
+                  f"{path} ({len(files)} files, {len(train):,} train / {len(val):,} val bytes)")
+
+
+def _token_file_corpus(path: str, tokenizer: Tokenizer | None, val_fraction: float,
+                       min_len: int) -> Corpus:
+    """A .bin token file, read with the vocabulary of a tokenizer other than bytes when given."""
+    c = _load_bin(path, val_fraction, min_len)
+    if tokenizer is not None and tokenizer.name != "byte":
+        if c.vocab_size > tokenizer.vocab_size:
+            raise DataError(f"token file {path} has ids up to {c.vocab_size - 1}, outside "
+                            f"the tokenizer's vocabulary of {tokenizer.vocab_size}")
+        c.vocab_size, c.token_bytes = tokenizer.vocab_size, tokenizer.token_lengths()
+    return c
+
+
+def _text_file_corpus(path: str, val_fraction: float, min_len: int) -> Corpus:
     try:
         if os.path.getsize(path) == 0:
             raise DataError(f"data file is empty: {path}")
@@ -368,7 +386,6 @@ def load_corpus(path: DataPaths = None, *, seq_len: int = 256, val_fraction: flo
     train, val = _tail_split(tokens, val_fraction, min_len, f"data file {path}")
     return Corpus(train, val, VOCAB_BYTES, True,
                   f"{path} ({len(train):,} train / {len(val):,} val bytes)")
-
 
 class BatchSampler:
     """Random (B, T) training windows from a 1-D token array.
