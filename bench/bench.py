@@ -114,7 +114,6 @@ def run_rx(args, cfg):
 
 def run_torch(args, cfg):
     import torch
-
     import torch_model as tm
     torch.set_num_threads(args.threads)
     bf16 = args.precision == "bf16"
@@ -223,7 +222,7 @@ def main():
             import importlib.util
             if importlib.util.find_spec("torch") is not None:
                 impls.append("torch")
-        except Exception:
+        except (ImportError, ValueError):   # a broken torch install: bench without it
             pass
     runs = [(impl, args.threads, "fp32") for impl in impls]
     if args.precision == "bf16":

@@ -21,7 +21,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402,F401  (puts an in-place build of rwkvx_c first)
+import common  # noqa: F401  (puts an in-place build of rwkvx_c first)
 
 
 def rss_mib():

@@ -1,6 +1,6 @@
 """RWKV-7 block forward + backward throughput, tokens/s.
 
-    python3 bench/bench_block.py              # config M block: C=512 H=8 N=64 T=512, 1 and 2 threads
+    python3 bench/bench_block.py     # config M block: C=512 H=8 N=64 T=512, 1 and 2 threads
     python3 bench/bench_block.py --threads 1 2 4 --repeat 5 --layer-id 0
 
 A token is one (b, t) position: tokens/s = B*T / (seconds of one
@@ -16,8 +16,9 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402,F401  (puts an in-place build of rwkvx_c first)
-import rwkvx_c as rx  # noqa: E402
+import common  # noqa: F401  (puts an in-place build of rwkvx_c first)
+
+import rwkvx_c as rx
 
 
 def block_params(C, Dw, Da, Dg, Dv, F, layer_id, rng):

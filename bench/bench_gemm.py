@@ -2,7 +2,8 @@
 shapes of the docs/training.md §Presets configurations S and M, forward and backward.
 
     python bench/bench_gemm.py [--preset S M] [--threads 1 2] [--rows 512] [--cold]
-                               [--kernel NAME [NAME ...]] [--rounds R] [--square 2048] [--precision fp32|bf16]
+                               [--kernel NAME [NAME ...]] [--rounds R] [--square 2048]
+                               [--precision fp32|bf16]
 
 Each shape is M x N x K of C[M,N] = op(A)[M,K] . op(B)[K,N]; "dx" rows are
 grads through a weight (B transposed), "dW" rows weight grads (A transposed,
@@ -27,13 +28,14 @@ against NumPy's float32 matmul; --kernel then names a bf16 kernel
 (amx-bf16, avx512-bf16, generic-bf16).
 """
 import argparse
+import functools
 import os
 import statistics
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
+import common
 
 common.clean_blas_env()
 
@@ -138,10 +140,10 @@ def main():
                     out = np.empty((M, N), dtype=np.float32)
                     if lib != "numpy":
                         use_kernel(lib[3:])
-                        fn = lambda: rx_gemm(a, b, ta, tb, out=out)  # noqa: E731
+                        fn = functools.partial(rx_gemm, a, b, ta, tb, out=out)
                     else:
                         aa, bb = (a.T if ta else a), (b.T if tb else b)
-                        fn = lambda: np.matmul(aa, bb, out=out)  # noqa: E731
+                        fn = functools.partial(np.matmul, aa, bb, out=out)
                     if args.cold:
                         t = cold_time(fn, flush, args.repeat, clock)
                     else:
@@ -160,7 +162,7 @@ def report(rows, rate, threads, lib):
     print("== rx_sgemm kernel", lib[3:])
     tot = {}   # (section, threads): [flops, our time, numpy time]
     hdr = "%-22s %5s %5s %5s" % ("shape", "M", "N", "K")
-    for n in threads:
+    for _ in threads:
         hdr += " | %4s %7s %7s %5s" % ("thr", "rx", "numpy", "ratio")
     print(hdr)
     section = None

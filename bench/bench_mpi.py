@@ -37,7 +37,6 @@ import sys
 import time
 
 import common  # noqa: F401 -- puts an in-place build first on sys.path
-
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -195,7 +194,8 @@ def model(a):
             rate = T / best / get_num_threads()
         node_tps = rate * a.node_cores
         grad = 4 * m.n_params
-        print(f"\n{preset}: {m.n_params / 1e6:.1f}M params ({grad / 2 ** 20:.0f} MiB of gradients), "
+        print(f"\n{preset}: {m.n_params / 1e6:.1f}M params "
+              f"({grad / 2 ** 20:.0f} MiB of gradients), "
               f"{node_tps:,.0f} tokens/s per node")
         print("| link | P | allreduce ms | step ms at B=8/node | comm share | "
               "global batch for < 10% comm |")

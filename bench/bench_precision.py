@@ -16,11 +16,10 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
+import common
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-import rwkvx_c as rx  # noqa: E402
+import rwkvx_c as rx
 
 
 def main():
@@ -53,8 +52,8 @@ def main():
             m.precision = p
             run()  # the first step after a switch warms that precision's buffers
             best[p] = min(best.get(p, float("inf")), run(), run())
-    print(f"preset {a.preset} B={a.batch} T={T}, {rx.get_num_threads()} threads, {a.clock} clock, kernels "
-          f"{rx.gemm_kernel()} / {rx.gemm_kernel('bf16')}")
+    print(f"preset {a.preset} B={a.batch} T={T}, {rx.get_num_threads()} threads, "
+          f"{a.clock} clock, kernels {rx.gemm_kernel()} / {rx.gemm_kernel('bf16')}")
     for p in ("fp32", "bf16"):
         m.precision = p
         rx.profile_enable(True)

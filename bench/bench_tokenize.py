@@ -47,7 +47,8 @@ def main():
     rows = []
     for th in (1, 2):
         w.threads = th
-        rows.append((f"C trie, one text, {th} thread(s)", mb, best(lambda: w.encode(text), a.repeat)))
+        rows.append((f"C trie, one text, {th} thread(s)", mb,
+                     best(lambda: w.encode(text), a.repeat)))
         rows.append((f"C trie, per file, {th} thread(s)", mb,
                      best(lambda: w.encode_docs(docs), a.repeat)))
     try:

@@ -8,11 +8,10 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
+import common
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-import rwkvx_c as rx  # noqa: E402
+import rwkvx_c as rx
 
 
 def inputs(B, T, H, N, seed=0):

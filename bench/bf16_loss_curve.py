@@ -16,12 +16,11 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402,F401  (in-place build first on sys.path)
+import common  # noqa: F401  (in-place build first on sys.path)
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-import rwkvx_c as rx  # noqa: E402
-from rwkvx_c.train import TrainOptions, Trainer  # noqa: E402
+import rwkvx_c as rx
+from rwkvx_c.train import Trainer, TrainOptions
 
 TAIL = 25  # steps averaged for the end-of-run training loss
 

@@ -8,6 +8,7 @@
   OPENBLAS_L2_SIZE, which some machines set for old OpenBLAS builds and which
   slow a current NumPy. Benchmarks only: tests and CI never touch them.
 """
+import functools
 import glob
 import importlib.util
 import os
@@ -63,8 +64,9 @@ def blas_info():
     parts = []
     for d in threadpoolctl.threadpool_info():
         if d.get("user_api") == "blas":
-            parts.append("%s %s kernel=%s threads=%s" % (d.get("internal_api"), d.get("version"),
-                                                        d.get("architecture"), d.get("num_threads")))
+            parts.append("%s %s kernel=%s threads=%s" % (
+                d.get("internal_api"), d.get("version"), d.get("architecture"),
+                d.get("num_threads")))
     return "numpy %s: %s" % (np.__version__, "; ".join(parts) or "no BLAS found")
 
 
@@ -121,7 +123,7 @@ def numpy_sgemm_gflops(threads=None, sizes=((1024, 1024, 1024), (2048, 2048, 102
             a = rng.standard_normal((M, K), dtype=np.float32)
             b = rng.standard_normal((K, N), dtype=np.float32)
             c = np.empty((M, N), dtype=np.float32)
-            t = best_time(lambda: np.matmul(a, b, out=c), repeat=repeat)
+            t = best_time(functools.partial(np.matmul, a, b, out=c), repeat=repeat)
             best = max(best, 2.0 * M * N * K / t / 1e9)
     return best
 

@@ -30,11 +30,11 @@ stay below 1.7e4, well inside float32.
 """
 import math
 
+import common  # noqa: F401  (puts an in-place build of rwkvx_c first)
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-import common  # noqa: F401  (puts an in-place build of rwkvx_c first)
 import rwkvx_c as rx
 
 WKV_CHUNK = 16
@@ -235,7 +235,8 @@ def moba_attention(q, k, v, chunk, top_k):
             order = torch.sort(g, dim=-1, descending=True, stable=True).indices
             rank = torch.argsort(order, dim=-1)
             sel = valid & ((rank < top_k) | (ct <= top_k))
-        own = (cid[None, :] == cid[:, None]) & (torch.arange(T)[None, :] <= torch.arange(T)[:, None])
+        pos = torch.arange(T)
+        own = (cid[None, :] == cid[:, None]) & (pos[None, :] <= pos[:, None])
         mask = sel[..., cid] | own                      # (B,H,T,T)
     s = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(N))
     s = s.masked_fill(~mask, float("-inf"))
@@ -243,7 +244,8 @@ def moba_attention(q, k, v, chunk, top_k):
 
 
 class RwkvXTorch(torch.nn.Module):
-    """Whole model of docs/maths.md §Whole model. params: {docs/layout.md §Parameters name: tensor}."""
+    """Whole model of docs/maths.md §Whole model.
+    params: {docs/layout.md §Parameters name: tensor}."""
 
     def __init__(self, cfg, seed=0, dtype=torch.float32, wkv=wkv7_chunked):
         super().__init__()
@@ -281,7 +283,7 @@ class RwkvXTorch(torch.nn.Module):
                 rwkv_id += 1
             else:
                 B, T, C = h1.shape
-                heads = lambda t: t.view(B, T, H, N).transpose(1, 2)  # noqa: E731
+                heads = lambda t: t.view(B, T, H, N).transpose(1, 2)  # noqa: E731, B023
                 y = moba_attention(heads(h1 @ p["receptance_w"]), heads(h1 @ p["key_w"]),
                                    heads(h1 @ p["value_w"]), cfg["chunk_size"],
                                    cfg["moba_top_k"])

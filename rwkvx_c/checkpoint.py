@@ -29,10 +29,15 @@ Writes go to a temporary file in the destination folder, are fsynced and
 then renamed over the destination (and the folder fsynced): a crash at any
 moment leaves either the old checkpoint or the new one, never a torn file.
 """
+from __future__ import annotations
+
+import contextlib
 import json
 import os
 import struct
 import zlib
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -47,11 +52,15 @@ _HCRC_KEY = b'"header_crc32":"'   # unique: quotes inside JSON string values are
 _HCRC_ZERO = b"00000000"
 
 
+# (tensors, config, state), as read_checkpoint returns them
+Checkpoint = tuple[dict[str, np.ndarray], dict[str, Any], dict[str, Any]]
+
+
 class CheckpointError(ValueError):
     """A checkpoint that is missing, truncated, corrupt or does not fit."""
 
 
-def _fsync_dir(path):
+def _fsync_dir(path: str) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
@@ -64,7 +73,8 @@ def _fsync_dir(path):
         os.close(fd)
 
 
-def save_checkpoint(path, tensors, config, state):
+def save_checkpoint(path: str, tensors: Mapping[str, np.ndarray], config: Mapping[str, Any],
+                    state: Mapping[str, Any]) -> None:
     """Write tensors (ordered name -> float32 C-contiguous array) atomically to path.
 
     config and state are JSON-serialisable dicts stored in the metadata.
@@ -75,9 +85,10 @@ def save_checkpoint(path, tensors, config, state):
         if a.dtype != np.float32 or not a.flags.c_contiguous:
             raise TypeError(f"checkpoint tensor {name} must be C-contiguous float32")
         nbytes = a.size * 4
-        entries[name] = {"dtype": "F32", "shape": list(a.shape), "data_offsets": [off, off + nbytes]}
+        entries[name] = {"dtype": "F32", "shape": list(a.shape),
+                         "data_offsets": [off, off + nbytes]}
         arrays.append(a)
-        crc = zlib.crc32(memoryview(a).cast("B"), crc)
+        crc = zlib.crc32(a.data.cast("B"), crc)
         off += nbytes
     meta = {"format": FORMAT, "version": VERSION, "config": json.dumps(config, sort_keys=True),
             "state": json.dumps(state, sort_keys=True), "data_crc32": "%08x" % crc,
@@ -96,20 +107,18 @@ def save_checkpoint(path, tensors, config, state):
             f.write(prefix)
             f.write(header)
             for a in arrays:
-                f.write(memoryview(a).cast("B"))
+                f.write(a.data.cast("B"))
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         raise
     _fsync_dir(d)
 
 
-def read_checkpoint(path):
+def read_checkpoint(path: str) -> Checkpoint:
     """(tensors, config, state) from a checkpoint written by save_checkpoint.
 
     tensors maps names to read-only float32 arrays backed by the file's
@@ -125,7 +134,7 @@ def read_checkpoint(path):
     return parse_checkpoint(blob, path)
 
 
-def _header_crc_ok(blob, hlen):
+def _header_crc_ok(blob: bytes, hlen: int) -> bool | None:
     """True when the header checksum matches (files of version 1 have none:
     None)."""
     header = blob[8:8 + hlen]
@@ -140,10 +149,10 @@ def _header_crc_ok(blob, hlen):
     return want == b"%08x" % zlib.crc32(zeroed, zlib.crc32(blob[:8]))
 
 
-def parse_checkpoint(blob, path="<bytes>"):
+def parse_checkpoint(blob: bytes, path: str = "<bytes>") -> Checkpoint:
     """(tensors, config, state) from the bytes of a checkpoint file; path
     only names it in errors. See read_checkpoint."""
-    def bad(msg):
+    def bad(msg: str) -> CheckpointError:
         return CheckpointError(f"checkpoint {path} {msg}")
 
     if len(blob) < 8:

@@ -17,12 +17,23 @@ exception of no expected kind) shows its traceback. A diverged run stops
 with status 1 (or rolls back, with --on-divergence rollback); Ctrl-C ends a
 run after its checkpoint (status 130), a second Ctrl-C at once.
 """
+from __future__ import annotations
+
 import argparse
 import datetime
 import math
 import os
 import signal
 import sys
+from collections.abc import Callable, Sequence
+from types import FrameType
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+
+if TYPE_CHECKING:
+    from rwkvx_c.distributed import ProcessGroup
+    from rwkvx_c.train import Trainer
+
+T = TypeVar("T")
 
 __all__ = ["main"]
 
@@ -30,13 +41,14 @@ __all__ = ["main"]
 class _Parser(argparse.ArgumentParser):
     """argparse with one-line errors."""
 
-    def error(self, message):
+    def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def _checked(conv, ok, what):
+def _checked(conv: Callable[[str], T], ok: Callable[[T], bool],
+             what: str) -> Callable[[str], T]:
     """An argparse type: conv(s), which must satisfy ok, else "expected <what>"."""
-    def parse(s):
+    def parse(s: str) -> T:
         try:
             v = conv(s)
         except ValueError:
@@ -54,14 +66,22 @@ _nonneg_float = _checked(float, lambda v: math.isfinite(v) and v >= 0, "a number
 _unit_float = _checked(float, lambda v: 0 <= v <= 1, "a number in [0, 1]")
 
 
-def build_parser():
-    from rwkvx_c.train import PRESETS
-    from rwkvx_c.init import SCHEMES
+def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="rwkvx-c", description="CPU pretraining of RWKV-X language models.")
     sub = p.add_subparsers(dest="cmd", metavar="{train,sample,export,import,tokenizer}",
                            parser_class=_Parser)
     sub.required = True
+    _add_train(sub)
+    _add_sample(sub)
+    _add_export(sub)
+    _add_import(sub)
+    _add_tokenizer(sub)
+    return p
 
+
+def _add_train(sub: argparse._SubParsersAction[_Parser]) -> None:
+    from rwkvx_c.init import SCHEMES
+    from rwkvx_c.train import PRESETS
     t = sub.add_parser("train", help="train a model (no arguments: the default job)",
                        description="Train an RWKV-X model (bytes by default, or --tokenizer). With "
                        "no arguments: the "
@@ -114,8 +134,8 @@ def build_parser():
                    "terminal the progress is a plain line every few seconds)")
     t.add_argument("--precision", choices=["fp32", "bf16", "auto"], default="auto",
                    help="projection GEMMs in fp32, or bf16 with fp32 accumulation; auto "
-                   "(default): bf16 where the CPU has AMX-BF16, where it is measured faster. A resumed "
-                   "run keeps its precision")
+                   "(default): bf16 where the CPU has AMX-BF16, where it is measured faster. "
+                   "A resumed run keeps its precision")
     g = t.add_argument_group("model shape (each overrides the preset; stored in the checkpoint)")
     g.add_argument("--n-embd", type=_positive_int, metavar="C", help="width; a new width "
                    "also sets ffn_dim 4*C and RWKV-7's LoRA sizes for C unless given")
@@ -133,6 +153,8 @@ def build_parser():
         g.add_argument(flag, type=_positive_int, metavar="D", help=f"{what} LoRA size "
                        "(default: RWKV-7's max(32, round(f*sqrt(C)/32)*32))")
 
+
+def _add_sample(sub: argparse._SubParsersAction[_Parser]) -> None:
     s = sub.add_parser("sample", help="generate text from a trained run",
                        description="Generate text from the checkpoint in DIR: the prompt is "
                        "run once, then one recurrent step per new token.")
@@ -146,6 +168,8 @@ def build_parser():
     s.add_argument("--seed", type=_nonneg_int, default=0, metavar="S")
     s.add_argument("--threads", type=_positive_int, metavar="N")
 
+
+def _add_export(sub: argparse._SubParsersAction[_Parser]) -> None:
     from rwkvx_c.interop import DTYPES, FORMATS
     e = sub.add_parser("export", help="write a trained model for another tool",
                        description="Write the model in DIR as an RWKV-LM x070 .pth (rwkv7: "
@@ -156,12 +180,18 @@ def build_parser():
     e.add_argument("--out", required=True, metavar="FILE")
     e.add_argument("--dtype", default="fp32", choices=list(DTYPES),
                    help="tensor type in the file (default fp32)")
+
+
+def _add_import(sub: argparse._SubParsersAction[_Parser]) -> None:
     i = sub.add_parser("import", help="make a run folder from an RWKV-7 .pth",
                        description="Read an RWKV-LM x070 .pth (bf16, fp16 or fp32), or an "
                        "RWKV-X one, into a new run folder that rwkvx-c sample runs and "
                        "rwkvx-c train --resume continues training from.")
     i.add_argument("file", metavar="FILE", help="x070 state dict or RWKV-X checkpoint (.pth)")
     i.add_argument("--out", required=True, metavar="DIR")
+
+
+def _add_tokenizer(sub: argparse._SubParsersAction[_Parser]) -> None:
     k = sub.add_parser("tokenizer", help="fit a tokenizer on a corpus")
     ksub = k.add_subparsers(dest="tok_cmd", metavar="{train}", parser_class=_Parser)
     ksub.required = True
@@ -176,15 +206,14 @@ def build_parser():
     kt.add_argument("--out", required=True, metavar="FILE")
     kt.add_argument("--text-field", default="text", metavar="NAME")
     kt.add_argument("--no-progress", action="store_true")
-    return p
 
 
-def _err(msg, code=1):
+def _err(msg: str, code: int = 1) -> int:
     sys.stderr.write(f"rwkvx-c: error: {msg}\n")
     return code
 
 
-def _new_run_dir():
+def _new_run_dir() -> str:
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     base = os.path.join("runs", stamp)
     d, i = base, 1
@@ -194,7 +223,7 @@ def _new_run_dir():
     return d
 
 
-def _latest_run():
+def _latest_run() -> str | None:
     from rwkvx_c.train import CHECKPOINT
     if not os.path.isdir("runs"):
         return None
@@ -203,7 +232,7 @@ def _latest_run():
     return max(cands, key=os.path.getmtime) if cands else None
 
 
-def plot_log(rows, path):
+def plot_log(rows: Sequence[dict[str, Any]], path: str) -> bool:
     """DIR/loss.png: training loss and validation loss against steps.
     Returns False (and writes nothing) when matplotlib is missing."""
     try:
@@ -216,18 +245,18 @@ def plot_log(rows, path):
     va = [(r["step"], r["val_loss"]) for r in rows if "val_loss" in r]
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
     if tr:
-        s, l = zip(*tr)
-        ax.plot(s, l, lw=0.6, alpha=0.35, color="tab:blue")
-        k = max(1, len(l) // 50)
+        s, loss = zip(*tr)
+        ax.plot(s, loss, lw=0.6, alpha=0.35, color="tab:blue")
+        k = max(1, len(loss) // 50)
         if k > 1:
             import numpy as np
-            sm = np.convolve(l, np.ones(k) / k, mode="valid")
+            sm = np.convolve(loss, np.ones(k) / k, mode="valid")
             ax.plot(s[k - 1:], sm, color="tab:blue", label="train loss")
         else:
             ax.lines[-1].set_label("train loss")
     if va:
-        s, l = zip(*va)
-        ax.plot(s, l, "o-", color="tab:orange", label="validation loss")
+        s, loss = zip(*va)
+        ax.plot(s, loss, "o-", color="tab:orange", label="validation loss")
     ax.set_xlabel("step")
     ax.set_ylabel("loss (nats / token)")
     ax.grid(alpha=0.3)
@@ -240,7 +269,7 @@ def plot_log(rows, path):
     return True
 
 
-def _resume_dir(out):
+def _resume_dir(out: str | None) -> str:
     from rwkvx_c.train import TrainError
     out = out or _latest_run()
     if out is None:
@@ -250,103 +279,34 @@ def _resume_dir(out):
     return out
 
 
-def _train(a):
-    from rwkvx_c import gemm_kernel, get_num_threads
-    from rwkvx_c.checkpoint import CheckpointError
-    from rwkvx_c.data import DataError
+def _train(a: argparse.Namespace) -> int:
     from rwkvx_c.distributed import DistributedError, world
-    from rwkvx_c.train import LOG, TrainError, TrainOptions, Trainer, shape_overrides
 
     try:
         group = world()
     except DistributedError as e:
         return _err(str(e))
     if not group.is_root:  # rank 0 speaks for the job; a failing rank still reports (abort)
-        sys.stdout = sys.stderr = open(os.devnull, "w")
+        # stays open for the whole process: the silenced streams are never restored
+        sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115
         a.no_progress = True
+    started = _start_run(a, group)
+    if isinstance(started, int):
+        return started
+    tr, out = started
+    _print_header(tr, out, group, a.resume)
 
-    data = a.data[0] if a.data and len(a.data) == 1 else a.data
-    opts = dict(data=data, preset=a.preset, steps=a.steps, time_budget=a.time_budget,
-                batch=a.batch, seq_len=a.seq_len, lr=a.lr, warmup_steps=a.warmup,
-                weight_decay=a.weight_decay, grad_clip=a.grad_clip, threads=a.threads,
-                seed=a.seed, init=a.init, eval_every=a.eval_every,
-                eval_tokens=a.eval_tokens, save_every=a.save_every, cache_dir=a.cache_dir,
-                tokenizer=a.tokenizer, text_field=a.text_field,
-                precision=a.precision, on_divergence=a.on_divergence)
-    shape = {k: getattr(a, k) for k in ("n_embd", "head_size", "n_layer", "n_attn_layer",
-                                        "ffn_dim", "chunk_size", "moba_top_k", "d_decay",
-                                        "d_aaa", "d_mv", "d_gate")}
-    try:
-        if any(v is not None for v in shape.values()):
-            if a.resume:
-                return _err("the model shape of a run is fixed; drop the shape flags with --resume")
-            opts["model"] = shape_overrides(a.preset or "default", **shape)
-        if a.resume:
-            out = group.on_root(_resume_dir, a.out)
-            if a.data is not None:
-                opts["data"] = data
-            tr = Trainer.resume(out, progress=not a.no_progress, **opts)
-        else:
-            out = group.root_value(a.out or _new_run_dir())
-            kw = {k: v for k, v in opts.items() if v is not None}
-            tr = Trainer(TrainOptions(**kw), out, progress=not a.no_progress)
-    except (TrainError, DataError, CheckpointError, DistributedError) as e:
-        return _err(str(e) + (f" (on rank {e.rank})" if getattr(e, "rank", 0) else ""))
-    except OSError as e:
-        return _err(f"{e.strerror}: {e.filename}" if e.filename else str(e))
+    interrupted: list[int] = []
 
-    o = tr.opts
-    m = tr.model
-    stop_by = (f"{o.steps} steps" if o.steps is not None else "") + \
-        (" or " if o.steps is not None and o.time_budget else "") + \
-        (f"{o.time_budget:g} min" if o.time_budget else "")
-    print(f"rwkvx-c train: {out}\n"
-          f"  data   {tr.corpus.description}\n"
-          f"  tokens {tr.tokenizer.identity()['name']}, vocab {tr.tokenizer.vocab_size:,}\n"
-          f"  model  preset {o.preset}, layers {m.layers}, {m.n_params:,} params, "
-          f"init {o.init}\n"
-          f"  train  batch {o.batch} x seq_len {o.seq_len}, lr {o.lr:g}, stop after {stop_by}, "
-          + (f"{get_num_threads()} threads" if group.size == 1 else
-             f"{group.size} ranks x {get_num_threads()} threads per rank")
-          + f", {m.precision} ({gemm_kernel(m.precision)})"
-          + (f", resumed at step {tr.step_count}" if a.resume else ""), flush=True)
-
-    interrupted = []
-
-    def on_sigint(signum, frame):
+    def on_sigint(signum: int, frame: FrameType | None) -> None:
         interrupted.append(1)
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
     old = signal.signal(signal.SIGINT, on_sigint)
-    bar = None
-    if not a.no_progress:
-        from rwkvx_c.progress import make_progress
-        if o.steps is not None:
-            bar = make_progress(o.steps, tr.step_count, "step")
-        else:
-            bar = make_progress(round(o.time_budget * 60), round(tr.train_seconds()), "s",
-                                bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f}s "
-                                "[{elapsed}<{remaining}{postfix}]")
-    post = {}
-
-    def on_step(row):
-        if bar is None:
-            return
-        if "loss" in row:
-            post["loss"] = f"{row['loss']:.3f}"
-            post["tok/s"] = f"{row['tokens_per_s']:.0f}"
-        if row.get("val_bpb") is not None:
-            post["val_bpb"] = f"{row['val_bpb']:.3f}"
-        elif "val_loss" in row:
-            post["val_loss"] = f"{row['val_loss']:.3f}"
-        bar.set_postfix(post, refresh=False)
-        if o.steps is not None:
-            bar.update(row["step"] - bar.n)
-        else:
-            bar.update(min(bar.total, tr.train_seconds()) - bar.n)
-
+    bar = None if a.no_progress else _progress_bar(tr)
     try:
-        final = tr.run(on_step=on_step, stop=lambda: group.any(interrupted))
+        final = tr.run(on_step=_progress_update(bar, tr),
+                       stop=lambda: group.any(interrupted))
     except (FloatingPointError, MemoryError) as e:
         # the Divergence message says what became of the checkpoint
         if bar:
@@ -361,11 +321,118 @@ def _train(a):
         signal.signal(signal.SIGINT, old)
     if bar:
         bar.close()
-    if not group.is_root:
-        return 130 if interrupted else 0
-    rows = tr.read_log()
+    if group.is_root:
+        _print_summary(tr, out, final, bool(interrupted))
+    return 130 if interrupted else 0
+
+
+def _train_options(a: argparse.Namespace) -> dict[str, Any]:
+    """The TrainOptions fields the flags set (None: not given), shape flags
+    folded into `model`; TrainError for shape flags with --resume."""
+    from rwkvx_c.train import TrainError, shape_overrides
+    data = a.data[0] if a.data and len(a.data) == 1 else a.data
+    opts = dict(data=data, preset=a.preset, steps=a.steps, time_budget=a.time_budget,
+                batch=a.batch, seq_len=a.seq_len, lr=a.lr, warmup_steps=a.warmup,
+                weight_decay=a.weight_decay, grad_clip=a.grad_clip, threads=a.threads,
+                seed=a.seed, init=a.init, eval_every=a.eval_every,
+                eval_tokens=a.eval_tokens, save_every=a.save_every, cache_dir=a.cache_dir,
+                tokenizer=a.tokenizer, text_field=a.text_field,
+                precision=a.precision, on_divergence=a.on_divergence)
+    shape = {k: getattr(a, k) for k in ("n_embd", "head_size", "n_layer", "n_attn_layer",
+                                        "ffn_dim", "chunk_size", "moba_top_k", "d_decay",
+                                        "d_aaa", "d_mv", "d_gate")}
+    if any(v is not None for v in shape.values()):
+        if a.resume:
+            raise TrainError("the model shape of a run is fixed; drop the shape flags with "
+                             "--resume")
+        opts["model"] = shape_overrides(a.preset or "default", **shape)
+    return opts
+
+
+def _start_run(a: argparse.Namespace, group: ProcessGroup) -> tuple[Trainer, str] | int:
+    """(Trainer, run folder) of a new or resumed run, or the exit status of
+    a one-line error."""
+    from rwkvx_c.checkpoint import CheckpointError
+    from rwkvx_c.data import DataError
+    from rwkvx_c.distributed import DistributedError
+    from rwkvx_c.train import Trainer, TrainError, TrainOptions
+    try:
+        opts = _train_options(a)
+        if a.resume:
+            out = group.on_root(_resume_dir, a.out)
+            tr = Trainer.resume(out, progress=not a.no_progress, **opts)
+        else:
+            out = group.root_value(a.out or _new_run_dir())
+            kw = {k: v for k, v in opts.items() if v is not None}
+            tr = Trainer(TrainOptions(**kw), out, progress=not a.no_progress)
+    except (TrainError, DataError, CheckpointError, DistributedError) as e:
+        rank = getattr(e, "rank", 0)   # set by distributed.py on an error from another rank
+        return _err(str(e) + (f" (on rank {rank})" if rank else ""))
+    except OSError as e:
+        return _err(f"{e.strerror}: {e.filename}" if e.filename else str(e))
+    return tr, out
+
+
+def _print_header(tr: Trainer, out: str, group: ProcessGroup, resumed: bool) -> None:
+    """What the run is: data, tokens, model, training set-up."""
+    from rwkvx_c import gemm_kernel, get_num_threads
+    o = tr.opts
+    m = tr.model
+    stop_by = (f"{o.steps} steps" if o.steps is not None else "") + \
+        (" or " if o.steps is not None and o.time_budget else "") + \
+        (f"{o.time_budget:g} min" if o.time_budget else "")
+    print(f"rwkvx-c train: {out}\n"
+          f"  data   {tr.corpus.description}\n"
+          f"  tokens {tr.tokenizer.identity()['name']}, vocab {tr.tokenizer.vocab_size:,}\n"
+          f"  model  preset {o.preset}, layers {m.layers}, {m.n_params:,} params, "
+          f"init {o.init}\n"
+          f"  train  batch {o.batch} x seq_len {o.seq_len}, lr {o.lr:g}, stop after {stop_by}, "
+          + (f"{get_num_threads()} threads" if group.size == 1 else
+             f"{group.size} ranks x {get_num_threads()} threads per rank")
+          + f", {m.precision} ({gemm_kernel(m.precision)})"
+          + (f", resumed at step {tr.step_count}" if resumed else ""), flush=True)
+
+
+def _progress_bar(tr: Trainer) -> Any:
+    """A bar over the run's steps, or over its time budget in seconds."""
+    from rwkvx_c.progress import make_progress
+    o = tr.opts
+    if o.steps is not None:
+        return make_progress(o.steps, tr.step_count, "step")
+    assert o.time_budget is not None   # resolved(): a run without steps has a time budget
+    return make_progress(round(o.time_budget * 60), round(tr.train_seconds()), "s",
+                         bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f}s "
+                         "[{elapsed}<{remaining}{postfix}]")
+
+
+def _progress_update(bar: Any, tr: Trainer) -> Callable[[dict[str, Any]], None]:
+    """The run's on_step: moves the bar and shows the latest losses on it."""
+    post: dict[str, str] = {}
+
+    def on_step(row: dict[str, Any]) -> None:
+        if bar is None:
+            return
+        if "loss" in row:
+            post["loss"] = f"{row['loss']:.3f}"
+            post["tok/s"] = f"{row['tokens_per_s']:.0f}"
+        if row.get("val_bpb") is not None:
+            post["val_bpb"] = f"{row['val_bpb']:.3f}"
+        elif "val_loss" in row:
+            post["val_loss"] = f"{row['val_loss']:.3f}"
+        bar.set_postfix(post, refresh=False)
+        if tr.opts.steps is not None:
+            bar.update(row["step"] - bar.n)
+        else:
+            bar.update(min(bar.total, tr.train_seconds()) - bar.n)
+    return on_step
+
+
+def _print_summary(tr: Trainer, out: str, final: dict[str, Any], interrupted: bool) -> None:
+    """The final evaluation, where the run's files are (the loss plot drawn
+    now) and how to sample from it."""
+    from rwkvx_c.train import LOG
     plot = os.path.join(out, "loss.png")
-    plotted = plot_log(rows, plot)
+    plotted = plot_log(tr.read_log(), plot)
     bpb = final.get("val_bpb")
     print(f"step {tr.step_count}: val_loss {final['val_loss']:.4f}"
           + (f", val_bpb {bpb:.4f}" if bpb is not None else "")
@@ -378,10 +445,9 @@ def _train(a):
     else:
         print("  plot       skipped: matplotlib is not installed (pip install 'rwkvx_c[train]')")
     print(f"  sample     rwkvx-c sample {out} --prompt 'def '")
-    return 130 if interrupted else 0
 
 
-def _sample(a):
+def _sample(a: argparse.Namespace) -> int:
     import rwkvx_c
     from rwkvx_c.checkpoint import CheckpointError
     from rwkvx_c.sample import generate, load_run
@@ -409,7 +475,7 @@ def _sample(a):
     return 0
 
 
-def _export(a):
+def _export(a: argparse.Namespace) -> int:
     from rwkvx_c.checkpoint import CheckpointError
     from rwkvx_c.interop import InteropError, export_model
     from rwkvx_c.sample import load_run
@@ -428,7 +494,7 @@ def _export(a):
     return 0
 
 
-def _import(a):
+def _import(a: argparse.Namespace) -> int:
     from rwkvx_c.interop import InteropError, import_pth
     try:
         ckpt = import_pth(a.file, a.out)
@@ -441,7 +507,7 @@ def _import(a):
     return 0
 
 
-def _tokenizer_train(a):
+def _tokenizer_train(a: argparse.Namespace) -> int:
     from rwkvx_c.corpora import iter_documents, source_files
     from rwkvx_c.data import DataError, _is_val_file
     from rwkvx_c.tokenizer import TokenizerError, train_bpe
@@ -457,7 +523,7 @@ def _tokenizer_train(a):
     return 0
 
 
-def _expected_errors():
+def _expected_errors() -> tuple[type[BaseException], ...]:
     """Exception classes that mean bad input or a bad environment, not a bug."""
     from rwkvx_c.checkpoint import CheckpointError
     from rwkvx_c.data import DataError
@@ -465,10 +531,11 @@ def _expected_errors():
     return (TrainError, DataError, CheckpointError, MemoryError, OSError)
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    cmds = {"train": _train, "sample": _sample, "export": _export, "import": _import,
-            "tokenizer": _tokenizer_train}
+    cmds: dict[str, Callable[[argparse.Namespace], int]] = {
+        "train": _train, "sample": _sample, "export": _export, "import": _import,
+        "tokenizer": _tokenizer_train}
     try:
         return cmds[args.cmd](args)
     except BrokenPipeError:

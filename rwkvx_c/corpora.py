@@ -27,7 +27,8 @@ source file's path, size and modification time (size+mtime, not content:
 hashing a corpus of many GB on every start would cost as much as reading it);
 change any of them and the cache is rebuilt. The pass writes into a
 temporary folder that is renamed into place only when complete, so an
-interrupted pass leaves nothing a later run would use.
+interrupted pass leaves nothing a later run would use; the temporary of a
+killed pass (its writer's PID dead) is removed at the next load.
 
 Memory: documents are read and encoded in batches of at most BATCH_BYTES, a
 longer document in pieces of PIECE_BYTES (exactly, for byte and trie
@@ -43,7 +44,8 @@ import json
 import os
 import shutil
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -51,11 +53,18 @@ from rwkvx_c.data import (
     Corpus,
     DataError,
     _is_val_file,
+    _sweep_orphans,
     _tail_split,
     _text_files,
     default_cache_dir,
     stdlib_files,
 )
+
+if TYPE_CHECKING:
+    from rwkvx_c.tokenizer import Tokenizer
+
+# (name relative to its folder, path, kind: text, jsonl or jsonl.gz) of a source file
+Source = tuple[str, str, str]
 
 __all__ = [
     "is_binidx",
@@ -73,8 +82,10 @@ _IDX_DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 8
 
 
 def is_binidx(path: str) -> bool:
-    stem = path[:-4] if path.endswith((".bin", ".idx")) else None
-    return bool(stem) and os.path.isfile(stem + ".bin") and os.path.isfile(stem + ".idx")
+    if not path.endswith((".bin", ".idx")) or len(path) == 4:
+        return False
+    stem = path[:-4]
+    return os.path.isfile(stem + ".bin") and os.path.isfile(stem + ".idx")
 
 
 def read_binidx(path: str) -> tuple:
@@ -135,7 +146,7 @@ def _max_token(tokens: np.ndarray) -> tuple:
     return lo, hi
 
 
-def _binidx_corpus(path, tok, val_fraction, min_len) -> Corpus:
+def _binidx_corpus(path: str, tok: Tokenizer, val_fraction: float, min_len: int) -> Corpus:
     tokens, docs = read_binidx(path)
     lo, hi = _max_token(tokens)
     if lo < 0 or hi >= tok.vocab_size:
@@ -158,22 +169,22 @@ def _kind(path: str) -> str:
     return "text"
 
 
-def source_files(paths) -> list:
+def source_files(paths: Sequence[str | os.PathLike[str]] | None) -> list[Source]:
     """(name, path, kind) of every source file, sorted within each path; name
     (relative to its folder, or the file's own name) decides the split."""
     if paths is None:
         _, files = stdlib_files()
         return [(rel, p, "text") for rel, p in files]
-    out = []
+    out: list[Source] = []
     for path in paths:
         path = os.fspath(path)
         if not os.path.exists(path):
             raise DataError(f"data path does not exist: {path}")
         if os.path.isdir(path):
-            names = {rel: p for rel, p in _text_files(path)}
-            for d, dirs, files in os.walk(path):  # gzip files are binary: find them by name
+            names = dict(_text_files(path))
+            for d, dirs, found in os.walk(path):  # gzip files are binary: find them by name
                 dirs[:] = sorted(x for x in dirs if not x.startswith("."))
-                for f in files:
+                for f in found:
                     if f.lower().endswith(".jsonl.gz") and not f.startswith("."):
                         p = os.path.join(d, f)
                         names[os.path.relpath(p, path).replace(os.sep, "/")] = p
@@ -185,14 +196,16 @@ def source_files(paths) -> list:
     return out
 
 
-def _jsonl_docs(path, fh, text_field) -> Iterator[bytes]:
+def _jsonl_docs(path: str, fh: Iterable[bytes], text_field: str) -> Iterator[bytes]:
     for n, line in enumerate(fh, 1):
         if not line.strip():
             continue
         try:
             rec = json.loads(line)
-        except ValueError as e:
+        except json.JSONDecodeError as e:
             raise DataError(f"{path}:{n}: not JSON ({e.msg})") from None
+        except UnicodeDecodeError:   # json.loads decodes the bytes first
+            raise DataError(f"{path}:{n}: not UTF-8 text") from None
         text = rec.get(text_field) if isinstance(rec, dict) else None
         if not isinstance(text, str):
             raise DataError(f"{path}:{n}: no string field {text_field!r} "
@@ -200,7 +213,9 @@ def _jsonl_docs(path, fh, text_field) -> Iterator[bytes]:
         yield text.encode("utf-8", "surrogatepass") + b"\n"
 
 
-def iter_documents(files, text_field="text", progress=None) -> Iterator[tuple]:
+def iter_documents(files: Sequence[Source], text_field: str = "text",
+                   progress: Callable[[int], object] | None = None
+                   ) -> Iterator[tuple[bytes, bool]]:
     """(bytes, final) pieces of every document of files, in order: a
     document shorter than PIECE_BYTES is one (doc, True); a longer text file
     comes as several (piece, False) ... (last, True). progress(n) is called
@@ -240,28 +255,30 @@ def iter_documents(files, text_field="text", progress=None) -> Iterator[tuple]:
 class _TokenWriter:
     """Appends token arrays to a file as `dtype`."""
 
-    def __init__(self, path, dtype):
+    def __init__(self, path: str, dtype: Any) -> None:
         self.f = open(path, "wb")  # noqa: SIM115 -- closed by close(), in a finally
         self.dtype = dtype
         self.n = 0
 
-    def write(self, ids):
+    def write(self, ids: np.ndarray) -> None:
         if len(ids):
             self.f.write(np.asarray(ids).astype(self.dtype, copy=False).tobytes())
             self.n += len(ids)
 
-    def close(self):
+    def close(self) -> None:
         self.f.flush()
         os.fsync(self.f.fileno())
         self.f.close()
 
 
-def _encode_files(files, tok, writer, text_field, progress):
+def _encode_files(files: Sequence[Source], tok: Tokenizer, writer: _TokenWriter,
+                  text_field: str, progress: Callable[[int], object] | None) -> None:
     """Encode every document of files into writer, batching short documents
     and streaming long ones piece by piece."""
-    batch, size = [], 0
+    batch: list[bytes] = []
+    size = 0
 
-    def flush():
+    def flush() -> None:
         nonlocal batch, size
         for ids in tok.encode_docs(batch):
             writer.write(ids)
@@ -286,11 +303,11 @@ def _encode_files(files, tok, writer, text_field, progress):
     flush()
 
 
-def _dtype_for(vocab):
+def _dtype_for(vocab: int) -> type[np.unsignedinteger]:
     return np.uint8 if vocab <= 256 else np.uint16 if vocab <= 65536 else np.uint32
 
 
-def _cache_key(files, tok, text_field) -> str:
+def _cache_key(files: Sequence[Source], tok: Tokenizer, text_field: str) -> str:
     h = hashlib.sha256(json.dumps([tok.identity(), text_field]).encode())
     for rel, p, kind in files:
         st = os.stat(p)
@@ -299,7 +316,8 @@ def _cache_key(files, tok, text_field) -> str:
     return h.hexdigest()[:24]
 
 
-def _build(d, files, tok, text_field, min_len, show_progress):
+def _build(d: str, files: Sequence[Source], tok: Tokenizer, text_field: str, min_len: int,
+           show_progress: bool) -> None:
     """Write d/{train,val}.tok (and all.tok when a side is too short) via a
     temporary folder renamed into place."""
     parent = os.path.dirname(d)
@@ -331,9 +349,9 @@ def _build(d, files, tok, text_field, min_len, show_progress):
                         shutil.copyfileobj(f, out, 1 << 22)
                 out.flush()
                 os.fsync(out.fileno())
-        with open(os.path.join(tmp, "meta.json"), "w") as f:
+        with open(os.path.join(tmp, "meta.json"), "w") as meta:
             json.dump({"tokenizer": tok.identity(), "dtype": np.dtype(dtype).name,
-                       "files": len(files), "tokens": sides, "source_bytes": total}, f)
+                       "files": len(files), "tokens": sides, "source_bytes": total}, meta)
         try:
             os.rename(tmp, d)
         except OSError:  # another process finished the same cache first
@@ -345,14 +363,15 @@ def _build(d, files, tok, text_field, min_len, show_progress):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _mm(path, dtype):
+def _mm(path: str, dtype: np.dtype) -> np.ndarray:
     if os.path.getsize(path) == 0:
         return np.zeros(0, dtype=dtype)
     return np.memmap(path, dtype=dtype, mode="r")
 
 
-def load_tokenized(paths, tok, *, seq_len=256, val_fraction=0.02, cache_dir=None,
-                   text_field="text", progress=False) -> Corpus:
+def load_tokenized(paths: Sequence[str | os.PathLike[str]] | None, tok: Tokenizer, *,
+                   seq_len: int = 256, val_fraction: float = 0.02, cache_dir: str | None = None,
+                   text_field: str = "text", progress: bool = False) -> Corpus:
     """The corpus of `paths` (a list, or None for the standard library)
     encoded with tokenizer `tok`; see the module doc."""
     min_len = seq_len + 1
@@ -363,7 +382,9 @@ def load_tokenized(paths, tok, *, seq_len=256, val_fraction=0.02, cache_dir=None
     files = source_files(paths)
     if not files:
         raise DataError("no source files found")
-    d = os.path.join(cache_dir or default_cache_dir(), "tok-" + _cache_key(files, tok, text_field))
+    root = cache_dir or default_cache_dir()
+    _sweep_orphans(root, "tok-")
+    d = os.path.join(root, "tok-" + _cache_key(files, tok, text_field))
     if not os.path.exists(os.path.join(d, "meta.json")):
         _build(d, files, tok, text_field, min_len, progress)
     with open(os.path.join(d, "meta.json")) as f:

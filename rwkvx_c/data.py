@@ -27,21 +27,37 @@ Corpora (``load_corpus``):
 Folders and the default corpus are concatenated once into ``train.bin`` /
 ``val.bin`` under the cache folder ($RWKVX_CACHE, else
 $XDG_CACHE_HOME/rwkvx_c, else ~/.cache/rwkvx_c), keyed by the file list,
-sizes and modification times, and memory-mapped from there.
+sizes and modification times, and memory-mapped from there. Each is written
+to NAME.tmpPID and renamed into place; a killed writer's temporary is
+removed at the next load that uses the folder.
 """
+from __future__ import annotations
+
+import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import sysconfig
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Union
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from rwkvx_c.tokenizer import Tokenizer
 
 __all__ = ["ByteTokenizer", "Corpus", "DataError", "BatchSampler", "load_corpus",
            "default_cache_dir", "eval_windows"]
 
 VOCAB_BYTES = 256
+# (name relative to its folder, path) of a source file; the name decides its split
+Files = list[tuple[str, str]]
+# a corpus argument: one path, several, or None for the standard library
+DataPaths = Union[str, "os.PathLike[str]", Sequence[Union[str, "os.PathLike[str]"]], None]
+_MAX_VOCAB = 2 ** 31 - 1   # token ids are int32 in the C API
 _DTYPES = {"uint8": np.uint8, "u8": np.uint8, "uint16": np.uint16, "u16": np.uint16,
            "uint32": np.uint32, "u32": np.uint32}
 
@@ -55,12 +71,12 @@ class ByteTokenizer:
 
     vocab_size = VOCAB_BYTES
 
-    def encode(self, text):
+    def encode(self, text: str | bytes) -> np.ndarray:
         """str (UTF-8) or bytes -> int32 (n,)."""
         b = text.encode("utf-8") if isinstance(text, str) else bytes(text)
         return np.frombuffer(b, dtype=np.uint8).astype(np.int32)
 
-    def decode(self, tokens):
+    def decode(self, tokens: Sequence[int] | np.ndarray) -> str:
         """Token ids -> str (invalid UTF-8 becomes U+FFFD)."""
         return bytes(np.asarray(tokens, dtype=np.uint8).tolist()).decode("utf-8", errors="replace")
 
@@ -73,10 +89,10 @@ class Corpus:
     vocab_size: int
     is_bytes: bool        # one token per byte: bits per byte = loss / ln 2
     description: str
-    token_bytes: np.ndarray = None  # UTF-8 bytes each id decodes to (val_bpb's divisor)
+    token_bytes: np.ndarray | None = None  # UTF-8 bytes each id decodes to (val_bpb's divisor)
 
 
-def default_cache_dir():
+def default_cache_dir() -> str:
     d = os.environ.get("RWKVX_CACHE")
     if d:
         return d
@@ -84,12 +100,12 @@ def default_cache_dir():
     return os.path.join(base, "rwkvx_c")
 
 
-def _is_val_file(rel):
+def _is_val_file(rel: str) -> bool:
     h = hashlib.sha1(rel.encode("utf-8", "surrogateescape")).digest()
     return int.from_bytes(h[:8], "big") % 50 == 0
 
 
-def stdlib_files():
+def stdlib_files() -> tuple[str, Files]:
     """Sorted (relative path, absolute path) of the standard library's .py files."""
     root = sysconfig.get_paths()["stdlib"]
     out = []
@@ -103,7 +119,7 @@ def stdlib_files():
     return root, sorted(out)
 
 
-def _text_files(folder):
+def _text_files(folder: str) -> Files:
     out = []
     for d, dirs, files in os.walk(folder):
         dirs[:] = sorted(x for x in dirs if not x.startswith("."))
@@ -121,27 +137,65 @@ def _text_files(folder):
     return sorted(out)
 
 
-def _atomic_concat(paths, dest):
+_TMP_PID = re.compile(r"\.tmp(\d+)$")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return True   # another user's process, or no PID we can judge: not ours to remove
+    return True
+
+
+def _sweep_orphans(folder: str, prefix: str = "") -> None:
+    """Remove the temporaries (NAME.tmpPID, files or folders) in `folder`
+    whose writer is dead: a killed writer never renames its temporary into
+    place, and nothing else would ever delete it. A live writer's stays."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return
+    for name in names:
+        m = _TMP_PID.search(name)
+        if not m or not name.startswith(prefix) or _pid_alive(int(m.group(1))):
+            continue
+        p = os.path.join(folder, name)
+        if os.path.isdir(p) and not os.path.islink(p):
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):   # another sweeper may be first
+                os.unlink(p)
+
+
+def _atomic_concat(paths: Sequence[str], dest: str) -> int:
     tmp = dest + ".tmp%d" % os.getpid()
     n = 0
-    with open(tmp, "wb") as out:
-        for p in paths:
-            with open(p, "rb") as f:
-                shutil.copyfileobj(f, out, 1 << 22)
-            n = out.tell()
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(tmp, dest)
+    try:
+        with open(tmp, "wb") as out:
+            for p in paths:
+                with open(p, "rb") as f:
+                    shutil.copyfileobj(f, out, 1 << 22)
+                n = out.tell()
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, dest)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     return n
 
 
-def _memmap(path, dtype=np.uint8):
+def _memmap(path: str, dtype: Any = np.uint8) -> np.ndarray:
     if os.path.getsize(path) == 0:  # numpy cannot map an empty file
         return np.zeros(0, dtype=dtype)
     return np.memmap(path, dtype=dtype, mode="r")
 
 
-def _cache_dir_for(files, label, cache_dir):
+def _cache_dir_for(files: Files, label: str, cache_dir: str | None) -> str:
     """Cache folder keyed by the source label and every file's name, size and mtime."""
     sig = hashlib.sha1(label.encode("utf-8", "surrogateescape"))
     for rel, p in files:
@@ -149,10 +203,11 @@ def _cache_dir_for(files, label, cache_dir):
         sig.update(f"{rel}\0{st.st_size}\0{st.st_mtime_ns}\n".encode("utf-8", "surrogateescape"))
     d = os.path.join(cache_dir or default_cache_dir(), sig.hexdigest()[:20])
     os.makedirs(d, exist_ok=True)
+    _sweep_orphans(d)
     return d
 
 
-def _cached_concat(d, name, paths):
+def _cached_concat(d: str, name: str, paths: Sequence[str]) -> np.ndarray:
     """d/name holding the files' bytes back to back (built once, atomically), memory-mapped."""
     dest = os.path.join(d, name)
     if not os.path.exists(dest):
@@ -160,7 +215,8 @@ def _cached_concat(d, name, paths):
     return _memmap(dest)
 
 
-def _split_by_file(files, label, cache_dir, val_fraction, min_len, what):
+def _split_by_file(files: Files, label: str, cache_dir: str | None, val_fraction: float,
+                   min_len: int, what: str) -> tuple[np.ndarray, np.ndarray]:
     """(train, val) memmaps split by file hash, or by the tail of the
     concatenation when a side would be shorter than min_len."""
     d = _cache_dir_for(files, label, cache_dir)
@@ -174,7 +230,8 @@ def _split_by_file(files, label, cache_dir, val_fraction, min_len, what):
     return _tail_split(whole, val_fraction, min_len, what)
 
 
-def _tail_split(tokens, val_fraction, min_len, what):
+def _tail_split(tokens: np.ndarray, val_fraction: float, min_len: int,
+                what: str) -> tuple[np.ndarray, np.ndarray]:
     n = len(tokens)
     nval = max(int(n * val_fraction), min_len)
     if n - nval < min_len:
@@ -183,28 +240,46 @@ def _tail_split(tokens, val_fraction, min_len, what):
     return tokens[: n - nval], tokens[n - nval:]
 
 
-def _bin_dtype(path):
+def _show(v: object) -> str:
+    """A sidecar value for a one-line message: ASCII, and short whatever it holds."""
+    s = ascii(v)
+    return s if len(s) <= 40 else s[:37] + "..."
+
+
+def _bin_dtype(path: str) -> tuple[np.dtype, int | None]:
     side = path + ".json"
     info = {}
     if os.path.exists(side):
         try:
-            with open(side) as f:
+            with open(side, encoding="utf-8") as f:
                 info = json.load(f)
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError) as e:   # UnicodeDecodeError is a ValueError
             raise DataError(f"cannot read token sidecar {side}: {e}") from None
+        if not isinstance(info, dict):
+            raise DataError(f"token sidecar {side} holds {_show(info)}, not a JSON object "
+                            'such as {"dtype": "uint16", "vocab_size": 50304}')
     name = info.get("dtype")
     if name is None:
         parts = os.path.basename(path).lower().split(".")
         hits = [p for p in parts[:-1] if p in _DTYPES]
         name = hits[-1] if hits else None
+    elif not isinstance(name, str) or name not in _DTYPES:
+        raise DataError(f"token sidecar {side}: dtype {_show(name)} is not uint8, uint16 "
+                        "or uint32")
     if name not in _DTYPES:
         raise DataError(f"cannot tell the token dtype of {path}: name it *.u8.bin, *.u16.bin "
                         f"or *.u32.bin, or add {os.path.basename(side)} with "
                         '{"dtype": "uint16"}')
-    return np.dtype(_DTYPES[name]), info.get("vocab_size")
+    vocab = info.get("vocab_size")
+    # bool is an int to Python, and float vocabularies do not exist
+    if vocab is not None and (isinstance(vocab, bool) or not isinstance(vocab, int)
+                              or not 1 <= vocab <= _MAX_VOCAB):
+        raise DataError(f"token sidecar {side}: vocab_size {_show(vocab)} is not an integer "
+                        f"in [1, {_MAX_VOCAB}]")
+    return np.dtype(_DTYPES[name]), vocab
 
 
-def _load_bin(path, val_fraction, min_len):
+def _load_bin(path: str, val_fraction: float, min_len: int) -> Corpus:
     dtype, vocab = _bin_dtype(path)
     size = os.path.getsize(path)
     if size == 0:
@@ -213,19 +288,26 @@ def _load_bin(path, val_fraction, min_len):
         raise DataError(f"token file {path} has {size} bytes, not a multiple of "
                         f"{dtype.itemsize} ({dtype.name})")
     tokens = np.memmap(path, dtype=dtype, mode="r")
-    if vocab is None:
-        if dtype == np.uint8:
-            vocab = VOCAB_BYTES
-        else:  # chunked so memory stays flat
-            vocab = 1 + max(int(tokens[i:i + (1 << 24)].max())
-                            for i in range(0, len(tokens), 1 << 24))
+    # a sidecar's vocab_size is checked against the tokens: one below it would
+    # only fail mid-training, at the first batch holding a larger id
+    if not (dtype == np.uint8 and (vocab is None or vocab >= VOCAB_BYTES)):
+        top = max(int(tokens[i:i + (1 << 24)].max())   # chunked so memory stays flat
+                  for i in range(0, len(tokens), 1 << 24))
+        if vocab is None:
+            vocab = top + 1
+        elif top >= vocab:
+            raise DataError(f"token file {path} holds token id {top}, but its sidecar's "
+                            f"vocab_size is {vocab}")
+    elif vocab is None:
+        vocab = VOCAB_BYTES
     train, val = _tail_split(tokens, val_fraction, min_len, f"token file {path}")
     return Corpus(train, val, int(vocab), dtype == np.uint8 and vocab <= VOCAB_BYTES,
                   f"{path} ({len(tokens):,} {dtype.name} tokens)")
 
 
-def load_corpus(path=None, *, seq_len=256, val_fraction=0.02, cache_dir=None, tokenizer=None,
-                text_field="text", progress=False):
+def load_corpus(path: DataPaths = None, *, seq_len: int = 256, val_fraction: float = 0.02,
+                cache_dir: str | None = None, tokenizer: Tokenizer | None = None,
+                text_field: str = "text", progress: bool = False) -> Corpus:
     """The corpus at `path` (None: the standard-library default; a list:
     several paths); see the module doc. tokenizer (a rwkvx_c.tokenizer
     Tokenizer, None for bytes), JSON lines, binidx and several paths go
@@ -242,43 +324,59 @@ def load_corpus(path=None, *, seq_len=256, val_fraction=0.02, cache_dir=None, to
     byte = tokenizer is None or tokenizer.name == "byte"
     one = os.fspath(paths[0]) if paths is not None and len(paths) == 1 else None
     raw_bin = one is not None and one.endswith(".bin") and not corpora.is_binidx(one)
-    if not raw_bin and (paths is not None and one is None or not byte
-                        or one is not None and corpora.needs_tokenizing(one)):
+    if not raw_bin and ((paths is not None and one is None) or not byte
+                        or (one is not None and corpora.needs_tokenizing(one))):
         from rwkvx_c.tokenizer import ByteTokenizer as _Bytes
         return corpora.load_tokenized(paths, tokenizer or _Bytes(), seq_len=seq_len,
                                       val_fraction=val_fraction, cache_dir=cache_dir,
                                       text_field=text_field, progress=progress)
-    if one is not None:
-        path = one
     min_len = seq_len + 1
-    if path is None:
-        root, files = stdlib_files()
-        if not files:
-            raise DataError(f"no .py files found in the standard library at {root}")
-        train, val = _split_by_file(files, "stdlib:" + root, cache_dir, val_fraction, min_len,
-                                    f"the standard library at {root}")
-        return Corpus(train, val, VOCAB_BYTES, True,
-                      f"Python standard library .py files ({len(files)} files, "
-                      f"{len(train):,} train / {len(val):,} val bytes)")
-    path = os.fspath(path)
-    if not os.path.exists(path):
-        raise DataError(f"data path does not exist: {path}")
-    if os.path.isdir(path):
-        files = _text_files(path)
-        if not files:
-            raise DataError(f"no text files found in folder {path}")
-        train, val = _split_by_file(files, "dir:" + os.path.abspath(path), cache_dir,
-                                    val_fraction, min_len, f"folder {path}")
-        return Corpus(train, val, VOCAB_BYTES, True,
-                      f"{path} ({len(files)} files, {len(train):,} train / {len(val):,} val bytes)")
-    if path.endswith(".bin"):
-        c = _load_bin(path, val_fraction, min_len)
-        if tokenizer is not None and tokenizer.name != "byte":
-            if c.vocab_size > tokenizer.vocab_size:
-                raise DataError(f"token file {path} has ids up to {c.vocab_size - 1}, outside "
-                                f"the tokenizer's vocabulary of {tokenizer.vocab_size}")
-            c.vocab_size, c.token_bytes = tokenizer.vocab_size, tokenizer.token_lengths()
-        return c
+    if one is None:   # no path: several paths were tokenised above
+        return _stdlib_corpus(cache_dir, val_fraction, min_len)
+    if not os.path.exists(one):
+        raise DataError(f"data path does not exist: {one}")
+    if os.path.isdir(one):
+        return _folder_corpus(one, cache_dir, val_fraction, min_len)
+    if one.endswith(".bin"):
+        return _token_file_corpus(one, tokenizer, val_fraction, min_len)
+    return _text_file_corpus(one, val_fraction, min_len)
+
+
+def _stdlib_corpus(cache_dir: str | None, val_fraction: float, min_len: int) -> Corpus:
+    root, files = stdlib_files()
+    if not files:
+        raise DataError(f"no .py files found in the standard library at {root}")
+    train, val = _split_by_file(files, "stdlib:" + root, cache_dir, val_fraction, min_len,
+                                f"the standard library at {root}")
+    return Corpus(train, val, VOCAB_BYTES, True,
+                  f"Python standard library .py files ({len(files)} files, "
+                  f"{len(train):,} train / {len(val):,} val bytes)")
+
+
+def _folder_corpus(path: str, cache_dir: str | None, val_fraction: float,
+                   min_len: int) -> Corpus:
+    files = _text_files(path)
+    if not files:
+        raise DataError(f"no text files found in folder {path}")
+    train, val = _split_by_file(files, "dir:" + os.path.abspath(path), cache_dir,
+                                val_fraction, min_len, f"folder {path}")
+    return Corpus(train, val, VOCAB_BYTES, True,
+                  f"{path} ({len(files)} files, {len(train):,} train / {len(val):,} val bytes)")
+
+
+def _token_file_corpus(path: str, tokenizer: Tokenizer | None, val_fraction: float,
+                       min_len: int) -> Corpus:
+    """A .bin token file, read with the vocabulary of a tokenizer other than bytes when given."""
+    c = _load_bin(path, val_fraction, min_len)
+    if tokenizer is not None and tokenizer.name != "byte":
+        if c.vocab_size > tokenizer.vocab_size:
+            raise DataError(f"token file {path} has ids up to {c.vocab_size - 1}, outside "
+                            f"the tokenizer's vocabulary of {tokenizer.vocab_size}")
+        c.vocab_size, c.token_bytes = tokenizer.vocab_size, tokenizer.token_lengths()
+    return c
+
+
+def _text_file_corpus(path: str, val_fraction: float, min_len: int) -> Corpus:
     try:
         if os.path.getsize(path) == 0:
             raise DataError(f"data file is empty: {path}")
@@ -289,7 +387,6 @@ def load_corpus(path=None, *, seq_len=256, val_fraction=0.02, cache_dir=None, to
     return Corpus(train, val, VOCAB_BYTES, True,
                   f"{path} ({len(train):,} train / {len(val):,} val bytes)")
 
-
 class BatchSampler:
     """Random (B, T) training windows from a 1-D token array.
 
@@ -299,7 +396,7 @@ class BatchSampler:
     number of batches drawn, so a restored sampler continues the same stream.
     """
 
-    def __init__(self, tokens, batch, seq_len, seed):
+    def __init__(self, tokens: np.ndarray, batch: int, seq_len: int, seed: int) -> None:
         if len(tokens) < seq_len + 1:
             raise DataError(f"corpus split of {len(tokens)} tokens is shorter than "
                             f"seq_len + 1 = {seq_len + 1}")
@@ -307,7 +404,7 @@ class BatchSampler:
         self.rng = np.random.Generator(np.random.PCG64(seed))
         self.batches = 0
 
-    def next(self):
+    def next(self) -> tuple[np.ndarray, np.ndarray]:
         """(inputs, targets), both int32 (B, T)."""
         T = self.seq_len
         offs = self.rng.integers(0, len(self.tokens) - T, size=self.batch)
@@ -315,16 +412,17 @@ class BatchSampler:
         self.batches += 1
         return np.ascontiguousarray(win[:, :T]), np.ascontiguousarray(win[:, 1:])
 
-    def state(self):
+    def state(self) -> dict[str, Any]:
         """JSON-serialisable sampler state."""
         return {"bit_generator": self.rng.bit_generator.state, "batches": self.batches}
 
-    def set_state(self, st):
+    def set_state(self, st: dict[str, Any]) -> None:
         self.rng.bit_generator.state = st["bit_generator"]
         self.batches = int(st["batches"])
 
 
-def eval_windows(tokens, seq_len, n_windows):
+def eval_windows(tokens: np.ndarray, seq_len: int,
+                 n_windows: int) -> tuple[np.ndarray, np.ndarray]:
     """Fixed validation windows: up to n_windows (T+1)-token windows at evenly
     spaced offsets covering the split (the same every call)."""
     T = seq_len

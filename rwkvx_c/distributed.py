@@ -32,12 +32,18 @@ without doing anything):
     any rank raises the same exception on every rank, never a hang;
   - ``abort(exc)``: print which rank failed and why, then end the whole job.
 """
+from __future__ import annotations
+
 import os
 import pickle
 import sys
 import traceback
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import numpy as np
+
+T = TypeVar("T")
 
 __all__ = ["DistributedError", "MPIGroup", "ProcessGroup", "abort_job", "mpi_requested", "world"]
 
@@ -49,7 +55,7 @@ class DistributedError(ValueError):
     """A distributed set-up that cannot run (mpi4py missing, bad batch split)."""
 
 
-def _int_env(name):
+def _int_env(name: str) -> int | None:
     v = os.environ.get(name)
     try:
         return int(v) if v is not None else None
@@ -57,7 +63,7 @@ def _int_env(name):
         return None
 
 
-def mpi_requested(environ=None):
+def mpi_requested(environ: Mapping[str, str] | None = None) -> bool:
     """True when this process was started by an MPI launcher with more than
     one process (or RWKVX_MPI=1). Reads only environment variables."""
     env = os.environ if environ is None else environ
@@ -90,13 +96,13 @@ class ProcessGroup:
     local_size = 1
 
     @property
-    def is_root(self):
+    def is_root(self) -> bool:
         return self.rank == 0
 
-    def describe(self):
+    def describe(self) -> str:
         return "1 process"
 
-    def rows(self, batch):
+    def rows(self, batch: int) -> tuple[int, int]:
         """[lo, hi) rows of a global batch of `batch` sequences for this rank."""
         if batch % self.size:
             raise DistributedError(f"--batch {batch} does not divide over {self.size} "
@@ -104,45 +110,45 @@ class ProcessGroup:
         n = batch // self.size
         return self.rank * n, (self.rank + 1) * n
 
-    def split(self, n):
+    def split(self, n: int) -> tuple[int, int]:
         """[lo, hi) of n items (evaluation windows) for this rank, as even as possible."""
         lo = self.rank * n // self.size
         return lo, (self.rank + 1) * n // self.size
 
-    def default_threads(self):
+    def default_threads(self) -> int | None:
         """OpenMP threads for this rank when --threads is not given; None keeps
         the library default (OMP_NUM_THREADS, else every core)."""
-        return
+        return None
 
-    def average_grads(self, grads, loss):
+    def average_grads(self, grads: np.ndarray, loss: float) -> float:
         return loss
 
-    def broadcast_(self, buf):
+    def broadcast_(self, buf: np.ndarray) -> np.ndarray:
         return buf
 
-    def root_value(self, value):
+    def root_value(self, value: T) -> T:
         return value
 
-    def sum_values(self, *xs):
+    def sum_values(self, *xs: float) -> tuple[float, ...]:
         return xs
 
-    def any(self, flag):
+    def any(self, flag: object) -> bool:
         return bool(flag)
 
-    def agree(self, fn, *args, **kw):
+    def agree(self, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
         return fn(*args, **kw)
 
-    def on_root(self, fn, *args, **kw):
+    def on_root(self, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
         return fn(*args, **kw)
 
-    def abort(self, exc):
+    def abort(self, exc: BaseException) -> None:
         raise exc
 
 
 class MPIGroup(ProcessGroup):
     """COMM_WORLD of mpi4py; see the module doc for each operation."""
 
-    def __init__(self, comm, MPI):
+    def __init__(self, comm: Any, MPI: Any) -> None:
         self.comm, self._MPI = comm, MPI
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
@@ -151,16 +157,16 @@ class MPIGroup(ProcessGroup):
         self._threads = _share_of_cores(node)
         node.Free()
 
-    def describe(self):
+    def describe(self) -> str:
         return f"{self.size} MPI ranks ({self.local_size} on this node)"
 
-    def default_threads(self):
+    def default_threads(self) -> int | None:
         """OMP_NUM_THREADS when set; else this rank's share of its cores (see
         _share_of_cores): P ranks on one machine never oversubscribe it."""
         env = _int_env("OMP_NUM_THREADS")
         return env if env is not None and env >= 1 else self._threads
 
-    def average_grads(self, grads, loss):
+    def average_grads(self, grads: np.ndarray, loss: float) -> float:
         self.comm.Allreduce(self._MPI.IN_PLACE, grads, op=self._MPI.SUM)
         if self.size & (self.size - 1) == 0:
             grads *= np.float32(1.0 / self.size)  # a power of two: exact
@@ -170,22 +176,22 @@ class MPIGroup(ProcessGroup):
         self.comm.Allreduce(self._MPI.IN_PLACE, total, op=self._MPI.SUM)
         return float(total[0]) / self.size
 
-    def broadcast_(self, buf):
+    def broadcast_(self, buf: np.ndarray) -> np.ndarray:
         self.comm.Bcast(buf, root=0)
         return buf
 
-    def root_value(self, value):
+    def root_value(self, value: T) -> T:
         return self.comm.bcast(value, root=0)
 
-    def sum_values(self, *xs):
+    def sum_values(self, *xs: float) -> tuple[float, ...]:
         v = np.array(xs, dtype=np.float64)
         self.comm.Allreduce(self._MPI.IN_PLACE, v, op=self._MPI.SUM)
         return tuple(float(x) for x in v)
 
-    def any(self, flag):
+    def any(self, flag: object) -> bool:
         return bool(self.comm.allreduce(bool(flag), op=self._MPI.LOR))
 
-    def _agreed(self, outcome):
+    def _agreed(self, outcome: tuple[bool, Any]) -> Any:
         """outcome: (ok, value or exception). Every rank learns every outcome;
         the lowest failing rank's exception is raised on all of them."""
         ok, val = outcome
@@ -196,38 +202,39 @@ class MPIGroup(ProcessGroup):
                 raise val if r == self.rank else e
         return val
 
-    def agree(self, fn, *args, **kw):
+    def agree(self, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
+        out: tuple[bool, Any]
         try:
             out = (True, fn(*args, **kw))
         except Exception as e:  # noqa: BLE001 -- every error must reach the other ranks
             out = (False, e)
         return self._agreed(out)
 
-    def on_root(self, fn, *args, **kw):
+    def on_root(self, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
         """fn runs on rank 0 only; its result (or its exception) reaches every rank."""
+        out: tuple[bool, Any] | None = None
         if self.is_root:
             try:
                 out = (True, fn(*args, **kw))
             except Exception as e:  # noqa: BLE001
                 out = (False, _portable(e, 0))
-        else:
-            out = None
         ok, val = self.comm.bcast(out, root=0)
         if not ok:
             raise val
         return val
 
-    def abort(self, exc):
+    def abort(self, exc: BaseException) -> None:
         """Report exc as this rank's failure on the real stderr, then end every
         rank (MPI_Abort): the others may be waiting in a collective."""
         msg = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        sys.__stderr__.write(f"{msg}rwkvx-c: error: rank {self.rank} of {self.size} failed "
-                             f"({type(exc).__name__}: {exc}); ending all ranks\n")
-        sys.__stderr__.flush()
+        err = sys.__stderr__ or sys.stderr   # None when Python started without one
+        err.write(f"{msg}rwkvx-c: error: rank {self.rank} of {self.size} failed "
+                  f"({type(exc).__name__}: {exc}); ending all ranks\n")
+        err.flush()
         self.comm.Abort(1)
 
 
-def _share_of_cores(node):
+def _share_of_cores(node: Any) -> int:
     """The CPUs in this rank's affinity mask divided by the number of ranks on
     this node (communicator `node`) with that same mask. Unbound ranks split
     the machine; ranks the launcher bound (--bind-to socket / core) split
@@ -240,23 +247,23 @@ def _share_of_cores(node):
     return max(1, len(mine) // sharing)
 
 
-def _portable(exc, rank):
+def _portable(exc: BaseException, rank: int) -> BaseException:
     """exc, marked with the rank it happened on, if it survives pickling; else
     a RuntimeError with its text."""
     try:
-        exc.rank = rank
+        exc.rank = rank  # type: ignore[attr-defined]
         pickle.loads(pickle.dumps(exc))
         return exc
     except Exception:  # noqa: BLE001 -- any unpicklable exception
         e = RuntimeError(f"{type(exc).__name__}: {exc}")
-        e.rank = rank
+        e.rank = rank  # type: ignore[attr-defined]
         return e
 
 
-_WORLD = None
+_WORLD: ProcessGroup | None = None
 
 
-def world():
+def world() -> ProcessGroup:
     """The process group of this process (created once)."""
     global _WORLD
     if _WORLD is None:
@@ -275,7 +282,7 @@ def world():
     return _WORLD
 
 
-def abort_job(exc):
+def abort_job(exc: BaseException) -> None:
     """Under MPI with more than one rank: report exc as this rank's failure and
     end the whole job (never returns). Otherwise does nothing."""
     if _WORLD is not None and _WORLD.size > 1:

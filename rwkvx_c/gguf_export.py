@@ -11,10 +11,11 @@ installed `rwkv` package's vocabulary file; nothing is downloaded).
 """
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
+from typing import Any
 
 import numpy as np
 
+from rwkvx_c._core import RxPtModel
 from rwkvx_c.interop import DTYPES, InteropError, _atomic_write
 from rwkvx_c.tokenizer import WORLD_VOCAB_SIZE as WORLD_VOCAB
 
@@ -28,7 +29,7 @@ WORLD_EOT = 261   # "\n\n" in the World vocabulary: end of a chat turn
 _LERPS = ("x_r", "x_w", "x_k", "x_v", "x_a", "x_g")
 
 
-def _need_gguf():
+def _need_gguf() -> Any:
     try:
         import gguf
     except ImportError:
@@ -37,7 +38,7 @@ def _need_gguf():
     return gguf
 
 
-def gguf_refusal(config) -> str | None:
+def gguf_refusal(config: dict[str, int]) -> str | None:
     """Why llama.cpp's rwkv7 cannot hold this config, or None."""
     c = config
     if c["n_attn_layer"]:
@@ -59,7 +60,7 @@ def _token_text(b: bytes) -> str:
     return repr(b)[2:-1]
 
 
-def _world_tokens() -> List[bytes]:
+def _world_tokens() -> list[bytes]:
     """The World vocabulary's tokens 1..65529, read as the World tokenizer
     reads them (rwkvx_c.tokenizer)."""
     from rwkvx_c.tokenizer import TokenizerError, parse_vocab_file, world_vocab_path
@@ -73,7 +74,7 @@ def _world_tokens() -> List[bytes]:
     return [t for t, _ in entries]
 
 
-def gguf_vocab(vocab_size: int) -> Tuple[List[str], List[int]]:
+def gguf_vocab(vocab_size: int) -> tuple[list[str], list[int]]:
     """(token texts, token types) for tokenizer.ggml.tokens / token_type."""
     gguf = _need_gguf()
     normal, control, unused = (int(gguf.TokenType.NORMAL), int(gguf.TokenType.CONTROL),
@@ -87,7 +88,7 @@ def gguf_vocab(vocab_size: int) -> Tuple[List[str], List[int]]:
     return texts + [f"[PAD{i}]" for i in range(pad)], types + [unused] * pad
 
 
-def gguf_tensors(model) -> Dict[str, np.ndarray]:
+def gguf_tensors(model: RxPtModel) -> dict[str, np.ndarray]:
     """GGUF tensor name -> float32 array in the shape given to the writer
     (numpy order: a [out, in] matrix for llama.cpp's [in, out] ggml dims)."""
     why = gguf_refusal(model.config)
@@ -95,7 +96,7 @@ def gguf_tensors(model) -> Dict[str, np.ndarray]:
         raise InteropError(why)
     p = {k: np.asarray(v, dtype=np.float32) for k, v in model.params.items()}
 
-    def t(a):
+    def t(a: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(a.T)
 
     out = {"token_embd.weight": p["emb"].copy(), "token_embd_norm.weight": p["ln0_w"].copy(),
@@ -116,14 +117,16 @@ def gguf_tensors(model) -> Dict[str, np.ndarray]:
             pre + "time_mix_v0.weight": p[tm + v + "0"],
             pre + "time_mix_v1.weight": t(p[tm + v + "1"]),
             pre + "time_mix_v2.weight": t(p[tm + v + "2"]),
-            pre + "time_mix_g1.weight": t(p[tm + "g1"]), pre + "time_mix_g2.weight": t(p[tm + "g2"]),
+            pre + "time_mix_g1.weight": t(p[tm + "g1"]),
+            pre + "time_mix_g2.weight": t(p[tm + "g2"]),
             pre + "time_mix_k_k.weight": p[tm + "k_k"], pre + "time_mix_k_a.weight": p[tm + "k_a"],
             pre + "time_mix_r_k.weight": p[tm + "r_k"],
             pre + "time_mix_receptance.weight": t(p[tm + "receptance_w"]),
             pre + "time_mix_key.weight": t(p[tm + "key_w"]),
             pre + "time_mix_value.weight": t(p[tm + "value_w"]),
             pre + "time_mix_output.weight": t(p[tm + "output_w"]),
-            pre + "time_mix_ln.weight": p[tm + "ln_x_w"], pre + "time_mix_ln.bias": p[tm + "ln_x_b"],
+            pre + "time_mix_ln.weight": p[tm + "ln_x_w"],
+            pre + "time_mix_ln.bias": p[tm + "ln_x_b"],
             pre + "channel_mix_lerp_k.weight": p[b + "cm.ffn_x_k"],
             pre + "channel_mix_key.weight": t(p[b + "cm.ffn_key_w"]),
             pre + "channel_mix_value.weight": t(p[b + "cm.ffn_value_w"]),
@@ -140,7 +143,7 @@ def _keeps_f32(name: str, a: np.ndarray) -> bool:
             or "time_mix_w1" in name or "time_mix_w2" in name or "lerp_fused" in name)
 
 
-def save_gguf(model, path: str, dtype: str = "fp32") -> None:
+def save_gguf(model: RxPtModel, path: str, dtype: str = "fp32") -> None:
     """Writes model as a llama.cpp rwkv7 GGUF at path, atomically; dtype
     (fp32, bf16, fp16) applies to the large matrices, as the converter does."""
     gguf = _need_gguf()
@@ -154,7 +157,7 @@ def save_gguf(model, path: str, dtype: str = "fp32") -> None:
     ftype = {"fp32": gguf.LlamaFileType.ALL_F32, "bf16": gguf.LlamaFileType.MOSTLY_BF16,
              "fp16": gguf.LlamaFileType.MOSTLY_F16}[dtype]
 
-    def write(tmp):
+    def write(tmp: str) -> None:
         w = gguf.GGUFWriter(tmp, ARCH)
         w.add_name("rwkvx_c model")
         w.add_file_type(int(ftype))

@@ -46,10 +46,17 @@ names. Schemes:
     The random parts (orthogonal matrices, emb) come from a NumPy PCG64
     generator seeded with `seed`, tensors in docs/layout.md §Parameters order.
 """
+from __future__ import annotations
+
 import re
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from threadpoolctl import threadpool_limits
+
+if TYPE_CHECKING:
+    from rwkvx_c._core import RxPtModel
 
 __all__ = ["SCHEMES", "init_model"]
 
@@ -61,7 +68,7 @@ _LORA_DOWN = ("w1", "a1", "v1", "g1")
 _NAME = re.compile(r"^blocks\.(\d+)\.(.+)$")
 
 
-def _orthogonal(rng, rows, cols, gain):
+def _orthogonal(rng: np.random.Generator, rows: int, cols: int, gain: float) -> np.ndarray:
     """A rows x cols matrix with orthonormal rows or columns (whichever fit), times gain."""
     big, small = max(rows, cols), min(rows, cols)
     q, r = np.linalg.qr(rng.standard_normal((big, small)))
@@ -69,9 +76,9 @@ def _orthogonal(rng, rows, cols, gain):
     return gain * (q if rows >= cols else q.T)
 
 
-def _block_kinds(names):
+def _block_kinds(names: Iterable[str]) -> dict[int, str]:
     """{block index: 'rwkv' | 'attn'} from the parameter names."""
-    kinds = {}
+    kinds: dict[int, str] = {}
     for n in names:
         m = _NAME.match(n)
         if m:
@@ -83,7 +90,8 @@ def _block_kinds(names):
     return kinds
 
 
-def _rwkv7_value(name, shape, rng, cfg, kinds):
+def _rwkv7_value(name: str, shape: tuple[int, ...], rng: np.random.Generator,
+                 cfg: dict[str, int], kinds: dict[int, str]) -> Any:
     """The rwkv7-scheme value of one tensor, float64."""
     C, N = cfg["n_embd"], cfg["head_size"]
     vocab = cfg["vocab_size"]
@@ -147,7 +155,7 @@ def _rwkv7_value(name, shape, rng, cfg, kinds):
     raise ValueError(f"no rwkv7 init rule for parameter {name!r}")
 
 
-def init_model(model, scheme="rwkv7", seed=0):
+def init_model(model: RxPtModel, scheme: str = "rwkv7", seed: int = 0) -> RxPtModel:
     """Initialise model's parameters in place with the named scheme.
 
     model : anything with .param_names, .params (name -> writable float32

@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Dict, Iterator, List, Mapping, Tuple
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from rwkvx_c import _core
+from rwkvx_c._core import RxPtModel
 
 __all__ = ["InteropError", "to_rwkv7", "from_rwkv7", "rwkv7_config", "to_rwkvx", "from_rwkvx",
            "rwkvx_refusal", "load_pth", "save_pth", "export_model", "import_pth", "DTYPES",
@@ -60,7 +62,7 @@ class InteropError(ValueError):
     a valid file of it (one line, saying why)."""
 
 
-def _need_torch():
+def _need_torch() -> Any:
     try:
         import torch
     except ImportError:
@@ -72,7 +74,7 @@ def _need_torch():
 # ---- the x070 names ---------------------------------------------------------
 
 
-def _rwkv_pairs(i: int, L: int, with_vres: bool) -> Iterator[Tuple[str, str, str]]:
+def _rwkv_pairs(i: int, L: int, with_vres: bool) -> Iterator[tuple[str, str, str]]:
     """(x070 name, our name, layout) of RWKV layer i, our block L."""
     pre, ours = f"blocks.{i}.", f"blocks.{L}."
     yield pre + "ln1.weight", ours + "ln1_w", "same"
@@ -88,7 +90,7 @@ def _rwkv_pairs(i: int, L: int, with_vres: bool) -> Iterator[Tuple[str, str, str
     yield pre + "ffn.value.weight", ours + "cm.ffn_value_w", "lin"
 
 
-def _x070_pairs(config: Mapping[str, int], prefix: str = "") -> List[Tuple[str, str, str]]:
+def _x070_pairs(config: Mapping[str, int], prefix: str = "") -> list[tuple[str, str, str]]:
     """Every (x070 name, our name, layout) of a model without attention
     blocks, x070 names under prefix."""
     pairs = [("emb.weight", "emb", "same"), ("blocks.0.ln0.weight", "ln0_w", "same"),
@@ -117,7 +119,8 @@ def _from_foreign(a: np.ndarray, kind: str) -> np.ndarray:
     return a
 
 
-def _export_pairs(model, pairs) -> Dict[str, np.ndarray]:
+def _export_pairs(model: RxPtModel, pairs: Sequence[tuple[str, str, str]]
+                  ) -> dict[str, np.ndarray]:
     p, H, N = model.params, model.config["n_head"], model.config["head_size"]
     out = {}
     for theirs, ours, kind in pairs:
@@ -126,13 +129,13 @@ def _export_pairs(model, pairs) -> Dict[str, np.ndarray]:
     return out
 
 
-def _require_ln0(model, fmt: str) -> None:
+def _require_ln0(model: RxPtModel, fmt: str) -> None:
     if not model.config.get("ln0", 0):
         raise InteropError(f"{fmt} needs ln0 (the embedding LayerNorm) and this model has "
                            "none; it predates ln0 and cannot be exported exactly")
 
 
-def to_rwkv7(model) -> Dict[str, np.ndarray]:
+def to_rwkv7(model: RxPtModel) -> dict[str, np.ndarray]:
     """The RWKV-LM x070 state dict of a model without attention blocks:
     float32 arrays under the official names and layouts (Linear weights
     [out, in], lerps and offsets (1, 1, C), r_k [H, N], head [V, C]).
@@ -145,7 +148,7 @@ def to_rwkv7(model) -> Dict[str, np.ndarray]:
     return _export_pairs(model, _x070_pairs(c))
 
 
-def _shape(sd: Mapping[str, np.ndarray], name: str, ndim: int) -> Tuple[int, ...]:
+def _shape(sd: Mapping[str, np.ndarray], name: str, ndim: int) -> tuple[int, ...]:
     if name not in sd:
         raise InteropError(f"not an RWKV-7 (x070) state dict: {name} is missing")
     s = tuple(np.shape(sd[name]))
@@ -154,7 +157,7 @@ def _shape(sd: Mapping[str, np.ndarray], name: str, ndim: int) -> Tuple[int, ...
     return s
 
 
-def rwkv7_config(sd: Mapping[str, np.ndarray], prefix: str = "") -> Dict[str, int]:
+def rwkv7_config(sd: Mapping[str, np.ndarray], prefix: str = "") -> dict[str, int]:
     """The RxPtModel config of an x070 state dict (names under prefix), every
     size derived from the tensor shapes."""
     V, C = _shape(sd, prefix + "emb.weight", 2)
@@ -182,7 +185,8 @@ def rwkv7_config(sd: Mapping[str, np.ndarray], prefix: str = "") -> Dict[str, in
                 ffn_dim=F, Dw=Dw, Da=Da, Dg=Dg, Dv=Dv, ln0=1, **_NO_ATTN)
 
 
-def _fill(model, sd: Mapping[str, np.ndarray], pairs, optional=()) -> None:
+def _fill(model: RxPtModel, sd: Mapping[str, np.ndarray],
+          pairs: Sequence[tuple[str, str, str]], optional: Sequence[str] = ()) -> None:
     """Copies sd into model by pairs after checking every name and shape:
     nothing is written unless all of sd is understood."""
     known = {t for t, _, _ in pairs}
@@ -216,7 +220,7 @@ def _fill(model, sd: Mapping[str, np.ndarray], pairs, optional=()) -> None:
         p[ours][...] = a
 
 
-def from_rwkv7(sd: Mapping[str, np.ndarray]):
+def from_rwkv7(sd: Mapping[str, np.ndarray]) -> RxPtModel:
     """An RxPtModel (ln0 = 1, no attention blocks) holding an x070 state
     dict's weights. Layer 0's v0/v1/v2 may be present (they are unused) or
     absent; any other unknown tensor is an InteropError."""
@@ -233,7 +237,7 @@ def from_rwkv7(sd: Mapping[str, np.ndarray]):
 # ---- .pth files ------------------------------------------------------------------
 
 
-def load_pth(path: str) -> Dict[str, np.ndarray]:
+def load_pth(path: str) -> dict[str, np.ndarray]:
     """The tensors of a .pth state dict as float32 NumPy arrays (bf16, fp16
     and fp32 are converted exactly). Needs torch; loads weights only."""
     torch = _need_torch()
@@ -241,7 +245,7 @@ def load_pth(path: str) -> Dict[str, np.ndarray]:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise InteropError(f"{path}: no such file") from None
-    except Exception as e:  # pickle and zip errors have many types
+    except Exception as e:  # noqa: BLE001 -- pickle and zip errors have many types
         raise InteropError(f"{path} is not a readable .pth state dict: {e}") from None
     if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
         raise InteropError(f"{path} does not hold a flat dict of tensors")
@@ -253,13 +257,13 @@ def load_pth(path: str) -> Dict[str, np.ndarray]:
     return out
 
 
-def _torch_dtype(torch, dtype: str):
+def _torch_dtype(torch: Any, dtype: str) -> Any:
     if dtype not in DTYPES:
         raise InteropError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
     return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
 
 
-def _atomic_write(path: str, write) -> None:
+def _atomic_write(path: str, write: Callable[[str], object]) -> None:
     """write(tmp_path), then rename onto path: a failed write leaves nothing."""
     d = os.path.dirname(os.path.abspath(path))
     os.makedirs(d, exist_ok=True)
@@ -286,15 +290,17 @@ def save_pth(sd: Mapping[str, np.ndarray], path: str, dtype: str = "fp32") -> No
 # ---- RWKV-X (the rwkv-x pip package) ------------------------------------------------
 
 
-def _attn_pairs(j: int, L: int) -> List[Tuple[str, str, str]]:
+def _attn_pairs(j: int, L: int) -> list[tuple[str, str, str]]:
     """(rwkv-x name, our name, layout) of attention block j, our block L."""
     pre, ours = f"moba.{j}.", f"blocks.{L}."
-    return [(pre + "ln1.weight", ours + "ln1_w", "same"), (pre + "ln1.bias", ours + "ln1_b", "same"),
+    return [(pre + "ln1.weight", ours + "ln1_w", "same"),
+            (pre + "ln1.bias", ours + "ln1_b", "same"),
             (pre + "att.receptance.weight", ours + "receptance_w", "lin"),
             (pre + "att.key.weight", ours + "key_w", "lin"),
             (pre + "att.value.weight", ours + "value_w", "lin"),
             (pre + "att.output.weight", ours + "output_w", "lin"),
-            (pre + "ln2.weight", ours + "ln2_w", "same"), (pre + "ln2.bias", ours + "ln2_b", "same"),
+            (pre + "ln2.weight", ours + "ln2_w", "same"),
+            (pre + "ln2.bias", ours + "ln2_b", "same"),
             (pre + "ffn.x_k", ours + "cm.ffn_x_k", "vec"),
             (pre + "ffn.key.weight", ours + "cm.ffn_key_w", "lin"),
             (pre + "ffn.value.weight", ours + "cm.ffn_value_w", "lin")]
@@ -328,7 +334,7 @@ def rwkvx_refusal(config: Mapping[str, int]) -> str | None:
     return None
 
 
-def to_rwkvx(model) -> Dict[str, np.ndarray]:
+def to_rwkvx(model: RxPtModel) -> dict[str, np.ndarray]:
     """The RWKV-X checkpoint dict of a model: the x070 dict under "rwkv."
     (RWKV blocks numbered in their own array) and the attention blocks under
     "moba.<j>.". InteropError when rwkv-x cannot run the model exactly."""
@@ -338,7 +344,7 @@ def to_rwkvx(model) -> Dict[str, np.ndarray]:
     return _export_pairs(model, _rwkvx_pairs(model))
 
 
-def _rwkvx_pairs(model) -> List[Tuple[str, str, str]]:
+def _rwkvx_pairs(model: RxPtModel) -> list[tuple[str, str, str]]:
     """Every (rwkv-x name, our name, layout) of a model, in our block order."""
     pairs = [("rwkv." + t, o, k) for t, o, k in
              (("emb.weight", "emb", "same"), ("blocks.0.ln0.weight", "ln0_w", "same"),
@@ -356,7 +362,7 @@ def _rwkvx_pairs(model) -> List[Tuple[str, str, str]]:
     return pairs
 
 
-def from_rwkvx(sd: Mapping[str, np.ndarray]):
+def from_rwkvx(sd: Mapping[str, np.ndarray]) -> RxPtModel:
     """An RxPtModel holding an RWKV-X checkpoint dict (the inverse of
     to_rwkvx): dense attention (moba_top_k 0), sizes from the shapes."""
     rwkv = {k: v for k, v in sd.items() if k.startswith("rwkv.")}
@@ -390,7 +396,7 @@ def from_rwkvx(sd: Mapping[str, np.ndarray]):
 FORMATS = ("rwkv7", "rwkvx", "gguf")
 
 
-def export_model(model, fmt: str, out: str, dtype: str = "fp32") -> None:
+def export_model(model: RxPtModel, fmt: str, out: str, dtype: str = "fp32") -> None:
     """Writes model to the file out in format fmt (rwkv7, rwkvx or gguf) at
     dtype (fp32, bf16 or fp16), atomically; InteropError when the format
     cannot hold the model (nothing is written then)."""

@@ -13,8 +13,12 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from rwkvx_c._core import RxPtModel
 
 __all__ = ["MemoryTooSmall", "estimate_params", "param_bytes", "acts_bytes_per_token",
            "rough_bytes_per_token", "available_bytes", "fits", "check", "PARAM_COPIES", "HEADROOM"]
@@ -42,7 +46,7 @@ def param_bytes(n_params: int) -> int:
     return 4 * PARAM_COPIES * n_params
 
 
-def _heap_in_use():
+def _heap_in_use() -> int | None:
     """Bytes glibc's malloc has handed out (arena + mmap'ed blocks), or None."""
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c"))
@@ -59,7 +63,7 @@ def _heap_in_use():
     return m.uordblks + m.hblkhd
 
 
-def acts_bytes_per_token(model, fallback: int | None = None) -> int:
+def acts_bytes_per_token(model: RxPtModel, fallback: int | None = None) -> int:
     """Heap bytes one more token of B*T costs a training step of `model`.
 
     Runs forward and backward at two small sequence lengths and divides the
@@ -67,6 +71,8 @@ def acts_bytes_per_token(model, fallback: int | None = None) -> int:
     returned logits) by the token difference. Without glibc's mallinfo2,
     returns `fallback` or a bound from the config."""
     c = model.config
+    if _heap_in_use() is None:
+        return fallback if fallback is not None else ROUGH_MARGIN * rough_bytes_per_token(c)
     t1 = c["chunk_size"]
     used = []
     # the first steps only warm up: they make what stays whatever the batch
@@ -77,11 +83,9 @@ def acts_bytes_per_token(model, fallback: int | None = None) -> int:
         x = np.zeros((1, T), dtype=np.int32)
         logits = model.forward(x)
         model.backward(x)
-        used.append(_heap_in_use())
+        used.append(_heap_in_use() or 0)
         del logits
     model.zero_grad()
-    if used[0] is None:
-        return fallback if fallback is not None else ROUGH_MARGIN * rough_bytes_per_token(c)
     grown = [used[i + 1] - used[i] for i in (1, 3, 5)]
     if min(grown) <= 0:
         return fallback if fallback is not None else ROUGH_MARGIN * rough_bytes_per_token(c)
@@ -123,6 +127,6 @@ def check(need: int, what: str, advice: str, available: int | None = None) -> No
     if os.environ.get("RWKVX_NO_MEMCHECK"):
         return
     avail = available_bytes() if available is None else available
-    if not fits(need, avail):
+    if avail is not None and not fits(need, avail):
         raise MemoryTooSmall(f"{what} needs about {_gib(need)} but only {_gib(avail)} is "
                              f"available; {advice}")

@@ -6,21 +6,29 @@ float32 buffers of the same length. Weight decay applies to matrices only
 (every 2-D parameter tensor); vectors -- lerps, biases, norm gains, decay and
 gate offsets -- are never decayed.
 """
+from __future__ import annotations
+
 import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from rwkvx_c._core import adamw_step, grad_norm
 
+if TYPE_CHECKING:
+    from rwkvx_c._core import RxPtModel
+
 __all__ = ["AdamW", "decay_ranges", "lr_at"]
 
 
-def _offset(view, base):
+def _offset(view: np.ndarray, base: np.ndarray) -> int:
     """Element offset of a float32 view inside the flat arena `base`."""
     return (view.__array_interface__["data"][0] - base.__array_interface__["data"][0]) // 4
 
 
-def decay_ranges(model, predicate=None):
+def decay_ranges(model: RxPtModel,
+                 predicate: Callable[[str, np.ndarray], bool] | None = None) -> np.ndarray:
     """(R, 2) int64 [begin, end) element ranges of the arena that get weight decay.
 
     predicate(name, array) -> bool picks the tensors; the default is every 2-D
@@ -28,16 +36,17 @@ def decay_ranges(model, predicate=None):
     are merged, so the C loop walks few segments.
     """
     if predicate is None:
-        predicate = lambda name, a: a.ndim == 2  # noqa: E731
+        def predicate(name: str, a: np.ndarray) -> bool:
+            return a.ndim == 2
     base = model.param_buffer
-    spans = []
+    spans: list[tuple[int, int]] = []
     for name in model.param_names:
         a = model.params[name]
         if predicate(name, a):
             b = _offset(a, base)
             spans.append((b, b + a.size))
     spans.sort()
-    merged = []
+    merged: list[list[int]] = []
     for b, e in spans:
         if merged and merged[-1][1] == b:
             merged[-1][1] = e
@@ -46,7 +55,8 @@ def decay_ranges(model, predicate=None):
     return np.array(merged, dtype=np.int64).reshape(-1, 2)
 
 
-def lr_at(step, progress, *, lr, warmup_steps, min_lr_frac=0.1):
+def lr_at(step: int, progress: float, *, lr: float, warmup_steps: int,
+          min_lr_frac: float = 0.1) -> float:
     """Learning rate for 1-based `step`.
 
     Linear warmup over the first `warmup_steps` steps (step s gets
@@ -70,17 +80,19 @@ class AdamW:
     State: m, v (float32 (n,)) and t, the number of steps taken.
     """
 
-    def __init__(self, params, grads, ranges, *, betas=(0.9, 0.99), eps=1e-8,
-                 weight_decay=0.1, grad_clip=1.0):
+    def __init__(self, params: np.ndarray, grads: np.ndarray, ranges: np.ndarray, *,
+                 betas: tuple[float, float] = (0.9, 0.99), eps: float = 1e-8,
+                 weight_decay: float = 0.1, grad_clip: float = 1.0) -> None:
         self.params, self.grads = params, grads
         self.ranges = np.ascontiguousarray(ranges, dtype=np.int64).reshape(-1, 2)
         self.beta1, self.beta2 = float(betas[0]), float(betas[1])
-        self.eps, self.weight_decay, self.grad_clip = float(eps), float(weight_decay), float(grad_clip)
+        self.eps, self.weight_decay = float(eps), float(weight_decay)
+        self.grad_clip = float(grad_clip)
         self.m = np.zeros_like(params)
         self.v = np.zeros_like(params)
         self.t = 0
 
-    def step(self, lr):
+    def step(self, lr: float) -> float:
         """One update with learning rate lr; returns the grad norm before clipping."""
         norm = grad_norm(self.grads)
         if not math.isfinite(norm):

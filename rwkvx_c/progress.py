@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import TextIO
+from typing import Any, TextIO
 
 __all__ = ["PlainProgress", "PLAIN_INTERVAL_S", "make_progress"]
 
@@ -26,7 +26,7 @@ class PlainProgress:
         self.interval = interval
         self.post: dict = {}
         self._last = time.monotonic()
-        self._written_n = None
+        self._written_n: float | None = None
 
     def set_postfix(self, post: dict, refresh: bool = False) -> None:
         self.post = dict(post)
@@ -49,7 +49,7 @@ class PlainProgress:
             self._write()
 
 
-def make_progress(total: float, initial: float, unit: str, **tqdm_kw):
+def make_progress(total: float, initial: float, unit: str, **tqdm_kw: Any) -> Any:
     """tqdm on a terminal stderr, PlainProgress otherwise."""
     if sys.stderr.isatty():
         from tqdm import tqdm

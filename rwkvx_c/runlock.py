@@ -14,6 +14,7 @@ to a writer that died, and are removed.
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import fnmatch
 import os
@@ -84,7 +85,6 @@ class RunLock:
             os.close(entry[0])   # closing the only descriptor drops the flock
 
     def __del__(self) -> None:
-        try:
+        # at interpreter exit module globals may already be gone: never raise here
+        with contextlib.suppress(Exception):
             self.release()
-        except Exception:
-            pass

@@ -7,33 +7,36 @@ token-shift carries; attention blocks keep a key/value cache and apply the
 same MoBA chunk selection as training. The per-token step is C
 (csrc/infer.c); temperature and top-p (nucleus) sampling are here.
 """
+from __future__ import annotations
+
 import codecs
 import os
+from collections.abc import Iterator
 
 import numpy as np
 
 from rwkvx_c import _core, memcheck
 from rwkvx_c.checkpoint import CheckpointError, read_checkpoint
-from rwkvx_c.tokenizer import ByteTokenizer, TokenizerError, run_tokenizer
+from rwkvx_c.tokenizer import ByteTokenizer, Tokenizer, TokenizerError, run_tokenizer
 
 __all__ = ["load_model", "load_run", "sample_token", "generate", "checkpoint_path"]
 
 
-def checkpoint_path(path):
+def checkpoint_path(path: str) -> str:
     """The checkpoint file for a run folder or a checkpoint file path."""
     if os.path.isdir(path):
         return os.path.join(path, "checkpoint.safetensors")
     return path
 
 
-def load_model(path):
+def load_model(path: str) -> _core.RxPtModel:
     """An RxPtModel holding the parameters of the checkpoint at path (a run
     folder or a .safetensors file). Raises CheckpointError when it is
     missing, corrupt or does not describe a model."""
     return load_run(path)[0]
 
 
-def load_run(path):
+def load_run(path: str) -> tuple[_core.RxPtModel, Tokenizer]:
     """(model, tokenizer) of the checkpoint at path: the tokenizer the run
     was trained with (its identity is in the checkpoint; a tokenizer.json
     lies beside it). CheckpointError when either cannot be had."""
@@ -65,7 +68,8 @@ def load_run(path):
     return model, tok
 
 
-def sample_token(logits, rng, temperature=1.0, top_p=1.0):
+def sample_token(logits: np.ndarray, rng: np.random.Generator, temperature: float = 1.0,
+                 top_p: float = 1.0) -> int:
     """A token id drawn from logits (vocab,).
 
     temperature <= 0 picks the argmax; otherwise softmax(logits/temperature)
@@ -90,8 +94,9 @@ def sample_token(logits, rng, temperature=1.0, top_p=1.0):
     return int(rng.choice(len(p), p=p))
 
 
-def generate(model, prompt, max_new_tokens=200, temperature=1.0, top_p=0.9, seed=0,
-             tokenizer=None):
+def generate(model: _core.RxPtModel, prompt: str | bytes, max_new_tokens: int = 200,
+             temperature: float = 1.0, top_p: float = 0.9, seed: int = 0,
+             tokenizer: Tokenizer | None = None) -> Iterator[str]:
     """Yield the decoded text of each new token after `prompt` (str or bytes).
 
     The prompt runs once; each new token is one recurrent step. An empty

@@ -27,7 +27,7 @@ import importlib.util
 import json
 import os
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Union
+from typing import Any, Union
 
 import numpy as np
 
@@ -72,7 +72,7 @@ class Tokenizer:
     def encode(self, text: Text) -> np.ndarray:
         raise NotImplementedError
 
-    def decode(self, ids) -> bytes:
+    def decode(self, ids: Iterable[int]) -> bytes:
         raise NotImplementedError
 
     def token_lengths(self) -> np.ndarray:
@@ -110,7 +110,7 @@ class ByteTokenizer(Tokenizer):
     def encode(self, text: Text) -> np.ndarray:
         return np.frombuffer(_as_bytes(text), dtype=np.uint8).astype(np.int32)
 
-    def decode(self, ids) -> bytes:
+    def decode(self, ids: Iterable[int]) -> bytes:
         a = np.asarray(ids)
         if a.size and (a.min() < 0 or a.max() > 255):
             raise TokenizerError("byte tokenizer ids must lie in [0, 256)")
@@ -217,7 +217,7 @@ class WorldTokenizer(Tokenizer):
         ids, counts = self._trie.encode_docs(b"".join(docs), offs, self._nt())
         return np.split(ids, np.cumsum(counts)[:-1]) if len(docs) else []
 
-    def decode(self, ids) -> bytes:
+    def decode(self, ids: Iterable[int]) -> bytes:
         a = np.asarray(ids, dtype=np.int64).reshape(-1)
         if a.size and (a.min() < 0 or a.max() >= self.vocab_size):
             raise TokenizerError(f"World ids must lie in [0, {self.vocab_size})")
@@ -245,7 +245,7 @@ def _byte_level_table() -> dict:
     return chars
 
 
-def _import_tokenizers():
+def _import_tokenizers() -> Any:
     try:
         import tokenizers
     except ImportError:
@@ -301,7 +301,7 @@ class HFTokenizer(Tokenizer):
         out = self._tok.encode_batch([self._text(d) for d in docs], add_special_tokens=False)
         return [np.asarray(e.ids, dtype=np.int32) for e in out]
 
-    def decode(self, ids) -> bytes:
+    def decode(self, ids: Iterable[int]) -> bytes:
         a = np.asarray(ids, dtype=np.int64).reshape(-1)
         if a.size and (a.min() < 0 or a.max() >= self.vocab_size):
             raise TokenizerError(f"ids must lie in [0, {self.vocab_size})")
@@ -349,7 +349,7 @@ def run_tokenizer(folder: str, ident: dict | None) -> Tokenizer:
     if not ident or ident.get("name") == "byte":
         return ByteTokenizer()
     if ident.get("name") == "world":
-        tok = WorldTokenizer()
+        tok: Tokenizer = WorldTokenizer()
     elif ident.get("name") == "hf":
         p = os.path.join(folder, RUN_FILE)
         if not os.path.isfile(p):
@@ -367,10 +367,10 @@ def check_identity(tok: Tokenizer, ident: dict | None, what: str) -> None:
     mine = tok.identity()
     theirs = ident or {"name": "byte", "sha256": None}
     # an identity without a hash names a vocabulary only (an imported World model)
-    same_hash = theirs.get("sha256") is None and theirs.get("name") != "byte" \
+    same_hash = (theirs.get("sha256") is None and theirs.get("name") != "byte") \
         or mine["sha256"] == theirs.get("sha256")
     if mine["name"] != theirs.get("name") or not same_hash:
-        def show(d):
+        def show(d: dict) -> str:
             return d["name"] + (f" (sha256 {d['sha256'][:12]})" if d.get("sha256") else "")
         raise TokenizerError(f"{what} was trained with tokenizer {show(theirs)}, not "
                              f"{show(mine)}")

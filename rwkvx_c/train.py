@@ -26,26 +26,43 @@ uninterrupted run's losses bit for bit when its schedule is by steps
 elapsed time, which no run can repeat exactly; it still resumes where it
 stopped, with the time already spent counted.
 """
+from __future__ import annotations
+
 import json
 import math
 import os
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, fields
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from rwkvx_c import _core, memcheck
 from rwkvx_c.checkpoint import CheckpointError, read_checkpoint, save_checkpoint
-from rwkvx_c.data import BatchSampler, load_corpus, eval_windows
+from rwkvx_c.data import BatchSampler, eval_windows, load_corpus
 from rwkvx_c.distributed import world
+from rwkvx_c.guard import (
+    MAX_ROLLBACKS,
+    ON_DIVERGENCE,
+    ROLLBACK_LR_FACTOR,
+    Divergence,
+    DivergenceGuard,
+)
 from rwkvx_c.init import SCHEMES, init_model
-from rwkvx_c.guard import MAX_ROLLBACKS, ON_DIVERGENCE, ROLLBACK_LR_FACTOR, Divergence, \
-    DivergenceGuard
 from rwkvx_c.optim import AdamW, decay_ranges, lr_at
 from rwkvx_c.presets import PRESETS
+from rwkvx_c.runlock import RunLock, RunLocked
 from rwkvx_c.tokenizer import TokenizerError, check_identity, run_tokenizer
 from rwkvx_c.tokenizer import load as load_tokenizer
-from rwkvx_c.runlock import RunLock, RunLocked
+
+if TYPE_CHECKING:
+    from rwkvx_c.data import Corpus
+    from rwkvx_c.distributed import ProcessGroup
+    from rwkvx_c.tokenizer import Tokenizer
+
+# one log row, or one evaluation: JSON values by name
+Row = dict[str, Any]
 
 __all__ = ["PRESETS", "TrainOptions", "Trainer", "TrainError", "CHECKPOINT", "LOG"]
 
@@ -53,7 +70,7 @@ CHECKPOINT = "checkpoint.safetensors"
 LOG = "log.jsonl"
 
 
-def auto_precision():
+def auto_precision() -> str:
     """What --precision auto means on this CPU: bf16 where the bf16 GEMM runs
     on AMX tiles, fp32 elsewhere. Measured on a Sapphire Rapids: the AMX
     kernel makes a training step 2-2.7x faster at 1 thread, while this
@@ -66,17 +83,20 @@ class TrainError(ValueError):
     """A training setup that cannot run (bad option, data, checkpoint or resume)."""
 
 
-def rwkv7_lora_sizes(n_embd):
+def rwkv7_lora_sizes(n_embd: int) -> tuple[int, int, int, int]:
     """(Dw, Da, Dv, Dg): the LoRA sizes RWKV-LM's x070 suggests for a width,
     max(32, round(f * sqrt(C) / 32) * 32) with f = 2.5, 2.5, 1.7, 5."""
-    def size(f):
+    def size(f: float) -> int:
         return max(32, int(round(f * n_embd ** 0.5 / 32) * 32))
     return size(2.5), size(2.5), size(1.7), size(5.0)
 
 
-def shape_overrides(preset="default", *, n_embd=None, head_size=None, n_layer=None,
-                    n_attn_layer=None, ffn_dim=None, chunk_size=None, moba_top_k=None,
-                    d_decay=None, d_aaa=None, d_mv=None, d_gate=None):
+def shape_overrides(preset: str = "default", *, n_embd: int | None = None,
+                    head_size: int | None = None, n_layer: int | None = None,
+                    n_attn_layer: int | None = None, ffn_dim: int | None = None,
+                    chunk_size: int | None = None, moba_top_k: int | None = None,
+                    d_decay: int | None = None, d_aaa: int | None = None,
+                    d_mv: int | None = None, d_gate: int | None = None) -> dict[str, int]:
     """The model-config overrides of the model-shape options (None: the
     preset's value). A new width brings its own defaults: ffn_dim 4*n_embd
     and the RWKV-7 LoRA sizes of rwkv7_lora_sizes. TrainError on a shape
@@ -84,7 +104,7 @@ def shape_overrides(preset="default", *, n_embd=None, head_size=None, n_layer=No
     if preset not in PRESETS:
         raise TrainError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
     base = PRESETS[preset]["model"]
-    out = {}
+    out: dict[str, int] = {}
     C = base["n_embd"] if n_embd is None else n_embd
     N = base["head_size"] if head_size is None else head_size
     for name, v, least in (("n_embd", n_embd, 1), ("head_size", head_size, 1),
@@ -124,29 +144,29 @@ class TrainOptions:
     runs over steps; with only a time budget it runs over elapsed time.
     """
     preset: str = "default"
-    data: str = None              # None: the standard-library corpus; a list: several paths
+    data: str | list[str] | None = None  # None: the standard library; a list: several paths
     tokenizer: str = "byte"       # "byte", "world" or a tokenizer.json path (rwkvx_c.tokenizer)
     text_field: str = "text"      # the text of a .jsonl record
-    steps: int = None
-    time_budget: float = None     # minutes
-    batch: int = None
-    seq_len: int = None
-    lr: float = None
-    warmup_steps: int = None
+    steps: int | None = None
+    time_budget: float | None = None     # minutes
+    batch: int | None = None
+    seq_len: int | None = None
+    lr: float | None = None
+    warmup_steps: int | None = None
     min_lr_frac: float = 0.1
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     beta1: float = 0.9
     beta2: float = 0.99
     adam_eps: float = 1e-8
-    threads: int = None           # None: OMP_NUM_THREADS or every core
+    threads: int | None = None           # None: OMP_NUM_THREADS or every core
     seed: int = 0
-    eval_every: int = None        # steps; None: 10 evaluations over the run
+    eval_every: int | None = None        # steps; None: 10 evaluations over the run
     eval_tokens: int = 32768
-    save_every: int = None        # steps; None: at every evaluation
+    save_every: int | None = None        # steps; None: at every evaluation
     init: str = "rwkv7"
-    model: dict = field(default=None)  # overrides of the preset's model config
-    cache_dir: str = None
+    model: dict[str, int] | None = field(default=None)  # overrides of the preset's model config
+    cache_dir: str | None = None
     precision: str = "fp32"       # "fp32", "bf16", or "auto": bf16 on bf16 hardware
     on_divergence: str = "stop"   # or "rollback" (rwkvx_c.guard)
 
@@ -154,7 +174,7 @@ class TrainOptions:
     RESUMABLE = ("steps", "time_budget", "eval_every", "save_every", "threads", "cache_dir",
                  "on_divergence")
 
-    def resolved(self):
+    def resolved(self) -> ResolvedOptions:
         """A copy with every preset default filled in and every value checked."""
         if self.preset not in PRESETS:
             raise TrainError(f"unknown preset {self.preset!r}; choose one of "
@@ -178,10 +198,10 @@ class TrainOptions:
         if o.precision == "auto":
             o.precision = auto_precision()
         o._check()
-        return o
+        return cast("ResolvedOptions", o)
 
-    def _check(self):
-        def pos(name, v, integer=True, allow_zero=False):
+    def _check(self) -> None:
+        def pos(name: str, v: Any, integer: bool = True, allow_zero: bool = False) -> None:
             ok = isinstance(v, (int, np.integer)) and not isinstance(v, bool) if integer \
                 else isinstance(v, (int, float)) and not isinstance(v, bool) and _finite(v)
             if not ok or v < 0 or (v == 0 and not allow_zero):
@@ -200,7 +220,7 @@ class TrainOptions:
         pos("weight_decay", self.weight_decay, integer=False, allow_zero=True)
         pos("grad_clip", self.grad_clip, integer=False, allow_zero=True)
         pos("adam_eps", self.adam_eps, integer=False, allow_zero=True)
-        def real(v):
+        def real(v: object) -> bool:
             return isinstance(v, (int, float, np.floating)) and not isinstance(v, bool)
         if not (real(self.min_lr_frac) and 0.0 <= self.min_lr_frac <= 1.0):
             raise TrainError(f"min_lr_frac must lie in [0, 1], got {self.min_lr_frac!r}")
@@ -227,14 +247,25 @@ class TrainOptions:
             raise TrainError(f"threads must be at most {_core.MAX_THREADS}, got {self.threads}")
         if self.init not in SCHEMES:
             raise TrainError(f"unknown init {self.init!r}; choose one of {', '.join(SCHEMES)}")
+        assert self.batch is not None and self.seq_len is not None   # pos() checked them
         if self.batch * self.seq_len > 2 ** 31 - 1:
             raise TrainError("batch * seq_len exceeds 2**31 - 1")
 
-    def to_dict(self):
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def _cross_entropy(logits, targets):
+if TYPE_CHECKING:
+    class ResolvedOptions(TrainOptions):
+        """The type of TrainOptions.resolved(): the preset's values filled in."""
+        batch: int
+        seq_len: int
+        lr: float
+        warmup_steps: int
+        model: dict[str, int]
+
+
+def _cross_entropy(logits: np.ndarray, targets: np.ndarray) -> float:
     """Mean cross-entropy of (B, T, V) logits against (B, T) targets, in C."""
     V = logits.shape[-1]
     return _core.cross_entropy_forward(logits.reshape(-1, V), targets.reshape(-1))
@@ -254,8 +285,33 @@ class Trainer:
     folder's lock (rwkvx_c.runlock).
     """
 
-    def __init__(self, options=None, out_dir=None, *, group=None, progress=False, _state=None,
-                 _tensors=None, _weights=None, _lock=None):
+    # set up by _setup and its helpers (on every rank)
+    opts: ResolvedOptions
+    out_dir: str | None           # None on ranks other than 0: they write nothing
+    tokenizer: Tokenizer
+    corpus: Corpus
+    model: _core.RxPtModel
+    optim: AdamW
+    guard: DivergenceGuard
+    sampler: BatchSampler
+    val_x: np.ndarray
+    val_y: np.ndarray
+    val_bytes: int | None
+    last_eval: Row | None
+    saved_step: int | None
+    _eval_seconds: float | None
+    _save_seconds: float | None
+    _warm_end: float | None
+    _next_eval_at: float | None
+    _last_batch: tuple[np.ndarray, np.ndarray] | None
+    _lock: RunLock | None
+
+    def __init__(self, options: TrainOptions | None = None, out_dir: str | None = None, *,
+                 group: ProcessGroup | None = None, progress: bool = False,
+                 _state: dict[str, Any] | None = None,
+                 _tensors: Mapping[str, np.ndarray] | None = None,
+                 _weights: Mapping[str, np.ndarray] | None = None,
+                 _lock: RunLock | None = None) -> None:
         self.group = world() if group is None else group
         self._lock = _lock
         try:
@@ -267,39 +323,65 @@ class Trainer:
             self.close()
             raise
 
-    def _setup(self, options, run_dir, _state, _tensors, _weights, progress):
-        opts = (options or TrainOptions()).resolved()
-        self.opts = opts
+    def _setup(self, options: TrainOptions | None, run_dir: str | None,
+               _state: dict[str, Any] | None, _tensors: Mapping[str, np.ndarray] | None,
+               _weights: Mapping[str, np.ndarray] | None, progress: bool) -> None:
+        self.opts = (options or TrainOptions()).resolved()
         # every rank reads the run folder (its tokenizer); only rank 0 writes it
-        out_dir = run_dir if self.group.is_root else None
-        self.out_dir = out_dir
+        self.out_dir = run_dir if self.group.is_root else None
         self._t0 = time.perf_counter()
-        if out_dir is not None and self._lock is None:
-            self._lock = _take_lock(out_dir)
-        if out_dir is not None:
-            if _state is None and _weights is None and \
-                    os.path.exists(os.path.join(out_dir, CHECKPOINT)):
-                raise TrainError(f"{out_dir} already holds a run; use resume (--resume) "
-                                 "or another output folder")
-            os.makedirs(out_dir, exist_ok=True)
-            if _state is None and os.path.exists(os.path.join(out_dir, LOG)):
-                os.unlink(os.path.join(out_dir, LOG))  # rows of a run that never saved
-        threads = opts.threads if opts.threads is not None else self.group.default_threads()
+        self._prepare_out_dir(new=_state is None, imported=_weights is not None)
+        threads = self.opts.threads if self.opts.threads is not None \
+            else self.group.default_threads()
         if threads is not None:
             _core.set_num_threads(threads)
+        self._load_data(run_dir, _state, progress)
+        self._build_model(_tensors, _weights)
+        self._prepare_batches()
+        self._reset_counters()
+        if _state is not None:
+            self._restore(_state, _tensors or {})
+        # the budget counts this session's set-up (corpus, model) too
+        self._session_start = self._t0
+
+    def _prepare_out_dir(self, new: bool, imported: bool) -> None:
+        """Lock the run folder (rank 0), refuse to start over a saved run,
+        and drop the log of a run that never saved."""
+        out_dir = self.out_dir
+        if out_dir is None:
+            return
+        if self._lock is None:
+            self._lock = _take_lock(out_dir)
+        if new and not imported and os.path.exists(os.path.join(out_dir, CHECKPOINT)):
+            raise TrainError(f"{out_dir} already holds a run; use resume (--resume) "
+                             "or another output folder")
+        os.makedirs(out_dir, exist_ok=True)
+        if new and os.path.exists(os.path.join(out_dir, LOG)):
+            os.unlink(os.path.join(out_dir, LOG))  # rows of a run that never saved
+
+    def _load_data(self, run_dir: str | None, _state: dict[str, Any] | None,
+                   progress: bool) -> None:
+        """The tokenizer (a resumed run's own) and the corpus it reads."""
+        opts = self.opts
         try:
-            self.tokenizer = (run_tokenizer(run_dir, _state.get("tokenizer")) if _state is not None
+            self.tokenizer = (run_tokenizer(run_dir, _state.get("tokenizer"))
+                              if _state is not None and run_dir is not None
                               else load_tokenizer(opts.tokenizer))
         except TokenizerError as e:
             raise TrainError(str(e)) from None
-        if out_dir is not None and _state is None:
-            self.tokenizer.save(out_dir)   # a tokenizer.json travels with the run
+        if self.out_dir is not None and _state is None:
+            self.tokenizer.save(self.out_dir)   # a tokenizer.json travels with the run
         try:
             self.corpus = load_corpus(opts.data, seq_len=opts.seq_len, cache_dir=opts.cache_dir,
                                       tokenizer=self.tokenizer, text_field=opts.text_field,
                                       progress=progress)
         except OSError as e:
             raise TrainError(f"cannot prepare the corpus: {e}") from None
+
+    def _build_model(self, _tensors: Mapping[str, np.ndarray] | None,
+                     _weights: Mapping[str, np.ndarray] | None) -> None:
+        """The model (checked to fit in memory), its first weights and the optimiser."""
+        opts = self.opts
         if self.tokenizer.name != "byte":  # the model's vocabulary is the tokenizer's
             opts.model["vocab_size"] = self.tokenizer.vocab_size
         cfg = dict(opts.model)
@@ -324,6 +406,11 @@ class Trainer:
                            decay_ranges(self.model), betas=(opts.beta1, opts.beta2),
                            eps=opts.adam_eps, weight_decay=opts.weight_decay,
                            grad_clip=opts.grad_clip)
+        self.guard = DivergenceGuard(cfg["vocab_size"])
+
+    def _prepare_batches(self) -> None:
+        """The training batch sampler, this rank's rows, and the validation windows."""
+        opts = self.opts
         # every rank draws the global batch and trains on its rows of it
         self.sampler = BatchSampler(self.corpus.train, opts.batch, opts.seq_len, opts.seed)
         self._rows = self.group.rows(opts.batch)
@@ -333,6 +420,9 @@ class Trainer:
         tb = self.corpus.token_bytes
         self.val_bytes = int(tb[self.val_y].sum()) if tb is not None else \
             self.val_y.size if self.corpus.is_bytes else None
+
+    def _reset_counters(self) -> None:
+        """The run state of step 0 (a resume then restores the saved one)."""
         self.step_count = 0
         self.elapsed = 0.0          # training seconds of earlier sessions of this run
         self.tokens_seen = 0
@@ -341,17 +431,12 @@ class Trainer:
         self._save_seconds = None
         self._warm_end = None       # elapsed training time when warmup ended
         self._next_eval_at = None
-        self.guard = DivergenceGuard(cfg["vocab_size"])
         self.lr_scale = 1.0         # lowered by each rollback after a divergence
         self.rollbacks = 0
         self.saved_step = None      # step of the checkpoint in out_dir, None before one
         self._last_batch = None
-        if _state is not None:
-            self._restore(_state, _tensors)
-        # the budget counts this session's set-up (corpus, model) too
-        self._session_start = self._t0
 
-    def _check_memory(self):
+    def _check_memory(self) -> None:
         """Refuses (TrainError) a batch whose step would not fit in memory."""
         o = self.opts
         params = memcheck.param_bytes(self.model.n_params)
@@ -367,15 +452,17 @@ class Trainer:
         except memcheck.MemoryTooSmall as e:
             raise TrainError(str(e)) from None
 
-    def close(self):
+    def close(self) -> None:
         """Release the run folder's lock (idempotent)."""
-        if getattr(self, "_lock", None) is not None:
-            self._lock.release()
+        lock = getattr(self, "_lock", None)   # None too when __init__ failed before setting it
+        if lock is not None:
+            lock.release()
             self._lock = None
 
     # ------------------------------------------------------------------ state
     @classmethod
-    def resume(cls, out_dir, *, group=None, progress=False, **changes):
+    def resume(cls, out_dir: str, *, group: ProcessGroup | None = None, progress: bool = False,
+               **changes: Any) -> Trainer:
         """Continue the run saved in out_dir; changes may set the RESUMABLE
         options (steps, time_budget, eval_every, save_every, threads,
         cache_dir, on_divergence). Any other option that differs from the
@@ -394,7 +481,8 @@ class Trainer:
             raise
 
     @classmethod
-    def _resume(cls, out_dir, lock, group, progress, changes):
+    def _resume(cls, out_dir: str, lock: RunLock | None, group: ProcessGroup, progress: bool,
+                changes: dict[str, Any]) -> Trainer:
         path = os.path.join(out_dir, CHECKPOINT)
         try:
             tensors, config, state = group.on_root(read_checkpoint, path)
@@ -408,49 +496,16 @@ class Trainer:
                 kw["tokenizer"] = state["tokenizer"]["name"]   # an imported World model
             return cls(TrainOptions(**{**kw, "model": dict(config)}), out_dir, group=group,
                        progress=progress, _weights=tensors, _lock=lock)
-        if not isinstance(saved, dict):
-            raise TrainError(f"checkpoint {path} holds no training state")
-        # options added since the checkpoint was written take their defaults
-        opts = TrainOptions(**{f.name: saved.get(f.name, f.default) for f in fields(TrainOptions)})
-        try:
-            opts.resolved()
-        except TrainError as e:
-            raise TrainError(f"checkpoint {path} holds bad options: {e}") from None
-        except (TypeError, ValueError, AttributeError) as e:
-            raise TrainError(f"checkpoint {path} holds bad options ({e})") from None
-        # runs saved before the ln0 key existed had none: ln0 = 0, not the preset's
-        opts.model = {"ln0": 0, **(opts.model or {})}
-        config = {"ln0": 0, **config}
-        if changes.get("precision") == "auto":
-            changes = dict(changes, precision=None)
-        diff = []
-        for k, v in changes.items():
-            if k not in {f.name for f in fields(TrainOptions)}:
-                raise TrainError(f"unknown option {k!r}")
-            if v is None:
-                continue
-            if k in TrainOptions.RESUMABLE:
-                setattr(opts, k, v)
-            elif k == "tokenizer":  # judged by the vocabulary's hash, not the spelling
-                try:
-                    check_identity(load_tokenizer(v), state.get("tokenizer"), f"the run in {out_dir}")
-                except TokenizerError as e:
-                    raise TrainError(f"cannot resume: {e}") from None
-            elif k == "model":
-                for mk, mv in v.items():
-                    if opts.model.get(mk) != mv:
-                        diff.append(f"model.{mk} {opts.model.get(mk)!r} -> {mv!r}")
-            elif getattr(opts, k) != v:
-                diff.append(f"{k} {getattr(opts, k)!r} -> {v!r}")
-        if diff:
-            raise TrainError("cannot resume with a different configuration: " + "; ".join(diff))
+        opts = _saved_options(saved, path)
+        config = {"ln0": 0, **config}   # as in _saved_options
+        _apply_changes(opts, changes, state.get("tokenizer"), out_dir)
         if config != opts.model:
             raise TrainError(f"checkpoint {path} is inconsistent: its model config differs "
                              "from its saved options")
         return cls(opts, out_dir, group=group, progress=progress, _state=state, _tensors=tensors,
                    _lock=lock)
 
-    def _restore(self, state, tensors):
+    def _restore(self, state: dict[str, Any], tensors: Mapping[str, np.ndarray]) -> None:
         # a different number of ranks sums the gradients in another order: not the same run
         ranks = state.get("world_size", 1)
         if ranks != self.group.size:
@@ -465,7 +520,7 @@ class Trainer:
             raise TrainError(f"the checkpoint holds a bad run state ({type(e).__name__}: "
                              f"{e})") from None
 
-    def _restore_state(self, state, tensors):
+    def _restore_state(self, state: dict[str, Any], tensors: Mapping[str, np.ndarray]) -> None:
         if state.get("corpus") != self.corpus.description:
             raise TrainError(f"the corpus changed since the checkpoint: it was "
                              f"{state.get('corpus')}, it is now {self.corpus.description}")
@@ -480,15 +535,15 @@ class Trainer:
         self.elapsed = _seconds(state["elapsed"], "elapsed")
         self.tokens_seen = _count(state["tokens_seen"], "tokens_seen")
         self.sampler.set_state(state["sampler"])
-        self._warm_end = _seconds(state.get("warm_end"), "warm_end", none=True)
-        self._next_eval_at = _seconds(state.get("next_eval_at"), "next_eval_at", none=True)
+        self._warm_end = _maybe_seconds(state.get("warm_end"), "warm_end")
+        self._next_eval_at = _maybe_seconds(state.get("next_eval_at"), "next_eval_at")
         last = state.get("last_eval")
         if last is not None:
             last = {"step": _count(last["step"], "last_eval.step"),
                     "val_loss": float(last["val_loss"]),
                     "val_bpb": None if last.get("val_bpb") is None else float(last["val_bpb"])}
         self.last_eval = last
-        self._eval_seconds = _seconds(state.get("eval_seconds"), "eval_seconds", none=True)
+        self._eval_seconds = _maybe_seconds(state.get("eval_seconds"), "eval_seconds")
         self.lr_scale = float(state.get("lr_scale", 1.0))
         if not 0.0 < self.lr_scale <= 1.0:
             raise TrainError(f"the checkpoint's lr_scale {self.lr_scale!r} is not in (0, 1]")
@@ -497,7 +552,7 @@ class Trainer:
         if self.out_dir:
             self._truncate_log(self.step_count)
 
-    def _load_params(self, tensors):
+    def _load_params(self, tensors: Mapping[str, np.ndarray]) -> None:
         names = self.model.param_names
         missing = [n for n in names if n not in tensors]
         if missing:
@@ -509,7 +564,7 @@ class Trainer:
                                  f"expects {view.shape}")
             view[...] = tensors[n]
 
-    def state(self):
+    def state(self) -> dict[str, Any]:
         """The JSON-serialisable run state a checkpoint stores."""
         return {"step": self.step_count, "optim_t": self.optim.t,
                 "elapsed": self.train_seconds(), "tokens_seen": self.tokens_seen,
@@ -520,7 +575,7 @@ class Trainer:
                 "world_size": self.group.size,
                 "lr_scale": self.lr_scale, "rollbacks": self.rollbacks}
 
-    def save(self, path=None):
+    def save(self, path: str | None = None) -> str | None:
         """Write the checkpoint (params, AdamW moments, run state) atomically.
 
         Defaults to out_dir/checkpoint.safetensors; returns the path (None on
@@ -544,7 +599,7 @@ class Trainer:
         self._save_seconds = max(self._save_seconds or 0.0, time.perf_counter() - t)
         return path
 
-    def _check_saveable(self):
+    def _check_saveable(self) -> None:
         """Divergence unless the model as it is now (after its last update)
         is finite and not worse than the uniform guess: on the validation
         loss of this step when there is one, else on the loss of the last
@@ -558,14 +613,20 @@ class Trainer:
             self.guard.check_eval(loss, self.step_count)
 
     # --------------------------------------------------------------- training
-    def train_seconds(self):
+    def train_seconds(self) -> float:
         """Wall-clock seconds this run has trained, earlier sessions included."""
         return self.elapsed + (time.perf_counter() - self._session_start)
 
-    def _budget_s(self):
+    def _budget_s(self) -> float | None:
         return None if self.opts.time_budget is None else self.opts.time_budget * 60.0
 
-    def _reserve_s(self):
+    def _time_budget_s(self) -> float:
+        """The budget of a run without a step count (resolved() gives it one)."""
+        budget = self._budget_s()
+        assert budget is not None, "a run without steps has a time budget"
+        return budget
+
+    def _reserve_s(self) -> float:
         """Seconds kept back from a time budget for the final evaluation and save."""
         ev = self._eval_seconds
         if ev is None:  # no evaluation yet: assume the forward runs 3x a train step's speed
@@ -574,15 +635,15 @@ class Trainer:
         sv = self._save_seconds if self._save_seconds is not None else 0.5
         return 1.25 * (ev + sv) + 1.0
 
-    def progress(self):
+    def progress(self) -> float:
         """Fraction of the run done, in [0, 1]: by steps when steps are set,
         else by the time budget."""
         if self.opts.steps is not None:
             return min(1.0, self.step_count / self.opts.steps)
-        budget = self._budget_s()
+        budget = self._time_budget_s()
         return min(1.0, self.train_seconds() / max(budget - self._reserve_s(), 1e-9))
 
-    def lr(self):
+    def lr(self) -> float:
         """Learning rate of the next step."""
         o = self.opts
         s = self.step_count + 1
@@ -591,17 +652,17 @@ class Trainer:
         else:
             t = self.train_seconds()
             t0 = self._warm_end or 0.0
-            end = self._budget_s() - self._reserve_s()
+            end = self._time_budget_s() - self._reserve_s()
             p = (t - t0) / max(end - t0, 1e-9)
         return self.lr_scale * lr_at(s, p, lr=o.lr, warmup_steps=o.warmup_steps,
                                      min_lr_frac=o.min_lr_frac)
 
-    def done(self):
+    def done(self) -> bool:
         """True once the step count or the time budget is used up (a run
         takes at least one step). Rank 0's clock decides for every rank."""
         return self.group.root_value(self._done())
 
-    def _done(self):
+    def _done(self) -> bool:
         if self.step_count == 0:
             return False
         if self.opts.steps is not None and self.step_count >= self.opts.steps:
@@ -613,7 +674,7 @@ class Trainer:
             return wall + per_step + self._reserve_s() >= budget
         return False
 
-    def step(self):
+    def step(self) -> Row:
         """One optimiser step. Returns {'step', 'loss', 'lr', 'tokens_per_s',
         'grad_norm', 'elapsed'}."""
         t = time.perf_counter()
@@ -638,7 +699,7 @@ class Trainer:
                 "tokens_per_s": x.size / dt, "grad_norm": norm,
                 "elapsed": round(self.train_seconds(), 3)}
 
-    def evaluate(self):
+    def evaluate(self) -> Row:
         """Mean validation loss over the fixed validation windows (up to
         eval_tokens tokens), and bits per byte of text: the loss summed in
         nats over every target token / (ln 2 * the UTF-8 bytes those tokens
@@ -649,7 +710,7 @@ class Trainer:
         lo, hi = self._rows
         B = hi - lo
         first, last = self.group.split(len(self.val_x))
-        total, n = 0.0, 0
+        total, n = 0.0, 0.0
         for i in range(first, last, B):
             x = np.ascontiguousarray(self.val_x[i:min(i + B, last)])
             y = np.ascontiguousarray(self.val_y[i:min(i + B, last)])
@@ -664,18 +725,18 @@ class Trainer:
         self.last_eval = {"step": self.step_count, "val_loss": val, "val_bpb": bpb}
         return {"val_loss": val, "val_bpb": bpb}
 
-    def eval_due(self):
+    def eval_due(self) -> bool:
         """True when the periodic evaluation falls on the step just taken
         (rank 0's clock decides for every rank)."""
         return self.group.root_value(self._eval_due())
 
-    def _eval_due(self):
+    def _eval_due(self) -> bool:
         o = self.opts
         if o.eval_every is not None:
             return self.step_count % o.eval_every == 0
         if o.steps is not None:
             return self.step_count % max(1, o.steps // 10) == 0
-        budget = self._budget_s()
+        budget = self._time_budget_s()
         if self._next_eval_at is None:
             self._next_eval_at = budget / 10.0
         if self.train_seconds() >= self._next_eval_at:
@@ -684,23 +745,23 @@ class Trainer:
             return True
         return False
 
-    def save_due(self, evaluated):
+    def save_due(self, evaluated: bool) -> bool:
         if self.opts.save_every is not None:
             return self.step_count % self.opts.save_every == 0
         return evaluated
 
     # ------------------------------------------------------------------- log
-    def _log_path(self):
+    def _log_path(self) -> str | None:
         return os.path.join(self.out_dir, LOG) if self.out_dir else None
 
-    def log(self, row):
+    def log(self, row: Row) -> None:
         """Append one JSON row to out_dir/log.jsonl."""
         p = self._log_path()
         if p:
             with open(p, "a") as f:
                 f.write(json.dumps({**row, "world_size": self.group.size}) + "\n")
 
-    def _truncate_log(self, step):
+    def _truncate_log(self, step: int) -> None:
         """Drop log rows past `step` (work after the checkpoint that is redone)."""
         p = self._log_path()
         if not p or not os.path.exists(p):
@@ -718,7 +779,7 @@ class Trainer:
             f.writelines(keep)
         os.replace(tmp, p)
 
-    def read_log(self):
+    def read_log(self) -> list[Row]:
         """The rows of out_dir/log.jsonl."""
         p = self._log_path()
         if not p or not os.path.exists(p):
@@ -727,7 +788,8 @@ class Trainer:
             return [json.loads(line) for line in f if line.strip()]
 
     # ------------------------------------------------------------------- loop
-    def run(self, on_step=None, stop=None):
+    def run(self, on_step: Callable[[Row], object] | None = None,
+            stop: Callable[[], bool] | None = None) -> Row:
         """Train until done(): periodic evaluation, checkpoints and log rows,
         then a final evaluation, checkpoint and log row. on_step(row) sees
         every row; stop() returning True ends the run early (with the final
@@ -743,14 +805,14 @@ class Trainer:
         finally:
             self.close()
 
-    def _diverged(self, e):
+    def _diverged(self, e: Divergence) -> None:
         """Rolls back after Divergence e when allowed, else re-raises it with
         the checkpoint's fate in its message."""
         path = os.path.join(self.out_dir, CHECKPOINT) if self.out_dir else None
         have = path is not None and self.saved_step is not None and os.path.exists(path)
         # under MPI only rank 0 holds the checkpoint: every rank stops instead
-        if self.opts.on_divergence == "rollback" and have and self.rollbacks < MAX_ROLLBACKS \
-                and self.group.size == 1:
+        if self.opts.on_divergence == "rollback" and path is not None and have \
+                and self.rollbacks < MAX_ROLLBACKS and self.group.size == 1:
             # the checkpoint's own count and scale are older than this session's
             elapsed, start = self.elapsed, self._session_start
             rollbacks, lr_scale = self.rollbacks, self.lr_scale
@@ -775,29 +837,12 @@ class Trainer:
             " or --on-divergence rollback"
         raise Divergence(e.step, f"{e.reason}; {fate}; try a lower --lr{hint}") from None
 
-    def _run(self, on_step, stop):
-        final = None
+    def _run(self, on_step: Callable[[Row], object] | None,
+             stop: Callable[[], bool] | None) -> Row:
         while not self.done():
             if stop is not None and stop():
                 break
-            try:
-                row = self.step()
-                evaluated = False
-                if self.eval_due() and not self.done():
-                    row.update(self.evaluate())
-                    self.guard.check_eval(row["val_loss"], self.step_count)
-                    evaluated = True
-            except Divergence as e:
-                self._diverged(e)
-                continue
-            self.log(row)
-            if on_step:
-                on_step(row)
-            if self.out_dir and self.save_due(evaluated):
-                try:
-                    self.save()
-                except Divergence as e:
-                    self._diverged(e)
+            self._train_step(on_step)
         if self.last_eval is None or self.last_eval["step"] != self.step_count:
             final = self.evaluate()
             try:
@@ -816,31 +861,105 @@ class Trainer:
             self.save()
         return final
 
+    def _train_step(self, on_step: Callable[[Row], object] | None) -> None:
+        """One step of the loop: the step, its periodic evaluation, its log
+        row and its checkpoint; a divergence rolls back or raises (_diverged)."""
+        try:
+            row = self.step()
+            evaluated = False
+            if self.eval_due() and not self.done():
+                row.update(self.evaluate())
+                self.guard.check_eval(row["val_loss"], self.step_count)
+                evaluated = True
+        except Divergence as e:
+            self._diverged(e)
+            return
+        self.log(row)
+        if on_step:
+            on_step(row)
+        if self.out_dir and self.save_due(evaluated):
+            try:
+                self.save()
+            except Divergence as e:
+                self._diverged(e)
 
-def _take_lock(out_dir):
+
+def _saved_options(saved: object, path: str) -> TrainOptions:
+    """The TrainOptions a checkpoint's state holds (TrainError if it holds none or bad ones)."""
+    if not isinstance(saved, dict):
+        raise TrainError(f"checkpoint {path} holds no training state")
+    # options added since the checkpoint was written take their defaults
+    opts = TrainOptions(**{f.name: saved.get(f.name, f.default) for f in fields(TrainOptions)})
+    try:
+        opts.resolved()
+    except TrainError as e:
+        raise TrainError(f"checkpoint {path} holds bad options: {e}") from None
+    except (TypeError, ValueError, AttributeError) as e:
+        raise TrainError(f"checkpoint {path} holds bad options ({e})") from None
+    # runs saved before the ln0 key existed had none: ln0 = 0, not the preset's
+    opts.model = {"ln0": 0, **(opts.model or {})}
+    return opts
+
+
+def _apply_changes(opts: TrainOptions, changes: dict[str, Any], tokenizer: dict | None,
+                   out_dir: str) -> None:
+    """Sets the RESUMABLE options of `changes` on a resumed run's opts; any
+    other option that differs from the saved run is a TrainError, as is a
+    tokenizer with another vocabulary than the run's (`tokenizer`, its identity)."""
+    if changes.get("precision") == "auto":   # "auto" keeps the saved precision
+        changes = dict(changes, precision=None)
+    names = {f.name for f in fields(TrainOptions)}
+    diff = []
+    for k, v in changes.items():
+        if k not in names:
+            raise TrainError(f"unknown option {k!r}")
+        if v is None:
+            continue
+        if k in TrainOptions.RESUMABLE:
+            setattr(opts, k, v)
+        elif k == "tokenizer":  # judged by the vocabulary's hash, not the spelling
+            try:
+                check_identity(load_tokenizer(v), tokenizer, f"the run in {out_dir}")
+            except TokenizerError as e:
+                raise TrainError(f"cannot resume: {e}") from None
+        elif k == "model":
+            model = opts.model or {}
+            for mk, mv in v.items():
+                if model.get(mk) != mv:
+                    diff.append(f"model.{mk} {model.get(mk)!r} -> {mv!r}")
+        elif getattr(opts, k) != v:
+            diff.append(f"{k} {getattr(opts, k)!r} -> {v!r}")
+    if diff:
+        raise TrainError("cannot resume with a different configuration: " + "; ".join(diff))
+
+
+def _take_lock(out_dir: str) -> RunLock:
     try:
         return RunLock(out_dir)
     except RunLocked as e:
         raise TrainError(str(e)) from None
 
 
-def _count(v, name):
+def _count(v: object, name: str) -> int:
     """A saved integer >= 0 (a checkpoint's run state), else TrainError."""
     if isinstance(v, bool) or not isinstance(v, int) or v < 0:
         raise TrainError(f"the checkpoint's {name} {v!r} is not an integer >= 0")
     return v
 
 
-def _seconds(v, name, none=False):
-    """A saved finite number >= 0 (None allowed when none), else TrainError."""
-    if v is None and none:
-        return None
+def _maybe_seconds(v: object, name: str) -> float | None:
+    """None, or a saved finite number >= 0; else TrainError."""
+    return None if v is None else _seconds(v, name)
+
+
+def _seconds(v: object, name: str) -> float:
+    """A saved finite number >= 0 (a checkpoint's run state), else TrainError."""
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < math.inf:
         raise TrainError(f"the checkpoint's {name} {v!r} is not a number >= 0")
     return float(v)
 
 
-def _finite(v):
+def _finite(v: float) -> bool:
     """math.isfinite, False (not OverflowError) for an int beyond float range."""
     try:
         return math.isfinite(v)

@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 import rwkvx_c as rx
+
 from checks import FWD_TOL, GRAD_TOL, assert_rel
 from reference.attn import attn_block, attn_block_qk, attn_core, moba_gate_margin, moba_mask
 from reference.autograd import leaf
@@ -314,7 +315,7 @@ def test_bad_params_dict():
         rx.attn_forward({**p, "bogus": p["ln1_w"]}, x, **kw)
     with pytest.raises(ValueError, match="output_w"):
         rx.attn_forward({**p, "output_w": p["output_w"][:, :5].copy()}, x, **kw)
-    with pytest.raises(ValueError, match="cm.ffn_value_w"):
+    with pytest.raises(ValueError, match=r"cm\.ffn_value_w"):
         rx.attn_backward({**p, "cm.ffn_value_w": np.zeros((4, 6), np.float32)}, x, x, **kw)
     with pytest.raises(TypeError, match="ln2_b"):
         rx.attn_forward({**p, "ln2_b": p["ln2_b"].astype(np.float64)}, x, **kw)

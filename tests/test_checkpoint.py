@@ -1,6 +1,7 @@
 """Checkpoint files (rwkvx_c/checkpoint.py): round trip, safetensors
 compatibility, atomic writes, and clear errors on damaged files."""
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -46,11 +47,11 @@ def test_readable_by_safetensors_package(tmp_path):
 def test_overwrite_is_atomic_on_failure(tmp_path):
     p = str(tmp_path / "c.safetensors")
     save_checkpoint(p, _tensors(), {}, {"step": 1})
-    before = open(p, "rb").read()
+    before = Path(p).read_bytes()
     bad = {"x": np.zeros(3, np.float64)}
     with pytest.raises(TypeError):
         save_checkpoint(p, bad, {}, {"step": 2})
-    assert open(p, "rb").read() == before
+    assert Path(p).read_bytes() == before
     assert os.listdir(tmp_path) == ["c.safetensors"]
 
 
@@ -58,30 +59,30 @@ def test_overwrite_is_atomic_on_failure(tmp_path):
 def test_truncated(tmp_path, cut):
     p = str(tmp_path / "c.safetensors")
     save_checkpoint(p, _tensors(), {}, {})
-    blob = open(p, "rb").read()
-    open(p, "wb").write(blob[:cut] if cut >= 0 else blob[:len(blob) + cut])
-    with pytest.raises(CheckpointError, match="truncated|corrupt"):
+    blob = Path(p).read_bytes()
+    Path(p).write_bytes(blob[:cut] if cut >= 0 else blob[:len(blob) + cut])
+    with pytest.raises(CheckpointError, match=r"truncated|corrupt"):
         read_checkpoint(p)
 
 
 def test_corrupt(tmp_path):
     p = str(tmp_path / "c.safetensors")
     save_checkpoint(p, _tensors(), {}, {})
-    blob = bytearray(open(p, "rb").read())
+    blob = bytearray(Path(p).read_bytes())
     flipped = blob.copy()
     flipped[-17] ^= 0x40  # one bit of tensor data
-    open(p, "wb").write(bytes(flipped))
+    Path(p).write_bytes(bytes(flipped))
     with pytest.raises(CheckpointError, match="checksum"):
         read_checkpoint(p)
     garbled = blob.copy()
     garbled[12:20] = b"\xff" * 8  # inside the JSON header
-    open(p, "wb").write(bytes(garbled))
+    Path(p).write_bytes(bytes(garbled))
     with pytest.raises(CheckpointError, match="corrupt"):
         read_checkpoint(p)
-    open(p, "wb").write(b"\xff" * 64)
-    with pytest.raises(CheckpointError, match="corrupt|truncated"):
+    Path(p).write_bytes(b"\xff" * 64)
+    with pytest.raises(CheckpointError, match=r"corrupt|truncated"):
         read_checkpoint(p)
-    open(p, "wb").write(bytes(blob) + b"extra")
+    Path(p).write_bytes(bytes(blob) + b"extra")
     with pytest.raises(CheckpointError, match="after the last tensor"):
         read_checkpoint(p)
     with pytest.raises(CheckpointError, match="no checkpoint"):

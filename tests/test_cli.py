@@ -3,6 +3,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -40,10 +41,10 @@ def test_train_resume_and_sample(tmp_path, corpus, capsys):
     assert "val_bpb" in text and "checkpoint" in text
     for f in ("checkpoint.safetensors", "log.jsonl"):
         assert os.path.exists(os.path.join(out, f))
-    rows = [json.loads(l) for l in open(os.path.join(out, "log.jsonl"))]
+    rows = [json.loads(line) for line in Path(out, "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3]
     assert main(["train", "--out", out, "--resume", "--steps", "4"] + FAST) == 0
-    rows = [json.loads(l) for l in open(os.path.join(out, "log.jsonl"))]
+    rows = [json.loads(line) for line in Path(out, "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3, 4]
     capsys.readouterr()
     assert main(["sample", out, "--prompt", "ab", "--max-new-tokens", "20", "--seed", "1"]) == 0
@@ -78,12 +79,12 @@ def test_bad_inputs(tmp_path, corpus, capsys):
     _one_line_error(capsys, 1, rc, "different configuration", "batch")
     rc = main(["train", "--data", corpus, "--out", out, "--steps", "1"] + FAST)
     _one_line_error(capsys, 1, rc, "already holds a run")
-    blob = open(ck, "rb").read()
-    open(ck, "wb").write(blob[:-10])
-    damaged = open(ck, "rb").read()
+    blob = Path(ck).read_bytes()
+    Path(ck).write_bytes(blob[:-10])
+    damaged = Path(ck).read_bytes()
     rc = main(["train", "--out", out, "--resume", "--steps", "2"] + FAST)
     _one_line_error(capsys, 1, rc, "truncated")
-    assert open(ck, "rb").read() == damaged  # a failed start writes nothing
+    assert Path(ck).read_bytes() == damaged  # a failed start writes nothing
     rc = main(["sample", out, "--prompt", "x"])
     _one_line_error(capsys, 1, rc, "truncated")
     rc = main(["sample", str(tmp_path / "nope"), "--prompt", "x"])

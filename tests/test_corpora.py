@@ -5,6 +5,8 @@ import json
 import math
 import os
 import struct
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -56,9 +58,12 @@ def test_jsonl_errors_name_file_and_line(tmp_path):
     p.write_text('{"text": "ok"}\nnot json\n')
     with pytest.raises(DataError, match=r"bad.jsonl:2: not JSON"):
         load_corpus(str(p), seq_len=4, cache_dir=str(tmp_path / "c"))
+    p.write_bytes(b'{"text": "ok"}\n{"text": "\xff\xfe"}\n')
+    with pytest.raises(DataError, match=r"bad.jsonl:2: not UTF-8"):
+        load_corpus(str(p), seq_len=4, cache_dir=str(tmp_path / "c"))
     g = tmp_path / "cut.jsonl.gz"
     g.write_bytes(gzip.compress(b'{"text": "abc"}\n' * 1000)[:-12])  # no trailer
-    with pytest.raises(DataError, match="cut.jsonl.gz"):
+    with pytest.raises(DataError, match=r"cut\.jsonl\.gz"):
         load_corpus(str(g), seq_len=4, cache_dir=str(tmp_path / "c"))
 
 
@@ -258,3 +263,45 @@ def test_cli_tokenizer_train_then_train_sample_resume(tmp_path, capsys):
     rc = main(["train", "--tokenizer", "nope", "--out", str(tmp_path / "r2")] + fast)
     err = capsys.readouterr().err
     assert rc == 1 and "unknown tokenizer 'nope'" in err and "Traceback" not in err
+
+
+def _dead_and_live_pids():
+    """A PID whose process has exited and a running child's (which the caller must stop)."""
+    done = subprocess.Popen([sys.executable, "-c", "pass"])
+    done.wait()
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    return done.pid, live
+
+
+def test_killed_writers_temporaries_are_swept(tmp_path):
+    """A tokenising pass or concatenation killed mid-write leaves NAME.tmpPID
+    behind; the next load removes those of dead PIDs and leaves a live
+    (concurrent) writer's alone."""
+    dead, live = _dead_and_live_pids()
+    try:
+        docs, texts = tmp_path / "docs", tmp_path / "texts"
+        docs.mkdir()
+        texts.mkdir()
+        for i in range(3):
+            (docs / f"{i}.jsonl").write_text(json.dumps({"text": f"doc {i} " * 50}) + "\n")
+            (texts / f"{i}.txt").write_text(f"text {i} " * 50)
+        cache = tmp_path / "cache"
+        cache.mkdir()
+        orphan, busy = cache / f"tok-0123.tmp{dead}", cache / f"tok-4567.tmp{live.pid}"
+        for d in (orphan, busy):
+            d.mkdir()
+            (d / "train.tok").write_bytes(b"\0" * 10)
+        load_corpus(str(docs / "0.jsonl"), seq_len=16, cache_dir=str(cache))
+        assert not orphan.exists() and (busy / "train.tok").exists()
+
+        # the byte path's concatenations (folder corpora): orphaned files in the keyed folder
+        load_corpus(str(texts), seq_len=16, cache_dir=str(cache))
+        (keyed,) = [p for p in cache.iterdir() if not p.name.startswith("tok-")]
+        stale, writing = keyed / f"val.bin.tmp{dead}", keyed / f"all.bin.tmp{live.pid}"
+        stale.write_bytes(b"x")
+        writing.write_bytes(b"x")
+        load_corpus(str(texts), seq_len=16, cache_dir=str(cache))
+        assert not stale.exists() and writing.exists()
+    finally:
+        live.kill()
+        live.wait()

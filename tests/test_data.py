@@ -5,8 +5,15 @@ import os
 import numpy as np
 import pytest
 
-from rwkvx_c.data import (BatchSampler, ByteTokenizer, DataError, eval_windows, load_corpus,
-                          stdlib_files, _is_val_file)
+from rwkvx_c.data import (
+    BatchSampler,
+    ByteTokenizer,
+    DataError,
+    _is_val_file,
+    eval_windows,
+    load_corpus,
+    stdlib_files,
+)
 
 
 def test_tokenizer_round_trip():
@@ -21,7 +28,7 @@ def test_tokenizer_round_trip():
 
 def test_default_corpus_split_by_file(tmp_path):
     c = load_corpus(cache_dir=str(tmp_path), seq_len=64)
-    root, files = stdlib_files()
+    _root, files = stdlib_files()
     assert all("site-packages" not in rel for rel, _ in files)
     val_files = [p for rel, p in files if _is_val_file(rel)]
     train_files = [p for rel, p in files if not _is_val_file(rel)]
@@ -94,6 +101,24 @@ def test_bad_corpora(tmp_path):
     (tmp_path / "odd.u16.bin").write_bytes(b"\0" * 101)
     with pytest.raises(DataError, match="multiple"):
         load_corpus(str(tmp_path / "odd.u16.bin"))
+
+
+@pytest.mark.parametrize("sidecar,match", [
+    (b'["uint16"]', "not a JSON object"),
+    (b'{"dtype": "float32"}', "dtype 'float32' is not"),
+    (b'{"dtype": 16}', "dtype 16 is not"),
+    (b'{"dtype": "uint16", "vocab_size": true}', "vocab_size True is not"),
+    (b'{"dtype": "uint16", "vocab_size": NaN}', "vocab_size nan is not"),
+    (b'{"dtype": "uint16", "vocab_size": -5}', "vocab_size -5 is not"),
+    (b'{"dtype": "uint16", "vocab_size": 100}', "token id 999, but its sidecar's vocab_size is 1"),
+    (b'{"dtype": "uint\xff16"}', "cannot read token sidecar"),
+])
+def test_bad_token_sidecar(tmp_path, sidecar, match):
+    p = tmp_path / "t.bin"
+    (np.arange(5000) % 1000).astype(np.uint16).tofile(p)
+    (tmp_path / "t.bin.json").write_bytes(sidecar)
+    with pytest.raises(DataError, match=match):
+        load_corpus(str(p), seq_len=32)
 
 
 def test_sampler_windows_and_state():

@@ -161,3 +161,103 @@ def test_fuzz_checkpoint_header(tmp_path):
                cwd=str(tmp_path))   # relative --out values land there
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "cases" in r.stdout
+
+
+SIDECAR_WORKER = r'''
+import contextlib, io, json, os, random, sys, time, traceback
+import numpy as np
+from rwkvx_c.cli import main
+from rwkvx_c.data import DataError, load_corpus
+work, seconds = sys.argv[1], float(sys.argv[2])
+rng = random.Random(16)
+VOCAB = 300
+path = os.path.join(work, "tokens.bin")
+(np.arange(4000) % VOCAB).astype(np.uint16).tofile(path)
+side = path + ".json"
+GOOD = {"dtype": "uint16", "vocab_size": VOCAB}
+WILD = [0, -1, 1, 255, 256, 299, 2 ** 31, 2 ** 63, -2 ** 70, 1.5, 300.0, float("nan"),
+        float("inf"), "300", "uint16", "u8", "float32", "", None, True, [], {}, ["uint16"],
+        10 ** 400, 1e308, "\udcff"]
+
+def text_case():
+    r = rng.random()
+    if r < 0.15:
+        return rng.choice(WILD)
+    obj = dict(GOOD)
+    for _ in range(rng.randint(1, 2)):
+        k = rng.choice(["dtype", "vocab_size", "other"])
+        if rng.random() < 0.2:
+            obj.pop(k, None)
+        else:
+            obj[k] = rng.choice(WILD)
+    return obj
+
+def blob_case():
+    good = json.dumps(GOOD).encode()
+    r = rng.random()
+    if r < 0.25:
+        return bytes(rng.randrange(256) for _ in range(rng.randint(0, 40)))
+    if r < 0.5:
+        return good[:rng.randrange(len(good))]
+    b = bytearray(good)
+    for _ in range(rng.randint(1, 3)):
+        b[rng.randrange(len(b))] = rng.choice([0x80, 0xff, 0xc3, 0x00, 0x22, 0x7b, 0x5c])
+    return bytes(b)
+
+def write(case):
+    if isinstance(case, bytes):
+        with open(side, "wb") as f:
+            f.write(case)
+        return
+    try:
+        text = json.dumps(case, allow_nan=True)
+    except (TypeError, ValueError, OverflowError):
+        text = repr(case)   # not JSON at all: the loader must say so
+    with open(side, "w", encoding="utf-8", errors="surrogateescape") as f:
+        f.write(text)
+
+deadline = time.monotonic() + seconds
+n = 0
+while time.monotonic() < deadline:
+    n += 1
+    case = blob_case() if rng.random() < 0.3 else text_case()
+    write(case)
+    if rng.random() < 0.85:
+        try:
+            c = load_corpus(path, seq_len=16, val_fraction=0.1)
+        except DataError as e:
+            if len(str(e).splitlines()) != 1:
+                print("CASE", ascii(case), "not one line:", ascii(str(e))); sys.exit(3)
+            continue
+        except BaseException:
+            print("CASE", ascii(case)); traceback.print_exc(); sys.exit(3)
+        top = max(int(np.max(c.train)), int(np.max(c.val)))
+        if not (isinstance(c.vocab_size, int) and top < c.vocab_size):
+            print("CASE", ascii(case), "accepted vocab", ascii(c.vocab_size)); sys.exit(3)
+    else:
+        argv = ["train", "--preset", "tiny", "--data", path, "--batch", "2", "--seq-len", "16",
+                "--steps", "1", "--eval-tokens", "32", "--no-progress",
+                "--out", os.path.join(work, "r%d" % n)]
+        err = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+                rc = main(argv)
+        except SystemExit as e:
+            rc = e.code
+        except BaseException:
+            print("CASE", ascii(case)); traceback.print_exc(); sys.exit(3)
+        if rc not in (0, 1) or (rc == 1 and len(err.getvalue().strip().splitlines()) != 1):
+            print("CASE", ascii(case), "status", rc, ascii(err.getvalue())); sys.exit(3)
+print("cases", n)
+'''
+
+
+def test_fuzz_token_sidecar(tmp_path):
+    """The .bin.json sidecar of a token file (dtype, vocab_size): wrong types,
+    huge, negative and non-finite numbers, missing keys, garbage and
+    non-UTF-8 bytes give a one-line DataError (at the CLI: status 1, one
+    line), and an accepted sidecar's vocabulary covers every token."""
+    r = python(f"import sys\nsys.argv = ['w', {str(tmp_path)!r}, '{FUZZ_SECONDS}']\n"
+               + SIDECAR_WORKER, timeout=FUZZ_SECONDS + 240, cwd=str(tmp_path))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "cases" in r.stdout

@@ -15,11 +15,12 @@ import numpy as np
 import pytest
 
 import rwkvx_c as rx
-from hostile import SMALL, cli, corpus, no_traceback, python
 from rwkvx_c import memcheck
 from rwkvx_c.checkpoint import CheckpointError, parse_checkpoint, read_checkpoint, save_checkpoint
 from rwkvx_c.guard import MAX_ROLLBACKS, ROLLBACK_LR_FACTOR, Divergence, DivergenceGuard
-from rwkvx_c.train import CHECKPOINT, LOG, TrainError, TrainOptions, Trainer
+from rwkvx_c.train import CHECKPOINT, LOG, Trainer, TrainError, TrainOptions
+
+from hostile import SMALL, cli, corpus, no_traceback, python
 
 # ------------------------------------------------------------ cross-entropy
 
@@ -145,7 +146,7 @@ def _healthy_then_blow_up(tmp_path, on_divergence):
 
 
 def test_divergence_stops_and_keeps_the_checkpoint(tmp_path):
-    out, tr, msg = _healthy_then_blow_up(tmp_path, "stop")
+    out, _tr, msg = _healthy_then_blow_up(tmp_path, "stop")
     assert "checkpoint of step 2" in msg and "is kept" in msg and "--on-divergence" in msg
     tensors, _, state = read_checkpoint(os.path.join(out, CHECKPOINT))
     assert state["step"] == 2
@@ -153,7 +154,7 @@ def test_divergence_stops_and_keeps_the_checkpoint(tmp_path):
 
 
 def test_divergence_rollback_lowers_the_lr(tmp_path):
-    out, tr, msg = _healthy_then_blow_up(tmp_path, "rollback")
+    out, _tr, msg = _healthy_then_blow_up(tmp_path, "rollback")
     assert f"{MAX_ROLLBACKS} rollbacks did not help" in msg
     with open(os.path.join(out, LOG)) as f:
         rows = [json.loads(line) for line in f]
@@ -387,7 +388,7 @@ def test_version_1_files_still_read(tmp_path):
     h += b" " * (-len(h) % 8)
     old = len(h).to_bytes(8, "little") + h + blob[8 + hlen:]
     assert zlib.crc32(blob[8 + hlen:]) == int(meta["data_crc32"], 16)
-    tensors, config, state = parse_checkpoint(old)
+    _tensors, config, state = parse_checkpoint(old)
     assert state["step"] == 3 and config == {"ln0": 0, **SMALL}
 
 

@@ -17,7 +17,8 @@ def _close(got, want):
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_step_by_step_equals_full_forward(seed):
-    m = rx.RxPtModel(CFG, seed=seed)  # the test init (docs/layout.md §Init schemes): every block active
+    # the test init (docs/layout.md §Init schemes): every block active
+    m = rx.RxPtModel(CFG, seed=seed)
     T = 37
     toks = np.random.default_rng(seed).integers(0, 256, T).astype(np.int32)
     full = m.forward(toks)

@@ -184,7 +184,7 @@ def test_rwkvx_layout():
     assert back.param_buffer.tobytes() == m.param_buffer.tobytes()
     bad = dict(sd)
     bad["moba.0.att.gate.weight"] = np.zeros((128, 128), np.float32)
-    with pytest.raises(InteropError, match="moba.0.att.gate.weight"):
+    with pytest.raises(InteropError, match=r"moba\.0\.att\.gate\.weight"):
         interop.from_rwkvx(bad)
     with pytest.raises(InteropError, match="neither"):
         interop.from_rwkvx(dict(sd, extra=np.zeros(3, np.float32)))
@@ -220,7 +220,7 @@ def test_pth_round_trip_and_dtypes(tmp_path):
 
 def _trained(tmp_path, **model):
     """A model trained a few steps by the Trainer (real, non-degenerate weights)."""
-    from rwkvx_c.train import TrainOptions, Trainer
+    from rwkvx_c.train import Trainer, TrainOptions
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("def f(x):\n    return x * 2\n" * 300)
     opts = TrainOptions(preset="tiny", data=str(corpus), batch=2, seq_len=32, steps=4,

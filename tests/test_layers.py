@@ -1,13 +1,13 @@
-"""LayerNorm (docs/maths.md §LayerNorm), embedding, head and cross-entropy (docs/maths.md §Loss) against
-the float64 references."""
+"""LayerNorm (docs/maths.md §LayerNorm), embedding, head and cross-entropy
+(docs/maths.md §Loss) against the float64 references."""
 import numpy as np
 import pytest
 
 import rwkvx_c as rx
+
 from checks import FWD_TOL, GRAD_TOL, assert_rel, rand
 from reference.autograd import leaf
 from reference.layers import cross_entropy, embedding, head, layernorm
-
 
 # ---------------------------------------------------------------------------
 # LayerNorm
@@ -45,7 +45,7 @@ def test_layernorm_single_channel():
     x = np.array([[[3.0], [-2.0]]], np.float32)
     w, b = np.array([1.5], np.float32), np.array([0.25], np.float32)
     np.testing.assert_array_equal(rx.layernorm_forward(x, w, b), np.full((1, 2, 1), 0.25))
-    dx, dw, db = rx.layernorm_backward(x, w, b, np.ones((1, 2, 1), np.float32))
+    dx, _dw, db = rx.layernorm_backward(x, w, b, np.ones((1, 2, 1), np.float32))
     np.testing.assert_array_equal(dx, 0.0)
     np.testing.assert_array_equal(db, [2.0])
 

@@ -1,11 +1,12 @@
-"""The optional embedding LayerNorm ln0 (docs/maths.md §Whole model, docs/layout.md): names and order, the
-bit-exact test init, forward and every gradient against the float64
+"""The optional embedding LayerNorm ln0 (docs/maths.md §Whole model, docs/layout.md): names
+and order, the bit-exact test init, forward and every gradient against the float64
 reference on odd sizes, finite differences through ln0, the batched path,
 recurrent inference, and the config key's checks."""
 import numpy as np
 import pytest
 
 import rwkvx_c as rx
+
 from checks import FWD_TOL, GRAD_TOL, assert_rel
 from reference.model import init_params, leaves, model_forward, model_loss, param_specs
 
@@ -149,7 +150,7 @@ def test_presets_turn_ln0_on_and_old_checkpoints_keep_loading(tmp_path):
     options) resumes as an ln0 = 0 model, bit for bit, and samples."""
     from rwkvx_c.checkpoint import read_checkpoint, save_checkpoint
     from rwkvx_c.sample import load_model
-    from rwkvx_c.train import CHECKPOINT, PRESETS, TrainOptions, Trainer
+    from rwkvx_c.train import CHECKPOINT, PRESETS, Trainer, TrainOptions
 
     assert all(p["model"]["ln0"] == 1 for p in PRESETS.values())
     corpus = tmp_path / "corpus.txt"

@@ -8,9 +8,17 @@ import numpy as np
 import pytest
 
 import rwkvx_c as rx
+
 from checks import FWD_TOL, GRAD_TOL, assert_rel
-from reference.model import (init_params, layer_order, leaves, min_gate_margin, model_forward,
-                             model_loss, param_specs)
+from reference.model import (
+    init_params,
+    layer_order,
+    leaves,
+    min_gate_margin,
+    model_forward,
+    model_loss,
+    param_specs,
+)
 
 BASE = dict(n_embd=16, n_head=2, head_size=8, n_rwkv_layer=3, n_attn_layer=0, vocab_size=23,
             Dw=4, Da=4, Dg=6, Dv=3, ffn_dim=24, chunk_size=4, moba_top_k=1)

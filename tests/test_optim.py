@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 import rwkvx_c as rx
+
 from reference import optim as ref
 
 

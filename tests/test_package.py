@@ -3,6 +3,7 @@ library for C programs."""
 import ast
 import inspect
 import os
+from pathlib import Path
 
 import rwkvx_c as rx
 from rwkvx_c import _core
@@ -27,7 +28,7 @@ def test_every_public_function_has_a_docstring():
 def test_stub_matches_the_extension():
     path = os.path.join(PKG, "_core.pyi")
     assert os.path.exists(os.path.join(PKG, "py.typed"))
-    tree = ast.parse(open(path).read())
+    tree = ast.parse(Path(path).read_text())
     stubbed = {node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
     missing = set(public_callables()) - stubbed
     assert not missing, f"rwkvx_c/_core.pyi lacks {sorted(missing)}"
@@ -45,7 +46,7 @@ def test_readme_example_runs():
     import re
     readme = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
     # Blocks fenced `python` must run as they stand (`py` ones are sketches).
-    blocks = re.findall(r"```python\n(.*?)```", open(readme).read(), re.S)
+    blocks = re.findall(r"```python\n(.*?)```", Path(readme).read_text(), re.S)
     assert blocks, "README.md has no python example"
     for code in blocks:
         exec(compile(code, "README.md", "exec"), {})

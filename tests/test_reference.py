@@ -4,8 +4,7 @@ import numpy as np
 import pytest
 
 from reference.autograd import Var, fd_grad, leaf
-from reference.layers import (channelmix, cross_entropy, embedding, head, layernorm,
-                              token_shift)
+from reference.layers import channelmix, cross_entropy, embedding, head, layernorm, token_shift
 from reference.wkv7 import wkv7
 
 
@@ -125,7 +124,7 @@ def test_head_reference_gradients():
 def test_cross_entropy_reference_gradients(targets, ignore_index):
     rng = np.random.default_rng(6)
     logits = rng.standard_normal((4, 5)) * 3.0
-    fd_check(lambda l: cross_entropy(l, targets, ignore_index), [logits])
+    fd_check(lambda z: cross_entropy(z, targets, ignore_index), [logits])
 
 
 def test_cross_entropy_reference_values():

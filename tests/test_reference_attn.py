@@ -71,16 +71,18 @@ def test_block_grads_fd():
               "value_w": (C, C), "output_w": (C, C), "ln2_w": (C,), "ln2_b": (C,),
               "cm.ffn_x_k": (C,), "cm.ffn_key_w": (C, F), "cm.ffn_value_w": (F, C)}
     names = list(shapes)
-    vals = [rng.standard_normal(s) * (0.6 if len(s) == 2 else 0.3) + (1.0 if n in ("ln1_w", "ln2_w") else 0.0)
-            for n, s in shapes.items()]
-    x, cm, w = rng.standard_normal((B, T, C)), rng.standard_normal((B, C)), rng.standard_normal((B, T, C))
+    vals = [rng.standard_normal(s) * (0.6 if len(s) == 2 else 0.3)
+            + (1.0 if n in ("ln1_w", "ln2_w") else 0.0) for n, s in shapes.items()]
+    x, cm = rng.standard_normal((B, T, C)), rng.standard_normal((B, C))
+    w = rng.standard_normal((B, T, C))
     q64, k64 = attn_block_qk(dict(zip(names, vals)), x, H, N)
     assert moba_gate_margin(q64, k64, cs, top_k, H, N) > 1e-3
     assert (np.tril(np.ones((T, T), bool)) & ~moba_mask(q64, k64, cs, top_k, H, N)).any()
 
     def f(*args):
         p = {n: leaf(a) for n, a in zip(names, args[:-2])}
-        return float((attn_block(p, leaf(args[-2]), leaf(args[-1]), H, N, cs, top_k).value * w).sum())
+        y = attn_block(p, leaf(args[-2]), leaf(args[-1]), H, N, cs, top_k)
+        return float((y.value * w).sum())
 
     leaves = [leaf(a) for a in vals + [x, cm]]
     out = attn_block(dict(zip(names, leaves[:-2])), leaves[-2], leaves[-1], H, N, cs, top_k)

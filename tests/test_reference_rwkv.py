@@ -54,7 +54,10 @@ def test_reference_grads_match_finite_differences(kind, lid):
     loss, a = f(*arrs.values())
     loss.backward()
     values = list(arrs.values())
-    scalar = lambda *v: float(f(*v)[0].value)
+
+    def scalar(*v):
+        return float(f(*v)[0].value)
+
     for i, k in enumerate(names):
         g = a[k].grad
         scale = max(1.0, float(np.max(np.abs(g))))

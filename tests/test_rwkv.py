@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import rwkvx_c as rx
+
 from checks import FWD_TOL, GRAD_TOL, assert_rel, rel_err
 from reference.autograd import Var
 from reference.layers import channelmix as ref_channelmix
@@ -70,7 +71,10 @@ def case_data(case):
     else:
         shapes = block_param_shapes(C, *dims, F, lid)
     p = make_params(rng, shapes)
-    f32 = lambda *s: rng.standard_normal(s).astype(np.float32)
+
+    def f32(*s):
+        return rng.standard_normal(s).astype(np.float32)
+
     a = dict(x=f32(B, T, C), dy=f32(B, T, C))
     a["xp1"] = f32(B, C) if carries else None
     a["xp2"] = f32(B, C) if carries and kind == "block" else None
@@ -82,10 +86,12 @@ def case_data(case):
 def reference(case, p, a):
     """{name: float64 array}: forward outputs and the grads of
     sum(out*dy) (+ sum(v_first*dvf) at layer 0) from tests/reference."""
-    name, kind, B, T, H, N, dims, F, lid, carries, inject = case
+    _name, kind, B, _T, H, N, _dims, _F, lid, _carries, _inject = case
     C = H * N
-    # a None carry is zero: the reference differentiates w.r.t. a zero carry
-    leaf = lambda v, shape: Var(np.zeros(shape) if v is None else v)
+
+    def leaf(v, shape):   # a None carry is zero: the reference differentiates w.r.t. it
+        return Var(np.zeros(shape) if v is None else v)
+
     P = {k: Var(v) for k, v in p.items()}
     X, XP1, XP2 = Var(a["x"]), leaf(a["xp1"], (B, C)), leaf(a["xp2"], (B, C))
     VF = None if a["vf"] is None else Var(a["vf"])
@@ -112,8 +118,7 @@ def reference(case, p, a):
 
 def run_c(case, p, a, threads=None):
     """The same quantities as reference() from the C kernels."""
-    name, kind, B, T, H, N, dims, F, lid, carries, inject = case
-    C = H * N
+    _name, kind, _B, _T, H, N, _dims, _F, lid, _carries, _inject = case
     x, dy, xp1, xp2, vf, dvf = (a[k] for k in ("x", "dy", "xp1", "xp2", "vf", "dvf"))
     sz = dict(n_head=H, head_size=N, layer_id=lid)
     if threads:
@@ -177,7 +182,10 @@ def sensitivity(case, trials=2):
     p, a = case_data(case)
     ref = reference(case, p, a)
     rng = np.random.default_rng(1)
-    jig = lambda v: None if v is None else v * (1.0 + 2.0**-24 * rng.standard_normal(v.shape))
+
+    def jig(v):
+        return None if v is None else v * (1.0 + 2.0**-24 * rng.standard_normal(v.shape))
+
     worst = {}
     for _ in range(trials):
         pp = {k: jig(v.astype(np.float64)) for k, v in p.items()}

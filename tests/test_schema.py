@@ -9,6 +9,7 @@ import re
 import numpy as np
 
 import rwkvx_c as rx
+
 from reference.rwkv import tm_schema
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -69,7 +70,8 @@ def test_interop_maps_every_field():
 
 def _docs_presets():
     """{name: (config, T)} from the table of docs/training.md §Presets."""
-    text = open(os.path.join(ROOT, "docs", "training.md"), encoding="utf-8").read()
+    with open(os.path.join(ROOT, "docs", "training.md"), encoding="utf-8") as f:
+        text = f.read()
     table = text.split("## Presets", 1)[1].split("\n\n")[2]
     out = {}
     for row in table.splitlines()[2:]:

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import rwkvx_c as rx
+
 from checks import rand
 
 needs_omp = pytest.mark.skipif(not rx.has_openmp(), reason="built without OpenMP")

@@ -25,7 +25,7 @@ def _texts():
     rng = np.random.default_rng(0)
     out = [b"", b"a", b"hello world", b"\r\n", b"line\r\n\r\nnext\r\n", b"\n\n\n\n  \t\t ",
            "😀👍🏽👨‍👩‍👧 emoji".encode(), "中文 日本語 한국어 русский العربية हिन्दी".encode(),
-           "mixed: naïve café — “quotes” ½ ∑ 𝔘𝔫𝔦".encode(),
+           "mixed: naïve café — “quotes” ½ ∑ 𝔘𝔫𝔦".encode(),  # noqa: RUF001 -- 4-byte UTF-8
            b"\xff\xfe\x80 invalid \xc3 utf-8 \xed\xa0\x80 \xf4\x90\x80\x80",
            bytes(range(256)), bytes(range(256))[::-1] * 3, b"=" * 3000, b" " * 5000,
            b"\x00" * 100]

@@ -2,6 +2,7 @@
 the Trainer (resume bit for bit, clear errors)."""
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,7 +11,8 @@ import rwkvx_c as rx
 from rwkvx_c.checkpoint import read_checkpoint
 from rwkvx_c.init import init_model
 from rwkvx_c.optim import AdamW, decay_ranges, lr_at
-from rwkvx_c.train import CHECKPOINT, LOG, TrainError, TrainOptions, Trainer
+from rwkvx_c.train import CHECKPOINT, LOG, Trainer, TrainError, TrainOptions
+
 from reference import optim as ref
 
 SMALL = dict(n_embd=32, n_head=2, head_size=16, n_rwkv_layer=2, n_attn_layer=1, vocab_size=256,
@@ -175,7 +177,7 @@ def test_run_writes_log_checkpoint_and_resumes_further(tmp_path):
     final = tr.run()
     assert set(final) == {"val_loss", "val_bpb"}
     assert abs(final["val_bpb"] - final["val_loss"] / np.log(2)) < 1e-12
-    rows = [json.loads(l) for l in open(os.path.join(out, LOG))]
+    rows = [json.loads(line) for line in Path(out, LOG).read_text().splitlines()]
     steps = [r["step"] for r in rows if "loss" in r]
     assert steps == list(range(1, 7))
     assert {"step", "loss", "lr", "tokens_per_s"} <= set(rows[0])
@@ -185,7 +187,7 @@ def test_run_writes_log_checkpoint_and_resumes_further(tmp_path):
     assert tensors["optim.m"].shape == (tr.model.n_params,)
     more = Trainer.resume(out, steps=8)
     more.run()
-    rows = [json.loads(l) for l in open(os.path.join(out, LOG))]
+    rows = [json.loads(line) for line in Path(out, LOG).read_text().splitlines()]
     assert [r["step"] for r in rows if "loss" in r] == list(range(1, 9))
 
 
@@ -197,16 +199,16 @@ def test_resume_errors(tmp_path):
         Trainer(_opts(tmp_path, steps=2), out)
     with pytest.raises(TrainError, match="different configuration: batch"):
         Trainer.resume(out, batch=3)
-    with pytest.raises(TrainError, match="model.n_embd"):
+    with pytest.raises(TrainError, match=r"model\.n_embd"):
         Trainer.resume(out, model=dict(SMALL, n_embd=64))
     ck = os.path.join(out, CHECKPOINT)
-    blob = open(ck, "rb").read()
-    open(ck, "wb").write(blob[: len(blob) // 2])
+    blob = Path(ck).read_bytes()
+    Path(ck).write_bytes(blob[: len(blob) // 2])
     with pytest.raises(TrainError, match="truncated"):
         Trainer.resume(out)
     bad = bytearray(blob)
     bad[-5] ^= 1
-    open(ck, "wb").write(bytes(bad))
+    Path(ck).write_bytes(bytes(bad))
     with pytest.raises(TrainError, match="corrupt"):
         Trainer.resume(out)
     with pytest.raises(TrainError, match="no checkpoint"):

@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 import rwkvx_c as rx
+
 from checks import FWD_TOL, GRAD_TOL, assert_rel
 from reference.autograd import leaf
 from reference.wkv7 import wkv7
@@ -33,7 +34,7 @@ def reference(ins, dy, s_init):
              if s_init is None else s_init)
     y, s_final = wkv7(*leaves, s)
     (y * dy.astype(np.float64)).sum().backward()
-    return y.value, s_final.value, [l.grad for l in leaves], s.grad
+    return y.value, s_final.value, [leaf.grad for leaf in leaves], s.grad
 
 
 # N % 8 == 0 runs the vectorised steps: T = 1, exactly one 16-step chunk and

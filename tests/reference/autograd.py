@@ -54,14 +54,16 @@ class Var:
     def __add__(self, o):
         o = _val(o)
         return self._make(self.value + o.value, (self, o),
-                          (lambda g: _unbroadcast(g, self.shape), lambda g: _unbroadcast(g, o.shape)))
+                          (lambda g: _unbroadcast(g, self.shape),
+                           lambda g: _unbroadcast(g, o.shape)))
 
     __radd__ = __add__
 
     def __sub__(self, o):
         o = _val(o)
         return self._make(self.value - o.value, (self, o),
-                          (lambda g: _unbroadcast(g, self.shape), lambda g: -_unbroadcast(g, o.shape)))
+                          (lambda g: _unbroadcast(g, self.shape),
+                           lambda g: -_unbroadcast(g, o.shape)))
 
     def __rsub__(self, o):
         return _val(o) - self
@@ -70,7 +72,8 @@ class Var:
         o = _val(o)
         a, b = self.value, o.value
         return self._make(a * b, (self, o),
-                          (lambda g: _unbroadcast(g * b, a.shape), lambda g: _unbroadcast(g * a, b.shape)))
+                          (lambda g: _unbroadcast(g * b, a.shape),
+                           lambda g: _unbroadcast(g * a, b.shape)))
 
     __rmul__ = __mul__
 
@@ -140,7 +143,8 @@ class Var:
         return self._make(self.value.sum(axis=axis, keepdims=keepdims), (self,), (back,))
 
     def mean(self, axis=None, keepdims=False):
-        n = self.value.size if axis is None else np.prod([self.shape[a] for a in np.atleast_1d(axis)])
+        n = (self.value.size if axis is None
+             else np.prod([self.shape[a] for a in np.atleast_1d(axis)]))
         return self.sum(axis, keepdims) * (1.0 / n)
 
     def reshape(self, *shape):

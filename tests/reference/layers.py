@@ -1,6 +1,6 @@
 """Reference layers shared by both block kinds: token shift, LayerNorm
-(docs/maths.md §LayerNorm) and the RWKV-7 channel-mix (docs/maths.md §Channel-mix). Inputs and outputs are
-autograd Vars of shape (B, T, C) unless stated."""
+(docs/maths.md §LayerNorm) and the RWKV-7 channel-mix (docs/maths.md §Channel-mix).
+Inputs and outputs are autograd Vars of shape (B, T, C) unless stated."""
 import numpy as np
 
 from reference.autograd import Var, concat

@@ -102,7 +102,7 @@ def model_forward(params, config, tokens, block_inputs=None):
               for k, v in params.items()}
     tokens = np.asarray(tokens)
     tok2 = tokens.reshape(1, -1) if tokens.ndim == 1 else tokens
-    B, T = tok2.shape
+    _B, T = tok2.shape
     H, N = config["n_head"], config["head_size"]
     x = embedding(params["emb"], tok2)
     if config.get("ln0", 0):

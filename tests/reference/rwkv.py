@@ -1,6 +1,6 @@
-"""Reference RWKV-7 time-mix (docs/maths.md §Time-mix) and residual block (docs/maths.md §Blocks) over
-autograd Vars, float64. Params dicts use the keys of the Python API: the bare
-rx_tm_params field names for the time-mix ('x_r' .. 'ln_x_b', 'v0'/'v1'/'v2'
+"""Reference RWKV-7 time-mix (docs/maths.md §Time-mix) and residual block
+(docs/maths.md §Blocks) over autograd Vars, float64. Params dicts use the keys of the
+Python API: the bare rx_tm_params field names for the time-mix ('x_r' .. 'ln_x_b', 'v0'/'v1'/'v2'
 only when layer_id > 0); for the block 'ln1_w', 'ln1_b', 'tm.<field>',
 'ln2_w', 'ln2_b', 'cm.ffn_x_k', 'cm.ffn_key_w', 'cm.ffn_value_w'."""
 
@@ -19,7 +19,7 @@ _LAYOUT_MD = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir,
                           "docs", "layout.md")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def tm_schema():
     """((name, dims, at_layer0), ...) of the time-mix fields in rx_tm_params
     order, read from the table of docs/layout.md §Parameters (the contract),
@@ -79,7 +79,10 @@ def timemix(p, x, x_prev_init, v_first, n_head, head_size, layer_id):
     kk = (k * p["k_k"]).reshape(B, T, H, N)
     kk = kk / kk.square().sum(-1, keepdims=True).sqrt().maximum(KK_FLOOR)
     k = k * ((a - 1.0) * p["k_a"] + 1.0)
-    heads = lambda z: z.reshape(B, T, H, N)
+
+    def heads(z):
+        return z.reshape(B, T, H, N)
+
     y, _ = wkv7(heads(r), heads(w), heads(k), heads(v), kk * -1.0, kk * heads(a))
     z = layernorm(y, p["ln_x_w"].reshape(H, N), p["ln_x_b"].reshape(H, N), eps=GROUP_NORM_EPS)
     bonus = (heads(r) * heads(k) * p["r_k"].reshape(H, N)).sum(-1, keepdims=True)

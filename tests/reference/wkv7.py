@@ -15,11 +15,16 @@ def wkv7(r, w, k, v, a, b, s_init=None):
     (zero state). Returns (y (B, T, H, N), s_final (B, H, N, N))."""
     B, T, H, N = r.shape
     S = Var(np.zeros((B, H, N, N)), requires_grad=False) if s_init is None else s_init
+
+    def col(x, t):   # indexed by j (key dim)
+        return x[:, t].reshape(B, H, 1, N)
+
+    def row(x, t):   # indexed by i (value dim)
+        return x[:, t].reshape(B, H, N, 1)
+
     ys = []
     for t in range(T):
-        col = lambda x: x[:, t].reshape(B, H, 1, N)   # indexed by j (key dim)
-        row = lambda x: x[:, t].reshape(B, H, N, 1)   # indexed by i (value dim)
-        sa = (S * col(a)).sum(-1, keepdims=True)
-        S = S * col(w) + row(v) * col(k) + sa * col(b)
-        ys.append((S * col(r)).sum(-1))
+        sa = (S * col(a, t)).sum(-1, keepdims=True)
+        S = S * col(w, t) + row(v, t) * col(k, t) + sa * col(b, t)
+        ys.append((S * col(r, t)).sum(-1))
     return stack(ys, axis=1), S
