@@ -269,6 +269,14 @@ int rx_wkv7_backward_cp(const float *r, const float *w, const float *k, const fl
                         const float *cp, float *work, float *dr, float *dw, float *dk,
                         float *dv, float *da, float *db, float *dS_out, int B, int T,
                         int n_head, int head_size);
+/* The vectorised steps used for head_size: "avx512f" (N % 16 == 0),
+ * "avx2" (N % 8 == 0) or "portable". */
+const char *rx_wkv7_kernel(int head_size);
+/* Test hook as rx_sgemm_use_kernel: force "avx512f", "avx2" or "portable"
+ * (a head size the forced width does not divide runs portable); NULL picks
+ * by CPU again. RX_EINVAL when the name is unknown or the CPU cannot run
+ * it. Not thread-safe against concurrent WKV7 calls. */
+int rx_wkv7_use_kernel(const char *name);
 
 /* ---- tokenshift.c ------------------------------------------------------
  * n lerps of one x in one pass: out[i] [B][T][C] = x + (x_prev - x) *

@@ -24,15 +24,16 @@
  * operation runs over the key dimension j, contiguous in memory.
  *
  * Speed: a head's state (16 KiB at N = 64) stays in L1 and its chunk of
- * recomputed states in L2. When N is a multiple of 8 and the CPU has
- * AVX2+FMA, hand-vectorised steps run instead of the portable ones (for
- * N = 64 compiled with N a constant):
+ * recomputed states in L2. When N is a multiple of 16 and the CPU has
+ * AVX-512F, or a multiple of 8 and it has AVX2+FMA, hand-vectorised steps
+ * run instead of the portable ones (wkv7_simd.h, written once for both
+ * widths; for N = 64 compiled with N a constant):
  *   - forward: four rows at a time, their y row sums reduced together
  *     (one horizontal add tree per four rows, not one per row); then the
  *     next step's sa from the new state, so a chunk's recomputation can
  *     start from a checkpoint and keep every step's sa;
  *   - backward: the row sums dv = dS k + dy (r.k), dsa = dS b + dy (r.b)
- *     first, four rows at a time; then one pass over 8-column blocks that
+ *     first, four rows at a time; then one pass over vector-wide column blocks that
  *     keeps the column sums in registers and rewrites dS in place, so no
  *     per-column accumulator goes through memory per row. It reads only
  *     S_{t-1}: dr_{t-1} = S_{t-1}^T dy_{t-1} takes the place of dr_t, and
@@ -103,8 +104,30 @@ RX_HOT static void wkv7_step_back(const float *S0, const float *S1, float *dS,
     }
 }
 
+/* The vectorised steps (wkv7_simd.h) of one vector width. */
+typedef struct {
+    const char *name;
+    size_t width;
+    void (*rowdots)(const float *S, const float *a, float *sa, size_t N);
+    void (*step)(const float *Si, float *So, const float *r, const float *w, const float *k,
+                 const float *v, const float *b, const float *sa, const float *an, float *y,
+                 float *san, size_t N);
+    void (*coldots)(const float *S, const float *x, float *out, size_t N);
+    void (*step_back)(const float *S0, float *dS, const float *r, const float *w,
+                      const float *k, const float *v, const float *a, const float *b,
+                      const float *dy, const float *dyp, const float *sa, float *dsa,
+                      float *drp, float *dw, float *dk, float *dv, float *da, float *db,
+                      size_t N);
+} wkv_simd;
+
 #ifdef RX_X86
+/* Rows per tile of the backward's column sums: 16 rows of S0 and dS are
+ * 8 KiB at N = 64, so a tile stays in L1 across its column blocks (whole
+ * columns would map 64 rows x 2 arrays onto 16 cache sets). */
+#define WKV_BACK_ROWS 16
+
 #define RX_AVX2 __attribute__((target("avx2,fma")))
+#define RX_AVX512 __attribute__((target("avx512f,avx2,fma")))
 
 /* Sums of four 8-lane vectors: lane q of the result is sum(a_q). */
 RX_AVX2 static inline __m128 hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
@@ -118,198 +141,114 @@ RX_AVX2 static inline float hsum1(__m256 a) {
     return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
 
-/* sa [N] = rows of S [N][N] dotted with a [N], N % 8 == 0: a step's sa,
- * from the state it starts from. */
-RX_AVX2 static inline __attribute__((always_inline)) void
-rowdots_body(const float *S, const float *a, float *sa, size_t N) {
-    for (size_t i = 0; i < N; i += 4) {
-        const float *s0 = S + i * N, *s1 = s0 + N, *s2 = s1 + N, *s3 = s2 + N;
-        __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
-        for (size_t j = 0; j < N; j += 8) {
-            __m256 av = _mm256_loadu_ps(a + j);
-            c0 = _mm256_fmadd_ps(_mm256_loadu_ps(s0 + j), av, c0);
-            c1 = _mm256_fmadd_ps(_mm256_loadu_ps(s1 + j), av, c1);
-            c2 = _mm256_fmadd_ps(_mm256_loadu_ps(s2 + j), av, c2);
-            c3 = _mm256_fmadd_ps(_mm256_loadu_ps(s3 + j), av, c3);
-        }
-        _mm_storeu_ps(sa + i, hsum4(c0, c1, c2, c3));
-    }
+/* The same over 16 lanes: each vector's halves added first. */
+RX_AVX512 static inline __m256 half_sum(__m512 a) {
+    return _mm256_add_ps(_mm512_castps512_ps256(a),
+                         _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
 }
 
-/* rowdots_body for the first step of a run (the later ones get their sa
- * from step_avx2). */
-RX_AVX2 static void rowdots_avx2(const float *S, const float *a, float *sa, size_t N) {
-    rowdots_body(S, a, sa, N);
+RX_AVX512 static inline __m128 hsum4_512(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
+    return hsum4(half_sum(a0), half_sum(a1), half_sum(a2), half_sum(a3));
 }
 
-/* wkv7_step for N % 8 == 0, reading the state from Si and writing it to So
- * (the same buffer or another one, so a recomputed chunk needs no copies),
- * with this step's sa [N] given; y [N] may be NULL. Then, for the next
- * step's a (an, NULL: last step), the next step's sa (san [N]). Four rows at
- * a time, their y row sums reduced together (one horizontal add tree per
- * four rows); all rows are updated before any next sa is summed, so the
- * sums pipeline instead of each waiting on its row's update. Always inlined
- * so NULL y or an compile their work away. */
-RX_AVX2 static inline __attribute__((always_inline)) void
-step_avx2(const float *Si, float *So, const float *r, const float *w, const float *k,
-          const float *v, const float *b, const float *sa, const float *an, float *y,
-          float *san, size_t N) {
-    for (size_t i = 0; i < N; i += 4) {
-        const float *s0 = Si + i * N, *s1 = s0 + N, *s2 = s1 + N, *s3 = s2 + N;
-        float *o0 = So + i * N, *o1 = o0 + N, *o2 = o1 + N, *o3 = o2 + N;
-        __m256 sa0 = _mm256_broadcast_ss(sa + i), sa1 = _mm256_broadcast_ss(sa + i + 1);
-        __m256 sa2 = _mm256_broadcast_ss(sa + i + 2), sa3 = _mm256_broadcast_ss(sa + i + 3);
-        __m256 v0 = _mm256_broadcast_ss(v + i), v1 = _mm256_broadcast_ss(v + i + 1);
-        __m256 v2 = _mm256_broadcast_ss(v + i + 2), v3 = _mm256_broadcast_ss(v + i + 3);
-        __m256 y0 = _mm256_setzero_ps(), y1 = y0, y2 = y0, y3 = y0;
-        for (size_t j = 0; j < N; j += 8) {
-            __m256 wv = _mm256_loadu_ps(w + j), kv = _mm256_loadu_ps(k + j);
-            __m256 bv = _mm256_loadu_ps(b + j), t;
-#define ROW(s_, o_, v_, sa_, y_)                                                        \
-    t = _mm256_fmadd_ps(_mm256_loadu_ps(s_ + j), wv,                                    \
-                        _mm256_fmadd_ps(v_, kv, _mm256_mul_ps(sa_, bv)));               \
-    _mm256_storeu_ps(o_ + j, t);                                                        \
-    if (y) y_ = _mm256_fmadd_ps(t, _mm256_loadu_ps(r + j), y_);
-            ROW(s0, o0, v0, sa0, y0)
-            ROW(s1, o1, v1, sa1, y1)
-            ROW(s2, o2, v2, sa2, y2)
-            ROW(s3, o3, v3, sa3, y3)
-#undef ROW
-        }
-        if (y) _mm_storeu_ps(y + i, hsum4(y0, y1, y2, y3));
-    }
-    if (an) rowdots_body(So, an, san, N);
-}
+RX_AVX512 static inline float hsum1_512(__m512 a) { return hsum1(half_sum(a)); }
 
-/* step_avx2 with each combination of y and an compiled on its own, and
- * for N = 64 (every reference configuration's head size) with N a
- * constant: the row offsets become immediates, which frees the general
- * registers the loops otherwise spill their row pointers from. */
-RX_AVX2 static void step_avx2_any(const float *Si, float *So, const float *r, const float *w,
-                                  const float *k, const float *v, const float *b,
-                                  const float *sa, const float *an, float *y, float *san,
-                                  size_t N) {
-#define STEP(N_)                                                                        \
-    if (y && an) step_avx2(Si, So, r, w, k, v, b, sa, an, y, san, N_);                  \
-    else if (y) step_avx2(Si, So, r, w, k, v, b, sa, NULL, y, NULL, N_);                \
-    else if (an) step_avx2(Si, So, NULL, w, k, v, b, sa, an, NULL, san, N_);            \
-    else step_avx2(Si, So, NULL, w, k, v, b, sa, NULL, NULL, NULL, N_);
-    if (N == 64) {
-        STEP(64)
-    } else {
-        STEP(N)
-    }
-#undef STEP
-}
+#define WKV_W 8
+#define WKV_T RX_AVX2
+#define WKV_FN(name) name##_avx2
+#define WKV_V __m256
+#define WKV_LOAD _mm256_loadu_ps
+#define WKV_STORE _mm256_storeu_ps
+#define WKV_FMA _mm256_fmadd_ps
+#define WKV_MUL _mm256_mul_ps
+#define WKV_ADD _mm256_add_ps
+#define WKV_ZERO _mm256_setzero_ps
+#define WKV_BCAST _mm256_broadcast_ss
+#define WKV_HSUM4 hsum4
+#define WKV_HSUM1 hsum1
+#include "wkv7_simd.h"
+#undef WKV_W
+#undef WKV_T
+#undef WKV_FN
+#undef WKV_V
+#undef WKV_LOAD
+#undef WKV_STORE
+#undef WKV_FMA
+#undef WKV_MUL
+#undef WKV_ADD
+#undef WKV_ZERO
+#undef WKV_BCAST
+#undef WKV_HSUM4
+#undef WKV_HSUM1
 
-/* Rows per tile of the backward's column sums: 16 rows of S0 and dS are
- * 8 KiB at N = 64, so a tile stays in L1 across its column blocks (whole
- * columns would map 64 rows x 2 arrays onto 16 cache sets). */
-#define WKV_BACK_ROWS 16
+#define WKV_W 16
+#define WKV_T RX_AVX512
+#define WKV_FN(name) name##_avx512
+#define WKV_V __m512
+#define WKV_LOAD _mm512_loadu_ps
+#define WKV_STORE _mm512_storeu_ps
+#define WKV_FMA _mm512_fmadd_ps
+#define WKV_MUL _mm512_mul_ps
+#define WKV_ADD _mm512_add_ps
+#define WKV_ZERO _mm512_setzero_ps
+#define WKV_BCAST(p) _mm512_set1_ps(*(p))
+#define WKV_HSUM4 hsum4_512
+#define WKV_HSUM1 hsum1_512
+#include "wkv7_simd.h"
 
-/* out [N] = x [N] . S [N][N] (sums over rows), N % 8 == 0: the dr of a
- * sequence's last step, the only one no later step computes. */
-RX_AVX2 static void coldots_avx2(const float *S, const float *x, float *out, size_t N) {
-    for (size_t j = 0; j < N; j += 8) {
-        __m256 c = _mm256_setzero_ps();
-        for (size_t i = 0; i < N; i++)
-            c = _mm256_fmadd_ps(_mm256_broadcast_ss(x + i), _mm256_loadu_ps(S + i * N + j), c);
-        _mm256_storeu_ps(out + j, c);
-    }
-}
+static const wkv_simd wkv_avx2 = {"avx2", 8, rowdots_avx2, step_avx2, coldots_avx2,
+                                  step_back_avx2};
+/* Measured on a Sapphire Rapids (README, WKV7): twice the lanes per
+ * instruction, in a recurrence bound by its arithmetic (a head's state stays
+ * in L1). */
+static const wkv_simd wkv_avx512 = {"avx512f", 16, rowdots_avx512, step_avx512, coldots_avx512,
+                                    step_back_avx512};
+static const wkv_simd *const wkv_simds[] = {&wkv_avx512, &wkv_avx2};
 
-/* wkv7_step_back for N % 8 == 0 (through step_back_avx2), with this step's
- * sa [N] from the forward and dsa [N] as scratch. Reads only the state
- * before the step, S0: the dr it would need the state after the step for
- * is the previous step's, drp = dyp . S0 (dyp = dy of step t-1; zero at a
- * sequence's first step). */
-RX_AVX2 static inline __attribute__((always_inline)) void
-step_back_body(const float *S0, float *dS, const float *r, const float *w, const float *k,
-               const float *v, const float *a, const float *b, const float *dy,
-               const float *dyp, const float *sa, float *dsa, float *drp, float *dw, float *dk,
-               float *dv, float *da, float *db, size_t N) {
-    __m256 x = _mm256_setzero_ps(), z = x;
-    for (size_t j = 0; j < N; j += 8) {
-        __m256 rv = _mm256_loadu_ps(r + j);
-        x = _mm256_fmadd_ps(rv, _mm256_loadu_ps(k + j), x);
-        z = _mm256_fmadd_ps(rv, _mm256_loadu_ps(b + j), z);
-    }
-    const __m128 rk = _mm_set1_ps(hsum1(x)), rb = _mm_set1_ps(hsum1(z));
-    /* row sums of g = dS + dy r^T against k and b; meanwhile S0, which the
-     * column pass reads next, comes in from L2 */
-    for (size_t i = 0; i < N; i += 4) {
-        const float *g0 = dS + i * N, *g1 = g0 + N, *g2 = g1 + N, *g3 = g2 + N;
-        __m256 p0 = _mm256_setzero_ps(), p1 = p0, p2 = p0, p3 = p0;
-        __m256 q0 = p0, q1 = p0, q2 = p0, q3 = p0;
-        for (size_t j = 0; j < N; j += 16) __builtin_prefetch(S0 + i * N + j);
-        for (size_t j = 0; j < N; j += 8) {
-            __m256 kv = _mm256_loadu_ps(k + j), bv = _mm256_loadu_ps(b + j), t;
-            t = _mm256_loadu_ps(g0 + j); p0 = _mm256_fmadd_ps(t, kv, p0); q0 = _mm256_fmadd_ps(t, bv, q0);
-            t = _mm256_loadu_ps(g1 + j); p1 = _mm256_fmadd_ps(t, kv, p1); q1 = _mm256_fmadd_ps(t, bv, q1);
-            t = _mm256_loadu_ps(g2 + j); p2 = _mm256_fmadd_ps(t, kv, p2); q2 = _mm256_fmadd_ps(t, bv, q2);
-            t = _mm256_loadu_ps(g3 + j); p3 = _mm256_fmadd_ps(t, kv, p3); q3 = _mm256_fmadd_ps(t, bv, q3);
-        }
-        __m128 dyi = _mm_loadu_ps(dy + i);
-        _mm_storeu_ps(dv + i, _mm_fmadd_ps(dyi, rk, hsum4(p0, p1, p2, p3)));
-        _mm_storeu_ps(dsa + i, _mm_fmadd_ps(dyi, rb, hsum4(q0, q1, q2, q3)));
-    }
-    /* column sums over tiles of WKV_BACK_ROWS rows x 8 columns, the five
-     * sums in registers; dS rewritten as the grad on S0 */
-    for (size_t i0 = 0; i0 < N; i0 += WKV_BACK_ROWS) {
-        size_t i1 = i0 + WKV_BACK_ROWS < N ? i0 + WKV_BACK_ROWS : N;
-        for (size_t j = 0; j < N; j += 8) {
-            const __m256 rv = _mm256_loadu_ps(r + j), wv = _mm256_loadu_ps(w + j);
-            const __m256 av = _mm256_loadu_ps(a + j);
-            __m256 cr = _mm256_setzero_ps(), cw = cr, ck = cr, cb = cr, ca = cr;
-            for (size_t i = i0; i < i1; i++) {
-                const size_t o = i * N + j;
-                __m256 dyi = _mm256_broadcast_ss(dy + i), dsai = _mm256_broadcast_ss(dsa + i);
-                __m256 g = _mm256_fmadd_ps(dyi, rv, _mm256_loadu_ps(dS + o));
-                __m256 s0 = _mm256_loadu_ps(S0 + o);
-                cr = _mm256_fmadd_ps(_mm256_broadcast_ss(dyp + i), s0, cr);
-                cw = _mm256_fmadd_ps(g, s0, cw);
-                ck = _mm256_fmadd_ps(_mm256_broadcast_ss(v + i), g, ck);
-                cb = _mm256_fmadd_ps(_mm256_broadcast_ss(sa + i), g, cb);
-                ca = _mm256_fmadd_ps(dsai, s0, ca);
-                _mm256_storeu_ps(dS + o, _mm256_fmadd_ps(g, wv, _mm256_mul_ps(dsai, av)));
-            }
-            if (i0 > 0) {
-                cr = _mm256_add_ps(cr, _mm256_loadu_ps(drp + j));
-                cw = _mm256_add_ps(cw, _mm256_loadu_ps(dw + j));
-                ck = _mm256_add_ps(ck, _mm256_loadu_ps(dk + j));
-                cb = _mm256_add_ps(cb, _mm256_loadu_ps(db + j));
-                ca = _mm256_add_ps(ca, _mm256_loadu_ps(da + j));
-            }
-            _mm256_storeu_ps(drp + j, cr);
-            _mm256_storeu_ps(dw + j, cw);
-            _mm256_storeu_ps(dk + j, ck);
-            _mm256_storeu_ps(db + j, cb);
-            _mm256_storeu_ps(da + j, ca);
-        }
-    }
+static int wkv_simd_runs(const wkv_simd *k) {
+    if (k == &wkv_avx512) return __builtin_cpu_supports("avx512f");
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
-
-/* step_back_body, with N a constant for N = 64 as in step_avx2_any. */
-RX_AVX2 static void step_back_avx2(const float *S0, float *dS, const float *r, const float *w,
-                                   const float *k, const float *v, const float *a,
-                                   const float *b, const float *dy, const float *dyp,
-                                   const float *sa, float *dsa, float *drp, float *dw,
-                                   float *dk, float *dv, float *da, float *db, size_t N) {
-    if (N == 64)
-        step_back_body(S0, dS, r, w, k, v, a, b, dy, dyp, sa, dsa, drp, dw, dk, dv, da, db, 64);
-    else
-        step_back_body(S0, dS, r, w, k, v, a, b, dy, dyp, sa, dsa, drp, dw, dk, dv, da, db, N);
-}
-
-static int wkv7_use_avx2(size_t N) {
-    return N % 8 == 0 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-}
+#define WKV_NSIMD (sizeof wkv_simds / sizeof wkv_simds[0])
 #else
-static int wkv7_use_avx2(size_t N) {
-    (void)N;
-    return 0;
-}
+static const wkv_simd *const wkv_simds[1] = {NULL};
+static int wkv_simd_runs(const wkv_simd *k) { return k != NULL && 0; }
+#define WKV_NSIMD 0
 #endif
+
+/* Set by rx_wkv7_use_kernel; NULL: the widest this CPU runs. */
+static const wkv_simd *forced_wkv;
+static int wkv_forced_portable;
+
+int rx_wkv7_use_kernel(const char *name) {
+    forced_wkv = NULL;
+    wkv_forced_portable = 0;
+    if (!name) return RX_OK;
+    if (!strcmp(name, "portable")) {
+        wkv_forced_portable = 1;
+        return RX_OK;
+    }
+    for (size_t i = 0; i < WKV_NSIMD; i++)
+        if (!strcmp(name, wkv_simds[i]->name) && wkv_simd_runs(wkv_simds[i])) {
+            forced_wkv = wkv_simds[i];
+            return RX_OK;
+        }
+    return RX_EINVAL;
+}
+
+/* The vectorised steps for head size N, or NULL for the portable ones. */
+static const wkv_simd *wkv7_simd(size_t N) {
+    if (wkv_forced_portable) return NULL;
+    if (forced_wkv) return N % forced_wkv->width == 0 ? forced_wkv : NULL;
+    for (size_t i = 0; i < WKV_NSIMD; i++)
+        if (N % wkv_simds[i]->width == 0 && wkv_simd_runs(wkv_simds[i])) return wkv_simds[i];
+    return NULL;
+}
+
+const char *rx_wkv7_kernel(int head_size) {
+    const wkv_simd *k = head_size > 0 ? wkv7_simd((size_t)head_size) : NULL;
+    return k ? k->name : "portable";
+}
 
 /* A head's per-token rows sit C floats apart, two or more per 4 KiB page,
  * which defeats the hardware prefetchers: fetch a step's rows (N floats at
@@ -333,32 +272,26 @@ static int wkv7_args_ok(const float *r, const float *w, const float *k, const fl
 static void forward_head(const float *r, const float *w, const float *k, const float *v,
                          const float *a, const float *b, float *y_out, float *S, float *cpb,
                          float *sa, size_t bi, size_t h, size_t TT, size_t C, size_t N,
-                         int fast) {
+                         const wkv_simd *fast) {
     const size_t NN = N * N;
     float *san = sa + N;
     const float *in[7] = {r, w, k, v, a, b, y_out};
 #define OFF(t) ((bi * TT + (t)) * C + h * N)
-#ifdef RX_X86
-    if (fast) rowdots_avx2(S, a + OFF(0), sa, N);
-#else
-    (void)fast;
-#endif
+    if (fast) fast->rowdots(S, a + OFF(0), sa, N);
     for (size_t t = 0; t < TT; t++) {
         size_t o = OFF(t);
         float *y = y_out ? y_out + o : NULL;
         if (cpb && t % RX_WKV7_CHUNK == 0)
             memcpy(cpb + t / RX_WKV7_CHUNK * NN, S, NN * sizeof(float));
         if (t + WKV_AHEAD < TT) prefetch_rows(in, y_out ? 7 : 6, o + WKV_AHEAD * C, N);
-#ifdef RX_X86
         if (fast) {
-            step_avx2_any(S, S, r + o, w + o, k + o, v + o, b + o, sa,
+            fast->step(S, S, r + o, w + o, k + o, v + o, b + o, sa,
                           t + 1 < TT ? a + OFF(t + 1) : NULL, y, san, N);
             float *tmp = sa;
             sa = san;
             san = tmp;
             continue;
         }
-#endif
         wkv7_step(S, r + o, w + o, k + o, v + o, a + o, b + o, y, N);
     }
 #undef OFF
@@ -388,7 +321,7 @@ static int wkv7_forward(const float *r, const float *w, const float *k, const fl
         work = own = rx_falloc((size_t)nt * wstride);
         if (!own) return RX_ENOMEM;
     }
-    const int fast = wkv7_use_avx2(N);
+    const wkv_simd *fast = wkv7_simd(N);
     rx_prof_push(RX_PROF_WKV7);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (nt > 1)
     for (size_t bh = 0; bh < BH; bh++) {
@@ -447,7 +380,7 @@ int rx_wkv7_backward_cp(const float *r, const float *w, const float *k, const fl
         free(own_cp);
         return RX_ENOMEM;
     }
-    const int fast = wkv7_use_avx2(N);
+    const wkv_simd *fast = wkv7_simd(N);
     rx_prof_push(RX_PROF_WKV7);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (nt > 1)
     for (size_t bh = 0; bh < BH; bh++) {
@@ -473,27 +406,21 @@ int rx_wkv7_backward_cp(const float *r, const float *w, const float *k, const fl
             size_t t0 = c * RX_WKV7_CHUNK, t1 = t0 + RX_WKV7_CHUNK < TT ? t0 + RX_WKV7_CHUNK : TT;
             const float *Sc = cpb + c * NN;
 #define STATE(t) ((t) > t0 ? buf + ((t) - t0 - 1) * NN : Sc) /* state entering step t */
-#ifdef RX_X86
-            if (fast) rowdots_avx2(Sc, a + OFF(t0), sab, N);
-#endif
+            if (fast) fast->rowdots(Sc, a + OFF(t0), sab, N);
             for (size_t t = t0; t < t1; t++) {
                 float *Sn = buf + (t - t0) * NN;
                 size_t o = OFF(t);
                 if (t + WKV_AHEAD < t1) prefetch_rows(in, 5, o + WKV_AHEAD * C, N);
-#ifdef RX_X86
                 if (fast) {
-                    step_avx2_any(STATE(t), Sn, NULL, w + o, k + o, v + o, b + o,
+                    fast->step(STATE(t), Sn, NULL, w + o, k + o, v + o, b + o,
                                   sab + (t - t0) * N, t + 1 < t1 ? a + OFF(t + 1) : NULL, NULL,
                                   sab + (t - t0 + 1) * N, N);
                     continue;
                 }
-#endif
                 memcpy(Sn, STATE(t), NN * sizeof(float));
                 wkv7_step(Sn, r + o, w + o, k + o, v + o, a + o, b + o, NULL, N);
             }
-#ifdef RX_X86
-            if (fast && t1 == TT) coldots_avx2(STATE(TT), dy + OFF(TT - 1), dr + OFF(TT - 1), N);
-#endif
+            if (fast && t1 == TT) fast->coldots(STATE(TT), dy + OFF(TT - 1), dr + OFF(TT - 1), N);
             for (size_t t = t1; t-- > t0;) {
                 size_t o = OFF(t);
                 if (t >= t0 + WKV_AHEAD) prefetch_rows(in, 13, o - WKV_AHEAD * C, N);
@@ -502,15 +429,13 @@ int rx_wkv7_backward_cp(const float *r, const float *w, const float *k, const fl
                 if (c > 0)
                     for (size_t q = 0; q < part; q += 16)
                         __builtin_prefetch(cpb + (c - 1) * NN + (t1 - 1 - t) * part + q);
-#ifdef RX_X86
                 if (fast) {
-                    step_back_avx2(STATE(t), dS, r + o, w + o, k + o, v + o, a + o, b + o,
+                    fast->step_back(STATE(t), dS, r + o, w + o, k + o, v + o, a + o, b + o,
                                    dy + o, t > 0 ? dy + o - C : zero, sab + (t - t0) * N, dsa,
                                    t > 0 ? dr + o - C : junk, dw + o, dk + o, dv + o, da + o,
                                    db + o, N);
                     continue;
                 }
-#endif
                 wkv7_step_back(STATE(t), STATE(t + 1), dS, r + o, w + o, k + o, v + o, a + o,
                                b + o, dy + o, dr + o, dw + o, dk + o, dv + o, da + o, db + o, N);
             }

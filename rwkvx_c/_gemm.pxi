@@ -1,4 +1,4 @@
-# GEMM test/bench hook (csrc/gemm.c). Included by _core.pyx.
+# GEMM and WKV7 kernel test/bench hooks (csrc/gemm.c, csrc/wkv7.c). Included by _core.pyx.
 
 cdef extern from "rx_internal.h" nogil:
     void rx_sgemm(int ta, int tb, size_t M, size_t N, size_t K,
@@ -9,6 +9,8 @@ cdef extern from "rx_internal.h" nogil:
                   const float *A, size_t lda, const float *B, size_t ldb,
                   float beta, float *C, size_t ldc)
     int rx_bgemm_use_kernel(const char *name)
+    const char *rx_wkv7_kernel(int head_size)
+    int rx_wkv7_use_kernel(const char *name)
 
 
 def _sgemm(a, b, ta=False, tb=False, out=None, beta=0.0):
@@ -86,3 +88,21 @@ def _bgemm_use_kernel(name=None):
     b = str(name).encode()
     if rx_bgemm_use_kernel(b) != RX_OK:
         raise ValueError(f"bf16 GEMM kernel {name!r} is unknown or unsupported on this CPU")
+
+
+def _wkv7_kernel(int head_size):
+    """The WKV7 steps used for this head size: "avx512f", "avx2" or "portable"."""
+    return rx_wkv7_kernel(head_size).decode()
+
+
+def _wkv7_use_kernel(name=None):
+    """Force the WKV7 steps ("avx512f", "avx2", "portable") for later calls;
+    None picks by CPU again (test hook). ValueError if this CPU cannot run
+    them."""
+    cdef bytes b
+    if name is None:
+        rx_wkv7_use_kernel(NULL)
+        return
+    b = str(name).encode()
+    if rx_wkv7_use_kernel(b) != RX_OK:
+        raise ValueError(f"WKV7 kernel {name!r} is unknown or unsupported on this CPU")

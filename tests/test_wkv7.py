@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 import rwkvx_c as rx
+from rwkvx_c import _core
 
 from checks import FWD_TOL, GRAD_TOL, assert_rel
 from reference.autograd import leaf
@@ -37,15 +38,38 @@ def reference(ins, dy, s_init):
     return y.value, s_final.value, [leaf.grad for leaf in leaves], s.grad
 
 
-# N % 8 == 0 runs the vectorised steps: T = 1, exactly one 16-step chunk and
-# one step more reach every boundary of their chunked backward
+WKV_KERNELS = ("portable", "avx2", "avx512f")
+
+
+def _runs_here(name):
+    try:
+        _core._wkv7_use_kernel(name)
+    except ValueError:
+        return False
+    _core._wkv7_use_kernel(None)
+    return True
+
+
+@pytest.fixture(params=[pytest.param(k, marks=pytest.mark.skipif(
+    not _runs_here(k), reason=f"this CPU cannot run the {k} WKV7 steps")) for k in WKV_KERNELS])
+def wkv_kernel(request):
+    """Every WKV7 step kernel this CPU runs, forced in turn."""
+    _core._wkv7_use_kernel(request.param)
+    yield request.param
+    _core._wkv7_use_kernel(None)
+
+
+# N % 8 == 0 runs the AVX2 steps, N % 16 == 0 the AVX-512 ones: T = 1,
+# exactly one 16-step chunk and one step more reach every boundary of their
+# chunked backward
 CASES = [(1, 1, 1, 1), (1, 1, 2, 4), (1, 6, 1, 1), (2, 7, 3, 5), (1, 33, 2, 16), (2, 40, 1, 64),
-         (1, 200, 2, 64), (1, 1, 2, 8), (2, 16, 2, 8), (1, 17, 1, 64)]
+         (1, 200, 2, 64), (1, 1, 2, 8), (2, 16, 2, 8), (1, 17, 1, 64), (1, 18, 2, 32),
+         (1, 1, 1, 16), (2, 9, 1, 48)]
 
 
 @pytest.mark.parametrize("with_state", [False, True], ids=["zero_state", "s_init"])
 @pytest.mark.parametrize("B,T,H,N", CASES)
-def test_wkv7_matches_reference(B, T, H, N, with_state):
+def test_wkv7_matches_reference(wkv_kernel, B, T, H, N, with_state):
     rng = np.random.default_rng([B, T, H, N, with_state])
     ins = make_inputs(rng, B, T, H, N)
     dy = rng.standard_normal((B, T, H, N)).astype(np.float32)
@@ -61,6 +85,14 @@ def test_wkv7_matches_reference(B, T, H, N, with_state):
     for n, g, ref in zip(NAMES, grads[:6], g_ref):
         assert_rel(f"wkv7_backward d{n}", g, ref, GRAD_TOL)
     assert_rel("wkv7_backward ds_init", grads[6], ds_ref, GRAD_TOL)
+
+
+def test_wkv7_kernel_names():
+    assert _core._wkv7_kernel(5) == "portable"
+    if _runs_here("avx512f"):
+        assert _core._wkv7_kernel(64) == "avx512f" and _core._wkv7_kernel(24) == "avx2"
+    with pytest.raises(ValueError, match="unknown"):
+        _core._wkv7_use_kernel("sse9")
 
 
 def test_wkv7_state_carries_across_calls():
