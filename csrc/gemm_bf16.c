@@ -483,7 +483,8 @@ int rx_bgemm_use_kernel(const char *name) {
             forced_bimpl = bimpls[i];
             return RX_OK;
         }
-    return RX_EINVAL;
+    return rx_fail(RX_EINVAL, "rx_bgemm_use_kernel: kernel \"%s\" is unknown or cannot run here",
+                   name);
 }
 
 static const bgemm_impl *pick_bimpl(void) {
@@ -556,8 +557,9 @@ static void compute_task(const bgemm_impl *im, const bop *o, const bplan *pl, si
     compute_unit(im, &o[k], u / pl->cun[k] * UNIT_M, u % pl->cun[k] * UNIT_N);
 }
 
-/* Up to MAX_OPS live ops (M, N, K >= 1) in one pass. */
-static void bgemm_pass(const bgemm_impl *im, const rx_gemm_op *ops, size_t n) {
+/* Up to MAX_OPS live ops (M, N, K >= 1) in one pass; RX_ENOMEM (C
+ * untouched) when the packing buffer cannot be allocated. */
+static int bgemm_pass(const bgemm_impl *im, const rx_gemm_op *ops, size_t n) {
     bop o[MAX_OPS];
     bplan pl;
     size_t need = 0;
@@ -581,20 +583,7 @@ static void bgemm_pass(const bgemm_impl *im, const rx_gemm_op *ops, size_t n) {
         tl_pack = rx_alloc(need, sizeof(bf16));
         tl_pack_n = tl_pack ? need : 0;
     }
-    if (!tl_pack) {
-        /* out of memory: the same products, one element at a time */
-        for (size_t k = 0; k < n; k++) {
-            const rx_gemm_op *g = &ops[k];
-            for (size_t i = 0; i < g->M; i++)
-                for (size_t j = 0; j < g->N; j++) {
-                    float s = 0.0f;
-                    for (size_t p = 0; p < g->K; p++)
-                        s += bf16_float(bf16_round(opa(g, i, p))) * bf16_float(bf16_round(opb(g, p, j)));
-                    g->C[i * g->ldc + j] = g->beta != 0.0f ? g->C[i * g->ldc + j] + s : s;
-                }
-        }
-        return;
-    }
+    if (!tl_pack) return RX_ENOMEM;
     bf16 *p = tl_pack;
     for (size_t k = 0; k < n; k++) {
         o[k].ap = p;
@@ -604,8 +593,7 @@ static void bgemm_pass(const bgemm_impl *im, const rx_gemm_op *ops, size_t n) {
     }
     const size_t npack = pl.pa[n] + pl.pb[n], ncomp = pl.cu[n];
     int nt = rx_in_parallel() ? 1 : rx_max_threads();
-    /* below ~10 us of work a fork/join costs more than it saves */
-    if (total < 262144.0) nt = 1;
+    if (total < RX_GEMM_MIN_PAR) nt = 1;
     (void)nt; /* read only by the OpenMP pragma */
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
@@ -620,23 +608,28 @@ static void bgemm_pass(const bgemm_impl *im, const rx_gemm_op *ops, size_t n) {
         if (im->amx) amx_release();
 #endif
     }
+    return RX_OK;
 }
 
-void rx_bgemm_batch(const rx_gemm_op *ops, size_t n) {
+int rx_bgemm_batch(const rx_gemm_op *ops, size_t n) {
     const bgemm_impl *im = pick_bimpl();
+    int rc = RX_OK;
     rx_prof_push(RX_PROF_GEMM);
-    for (size_t b = 0; b < n; b += MAX_OPS) {
+    for (size_t b = 0; b < n && rc == RX_OK; b += MAX_OPS) {
         rx_gemm_op live[MAX_OPS];
         const size_t nl = rx_gemm_live_ops(ops + b, n - b < MAX_OPS ? n - b : MAX_OPS, live);
-        if (nl) bgemm_pass(im, live, nl);
+        if (nl) rc = bgemm_pass(im, live, nl);
     }
     rx_prof_pop();
+    if (rc != RX_OK && !rx_in_parallel())
+        rx_fail(rc, "rx_bgemm: out of memory for the bf16 packing buffer");
+    return rc;
 }
 
-void rx_bgemm(int ta, int tb, size_t M, size_t N, size_t K, const float *A, size_t lda,
-              const float *B, size_t ldb, float beta, float *C, size_t ldc) {
+int rx_bgemm(int ta, int tb, size_t M, size_t N, size_t K, const float *A, size_t lda,
+             const float *B, size_t ldb, float beta, float *C, size_t ldc) {
     const rx_gemm_op g = {ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc};
-    rx_bgemm_batch(&g, 1);
+    return rx_bgemm_batch(&g, 1);
 }
 
 /* ---- the projections' precision ------------------------------------------ */
@@ -649,15 +642,12 @@ int rx_gemm_set_precision(int precision) {
     return old;
 }
 
-void rx_pgemm_batch(const rx_gemm_op *ops, size_t n) {
-    if (tl_precision == RX_PRECISION_BF16)
-        rx_bgemm_batch(ops, n);
-    else
-        rx_sgemm_batch(ops, n);
+int rx_pgemm_batch(const rx_gemm_op *ops, size_t n) {
+    return tl_precision == RX_PRECISION_BF16 ? rx_bgemm_batch(ops, n) : rx_sgemm_batch(ops, n);
 }
 
-void rx_pgemm(int ta, int tb, size_t M, size_t N, size_t K, const float *A, size_t lda,
-              const float *B, size_t ldb, float beta, float *C, size_t ldc) {
+int rx_pgemm(int ta, int tb, size_t M, size_t N, size_t K, const float *A, size_t lda,
+             const float *B, size_t ldb, float beta, float *C, size_t ldc) {
     const rx_gemm_op g = {ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc};
-    rx_pgemm_batch(&g, 1);
+    return rx_pgemm_batch(&g, 1);
 }

@@ -376,7 +376,9 @@ static int wkv7_forward(const float *r, const float *w, const float *k, const fl
                         const float *a, const float *b, const float *s_init, float *y_out,
                         float *s_final, float *cp, float *work, size_t wstride, int B, int T,
                         int n_head, int head_size) {
-    if (!wkv7_args_ok(r, w, k, v, a, b, B, T, n_head, head_size)) return RX_EINVAL;
+    if (!wkv7_args_ok(r, w, k, v, a, b, B, T, n_head, head_size))
+        return rx_fail(RX_EINVAL, "rx_wkv7_forward: "
+                       "a NULL pointer, a size < 1 or mismatched sizes");
     const size_t H = (size_t)n_head, N = (size_t)head_size, NN = N * N;
     const size_t BH = (size_t)B * H, TT = (size_t)T;
     const size_t ncp = (TT + RX_WKV7_CHUNK - 1) / RX_WKV7_CHUNK;
@@ -386,7 +388,7 @@ static int wkv7_forward(const float *r, const float *w, const float *k, const fl
     if (!work) {
         wstride = WKV_FWD_WORK(N);
         work = own = rx_falloc((size_t)nt * wstride);
-        if (!own) return RX_ENOMEM;
+        if (!own) return rx_fail(RX_ENOMEM, "rx_wkv7_forward: out of memory");
     }
     const int fast = wkv7_use_avx2(N);
     rx_prof_push(RX_PROF_WKV7);
@@ -431,7 +433,8 @@ int rx_wkv7_backward_cp(const float *r, const float *w, const float *k, const fl
                         int n_head, int head_size) {
     if (!wkv7_args_ok(r, w, k, v, a, b, B, T, n_head, head_size) || !dy || !dr || !dw ||
         !dk || !dv || !da || !db)
-        return RX_EINVAL;
+        return rx_fail(RX_EINVAL, "rx_wkv7_backward_cp: "
+                       "a NULL pointer, a size < 1 or mismatched sizes");
     const size_t H = (size_t)n_head, N = (size_t)head_size, C = H * N, NN = N * N;
     const size_t BH = (size_t)B * H, TT = (size_t)T;
     const size_t ncp = (TT + RX_WKV7_CHUNK - 1) / RX_WKV7_CHUNK;
@@ -445,7 +448,7 @@ int rx_wkv7_backward_cp(const float *r, const float *w, const float *k, const fl
     if ((!work && !own) || (!cp && !own_cp)) {
         free(own);
         free(own_cp);
-        return RX_ENOMEM;
+        return rx_fail(RX_ENOMEM, "rx_wkv7_backward_cp: out of memory");
     }
     const int fast = wkv7_use_avx2(N);
     rx_prof_push(RX_PROF_WKV7);
