@@ -129,6 +129,16 @@ static int attn_work_threads(const attn_dims *d, attn_work *w) {
     return w->nt ? RX_OK : RX_ENOMEM;
 }
 
+/* The RX_EINVAL of a P that attn_dims_init (or attn_block_ok) rejects with
+ * B, T: names the NULL P, the size below 1 or P's sizes. */
+static int attn_params_fail(const char *fn, const rx_attn_params *P, int B, int T) {
+    if (!P) return rx_fail(RX_EINVAL, "%s: P is NULL", fn);
+    if (B < 1 || T < 1) return rx_fail(RX_EINVAL, "%s: B = %d, T = %d must be >= 1", fn, B, T);
+    return rx_fail(RX_EINVAL, "%s: P has a NULL tensor or sizes that disagree (c = %d, "
+                   "n_head = %d, head_size = %d, chunk_size = %d, cm.c = %d, cm.ffn_dim = %d)",
+                   fn, P->c, P->n_head, P->head_size, P->chunk_size, P->cm.c, P->cm.ffn_dim);
+}
+
 /* Everything zeroed first, so attn_work_free is safe after a failure. */
 static int attn_work_alloc(const attn_dims *d, attn_work *w, int backward) {
     const size_t BHT = d->B * d->H * d->T;
@@ -494,10 +504,12 @@ static int attn_core_forward(const attn_dims *d, const float *q, const float *k,
 int rx_attn_decode(const rx_attn_params *P, const float *q, const float *k, const float *v,
                    int pos, int T, float *y) {
     attn_dims d;
-    if (!q || !k || !v || !y || pos < 0 || T < 1 || (int64_t)pos + T > INT32_MAX ||
-        !attn_dims_init(P, 1, pos + T, &d))
-        return rx_fail(RX_EINVAL, "rx_attn_decode: "
-                       "a NULL pointer, a size < 1 or mismatched sizes");
+    static const char *const fn = "rx_attn_decode";
+    const char *nul = rx_first_null(RX_NULLS(q, k, v, y), RX_NAMES("q", "k", "v", "y"), 4);
+    if (nul) return rx_fail(RX_EINVAL, "%s: %s is NULL", fn, nul);
+    if (pos < 0 || T < 1 || (int64_t)pos + T > INT32_MAX)
+        return rx_fail(RX_EINVAL, "%s: pos = %d, T = %d out of range", fn, pos, T);
+    if (!attn_dims_init(P, 1, pos + T, &d)) return attn_params_fail(fn, P, 1, pos + T);
     d.nt = 1;
     const size_t H = d.H, N = d.N, C = d.C, L = d.T, nck = d.nck, kk = d.kk, p0 = (size_t)pos;
     attn_work w;
@@ -506,7 +518,7 @@ int rx_attn_decode(const rx_attn_params *P, const float *q, const float *k, cons
     w.sel = (int *)rx_alloc(kk, sizeof(int));
     if (!w.kmean || !w.sel || attn_work_threads(&d, &w) != RX_OK) {
         attn_work_free(&w);
-        return rx_fail(RX_ENOMEM, "rx_attn_decode: out of memory");
+        return rx_fail(RX_ENOMEM, "%s: out of memory", fn);
     }
     attn_tile tl = attn_tile_of(&d, &w);
     for (size_t i = 0; kk && i < H * nck; i++)
@@ -685,11 +697,11 @@ int rx_attn_score_av_forward(const rx_attn_params *P, const float *q, const floa
                              const float *v, int B, int T, float *p, float *y) {
     attn_dims d;
     attn_work w;
-    if (!attn_dims_init(P, B, T, &d) || !q || !k || !v || !y)
-        return rx_fail(RX_EINVAL, "rx_attn_score_av_forward: "
-                       "a NULL pointer, a size < 1 or mismatched sizes");
-    if (attn_work_alloc(&d, &w, 0) != RX_OK)
-        return rx_fail(RX_ENOMEM, "rx_attn_score_av_forward: out of memory");
+    static const char *const fn = "rx_attn_score_av_forward";
+    const char *nul = rx_first_null(RX_NULLS(q, k, v, y), RX_NAMES("q", "k", "v", "y"), 4);
+    if (nul) return rx_fail(RX_EINVAL, "%s: %s is NULL", fn, nul);
+    if (!attn_dims_init(P, B, T, &d)) return attn_params_fail(fn, P, B, T);
+    if (attn_work_alloc(&d, &w, 0) != RX_OK) return rx_fail(RX_ENOMEM, "%s: out of memory", fn);
     int rc = attn_core_forward(&d, q, k, v, &w, y, p);
     attn_work_free(&w);
     return rc;
@@ -701,13 +713,15 @@ int rx_attn_score_av_backward(const rx_attn_params *P, const float *q, const flo
                               float *dq, float *dk, float *dv) {
     attn_dims d;
     attn_work w;
-    if (!attn_dims_init(P, B, T, &d) || !q || !k || !v || !dy || !dq || !dk || !dv)
-        return rx_fail(RX_EINVAL, "rx_attn_score_av_backward: "
-                       "a NULL pointer, a size < 1 or mismatched sizes");
+    static const char *const fn = "rx_attn_score_av_backward";
+    const char *nul = rx_first_null(RX_NULLS(q, k, v, dy, dq, dk, dv),
+                                    RX_NAMES("q", "k", "v", "dy", "dq", "dk", "dv"), 7);
+    if (nul) return rx_fail(RX_EINVAL, "%s: %s is NULL", fn, nul);
+    if (!attn_dims_init(P, B, T, &d)) return attn_params_fail(fn, P, B, T);
     float *y = rx_falloc(d.B * d.T * d.C);
     if (!y || attn_work_alloc(&d, &w, 1) != RX_OK) {
         free(y);
-        return rx_fail(RX_ENOMEM, "rx_attn_score_av_backward: out of memory");
+        return rx_fail(RX_ENOMEM, "%s: out of memory", fn);
     }
     int rc = attn_core_forward(&d, q, k, v, &w, y, NULL);
     if (rc == RX_OK) rc = attn_core_backward(&d, q, k, v, y, dy, &w, dq, dk, dv);
@@ -805,11 +819,12 @@ static int attn_grads_ok(const rx_attn_grads *G) {
 int rx_attn_forward_acts(const rx_attn_params *P, const float *x, const float *cm_xprev_init,
                          rx_attn_acts *S, float *out) {
     attn_dims d;
-    if (!S || !x || !attn_block_ok(P, (int)S->B, (int)S->T, &d))
-        return rx_fail(RX_EINVAL, "rx_attn_forward_acts: "
-                       "a NULL pointer, a size < 1 or mismatched sizes");
-    if (attn_work_threads(&d, &S->w) != RX_OK)
-        return rx_fail(RX_ENOMEM, "rx_attn_forward_acts: out of memory");
+    static const char *const fn = "rx_attn_forward_acts";
+    const char *nul = rx_first_null(RX_NULLS(S, x), RX_NAMES("S", "x"), 2);
+    if (nul) return rx_fail(RX_EINVAL, "%s: %s is NULL", fn, nul);
+    if (!attn_block_ok(P, (int)S->B, (int)S->T, &d))
+        return attn_params_fail(fn, P, (int)S->B, (int)S->T);
+    if (attn_work_threads(&d, &S->w) != RX_OK) return rx_fail(RX_ENOMEM, "%s: out of memory", fn);
     const size_t BTC = d.B * d.T * d.C;
     int rc = attn_front(P, &d, x, S->h1, S->q, S->k, S->v, S->y, &S->w);
     if (rc == RX_OK) rc = attn_residual(P, &d, x, S->y, S->x1, S->h2);
@@ -827,12 +842,14 @@ int rx_attn_backward_acts(const rx_attn_params *P, rx_attn_acts *S, const float 
                           const float *cm_xprev_init, const float *dy, rx_attn_grads *G,
                           float *dx, float *d_cm_xprev_init, float *work) {
     attn_dims d;
-    if (!S || !x || !dy || !dx || !work || !attn_grads_ok(G) ||
-        !attn_block_ok(P, (int)S->B, (int)S->T, &d))
-        return rx_fail(RX_EINVAL, "rx_attn_backward_acts: "
-                       "a NULL pointer, a size < 1 or mismatched sizes");
-    if (attn_work_threads(&d, &S->w) != RX_OK)
-        return rx_fail(RX_ENOMEM, "rx_attn_backward_acts: out of memory");
+    static const char *const fn = "rx_attn_backward_acts";
+    const char *nul = rx_first_null(RX_NULLS(S, x, dy, dx, work),
+                                    RX_NAMES("S", "x", "dy", "dx", "work"), 5);
+    if (nul) return rx_fail(RX_EINVAL, "%s: %s is NULL", fn, nul);
+    if (!attn_grads_ok(G)) return rx_fail(RX_EINVAL, "%s: G is NULL or has a NULL grad", fn);
+    if (!attn_block_ok(P, (int)S->B, (int)S->T, &d))
+        return attn_params_fail(fn, P, (int)S->B, (int)S->T);
+    if (attn_work_threads(&d, &S->w) != RX_OK) return rx_fail(RX_ENOMEM, "%s: out of memory", fn);
     const size_t BT = d.B * d.T, C = d.C, BTC = BT * C;
     /* t: the channel-mix lerp grad, then d y, then d h1 */
     float *g1 = work, *dq = g1 + BTC, *dk = dq + BTC, *dv = dk + BTC, *t = dv + BTC;
@@ -875,11 +892,12 @@ int rx_attn_backward_acts(const rx_attn_params *P, rx_attn_acts *S, const float 
 int rx_attn_forward_seq(const rx_attn_params *P, const float *x, const float *cm_xprev_init,
                         float *out, int B, int T) {
     attn_dims d;
-    if (!attn_block_ok(P, B, T, &d) || !x || !out)
-        return rx_fail(RX_EINVAL, "rx_attn_forward_seq: "
-                       "a NULL pointer, a size < 1 or mismatched sizes");
+    static const char *const fn = "rx_attn_forward_seq";
+    const char *nul = rx_first_null(RX_NULLS(x, out), RX_NAMES("x", "out"), 2);
+    if (nul) return rx_fail(RX_EINVAL, "%s: %s is NULL", fn, nul);
+    if (!attn_block_ok(P, B, T, &d)) return attn_params_fail(fn, P, B, T);
     rx_attn_acts *S = rx_attn_acts_new(P, d.B, d.T);
-    if (!S) return rx_fail(RX_ENOMEM, "rx_attn_forward_seq: out of memory");
+    if (!S) return rx_fail(RX_ENOMEM, "%s: out of memory", fn);
     int rc = rx_attn_forward_acts(P, x, cm_xprev_init, S, out);
     rx_attn_acts_free(S);
     return rc;
@@ -890,12 +908,14 @@ int rx_attn_backward_full(const rx_attn_params *P, const float *x, const float *
                           const float *dy, rx_attn_grads *G, float *dx, float *d_cm_xprev_init,
                           int B, int T) {
     attn_dims d;
-    if (!attn_block_ok(P, B, T, &d) || !x || !dy || !dx || !attn_grads_ok(G))
-        return rx_fail(RX_EINVAL, "rx_attn_backward_full: "
-                       "a NULL pointer, a size < 1 or mismatched sizes");
+    static const char *const fn = "rx_attn_backward_full";
+    const char *nul = rx_first_null(RX_NULLS(x, dy, dx), RX_NAMES("x", "dy", "dx"), 3);
+    if (nul) return rx_fail(RX_EINVAL, "%s: %s is NULL", fn, nul);
+    if (!attn_grads_ok(G)) return rx_fail(RX_EINVAL, "%s: G is NULL or has a NULL grad", fn);
+    if (!attn_block_ok(P, B, T, &d)) return attn_params_fail(fn, P, B, T);
     rx_attn_acts *S = rx_attn_acts_new(P, d.B, d.T);
     float *work = rx_falloc(RX_ATTN_WORK(d.B * d.T, d.C, (size_t)P->cm.ffn_dim));
-    int rc = !S || !work ? rx_fail(RX_ENOMEM, "rx_attn_backward_full: out of memory")
+    int rc = !S || !work ? rx_fail(RX_ENOMEM, "%s: out of memory", fn)
                          : rx_attn_forward_acts(P, x, cm_xprev_init, S, NULL);
     if (rc == RX_OK)
         rc = rx_attn_backward_acts(P, S, x, cm_xprev_init, dy, G, dx, d_cm_xprev_init, work);

@@ -23,9 +23,16 @@ static void add_rows(float *dst, const float *a, const float *b, size_t n) {
         add_chunk(dst + i0, a + i0, b + i0, rx_ew_len(i0, n));
 }
 
-static int block_params_ok(const rx_block_params *P, int B, int T) {
-    return P && B >= 1 && T >= 1 && rx_tm_params_ok(&P->tm) && rx_cm_params_ok(&P->cm) &&
-           P->cm.c == P->tm.c && P->ln1_w && P->ln1_b && P->ln2_w && P->ln2_b;
+static int block_params_ok(const rx_block_params *P) {
+    return rx_tm_params_ok(&P->tm) && rx_cm_params_ok(&P->cm) && P->cm.c == P->tm.c && P->ln1_w &&
+           P->ln1_b && P->ln2_w && P->ln2_b;
+}
+
+/* The RX_EINVAL of a non-NULL P that block_params_ok rejects */
+static int block_params_fail(const char *fn, const rx_block_params *P) {
+    return rx_fail(RX_EINVAL, "%s: P has a NULL tensor or sizes that disagree (c = %d, "
+                   "n_head = %d, head_size = %d, cm.c = %d)", fn, P->tm.c, P->tm.n_head,
+                   P->tm.head_size, P->cm.c);
 }
 
 int rx_block_acts_alloc(rx_block_acts *S, const rx_block_params *P, size_t B, size_t T) {
@@ -108,13 +115,15 @@ int rx_block_backward_acts(const rx_block_params *P, const rx_block_acts *S, con
 int rx_block_forward_seq(const rx_block_params *P, const float *x,
                          const float *tm_xprev_init, const float *cm_xprev_init,
                          float *v_first, float *out, int B, int T) {
-    if (!block_params_ok(P, B, T) || !x || !out)
-        return rx_fail(RX_EINVAL, "rx_block_forward_seq: "
-                       "a NULL pointer, a size < 1 or mismatched sizes");
+    static const char *const fn = "rx_block_forward_seq";
+    const char *nul = rx_first_null(RX_NULLS(P, x, out), RX_NAMES("P", "x", "out"), 3);
+    if (nul) return rx_fail(RX_EINVAL, "%s: %s is NULL", fn, nul);
+    if (!block_params_ok(P))
+        return block_params_fail(fn, P);
+    if (B < 1 || T < 1) return rx_fail(RX_EINVAL, "%s: B = %d, T = %d must be >= 1", fn, B, T);
     const int vres = P->tm.layer_id > 0;
     if (vres && !v_first)
-        return rx_fail(RX_EINVAL, "rx_block_forward_seq: "
-                       "v_first is NULL at layer %d", P->tm.layer_id);
+        return rx_fail(RX_EINVAL, "%s: v_first is NULL at layer %d", fn, P->tm.layer_id);
     rx_block_acts S;
     int rc = rx_block_acts_alloc(&S, P, (size_t)B, (size_t)T);
     if (rc == RX_OK)
@@ -130,20 +139,25 @@ int rx_block_backward(const rx_block_params *P, const float *x,
                       const float *v_first, const float *dy, rx_block_grads *G, float *dx,
                       float *d_tm_xprev_init, float *d_cm_xprev_init, float *d_v_first,
                       int B, int T) {
-    if (!block_params_ok(P, B, T) || !G || !rx_tm_grads_ok(&P->tm, &G->tm) || !G->cm.ffn_x_k ||
-        !G->cm.ffn_key_w || !G->cm.ffn_value_w || !G->ln1_w || !G->ln1_b || !G->ln2_w ||
-        !G->ln2_b || !x || !dy || !dx)
-        return rx_fail(RX_EINVAL, "rx_block_backward: "
-                       "a NULL pointer, a size < 1 or mismatched sizes");
+    static const char *const fn = "rx_block_backward";
+    const char *nul = rx_first_null(RX_NULLS(P, x, dy, G, dx), RX_NAMES("P", "x", "dy", "G", "dx"),
+                                    5);
+    if (nul) return rx_fail(RX_EINVAL, "%s: %s is NULL", fn, nul);
+    if (!block_params_ok(P))
+        return block_params_fail(fn, P);
+    if (!rx_tm_grads_ok(&P->tm, &G->tm) || !G->cm.ffn_x_k || !G->cm.ffn_key_w ||
+        !G->cm.ffn_value_w || !G->ln1_w || !G->ln1_b || !G->ln2_w || !G->ln2_b)
+        return rx_fail(RX_EINVAL, "%s: G has a NULL grad", fn);
+    if (B < 1 || T < 1) return rx_fail(RX_EINVAL, "%s: B = %d, T = %d must be >= 1", fn, B, T);
     const int vres = P->tm.layer_id > 0;
     if (vres && !v_first)
-        return rx_fail(RX_EINVAL, "rx_block_backward: v_first is NULL at layer %d", P->tm.layer_id);
+        return rx_fail(RX_EINVAL, "%s: v_first is NULL at layer %d", fn, P->tm.layer_id);
     const size_t BT = (size_t)B * T, C = (size_t)P->tm.c;
     rx_block_acts S;
     float *work = rx_falloc(rx_block_work(P, BT)), *tmp = rx_falloc(BT * C);
     int rc = rx_block_acts_alloc(&S, P, (size_t)B, (size_t)T);
     if (rc == RX_OK && (!work || !tmp))
-        rc = rx_fail(RX_ENOMEM, "rx_block_backward: out of memory");
+        rc = rx_fail(RX_ENOMEM, "%s: out of memory", fn);
     /* recompute the forward, keeping its intermediates (the block output
      * itself is not needed) */
     if (rc == RX_OK)

@@ -85,15 +85,19 @@ int rx_cm_backward_acts(const rx_cm_params *P, const float *x, const float *x_pr
 /* x, out: [B][T][C]; x_prev_init: [B][C] or NULL */
 int rx_channelmix_forward_seq(const rx_cm_params *P, const float *x, const float *x_prev_init,
                               float *out, int B, int T) {
-    if (!rx_cm_params_ok(P) || B < 1 || T < 1 || !x || !out)
-        return rx_fail(RX_EINVAL, "rx_channelmix_forward_seq: "
-                       "a NULL pointer, a size < 1 or mismatched sizes");
+    static const char *const fn = "rx_channelmix_forward_seq";
+    const char *nul = rx_first_null(RX_NULLS(P, x, out), RX_NAMES("P", "x", "out"), 3);
+    if (nul) return rx_fail(RX_EINVAL, "%s: %s is NULL", fn, nul);
+    if (!rx_cm_params_ok(P))
+        return rx_fail(RX_EINVAL, "%s: P has a NULL tensor or c = %d, ffn_dim = %d below 1", fn,
+                       P->c, P->ffn_dim);
+    if (B < 1 || T < 1) return rx_fail(RX_EINVAL, "%s: B = %d, T = %d must be >= 1", fn, B, T);
     const size_t C = (size_t)P->c, F = (size_t)P->ffn_dim, BT = (size_t)B * T;
     float *xk = rx_falloc(BT * C), *h = rx_falloc(BT * F);
     if (!xk || !h) {
         free(xk);
         free(h);
-        return rx_fail(RX_ENOMEM, "rx_channelmix_forward_seq: out of memory");
+        return rx_fail(RX_ENOMEM, "%s: out of memory", fn);
     }
     int rc = rx_cm_forward_acts(P, x, x_prev_init, xk, NULL, h, out, (size_t)B, (size_t)T);
     free(xk);
@@ -105,17 +109,23 @@ int rx_channelmix_forward_seq(const rx_cm_params *P, const float *x, const float
 int rx_channelmix_backward(const rx_cm_params *P, const float *x, const float *x_prev_init,
                            const float *dy, rx_cm_grads *G, float *dx, float *d_xprev_init,
                            int B, int T) {
-    if (!rx_cm_params_ok(P) || B < 1 || T < 1 || !x || !dy || !G || !G->ffn_x_k || !G->ffn_key_w ||
-        !G->ffn_value_w || !dx)
-        return rx_fail(RX_EINVAL, "rx_channelmix_backward: "
-                       "a NULL pointer, a size < 1 or mismatched sizes");
+    static const char *const fn = "rx_channelmix_backward";
+    const char *nul = rx_first_null(RX_NULLS(P, x, dy, G, dx), RX_NAMES("P", "x", "dy", "G", "dx"),
+                                    5);
+    if (nul) return rx_fail(RX_EINVAL, "%s: %s is NULL", fn, nul);
+    if (!rx_cm_params_ok(P))
+        return rx_fail(RX_EINVAL, "%s: P has a NULL tensor or c = %d, ffn_dim = %d below 1", fn,
+                       P->c, P->ffn_dim);
+    if (!G->ffn_x_k || !G->ffn_key_w || !G->ffn_value_w)
+        return rx_fail(RX_EINVAL, "%s: G has a NULL grad", fn);
+    if (B < 1 || T < 1) return rx_fail(RX_EINVAL, "%s: B = %d, T = %d must be >= 1", fn, B, T);
     const size_t C = (size_t)P->c, F = (size_t)P->ffn_dim, BT = (size_t)B * T;
     float *xk = rx_falloc(BT * C), *pre = rx_falloc(BT * F), *h = rx_falloc(BT * F);
     if (!xk || !pre || !h) {
         free(xk);
         free(pre);
         free(h);
-        return rx_fail(RX_ENOMEM, "rx_channelmix_backward: out of memory");
+        return rx_fail(RX_ENOMEM, "%s: out of memory", fn);
     }
     int rc = rx_cm_forward_acts(P, x, x_prev_init, xk, pre, h, NULL, (size_t)B, (size_t)T);
     if (rc == RX_OK)

@@ -154,9 +154,11 @@ int rx_rownorm_backward(const float *x, const float *w, const float *dy,
 /* x, out: [B][T][C]; w, b: [C] */
 int rx_layernorm_forward_seq(const float *x, const float *w, const float *b, float *out,
                              int B, int T, int C) {
-    if (!x || !w || !b || !out || B < 1 || T < 1 || C < 1)
-        return rx_fail(RX_EINVAL, "rx_layernorm_forward_seq: "
-                       "a NULL pointer, a size < 1 or mismatched sizes");
+    static const char *const fn = "rx_layernorm_forward_seq";
+    const char *nul = rx_first_null(RX_NULLS(x, w, b, out), RX_NAMES("x", "w", "b", "out"), 4);
+    if (nul) return rx_fail(RX_EINVAL, "%s: %s is NULL", fn, nul);
+    if (B < 1 || T < 1 || C < 1)
+        return rx_fail(RX_EINVAL, "%s: B = %d, T = %d, C = %d must be >= 1", fn, B, T, C);
     rx_rownorm_forward(x, w, b, out, NULL, NULL, (size_t)B * T, (size_t)C, 1, RX_LN_EPS);
     return RX_OK;
 }
@@ -165,9 +167,12 @@ int rx_layernorm_forward_seq(const float *x, const float *w, const float *b, flo
 int rx_layernorm_backward(const float *x, const float *w, const float *b, const float *dy,
                           float *dx, float *dw, float *db, int B, int T, int C) {
     (void)b; /* the bias does not enter the input gradient */
-    if (!x || !w || !dy || !dx || !dw || !db || B < 1 || T < 1 || C < 1)
-        return rx_fail(RX_EINVAL, "rx_layernorm_backward: "
-                       "a NULL pointer, a size < 1 or mismatched sizes");
+    static const char *const fn = "rx_layernorm_backward";
+    const char *nul = rx_first_null(RX_NULLS(x, w, dy, dx, dw, db),
+                                    RX_NAMES("x", "w", "dy", "dx", "dw", "db"), 6);
+    if (nul) return rx_fail(RX_EINVAL, "%s: %s is NULL", fn, nul);
+    if (B < 1 || T < 1 || C < 1)
+        return rx_fail(RX_EINVAL, "%s: B = %d, T = %d, C = %d must be >= 1", fn, B, T, C);
     rx_fzero(dw, (size_t)C);
     rx_fzero(db, (size_t)C);
     return rx_rownorm_backward(x, w, dy, dx, dw, db, (size_t)B * T, (size_t)C, 1, RX_LN_EPS);

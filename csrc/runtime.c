@@ -23,6 +23,12 @@ int rx_fail(int code, const char *fmt, ...) {
 
 const char *rx_last_error(void) { return last_error; }
 
+const char *rx_first_null(const void *const *p, const char *const *names, int n) {
+    for (int i = 0; i < n; i++)
+        if (!p[i]) return names[i];
+    return NULL;
+}
+
 const char *rx_strerror(int code) {
     switch (code) {
     case RX_OK: return "success";

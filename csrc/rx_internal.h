@@ -187,6 +187,11 @@ static inline const float *rx_shift_src(const float *x, const float *init,
 __attribute__((format(printf, 2, 3)))
 #endif
 int rx_fail(int code, const char *fmt, ...);
+/* The name of the first NULL of the n pointers p (names: theirs), NULL when
+ * none is: the argument a "%s is NULL" message names. */
+const char *rx_first_null(const void *const *p, const char *const *names, int n);
+#define RX_NULLS(...) (const void *const[]){__VA_ARGS__}
+#define RX_NAMES(...) (const char *const[]){__VA_ARGS__}
 
 /* ---- runtime.c: per-kernel self time (rx_profile_*) ---------------------
  * A kernel brackets its work with rx_prof_push(slot) / rx_prof_pop(); time

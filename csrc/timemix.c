@@ -31,6 +31,13 @@ int rx_tm_params_ok(const rx_tm_params *P) {
     return P->layer_id == 0 || (P->Dv >= 1 && P->v0 && P->v1 && P->v2);
 }
 
+/* The RX_EINVAL of a non-NULL P that rx_tm_params_ok rejects */
+static int tm_params_fail(const char *fn, const rx_tm_params *P) {
+    return rx_fail(RX_EINVAL, "%s: P has a NULL tensor or sizes that disagree (c = %d, "
+                   "n_head = %d, head_size = %d, layer_id = %d)", fn, P->c, P->n_head,
+                   P->head_size, P->layer_id);
+}
+
 int rx_tm_grads_ok(const rx_tm_params *P, const rx_tm_grads *G) {
     if (!G || !G->x_r || !G->x_k || !G->x_v || !G->x_w || !G->x_a || !G->x_g ||
         !G->receptance_w || !G->key_w || !G->value_w || !G->output_w || !G->w0 || !G->w1 ||
@@ -526,12 +533,14 @@ int rx_tm_backward_acts(const rx_tm_params *P, const rx_tm_acts *A, const float 
 /* x, out: [B][T][C]; x_prev_init: [B][C] or NULL; v_first: [B][T][C] */
 int rx_timemix_forward_seq(const rx_tm_params *P, const float *x, const float *x_prev_init,
                            float *v_first, float *out, int B, int T) {
-    if (!rx_tm_params_ok(P) || !x || !out || B < 1 || T < 1)
-        return rx_fail(RX_EINVAL, "rx_timemix_forward_seq: "
-                       "a NULL pointer, a size < 1 or mismatched sizes");
+    static const char *const fn = "rx_timemix_forward_seq";
+    const char *nul = rx_first_null(RX_NULLS(P, x, out), RX_NAMES("P", "x", "out"), 3);
+    if (nul) return rx_fail(RX_EINVAL, "%s: %s is NULL", fn, nul);
+    if (!rx_tm_params_ok(P))
+        return tm_params_fail(fn, P);
+    if (B < 1 || T < 1) return rx_fail(RX_EINVAL, "%s: B = %d, T = %d must be >= 1", fn, B, T);
     if (P->layer_id > 0 && !v_first)
-        return rx_fail(RX_EINVAL, "rx_timemix_forward_seq: "
-                       "v_first is NULL at layer %d", P->layer_id);
+        return rx_fail(RX_EINVAL, "%s: v_first is NULL at layer %d", fn, P->layer_id);
     rx_tm_acts A;
     int rc = rx_tm_acts_alloc(&A, P, (size_t)B, (size_t)T);
     if (rc == RX_OK)
@@ -545,11 +554,18 @@ int rx_timemix_forward_seq(const rx_tm_params *P, const float *x, const float *x
 int rx_timemix_backward(const rx_tm_params *P, const float *x, const float *x_prev_init,
                         const float *v_first, const float *dy, rx_tm_grads *G, float *dx,
                         float *d_xprev_init, float *d_v_first, int B, int T) {
-    if (!rx_tm_params_ok(P) || !rx_tm_grads_ok(P, G) || !x || !dy || !dx || B < 1 || T < 1)
-        return rx_fail(RX_EINVAL, "rx_timemix_backward: "
-                       "a NULL pointer, a size < 1 or mismatched sizes");
+    static const char *const fn = "rx_timemix_backward";
+    const char *nul = rx_first_null(RX_NULLS(P, x, dy, G, dx), RX_NAMES("P", "x", "dy", "G", "dx"),
+                                    5);
+    if (nul) return rx_fail(RX_EINVAL, "%s: %s is NULL", fn, nul);
+    if (!rx_tm_params_ok(P))
+        return tm_params_fail(fn, P);
+    if (!rx_tm_grads_ok(P, G))
+        return rx_fail(RX_EINVAL, "%s: G has a NULL grad (v0, v1, v2 too at layer %d > 0)", fn,
+                       P->layer_id);
+    if (B < 1 || T < 1) return rx_fail(RX_EINVAL, "%s: B = %d, T = %d must be >= 1", fn, B, T);
     if (P->layer_id > 0 && !v_first)
-        return rx_fail(RX_EINVAL, "rx_timemix_backward: v_first is NULL at layer %d", P->layer_id);
+        return rx_fail(RX_EINVAL, "%s: v_first is NULL at layer %d", fn, P->layer_id);
     rx_tm_acts A;
     int rc = rx_tm_acts_alloc(&A, P, (size_t)B, (size_t)T);
     if (rc == RX_OK)

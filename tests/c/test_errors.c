@@ -136,6 +136,18 @@ int main(void) {
            "C = 0");
     expect("head", rx_head_logits(x, emb, T, 16, V, logits), RX_OK, NULL);
 
+    /* the kernels name the NULL argument or the size below 1 */
+    expect("layernorm NULL w", rx_layernorm_forward_seq(x, NULL, emb, x, 1, T, 16), RX_EINVAL,
+           "rx_layernorm_forward_seq: w is NULL");
+    expect("wkv7 T = 0", rx_wkv7_forward_seq(x, x, x, x, x, x, NULL, NULL, NULL, 1, 0, 2, 8),
+           RX_EINVAL, "T = 0, n_head = 2");
+    expect("timemix NULL P", rx_timemix_forward_seq(NULL, x, NULL, NULL, x, 1, T), RX_EINVAL,
+           "rx_timemix_forward_seq: P is NULL");
+    expect("attn B = 0", rx_attn_forward_seq(rx_ptmodel_attn(m, 0), x, NULL, x, 0, T), RX_EINVAL,
+           "rx_attn_forward_seq: B = 0, T = 8");
+    expect("block v_first", rx_block_forward_seq(rx_ptmodel_rwkv(m, 1), x, NULL, NULL, NULL, x, 1,
+                                                 T), RX_EINVAL, "v_first is NULL at layer 1");
+
     /* optimiser */
     double norm = -1.0;
     expect("norm n = 0", rx_grad_norm_l2(x, 0, &norm), RX_EINVAL, "n < 1");
