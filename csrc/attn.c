@@ -129,6 +129,16 @@ static int attn_work_threads(const attn_dims *d, attn_work *w) {
     return w->nt ? RX_OK : RX_ENOMEM;
 }
 
+/* The RX_EINVAL of a P that attn_dims_init (or attn_block_ok) rejects with
+ * B, T: names the NULL P, the size below 1 or P's sizes. */
+static int attn_params_fail(const char *fn, const rx_attn_params *P, int B, int T) {
+    if (!P) return rx_fail(RX_EINVAL, "%s: P is NULL", fn);
+    if (B < 1 || T < 1) return rx_fail(RX_EINVAL, "%s: B = %d, T = %d must be >= 1", fn, B, T);
+    return rx_fail(RX_EINVAL, "%s: P has a NULL tensor or sizes that disagree (c = %d, "
+                   "n_head = %d, head_size = %d, chunk_size = %d, cm.c = %d, cm.ffn_dim = %d)",
+                   fn, P->c, P->n_head, P->head_size, P->chunk_size, P->cm.c, P->cm.ffn_dim);
+}
+
 /* Everything zeroed first, so attn_work_free is safe after a failure. */
 static int attn_work_alloc(const attn_dims *d, attn_work *w, int backward) {
     const size_t BHT = d->B * d->H * d->T;
@@ -143,7 +153,7 @@ static int attn_work_alloc(const attn_dims *d, attn_work *w, int backward) {
     if (!w->kmean || !w->sel || !w->lse || (backward && !w->dd) || !w->part || !w->pm ||
         !w->pl || attn_work_threads(d, w) != RX_OK) {
         attn_work_free(w);
-        return RX_ENOMEM;
+        return rx_fail(RX_ENOMEM, "rx_attn: out of memory for the attention scratch");
     }
     return RX_OK;
 }
@@ -448,15 +458,24 @@ static void attn_block_p(const attn_dims *d, const attn_head *h, size_t c, size_
         }
 }
 
+/* The tile GEMMs of the attention core run on each team thread alone: with
+ * its packing buffers reserved at the start of the region they cannot fail
+ * (rx_sgemm), so only the reservation is checked, and reported once. */
+static int attn_tiles_fail(void) {
+    return rx_fail(RX_ENOMEM, "rx_attn: out of memory for a thread's GEMM packing buffers");
+}
+
 /* q, k, v, y: [B][T][C]; p: [B][H][T][T] or NULL. Selects (w->kmean,
- * w->sel), then writes y and w->lse. */
-static void attn_core_forward(const attn_dims *d, const float *q, const float *k,
-                              const float *v, attn_work *w, float *y, float *p) {
+ * w->sel), then writes y and w->lse. RX_OK or RX_ENOMEM. */
+static int attn_core_forward(const attn_dims *d, const float *q, const float *k,
+                             const float *v, attn_work *w, float *y, float *p) {
     const size_t n_items = attn_n_items(d), n_chosen = d->kk ? d->B * d->H * d->nck : 0;
+    int fail = 0;
     rx_prof_push(RX_PROF_ATTN);
     attn_select(d, q, k, w);
-#pragma omp parallel num_threads(d->nt) if (d->nt > 1)
+#pragma omp parallel num_threads(d->nt) if (d->nt > 1) reduction(| : fail)
     {
+        fail |= rx_gemm_reserve() != RX_OK;
         attn_tile tl = attn_tile_of(d, w);
 #pragma omp for schedule(dynamic, 1)
         for (size_t i = 0; i < n_chosen; i++) {
@@ -473,6 +492,7 @@ static void attn_core_forward(const attn_dims *d, const float *q, const float *k
         }
     }
     rx_prof_pop();
+    return fail ? attn_tiles_fail() : RX_OK;
 }
 
 /* Decoding (infer.c): queries q [T][C] at positions pos..pos+T-1 of one
@@ -484,9 +504,12 @@ static void attn_core_forward(const attn_dims *d, const float *q, const float *k
 int rx_attn_decode(const rx_attn_params *P, const float *q, const float *k, const float *v,
                    int pos, int T, float *y) {
     attn_dims d;
-    if (!q || !k || !v || !y || pos < 0 || T < 1 || (int64_t)pos + T > INT32_MAX ||
-        !attn_dims_init(P, 1, pos + T, &d))
-        return RX_EINVAL;
+    static const char *const fn = "rx_attn_decode";
+    const char *nul = rx_first_null(RX_NULLS(q, k, v, y), RX_NAMES("q", "k", "v", "y"), 4);
+    if (nul) return rx_fail(RX_EINVAL, "%s: %s is NULL", fn, nul);
+    if (pos < 0 || T < 1 || (int64_t)pos + T > INT32_MAX)
+        return rx_fail(RX_EINVAL, "%s: pos = %d, T = %d out of range", fn, pos, T);
+    if (!attn_dims_init(P, 1, pos + T, &d)) return attn_params_fail(fn, P, 1, pos + T);
     d.nt = 1;
     const size_t H = d.H, N = d.N, C = d.C, L = d.T, nck = d.nck, kk = d.kk, p0 = (size_t)pos;
     attn_work w;
@@ -495,7 +518,7 @@ int rx_attn_decode(const rx_attn_params *P, const float *q, const float *k, cons
     w.sel = (int *)rx_alloc(kk, sizeof(int));
     if (!w.kmean || !w.sel || attn_work_threads(&d, &w) != RX_OK) {
         attn_work_free(&w);
-        return RX_ENOMEM;
+        return rx_fail(RX_ENOMEM, "%s: out of memory", fn);
     }
     attn_tile tl = attn_tile_of(&d, &w);
     for (size_t i = 0; kk && i < H * nck; i++)
@@ -515,7 +538,11 @@ int rx_attn_decode(const rx_attn_params *P, const float *q, const float *k, cons
                 if (chooses && j < t / d.cs && attn_rank(w.sel, kk, j) == kk) continue;
                 for (size_t klo = j * d.cs, n; klo <= t && klo < (j + 1) * d.cs; klo += n) {
                     n = attn_kend(&d, j, klo, t) - klo;
-                    rx_sgemm(0, 1, 1, n, N, qt, N, hd.k + klo * C, C, 0.0f, tl.s, ATTN_TILE);
+                    if (rx_sgemm(0, 1, 1, n, N, qt, N, hd.k + klo * C, C, 0.0f, tl.s,
+                                 ATTN_TILE) != RX_OK) {
+                        attn_work_free(&w);
+                        return RX_ENOMEM;
+                    }
                     attn_online(&d, j, klo, n, 1, &tl);
                     attn_accumulate(&d, &hd, klo, n, 1, &tl, yt, C);
                 }
@@ -631,15 +658,17 @@ static void attn_q_backward(const attn_dims *d, const attn_head *h, size_t c, si
 }
 
 /* q, k, v, y, dy, dq, dk, dv: [B][T][C]; w as left by attn_core_forward on
- * the same q, k, v (selection and lse). */
-static void attn_core_backward(const attn_dims *d, const float *q, const float *k,
-                               const float *v, const float *y, const float *dy, attn_work *w,
-                               float *dq, float *dk, float *dv) {
+ * the same q, k, v (selection and lse). RX_OK or RX_ENOMEM. */
+static int attn_core_backward(const attn_dims *d, const float *q, const float *k,
+                              const float *v, const float *y, const float *dy, attn_work *w,
+                              float *dq, float *dk, float *dv) {
     const size_t H = d->H, T = d->T, C = d->C, N = d->N, BHT = d->B * H * T;
     const size_t n_items = attn_n_items(d), n_chunks = d->B * H * d->nch;
+    int fail = 0;
     rx_prof_push(RX_PROF_ATTN);
-#pragma omp parallel num_threads(d->nt) if (d->nt > 1)
+#pragma omp parallel num_threads(d->nt) if (d->nt > 1) reduction(| : fail)
     {
+        fail |= rx_gemm_reserve() != RX_OK;
         attn_tile tl = attn_tile_of(d, w);
 #pragma omp for schedule(static)
         for (size_t i = 0; i < BHT; i++) {
@@ -660,6 +689,7 @@ static void attn_core_backward(const attn_dims *d, const float *q, const float *
         }
     }
     rx_prof_pop();
+    return fail ? attn_tiles_fail() : RX_OK;
 }
 
 /* q, k, v, y: [B][T][C]; p: [B][H][T][T] or NULL */
@@ -667,11 +697,14 @@ int rx_attn_score_av_forward(const rx_attn_params *P, const float *q, const floa
                              const float *v, int B, int T, float *p, float *y) {
     attn_dims d;
     attn_work w;
-    if (!attn_dims_init(P, B, T, &d) || !q || !k || !v || !y) return RX_EINVAL;
-    if (attn_work_alloc(&d, &w, 0) != RX_OK) return RX_ENOMEM;
-    attn_core_forward(&d, q, k, v, &w, y, p);
+    static const char *const fn = "rx_attn_score_av_forward";
+    const char *nul = rx_first_null(RX_NULLS(q, k, v, y), RX_NAMES("q", "k", "v", "y"), 4);
+    if (nul) return rx_fail(RX_EINVAL, "%s: %s is NULL", fn, nul);
+    if (!attn_dims_init(P, B, T, &d)) return attn_params_fail(fn, P, B, T);
+    if (attn_work_alloc(&d, &w, 0) != RX_OK) return rx_fail(RX_ENOMEM, "%s: out of memory", fn);
+    int rc = attn_core_forward(&d, q, k, v, &w, y, p);
     attn_work_free(&w);
-    return RX_OK;
+    return rc;
 }
 
 /* q, k, v, dy, dq, dk, dv: [B][T][C] */
@@ -680,42 +713,47 @@ int rx_attn_score_av_backward(const rx_attn_params *P, const float *q, const flo
                               float *dq, float *dk, float *dv) {
     attn_dims d;
     attn_work w;
-    if (!attn_dims_init(P, B, T, &d) || !q || !k || !v || !dy || !dq || !dk || !dv)
-        return RX_EINVAL;
+    static const char *const fn = "rx_attn_score_av_backward";
+    const char *nul = rx_first_null(RX_NULLS(q, k, v, dy, dq, dk, dv),
+                                    RX_NAMES("q", "k", "v", "dy", "dq", "dk", "dv"), 7);
+    if (nul) return rx_fail(RX_EINVAL, "%s: %s is NULL", fn, nul);
+    if (!attn_dims_init(P, B, T, &d)) return attn_params_fail(fn, P, B, T);
     float *y = rx_falloc(d.B * d.T * d.C);
     if (!y || attn_work_alloc(&d, &w, 1) != RX_OK) {
         free(y);
-        return RX_ENOMEM;
+        return rx_fail(RX_ENOMEM, "%s: out of memory", fn);
     }
-    attn_core_forward(&d, q, k, v, &w, y, NULL);
-    attn_core_backward(&d, q, k, v, y, dy, &w, dq, dk, dv);
+    int rc = attn_core_forward(&d, q, k, v, &w, y, NULL);
+    if (rc == RX_OK) rc = attn_core_backward(&d, q, k, v, y, dy, &w, dq, dk, dv);
     attn_work_free(&w);
     free(y);
-    return RX_OK;
+    return rc;
 }
 
 /* ---- the block ------------------------------------------------------------- */
 
 /* x: [B][T][C] -> h1 = ln1(x), q, k, v, y = attention (w: selection, lse),
  * all [B][T][C] */
-static void attn_front(const rx_attn_params *P, const attn_dims *d, const float *x, float *h1,
-                       float *q, float *k, float *v, float *y, attn_work *w) {
+static int attn_front(const rx_attn_params *P, const attn_dims *d, const float *x, float *h1,
+                      float *q, float *k, float *v, float *y, attn_work *w) {
     const size_t BT = d->B * d->T, C = d->C;
     rx_rownorm_forward(x, P->ln1_w, P->ln1_b, h1, NULL, NULL, BT, C, 1, RX_LN_EPS);
     const rx_gemm_op qkv[3] = {{0, 0, BT, C, C, h1, C, P->receptance_w, C, 0.0f, q, C},
                                {0, 0, BT, C, C, h1, C, P->key_w, C, 0.0f, k, C},
                                {0, 0, BT, C, C, h1, C, P->value_w, C, 0.0f, v, C}};
-    rx_pgemm_batch(qkv, 3);
-    attn_core_forward(d, q, k, v, w, y, NULL);
+    int rc = rx_pgemm_batch(qkv, 3);
+    return rc == RX_OK ? attn_core_forward(d, q, k, v, w, y, NULL) : rc;
 }
 
 /* x, y: [B][T][C] -> x1 = x + y . output_w, h2 = ln2(x1) */
-static void attn_residual(const rx_attn_params *P, const attn_dims *d, const float *x,
-                          const float *y, float *x1, float *h2) {
+static int attn_residual(const rx_attn_params *P, const attn_dims *d, const float *x,
+                         const float *y, float *x1, float *h2) {
     const size_t BT = d->B * d->T, C = d->C;
     memcpy(x1, x, BT * C * sizeof(float));
-    rx_pgemm(0, 0, BT, C, C, y, C, P->output_w, C, 1.0f, x1, C);
-    rx_rownorm_forward(x1, P->ln2_w, P->ln2_b, h2, NULL, NULL, BT, C, 1, RX_LN_EPS);
+    int rc = rx_pgemm(0, 0, BT, C, C, y, C, P->output_w, C, 1.0f, x1, C);
+    if (rc == RX_OK)
+        rx_rownorm_forward(x1, P->ln2_w, P->ln2_b, h2, NULL, NULL, BT, C, 1, RX_LN_EPS);
+    return rc;
 }
 
 /* The block's forward intermediates, everything its backward reads: kept
@@ -781,12 +819,18 @@ static int attn_grads_ok(const rx_attn_grads *G) {
 int rx_attn_forward_acts(const rx_attn_params *P, const float *x, const float *cm_xprev_init,
                          rx_attn_acts *S, float *out) {
     attn_dims d;
-    if (!S || !x || !attn_block_ok(P, (int)S->B, (int)S->T, &d)) return RX_EINVAL;
-    if (attn_work_threads(&d, &S->w) != RX_OK) return RX_ENOMEM;
+    static const char *const fn = "rx_attn_forward_acts";
+    const char *nul = rx_first_null(RX_NULLS(S, x), RX_NAMES("S", "x"), 2);
+    if (nul) return rx_fail(RX_EINVAL, "%s: %s is NULL", fn, nul);
+    if (!attn_block_ok(P, (int)S->B, (int)S->T, &d))
+        return attn_params_fail(fn, P, (int)S->B, (int)S->T);
+    if (attn_work_threads(&d, &S->w) != RX_OK) return rx_fail(RX_ENOMEM, "%s: out of memory", fn);
     const size_t BTC = d.B * d.T * d.C;
-    attn_front(P, &d, x, S->h1, S->q, S->k, S->v, S->y, &S->w);
-    attn_residual(P, &d, x, S->y, S->x1, S->h2);
-    rx_cm_forward_acts(&P->cm, S->h2, cm_xprev_init, S->xk, NULL, S->hid, out, d.B, d.T);
+    int rc = attn_front(P, &d, x, S->h1, S->q, S->k, S->v, S->y, &S->w);
+    if (rc == RX_OK) rc = attn_residual(P, &d, x, S->y, S->x1, S->h2);
+    if (rc == RX_OK)
+        rc = rx_cm_forward_acts(&P->cm, S->h2, cm_xprev_init, S->xk, NULL, S->hid, out, d.B, d.T);
+    if (rc != RX_OK) return rc;
     if (out)
         for (size_t i = 0; i < BTC; i++) out[i] += S->x1[i];
     return RX_OK;
@@ -798,37 +842,43 @@ int rx_attn_backward_acts(const rx_attn_params *P, rx_attn_acts *S, const float 
                           const float *cm_xprev_init, const float *dy, rx_attn_grads *G,
                           float *dx, float *d_cm_xprev_init, float *work) {
     attn_dims d;
-    if (!S || !x || !dy || !dx || !work || !attn_grads_ok(G) ||
-        !attn_block_ok(P, (int)S->B, (int)S->T, &d))
-        return RX_EINVAL;
-    if (attn_work_threads(&d, &S->w) != RX_OK) return RX_ENOMEM;
+    static const char *const fn = "rx_attn_backward_acts";
+    const char *nul = rx_first_null(RX_NULLS(S, x, dy, dx, work),
+                                    RX_NAMES("S", "x", "dy", "dx", "work"), 5);
+    if (nul) return rx_fail(RX_EINVAL, "%s: %s is NULL", fn, nul);
+    if (!attn_grads_ok(G)) return rx_fail(RX_EINVAL, "%s: G is NULL or has a NULL grad", fn);
+    if (!attn_block_ok(P, (int)S->B, (int)S->T, &d))
+        return attn_params_fail(fn, P, (int)S->B, (int)S->T);
+    if (attn_work_threads(&d, &S->w) != RX_OK) return rx_fail(RX_ENOMEM, "%s: out of memory", fn);
     const size_t BT = d.B * d.T, C = d.C, BTC = BT * C;
     /* t: the channel-mix lerp grad, then d y, then d h1 */
     float *g1 = work, *dq = g1 + BTC, *dk = dq + BTC, *dv = dk + BTC, *t = dv + BTC;
     float *dh = t + BTC;
     /* channel-mix, then ln2: g1 = d x1 = dy + ln2'(dCM/dh2) */
-    rx_cm_backward_acts(&P->cm, S->h2, cm_xprev_init, S->xk, NULL, S->hid, dy, &G->cm, g1,
-                        d_cm_xprev_init, d.B, d.T, dh, t);
+    int rc = rx_cm_backward_acts(&P->cm, S->h2, cm_xprev_init, S->xk, NULL, S->hid, dy, &G->cm,
+                                 g1, d_cm_xprev_init, d.B, d.T, dh, t);
+    if (rc != RX_OK) return rc;
     rx_fzero(G->ln2_w, C);
     rx_fzero(G->ln2_b, C);
-    int rc = rx_rownorm_backward(S->x1, P->ln2_w, g1, g1, G->ln2_w, G->ln2_b, BT, C, 1,
-                                 RX_LN_EPS);
+    rc = rx_rownorm_backward(S->x1, P->ln2_w, g1, g1, G->ln2_w, G->ln2_b, BT, C, 1, RX_LN_EPS);
     if (rc != RX_OK) return rc;
     for (size_t i = 0; i < BTC; i++) g1[i] += dy[i];
     /* output projection */
     const rx_gemm_op out[2] = {{1, 0, C, C, BT, S->y, C, g1, C, 0.0f, G->output_w, C},
                                {0, 1, BT, C, C, g1, C, P->output_w, C, 0.0f, t, C}};
-    rx_pgemm_batch(out, 2);
-    attn_core_backward(&d, S->q, S->k, S->v, S->y, t, &S->w, dq, dk, dv);
+    rc = rx_pgemm_batch(out, 2);
+    if (rc == RX_OK) rc = attn_core_backward(&d, S->q, S->k, S->v, S->y, t, &S->w, dq, dk, dv);
+    if (rc != RX_OK) return rc;
     /* q, k, v projections */
     /* the three grads on h1 add into one buffer: only the first joins the batch */
     const rx_gemm_op qkv[4] = {{1, 0, C, C, BT, S->h1, C, dq, C, 0.0f, G->receptance_w, C},
                                {1, 0, C, C, BT, S->h1, C, dk, C, 0.0f, G->key_w, C},
                                {1, 0, C, C, BT, S->h1, C, dv, C, 0.0f, G->value_w, C},
                                {0, 1, BT, C, C, dq, C, P->receptance_w, C, 0.0f, t, C}};
-    rx_pgemm_batch(qkv, 4);
-    rx_pgemm(0, 1, BT, C, C, dk, C, P->key_w, C, 1.0f, t, C);
-    rx_pgemm(0, 1, BT, C, C, dv, C, P->value_w, C, 1.0f, t, C);
+    rc = rx_pgemm_batch(qkv, 4);
+    if (rc == RX_OK) rc = rx_pgemm(0, 1, BT, C, C, dk, C, P->key_w, C, 1.0f, t, C);
+    if (rc == RX_OK) rc = rx_pgemm(0, 1, BT, C, C, dv, C, P->value_w, C, 1.0f, t, C);
+    if (rc != RX_OK) return rc;
     /* ln1 and the residual */
     rx_fzero(G->ln1_w, C);
     rx_fzero(G->ln1_b, C);
@@ -842,9 +892,12 @@ int rx_attn_backward_acts(const rx_attn_params *P, rx_attn_acts *S, const float 
 int rx_attn_forward_seq(const rx_attn_params *P, const float *x, const float *cm_xprev_init,
                         float *out, int B, int T) {
     attn_dims d;
-    if (!attn_block_ok(P, B, T, &d) || !x || !out) return RX_EINVAL;
+    static const char *const fn = "rx_attn_forward_seq";
+    const char *nul = rx_first_null(RX_NULLS(x, out), RX_NAMES("x", "out"), 2);
+    if (nul) return rx_fail(RX_EINVAL, "%s: %s is NULL", fn, nul);
+    if (!attn_block_ok(P, B, T, &d)) return attn_params_fail(fn, P, B, T);
     rx_attn_acts *S = rx_attn_acts_new(P, d.B, d.T);
-    if (!S) return RX_ENOMEM;
+    if (!S) return rx_fail(RX_ENOMEM, "%s: out of memory", fn);
     int rc = rx_attn_forward_acts(P, x, cm_xprev_init, S, out);
     rx_attn_acts_free(S);
     return rc;
@@ -855,11 +908,15 @@ int rx_attn_backward_full(const rx_attn_params *P, const float *x, const float *
                           const float *dy, rx_attn_grads *G, float *dx, float *d_cm_xprev_init,
                           int B, int T) {
     attn_dims d;
-    if (!attn_block_ok(P, B, T, &d) || !x || !dy || !dx || !attn_grads_ok(G))
-        return RX_EINVAL;
+    static const char *const fn = "rx_attn_backward_full";
+    const char *nul = rx_first_null(RX_NULLS(x, dy, dx), RX_NAMES("x", "dy", "dx"), 3);
+    if (nul) return rx_fail(RX_EINVAL, "%s: %s is NULL", fn, nul);
+    if (!attn_grads_ok(G)) return rx_fail(RX_EINVAL, "%s: G is NULL or has a NULL grad", fn);
+    if (!attn_block_ok(P, B, T, &d)) return attn_params_fail(fn, P, B, T);
     rx_attn_acts *S = rx_attn_acts_new(P, d.B, d.T);
     float *work = rx_falloc(RX_ATTN_WORK(d.B * d.T, d.C, (size_t)P->cm.ffn_dim));
-    int rc = !S || !work ? RX_ENOMEM : rx_attn_forward_acts(P, x, cm_xprev_init, S, NULL);
+    int rc = !S || !work ? rx_fail(RX_ENOMEM, "%s: out of memory", fn)
+                         : rx_attn_forward_acts(P, x, cm_xprev_init, S, NULL);
     if (rc == RX_OK)
         rc = rx_attn_backward_acts(P, S, x, cm_xprev_init, dy, G, dx, d_cm_xprev_init, work);
     rx_attn_acts_free(S);

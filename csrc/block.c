@@ -18,14 +18,21 @@ RX_HOT static void add_chunk(float *dst, const float *a, const float *b, size_t 
 
 /* dst[i] = a[i] + b[i] (dst may alias a or b) */
 static void add_rows(float *dst, const float *a, const float *b, size_t n) {
-#pragma omp parallel for schedule(static) if (!rx_in_parallel() && n >= 65536)
+#pragma omp parallel for schedule(static) if (!rx_in_parallel() && n >= RX_EW_MIN_PAR)
     for (size_t i0 = 0; i0 < n; i0 += RX_EW_CHUNK)
         add_chunk(dst + i0, a + i0, b + i0, rx_ew_len(i0, n));
 }
 
-static int block_params_ok(const rx_block_params *P, int B, int T) {
-    return P && B >= 1 && T >= 1 && rx_tm_params_ok(&P->tm) && rx_cm_params_ok(&P->cm) &&
-           P->cm.c == P->tm.c && P->ln1_w && P->ln1_b && P->ln2_w && P->ln2_b;
+static int block_params_ok(const rx_block_params *P) {
+    return rx_tm_params_ok(&P->tm) && rx_cm_params_ok(&P->cm) && P->cm.c == P->tm.c && P->ln1_w &&
+           P->ln1_b && P->ln2_w && P->ln2_b;
+}
+
+/* The RX_EINVAL of a non-NULL P that block_params_ok rejects */
+static int block_params_fail(const char *fn, const rx_block_params *P) {
+    return rx_fail(RX_EINVAL, "%s: P has a NULL tensor or sizes that disagree (c = %d, "
+                   "n_head = %d, head_size = %d, cm.c = %d)", fn, P->tm.c, P->tm.n_head,
+                   P->tm.head_size, P->cm.c);
 }
 
 int rx_block_acts_alloc(rx_block_acts *S, const rx_block_params *P, size_t B, size_t T) {
@@ -36,7 +43,7 @@ int rx_block_acts_alloc(rx_block_acts *S, const rx_block_params *P, size_t B, si
     /* one allocation, each buffer a whole number of 64-byte lines */
     const size_t rc_ = rx_lines(BT * C), rf = rx_lines(BT * F);
     S->mem = rx_falloc(4 * rc_ + rf);
-    if (!S->mem) return RX_ENOMEM;
+    if (!S->mem) return rx_fail(RX_ENOMEM, "rx_block_acts_alloc: out of memory");
     S->h1 = S->mem;
     S->x1 = S->h1 + rc_;
     S->h2 = S->x1 + rc_;
@@ -63,7 +70,8 @@ int rx_block_forward_acts(const rx_block_params *P, const float *x,
     if (rc != RX_OK) return rc;
     add_rows(S->x1, x, out, BT * C);
     rx_rownorm_forward(S->x1, P->ln2_w, P->ln2_b, S->h2, NULL, NULL, BT, C, 1, RX_LN_EPS);
-    rx_cm_forward_acts(&P->cm, S->h2, cm_xprev_init, S->xk, NULL, S->hid, out, B, T);
+    rc = rx_cm_forward_acts(&P->cm, S->h2, cm_xprev_init, S->xk, NULL, S->hid, out, B, T);
+    if (rc != RX_OK) return rc;
     add_rows(out, S->x1, out, BT * C);
     return RX_OK;
 }
@@ -85,10 +93,11 @@ int rx_block_backward_acts(const rx_block_params *P, const rx_block_acts *S, con
     float *p = work, *t = rx_carve(&p, BT * C), *dx1 = rx_carve(&p, BT * C), *rest = p;
     float *dxk = rx_carve(&p, BT * C), *dh = p;
     /* out = x1 + CM(ln2(x1)) */
-    rx_cm_backward_acts(&P->cm, S->h2, cm_xprev_init, S->xk, NULL, S->hid, dy, &G->cm, t,
-                        d_cm_xprev_init, B, T, dh, dxk);
-    int rc = rx_layernorm_backward(S->x1, P->ln2_w, P->ln2_b, t, dx1, G->ln2_w, G->ln2_b,
-                                   (int)B, (int)T, (int)C);
+    int rc = rx_cm_backward_acts(&P->cm, S->h2, cm_xprev_init, S->xk, NULL, S->hid, dy, &G->cm,
+                                 t, d_cm_xprev_init, B, T, dh, dxk);
+    if (rc == RX_OK)
+        rc = rx_layernorm_backward(S->x1, P->ln2_w, P->ln2_b, t, dx1, G->ln2_w, G->ln2_b, (int)B,
+                                   (int)T, (int)C);
     if (rc == RX_OK) {
         add_rows(dx1, dx1, dy, BT * C);
         /* x1 = x + TM(ln1(x)) */
@@ -106,9 +115,15 @@ int rx_block_backward_acts(const rx_block_params *P, const rx_block_acts *S, con
 int rx_block_forward_seq(const rx_block_params *P, const float *x,
                          const float *tm_xprev_init, const float *cm_xprev_init,
                          float *v_first, float *out, int B, int T) {
-    if (!block_params_ok(P, B, T) || !x || !out) return RX_EINVAL;
+    static const char *const fn = "rx_block_forward_seq";
+    const char *nul = rx_first_null(RX_NULLS(P, x, out), RX_NAMES("P", "x", "out"), 3);
+    if (nul) return rx_fail(RX_EINVAL, "%s: %s is NULL", fn, nul);
+    if (!block_params_ok(P))
+        return block_params_fail(fn, P);
+    if (B < 1 || T < 1) return rx_fail(RX_EINVAL, "%s: B = %d, T = %d must be >= 1", fn, B, T);
     const int vres = P->tm.layer_id > 0;
-    if (vres && !v_first) return RX_EINVAL;
+    if (vres && !v_first)
+        return rx_fail(RX_EINVAL, "%s: v_first is NULL at layer %d", fn, P->tm.layer_id);
     rx_block_acts S;
     int rc = rx_block_acts_alloc(&S, P, (size_t)B, (size_t)T);
     if (rc == RX_OK)
@@ -124,17 +139,25 @@ int rx_block_backward(const rx_block_params *P, const float *x,
                       const float *v_first, const float *dy, rx_block_grads *G, float *dx,
                       float *d_tm_xprev_init, float *d_cm_xprev_init, float *d_v_first,
                       int B, int T) {
-    if (!block_params_ok(P, B, T) || !G || !rx_tm_grads_ok(&P->tm, &G->tm) || !G->cm.ffn_x_k ||
-        !G->cm.ffn_key_w || !G->cm.ffn_value_w || !G->ln1_w || !G->ln1_b || !G->ln2_w ||
-        !G->ln2_b || !x || !dy || !dx)
-        return RX_EINVAL;
+    static const char *const fn = "rx_block_backward";
+    const char *nul = rx_first_null(RX_NULLS(P, x, dy, G, dx), RX_NAMES("P", "x", "dy", "G", "dx"),
+                                    5);
+    if (nul) return rx_fail(RX_EINVAL, "%s: %s is NULL", fn, nul);
+    if (!block_params_ok(P))
+        return block_params_fail(fn, P);
+    if (!rx_tm_grads_ok(&P->tm, &G->tm) || !G->cm.ffn_x_k || !G->cm.ffn_key_w ||
+        !G->cm.ffn_value_w || !G->ln1_w || !G->ln1_b || !G->ln2_w || !G->ln2_b)
+        return rx_fail(RX_EINVAL, "%s: G has a NULL grad", fn);
+    if (B < 1 || T < 1) return rx_fail(RX_EINVAL, "%s: B = %d, T = %d must be >= 1", fn, B, T);
     const int vres = P->tm.layer_id > 0;
-    if (vres && !v_first) return RX_EINVAL;
+    if (vres && !v_first)
+        return rx_fail(RX_EINVAL, "%s: v_first is NULL at layer %d", fn, P->tm.layer_id);
     const size_t BT = (size_t)B * T, C = (size_t)P->tm.c;
     rx_block_acts S;
     float *work = rx_falloc(rx_block_work(P, BT)), *tmp = rx_falloc(BT * C);
     int rc = rx_block_acts_alloc(&S, P, (size_t)B, (size_t)T);
-    if (rc == RX_OK && (!work || !tmp)) rc = RX_ENOMEM;
+    if (rc == RX_OK && (!work || !tmp))
+        rc = rx_fail(RX_ENOMEM, "%s: out of memory", fn);
     /* recompute the forward, keeping its intermediates (the block output
      * itself is not needed) */
     if (rc == RX_OK)

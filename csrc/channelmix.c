@@ -35,15 +35,16 @@ RX_HOT static void relu2_back_h(const float *restrict h, float *restrict dh, siz
 /* x, xk, out: [B][T][C]; pre, h: [B][T][F]. Keeps the lerp xk, the key
  * projection pre (NULL: not kept, h computed in place) and the hidden
  * h = relu(pre)^2 for rx_cm_backward_acts; out may be NULL (recompute). */
-void rx_cm_forward_acts(const rx_cm_params *P, const float *x, const float *x_prev_init,
-                        float *xk, float *pre, float *h, float *out, size_t B, size_t T) {
+int rx_cm_forward_acts(const rx_cm_params *P, const float *x, const float *x_prev_init,
+                       float *xk, float *pre, float *h, float *out, size_t B, size_t T) {
     const size_t C = (size_t)P->c, F = (size_t)P->ffn_dim, BT = B * T, n = BT * F;
     float *k = pre ? pre : h;
     rx_shift_lerp_forward(1, &P->ffn_x_k, x, x_prev_init, &xk, B, T, C);
-    rx_pgemm(0, 0, BT, F, C, xk, C, P->ffn_key_w, F, 0.0f, k, F);
-#pragma omp parallel for schedule(static) if (!rx_in_parallel() && n >= 65536)
+    int rc = rx_pgemm(0, 0, BT, F, C, xk, C, P->ffn_key_w, F, 0.0f, k, F);
+    if (rc != RX_OK) return rc;
+#pragma omp parallel for schedule(static) if (!rx_in_parallel() && n >= RX_EW_MIN_PAR)
     for (size_t i0 = 0; i0 < n; i0 += RX_EW_CHUNK) relu2(k + i0, h + i0, rx_ew_len(i0, n));
-    if (out) rx_pgemm(0, 0, BT, C, F, h, F, P->ffn_value_w, C, 0.0f, out, C);
+    return out ? rx_pgemm(0, 0, BT, C, F, h, F, P->ffn_value_w, C, 0.0f, out, C) : RX_OK;
 }
 
 /* The backward from rx_cm_forward_acts's xk, pre, h; dh [BT][F] and dxk
@@ -51,16 +52,17 @@ void rx_cm_forward_acts(const rx_cm_params *P, const float *x, const float *x_pr
  * pre may be NULL (not kept: relu(pre) is recovered from h, so the model
  * stores one [BT][F] buffer per block instead of two); dh must then not
  * alias h. Other arguments as in rx_channelmix_backward. */
-void rx_cm_backward_acts(const rx_cm_params *P, const float *x, const float *x_prev_init,
-                         const float *xk, const float *pre, const float *h, const float *dy,
-                         rx_cm_grads *G, float *dx, float *d_xprev_init, size_t B, size_t T,
-                         float *dh, float *dxk) {
+int rx_cm_backward_acts(const rx_cm_params *P, const float *x, const float *x_prev_init,
+                        const float *xk, const float *pre, const float *h, const float *dy,
+                        rx_cm_grads *G, float *dx, float *d_xprev_init, size_t B, size_t T,
+                        float *dh, float *dxk) {
     const size_t C = (size_t)P->c, F = (size_t)P->ffn_dim, BT = B * T, n = BT * F;
     /* value projection: dWv = h^T dy, dh = dy Wv^T */
     const rx_gemm_op value[2] = {{1, 0, F, C, BT, h, F, dy, C, 0.0f, G->ffn_value_w, C},
                                  {0, 1, BT, F, C, dy, C, P->ffn_value_w, C, 0.0f, dh, F}};
-    rx_pgemm_batch(value, 2);
-#pragma omp parallel for schedule(static) if (!rx_in_parallel() && n >= 65536)
+    int rc = rx_pgemm_batch(value, 2);
+    if (rc != RX_OK) return rc;
+#pragma omp parallel for schedule(static) if (!rx_in_parallel() && n >= RX_EW_MIN_PAR)
     for (size_t i0 = 0; i0 < n; i0 += RX_EW_CHUNK) {
         if (pre)
             relu2_back(pre + i0, dh + i0, rx_ew_len(i0, n));
@@ -70,51 +72,67 @@ void rx_cm_backward_acts(const rx_cm_params *P, const float *x, const float *x_p
     /* key projection */
     const rx_gemm_op key[2] = {{1, 0, C, F, BT, xk, C, dh, F, 0.0f, G->ffn_key_w, F},
                                {0, 1, BT, C, F, dh, F, P->ffn_key_w, F, 0.0f, dxk, C}};
-    rx_pgemm_batch(key, 2);
+    rc = rx_pgemm_batch(key, 2);
+    if (rc != RX_OK) return rc;
     /* dh is free now: it holds the lerp's per-block sums when large enough */
     const float *dxk_c = dxk;
     float *part = RX_SHIFT_PART(1, BT, C) <= n ? dh : NULL;
     rx_shift_lerp_backward(1, &P->ffn_x_k, x, x_prev_init, &dxk_c, dx, &G->ffn_x_k, d_xprev_init,
                            B, T, C, part);
+    return RX_OK;
 }
 
 /* x, out: [B][T][C]; x_prev_init: [B][C] or NULL */
 int rx_channelmix_forward_seq(const rx_cm_params *P, const float *x, const float *x_prev_init,
                               float *out, int B, int T) {
-    if (!rx_cm_params_ok(P) || B < 1 || T < 1 || !x || !out) return RX_EINVAL;
+    static const char *const fn = "rx_channelmix_forward_seq";
+    const char *nul = rx_first_null(RX_NULLS(P, x, out), RX_NAMES("P", "x", "out"), 3);
+    if (nul) return rx_fail(RX_EINVAL, "%s: %s is NULL", fn, nul);
+    if (!rx_cm_params_ok(P))
+        return rx_fail(RX_EINVAL, "%s: P has a NULL tensor or c = %d, ffn_dim = %d below 1", fn,
+                       P->c, P->ffn_dim);
+    if (B < 1 || T < 1) return rx_fail(RX_EINVAL, "%s: B = %d, T = %d must be >= 1", fn, B, T);
     const size_t C = (size_t)P->c, F = (size_t)P->ffn_dim, BT = (size_t)B * T;
     float *xk = rx_falloc(BT * C), *h = rx_falloc(BT * F);
     if (!xk || !h) {
         free(xk);
         free(h);
-        return RX_ENOMEM;
+        return rx_fail(RX_ENOMEM, "%s: out of memory", fn);
     }
-    rx_cm_forward_acts(P, x, x_prev_init, xk, NULL, h, out, (size_t)B, (size_t)T);
+    int rc = rx_cm_forward_acts(P, x, x_prev_init, xk, NULL, h, out, (size_t)B, (size_t)T);
     free(xk);
     free(h);
-    return RX_OK;
+    return rc;
 }
 
 /* x, dy, dx: [B][T][C]; x_prev_init, d_xprev_init: [B][C] or NULL */
 int rx_channelmix_backward(const rx_cm_params *P, const float *x, const float *x_prev_init,
                            const float *dy, rx_cm_grads *G, float *dx, float *d_xprev_init,
                            int B, int T) {
-    if (!rx_cm_params_ok(P) || B < 1 || T < 1 || !x || !dy || !G || !G->ffn_x_k || !G->ffn_key_w ||
-        !G->ffn_value_w || !dx)
-        return RX_EINVAL;
+    static const char *const fn = "rx_channelmix_backward";
+    const char *nul = rx_first_null(RX_NULLS(P, x, dy, G, dx), RX_NAMES("P", "x", "dy", "G", "dx"),
+                                    5);
+    if (nul) return rx_fail(RX_EINVAL, "%s: %s is NULL", fn, nul);
+    if (!rx_cm_params_ok(P))
+        return rx_fail(RX_EINVAL, "%s: P has a NULL tensor or c = %d, ffn_dim = %d below 1", fn,
+                       P->c, P->ffn_dim);
+    if (!G->ffn_x_k || !G->ffn_key_w || !G->ffn_value_w)
+        return rx_fail(RX_EINVAL, "%s: G has a NULL grad", fn);
+    if (B < 1 || T < 1) return rx_fail(RX_EINVAL, "%s: B = %d, T = %d must be >= 1", fn, B, T);
     const size_t C = (size_t)P->c, F = (size_t)P->ffn_dim, BT = (size_t)B * T;
     float *xk = rx_falloc(BT * C), *pre = rx_falloc(BT * F), *h = rx_falloc(BT * F);
     if (!xk || !pre || !h) {
         free(xk);
         free(pre);
         free(h);
-        return RX_ENOMEM;
+        return rx_fail(RX_ENOMEM, "%s: out of memory", fn);
     }
-    rx_cm_forward_acts(P, x, x_prev_init, xk, pre, h, NULL, (size_t)B, (size_t)T);
-    rx_cm_backward_acts(P, x, x_prev_init, xk, pre, h, dy, G, dx, d_xprev_init, (size_t)B,
-                        (size_t)T, h, xk);
+    int rc = rx_cm_forward_acts(P, x, x_prev_init, xk, pre, h, NULL, (size_t)B, (size_t)T);
+    if (rc == RX_OK)
+        rc = rx_cm_backward_acts(P, x, x_prev_init, xk, pre, h, dy, G, dx, d_xprev_init,
+                                 (size_t)B, (size_t)T, h, xk);
     free(xk);
     free(pre);
     free(h);
-    return RX_OK;
+    return rc;
 }

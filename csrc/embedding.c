@@ -2,47 +2,67 @@
  *
  * embedding.c -- token embedding: a gather forward, a scatter-add backward.
  *
- * The void signatures cannot report an error, so a bad argument shows up in
- * the output instead: a row that cannot be gathered is NaN (never an
- * out-of-bounds read), a backward with a missing input fills d_emb with NaN.
+ * rx_embedding_gather and rx_embedding_scatter return a code. The original
+ * API's void forms cannot, so a bad argument shows up in their output
+ * instead: a row that cannot be gathered is NaN (never an out-of-bounds
+ * read), a backward with a missing input fills d_emb with NaN.
  */
 #include <string.h>
 
 #include "rx_internal.h"
 
-/* emb: [vocab][C]; tokens: [T]; out: [T][C]. A negative token, or a NULL emb
- * or tokens, yields NaN rows. */
-void rx_embedding_forward(const float *emb, const int *tokens, int T, int C, float *out) {
-    if (!out || T < 1 || C < 1) return;
+#define EMB_MIN_SLICE 16 /* floats: one 64-byte line */
+
+/* emb: [vocab][C]; tokens: [T]; out: [T][C]. A token outside [0, vocab)
+ * (vocab < 0: unknown, only negative ids caught), or a NULL emb or tokens,
+ * yields NaN rows; returns how many rows those were. */
+static size_t gather(const float *emb, const int *tokens, int T, int C, int vocab, float *out) {
     const size_t TT = (size_t)T, CC = (size_t)C;
-#pragma omp parallel for schedule(static) if (!rx_in_parallel() && TT * CC >= 65536)
+    size_t bad = 0;
+#pragma omp parallel for schedule(static) reduction(+ : bad) \
+    if (!rx_in_parallel() && TT * CC >= RX_EW_MIN_PAR)
     for (size_t t = 0; t < TT; t++) {
         float *o = out + t * CC;
         /* one read: the id checked is the id gathered */
         const int tok = tokens ? __atomic_load_n(&tokens[t], __ATOMIC_RELAXED) : -1;
-        if (!emb || tok < 0) {
+        if (!emb || tok < 0 || (vocab >= 0 && tok >= vocab)) {
             rx_fnan(o, CC);
+            bad++;
             continue;
         }
         memcpy(o, emb + (size_t)tok * CC, CC * sizeof(float));
     }
+    return bad;
 }
 
-#define EMB_MIN_SLICE 16 /* floats: one 64-byte line */
+int rx_embedding_gather(const float *emb, const int *tokens, int T, int C, int vocab,
+                        float *out) {
+    static const char *const fn = "rx_embedding_gather";
+    if (!emb || !tokens || !out)
+        return rx_fail(RX_EINVAL, "%s: %s is NULL", fn, !emb ? "emb" : !tokens ? "tokens" : "out");
+    if (T < 1 || C < 1 || vocab < 1)
+        return rx_fail(RX_EINVAL, "%s: T = %d, C = %d, vocab = %d must be >= 1", fn, T, C, vocab);
+    if (gather(emb, tokens, T, C, vocab, out) == 0) return RX_OK;
+    /* find the first bad id for the message (it may have changed since) */
+    for (int t = 0; t < T; t++)
+        if (tokens[t] < 0 || tokens[t] >= vocab)
+            return rx_fail(RX_EINVAL, "%s: token %d at position %d is outside [0, %d)", fn,
+                           tokens[t], t, vocab);
+    return rx_fail(RX_EINVAL, "%s: tokens changed while being read", fn);
+}
+
+void rx_embedding_forward(const float *emb, const int *tokens, int T, int C, float *out) {
+    if (out && T >= 1 && C >= 1) gather(emb, tokens, T, C, -1, out);
+}
 
 /* tokens: [T]; d_out: [T][C]; d_emb: [vocab][C], zeroed then scatter-added.
  * Tokens outside [0, vocab) contribute nothing. */
-void rx_embedding_backward(const int *tokens, int T, int C, int vocab,
-                           const float *d_out, float *d_emb) {
-    if (!d_emb || C < 1 || vocab < 1) return;
+static void scatter(const int *tokens, int T, int C, int vocab, const float *d_out,
+                    float *d_emb) {
     const size_t TT = (size_t)T, CC = (size_t)C, V = (size_t)vocab;
-    if (!tokens || !d_out || T < 1) {
-        rx_fnan(d_emb, V * CC);
-        return;
-    }
     /* Threads own disjoint channel slices of every row, so repeated tokens
      * never race and each element is summed in token order (deterministic). */
-    int nt = (rx_in_parallel() || (V + TT) * CC < 65536) ? 1 : rx_max_threads();
+    int nt = (rx_in_parallel() || (V + TT) * CC < RX_EW_MIN_PAR) ? 1 : rx_max_threads();
     /* a slice of at least a cache line: a wide team would otherwise share
      * every written line among several threads (4 floats each at C = 256
      * and 64 threads) */
@@ -60,4 +80,29 @@ void rx_embedding_backward(const int *tokens, int T, int C, int vocab,
             for (size_t c = c0; c < c1; c++) de[c] += g[c];
         }
     }
+}
+
+int rx_embedding_scatter(const int *tokens, int T, int C, int vocab, const float *d_out,
+                         float *d_emb) {
+    static const char *const fn = "rx_embedding_scatter";
+    if (!tokens || !d_out || !d_emb)
+        return rx_fail(RX_EINVAL, "%s: %s is NULL", fn,
+                       !tokens ? "tokens" : !d_out ? "d_out" : "d_emb");
+    if (T < 1 || C < 1 || vocab < 1)
+        return rx_fail(RX_EINVAL, "%s: T = %d, C = %d, vocab = %d must be >= 1", fn, T, C, vocab);
+    for (int t = 0; t < T; t++)
+        if (tokens[t] < 0 || tokens[t] >= vocab)
+            return rx_fail(RX_EINVAL, "%s: token %d at position %d is outside [0, %d)", fn,
+                           tokens[t], t, vocab);
+    scatter(tokens, T, C, vocab, d_out, d_emb);
+    return RX_OK;
+}
+
+void rx_embedding_backward(const int *tokens, int T, int C, int vocab, const float *d_out,
+                           float *d_emb) {
+    if (!d_emb || C < 1 || vocab < 1) return;
+    if (!tokens || !d_out || T < 1)
+        rx_fnan(d_emb, (size_t)vocab * (size_t)C);
+    else
+        scatter(tokens, T, C, vocab, d_out, d_emb);
 }

@@ -390,7 +390,8 @@ int rx_sgemm_use_kernel(const char *name) {
         return RX_OK;
     }
 #endif
-    return RX_EINVAL;
+    return rx_fail(RX_EINVAL, "rx_sgemm_use_kernel: kernel \"%s\" is unknown or cannot run here",
+                   name);
 }
 
 /* op(B) rows [p0,p0+kc) x cols [j0,j0+nc) into NR-column slivers, k-major,
@@ -493,7 +494,7 @@ static void scratch_key_make(void) {
 }
 
 /* The calling thread's scratch, created empty on first use; NULL when it
- * cannot be made (the callers then take the unbuffered path). */
+ * cannot be made (the callers then fail with RX_ENOMEM). */
 static gemm_scratch *scratch(void) {
     if (tl) return tl;
     pthread_once(&scratch_once, scratch_key_make);
@@ -518,17 +519,19 @@ void *rx_gemm_thread_buffer(size_t bytes) {
     return s->bf16_pack;
 }
 
+/* The calling thread's scratch with its fixed-size packing buffers, the
+ * only memory a GEMM on one thread needs; NULL on allocation failure. */
+static gemm_scratch *scratch_packs(void) {
+    gemm_scratch *sc = scratch();
+    if (sc && !sc->apack) sc->apack = rx_falloc((size_t)MC * KC + MR_MAX); /* + pack_an slack */
+    if (sc && !sc->bpack) sc->bpack = rx_falloc((size_t)KC * NC);
+    return sc && sc->apack && sc->bpack ? sc : NULL;
+}
 
-/* C[M,N] = beta*C + op(A).op(B) in double, no buffers: the out-of-memory path. */
-static void sgemm_plain(const rx_gemm_op *g, size_t i0, size_t i1, size_t j0, size_t j1) {
-    for (size_t i = i0; i < i1; i++)
-        for (size_t j = j0; j < j1; j++) {
-            double s = g->beta != 0.0f ? g->C[i * g->ldc + j] : 0.0;
-            for (size_t p = 0; p < g->K; p++)
-                s += (double)(g->ta ? g->A[p * g->lda + i] : g->A[i * g->lda + p]) *
-                     (g->tb ? g->B[j * g->ldb + p] : g->B[p * g->ldb + j]);
-            g->C[i * g->ldc + j] = (float)s;
-        }
+int rx_gemm_reserve(void) {
+    if (scratch_packs()) return RX_OK;
+    return rx_fail(RX_ENOMEM, "rx_gemm_reserve: out of memory for a thread's GEMM packing "
+                   "buffers");
 }
 
 /* C[i0:i0+mc, j0:j0+nc] (+)= op(A)[i0:i0+mc, pc:pc+kc] . Bp, Bp the packed
@@ -577,15 +580,11 @@ static void sgemm_block(const gemm_impl *im, const rx_gemm_op *g, size_t i0, siz
     }
 }
 
-/* A whole GEMM on the calling thread. */
-static void sgemm_serial(const gemm_impl *im, const rx_gemm_op *g) {
-    gemm_scratch *sc = scratch();
-    if (sc && !sc->apack) sc->apack = rx_falloc((size_t)MC * KC + MR_MAX); /* + pack_an slack */
-    if (sc && !sc->bpack) sc->bpack = rx_falloc((size_t)KC * NC);
-    if (!sc || !sc->apack || !sc->bpack) {
-        sgemm_plain(g, 0, g->M, 0, g->N);
-        return;
-    }
+/* A whole GEMM on the calling thread; RX_ENOMEM (C untouched) when the
+ * thread's packing buffers cannot be allocated. */
+static int sgemm_serial(const gemm_impl *im, const rx_gemm_op *g) {
+    gemm_scratch *sc = scratch_packs();
+    if (!sc) return RX_ENOMEM;
     for (size_t jc = 0; jc < g->N; jc += NC) {
         size_t nc = g->N - jc < NC ? g->N - jc : NC;
         for (size_t pc = 0; pc < g->K; pc += KC) {
@@ -596,6 +595,7 @@ static void sgemm_serial(const gemm_impl *im, const rx_gemm_op *g) {
                             sc->bpack, sc->apack, pc > 0 || g->beta != 0.0f);
         }
     }
+    return RX_OK;
 }
 
 /* ---- parallel batches -------------------------------------------------
@@ -622,7 +622,9 @@ static void pack_b_full(const gemm_impl *im, const rx_gemm_op *g, size_t j0, siz
         pack_b(im, g->tb, g->B, g->ldb, pc, g->K - pc < KC ? g->K - pc : KC, j0, nc, Bf + pc * ncp);
 }
 
-static void run_unit(const gemm_impl *im, const rx_gemm_op *ops, const gunit *un, size_t batch) {
+/* RX_ENOMEM when the thread's buffers cannot be allocated (the unit's C
+ * is then untouched). */
+static int run_unit(const gemm_impl *im, const rx_gemm_op *ops, const gunit *un, size_t batch) {
     const rx_gemm_op *g = &ops[un->k];
     const size_t nc = un->j1 - un->j0, ncp = (nc + NR - 1) / NR * NR;
     const size_t need = ((g->K + KC - 1) / KC * KC) * ncp;
@@ -634,10 +636,7 @@ static void run_unit(const gemm_impl *im, const rx_gemm_op *ops, const gunit *un
         sc->bfull_n = sc->bfull ? need : 0;
         sc->bkey[0] = 0;
     }
-    if (!sc || !sc->apack || !sc->bfull) {
-        sgemm_plain(g, un->i0, un->i1, un->j0, un->j1);
-        return;
-    }
+    if (!sc || !sc->apack || !sc->bfull) return RX_ENOMEM;
     if (sc->bkey[0] != batch || sc->bkey[1] != un->k || sc->bkey[2] != un->jb) {
         pack_b_full(im, g, un->j0, nc, sc->bfull);
         sc->bkey[0] = batch, sc->bkey[1] = un->k, sc->bkey[2] = un->jb;
@@ -645,6 +644,7 @@ static void run_unit(const gemm_impl *im, const rx_gemm_op *ops, const gunit *un
     for (size_t pc = 0; pc < g->K; pc += KC)
         sgemm_block(im, g, un->i0, un->i1 - un->i0, pc, g->K - pc < KC ? g->K - pc : KC, un->j0,
                     nc, sc->bfull + pc * ncp, sc->apack, pc > 0 || g->beta != 0.0f);
+    return RX_OK;
 }
 
 /* Segment state: next unit from the front (low half), end (high half). */
@@ -683,12 +683,13 @@ static void unit_shape(const rx_gemm_op *g, size_t mr, int nt, double target, si
     }
 }
 
-/* Fills the calling thread's unit table (thread part by thread part) and seg; returns the count,
- * 0 when the table cannot be allocated. */
+/* Fills the calling thread's unit table (thread part by thread part) and
+ * seg; returns the count, 0 when the units would not fit the 32-bit
+ * segment bounds, SIZE_MAX when the table cannot be allocated. */
 static size_t plan_units(const rx_gemm_op *ops, size_t nops, size_t mr, int nt,
                          double total, uint64_t *seg) {
     gemm_scratch *sc = scratch();
-    if (!sc) return 0;
+    if (!sc) return SIZE_MAX;
     const double target = total / (8.0 * nt);
     size_t nu = 0;
     for (int pass = 0; pass < 2; pass++) {
@@ -713,7 +714,7 @@ static size_t plan_units(const rx_gemm_op *ops, size_t nops, size_t mr, int nt,
             free(sc->units);
             sc->units = malloc(nu * sizeof *sc->units);
             sc->units_n = sc->units ? nu : 0;
-            if (!sc->units) return 0;
+            if (!sc->units) return SIZE_MAX;
         }
     }
     for (int t = 0; t < nt; t++) {
@@ -723,26 +724,33 @@ static size_t plan_units(const rx_gemm_op *ops, size_t nops, size_t mr, int nt,
     return nu;
 }
 
-static void sgemm_parallel(const gemm_impl *im, const rx_gemm_op *ops, size_t nops, int nt,
-                           double total) {
+/* RX_OK or RX_ENOMEM (some units then not computed). */
+static int sgemm_parallel(const gemm_impl *im, const rx_gemm_op *ops, size_t nops, int nt,
+                          double total) {
     uint64_t seg[MAX_THREADS];
-    if (!plan_units(ops, nops, im->mr, nt, total, seg)) {
-        for (size_t k = 0; k < nops; k++) sgemm_serial(im, &ops[k]);
-        return;
+    const size_t nu = plan_units(ops, nops, im->mr, nt, total, seg);
+    if (nu == SIZE_MAX) return RX_ENOMEM;
+    if (nu == 0) {   /* more units than 32-bit segments count: a size limit, not memory */
+        for (size_t k = 0; k < nops; k++)
+            if (sgemm_serial(im, &ops[k]) != RX_OK) return RX_ENOMEM;
+        return RX_OK;
     }
     const gunit *units = tl->units;
     static size_t batches;
     const size_t batch = __atomic_add_fetch(&batches, 1, __ATOMIC_RELAXED);
-#pragma omp parallel num_threads(nt)
+    int fail = 0;
+#pragma omp parallel num_threads(nt) reduction(| : fail)
     {
         /* OpenMP may grant fewer threads than asked (OMP_THREAD_LIMIT,
          * OMP_DYNAMIC): stealing then finishes every segment */
         const int t = rx_thread_id();
         size_t v;
-        while (claim(&seg[t], 0, &v)) run_unit(im, ops, &units[v], batch);
+        while (claim(&seg[t], 0, &v)) fail |= run_unit(im, ops, &units[v], batch) != RX_OK;
         for (int d = 1; d < nt; d++)
-            while (claim(&seg[(t + d) % nt], 1, &v)) run_unit(im, ops, &units[v], batch);
+            while (claim(&seg[(t + d) % nt], 1, &v))
+                fail |= run_unit(im, ops, &units[v], batch) != RX_OK;
     }
+    return fail ? RX_ENOMEM : RX_OK;
 }
 
 size_t rx_gemm_live_ops(const rx_gemm_op *ops, size_t n, rx_gemm_op *live) {
@@ -760,29 +768,34 @@ size_t rx_gemm_live_ops(const rx_gemm_op *ops, size_t n, rx_gemm_op *live) {
     return nl;
 }
 
-void rx_sgemm_batch(const rx_gemm_op *ops, size_t n) {
+int rx_sgemm_batch(const rx_gemm_op *ops, size_t n) {
     const gemm_impl *im = pick_impl();
+    int rc = RX_OK;
     rx_prof_push(RX_PROF_GEMM);
-    for (size_t b = 0; b < n; b += MAX_BATCH) {
+    for (size_t b = 0; b < n && rc == RX_OK; b += MAX_BATCH) {
         rx_gemm_op live[MAX_BATCH];
         const size_t nl = rx_gemm_live_ops(ops + b, n - b < MAX_BATCH ? n - b : MAX_BATCH, live);
         double total = 0.0;
         for (size_t k = 0; k < nl; k++) total += (double)live[k].M * live[k].N * live[k].K;
         int nt = rx_in_parallel() ? 1 : rx_max_threads();
         if (nt > MAX_THREADS) nt = MAX_THREADS;
-        /* below ~10 us of work a fork/join costs more than it saves */
-        if (total < 262144.0) nt = 1;
+        if (total < RX_GEMM_MIN_PAR) nt = 1;
         if (nt <= 1)
-            for (size_t k = 0; k < nl; k++) sgemm_serial(im, &live[k]);
+            for (size_t k = 0; k < nl && rc == RX_OK; k++) rc = sgemm_serial(im, &live[k]);
         else if (nl)
-            sgemm_parallel(im, live, nl, nt, total);
+            rc = sgemm_parallel(im, live, nl, nt, total);
     }
     rx_prof_pop();
+    /* inside a team the message would land on a worker thread: the
+     * caller that forked the team reports it */
+    if (rc != RX_OK && !rx_in_parallel())
+        rx_fail(rc, "rx_sgemm: out of memory for the GEMM packing buffers");
+    return rc;
 }
 
-void rx_sgemm(int ta, int tb, size_t M, size_t N, size_t K,
-              const float *A, size_t lda, const float *B, size_t ldb,
-              float beta, float *C, size_t ldc) {
+int rx_sgemm(int ta, int tb, size_t M, size_t N, size_t K,
+             const float *A, size_t lda, const float *B, size_t ldb,
+             float beta, float *C, size_t ldc) {
     const rx_gemm_op g = {ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc};
-    rx_sgemm_batch(&g, 1);
+    return rx_sgemm_batch(&g, 1);
 }

@@ -496,7 +496,8 @@ int rx_bgemm_use_kernel(const char *name) {
             forced_bimpl = bimpls[i];
             return RX_OK;
         }
-    return RX_EINVAL;
+    return rx_fail(RX_EINVAL, "rx_bgemm_use_kernel: kernel \"%s\" is unknown or cannot run here",
+                   name);
 }
 
 static const bgemm_impl *pick_bimpl(void) {
@@ -562,8 +563,9 @@ static size_t find_op(const size_t *prefix, size_t n, size_t w) {
 
 /* Up to MAX_OPS live ops (M, N, K >= 1) in one pass: op(B) of every op is
  * packed first (the weights, or the output grads of a weight gradient),
- * then the items run. */
-static void bgemm_pass(const bgemm_impl *im, const rx_gemm_op *ops, size_t n) {
+ * then the items run. RX_ENOMEM (C untouched) when the packing buffer
+ * cannot be allocated. */
+static int bgemm_pass(const bgemm_impl *im, const rx_gemm_op *ops, size_t n) {
     bop o[MAX_OPS];
     bplan pl;
     int nt = rx_in_parallel() ? 1 : rx_max_threads();
@@ -581,7 +583,7 @@ static void bgemm_pass(const bgemm_impl *im, const rx_gemm_op *ops, size_t n) {
         total += (double)g->M * g->N * g->K;
     }
     /* below ~10 us of work a fork/join costs more than it saves */
-    if (total < 262144.0) nt = 1;
+    if (total < RX_GEMM_MIN_PAR) nt = 1;
     /* too few panels for the team: cut the columns too (each cut packs
      * its panel again, so only as far as two items per thread) */
     size_t cuts = panels >= 2 * (size_t)nt ? 1 : (2 * (size_t)nt + panels - 1) / panels;
@@ -599,20 +601,7 @@ static void bgemm_pass(const bgemm_impl *im, const rx_gemm_op *ops, size_t n) {
     bf16 *pack = NULL;
     if (panel <= (SIZE_MAX / sizeof(bf16) - need) / (size_t)nt)
         pack = rx_gemm_thread_buffer((need + (size_t)nt * panel) * sizeof(bf16));
-    if (!pack) {
-        /* out of memory: the same products, one element at a time */
-        for (size_t k = 0; k < n; k++) {
-            const rx_gemm_op *g = &ops[k];
-            for (size_t i = 0; i < g->M; i++)
-                for (size_t j = 0; j < g->N; j++) {
-                    float s = 0.0f;
-                    for (size_t p = 0; p < g->K; p++)
-                        s += bf16_float(bf16_round(opa(g, i, p))) * bf16_float(bf16_round(opb(g, p, j)));
-                    g->C[i * g->ldc + j] = g->beta != 0.0f ? g->C[i * g->ldc + j] + s : s;
-                }
-        }
-        return;
-    }
+    if (!pack) return RX_ENOMEM;
     bf16 *p = pack;
     for (size_t k = 0; k < n; k++) {
         o[k].bp = p;
@@ -643,23 +632,28 @@ static void bgemm_pass(const bgemm_impl *im, const rx_gemm_op *ops, size_t n) {
         if (im->amx) amx_release();
 #endif
     }
+    return RX_OK;
 }
 
-void rx_bgemm_batch(const rx_gemm_op *ops, size_t n) {
+int rx_bgemm_batch(const rx_gemm_op *ops, size_t n) {
     const bgemm_impl *im = pick_bimpl();
+    int rc = RX_OK;
     rx_prof_push(RX_PROF_GEMM);
-    for (size_t b = 0; b < n; b += MAX_OPS) {
+    for (size_t b = 0; b < n && rc == RX_OK; b += MAX_OPS) {
         rx_gemm_op live[MAX_OPS];
         const size_t nl = rx_gemm_live_ops(ops + b, n - b < MAX_OPS ? n - b : MAX_OPS, live);
-        if (nl) bgemm_pass(im, live, nl);
+        if (nl) rc = bgemm_pass(im, live, nl);
     }
     rx_prof_pop();
+    if (rc != RX_OK && !rx_in_parallel())
+        rx_fail(rc, "rx_bgemm: out of memory for the bf16 packing buffer");
+    return rc;
 }
 
-void rx_bgemm(int ta, int tb, size_t M, size_t N, size_t K, const float *A, size_t lda,
-              const float *B, size_t ldb, float beta, float *C, size_t ldc) {
+int rx_bgemm(int ta, int tb, size_t M, size_t N, size_t K, const float *A, size_t lda,
+             const float *B, size_t ldb, float beta, float *C, size_t ldc) {
     const rx_gemm_op g = {ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc};
-    rx_bgemm_batch(&g, 1);
+    return rx_bgemm_batch(&g, 1);
 }
 
 /* ---- the projections' precision ------------------------------------------ */
@@ -672,15 +666,12 @@ int rx_gemm_set_precision(int precision) {
     return old;
 }
 
-void rx_pgemm_batch(const rx_gemm_op *ops, size_t n) {
-    if (tl_precision == RX_PRECISION_BF16)
-        rx_bgemm_batch(ops, n);
-    else
-        rx_sgemm_batch(ops, n);
+int rx_pgemm_batch(const rx_gemm_op *ops, size_t n) {
+    return tl_precision == RX_PRECISION_BF16 ? rx_bgemm_batch(ops, n) : rx_sgemm_batch(ops, n);
 }
 
-void rx_pgemm(int ta, int tb, size_t M, size_t N, size_t K, const float *A, size_t lda,
-              const float *B, size_t ldb, float beta, float *C, size_t ldc) {
+int rx_pgemm(int ta, int tb, size_t M, size_t N, size_t K, const float *A, size_t lda,
+             const float *B, size_t ldb, float beta, float *C, size_t ldc) {
     const rx_gemm_op g = {ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc};
-    rx_pgemm_batch(&g, 1);
+    return rx_pgemm_batch(&g, 1);
 }

@@ -3,8 +3,9 @@
  * head.c -- the unembedding projection and the softmax cross-entropy loss
  * that reads its logits (docs/maths.md §Loss).
  *
- * The void signatures cannot return an error: outputs of a call with a
- * missing input are filled with NaN instead.
+ * rx_head_logits, rx_head_grads and rx_cross_entropy return a code; the
+ * original API's void and double forms wrap them, and since they cannot
+ * return an error, fill their outputs with NaN on one instead.
  *
  * The log-sum-exp subtracts the row maximum and accumulates in double, so
  * any finite logits, +-3e38 included, give the exact loss and a clean
@@ -15,31 +16,47 @@
 #include "rx_internal.h"
 
 /* x: [T][C]; head: [C][vocab]; logits: [T][vocab] */
+int rx_head_logits(const float *x, const float *head, int T, int C, int vocab,
+                   float *logits) {
+    if (!x || !head || !logits)
+        return rx_fail(RX_EINVAL, "rx_head_logits: %s is NULL",
+                       !x ? "x" : !head ? "head" : "logits");
+    if (T < 1 || C < 1 || vocab < 1)
+        return rx_fail(RX_EINVAL, "rx_head_logits: T = %d, C = %d, vocab = %d must be >= 1", T,
+                       C, vocab);
+    const size_t TT = (size_t)T, CC = (size_t)C, V = (size_t)vocab;
+    return rx_pgemm(0, 0, TT, V, CC, x, CC, head, V, 0.0f, logits, V);
+}
+
 void rx_head_forward(const float *x, const float *head, int T, int C, int vocab,
                      float *logits) {
-    if (!logits || T < 1 || C < 1 || vocab < 1) return;
-    const size_t TT = (size_t)T, CC = (size_t)C, V = (size_t)vocab;
-    if (!x || !head) {
-        rx_fnan(logits, TT * V);
-        return;
-    }
-    rx_pgemm(0, 0, TT, V, CC, x, CC, head, V, 0.0f, logits, V);
+    if (rx_head_logits(x, head, T, C, vocab, logits) != RX_OK && T > 0 && vocab > 0)
+        rx_fnan(logits, (size_t)T * (size_t)vocab);
 }
 
 /* x: [T][C]; head: [C][vocab]; dlogits: [T][vocab];
  * dx: [T][C] written; d_head: [C][vocab] overwritten with x^T . dlogits */
-void rx_head_backward(const float *x, const float *head, const float *dlogits,
-                      int T, int C, int vocab, float *dx, float *d_head) {
-    if (T < 1 || C < 1 || vocab < 1) return;
+int rx_head_grads(const float *x, const float *head, const float *dlogits,
+                  int T, int C, int vocab, float *dx, float *d_head) {
+    if (!x || !head || !dlogits || !dx || !d_head)
+        return rx_fail(RX_EINVAL, "rx_head_grads: %s is NULL",
+                       !x ? "x" : !head ? "head" : !dlogits ? "dlogits" : !dx ? "dx" : "d_head");
+    if (T < 1 || C < 1 || vocab < 1)
+        return rx_fail(RX_EINVAL, "rx_head_grads: T = %d, C = %d, vocab = %d must be >= 1", T,
+                       C, vocab);
     const size_t TT = (size_t)T, CC = (size_t)C, V = (size_t)vocab;
-    if (!x || !head || !dlogits || !dx || !d_head) {
-        rx_fnan(dx, TT * CC);
-        rx_fnan(d_head, CC * V);
-        return;
-    }
     const rx_gemm_op ops[2] = {{0, 1, TT, CC, V, dlogits, V, head, V, 0.0f, dx, CC},
                                {1, 0, CC, V, TT, x, CC, dlogits, V, 0.0f, d_head, V}};
-    rx_pgemm_batch(ops, 2);
+    return rx_pgemm_batch(ops, 2);
+}
+
+void rx_head_backward(const float *x, const float *head, const float *dlogits,
+                      int T, int C, int vocab, float *dx, float *d_head) {
+    if (rx_head_grads(x, head, dlogits, T, C, vocab, dx, d_head) == RX_OK || T < 1 || C < 1 ||
+        vocab < 1)
+        return;
+    rx_fnan(dx, (size_t)T * (size_t)C);
+    rx_fnan(d_head, (size_t)C * (size_t)vocab);
 }
 
 /* One row: returns -log softmax(l)[target]; if d is not NULL writes
@@ -100,37 +117,36 @@ static int ce_valid(int target, int ignore_index) {
 }
 
 /* logits, dlogits: [T][vocab]; targets: [T]. Shared by the forward (dlogits
- * NULL) and the backward. On failure returns NaN and fills dlogits (if any)
- * with NaN. */
-static double cross_entropy(const float *logits, const int *targets, int T, int vocab,
-                            int ignore_index, float *dlogits) {
-    if (T < 1 || vocab < 1) return NAN;
+ * NULL) and the backward. */
+static int cross_entropy(const float *logits, const int *targets, int T, int vocab,
+                         int ignore_index, float *dlogits, double *loss_out) {
+    static const char *const fn = "rx_cross_entropy";
+    if (!logits || !targets || !loss_out)
+        return rx_fail(RX_EINVAL, "%s: %s is NULL", fn,
+                       !logits ? "logits" : !targets ? "targets" : "loss");
+    if (T < 1 || vocab < 1)
+        return rx_fail(RX_EINVAL, "%s: T = %d, vocab = %d must be >= 1", fn, T, vocab);
     const size_t TT = (size_t)T, V = (size_t)vocab;
     size_t n_valid = 0;
-    int ok = logits && targets;
-    for (size_t t = 0; ok && t < TT; t++) {
+    for (size_t t = 0; t < TT; t++) {
         if (!ce_valid(targets[t], ignore_index)) continue;
-        if (targets[t] < 0 || targets[t] >= vocab) ok = 0;
+        if (targets[t] < 0 || targets[t] >= vocab)
+            return rx_fail(RX_EINVAL, "%s: target %d at position %zu is outside [0, %d) and is "
+                           "not ignore_index %d", fn, targets[t], t, vocab, ignore_index);
         n_valid++;
-    }
-    if (!ok) {
-        rx_fnan(dlogits, TT * V);
-        return NAN;
     }
     if (n_valid == 0) {
         rx_fzero(dlogits, TT * V);
-        return 0.0;
+        *loss_out = 0.0;
+        return RX_OK;
     }
     const double scale = 1.0 / (double)n_valid;
     /* nt fixed row ranges, each summed into its own slot and the slots added
      * in order: the loss does not depend on how many threads ran them. */
-    int nt = (rx_in_parallel() || TT * V < 32768) ? 1 : rx_max_threads();
+    int nt = (rx_in_parallel() || TT * V < RX_ROW_MIN_PAR) ? 1 : rx_max_threads();
     if ((size_t)nt > TT) nt = (int)TT;
     double *part = rx_alloc((size_t)nt, sizeof(double));
-    if (!part) {
-        rx_fnan(dlogits, TT * V);
-        return NAN;
-    }
+    if (!part) return rx_fail(RX_ENOMEM, "%s: out of memory (%d partial sums)", fn, nt);
     /* each target is read once here and range-checked as read: a caller's
      * thread changing targets after the check above cannot index past V */
     int bad = 0;
@@ -153,28 +169,40 @@ static double cross_entropy(const float *logits, const int *targets, int T, int 
     double loss = 0.0;
     for (int p = 0; p < nt; p++) loss += part[p];
     free(part);
-    if (bad) {
-        rx_fnan(dlogits, TT * V);
-        return NAN;
-    }
-    return loss * scale;
+    if (bad)   /* a thread of the caller's changed a target after the check */
+        return rx_fail(RX_EINVAL, "%s: targets changed while being read", fn);
+    *loss_out = loss * scale;
+    return RX_OK;
+}
+
+/* logits, dlogits: [T][vocab] (dlogits NULL: the loss alone); targets: [T] */
+int rx_cross_entropy(const float *logits, const int *targets, int T, int vocab,
+                     int ignore_index, float *dlogits, double *loss) {
+    rx_prof_push(RX_PROF_CE);
+    int rc = cross_entropy(logits, targets, T, vocab, ignore_index, dlogits, loss);
+    rx_prof_pop();
+    return rc;
 }
 
 /* logits: [T][vocab]; targets: [T] */
 double rx_cross_entropy_forward(const float *logits, const int *targets, int T, int vocab,
                                 int ignore_index) {
-    rx_prof_push(RX_PROF_CE);
-    double loss = cross_entropy(logits, targets, T, vocab, ignore_index, NULL);
-    rx_prof_pop();
-    return loss;
+    double loss;
+    return rx_cross_entropy(logits, targets, T, vocab, ignore_index, NULL, &loss) == RX_OK
+               ? loss : NAN;
 }
 
-/* logits, dlogits: [T][vocab]; targets: [T]. dlogits is required. */
+/* logits, dlogits: [T][vocab]; targets: [T]. dlogits is required; NaN-filled
+ * on failure. */
 double rx_cross_entropy_backward(const float *logits, const int *targets, int T, int vocab,
                                  int ignore_index, float *dlogits) {
-    if (!dlogits) return NAN;
-    rx_prof_push(RX_PROF_CE);
-    double loss = cross_entropy(logits, targets, T, vocab, ignore_index, dlogits);
-    rx_prof_pop();
-    return loss;
+    double loss;
+    if (!dlogits) {
+        rx_fail(RX_EINVAL, "rx_cross_entropy_backward: dlogits is NULL");
+        return NAN;
+    }
+    if (rx_cross_entropy(logits, targets, T, vocab, ignore_index, dlogits, &loss) == RX_OK)
+        return loss;
+    if (T > 0 && vocab > 0) rx_fnan(dlogits, (size_t)T * (size_t)vocab);
+    return NAN;
 }

@@ -65,10 +65,14 @@ void rx_infer_reset(rx_infer_state *s) {
     s->pos = 0;
 }
 
-rx_infer_state *rx_infer_new(rx_ptmodel *m, int max_len) {
-    if (!m || max_len < 1) return NULL;
+int rx_infer_create(rx_ptmodel *m, int max_len, rx_infer_state **out) {
+    static const char *const fn = "rx_infer_create";
+    if (!out) return rx_fail(RX_EINVAL, "%s: out is NULL", fn);
+    *out = NULL;
+    if (!m) return rx_fail(RX_EINVAL, "%s: model is NULL", fn);
+    if (max_len < 1) return rx_fail(RX_EINVAL, "%s: max_len = %d must be >= 1", fn, max_len);
     rx_infer_state *s = calloc(1, sizeof *s);
-    if (!s) return NULL;
+    if (!s) return rx_fail(RX_ENOMEM, "%s: out of memory", fn);
     s->m = m;
     s->cfg = rx_ptmodel_config(m);
     s->layers = rx_ptmodel_layers(m);
@@ -87,12 +91,19 @@ rx_infer_state *rx_infer_new(rx_ptmodel *m, int max_len) {
     s->wkv = rx_falloc(nr * C * N);
     s->kc = rx_falloc(na * (size_t)max_len * C);
     s->vc = rx_falloc(na * (size_t)max_len * C);
-    if (!s->layers || !s->emb || !s->ln_out_w || !s->ln_out_b || !s->head || !s->tm_carry ||
-        !s->cm_carry || !s->wkv || !s->kc || !s->vc) {
+    /* every model has its named tensors: only the buffers can be missing */
+    if (!s->tm_carry || !s->cm_carry || !s->wkv || !s->kc || !s->vc) {
         rx_infer_free(s);
-        return NULL;
+        return rx_fail(RX_ENOMEM, "%s: out of memory for max_len = %d", fn, max_len);
     }
     rx_infer_reset(s);
+    *out = s;
+    return RX_OK;
+}
+
+rx_infer_state *rx_infer_new(rx_ptmodel *m, int max_len) {
+    rx_infer_state *s;
+    rx_infer_create(m, max_len, &s);
     return s;
 }
 
@@ -126,12 +137,12 @@ static int attn_step(rx_infer_state *s, int ai, float *x, float *h, float *o, fl
     const size_t C = (size_t)s->cfg.n_embd, L = (size_t)s->max_len, pos = (size_t)s->pos;
     float *kc = s->kc + (size_t)ai * L * C, *vc = s->vc + (size_t)ai * L * C;
     rx_rownorm_forward(x, P->ln1_w, P->ln1_b, h, NULL, NULL, T, C, 1, RX_LN_EPS);
-    rx_sgemm(0, 0, T, C, C, h, C, P->receptance_w, C, 0.0f, q, C);
-    rx_sgemm(0, 0, T, C, C, h, C, P->key_w, C, 0.0f, kc + pos * C, C);
-    rx_sgemm(0, 0, T, C, C, h, C, P->value_w, C, 0.0f, vc + pos * C, C);
-    int rc = rx_attn_decode(P, q, kc, vc, (int)pos, (int)T, y);
+    int rc = rx_sgemm(0, 0, T, C, C, h, C, P->receptance_w, C, 0.0f, q, C);
+    if (rc == RX_OK) rc = rx_sgemm(0, 0, T, C, C, h, C, P->key_w, C, 0.0f, kc + pos * C, C);
+    if (rc == RX_OK) rc = rx_sgemm(0, 0, T, C, C, h, C, P->value_w, C, 0.0f, vc + pos * C, C);
+    if (rc == RX_OK) rc = rx_attn_decode(P, q, kc, vc, (int)pos, (int)T, y);
+    if (rc == RX_OK) rc = rx_sgemm(0, 0, T, C, C, y, C, P->output_w, C, 0.0f, o, C);
     if (rc != RX_OK) return rc;
-    rx_sgemm(0, 0, T, C, C, y, C, P->output_w, C, 0.0f, o, C);
     add_rows(x, o, T * C);
     return RX_OK;
 }
@@ -151,23 +162,31 @@ static int cm_step(rx_infer_state *s, int b, const rx_cm_params *cm, const float
 
 /* tokens [T], each in [0, vocab); logits [T][vocab] */
 int rx_infer_forward(rx_infer_state *s, const int *tokens, int T, float *logits) {
-    if (!s || !tokens || !logits || T < 1) return RX_EINVAL;
-    if (s->cfg.n_attn_layer > 0 && (int64_t)s->pos + T > s->max_len) return RX_EINVAL;
+    static const char *const fn = "rx_infer_forward";
+    if (!s || !tokens || !logits)
+        return rx_fail(RX_EINVAL, "%s: %s is NULL", fn,
+                       !s ? "state" : !tokens ? "tokens" : "logits");
+    if (T < 1) return rx_fail(RX_EINVAL, "%s: T = %d must be >= 1", fn, T);
+    if (s->cfg.n_attn_layer > 0 && (int64_t)s->pos + T > s->max_len)
+        return rx_fail(RX_EINVAL, "%s: %d tokens at position %d would pass max_len = %d", fn, T,
+                       s->pos, s->max_len);
     const size_t C = (size_t)s->cfg.n_embd, TT = (size_t)T, V = (size_t)s->cfg.vocab_size;
     /* the ids are copied, then checked: a caller's thread writing to tokens
      * meanwhile cannot slip an id past the check into the embedding */
     int *tok = rx_alloc(TT, sizeof(int));
-    if (!tok) return RX_ENOMEM;
+    if (!tok) return rx_fail(RX_ENOMEM, "%s: out of memory for T = %d", fn, T);
     memcpy(tok, tokens, TT * sizeof(int));
     for (size_t t = 0; t < TT; t++)
         if (tok[t] < 0 || tok[t] >= s->cfg.vocab_size) {
+            const int bad = tok[t];
             free(tok);
-            return RX_EINVAL;
+            return rx_fail(RX_EINVAL, "%s: token %d at position %zu is outside [0, %d)", fn, bad,
+                           t, s->cfg.vocab_size);
         }
     float *buf = rx_falloc(6 * TT * C);
     if (!buf) {
         free(tok);
-        return RX_ENOMEM;
+        return rx_fail(RX_ENOMEM, "%s: out of memory for T = %d", fn, T);
     }
     float *x = buf, *h = x + TT * C, *o = h + TT * C, *vf = o + TT * C, *q = vf + TT * C;
     float *y = q + TT * C;
@@ -180,10 +199,10 @@ int rx_infer_forward(rx_infer_state *s, const int *tokens, int T, float *logits)
     if (rc == RX_OK && nr > 1) rc = rx_tm_acts_alloc(&A[1], &rx_ptmodel_rwkv(s->m, 1)->tm, 1, TT);
     if (rc == RX_OK) {
         if (s->ln0_w) {
-            rx_embedding_forward(s->emb, tok, T, (int)C, h);
+            rc = rx_embedding_gather(s->emb, tok, T, (int)C, (int)V, h);
             rx_rownorm_forward(h, s->ln0_w, s->ln0_b, x, NULL, NULL, TT, C, 1, RX_LN_EPS);
         } else {
-            rx_embedding_forward(s->emb, tok, T, (int)C, x);
+            rc = rx_embedding_gather(s->emb, tok, T, (int)C, (int)V, x);
         }
         int ri = 0, ai = 0;
         for (int b = 0; b < s->n_blocks && rc == RX_OK; b++) {
@@ -201,7 +220,9 @@ int rx_infer_forward(rx_infer_state *s, const int *tokens, int T, float *logits)
     }
     if (rc == RX_OK) {
         rx_rownorm_forward(x, s->ln_out_w, s->ln_out_b, h, NULL, NULL, TT, C, 1, RX_LN_EPS);
-        rx_head_forward(h, s->head, T, (int)C, (int)V, logits);
+        rc = rx_head_logits(h, s->head, T, (int)C, (int)V, logits);
+    }
+    if (rc == RX_OK) {
         s->pos += T;
     }
     rx_tm_acts_free(&A[0]);

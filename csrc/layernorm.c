@@ -67,7 +67,7 @@ void rx_rownorm_forward(const float *x, const float *w, const float *b,
                         float *out, float *mean, float *rstd,
                         size_t rows, size_t D, size_t period, float eps) {
     rx_prof_push(RX_PROF_NORM);
-    int nt = (rx_in_parallel() || rows * D < 32768) ? 1 : rx_max_threads();
+    int nt = (rx_in_parallel() || rows * D < RX_ROW_MIN_PAR) ? 1 : rx_max_threads();
     /* nt fixed row ranges, not one per thread id: the runtime may grant fewer
      * threads than asked (OMP_THREAD_LIMIT, OMP_DYNAMIC). */
 #pragma omp parallel for schedule(static, 1) num_threads(nt) if (nt > 1)
@@ -123,7 +123,7 @@ RX_HOT static void rownorm_backward_rows(const float *x, const float *w, const f
 int rx_rownorm_backward(const float *x, const float *w, const float *dy,
                         float *dx, float *dw, float *db,
                         size_t rows, size_t D, size_t period, float eps) {
-    int nt = (rx_in_parallel() || rows * D < 32768) ? 1 : rx_max_threads();
+    int nt = (rx_in_parallel() || rows * D < RX_ROW_MIN_PAR) ? 1 : rx_max_threads();
     if (nt == 1) {
         rx_prof_push(RX_PROF_NORM);
         rownorm_backward_rows(x, w, dy, dx, dw, db, 0, rows, D, period, eps);
@@ -134,7 +134,7 @@ int rx_rownorm_backward(const float *x, const float *w, const float *dy,
      * the result does not depend on scheduling. */
     size_t PD = period * D;
     float *part = rx_fcalloc((size_t)nt * 2 * PD);
-    if (!part) return RX_ENOMEM;
+    if (!part) return rx_fail(RX_ENOMEM, "rx_rownorm_backward: out of memory");
     rx_prof_push(RX_PROF_NORM);
 #pragma omp parallel for schedule(static, 1) num_threads(nt)
     for (int p = 0; p < nt; p++)
@@ -154,7 +154,11 @@ int rx_rownorm_backward(const float *x, const float *w, const float *dy,
 /* x, out: [B][T][C]; w, b: [C] */
 int rx_layernorm_forward_seq(const float *x, const float *w, const float *b, float *out,
                              int B, int T, int C) {
-    if (!x || !w || !b || !out || B < 1 || T < 1 || C < 1) return RX_EINVAL;
+    static const char *const fn = "rx_layernorm_forward_seq";
+    const char *nul = rx_first_null(RX_NULLS(x, w, b, out), RX_NAMES("x", "w", "b", "out"), 4);
+    if (nul) return rx_fail(RX_EINVAL, "%s: %s is NULL", fn, nul);
+    if (B < 1 || T < 1 || C < 1)
+        return rx_fail(RX_EINVAL, "%s: B = %d, T = %d, C = %d must be >= 1", fn, B, T, C);
     rx_rownorm_forward(x, w, b, out, NULL, NULL, (size_t)B * T, (size_t)C, 1, RX_LN_EPS);
     return RX_OK;
 }
@@ -163,7 +167,12 @@ int rx_layernorm_forward_seq(const float *x, const float *w, const float *b, flo
 int rx_layernorm_backward(const float *x, const float *w, const float *b, const float *dy,
                           float *dx, float *dw, float *db, int B, int T, int C) {
     (void)b; /* the bias does not enter the input gradient */
-    if (!x || !w || !dy || !dx || !dw || !db || B < 1 || T < 1 || C < 1) return RX_EINVAL;
+    static const char *const fn = "rx_layernorm_backward";
+    const char *nul = rx_first_null(RX_NULLS(x, w, dy, dx, dw, db),
+                                    RX_NAMES("x", "w", "dy", "dx", "dw", "db"), 6);
+    if (nul) return rx_fail(RX_EINVAL, "%s: %s is NULL", fn, nul);
+    if (B < 1 || T < 1 || C < 1)
+        return rx_fail(RX_EINVAL, "%s: B = %d, T = %d, C = %d must be >= 1", fn, B, T, C);
     rx_fzero(dw, (size_t)C);
     rx_fzero(db, (size_t)C);
     return rx_rownorm_backward(x, w, dy, dx, dw, db, (size_t)B * T, (size_t)C, 1, RX_LN_EPS);

@@ -68,18 +68,30 @@ static int64_t dim_of(const rx_pt_config *c, int d) {
 }
 
 int rx_pt_config_validate(const rx_pt_config *c) {
-    if (!c) return RX_EINVAL;
-    if (c->n_embd < 1 || c->n_head < 1 || c->head_size < 1 || c->n_rwkv_layer < 1 ||
-        c->n_attn_layer < 0 || c->n_attn_layer > c->n_rwkv_layer || c->vocab_size < 1 ||
-        c->Dw < 1 || c->Da < 1 || c->Dg < 1 || c->Dv < 1 || c->ffn_dim < 1 ||
-        c->chunk_size < 1)
-        return RX_EINVAL;
-    if ((int64_t)c->n_head * c->head_size != c->n_embd) return RX_EINVAL;
+    static const char *const fn = "rx_pt_config_validate";
+    if (!c) return rx_fail(RX_EINVAL, "%s: config is NULL", fn);
+    /* every size field must be >= 1 (n_attn_layer >= 0, moba_top_k free) */
+    const struct { const char *name; int v; } pos[] = {
+        {"n_embd", c->n_embd}, {"n_head", c->n_head}, {"head_size", c->head_size},
+        {"n_rwkv_layer", c->n_rwkv_layer}, {"vocab_size", c->vocab_size}, {"Dw", c->Dw},
+        {"Da", c->Da}, {"Dg", c->Dg}, {"Dv", c->Dv}, {"ffn_dim", c->ffn_dim},
+        {"chunk_size", c->chunk_size}};
+    for (size_t i = 0; i < sizeof pos / sizeof pos[0]; i++)
+        if (pos[i].v < 1)
+            return rx_fail(RX_ECONFIG, "%s: %s = %d must be >= 1", fn, pos[i].name, pos[i].v);
+    if (c->n_attn_layer < 0 || c->n_attn_layer > c->n_rwkv_layer)
+        return rx_fail(RX_ECONFIG, "%s: n_attn_layer = %d must lie in [0, n_rwkv_layer = %d]",
+                       fn, c->n_attn_layer, c->n_rwkv_layer);
+    if ((int64_t)c->n_head * c->head_size != c->n_embd)
+        return rx_fail(RX_ECONFIG, "%s: n_head * head_size = %d * %d must equal n_embd = %d",
+                       fn, c->n_head, c->head_size, c->n_embd);
     /* rx_ptmodel_param reports element counts as int: the largest of the
      * [C, x] tensors must fit */
     const int64_t C = c->n_embd;
     for (int d = D_C; d <= D_Dv; d++)
-        if (C * dim_of(c, d) > INT32_MAX) return RX_EINVAL;
+        if (C * dim_of(c, d) > INT32_MAX)
+            return rx_fail(RX_ECONFIG, "%s: config too large: a [%d, %lld] parameter tensor "
+                           "exceeds 2**31 - 1 elements", fn, c->n_embd, (long long)dim_of(c, d));
     return RX_OK;
 }
 
@@ -144,7 +156,8 @@ int rx_tm_num_fields(void) { return N_TM_FIELDS; }
 
 int rx_tm_field(int i, const char **name, size_t *p_off, size_t *g_off, const char *dims[2],
                 int *at_layer0) {
-    if (i < 0 || i >= N_TM_FIELDS) return RX_EINVAL;
+    if (i < 0 || i >= N_TM_FIELDS)
+        return rx_fail(RX_EINVAL, "rx_tm_field: field %d is outside [0, %d)", i, N_TM_FIELDS);
     const field_spec *s = &tm_fields[i];
     if (name) *name = s->name;
     if (p_off) *p_off = s->p_off;
@@ -292,10 +305,16 @@ void rx_ptmodel_free(rx_ptmodel *m) {
     free(m);
 }
 
-rx_ptmodel *rx_model_new_random_flags(const rx_pt_config *pc, int flags, uint64_t seed) {
-    if (rx_pt_config_validate(pc) != RX_OK || (flags & ~RX_PT_FLAGS_ALL)) return NULL;
+int rx_model_create(const rx_pt_config *pc, int flags, uint64_t seed, rx_ptmodel **out) {
+    static const char *const fn = "rx_model_create";
+    if (!out) return rx_fail(RX_EINVAL, "%s: out is NULL", fn);
+    *out = NULL;
+    int rc = rx_pt_config_validate(pc);
+    if (rc != RX_OK) return rc;
+    if (flags & ~RX_PT_FLAGS_ALL)
+        return rx_fail(RX_EINVAL, "%s: unknown flag bits 0x%x", fn, flags & ~RX_PT_FLAGS_ALL);
     rx_ptmodel *m = calloc(1, sizeof *m);
-    if (!m) return NULL;
+    if (!m) return rx_fail(RX_ENOMEM, "%s: out of memory", fn);
     m->cfg = *pc;
     m->flags = flags;
     const int nr = pc->n_rwkv_layer, na = pc->n_attn_layer;
@@ -341,12 +360,20 @@ rx_ptmodel *rx_model_new_random_flags(const rx_pt_config *pc, int flags, uint64_
     init_params(m, seed);
     free(ly.pp);
     free(ly.gp);
-    return m;
+    *out = m;
+    return RX_OK;
 fail:
     free(ly.pp);
     free(ly.gp);
+    const size_t n = m->n_elems;   /* 0 when the tables failed before the arenas */
     rx_ptmodel_free(m);
-    return NULL;
+    return rx_fail(RX_ENOMEM, "%s: out of memory (parameter arenas of %zu elements)", fn, n);
+}
+
+rx_ptmodel *rx_model_new_random_flags(const rx_pt_config *pc, int flags, uint64_t seed) {
+    rx_ptmodel *m;
+    rx_model_create(pc, flags, seed, &m);
+    return m;
 }
 
 rx_ptmodel *rx_model_new_random(const rx_pt_config *pc, uint64_t seed) {
@@ -361,7 +388,10 @@ int rx_ptmodel_num_params(const rx_ptmodel *m) { return m ? m->n_tensors : 0; }
 
 int rx_ptmodel_param(rx_ptmodel *m, int i, const char **name, float **data, float **grad,
                      int *n) {
-    if (!m || i < 0 || i >= m->n_tensors) return RX_EINVAL;
+    if (!m) return rx_fail(RX_EINVAL, "rx_ptmodel_param: model is NULL");
+    if (i < 0 || i >= m->n_tensors)
+        return rx_fail(RX_EINVAL, "rx_ptmodel_param: index %d is outside [0, %d)", i,
+                       m->n_tensors);
     const rx_tensor *t = &m->tensors[i];
     if (name) *name = t->name;
     if (data) *data = m->params + t->off;
@@ -371,7 +401,10 @@ int rx_ptmodel_param(rx_ptmodel *m, int i, const char **name, float **data, floa
 }
 
 int rx_ptmodel_param_shape(const rx_ptmodel *m, int i, int shape[2]) {
-    if (!m || !shape || i < 0 || i >= m->n_tensors) return RX_EINVAL;
+    if (!m || !shape) return rx_fail(RX_EINVAL, "rx_ptmodel_param_shape: model or shape is NULL");
+    if (i < 0 || i >= m->n_tensors)
+        return rx_fail(RX_EINVAL, "rx_ptmodel_param_shape: index %d is outside [0, %d)", i,
+                       m->n_tensors);
     const rx_tensor *t = &m->tensors[i];
     shape[0] = t->shape[0];
     if (t->ndim == 2) shape[1] = t->shape[1];
@@ -478,26 +511,35 @@ void rx_pt_acts_free(rx_pt_acts *a) {
 /* One float allocation carved into block_in | v_first | lnout | work |
  * logits | dlogits: BT*((n_blocks+7)*C + 2*vocab) floats; the blocks' kept
  * intermediates and a block backward's scratch beside it. */
-rx_pt_acts *rx_pt_acts_new_batch(const rx_ptmodel *m, int B, int T) {
-    if (!m || B < 1 || T < 1 || (int64_t)B * T > INT32_MAX) return NULL;
+int rx_pt_acts_create(const rx_ptmodel *m, int B, int T, rx_pt_acts **out) {
+    static const char *const fn = "rx_pt_acts_create";
+    if (!out) return rx_fail(RX_EINVAL, "%s: out is NULL", fn);
+    *out = NULL;
+    if (!m) return rx_fail(RX_EINVAL, "%s: model is NULL", fn);
+    if (B < 1 || T < 1 || (int64_t)B * T > INT32_MAX)
+        return rx_fail(RX_EINVAL, "%s: B = %d, T = %d: each must be >= 1 and B*T <= 2**31 - 1",
+                       fn, B, T);
     const size_t BT = (size_t)B * (size_t)T, C = (size_t)m->cfg.n_embd;
     const size_t V = (size_t)m->cfg.vocab_size, nb = (size_t)m->n_blocks;
     size_t rowc, rowv, total;
+    /* sizes that do not fit the address space cannot be allocated either */
     if (!mul_ok(BT, C, &rowc) || !mul_ok(BT, V, &rowv) || !mul_ok(rowc, nb + 7, &total) ||
         total > SIZE_MAX - 2 * rowv || rowv > SIZE_MAX / 2)
-        return NULL;
+        return rx_fail(RX_ENOMEM, "%s: acts for B = %d, T = %d exceed the address space", fn, B,
+                       T);
     total += 2 * rowv;
     rx_pt_acts *a = calloc(1, sizeof *a);
-    if (!a) return NULL;
-    a->tokens = rx_alloc(BT, sizeof(int));
+    if (!a) return rx_fail(RX_ENOMEM, "%s: out of memory", fn);
     float *f = rx_fcalloc(total);   /* zeroed: nothing is ever read uninitialised */
-    a->saved = saved_new(m, (size_t)B, (size_t)T);
+    a->tokens = f ? rx_alloc(BT, sizeof(int)) : NULL;
+    a->saved = a->tokens ? saved_new(m, (size_t)B, (size_t)T) : NULL;
     if (!a->tokens || !f || !a->saved) {
         saved_free(a->saved);
         free(a->tokens);
         free(f);
         free(a);
-        return NULL;
+        return rx_fail(RX_ENOMEM, "%s: out of memory for B = %d, T = %d (%zu floats of "
+                       "activations, besides the blocks' own)", fn, B, T, total);
     }
     a->B = B;
     a->T = T;
@@ -510,6 +552,13 @@ rx_pt_acts *rx_pt_acts_new_batch(const rx_ptmodel *m, int B, int T) {
     a->work = a->lnout + rowc;
     a->logits = a->work + 4 * rowc;
     a->dlogits = a->logits + rowv;
+    *out = a;
+    return RX_OK;
+}
+
+rx_pt_acts *rx_pt_acts_new_batch(const rx_ptmodel *m, int B, int T) {
+    rx_pt_acts *a;
+    rx_pt_acts_create(m, B, T, &a);
     return a;
 }
 
@@ -525,7 +574,12 @@ static int acts_fit(const rx_ptmodel *m, const rx_pt_acts *a, int B, int T) {
 
 /* tokens: [B][T]; fills acts: block_in, v_first, lnout, logits */
 static int forward_batch(rx_ptmodel *m, const int *tokens, int B, int T, rx_pt_acts *acts) {
-    if (!m || !tokens || B < 1 || T < 1 || !acts_fit(m, acts, B, T)) return RX_EINVAL;
+    static const char *const fn = "rx_pretrain_forward_batch";
+    if (!m || !tokens || !acts)
+        return rx_fail(RX_EINVAL, "%s: %s is NULL", fn, !m ? "model" : !tokens ? "tokens" : "acts");
+    if (!acts_fit(m, acts, B, T))
+        return rx_fail(RX_EINVAL, "%s: acts were made for B = %d, T = %d (or another model), "
+                       "called with B = %d, T = %d", fn, acts->B, acts->T, B, T);
     const int V = m->cfg.vocab_size, C = m->cfg.n_embd, BT = B * T;
     /* copy into the backward's scratch (work), check the copy, then keep
      * it: a caller's thread writing to tokens meanwhile cannot slip an id
@@ -536,35 +590,37 @@ static int forward_batch(rx_ptmodel *m, const int *tokens, int B, int T, rx_pt_a
     for (int i = 0; i < BT; i++) {
         int t;
         memcpy(&t, copy + (size_t)i * sizeof(int), sizeof t);
-        if (t < 0 || t >= V) return RX_EINVAL;
+        if (t < 0 || t >= V)
+            return rx_fail(RX_EINVAL, "%s: token %d at position %d is outside [0, %d)", fn, t, i,
+                           V);
     }
     acts->ready = 0;
     memcpy(acts->tokens, copy, (size_t)BT * sizeof(int));
     const size_t rowc = (size_t)BT * (size_t)C;
+    int rc;
     if (m->ln0_w) {
         /* the raw rows go through scratch; the backward gathers them again */
-        rx_embedding_forward(m->emb, acts->tokens, BT, C, acts->work);
-        rx_rownorm_forward(acts->work, m->ln0_w, m->ln0_b, acts->block_in, NULL, NULL, (size_t)BT,
-                           (size_t)C, 1, RX_LN_EPS);
+        rc = rx_embedding_gather(m->emb, acts->tokens, BT, C, V, acts->work);
+        if (rc == RX_OK)
+            rx_rownorm_forward(acts->work, m->ln0_w, m->ln0_b, acts->block_in, NULL, NULL,
+                               (size_t)BT, (size_t)C, 1, RX_LN_EPS);
     } else {
-        rx_embedding_forward(m->emb, acts->tokens, BT, C, acts->block_in);
+        rc = rx_embedding_gather(m->emb, acts->tokens, BT, C, V, acts->block_in);
     }
-    for (int L = 0; L < m->n_blocks; L++) {
+    for (int L = 0; L < m->n_blocks && rc == RX_OK; L++) {
         const float *x = acts->block_in + (size_t)L * rowc;
         float *out = acts->block_in + (size_t)(L + 1) * rowc;
         int i = m->block_idx[L];
-        int rc = m->layers[L] == 'R'
-                     ? rx_block_forward_acts(&m->rwkv[i], x, NULL, NULL,
-                                             i > 0 ? acts->v_first : NULL,
-                                             i > 0 ? NULL : acts->v_first,
-                                             &acts->saved->rwkv[i], out)
-                     : rx_attn_forward_acts(&m->attn[i], x, NULL, acts->saved->attn[i], out);
-        if (rc != RX_OK) return rc;
+        rc = m->layers[L] == 'R'
+                 ? rx_block_forward_acts(&m->rwkv[i], x, NULL, NULL, i > 0 ? acts->v_first : NULL,
+                                         i > 0 ? NULL : acts->v_first, &acts->saved->rwkv[i], out)
+                 : rx_attn_forward_acts(&m->attn[i], x, NULL, acts->saved->attn[i], out);
     }
-    int rc = rx_layernorm_forward_seq(acts->block_in + (size_t)m->n_blocks * rowc, m->ln_out_w,
+    if (rc == RX_OK)
+        rc = rx_layernorm_forward_seq(acts->block_in + (size_t)m->n_blocks * rowc, m->ln_out_w,
                                       m->ln_out_b, acts->lnout, B, T, C);
+    if (rc == RX_OK) rc = rx_head_logits(acts->lnout, m->head, BT, C, V, acts->logits);
     if (rc != RX_OK) return rc;
-    rx_head_forward(acts->lnout, m->head, BT, C, V, acts->logits);
     acts->ready = 1;
     return RX_OK;
 }
@@ -585,14 +641,22 @@ int rx_pretrain_forward(rx_ptmodel *m, const int *tokens, int T, rx_pt_acts *act
 
 /* targets: [B][T]; returns the mean loss over the valid positions of the
  * batch and writes the grads of that mean into the grad arena */
-static double backward_batch(rx_ptmodel *m, const rx_pt_acts *acts, const int *targets, int B,
-                             int T, int ignore_index) {
-    if (!m || !targets || B < 1 || T < 1 || !acts_fit(m, acts, B, T) || !acts->ready)
-        return NAN;
+static int backward_batch(rx_ptmodel *m, const rx_pt_acts *acts, const int *targets, int B,
+                          int T, int ignore_index, double *loss_out) {
+    static const char *const fn = "rx_pretrain_backward_loss";
+    if (!m || !acts || !targets || !loss_out)
+        return rx_fail(RX_EINVAL, "%s: %s is NULL", fn,
+                       !m ? "model" : !acts ? "acts" : !targets ? "targets" : "loss");
+    if (!acts_fit(m, acts, B, T))
+        return rx_fail(RX_EINVAL, "%s: acts were made for B = %d, T = %d (or another model), "
+                       "called with B = %d, T = %d", fn, acts->B, acts->T, B, T);
+    if (!acts->ready) return rx_fail(RX_EINVAL, "%s: acts hold no forward", fn);
     const int V = m->cfg.vocab_size, C = m->cfg.n_embd, BT = B * T;
     for (int i = 0; i < BT; i++) {
         int t = targets[i];
-        if ((ignore_index < 0 || t != ignore_index) && (t < 0 || t >= V)) return NAN;
+        if ((ignore_index < 0 || t != ignore_index) && (t < 0 || t >= V))
+            return rx_fail(RX_EINVAL, "%s: target %d at position %d is outside [0, %d) and is "
+                           "not ignore_index %d", fn, t, i, V, ignore_index);
     }
     const size_t rowc = (size_t)BT * (size_t)C;
     float *dcur = acts->work, *dnext = acts->work + rowc;
@@ -601,10 +665,12 @@ static double backward_batch(rx_ptmodel *m, const rx_pt_acts *acts, const int *t
 
     /* targets are valid here, so a NaN loss means non-finite logits: the
      * NaN grads still go through, as the grads of this call */
-    double loss = rx_cross_entropy_backward(acts->logits, targets, BT, V, ignore_index,
-                                            acts->dlogits);
-    rx_head_backward(acts->lnout, m->head, acts->dlogits, BT, C, V, dnext, m->g_head);
-    int rc = rx_layernorm_backward(acts->block_in + (size_t)m->n_blocks * rowc, m->ln_out_w,
+    double loss;
+    int rc = rx_cross_entropy(acts->logits, targets, BT, V, ignore_index, acts->dlogits, &loss);
+    if (rc == RX_OK)
+        rc = rx_head_grads(acts->lnout, m->head, acts->dlogits, BT, C, V, dnext, m->g_head);
+    if (rc == RX_OK)
+        rc = rx_layernorm_backward(acts->block_in + (size_t)m->n_blocks * rowc, m->ln_out_w,
                                    m->ln_out_b, dnext, dcur, m->g_ln_out_w, m->g_ln_out_b, B, T,
                                    C);
     /* dcur: grad on the residual leaving block L. Every RWKV block after
@@ -637,31 +703,43 @@ static double backward_batch(rx_ptmodel *m, const rx_pt_acts *acts, const int *t
     if (rc == RX_OK && m->ln0_w) {
         /* dcur is the grad on ln0's output; the raw rows are gathered again
          * into the free dnext, and the grad on them overwrites dcur */
-        rx_embedding_forward(m->emb, acts->tokens, BT, C, dnext);
-        rc = rx_layernorm_backward(dnext, m->ln0_w, m->ln0_b, dcur, dcur, m->g_ln0_w, m->g_ln0_b,
-                                   B, T, C);
+        rc = rx_embedding_gather(m->emb, acts->tokens, BT, C, V, dnext);
+        if (rc == RX_OK)
+            rc = rx_layernorm_backward(dnext, m->ln0_w, m->ln0_b, dcur, dcur, m->g_ln0_w,
+                                       m->g_ln0_b, B, T, C);
     }
-    if (rc != RX_OK) return NAN;
-    rx_embedding_backward(acts->tokens, BT, C, V, dcur, m->g_emb);
-    return loss;
+    if (rc == RX_OK) rc = rx_embedding_scatter(acts->tokens, BT, C, V, dcur, m->g_emb);
+    if (rc == RX_OK) *loss_out = loss;
+    return rc;
 }
 
 /* backward_batch with the projections in the model's precision */
+int rx_pretrain_backward_loss(rx_ptmodel *m, const rx_pt_acts *acts, const int *targets, int B,
+                              int T, int ignore_index, double *loss) {
+    const int old = rx_gemm_set_precision(m ? m->precision : RX_PRECISION_FP32);
+    const int rc = backward_batch(m, acts, targets, B, T, ignore_index, loss);
+    rx_gemm_set_precision(old);
+    return rc;
+}
+
 double rx_pretrain_backward_batch(rx_ptmodel *m, const rx_pt_acts *acts, const int *targets,
                                   int B, int T, int ignore_index) {
-    const int old = rx_gemm_set_precision(m ? m->precision : RX_PRECISION_FP32);
-    const double loss = backward_batch(m, acts, targets, B, T, ignore_index);
-    rx_gemm_set_precision(old);
-    return loss;
+    double loss;
+    int rc = rx_pretrain_backward_loss(m, acts, targets, B, T, ignore_index, &loss);
+    return rc == RX_OK ? loss : NAN;
 }
 
 int rx_ptmodel_set_precision(rx_ptmodel *m, int precision) {
-    if (!m || (precision != RX_PRECISION_FP32 && precision != RX_PRECISION_BF16)) return RX_EINVAL;
+    if (!m) return rx_fail(RX_EINVAL, "rx_ptmodel_set_precision: model is NULL");
+    if (precision != RX_PRECISION_FP32 && precision != RX_PRECISION_BF16)
+        return rx_fail(RX_EINVAL, "rx_ptmodel_set_precision: unknown precision %d", precision);
     m->precision = precision;
     return RX_OK;
 }
 
-int rx_ptmodel_precision(const rx_ptmodel *m) { return m ? m->precision : RX_EINVAL; }
+int rx_ptmodel_precision(const rx_ptmodel *m) {
+    return m ? m->precision : rx_fail(RX_EINVAL, "rx_ptmodel_precision: model is NULL");
+}
 
 double rx_pretrain_backward(rx_ptmodel *m, const rx_pt_acts *acts, const int *targets, int T,
                             int ignore_index) {

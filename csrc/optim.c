@@ -17,10 +17,10 @@
  */
 #include "rx_internal.h"
 
-#define RX_OPTIM_MIN_PAR 65536 /* below this many elements threads cost more than they save */
+#define RX_OPTIM_MAX_PARTS 256 /* the grad norm's partial sums: at most this many threads */
 
 static int optim_threads(size_t n) {
-    if (rx_in_parallel() || n < RX_OPTIM_MIN_PAR) return 1;
+    if (rx_in_parallel() || n < RX_EW_MIN_PAR) return 1;
     return rx_max_threads();
 }
 
@@ -46,15 +46,23 @@ int rx_adamw_step(float *params, const float *grads, float *m, float *v, size_t 
                   const int64_t *decay_ranges, int n_ranges,
                   float lr, float beta1, float beta2, float eps, float weight_decay,
                   float grad_scale, int64_t step) {
-    if (!params || !grads || !m || !v || n < 1 || n_ranges < 0 ||
-        (n_ranges > 0 && !decay_ranges) || step < 1 || !(beta1 >= 0.0f && beta1 < 1.0f) ||
-        !(beta2 >= 0.0f && beta2 < 1.0f) || !(eps >= 0.0f) || !(lr >= 0.0f) ||
-        !(weight_decay >= 0.0f) || !isfinite(grad_scale))
-        return RX_EINVAL;
+    static const char *const fn = "rx_adamw_step";
+    if (!params || !grads || !m || !v || (n_ranges > 0 && !decay_ranges))
+        return rx_fail(RX_EINVAL, "%s: a buffer or decay_ranges is NULL", fn);
+    if (n < 1 || n_ranges < 0 || step < 1)
+        return rx_fail(RX_EINVAL, "%s: n = %zu, n_ranges = %d, step = %lld out of range", fn, n,
+                       n_ranges, (long long)step);
+    if (!(beta1 >= 0.0f && beta1 < 1.0f) || !(beta2 >= 0.0f && beta2 < 1.0f))
+        return rx_fail(RX_EINVAL, "%s: betas (%g, %g) must lie in [0, 1)", fn, beta1, beta2);
+    if (!(eps >= 0.0f) || !(lr >= 0.0f) || !(weight_decay >= 0.0f) || !isfinite(grad_scale))
+        return rx_fail(RX_EINVAL, "%s: lr = %g, eps = %g, weight_decay = %g must be >= 0 and "
+                       "grad_scale = %g finite", fn, lr, eps, weight_decay, grad_scale);
     int64_t prev = 0;
     for (int r = 0; r < n_ranges; r++) {
         int64_t b = decay_ranges[2 * (size_t)r], e = decay_ranges[2 * (size_t)r + 1];
-        if (b < prev || e < b || (uint64_t)e > (uint64_t)n) return RX_EINVAL;
+        if (b < prev || e < b || (uint64_t)e > (uint64_t)n)
+            return rx_fail(RX_EINVAL, "%s: decay range %d [%lld, %lld) is unsorted, overlapping "
+                           "or outside [0, %zu)", fn, r, (long long)b, (long long)e, n);
         prev = e;
     }
     /* bias corrections in double: beta^step underflows gracefully there */
@@ -95,12 +103,13 @@ RX_HOT static double sumsq_span(const float *g, size_t n) {
     return s;
 }
 
-/* g: [n]. Returns sqrt(sum g^2), NaN on invalid input (or a NaN grad). */
-double rx_grad_norm(const float *g, size_t n) {
-    if (!g || n < 1) return NAN;
+/* g: [n]. *norm = sqrt(sum g^2) (NaN for a NaN grad). */
+int rx_grad_norm_l2(const float *g, size_t n, double *norm) {
+    if (!g || !norm || n < 1)
+        return rx_fail(RX_EINVAL, "rx_grad_norm_l2: %s", n < 1 ? "n < 1" : "g or norm is NULL");
     int nt = optim_threads(n);
-    double part[256];
-    if (nt > 256) nt = 256;
+    double part[RX_OPTIM_MAX_PARTS];
+    if (nt > RX_OPTIM_MAX_PARTS) nt = RX_OPTIM_MAX_PARTS;
 #pragma omp parallel for schedule(static, 1) num_threads(nt) if (nt > 1)
     for (int id = 0; id < nt; id++) {
         size_t lo = n * (size_t)id / (size_t)nt, hi = n * ((size_t)id + 1) / (size_t)nt;
@@ -108,5 +117,11 @@ double rx_grad_norm(const float *g, size_t n) {
     }
     double s = 0.0;
     for (int t = 0; t < nt; t++) s += part[t];
-    return sqrt(s);
+    *norm = sqrt(s);
+    return RX_OK;
+}
+
+double rx_grad_norm(const float *g, size_t n) {
+    double norm;
+    return rx_grad_norm_l2(g, n, &norm) == RX_OK ? norm : NAN;
 }

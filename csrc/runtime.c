@@ -1,11 +1,43 @@
 /* SPDX-License-Identifier: AGPL-3.0-or-later AND Apache-2.0
  *
- * runtime.c -- thread control, shared by the Python and the C front ends,
- * and the per-kernel time accounting of the benchmarks.
+ * runtime.c -- error reporting, thread control, shared by the Python and the
+ * C front ends, and the per-kernel time accounting of the benchmarks.
  */
+#include <stdarg.h>
+#include <stdio.h>
 #include <time.h>
 
 #include "rx_internal.h"
+
+/* The last failure's message, per calling thread: rx_fail writes it, every
+ * failing rx_ function goes through rx_fail, rx_last_error reads it. */
+static _Thread_local char last_error[RX_ERROR_MAX];
+
+int rx_fail(int code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+const char *rx_last_error(void) { return last_error; }
+
+const char *rx_first_null(const void *const *p, const char *const *names, int n) {
+    for (int i = 0; i < n; i++)
+        if (!p[i]) return names[i];
+    return NULL;
+}
+
+const char *rx_strerror(int code) {
+    switch (code) {
+    case RX_OK: return "success";
+    case RX_ENOMEM: return "out of memory";
+    case RX_EINVAL: return "invalid argument";
+    case RX_ECONFIG: return "invalid model config";
+    default: return "unknown error code";
+    }
+}
 
 #ifdef _OPENMP
 static int rx_default_threads;   /* omp_get_max_threads() before any override */

@@ -90,8 +90,12 @@ static inline float *rx_carve(float **p, size_t n) {
     return r;
 }
 
-/* Elementwise passes over n floats run OpenMP over chunks of this many */
+/* Elementwise passes over n floats run OpenMP over chunks of this many,
+ * and only from this many floats on (below, one thread is faster) */
 #define RX_EW_CHUNK ((size_t)16384)
+#define RX_EW_MIN_PAR ((size_t)65536)
+/* Row reductions (norms, softmax) over fewer elements run on one thread */
+#define RX_ROW_MIN_PAR ((size_t)32768)
 
 static inline size_t rx_ew_len(size_t i0, size_t n) {
     return n - i0 < RX_EW_CHUNK ? n - i0 : RX_EW_CHUNK;
@@ -169,6 +173,26 @@ static inline const float *rx_shift_src(const float *x, const float *init,
     return init ? init + b * C : NULL;
 }
 
+/* ---- runtime.c: errors ---------------------------------------------------
+ * The one way a C function reports a failure: return rx_fail(code, fmt, ...)
+ * records the printf-formatted message for rx_last_error on the calling
+ * thread and returns code. The message names the function and the bad
+ * argument or value ("rx_infer_forward: token 300 at position 5 is outside
+ * [0, 256)"). A caller that only passes a callee's code on adds nothing: the
+ * callee's message is the more precise. Inside an OpenMP team a failure is
+ * flagged and reported by the thread that forked it, whose message
+ * rx_last_error then returns. */
+#define RX_ERROR_MAX 256
+#if defined(__GNUC__)
+__attribute__((format(printf, 2, 3)))
+#endif
+int rx_fail(int code, const char *fmt, ...);
+/* The name of the first NULL of the n pointers p (names: theirs), NULL when
+ * none is: the argument a "%s is NULL" message names. */
+const char *rx_first_null(const void *const *p, const char *const *names, int n);
+#define RX_NULLS(...) (const void *const[]){__VA_ARGS__}
+#define RX_NAMES(...) (const char *const[]){__VA_ARGS__}
+
 /* ---- runtime.c: per-kernel self time (rx_profile_*) ---------------------
  * A kernel brackets its work with rx_prof_push(slot) / rx_prof_pop(); time
  * outside every bracket is RX_PROF_OTHER. No-ops unless profiling is on. */
@@ -182,8 +206,12 @@ void rx_prof_pop(void);
  * ([M,K], row stride lda) or, with ta, A^T for A stored [K,M]; likewise B.
  * beta is 0 (overwrite) or 1 (accumulate). Threads itself with OpenMP when
  * called outside a parallel region; inside one it runs on the calling
- * thread. Every projection and its backward goes through here. */
-void rx_sgemm(int ta, int tb, size_t M, size_t N, size_t K,
+ * thread. Every projection and its backward goes through here.
+ * RX_OK, or RX_ENOMEM when a thread's packing buffers cannot be allocated
+ * (C is then unspecified). Inside a parallel region, after the calling
+ * thread's rx_gemm_reserve returned RX_OK, it cannot fail: there it uses
+ * only those fixed-size buffers, which are kept for the thread's life. */
+int rx_sgemm(int ta, int tb, size_t M, size_t N, size_t K,
               const float *A, size_t lda, const float *B, size_t ldb,
               float beta, float *C, size_t ldc);
 /* One GEMM of a batch, the arguments of rx_sgemm. */
@@ -200,7 +228,14 @@ typedef struct {
 } rx_gemm_op;
 /* Independent GEMMs -- no op reads or writes another's C -- run in one
  * parallel region, balanced across threads as one pool of work. */
-void rx_sgemm_batch(const rx_gemm_op *ops, size_t n);
+int rx_sgemm_batch(const rx_gemm_op *ops, size_t n);
+/* Allocates the calling thread's GEMM packing buffers if it has none yet:
+ * a parallel region whose threads call rx_sgemm calls this first on every
+ * thread and reports its failure once, after the region. */
+int rx_gemm_reserve(void);
+/* Multiply-adds below which a GEMM runs on one thread: under ~10 us of
+ * work a fork/join costs more than it saves. */
+#define RX_GEMM_MIN_PAR 262144.0
 /* ops[0..n) -> live: the ops with work to do, in order; returns their count.
  * An op with K = 0 and beta = 0 is done here (C = 0); any other with no
  * work (M, N or K zero) is dropped. Shared by the fp32 and bf16 batches. */
@@ -219,10 +254,10 @@ int rx_sgemm_use_kernel(const char *name);
  * rx_sgemm's contract on operands rounded to bf16 (nearest even, subnormal
  * results to zero) with fp32 accumulation and an fp32 C; see gemm_bf16.c
  * for the kernels and the tolerance between them. */
-void rx_bgemm(int ta, int tb, size_t M, size_t N, size_t K,
-              const float *A, size_t lda, const float *B, size_t ldb,
-              float beta, float *C, size_t ldc);
-void rx_bgemm_batch(const rx_gemm_op *ops, size_t n);
+int rx_bgemm(int ta, int tb, size_t M, size_t N, size_t K,
+             const float *A, size_t lda, const float *B, size_t ldb,
+             float beta, float *C, size_t ldc);
+int rx_bgemm_batch(const rx_gemm_op *ops, size_t n);
 /* Test hook as rx_sgemm_use_kernel: "amx-bf16", "avx512-bf16",
  * "generic-bf16"; NULL picks by CPU (or RWKVX_BF16_KERNEL) again. */
 int rx_bgemm_use_kernel(const char *name);
@@ -232,10 +267,10 @@ int rx_bgemm_use_kernel(const char *name);
  * what it was (the return value). Every projection calls these; attention's
  * score tiles call rx_sgemm and stay fp32. */
 int rx_gemm_set_precision(int precision);
-void rx_pgemm(int ta, int tb, size_t M, size_t N, size_t K,
-              const float *A, size_t lda, const float *B, size_t ldb,
-              float beta, float *C, size_t ldc);
-void rx_pgemm_batch(const rx_gemm_op *ops, size_t n);
+int rx_pgemm(int ta, int tb, size_t M, size_t N, size_t K,
+             const float *A, size_t lda, const float *B, size_t ldb,
+             float beta, float *C, size_t ldc);
+int rx_pgemm_batch(const rx_gemm_op *ops, size_t n);
 
 /* ---- layernorm.c -------------------------------------------------------
  * Row normalisation shared by LayerNorm (period 1) and the time-mix group
@@ -300,12 +335,12 @@ int rx_cm_params_ok(const rx_cm_params *P);
  * backward; out may be NULL. The backward's scratch dh [BT][F] and dxk
  * [BT][C] may alias h and xk, consuming them; with pre NULL it recovers
  * relu(pre) from h, and dh must not alias h. */
-void rx_cm_forward_acts(const rx_cm_params *P, const float *x, const float *x_prev_init,
-                        float *xk, float *pre, float *h, float *out, size_t B, size_t T);
-void rx_cm_backward_acts(const rx_cm_params *P, const float *x, const float *x_prev_init,
-                         const float *xk, const float *pre, const float *h, const float *dy,
-                         rx_cm_grads *G, float *dx, float *d_xprev_init, size_t B, size_t T,
-                         float *dh, float *dxk);
+int rx_cm_forward_acts(const rx_cm_params *P, const float *x, const float *x_prev_init,
+                       float *xk, float *pre, float *h, float *out, size_t B, size_t T);
+int rx_cm_backward_acts(const rx_cm_params *P, const float *x, const float *x_prev_init,
+                        const float *xk, const float *pre, const float *h, const float *dy,
+                        rx_cm_grads *G, float *dx, float *d_xprev_init, size_t B, size_t T,
+                        float *dh, float *dxk);
 
 /* ---- the time-mix schema ------------------------------------------------
  * The one list of the time-mix parameters (docs/layout.md §Parameters):
@@ -426,7 +461,8 @@ int rx_attn_backward_acts(const rx_attn_params *P, rx_attn_acts *S, const float 
 int rx_attn_decode(const rx_attn_params *P, const float *q, const float *k, const float *v,
                    int pos, int T, float *y);
 
-#define RX_LN_EPS 1e-5f
+/* The time-mix group norm's eps, official RWKV-7's ln_x eps (RX_LN_EPS,
+ * the LayerNorms', is public) */
 #define RX_GN_EPS 64e-5f
 
 #endif /* RWKVX_INTERNAL_H */

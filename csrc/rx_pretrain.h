@@ -20,9 +20,16 @@
  *     zeroed by the function and then accumulated over all B*T tokens.
  *   - Optional pointers may be NULL: a NULL carry or initial state means zero,
  *     a NULL output means "not wanted".
- *   - Return codes: RX_OK (0), RX_ENOMEM (-1) allocation failure,
+ *   - Errors: every function that can fail returns an int code, results
+ *     through pointers: RX_OK (0), RX_ENOMEM (-1) allocation failure,
  *     RX_EINVAL (-2) invalid argument (size < 1, NULL where required, token
- *     or target out of range). Loss functions return NaN on failure.
+ *     or target out of range, acts of another shape), RX_ECONFIG (-3) an
+ *     invalid model config. rx_last_error() then describes the failure,
+ *     naming the function and the bad argument. Nothing falls back silently:
+ *     an allocation that fails anywhere, scratch included, is RX_ENOMEM.
+ *     The original API's functions that return a pointer, a loss or void
+ *     (NULL, NaN, NaN-filled outputs on failure) are kept as wrappers over
+ *     int-returning ones declared next to each; they set rx_last_error too.
  *   - Sizes are int at the API; every offset inside is size_t / int64_t.
  */
 #ifndef RWKVX_PRETRAIN_H
@@ -38,6 +45,14 @@ extern "C" {
 #define RX_OK 0
 #define RX_ENOMEM (-1)
 #define RX_EINVAL (-2)
+#define RX_ECONFIG (-3)
+
+/* The message of the last failure of an rx_ call on the calling thread
+ * ("rx_pretrain_forward_batch: token 300 at position 5 is outside
+ * [0, 256)"); "" before any. Valid until the thread's next failing call. */
+const char *rx_last_error(void);
+/* A static name for a code ("out of memory"), "unknown error code" else. */
+const char *rx_strerror(int code);
 
 /* ====================================================================
  * WKV7 recurrence, per (b, h), state S starting at s_init (or zero):
@@ -150,9 +165,11 @@ int rx_channelmix_backward(
     int B, int T);
 
 /* ====================================================================
- * LayerNorm over the C channels, eps 1e-5, biased variance; mean and
- * variance accumulate in double (docs/maths.md §LayerNorm).
+ * LayerNorm over the C channels, eps RX_LN_EPS, biased variance; mean and
+ * variance accumulate in double (docs/maths.md §LayerNorm). Every
+ * LayerNorm of the model (ln0, ln1, ln2, ln_out) uses this eps.
  * ==================================================================== */
+#define RX_LN_EPS 1e-5f
 
 /* x, out: [B][T][C]; w, b: [C]. */
 int rx_layernorm_forward_seq(
@@ -259,23 +276,38 @@ int rx_attn_score_av_backward(const rx_attn_params *P, const float *q, const flo
 
 /* out: [T][C] = emb[tokens]. Tokens must lie in [0, vocab); this signature
  * carries no vocab, so only a negative token can be caught here (its row is
- * filled with NaN, never read out of bounds). rx_pretrain_forward and the
- * Python layer check the full range before they call it. */
+ * filled with NaN, never read out of bounds). rx_embedding_gather below
+ * takes the vocab and checks the full range. */
 void rx_embedding_forward(const float *emb, const int *tokens,
                           int T, int C, float *out);
+/* rx_embedding_forward with the vocab: emb [vocab][C], tokens [T], out
+ * [T][C]. RX_EINVAL on NULL, a size < 1 or a token outside [0, vocab)
+ * (out then unspecified). */
+int rx_embedding_gather(const float *emb, const int *tokens, int T, int C, int vocab,
+                        float *out);
 /* d_out: [T][C]; d_emb: [vocab][C], zeroed then scatter-added. Tokens
  * outside [0, vocab) are skipped. */
 void rx_embedding_backward(const int *tokens, int T, int C, int vocab,
                            const float *d_out, float *d_emb);
+/* rx_embedding_backward as an int: RX_EINVAL on NULL, a size < 1 or a token
+ * outside [0, vocab). */
+int rx_embedding_scatter(const int *tokens, int T, int C, int vocab,
+                         const float *d_out, float *d_emb);
 
 /* x: [T][C]; head: [C][vocab]; logits: [T][vocab]. */
 void rx_head_forward(const float *x, const float *head,
                      int T, int C, int vocab, float *logits);
+/* rx_head_forward as an int: RX_EINVAL on NULL or a size < 1, RX_ENOMEM. */
+int rx_head_logits(const float *x, const float *head, int T, int C, int vocab,
+                   float *logits);
 /* dlogits: [T][vocab]; dx: [T][C] written; d_head: [C][vocab] zeroed then
  * accumulated. */
 void rx_head_backward(const float *x, const float *head, const float *dlogits,
                       int T, int C, int vocab,
                       float *dx, float *d_head);
+/* rx_head_backward as an int: RX_EINVAL on NULL or a size < 1, RX_ENOMEM. */
+int rx_head_grads(const float *x, const float *head, const float *dlogits,
+                  int T, int C, int vocab, float *dx, float *d_head);
 
 /* Mean over valid positions of -log softmax(logits_t)[target_t]; a position
  * is valid when ignore_index < 0 or target_t != ignore_index. No valid
@@ -287,6 +319,12 @@ double rx_cross_entropy_forward(const float *logits, const int *targets,
 double rx_cross_entropy_backward(const float *logits, const int *targets,
                                  int T, int vocab, int ignore_index,
                                  float *dlogits);
+/* Both of the above as an int: logits [T][vocab], targets [T]; *loss the
+ * loss; dlogits [T][vocab] as in rx_cross_entropy_backward, or NULL for
+ * the loss alone. RX_EINVAL on NULL, a size < 1 or a valid target outside
+ * [0, vocab); RX_ENOMEM. Non-finite logits are no error: the loss is NaN. */
+int rx_cross_entropy(const float *logits, const int *targets, int T, int vocab,
+                     int ignore_index, float *dlogits, double *loss);
 
 typedef struct {
     int n_embd, n_head, head_size;   /* n_head*head_size == n_embd */
@@ -303,6 +341,10 @@ typedef struct rx_ptmodel rx_ptmodel;   /* owns the parameter and grad arenas */
  * gradient-check init, bit-identical everywhere). NULL on an invalid config
  * or allocation failure. */
 rx_ptmodel* rx_model_new_random(const rx_pt_config *pc, uint64_t seed);
+/* rx_model_new_random(_flags) as an int: *out the model (NULL on failure).
+ * RX_ECONFIG on a config rx_pt_config_validate rejects, RX_EINVAL on a NULL
+ * out or an unknown flag bit, RX_ENOMEM. */
+int rx_model_create(const rx_pt_config *pc, int flags, uint64_t seed, rx_ptmodel **out);
 void rx_ptmodel_free(rx_ptmodel *m);
 
 /* Number of parameter tensors. */
@@ -340,6 +382,10 @@ typedef struct {
 /* Acts for one sequence of T tokens (B = 1). NULL on T < 1, a NULL model or
  * allocation failure. */
 rx_pt_acts* rx_pt_acts_new(const rx_ptmodel *m, int T);
+/* rx_pt_acts_new(_batch) as an int: *out acts for B sequences of T tokens
+ * (NULL on failure). RX_EINVAL on NULL, B or T < 1 or B*T past an int;
+ * RX_ENOMEM. */
+int rx_pt_acts_create(const rx_ptmodel *m, int B, int T, rx_pt_acts **out);
 void rx_pt_acts_free(rx_pt_acts *a);
 
 /* tokens: [T], each in [0, vocab). acts must come from rx_pt_acts_new(m, T)
@@ -355,7 +401,14 @@ int rx_pretrain_forward(rx_ptmodel *m, const int *tokens, int T,
  * once per forward): change no parameter between the two calls. */
 double rx_pretrain_backward(rx_ptmodel *m, const rx_pt_acts *acts,
                             const int *targets, int T, int ignore_index);
+/* rx_pretrain_backward(_batch) as an int: targets [B][T], *loss the mean
+ * loss over the batch's valid positions (NaN only from non-finite logits).
+ * RX_EINVAL on NULL, a target out of range or acts holding no forward of
+ * this B and T; RX_ENOMEM. */
+int rx_pretrain_backward_loss(rx_ptmodel *m, const rx_pt_acts *acts, const int *targets,
+                              int B, int T, int ignore_index, double *loss);
 
+/* Cannot fail: a NULL model is a no-op. */
 void rx_ptmodel_zero_grad(rx_ptmodel *m);
 
 /* ====================================================================
@@ -382,7 +435,7 @@ double rx_pretrain_backward_batch(rx_ptmodel *m, const rx_pt_acts *acts,
 
 /* Options beside rx_pt_config (whose layout stays the original's), as bits
  * of one flags int. RX_PT_LN0: x0 = LayerNorm(emb[token]; ln0_w, ln0_b),
- * eps 1e-5, with ln0_w, ln0_b [C] right after emb in the arenas (docs/maths.md,
+ * eps RX_LN_EPS, with ln0_w, ln0_b [C] right after emb in the arenas (docs/maths.md,
  * docs/layout.md), as official RWKV-7's blocks.0.ln0. */
 #define RX_PT_LN0 1
 #define RX_PT_FLAGS_ALL RX_PT_LN0
@@ -393,7 +446,8 @@ rx_ptmodel *rx_model_new_random_flags(const rx_pt_config *pc, int flags, uint64_
 int rx_ptmodel_flags(const rx_ptmodel *m);
 
 /* RX_OK when rx_model_new_random accepts pc (docs/maths.md §Whole model, and every tensor's
- * element count fits an int), else RX_EINVAL. */
+ * element count fits an int), RX_EINVAL for a NULL pc, else RX_ECONFIG
+ * (rx_last_error names the field). */
 int rx_pt_config_validate(const rx_pt_config *pc);
 /* Shape of tensor i: returns its ndim (1 or 2) and fills shape[0..ndim-1];
  * RX_EINVAL if i is out of range. */
@@ -461,6 +515,8 @@ int rx_adamw_step(float *params, const float *grads, float *m, float *v, size_t 
 /* g: [n]. The global L2 norm sqrt(sum g^2), accumulated in double with a
  * fixed summation order at a given thread count. NaN on NULL or n < 1. */
 double rx_grad_norm(const float *g, size_t n);
+/* rx_grad_norm as an int: *norm the norm. RX_EINVAL on NULL or n < 1. */
+int rx_grad_norm_l2(const float *g, size_t n, double *norm);
 
 /* ---- infer.c: recurrent inference for generation ---------------------
  * One sequence advanced a few tokens at a time from a carried state: the
@@ -475,8 +531,12 @@ typedef struct rx_infer_state rx_infer_state;
 /* A fresh state at position 0; max_len bounds the attention cache. NULL on
  * a NULL model, max_len < 1 or allocation failure. */
 rx_infer_state *rx_infer_new(rx_ptmodel *m, int max_len);
+/* rx_infer_new as an int: *out the state (NULL on failure). RX_EINVAL on
+ * NULL or max_len < 1, RX_ENOMEM. */
+int rx_infer_create(rx_ptmodel *m, int max_len, rx_infer_state **out);
 void rx_infer_free(rx_infer_state *s);
-/* Back to position 0 (zero states, empty cache). */
+/* Back to position 0 (zero states, empty cache). Cannot fail: a NULL s is
+ * a no-op. */
 void rx_infer_reset(rx_infer_state *s);
 /* Tokens consumed so far; -1 for NULL. */
 int rx_infer_pos(const rx_infer_state *s);

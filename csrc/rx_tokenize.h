@@ -5,7 +5,8 @@
  * longest vocabulary entry that is a prefix of the remaining bytes.
  *
  * Every function returns RX_OK / RX_ENOMEM / RX_EINVAL (rx_pretrain.h) or a
- * count >= 0; none allocates inside an encode call except rx_trie_build.
+ * count >= 0, a failure with its rx_last_error() message; none allocates
+ * inside an encode call except rx_trie_build.
  */
 #ifndef RX_TOKENIZE_H
 #define RX_TOKENIZE_H

@@ -31,6 +31,13 @@ int rx_tm_params_ok(const rx_tm_params *P) {
     return 1;
 }
 
+/* The RX_EINVAL of a non-NULL P that rx_tm_params_ok rejects */
+static int tm_params_fail(const char *fn, const rx_tm_params *P) {
+    return rx_fail(RX_EINVAL, "%s: P has a NULL tensor or sizes that disagree (c = %d, "
+                   "n_head = %d, head_size = %d, layer_id = %d)", fn, P->c, P->n_head,
+                   P->head_size, P->layer_id);
+}
+
 int rx_tm_grads_ok(const rx_tm_params *P, const rx_tm_grads *G) {
     if (!G) return 0;
 #define TM_SET(f, rows, cols, init, layer0) \
@@ -57,7 +64,7 @@ int rx_tm_acts_alloc(rx_tm_acts *A, const rx_tm_params *P, size_t B, size_t T) {
                    rx_lines(BT * (size_t)P->Dg) + rx_lines(BT * Dv) + rx_lines(BT * H) +
                    rx_lines(RX_WKV7_CP(B * H, T, N)) + rx_lines(RX_WKV7_WORK(B * H, N));
     A->mem = rx_falloc(total);
-    if (!A->mem) return RX_ENOMEM;
+    if (!A->mem) return rx_fail(RX_ENOMEM, "rx_tm_acts_alloc: out of memory");
     float *p = A->mem;
     for (size_t i = 0; i < nbufs; i++) *bufs[i] = rx_carve(&p, BT * C);
     if (vres) {
@@ -100,7 +107,7 @@ RX_HOT static void activate_back_chunk(const float *restrict h, float *restrict 
 
 /* h [n] = act(h) */
 static void activate(float *h, size_t n, int act) {
-#pragma omp parallel for schedule(static) if (!rx_in_parallel() && n >= 65536)
+#pragma omp parallel for schedule(static) if (!rx_in_parallel() && n >= RX_EW_MIN_PAR)
     for (size_t i0 = 0; i0 < n; i0 += RX_EW_CHUNK) activate_chunk(h + i0, rx_ew_len(i0, n), act);
 }
 
@@ -121,25 +128,26 @@ typedef struct {
  * LORA_MAX LoRAs; its callers join at most PRE_MAX projections. */
 #define LORA_MAX 4
 #define PRE_MAX 6
-static void lora_forward(const lora *L, size_t n, const rx_gemm_op *pre, size_t npre, size_t BT,
+static int lora_forward(const lora *L, size_t n, const rx_gemm_op *pre, size_t npre, size_t BT,
                          size_t C) {
     rx_gemm_op ops[PRE_MAX + LORA_MAX];
     size_t k = 0;
     for (size_t i = 0; i < npre; i++) ops[k++] = pre[i];
     for (size_t i = 0; i < n; i++)
         ops[k++] = (rx_gemm_op){0, 0, BT, L[i].D, C, L[i].xin, C, L[i].W1, L[i].D, 0.0f, L[i].h, L[i].D};
-    rx_pgemm_batch(ops, k);
+    int rc = rx_pgemm_batch(ops, k);
+    if (rc != RX_OK) return rc;
     for (size_t i = 0; i < n; i++) {
         if (L[i].act != ACT_NONE) activate(L[i].h, BT * L[i].D, L[i].act);
         ops[i] = (rx_gemm_op){0, 0, BT, C, L[i].D, L[i].h, L[i].D, L[i].W2, C, 0.0f, L[i].out, C};
     }
-    rx_pgemm_batch(ops, n);
+    return rx_pgemm_batch(ops, n);
 }
 
 /* Backward of lora_forward for the grads dout [BT][C] on each out, in the
  * same two batches (pre joins the first). */
-static void lora_backward(const lora *L, const float *const *dout, size_t n,
-                          const rx_gemm_op *pre, size_t npre, size_t BT, size_t C) {
+static int lora_backward(const lora *L, const float *const *dout, size_t n,
+                         const rx_gemm_op *pre, size_t npre, size_t BT, size_t C) {
     rx_gemm_op ops[PRE_MAX + 2 * LORA_MAX];
     size_t k = 0;
     for (size_t i = 0; i < npre; i++) ops[k++] = pre[i];
@@ -148,19 +156,20 @@ static void lora_backward(const lora *L, const float *const *dout, size_t n,
         ops[k++] = (rx_gemm_op){1, 0, D, C, BT, L[i].h, D, dout[i], C, 0.0f, L[i].G2, C};
         ops[k++] = (rx_gemm_op){0, 1, BT, D, C, dout[i], C, L[i].W2, C, 0.0f, L[i].dh, D};
     }
-    rx_pgemm_batch(ops, k);
+    int rc = rx_pgemm_batch(ops, k);
+    if (rc != RX_OK) return rc;
     k = 0;
     for (size_t i = 0; i < n; i++) {
         const size_t D = L[i].D, nh = BT * D;
         if (L[i].act != ACT_NONE) {
-#pragma omp parallel for schedule(static) if (!rx_in_parallel() && nh >= 65536)
+#pragma omp parallel for schedule(static) if (!rx_in_parallel() && nh >= RX_EW_MIN_PAR)
             for (size_t i0 = 0; i0 < nh; i0 += RX_EW_CHUNK)
                 activate_back_chunk(L[i].h + i0, L[i].dh + i0, rx_ew_len(i0, nh), L[i].act);
         }
         ops[k++] = (rx_gemm_op){1, 0, C, D, BT, L[i].xin, C, L[i].dh, D, 0.0f, L[i].G1, D};
         ops[k++] = (rx_gemm_op){0, 1, BT, C, D, L[i].dh, D, L[i].W1, D, L[i].beta, L[i].dxin, C};
     }
-    rx_pgemm_batch(ops, k);
+    return rx_pgemm_batch(ops, k);
 }
 
 /* Backward scratch, [BT][C] each unless noted. After the fused passes the
@@ -275,19 +284,19 @@ int rx_tm_forward_state(const rx_tm_params *P, const float *x, const float *x_pr
     /* pre-activations of the decay, a and v-residual gates; g is complete */
     lora L[4];
     tm_loras(P, A, NULL, L);
-    lora_forward(L, P->layer_id > 0 ? 4 : 3, rkv, 3, BT, C);
-#pragma omp parallel for schedule(static) if (!rx_in_parallel() && BT * C >= 65536)
+    int rc = lora_forward(L, P->layer_id > 0 ? 4 : 3, rkv, 3, BT, C);
+    if (rc != RX_OK) return rc;
+#pragma omp parallel for schedule(static) if (!rx_in_parallel() && BT * C >= RX_EW_MIN_PAR)
     for (size_t bt = 0; bt < BT; bt++)
         gates_row(P, A, bt * C, v_first_in ? v_first_in + bt * C : NULL,
                   v_first_out ? v_first_out + bt * C : NULL);
-    int rc = rx_wkv7_forward_cp(A->r, A->w, A->kmod, A->vmod, A->aw, A->bw, state, A->y, state,
-                                A->wkv_cp, A->wkv_work, (int)B, (int)T, (int)H, (int)N);
+    rc = rx_wkv7_forward_cp(A->r, A->w, A->kmod, A->vmod, A->aw, A->bw, state, A->y, state,
+                            A->wkv_cp, A->wkv_work, (int)B, (int)T, (int)H, (int)N);
     if (rc != RX_OK) return rc;
     rx_rownorm_forward(A->y, P->ln_x_w, P->ln_x_b, A->z, NULL, NULL, BT * H, N, H, RX_GN_EPS);
-#pragma omp parallel for schedule(static) if (!rx_in_parallel() && BT * C >= 65536)
+#pragma omp parallel for schedule(static) if (!rx_in_parallel() && BT * C >= RX_EW_MIN_PAR)
     for (size_t bt = 0; bt < BT; bt++) bonus_row(P, A, bt);
-    if (out) rx_pgemm(0, 0, BT, C, C, A->zg, C, P->output_w, C, 0.0f, out, C);
-    return RX_OK;
+    return out ? rx_pgemm(0, 0, BT, C, C, A->zg, C, P->output_w, C, 0.0f, out, C) : RX_OK;
 }
 
 int rx_tm_forward_acts(const rx_tm_params *P, const float *x, const float *x_prev_init,
@@ -435,7 +444,7 @@ int rx_tm_backward_acts(const rx_tm_params *P, const rx_tm_acts *A, const float 
     float *own = NULL;
     if (!work) {
         work = own = rx_falloc(rx_tm_backward_work(P, BT));
-        if (!own) return RX_ENOMEM;
+        if (!own) return rx_fail(RX_ENOMEM, "rx_tm_backward_acts: out of memory");
     }
     tm_grad_scratch S;
     float *p = work;
@@ -453,8 +462,12 @@ int rx_tm_backward_acts(const rx_tm_params *P, const rx_tm_acts *A, const float 
     /* out = zg . output_w */
     const rx_gemm_op out[2] = {{1, 0, C, C, BT, A->zg, C, dy, C, 0.0f, G->output_w, C},
                                {0, 1, BT, C, C, dy, C, P->output_w, C, 0.0f, S.dz, C}};
-    rx_pgemm_batch(out, 2);
-    const int par = !rx_in_parallel() && BT * C >= 65536;
+    int rc = rx_pgemm_batch(out, 2);
+    if (rc != RX_OK) {
+        free(own);
+        return rc;
+    }
+    const int par = !rx_in_parallel() && BT * C >= RX_EW_MIN_PAR;
     rx_fzero(S.part, nblk * TM_NVEC * C);
 #pragma omp parallel for schedule(static) if (par)
     for (size_t blk = 0; blk < nblk; blk++)
@@ -462,8 +475,8 @@ int rx_tm_backward_acts(const rx_tm_params *P, const rx_tm_acts *A, const float 
             for (size_t h = 0; h < H; h++)
                 gate_bonus_back(P, A, &S, S.part + blk * TM_NVEC * C, bt, h);
 
-    int rc = rx_rownorm_backward(A->y, P->ln_x_w, S.dz, S.dyw, G->ln_x_w, G->ln_x_b, BT * H, N,
-                                 H, RX_GN_EPS);
+    rc = rx_rownorm_backward(A->y, P->ln_x_w, S.dz, S.dyw, G->ln_x_w, G->ln_x_b, BT * H, N, H,
+                             RX_GN_EPS);
     if (rc == RX_OK)
         rc = rx_wkv7_backward_cp(A->r, A->w, A->kmod, A->vmod, A->aw, A->bw, S.dyw, NULL,
                                  A->wkv_cp, A->wkv_work, S.dr, S.dw, S.dk, S.dv, S.da, S.db, NULL,
@@ -505,20 +518,29 @@ int rx_tm_backward_acts(const rx_tm_params *P, const rx_tm_acts *A, const float 
     L[2].G1 = G->g1, L[2].G2 = G->g2, L[2].dxin = dxg;
     L[3].G1 = G->v1, L[3].G2 = G->v2, L[3].dxin = dxv, L[3].beta = 1.0f;
     const float *dlo[4] = {S.dw, S.da, S.dg, S.dz};
-    lora_backward(L, dlo, vres ? 4 : 3, rkv, 6, BT, C);
-    const float *mix[6] = {P->x_r, P->x_k, P->x_v, P->x_w, P->x_a, P->x_g};
-    const float *dxin[6] = {dxr, dxk, dxv, dxw, dxa, dxg};
-    float *dmix[6] = {G->x_r, G->x_k, G->x_v, G->x_w, G->x_a, G->x_g};
-    rx_shift_lerp_backward(6, mix, x, x_prev_init, dxin, dx, dmix, d_xprev_init, B, T, C, S.part);
+    rc = lora_backward(L, dlo, vres ? 4 : 3, rkv, 6, BT, C);
+    if (rc == RX_OK) {
+        const float *mix[6] = {P->x_r, P->x_k, P->x_v, P->x_w, P->x_a, P->x_g};
+        const float *dxin[6] = {dxr, dxk, dxv, dxw, dxa, dxg};
+        float *dmix[6] = {G->x_r, G->x_k, G->x_v, G->x_w, G->x_a, G->x_g};
+        rx_shift_lerp_backward(6, mix, x, x_prev_init, dxin, dx, dmix, d_xprev_init, B, T, C,
+                               S.part);
+    }
     free(own);
-    return RX_OK;
+    return rc;
 }
 
 /* x, out: [B][T][C]; x_prev_init: [B][C] or NULL; v_first: [B][T][C] */
 int rx_timemix_forward_seq(const rx_tm_params *P, const float *x, const float *x_prev_init,
                            float *v_first, float *out, int B, int T) {
-    if (!rx_tm_params_ok(P) || !x || !out || B < 1 || T < 1) return RX_EINVAL;
-    if (P->layer_id > 0 && !v_first) return RX_EINVAL;
+    static const char *const fn = "rx_timemix_forward_seq";
+    const char *nul = rx_first_null(RX_NULLS(P, x, out), RX_NAMES("P", "x", "out"), 3);
+    if (nul) return rx_fail(RX_EINVAL, "%s: %s is NULL", fn, nul);
+    if (!rx_tm_params_ok(P))
+        return tm_params_fail(fn, P);
+    if (B < 1 || T < 1) return rx_fail(RX_EINVAL, "%s: B = %d, T = %d must be >= 1", fn, B, T);
+    if (P->layer_id > 0 && !v_first)
+        return rx_fail(RX_EINVAL, "%s: v_first is NULL at layer %d", fn, P->layer_id);
     rx_tm_acts A;
     int rc = rx_tm_acts_alloc(&A, P, (size_t)B, (size_t)T);
     if (rc == RX_OK)
@@ -532,9 +554,18 @@ int rx_timemix_forward_seq(const rx_tm_params *P, const float *x, const float *x
 int rx_timemix_backward(const rx_tm_params *P, const float *x, const float *x_prev_init,
                         const float *v_first, const float *dy, rx_tm_grads *G, float *dx,
                         float *d_xprev_init, float *d_v_first, int B, int T) {
-    if (!rx_tm_params_ok(P) || !rx_tm_grads_ok(P, G) || !x || !dy || !dx || B < 1 || T < 1)
-        return RX_EINVAL;
-    if (P->layer_id > 0 && !v_first) return RX_EINVAL;
+    static const char *const fn = "rx_timemix_backward";
+    const char *nul = rx_first_null(RX_NULLS(P, x, dy, G, dx), RX_NAMES("P", "x", "dy", "G", "dx"),
+                                    5);
+    if (nul) return rx_fail(RX_EINVAL, "%s: %s is NULL", fn, nul);
+    if (!rx_tm_params_ok(P))
+        return tm_params_fail(fn, P);
+    if (!rx_tm_grads_ok(P, G))
+        return rx_fail(RX_EINVAL, "%s: G has a NULL grad (v0, v1, v2 too at layer %d > 0)", fn,
+                       P->layer_id);
+    if (B < 1 || T < 1) return rx_fail(RX_EINVAL, "%s: B = %d, T = %d must be >= 1", fn, B, T);
+    if (P->layer_id > 0 && !v_first)
+        return rx_fail(RX_EINVAL, "%s: v_first is NULL at layer %d", fn, P->layer_id);
     rx_tm_acts A;
     int rc = rx_tm_acts_alloc(&A, P, (size_t)B, (size_t)T);
     if (rc == RX_OK)

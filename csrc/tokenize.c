@@ -19,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "rx_pretrain.h"
+#include "rx_internal.h"
 #include "rx_tokenize.h"
 
 #define ROOT_FANOUT 256
@@ -69,18 +69,31 @@ static int cmp_bytes(const uint8_t *a, int64_t na, const uint8_t *b, int64_t nb)
 
 rx_trie *rx_trie_build(const uint8_t *bytes, const int64_t *offsets, const int32_t *ids,
                        int64_t n_tok, int32_t vocab, int *err) {
-    *err = RX_EINVAL;
-    if (!bytes || !offsets || !ids || n_tok < ROOT_FANOUT || vocab < 1) return NULL;
+    static const char *const fn = "rx_trie_build";
+    if (!bytes || !offsets || !ids || n_tok < ROOT_FANOUT || vocab < 1) {
+        *err = rx_fail(RX_EINVAL, "%s: a NULL array, n_tok = %lld < %d or vocab = %d < 1", fn,
+                       (long long)n_tok, ROOT_FANOUT, vocab);
+        return NULL;
+    }
     int64_t total = offsets[n_tok] - offsets[0];
-    if (total + 1 > INT32_MAX) return NULL;
+    if (total + 1 > INT32_MAX) {
+        *err = rx_fail(RX_EINVAL, "%s: %lld entry bytes exceed 2**31 - 2", fn, (long long)total);
+        return NULL;
+    }
     for (int64_t i = 0; i < n_tok; i++) {
         int64_t len = offsets[i + 1] - offsets[i];
-        if (len < 1 || len > INT32_MAX || ids[i] < 0 || ids[i] >= vocab) return NULL;
-        if (i && cmp_bytes(bytes + offsets[i - 1], offsets[i] - offsets[i - 1],
-                           bytes + offsets[i], len) >= 0)
+        if (len < 1 || len > INT32_MAX || ids[i] < 0 || ids[i] >= vocab) {
+            *err = rx_fail(RX_EINVAL, "%s: entry %lld is empty, too long or has id %d outside "
+                           "[0, %d)", fn, (long long)i, ids[i], vocab);
             return NULL;
+        }
+        if (i && cmp_bytes(bytes + offsets[i - 1], offsets[i] - offsets[i - 1],
+                           bytes + offsets[i], len) >= 0) {
+            *err = rx_fail(RX_EINVAL, "%s: entry %lld is not after entry %lld in byte order",
+                           fn, (long long)i, (long long)i - 1);
+            return NULL;
+        }
     }
-    *err = RX_ENOMEM;
     rx_trie *t = calloc(1, sizeof(rx_trie));
     size_t cap = (size_t)total + 1;  /* at most one node per entry byte, plus the root */
     int32_t *parent = malloc(cap * sizeof(int32_t));
@@ -159,7 +172,8 @@ rx_trie *rx_trie_build(const uint8_t *bytes, const int64_t *offsets, const int32
     for (int b = 0; b < ROOT_FANOUT; b++) {
         if (t->root[b] < 0 || t->value[t->root[b]] < 0) {  /* a byte no entry covers */
             rx_trie_free(t);
-            *err = RX_EINVAL;
+            *err = rx_fail(RX_EINVAL, "%s: byte 0x%02x has no one-byte entry (all 256 need one)",
+                           fn, b);
             return NULL;
         }
     }
@@ -170,6 +184,7 @@ fail:
     free(last_child);
     free(in_byte);
     rx_trie_free(t);
+    *err = rx_fail(RX_ENOMEM, "%s: out of memory for %lld entries", fn, (long long)n_tok);
     return NULL;
 }
 
@@ -222,7 +237,8 @@ static int64_t encode_span(const rx_trie *t, const uint8_t *x, int64_t n, int64_
 
 int64_t rx_trie_encode(const rx_trie *t, const uint8_t *x, int64_t n, int final, int nthreads,
                        int32_t *out, int32_t *scratch, int64_t *consumed) {
-    if (!t || n < 0 || (n && (!x || !out)) || !consumed) return RX_EINVAL;
+    if (!t || n < 0 || (n && (!x || !out)) || !consumed)
+        return rx_fail(RX_EINVAL, "rx_trie_encode: a NULL argument or n = %lld < 0", (long long)n);
     int64_t limit = final ? n : n - t->max_len + 1;  /* tokens must start before it */
     *consumed = 0;
     if (limit <= 0) return 0;
@@ -231,7 +247,7 @@ int64_t rx_trie_encode(const rx_trie *t, const uint8_t *x, int64_t n, int final,
     if (P == 1) return encode_span(t, x, n, 0, limit, out, consumed);
 
     int64_t *cnt = malloc((size_t)P * 2 * sizeof(int64_t));
-    if (!cnt) return RX_ENOMEM;
+    if (!cnt) return rx_fail(RX_ENOMEM, "rx_trie_encode: out of memory");
     int64_t *end = cnt + P;
     /* chunk k covers token starts [b(k), b(k+1)); chunk 0 is exact and goes
      * straight to out, the others to scratch at their own offset (a chunk
@@ -265,10 +281,14 @@ int64_t rx_trie_encode(const rx_trie *t, const uint8_t *x, int64_t n, int final,
 
 int64_t rx_trie_encode_docs(const rx_trie *t, const uint8_t *x, const int64_t *offsets,
                             int64_t n_doc, int nthreads, int32_t *out, int64_t *counts) {
-    if (!t || n_doc < 0 || (n_doc && (!offsets || !counts))) return RX_EINVAL;
+    static const char *const fn = "rx_trie_encode_docs";
+    if (!t || n_doc < 0 || (n_doc && (!offsets || !counts)))
+        return rx_fail(RX_EINVAL, "%s: a NULL argument or n_doc = %lld < 0", fn, (long long)n_doc);
     for (int64_t d = 0; d < n_doc; d++)
-        if (offsets[d + 1] < offsets[d]) return RX_EINVAL;
-    if (n_doc && offsets[n_doc] > offsets[0] && (!x || !out)) return RX_EINVAL;
+        if (offsets[d + 1] < offsets[d])
+            return rx_fail(RX_EINVAL, "%s: offsets decrease at document %lld", fn, (long long)d);
+    if (n_doc && offsets[n_doc] > offsets[0] && (!x || !out))
+        return rx_fail(RX_EINVAL, "%s: x or out is NULL", fn);
     /* each document writes at its own byte offset (ids <= bytes), then the
      * runs are packed left, which never overwrites a run not yet moved */
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads > 1 ? nthreads : 1)

@@ -19,7 +19,7 @@ RX_HOT static void lerp_row(const float *restrict x, const float *restrict xp,
 /* mix[n]: [C] each; x: [B][T][C]; out[n]: [B][T][C] each; init: [B][C] or NULL */
 void rx_shift_lerp_forward(int n, const float *const *mix, const float *x, const float *init,
                            float *const *out, size_t B, size_t T, size_t C) {
-#pragma omp parallel for schedule(static) if (!rx_in_parallel() && B * T * C * n >= 65536)
+#pragma omp parallel for schedule(static) if (!rx_in_parallel() && B * T * C * n >= RX_EW_MIN_PAR)
     for (size_t bt = 0; bt < B * T; bt++) {
         const float *xr = x + bt * C, *xp = rx_shift_src(x, init, bt / T, bt % T, T, C);
         for (int i = 0; i < n; i++) lerp_row(xr, xp, mix[i], out[i] + bt * C, C);
@@ -75,7 +75,8 @@ void rx_shift_lerp_backward(int n, const float *const *mix, const float *x, cons
                             float *d_init, size_t B, size_t T, size_t C, float *part) {
     const size_t BT = B * T, rows = part ? RX_SHIFT_ROWS : BT, nblk = (BT + rows - 1) / rows;
     const size_t stride = (size_t)n * C;
-#pragma omp parallel for schedule(static) if (part && !rx_in_parallel() && BT * stride >= 65536)
+#pragma omp parallel for schedule(static) \
+    if (part && !rx_in_parallel() && BT * stride >= RX_EW_MIN_PAR)
     for (size_t blk = 0; blk < nblk; blk++)
         lerp_back_rows(n, mix, x, init, dout, dx, part ? part + blk * stride : NULL, dmix,
                        d_init, T, C, blk * rows, blk * rows + rows < BT ? blk * rows + rows : BT);

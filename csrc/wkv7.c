@@ -233,7 +233,8 @@ int rx_wkv7_use_kernel(const char *name) {
             forced_wkv = wkv_simds[i];
             return RX_OK;
         }
-    return RX_EINVAL;
+    return rx_fail(RX_EINVAL, "rx_wkv7_use_kernel: kernel \"%s\" is unknown or cannot run here",
+                   name);
 }
 
 /* The vectorised steps for head size N, or NULL for the portable ones. */
@@ -260,9 +261,16 @@ static inline void prefetch_rows(const float *const *p, size_t n, size_t o, size
 
 #define WKV_AHEAD 2   /* steps prefetched ahead */
 
-static int wkv7_args_ok(const float *r, const float *w, const float *k, const float *v,
-                        const float *a, const float *b, int B, int T, int H, int N) {
-    return r && w && k && v && a && b && B >= 1 && T >= 1 && H >= 1 && N >= 1;
+/* RX_OK, or RX_EINVAL naming the NULL input or the size below 1 */
+static int wkv7_args(const char *fn, const float *r, const float *w, const float *k,
+                     const float *v, const float *a, const float *b, int B, int T, int H, int N) {
+    const char *nul = rx_first_null(RX_NULLS(r, w, k, v, a, b),
+                                    RX_NAMES("r", "w", "k", "v", "a", "b"), 6);
+    if (nul) return rx_fail(RX_EINVAL, "%s: %s is NULL", fn, nul);
+    if (B < 1 || T < 1 || H < 1 || N < 1)
+        return rx_fail(RX_EINVAL, "%s: B = %d, T = %d, n_head = %d, head_size = %d must be >= 1",
+                       fn, B, T, H, N);
+    return RX_OK;
 }
 
 /* One (b, h) of the forward over [B][T][H][N] rows: S [N][N] enters as the
@@ -309,7 +317,8 @@ static int wkv7_forward(const float *r, const float *w, const float *k, const fl
                         const float *a, const float *b, const float *s_init, float *y_out,
                         float *s_final, float *cp, float *work, size_t wstride, int B, int T,
                         int n_head, int head_size) {
-    if (!wkv7_args_ok(r, w, k, v, a, b, B, T, n_head, head_size)) return RX_EINVAL;
+    int rc = wkv7_args("rx_wkv7_forward", r, w, k, v, a, b, B, T, n_head, head_size);
+    if (rc != RX_OK) return rc;
     const size_t H = (size_t)n_head, N = (size_t)head_size, NN = N * N;
     const size_t BH = (size_t)B * H, TT = (size_t)T;
     const size_t ncp = (TT + RX_WKV7_CHUNK - 1) / RX_WKV7_CHUNK;
@@ -319,7 +328,7 @@ static int wkv7_forward(const float *r, const float *w, const float *k, const fl
     if (!work) {
         wstride = WKV_FWD_WORK(N);
         work = own = rx_falloc((size_t)nt * wstride);
-        if (!own) return RX_ENOMEM;
+        if (!own) return rx_fail(RX_ENOMEM, "rx_wkv7_forward: out of memory");
     }
     const wkv_simd *fast = wkv7_simd(N);
     rx_prof_push(RX_PROF_WKV7);
@@ -362,9 +371,12 @@ int rx_wkv7_backward_cp(const float *r, const float *w, const float *k, const fl
                         const float *cp, float *work, float *dr, float *dw, float *dk,
                         float *dv, float *da, float *db, float *dS_out, int B, int T,
                         int n_head, int head_size) {
-    if (!wkv7_args_ok(r, w, k, v, a, b, B, T, n_head, head_size) || !dy || !dr || !dw ||
-        !dk || !dv || !da || !db)
-        return RX_EINVAL;
+    static const char *const fn = "rx_wkv7_backward";
+    int rc = wkv7_args(fn, r, w, k, v, a, b, B, T, n_head, head_size);
+    if (rc != RX_OK) return rc;
+    const char *nul = rx_first_null(RX_NULLS(dy, dr, dw, dk, dv, da, db),
+                                    RX_NAMES("dy", "dr", "dw", "dk", "dv", "da", "db"), 7);
+    if (nul) return rx_fail(RX_EINVAL, "%s: %s is NULL", fn, nul);
     const size_t H = (size_t)n_head, N = (size_t)head_size, C = H * N, NN = N * N;
     const size_t BH = (size_t)B * H, TT = (size_t)T;
     const size_t ncp = (TT + RX_WKV7_CHUNK - 1) / RX_WKV7_CHUNK;
@@ -378,7 +390,7 @@ int rx_wkv7_backward_cp(const float *r, const float *w, const float *k, const fl
     if ((!work && !own) || (!cp && !own_cp)) {
         free(own);
         free(own_cp);
-        return RX_ENOMEM;
+        return rx_fail(RX_ENOMEM, "%s: out of memory", fn);
     }
     const wkv_simd *fast = wkv7_simd(N);
     rx_prof_push(RX_PROF_WKV7);

@@ -3,6 +3,7 @@
  * train_step.c -- one forward and backward of a small RWKV-X model through
  * the C API of rwkvx_c, linked against the library the Python package
  * installs. Prints the loss and the global grad norm with full precision.
+ * Every call that can fail returns an RX_* code; rx_last_error() says why.
  *
  * Build and run (the package must be installed or built in place):
  *
@@ -45,19 +46,22 @@ int main(int argc, char **argv) {
         .chunk_size = 4, .moba_top_k = 1,
     };
     const int ignore_index = 0;
-    rx_ptmodel *m = rx_model_new_random(&cfg, seed);
-    rx_pt_acts *acts = m ? rx_pt_acts_new(m, T) : NULL;
+    rx_ptmodel *m = NULL;
+    rx_pt_acts *acts = NULL;
     int *tokens = malloc((size_t)T * sizeof(int)), *targets = malloc((size_t)T * sizeof(int));
-    if (!m || !acts || !tokens || !targets) {
+    if (!tokens || !targets) {
         fprintf(stderr, "allocation failed\n");
         return 1;
     }
     make_batch(T, cfg.vocab_size, ignore_index, tokens, targets);
 
-    int rc = rx_pretrain_forward(m, tokens, T, acts);
-    double loss = rc == RX_OK ? rx_pretrain_backward(m, acts, targets, T, ignore_index) : NAN;
-    if (isnan(loss)) {
-        fprintf(stderr, "forward/backward failed (rc %d)\n", rc);
+    double loss;
+    int rc = rx_model_create(&cfg, 0, seed, &m);
+    if (rc == RX_OK) rc = rx_pt_acts_create(m, 1, T, &acts);
+    if (rc == RX_OK) rc = rx_pretrain_forward(m, tokens, T, acts);
+    if (rc == RX_OK) rc = rx_pretrain_backward_loss(m, acts, targets, 1, T, ignore_index, &loss);
+    if (rc != RX_OK) {
+        fprintf(stderr, "%s (%s)\n", rx_last_error(), rx_strerror(rc));
         return 1;
     }
     int64_t n;

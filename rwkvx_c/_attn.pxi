@@ -17,7 +17,7 @@ cdef object _attn_dims(object x, str name, int n_head, int head_size):
 cdef int _attn_topk(object v) except? -1:
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
         raise TypeError(f"moba_top_k must be an int, got {type(v).__name__}")
-    if v < -2147483648 or v > 2147483647:
+    if v < _INT_MIN or v > _INT_MAX:
         raise ValueError(f"moba_top_k {v} exceeds the C API's int range")
     return v
 

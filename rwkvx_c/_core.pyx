@@ -13,6 +13,9 @@ from rwkvx_c._rx cimport *
 # ---------------------------------------------------------------------------
 # validation helpers shared by every binding
 
+# The C API's int range: every size and index crossing into C is an int
+_INT_MIN, _INT_MAX = -2 ** 31, 2 ** 31 - 1
+
 
 cdef object _arr(object a, str name, object dtype, int ndim):
     """a itself after checking type, dtype, C-contiguity and ndim."""
@@ -28,7 +31,7 @@ cdef object _arr(object a, str name, object dtype, int ndim):
     for d in a.shape:
         if d < 1:
             raise ValueError(f"{name} has an empty dimension: shape {a.shape}")
-        if d > 2147483647:
+        if d > _INT_MAX:
             raise ValueError(f"{name} dimension {d} exceeds the C API's int range")
     return a
 
@@ -72,7 +75,7 @@ cdef int _size(object v, str name) except -1:
     """A keyword size argument: a Python int >= 1."""
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
         raise TypeError(f"{name} must be an int, got {type(v).__name__}")
-    if v < 1 or v > 2147483647:
+    if v < 1 or v > _INT_MAX:
         raise ValueError(f"{name} must be >= 1, got {v}")
     return v
 
@@ -101,11 +104,19 @@ cdef const int *_iptr(object a) except? NULL:
 
 
 cdef int _check_rc(int rc, str fn) except -1:
+    """The one place a C return code becomes an exception: RX_ENOMEM ->
+    MemoryError, RX_EINVAL / RX_ECONFIG -> ValueError, with the C side's
+    rx_last_error() message (which names the bad argument) after fn, the
+    Python entry point. Call it on the thread that made the C call (the
+    message is per thread), right after the call."""
+    if rc == RX_OK:
+        return 0
+    msg = f"{fn}: {rx_last_error().decode('utf-8', 'replace')}"
     if rc == RX_ENOMEM:
-        raise MemoryError(f"{fn}: out of memory")
-    if rc != RX_OK:
-        raise ValueError(f"{fn}: invalid argument (C error code {rc})")
-    return 0
+        raise MemoryError(msg)
+    if rc == RX_EINVAL or rc == RX_ECONFIG:
+        raise ValueError(msg)
+    raise RuntimeError(f"{msg} (unknown C error code {rc})")
 
 
 def _empty(*shape):

@@ -1,11 +1,11 @@
 # GEMM and WKV7 kernel test/bench hooks (csrc/gemm.c, csrc/wkv7.c). Included by _core.pyx.
 
 cdef extern from "rx_internal.h" nogil:
-    void rx_sgemm(int ta, int tb, size_t M, size_t N, size_t K,
+    int rx_sgemm(int ta, int tb, size_t M, size_t N, size_t K,
                   const float *A, size_t lda, const float *B, size_t ldb,
                   float beta, float *C, size_t ldc)
     int rx_sgemm_use_kernel(const char *name)
-    void rx_bgemm(int ta, int tb, size_t M, size_t N, size_t K,
+    int rx_bgemm(int ta, int tb, size_t M, size_t N, size_t K,
                   const float *A, size_t lda, const float *B, size_t ldb,
                   float beta, float *C, size_t ldc)
     int rx_bgemm_use_kernel(const char *name)
@@ -56,11 +56,13 @@ cdef object _gemm(a, b, ta, tb, out, beta, bint bf16):
     cdef const float *pa = _ptr(a)
     cdef const float *pb = _ptr(b)
     cdef float *pc = _wptr(out)
+    cdef int rc
     with nogil:
         if bf16:
-            rx_bgemm(ita, itb, M, N, K, pa, lda, pb, ldb, fbeta, pc, N)
+            rc = rx_bgemm(ita, itb, M, N, K, pa, lda, pb, ldb, fbeta, pc, N)
         else:
-            rx_sgemm(ita, itb, M, N, K, pa, lda, pb, ldb, fbeta, pc, N)
+            rc = rx_sgemm(ita, itb, M, N, K, pa, lda, pb, ldb, fbeta, pc, N)
+    _check_rc(rc, "_bgemm" if bf16 else "_sgemm")
     return out
 
 
@@ -73,8 +75,7 @@ def _sgemm_use_kernel(name=None):
         rx_sgemm_use_kernel(NULL)
         return
     b = str(name).encode()
-    if rx_sgemm_use_kernel(b) != RX_OK:
-        raise ValueError(f"GEMM kernel {name!r} is unknown or unsupported on this CPU")
+    _check_rc(rx_sgemm_use_kernel(b), "_sgemm_use_kernel")
 
 
 def _bgemm_use_kernel(name=None):
@@ -86,8 +87,7 @@ def _bgemm_use_kernel(name=None):
         rx_bgemm_use_kernel(NULL)
         return
     b = str(name).encode()
-    if rx_bgemm_use_kernel(b) != RX_OK:
-        raise ValueError(f"bf16 GEMM kernel {name!r} is unknown or unsupported on this CPU")
+    _check_rc(rx_bgemm_use_kernel(b), "_bgemm_use_kernel")
 
 
 def _wkv7_kernel(int head_size):
@@ -104,5 +104,4 @@ def _wkv7_use_kernel(name=None):
         rx_wkv7_use_kernel(NULL)
         return
     b = str(name).encode()
-    if rx_wkv7_use_kernel(b) != RX_OK:
-        raise ValueError(f"WKV7 kernel {name!r} is unknown or unsupported on this CPU")
+    _check_rc(rx_wkv7_use_kernel(b), "_wkv7_use_kernel")

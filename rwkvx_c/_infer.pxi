@@ -4,7 +4,7 @@
 cdef extern from "rx_pretrain.h" nogil:
     ctypedef struct rx_infer_state:
         pass
-    rx_infer_state *rx_infer_new(rx_ptmodel *m, int max_len)
+    int rx_infer_create(rx_ptmodel *m, int max_len, rx_infer_state **out)
     void rx_infer_free(rx_infer_state *s)
     void rx_infer_reset(rx_infer_state *s)
     int rx_infer_pos(const rx_infer_state *s)
@@ -38,10 +38,10 @@ cdef class InferState:
         self.vocab = model._config["vocab_size"]
         self.n_attn = model._config["n_attn_layer"]
         self.max_len = L
+        cdef int rc
         with nogil:
-            self.s = rx_infer_new(model._h.m, L)
-        if self.s == NULL:
-            raise MemoryError(f"InferState: out of memory for max_len={L}")
+            rc = rx_infer_create(model._h.m, L, &self.s)
+        _check_rc(rc, "InferState")
 
     def __dealloc__(self):
         if self.s != NULL:

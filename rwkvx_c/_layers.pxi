@@ -6,7 +6,7 @@ cdef int _index(object v, str name) except? -1:
     """A keyword int argument that may be negative (ignore_index)."""
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
         raise TypeError(f"{name} must be an int, got {type(v).__name__}")
-    if v < -2147483648 or v > 2147483647:
+    if v < _INT_MIN or v > _INT_MAX:
         raise ValueError(f"{name} {v} exceeds the C API's int range")
     return v
 
@@ -74,8 +74,10 @@ def embedding_forward(emb, tokens):
     cdef const float *pe = _ptr(emb)
     cdef const int *pt = _iptr(tokens)
     cdef float *po = _wptr(out)
+    cdef int rc
     with nogil:
-        rx_embedding_forward(pe, pt, T, C, po)
+        rc = rx_embedding_gather(pe, pt, T, C, V, po)
+    _check_rc(rc, "embedding_forward")
     return out
 
 
@@ -97,8 +99,10 @@ def embedding_backward(tokens, d_out, vocab):
     cdef const int *pt = _iptr(tokens)
     cdef const float *pg = _ptr(d_out)
     cdef float *pd = _wptr(d_emb)
+    cdef int rc
     with nogil:
-        rx_embedding_backward(pt, T, C, V, pg, pd)
+        rc = rx_embedding_scatter(pt, T, C, V, pg, pd)
+    _check_rc(rc, "embedding_backward")
     return d_emb
 
 
@@ -118,8 +122,10 @@ def head_forward(x, head):
     cdef const float *px = _ptr(x)
     cdef const float *ph = _ptr(head)
     cdef float *pl = _wptr(logits)
+    cdef int rc
     with nogil:
-        rx_head_forward(px, ph, T, C, V, pl)
+        rc = rx_head_logits(px, ph, T, C, V, pl)
+    _check_rc(rc, "head_forward")
     return logits
 
 
@@ -142,8 +148,10 @@ def head_backward(x, head, dlogits):
     cdef const float *pg = _ptr(dlogits)
     cdef float *pdx = _wptr(dx)
     cdef float *pdh = _wptr(d_head)
+    cdef int rc
     with nogil:
-        rx_head_backward(px, ph, pg, T, C, V, pdx, pdh)
+        rc = rx_head_grads(px, ph, pg, T, C, V, pdx, pdh)
+    _check_rc(rc, "head_backward")
     return dx, d_head
 
 
@@ -168,8 +176,10 @@ def cross_entropy_forward(logits, targets, ignore_index=-1):
     cdef const float *pl = _ptr(logits)
     cdef const int *pt = _iptr(targets)
     cdef double loss
+    cdef int rc
     with nogil:
-        loss = rx_cross_entropy_forward(pl, pt, cT, cV, cii)
+        rc = rx_cross_entropy(pl, pt, cT, cV, cii, NULL, &loss)
+    _check_rc(rc, "cross_entropy_forward")
     return loss
 
 
@@ -187,6 +197,8 @@ def cross_entropy_backward(logits, targets, ignore_index=-1):
     cdef const int *pt = _iptr(targets)
     cdef float *pd = _wptr(dlogits)
     cdef double loss
+    cdef int rc
     with nogil:
-        loss = rx_cross_entropy_backward(pl, pt, cT, cV, cii, pd)
+        rc = rx_cross_entropy(pl, pt, cT, cV, cii, pd, &loss)
+    _check_rc(rc, "cross_entropy_backward")
     return loss, dlogits

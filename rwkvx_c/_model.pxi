@@ -5,25 +5,21 @@ from libc.stdint cimport int64_t, uint64_t
 from libc.string cimport memcpy
 
 cdef extern from "rx_pretrain.h" nogil:
-    rx_pt_acts *rx_pt_acts_new_batch(const rx_ptmodel *m, int B, int T)
     int rx_pretrain_forward_batch(rx_ptmodel *m, const int *tokens, int B, int T,
                                   rx_pt_acts *acts)
-    double rx_pretrain_backward_batch(rx_ptmodel *m, const rx_pt_acts *acts, const int *targets,
-                                      int B, int T, int ignore_index)
     int rx_pt_config_validate(const rx_pt_config *pc)
     int rx_ptmodel_param_shape(const rx_ptmodel *m, int i, int *shape)
     float *rx_ptmodel_param_arena(rx_ptmodel *m, int64_t *n)
     float *rx_ptmodel_grad_arena(rx_ptmodel *m, int64_t *n)
     const char *rx_ptmodel_layers(const rx_ptmodel *m)
-    rx_ptmodel *rx_model_new_random_flags(const rx_pt_config *pc, int flags, uint64_t seed)
     int rx_ptmodel_flags(const rx_ptmodel *m)
     int RX_PT_LN0
 
 
 CONFIG_FIELDS = ("n_embd", "n_head", "head_size", "n_rwkv_layer", "n_attn_layer", "vocab_size",
                  "Dw", "Da", "Dg", "Dv", "ffn_dim", "chunk_size", "moba_top_k")
-# Config keys beyond the C struct (each a bit of rx_model_new_random_flags'
-# flags), with their defaults: absent means the model as before them.
+# Config keys beyond the C struct (each a bit of rx_model_create's flags),
+# with their defaults: absent means the model as before them.
 OPTION_FIELDS = {"ln0": 0}
 
 
@@ -51,7 +47,7 @@ cdef rx_pt_config _pt_config(object config) except *:
         v = config[k]
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
             raise ValueError(f"config['{k}'] must be an int, got {type(v).__name__}")
-        if not -2147483648 <= v <= 2147483647:
+        if not _INT_MIN <= v <= _INT_MAX:
             raise ValueError(f"config['{k}'] = {v} exceeds the C API's int range")
         if k == "n_attn_layer":
             if v < 0:
@@ -69,8 +65,7 @@ cdef rx_pt_config _pt_config(object config) except *:
     c.vocab_size, c.ffn_dim = config["vocab_size"], config["ffn_dim"]
     c.Dw, c.Da, c.Dg, c.Dv = config["Dw"], config["Da"], config["Dg"], config["Dv"]
     c.chunk_size, c.moba_top_k = config["chunk_size"], config["moba_top_k"]
-    if rx_pt_config_validate(&c) != RX_OK:
-        raise ValueError("config too large: a parameter tensor would exceed 2**31 - 1 elements")
+    _check_rc(rx_pt_config_validate(&c), "config")
     return c
 
 
@@ -179,11 +174,11 @@ cdef class RxPtModel:
         if not 0 <= seed < 2 ** 64:
             raise ValueError(f"seed must lie in [0, 2**64), got {seed}")
         cdef uint64_t s = seed
+        cdef int rc
         h = _ModelHandle()
         with nogil:
-            h.m = rx_model_new_random_flags(&c, flags, s)
-        if h.m == NULL:
-            raise MemoryError("RxPtModel: out of memory allocating the parameter arenas")
+            rc = rx_model_create(&c, flags, s, &h.m)
+        _check_rc(rc, "RxPtModel")
         self._h = h
         rx_ptmodel_set_precision(h.m, prec)
         self._config = {k: int(config[k]) for k in CONFIG_FIELDS}
@@ -285,7 +280,7 @@ cdef class RxPtModel:
         if tokens.ndim not in (1, 2):
             raise ValueError(f"tokens must be (T,) or (B, T), got shape {tokens.shape}")
         _arr(tokens, "tokens", np.int32, tokens.ndim)
-        if tokens.size > 2147483647:
+        if tokens.size > _INT_MAX:
             raise ValueError(f"tokens has {tokens.size} entries, more than the C API's int range")
         cdef int V = self._config["vocab_size"]
         cdef int B = 1 if tokens.ndim == 1 else tokens.shape[0]
@@ -299,9 +294,8 @@ cdef class RxPtModel:
             if self._acts == NULL or self._B != B or self._T != T:
                 if self._acts != NULL:
                     rx_pt_acts_free(self._acts)
-                self._acts = rx_pt_acts_new_batch(self._h.m, B, T)
-                if self._acts == NULL:
-                    raise MemoryError(f"RxPtModel.forward: out of memory for B={B}, T={T}")
+                rc = rx_pt_acts_create(self._h.m, B, T, &self._acts)
+                _check_rc(rc, "RxPtModel.forward")
                 self._B, self._T = B, T
             logits = _empty(*tokens.shape, V)
             ptok = _iptr(tokens)
@@ -337,27 +331,22 @@ cdef class RxPtModel:
         _arr(targets, "targets", np.int32, targets.ndim)
         # checked and read from a private copy: another thread writing to the
         # caller's array cannot make the ids the kernels read differ from
-        # the ids checked (a NaN loss below then really is a kernel failure)
+        # the ids checked
         targets = targets.copy()
         cdef int B = self._B, T = self._T
         _targets(targets.reshape(-1), "targets", B * T, self._config["vocab_size"], ignore_index)
         cdef double loss
+        cdef int rc
         cdef const int *ptgt = _iptr(targets)
         self._enter()
         try:
             with nogil:
-                loss = rx_pretrain_backward_batch(self._h.m, self._acts, ptgt, B, T,
-                                                  ignore_index)
+                rc = rx_pretrain_backward_loss(self._h.m, self._acts, ptgt, B, T, ignore_index,
+                                               &loss)
         finally:
             self._busy = False
-        if loss != loss and np.isfinite(self._logits_view()).all():
-            # finite logits give a finite loss: the NaN is a kernel's failure
-            raise MemoryError("RxPtModel.backward: out of memory in a block kernel")
+        _check_rc(rc, "RxPtModel.backward")
         return loss
-
-    cdef object _logits_view(self):
-        cdef size_t n = <size_t>self._B * self._T * self._config["vocab_size"]
-        return np.asarray(<float[:n]>self._acts.logits)
 
     def zero_grad(self):
         """Set every grad to zero."""

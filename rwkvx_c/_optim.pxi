@@ -7,7 +7,7 @@ cdef extern from "rx_pretrain.h" nogil:
                       const int64_t *decay_ranges, int n_ranges,
                       float lr, float beta1, float beta2, float eps, float weight_decay,
                       float grad_scale, int64_t step)
-    double rx_grad_norm(const float *g, size_t n)
+    int rx_grad_norm_l2(const float *g, size_t n, double *norm)
 
 
 cdef object _flat_f32(object a, str name, bint writable):
@@ -38,8 +38,10 @@ def grad_norm(g):
     cdef const float[::1] mv = g
     cdef size_t n = g.shape[0]
     cdef double r
+    cdef int rc
     with nogil:
-        r = rx_grad_norm(&mv[0], n)
+        rc = rx_grad_norm_l2(&mv[0], n, &r)
+    _check_rc(rc, "grad_norm")
     return r
 
 
@@ -85,7 +87,7 @@ def adamw_step(params, grads, m, v, *, double lr, long long step, double beta1=0
             if flat.min() < 0 or flat.max() > n or np.any(np.diff(flat) < 0):
                 raise ValueError("decay_ranges must be sorted, non-overlapping [begin, end) "
                                  f"ranges within [0, {n}]")
-    if ranges.shape[0] > 2147483647:
+    if ranges.shape[0] > _INT_MAX:
         raise ValueError("decay_ranges has too many rows")
     cdef int nr = ranges.shape[0]
     cdef int64_t dummy = 0

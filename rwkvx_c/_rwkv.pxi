@@ -47,7 +47,7 @@ _CM_FIELDS = ("ffn_x_k", "ffn_key_w", "ffn_value_w")
 cdef int _layer_id(object v) except -1:
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
         raise TypeError(f"layer_id must be an int, got {type(v).__name__}")
-    if v < 0 or v > 2147483647:
+    if v < 0 or v > _INT_MAX:
         raise ValueError(f"layer_id must be >= 0, got {v}")
     return v
 

@@ -53,11 +53,7 @@ cdef class ByteTrie:
             raise ValueError(f"a byte trie needs all 256 one-byte entries; got {n} entries")
         with nogil:
             self.t = rx_trie_build(&bv[0], &ov[0], &iv[0], n, vocab_size, &err)
-        if self.t == NULL:
-            if err == RX_ENOMEM:
-                raise MemoryError("rx_trie_build: out of memory")
-            raise ValueError("a byte trie needs non-empty entries with ids in "
-                             f"[0, {vocab_size}) covering all 256 single bytes")
+        _check_rc(err, "ByteTrie")
         self.vocab_size = vocab_size
         self.max_len = rx_trie_max_len(self.t)
 

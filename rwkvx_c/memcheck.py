@@ -63,6 +63,9 @@ def _heap_in_use() -> int | None:
     return m.uordblks + m.hblkhd
 
 
+MEASURE_TOKENS = 64   # the smaller of the two measured sequence lengths (at least)
+
+
 def acts_bytes_per_token(model: RxPtModel, fallback: int | None = None) -> int:
     """Heap bytes one more token of B*T costs a training step of `model`.
 
@@ -73,7 +76,12 @@ def acts_bytes_per_token(model: RxPtModel, fallback: int | None = None) -> int:
     c = model.config
     if _heap_in_use() is None:
         return fallback if fallback is not None else ROUGH_MARGIN * rough_bytes_per_token(c)
-    t1 = c["chunk_size"]
+    # At a few tokens each buffer is a few KiB, and whether malloc serves it
+    # from the heap or from page-rounded mmap (its threshold moves with what
+    # the process freed before) shifts the figure by 10-20%; at
+    # MEASURE_TOKENS that rounding is a few percent.
+    cs = c["chunk_size"]
+    t1 = -(-MEASURE_TOKENS // cs) * cs
     used = []
     # the first steps only warm up: they make what stays whatever the batch
     # (the threads' GEMM scratch, malloc's arenas). Each later t1 -> 2*t1

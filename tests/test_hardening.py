@@ -302,7 +302,7 @@ assert per <= memcheck.ROUGH_MARGIN * memcheck.rough_bytes_per_token(SMALL), per
 if memcheck._heap_in_use() is None:
     print("no mallinfo2")
     raise SystemExit(0)
-x = np.zeros((3, 64), np.int32)
+x = np.zeros((3, 4 * memcheck.MEASURE_TOKENS), np.int32)
 small = np.zeros((1, SMALL["chunk_size"]), np.int32)
 grown = []
 for _ in range(3):   # x first: its threads' GEMM scratch is not per token

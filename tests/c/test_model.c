@@ -55,7 +55,7 @@ static void test_configs(void) {
     bad[n++].head_size = -8;
     bad[n++].vocab_size = 1 << 28;  /* emb would exceed 2^31 - 1 elements */
     for (int i = 0; i < n; i++) {
-        CHECK(rx_pt_config_validate(&bad[i]) == RX_EINVAL, "bad config %d validated", i);
+        CHECK(rx_pt_config_validate(&bad[i]) == RX_ECONFIG, "bad config %d validated", i);
         rx_ptmodel *m = rx_model_new_random(&bad[i], 1);
         CHECK(m == NULL, "bad config %d built a model", i);
         rx_ptmodel_free(m);
