@@ -25,7 +25,10 @@ adds an S x S x S product.
 --precision bf16 times rx_bgemm (the bf16 projection GEMM: operands rounded
 to bf16 while packing, fp32 accumulation) in the rx column instead, still
 against NumPy's float32 matmul; --kernel then names a bf16 kernel
-(amx-bf16, avx512-bf16, generic-bf16).
+(amx-bf16, avx512-bf16, generic-bf16). --peer torch compares with PyTorch's
+bf16 matmul (oneDNN; AMX where the CPU has it) on the same fp32 operands,
+their conversion to bf16 included as rx_bgemm's is (its result stays bf16,
+which spares it the widening rx_bgemm's fp32 result pays).
 """
 import argparse
 import functools
@@ -95,7 +98,12 @@ def main():
     ap.add_argument("--square", type=int, nargs="*", default=[], help="add S x S x S products")
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
                     help="bf16: time rx_bgemm in the rx columns")
+    ap.add_argument("--peer", default="numpy", choices=["numpy", "torch"],
+                    help="the library beside rx: NumPy's float32 matmul, or (with "
+                    "--precision bf16) PyTorch's bf16 matmul")
     args = ap.parse_args()
+    if args.peer == "torch" and args.precision != "bf16":
+        ap.error("--peer torch compares bf16 matmuls: add --precision bf16")
     bf16 = args.precision == "bf16"
     use_kernel = rx._core._bgemm_use_kernel if bf16 else rx._core._sgemm_use_kernel
     rx_gemm = rx._core._bgemm if bf16 else rx._core._sgemm
@@ -103,8 +111,11 @@ def main():
     for k in kernels:
         use_kernel(k)   # ValueError if this CPU lacks it
     use_kernel(None)
-    libs = ["rx " + k for k in kernels] + ["numpy"]
-    print(common.blas_info(), "| rx kernels:", ", ".join(kernels),
+    libs = ["rx " + k for k in kernels] + [args.peer]
+    if args.peer == "torch":
+        import torch
+    print(common.blas_info() if args.peer == "numpy" else "torch " + torch.__version__,
+          "| rx kernels:", ", ".join(kernels),
           "| cold (%d MiB flush)" % args.flush_mib if args.cold else "| hot caches",
           "| median of %d rounds" % args.rounds)
     flush = np.zeros(args.flush_mib << 18, dtype=np.float32) if args.cold else None
@@ -131,6 +142,8 @@ def main():
         for n in args.threads:
             clock = time.thread_time if args.cpu_time and n == 1 else time.perf_counter
             rx.set_num_threads(n)
+            if args.peer == "torch":
+                torch.set_num_threads(n)
             shaped = [r for r in rows if len(r) > 1]
             order = ([(lib, r) for r in shaped for lib in libs] if n == 1
                      else [(lib, r) for lib in libs for r in shaped])
@@ -138,9 +151,13 @@ def main():
                 for lib, row in order:
                     label, M, N, K, ta, tb, a, b = row
                     out = np.empty((M, N), dtype=np.float32)
-                    if lib != "numpy":
+                    if lib.startswith("rx "):
                         use_kernel(lib[3:])
                         fn = functools.partial(rx_gemm, a, b, ta, tb, out=out)
+                    elif lib == "torch":
+                        ta_ = torch.from_numpy(a).t() if ta else torch.from_numpy(a)
+                        tb_ = torch.from_numpy(b).t() if tb else torch.from_numpy(b)
+                        fn = functools.partial(_torch_bf16, ta_, tb_)
                     else:
                         aa, bb = (a.T if ta else a), (b.T if tb else b)
                         fn = functools.partial(np.matmul, aa, bb, out=out)
@@ -152,18 +169,22 @@ def main():
             rx._core._sgemm_use_kernel(None)
     rate = {key: statistics.median(ts) for key, ts in times.items()}
     for k in kernels:
-        report(rows, rate, args.threads, "rx " + k)
+        report(rows, rate, args.threads, "rx " + k, args.peer)
     rx.set_num_threads(0)
 
 
-def report(rows, rate, threads, lib):
-    """GFLOP/s of one rx kernel and of NumPy per shape, their ratio, and
+def _torch_bf16(a, b):
+    return a.bfloat16() @ b.bfloat16()
+
+
+def report(rows, rate, threads, lib, peer):
+    """GFLOP/s of one rx kernel and of the peer per shape, their ratio, and
     each preset's total (its distinct shapes, each called once)."""
-    print("== rx_sgemm kernel", lib[3:])
+    print("== rx kernel", lib[3:], "beside", peer)
     tot = {}   # (section, threads): [flops, our time, numpy time]
     hdr = "%-22s %5s %5s %5s" % ("shape", "M", "N", "K")
     for _ in threads:
-        hdr += " | %4s %7s %7s %5s" % ("thr", "rx", "numpy", "ratio")
+        hdr += " | %4s %7s %7s %5s" % ("thr", "rx", peer, "ratio")
     print(hdr)
     section = None
     for row in rows:
@@ -175,7 +196,7 @@ def report(rows, rate, threads, lib):
         line = "%-22s %5d %5d %5d" % (label, M, N, K)
         fl = 2.0 * M * N * K
         for n in threads:
-            t_rx, t_np = rate[(lib, n, M, N, K, ta, tb)], rate[("numpy", n, M, N, K, ta, tb)]
+            t_rx, t_np = rate[(lib, n, M, N, K, ta, tb)], rate[(peer, n, M, N, K, ta, tb)]
             t = tot.setdefault((section, n), [0.0, 0.0, 0.0])
             t[0] += fl
             t[1] += t_rx
@@ -184,8 +205,8 @@ def report(rows, rate, threads, lib):
         print(line, flush=True)
     for (section, n), (f, trx, tnp) in tot.items():
         if section.startswith("preset"):
-            print("%s, %d thread(s): rx %.1f GFLOP/s, numpy %.1f GFLOP/s, ratio %.2f"
-                  % (section, n, f / trx / 1e9, f / tnp / 1e9, tnp / trx))
+            print("%s, %d thread(s): rx %.1f GFLOP/s, %s %.1f GFLOP/s, ratio %.2f"
+                  % (section, n, f / trx / 1e9, peer, f / tnp / 1e9, tnp / trx))
 
 
 if __name__ == "__main__":

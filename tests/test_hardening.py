@@ -191,8 +191,8 @@ def test_cli_lr10_stops_with_one_line(tmp_path):
 LEAK = """
 import os, threading, numpy as np, rwkvx_c as rx
 from hostile import SMALL
-m = rx.RxPtModel(dict(SMALL, n_embd=64, head_size=32), seed=0)
-x = np.random.default_rng(0).integers(0, 256, (1, 40)).astype(np.int32)
+m = rx.RxPtModel(dict(SMALL, n_embd=64, head_size=32), seed=0, precision="{precision}")
+x = np.random.default_rng(0).integers(0, 256, (1, {T})).astype(np.int32)
 def rss():
     return int(open('/proc/self/statm').read().split()[1]) * os.sysconf('SC_PAGE_SIZE')
 def step():
@@ -211,11 +211,14 @@ print(r1 - r0, r2 - r1)
 """
 
 
-def test_rss_flat_over_short_lived_threads():
-    """Each thread that ran a GEMM used to keep its packing buffers (~0.7
-    MiB) after it ended: 300 threads grew RSS by ~200 MiB. Now the buffers
-    die with the thread; allow 16 MiB for malloc's per-thread arenas."""
-    r = python(LEAK.format(n=300), timeout=300)
+@pytest.mark.parametrize("precision,T", [("fp32", 40), ("bf16", 400)])
+def test_rss_flat_over_short_lived_threads(precision, T):
+    """Each thread that ran a GEMM used to keep its packing buffers after it
+    ended: the fp32 ones (~0.7 MiB) grew RSS by ~200 MiB over 300 threads,
+    and the bf16 GEMM's packed operands (~0.3 MiB at T = 400) by ~80 MiB.
+    Now the buffers die with the thread; allow 16 MiB for malloc's
+    per-thread arenas."""
+    r = python(LEAK.format(n=300, precision=precision, T=T), timeout=300)
     assert r.returncode == 0, r.stderr
     grow_threads, grow_flips = (int(v) for v in r.stdout.split())
     assert grow_threads < 16 << 20, f"RSS grew {grow_threads / 2**20:.1f} MiB over 300 threads"
