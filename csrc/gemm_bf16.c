@@ -56,7 +56,14 @@
 #define BT_E (BT_R * BT_K)   /* bf16 elements of one packed block (1 KiB) */
 #define BLK 32               /* C block of one kernel call: 2x2 tiles */
 #define PANEL 64             /* rows of op(A) a compute item packs and computes */
-#define PACK_BLKS 4          /* 16-row (or -column) blocks per packing task */
+#define B_RANGE (512 << 10)  /* bytes of packed op(B) one column range may span */
+#define RANGE_MIN 256        /* columns of a range at least */
+/* op(B) packing task: PACK_BCOLS 16-column blocks x PACK_KC k chunks. 256
+ * columns make each row's read a 1 KiB run the prefetchers follow (64
+ * columns, a K-deep strip, left the head's packing waiting on memory), and
+ * the k split keeps enough tasks for the team. */
+#define PACK_BCOLS 16
+#define PACK_KC 4
 #define KCB 8                /* k chunks (of BT_K) per range of compute_item */
 #define MAX_OPS 16           /* ops of one pass (rx_sgemm_batch's batch size) */
 
@@ -113,12 +120,12 @@ static void pack_a_generic(const bop *o, size_t b0, size_t b1, bf16 *ap) {
         }
 }
 
-/* Packs the 16-column blocks [b0,b1) of op(B): row p of a block holds the
- * k pair (2p, 2p+1) of its 16 columns interleaved. */
-static void pack_b_generic(const bop *o, size_t b0, size_t b1) {
+/* Packs k chunks [k0,k1) of the 16-column blocks [b0,b1) of op(B): row p
+ * of a block holds the k pair (2p, 2p+1) of its 16 columns interleaved. */
+static void pack_b_generic(const bop *o, size_t b0, size_t b1, size_t k0, size_t k1) {
     const rx_gemm_op *g = o->g;
     for (size_t cb = b0; cb < b1; cb++)
-        for (size_t kc = 0; kc < o->nkc; kc++) {
+        for (size_t kc = k0; kc < k1; kc++) {
             bf16 *dst = o->bp + (cb * o->nkc + kc) * BT_E;
             for (size_t q = 0; q < BT_K; q++)
                 for (size_t c = 0; c < BT_R; c++) {
@@ -273,11 +280,11 @@ RX_PACK512 static void pack_a_512(const bop *o, size_t b0, size_t b1, bf16 *ap) 
 /* pack_b_generic with AVX-512: an untransposed B pairs two k-rows of 16
  * columns (k outer, as for a transposed A); a transposed one reads each
  * column's 32-float k run and transposes. */
-RX_PACK512 static void pack_b_512(const bop *o, size_t b0, size_t b1) {
+RX_PACK512 static void pack_b_512(const bop *o, size_t b0, size_t b1, size_t kc0, size_t kc1) {
     const rx_gemm_op *g = o->g;
     const size_t N = g->N, K = g->K;
     if (!g->tb) {
-        for (size_t kc = 0; kc < o->nkc; kc++)
+        for (size_t kc = kc0; kc < kc1; kc++)
             for (size_t cb = b0; cb < b1; cb++) {
                 bf16 *dst = o->bp + (cb * o->nkc + kc) * BT_E;
                 const size_t j0 = cb * BT_R, k0 = kc * BT_K;
@@ -294,7 +301,7 @@ RX_PACK512 static void pack_b_512(const bop *o, size_t b0, size_t b1) {
         return;
     }
     for (size_t cb = b0; cb < b1; cb++)
-        for (size_t kc = 0; kc < o->nkc; kc++) {
+        for (size_t kc = kc0; kc < kc1; kc++) {
             bf16 *dst = o->bp + (cb * o->nkc + kc) * BT_E;
             const size_t j0 = cb * BT_R, k0 = kc * BT_K;
             __m512i v[16];
@@ -457,7 +464,7 @@ typedef struct {
     const char *name;
     bkernel_fn kern;
     void (*pack_a)(const bop *, size_t, size_t, bf16 *);
-    void (*pack_b)(const bop *, size_t, size_t);
+    void (*pack_b)(const bop *, size_t, size_t, size_t, size_t);
     int amx;   /* tile configuration around the kernel calls */
 } bgemm_impl;
 
@@ -589,10 +596,19 @@ static int bgemm_pass(const bgemm_impl *im, const rx_gemm_op *ops, size_t n) {
     size_t cuts = panels >= 2 * (size_t)nt ? 1 : (2 * (size_t)nt + panels - 1) / panels;
     pl.pb[0] = pl.ci[0] = 0;
     for (size_t k = 0; k < n; k++) {
+        /* and cut a wide op(B) into ranges whose packed blocks (K deep)
+         * fit B_RANGE: the items run range by range, so a range stays in
+         * L2 while the row panels pass over it (whole, the head's 4096
+         * columns came from L3 for every panel); never below RANGE_MIN
+         * columns, as every range packs its A panel again */
+        size_t rblk = B_RANGE / (BLK * o[k].nkc * BT_K * sizeof(bf16));
+        if (rblk < RANGE_MIN / BLK) rblk = RANGE_MIN / BLK;
         size_t nblk = o[k].np / BLK, ncr = cuts < nblk ? cuts : nblk;
+        if (ncr < (nblk + rblk - 1) / rblk) ncr = (nblk + rblk - 1) / rblk;
         pl.cw[k] = (nblk + ncr - 1) / ncr * BLK;
         pl.ncr[k] = (o[k].np + pl.cw[k] - 1) / pl.cw[k];
-        pl.pb[k + 1] = pl.pb[k] + (o[k].np / BT_R + PACK_BLKS - 1) / PACK_BLKS;
+        pl.pb[k + 1] = pl.pb[k] + (o[k].np / BT_R + PACK_BCOLS - 1) / PACK_BCOLS *
+                                  ((o[k].nkc + PACK_KC - 1) / PACK_KC);
         pl.ci[k + 1] = pl.ci[k] + (o[k].mp + PANEL - 1) / PANEL * pl.ncr[k];
     }
     /* the calling thread's buffer: every op's packed op(B), then one A
@@ -615,9 +631,11 @@ static int bgemm_pass(const bgemm_impl *im, const rx_gemm_op *ops, size_t n) {
         bf16 *ap = panels_at + (size_t)rx_thread_id() * panel;
 #pragma omp for schedule(dynamic, 1)
         for (size_t w = 0; w < npack; w++) {
-            size_t k = find_op(pl.pb, n + 1, w), b0 = (w - pl.pb[k]) * PACK_BLKS;
-            size_t nb = o[k].np / BT_R;
-            im->pack_b(&o[k], b0, b0 + PACK_BLKS < nb ? b0 + PACK_BLKS : nb);
+            size_t k = find_op(pl.pb, n + 1, w), u = w - pl.pb[k];
+            size_t nkg = (o[k].nkc + PACK_KC - 1) / PACK_KC, nb = o[k].np / BT_R;
+            size_t b0 = u / nkg * PACK_BCOLS, k0 = u % nkg * PACK_KC;
+            im->pack_b(&o[k], b0, b0 + PACK_BCOLS < nb ? b0 + PACK_BCOLS : nb, k0,
+                       k0 + PACK_KC < o[k].nkc ? k0 + PACK_KC : o[k].nkc);
         }
 #ifdef RX_BF16_X86
         if (im->amx) amx_configure();
@@ -625,8 +643,10 @@ static int bgemm_pass(const bgemm_impl *im, const rx_gemm_op *ops, size_t n) {
 #pragma omp for schedule(dynamic, 1)
         for (size_t w = 0; w < nitem; w++) {
             size_t k = find_op(pl.ci, n + 1, w), u = w - pl.ci[k];
-            size_t j0 = u % pl.ncr[k] * pl.cw[k], j1 = j0 + pl.cw[k] < o[k].np ? j0 + pl.cw[k] : o[k].np;
-            compute_item(im, &o[k], u / pl.ncr[k] * PANEL, j0, j1, ap);
+            /* column range major: consecutive items share a B range */
+            size_t np_k = (o[k].mp + PANEL - 1) / PANEL;
+            size_t j0 = u / np_k * pl.cw[k], j1 = j0 + pl.cw[k] < o[k].np ? j0 + pl.cw[k] : o[k].np;
+            compute_item(im, &o[k], u % np_k * PANEL, j0, j1, ap);
         }
 #ifdef RX_BF16_X86
         if (im->amx) amx_release();

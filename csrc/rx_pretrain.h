@@ -550,7 +550,8 @@ int rx_infer_forward(rx_infer_state *s, const int *tokens, int T, float *logits)
  * With RX_PRECISION_BF16 every projection GEMM of the model's forward and
  * backward -- time-mix R/K/V/O and its LoRAs, channel-mix key/value,
  * attention Q/K/V/O, the head -- multiplies operands rounded to bf16 (round
- * to nearest even) and accumulates in fp32; weight grads are fp32 products
+ * to nearest even, fp32 subnormals to signed zero: what vcvtne2ps2bf16 does)
+ * and accumulates in fp32; weight grads are fp32 products
  * of bf16-rounded activations and output grads.
  * Kept fp32, and why:
  *   - parameters, gradients and AdamW state: a bf16 weight could not take an
