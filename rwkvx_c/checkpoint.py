@@ -31,15 +31,15 @@ moment leaves either the old checkpoint or the new one, never a torn file.
 """
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import struct
 import zlib
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+
+from rwkvx_c.atomic import replacing
 
 __all__ = ["CheckpointError", "save_checkpoint", "read_checkpoint", "parse_checkpoint", "FORMAT",
            "VERSION"]
@@ -58,19 +58,6 @@ Checkpoint = tuple[dict[str, np.ndarray], dict[str, Any], dict[str, Any]]
 
 class CheckpointError(ValueError):
     """A checkpoint that is missing, truncated, corrupt or does not fit."""
-
-
-def _fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def save_checkpoint(path: str, tensors: Mapping[str, np.ndarray], config: Mapping[str, Any],
@@ -99,23 +86,11 @@ def save_checkpoint(path: str, tensors: Mapping[str, np.ndarray], config: Mappin
     at = header.index(_HCRC_KEY) + len(_HCRC_KEY)
     hcrc = b"%08x" % zlib.crc32(header, zlib.crc32(prefix))
     header = header[:at] + hcrc + header[at + 8:]
-    d = os.path.dirname(os.path.abspath(path))
-    os.makedirs(d, exist_ok=True)
-    tmp = os.path.join(d, ".%s.tmp%d" % (os.path.basename(path), os.getpid()))
-    try:
-        with open(tmp, "wb") as f:
-            f.write(prefix)
-            f.write(header)
-            for a in arrays:
-                f.write(a.data.cast("B"))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(d)
+    with replacing(path) as f:
+        f.write(prefix)
+        f.write(header)
+        for a in arrays:
+            f.write(a.data.cast("B"))
 
 
 def read_checkpoint(path: str) -> Checkpoint:

@@ -241,6 +241,7 @@ def plot_log(rows: Sequence[dict[str, Any]], path: str) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
+    from rwkvx_c.atomic import replace_with
     tr = [(r["step"], r["loss"]) for r in rows if "loss" in r]
     va = [(r["step"], r["val_loss"]) for r in rows if "val_loss" in r]
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
@@ -262,10 +263,10 @@ def plot_log(rows: Sequence[dict[str, Any]], path: str) -> bool:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    tmp = path + ".tmp.png"
-    fig.savefig(tmp)
-    plt.close(fig)
-    os.replace(tmp, path)
+    try:
+        replace_with(path, fig.savefig, keep_ext=True)
+    finally:
+        plt.close(fig)
     return True
 
 

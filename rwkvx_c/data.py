@@ -37,7 +37,6 @@ import contextlib
 import hashlib
 import json
 import os
-import re
 import shutil
 import sysconfig
 from collections.abc import Sequence
@@ -45,6 +44,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Union
 
 import numpy as np
+
+from rwkvx_c.atomic import replacing, writer_pid
 
 if TYPE_CHECKING:
     from rwkvx_c.tokenizer import Tokenizer
@@ -137,9 +138,6 @@ def _text_files(folder: str) -> Files:
     return sorted(out)
 
 
-_TMP_PID = re.compile(r"\.tmp(\d+)$")
-
-
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -151,7 +149,8 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _sweep_orphans(folder: str, prefix: str = "") -> None:
-    """Remove the temporaries (NAME.tmpPID, files or folders) in `folder`
+    """Remove the temporaries in `folder` (.NAME.tmpPID files, NAME.tmpPID
+    folders: rwkvx_c.atomic)
     whose writer is dead: a killed writer never renames its temporary into
     place, and nothing else would ever delete it. A live writer's stays."""
     try:
@@ -159,8 +158,8 @@ def _sweep_orphans(folder: str, prefix: str = "") -> None:
     except OSError:
         return
     for name in names:
-        m = _TMP_PID.search(name)
-        if not m or not name.startswith(prefix) or _pid_alive(int(m.group(1))):
+        pid = writer_pid(name)
+        if pid is None or not name.startswith(prefix) or _pid_alive(pid):
             continue
         p = os.path.join(folder, name)
         if os.path.isdir(p) and not os.path.islink(p):
@@ -171,22 +170,11 @@ def _sweep_orphans(folder: str, prefix: str = "") -> None:
 
 
 def _atomic_concat(paths: Sequence[str], dest: str) -> int:
-    tmp = dest + ".tmp%d" % os.getpid()
-    n = 0
-    try:
-        with open(tmp, "wb") as out:
-            for p in paths:
-                with open(p, "rb") as f:
-                    shutil.copyfileobj(f, out, 1 << 22)
-                n = out.tell()
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, dest)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    return n
+    with replacing(dest) as out:
+        for p in paths:
+            with open(p, "rb") as f:
+                shutil.copyfileobj(f, out, 1 << 22)
+        return out.tell()
 
 
 def _memmap(path: str, dtype: Any = np.uint8) -> np.ndarray:

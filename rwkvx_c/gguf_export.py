@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 
 from rwkvx_c._core import RxPtModel
-from rwkvx_c.interop import DTYPES, InteropError, _atomic_write
+from rwkvx_c.atomic import replace_with
+from rwkvx_c.interop import DTYPES, InteropError
 from rwkvx_c.tokenizer import WORLD_VOCAB_SIZE as WORLD_VOCAB
 
 __all__ = ["gguf_refusal", "gguf_tensors", "gguf_vocab", "save_gguf"]
@@ -189,4 +190,4 @@ def save_gguf(model: RxPtModel, path: str, dtype: str = "fp32") -> None:
         w.write_tensors_to_file()
         w.close()
 
-    _atomic_write(path, write)
+    replace_with(path, write)

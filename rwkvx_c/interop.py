@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from rwkvx_c import _core
 from rwkvx_c._core import RxPtModel
+from rwkvx_c.atomic import replace_with
 
 __all__ = ["InteropError", "to_rwkv7", "from_rwkv7", "rwkv7_config", "to_rwkvx", "from_rwkvx",
            "rwkvx_refusal", "load_pth", "save_pth", "export_model", "import_pth", "DTYPES",
@@ -263,20 +264,6 @@ def _torch_dtype(torch: Any, dtype: str) -> Any:
     return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
 
 
-def _atomic_write(path: str, write: Callable[[str], object]) -> None:
-    """write(tmp_path), then rename onto path: a failed write leaves nothing."""
-    d = os.path.dirname(os.path.abspath(path))
-    os.makedirs(d, exist_ok=True)
-    tmp = os.path.join(d, f".{os.path.basename(path)}.tmp{os.getpid()}")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def save_pth(sd: Mapping[str, np.ndarray], path: str, dtype: str = "fp32") -> None:
     """Writes sd as a torch .pth state dict of dtype (fp32, bf16 or fp16;
     round to nearest even), atomically."""
@@ -284,7 +271,7 @@ def save_pth(sd: Mapping[str, np.ndarray], path: str, dtype: str = "fp32") -> No
     td = _torch_dtype(torch, dtype)
     tensors = {k: torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32)).to(td)
                for k, v in sd.items()}
-    _atomic_write(path, lambda tmp: torch.save(tensors, tmp))
+    replace_with(path, lambda tmp: torch.save(tensors, tmp))
 
 
 # ---- RWKV-X (the rwkv-x pip package) ------------------------------------------------

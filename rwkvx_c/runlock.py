@@ -9,8 +9,9 @@ process the lock is shared: Trainer objects of one interpreter on one
 folder (a script that resumes what it just trained) count references.
 
 With the lock held, files that only an unfinished write leaves behind
-(".NAME.tmpPID" checkpoints, "NAME.tmp" logs, "NAME.tmp.png" plots) belong
-to a writer that died, and are removed.
+(".NAME.tmpPID[.EXT]", rwkvx_c.atomic's temporaries; "NAME.tmp" and
+"NAME.tmp.png", those of earlier versions) belong to a writer that died,
+and are removed.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import os
 __all__ = ["RunLocked", "RunLock", "LOCK_NAME", "ORPHAN_PATTERNS", "remove_orphans"]
 
 LOCK_NAME = ".lock"
-ORPHAN_PATTERNS = (".*.tmp[0-9]*", "*.tmp", "*.tmp.png")
+ORPHAN_PATTERNS = (".*.tmp[0-9]*", ".*.tmp[0-9]*.*", "*.tmp", "*.tmp.png")
 
 _held: dict[str, list] = {}   # realpath -> [fd, references]
 

@@ -31,6 +31,8 @@ from typing import Any, Union
 
 import numpy as np
 
+from rwkvx_c.atomic import replace_with, replacing
+
 __all__ = [
     "WORLD_VOCAB",
     "ByteTokenizer",
@@ -319,11 +321,8 @@ class HFTokenizer(Tokenizer):
         return {"name": "hf", "sha256": self._sha}
 
     def save(self, folder: str) -> None:
-        dest = os.path.join(folder, RUN_FILE)
-        tmp = dest + ".tmp"
-        with open(tmp, "wb") as f:
+        with replacing(os.path.join(folder, RUN_FILE)) as f:
             f.write(self._json)
-        os.replace(tmp, dest)
 
 
 def load(spec: str = "byte") -> Tokenizer:
@@ -396,8 +395,6 @@ def train_bpe(docs: Iterable[bytes], vocab_size: int, out: str, *, length: int |
             yield d.decode("utf-8", "replace")
 
     tok.train_from_iterator(texts(), trainer=trainer, length=length)
-    tmp = out + ".tmp"
-    tok.save(tmp)
-    os.replace(tmp, out)
+    replace_with(out, tok.save)
     return HFTokenizer(out)
 

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from rwkvx_c import _core, memcheck
+from rwkvx_c.atomic import replacing
 from rwkvx_c.checkpoint import CheckpointError, read_checkpoint, save_checkpoint
 from rwkvx_c.data import BatchSampler, eval_windows, load_corpus
 from rwkvx_c.distributed import world
@@ -774,10 +775,8 @@ class Trainer:
                         keep.append(line if line.endswith("\n") else line + "\n")
                 except ValueError:
                     continue
-        tmp = p + ".tmp"
-        with open(tmp, "w") as f:
+        with replacing(p, "w") as f:
             f.writelines(keep)
-        os.replace(tmp, p)
 
     def read_log(self) -> list[Row]:
         """The rows of out_dir/log.jsonl."""

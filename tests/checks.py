@@ -3,8 +3,12 @@
 assert_rel(label, got, ref, tol) checks max|got - ref| <= tol * max|ref| (the
 tolerances of the brief: 1e-5 for forward outputs, 1e-4 for gradients) and
 records the measured ratio under `label`; `pytest --rx-errors` prints the
-worst ratio per label at the end of the run."""
+worst ratio per label at the end of the run.
+
+kernel_runs / kernel_params: which of a set of forced kernels (a
+`_core._*_use_kernel` hook) this CPU runs, for parametrising over them."""
 import numpy as np
+import pytest
 
 FWD_TOL = 1e-5
 GRAD_TOL = 1e-4
@@ -34,3 +38,22 @@ def assert_rel(label, got, ref, tol):
 def rand(rng, *shape, scale=1.0):
     """float32 normal draws (the kernels' input type)."""
     return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+def kernel_runs(use_kernel, name):
+    """True when use_kernel(name) is accepted here (it raises ValueError for
+    a kernel this CPU or OS cannot run); leaves the choice to the CPU."""
+    try:
+        use_kernel(name)
+    except ValueError:
+        return False
+    use_kernel(None)
+    return True
+
+
+def kernel_params(use_kernel, names, what):
+    """pytest params of the kernels `names`, each one this CPU cannot run
+    skipped with the reason."""
+    return [pytest.param(k, marks=pytest.mark.skipif(
+        not kernel_runs(use_kernel, k), reason=f"this CPU (or OS) cannot run the {k} {what}"))
+        for k in names]

@@ -19,25 +19,13 @@ import rwkvx_c as rx
 from rwkvx_c import _core
 from rwkvx_c.train import Trainer, TrainError, TrainOptions
 
+from checks import kernel_params, kernel_runs
+
 U = 2.0 ** -24
 KERNELS = ("generic-bf16", "avx512-bf16", "amx-bf16")
 
 
-def _runs_here(name):
-    try:
-        _core._bgemm_use_kernel(name)
-    except ValueError:
-        return False
-    _core._bgemm_use_kernel(None)
-    return True
-
-
-def _kernel_param(name):
-    return pytest.param(name, marks=pytest.mark.skipif(
-        not _runs_here(name), reason=f"this CPU (or OS) cannot run the {name} kernel"))
-
-
-@pytest.fixture(params=[_kernel_param(k) for k in KERNELS])
+@pytest.fixture(params=kernel_params(_core._bgemm_use_kernel, KERNELS, "kernel"))
 def kernel(request):
     _core._bgemm_use_kernel(request.param)
     yield request.param
@@ -153,7 +141,7 @@ def test_bgemm_independent_of_thread_count(kernel, M, N, K, ta):
 def test_kernel_names_and_hooks():
     assert rx.gemm_kernel() in ("generic", "avx2-fma", "avx512f", "avx512f-16x16")
     picked = rx.gemm_kernel("bf16")
-    assert picked in KERNELS and _runs_here(picked)
+    assert picked in KERNELS and kernel_runs(_core._bgemm_use_kernel, picked)
     assert rx.bf16_hardware() == (picked != "generic-bf16")
     with pytest.raises(ValueError, match="precision"):
         rx.gemm_kernel("fp16")

@@ -297,7 +297,7 @@ def test_killed_writers_temporaries_are_swept(tmp_path):
         # the byte path's concatenations (folder corpora): orphaned files in the keyed folder
         load_corpus(str(texts), seq_len=16, cache_dir=str(cache))
         (keyed,) = [p for p in cache.iterdir() if not p.name.startswith("tok-")]
-        stale, writing = keyed / f"val.bin.tmp{dead}", keyed / f"all.bin.tmp{live.pid}"
+        stale, writing = keyed / f".val.bin.tmp{dead}", keyed / f".all.bin.tmp{live.pid}"
         stale.write_bytes(b"x")
         writing.write_bytes(b"x")
         load_corpus(str(texts), seq_len=16, cache_dir=str(cache))

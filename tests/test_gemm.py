@@ -8,18 +8,10 @@ import pytest
 import rwkvx_c as rx
 from rwkvx_c import _core
 
+from checks import kernel_runs
 
-def _runs_here(name):
-    try:
-        _core._sgemm_use_kernel(name)
-    except ValueError:
-        return False
-    _core._sgemm_use_kernel(None)
-    return True
-
-
-# every kernel this CPU can run; the portable one always
-KERNELS = [k for k in ("generic", "avx2-fma", "avx512f", "avx512f-16x16") if _runs_here(k)]
+KERNELS = [k for k in ("generic", "avx2-fma", "avx512f", "avx512f-16x16")
+           if kernel_runs(_core._sgemm_use_kernel, k)]
 # the SIMD ones: one FMA per k step in the same order, so bit-identical results
 SIMD = [k for k in KERNELS if k != "generic"]
 

@@ -398,7 +398,8 @@ def test_version_1_files_still_read(tmp_path):
 def test_orphan_temp_files_removed_on_start(tmp_path):
     out = tmp_path / "run"
     out.mkdir()
-    for name in (".checkpoint.safetensors.tmp4242", "log.jsonl.tmp", "loss.png.tmp.png"):
+    for name in (".checkpoint.safetensors.tmp4242", ".log.jsonl.tmp4242", ".loss.png.tmp4242.png",
+                 "log.jsonl.tmp", "loss.png.tmp.png"):   # the last two: earlier versions' names
         (out / name).write_bytes(b"torn")
     (out / "notes.txt").write_text("mine")
     Trainer(_opts(tmp_path), str(out)).close()

@@ -5,7 +5,7 @@ import pytest
 import rwkvx_c as rx
 from rwkvx_c import _core
 
-from checks import FWD_TOL, GRAD_TOL, assert_rel
+from checks import FWD_TOL, GRAD_TOL, assert_rel, kernel_params, kernel_runs
 from reference.autograd import leaf
 from reference.wkv7 import wkv7
 
@@ -41,17 +41,7 @@ def reference(ins, dy, s_init):
 WKV_KERNELS = ("portable", "avx2", "avx512f")
 
 
-def _runs_here(name):
-    try:
-        _core._wkv7_use_kernel(name)
-    except ValueError:
-        return False
-    _core._wkv7_use_kernel(None)
-    return True
-
-
-@pytest.fixture(params=[pytest.param(k, marks=pytest.mark.skipif(
-    not _runs_here(k), reason=f"this CPU cannot run the {k} WKV7 steps")) for k in WKV_KERNELS])
+@pytest.fixture(params=kernel_params(_core._wkv7_use_kernel, WKV_KERNELS, "WKV7 steps"))
 def wkv_kernel(request):
     """Every WKV7 step kernel this CPU runs, forced in turn."""
     _core._wkv7_use_kernel(request.param)
@@ -89,7 +79,7 @@ def test_wkv7_matches_reference(wkv_kernel, B, T, H, N, with_state):
 
 def test_wkv7_kernel_names():
     assert _core._wkv7_kernel(5) == "portable"
-    if _runs_here("avx512f"):
+    if kernel_runs(_core._wkv7_use_kernel, "avx512f"):
         assert _core._wkv7_kernel(64) == "avx512f" and _core._wkv7_kernel(24) == "avx2"
     with pytest.raises(ValueError, match="unknown"):
         _core._wkv7_use_kernel("sse9")

@@ -1,0 +1,90 @@
+"""Replacing a file so that a reader, or a crash at any moment, finds either
+the old file or the new one, never a torn one: the new contents go to a
+temporary file beside it, are fsynced, renamed over it, and the folder is
+fsynced so the rename itself survives a power cut. Every file rwkvx_c
+writes (checkpoints, logs, plots, tokenizers, exports, corpus caches) goes
+through here.
+
+A temporary file is named ".NAME.tmpPID" (".NAME.tmpPID.EXT" when the
+writer picks its format by extension, as matplotlib does): hidden, next to
+NAME, and naming the process that writes it, so a sweep can tell a killed
+writer's orphan (writer_pid) from a live writer's file.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from collections.abc import Callable, Iterator
+from typing import IO, Any
+
+__all__ = ["replacing", "replace_with", "temp_path", "writer_pid"]
+
+_TMP = re.compile(r"\.tmp(\d+)(\.[A-Za-z0-9]+)?$")
+
+
+def temp_path(dest: str, keep_ext: bool = False) -> str:
+    """The temporary file a write of dest goes through (see the module doc)."""
+    d, base = os.path.split(os.path.abspath(dest))
+    ext = os.path.splitext(base)[1] if keep_ext else ""
+    return os.path.join(d, f".{base}.tmp{os.getpid()}{ext}")
+
+
+def writer_pid(name: str) -> int | None:
+    """The process id in a temporary name (NAME.tmpPID, .NAME.tmpPID[.EXT]),
+    or None when name is not one."""
+    m = _TMP.search(name)
+    return int(m.group(1)) if m else None
+
+
+def _fsync_dir(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return   # a platform without directory fds: the rename is all there is
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def _temporary(dest: str, keep_ext: bool = False) -> Iterator[str]:
+    """The temporary path to fill; renamed over dest on a clean exit,
+    removed on any exception (dest untouched)."""
+    tmp = temp_path(dest, keep_ext)
+    os.makedirs(os.path.dirname(tmp), exist_ok=True)
+    try:
+        yield tmp
+        os.replace(tmp, dest)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(os.path.dirname(tmp))
+
+
+@contextlib.contextmanager
+def replacing(dest: str, mode: str = "wb") -> Iterator[IO[Any]]:
+    """with replacing(dest) as f: write f; on a clean exit dest is replaced
+    by what was written, on any exception dest is untouched and the
+    temporary file removed."""
+    if mode not in ("wb", "w"):
+        raise ValueError(f"mode must be 'wb' or 'w', not {mode!r}")
+    with _temporary(dest) as tmp, open(tmp, mode) as f:
+        yield f
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def replace_with(dest: str, write: Callable[[str], object], keep_ext: bool = False) -> None:
+    """replacing() for a writer that takes a path (torch.save, a tokenizer's
+    save, savefig): write(tmp) makes the temporary file, then it replaces
+    dest. keep_ext gives tmp dest's extension, for writers that pick their
+    format by it."""
+    with _temporary(dest, keep_ext) as tmp:
+        write(tmp)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
