@@ -186,6 +186,14 @@ def rwkv7_config(sd: Mapping[str, np.ndarray], prefix: str = "") -> dict[str, in
                 ffn_dim=F, Dw=Dw, Da=Da, Dg=Dg, Dv=Dv, ln0=1, **_NO_ATTN)
 
 
+def _new_model(config: dict[str, Any], whose: str) -> RxPtModel:
+    """RxPtModel(config), its ValueError an InteropError naming whose sizes."""
+    try:
+        return _core.RxPtModel(config)
+    except ValueError as e:
+        raise InteropError(f"{whose} sizes make no valid model: {e}") from None
+
+
 def _fill(model: RxPtModel, sd: Mapping[str, np.ndarray],
           pairs: Sequence[tuple[str, str, str]], optional: Sequence[str] = ()) -> None:
     """Copies sd into model by pairs after checking every name and shape:
@@ -226,10 +234,7 @@ def from_rwkv7(sd: Mapping[str, np.ndarray]) -> RxPtModel:
     dict's weights. Layer 0's v0/v1/v2 may be present (they are unused) or
     absent; any other unknown tensor is an InteropError."""
     config = rwkv7_config(sd)
-    try:
-        model = _core.RxPtModel(config)
-    except ValueError as e:
-        raise InteropError(f"the state dict's sizes make no valid model: {e}") from None
+    model = _new_model(config, "the state dict's")
     _fill(model, sd, _x070_pairs(config),
           optional=tuple(f"blocks.0.att.{v}" for v in _VRES))
     return model
@@ -369,10 +374,7 @@ def from_rwkvx(sd: Mapping[str, np.ndarray]) -> RxPtModel:
     why = rwkvx_refusal(config)
     if why:
         raise InteropError(why)
-    try:
-        model = _core.RxPtModel(config)
-    except ValueError as e:
-        raise InteropError(f"the checkpoint's sizes make no valid model: {e}") from None
+    model = _new_model(config, "the checkpoint's")
     _fill(model, sd, _rwkvx_pairs(model),
           optional=tuple(f"rwkv.blocks.0.att.{v}" for v in _VRES))
     return model

@@ -68,13 +68,19 @@ print("cases", n)
 '''
 
 
-def test_fuzz_cli_flags(tmp_path):
-    data = corpus(str(tmp_path), 4000)
-    r = python(f"import sys\nsys.argv = ['w', {data!r}, {str(tmp_path)!r}, "
-               f"'{FUZZ_SECONDS}']\n" + CLI_WORKER, timeout=FUZZ_SECONDS + 240,
-               cwd=str(tmp_path))   # relative --out values land there
+def _run_worker(tmp_path, worker, *args):
+    """Runs a fuzz worker with sys.argv = ['w', *args, FUZZ_SECONDS] in a
+    subprocess (a crash is its exit status, not pytest's) in tmp_path, where
+    relative paths land; it exits 0 after printing its case count."""
+    argv = ["w", *args, str(FUZZ_SECONDS)]
+    r = python(f"import sys\nsys.argv = {argv!r}\n" + worker, timeout=FUZZ_SECONDS + 240,
+               cwd=str(tmp_path))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "cases" in r.stdout
+
+
+def test_fuzz_cli_flags(tmp_path):
+    _run_worker(tmp_path, CLI_WORKER, corpus(str(tmp_path), 4000), str(tmp_path))
 
 
 CKPT_WORKER = r'''
@@ -155,12 +161,7 @@ print("cases", n)
 
 
 def test_fuzz_checkpoint_header(tmp_path):
-    data = corpus(str(tmp_path), 4000)
-    r = python(f"import sys\nsys.argv = ['w', {data!r}, {str(tmp_path)!r}, "
-               f"'{FUZZ_SECONDS}']\n" + CKPT_WORKER, timeout=FUZZ_SECONDS + 240,
-               cwd=str(tmp_path))   # relative --out values land there
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert "cases" in r.stdout
+    _run_worker(tmp_path, CKPT_WORKER, corpus(str(tmp_path), 4000), str(tmp_path))
 
 
 SIDECAR_WORKER = r'''
@@ -257,7 +258,4 @@ def test_fuzz_token_sidecar(tmp_path):
     huge, negative and non-finite numbers, missing keys, garbage and
     non-UTF-8 bytes give a one-line DataError (at the CLI: status 1, one
     line), and an accepted sidecar's vocabulary covers every token."""
-    r = python(f"import sys\nsys.argv = ['w', {str(tmp_path)!r}, '{FUZZ_SECONDS}']\n"
-               + SIDECAR_WORKER, timeout=FUZZ_SECONDS + 240, cwd=str(tmp_path))
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert "cases" in r.stdout
+    _run_worker(tmp_path, SIDECAR_WORKER, str(tmp_path))
