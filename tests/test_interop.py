@@ -243,6 +243,13 @@ def test_rwkv_package_reproduces_an_exported_model(tmp_path):
     assert err <= TOL
 
 
+def test_state_dict_sizes_that_make_no_model_are_one_interop_error():
+    sd = _official_dict(np.random.default_rng(0), V=37, C=12, H=3, N=4, L=2, F=0, Dw=5, Da=6,
+                        Dv=7, Dg=9)   # an empty channel-mix
+    with pytest.raises(interop.InteropError, match="state dict's sizes make no valid model"):
+        interop.from_rwkv7(sd)
+
+
 def test_rxptmodel_reproduces_the_rwkv_package_on_an_official_dict(tmp_path):
     _need("torch", "rwkv")
     import torch
