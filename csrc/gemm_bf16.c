@@ -56,8 +56,6 @@
 #define BT_E (BT_R * BT_K)   /* bf16 elements of one packed block (1 KiB) */
 #define BLK 32               /* C block of one kernel call: 2x2 tiles */
 #define PANEL 64             /* rows of op(A) a compute item packs and computes */
-#define B_RANGE (512 << 10)  /* bytes of packed op(B) one column range may span */
-#define RANGE_MIN 256        /* columns of a range at least */
 /* op(B) packing task: PACK_BCOLS 16-column blocks x PACK_KC k chunks. 256
  * columns make each row's read a 1 KiB run the prefetchers follow (64
  * columns, a K-deep strip, left the head's packing waiting on memory), and
@@ -596,15 +594,7 @@ static int bgemm_pass(const bgemm_impl *im, const rx_gemm_op *ops, size_t n) {
     size_t cuts = panels >= 2 * (size_t)nt ? 1 : (2 * (size_t)nt + panels - 1) / panels;
     pl.pb[0] = pl.ci[0] = 0;
     for (size_t k = 0; k < n; k++) {
-        /* and cut a wide op(B) into ranges whose packed blocks (K deep)
-         * fit B_RANGE: the items run range by range, so a range stays in
-         * L2 while the row panels pass over it (whole, the head's 4096
-         * columns came from L3 for every panel); never below RANGE_MIN
-         * columns, as every range packs its A panel again */
-        size_t rblk = B_RANGE / (BLK * o[k].nkc * BT_K * sizeof(bf16));
-        if (rblk < RANGE_MIN / BLK) rblk = RANGE_MIN / BLK;
         size_t nblk = o[k].np / BLK, ncr = cuts < nblk ? cuts : nblk;
-        if (ncr < (nblk + rblk - 1) / rblk) ncr = (nblk + rblk - 1) / rblk;
         pl.cw[k] = (nblk + ncr - 1) / ncr * BLK;
         pl.ncr[k] = (o[k].np + pl.cw[k] - 1) / pl.cw[k];
         pl.pb[k + 1] = pl.pb[k] + (o[k].np / BT_R + PACK_BCOLS - 1) / PACK_BCOLS *
@@ -643,7 +633,7 @@ static int bgemm_pass(const bgemm_impl *im, const rx_gemm_op *ops, size_t n) {
 #pragma omp for schedule(dynamic, 1)
         for (size_t w = 0; w < nitem; w++) {
             size_t k = find_op(pl.ci, n + 1, w), u = w - pl.ci[k];
-            /* column range major: consecutive items share a B range */
+            /* column range major: a thread's next item tends to share its B range */
             size_t np_k = (o[k].mp + PANEL - 1) / PANEL;
             size_t j0 = u / np_k * pl.cw[k], j1 = j0 + pl.cw[k] < o[k].np ? j0 + pl.cw[k] : o[k].np;
             compute_item(im, &o[k], u % np_k * PANEL, j0, j1, ap);
