@@ -5,8 +5,8 @@ tolerances of the brief: 1e-5 for forward outputs, 1e-4 for gradients) and
 records the measured ratio under `label`; `pytest --rx-errors` prints the
 worst ratio per label at the end of the run.
 
-kernel_runs / kernel_params: which of a set of forced kernels (a
-`_core._*_use_kernel` hook) this CPU runs, for parametrising over them."""
+kernel_runs / kernel_fixture: which of a set of forced kernels (a
+`_core._*_use_kernel` hook) this CPU runs, and a fixture forcing each in turn."""
 import numpy as np
 import pytest
 
@@ -51,9 +51,15 @@ def kernel_runs(use_kernel, name):
     return True
 
 
-def kernel_params(use_kernel, names, what):
-    """pytest params of the kernels `names`, each one this CPU cannot run
-    skipped with the reason."""
-    return [pytest.param(k, marks=pytest.mark.skipif(
+def kernel_fixture(use_kernel, names, what):
+    """A fixture that forces each kernel of `names` in turn (one this CPU
+    cannot run is skipped with the reason) and gives the CPU the choice back
+    after the test."""
+    @pytest.fixture(params=[pytest.param(k, marks=pytest.mark.skipif(
         not kernel_runs(use_kernel, k), reason=f"this CPU (or OS) cannot run the {k} {what}"))
-        for k in names]
+        for k in names])
+    def forced(request):
+        use_kernel(request.param)
+        yield request.param
+        use_kernel(None)
+    return forced

@@ -19,17 +19,13 @@ import rwkvx_c as rx
 from rwkvx_c import _core
 from rwkvx_c.train import Trainer, TrainError, TrainOptions
 
-from checks import kernel_params, kernel_runs
+from checks import kernel_fixture, kernel_runs
 
 U = 2.0 ** -24
 KERNELS = ("generic-bf16", "avx512-bf16", "amx-bf16")
 
 
-@pytest.fixture(params=kernel_params(_core._bgemm_use_kernel, KERNELS, "kernel"))
-def kernel(request):
-    _core._bgemm_use_kernel(request.param)
-    yield request.param
-    _core._bgemm_use_kernel(None)
+kernel = kernel_fixture(_core._bgemm_use_kernel, KERNELS, "kernel")
 
 
 def bf16(x):

@@ -5,7 +5,7 @@ import pytest
 import rwkvx_c as rx
 from rwkvx_c import _core
 
-from checks import FWD_TOL, GRAD_TOL, assert_rel, kernel_params, kernel_runs
+from checks import FWD_TOL, GRAD_TOL, assert_rel, kernel_fixture, kernel_runs
 from reference.autograd import leaf
 from reference.wkv7 import wkv7
 
@@ -41,12 +41,7 @@ def reference(ins, dy, s_init):
 WKV_KERNELS = ("portable", "avx2", "avx512f")
 
 
-@pytest.fixture(params=kernel_params(_core._wkv7_use_kernel, WKV_KERNELS, "WKV7 steps"))
-def wkv_kernel(request):
-    """Every WKV7 step kernel this CPU runs, forced in turn."""
-    _core._wkv7_use_kernel(request.param)
-    yield request.param
-    _core._wkv7_use_kernel(None)
+wkv_kernel = kernel_fixture(_core._wkv7_use_kernel, WKV_KERNELS, "WKV7 steps")
 
 
 # N % 8 == 0 runs the AVX2 steps, N % 16 == 0 the AVX-512 ones: T = 1,
