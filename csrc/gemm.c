@@ -5,7 +5,7 @@
  * Goto/BLIS structure: op(B) is packed in KC x NC panels of NR-column
  * slivers, and an MR x 16 register-tiled micro-kernel runs over them, the B
  * sliver staying in L1 while the A slivers of an MC x KC block stream from
- * L2. For narrow tiles (N <= NPACK, the LoRA shapes) op(A) is read in
+ * L2. For narrow tiles (N <= the kernel's npack, the LoRA shapes) op(A) is read in
  * place -- MR row pointers, or a k-stride when transposed -- because each
  * A element meets only a few B slivers and packing it would cost as much
  * as the arithmetic; wider tiles pack it (a vectorised 6x8 transpose, or a
@@ -49,7 +49,13 @@ _Static_assert(MC % MR == 0 && MC % MR512 == 0 && MC % MR512I == 0, "MC: whole s
  * projection (512 x 4096 x 512) ran at 80-87 GFLOP/s on Sapphire Rapids,
  * at 1024 at 92-97. Parallel units are narrower still (UNIT_W). */
 #define NC 1024
-#define NPACK 128 /* op(A) is packed only for wider tiles, see sgemm_block */
+/* op(A) is packed only for tiles wider than this (see sgemm_block): 128
+ * for the 6- and 8-row kernels; 32 for the 16-row one, whose 16 rows read
+ * in place are more streams than an Intel core's L2 prefetcher follows
+ * (Sapphire Rapids, 1 thread, paired: packing at N = 64 and 128 made the
+ * LoRA GEMMs 5-22% faster, at N = 16 and 32 no different). */
+#define NPACK 128
+#define NPACK_TALL 32
 #define PF_K 48   /* k steps ahead the micro-kernel prefetches a k-strided A */
 
 /* C[MR,NR] (+)= op(A)[MR,kc] . Bp[kc][NR], Bp a packed sliver, MR the
@@ -75,6 +81,7 @@ typedef struct {
     ukernel_fn kern;
     packbt_fn pack_bt;
     packan_fn pack_an;
+    size_t npack;       /* widest tile that reads op(A) in place */
 } gemm_impl;
 
 static void ukernel_generic(size_t kc, const float *A, size_t rs, size_t cs,
@@ -334,13 +341,14 @@ RX_AVX2 static void pack_an_16(const float *A, size_t lda, size_t i0, size_t mc,
 #endif
 
 static const gemm_impl impl_generic = {"generic", MR, ukernel_generic, pack_bt_generic,
-                                       pack_an_generic};
+                                       pack_an_generic, NPACK};
 #ifdef RX_X86
-static const gemm_impl impl_avx2 = {"avx2-fma", MR, ukernel_avx2, pack_bt_avx2, pack_an_avx2};
+static const gemm_impl impl_avx2 = {"avx2-fma", MR, ukernel_avx2, pack_bt_avx2, pack_an_avx2,
+                                    NPACK};
 static const gemm_impl impl_avx512 = {"avx512f", MR512, ukernel_avx512, pack_bt_avx2,
-                                      pack_an_8};
+                                      pack_an_8, NPACK};
 static const gemm_impl impl_avx512_16 = {"avx512f-16x16", MR512I, ukernel_avx512_16,
-                                         pack_bt_avx2, pack_an_16};
+                                         pack_bt_avx2, pack_an_16, NPACK_TALL};
 
 /* libgcc's test includes the OS's saving of the zmm state (XCR0). */
 static int have_avx512(void) { return __builtin_cpu_supports("avx512f"); }
@@ -543,14 +551,14 @@ static void sgemm_block(const gemm_impl *im, const rx_gemm_op *g, size_t i0, siz
     const size_t R = im->mr;
     const int ta = g->ta;
     const size_t lda = g->lda, ldc = g->ldc;
-    /* Reused over more than NPACK/NR B slivers, a packed A block pays for
+    /* Reused over more than npack/NR B slivers, a packed A block pays for
      * its packing: the micro-kernel then streams one contiguous sliver
      * instead of MR rows (or kc strided lines) from L2. Measured on Zen 3;
      * on Zen 4 reading A in place up to N = 256 made a training step 2%
      * slower.
      * A in place: only a ragged last sliver is packed (zero rows would
      * otherwise be read past the matrix). */
-    size_t full = nc > NPACK ? 0 : mc / R * R;
+    size_t full = nc > im->npack ? 0 : mc / R * R;
     if (full < mc) pack_a(im, ta, g->A, lda, i0 + full, mc - full, pc, kc, Ap);
     float edge[MR_MAX * NR];
     for (size_t jr = 0; jr < nc; jr += NR) {

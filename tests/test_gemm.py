@@ -16,8 +16,10 @@ KERNELS = [k for k in ("generic", "avx2-fma", "avx512f", "avx512f-16x16")
 SIMD = [k for k in KERNELS if k != "generic"]
 
 # (M, N, K): tiny, odd, crossing MR=6, 8 and 16 / NR=16 / KC=256 / MC=144 / the
-# in-place versus packed A switch at N=128, and N past one NC=1024 panel.
+# in-place versus packed A switch at N=128 (N=32 for the 16-row kernel), and
+# N past one NC=1024 panel.
 SHAPES = [(1, 1, 1), (7, 13, 5), (6, 16, 1), (5, 17, 3), (13, 128, 9), (13, 129, 9),
+          (19, 32, 9), (19, 33, 9),
           (25, 40, 11), (150, 33, 257), (145, 200, 300), (64, 64, 64), (3, 4100, 2),
           (16, 16, 16), (17, 31, 19), (47, 130, 33), (161, 1030, 40)]
 
