@@ -133,7 +133,7 @@ static int attn_work_threads(const attn_dims *d, attn_work *w) {
  * B, T: names the NULL P, the size below 1 or P's sizes. */
 static int attn_params_fail(const char *fn, const rx_attn_params *P, int B, int T) {
     if (!P) return rx_fail(RX_EINVAL, "%s: P is NULL", fn);
-    if (B < 1 || T < 1) return rx_fail(RX_EINVAL, "%s: B = %d, T = %d must be >= 1", fn, B, T);
+    if (rx_seq_check(fn, B, T, -1, NULL) != RX_OK) return RX_EINVAL;
     return rx_fail(RX_EINVAL, "%s: P has a NULL tensor or sizes that disagree (c = %d, "
                    "n_head = %d, head_size = %d, chunk_size = %d, cm.c = %d, cm.ffn_dim = %d)",
                    fn, P->c, P->n_head, P->head_size, P->chunk_size, P->cm.c, P->cm.ffn_dim);

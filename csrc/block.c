@@ -120,12 +120,11 @@ int rx_block_forward_seq(const rx_block_params *P, const float *x,
     if (nul) return rx_fail(RX_EINVAL, "%s: %s is NULL", fn, nul);
     if (!block_params_ok(P))
         return block_params_fail(fn, P);
-    if (B < 1 || T < 1) return rx_fail(RX_EINVAL, "%s: B = %d, T = %d must be >= 1", fn, B, T);
+    int rc = rx_seq_check(fn, B, T, P->tm.layer_id, v_first);
+    if (rc != RX_OK) return rc;
     const int vres = P->tm.layer_id > 0;
-    if (vres && !v_first)
-        return rx_fail(RX_EINVAL, "%s: v_first is NULL at layer %d", fn, P->tm.layer_id);
     rx_block_acts S;
-    int rc = rx_block_acts_alloc(&S, P, (size_t)B, (size_t)T);
+    rc = rx_block_acts_alloc(&S, P, (size_t)B, (size_t)T);
     if (rc == RX_OK)
         rc = rx_block_forward_acts(P, x, tm_xprev_init, cm_xprev_init, vres ? v_first : NULL,
                                    vres ? NULL : v_first, &S, out);
@@ -148,14 +147,13 @@ int rx_block_backward(const rx_block_params *P, const float *x,
     if (!rx_tm_grads_ok(&P->tm, &G->tm) || !G->cm.ffn_x_k || !G->cm.ffn_key_w ||
         !G->cm.ffn_value_w || !G->ln1_w || !G->ln1_b || !G->ln2_w || !G->ln2_b)
         return rx_fail(RX_EINVAL, "%s: G has a NULL grad", fn);
-    if (B < 1 || T < 1) return rx_fail(RX_EINVAL, "%s: B = %d, T = %d must be >= 1", fn, B, T);
+    int rc = rx_seq_check(fn, B, T, P->tm.layer_id, v_first);
+    if (rc != RX_OK) return rc;
     const int vres = P->tm.layer_id > 0;
-    if (vres && !v_first)
-        return rx_fail(RX_EINVAL, "%s: v_first is NULL at layer %d", fn, P->tm.layer_id);
     const size_t BT = (size_t)B * T, C = (size_t)P->tm.c;
     rx_block_acts S;
     float *work = rx_falloc(rx_block_work(P, BT)), *tmp = rx_falloc(BT * C);
-    int rc = rx_block_acts_alloc(&S, P, (size_t)B, (size_t)T);
+    rc = rx_block_acts_alloc(&S, P, (size_t)B, (size_t)T);
     if (rc == RX_OK && (!work || !tmp))
         rc = rx_fail(RX_ENOMEM, "%s: out of memory", fn);
     /* recompute the forward, keeping its intermediates (the block output

@@ -91,7 +91,8 @@ int rx_channelmix_forward_seq(const rx_cm_params *P, const float *x, const float
     if (!rx_cm_params_ok(P))
         return rx_fail(RX_EINVAL, "%s: P has a NULL tensor or c = %d, ffn_dim = %d below 1", fn,
                        P->c, P->ffn_dim);
-    if (B < 1 || T < 1) return rx_fail(RX_EINVAL, "%s: B = %d, T = %d must be >= 1", fn, B, T);
+    int rc = rx_seq_check(fn, B, T, -1, NULL);
+    if (rc != RX_OK) return rc;
     const size_t C = (size_t)P->c, F = (size_t)P->ffn_dim, BT = (size_t)B * T;
     float *xk = rx_falloc(BT * C), *h = rx_falloc(BT * F);
     if (!xk || !h) {
@@ -99,7 +100,7 @@ int rx_channelmix_forward_seq(const rx_cm_params *P, const float *x, const float
         free(h);
         return rx_fail(RX_ENOMEM, "%s: out of memory", fn);
     }
-    int rc = rx_cm_forward_acts(P, x, x_prev_init, xk, NULL, h, out, (size_t)B, (size_t)T);
+    rc = rx_cm_forward_acts(P, x, x_prev_init, xk, NULL, h, out, (size_t)B, (size_t)T);
     free(xk);
     free(h);
     return rc;
@@ -118,7 +119,8 @@ int rx_channelmix_backward(const rx_cm_params *P, const float *x, const float *x
                        P->c, P->ffn_dim);
     if (!G->ffn_x_k || !G->ffn_key_w || !G->ffn_value_w)
         return rx_fail(RX_EINVAL, "%s: G has a NULL grad", fn);
-    if (B < 1 || T < 1) return rx_fail(RX_EINVAL, "%s: B = %d, T = %d must be >= 1", fn, B, T);
+    int rc = rx_seq_check(fn, B, T, -1, NULL);
+    if (rc != RX_OK) return rc;
     const size_t C = (size_t)P->c, F = (size_t)P->ffn_dim, BT = (size_t)B * T;
     float *xk = rx_falloc(BT * C), *pre = rx_falloc(BT * F), *h = rx_falloc(BT * F);
     if (!xk || !pre || !h) {
@@ -127,7 +129,7 @@ int rx_channelmix_backward(const rx_cm_params *P, const float *x, const float *x
         free(h);
         return rx_fail(RX_ENOMEM, "%s: out of memory", fn);
     }
-    int rc = rx_cm_forward_acts(P, x, x_prev_init, xk, pre, h, NULL, (size_t)B, (size_t)T);
+    rc = rx_cm_forward_acts(P, x, x_prev_init, xk, pre, h, NULL, (size_t)B, (size_t)T);
     if (rc == RX_OK)
         rc = rx_cm_backward_acts(P, x, x_prev_init, xk, pre, h, dy, G, dx, d_xprev_init,
                                  (size_t)B, (size_t)T, h, xk);

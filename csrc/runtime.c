@@ -29,6 +29,13 @@ const char *rx_first_null(const void *const *p, const char *const *names, int n)
     return NULL;
 }
 
+int rx_seq_check(const char *fn, int B, int T, int layer_id, const float *v_first) {
+    if (B < 1 || T < 1) return rx_fail(RX_EINVAL, "%s: B = %d, T = %d must be >= 1", fn, B, T);
+    if (layer_id > 0 && !v_first)
+        return rx_fail(RX_EINVAL, "%s: v_first is NULL at layer %d", fn, layer_id);
+    return RX_OK;
+}
+
 const char *rx_strerror(int code) {
     switch (code) {
     case RX_OK: return "success";

@@ -192,6 +192,10 @@ int rx_fail(int code, const char *fmt, ...);
 const char *rx_first_null(const void *const *p, const char *const *names, int n);
 #define RX_NULLS(...) (const void *const[]){__VA_ARGS__}
 #define RX_NAMES(...) (const char *const[]){__VA_ARGS__}
+/* The sequence entry points' shared size checks: B, T >= 1 and, at a layer
+ * past 0 (layer_id < 0: no such check), the v_first that every later RWKV
+ * layer reads. RX_OK, or the rx_fail code naming fn. */
+int rx_seq_check(const char *fn, int B, int T, int layer_id, const float *v_first);
 
 /* ---- runtime.c: per-kernel self time (rx_profile_*) ---------------------
  * A kernel brackets its work with rx_prof_push(slot) / rx_prof_pop(); time

@@ -538,11 +538,10 @@ int rx_timemix_forward_seq(const rx_tm_params *P, const float *x, const float *x
     if (nul) return rx_fail(RX_EINVAL, "%s: %s is NULL", fn, nul);
     if (!rx_tm_params_ok(P))
         return tm_params_fail(fn, P);
-    if (B < 1 || T < 1) return rx_fail(RX_EINVAL, "%s: B = %d, T = %d must be >= 1", fn, B, T);
-    if (P->layer_id > 0 && !v_first)
-        return rx_fail(RX_EINVAL, "%s: v_first is NULL at layer %d", fn, P->layer_id);
+    int rc = rx_seq_check(fn, B, T, P->layer_id, v_first);
+    if (rc != RX_OK) return rc;
     rx_tm_acts A;
-    int rc = rx_tm_acts_alloc(&A, P, (size_t)B, (size_t)T);
+    rc = rx_tm_acts_alloc(&A, P, (size_t)B, (size_t)T);
     if (rc == RX_OK)
         rc = rx_tm_forward_acts(P, x, x_prev_init, P->layer_id > 0 ? v_first : NULL,
                                 P->layer_id > 0 ? NULL : v_first, &A, out);
@@ -563,11 +562,10 @@ int rx_timemix_backward(const rx_tm_params *P, const float *x, const float *x_pr
     if (!rx_tm_grads_ok(P, G))
         return rx_fail(RX_EINVAL, "%s: G has a NULL grad (v0, v1, v2 too at layer %d > 0)", fn,
                        P->layer_id);
-    if (B < 1 || T < 1) return rx_fail(RX_EINVAL, "%s: B = %d, T = %d must be >= 1", fn, B, T);
-    if (P->layer_id > 0 && !v_first)
-        return rx_fail(RX_EINVAL, "%s: v_first is NULL at layer %d", fn, P->layer_id);
+    int rc = rx_seq_check(fn, B, T, P->layer_id, v_first);
+    if (rc != RX_OK) return rc;
     rx_tm_acts A;
-    int rc = rx_tm_acts_alloc(&A, P, (size_t)B, (size_t)T);
+    rc = rx_tm_acts_alloc(&A, P, (size_t)B, (size_t)T);
     if (rc == RX_OK)
         rc = rx_tm_forward_acts(P, x, x_prev_init, P->layer_id > 0 ? v_first : NULL, NULL, &A,
                                 NULL);
