@@ -478,8 +478,8 @@ typedef struct {
     size_t bfull_n, bkey[3];
     gunit *units;
     size_t units_n;
-    void *bf16_pack;   /* rx_bgemm's packed operands (rx_gemm_thread_buffer) */
-    size_t bf16_pack_n;
+    void *buf[RX_BUF_N];   /* rx_thread_buffer's buffers */
+    size_t buf_n[RX_BUF_N];
 } gemm_scratch;
 
 static _Thread_local gemm_scratch *tl;
@@ -493,7 +493,7 @@ static void scratch_free(void *p) {
     free(s->bpack);
     free(s->bfull);
     free(s->units);
-    free(s->bf16_pack);
+    for (int i = 0; i < RX_BUF_N; i++) free(s->buf[i]);
     free(s);
 }
 
@@ -516,15 +516,15 @@ static gemm_scratch *scratch(void) {
     return tl = s;
 }
 
-void *rx_gemm_thread_buffer(size_t bytes) {
+void *rx_thread_buffer(int slot, size_t bytes) {
     gemm_scratch *s = scratch();
     if (!s) return NULL;
-    if (bytes > s->bf16_pack_n) {
-        free(s->bf16_pack);
-        s->bf16_pack = rx_alloc(bytes, 1);
-        s->bf16_pack_n = s->bf16_pack ? bytes : 0;
+    if (bytes > s->buf_n[slot]) {
+        free(s->buf[slot]);
+        s->buf[slot] = rx_alloc(bytes, 1);
+        s->buf_n[slot] = s->buf[slot] ? bytes : 0;
     }
-    return s->bf16_pack;
+    return s->buf[slot];
 }
 
 /* The calling thread's scratch with its fixed-size packing buffers, the

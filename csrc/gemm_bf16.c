@@ -606,7 +606,7 @@ static int bgemm_pass(const bgemm_impl *im, const rx_gemm_op *ops, size_t n) {
      * must not allocate) and freed with the thread */
     bf16 *pack = NULL;
     if (panel <= (SIZE_MAX / sizeof(bf16) - need) / (size_t)nt)
-        pack = rx_gemm_thread_buffer((need + (size_t)nt * panel) * sizeof(bf16));
+        pack = rx_thread_buffer(RX_BUF_BF16_PACK, (need + (size_t)nt * panel) * sizeof(bf16));
     if (!pack) return RX_ENOMEM;
     bf16 *p = pack;
     for (size_t k = 0; k < n; k++) {

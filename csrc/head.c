@@ -145,8 +145,8 @@ static int cross_entropy(const float *logits, const int *targets, int T, int voc
      * in order: the loss does not depend on how many threads ran them. */
     int nt = (rx_in_parallel() || TT * V < RX_ROW_MIN_PAR) ? 1 : rx_max_threads();
     if ((size_t)nt > TT) nt = (int)TT;
-    double *part = rx_alloc((size_t)nt, sizeof(double));
-    if (!part) return rx_fail(RX_ENOMEM, "%s: out of memory (%d partial sums)", fn, nt);
+    if (nt > RX_MAX_THREADS) nt = RX_MAX_THREADS;
+    double part[RX_MAX_THREADS];   /* 8 KiB on the stack: no allocation in a step */
     /* each target is read once here and range-checked as read: a caller's
      * thread changing targets after the check above cannot index past V */
     int bad = 0;
@@ -168,7 +168,6 @@ static int cross_entropy(const float *logits, const int *targets, int T, int voc
     }
     double loss = 0.0;
     for (int p = 0; p < nt; p++) loss += part[p];
-    free(part);
     if (bad)   /* a thread of the caller's changed a target after the check */
         return rx_fail(RX_EINVAL, "%s: targets changed while being read", fn);
     *loss_out = loss * scale;

@@ -131,10 +131,14 @@ int rx_rownorm_backward(const float *x, const float *w, const float *dy,
         return RX_OK;
     }
     /* Each row range accumulates dw/db privately; summed in a fixed order so
-     * the result does not depend on scheduling. */
-    size_t PD = period * D;
-    float *part = rx_fcalloc((size_t)nt * 2 * PD);
+     * the result does not depend on scheduling. The partials live in the
+     * calling thread's scratch: a step runs this some 20 times. */
+    const size_t PD = period * D;
+    float *part = PD <= SIZE_MAX / sizeof(float) / 2 / (size_t)nt
+                      ? rx_thread_buffer(RX_BUF_NORM_PART, (size_t)nt * 2 * PD * sizeof(float))
+                      : NULL;
     if (!part) return rx_fail(RX_ENOMEM, "rx_rownorm_backward: out of memory");
+    rx_fzero(part, (size_t)nt * 2 * PD);
     rx_prof_push(RX_PROF_NORM);
 #pragma omp parallel for schedule(static, 1) num_threads(nt)
     for (int p = 0; p < nt; p++)
@@ -147,7 +151,6 @@ int rx_rownorm_backward(const float *x, const float *w, const float *dy,
             db[i] += part[(size_t)t * 2 * PD + PD + i];
         }
     rx_prof_pop();
-    free(part);
     return RX_OK;
 }
 

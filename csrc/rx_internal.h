@@ -244,10 +244,17 @@ int rx_gemm_reserve(void);
  * An op with K = 0 and beta = 0 is done here (C = 0); any other with no
  * work (M, N or K zero) is dropped. Shared by the fp32 and bf16 batches. */
 size_t rx_gemm_live_ops(const rx_gemm_op *ops, size_t n, rx_gemm_op *live);
-/* The calling thread's buffer of at least `bytes` for rx_bgemm's packed
- * operands, grown to the largest request and freed with the thread's GEMM
- * scratch when the thread exits; NULL when it cannot be allocated. */
-void *rx_gemm_thread_buffer(size_t bytes);
+/* The calling thread's scratch buffers, one per use, so that a training
+ * step allocates nothing once its first call has grown them: */
+enum {
+    RX_BUF_BF16_PACK,   /* rx_bgemm's packed operands */
+    RX_BUF_NORM_PART,   /* rx_rownorm_backward's per-range dw/db partial sums */
+    RX_BUF_N
+};
+/* Buffer `slot` of the calling thread, at least `bytes` long (contents
+ * unspecified), grown to the largest request and freed with the thread's
+ * GEMM scratch when the thread exits; NULL when it cannot be allocated. */
+void *rx_thread_buffer(int slot, size_t bytes);
 /* Test hook: force the named micro-kernel ("generic", "avx2-fma",
  * "avx512f") for every later call, NULL to pick by CPU again. RX_EINVAL
  * when the name is unknown or the CPU cannot run it. Not thread-safe
@@ -284,7 +291,8 @@ void rx_rownorm_forward(const float *x, const float *w, const float *b,
                         float *out, float *mean, float *rstd,
                         size_t rows, size_t D, size_t period, float eps);
 /* dx written (may alias dy); dw/db [period*D] accumulated (+=), not zeroed.
- * Returns RX_OK or RX_ENOMEM (per-thread partial sums are allocated). */
+ * Returns RX_OK or RX_ENOMEM (the per-range partial sums' buffer, grown on
+ * first use, cannot be allocated). */
 int rx_rownorm_backward(const float *x, const float *w, const float *dy,
                         float *dx, float *dw, float *db,
                         size_t rows, size_t D, size_t period, float eps);

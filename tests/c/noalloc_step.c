@@ -1,0 +1,105 @@
+/* SPDX-License-Identifier: AGPL-3.0-or-later AND Apache-2.0
+ *
+ * noalloc_step.c -- a training step allocates nothing once the first step
+ * has grown its buffers. Linked against the package's shared library; this
+ * program defines malloc, calloc, realloc, aligned_alloc and posix_memalign
+ * itself (glibc: they forward to __libc_*), so the library's calls reach
+ * them and are counted while a step runs. tests/test_noalloc.py builds and
+ * runs it; not under the sanitizers, which replace the allocator too.
+ *
+ *   noalloc_step    -> prints "allocations fp32 N" and "allocations bf16 N"
+ *                      for one forward + backward + grad norm + AdamW step
+ *                      after a warm-up step of the same precision
+ */
+#define _GNU_SOURCE
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rx_pretrain.h"
+
+extern void *__libc_malloc(size_t);
+extern void *__libc_calloc(size_t, size_t);
+extern void *__libc_realloc(void *, size_t);
+extern void *__libc_memalign(size_t, size_t);
+
+static int counting;
+static long count;
+
+static void note(void) {
+    if (__atomic_load_n(&counting, __ATOMIC_RELAXED)) __atomic_fetch_add(&count, 1, __ATOMIC_RELAXED);
+}
+
+void *malloc(size_t n) { note(); return __libc_malloc(n); }
+void *calloc(size_t a, size_t b) { note(); return __libc_calloc(a, b); }
+void *realloc(void *p, size_t n) { note(); return __libc_realloc(p, n); }
+void *aligned_alloc(size_t al, size_t n) { note(); return __libc_memalign(al, n); }
+int posix_memalign(void **p, size_t al, size_t n) {
+    note();
+    *p = __libc_memalign(al, n);
+    return *p ? 0 : 12; /* ENOMEM */
+}
+
+#define B 2
+#define T 128
+
+static int step(rx_ptmodel *m, rx_pt_acts *acts, const int *tok, const int *tgt, float *mom,
+                float *vel, int64_t t) {
+    int64_t n;
+    float *p = rx_ptmodel_param_arena(m, &n);
+    const float *g = rx_ptmodel_grad_arena(m, &n);
+    double loss, norm;
+    int rc = rx_pretrain_forward_batch(m, tok, B, T, acts);
+    if (rc == RX_OK) rc = rx_pretrain_backward_loss(m, acts, tgt, B, T, -1, &loss);
+    if (rc == RX_OK) rc = rx_grad_norm_l2(g, (size_t)n, &norm);
+    if (rc == RX_OK)
+        rc = rx_adamw_step(p, g, mom, vel, (size_t)n, NULL, 0, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f,
+                           1.0f, t);
+    return rc;
+}
+
+int main(void) {
+    /* large enough that the norms, GEMMs and cross-entropy take their
+     * multi-threaded paths (OMP_NUM_THREADS=2) */
+    const rx_pt_config cfg = {
+        .n_embd = 128, .n_head = 2, .head_size = 64, .n_rwkv_layer = 2, .n_attn_layer = 1,
+        .vocab_size = 384, .Dw = 16, .Da = 16, .Dg = 32, .Dv = 8, .ffn_dim = 256,
+        .chunk_size = 32, .moba_top_k = 2,
+    };
+    static int tok[B * T], tgt[B * T];
+    for (int i = 0; i < B * T; i++) tok[i] = (7 * i + 3) % cfg.vocab_size;
+    for (int i = 0; i < B * T; i++) tgt[i] = (5 * i + 1) % cfg.vocab_size;
+    rx_ptmodel *m = NULL;
+    rx_pt_acts *acts = NULL;
+    int64_t n = 0;
+    int rc = rx_model_create(&cfg, 0, 0, &m);
+    if (rc == RX_OK) rc = rx_pt_acts_create(m, B, T, &acts);
+    if (rc == RX_OK) rx_ptmodel_param_arena(m, &n);
+    float *mom = calloc((size_t)n + 1, sizeof(float)), *vel = calloc((size_t)n + 1, sizeof(float));
+    if (rc != RX_OK || !mom || !vel) {
+        fprintf(stderr, "set-up failed: %s\n", rx_last_error());
+        return 2;
+    }
+    const int precisions[2] = {RX_PRECISION_FP32, RX_PRECISION_BF16};
+    const char *names[2] = {"fp32", "bf16"};
+    int64_t t = 1;
+    for (int i = 0; i < 2; i++) {
+        rc = rx_ptmodel_set_precision(m, precisions[i]);
+        if (rc == RX_OK) rc = step(m, acts, tok, tgt, mom, vel, t++);   /* grows the buffers */
+        __atomic_store_n(&count, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&counting, 1, __ATOMIC_RELAXED);
+        if (rc == RX_OK) rc = step(m, acts, tok, tgt, mom, vel, t++);
+        __atomic_store_n(&counting, 0, __ATOMIC_RELAXED);
+        if (rc != RX_OK) {
+            fprintf(stderr, "%s step failed: %s\n", names[i], rx_last_error());
+            return 2;
+        }
+        printf("allocations %s %ld\n", names[i], __atomic_load_n(&count, __ATOMIC_RELAXED));
+    }
+    free(mom);
+    free(vel);
+    rx_pt_acts_free(acts);
+    rx_ptmodel_free(m);
+    return 0;
+}

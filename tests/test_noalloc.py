@@ -1,0 +1,38 @@
+"""A training step (forward, backward, grad norm, AdamW; fp32 and bf16)
+allocates nothing once a first step has grown its buffers: tests/c/
+noalloc_step.c counts the library's malloc/calloc/realloc/aligned_alloc/
+posix_memalign calls during a step, by defining them itself (glibc)."""
+import os
+import platform
+import shutil
+import subprocess
+
+import pytest
+
+import rwkvx_c as rx
+
+SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "c", "noalloc_step.c")
+
+
+@pytest.fixture(scope="module")
+def program(tmp_path_factory):
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    if platform.libc_ver()[0] != "glibc":
+        pytest.skip("the allocator is replaced through glibc's __libc_* entry points")
+    lib = rx.get_library_dir()
+    exe = str(tmp_path_factory.mktemp("noalloc") / "noalloc_step")
+    subprocess.run([cc, "-std=c11", "-O2", "-Wall", "-Werror", SRC, "-I", rx.get_include(),
+                    "-L", lib, "-l" + rx.LIBRARY_NAME, "-Wl,-rpath," + lib, "-o", exe],
+                   check=True)
+    return exe
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_step_allocates_nothing(program, threads):
+    out = subprocess.run([program], env=dict(os.environ, OMP_NUM_THREADS=str(threads)),
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    counts = {p: int(c) for _, p, c in (line.split() for line in out.stdout.splitlines())}
+    assert counts == {"fp32": 0, "bf16": 0}, out.stdout
