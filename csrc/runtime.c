@@ -65,14 +65,23 @@ int rx_has_openmp(void) { return 0; }
 
 /* Self time per slot: a slot's clock runs from its push to its pop, paused
  * while a nested slot runs. State is per calling thread, and only calls made
- * outside a parallel region count (kernels nested in a team run inside
- * their caller's slot). */
+ * outside every parallel region count: kernels nested in a region run inside
+ * their caller's slot, also when the region has one thread (the attention
+ * core's tile GEMMs are attention time at any thread count). */
 static const char *const prof_names[RX_PROF_N] = {
     "other (elementwise, glue)", "gemm", "wkv7", "attention core", "norms",
     "cross-entropy"};
 static _Thread_local int prof_on, prof_depth, prof_cur;
 static _Thread_local int prof_stack[16];
 static _Thread_local double prof_acc[RX_PROF_N], prof_t;
+
+static int prof_nested(void) {
+#ifdef _OPENMP
+    return omp_get_level() > 0;
+#else
+    return 0;
+#endif
+}
 
 static double prof_now(void) {
     struct timespec ts;
@@ -81,7 +90,7 @@ static double prof_now(void) {
 }
 
 void rx_prof_push(int slot) {
-    if (!prof_on || rx_in_parallel()) return;
+    if (!prof_on || prof_nested()) return;
     double now = prof_now();
     prof_acc[prof_cur] += now - prof_t;
     prof_t = now;
@@ -92,7 +101,7 @@ void rx_prof_push(int slot) {
 }
 
 void rx_prof_pop(void) {
-    if (!prof_on || rx_in_parallel() || prof_depth == 0) return;
+    if (!prof_on || prof_nested() || prof_depth == 0) return;
     double now = prof_now();
     prof_acc[prof_cur] += now - prof_t;
     prof_t = now;

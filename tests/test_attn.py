@@ -373,3 +373,23 @@ def test_bad_hook_inputs():
         rx.attn_score_av_backward(q, k, v, q, **{**kw, "chunk_size": -1})
     with pytest.raises(ValueError, match="q"):
         rx.attn_score_av_forward(q[:, :, None].copy(), k, v, **kw)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_profile_counts_tile_products_as_attention(threads):
+    """rx.profile() charges the attention core's tile GEMMs to "attention
+    core" at every thread count (at 1 thread they once counted as "gemm",
+    so a 1- and a 2-thread breakdown disagreed)."""
+    rng = np.random.default_rng(0)
+    B, T, H, N = 1, 256, 2, 64
+    q, k, v, dy = (f32(rng, B, T, H * N) for _ in range(4))
+    kw = dict(n_head=H, head_size=N, chunk_size=32, moba_top_k=2)
+    rx.set_num_threads(threads)
+    try:
+        rx.profile_enable(True)
+        rx.attn_score_av_backward(q, k, v, dy, **kw)
+        prof = rx.profile()
+    finally:
+        rx.profile_enable(False)
+        rx.set_num_threads(0)
+    assert prof["gemm"] == 0.0 and prof["attention core"] > 0.0, prof
