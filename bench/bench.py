@@ -13,7 +13,9 @@ process measures NumPy's float32
 sgemm rate at the same thread count, the denominator of model-FLOP
 utilisation (MFU = model FLOP/s per docs/training.md §Presets / NumPy sgemm FLOP/s).
 
-Reported per implementation: tokens/s of forward+backward and of a full
+Each ratio between two implementations is that of their bests, followed by
+the median and range of the per-round ratios (the two sides of a round ran
+seconds apart). Reported per implementation: tokens/s of forward+backward and of a full
 training step (forward+backward+AdamW, where an optimiser exists), MFU, peak
 RSS, and a per-kernel time breakdown where the implementation can give one.
 The PyTorch side runs only where torch is importable (bench/torch_model.py).
@@ -27,6 +29,7 @@ bf16 matmul rate (common.bf16_matmul_gflops) instead of NumPy's sgemm.
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -229,10 +232,11 @@ def main():
         runs += [(impl, args.threads, "bf16") for impl in impls]
     if args.scaling and args.threads > 1:
         runs.append(("rx", 1, "fp32"))
-    best = {}
+    best, per_round = {}, {run: [] for run in runs}
     for _ in range(max(1, args.rounds)):
         for run in runs:
             res = child(run[0], args, run[1], run[2])
+            per_round[run].append(res)
             prev = best.get(run)
             if prev is None or ("error" in prev and "error" not in res) or (
                     "error" not in res and res["fwd_bwd_tok_s"] > prev["fwd_bwd_tok_s"]):
@@ -253,13 +257,23 @@ def main():
         for row in res.get("breakdown") or []:
             print("    %-40s %9.2f ms  %5.1f%%" % (row[0], row[1], 100 * row[2]))
     by = {(run[0], run[2]): res for res, run in zip(results, runs) if "error" not in res}
+    rounds_of = {(run[0], run[2]): per_round[run] for run in runs if run[1] == args.threads}
+    ratios = {}
     for a, b, what in ((("rx", "fp32"), ("torch", "fp32"), "rwkvx_c / torch"),
                        (("rx", "bf16"), ("torch", "bf16"), "rwkvx_c bf16 / torch bf16"),
                        (("rx", "bf16"), ("rx", "fp32"), "rwkvx_c bf16 / rwkvx_c fp32"),
                        (("torch", "bf16"), ("torch", "fp32"), "torch bf16 / torch fp32")):
         if a in by and b in by:
-            print("%s: %.2fx tokens/s, %.2fx peak RSS"
+            # each round's two sides ran seconds apart: their ratio sees less
+            # of the machine's drift than the ratio of the two bests
+            rr = sorted(x["fwd_bwd_tok_s"] / y["fwd_bwd_tok_s"]
+                        for x, y in zip(rounds_of[a], rounds_of[b])
+                        if "error" not in x and "error" not in y)
+            ratios[what] = rr
+            print("%s: %.2fx tokens/s (per round: median %.2fx, %.2f-%.2fx over %d), "
+                  "%.2fx peak RSS"
                   % (what, by[a]["fwd_bwd_tok_s"] / by[b]["fwd_bwd_tok_s"],
+                     statistics.median(rr), rr[0], rr[-1], len(rr),
                      by[a]["peak_rss_mib"] / by[b]["peak_rss_mib"]))
     one = best.get(("rx", 1, "fp32"))
     if one and "error" not in one and "error" not in results[0]:
@@ -273,7 +287,7 @@ def main():
                        "threads": args.threads, "rounds": args.rounds,
                        "model_flops_per_token": flops,
                        "numpy_sgemm_gflops": peak, "bf16_matmul_gflops": peak_bf16,
-                       "results": results}, f, indent=1)
+                       "results": results, "round_ratios": ratios}, f, indent=1)
 
 
 if __name__ == "__main__":
