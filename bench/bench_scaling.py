@@ -2,10 +2,11 @@
 at 1..N threads, presets S and M, batch 8, with a figure.
 
     python bench/bench_scaling.py [--preset S M] [--threads 1 2 4 8 16]
-                                  [--batch 8] [--seq-len 512] [--steps 3]
-                                  [--rounds 2] [--json FILE] [--png FILE]
+                                  [--precision fp32 [bf16]] [--batch 8]
+                                  [--seq-len 512] [--steps 3] [--rounds 2]
+                                  [--json FILE] [--png FILE]
 
-Every (preset, threads) point runs in its own process (a fresh OpenMP team
+Every (preset, precision, threads) point runs in its own process (a fresh OpenMP team
 of that size), and the points alternate for R rounds, each reporting its
 best round: on a shared machine all points then sample the same drift.
 Speed-up is tokens/s at n threads over tokens/s at the smallest n measured;
@@ -24,14 +25,14 @@ sys.path.insert(0, HERE)
 import common  # noqa: E402
 
 
-def child(preset, threads, batch, seq_len, steps):
+def child(preset, precision, threads, batch, seq_len, steps):
     """Best forward+backward time of `steps` steps after one warm-up."""
     import numpy as np
 
     import rwkvx_c as rx
     rx.set_num_threads(threads)
     cfg = {k: v for k, v in common.PRESETS[preset].items() if k != "T"}
-    m = rx.RxPtModel(cfg, seed=0)
+    m = rx.RxPtModel(cfg, seed=0, precision=precision)
     rng = np.random.default_rng(0)
     seqs = rng.integers(0, cfg["vocab_size"], size=(batch, seq_len + 1)).astype("int32")
     x, y = np.ascontiguousarray(seqs[:, :-1]), np.ascontiguousarray(seqs[:, 1:])
@@ -43,7 +44,8 @@ def child(preset, threads, batch, seq_len, steps):
         m.forward(x)
         m.backward(y)
         best = min(best, time.perf_counter() - t0)
-    return {"threads": rx.get_num_threads(), "best_s": best, "gemm_kernel": rx.gemm_kernel()}
+    return {"threads": rx.get_num_threads(), "best_s": best,
+            "gemm_kernel": rx.gemm_kernel(precision)}
 
 
 def plot(points, path):
@@ -76,48 +78,52 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--preset", nargs="+", default=["S", "M"], choices=sorted(common.PRESETS))
     ap.add_argument("--threads", nargs="+", type=int, default=[1, 2])
+    ap.add_argument("--precision", nargs="+", default=["fp32"], choices=["fp32", "bf16"])
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq-len", type=int, default=512)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--json", help="write the points here")
     ap.add_argument("--png", help="draw the figure here")
-    ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(child(args.child[0], int(args.child[1]), args.batch, args.seq_len,
-                               args.steps)))
+        print(json.dumps(child(args.child[0], args.child[1], int(args.child[2]), args.batch,
+                               args.seq_len, args.steps)))
         return
-    best = {}
-    kernel = None
+    best, kernels = {}, {}
+    # a line per preset and precision ("S", or "S bf16" beside "S fp32")
+    lines = [(preset, p) for preset in args.preset for p in args.precision]
+    label = {line: line[0] if args.precision == ["fp32"] else "%s %s" % line for line in lines}
     for _ in range(args.rounds):
-        for preset in args.preset:
+        for preset, prec in lines:
             for n in args.threads:
-                cmd = [sys.executable, os.path.abspath(__file__), "--child", preset, str(n),
-                       "--batch", str(args.batch), "--seq-len", str(args.seq_len),
+                cmd = [sys.executable, os.path.abspath(__file__), "--child", preset, prec,
+                       str(n), "--batch", str(args.batch), "--seq-len", str(args.seq_len),
                        "--steps", str(args.steps)]
                 out = json.loads(subprocess.run(cmd, check=True, capture_output=True,
                                                 text=True).stdout.splitlines()[-1])
-                kernel = out["gemm_kernel"]
-                key = (preset, n)
+                kernels[prec] = out["gemm_kernel"]
+                key = (preset, prec, n)
                 best[key] = min(best.get(key, float("inf")), out["best_s"])
     tokens = args.batch * args.seq_len
     points = {}
     print("B=%d, T=%d, GEMM kernel %s, best of %d steps in each of %d alternating rounds"
-          % (args.batch, args.seq_len, kernel, args.steps, args.rounds))
-    print("%-6s %7s %10s %8s %10s" % ("preset", "threads", "tok/s", "speed-up", "efficiency"))
-    for preset in args.preset:
+          % (args.batch, args.seq_len, ", ".join(kernels[p] for p in args.precision),
+             args.steps, args.rounds))
+    print("%-9s %7s %10s %8s %10s" % ("preset", "threads", "tok/s", "speed-up", "efficiency"))
+    for line in lines:
         n0 = min(args.threads)
-        base = tokens / best[(preset, n0)]
-        points[preset] = {}
+        base = tokens / best[line + (n0,)]
+        points[label[line]] = {}
         for n in sorted(args.threads):
-            tok_s = tokens / best[(preset, n)]
+            tok_s = tokens / best[line + (n,)]
             sp = tok_s / base
-            points[preset][n] = {"tok_s": tok_s, "speedup": sp, "efficiency": sp * n0 / n}
-            print("%-6s %7d %10.0f %8.2f %10.2f" % (preset, n, tok_s, sp, sp * n0 / n))
+            points[label[line]][n] = {"tok_s": tok_s, "speedup": sp, "efficiency": sp * n0 / n}
+            print("%-9s %7d %10.0f %8.2f %10.2f" % (label[line], n, tok_s, sp, sp * n0 / n))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"batch": args.batch, "seq_len": args.seq_len, "gemm_kernel": kernel,
+            json.dump({"batch": args.batch, "seq_len": args.seq_len, "gemm_kernels": kernels,
                        "points": points}, f, indent=1)
     if args.png:
         plot(points, args.png)
