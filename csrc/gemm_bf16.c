@@ -56,10 +56,11 @@
 #define BT_E (BT_R * BT_K)   /* bf16 elements of one packed block (1 KiB) */
 #define BLK 32               /* C block of one kernel call: 2x2 tiles */
 #define PANEL 64             /* rows of op(A) a compute item packs and computes */
-/* op(B) packing task: PACK_BCOLS 16-column blocks x PACK_KC k chunks. 256
- * columns make each row's read a 1 KiB run the prefetchers follow (64
+/* op(B) packing task: PACK_BCOLS 16-column blocks x up to PACK_KC k chunks.
+ * 256 columns make each row's read a 1 KiB run the prefetchers follow (64
  * columns, a K-deep strip, left the head's packing waiting on memory), and
- * the k split keeps enough tasks for the team. */
+ * the k split keeps enough tasks for the team: a pass with fewer than two
+ * tasks per thread halves its k chunks per task, down to one (bplan.kc). */
 #define PACK_BCOLS 16
 #define PACK_KC 4
 #define KCB 8                /* k chunks (of BT_K) per range of compute_item */
@@ -558,7 +559,13 @@ static void compute_item(const bgemm_impl *im, const bop *o, size_t i0, size_t j
  * (per op: panels x column ranges of width cw). */
 typedef struct {
     size_t pb[MAX_OPS + 1], ci[MAX_OPS + 1], ncr[MAX_OPS], cw[MAX_OPS];
+    size_t kc;   /* k chunks per packing task */
 } bplan;
+
+/* Packing tasks of op o with kc k chunks per task. */
+static size_t pack_tasks(const bop *o, size_t kc) {
+    return (o->np / BT_R + PACK_BCOLS - 1) / PACK_BCOLS * ((o->nkc + kc - 1) / kc);
+}
 
 static size_t find_op(const size_t *prefix, size_t n, size_t w) {
     size_t k = 0;
@@ -592,13 +599,17 @@ static int bgemm_pass(const bgemm_impl *im, const rx_gemm_op *ops, size_t n) {
     /* too few panels for the team: cut the columns too (each cut packs
      * its panel again, so only as far as two items per thread) */
     size_t cuts = panels >= 2 * (size_t)nt ? 1 : (2 * (size_t)nt + panels - 1) / panels;
+    for (pl.kc = PACK_KC; pl.kc > 1; pl.kc /= 2) {
+        size_t tasks = 0;
+        for (size_t k = 0; k < n; k++) tasks += pack_tasks(&o[k], pl.kc);
+        if (tasks >= 2 * (size_t)nt) break;
+    }
     pl.pb[0] = pl.ci[0] = 0;
     for (size_t k = 0; k < n; k++) {
         size_t nblk = o[k].np / BLK, ncr = cuts < nblk ? cuts : nblk;
         pl.cw[k] = (nblk + ncr - 1) / ncr * BLK;
         pl.ncr[k] = (o[k].np + pl.cw[k] - 1) / pl.cw[k];
-        pl.pb[k + 1] = pl.pb[k] + (o[k].np / BT_R + PACK_BCOLS - 1) / PACK_BCOLS *
-                                  ((o[k].nkc + PACK_KC - 1) / PACK_KC);
+        pl.pb[k + 1] = pl.pb[k] + pack_tasks(&o[k], pl.kc);
         pl.ci[k + 1] = pl.ci[k] + (o[k].mp + PANEL - 1) / PANEL * pl.ncr[k];
     }
     /* the calling thread's buffer: every op's packed op(B), then one A
@@ -622,10 +633,10 @@ static int bgemm_pass(const bgemm_impl *im, const rx_gemm_op *ops, size_t n) {
 #pragma omp for schedule(dynamic, 1)
         for (size_t w = 0; w < npack; w++) {
             size_t k = find_op(pl.pb, n + 1, w), u = w - pl.pb[k];
-            size_t nkg = (o[k].nkc + PACK_KC - 1) / PACK_KC, nb = o[k].np / BT_R;
-            size_t b0 = u / nkg * PACK_BCOLS, k0 = u % nkg * PACK_KC;
+            size_t nkg = (o[k].nkc + pl.kc - 1) / pl.kc, nb = o[k].np / BT_R;
+            size_t b0 = u / nkg * PACK_BCOLS, k0 = u % nkg * pl.kc;
             im->pack_b(&o[k], b0, b0 + PACK_BCOLS < nb ? b0 + PACK_BCOLS : nb, k0,
-                       k0 + PACK_KC < o[k].nkc ? k0 + PACK_KC : o[k].nkc);
+                       k0 + pl.kc < o[k].nkc ? k0 + pl.kc : o[k].nkc);
         }
 #ifdef RX_BF16_X86
         if (im->amx) amx_configure();
