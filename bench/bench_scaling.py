@@ -4,7 +4,7 @@ at 1..N threads, presets S and M, batch 8, with a figure.
     python bench/bench_scaling.py [--preset S M] [--threads 1 2 4 8 16]
                                   [--precision fp32 [bf16]] [--batch 8]
                                   [--seq-len 512] [--steps 3] [--rounds 2]
-                                  [--json FILE] [--png FILE]
+                                  [--breakdown] [--json FILE] [--png FILE]
 
 Every (preset, precision, threads) point runs in its own process (a fresh OpenMP team
 of that size), and the points alternate for R rounds, each reporting its
@@ -12,6 +12,9 @@ best round: on a shared machine all points then sample the same drift.
 Speed-up is tokens/s at n threads over tokens/s at the smallest n measured;
 efficiency is speed-up divided by the thread ratio. --png draws both
 against threads (matplotlib; skipped with a note where it is missing).
+--breakdown adds each kernel's time per step (rwkvx_c.profile(), best of
+--steps more steps per point) and its speed-up, which shows the kernel
+that stops scaling.
 """
 import argparse
 import json
@@ -25,8 +28,9 @@ sys.path.insert(0, HERE)
 import common  # noqa: E402
 
 
-def child(preset, precision, threads, batch, seq_len, steps):
-    """Best forward+backward time of `steps` steps after one warm-up."""
+def child(preset, precision, threads, batch, seq_len, steps, breakdown):
+    """Best forward+backward time of `steps` steps after one warm-up; with
+    breakdown, each kernel's best time over `steps` more, profiled, steps."""
     import numpy as np
 
     import rwkvx_c as rx
@@ -44,8 +48,16 @@ def child(preset, precision, threads, batch, seq_len, steps):
         m.forward(x)
         m.backward(y)
         best = min(best, time.perf_counter() - t0)
+    kernels = {}
+    for _ in range(steps if breakdown else 0):
+        rx.profile_enable(True)
+        m.forward(x)
+        m.backward(y)
+        for name, sec in rx.profile().items():
+            kernels[name] = min(kernels.get(name, float("inf")), sec)
+        rx.profile_enable(False)
     return {"threads": rx.get_num_threads(), "best_s": best,
-            "gemm_kernel": rx.gemm_kernel(precision)}
+            "gemm_kernel": rx.gemm_kernel(precision), "kernels": kernels}
 
 
 def plot(points, path):
@@ -83,15 +95,17 @@ def main():
     ap.add_argument("--seq-len", type=int, default=512)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--breakdown", action="store_true",
+                    help="also each kernel's time per step and its speed-up")
     ap.add_argument("--json", help="write the points here")
     ap.add_argument("--png", help="draw the figure here")
     ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         print(json.dumps(child(args.child[0], args.child[1], int(args.child[2]), args.batch,
-                               args.seq_len, args.steps)))
+                               args.seq_len, args.steps, args.breakdown)))
         return
-    best, kernels = {}, {}
+    best, kernels, parts = {}, {}, {}
     # a line per preset and precision ("S", or "S bf16" beside "S fp32")
     lines = [(preset, p) for preset in args.preset for p in args.precision]
     label = {line: line[0] if args.precision == ["fp32"] else "%s %s" % line for line in lines}
@@ -100,12 +114,14 @@ def main():
             for n in args.threads:
                 cmd = [sys.executable, os.path.abspath(__file__), "--child", preset, prec,
                        str(n), "--batch", str(args.batch), "--seq-len", str(args.seq_len),
-                       "--steps", str(args.steps)]
+                       "--steps", str(args.steps)] + (["--breakdown"] if args.breakdown else [])
                 out = json.loads(subprocess.run(cmd, check=True, capture_output=True,
                                                 text=True).stdout.splitlines()[-1])
                 kernels[prec] = out["gemm_kernel"]
                 key = (preset, prec, n)
                 best[key] = min(best.get(key, float("inf")), out["best_s"])
+                for name, sec in out["kernels"].items():
+                    parts[key + (name,)] = min(parts.get(key + (name,), float("inf")), sec)
     tokens = args.batch * args.seq_len
     points = {}
     print("B=%d, T=%d, GEMM kernel %s, best of %d steps in each of %d alternating rounds"
@@ -119,8 +135,19 @@ def main():
         for n in sorted(args.threads):
             tok_s = tokens / best[line + (n,)]
             sp = tok_s / base
-            points[label[line]][n] = {"tok_s": tok_s, "speedup": sp, "efficiency": sp * n0 / n}
+            points[label[line]][n] = {"tok_s": tok_s, "speedup": sp, "efficiency": sp * n0 / n,
+                                      "kernels_s": {key[3]: v for key, v in parts.items()
+                                                    if key[:3] == line + (n,)}}
             print("%-9s %7d %10.0f %8.2f %10.2f" % (label[line], n, tok_s, sp, sp * n0 / n))
+    if args.breakdown:
+        print("per kernel: ms per step at each thread count (speed-up over %d thread(s))"
+              % min(args.threads))
+        names = sorted({key[3] for key in parts})
+        for line in lines:
+            for name in names:
+                ms = [parts.get(line + (n, name), 0.0) * 1e3 for n in sorted(args.threads)]
+                cells = "  ".join("%8.1f (%4.2fx)" % (t, ms[0] / t if t else 0.0) for t in ms)
+                print("%-9s %-26s %s" % (label[line], name, cells))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"batch": args.batch, "seq_len": args.seq_len, "gemm_kernels": kernels,
