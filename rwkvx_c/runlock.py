@@ -23,7 +23,8 @@ import os
 __all__ = ["RunLocked", "RunLock", "LOCK_NAME", "ORPHAN_PATTERNS", "remove_orphans"]
 
 LOCK_NAME = ".lock"
-ORPHAN_PATTERNS = (".*.tmp[0-9]*", ".*.tmp[0-9]*.*", "*.tmp", "*.tmp.png")
+# fnmatch's * spans dots, so the first also matches ".NAME.tmpPID.EXT"
+ORPHAN_PATTERNS = (".*.tmp[0-9]*", "*.tmp", "*.tmp.png")
 
 _held: dict[str, list] = {}   # realpath -> [fd, references]
 
