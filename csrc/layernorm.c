@@ -155,13 +155,14 @@ int rx_rownorm_backward(const float *x, const float *w, const float *dy,
                       ? rx_thread_buffer(RX_BUF_NORM_PART, (size_t)nt * 2 * PD * sizeof(float))
                       : NULL;
     if (!part) return rx_fail(RX_ENOMEM, "rx_rownorm_backward: out of memory");
-    rx_fzero(part, (size_t)nt * 2 * PD);
     rx_prof_push(RX_PROF_NORM);
 #pragma omp parallel for schedule(static, 1) num_threads(nt)
-    for (int p = 0; p < nt; p++)
-        rownorm_backward_rows(x, w, dy, dx, part + (size_t)p * 2 * PD,
-                              part + (size_t)p * 2 * PD + PD, rows * p / nt, rows * (p + 1) / nt,
+    for (int p = 0; p < nt; p++) {
+        float *mine = part + (size_t)p * 2 * PD;   /* zeroed by the thread that sums into it */
+        rx_fzero(mine, 2 * PD);
+        rownorm_backward_rows(x, w, dy, dx, mine, mine + PD, rows * p / nt, rows * (p + 1) / nt,
                               D, period, eps);
+    }
     for (int t = 0; t < nt; t++)
         for (size_t i = 0; i < PD; i++) {
             dw[i] += part[(size_t)t * 2 * PD + i];
