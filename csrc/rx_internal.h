@@ -249,6 +249,7 @@ size_t rx_gemm_live_ops(const rx_gemm_op *ops, size_t n, rx_gemm_op *live);
 enum {
     RX_BUF_BF16_PACK,   /* rx_bgemm's packed operands */
     RX_BUF_NORM_PART,   /* rx_rownorm_backward's per-range dw/db partial sums */
+    RX_BUF_WKV_PART,    /* a split WKV7 backward's per-row-tile column sums */
     RX_BUF_N
 };
 /* Buffer `slot` of the calling thread, at least `bytes` long (contents

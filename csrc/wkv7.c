@@ -20,8 +20,10 @@
  * forward again. Recomputation repeats the forward arithmetic exactly, so
  * the states match the forward's bit for bit.
  *
- * Each (b, h) pair is independent: OpenMP runs over B*H, and every row
- * operation runs over the key dimension j, contiguous in memory.
+ * Each (b, h) pair is independent: OpenMP runs over B*H, or, when those
+ * are too few for the team, over 16-row tiles of every head (below,
+ * "Splitting a head"); every row operation runs over the key dimension j,
+ * contiguous in memory.
  *
  * Speed: a head's state (16 KiB at N = 64) stays in L1 and its chunk of
  * recomputed states in L2. When N is a multiple of 16 and the CPU has
@@ -108,23 +110,25 @@ RX_HOT static void wkv7_step_back(const float *S0, const float *S1, float *dS,
 typedef struct {
     const char *name;
     size_t width;
-    void (*rowdots)(const float *S, const float *a, float *sa, size_t N);
+    void (*rowdots)(const float *S, const float *a, float *sa, size_t R, size_t N);
     void (*step)(const float *Si, float *So, const float *r, const float *w, const float *k,
                  const float *v, const float *b, const float *sa, const float *an, float *y,
-                 float *san, size_t N);
-    void (*coldots)(const float *S, const float *x, float *out, size_t N);
+                 float *san, size_t R, size_t N);
+    void (*coldots)(const float *S, const float *x, float *out, size_t R, size_t N);
     void (*step_back)(const float *S0, float *dS, const float *r, const float *w,
                       const float *k, const float *v, const float *a, const float *b,
                       const float *dy, const float *dyp, const float *sa, float *dsa,
                       float *drp, float *dw, float *dk, float *dv, float *da, float *db,
-                      size_t N);
+                      size_t R, size_t N);
 } wkv_simd;
 
-#ifdef RX_X86
-/* Rows per tile of the backward's column sums: 16 rows of S0 and dS are
- * 8 KiB at N = 64, so a tile stays in L1 across its column blocks (whole
- * columns would map 64 rows x 2 arrays onto 16 cache sets). */
+/* Rows per tile of the vectorised backward's column sums: 16 rows of S0
+ * and dS are 8 KiB at N = 64, so a tile stays in L1 across its column
+ * blocks (whole columns would map 64 rows x 2 arrays onto 16 cache sets).
+ * Also the unit of a split head (below). */
 #define WKV_BACK_ROWS 16
+
+#ifdef RX_X86
 
 #define RX_AVX2 __attribute__((target("avx2,fma")))
 #define RX_AVX512 __attribute__((target("avx512f,avx2,fma")))
@@ -273,28 +277,66 @@ static int wkv7_args(const char *fn, const float *r, const float *w, const float
     return RX_OK;
 }
 
-/* One (b, h) of the forward over [B][T][H][N] rows: S [N][N] enters as the
- * initial state and leaves as the final one; y_out (NULL: not wanted);
- * cpb [ceil(T/RX_WKV7_CHUNK)][N][N] receives the checkpoints (NULL: not
- * kept); sa [2][N] scratch. */
+/* Splitting a head. Every row i of the state (a value index) evolves on
+ * its own: S[i] <- S[i] diag(w) + (S[i].a) b^T + v[i] k^T, y[i] = S[i].r,
+ * and the backward's dS[i], dv[i] and dsa[i] stay in row i too; only the
+ * column sums dr, dw, dk, da, db add over rows. So when B*H heads are too
+ * few for the team, the vectorised kernels give each thread a tile of
+ * WKV_BACK_ROWS rows of a head instead of a whole head. A tile's column
+ * sums go to a scratch row (the first tile's straight to the output) and
+ * are added afterwards, tile by tile in row order: exactly the additions
+ * the unsplit kernel makes as it walks the tiles, so a split head gives the
+ * same bits and results stay independent of the thread count. The forward
+ * needs no scratch; the backward's is 5 (T + 1) N floats per extra tile
+ * (the calling thread's RX_BUF_WKV_PART, grown once), taken only when
+ * splitting shortens the pass. */
+
+/* Units per head: 1, or its G row tiles when the team finishes sooner that
+ * way. A split costs work: on one Sapphire Rapids core (T = 512, N = 64,
+ * the tiles run one after another), a split backward took 1.22x (B*H = 1)
+ * to 1.48x (B*H = 4 and 8: its scratch past L2) the time of the whole
+ * heads, the forward 1.01-1.19x. So split only when
+ * WKV_SPLIT_COST * ceil(BH*G/nt) tile rounds beat G * ceil(BH/nt): B*H = 1
+ * at 2 threads or more, B*H = 32 at 64. */
+#define WKV_SPLIT_COST_NUM 8   /* WKV_SPLIT_COST = 1.6 */
+#define WKV_SPLIT_COST_DEN 5
+/* and not for short sequences, whose heads take less than a fork costs */
+#define WKV_SPLIT_MIN_T (4 * RX_WKV7_CHUNK)
+static size_t wkv7_units_per_head(const wkv_simd *fast, size_t BH, size_t TT, size_t N,
+                                  int nt) {
+    const size_t G = (N + WKV_BACK_ROWS - 1) / WKV_BACK_ROWS, t = (size_t)nt;
+    if (!fast || nt < 2 || G < 2 || TT < WKV_SPLIT_MIN_T) return 1;
+    return WKV_SPLIT_COST_NUM * ((BH * G + t - 1) / t) <
+                   WKV_SPLIT_COST_DEN * G * ((BH + t - 1) / t)
+               ? G
+               : 1;
+}
+
+/* Rows [i0, i0+R) of one (b, h) of the forward over [B][T][H][N] rows: S
+ * [N][N] (those rows) enters as the initial state and leaves as the final
+ * one; y_out (NULL: not wanted); cpb [ceil(T/RX_WKV7_CHUNK)][N][N] receives
+ * those rows of the checkpoints (NULL: not kept); sa [2][N] scratch (those
+ * entries). The portable step takes whole heads only (i0 = 0, R = N). */
 static void forward_head(const float *r, const float *w, const float *k, const float *v,
                          const float *a, const float *b, float *y_out, float *S, float *cpb,
-                         float *sa, size_t bi, size_t h, size_t TT, size_t C, size_t N,
-                         const wkv_simd *fast) {
+                         float *sa, size_t bi, size_t h, size_t i0, size_t R, size_t TT,
+                         size_t C, size_t N, const wkv_simd *fast) {
     const size_t NN = N * N;
-    float *san = sa + N;
+    float *san = sa + N + i0;
     const float *in[7] = {r, w, k, v, a, b, y_out};
+    S += i0 * N;
+    sa += i0;
 #define OFF(t) ((bi * TT + (t)) * C + h * N)
-    if (fast) fast->rowdots(S, a + OFF(0), sa, N);
+    if (fast) fast->rowdots(S, a + OFF(0), sa, R, N);
     for (size_t t = 0; t < TT; t++) {
         size_t o = OFF(t);
-        float *y = y_out ? y_out + o : NULL;
+        float *y = y_out ? y_out + o + i0 : NULL;
         if (cpb && t % RX_WKV7_CHUNK == 0)
-            memcpy(cpb + t / RX_WKV7_CHUNK * NN, S, NN * sizeof(float));
+            memcpy(cpb + t / RX_WKV7_CHUNK * NN + i0 * N, S, R * N * sizeof(float));
         if (t + WKV_AHEAD < TT) prefetch_rows(in, y_out ? 7 : 6, o + WKV_AHEAD * C, N);
         if (fast) {
-            fast->step(S, S, r + o, w + o, k + o, v + o, b + o, sa,
-                          t + 1 < TT ? a + OFF(t + 1) : NULL, y, san, N);
+            fast->step(S, S, r + o, w + o, k + o, v + o + i0, b + o, sa,
+                       t + 1 < TT ? a + OFF(t + 1) : NULL, y, san, R, N);
             float *tmp = sa;
             sa = san;
             san = tmp;
@@ -322,24 +364,27 @@ static int wkv7_forward(const float *r, const float *w, const float *k, const fl
     const size_t H = (size_t)n_head, N = (size_t)head_size, NN = N * N;
     const size_t BH = (size_t)B * H, TT = (size_t)T;
     const size_t ncp = (TT + RX_WKV7_CHUNK - 1) / RX_WKV7_CHUNK;
+    const wkv_simd *fast = wkv7_simd(N);
     int nt = rx_in_parallel() ? 1 : rx_max_threads();
-    if ((size_t)nt > BH) nt = (int)BH;
+    const size_t G = wkv7_units_per_head(fast, BH, TT, N, nt), RT = G > 1 ? WKV_BACK_ROWS : N;
+    if ((size_t)nt > BH * G) nt = (int)(BH * G);
     float *own = NULL;
     if (!work) {
         wstride = WKV_FWD_WORK(N);
         work = own = rx_falloc((size_t)nt * wstride);
         if (!own) return rx_fail(RX_ENOMEM, "rx_wkv7_forward: out of memory");
     }
-    const wkv_simd *fast = wkv7_simd(N);
     rx_prof_push(RX_PROF_WKV7);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (nt > 1)
-    for (size_t bh = 0; bh < BH; bh++) {
+    for (size_t u = 0; u < BH * G; u++) {
+        size_t bh = u / G, i0 = u % G * RT, R = N - i0 < RT ? N - i0 : RT;
         float *wk = work + (own ? (size_t)rx_thread_id() : bh) * wstride;
         float *S = s_final ? s_final + bh * NN : wk;
-        if (!s_init) memset(S, 0, NN * sizeof(float));
-        else if (S != s_init + bh * NN) memcpy(S, s_init + bh * NN, NN * sizeof(float));
+        if (!s_init) memset(S + i0 * N, 0, R * N * sizeof(float));
+        else if (S != s_init + bh * NN)
+            memcpy(S + i0 * N, s_init + bh * NN + i0 * N, R * N * sizeof(float));
         forward_head(r, w, k, v, a, b, y_out, S, cp ? cp + bh * ncp * NN : NULL, wk + NN,
-                     bh / H, bh % H, TT, H * N, N, fast);
+                     bh / H, bh % H, i0, R, TT, H * N, N, fast);
     }
     rx_prof_pop();
     free(own);
@@ -364,6 +409,36 @@ int rx_wkv7_forward_cp(const float *r, const float *w, const float *k, const flo
                         head_size);
 }
 
+/* The column sums of a split backward: the outputs dr, dw, dk, da, db in
+ * that order, and the extra tiles' scratch part [G-1][5][BH][T+1][N], whose
+ * row t+1 holds a tile's sum for the output row of step t (row 0: the dr
+ * "of step -1" that a sequence's first step computes and nobody reads). */
+enum { WKV_DR, WKV_DW, WKV_DK, WKV_DA, WKV_DB, WKV_NCOL };
+typedef struct {
+    float *out[WKV_NCOL], *part;
+    size_t BH, TT, C, H, N;
+} wkv_cols;
+
+/* Tile g > 0's scratch row for column sum q of head bh at step -1. */
+static inline float *part_row(const wkv_cols *c, size_t g, size_t q, size_t bh) {
+    return c->part + (((g - 1) * WKV_NCOL + q) * c->BH + bh) * (c->TT + 1) * c->N;
+}
+
+/* out += each extra tile's sums, tile by tile: the unsplit kernel's order. */
+static void add_tile_sums(const wkv_cols *c, size_t G) {
+    const size_t n = WKV_NCOL * c->BH * c->TT, N = c->N;
+#pragma omp parallel for schedule(static) if (!rx_in_parallel() && n * N >= RX_EW_MIN_PAR)
+    for (size_t e = 0; e < n; e++) {
+        size_t q = e / (c->BH * c->TT), bh = e / c->TT % c->BH, t = e % c->TT;
+        float *restrict o = c->out[q] + (bh / c->H * c->TT + t) * c->C + bh % c->H * N;
+        for (size_t g = 1; g < G; g++) {
+            const float *restrict p = part_row(c, g, q, bh) + (t + 1) * N;
+#pragma omp simd
+            for (size_t j = 0; j < N; j++) o[j] += p[j];
+        }
+    }
+}
+
 /* r..b, dy, dr..db: [B][T][H][N]; s_init, dS_out: [B][H][N][N]; cp, work as
  * in rx_internal.h */
 int rx_wkv7_backward_cp(const float *r, const float *w, const float *k, const float *v,
@@ -381,8 +456,20 @@ int rx_wkv7_backward_cp(const float *r, const float *w, const float *k, const fl
     const size_t BH = (size_t)B * H, TT = (size_t)T;
     const size_t ncp = (TT + RX_WKV7_CHUNK - 1) / RX_WKV7_CHUNK;
     const size_t per = RX_WKV7_WORK(1, N);
+    const wkv_simd *fast = wkv7_simd(N);
     int nt = rx_in_parallel() ? 1 : rx_max_threads();
-    if ((size_t)nt > BH) nt = (int)BH;
+    size_t G = wkv7_units_per_head(fast, BH, TT, N, nt);
+    wkv_cols cols = {{dr, dw, dk, da, db}, NULL, BH, TT, C, H, N};
+    if (G > 1) {
+        /* no scratch (out of memory): whole heads, the same result */
+        size_t n = (G - 1) * WKV_NCOL * BH * (TT + 1) * N;
+        cols.part = n <= SIZE_MAX / sizeof(float) ? rx_thread_buffer(RX_BUF_WKV_PART,
+                                                                     n * sizeof(float))
+                                                  : NULL;
+        if (!cols.part) G = 1;
+    }
+    const size_t RT = G > 1 ? WKV_BACK_ROWS : N;
+    if ((size_t)nt > BH * G) nt = (int)(BH * G);
     /* standalone: scratch and checkpoints per thread, each head's made by
      * its own forward just before its backward */
     float *own = work ? NULL : rx_falloc((size_t)nt * per);
@@ -392,60 +479,77 @@ int rx_wkv7_backward_cp(const float *r, const float *w, const float *k, const fl
         free(own_cp);
         return rx_fail(RX_ENOMEM, "%s: out of memory", fn);
     }
-    const wkv_simd *fast = wkv7_simd(N);
     rx_prof_push(RX_PROF_WKV7);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (nt > 1)
-    for (size_t bh = 0; bh < BH; bh++) {
-        size_t bi = bh / H, h = bh % H, tid = (size_t)rx_thread_id();
+    for (size_t u = 0; u < BH * G; u++) {
+        size_t bh = u / G, g = u % G, bi = bh / H, h = bh % H, tid = (size_t)rx_thread_id();
+        size_t i0 = g * RT, R = N - i0 < RT ? N - i0 : RT;
         /* buf [RX_WKV7_CHUNK][N][N]: the state after each step of a chunk;
          * dS [N][N]; sab [RX_WKV7_CHUNK + 1][N]: each step's sa; dsa, and a
-         * zero dy and a discarded dr for the step before a sequence [N] */
+         * zero dy and a discarded dr for the step before a sequence [N];
+         * a tile uses its rows of each (the discarded dr: col_at) */
         float *buf = own ? own + tid * per : work + bh * per, *dS = buf + RX_WKV7_CHUNK * NN;
         float *sab = dS + NN, *dsa = sab + (RX_WKV7_CHUNK + 1) * N, *zero = dsa + N;
-        float *junk = zero + N;
+        /* this tile's column sums: step t's at cb[q] + t*cs (tile 0: the
+         * outputs, and step -1's dr into junk; the others: scratch rows) */
+        float *junk = zero + N, *cb[WKV_NCOL];
+        const ptrdiff_t cs = g ? (ptrdiff_t)N : (ptrdiff_t)C;
+        for (size_t q = 0; q < WKV_NCOL; q++)
+            cb[q] = g ? part_row(&cols, g, q, bh) + N : cols.out[q] + (bi * TT * C + h * N);
         const float *cpb = own_cp ? own_cp + tid * ncp * NN : cp + bh * ncp * NN;
         if (own_cp) {
-            if (s_init) memcpy(buf, s_init + bh * NN, NN * sizeof(float));
-            else memset(buf, 0, NN * sizeof(float));
-            forward_head(r, w, k, v, a, b, NULL, buf, own_cp + tid * ncp * NN, sab, bi, h, TT, C,
-                         N, fast);
+            if (s_init) memcpy(buf + i0 * N, s_init + bh * NN + i0 * N, R * N * sizeof(float));
+            else memset(buf + i0 * N, 0, R * N * sizeof(float));
+            forward_head(r, w, k, v, a, b, NULL, buf, own_cp + tid * ncp * NN, sab, bi, h, i0, R,
+                         TT, C, N, fast);
         }
+        buf += i0 * N;
+        dS += i0 * N;
+        sab += i0;
+        dsa += i0;
+        zero += i0;
+        cpb += i0 * N;
 #define OFF(t) ((bi * TT + (t)) * C + h * N)
-        const float *in[13] = {w, k, v, a, b, r, dy, dr, dw, dk, dv, da, db};
-        memset(dS, 0, NN * sizeof(float));
-        memset(zero, 0, N * sizeof(float));
+#define COL(q, t) (g == 0 && (ptrdiff_t)(t) < 0 ? junk : cb[q] + (ptrdiff_t)(t) * cs)
+        const float *in[13] = {w, k, v, a, b, r, dy, dv, dr, dw, dk, da, db};
+        memset(dS, 0, R * N * sizeof(float));
+        memset(zero, 0, R * sizeof(float));
         for (size_t c = ncp; c-- > 0;) {
             size_t t0 = c * RX_WKV7_CHUNK, t1 = t0 + RX_WKV7_CHUNK < TT ? t0 + RX_WKV7_CHUNK : TT;
             const float *Sc = cpb + c * NN;
 #define STATE(t) ((t) > t0 ? buf + ((t) - t0 - 1) * NN : Sc) /* state entering step t */
-            if (fast) fast->rowdots(Sc, a + OFF(t0), sab, N);
+            if (fast) fast->rowdots(Sc, a + OFF(t0), sab, R, N);
             for (size_t t = t0; t < t1; t++) {
                 float *Sn = buf + (t - t0) * NN;
                 size_t o = OFF(t);
                 if (t + WKV_AHEAD < t1) prefetch_rows(in, 5, o + WKV_AHEAD * C, N);
                 if (fast) {
-                    fast->step(STATE(t), Sn, NULL, w + o, k + o, v + o, b + o,
-                                  sab + (t - t0) * N, t + 1 < t1 ? a + OFF(t + 1) : NULL, NULL,
-                                  sab + (t - t0 + 1) * N, N);
+                    fast->step(STATE(t), Sn, NULL, w + o, k + o, v + o + i0, b + o,
+                               sab + (t - t0) * N, t + 1 < t1 ? a + OFF(t + 1) : NULL, NULL,
+                               sab + (t - t0 + 1) * N, R, N);
                     continue;
                 }
                 memcpy(Sn, STATE(t), NN * sizeof(float));
                 wkv7_step(Sn, r + o, w + o, k + o, v + o, a + o, b + o, NULL, N);
             }
-            if (fast && t1 == TT) fast->coldots(STATE(TT), dy + OFF(TT - 1), dr + OFF(TT - 1), N);
+            if (fast && t1 == TT)
+                fast->coldots(STATE(TT), dy + OFF(TT - 1) + i0, COL(WKV_DR, TT - 1), R, N);
             for (size_t t = t1; t-- > t0;) {
                 size_t o = OFF(t);
-                if (t >= t0 + WKV_AHEAD) prefetch_rows(in, 13, o - WKV_AHEAD * C, N);
+                /* (a tile > 0 writes its sums to scratch rows, which the
+                 * prefetchers follow) */
+                if (t >= t0 + WKV_AHEAD) prefetch_rows(in, g ? 7 : 13, o - WKV_AHEAD * C, N);
                 /* and a sixteenth of the checkpoint the next chunk starts from */
-                const size_t part = NN / RX_WKV7_CHUNK;
+                const size_t part = R * N / RX_WKV7_CHUNK;
                 if (c > 0)
                     for (size_t q = 0; q < part; q += 16)
                         __builtin_prefetch(cpb + (c - 1) * NN + (t1 - 1 - t) * part + q);
                 if (fast) {
-                    fast->step_back(STATE(t), dS, r + o, w + o, k + o, v + o, a + o, b + o,
-                                   dy + o, t > 0 ? dy + o - C : zero, sab + (t - t0) * N, dsa,
-                                   t > 0 ? dr + o - C : junk, dw + o, dk + o, dv + o, da + o,
-                                   db + o, N);
+                    fast->step_back(STATE(t), dS, r + o, w + o, k + o, v + o + i0, a + o, b + o,
+                                    dy + o + i0, t > 0 ? dy + o - C + i0 : zero,
+                                    sab + (t - t0) * N, dsa, COL(WKV_DR, (ptrdiff_t)t - 1),
+                                    COL(WKV_DW, t), COL(WKV_DK, t), dv + o + i0, COL(WKV_DA, t),
+                                    COL(WKV_DB, t), R, N);
                     continue;
                 }
                 wkv7_step_back(STATE(t), STATE(t + 1), dS, r + o, w + o, k + o, v + o, a + o,
@@ -453,9 +557,11 @@ int rx_wkv7_backward_cp(const float *r, const float *w, const float *k, const fl
             }
 #undef STATE
         }
-        if (dS_out) memcpy(dS_out + bh * NN, dS, NN * sizeof(float));
+        if (dS_out) memcpy(dS_out + bh * NN + i0 * N, dS, R * N * sizeof(float));
+#undef COL
 #undef OFF
     }
+    if (G > 1) add_tile_sums(&cols, G);
     rx_prof_pop();
     free(own);
     free(own_cp);

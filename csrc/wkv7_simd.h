@@ -15,11 +15,15 @@
  * What each step computes, and why in this order, is wkv7.c's header.
  */
 
-/* sa [N] = rows of S [N][N] dotted with a [N], N % WKV_W == 0: a step's sa,
- * from the state it starts from. */
+/* sa [R] = rows of S [R][N] dotted with a [N], N % WKV_W == 0, R % 4 == 0:
+ * a step's sa, from the state it starts from. Every function here works on
+ * R rows of a head's N (all of them, or one row tile of a split head,
+ * wkv7.c): the row-indexed arguments (S, v, y, sa, dy, ...) point at the
+ * first of them, the column-indexed ones (r, w, k, a, b, the column sums)
+ * are whole. */
 WKV_T static inline __attribute__((always_inline)) void
-WKV_FN(rowdots_body)(const float *S, const float *a, float *sa, size_t N) {
-    for (size_t i = 0; i < N; i += 4) {
+WKV_FN(rowdots_body)(const float *S, const float *a, float *sa, size_t R, size_t N) {
+    for (size_t i = 0; i < R; i += 4) {
         const float *s0 = S + i * N, *s1 = s0 + N, *s2 = s1 + N, *s3 = s2 + N;
         WKV_V c0 = WKV_ZERO(), c1 = c0, c2 = c0, c3 = c0;
         for (size_t j = 0; j < N; j += WKV_W) {
@@ -35,8 +39,9 @@ WKV_FN(rowdots_body)(const float *S, const float *a, float *sa, size_t N) {
 
 /* rowdots_body for the first step of a run (the later ones get their sa
  * from WKV_FN(step)). */
-WKV_T static void WKV_FN(rowdots)(const float *S, const float *a, float *sa, size_t N) {
-    WKV_FN(rowdots_body)(S, a, sa, N);
+WKV_T static void WKV_FN(rowdots)(const float *S, const float *a, float *sa, size_t R,
+                                  size_t N) {
+    WKV_FN(rowdots_body)(S, a, sa, R, N);
 }
 
 /* wkv7_step for N % WKV_W == 0, reading the state from Si and writing it to So
@@ -50,8 +55,8 @@ WKV_T static void WKV_FN(rowdots)(const float *S, const float *a, float *sa, siz
 WKV_T static inline __attribute__((always_inline)) void
 WKV_FN(step_body)(const float *Si, float *So, const float *r, const float *w, const float *k,
           const float *v, const float *b, const float *sa, const float *an, float *y,
-          float *san, size_t N) {
-    for (size_t i = 0; i < N; i += 4) {
+          float *san, size_t R, size_t N) {
+    for (size_t i = 0; i < R; i += 4) {
         const float *s0 = Si + i * N, *s1 = s0 + N, *s2 = s1 + N, *s3 = s2 + N;
         float *o0 = So + i * N, *o1 = o0 + N, *o2 = o1 + N, *o3 = o2 + N;
         WKV_V sa0 = WKV_BCAST(sa + i), sa1 = WKV_BCAST(sa + i + 1);
@@ -75,7 +80,7 @@ WKV_FN(step_body)(const float *Si, float *So, const float *r, const float *w, co
         }
         if (y) _mm_storeu_ps(y + i, WKV_HSUM4(y0, y1, y2, y3));
     }
-    if (an) WKV_FN(rowdots_body)(So, an, san, N);
+    if (an) WKV_FN(rowdots_body)(So, an, san, R, N);
 }
 
 /* WKV_FN(step_body) with each combination of y and an compiled on its own, and
@@ -85,12 +90,12 @@ WKV_FN(step_body)(const float *Si, float *So, const float *r, const float *w, co
 WKV_T static void WKV_FN(step)(const float *Si, float *So, const float *r, const float *w,
                                   const float *k, const float *v, const float *b,
                                   const float *sa, const float *an, float *y, float *san,
-                                  size_t N) {
+                                  size_t R, size_t N) {
 #define STEP(N_)                                                                        \
-    if (y && an) WKV_FN(step_body)(Si, So, r, w, k, v, b, sa, an, y, san, N_);          \
-    else if (y) WKV_FN(step_body)(Si, So, r, w, k, v, b, sa, NULL, y, NULL, N_);        \
-    else if (an) WKV_FN(step_body)(Si, So, NULL, w, k, v, b, sa, an, NULL, san, N_);    \
-    else WKV_FN(step_body)(Si, So, NULL, w, k, v, b, sa, NULL, NULL, NULL, N_);
+    if (y && an) WKV_FN(step_body)(Si, So, r, w, k, v, b, sa, an, y, san, R, N_);       \
+    else if (y) WKV_FN(step_body)(Si, So, r, w, k, v, b, sa, NULL, y, NULL, R, N_);     \
+    else if (an) WKV_FN(step_body)(Si, So, NULL, w, k, v, b, sa, an, NULL, san, R, N_); \
+    else WKV_FN(step_body)(Si, So, NULL, w, k, v, b, sa, NULL, NULL, NULL, R, N_);
     if (N == 64) {
         STEP(64)
     } else {
@@ -99,14 +104,21 @@ WKV_T static void WKV_FN(step)(const float *Si, float *So, const float *r, const
 #undef STEP
 }
 
-/* out [N] = x [N] . S [N][N] (sums over rows), N % WKV_W == 0: the dr of a
- * sequence's last step, the only one no later step computes. */
-WKV_T static void WKV_FN(coldots)(const float *S, const float *x, float *out, size_t N) {
-    for (size_t j = 0; j < N; j += WKV_W) {
-        WKV_V c = WKV_ZERO();
-        for (size_t i = 0; i < N; i++)
-            c = WKV_FMA(WKV_BCAST(x + i), WKV_LOAD(S + i * N + j), c);
-        WKV_STORE(out + j, c);
+/* out [N] = x [R] . S [R][N] (sums over rows), N % WKV_W == 0: the dr of a
+ * sequence's last step, the only one no later step computes. Summed per
+ * tile of WKV_BACK_ROWS rows, each tile's sum added to the earlier ones, as
+ * WKV_FN(step_back) sums its columns, so a split head's tile sums add up to
+ * the same bits. */
+WKV_T static void WKV_FN(coldots)(const float *S, const float *x, float *out, size_t R,
+                                  size_t N) {
+    for (size_t i0 = 0; i0 < R; i0 += WKV_BACK_ROWS) {
+        size_t i1 = i0 + WKV_BACK_ROWS < R ? i0 + WKV_BACK_ROWS : R;
+        for (size_t j = 0; j < N; j += WKV_W) {
+            WKV_V c = WKV_ZERO();
+            for (size_t i = i0; i < i1; i++)
+                c = WKV_FMA(WKV_BCAST(x + i), WKV_LOAD(S + i * N + j), c);
+            WKV_STORE(out + j, i0 > 0 ? WKV_ADD(c, WKV_LOAD(out + j)) : c);
+        }
     }
 }
 
@@ -119,7 +131,7 @@ WKV_T static inline __attribute__((always_inline)) void
 WKV_FN(step_back_body)(const float *S0, float *dS, const float *r, const float *w, const float *k,
                const float *v, const float *a, const float *b, const float *dy,
                const float *dyp, const float *sa, float *dsa, float *drp, float *dw, float *dk,
-               float *dv, float *da, float *db, size_t N) {
+               float *dv, float *da, float *db, size_t R, size_t N) {
     WKV_V x = WKV_ZERO(), z = x;
     for (size_t j = 0; j < N; j += WKV_W) {
         WKV_V rv = WKV_LOAD(r + j);
@@ -129,7 +141,7 @@ WKV_FN(step_back_body)(const float *S0, float *dS, const float *r, const float *
     const __m128 rk = _mm_set1_ps(WKV_HSUM1(x)), rb = _mm_set1_ps(WKV_HSUM1(z));
     /* row sums of g = dS + dy r^T against k and b; meanwhile S0, which the
      * column pass reads next, comes in from L2 */
-    for (size_t i = 0; i < N; i += 4) {
+    for (size_t i = 0; i < R; i += 4) {
         const float *g0 = dS + i * N, *g1 = g0 + N, *g2 = g1 + N, *g3 = g2 + N;
         WKV_V p0 = WKV_ZERO(), p1 = p0, p2 = p0, p3 = p0;
         WKV_V q0 = p0, q1 = p0, q2 = p0, q3 = p0;
@@ -147,8 +159,8 @@ WKV_FN(step_back_body)(const float *S0, float *dS, const float *r, const float *
     }
     /* column sums over tiles of WKV_BACK_ROWS rows x WKV_W columns, the five
      * sums in registers; dS rewritten as the grad on S0 */
-    for (size_t i0 = 0; i0 < N; i0 += WKV_BACK_ROWS) {
-        size_t i1 = i0 + WKV_BACK_ROWS < N ? i0 + WKV_BACK_ROWS : N;
+    for (size_t i0 = 0; i0 < R; i0 += WKV_BACK_ROWS) {
+        size_t i1 = i0 + WKV_BACK_ROWS < R ? i0 + WKV_BACK_ROWS : R;
         for (size_t j = 0; j < N; j += WKV_W) {
             const WKV_V rv = WKV_LOAD(r + j), wv = WKV_LOAD(w + j);
             const WKV_V av = WKV_LOAD(a + j);
@@ -186,11 +198,13 @@ WKV_T static void WKV_FN(step_back)(const float *S0, float *dS, const float *r, 
                                    const float *k, const float *v, const float *a,
                                    const float *b, const float *dy, const float *dyp,
                                    const float *sa, float *dsa, float *drp, float *dw,
-                                   float *dk, float *dv, float *da, float *db, size_t N) {
+                                   float *dk, float *dv, float *da, float *db, size_t R,
+                                   size_t N) {
     if (N == 64)
         WKV_FN(step_back_body)(S0, dS, r, w, k, v, a, b, dy, dyp, sa, dsa, drp, dw, dk, dv, da,
-                               db, 64);
+                               db, R, 64);
     else
-        WKV_FN(step_back_body)(S0, dS, r, w, k, v, a, b, dy, dyp, sa, dsa, drp, dw, dk, dv, da, db, N);
+        WKV_FN(step_back_body)(S0, dS, r, w, k, v, a, b, dy, dyp, sa, dsa, drp, dw, dk, dv, da,
+                               db, R, N);
 }
 

@@ -1,6 +1,18 @@
 """pytest hooks: `--rx-errors` prints the worst measured error ratio of every
-kernel comparison (see checks.py)."""
+kernel comparison (see checks.py); shared fixtures."""
+import pytest
+
+import rwkvx_c as rx
+
 import checks
+
+
+@pytest.fixture
+def restore_threads():
+    """Gives back the thread count a test changes."""
+    n = rx.get_num_threads()
+    yield
+    rx.set_num_threads(n)
 
 
 def pytest_addoption(parser):

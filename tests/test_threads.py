@@ -14,13 +14,6 @@ from checks import rand
 needs_omp = pytest.mark.skipif(not rx.has_openmp(), reason="built without OpenMP")
 
 
-@pytest.fixture
-def restore_threads():
-    n = rx.get_num_threads()
-    yield
-    rx.set_num_threads(n)
-
-
 @needs_omp
 def test_set_get_round_trip(restore_threads):
     for n in (1, 3, 2):

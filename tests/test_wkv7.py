@@ -72,6 +72,33 @@ def test_wkv7_matches_reference(wkv_kernel, B, T, H, N, with_state):
     assert_rel("wkv7_backward ds_init", grads[6], ds_ref, GRAD_TOL)
 
 
+simd_kernel = kernel_fixture(_core._wkv7_use_kernel, ("avx2", "avx512f"), "WKV7 steps")
+
+
+# B*H below the team: the vectorised kernels split each head into 16-row
+# tiles (wkv7.c; from T = 64, at 2, 3 or 7 threads depending on B*H and G),
+# N = 24 with a ragged last tile, N = 128 with eight
+@pytest.mark.parametrize("with_state", [False, True], ids=["zero_state", "s_init"])
+@pytest.mark.parametrize("B,T,H,N", [(1, 70, 1, 64), (1, 65, 1, 24), (2, 80, 1, 48),
+                                     (1, 96, 1, 128), (1, 64, 3, 32)])
+def test_wkv7_split_heads_give_the_same_bits(simd_kernel, restore_threads, B, T, H, N,
+                                             with_state):
+    if N % (16 if simd_kernel == "avx512f" else 8):
+        pytest.skip(f"N = {N} does not run the {simd_kernel} steps")
+    rng = np.random.default_rng([B, T, H, N])
+    ins = [make_inputs(rng, B, T, H, N)[n] for n in NAMES]
+    dy = rng.standard_normal((B, T, H, N)).astype(np.float32)
+    s_init = (rng.standard_normal((B, H, N, N)) * 0.5).astype(np.float32) if with_state else None
+    runs = {}
+    for nt in (1, 2, 3, 7):
+        rx.set_num_threads(nt)
+        runs[nt] = [*rx.wkv7_forward(*ins, s_init=s_init),
+                    *rx.wkv7_backward(*ins, dy, s_init=s_init)]
+    for nt in (2, 3, 7):
+        for i, (one, many) in enumerate(zip(runs[1], runs[nt])):
+            np.testing.assert_array_equal(many, one, err_msg=f"output {i} at {nt} threads")
+
+
 def test_wkv7_kernel_names():
     assert _core._wkv7_kernel(5) == "portable"
     if kernel_runs(_core._wkv7_use_kernel, "avx512f"):
