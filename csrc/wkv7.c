@@ -257,7 +257,10 @@ const char *rx_wkv7_kernel(int head_size) {
 
 /* A head's per-token rows sit C floats apart, two or more per 4 KiB page,
  * which defeats the hardware prefetchers: fetch a step's rows (N floats at
- * p[o] for each array) while an earlier step computes. */
+ * p[o] for each array) while an earlier step computes. A tile of a split
+ * head fetches only its own part of the row-indexed arrays (v, y, dy, dv):
+ * the other tiles' threads write theirs, and a line fetched into a second
+ * core must be taken back from it for every write. */
 static inline void prefetch_rows(const float *const *p, size_t n, size_t o, size_t N) {
     for (size_t q = 0; q < n; q++)
         for (size_t j = 0; j < N; j += 16) __builtin_prefetch(p[q] + o + j);
@@ -300,12 +303,17 @@ static int wkv7_args(const char *fn, const float *r, const float *w, const float
  * at 2 threads or more, B*H = 32 at 64. */
 #define WKV_SPLIT_COST_NUM 8   /* WKV_SPLIT_COST = 1.6 */
 #define WKV_SPLIT_COST_DEN 5
-/* and not for short sequences, whose heads take less than a fork costs */
-#define WKV_SPLIT_MIN_T (4 * RX_WKV7_CHUNK)
-static size_t wkv7_units_per_head(const wkv_simd *fast, size_t BH, size_t TT, size_t N,
-                                  int nt) {
+/* And not for short sequences, whose heads take little more than a fork
+ * of the team: the backward from 64 steps, the forward (a quarter of the
+ * work) from 1024 (at B*H = 1, T = 512, 2 threads, the split forward took
+ * 1.3x the whole head's time on the Sapphire Rapids VM, at T = 4096
+ * 0.92-1.10x). */
+#define WKV_SPLIT_MIN_T_BWD 64
+#define WKV_SPLIT_MIN_T_FWD 1024
+static size_t wkv7_units_per_head(const wkv_simd *fast, size_t BH, size_t TT, size_t min_t,
+                                  size_t N, int nt) {
     const size_t G = (N + WKV_BACK_ROWS - 1) / WKV_BACK_ROWS, t = (size_t)nt;
-    if (!fast || nt < 2 || G < 2 || TT < WKV_SPLIT_MIN_T) return 1;
+    if (!fast || nt < 2 || G < 2 || TT < min_t) return 1;
     return WKV_SPLIT_COST_NUM * ((BH * G + t - 1) / t) <
                    WKV_SPLIT_COST_DEN * G * ((BH + t - 1) / t)
                ? G
@@ -323,7 +331,7 @@ static void forward_head(const float *r, const float *w, const float *k, const f
                          size_t C, size_t N, const wkv_simd *fast) {
     const size_t NN = N * N;
     float *san = sa + N + i0;
-    const float *in[7] = {r, w, k, v, a, b, y_out};
+    const float *cols[5] = {r, w, k, a, b}, *rows[2] = {v, y_out};
     S += i0 * N;
     sa += i0;
 #define OFF(t) ((bi * TT + (t)) * C + h * N)
@@ -333,7 +341,10 @@ static void forward_head(const float *r, const float *w, const float *k, const f
         float *y = y_out ? y_out + o + i0 : NULL;
         if (cpb && t % RX_WKV7_CHUNK == 0)
             memcpy(cpb + t / RX_WKV7_CHUNK * NN + i0 * N, S, R * N * sizeof(float));
-        if (t + WKV_AHEAD < TT) prefetch_rows(in, y_out ? 7 : 6, o + WKV_AHEAD * C, N);
+        if (t + WKV_AHEAD < TT) {
+            prefetch_rows(cols, 5, o + WKV_AHEAD * C, N);
+            prefetch_rows(rows, y_out ? 2 : 1, o + WKV_AHEAD * C + i0, R);
+        }
         if (fast) {
             fast->step(S, S, r + o, w + o, k + o, v + o + i0, b + o, sa,
                        t + 1 < TT ? a + OFF(t + 1) : NULL, y, san, R, N);
@@ -366,7 +377,8 @@ static int wkv7_forward(const float *r, const float *w, const float *k, const fl
     const size_t ncp = (TT + RX_WKV7_CHUNK - 1) / RX_WKV7_CHUNK;
     const wkv_simd *fast = wkv7_simd(N);
     int nt = rx_in_parallel() ? 1 : rx_max_threads();
-    const size_t G = wkv7_units_per_head(fast, BH, TT, N, nt), RT = G > 1 ? WKV_BACK_ROWS : N;
+    const size_t G = wkv7_units_per_head(fast, BH, TT, WKV_SPLIT_MIN_T_FWD, N, nt);
+    const size_t RT = G > 1 ? WKV_BACK_ROWS : N;
     if ((size_t)nt > BH * G) nt = (int)(BH * G);
     float *own = NULL;
     if (!work) {
@@ -458,7 +470,7 @@ int rx_wkv7_backward_cp(const float *r, const float *w, const float *k, const fl
     const size_t per = RX_WKV7_WORK(1, N);
     const wkv_simd *fast = wkv7_simd(N);
     int nt = rx_in_parallel() ? 1 : rx_max_threads();
-    size_t G = wkv7_units_per_head(fast, BH, TT, N, nt);
+    size_t G = wkv7_units_per_head(fast, BH, TT, WKV_SPLIT_MIN_T_BWD, N, nt);
     wkv_cols cols = {{dr, dw, dk, da, db}, NULL, BH, TT, C, H, N};
     if (G > 1) {
         /* no scratch (out of memory): whole heads, the same result */
@@ -511,7 +523,8 @@ int rx_wkv7_backward_cp(const float *r, const float *w, const float *k, const fl
         cpb += i0 * N;
 #define OFF(t) ((bi * TT + (t)) * C + h * N)
 #define COL(q, t) (g == 0 && (ptrdiff_t)(t) < 0 ? junk : cb[q] + (ptrdiff_t)(t) * cs)
-        const float *in[13] = {w, k, v, a, b, r, dy, dv, dr, dw, dk, da, db};
+        const float *cols[5] = {w, k, a, b, r}, *rows[3] = {v, dy, dv};
+        const float *outs[WKV_NCOL] = {dr, dw, dk, da, db};
         memset(dS, 0, R * N * sizeof(float));
         memset(zero, 0, R * sizeof(float));
         for (size_t c = ncp; c-- > 0;) {
@@ -522,7 +535,10 @@ int rx_wkv7_backward_cp(const float *r, const float *w, const float *k, const fl
             for (size_t t = t0; t < t1; t++) {
                 float *Sn = buf + (t - t0) * NN;
                 size_t o = OFF(t);
-                if (t + WKV_AHEAD < t1) prefetch_rows(in, 5, o + WKV_AHEAD * C, N);
+                if (t + WKV_AHEAD < t1) {
+                    prefetch_rows(cols, 4, o + WKV_AHEAD * C, N);
+                    prefetch_rows(rows, 1, o + WKV_AHEAD * C + i0, R);
+                }
                 if (fast) {
                     fast->step(STATE(t), Sn, NULL, w + o, k + o, v + o + i0, b + o,
                                sab + (t - t0) * N, t + 1 < t1 ? a + OFF(t + 1) : NULL, NULL,
@@ -538,7 +554,11 @@ int rx_wkv7_backward_cp(const float *r, const float *w, const float *k, const fl
                 size_t o = OFF(t);
                 /* (a tile > 0 writes its sums to scratch rows, which the
                  * prefetchers follow) */
-                if (t >= t0 + WKV_AHEAD) prefetch_rows(in, g ? 7 : 13, o - WKV_AHEAD * C, N);
+                if (t >= t0 + WKV_AHEAD) {
+                    prefetch_rows(cols, 5, o - WKV_AHEAD * C, N);
+                    prefetch_rows(rows, 3, o - WKV_AHEAD * C + i0, R);
+                    if (g == 0) prefetch_rows(outs, WKV_NCOL, o - WKV_AHEAD * C, N);
+                }
                 /* and a sixteenth of the checkpoint the next chunk starts from */
                 const size_t part = R * N / RX_WKV7_CHUNK;
                 if (c > 0)

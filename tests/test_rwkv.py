@@ -57,6 +57,9 @@ CASES = [
 ]
 # Big enough that every OpenMP path runs threaded (B*T*C >= 65536).
 BIG = ("block_l1_big", "block", 2, 128, 4, 64, (8, 8, 16, 4), 96, 1, True, False)
+# one head, B = 1: from 2 threads the WKV7 forward and backward split the
+# head into row tiles sharing the block's per-head scratch (wkv7.c)
+SPLIT = ("block_l1_split", "block", 1, 1030, 1, 64, (8, 8, 16, 4), 96, 1, True, False)
 
 
 def case_data(case):
@@ -218,6 +221,14 @@ def test_big_threaded():
     """Sizes where every OpenMP path runs threaded: 1 and 2 threads both
     match the reference and differ from each other only by summation order."""
     one, two = check_case(BIG, 1), check_case(BIG, 2)
+    for k in one:
+        scale = max(float(np.abs(one[k]).max()), 1e-30)
+        np.testing.assert_allclose(two[k], one[k], rtol=0, atol=1e-6 * scale, err_msg=k)
+
+
+@pytest.mark.skipif(not rx.has_openmp(), reason="built without OpenMP")
+def test_split_head_threaded():
+    one, two = check_case(SPLIT, 1), check_case(SPLIT, 2)
     for k in one:
         scale = max(float(np.abs(one[k]).max()), 1e-30)
         np.testing.assert_allclose(two[k], one[k], rtol=0, atol=1e-6 * scale, err_msg=k)

@@ -76,11 +76,13 @@ simd_kernel = kernel_fixture(_core._wkv7_use_kernel, ("avx2", "avx512f"), "WKV7 
 
 
 # B*H below the team: the vectorised kernels split each head into 16-row
-# tiles (wkv7.c; from T = 64, at 2, 3 or 7 threads depending on B*H and G),
-# N = 24 with a ragged last tile, N = 128 with eight
+# tiles (wkv7.c; the backward from T = 64, the forward from T = 1024, at 2,
+# 3 or 7 threads depending on B*H and G), N = 24 with a ragged last tile,
+# N = 128 with eight
 @pytest.mark.parametrize("with_state", [False, True], ids=["zero_state", "s_init"])
 @pytest.mark.parametrize("B,T,H,N", [(1, 70, 1, 64), (1, 65, 1, 24), (2, 80, 1, 48),
-                                     (1, 96, 1, 128), (1, 64, 3, 32)])
+                                     (1, 96, 1, 128), (1, 64, 3, 32), (1, 1030, 1, 64),
+                                     (1, 1024, 1, 24)])
 def test_wkv7_split_heads_give_the_same_bits(simd_kernel, restore_threads, B, T, H, N,
                                              with_state):
     if N % (16 if simd_kernel == "avx512f" else 8):
