@@ -158,6 +158,7 @@ RX_AVX512 static inline __m128 hsum4_512(__m512 a0, __m512 a1, __m512 a2, __m512
 RX_AVX512 static inline float hsum1_512(__m512 a) { return hsum1(half_sum(a)); }
 
 #define WKV_W 8
+#define WKV_JU 1   /* 16 ymm registers: no room for two column vectors' sums */
 #define WKV_T RX_AVX2
 #define WKV_FN(name) name##_avx2
 #define WKV_V __m256
@@ -172,6 +173,7 @@ RX_AVX512 static inline float hsum1_512(__m512 a) { return hsum1(half_sum(a)); }
 #define WKV_HSUM1 hsum1
 #include "wkv7_simd.h"
 #undef WKV_W
+#undef WKV_JU
 #undef WKV_T
 #undef WKV_FN
 #undef WKV_V
@@ -186,6 +188,7 @@ RX_AVX512 static inline float hsum1_512(__m512 a) { return hsum1(half_sum(a)); }
 #undef WKV_HSUM1
 
 #define WKV_W 16
+#define WKV_JU 2
 #define WKV_T RX_AVX512
 #define WKV_FN(name) name##_avx512
 #define WKV_V __m512

@@ -122,6 +122,57 @@ WKV_T static void WKV_FN(coldots)(const float *S, const float *x, float *out, si
     }
 }
 
+/* The backward's column pass over rows [i0, i1) and the nu (<= 2) vectors
+ * of columns from j: the five column sums dr (of the previous step), dw,
+ * dk, db, da in registers, added to the sums of the earlier row tiles
+ * (i0 > 0), and dS rewritten as the grad on S0. nu vectors at once give
+ * each row 5*nu independent sums: with nu = 1 the sums' FMA latency, one
+ * row after another, set the pace. Each sum adds its rows in the same
+ * order whatever nu is. */
+WKV_T static inline __attribute__((always_inline)) void
+WKV_FN(col_block)(const float *S0, float *dS, const float *r, const float *w, const float *v,
+                  const float *a, const float *dy, const float *dyp, const float *sa,
+                  const float *dsa, float *drp, float *dw, float *dk, float *da, float *db,
+                  size_t i0, size_t i1, size_t j, size_t N, const int nu) {
+    WKV_V rv[2], wv[2], av[2], cr[2], cw[2], ck[2], cb[2], ca[2];
+    for (int u = 0; u < nu; u++) {
+        rv[u] = WKV_LOAD(r + j + u * WKV_W);
+        wv[u] = WKV_LOAD(w + j + u * WKV_W);
+        av[u] = WKV_LOAD(a + j + u * WKV_W);
+        cr[u] = cw[u] = ck[u] = cb[u] = ca[u] = WKV_ZERO();
+    }
+    for (size_t i = i0; i < i1; i++) {
+        const WKV_V dyi = WKV_BCAST(dy + i), dsai = WKV_BCAST(dsa + i);
+        const WKV_V dypi = WKV_BCAST(dyp + i), vi = WKV_BCAST(v + i), sai = WKV_BCAST(sa + i);
+        for (int u = 0; u < nu; u++) {
+            const size_t o = i * N + j + u * WKV_W;
+            WKV_V g = WKV_FMA(dyi, rv[u], WKV_LOAD(dS + o));
+            WKV_V s0 = WKV_LOAD(S0 + o);
+            cr[u] = WKV_FMA(dypi, s0, cr[u]);
+            cw[u] = WKV_FMA(g, s0, cw[u]);
+            ck[u] = WKV_FMA(vi, g, ck[u]);
+            cb[u] = WKV_FMA(sai, g, cb[u]);
+            ca[u] = WKV_FMA(dsai, s0, ca[u]);
+            WKV_STORE(dS + o, WKV_FMA(g, wv[u], WKV_MUL(dsai, av[u])));
+        }
+    }
+    for (int u = 0; u < nu; u++) {
+        const size_t c = j + u * WKV_W;
+        if (i0 > 0) {
+            cr[u] = WKV_ADD(cr[u], WKV_LOAD(drp + c));
+            cw[u] = WKV_ADD(cw[u], WKV_LOAD(dw + c));
+            ck[u] = WKV_ADD(ck[u], WKV_LOAD(dk + c));
+            cb[u] = WKV_ADD(cb[u], WKV_LOAD(db + c));
+            ca[u] = WKV_ADD(ca[u], WKV_LOAD(da + c));
+        }
+        WKV_STORE(drp + c, cr[u]);
+        WKV_STORE(dw + c, cw[u]);
+        WKV_STORE(dk + c, ck[u]);
+        WKV_STORE(db + c, cb[u]);
+        WKV_STORE(da + c, ca[u]);
+    }
+}
+
 /* wkv7_step_back for N % WKV_W == 0 (through WKV_FN(step_back)), with this step's
  * sa [N] from the forward and dsa [N] as scratch. Reads only the state
  * before the step, S0: the dr it would need the state after the step for
@@ -157,39 +208,16 @@ WKV_FN(step_back_body)(const float *S0, float *dS, const float *r, const float *
         _mm_storeu_ps(dv + i, _mm_fmadd_ps(dyi, rk, WKV_HSUM4(p0, p1, p2, p3)));
         _mm_storeu_ps(dsa + i, _mm_fmadd_ps(dyi, rb, WKV_HSUM4(q0, q1, q2, q3)));
     }
-    /* column sums over tiles of WKV_BACK_ROWS rows x WKV_W columns, the five
-     * sums in registers; dS rewritten as the grad on S0 */
+    /* column sums over tiles of WKV_BACK_ROWS rows x WKV_JU vectors of
+     * columns, the five sums in registers; dS rewritten as the grad on S0 */
     for (size_t i0 = 0; i0 < R; i0 += WKV_BACK_ROWS) {
-        size_t i1 = i0 + WKV_BACK_ROWS < R ? i0 + WKV_BACK_ROWS : R;
-        for (size_t j = 0; j < N; j += WKV_W) {
-            const WKV_V rv = WKV_LOAD(r + j), wv = WKV_LOAD(w + j);
-            const WKV_V av = WKV_LOAD(a + j);
-            WKV_V cr = WKV_ZERO(), cw = cr, ck = cr, cb = cr, ca = cr;
-            for (size_t i = i0; i < i1; i++) {
-                const size_t o = i * N + j;
-                WKV_V dyi = WKV_BCAST(dy + i), dsai = WKV_BCAST(dsa + i);
-                WKV_V g = WKV_FMA(dyi, rv, WKV_LOAD(dS + o));
-                WKV_V s0 = WKV_LOAD(S0 + o);
-                cr = WKV_FMA(WKV_BCAST(dyp + i), s0, cr);
-                cw = WKV_FMA(g, s0, cw);
-                ck = WKV_FMA(WKV_BCAST(v + i), g, ck);
-                cb = WKV_FMA(WKV_BCAST(sa + i), g, cb);
-                ca = WKV_FMA(dsai, s0, ca);
-                WKV_STORE(dS + o, WKV_FMA(g, wv, WKV_MUL(dsai, av)));
-            }
-            if (i0 > 0) {
-                cr = WKV_ADD(cr, WKV_LOAD(drp + j));
-                cw = WKV_ADD(cw, WKV_LOAD(dw + j));
-                ck = WKV_ADD(ck, WKV_LOAD(dk + j));
-                cb = WKV_ADD(cb, WKV_LOAD(db + j));
-                ca = WKV_ADD(ca, WKV_LOAD(da + j));
-            }
-            WKV_STORE(drp + j, cr);
-            WKV_STORE(dw + j, cw);
-            WKV_STORE(dk + j, ck);
-            WKV_STORE(db + j, cb);
-            WKV_STORE(da + j, ca);
-        }
+        size_t i1 = i0 + WKV_BACK_ROWS < R ? i0 + WKV_BACK_ROWS : R, j = 0;
+        for (; j + WKV_JU * WKV_W <= N; j += WKV_JU * WKV_W)
+            WKV_FN(col_block)(S0, dS, r, w, v, a, dy, dyp, sa, dsa, drp, dw, dk, da, db, i0, i1,
+                              j, N, WKV_JU);
+        for (; j < N; j += WKV_W)
+            WKV_FN(col_block)(S0, dS, r, w, v, a, dy, dyp, sa, dsa, drp, dw, dk, da, db, i0, i1,
+                              j, N, 1);
     }
 }
 
