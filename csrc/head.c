@@ -74,10 +74,29 @@ void rx_head_backward(const float *x, const float *head, const float *dlogits,
  * assigns its target probability 1, so its loss is at least DBL_TRUE_MIN. */
 #define CE_LANES 8
 #define CE_TINY_TAIL 1e-30
+/* The first index of the largest of l[0..V), as a scan keeping the first
+ * of equal maxima and passing over NaNs (0 when l[0] is NaN). The maximum
+ * comes from CE_LANES running maxima, which the compiler vectorises (one
+ * scan with the index in the chain waited on each load: a third of
+ * ce_row's time); the index is then the first element equal to it. */
+RX_HOT static size_t first_argmax(const float *restrict l, size_t V) {
+    float mx[CE_LANES];
+    for (size_t j = 0; j < CE_LANES; j++) mx[j] = l[0];
+    size_t v = 1;
+    for (; v + CE_LANES <= V; v += CE_LANES)
+        for (size_t j = 0; j < CE_LANES; j++) mx[j] = l[v + j] > mx[j] ? l[v + j] : mx[j];
+    for (; v < V; v++) mx[0] = l[v] > mx[0] ? l[v] : mx[0];
+    float m = mx[0];
+    for (size_t j = 1; j < CE_LANES; j++) m = mx[j] > m ? mx[j] : m;
+    if (m != m) return 0;
+    size_t am = 0;
+    while (l[am] != m) am++;
+    return am;
+}
+
 RX_HOT static double ce_row(const float *restrict l, size_t V, size_t target,
                             float *restrict d, double scale) {
-    size_t am = 0;
-    for (size_t v = 1; v < V; v++) am = l[v] > l[am] ? v : am;
+    const size_t am = first_argmax(l, V);
     const float m = l[am];
     /* acc sums every e but the maximum's own 1, so small terms are not
      * rounded away against it */
@@ -88,7 +107,8 @@ RX_HOT static double ce_row(const float *restrict l, size_t V, size_t target,
         for (size_t j = 0; j < CE_LANES; j++) e[j] = rx_expf(l[v + j] - m);
         if (d)
             for (size_t j = 0; j < CE_LANES; j++) d[v + j] = e[j];
-        for (size_t j = 0; j < CE_LANES; j++) acc[j] += v + j == am ? 0.0f : e[j];
+        if (am - v < CE_LANES) e[am - v] = 0.0f;   /* (wraps for am < v) */
+        for (size_t j = 0; j < CE_LANES; j++) acc[j] += e[j];
     }
     for (; v < V; v++) {
         float e = rx_expf(l[v] - m);
