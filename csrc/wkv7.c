@@ -502,7 +502,7 @@ int rx_wkv7_backward_cp(const float *r, const float *w, const float *k, const fl
         /* buf [RX_WKV7_CHUNK][N][N]: the state after each step of a chunk;
          * dS [N][N]; sab [RX_WKV7_CHUNK + 1][N]: each step's sa; dsa, and a
          * zero dy and a discarded dr for the step before a sequence [N];
-         * a tile uses its rows of each (the discarded dr: col_at) */
+         * a tile uses its rows of each (the discarded dr: tile 0's only) */
         float *buf = own ? own + tid * per : work + bh * per, *dS = buf + RX_WKV7_CHUNK * NN;
         float *sab = dS + NN, *dsa = sab + (RX_WKV7_CHUNK + 1) * N, *zero = dsa + N;
         /* this tile's column sums: step t's at cb[q] + t*cs (tile 0: the
