@@ -114,6 +114,10 @@ int main(void) {
     test_cp(2, 33, 1, 16, 0);
     test_cp(2, 21, 3, 5, 1);   /* N % 8 != 0: the portable steps */
     test_cp(1, 18, 1, 1, 0);
+    /* one head: from 2 threads the backward (T >= 64) and the forward
+     * (T >= 1024) split it into row tiles, N = 24 with a ragged one */
+    test_cp(1, 70, 1, 64, 1);
+    test_cp(1, 1030, 1, 24, 1);
     if (failures) {
         printf("%d check(s) failed\n", failures);
         return 1;
