@@ -11,6 +11,9 @@
  *   WKV_ZERO(), WKV_BCAST(const float *)
  *   WKV_HSUM4(a0, a1, a2, a3)  an __m128 whose lane q is the sum of a_q
  *   WKV_HSUM1(a)    the sum of a's lanes
+ *   WKV_JU          column vectors per pass of the backward's column sums
+ *                   (1 or 2: each holds eight vectors in registers; 16 ymm
+ *                   registers fit one, 32 zmm two)
  * and WKV_BACK_ROWS. No include guard: it is meant to be included twice.
  * What each step computes, and why in this order, is wkv7.c's header.
  */
