@@ -271,7 +271,7 @@ def test_block_matches_reference(case):
         check(f"block[{case}] {key}", grads[key], P[key].grad, GRAD_TOL)
 
 
-def test_threads_do_not_change_results():
+def test_threads_do_not_change_results(restore_threads):
     """Selection and sums are independent of the thread count (bit for bit)."""
     B, T, H, N, cs, top_k, F = 2, 128, 2, 8, 8, 2, 16
     rng = np.random.default_rng(21)
@@ -279,12 +279,9 @@ def test_threads_do_not_change_results():
     x, dy = f32(rng, B, T, H * N), f32(rng, B, T, H * N)
     kw = dict(n_head=H, head_size=N, chunk_size=cs, moba_top_k=top_k)
     results = []
-    try:
-        for n in (1, 2):
-            rx.set_num_threads(n)
-            results.append((rx.attn_forward(p, x, **kw), rx.attn_backward(p, x, dy, **kw)))
-    finally:
-        rx.set_num_threads(0)
+    for n in (1, 2):
+        rx.set_num_threads(n)
+        results.append((rx.attn_forward(p, x, **kw), rx.attn_backward(p, x, dy, **kw)))
     (o1, (dx1, g1, _)), (o2, (dx2, g2, _)) = results
     assert np.array_equal(o1, o2) and np.array_equal(dx1, dx2)
     for key in KEYS:
@@ -376,7 +373,7 @@ def test_bad_hook_inputs():
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_profile_counts_tile_products_as_attention(threads):
+def test_profile_counts_tile_products_as_attention(threads, restore_threads):
     """rx.profile() charges the attention core's tile GEMMs to "attention
     core" at every thread count (at 1 thread they once counted as "gemm",
     so a 1- and a 2-thread breakdown disagreed)."""
@@ -391,5 +388,4 @@ def test_profile_counts_tile_products_as_attention(threads):
         prof = rx.profile()
     finally:
         rx.profile_enable(False)
-        rx.set_num_threads(0)
     assert prof["gemm"] == 0.0 and prof["attention core"] > 0.0, prof

@@ -119,18 +119,14 @@ def test_kernels_agree_with_fp32_gemm_on_rounded_operands(kernel, ta, tb):
 # many 64-row panels; two panels, whose columns are cut among the threads,
 # and a K of three 256-long ranges (a weight gradient's shape, transposed A)
 @pytest.mark.parametrize("M,N,K,ta", [(700, 200, 300, False), (100, 200, 600, True)])
-def test_bgemm_independent_of_thread_count(kernel, M, N, K, ta):
+def test_bgemm_independent_of_thread_count(kernel, restore_threads, M, N, K, ta):
     rng = np.random.default_rng(2)
     a = rng.standard_normal((K, M) if ta else (M, K), dtype=np.float32)
     b = rng.standard_normal((K, N), dtype=np.float32)
-    n = rx.get_num_threads()
-    try:
-        outs = []
-        for t in (1, 2, 3, 7):
-            rx.set_num_threads(t)
-            outs.append(_core._bgemm(a, b, ta, False))
-    finally:
-        rx.set_num_threads(n)
+    outs = []
+    for t in (1, 2, 3, 7):
+        rx.set_num_threads(t)
+        outs.append(_core._bgemm(a, b, ta, False))
     assert all(np.array_equal(outs[0], o) for o in outs[1:])
 
 

@@ -67,16 +67,11 @@ def test_sgemm_matches_float64(kernel, M, N, K, ta, tb):
                                          (20, 700, 40, False, False),
                                          # one row sliver: cut into column blocks
                                          (16, 300, 600, True, False)])
-def test_sgemm_threads(kernel, threads, M, N, K, ta, tb):
+def test_sgemm_threads(kernel, restore_threads, threads, M, N, K, ta, tb):
     rng = np.random.default_rng(M + N + K)
     a, b, ref = _operands(rng, M, N, K, ta, tb)
-    old = rx.get_num_threads()
     rx.set_num_threads(threads)
-    try:
-        got = _core._sgemm(a, b, ta, tb)
-    finally:
-        rx.set_num_threads(old)
-    _close(got, ref)
+    _close(_core._sgemm(a, b, ta, tb), ref)
 
 
 def test_sgemm_beta_accumulates_in_place_twice():

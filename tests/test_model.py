@@ -213,25 +213,21 @@ def test_backward_overwrites_and_repeats():
     assert np.array_equal(m.grad_buffer, g1)
 
 
-def test_backward_repeats_with_selection_and_thread_change():
+def test_backward_repeats_with_selection_and_thread_change(restore_threads):
     """Attention blocks keep their forward's intermediates (q, k, v, the chunk
     selection, the log-sum-exp): backward after one batched forward, with MoBA
     selection active, is exact, and again after the thread count grows (the
     kept per-thread scratch grows with it)."""
     # 5R2A: chunk 4, top_k 1, T 13: queries t >= 8 choose
     m, tokens, targets, ref_loss, _, ref_grads = batch_reference("5R2A", 51)
-    n_threads = rx.get_num_threads()
-    try:
-        rx.set_num_threads(1)
-        m.forward(tokens)
-        for threads in (1, 2, 1):
-            rx.set_num_threads(threads)
-            m.grad_buffer[...] = 123.0
-            assert abs(m.backward(targets, ignore_index=IGNORE) - ref_loss) <= FWD_TOL * ref_loss
-            for n in m.param_names:
-                assert_rel("model.repeat.grads", m.grads[n], ref_grads[n], GRAD_TOL)
-    finally:
-        rx.set_num_threads(n_threads)
+    rx.set_num_threads(1)
+    m.forward(tokens)
+    for threads in (1, 2, 1):
+        rx.set_num_threads(threads)
+        m.grad_buffer[...] = 123.0
+        assert abs(m.backward(targets, ignore_index=IGNORE) - ref_loss) <= FWD_TOL * ref_loss
+        for n in m.param_names:
+            assert_rel("model.repeat.grads", m.grads[n], ref_grads[n], GRAD_TOL)
 
 
 def test_no_valid_target_gives_zero_loss_and_grads():

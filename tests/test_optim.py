@@ -22,16 +22,13 @@ def test_grad_norm_matches_reference(n):
     assert abs(got - want) <= 1e-12 * want
 
 
-def test_grad_norm_deterministic_and_thread_independent_enough():
+def test_grad_norm_deterministic_and_thread_independent_enough(restore_threads):
     _, g, _, _ = _bufs(300001, seed=3)
     assert rx.grad_norm(g) == rx.grad_norm(g)
-    old = rx.get_num_threads()
-    try:
-        rx.set_num_threads(1)
-        one = rx.grad_norm(g)
-    finally:
-        rx.set_num_threads(old)
-    assert abs(one - rx.grad_norm(g)) <= 1e-12 * one
+    many = rx.grad_norm(g)
+    rx.set_num_threads(1)
+    one = rx.grad_norm(g)
+    assert abs(one - many) <= 1e-12 * one
 
 
 @pytest.mark.parametrize("n", [1, 5, 4099, 150001])
@@ -92,19 +89,15 @@ def test_clipping_scale_is_applied():
     assert abs(np.linalg.norm(m.astype(np.float64)) - 0.1 * norm * scale) < 1e-5
 
 
-def test_thread_count_does_not_change_the_update():
+def test_thread_count_does_not_change_the_update(restore_threads):
     n = 200001
     outs = []
-    old = rx.get_num_threads()
-    try:
-        for t in (1, 2, 3):
-            rx.set_num_threads(t)
-            p, g, m, v = _bufs(n, seed=4)
-            rx.adamw_step(p, g, m, v, lr=1e-3, step=3, weight_decay=0.1,
-                          decay_ranges=np.array([[5, 100000]], np.int64))
-            outs.append((p, m, v))
-    finally:
-        rx.set_num_threads(old)
+    for t in (1, 2, 3):
+        rx.set_num_threads(t)
+        p, g, m, v = _bufs(n, seed=4)
+        rx.adamw_step(p, g, m, v, lr=1e-3, step=3, weight_decay=0.1,
+                      decay_ranges=np.array([[5, 100000]], np.int64))
+        outs.append((p, m, v))
     for o in outs[1:]:
         for a, b in zip(outs[0], o):
             np.testing.assert_array_equal(a, b)
