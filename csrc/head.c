@@ -15,6 +15,9 @@
 
 #include "rx_internal.h"
 
+/* the loss's partial sums: row ranges for up to this many threads */
+#define RX_CE_PARTS 256
+
 /* x: [T][C]; head: [C][vocab]; logits: [T][vocab] */
 int rx_head_logits(const float *x, const float *head, int T, int C, int vocab,
                    float *logits) {
@@ -161,18 +164,19 @@ static int cross_entropy(const float *logits, const int *targets, int T, int voc
         return RX_OK;
     }
     const double scale = 1.0 / (double)n_valid;
-    /* nt fixed row ranges, each summed into its own slot and the slots added
-     * in order: the loss does not depend on how many threads ran them. */
-    int nt = (rx_in_parallel() || TT * V < RX_ROW_MIN_PAR) ? 1 : rx_max_threads();
-    if ((size_t)nt > TT) nt = (int)TT;
-    if (nt > RX_MAX_THREADS) nt = RX_MAX_THREADS;
-    double part[RX_MAX_THREADS];   /* 8 KiB on the stack: no allocation in a step */
+    /* np fixed row ranges, np set by T alone, each summed into its own slot
+     * and the slots added in order: the loss has the same bits at any
+     * thread count */
+    const size_t np = TT < RX_CE_PARTS ? TT : RX_CE_PARTS;
+    double part[RX_CE_PARTS];   /* on the stack: no allocation in a step */
+    const int nt = (rx_in_parallel() || TT * V < RX_ROW_MIN_PAR) ? 1 : rx_max_threads();
+    (void)nt; /* read only by the OpenMP pragma */
     /* each target is read once here and range-checked as read: a caller's
      * thread changing targets after the check above cannot index past V */
     int bad = 0;
-#pragma omp parallel for schedule(static, 1) num_threads(nt) if (nt > 1) reduction(| : bad)
-    for (int p = 0; p < nt; p++) {
-        size_t t0 = TT * (size_t)p / (size_t)nt, t1 = TT * (size_t)(p + 1) / (size_t)nt;
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1) reduction(| : bad)
+    for (size_t p = 0; p < np; p++) {
+        size_t t0 = TT * p / np, t1 = TT * (p + 1) / np;
         double acc = 0.0;
         for (size_t t = t0; t < t1; t++) {
             float *d = dlogits ? dlogits + t * V : NULL;
@@ -187,7 +191,7 @@ static int cross_entropy(const float *logits, const int *targets, int T, int voc
         part[p] = acc;
     }
     double loss = 0.0;
-    for (int p = 0; p < nt; p++) loss += part[p];
+    for (size_t p = 0; p < np; p++) loss += part[p];
     if (bad)   /* a thread of the caller's changed a target after the check */
         return rx_fail(RX_EINVAL, "%s: targets changed while being read", fn);
     *loss_out = loss * scale;

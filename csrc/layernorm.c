@@ -140,34 +140,33 @@ RX_HOT static void rownorm_backward_rows(const float *x, const float *w, const f
 int rx_rownorm_backward(const float *x, const float *w, const float *dy,
                         float *dx, float *dw, float *db,
                         size_t rows, size_t D, size_t period, float eps) {
-    int nt = (rx_in_parallel() || rows * D < RX_ROW_MIN_PAR) ? 1 : rx_max_threads();
-    if (nt == 1) {
-        rx_prof_push(RX_PROF_NORM);
-        rownorm_backward_rows(x, w, dy, dx, dw, db, 0, rows, D, period, eps);
-        rx_prof_pop();
-        return RX_OK;
-    }
-    /* Each row range accumulates dw/db privately; summed in a fixed order so
-     * the result does not depend on scheduling. The partials live in the
-     * calling thread's scratch: a step runs this some 20 times. */
-    const size_t PD = period * D;
-    float *part = PD <= SIZE_MAX / sizeof(float) / 2 / (size_t)nt
-                      ? rx_thread_buffer(RX_BUF_NORM_PART, (size_t)nt * 2 * PD * sizeof(float))
+    /* dw/db sum over rows: each fixed block of rows (rx_block_rows tokens
+     * of period rows) sums into its own partial rows, added in block order,
+     * so the result does not depend on the thread count, or on whether the
+     * pass is threaded at all. The partials live in the calling thread's
+     * scratch: a step runs this some 20 times. */
+    if (rows == 0) return RX_OK;
+    const size_t PD = period * D, brows = rx_block_rows((rows + period - 1) / period) * period;
+    const size_t nblk = (rows + brows - 1) / brows;
+    float *part = PD <= SIZE_MAX / sizeof(float) / 2 / nblk
+                      ? rx_thread_buffer(RX_BUF_NORM_PART, nblk * 2 * PD * sizeof(float))
                       : NULL;
     if (!part) return rx_fail(RX_ENOMEM, "rx_rownorm_backward: out of memory");
+    const int nt = (rx_in_parallel() || rows * D < RX_ROW_MIN_PAR) ? 1 : rx_max_threads();
     rx_prof_push(RX_PROF_NORM);
-#pragma omp parallel for schedule(static, 1) num_threads(nt)
-    for (int p = 0; p < nt; p++) {
-        float *mine = part + (size_t)p * 2 * PD;   /* zeroed by the thread that sums into it */
-        rx_fzero(mine, 2 * PD);
-        rownorm_backward_rows(x, w, dy, dx, mine, mine + PD, rows * p / nt, rows * (p + 1) / nt,
-                              D, period, eps);
-    }
-    for (int t = 0; t < nt; t++)
-        for (size_t i = 0; i < PD; i++) {
-            dw[i] += part[(size_t)t * 2 * PD + i];
-            db[i] += part[(size_t)t * 2 * PD + PD + i];
+    float *const sums[2] = {dw, db};
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+#pragma omp for schedule(static)
+        for (size_t b = 0; b < nblk; b++) {
+            float *mine = part + b * 2 * PD;   /* zeroed by the thread that sums into it */
+            rx_fzero(mine, 2 * PD);
+            rownorm_backward_rows(x, w, dy, dx, mine, mine + PD, b * brows,
+                                  (b + 1) * brows < rows ? (b + 1) * brows : rows, D, period,
+                                  eps);
         }
+        rx_block_sums(part, nblk, 2 * PD, PD, 2, sums, 1);
+    }
     rx_prof_pop();
     return RX_OK;
 }

@@ -17,7 +17,7 @@
  */
 #include "rx_internal.h"
 
-#define RX_OPTIM_MAX_PARTS 256 /* the grad norm's partial sums: at most this many threads */
+#define RX_OPTIM_MAX_PARTS 256 /* the grad norm's partial sums (ranges of >= RX_EW_MIN_PAR) */
 
 static int optim_threads(size_t n) {
     if (rx_in_parallel() || n < RX_EW_MIN_PAR) return 1;
@@ -117,16 +117,21 @@ RX_HOT static double sumsq_span(const float *g, size_t n) {
 int rx_grad_norm_l2(const float *g, size_t n, double *norm) {
     if (!g || !norm || n < 1)
         return rx_fail(RX_EINVAL, "rx_grad_norm_l2: %s", n < 1 ? "n < 1" : "g or norm is NULL");
-    int nt = optim_threads(n);
+    /* a part count set by n alone, not by the team: the same bits at any
+     * thread count */
+    const size_t np = n / RX_EW_MIN_PAR < 1                    ? 1
+                      : n / RX_EW_MIN_PAR > RX_OPTIM_MAX_PARTS ? RX_OPTIM_MAX_PARTS
+                                                               : n / RX_EW_MIN_PAR;
     double part[RX_OPTIM_MAX_PARTS];
-    if (nt > RX_OPTIM_MAX_PARTS) nt = RX_OPTIM_MAX_PARTS;
-#pragma omp parallel for schedule(static, 1) num_threads(nt) if (nt > 1)
-    for (int id = 0; id < nt; id++) {
-        size_t lo = n * (size_t)id / (size_t)nt, hi = n * ((size_t)id + 1) / (size_t)nt;
+    int nt = optim_threads(n);
+    (void)nt; /* read only by the OpenMP pragma */
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+    for (size_t id = 0; id < np; id++) {
+        size_t lo = n * id / np, hi = n * (id + 1) / np;
         part[id] = sumsq_span(g + lo, hi - lo);
     }
     double s = 0.0;
-    for (int t = 0; t < nt; t++) s += part[t];
+    for (size_t t = 0; t < np; t++) s += part[t];
     *norm = sqrt(s);
     return RX_OK;
 }

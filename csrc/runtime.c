@@ -36,6 +36,23 @@ int rx_seq_check(const char *fn, int B, int T, int layer_id, const float *v_firs
     return RX_OK;
 }
 
+void rx_block_sums(const float *part, size_t nblk, size_t stride, size_t n, int nvec,
+                   float *const *dst, int acc) {
+    enum { W = 16 };   /* columns per work item: one vector, one cache line */
+    const size_t nch = (n + W - 1) / W, items = (size_t)nvec * nch;
+#pragma omp for schedule(static)
+    for (size_t it = 0; it < items; it++) {
+        const size_t v = it / nch, i0 = it % nch * W, w = n - i0 < W ? n - i0 : W;
+        float *d = dst[v], s[W];
+        if (!d) continue;
+        const float *p = part + v * n + i0;
+        for (size_t i = 0; i < w; i++) s[i] = acc ? d[i0 + i] : 0.0f;
+        for (size_t b = 0; b < nblk; b++)
+            for (size_t i = 0; i < w; i++) s[i] += p[b * stride + i];
+        for (size_t i = 0; i < w; i++) d[i0 + i] = s[i];
+    }
+}
+
 const char *rx_strerror(int code) {
     switch (code) {
     case RX_OK: return "success";

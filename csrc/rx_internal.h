@@ -248,7 +248,7 @@ size_t rx_gemm_live_ops(const rx_gemm_op *ops, size_t n, rx_gemm_op *live);
  * step allocates nothing once its first call has grown them: */
 enum {
     RX_BUF_BF16_PACK,   /* rx_bgemm's packed operands */
-    RX_BUF_NORM_PART,   /* rx_rownorm_backward's per-range dw/db partial sums */
+    RX_BUF_NORM_PART,   /* rx_rownorm_backward's per-block dw/db partial sums */
     RX_BUF_WKV_PART,    /* a split WKV7 backward's per-row-tile column sums */
     RX_BUF_N
 };
@@ -291,9 +291,10 @@ int rx_pgemm_batch(const rx_gemm_op *ops, size_t n);
 void rx_rownorm_forward(const float *x, const float *w, const float *b,
                         float *out, float *mean, float *rstd,
                         size_t rows, size_t D, size_t period, float eps);
-/* dx written (may alias dy); dw/db [period*D] accumulated (+=), not zeroed.
- * Returns RX_OK or RX_ENOMEM (the per-range partial sums' buffer, grown on
- * first use, cannot be allocated). */
+/* dx written (may alias dy); dw/db [period*D] accumulated (+=), not zeroed,
+ * by fixed row blocks: the same bits at any thread count. Returns RX_OK or
+ * RX_ENOMEM (the per-block partial sums' buffer, grown on first use,
+ * cannot be allocated). */
 int rx_rownorm_backward(const float *x, const float *w, const float *dy,
                         float *dx, float *dw, float *db,
                         size_t rows, size_t D, size_t period, float eps);
@@ -326,6 +327,38 @@ const char *rx_wkv7_kernel(int head_size);
  * it. Not thread-safe against concurrent WKV7 calls. */
 int rx_wkv7_use_kernel(const char *name);
 
+/* ---- fixed row blocks ---------------------------------------------------- */
+/* Passes that sum grads over the B*T rows (norm affine grads, the
+ * token-shift lerps' mix grads, the time-mix per-token passes) split the
+ * rows into fixed blocks, each summing into its own scratch rows, and add
+ * those in block order. The block size depends on B*T alone, so the
+ * result has the same bits at any thread count. 32 rows, halved (down to
+ * 8) while that leaves fewer than RX_ROW_BLOCKS blocks, a 64-core team's
+ * units: B*T = 512 gives 64 blocks of 8. What the blocks cost is below
+ * what this machine resolves: at S, B = 1, 2 threads, a step took 1.003x
+ * (8-row blocks), 1.017x (16) and 1.010x (32) the time of the build
+ * before, which summed the norms per thread (bench_ab.py, both launch
+ * orders; about 1% between runs). */
+#define RX_ROW_BLOCKS 64
+#define RX_BLOCK_ROWS 32
+#define RX_BLOCK_MIN_ROWS 8
+static inline size_t rx_block_rows(size_t BT) {
+    size_t r = RX_BLOCK_ROWS;
+    while (r > RX_BLOCK_MIN_ROWS && BT < (size_t)RX_ROW_BLOCKS * r) r /= 2;
+    return r;
+}
+static inline size_t rx_row_blocks(size_t BT) {
+    return (BT + rx_block_rows(BT) - 1) / rx_block_rows(BT);
+}
+/* The block sums: vector v < nvec of block b < nblk at part + b*stride +
+ * v*n, [n] floats; dst[v] [n] = (dst[v] if acc) + the blocks' vectors v in
+ * block order (dst[v] NULL: skipped). An orphaned omp for: called inside a
+ * parallel region the team shares the columns (16 to an item, each
+ * column's order the same at any team size), outside it one thread runs
+ * all; either way it ends on the team's barrier. */
+void rx_block_sums(const float *part, size_t nblk, size_t stride, size_t n, int nvec,
+                   float *const *dst, int acc);
+
 /* ---- tokenshift.c ------------------------------------------------------
  * n lerps of one x in one pass: out[i] [B][T][C] = x + (x_prev - x) *
  * mix[i], x_prev the token-shifted x with the carry init [B][C] (NULL: zero)
@@ -335,9 +368,7 @@ void rx_shift_lerp_forward(int n, const float *const *mix, const float *x, const
 /* Their backward for the grads dout[i] on out[i]: writes dx [B][T][C], each
  * dmix[i] [C] and d_init [B][C] (NULL: not wanted). part: RX_SHIFT_PART
  * floats of scratch for threaded per-block sums, or NULL (one thread). */
-#define RX_SHIFT_ROWS 32
-#define RX_SHIFT_PART(n, BT, C) \
-    ((size_t)(n) * (((size_t)(BT) + RX_SHIFT_ROWS - 1) / RX_SHIFT_ROWS) * (size_t)(C))
+#define RX_SHIFT_PART(n, BT, C) ((size_t)(n) * rx_row_blocks(BT) * (size_t)(C))
 void rx_shift_lerp_backward(int n, const float *const *mix, const float *x, const float *init,
                             const float *const *dout, float *dx, float *const *dmix,
                             float *d_init, size_t B, size_t T, size_t C, float *part);

@@ -475,7 +475,10 @@ int rx_tm_field(int i, const char **name, size_t *p_off, size_t *g_off, const ch
 /* Threads used by every rx_ call made from the calling thread afterwards
  * (n < 1 restores the default, OMP_NUM_THREADS or the core count; n above
  * RX_MAX_THREADS is taken as RX_MAX_THREADS). A build without OpenMP
- * ignores it and reports 1. */
+ * ignores it and reports 1. The thread count changes no result: every sum
+ * over rows runs over blocks set by the sizes alone, added in a fixed
+ * order, so each kernel, and a model's step, gives the same bits on any
+ * number of threads. */
 #define RX_MAX_THREADS 1024
 void rx_set_num_threads(int n);
 int rx_get_num_threads(void);
@@ -512,8 +515,9 @@ int rx_adamw_step(float *params, const float *grads, float *m, float *v, size_t 
                   const int64_t *decay_ranges, int n_ranges,
                   float lr, float beta1, float beta2, float eps, float weight_decay,
                   float grad_scale, int64_t step);
-/* g: [n]. The global L2 norm sqrt(sum g^2), accumulated in double with a
- * fixed summation order at a given thread count. NaN on NULL or n < 1. */
+/* g: [n]. The global L2 norm sqrt(sum g^2), accumulated in double over
+ * ranges set by n alone, added in order: the same bits at any thread
+ * count. NaN on NULL or n < 1. */
 double rx_grad_norm(const float *g, size_t n);
 /* rx_grad_norm as an int: *norm the norm. RX_EINVAL on NULL or n < 1. */
 int rx_grad_norm_l2(const float *g, size_t n, double *norm);

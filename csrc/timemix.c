@@ -306,30 +306,21 @@ int rx_tm_forward_acts(const rx_tm_params *P, const float *x, const float *x_pre
 }
 
 
-/* The per-(token, head) passes run over fixed blocks of TM_ROWS tokens, a
- * thread taking a contiguous run of blocks: whole rows, where a split by
- * heads had two threads stream interleaved halves of every row (measured
- * at twice the thread time of one thread). Each block sums its
- * parameter-vector grads into its own rows of part, added in block order
- * afterwards, so the result depends on B*T but not on the thread count. */
-#define TM_ROWS RX_SHIFT_ROWS
+/* The per-(token, head) passes run over fixed blocks of tokens
+ * (rx_block_rows), a thread taking a contiguous run of blocks: whole rows,
+ * where a split by heads had two threads stream interleaved halves of
+ * every row (measured at twice the thread time of one thread). Each block
+ * sums its parameter-vector grads into its own rows of part, added in
+ * block order afterwards, so the result depends on B*T but not on the
+ * thread count. */
 enum { TV_KA, TV_A0, TV_W0, TV_KK, TV_V0, TV_RK, TM_NVEC };
 
-static size_t tm_blocks(size_t BT) { return (BT + TM_ROWS - 1) / TM_ROWS; }
+static size_t tm_blocks(size_t BT) { return rx_row_blocks(BT); }
 
 /* Floats of part: the passes' block sums, later the six lerps' */
 static size_t tm_part(size_t BT, size_t C) {
     size_t a = tm_blocks(BT) * TM_NVEC * C, b = RX_SHIFT_PART(6, BT, C);
     return a > b ? a : b;
-}
-
-/* dst [C] = sum over blocks, in order, of part row v */
-static void tm_part_sum(const float *part, size_t nblk, size_t C, int v, float *dst) {
-    for (size_t c = 0; c < C; c++) dst[c] = 0.0f;
-    for (size_t b = 0; b < nblk; b++) {
-        const float *row = part + (b * TM_NVEC + (size_t)v) * C;
-        for (size_t c = 0; c < C; c++) dst[c] += row[c];
-    }
 }
 
 /* Pass over one (token, head) after the output projection: dz *= g, dg,
@@ -452,7 +443,7 @@ int rx_tm_backward_acts(const rx_tm_params *P, const rx_tm_acts *A, const float 
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) *bufs[i] = rx_carve(&p, BT * C);
     S.dlo = rx_carve(&p, BT * lora_dsum(P));
     S.ds = rx_carve(&p, BT * H);
-    const size_t nblk = tm_blocks(BT);
+    const size_t nblk = tm_blocks(BT), rows = rx_block_rows(BT);
     S.part = rx_carve(&p, tm_part(BT, C));
 
     /* the group norm's affine grads accumulate; everything else is written */
@@ -468,12 +459,14 @@ int rx_tm_backward_acts(const rx_tm_params *P, const rx_tm_acts *A, const float 
         return rc;
     }
     const int par = !rx_in_parallel() && BT * C >= RX_EW_MIN_PAR;
-    rx_fzero(S.part, nblk * TM_NVEC * C);
+    /* each block zeroes its own part rows: the thread that sums into them */
 #pragma omp parallel for schedule(static) if (par)
-    for (size_t blk = 0; blk < nblk; blk++)
-        for (size_t bt = blk * TM_ROWS; bt < BT && bt < (blk + 1) * TM_ROWS; bt++)
+    for (size_t blk = 0; blk < nblk; blk++) {
+        rx_fzero(S.part + blk * TM_NVEC * C, TM_NVEC * C);
+        for (size_t bt = blk * rows; bt < BT && bt < (blk + 1) * rows; bt++)
             for (size_t h = 0; h < H; h++)
                 gate_bonus_back(P, A, &S, S.part + blk * TM_NVEC * C, bt, h);
+    }
 
     rc = rx_rownorm_backward(A->y, P->ln_x_w, S.dz, S.dyw, G->ln_x_w, G->ln_x_b, BT * H, N, H,
                              RX_GN_EPS);
@@ -485,20 +478,22 @@ int rx_tm_backward_acts(const rx_tm_params *P, const rx_tm_acts *A, const float 
         free(own);
         return rc;
     }
-#pragma omp parallel for schedule(static) if (par)
-    for (size_t blk = 0; blk < nblk; blk++)
-        for (size_t bt = blk * TM_ROWS; bt < BT && bt < (blk + 1) * TM_ROWS; bt++)
-            for (size_t h = 0; h < H; h++)
-                wkv_inputs_back(P, A, &S, S.part + blk * TM_NVEC * C,
-                                vres ? v_first + bt * C + h * N : NULL,
-                                !vres && d_v_first ? d_v_first + bt * C + h * N : NULL,
-                                vres && d_v_first ? d_v_first + bt * C + h * N : NULL, bt, h);
-    tm_part_sum(S.part, nblk, C, TV_KA, G->k_a);
-    tm_part_sum(S.part, nblk, C, TV_A0, G->a0);
-    tm_part_sum(S.part, nblk, C, TV_W0, G->w0);
-    tm_part_sum(S.part, nblk, C, TV_KK, G->k_k);
-    tm_part_sum(S.part, nblk, C, TV_RK, G->r_k);
-    if (vres) tm_part_sum(S.part, nblk, C, TV_V0, G->v0);
+    float *sums[TM_NVEC];
+    sums[TV_KA] = G->k_a, sums[TV_A0] = G->a0, sums[TV_W0] = G->w0, sums[TV_KK] = G->k_k;
+    sums[TV_V0] = vres ? G->v0 : NULL, sums[TV_RK] = G->r_k;
+#pragma omp parallel if (par)
+    {
+#pragma omp for schedule(static)
+        for (size_t blk = 0; blk < nblk; blk++)
+            for (size_t bt = blk * rows; bt < BT && bt < (blk + 1) * rows; bt++)
+                for (size_t h = 0; h < H; h++)
+                    wkv_inputs_back(P, A, &S, S.part + blk * TM_NVEC * C,
+                                    vres ? v_first + bt * C + h * N : NULL,
+                                    !vres && d_v_first ? d_v_first + bt * C + h * N : NULL,
+                                    vres && d_v_first ? d_v_first + bt * C + h * N : NULL, bt,
+                                    h);
+        rx_block_sums(S.part, nblk, TM_NVEC * C, C, TM_NVEC, sums, 0);
+    }
 
     /* projections and LoRAs back to their token-shift lerps: r, k, v and the
      * LoRA down-projections in one batch, their lerp grads into buffers

@@ -67,26 +67,21 @@ RX_HOT static void lerp_back_rows(int n, const float *const *mix, const float *x
  * grads on the n lerps' outputs; init, d_init: [B][C] or NULL; part:
  * RX_SHIFT_PART(n, B*T, C) floats of scratch, or NULL. Writes dx, dmix and
  * d_init (not wanted: NULL). Threads take whole token rows, in fixed blocks
- * of RX_SHIFT_ROWS whose dmix sums (in part) are added in block order, so
+ * (rx_block_rows) whose dmix sums (in part) are added in block order, so
  * dmix depends on B*T but not on the thread count; without part one
  * thread runs all rows as one block. */
 void rx_shift_lerp_backward(int n, const float *const *mix, const float *x, const float *init,
                             const float *const *dout, float *dx, float *const *dmix,
                             float *d_init, size_t B, size_t T, size_t C, float *part) {
-    const size_t BT = B * T, rows = part ? RX_SHIFT_ROWS : BT, nblk = (BT + rows - 1) / rows;
+    const size_t BT = B * T, rows = part ? rx_block_rows(BT) : BT, nblk = (BT + rows - 1) / rows;
     const size_t stride = (size_t)n * C;
-#pragma omp parallel for schedule(static) \
-    if (part && !rx_in_parallel() && BT * stride >= RX_EW_MIN_PAR)
-    for (size_t blk = 0; blk < nblk; blk++)
-        lerp_back_rows(n, mix, x, init, dout, dx, part ? part + blk * stride : NULL, dmix,
-                       d_init, T, C, blk * rows, blk * rows + rows < BT ? blk * rows + rows : BT);
-    if (!part) return;
-    for (int i = 0; i < n; i++) {
-        float *dm = dmix[i];
-        for (size_t c = 0; c < C; c++) dm[c] = 0.0f;
-        for (size_t blk = 0; blk < nblk; blk++) {
-            const float *pr = part + blk * stride + (size_t)i * C;
-            for (size_t c = 0; c < C; c++) dm[c] += pr[c];
-        }
+#pragma omp parallel if (part && !rx_in_parallel() && BT * stride >= RX_EW_MIN_PAR)
+    {
+#pragma omp for schedule(static)
+        for (size_t blk = 0; blk < nblk; blk++)
+            lerp_back_rows(n, mix, x, init, dout, dx, part ? part + blk * stride : NULL, dmix,
+                           d_init, T, C, blk * rows,
+                           blk * rows + rows < BT ? blk * rows + rows : BT);
+        if (part) rx_block_sums(part, nblk, stride, C, n, dmix, 0);
     }
 }

@@ -20,11 +20,11 @@ its B/P rows of the same global batch and the gradients are averaged in place
 before the optimiser, so P ranks train the one-process model; only rank 0
 writes the run folder.
 
-Determinism: with the same thread count a resumed run repeats the
-uninterrupted run's losses bit for bit when its schedule is by steps
-(--steps). A wall-clock budget (--time-budget) schedules the learning rate by
-elapsed time, which no run can repeat exactly; it still resumes where it
-stopped, with the time already spent counted.
+Determinism: a resumed run repeats the uninterrupted run's losses bit for
+bit, on any thread count, when its schedule is by steps (--steps). A
+wall-clock budget (--time-budget) schedules the learning rate by elapsed
+time, which no run can repeat exactly; it still resumes where it stopped,
+with the time already spent counted.
 """
 from __future__ import annotations
 

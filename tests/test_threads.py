@@ -58,19 +58,51 @@ def every_kernel(rng):
            rx.embedding_forward(emb, tok), rx.embedding_backward(tok, x2, V),
            logits, *rx.head_backward(x2, hw, logits),
            np.float64(rx.cross_entropy_forward(logits, tok)),
-           *rx.cross_entropy_backward(logits, tok, ignore_index=int(tok[0]))]
+           *rx.cross_entropy_backward(logits, tok, ignore_index=int(tok[0])),
+           np.float64(rx.grad_norm(rand(rng, 300_001)))]
     return out
+
+
+# 64 threads on this machine's few cores: the partition a 64-core team gets
+THREADS = (1, 2, 3, 7, 64)
 
 
 @needs_omp
 def test_results_independent_of_thread_count(restore_threads):
+    """Every sum over rows (norm affine grads, the loss, the grad norm, the
+    WKV7 column sums) runs over fixed blocks added in a fixed order: the
+    same bits at any thread count."""
     runs = []
-    for n in (1, 2):
+    for n in THREADS:
         rx.set_num_threads(n)
         runs.append(every_kernel(np.random.default_rng(5)))
-    for one, two in zip(*runs):
-        # only summation order may differ: fp32 rounding, nothing more
-        np.testing.assert_allclose(two, one, rtol=0, atol=1e-6 * max(np.abs(one).max(), 1e-30))
+    for n, run in zip(THREADS[1:], runs[1:]):
+        for i, (one, got) in enumerate(zip(runs[0], run)):
+            np.testing.assert_array_equal(got, one, err_msg=f"output {i} at {n} threads")
+
+
+# B*T = 1030 rows: every threaded path runs (time-mix blocks need B*T*C >=
+# 65536), and the last of its 16-row blocks (rx_block_rows) is ragged
+MID = dict(n_embd=64, n_head=2, head_size=32, n_rwkv_layer=2, n_attn_layer=1, vocab_size=300,
+           ffn_dim=128, Dw=8, Da=8, Dg=16, Dv=8, chunk_size=16, moba_top_k=2)
+
+
+@needs_omp
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_model_step_independent_of_thread_count(precision, restore_threads):
+    x = np.random.default_rng(0).integers(0, MID["vocab_size"], (2, 515)).astype(np.int32)
+    runs = []
+    for n in THREADS:
+        rx.set_num_threads(n)
+        m = rx.RxPtModel(MID, seed=0, precision=precision)
+        logits = m.forward(x)
+        loss = m.backward(x)
+        g = np.array(m.grad_buffer)
+        runs.append((logits, loss, g, rx.grad_norm(g)))
+    for n, (logits, loss, g, norm) in zip(THREADS[1:], runs[1:]):
+        assert (loss, norm) == runs[0][1::2], f"{n} threads"
+        np.testing.assert_array_equal(logits, runs[0][0], err_msg=f"{n} threads")
+        np.testing.assert_array_equal(g, runs[0][2], err_msg=f"{n} threads")
 
 
 def test_fewer_threads_granted_than_asked():

@@ -171,6 +171,20 @@ def test_resume_reproduces_the_uninterrupted_run(tmp_path):
     assert resumed.evaluate() == ref_eval
 
 
+def test_resume_on_another_thread_count(tmp_path):
+    """A step's result does not depend on the thread count (fixed row blocks
+    everywhere), so a run resumed on 1 thread repeats the 2-thread run bit
+    for bit; B*T*C = 32768 takes the norms' threaded path."""
+    big = dict(batch=4, seq_len=256, threads=2)
+    ref_losses = _losses(Trainer(_opts(tmp_path, **big), str(tmp_path / "full")), 4)
+    part = Trainer(_opts(tmp_path, **big), str(tmp_path / "part"))
+    first = _losses(part, 2)
+    part.save()
+    del part
+    resumed = Trainer.resume(str(tmp_path / "part"), threads=1)
+    assert first + _losses(resumed, 4) == ref_losses  # bit for bit
+
+
 def test_run_writes_log_checkpoint_and_resumes_further(tmp_path):
     out = str(tmp_path / "run")
     tr = Trainer(_opts(tmp_path, eval_every=3), out)
