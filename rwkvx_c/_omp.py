@@ -9,14 +9,18 @@ process, PyTorch's threads, another OpenMP runtime -- a worker spins at a
 barrier while the thread it waits for is descheduled, and every barrier
 of a training step can cost a time slice. On a loaded 2-core machine an
 S step ran 9-14x faster with GOMP_SPINCOUNT=1000 or OMP_WAIT_POLICY=passive
-than with the default (bench/bench_beside_torch.py). libgomp reads these
-variables once, when it is loaded, so rwkvx_c sets a bounded spin before
-it loads its C core, unless the user chose a policy or the runtime was
-already loaded (by torch, say): then the user's environment decides.
+than with the default (bench/bench_beside_torch.py). Too short a spin costs
+on idle cores instead: a worker sleeps at every barrier it waits at for
+longer, and each wake-up takes tens of microseconds; an S or M step at 2
+threads ran 3-5% faster with 3000 than with 1000, and no faster with
+10,000 (README, "Beside PyTorch"). libgomp reads these variables once,
+when it is loaded, so rwkvx_c sets a bounded spin before it loads its C
+core, unless the user chose a policy or the runtime was already loaded
+(by torch, say): then the user's environment decides.
 """
 import os
 
-SPIN_DEFAULT = "1000"
+SPIN_DEFAULT = "3000"
 """GOMP_SPINCOUNT set at import when the user set neither it nor OMP_WAIT_POLICY."""
 
 # file-name prefixes of the OpenMP runtimes used on Linux: GNU, LLVM, Intel
