@@ -11,12 +11,17 @@ keeps its model; the two take turns running K forward+backward steps (T of
 the preset, B=1), for R rounds, alternating which goes first. Each round
 pairs the two sides' best steps, taken seconds apart, so the ratio B/A per
 round cancels most of a cloud machine's drift; its median and quartiles are
-the verdict (below 1: B is faster). --clock cpu (with --threads 1) times
+the verdict (below 1: B is faster). Half the rounds run with A's worker
+started first, half (fresh workers) with B's, and the verdict is the
+geometric mean of the two halves' medians: in A/A runs (one tree on both
+sides) the worker started second ran 2-4% faster, a bias as large as the
+effects measured, which the two orders cancel. --clock cpu (with --threads 1) times
 each worker's CPU time, which a busy shared machine inflates far less than
 the wall clock.
 """
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -79,18 +84,48 @@ def main():
         worker(args.worker, args.preset, args.threads, args.precision, args.clock)
         return
     common.clean_blas_env()
-    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", tree,
-                               "x", "x", "--preset", args.preset, "--threads", str(args.threads),
-                               "--precision", args.precision, "--clock", args.clock],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-             for tree in (args.a, args.b)]
-    for p, tree in zip(procs, (args.a, args.b)):
-        line = p.stdout.readline()
-        if not line:
-            sys.exit("worker for %s failed to start" % tree)
-        print("%s: rwkvx_c from %s" % ("AB"[procs.index(p)], json.loads(line)["from"]))
+    # launch order biases the ratio (module docstring): both orders, half
+    # the rounds each
+    half = (args.rounds + 1) // 2
     times, pairs = ([], []), []
-    for r in range(args.rounds):
+    for order in ((0, 1), (1, 0)):
+        t, p = session(args, order, half)
+        for i in (0, 1):
+            times[i].extend(t[i])
+        pairs.append(p)
+    print("preset %s, %s, %d threads, %s clock, %d rounds x %d steps each"
+          % (args.preset, args.precision, args.threads, args.clock, 2 * half, args.steps))
+    for name, ts in zip("AB", times):
+        q1, med, _ = quartiles(ts)
+        print("%s: best %.1f ms  25%% %.1f ms  median %.1f ms per step"
+              % (name, 1e3 * min(ts), 1e3 * q1, 1e3 * med))
+    meds = []
+    for label, p in (("A started first", pairs[0]), ("B started first", pairs[1])):
+        q1, med, q3 = quartiles(p)
+        meds.append(med)
+        print("  %s: B/A per round median %.3f (quartiles %.3f-%.3f)" % (label, med, q1, q3))
+    # the launch-order bias enters the two medians with opposite signs
+    print("B/A, both launch orders: %.3f (geometric mean of the two medians)"
+          % math.sqrt(meds[0] * meds[1]))
+
+
+def session(args, order, rounds):
+    """Workers for trees A and B, started in `order`, run `rounds` rounds;
+    each side's step times and the per-round ratios of the best steps, B/A."""
+    trees = (args.a, args.b)
+    procs = [None, None]
+    for i in order:
+        procs[i] = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "--worker", trees[i], "x", "x",
+             "--preset", args.preset, "--threads", str(args.threads), "--precision",
+             args.precision, "--clock", args.clock],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        line = procs[i].stdout.readline()
+        if not line:
+            sys.exit("worker for %s failed to start" % trees[i])
+        print("%s: rwkvx_c from %s" % ("AB"[i], json.loads(line)["from"]))
+    times, pairs = ([], []), []
+    for r in range(rounds):
         best = [0.0, 0.0]
         for i in ((0, 1) if r % 2 == 0 else (1, 0)):
             procs[i].stdin.write("%d\n" % args.steps)
@@ -102,15 +137,7 @@ def main():
     for p in procs:
         p.stdin.close()
         p.wait()
-    print("preset %s, %s, %d threads, %s clock, %d rounds x %d steps each"
-          % (args.preset, args.precision, args.threads, args.clock, args.rounds, args.steps))
-    for name, ts in zip("AB", times):
-        q1, med, _ = quartiles(ts)
-        print("%s: best %.1f ms  25%% %.1f ms  median %.1f ms per step"
-              % (name, 1e3 * min(ts), 1e3 * q1, 1e3 * med))
-    q1, med, q3 = quartiles(pairs)
-    print("B/A per round: median %.3f (quartiles %.3f-%.3f)" % (med, q1, q3))
-
+    return times, pairs
 
 if __name__ == "__main__":
     main()
