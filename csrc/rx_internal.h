@@ -334,17 +334,21 @@ int rx_wkv7_use_kernel(const char *name);
  * those in block order. The block size depends on B*T alone, so the
  * result has the same bits at any thread count. 32 rows, halved (down to
  * 8) while that leaves fewer than RX_ROW_BLOCKS blocks, a 64-core team's
- * units: B*T = 512 gives 64 blocks of 8. What the blocks cost is below
- * what this machine resolves: at S, B = 1, 2 threads, a step took 1.003x
- * (8-row blocks), 1.017x (16) and 1.010x (32) the time of the build
- * before, which summed the norms per thread (bench_ab.py, both launch
- * orders; about 1% between runs). */
+ * units: B*T = 512 gives 64 blocks of 8. Past RX_MAX_ROW_BLOCKS blocks
+ * they grow instead, which bounds the scratch (a block's partial rows: 6
+ * vectors of C floats in the time-mix) at any batch. What the blocks cost
+ * is below what this machine resolves: at S, B = 1, 2 threads, a step
+ * took 1.003x (8-row blocks), 1.017x (16) and 1.010x (32) the time of the
+ * build before, which summed the norms per thread (bench_ab.py, both
+ * launch orders; about 1% between runs). */
 #define RX_ROW_BLOCKS 64
 #define RX_BLOCK_ROWS 32
 #define RX_BLOCK_MIN_ROWS 8
+#define RX_MAX_ROW_BLOCKS 1024
 static inline size_t rx_block_rows(size_t BT) {
     size_t r = RX_BLOCK_ROWS;
     while (r > RX_BLOCK_MIN_ROWS && BT < (size_t)RX_ROW_BLOCKS * r) r /= 2;
+    if (BT / r >= RX_MAX_ROW_BLOCKS) r = (BT + RX_MAX_ROW_BLOCKS - 1) / RX_MAX_ROW_BLOCKS;
     return r;
 }
 static inline size_t rx_row_blocks(size_t BT) {
