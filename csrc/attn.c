@@ -829,7 +829,7 @@ int rx_attn_forward_acts(const rx_attn_params *P, const float *x, const float *c
     int rc = attn_front(P, &d, x, S->h1, S->q, S->k, S->v, S->y, &S->w);
     if (rc == RX_OK) rc = attn_residual(P, &d, x, S->y, S->x1, S->h2);
     if (rc == RX_OK)
-        rc = rx_cm_forward_acts(&P->cm, S->h2, cm_xprev_init, S->xk, NULL, S->hid, out, d.B, d.T);
+        rc = rx_cm_forward_acts(&P->cm, S->h2, cm_xprev_init, S->xk, S->hid, out, d.B, d.T);
     if (rc != RX_OK) return rc;
     if (out)
         for (size_t i = 0; i < BTC; i++) out[i] += S->x1[i];
@@ -855,7 +855,7 @@ int rx_attn_backward_acts(const rx_attn_params *P, rx_attn_acts *S, const float 
     float *g1 = work, *dq = g1 + BTC, *dk = dq + BTC, *dv = dk + BTC, *t = dv + BTC;
     float *dh = t + BTC;
     /* channel-mix, then ln2: g1 = d x1 = dy + ln2'(dCM/dh2) */
-    int rc = rx_cm_backward_acts(&P->cm, S->h2, cm_xprev_init, S->xk, NULL, S->hid, dy, &G->cm,
+    int rc = rx_cm_backward_acts(&P->cm, S->h2, cm_xprev_init, S->xk, S->hid, dy, &G->cm,
                                  g1, d_cm_xprev_init, d.B, d.T, dh, t);
     if (rc != RX_OK) return rc;
     rx_fzero(G->ln2_w, C);

@@ -70,7 +70,7 @@ int rx_block_forward_acts(const rx_block_params *P, const float *x,
     if (rc != RX_OK) return rc;
     add_rows(S->x1, x, out, BT * C);
     rx_rownorm_forward(S->x1, P->ln2_w, P->ln2_b, S->h2, NULL, NULL, BT, C, 1, RX_LN_EPS);
-    rc = rx_cm_forward_acts(&P->cm, S->h2, cm_xprev_init, S->xk, NULL, S->hid, out, B, T);
+    rc = rx_cm_forward_acts(&P->cm, S->h2, cm_xprev_init, S->xk, S->hid, out, B, T);
     if (rc != RX_OK) return rc;
     add_rows(out, S->x1, out, BT * C);
     return RX_OK;
@@ -93,7 +93,7 @@ int rx_block_backward_acts(const rx_block_params *P, const rx_block_acts *S, con
     float *p = work, *t = rx_carve(&p, BT * C), *dx1 = rx_carve(&p, BT * C), *rest = p;
     float *dxk = rx_carve(&p, BT * C), *dh = p;
     /* out = x1 + CM(ln2(x1)) */
-    int rc = rx_cm_backward_acts(&P->cm, S->h2, cm_xprev_init, S->xk, NULL, S->hid, dy, &G->cm,
+    int rc = rx_cm_backward_acts(&P->cm, S->h2, cm_xprev_init, S->xk, S->hid, dy, &G->cm,
                                  t, d_cm_xprev_init, B, T, dh, dxk);
     if (rc == RX_OK)
         rc = rx_layernorm_backward(S->x1, P->ln2_w, P->ln2_b, t, dx1, G->ln2_w, G->ln2_b, (int)B,

@@ -12,48 +12,44 @@ int rx_cm_params_ok(const rx_cm_params *P) {
     return P && P->c >= 1 && P->ffn_dim >= 1 && P->ffn_x_k && P->ffn_key_w && P->ffn_value_w;
 }
 
-/* A chunk of the relu^2 hidden: h [n] = relu(k)^2, in place when
- * k == h (omp simd: each element is read before it is written). */
-RX_HOT static void relu2(const float *k, float *h, size_t n) {
+/* A chunk of the relu^2 hidden, in place: h [n] = relu(h)^2 (omp simd:
+ * each element is read before it is written). */
+RX_HOT static void relu2(float *h, size_t n) {
 #pragma omp simd
-    for (size_t i = 0; i < n; i++) h[i] = rx_selectf(k[i] > 0.0f, k[i] * k[i], 0.0f);
+    for (size_t i = 0; i < n; i++) h[i] = rx_selectf(h[i] > 0.0f, h[i] * h[i], 0.0f);
 }
 
-/* Its backward on the grad dh [n], in place: dh = 2 relu(pre) dh */
-RX_HOT static void relu2_back(const float *restrict pre, float *restrict dh, size_t n) {
-    for (size_t i = 0; i < n; i++) dh[i] = rx_selectf(pre[i] > 0.0f, 2.0f * pre[i] * dh[i], 0.0f);
-}
-
-/* The same from the hidden h = relu(pre)^2 alone: relu(pre) = sqrt(h)
- * exactly, since in binary floating point sqrt(fl(x*x)) == x for every
- * x > 0 whose square neither overflows nor underflows (below ~1e-19 the
- * term 2 x dh is far under any fp32 resolution of the other grads). */
+/* Its backward on the grad dh [n], in place, from the hidden h =
+ * relu(pre)^2 alone (the key projection pre is not kept, so the model
+ * stores one [BT][F] buffer per block instead of two): dh = 2 relu(pre)
+ * dh, where relu(pre) = sqrt(h) exactly, since in binary floating point
+ * sqrt(fl(x*x)) == x for every x > 0 whose square neither overflows nor
+ * underflows (below ~1e-19 the term 2 x dh is far under any fp32
+ * resolution of the other grads). */
 RX_HOT static void relu2_back_h(const float *restrict h, float *restrict dh, size_t n) {
     for (size_t i = 0; i < n; i++) dh[i] = 2.0f * sqrtf(h[i]) * dh[i];
 }
 
-/* x, xk, out: [B][T][C]; pre, h: [B][T][F]. Keeps the lerp xk, the key
- * projection pre (NULL: not kept, h computed in place) and the hidden
- * h = relu(pre)^2 for rx_cm_backward_acts; out may be NULL (recompute). */
+/* x, xk, out: [B][T][C]; h: [B][T][F]. Keeps the lerp xk and the hidden
+ * h = relu(xk . ffn_key_w)^2 for rx_cm_backward_acts; out may be NULL
+ * (recompute). */
 int rx_cm_forward_acts(const rx_cm_params *P, const float *x, const float *x_prev_init,
-                       float *xk, float *pre, float *h, float *out, size_t B, size_t T) {
+                       float *xk, float *h, float *out, size_t B, size_t T) {
     const size_t C = (size_t)P->c, F = (size_t)P->ffn_dim, BT = B * T, n = BT * F;
-    float *k = pre ? pre : h;
     rx_shift_lerp_forward(1, &P->ffn_x_k, x, x_prev_init, &xk, B, T, C);
-    int rc = rx_pgemm(0, 0, BT, F, C, xk, C, P->ffn_key_w, F, 0.0f, k, F);
+    int rc = rx_pgemm(0, 0, BT, F, C, xk, C, P->ffn_key_w, F, 0.0f, h, F);
     if (rc != RX_OK) return rc;
 #pragma omp parallel for schedule(static) if (!rx_in_parallel() && n >= RX_EW_MIN_PAR)
-    for (size_t i0 = 0; i0 < n; i0 += RX_EW_CHUNK) relu2(k + i0, h + i0, rx_ew_len(i0, n));
+    for (size_t i0 = 0; i0 < n; i0 += RX_EW_CHUNK) relu2(h + i0, rx_ew_len(i0, n));
     return out ? rx_pgemm(0, 0, BT, C, F, h, F, P->ffn_value_w, C, 0.0f, out, C) : RX_OK;
 }
 
-/* The backward from rx_cm_forward_acts's xk, pre, h; dh [BT][F] and dxk
- * [BT][C] are scratch and may alias h and xk (which then are consumed).
- * pre may be NULL (not kept: relu(pre) is recovered from h, so the model
- * stores one [BT][F] buffer per block instead of two); dh must then not
- * alias h. Other arguments as in rx_channelmix_backward. */
+/* The backward from rx_cm_forward_acts's xk and h; dh [BT][F] and dxk
+ * [BT][C] are scratch and must not alias h or xk: each GEMM batch computes
+ * a weight grad, which reads h or xk, at the same time as the grad that is
+ * written into dh or dxk. Other arguments as in rx_channelmix_backward. */
 int rx_cm_backward_acts(const rx_cm_params *P, const float *x, const float *x_prev_init,
-                        const float *xk, const float *pre, const float *h, const float *dy,
+                        const float *xk, const float *h, const float *dy,
                         rx_cm_grads *G, float *dx, float *d_xprev_init, size_t B, size_t T,
                         float *dh, float *dxk) {
     const size_t C = (size_t)P->c, F = (size_t)P->ffn_dim, BT = B * T, n = BT * F;
@@ -63,12 +59,7 @@ int rx_cm_backward_acts(const rx_cm_params *P, const float *x, const float *x_pr
     int rc = rx_pgemm_batch(value, 2);
     if (rc != RX_OK) return rc;
 #pragma omp parallel for schedule(static) if (!rx_in_parallel() && n >= RX_EW_MIN_PAR)
-    for (size_t i0 = 0; i0 < n; i0 += RX_EW_CHUNK) {
-        if (pre)
-            relu2_back(pre + i0, dh + i0, rx_ew_len(i0, n));
-        else
-            relu2_back_h(h + i0, dh + i0, rx_ew_len(i0, n));
-    }
+    for (size_t i0 = 0; i0 < n; i0 += RX_EW_CHUNK) relu2_back_h(h + i0, dh + i0, rx_ew_len(i0, n));
     /* key projection */
     const rx_gemm_op key[2] = {{1, 0, C, F, BT, xk, C, dh, F, 0.0f, G->ffn_key_w, F},
                                {0, 1, BT, C, F, dh, F, P->ffn_key_w, F, 0.0f, dxk, C}};
@@ -100,7 +91,7 @@ int rx_channelmix_forward_seq(const rx_cm_params *P, const float *x, const float
         free(h);
         return rx_fail(RX_ENOMEM, "%s: out of memory", fn);
     }
-    rc = rx_cm_forward_acts(P, x, x_prev_init, xk, NULL, h, out, (size_t)B, (size_t)T);
+    rc = rx_cm_forward_acts(P, x, x_prev_init, xk, h, out, (size_t)B, (size_t)T);
     free(xk);
     free(h);
     return rc;
@@ -122,19 +113,25 @@ int rx_channelmix_backward(const rx_cm_params *P, const float *x, const float *x
     int rc = rx_seq_check(fn, B, T, -1, NULL);
     if (rc != RX_OK) return rc;
     const size_t C = (size_t)P->c, F = (size_t)P->ffn_dim, BT = (size_t)B * T;
-    float *xk = rx_falloc(BT * C), *pre = rx_falloc(BT * F), *h = rx_falloc(BT * F);
-    if (!xk || !pre || !h) {
+    /* the scratch apart from the activations: with dh = h and dxk = xk, as
+     * here before, a threaded batch overwrote h and xk while their weight
+     * grads still read them (wrong ffn_key_w and ffn_value_w grads) */
+    float *xk = rx_falloc(BT * C), *h = rx_falloc(BT * F), *dh = rx_falloc(BT * F);
+    float *dxk = rx_falloc(BT * C);
+    if (!xk || !h || !dh || !dxk) {
         free(xk);
-        free(pre);
         free(h);
+        free(dh);
+        free(dxk);
         return rx_fail(RX_ENOMEM, "%s: out of memory", fn);
     }
-    rc = rx_cm_forward_acts(P, x, x_prev_init, xk, pre, h, NULL, (size_t)B, (size_t)T);
+    rc = rx_cm_forward_acts(P, x, x_prev_init, xk, h, NULL, (size_t)B, (size_t)T);
     if (rc == RX_OK)
-        rc = rx_cm_backward_acts(P, x, x_prev_init, xk, pre, h, dy, G, dx, d_xprev_init,
-                                 (size_t)B, (size_t)T, h, xk);
+        rc = rx_cm_backward_acts(P, x, x_prev_init, xk, h, dy, G, dx, d_xprev_init,
+                                 (size_t)B, (size_t)T, dh, dxk);
     free(xk);
-    free(pre);
     free(h);
+    free(dh);
+    free(dxk);
     return rc;
 }

@@ -379,14 +379,14 @@ void rx_shift_lerp_backward(int n, const float *const *mix, const float *x, cons
 
 /* ---- channelmix.c ------------------------------------------------------ */
 int rx_cm_params_ok(const rx_cm_params *P);
-/* Forward keeping xk [BT][C], pre (NULL: not kept) and h [BT][F] for the
- * backward; out may be NULL. The backward's scratch dh [BT][F] and dxk
- * [BT][C] may alias h and xk, consuming them; with pre NULL it recovers
- * relu(pre) from h, and dh must not alias h. */
+/* Forward keeping xk [BT][C] and h [BT][F] for the backward; out may be
+ * NULL. The backward recovers relu(pre) from h; its scratch dh [BT][F]
+ * and dxk [BT][C] must not alias h or xk (a batch reads one while it
+ * writes the other). */
 int rx_cm_forward_acts(const rx_cm_params *P, const float *x, const float *x_prev_init,
-                       float *xk, float *pre, float *h, float *out, size_t B, size_t T);
+                       float *xk, float *h, float *out, size_t B, size_t T);
 int rx_cm_backward_acts(const rx_cm_params *P, const float *x, const float *x_prev_init,
-                        const float *xk, const float *pre, const float *h, const float *dy,
+                        const float *xk, const float *h, const float *dy,
                         rx_cm_grads *G, float *dx, float *d_xprev_init, size_t B, size_t T,
                         float *dh, float *dxk);
 

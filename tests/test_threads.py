@@ -127,3 +127,35 @@ assert np.all(p != 0) and np.all(m != 0)
 print("ok")
 """
     assert run_python(code, OMP_THREAD_LIMIT="1")[-1] == "ok"
+
+
+@needs_omp
+def test_rows_past_the_block_cap(restore_threads):
+    """B*T = 40,000 rows: past 1024 blocks the blocks grow (40 rows each)
+    so their scratch stays bounded; the norm's affine grads and the
+    channel-mix's lerp grad still agree bit for bit at every thread count,
+    and the norm's with float64."""
+    rng = np.random.default_rng(7)
+    B, T, C, F = 2, 20_000, 8, 8
+    x, dy = rand(rng, B, T, C) + 1.0, rand(rng, B, T, C)
+    w, b = rand(rng, C), rand(rng, C)
+    cm = {"ffn_x_k": rand(rng, C), "ffn_key_w": rand(rng, C, F, scale=0.5),
+          "ffn_value_w": rand(rng, F, C, scale=0.5)}
+    runs = []
+    for n in (1, 2, 3):
+        rx.set_num_threads(n)
+        _, dw, db = rx.layernorm_backward(x, w, b, dy)
+        dx, g, _ = rx.channelmix_backward(cm, x, dy)
+        runs.append((dw, db, dx, *g.values()))
+    for n, run in zip((2, 3), runs[1:]):
+        for i, (one, got) in enumerate(zip(runs[0], run)):
+            np.testing.assert_array_equal(got, one, err_msg=f"output {i} at {n} threads")
+    x64, dy64 = x.astype(np.float64), dy.astype(np.float64)
+    mu = x64.mean(-1, keepdims=True)
+    xh = (x64 - mu) / np.sqrt(((x64 - mu) ** 2).mean(-1, keepdims=True) + 1e-5)
+    # float32 block sums: each term rounds once and is added in a chain of
+    # at most 40 rows plus 1000 blocks, each add off by 2^-24 of the partial
+    bound = (40 + 1000 + 2) * 2.0 ** -24
+    for got, terms in ((runs[0][0], dy64 * xh), (runs[0][1], dy64)):
+        want, mag = terms.sum((0, 1)), np.abs(terms).sum((0, 1))
+        assert np.all(np.abs(got - want) <= bound * mag), np.abs(got - want) / mag
