@@ -20,6 +20,8 @@
  *     zeroed by the function and then accumulated over all B*T tokens.
  *   - Optional pointers may be NULL: a NULL carry or initial state means zero,
  *     a NULL output means "not wanted".
+ *   - Outputs must not overlap inputs or each other unless the function
+ *     says so: threads read the inputs while others already write.
  *   - Errors: every function that can fail returns an int code, results
  *     through pointers: RX_OK (0), RX_ENOMEM (-1) allocation failure,
  *     RX_EINVAL (-2) invalid argument (size < 1, NULL where required, token
