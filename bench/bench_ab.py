@@ -2,7 +2,8 @@
 
     python bench/bench_ab.py DIR_A DIR_B [--preset S|M] [--threads N]
                              [--rounds R] [--steps K] [--precision fp32|bf16]
-                             [--clock wall|cpu]
+                             [--clock wall|cpu] [--env-a NAME=VALUE ...]
+                             [--env-b NAME=VALUE ...]
 
 DIR_A and DIR_B are source trees with in-place builds (`python3 setup.py
 build_ext --inplace`), e.g. a `git worktree` of the base commit and the
@@ -17,7 +18,8 @@ geometric mean of the two halves' medians: in A/A runs (one tree on both
 sides) the worker started second ran 2-4% faster, a bias as large as the
 effects measured, which the two orders cancel. --clock cpu (with --threads 1) times
 each worker's CPU time, which a busy shared machine inflates far less than
-the wall clock.
+the wall clock. --env-a / --env-b set variables for one side's worker
+only: with DIR_A = DIR_B that compares settings, e.g. OpenMP's waiting.
 """
 import argparse
 import json
@@ -76,6 +78,10 @@ def main():
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     ap.add_argument("--clock", choices=("wall", "cpu"), default="wall")
+    ap.add_argument("--env-a", nargs="*", default=[], metavar="NAME=VALUE",
+                    help="environment of A's worker only (e.g. GOMP_SPINCOUNT=1000)")
+    ap.add_argument("--env-b", nargs="*", default=[], metavar="NAME=VALUE",
+                    help="environment of B's worker only")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.clock == "cpu" and args.threads != 1:
@@ -113,13 +119,15 @@ def session(args, order, rounds):
     """Workers for trees A and B, started in `order`, run `rounds` rounds;
     each side's step times and the per-round ratios of the best steps, B/A."""
     trees = (args.a, args.b)
+    envs = [dict(os.environ, **dict(kv.split("=", 1) for kv in extra))
+            for extra in (args.env_a, args.env_b)]
     procs = [None, None]
     for i in order:
         procs[i] = subprocess.Popen(
             [sys.executable, os.path.abspath(__file__), "--worker", trees[i], "x", "x",
              "--preset", args.preset, "--threads", str(args.threads), "--precision",
              args.precision, "--clock", args.clock],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=envs[i])
         line = procs[i].stdout.readline()
         if not line:
             sys.exit("worker for %s failed to start" % trees[i])
