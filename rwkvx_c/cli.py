@@ -561,7 +561,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         if argv is None:
             # the command is over: a late Ctrl-C (a second one arriving as the
             # first one's clean stop finishes) must not kill the exiting process
+            _ignore_sigint()
+
+
+def _ignore_sigint() -> None:
+    """SIG_IGN for SIGINT. A Ctrl-C landing while it is being set (before
+    the handler is swapped, KeyboardInterrupt is raised inside signal.signal)
+    only means setting it again; once it is set, pending ones are dropped."""
+    while True:
+        try:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
+            return
+        except KeyboardInterrupt:
+            continue
 
 
 if __name__ == "__main__":

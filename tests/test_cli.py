@@ -1,6 +1,7 @@
 """The rwkvx-c command: smoke runs, resume, sampling, and one-line errors."""
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -98,3 +99,24 @@ def test_python_m_entry_point(tmp_path):
                        capture_output=True, text=True, cwd=str(tmp_path), env=env)
     assert r.returncode == 2
     assert r.stderr.strip().count("\n") == 0 and "--steps" in r.stderr
+
+
+def test_late_ctrl_c_while_ignoring_it(monkeypatch):
+    """A second Ctrl-C can land inside signal.signal itself, before SIGINT is
+    ignored (CI saw the traceback): the exit path sets it again."""
+    from rwkvx_c import cli
+    real, calls = signal.signal, []
+
+    def interrupted_once(sig, handler):
+        calls.append(handler)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        return real(sig, handler)
+
+    old = signal.getsignal(signal.SIGINT)
+    monkeypatch.setattr(signal, "signal", interrupted_once)
+    try:
+        cli._ignore_sigint()
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN and len(calls) == 2
+    finally:
+        real(signal.SIGINT, old)
