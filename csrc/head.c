@@ -15,9 +15,6 @@
 
 #include "rx_internal.h"
 
-/* the loss's partial sums: row ranges for up to this many threads */
-#define RX_CE_PARTS 256
-
 /* x: [T][C]; head: [C][vocab]; logits: [T][vocab] */
 int rx_head_logits(const float *x, const float *head, int T, int C, int vocab,
                    float *logits) {
@@ -164,11 +161,11 @@ static int cross_entropy(const float *logits, const int *targets, int T, int voc
         return RX_OK;
     }
     const double scale = 1.0 / (double)n_valid;
-    /* np fixed row ranges, np set by T alone, each summed into its own slot
+    /* the fixed row blocks (rx_block_rows), each summed into its own slot
      * and the slots added in order: the loss has the same bits at any
      * thread count */
-    const size_t np = TT < RX_CE_PARTS ? TT : RX_CE_PARTS;
-    double part[RX_CE_PARTS];   /* on the stack: no allocation in a step */
+    const size_t rows = rx_block_rows(TT), np = rx_row_blocks(TT);
+    double part[RX_MAX_ROW_BLOCKS];   /* 8 KiB on the stack: no allocation in a step */
     const int nt = (rx_in_parallel() || TT * V < RX_ROW_MIN_PAR) ? 1 : rx_max_threads();
     (void)nt; /* read only by the OpenMP pragma */
     /* each target is read once here and range-checked as read: a caller's
@@ -176,7 +173,7 @@ static int cross_entropy(const float *logits, const int *targets, int T, int voc
     int bad = 0;
 #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1) reduction(| : bad)
     for (size_t p = 0; p < np; p++) {
-        size_t t0 = TT * p / np, t1 = TT * (p + 1) / np;
+        const size_t t0 = p * rows, t1 = t0 + rows < TT ? t0 + rows : TT;
         double acc = 0.0;
         for (size_t t = t0; t < t1; t++) {
             float *d = dlogits ? dlogits + t * V : NULL;

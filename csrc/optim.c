@@ -119,9 +119,8 @@ int rx_grad_norm_l2(const float *g, size_t n, double *norm) {
         return rx_fail(RX_EINVAL, "rx_grad_norm_l2: %s", n < 1 ? "n < 1" : "g or norm is NULL");
     /* a part count set by n alone, not by the team: the same bits at any
      * thread count */
-    const size_t np = n / RX_EW_MIN_PAR < 1                    ? 1
-                      : n / RX_EW_MIN_PAR > RX_OPTIM_MAX_PARTS ? RX_OPTIM_MAX_PARTS
-                                                               : n / RX_EW_MIN_PAR;
+    size_t np = n / RX_EW_MIN_PAR;
+    np = np < 1 ? 1 : np > RX_OPTIM_MAX_PARTS ? RX_OPTIM_MAX_PARTS : np;
     double part[RX_OPTIM_MAX_PARTS];
     int nt = optim_threads(n);
     (void)nt; /* read only by the OpenMP pragma */

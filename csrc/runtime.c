@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: AGPL-3.0-or-later AND Apache-2.0
  *
  * runtime.c -- error reporting, thread control, shared by the Python and the
- * C front ends, and the per-kernel time accounting of the benchmarks.
+ * C front ends, the fixed row blocks' ordered sums (rx_block_sums), and the
+ * per-kernel time accounting of the benchmarks.
  */
 #include <stdarg.h>
 #include <stdio.h>

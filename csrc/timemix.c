@@ -315,11 +315,9 @@ int rx_tm_forward_acts(const rx_tm_params *P, const float *x, const float *x_pre
  * thread count. */
 enum { TV_KA, TV_A0, TV_W0, TV_KK, TV_V0, TV_RK, TM_NVEC };
 
-static size_t tm_blocks(size_t BT) { return rx_row_blocks(BT); }
-
 /* Floats of part: the passes' block sums, later the six lerps' */
 static size_t tm_part(size_t BT, size_t C) {
-    size_t a = tm_blocks(BT) * TM_NVEC * C, b = RX_SHIFT_PART(6, BT, C);
+    size_t a = rx_row_blocks(BT) * TM_NVEC * C, b = RX_SHIFT_PART(6, BT, C);
     return a > b ? a : b;
 }
 
@@ -443,7 +441,7 @@ int rx_tm_backward_acts(const rx_tm_params *P, const rx_tm_acts *A, const float 
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) *bufs[i] = rx_carve(&p, BT * C);
     S.dlo = rx_carve(&p, BT * lora_dsum(P));
     S.ds = rx_carve(&p, BT * H);
-    const size_t nblk = tm_blocks(BT), rows = rx_block_rows(BT);
+    const size_t nblk = rx_row_blocks(BT), rows = rx_block_rows(BT);
     S.part = rx_carve(&p, tm_part(BT, C));
 
     /* the group norm's affine grads accumulate; everything else is written */
