@@ -15,10 +15,10 @@ round cancels most of a cloud machine's drift; its median and quartiles are
 the verdict (below 1: B is faster). Half the rounds run with A's worker
 started first, half (fresh workers) with B's, and the verdict is the
 geometric mean of the two halves' medians: in A/A runs (one tree on both
-sides) the worker started second ran 2-4% faster, a bias as large as the
-effects measured, which the two orders cancel. --clock cpu (with --threads 1) times
-each worker's CPU time, which a busy shared machine inflates far less than
-the wall clock. --env-a / --env-b set variables for one side's worker
+sides) the worker started second ran 1.5-4% faster, a bias as large as
+the effects measured, which the two orders cancel. --clock cpu (with
+--threads 1) times each worker's CPU time, which a busy shared machine
+inflates far less than the wall clock. --env-a / --env-b set variables for one side's worker
 only: with DIR_A = DIR_B that compares settings, e.g. OpenMP's waiting.
 """
 import argparse
@@ -146,6 +146,7 @@ def session(args, order, rounds):
         p.stdin.close()
         p.wait()
     return times, pairs
+
 
 if __name__ == "__main__":
     main()

@@ -100,7 +100,7 @@ def test_model_step_independent_of_thread_count(precision, restore_threads):
         g = np.array(m.grad_buffer)
         runs.append((logits, loss, g, rx.grad_norm(g)))
     for n, (logits, loss, g, norm) in zip(THREADS[1:], runs[1:]):
-        assert (loss, norm) == runs[0][1::2], f"{n} threads"
+        assert loss == runs[0][1] and norm == runs[0][3], f"{n} threads"
         np.testing.assert_array_equal(logits, runs[0][0], err_msg=f"{n} threads")
         np.testing.assert_array_equal(g, runs[0][2], err_msg=f"{n} threads")
 
