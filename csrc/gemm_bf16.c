@@ -658,7 +658,8 @@ static int bgemm_pass(const bgemm_impl *im, const rx_gemm_op *ops, size_t n) {
 
 int rx_bgemm_batch(const rx_gemm_op *ops, size_t n) {
     const bgemm_impl *im = pick_bimpl();
-    int rc = RX_OK;
+    int rc = rx_gemm_check_batch("rx_bgemm", ops, n);
+    if (rc != RX_OK) return rc;
     rx_prof_push(RX_PROF_GEMM);
     for (size_t b = 0; b < n && rc == RX_OK; b += MAX_OPS) {
         rx_gemm_op live[MAX_OPS];

@@ -244,6 +244,10 @@ int rx_gemm_reserve(void);
  * An op with K = 0 and beta = 0 is done here (C = 0); any other with no
  * work (M, N or K zero) is dropped. Shared by the fp32 and bf16 batches. */
 size_t rx_gemm_live_ops(const rx_gemm_op *ops, size_t n, rx_gemm_op *live);
+/* RX_OK when no op's C shares memory with any op's A or B (K > 0) or with
+ * another op's C; else RX_EINVAL through rx_fail, naming fn and the ops.
+ * Every batch runs it first (see gemm.c, "independence"). */
+int rx_gemm_check_batch(const char *fn, const rx_gemm_op *ops, size_t n);
 /* The calling thread's scratch buffers, one per use, so that a training
  * step allocates nothing once its first call has grown them: */
 enum {

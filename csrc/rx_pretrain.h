@@ -21,7 +21,10 @@
  *   - Optional pointers may be NULL: a NULL carry or initial state means zero,
  *     a NULL output means "not wanted".
  *   - Outputs must not overlap inputs or each other unless the function
- *     says so: threads read the inputs while others already write.
+ *     says so: threads read the inputs while others already write. Every
+ *     projection GEMM checks this for its operands before it writes
+ *     (RX_EINVAL, "... overlaps the input A of GEMM 0"); the elementwise
+ *     kernels do not.
  *   - Errors: every function that can fail returns an int code, results
  *     through pointers: RX_OK (0), RX_ENOMEM (-1) allocation failure,
  *     RX_EINVAL (-2) invalid argument (size < 1, NULL where required, token

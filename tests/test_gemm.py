@@ -110,6 +110,19 @@ def test_sgemm_bad_inputs():
         _core._sgemm_use_kernel("no-such-kernel")
 
 
+@pytest.mark.parametrize("gemm", [_core._sgemm, _core._bgemm])
+def test_gemm_refuses_an_output_on_its_input(gemm):
+    # threads would read op(A) while others already write C: a result that
+    # depends on timing, so the batch is refused before anything is written
+    a = np.arange(16, dtype=np.float32).reshape(4, 4)
+    b = np.ones((4, 4), np.float32)
+    for out, which in ((a, "input A"), (b, "input B")):
+        before = out.copy()
+        with pytest.raises(ValueError, match="output C of GEMM 0 of 1 overlaps the " + which):
+            gemm(a, b, out=out)
+        assert np.array_equal(out, before)
+
+
 @pytest.mark.skipif(len(SIMD) < 2, reason="this CPU runs fewer than two SIMD GEMM kernels")
 @pytest.mark.parametrize("M,N,K,ta,tb", [(161, 1030, 300, False, False), (47, 130, 33, True, True),
                                          (33, 100, 20, False, True), (100, 20, 520, True, False)])

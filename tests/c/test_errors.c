@@ -134,6 +134,8 @@ int main(void) {
     expect("head NULL", rx_head_logits(x, NULL, T, 16, V, logits), RX_EINVAL, "head is NULL");
     expect("head grads C = 0", rx_head_grads(x, emb, dlogits, T, 0, V, x, demb), RX_EINVAL,
            "C = 0");
+    expect("head grads dx on dlogits", rx_head_grads(x, emb, dlogits, T, 16, V, dlogits, demb),
+           RX_EINVAL, "overlaps the input A");
     expect("head", rx_head_logits(x, emb, T, 16, V, logits), RX_OK, NULL);
 
     /* the kernels name the NULL argument or the size below 1 */

@@ -7,6 +7,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "rx_internal.h"
 
@@ -101,6 +102,67 @@ static int check_batch(size_t n, int threads) {
     return fails;
 }
 
+/* A batch whose outputs share memory with its inputs or with each other
+ * is refused before anything is written (gemm.c, "independence"); outputs
+ * and inputs that only interleave, or only touch, run. */
+static int check_overlap(void) {
+    enum { M = 5, N = 7, K = 6 };
+    float buf[2 * M * (N + K)], B[K * N], R[M * N], keep[2 * M * (N + K)];
+    for (size_t i = 0; i < sizeof buf / sizeof buf[0]; i++) buf[i] = frand();
+    for (size_t i = 0; i < K * N; i++) B[i] = frand();
+    memcpy(keep, buf, sizeof buf);
+    int fails = 0;
+    struct {
+        const char *what, *msg;
+        rx_gemm_op ops[2];
+        size_t n;
+    } refused[] = {
+        {"C is A", "output C of GEMM 0 of 1 overlaps the input A of GEMM 0",
+         {{0, 0, M, K, K, buf, K, B, N, 0.0f, buf, K}}, 1},
+        {"C's last float is B's first", "overlaps the input B of GEMM 0",
+         {{0, 0, M, N, K, buf + 100, K, buf + M * N - 1, N, 0.0f, buf, N}}, 1},
+        {"C meets a transposed A", "overlaps the input A of GEMM 0",
+         {{1, 0, M, N, K, buf + M * N - (K - 1) * M - 1, M, B, N, 0.0f, buf, N}}, 1},
+        {"two outputs share a float", "output C of GEMM 1 of 2 overlaps the output C of GEMM 0",
+         {{0, 0, M, N, K, buf + 100, K, B, N, 0.0f, buf, N},
+          {0, 0, 1, 1, K, buf + 100, K, B, N, 0.0f, buf + (M - 1) * N + N - 1, N}}, 2},
+        {"an op reads another's output", "output C of GEMM 0 of 2 overlaps the input A of GEMM 1",
+         {{0, 0, M, N, K, buf + 100, K, B, N, 0.0f, buf, N},
+          {0, 0, M, N, K, buf + 3, K, B, N, 0.0f, R, N}}, 2},
+    };
+    for (size_t q = 0; q < sizeof refused / sizeof refused[0]; q++) {
+        int rc = rx_sgemm_batch(refused[q].ops, refused[q].n);
+        if (rc != RX_EINVAL || !strstr(rx_last_error(), refused[q].msg) ||
+            memcmp(buf, keep, sizeof buf)) {
+            fprintf(stderr, "overlap %s: rc %d, \"%s\"\n", refused[q].what, rc, rx_last_error());
+            fails++;
+        }
+    }
+    /* C in columns [0, N) and A in columns [N, N+K) of the same rows, and a
+     * second 1x1 C on the float right after that A's last one */
+    const size_t ld = N + K;
+    for (size_t i = 0; i < M; i++)
+        for (size_t j = 0; j < N; j++) {
+            double acc = 0.0;
+            for (size_t p = 0; p < K; p++) acc += (double)buf[i * ld + N + p] * B[p * N + j];
+            R[i * N + j] = (float)acc;
+        }
+    const rx_gemm_op ok[2] = {{0, 0, M, N, K, buf + N, ld, B, N, 0.0f, buf, ld},
+                              {0, 0, 1, 1, 1, B, 1, B, 1, 0.0f, buf + M * ld, 1}};
+    if (rx_sgemm_batch(ok, 2) != RX_OK || buf[M * ld] != B[0] * B[0]) {
+        fprintf(stderr, "interleaved and adjacent: refused or wrong: %s\n", rx_last_error());
+        fails++;
+    }
+    for (size_t i = 0; i < M; i++)
+        for (size_t j = 0; j < N; j++)
+            if (fabsf(buf[i * ld + j] - R[i * N + j]) > 1e-5f * (1.0f + fabsf(R[i * N + j]))) {
+                fprintf(stderr, "interleaved: C[%zu][%zu] = %g, want %g\n", i, j,
+                        buf[i * ld + j], R[i * N + j]);
+                fails++;
+            }
+    return fails;
+}
+
 int main(void) {
     static const size_t shapes[][3] = {{1, 1, 1},    {7, 13, 5},    {6, 16, 1},   {5, 17, 3},
                                        {13, 129, 9}, {13, 128, 9},  {150, 33, 257},
@@ -129,6 +191,7 @@ int main(void) {
         fails += check_batch(9, threads[t]);
         fails += check_batch(19, threads[t]);
     }
+    fails += check_overlap();
     if (rx_sgemm_use_kernel("no-such-kernel") != RX_EINVAL) fails++;
     rx_sgemm_use_kernel(NULL);
     if (fails) fprintf(stderr, "test_gemm: %d failures\n", fails);

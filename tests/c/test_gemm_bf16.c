@@ -134,6 +134,20 @@ int main(void) {
         fprintf(stderr, "an unknown kernel name was accepted\n");
         failures++;
     }
+    /* a batch whose second op reads the first one's output is refused
+     * before either is written (gemm.c, "independence") */
+    float buf[64], keep[64], W[16];
+    for (int i = 0; i < 64; i++) buf[i] = keep[i] = (float)i;
+    for (int i = 0; i < 16; i++) W[i] = 1.0f;
+    const rx_gemm_op dep[2] = {{0, 0, 4, 4, 4, buf + 32, 4, W, 4, 0.0f, buf, 4},
+                               {0, 0, 4, 4, 4, buf + 12, 4, W, 4, 0.0f, buf + 48, 4}};
+    if (rx_bgemm_batch(dep, 2) != RX_EINVAL ||
+        !strstr(rx_last_error(), "rx_bgemm: the output C of GEMM 0 of 2 overlaps the input A of "
+                                 "GEMM 1") ||
+        memcmp(buf, keep, sizeof buf)) {
+        fprintf(stderr, "a dependent batch ran: \"%s\"\n", rx_last_error());
+        failures++;
+    }
     if (!ran) failures++;
     return failures ? 1 : 0;
 }
