@@ -17,7 +17,7 @@
  * holds them to that.
  *
  * Both operands are converted into a packed bf16 copy -- op(B) whole at the
- * start of a call, op(A) one 64-row panel at a time by the thread that
+ * start of a call, op(A) one 128-row panel at a time by the thread that
  * computes with it (compute_item):
  *   op(A): 16-row x 32-k blocks, each 16 rows of 64 bytes (an AMX A tile);
  *   op(B): 16-column x 32-k blocks, each 16 rows of k pairs x 16 columns
@@ -34,7 +34,7 @@
  * default build runs on any x86-64.
  *
  * Threading: a batch of independent GEMMs (as rx_sgemm_batch) packs every
- * op(B) in one parallel pass, then runs its compute items (64-row panels,
+ * op(B) in one parallel pass, then runs its compute items (128-row panels,
  * cut into column ranges when there are too few panels for the team).
  * Each C element is summed over all of K by one thread in a fixed order,
  * so the result does not depend on the thread count.
@@ -55,7 +55,7 @@
 #define BT_K 32              /* k values of a packed block row: 64 bytes */
 #define BT_E (BT_R * BT_K)   /* bf16 elements of one packed block (1 KiB) */
 #define BLK 32               /* C block of one kernel call: 2x2 tiles */
-#define PANEL 64             /* rows of op(A) a compute item packs and computes */
+#define PANEL 128            /* rows of op(A) a compute item packs and computes */
 /* op(B) packing task: PACK_BCOLS 16-column blocks x up to PACK_KC k chunks.
  * 256 columns make each row's read a 1 KiB run the prefetchers follow (64
  * columns, a K-deep strip, left the head's packing waiting on memory), and
@@ -64,6 +64,10 @@
 #define PACK_BCOLS 16
 #define PACK_KC 4
 #define KCB 8                /* k chunks (of BT_K) per range of compute_item */
+/* Bytes of packed op(B) per K range in a column chunk of compute_item:
+ * 256 KiB, which stays in a 2 MiB L2 while each 32-row block of the
+ * panel runs over it. */
+#define BCHUNK_BYTES (256 * 1024)
 #define MAX_OPS 16           /* ops of one pass (rx_sgemm_batch's batch size) */
 
 typedef uint16_t bf16;
@@ -532,26 +536,37 @@ int rx_bgemm_hw(void) { return pick_bimpl() != &bimpl_generic; }
  * [j0, j1). The item packs its A panel (PANEL rows, all of K) into the
  * thread's own buffer, where it stays in L2 while the item's columns are
  * computed -- packed all at once before the compute, op(A) of the long
- * projections (B*T rows) came back from L3 -- and then walks K in ranges
- * of KCB chunks (256 k: the A range is 32 KiB), each 32-column B block of
- * a range serving both 32-row halves of the panel. Each C
- * element is summed over all of K by one thread in a fixed order, so the
- * result does not depend on the thread count. */
+ * projections (B*T rows) came back from L3. It then walks its columns in
+ * chunks of BCHUNK_BYTES of packed op(B) per K range, K in ranges of KCB
+ * chunks (256 k), and in each, the panel's 32-row blocks one after
+ * another over the chunk's 32-column blocks: a block's A range (16 KiB)
+ * stays in L1 while the B blocks stream from L2. (A 64-row panel, each B
+ * block serving both its halves while the whole A range sat in L1, made a
+ * bf16 step 1.5-3% slower, S and M at 1 and 2 threads: the B range of a
+ * wide projection, all its columns, outgrew L2.) Each C element is summed over
+ * all of K by one thread in a fixed order, so the result does not depend
+ * on the thread count, nor on these block sizes. */
 static void compute_item(const bgemm_impl *im, const bop *o, size_t i0, size_t j0, size_t j1,
                          bf16 *ap) {
     const rx_gemm_op *g = o->g;
     const size_t i1 = i0 + PANEL < o->mp ? i0 + PANEL : o->mp;
     const size_t bs = o->nkc * BT_E;
     im->pack_a(o, i0 / BT_R, i1 / BT_R, ap);
-    for (size_t kb = 0; kb < o->nkc; kb += KCB) {
-        const size_t nk = o->nkc - kb < KCB ? o->nkc - kb : KCB;
-        const int acc = kb > 0 || g->beta != 0.0f;
-        for (size_t j = j0; j < j1; j += BLK)
-            for (size_t i = i0; i < i1; i += BLK) {
-                size_t mr = g->M - i < BLK ? g->M - i : BLK, nr = g->N - j < BLK ? g->N - j : BLK;
-                im->kern(ap + (i - i0) / BT_R * bs + kb * BT_E, o->bp + j / BT_R * bs + kb * BT_E,
-                         nk, bs, g->C + i * g->ldc + j, g->ldc, mr, nr, acc);
-            }
+    const size_t kr = o->nkc < KCB ? o->nkc : KCB;
+    size_t cw = BCHUNK_BYTES / (kr * BT_K * sizeof(bf16)) / BLK * BLK;
+    if (cw < BLK) cw = BLK;
+    for (size_t jc = j0; jc < j1; jc += cw) {
+        const size_t jc1 = jc + cw < j1 ? jc + cw : j1;
+        for (size_t kb = 0; kb < o->nkc; kb += KCB) {
+            const size_t nk = o->nkc - kb < KCB ? o->nkc - kb : KCB;
+            const int acc = kb > 0 || g->beta != 0.0f;
+            for (size_t i = i0; i < i1; i += BLK)
+                for (size_t j = jc; j < jc1; j += BLK) {
+                    size_t mr = g->M - i < BLK ? g->M - i : BLK, nr = g->N - j < BLK ? g->N - j : BLK;
+                    im->kern(ap + (i - i0) / BT_R * bs + kb * BT_E, o->bp + j / BT_R * bs + kb * BT_E,
+                             nk, bs, g->C + i * g->ldc + j, g->ldc, mr, nr, acc);
+                }
+        }
     }
 }
 
