@@ -69,7 +69,7 @@ def run_rx(args, cfg):
     def fwd_bwd():
         loss = 0.0
         for b in range(B):
-            m.forward(np.ascontiguousarray(seqs[b, :T]))
+            m.forward(np.ascontiguousarray(seqs[b, :T]), return_logits=False)
             loss += m.backward(np.ascontiguousarray(seqs[b, 1:]))
         return loss / B
 

@@ -49,7 +49,7 @@ def child(args):
     x, y = np.ascontiguousarray(seqs[:, :-1]), np.ascontiguousarray(seqs[:, 1:])
 
     def step():
-        m.forward(x)
+        m.forward(x, return_logits=False)
         m.backward(y)
 
     between = None

@@ -1,6 +1,8 @@
 # Type stub of rwkvx_c._core (the Cython extension). Shapes follow docs/layout.md:
 # every array is float32 (tokens / targets int32) and C-contiguous.
 # Each concern appends its section below.
+from typing import Literal, overload
+
 import numpy as np
 import numpy.typing as npt
 
@@ -97,7 +99,10 @@ class RxPtModel:
     def grad_buffer(self) -> F32: ...
     @property
     def n_params(self) -> int: ...
-    def forward(self, tokens: I32) -> F32: ...        # (T,) -> (T, V); (B, T) -> (B, T, V)
+    @overload                                         # (T,) -> (T, V); (B, T) -> (B, T, V)
+    def forward(self, tokens: I32, *, return_logits: Literal[True] = ...) -> F32: ...
+    @overload
+    def forward(self, tokens: I32, *, return_logits: Literal[False]) -> None: ...
     def backward(self, targets: I32, ignore_index: int = ...) -> float: ...
     def zero_grad(self) -> None: ...
 

@@ -683,7 +683,7 @@ class Trainer:
         x, y = self.sampler.next()
         self._last_batch = (x, y)
         lo, hi = self._rows
-        self.model.forward(x[lo:hi])
+        self.model.forward(x[lo:hi], return_logits=False)
         loss = self.model.backward(y[lo:hi])
         loss = self.group.average_grads(self.model.grad_buffer, loss)
         self.guard.check_loss(loss, self.step_count + 1)

@@ -213,6 +213,22 @@ def test_backward_overwrites_and_repeats():
     assert np.array_equal(m.grad_buffer, g1)
 
 
+def test_forward_without_logits_trains_the_same():
+    # the trainer's step: backward reads the model's own logits, so a
+    # forward that copies none out gives the same loss and grads bit for bit
+    m = rx.RxPtModel(PATTERNS["3R1A"], seed=4)
+    tokens, targets = batch(m.config, 5, B=2)
+    logits = m.forward(tokens)
+    loss = m.backward(targets, ignore_index=IGNORE)
+    g1 = m.grad_buffer.copy()
+    assert m.forward(tokens, return_logits=False) is None
+    assert m.backward(targets, ignore_index=IGNORE) == loss
+    assert np.array_equal(m.grad_buffer, g1)
+    assert np.array_equal(m.forward(tokens, return_logits=True), logits)
+    with pytest.raises(TypeError):
+        m.forward(tokens, False)            # keyword only
+
+
 def test_backward_repeats_with_selection_and_thread_change(restore_threads):
     """Attention blocks keep their forward's intermediates (q, k, v, the chunk
     selection, the log-sum-exp): backward after one batched forward, with MoBA
