@@ -12,7 +12,6 @@
  * softmax (docs/maths.md §Loss).
  */
 #include <float.h>
-#include <stdint.h>
 
 #include "rx_internal.h"
 

@@ -67,6 +67,22 @@ def test_cross_entropy_exact_for_any_finite_logits(row, target):
         assert abs(float(d.astype(np.float64).sum())) <= 1e-6
 
 
+def test_cross_entropy_finds_the_maximum_anywhere():
+    """The maximum (gap 30) at every position of a 77-wide row -- in each
+    lane and block of the vectorised scans and sums, and in their tails --
+    is the one left out of the tail sum: else the loss of its own target
+    would be log 2, not ~76 e^-30."""
+    V = 77
+    base = np.random.default_rng(0).uniform(-1.0, 0.0, V).astype(np.float32)
+    for p in range(V):
+        row = base.copy()
+        row[p] = 30.0
+        for target in (p, (p + 1) % V):
+            want = ref_ce(row, target)
+            loss = rx.cross_entropy_forward(row[None, :], np.array([target], np.int32))
+            assert abs(loss - want) <= 1e-6 * want, (p, target, loss, want)
+
+
 def test_cross_entropy_never_zero_for_an_imperfect_row():
     """A gap beyond ~745 underflows e^-gap even in float64; the row still
     counts as imperfect (its loss is the smallest positive double)."""
