@@ -67,11 +67,14 @@ static void scatter(const int *tokens, int T, int C, int vocab, const float *d_o
      * every written line among several threads (4 floats each at C = 256
      * and 64 threads) */
     if ((size_t)nt > CC / EMB_MIN_SLICE) nt = CC >= EMB_MIN_SLICE ? (int)(CC / EMB_MIN_SLICE) : 1;
-#pragma omp parallel for schedule(static, 1) num_threads(nt) if (nt > 1)
-    for (int p = 0; p < nt; p++) {
-        size_t c0 = CC * (size_t)p / (size_t)nt, c1 = CC * (size_t)(p + 1) / (size_t)nt;
-        for (size_t v = 0; v < V; v++)
-            for (size_t c = c0; c < c1; c++) d_emb[v * CC + c] = 0.0f;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        const size_t p = (size_t)rx_thread_id(), n = (size_t)rx_team_size();
+        /* zeroed as one contiguous run per thread: row slices, one short
+         * memset per row, ran at under half the speed (V = 65536, C = 256) */
+        memset(d_emb + V * p / n * CC, 0, (V * (p + 1) / n - V * p / n) * CC * sizeof(float));
+#pragma omp barrier
+        size_t c0 = CC * p / n, c1 = CC * (p + 1) / n;
         for (size_t t = 0; t < TT; t++) {
             int tok = tokens[t];
             if (tok < 0 || tok >= vocab) continue;

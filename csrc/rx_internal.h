@@ -42,6 +42,15 @@ static inline int rx_thread_id(void) {
 #endif
 }
 
+/* Threads of the current team (1 outside a parallel region). */
+static inline int rx_team_size(void) {
+#ifdef _OPENMP
+    return omp_get_num_threads();
+#else
+    return 1;
+#endif
+}
+
 static inline int rx_in_parallel(void) {
 #ifdef _OPENMP
     return omp_in_parallel();
