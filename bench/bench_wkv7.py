@@ -3,12 +3,12 @@ tokens/s (one token = B*T rows of all H heads), at 1 and 2 threads.
 
     python bench/bench_wkv7.py [--B 1] [--T 512] [--H 8] [--N 64] [--threads 1 2]
 
-Each call is timed alone, from Python: between calls the OpenMP workers
-wait (GOMP_SPINCOUNT) or sleep, and a forward of a few heads is short
-enough for that to show. On the 2-vCPU Sapphire Rapids VM the forward
-alone scaled 1.2-1.4x from 1 to 2 threads (H = 4 and 8), while in a model
-step, between other kernels, WKV7 as a whole scaled 1.83x (S, bf16,
-14.1 -> 7.7 ms a step by rx.profile).
+Each call is timed alone, from Python, on inputs no kernel has just
+written: between calls the OpenMP workers wait (GOMP_SPINCOUNT) or sleep,
+and the inputs come from memory. Both show more here than in a model step
+(on the 2-vCPU Sapphire Rapids VM, H = 8: the forward 344k -> 643k tok/s
+from 1 to 2 threads, 1.87x; WKV7 within an S bf16 step 14.1 -> 7.7 ms,
+1.83x, by rx.profile).
 """
 import argparse
 import os

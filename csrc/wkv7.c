@@ -270,6 +270,10 @@ static inline void prefetch_rows(const float *const *p, size_t n, size_t o, size
 }
 
 #define WKV_AHEAD 2   /* steps prefetched ahead */
+/* steps a head runs before the next head of its thread's group (even: the
+ * sa scratch swaps back) */
+#define WKV_FWD_BLOCK 16
+_Static_assert(WKV_FWD_BLOCK % 2 == 0, "forward_head's sa pair must swap back");
 
 /* RX_OK, or RX_EINVAL naming the NULL input or the size below 1 */
 static int wkv7_args(const char *fn, const float *r, const float *w, const float *k,
@@ -323,23 +327,25 @@ static size_t wkv7_units_per_head(const wkv_simd *fast, size_t BH, size_t TT, si
                : 1;
 }
 
-/* Rows [i0, i0+R) of one (b, h) of the forward over [B][T][H][N] rows: S
- * [N][N] (those rows) enters as the initial state and leaves as the final
- * one; y_out (NULL: not wanted); cpb [ceil(T/RX_WKV7_CHUNK)][N][N] receives
- * those rows of the checkpoints (NULL: not kept); sa [2][N] scratch (those
- * entries). The portable step takes whole heads only (i0 = 0, R = N). */
+/* Rows [i0, i0+R) of one (b, h) of the forward over [B][T][H][N] rows,
+ * steps [t0, t1): S [N][N] (those rows) enters as the state before step t0
+ * and leaves as the state after step t1 - 1; y_out (NULL: not wanted); cpb
+ * [ceil(T/RX_WKV7_CHUNK)][N][N] receives those rows of the checkpoints
+ * (NULL: not kept); sa [2][N] scratch (those entries), which carries the
+ * next step's sa from one range to the next (t1 - t0 even, but for the
+ * last range). The portable step takes whole heads only (i0 = 0, R = N). */
 static void forward_head(const float *r, const float *w, const float *k, const float *v,
                          const float *a, const float *b, float *y_out, float *S, float *cpb,
-                         float *sa, size_t bi, size_t h, size_t i0, size_t R, size_t TT,
-                         size_t C, size_t N, const wkv_simd *fast) {
+                         float *sa, size_t bi, size_t h, size_t i0, size_t R, size_t t0,
+                         size_t t1, size_t TT, size_t C, size_t N, const wkv_simd *fast) {
     const size_t NN = N * N;
     float *san = sa + N + i0;
     const float *cols[5] = {r, w, k, a, b}, *rows[2] = {v, y_out};
     S += i0 * N;
     sa += i0;
 #define OFF(t) ((bi * TT + (t)) * C + h * N)
-    if (fast) fast->rowdots(S, a + OFF(0), sa, R, N);
-    for (size_t t = 0; t < TT; t++) {
+    if (fast && t0 == 0) fast->rowdots(S, a + OFF(0), sa, R, N);
+    for (size_t t = t0; t < t1; t++) {
         size_t o = OFF(t);
         float *y = y_out ? y_out + o + i0 : NULL;
         if (cpb && t % RX_WKV7_CHUNK == 0)
@@ -383,23 +389,53 @@ static int wkv7_forward(const float *r, const float *w, const float *k, const fl
     const size_t G = wkv7_units_per_head(fast, BH, TT, WKV_SPLIT_MIN_T_FWD, N, nt);
     const size_t RT = G > 1 ? WKV_BACK_ROWS : N;
     if ((size_t)nt > BH * G) nt = (int)(BH * G);
+    /* whole heads run in lockstep (below), each with its own scratch */
+    const int lockstep = G == 1;
     float *own = NULL;
     if (!work) {
         wstride = WKV_FWD_WORK(N);
-        work = own = rx_falloc((size_t)nt * wstride);
+        work = own = rx_falloc((lockstep ? BH : (size_t)nt) * wstride);
         if (!own) return rx_fail(RX_ENOMEM, "rx_wkv7_forward: out of memory");
     }
     rx_prof_push(RX_PROF_WKV7);
+    if (lockstep) {
+        /* Each thread takes a contiguous group of heads and runs them
+         * WKV_FWD_BLOCK steps at a time, head after head. A head's rows are
+         * N floats of every C, and the hardware prefetchers fetch the rest
+         * of each row's lines too: run a whole head alone and those lines
+         * are fetched again for every head (8 heads, 2 threads: the
+         * forward took 1.8x the time of heads in separate arrays); in
+         * lockstep the group uses them while they are in L2. */
+#pragma omp parallel num_threads(nt) if (nt > 1)
+        {
+            const size_t p = (size_t)rx_thread_id(), n = (size_t)rx_team_size();
+            const size_t h0 = BH * p / n, h1 = BH * (p + 1) / n;
+            for (size_t bh = h0; bh < h1; bh++) {
+                float *S = s_final ? s_final + bh * NN : work + bh * wstride;
+                if (!s_init) memset(S, 0, NN * sizeof(float));
+                else if (S != s_init + bh * NN) memcpy(S, s_init + bh * NN, NN * sizeof(float));
+            }
+            for (size_t t0 = 0; t0 < TT; t0 += WKV_FWD_BLOCK) {
+                const size_t t1 = t0 + WKV_FWD_BLOCK < TT ? t0 + WKV_FWD_BLOCK : TT;
+                for (size_t bh = h0; bh < h1; bh++) {
+                    float *wk = work + bh * wstride, *S = s_final ? s_final + bh * NN : wk;
+                    forward_head(r, w, k, v, a, b, y_out, S, cp ? cp + bh * ncp * NN : NULL,
+                                 wk + NN, bh / H, bh % H, 0, N, t0, t1, TT, H * N, N, fast);
+                }
+            }
+        }
+    } else {
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (nt > 1)
-    for (size_t u = 0; u < BH * G; u++) {
-        size_t bh = u / G, i0 = u % G * RT, R = N - i0 < RT ? N - i0 : RT;
-        float *wk = work + (own ? (size_t)rx_thread_id() : bh) * wstride;
-        float *S = s_final ? s_final + bh * NN : wk;
-        if (!s_init) memset(S + i0 * N, 0, R * N * sizeof(float));
-        else if (S != s_init + bh * NN)
-            memcpy(S + i0 * N, s_init + bh * NN + i0 * N, R * N * sizeof(float));
-        forward_head(r, w, k, v, a, b, y_out, S, cp ? cp + bh * ncp * NN : NULL, wk + NN,
-                     bh / H, bh % H, i0, R, TT, H * N, N, fast);
+        for (size_t u = 0; u < BH * G; u++) {
+            size_t bh = u / G, i0 = u % G * RT, R = N - i0 < RT ? N - i0 : RT;
+            float *wk = work + (own ? (size_t)rx_thread_id() : bh) * wstride;
+            float *S = s_final ? s_final + bh * NN : wk;
+            if (!s_init) memset(S + i0 * N, 0, R * N * sizeof(float));
+            else if (S != s_init + bh * NN)
+                memcpy(S + i0 * N, s_init + bh * NN + i0 * N, R * N * sizeof(float));
+            forward_head(r, w, k, v, a, b, y_out, S, cp ? cp + bh * ncp * NN : NULL, wk + NN,
+                         bh / H, bh % H, i0, R, 0, TT, TT, H * N, N, fast);
+        }
     }
     rx_prof_pop();
     free(own);
@@ -516,7 +552,7 @@ int rx_wkv7_backward_cp(const float *r, const float *w, const float *k, const fl
             if (s_init) memcpy(buf + i0 * N, s_init + bh * NN + i0 * N, R * N * sizeof(float));
             else memset(buf + i0 * N, 0, R * N * sizeof(float));
             forward_head(r, w, k, v, a, b, NULL, buf, own_cp + tid * ncp * NN, sab, bi, h, i0, R,
-                         TT, C, N, fast);
+                         0, TT, TT, C, N, fast);
         }
         buf += i0 * N;
         dS += i0 * N;
