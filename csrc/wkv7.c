@@ -20,10 +20,11 @@
  * forward again. Recomputation repeats the forward arithmetic exactly, so
  * the states match the forward's bit for bit.
  *
- * Each (b, h) pair is independent: OpenMP runs over B*H, or, when those
- * are too few for the team, over 16-row tiles of every head (below,
- * "Splitting a head"); every row operation runs over the key dimension j,
- * contiguous in memory.
+ * Each (b, h) pair is independent: OpenMP runs over B*H (the forward gives
+ * each thread a group of heads that it runs 16 steps at a time, see
+ * wkv7_forward), or, when those are too few for the team, over 16-row
+ * tiles of every head (below, "Splitting a head"); every row operation
+ * runs over the key dimension j, contiguous in memory.
  *
  * Speed: a head's state (16 KiB at N = 64) stays in L1 and its chunk of
  * recomputed states in L2. When N is a multiple of 16 and the CPU has
