@@ -405,7 +405,7 @@ static int wkv7_forward(const float *r, const float *w, const float *k, const fl
          * N floats of every C, and the hardware prefetchers fetch the rest
          * of each row's lines too: run a whole head alone and those lines
          * are fetched again for every head (8 heads, 2 threads: the
-         * forward took 1.8x the time of heads in separate arrays); in
+         * forward took 1.75x the time of heads in separate arrays); in
          * lockstep the group uses them while they are in L2. */
 #pragma omp parallel num_threads(nt) if (nt > 1)
         {
