@@ -701,8 +701,17 @@ int rx_attn_score_av_forward(const rx_attn_params *P, const float *q, const floa
     const char *nul = rx_first_null(RX_NULLS(q, k, v, y), RX_NAMES("q", "k", "v", "y"), 4);
     if (nul) return rx_fail(RX_EINVAL, "%s: %s is NULL", fn, nul);
     if (!attn_dims_init(P, B, T, &d)) return attn_params_fail(fn, P, B, T);
+    const size_t BTC = d.B * d.T * d.C;
+    rx_spans in = {.n = 0}, out = {.n = 0};
+    RX_SPAN_ADD(&in, "q", q, BTC);
+    RX_SPAN_ADD(&in, "k", k, BTC);
+    RX_SPAN_ADD(&in, "v", v, BTC);
+    RX_SPAN_ADD(&out, "p", p, d.B * d.H * d.T * d.T);
+    RX_SPAN_ADD(&out, "y", y, BTC);
+    int rc = rx_spans_check(fn, &out, &in);
+    if (rc != RX_OK) return rc;
     if (attn_work_alloc(&d, &w, 0) != RX_OK) return rx_fail(RX_ENOMEM, "%s: out of memory", fn);
-    int rc = attn_core_forward(&d, q, k, v, &w, y, p);
+    rc = attn_core_forward(&d, q, k, v, &w, y, p);
     attn_work_free(&w);
     return rc;
 }
@@ -718,12 +727,21 @@ int rx_attn_score_av_backward(const rx_attn_params *P, const float *q, const flo
                                     RX_NAMES("q", "k", "v", "dy", "dq", "dk", "dv"), 7);
     if (nul) return rx_fail(RX_EINVAL, "%s: %s is NULL", fn, nul);
     if (!attn_dims_init(P, B, T, &d)) return attn_params_fail(fn, P, B, T);
-    float *y = rx_falloc(d.B * d.T * d.C);
+    const size_t BTC = d.B * d.T * d.C;
+    rx_spans in = {.n = 0}, out = {.n = 0};
+    const float *const i4[4] = {q, k, v, dy};
+    float *const o3[3] = {dq, dk, dv};
+    static const char *const iname[4] = {"q", "k", "v", "dy"}, *const oname[3] = {"dq", "dk", "dv"};
+    for (int i = 0; i < 4; i++) RX_SPAN_ADD(&in, iname[i], i4[i], BTC);
+    for (int i = 0; i < 3; i++) RX_SPAN_ADD(&out, oname[i], o3[i], BTC);
+    int rc = rx_spans_check(fn, &out, &in);
+    if (rc != RX_OK) return rc;
+    float *y = rx_falloc(BTC);
     if (!y || attn_work_alloc(&d, &w, 1) != RX_OK) {
         free(y);
         return rx_fail(RX_ENOMEM, "%s: out of memory", fn);
     }
-    int rc = attn_core_forward(&d, q, k, v, &w, y, NULL);
+    rc = attn_core_forward(&d, q, k, v, &w, y, NULL);
     if (rc == RX_OK) rc = attn_core_backward(&d, q, k, v, y, dy, &w, dq, dk, dv);
     attn_work_free(&w);
     free(y);
@@ -888,6 +906,36 @@ int rx_attn_backward_acts(const rx_attn_params *P, rx_attn_acts *S, const float 
     return RX_OK;
 }
 
+/* P's tensors into in and G's (when not NULL) into out, for rx_spans_check,
+ * with the sequence's own x, carry and dy (NULL in the forward) inputs and
+ * y (out or dx) and carry-grad outputs */
+static int attn_spans_check(const char *fn, const rx_attn_params *P, const rx_attn_grads *G,
+                            const attn_dims *d, const float *x, const float *xprev,
+                            const float *dy, const float *y, const float *dxprev) {
+    const size_t C = d->C, BTC = d->B * d->T * C;
+    rx_spans in = {.n = 0}, out = {.n = 0};
+    const float *const p[8] = {P->ln1_w, P->ln1_b, P->receptance_w, P->key_w, P->value_w,
+                               P->output_w, P->ln2_w, P->ln2_b};
+    const float *const g[8] = {G ? G->ln1_w : NULL, G ? G->ln1_b : NULL,
+                               G ? G->receptance_w : NULL, G ? G->key_w : NULL,
+                               G ? G->value_w : NULL, G ? G->output_w : NULL,
+                               G ? G->ln2_w : NULL, G ? G->ln2_b : NULL};
+    static const char *const name[8] = {"ln1_w", "ln1_b", "receptance_w", "key_w", "value_w",
+                                        "output_w", "ln2_w", "ln2_b"};
+    for (int i = 0; i < 8; i++) {
+        const size_t n = i >= 2 && i < 6 ? C * C : C;
+        rx_spans_add(&in, "P->", name[i], p[i], n, sizeof(float));
+        rx_spans_add(&out, "G->", name[i], g[i], n, sizeof(float));
+    }
+    rx_cm_spans(&P->cm, G ? &G->cm : NULL, "P->cm.", "G->cm.", &in, &out);
+    RX_SPAN_ADD(&in, "x", x, BTC);
+    RX_SPAN_ADD(&in, "cm_xprev_init", xprev, d->B * C);
+    RX_SPAN_ADD(&in, "dy", dy, BTC);
+    RX_SPAN_ADD(&out, dy ? "dx" : "out", y, BTC);
+    RX_SPAN_ADD(&out, "d_cm_xprev_init", dxprev, d->B * C);
+    return rx_spans_check(fn, &out, &in);
+}
+
 /* x, out: [B][T][C]; cm_xprev_init: [B][C] or NULL */
 int rx_attn_forward_seq(const rx_attn_params *P, const float *x, const float *cm_xprev_init,
                         float *out, int B, int T) {
@@ -896,9 +944,11 @@ int rx_attn_forward_seq(const rx_attn_params *P, const float *x, const float *cm
     const char *nul = rx_first_null(RX_NULLS(x, out), RX_NAMES("x", "out"), 2);
     if (nul) return rx_fail(RX_EINVAL, "%s: %s is NULL", fn, nul);
     if (!attn_block_ok(P, B, T, &d)) return attn_params_fail(fn, P, B, T);
+    int rc = attn_spans_check(fn, P, NULL, &d, x, cm_xprev_init, NULL, out, NULL);
+    if (rc != RX_OK) return rc;
     rx_attn_acts *S = rx_attn_acts_new(P, d.B, d.T);
     if (!S) return rx_fail(RX_ENOMEM, "%s: out of memory", fn);
-    int rc = rx_attn_forward_acts(P, x, cm_xprev_init, S, out);
+    rc = rx_attn_forward_acts(P, x, cm_xprev_init, S, out);
     rx_attn_acts_free(S);
     return rc;
 }
@@ -913,10 +963,12 @@ int rx_attn_backward_full(const rx_attn_params *P, const float *x, const float *
     if (nul) return rx_fail(RX_EINVAL, "%s: %s is NULL", fn, nul);
     if (!attn_grads_ok(G)) return rx_fail(RX_EINVAL, "%s: G is NULL or has a NULL grad", fn);
     if (!attn_block_ok(P, B, T, &d)) return attn_params_fail(fn, P, B, T);
+    int rc = attn_spans_check(fn, P, G, &d, x, cm_xprev_init, dy, dx, d_cm_xprev_init);
+    if (rc != RX_OK) return rc;
     rx_attn_acts *S = rx_attn_acts_new(P, d.B, d.T);
     float *work = rx_falloc(RX_ATTN_WORK(d.B * d.T, d.C, (size_t)P->cm.ffn_dim));
-    int rc = !S || !work ? rx_fail(RX_ENOMEM, "%s: out of memory", fn)
-                         : rx_attn_forward_acts(P, x, cm_xprev_init, S, NULL);
+    rc = !S || !work ? rx_fail(RX_ENOMEM, "%s: out of memory", fn)
+                     : rx_attn_forward_acts(P, x, cm_xprev_init, S, NULL);
     if (rc == RX_OK)
         rc = rx_attn_backward_acts(P, S, x, cm_xprev_init, dy, G, dx, d_cm_xprev_init, work);
     rx_attn_acts_free(S);

@@ -111,6 +111,23 @@ int rx_block_backward_acts(const rx_block_params *P, const rx_block_acts *S, con
     return rc;
 }
 
+/* P's tensors into in and G's (when not NULL) into out, for
+ * rx_spans_check; a block's norms are [C] vectors */
+static void block_spans(const rx_block_params *P, const rx_block_grads *G, rx_spans *in,
+                        rx_spans *out) {
+    const size_t C = (size_t)P->tm.c;
+    rx_tm_spans(&P->tm, G ? &G->tm : NULL, "P->tm.", "G->tm.", in, out);
+    rx_cm_spans(&P->cm, G ? &G->cm : NULL, "P->cm.", "G->cm.", in, out);
+    const float *const p[4] = {P->ln1_w, P->ln1_b, P->ln2_w, P->ln2_b};
+    float *const g[4] = {G ? G->ln1_w : NULL, G ? G->ln1_b : NULL, G ? G->ln2_w : NULL,
+                         G ? G->ln2_b : NULL};
+    static const char *const name[4] = {"ln1_w", "ln1_b", "ln2_w", "ln2_b"};
+    for (int i = 0; i < 4; i++) {
+        rx_spans_add(in, "P->", name[i], p[i], C, sizeof(float));
+        rx_spans_add(out, "G->", name[i], g[i], C, sizeof(float));
+    }
+}
+
 /* x, out, v_first: [B][T][C]; tm_xprev_init, cm_xprev_init: [B][C] or NULL */
 int rx_block_forward_seq(const rx_block_params *P, const float *x,
                          const float *tm_xprev_init, const float *cm_xprev_init,
@@ -123,6 +140,16 @@ int rx_block_forward_seq(const rx_block_params *P, const float *x,
     int rc = rx_seq_check(fn, B, T, P->tm.layer_id, v_first);
     if (rc != RX_OK) return rc;
     const int vres = P->tm.layer_id > 0;
+    const size_t BTC = (size_t)B * T * P->tm.c, BC = (size_t)B * P->tm.c;
+    rx_spans in = {.n = 0}, o = {.n = 0};
+    block_spans(P, NULL, &in, &o);
+    RX_SPAN_ADD(&in, "x", x, BTC);
+    RX_SPAN_ADD(&in, "tm_xprev_init", tm_xprev_init, BC);
+    RX_SPAN_ADD(&in, "cm_xprev_init", cm_xprev_init, BC);
+    RX_SPAN_ADD(vres ? &in : &o, "v_first", v_first, BTC);
+    RX_SPAN_ADD(&o, "out", out, BTC);
+    rc = rx_spans_check(fn, &o, &in);
+    if (rc != RX_OK) return rc;
     rx_block_acts S;
     rc = rx_block_acts_alloc(&S, P, (size_t)B, (size_t)T);
     if (rc == RX_OK)
@@ -151,6 +178,21 @@ int rx_block_backward(const rx_block_params *P, const float *x,
     if (rc != RX_OK) return rc;
     const int vres = P->tm.layer_id > 0;
     const size_t BT = (size_t)B * T, C = (size_t)P->tm.c;
+    rx_spans in = {.n = 0}, out = {.n = 0};
+    block_spans(P, G, &in, &out);
+    RX_SPAN_ADD(&in, "x", x, BT * C);
+    RX_SPAN_ADD(&in, "tm_xprev_init", tm_xprev_init, (size_t)B * C);
+    RX_SPAN_ADD(&in, "cm_xprev_init", cm_xprev_init, (size_t)B * C);
+    RX_SPAN_ADD(&in, "v_first", vres ? v_first : NULL, BT * C);
+    RX_SPAN_ADD(&in, "dy", dy, BT * C);
+    /* d_v_first: the grad of the v_first input at a later layer, the
+     * downstream grad of the one produced at layer 0 */
+    RX_SPAN_ADD(vres ? &out : &in, "d_v_first", d_v_first, BT * C);
+    RX_SPAN_ADD(&out, "dx", dx, BT * C);
+    RX_SPAN_ADD(&out, "d_tm_xprev_init", d_tm_xprev_init, (size_t)B * C);
+    RX_SPAN_ADD(&out, "d_cm_xprev_init", d_cm_xprev_init, (size_t)B * C);
+    rc = rx_spans_check(fn, &out, &in);
+    if (rc != RX_OK) return rc;
     rx_block_acts S;
     float *work = rx_falloc(rx_block_work(P, BT)), *tmp = rx_falloc(BT * C);
     rc = rx_block_acts_alloc(&S, P, (size_t)B, (size_t)T);

@@ -33,6 +33,18 @@ RX_HOT static void relu2_back_h(const float *restrict h, float *restrict dh, siz
 /* x, xk, out: [B][T][C]; h: [B][T][F]. Keeps the lerp xk and the hidden
  * h = relu(xk . ffn_key_w)^2 for rx_cm_backward_acts; out may be NULL
  * (recompute). */
+void rx_cm_spans(const rx_cm_params *P, const rx_cm_grads *G, const char *pp, const char *gp,
+                 rx_spans *in, rx_spans *out) {
+    const size_t C = (size_t)P->c, F = (size_t)P->ffn_dim;
+    rx_spans_add(in, pp, "ffn_x_k", P->ffn_x_k, C, sizeof(float));
+    rx_spans_add(in, pp, "ffn_key_w", P->ffn_key_w, C * F, sizeof(float));
+    rx_spans_add(in, pp, "ffn_value_w", P->ffn_value_w, F * C, sizeof(float));
+    if (!G) return;
+    rx_spans_add(out, gp, "ffn_x_k", G->ffn_x_k, C, sizeof(float));
+    rx_spans_add(out, gp, "ffn_key_w", G->ffn_key_w, C * F, sizeof(float));
+    rx_spans_add(out, gp, "ffn_value_w", G->ffn_value_w, F * C, sizeof(float));
+}
+
 int rx_cm_forward_acts(const rx_cm_params *P, const float *x, const float *x_prev_init,
                        float *xk, float *h, float *out, size_t B, size_t T) {
     const size_t C = (size_t)P->c, F = (size_t)P->ffn_dim, BT = B * T, n = BT * F;
@@ -85,6 +97,13 @@ int rx_channelmix_forward_seq(const rx_cm_params *P, const float *x, const float
     int rc = rx_seq_check(fn, B, T, -1, NULL);
     if (rc != RX_OK) return rc;
     const size_t C = (size_t)P->c, F = (size_t)P->ffn_dim, BT = (size_t)B * T;
+    rx_spans in = {.n = 0}, o = {.n = 0};
+    rx_cm_spans(P, NULL, "P->", "", &in, &o);
+    RX_SPAN_ADD(&in, "x", x, BT * C);
+    RX_SPAN_ADD(&in, "x_prev_init", x_prev_init, (size_t)B * C);
+    RX_SPAN_ADD(&o, "out", out, BT * C);
+    rc = rx_spans_check(fn, &o, &in);
+    if (rc != RX_OK) return rc;
     float *xk = rx_falloc(BT * C), *h = rx_falloc(BT * F);
     if (!xk || !h) {
         free(xk);
@@ -113,6 +132,15 @@ int rx_channelmix_backward(const rx_cm_params *P, const float *x, const float *x
     int rc = rx_seq_check(fn, B, T, -1, NULL);
     if (rc != RX_OK) return rc;
     const size_t C = (size_t)P->c, F = (size_t)P->ffn_dim, BT = (size_t)B * T;
+    rx_spans in = {.n = 0}, out = {.n = 0};
+    rx_cm_spans(P, G, "P->", "G->", &in, &out);
+    RX_SPAN_ADD(&in, "x", x, BT * C);
+    RX_SPAN_ADD(&in, "x_prev_init", x_prev_init, (size_t)B * C);
+    RX_SPAN_ADD(&in, "dy", dy, BT * C);
+    RX_SPAN_ADD(&out, "dx", dx, BT * C);
+    RX_SPAN_ADD(&out, "d_xprev_init", d_xprev_init, (size_t)B * C);
+    rc = rx_spans_check(fn, &out, &in);
+    if (rc != RX_OK) return rc;
     /* the scratch apart from the activations: with dh = h and dxk = xk, as
      * here before, a threaded batch overwrote h and xk while their weight
      * grads still read them (wrong ffn_key_w and ffn_value_w grads) */

@@ -42,6 +42,12 @@ int rx_embedding_gather(const float *emb, const int *tokens, int T, int C, int v
         return rx_fail(RX_EINVAL, "%s: %s is NULL", fn, !emb ? "emb" : !tokens ? "tokens" : "out");
     if (T < 1 || C < 1 || vocab < 1)
         return rx_fail(RX_EINVAL, "%s: T = %d, C = %d, vocab = %d must be >= 1", fn, T, C, vocab);
+    rx_spans in = {.n = 0}, o = {.n = 0};
+    RX_SPAN_ADD(&in, "emb", emb, (size_t)vocab * C);
+    RX_SPAN_ADD(&in, "tokens", tokens, (size_t)T);
+    RX_SPAN_ADD(&o, "out", out, (size_t)T * C);
+    int rc = rx_spans_check(fn, &o, &in);
+    if (rc != RX_OK) return rc;
     if (gather(emb, tokens, T, C, vocab, out) == 0) return RX_OK;
     /* find the first bad id for the message (it may have changed since) */
     for (int t = 0; t < T; t++)
@@ -93,6 +99,12 @@ int rx_embedding_scatter(const int *tokens, int T, int C, int vocab, const float
                        !tokens ? "tokens" : !d_out ? "d_out" : "d_emb");
     if (T < 1 || C < 1 || vocab < 1)
         return rx_fail(RX_EINVAL, "%s: T = %d, C = %d, vocab = %d must be >= 1", fn, T, C, vocab);
+    rx_spans in = {.n = 0}, out = {.n = 0};
+    RX_SPAN_ADD(&in, "tokens", tokens, (size_t)T);
+    RX_SPAN_ADD(&in, "d_out", d_out, (size_t)T * C);
+    RX_SPAN_ADD(&out, "d_emb", d_emb, (size_t)vocab * C);
+    int rc = rx_spans_check(fn, &out, &in);
+    if (rc != RX_OK) return rc;
     for (int t = 0; t < T; t++)
         if (tokens[t] < 0 || tokens[t] >= vocab)
             return rx_fail(RX_EINVAL, "%s: token %d at position %d is outside [0, %d)", fn,
@@ -104,8 +116,16 @@ int rx_embedding_scatter(const int *tokens, int T, int C, int vocab, const float
 void rx_embedding_backward(const int *tokens, int T, int C, int vocab, const float *d_out,
                            float *d_emb) {
     if (!d_emb || C < 1 || vocab < 1) return;
-    if (!tokens || !d_out || T < 1)
+    if (!tokens || !d_out || T < 1) {
         rx_fnan(d_emb, (size_t)vocab * (size_t)C);
-    else
+        return;
+    }
+    rx_spans in = {.n = 0}, out = {.n = 0};
+    RX_SPAN_ADD(&in, "tokens", tokens, (size_t)T);
+    RX_SPAN_ADD(&in, "d_out", d_out, (size_t)T * C);
+    RX_SPAN_ADD(&out, "d_emb", d_emb, (size_t)vocab * C);
+    /* refused (rx_last_error says why): d_emb is left as it is, the input
+     * it overlaps intact */
+    if (rx_spans_check("rx_embedding_backward", &out, &in) == RX_OK)
         scatter(tokens, T, C, vocab, d_out, d_emb);
 }

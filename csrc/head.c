@@ -5,7 +5,8 @@
  *
  * rx_head_logits, rx_head_grads and rx_cross_entropy return a code; the
  * original API's void and double forms wrap them, and since they cannot
- * return an error, fill their outputs with NaN on one instead.
+ * return an error, fill their outputs with NaN on one instead (an output
+ * that overlaps an input is left as it is: the input stays intact).
  *
  * The log-sum-exp subtracts the row maximum and accumulates in double, so
  * any finite logits, +-3e38 included, give the exact loss and a clean
@@ -30,8 +31,12 @@ int rx_head_logits(const float *x, const float *head, int T, int C, int vocab,
 
 void rx_head_forward(const float *x, const float *head, int T, int C, int vocab,
                      float *logits) {
-    if (rx_head_logits(x, head, T, C, vocab, logits) != RX_OK && T > 0 && vocab > 0)
-        rx_fnan(logits, (size_t)T * (size_t)vocab);
+    if (rx_head_logits(x, head, T, C, vocab, logits) == RX_OK || T < 1 || C < 1 || vocab < 1)
+        return;
+    rx_spans in = {.n = 0};
+    RX_SPAN_ADD(&in, "x", x, (size_t)T * C);
+    RX_SPAN_ADD(&in, "head", head, (size_t)C * vocab);
+    rx_fnan_apart(logits, (size_t)T * (size_t)vocab, &in);
 }
 
 /* x: [T][C]; head: [C][vocab]; dlogits: [T][vocab];
@@ -55,8 +60,12 @@ void rx_head_backward(const float *x, const float *head, const float *dlogits,
     if (rx_head_grads(x, head, dlogits, T, C, vocab, dx, d_head) == RX_OK || T < 1 || C < 1 ||
         vocab < 1)
         return;
-    rx_fnan(dx, (size_t)T * (size_t)C);
-    rx_fnan(d_head, (size_t)C * (size_t)vocab);
+    rx_spans in = {.n = 0};
+    RX_SPAN_ADD(&in, "x", x, (size_t)T * C);
+    RX_SPAN_ADD(&in, "head", head, (size_t)C * vocab);
+    RX_SPAN_ADD(&in, "dlogits", dlogits, (size_t)T * vocab);
+    rx_fnan_apart(dx, (size_t)T * (size_t)C, &in);
+    rx_fnan_apart(d_head, (size_t)C * (size_t)vocab, &in);
 }
 
 /* One row: returns -log softmax(l)[target]; if d is not NULL writes
@@ -160,6 +169,12 @@ static int cross_entropy(const float *logits, const int *targets, int T, int voc
     if (T < 1 || vocab < 1)
         return rx_fail(RX_EINVAL, "%s: T = %d, vocab = %d must be >= 1", fn, T, vocab);
     const size_t TT = (size_t)T, V = (size_t)vocab;
+    rx_spans in = {.n = 0}, out = {.n = 0};
+    RX_SPAN_ADD(&in, "logits", logits, TT * V);
+    RX_SPAN_ADD(&in, "targets", targets, TT);
+    RX_SPAN_ADD(&out, "dlogits", dlogits, TT * V);
+    int rc = rx_spans_check(fn, &out, &in);
+    if (rc != RX_OK) return rc;
     size_t n_valid = 0;
     for (size_t t = 0; t < TT; t++) {
         if (!ce_valid(targets[t], ignore_index)) continue;
@@ -236,6 +251,10 @@ double rx_cross_entropy_backward(const float *logits, const int *targets, int T,
     }
     if (rx_cross_entropy(logits, targets, T, vocab, ignore_index, dlogits, &loss) == RX_OK)
         return loss;
-    if (T > 0 && vocab > 0) rx_fnan(dlogits, (size_t)T * (size_t)vocab);
+    if (T < 1 || vocab < 1) return NAN;
+    rx_spans in = {.n = 0};
+    RX_SPAN_ADD(&in, "logits", logits, (size_t)T * vocab);
+    RX_SPAN_ADD(&in, "targets", targets, (size_t)T);
+    rx_fnan_apart(dlogits, (size_t)T * (size_t)vocab, &in);
     return NAN;
 }

@@ -179,6 +179,15 @@ int rx_layernorm_forward_seq(const float *x, const float *w, const float *b, flo
     if (nul) return rx_fail(RX_EINVAL, "%s: %s is NULL", fn, nul);
     if (B < 1 || T < 1 || C < 1)
         return rx_fail(RX_EINVAL, "%s: B = %d, T = %d, C = %d must be >= 1", fn, B, T, C);
+    const size_t BTC = (size_t)B * T * C;
+    rx_spans in = {.n = 0}, o = {.n = 0};
+    /* out may be x itself: a row is read whole before it is written */
+    RX_SPAN_ADD(&in, "x", x == out ? NULL : x, BTC);
+    RX_SPAN_ADD(&in, "w", w, (size_t)C);
+    RX_SPAN_ADD(&in, "b", b, (size_t)C);
+    RX_SPAN_ADD(&o, "out", out, BTC);
+    int rc = rx_spans_check(fn, &o, &in);
+    if (rc != RX_OK) return rc;
     rx_rownorm_forward(x, w, b, out, NULL, NULL, (size_t)B * T, (size_t)C, 1, RX_LN_EPS);
     return RX_OK;
 }
@@ -193,6 +202,18 @@ int rx_layernorm_backward(const float *x, const float *w, const float *b, const 
     if (nul) return rx_fail(RX_EINVAL, "%s: %s is NULL", fn, nul);
     if (B < 1 || T < 1 || C < 1)
         return rx_fail(RX_EINVAL, "%s: B = %d, T = %d, C = %d must be >= 1", fn, B, T, C);
+    const size_t BTC = (size_t)B * T * C;
+    rx_spans in = {.n = 0}, out = {.n = 0};
+    RX_SPAN_ADD(&in, "x", x, BTC);
+    RX_SPAN_ADD(&in, "w", w, (size_t)C);
+    RX_SPAN_ADD(&in, "b", b, (size_t)C);
+    /* dx may be dy itself: a row of dy is read whole before dx's is written */
+    RX_SPAN_ADD(&in, "dy", dy == dx ? NULL : dy, BTC);
+    RX_SPAN_ADD(&out, "dx", dx, BTC);
+    RX_SPAN_ADD(&out, "dw", dw, (size_t)C);
+    RX_SPAN_ADD(&out, "db", db, (size_t)C);
+    int rc = rx_spans_check(fn, &out, &in);
+    if (rc != RX_OK) return rc;
     rx_fzero(dw, (size_t)C);
     rx_fzero(db, (size_t)C);
     return rx_rownorm_backward(x, w, dy, dx, dw, db, (size_t)B * T, (size_t)C, 1, RX_LN_EPS);

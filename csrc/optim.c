@@ -57,6 +57,14 @@ int rx_adamw_step(float *params, const float *grads, float *m, float *v, size_t 
     if (!(eps >= 0.0f) || !(lr >= 0.0f) || !(weight_decay >= 0.0f) || !isfinite(grad_scale))
         return rx_fail(RX_EINVAL, "%s: lr = %g, eps = %g, weight_decay = %g must be >= 0 and "
                        "grad_scale = %g finite", fn, lr, eps, weight_decay, grad_scale);
+    rx_spans in = {.n = 0}, out = {.n = 0};
+    RX_SPAN_ADD(&in, "grads", grads, n);
+    RX_SPAN_ADD(&in, "decay_ranges", decay_ranges, 2 * (size_t)n_ranges);
+    RX_SPAN_ADD(&out, "params", params, n);
+    RX_SPAN_ADD(&out, "m", m, n);
+    RX_SPAN_ADD(&out, "v", v, n);
+    int rc = rx_spans_check(fn, &out, &in);
+    if (rc != RX_OK) return rc;
     int64_t prev = 0;
     for (int r = 0; r < n_ranges; r++) {
         int64_t b = decay_ranges[2 * (size_t)r], e = decay_ranges[2 * (size_t)r + 1];

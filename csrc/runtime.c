@@ -37,6 +37,47 @@ int rx_seq_check(const char *fn, int B, int T, int layer_id, const float *v_firs
     return RX_OK;
 }
 
+void rx_spans_add(rx_spans *l, const char *prefix, const char *name, const void *p, size_t n,
+                  size_t elem) {
+    if (!p || !n) return;
+    if (l->n >= RX_SPANS_MAX) {
+        l->full = 1;
+        return;
+    }
+    l->s[l->n++] = (rx_span){prefix, name, p, n * elem};
+}
+
+static int spans_meet(const rx_span *a, const rx_span *b) {
+    uintptr_t a0 = (uintptr_t)a->p, b0 = (uintptr_t)b->p;
+    return a0 < b0 + b->bytes && b0 < a0 + a->bytes;
+}
+
+int rx_spans_check(const char *fn, const rx_spans *out, const rx_spans *in) {
+    /* every caller adds a fixed list, far below the capacity */
+    if (out->full || in->full)
+        return rx_fail(RX_EINVAL, "%s: more than %d buffers to check", fn, RX_SPANS_MAX);
+    for (int i = 0; i < out->n; i++) {
+        const rx_span *o = &out->s[i], *hit = NULL;
+        const char *what = "input";
+        for (int j = 0; j < in->n && !hit; j++)
+            if (spans_meet(o, &in->s[j])) hit = &in->s[j];
+        for (int j = 0; j < i && !hit; j++)
+            if (spans_meet(o, &out->s[j])) hit = &out->s[j], what = "output";
+        if (hit)
+            return rx_fail(RX_EINVAL, "%s: the output %s%s overlaps the %s %s%s (outputs must "
+                           "not share memory with inputs or other outputs)", fn, o->prefix,
+                           o->name, what, hit->prefix, hit->name);
+    }
+    return RX_OK;
+}
+
+void rx_fnan_apart(float *out, size_t n, const rx_spans *in) {
+    const rx_span o = {"", "", out, n * sizeof(float)};
+    for (int j = 0; j < in->n; j++)
+        if (spans_meet(&o, &in->s[j])) return;
+    rx_fnan(out, n);
+}
+
 void rx_block_sums(const float *part, size_t nblk, size_t stride, size_t n, int nvec,
                    float *const *dst, int acc) {
     enum { W = 16 };   /* columns per work item: one vector, one cache line */

@@ -206,6 +206,37 @@ const char *rx_first_null(const void *const *p, const char *const *names, int n)
  * layer reads. RX_OK, or the rx_fail code naming fn. */
 int rx_seq_check(const char *fn, int B, int T, int layer_id, const float *v_first);
 
+/* ---- runtime.c: buffers that must not share memory ----------------------
+ * An entry point lists the contiguous buffers it reads and writes as spans
+ * (a name for the message, the start, the byte count; a NULL start is an
+ * absent optional buffer) and calls rx_spans_check before any work: every
+ * output must be disjoint from every input and every other output, since
+ * threads read inputs while others already write. A function that allows
+ * an exact in-place call (out == x) leaves that input out when the two are
+ * equal; a partial overlap is still refused. Struct-borne tensors (the
+ * blocks' P and G) are added by their owners' rx_*_spans helpers, with a
+ * prefix ("P->", "G->cm.") for the message. */
+#define RX_SPANS_MAX 96
+typedef struct {
+    const char *prefix, *name;
+    const void *p;
+    size_t bytes;
+} rx_span;
+typedef struct {
+    rx_span s[RX_SPANS_MAX];
+    int n, full;   /* full: a span did not fit (rx_spans_check then fails) */
+} rx_spans;
+/* Appends a span of n elements of elem bytes (nothing for a NULL p). */
+void rx_spans_add(rx_spans *l, const char *prefix, const char *name, const void *p, size_t n,
+                  size_t elem);
+#define RX_SPAN_ADD(l, name, p, n) rx_spans_add((l), "", (name), (p), (n), sizeof *(p))
+/* RX_OK, or RX_EINVAL naming fn, the output and what it overlaps. */
+int rx_spans_check(const char *fn, const rx_spans *out, const rx_spans *in);
+/* The NaN fill of the original API's void and double forms on a failure:
+ * out [n] becomes NaN unless it shares memory with an input of in, which a
+ * refused call must leave as it was. */
+void rx_fnan_apart(float *out, size_t n, const rx_spans *in);
+
 /* ---- runtime.c: per-kernel self time (rx_profile_*) ---------------------
  * A kernel brackets its work with rx_prof_push(slot) / rx_prof_pop(); time
  * outside every bracket is RX_PROF_OTHER. No-ops unless profiling is on. */
@@ -392,6 +423,9 @@ void rx_shift_lerp_backward(int n, const float *const *mix, const float *x, cons
 
 /* ---- channelmix.c ------------------------------------------------------ */
 int rx_cm_params_ok(const rx_cm_params *P);
+/* rx_tm_spans for the channel-mix */
+void rx_cm_spans(const rx_cm_params *P, const rx_cm_grads *G, const char *pp, const char *gp,
+                 rx_spans *in, rx_spans *out);
 /* Forward keeping xk [BT][C] and h [BT][F] for the backward; out may be
  * NULL. The backward recovers relu(pre) from h; its scratch dh [BT][F]
  * and dxk [BT][C] must not alias h or xk (a batch reads one while it
@@ -446,6 +480,10 @@ typedef struct {
 
 /* Every size and pointer of P valid (v0/v1/v2 and Dv only at layer > 0). */
 int rx_tm_params_ok(const rx_tm_params *P);
+/* P's tensors (the layer has) into in, named pp + field, and when G is not
+ * NULL G's into out, named gp + field: for rx_spans_check. */
+void rx_tm_spans(const rx_tm_params *P, const rx_tm_grads *G, const char *pp, const char *gp,
+                 rx_spans *in, rx_spans *out);
 int rx_tm_grads_ok(const rx_tm_params *P, const rx_tm_grads *G);
 /* RX_OK or RX_ENOMEM; rx_tm_acts_free(A) is safe after either. */
 int rx_tm_acts_alloc(rx_tm_acts *A, const rx_tm_params *P, size_t B, size_t T);

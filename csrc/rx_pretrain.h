@@ -22,9 +22,12 @@
  *     a NULL output means "not wanted".
  *   - Outputs must not overlap inputs or each other unless the function
  *     says so: threads read the inputs while others already write. Every
- *     projection GEMM checks this for its operands before it writes
- *     (RX_EINVAL, "... overlaps the input A of GEMM 0"); the elementwise
- *     kernels do not.
+ *     function checks this before it writes anything and refuses with
+ *     RX_EINVAL naming both buffers ("rx_layernorm_backward: the output dx
+ *     overlaps the input x"; the GEMMs: "... overlaps the input A of GEMM
+ *     0"); a block's P and G tensors are checked too. The in-place calls
+ *     allowed are exact ones: LayerNorm's out = x and dx = dy, WKV7's
+ *     s_final = s_init.
  *   - Errors: every function that can fail returns an int code, results
  *     through pointers: RX_OK (0), RX_ENOMEM (-1) allocation failure,
  *     RX_EINVAL (-2) invalid argument (size < 1, NULL where required, token
@@ -176,12 +179,13 @@ int rx_channelmix_backward(
  * ==================================================================== */
 #define RX_LN_EPS 1e-5f
 
-/* x, out: [B][T][C]; w, b: [C]. */
+/* x, out: [B][T][C]; w, b: [C]. out may be x itself (in place). */
 int rx_layernorm_forward_seq(
     const float *x, const float *w, const float *b, float *out,
     int B, int T, int C);
 
-/* dy, dx: [B][T][C]; dw, db: [C], zeroed then accumulated. */
+/* dy, dx: [B][T][C]; dw, db: [C], zeroed then accumulated. dx may be dy
+ * itself (in place). */
 int rx_layernorm_backward(
     const float *x, const float *w, const float *b, const float *dy,
     float *dx, float *dw, float *db, int B, int T, int C);
@@ -281,8 +285,9 @@ int rx_attn_score_av_backward(const rx_attn_params *P, const float *q, const flo
 
 /* out: [T][C] = emb[tokens]. Tokens must lie in [0, vocab); this signature
  * carries no vocab, so only a negative token can be caught here (its row is
- * filled with NaN, never read out of bounds). rx_embedding_gather below
- * takes the vocab and checks the full range. */
+ * filled with NaN, never read out of bounds), and no overlap of out with
+ * emb, whose size it does not know. rx_embedding_gather below takes the
+ * vocab and checks both. */
 void rx_embedding_forward(const float *emb, const int *tokens,
                           int T, int C, float *out);
 /* rx_embedding_forward with the vocab: emb [vocab][C], tokens [T], out
@@ -291,7 +296,8 @@ void rx_embedding_forward(const float *emb, const int *tokens,
 int rx_embedding_gather(const float *emb, const int *tokens, int T, int C, int vocab,
                         float *out);
 /* d_out: [T][C]; d_emb: [vocab][C], zeroed then scatter-added. Tokens
- * outside [0, vocab) are skipped. */
+ * outside [0, vocab) are skipped. A d_emb that overlaps d_out or tokens is
+ * left as it is (rx_last_error says why). */
 void rx_embedding_backward(const int *tokens, int T, int C, int vocab,
                            const float *d_out, float *d_emb);
 /* rx_embedding_backward as an int: RX_EINVAL on NULL, a size < 1 or a token

@@ -31,6 +31,19 @@ int rx_tm_params_ok(const rx_tm_params *P) {
     return 1;
 }
 
+void rx_tm_spans(const rx_tm_params *P, const rx_tm_grads *G, const char *pp, const char *gp,
+                 rx_spans *in, rx_spans *out) {
+    const size_t C = (size_t)P->c, Dw = (size_t)P->Dw, Da = (size_t)P->Da, Dg = (size_t)P->Dg;
+    const size_t Dv = (size_t)P->Dv, NONE = 1;
+#define TM_SPAN(f, rows, cols, init, layer0)                                   \
+    if ((layer0) || P->layer_id > 0) {                                         \
+        rx_spans_add(in, pp, #f, P->f, (rows) * (cols), sizeof(float));       \
+        if (G) rx_spans_add(out, gp, #f, G->f, (rows) * (cols), sizeof(float)); \
+    }
+    RX_TM_FIELDS(TM_SPAN)
+#undef TM_SPAN
+}
+
 /* The RX_EINVAL of a non-NULL P that rx_tm_params_ok rejects */
 static int tm_params_fail(const char *fn, const rx_tm_params *P) {
     return rx_fail(RX_EINVAL, "%s: P has a NULL tensor or sizes that disagree (c = %d, "
@@ -533,11 +546,21 @@ int rx_timemix_forward_seq(const rx_tm_params *P, const float *x, const float *x
         return tm_params_fail(fn, P);
     int rc = rx_seq_check(fn, B, T, P->layer_id, v_first);
     if (rc != RX_OK) return rc;
+    const size_t BTC = (size_t)B * T * P->c;
+    const int later = P->layer_id > 0;   /* v_first an input, else an output */
+    rx_spans in = {.n = 0}, o = {.n = 0};
+    rx_tm_spans(P, NULL, "P->", "", &in, &o);
+    RX_SPAN_ADD(&in, "x", x, BTC);
+    RX_SPAN_ADD(&in, "x_prev_init", x_prev_init, (size_t)B * P->c);
+    RX_SPAN_ADD(later ? &in : &o, "v_first", v_first, BTC);
+    RX_SPAN_ADD(&o, "out", out, BTC);
+    rc = rx_spans_check(fn, &o, &in);
+    if (rc != RX_OK) return rc;
     rx_tm_acts A;
     rc = rx_tm_acts_alloc(&A, P, (size_t)B, (size_t)T);
     if (rc == RX_OK)
-        rc = rx_tm_forward_acts(P, x, x_prev_init, P->layer_id > 0 ? v_first : NULL,
-                                P->layer_id > 0 ? NULL : v_first, &A, out);
+        rc = rx_tm_forward_acts(P, x, x_prev_init, later ? v_first : NULL,
+                                later ? NULL : v_first, &A, out);
     rx_tm_acts_free(&A);
     return rc;
 }
@@ -557,11 +580,23 @@ int rx_timemix_backward(const rx_tm_params *P, const float *x, const float *x_pr
                        P->layer_id);
     int rc = rx_seq_check(fn, B, T, P->layer_id, v_first);
     if (rc != RX_OK) return rc;
+    const size_t BTC = (size_t)B * T * P->c;
+    const int later = P->layer_id > 0;   /* d_v_first an output, else an input */
+    rx_spans in = {.n = 0}, out = {.n = 0};
+    rx_tm_spans(P, G, "P->", "G->", &in, &out);
+    RX_SPAN_ADD(&in, "x", x, BTC);
+    RX_SPAN_ADD(&in, "x_prev_init", x_prev_init, (size_t)B * P->c);
+    RX_SPAN_ADD(&in, "v_first", later ? v_first : NULL, BTC);
+    RX_SPAN_ADD(&in, "dy", dy, BTC);
+    RX_SPAN_ADD(later ? &out : &in, "d_v_first", d_v_first, BTC);
+    RX_SPAN_ADD(&out, "dx", dx, BTC);
+    RX_SPAN_ADD(&out, "d_xprev_init", d_xprev_init, (size_t)B * P->c);
+    rc = rx_spans_check(fn, &out, &in);
+    if (rc != RX_OK) return rc;
     rx_tm_acts A;
     rc = rx_tm_acts_alloc(&A, P, (size_t)B, (size_t)T);
     if (rc == RX_OK)
-        rc = rx_tm_forward_acts(P, x, x_prev_init, P->layer_id > 0 ? v_first : NULL, NULL, &A,
-                                NULL);
+        rc = rx_tm_forward_acts(P, x, x_prev_init, later ? v_first : NULL, NULL, &A, NULL);
     if (rc == RX_OK)
         rc = rx_tm_backward_acts(P, &A, x, x_prev_init, v_first, dy, G, dx, d_xprev_init,
                                  d_v_first, NULL);

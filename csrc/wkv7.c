@@ -288,6 +288,17 @@ static int wkv7_args(const char *fn, const float *r, const float *w, const float
     return RX_OK;
 }
 
+/* The inputs r..b (and dy: NULL in the forward) [B][T][H][N] and s_init
+ * [B][H][N][N] in in, each with its name */
+static void wkv7_in_spans(rx_spans *in, const float *r, const float *w, const float *k,
+                          const float *v, const float *a, const float *b, const float *dy,
+                          const float *s_init, size_t BTC, size_t BHNN) {
+    const float *const p[7] = {r, w, k, v, a, b, dy};
+    static const char *const name[7] = {"r", "w", "k", "v", "a", "b", "dy"};
+    for (int i = 0; i < 7; i++) RX_SPAN_ADD(in, name[i], p[i], BTC);
+    RX_SPAN_ADD(in, "s_init", s_init, BHNN);
+}
+
 /* Splitting a head. Every row i of the state (a value index) evolves on
  * its own: S[i] <- S[i] diag(w) + (S[i].a) b^T + v[i] k^T, y[i] = S[i].r,
  * and the backward's dS[i], dv[i] and dsa[i] stay in row i too; only the
@@ -384,6 +395,14 @@ static int wkv7_forward(const float *r, const float *w, const float *k, const fl
     if (rc != RX_OK) return rc;
     const size_t H = (size_t)n_head, N = (size_t)head_size, NN = N * N;
     const size_t BH = (size_t)B * H, TT = (size_t)T;
+    rx_spans in = {.n = 0}, out = {.n = 0};
+    /* s_final may be s_init itself: each head copies nothing then */
+    wkv7_in_spans(&in, r, w, k, v, a, b, NULL, s_init == s_final ? NULL : s_init, BH * TT * N,
+                  BH * NN);
+    RX_SPAN_ADD(&out, "y_out", y_out, BH * TT * N);
+    RX_SPAN_ADD(&out, "s_final", s_final, BH * NN);
+    rc = rx_spans_check("rx_wkv7_forward", &out, &in);
+    if (rc != RX_OK) return rc;
     const size_t ncp = (TT + RX_WKV7_CHUNK - 1) / RX_WKV7_CHUNK;
     const wkv_simd *fast = wkv7_simd(N);
     int nt = rx_in_parallel() ? 1 : rx_max_threads();
@@ -506,6 +525,13 @@ int rx_wkv7_backward_cp(const float *r, const float *w, const float *k, const fl
     if (nul) return rx_fail(RX_EINVAL, "%s: %s is NULL", fn, nul);
     const size_t H = (size_t)n_head, N = (size_t)head_size, C = H * N, NN = N * N;
     const size_t BH = (size_t)B * H, TT = (size_t)T;
+    rx_spans in = {.n = 0}, out = {.n = 0};
+    wkv7_in_spans(&in, r, w, k, v, a, b, dy, s_init, BH * TT * N, BH * NN);
+    float *const o[7] = {dr, dw, dk, dv, da, db, dS_out};
+    static const char *const oname[7] = {"dr", "dw", "dk", "dv", "da", "db", "dS_out"};
+    for (int i = 0; i < 7; i++) RX_SPAN_ADD(&out, oname[i], o[i], i < 6 ? BH * TT * N : BH * NN);
+    rc = rx_spans_check(fn, &out, &in);
+    if (rc != RX_OK) return rc;
     const size_t ncp = (TT + RX_WKV7_CHUNK - 1) / RX_WKV7_CHUNK;
     const size_t per = RX_WKV7_WORK(1, N);
     const wkv_simd *fast = wkv7_simd(N);

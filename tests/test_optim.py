@@ -128,3 +128,19 @@ def test_bad_inputs():
         rx.grad_norm(np.zeros(0, np.float32))
     with pytest.raises(ValueError, match="1-D"):
         rx.grad_norm(np.zeros((2, 2), np.float32))
+
+
+def test_buffers_that_share_memory_are_refused_untouched():
+    # each element's update reads grads and m, v while writing params: an
+    # aliased pair would mix a buffer's old and new values, so the C side
+    # refuses it before writing anything
+    p, g, m, v = _bufs(10)
+    mv = np.zeros(15, np.float32)
+    cases = [((p, p, m, v), "the output params overlaps the input grads"),
+             ((p, g, mv[:10], mv[5:]), "the output v overlaps the output m")]
+    for (pp, gg, mm, vv), msg in cases:
+        before = [x.copy() for x in (pp, gg, mm, vv)]
+        with pytest.raises(ValueError, match="rx_adamw_step: " + msg):
+            rx.adamw_step(pp, gg, mm, vv, lr=1e-3, step=1)
+        for x, b in zip((pp, gg, mm, vv), before):
+            np.testing.assert_array_equal(x, b)
