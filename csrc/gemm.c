@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "rx_internal.h"
+#include "rx_simd.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -340,6 +341,105 @@ RX_AVX2 static void pack_an_16(const float *A, size_t lda, size_t i0, size_t mc,
 }
 #endif
 
+#ifdef RX_X86
+/* ---- tiles -------------------------------------------------------------
+ * The attention's score and value products are tiles of at most 64 x 64
+ * over k <= 64, one call each (tens of thousands a step). Packing both
+ * operands cost as much as the arithmetic there (a 64^3 product ran at
+ * 98-143 GFLOP/s on a Sapphire Rapids core against 240 for its FMAs), so
+ * an AVX-512 CPU runs them on op(A) and op(B) in place: TILE_R rows by
+ * four 16-column vectors of C per pass, op(A) broadcast a value at a
+ * time, op(B) read as rows (a transposed B is first turned into rows in
+ * a local block, 16 x 16 at a time). Each C element is the same single
+ * chain of FMAs over k from zero, added to C at the end, as in the packed
+ * kernels: the same bits, so the choice of path changes no result. */
+#define TILE_MAX 64   /* the largest M, N and K of a tile */
+#define TILE_R 6      /* rows per pass: 24 accumulators of the 32 zmm */
+
+RX_AVX512 static inline __attribute__((always_inline)) void
+tile_rows(size_t R, size_t K, const float *A, size_t rs, size_t cs, const float *B,
+          const __mmask16 m[4], float *C, size_t ldc, int acc) {
+    __m512 c[TILE_R][4];
+#pragma GCC unroll 6
+    for (size_t i = 0; i < R; i++)
+#pragma GCC unroll 4
+        for (int v = 0; v < 4; v++) c[i][v] = _mm512_setzero_ps();
+    for (size_t k = 0; k < K; k++) {
+        const float *b = B + k * TILE_MAX;
+        __m512 bv[4];
+#pragma GCC unroll 4
+        for (int v = 0; v < 4; v++) bv[v] = _mm512_load_ps(b + 16 * v);
+#pragma GCC unroll 6
+        for (size_t i = 0; i < R; i++) {
+            const __m512 a = _mm512_set1_ps(A[i * rs + k * cs]);
+#pragma GCC unroll 4
+            for (int v = 0; v < 4; v++) c[i][v] = _mm512_fmadd_ps(a, bv[v], c[i][v]);
+        }
+    }
+#pragma GCC unroll 6
+    for (size_t i = 0; i < R; i++)
+#pragma GCC unroll 4
+        for (int v = 0; v < 4; v++) {
+            float *ci = C + i * ldc + 16 * v;
+            __m512 x = acc ? _mm512_add_ps(c[i][v], _mm512_maskz_loadu_ps(m[v], ci)) : c[i][v];
+            _mm512_mask_storeu_ps(ci, m[v], x);
+        }
+}
+
+/* Whether g is a tile this path takes: every size at most TILE_MAX, and
+ * N over 32 (narrower, most of the four vectors would be idle). */
+static int tile_fits(const rx_gemm_op *g) {
+    return g->M <= TILE_MAX && g->N > 32 && g->N <= TILE_MAX && g->K <= TILE_MAX;
+}
+
+RX_AVX512 static void tile_gemm(const rx_gemm_op *g) {
+    const size_t M = g->M, N = g->N, K = g->K;
+    const __mmask16 m[4] = {rx_lanes(0, N), rx_lanes(16, N), rx_lanes(32, N), rx_lanes(48, N)};
+    float bt[TILE_MAX * TILE_MAX] __attribute__((aligned(64)));
+    if (!g->tb) {
+        /* a contiguous copy: rows of the model's matrices lie a power of two
+         * apart (C floats), so read in place they share a few L1 sets and
+         * evict each other (in place ran at 0.9x the packed path's rate) */
+        for (size_t k = 0; k < K; k++)
+#pragma GCC unroll 4
+            for (int v = 0; v < 4; v++)
+                _mm512_store_ps(bt + k * TILE_MAX + 16 * v,
+                                _mm512_maskz_loadu_ps(m[v], g->B + k * g->ldb + 16 * v));
+    } else {
+        /* op(B)[k][j] = B[j][k]: rows k of bt, 16 x 16 blocks at a time */
+        for (size_t j0 = 0; j0 < TILE_MAX; j0 += 16)
+            for (size_t k0 = 0; k0 < K; k0 += 16) {
+                const __mmask16 mk = rx_lanes(k0, K);
+                __m512i r[16];
+                for (size_t q = 0; q < 16; q++)
+                    r[q] = j0 + q < N ? _mm512_maskz_loadu_epi32(mk, g->B + (j0 + q) * g->ldb + k0)
+                                      : _mm512_setzero_si512();
+                rx_transpose16(r);
+                for (size_t q = 0; q < 16 && k0 + q < K; q++)
+                    _mm512_store_si512(bt + (k0 + q) * TILE_MAX + j0, r[q]);
+            }
+    }
+    /* bt: op(B) as K rows of TILE_MAX floats, zero past column N */
+    const float *B = bt;
+    const size_t rs = g->ta ? 1 : g->lda, cs = g->ta ? g->lda : 1;
+    const int acc = g->beta != 0.0f;
+    size_t i = 0;
+    for (; i + TILE_R <= M; i += TILE_R)
+        tile_rows(TILE_R, K, g->A + i * rs, rs, cs, B, m, g->C + i * g->ldc, g->ldc, acc);
+    /* the last rows, with R a constant in each copy */
+    const float *A = g->A + i * rs;
+    float *C = g->C + i * g->ldc;
+    switch (M - i) {
+    case 5: tile_rows(5, K, A, rs, cs, B, m, C, g->ldc, acc); break;
+    case 4: tile_rows(4, K, A, rs, cs, B, m, C, g->ldc, acc); break;
+    case 3: tile_rows(3, K, A, rs, cs, B, m, C, g->ldc, acc); break;
+    case 2: tile_rows(2, K, A, rs, cs, B, m, C, g->ldc, acc); break;
+    case 1: tile_rows(1, K, A, rs, cs, B, m, C, g->ldc, acc); break;
+    default: break;
+    }
+}
+#endif
+
 static const gemm_impl impl_generic = {"generic", MR, ukernel_generic, pack_bt_generic,
                                        pack_an_generic, NPACK};
 #ifdef RX_X86
@@ -591,6 +691,12 @@ static void sgemm_block(const gemm_impl *im, const rx_gemm_op *g, size_t i0, siz
 /* A whole GEMM on the calling thread; RX_ENOMEM (C untouched) when the
  * thread's packing buffers cannot be allocated. */
 static int sgemm_serial(const gemm_impl *im, const rx_gemm_op *g) {
+#ifdef RX_X86
+    if ((im == &impl_avx512 || im == &impl_avx512_16) && tile_fits(g)) {
+        tile_gemm(g);
+        return RX_OK;
+    }
+#endif
     gemm_scratch *sc = scratch_packs();
     if (!sc) return RX_ENOMEM;
     for (size_t jc = 0; jc < g->N; jc += NC) {

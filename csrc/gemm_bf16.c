@@ -42,6 +42,7 @@
 #include <string.h>
 
 #include "rx_internal.h"
+#include "rx_simd.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <cpuid.h>
@@ -198,42 +199,10 @@ RX_PACK512 static inline __m512i run32(__m512 x0, __m512 x1) {
     return (__m512i)_mm512_cvtne2ps_pbh(x1, x0);
 }
 
-/* In-register 16x16 transpose of 32-bit elements: r[q] lane i becomes r[i]
- * lane q. */
-RX_PACK512 static inline void transpose16(__m512i r[16]) {
-    __m512i t[16], u[16];
-    for (int q = 0; q < 16; q += 2) {
-        t[q] = _mm512_unpacklo_epi32(r[q], r[q + 1]);
-        t[q + 1] = _mm512_unpackhi_epi32(r[q], r[q + 1]);
-    }
-    /* u[4g+c]: column c (+4 per 128-bit lane) of rows 4g..4g+3 */
-    for (int g = 0; g < 16; g += 4) {
-        u[g] = _mm512_unpacklo_epi64(t[g], t[g + 2]);
-        u[g + 1] = _mm512_unpackhi_epi64(t[g], t[g + 2]);
-        u[g + 2] = _mm512_unpacklo_epi64(t[g + 1], t[g + 3]);
-        u[g + 3] = _mm512_unpackhi_epi64(t[g + 1], t[g + 3]);
-    }
-    for (int c = 0; c < 4; c++) {
-        __m512i v0 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x88);
-        __m512i v1 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xDD);
-        __m512i w0 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x88);
-        __m512i w1 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xDD);
-        r[c] = _mm512_shuffle_i32x4(v0, w0, 0x88);
-        r[c + 8] = _mm512_shuffle_i32x4(v0, w0, 0xDD);
-        r[c + 4] = _mm512_shuffle_i32x4(v1, w1, 0x88);
-        r[c + 12] = _mm512_shuffle_i32x4(v1, w1, 0xDD);
-    }
-}
-
-/* Lanes of a 16-wide load inside [0, n - from) */
-static inline __mmask16 lanes(size_t from, size_t n) {
-    return from >= n ? 0 : n - from >= 16 ? 0xffff : (__mmask16)((1u << (n - from)) - 1u);
-}
-
 /* A run of 16 k values starting at k of a row whose valid k are < K,
  * zero past K (and everywhere for a row past the matrix: row NULL). */
 RX_PACK512 static inline __m512 load16(const float *row, size_t k, size_t K) {
-    return row ? _mm512_maskz_loadu_ps(lanes(k, K), row + k) : _mm512_setzero_ps();
+    return row ? _mm512_maskz_loadu_ps(rx_lanes(k, K), row + k) : _mm512_setzero_ps();
 }
 
 /* k pairs (k0 + 2p, k0 + 2p + 1), p < 16, of the 16 lanes from column x0
@@ -249,7 +218,7 @@ RX_PACK512 static inline void kmajor_block(const float *base, size_t ld, size_t 
                               : _mm512_setzero_ps();
         v[p] = pair16(lo, hi);
     }
-    transpose16(v);
+    rx_transpose16(v);
     for (size_t r = 0; r < BT_R; r++) _mm512_storeu_si512(dst + r * BT_K, v[r]);
 }
 
@@ -264,7 +233,7 @@ RX_PACK512 static void pack_a_512(const bop *o, size_t b0, size_t b1, bf16 *ap) 
     if (g->ta) {
         for (size_t kc = 0; kc < o->nkc; kc++)
             for (size_t rb = b0; rb < b1; rb++)
-                kmajor_block(g->A, g->lda, rb * BT_R, lanes(rb * BT_R, M), kc * BT_K, K,
+                kmajor_block(g->A, g->lda, rb * BT_R, rx_lanes(rb * BT_R, M), kc * BT_K, K,
                              ap + ((rb - b0) * o->nkc + kc) * BT_E);
         return;
     }
@@ -291,7 +260,7 @@ RX_PACK512 static void pack_b_512(const bop *o, size_t b0, size_t b1, size_t kc0
             for (size_t cb = b0; cb < b1; cb++) {
                 bf16 *dst = o->bp + (cb * o->nkc + kc) * BT_E;
                 const size_t j0 = cb * BT_R, k0 = kc * BT_K;
-                const __mmask16 mj = lanes(j0, N);
+                const __mmask16 mj = rx_lanes(j0, N);
                 for (size_t p = 0; p < 16; p++) {
                     size_t k = k0 + 2 * p;
                     __m512 lo = k < K ? _mm512_maskz_loadu_ps(mj, g->B + k * g->ldb + j0)
@@ -312,7 +281,7 @@ RX_PACK512 static void pack_b_512(const bop *o, size_t b0, size_t b1, size_t kc0
                 const float *row = j0 + c < N ? g->B + (j0 + c) * g->ldb : NULL;
                 v[c] = run32(load16(row, k0, K), load16(row, k0 + 16, K));
             }
-            transpose16(v);
+            rx_transpose16(v);
             for (size_t p = 0; p < 16; p++) _mm512_storeu_si512(dst + p * BT_K, v[p]);
         }
 }

@@ -123,6 +123,35 @@ def test_gemm_refuses_an_output_on_its_input(gemm):
         assert np.array_equal(out, before)
 
 
+@pytest.mark.skipif(not {"avx2-fma", "avx512f"} <= set(SIMD),
+                    reason="this CPU does not run both the AVX2 and the AVX-512 kernels")
+@pytest.mark.parametrize("ta,tb", [(False, False), (False, True), (True, False), (True, True)])
+@pytest.mark.parametrize("M,N,K", [(64, 64, 63), (6, 33, 64), (61, 37, 29), (64, 48, 1),
+                                   (5, 64, 17)])
+def test_tiles_in_place_match_the_packed_kernels(M, N, K, ta, tb):
+    # up to 64 x 64 over k <= 64 (the attention's tiles) the AVX-512
+    # kernels read the operands in place (gemm.c "tiles"); the AVX2 kernel
+    # packs them: both must give the same bits, written and accumulated
+    rng = np.random.default_rng(M + 5 * N + 3 * K + 2 * ta + tb)
+    a, b, ref = _operands(rng, M, N, K, ta, tb)
+    c0 = rng.standard_normal((M, N), dtype=np.float32)
+    got = {}
+    try:
+        for k in ("avx2-fma", "avx512f", "avx512f-16x16"):
+            if k not in SIMD:
+                continue
+            _core._sgemm_use_kernel(k)
+            acc = c0.copy()
+            got[k] = (_core._sgemm(a, b, ta, tb), _core._sgemm(a, b, ta, tb, out=acc, beta=1.0))
+    finally:
+        _core._sgemm_use_kernel(None)
+    _close(got["avx512f"][0], ref)
+    _close(got["avx512f"][1], ref + c0)
+    for k, (w, s) in got.items():
+        assert np.array_equal(w, got["avx2-fma"][0]), k
+        assert np.array_equal(s, got["avx2-fma"][1]), k
+
+
 @pytest.mark.skipif(len(SIMD) < 2, reason="this CPU runs fewer than two SIMD GEMM kernels")
 @pytest.mark.parametrize("M,N,K,ta,tb", [(161, 1030, 300, False, False), (47, 130, 33, True, True),
                                          (33, 100, 20, False, True), (100, 20, 520, True, False)])
