@@ -21,7 +21,8 @@
  * as possible to a float64 evaluation of the same q and k.
  *
  * Work is done in tiles of at most 64 queries x 64 keys through rx_sgemm
- * (scores q.k^T, weights.v and their grads), split by how a (query, key
+ * (scores q.k^T, weights.v and their grads; on AVX-512 it runs such tiles
+ * on the operands in place, gemm.c "tiles"), split by how a (query, key
  * chunk) pair arises, so that every tile is full where the work is:
  *   - dense pairs, the own chunk and every earlier chunk of a query that
  *     does not choose, are shared by all queries of a chunk: query-major
