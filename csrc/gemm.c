@@ -13,9 +13,10 @@
  * and the A addressing, so one micro-kernel serves A.B, A^T.B and A.B^T.
  *
  * Kernels are picked at run time: AVX-512 where the CPU and OS have it (a
- * 16x16 tile on Intel, 8x16 elsewhere, see ukernel_avx512), AVX2+FMA
+ * 12x32 tile on Intel, 8x16 elsewhere, see ukernel_avx512), AVX2+FMA
  * (6x16) where they have that, portable C (6x16) elsewhere. All share the
- * packed B layout; the height MR of an A sliver is the kernel's. Every
+ * packed B layout (NR-column slivers; the 32-column tile reads two side by
+ * side); the height MR of an A sliver is the kernel's. Every
  * SIMD kernel sums each C element over k in the same order, one FMA per
  * step, so they give bit-identical results and the choice never changes
  * a training run.
@@ -39,22 +40,23 @@
 
 #define MR 6       /* tile rows of the AVX2 and portable kernels */
 #define MR512 8    /* tile rows of the AVX-512 kernel for AMD */
-#define MR512I 16  /* tile rows of the AVX-512 kernel for Intel */
-#define MR_MAX MR512I /* the largest MR: scratch sizes */
+#define MR_WIDE 12 /* tile rows of the 32-column AVX-512 kernel for Intel */
+#define MR_MAX MR_WIDE /* the largest MR: scratch sizes */
 #define NR 16
 #define KC 256   /* a KC x NR B sliver is 16 KiB: half of L1 */
 #define MC 144   /* multiple of every MR; the MC x KC A block stays in L2 */
-_Static_assert(MC % MR == 0 && MC % MR512 == 0 && MC % MR512I == 0, "MC: whole slivers");
+_Static_assert(MC % MR == 0 && MC % MR512 == 0 && MC % MR_WIDE == 0, "MC: whole slivers");
 /* multiple of NR. The 1 MiB KC x NC panel of B stays in a 2 MiB L2 (Intel
  * server cores): at NC = 4096 (4 MiB, streamed from L3) the 1-thread head
  * projection (512 x 4096 x 512) ran at 80-87 GFLOP/s on Sapphire Rapids,
  * at 1024 at 92-97. Parallel units are narrower still (UNIT_W). */
 #define NC 1024
 /* op(A) is packed only for tiles wider than this (see sgemm_block): 128
- * for the 6- and 8-row kernels; 32 for the 16-row one, whose 16 rows read
+ * for the 6- and 8-row kernels; 32 for Intel's tall one, whose rows read
  * in place are more streams than an Intel core's L2 prefetcher follows
- * (Sapphire Rapids, 1 thread, paired: packing at N = 64 and 128 made the
- * LoRA GEMMs 5-22% faster, at N = 16 and 32 no different). */
+ * (Sapphire Rapids, 1 thread, paired, with the 16-row tile it replaced:
+ * packing at N = 64 and 128 made the LoRA GEMMs 5-22% faster, at N = 16
+ * and 32 no different). */
 #define NPACK 128
 #define NPACK_TALL 32
 #define PF_K 48   /* k steps ahead the micro-kernel prefetches a k-strided A */
@@ -80,6 +82,8 @@ typedef struct {
     const char *name;
     size_t mr;          /* tile rows: the height of a packed A sliver */
     ukernel_fn kern;
+    ukernel_fn narrow;  /* NR columns, for a last single sliver (nw > NR) */
+    size_t nw;          /* columns of one kern call: NR or 2 * NR */
     packbt_fn pack_bt;
     packan_fn pack_an;
     size_t npack;       /* widest tile that reads op(A) in place */
@@ -240,10 +244,10 @@ RX_AVX2 static void pack_bt_avx2(const float *B, size_t ldb, size_t p0, size_t k
  * FMA ports of 4-cycle latency (Intel server cores) need at least 8 FMAs
  * in flight; 8 leave no slack for the loads, and the 8x16 tile ran at 89%
  * of the 16x16's rate in L1 on a Sapphire Rapids core (121 against 136
- * GFLOP/s; 12 to 28 rows all reached 136), so Intel gets R = 16: its A
- * and B slivers (16 KiB each at KC = 256) fit the 48 KiB L1 together.
- * Zen 4 runs 512-bit FMAs at the AVX2 rate and has a 32 KiB L1; there a
- * 12-row tile measured 4-7% slower than the AVX2 kernel on wide
+ * GFLOP/s), so Intel runs a taller tile, now 12 rows by 32 columns
+ * (ukernel_avx512_wide_body; this one, with R = 12, takes a last single
+ * sliver). Zen 4 runs 512-bit FMAs at the AVX2 rate and has a 32 KiB L1;
+ * there a 12-row tile measured 4-7% slower than the AVX2 kernel on wide
  * projections (its A sliver crowds the B sliver out of L1), the 8-row one
  * 0-12% faster (bench_gemm.py --kernel) and 1-2% faster in a training
  * step, so AMD and other vendors keep R = 8. R is a constant at each use,
@@ -290,15 +294,74 @@ RX_AVX512 static void ukernel_avx512(size_t kc, const float *A, size_t rs, size_
     ukernel_avx512_body(MR512, kc, A, rs, cs, Bp, C, ldc, acc);
 }
 
-RX_AVX512 static void ukernel_avx512_16(size_t kc, const float *A, size_t rs, size_t cs,
+/* R rows by two adjacent NR-column slivers (32 columns): per k, two B
+ * loads and R broadcasts feed 2R FMAs, where the R x 16 tile spends a
+ * load (its broadcast) per FMA and its loads set the pace. In L1 on a
+ * Sapphire Rapids core 12x32 ran at 220 GFLOP/s against 204-212 for
+ * 16x16 (8x32 and 14x32 within 3% of 12x32); 12 rows x 2 zmm are 24
+ * accumulators, and MC = 144 holds whole 12-row slivers. Over the S and
+ * M projections at 1 thread it took rx_sgemm from 0.99x / 0.94x OpenBLAS's
+ * rate to 1.07x / 1.02x (bench_gemm.py --cpu-time) and an fp32 training
+ * step to 0.946x (S) and 0.934x (M) of its time at 2 threads (bench_ab.py,
+ * both launch orders). Each C element is still one FMA chain over k in
+ * order: the same bits as every other kernel. */
+RX_AVX512 static inline __attribute__((always_inline)) void
+ukernel_avx512_wide_body(size_t R, size_t kc, const float *A, size_t rs, size_t cs,
+                         const float *Bp, float *C, size_t ldc, int acc) {
+    const float *Bq = Bp + NR * kc;
+    __m512 c[MR_WIDE][2];
+#pragma GCC unroll 16
+    for (size_t i = 0; i < R; i++) {
+        c[i][0] = c[i][1] = _mm512_setzero_ps();
+        _mm_prefetch((const char *)(C + i * ldc), _MM_HINT_T0);
+        _mm_prefetch((const char *)(C + i * ldc + 2 * NR - 1), _MM_HINT_T0);
+    }
+    if (cs == 1) {
+        for (size_t p = 0; p < kc; p++, A++, Bp += NR, Bq += NR) {
+            __m512 b0 = _mm512_load_ps(Bp), b1 = _mm512_load_ps(Bq);
+#pragma GCC unroll 16
+            for (size_t i = 0; i < R; i++) {
+                __m512 a = _mm512_set1_ps(A[i * rs]);
+                c[i][0] = _mm512_fmadd_ps(a, b0, c[i][0]);
+                c[i][1] = _mm512_fmadd_ps(a, b1, c[i][1]);
+            }
+        }
+    } else {
+#pragma GCC unroll 2
+        for (size_t p = 0; p < kc; p++, A += cs, Bp += NR, Bq += NR) {
+            _mm_prefetch((const char *)(A + PF_K * cs), _MM_HINT_T0);
+            _mm_prefetch((const char *)(A + PF_K * cs + R - 1), _MM_HINT_T0);
+            __m512 b0 = _mm512_load_ps(Bp), b1 = _mm512_load_ps(Bq);
+#pragma GCC unroll 16
+            for (size_t i = 0; i < R; i++) {
+                __m512 a = _mm512_set1_ps(A[i]);
+                c[i][0] = _mm512_fmadd_ps(a, b0, c[i][0]);
+                c[i][1] = _mm512_fmadd_ps(a, b1, c[i][1]);
+            }
+        }
+    }
+#pragma GCC unroll 16
+    for (size_t i = 0; i < R; i++) {
+        float *ci = C + i * ldc;
+        _mm512_storeu_ps(ci, acc ? _mm512_add_ps(c[i][0], _mm512_loadu_ps(ci)) : c[i][0]);
+        _mm512_storeu_ps(ci + NR, acc ? _mm512_add_ps(c[i][1], _mm512_loadu_ps(ci + NR)) : c[i][1]);
+    }
+}
+
+RX_AVX512 static void ukernel_avx512_12w(size_t kc, const float *A, size_t rs, size_t cs,
                                         const float *Bp, float *C, size_t ldc, int acc) {
-    ukernel_avx512_body(MR512I, kc, A, rs, cs, Bp, C, ldc, acc);
+    ukernel_avx512_wide_body(MR_WIDE, kc, A, rs, cs, Bp, C, ldc, acc);
+}
+
+RX_AVX512 static void ukernel_avx512_12(size_t kc, const float *A, size_t rs, size_t cs,
+                                       const float *Bp, float *C, size_t ldc, int acc) {
+    ukernel_avx512_body(MR_WIDE, kc, A, rs, cs, Bp, C, ldc, acc);
 }
 
 /* R rows of eight k values, transposed as 8x8 blocks of eight rows each
  * (the last over zero rows when R is not a multiple of 8): k column q of
  * rows [h, h+8) lands at Ap[(p+q)*R + h] as eight floats, of which those
- * past row R the next store overwrites (the last ones spill into the
+ * past row R the next k's stores overwrite (the last ones spill into the
  * buffer's slack). R is a constant at each use, so the loops unroll. */
 RX_AVX2 static inline __attribute__((always_inline)) void
 pack_an_body(size_t R, const float *A, size_t lda, size_t i0, size_t mc, size_t p0, size_t kc,
@@ -310,15 +373,20 @@ pack_an_body(size_t R, const float *A, size_t lda, size_t i0, size_t mc, size_t 
         }
         const float *src = A + (i0 + s) * lda + p0;
         size_t p = 0;
-        for (; p + 8 <= kc; p += 8)
+        for (; p + 8 <= kc; p += 8) {
+            __m256 r[(MR_MAX + 7) / 8][8];
             for (size_t h = 0; h < R; h += 8) {
-                __m256 r[8];
                 for (size_t i = 0; i < 8; i++)
-                    r[i] = h + i < R ? _mm256_loadu_ps(src + (h + i) * lda + p)
-                                     : _mm256_setzero_ps();
-                transpose8(r);
-                for (size_t q = 0; q < 8; q++) _mm256_storeu_ps(Ap + (p + q) * R + h, r[q]);
+                    r[h / 8][i] = h + i < R ? _mm256_loadu_ps(src + (h + i) * lda + p)
+                                            : _mm256_setzero_ps();
+                transpose8(r[h / 8]);
             }
+            /* k by k, each k's blocks in row order: a block's spill past row
+             * R lands on the next k, whose own stores come after it */
+            for (size_t q = 0; q < 8; q++)
+                for (size_t h = 0; h < R; h += 8)
+                    _mm256_storeu_ps(Ap + (p + q) * R + h, r[h / 8][q]);
+        }
         for (; p < kc; p++)
             for (size_t i = 0; i < R; i++) Ap[p * R + i] = src[i * lda + p];
     }
@@ -329,15 +397,15 @@ RX_AVX2 static void pack_an_avx2(const float *A, size_t lda, size_t i0, size_t m
     pack_an_body(MR, A, lda, i0, mc, p0, kc, Ap);
 }
 
-/* the AVX-512 kernels' 8- and 16-row slivers: AVX2 code is as fast for a copy */
+/* the AVX-512 kernels' 8- and 12-row slivers: AVX2 code is as fast for a copy */
 RX_AVX2 static void pack_an_8(const float *A, size_t lda, size_t i0, size_t mc,
                               size_t p0, size_t kc, float *Ap) {
     pack_an_body(MR512, A, lda, i0, mc, p0, kc, Ap);
 }
 
-RX_AVX2 static void pack_an_16(const float *A, size_t lda, size_t i0, size_t mc,
+RX_AVX2 static void pack_an_12(const float *A, size_t lda, size_t i0, size_t mc,
                                size_t p0, size_t kc, float *Ap) {
-    pack_an_body(MR512I, A, lda, i0, mc, p0, kc, Ap);
+    pack_an_body(MR_WIDE, A, lda, i0, mc, p0, kc, Ap);
 }
 #endif
 
@@ -440,15 +508,16 @@ RX_AVX512 static void tile_gemm(const rx_gemm_op *g) {
 }
 #endif
 
-static const gemm_impl impl_generic = {"generic", MR, ukernel_generic, pack_bt_generic,
-                                       pack_an_generic, NPACK};
+static const gemm_impl impl_generic = {"generic", MR, ukernel_generic, ukernel_generic, NR,
+                                       pack_bt_generic, pack_an_generic, NPACK};
 #ifdef RX_X86
-static const gemm_impl impl_avx2 = {"avx2-fma", MR, ukernel_avx2, pack_bt_avx2, pack_an_avx2,
-                                    NPACK};
-static const gemm_impl impl_avx512 = {"avx512f", MR512, ukernel_avx512, pack_bt_avx2,
-                                      pack_an_8, NPACK};
-static const gemm_impl impl_avx512_16 = {"avx512f-16x16", MR512I, ukernel_avx512_16,
-                                         pack_bt_avx2, pack_an_16, NPACK_TALL};
+static const gemm_impl impl_avx2 = {"avx2-fma", MR, ukernel_avx2, ukernel_avx2, NR, pack_bt_avx2,
+                                    pack_an_avx2, NPACK};
+static const gemm_impl impl_avx512 = {"avx512f", MR512, ukernel_avx512, ukernel_avx512, NR,
+                                      pack_bt_avx2, pack_an_8, NPACK};
+static const gemm_impl impl_avx512_w = {"avx512f-12x32", MR_WIDE, ukernel_avx512_12w,
+                                        ukernel_avx512_12, 2 * NR, pack_bt_avx2, pack_an_12,
+                                        NPACK_TALL};
 
 /* libgcc's test includes the OS's saving of the zmm state (XCR0). */
 static int have_avx512(void) { return __builtin_cpu_supports("avx512f"); }
@@ -467,7 +536,7 @@ static const gemm_impl *forced_impl;
 static const gemm_impl *pick_impl(void) {
     if (forced_impl) return forced_impl;
 #ifdef RX_X86
-    if (have_avx512()) return is_intel() ? &impl_avx512_16 : &impl_avx512;
+    if (have_avx512()) return is_intel() ? &impl_avx512_w : &impl_avx512;
     if (have_avx2()) return &impl_avx2;
 #endif
     return &impl_generic;
@@ -493,8 +562,8 @@ int rx_sgemm_use_kernel(const char *name) {
         forced_impl = &impl_avx512;
         return RX_OK;
     }
-    if (!strcmp(name, impl_avx512_16.name) && have_avx512()) {
-        forced_impl = &impl_avx512_16;
+    if (!strcmp(name, impl_avx512_w.name) && have_avx512()) {
+        forced_impl = &impl_avx512_w;
         return RX_OK;
     }
 #endif
@@ -538,8 +607,8 @@ static void pack_a(const gemm_impl *im, int ta, const float *A, size_t lda, size
             const float *src = A + (p0 + p) * lda + i0 + s;
             float *dst = Ap + p * R;
             /* constant sizes: the copies inline instead of calling memcpy */
-            if (mr == R && R == MR512I) {
-                memcpy(dst, src, MR512I * sizeof(float));
+            if (mr == R && R == MR_WIDE) {
+                memcpy(dst, src, MR_WIDE * sizeof(float));
                 continue;
             }
             if (mr == R && R == MR512) {
@@ -647,7 +716,6 @@ int rx_gemm_reserve(void) {
 static void sgemm_block(const gemm_impl *im, const rx_gemm_op *g, size_t i0, size_t mc,
                         size_t pc, size_t kc, size_t j0, size_t nc, const float *Bp,
                         float *Ap, int acc) {
-    const ukernel_fn kern = im->kern;
     const size_t R = im->mr;
     const int ta = g->ta;
     const size_t lda = g->lda, ldc = g->ldc;
@@ -660,9 +728,13 @@ static void sgemm_block(const gemm_impl *im, const rx_gemm_op *g, size_t i0, siz
      * otherwise be read past the matrix). */
     size_t full = nc > im->npack ? 0 : mc / R * R;
     if (full < mc) pack_a(im, ta, g->A, lda, i0 + full, mc - full, pc, kc, Ap);
-    float edge[MR_MAX * NR];
-    for (size_t jr = 0; jr < nc; jr += NR) {
-        size_t nr = nc - jr < NR ? nc - jr : NR;
+    float edge[MR_MAX * 2 * NR];
+    for (size_t jr = 0; jr < nc;) {
+        /* the wide kernel wherever a second sliver exists (packed slivers
+         * are zero-padded to NR columns), the narrow one for a last one */
+        const int wide = im->nw > NR && nc - jr > NR;
+        const size_t w = wide ? im->nw : NR, nr = nc - jr < w ? nc - jr : w;
+        const ukernel_fn k = wide ? im->kern : im->narrow;
         const float *bp = Bp + jr * kc;
         for (size_t ir = 0; ir < mc; ir += R) {
             size_t mr = mc - ir < R ? mc - ir : R;
@@ -676,15 +748,16 @@ static void sgemm_block(const gemm_impl *im, const rx_gemm_op *g, size_t i0, siz
             } else {
                 ap = Ap + (ir - full) * kc, rs = 1, cs = R;
             }
-            if (mr == R && nr == NR) {
-                kern(kc, ap, rs, cs, bp, c, ldc, acc);
+            if (mr == R && nr == w) {
+                k(kc, ap, rs, cs, bp, c, ldc, acc);
                 continue;
             }
-            kern(kc, ap, rs, cs, bp, edge, NR, 0);
+            k(kc, ap, rs, cs, bp, edge, w, 0);
             for (size_t i = 0; i < mr; i++)
                 for (size_t j = 0; j < nr; j++)
-                    c[i * ldc + j] = acc ? c[i * ldc + j] + edge[i * NR + j] : edge[i * NR + j];
+                    c[i * ldc + j] = acc ? c[i * ldc + j] + edge[i * w + j] : edge[i * w + j];
         }
+        jr += w;
     }
 }
 
@@ -692,7 +765,7 @@ static void sgemm_block(const gemm_impl *im, const rx_gemm_op *g, size_t i0, siz
  * thread's packing buffers cannot be allocated. */
 static int sgemm_serial(const gemm_impl *im, const rx_gemm_op *g) {
 #ifdef RX_X86
-    if ((im == &impl_avx512 || im == &impl_avx512_16) && tile_fits(g)) {
+    if ((im == &impl_avx512 || im == &impl_avx512_w) && tile_fits(g)) {
         tile_gemm(g);
         return RX_OK;
     }

@@ -301,7 +301,7 @@ enum {
  * GEMM scratch when the thread exits; NULL when it cannot be allocated. */
 void *rx_thread_buffer(int slot, size_t bytes);
 /* Test hook: force the named micro-kernel ("generic", "avx2-fma",
- * "avx512f", "avx512f-16x16") for every later call, NULL to pick by CPU again. RX_EINVAL
+ * "avx512f", "avx512f-12x32") for every later call, NULL to pick by CPU again. RX_EINVAL
  * when the name is unknown or the CPU cannot run it. Not thread-safe
  * against concurrent GEMMs. */
 int rx_sgemm_use_kernel(const char *name);

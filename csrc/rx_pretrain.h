@@ -495,7 +495,7 @@ void rx_set_num_threads(int n);
 int rx_get_num_threads(void);
 /* 1 when the library was compiled with OpenMP. */
 int rx_has_openmp(void);
-/* Name of the GEMM micro-kernel chosen for this CPU ("avx512f-16x16" on
+/* Name of the GEMM micro-kernel chosen for this CPU ("avx512f-12x32" on
  * Intel, "avx512f", "avx2-fma", "generic"). */
 const char *rx_sgemm_kernel(void);
 

@@ -164,7 +164,7 @@ def has_openmp():
 
 def gemm_kernel(precision="fp32"):
     """Name of the GEMM kernel picked for this CPU at run time for a
-    precision: "fp32" -> "avx512f-16x16" (Intel
+    precision: "fp32" -> "avx512f-12x32" (Intel
     with AVX-512), "avx512f" (other AVX-512 CPUs), "avx2-fma" or "generic"; "bf16" ->
     "amx-bf16", "avx512-bf16" or "generic-bf16" (fp32 arithmetic on the same
     bf16-rounded operands)."""

@@ -131,7 +131,7 @@ def test_bgemm_independent_of_thread_count(kernel, restore_threads, M, N, K, ta)
 
 
 def test_kernel_names_and_hooks():
-    assert rx.gemm_kernel() in ("generic", "avx2-fma", "avx512f", "avx512f-16x16")
+    assert rx.gemm_kernel() in ("generic", "avx2-fma", "avx512f", "avx512f-12x32")
     picked = rx.gemm_kernel("bf16")
     assert picked in KERNELS and kernel_runs(_core._bgemm_use_kernel, picked)
     assert rx.bf16_hardware() == (picked != "generic-bf16")
