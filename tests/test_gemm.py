@@ -15,10 +15,12 @@ KERNELS = [k for k in ("generic", "avx2-fma", "avx512f", "avx512f-12x32")
 # the SIMD ones: one FMA per k step in the same order, so bit-identical results
 SIMD = [k for k in KERNELS if k != "generic"]
 
-# (M, N, K): tiny, odd, crossing MR=6, 8 and 16 / NR=16 / KC=256 / MC=144 / the
-# in-place versus packed A switch at N=128 (N=32 for the 16-row kernel), and
-# N past one NC=1024 panel.
+# (M, N, K): tiny, odd, crossing MR=6, 8 and 12 / NR=16 and the 32-column
+# tile / KC=256 / MC=144 / the in-place versus packed A switch at N=128
+# (N=32 for the 12-row kernel), a last sliver of 8 rows (20, 512: four
+# zero rows in a 12-row tile), and N past one NC=1024 panel.
 SHAPES = [(1, 1, 1), (7, 13, 5), (6, 16, 1), (5, 17, 3), (13, 128, 9), (13, 129, 9),
+          (20, 100, 30), (512, 48, 70),
           (19, 32, 9), (19, 33, 9),
           (25, 40, 11), (150, 33, 257), (145, 200, 300), (64, 64, 64), (3, 4100, 2),
           (16, 16, 16), (17, 31, 19), (47, 130, 33), (161, 1030, 40)]
@@ -154,6 +156,7 @@ def test_tiles_in_place_match_the_packed_kernels(M, N, K, ta, tb):
 
 @pytest.mark.skipif(len(SIMD) < 2, reason="this CPU runs fewer than two SIMD GEMM kernels")
 @pytest.mark.parametrize("M,N,K,ta,tb", [(161, 1030, 300, False, False), (47, 130, 33, True, True),
+                                         (20, 100, 30, False, False), (512, 48, 70, True, False),
                                          (33, 100, 20, False, True), (100, 20, 520, True, False)])
 def test_simd_kernels_bit_identical(M, N, K, ta, tb):
     # the tile height must not change a result: a run's numbers do not
