@@ -245,29 +245,35 @@ RX_AVX2 static void pack_bt_avx2(const float *B, size_t ldb, size_t p0, size_t k
  * in flight; 8 leave no slack for the loads, and the 8x16 tile ran at 89%
  * of the 16x16's rate in L1 on a Sapphire Rapids core (121 against 136
  * GFLOP/s), so Intel runs a taller tile, now 12 rows by 32 columns
- * (ukernel_avx512_wide_body; this one, with R = 12, takes a last single
- * sliver). Zen 4 runs 512-bit FMAs at the AVX2 rate and has a 32 KiB L1;
+ * (V = 2 below; with V = 1 it takes a last single sliver). Zen 4 runs 512-bit FMAs at the AVX2 rate and has a 32 KiB L1;
  * there a 12-row tile measured 4-7% slower than the AVX2 kernel on wide
  * projections (its A sliver crowds the B sliver out of L1), the 8-row one
  * 0-12% faster (bench_gemm.py --kernel) and 1-2% faster in a training
  * step, so AMD and other vendors keep R = 8. R is a constant at each use,
  * so the loops unroll into registers. */
 RX_AVX512 static inline __attribute__((always_inline)) void
-ukernel_avx512_body(size_t R, size_t kc, const float *A, size_t rs, size_t cs, const float *Bp,
-                    float *C, size_t ldc, int acc) {
-    __m512 c[MR_MAX];
+ukernel_avx512_body(size_t R, size_t V, size_t kc, const float *A, size_t rs, size_t cs,
+                    const float *Bp, float *C, size_t ldc, int acc) {
+    /* V (1 or 2) adjacent NR-column slivers: V B loads per k step, each
+     * broadcast A value feeding V FMAs */
+    __m512 c[MR_MAX][2];
 #pragma GCC unroll 16
     for (size_t i = 0; i < R; i++) {
-        c[i] = _mm512_setzero_ps();
+        c[i][0] = c[i][1] = _mm512_setzero_ps();
         _mm_prefetch((const char *)(C + i * ldc), _MM_HINT_T0);
-        _mm_prefetch((const char *)(C + i * ldc + NR - 1), _MM_HINT_T0);
+        _mm_prefetch((const char *)(C + i * ldc + V * NR - 1), _MM_HINT_T0);
     }
+    /* the second sliver's k row p sits NR * kc floats after the first's */
+    const size_t bq = NR * kc;
     if (cs == 1) {
         for (size_t p = 0; p < kc; p++, A++, Bp += NR) {
-            __m512 b = _mm512_load_ps(Bp);
+            __m512 b0 = _mm512_load_ps(Bp), b1 = V > 1 ? _mm512_load_ps(Bp + bq) : b0;
 #pragma GCC unroll 16
-            for (size_t i = 0; i < R; i++)
-                c[i] = _mm512_fmadd_ps(_mm512_set1_ps(A[i * rs]), b, c[i]);
+            for (size_t i = 0; i < R; i++) {
+                __m512 a = _mm512_set1_ps(A[i * rs]);
+                c[i][0] = _mm512_fmadd_ps(a, b0, c[i][0]);
+                if (V > 1) c[i][1] = _mm512_fmadd_ps(a, b1, c[i][1]);
+            }
         }
     } else {
         /* as in the AVX2 kernel: a k-strided A is prefetched ahead; a
@@ -276,87 +282,48 @@ ukernel_avx512_body(size_t R, size_t kc, const float *A, size_t rs, size_t cs, c
         for (size_t p = 0; p < kc; p++, A += cs, Bp += NR) {
             _mm_prefetch((const char *)(A + PF_K * cs), _MM_HINT_T0);
             _mm_prefetch((const char *)(A + PF_K * cs + R - 1), _MM_HINT_T0);
-            __m512 b = _mm512_load_ps(Bp);
-#pragma GCC unroll 16
-            for (size_t i = 0; i < R; i++)
-                c[i] = _mm512_fmadd_ps(_mm512_set1_ps(A[i]), b, c[i]);
-        }
-    }
-#pragma GCC unroll 16
-    for (size_t i = 0; i < R; i++) {
-        float *ci = C + i * ldc;
-        _mm512_storeu_ps(ci, acc ? _mm512_add_ps(c[i], _mm512_loadu_ps(ci)) : c[i]);
-    }
-}
-
-RX_AVX512 static void ukernel_avx512(size_t kc, const float *A, size_t rs, size_t cs,
-                                     const float *Bp, float *C, size_t ldc, int acc) {
-    ukernel_avx512_body(MR512, kc, A, rs, cs, Bp, C, ldc, acc);
-}
-
-/* R rows by two adjacent NR-column slivers (32 columns): per k, two B
- * loads and R broadcasts feed 2R FMAs, where the R x 16 tile spends a
- * load (its broadcast) per FMA and its loads set the pace. In L1 on a
- * Sapphire Rapids core 12x32 ran at 220 GFLOP/s against 204-212 for
- * 16x16 (8x32 and 14x32 within 3% of 12x32); 12 rows x 2 zmm are 24
- * accumulators, and MC = 144 holds whole 12-row slivers. Over the S and
- * M projections at 1 thread it took rx_sgemm from 0.99x / 0.94x OpenBLAS's
- * rate to 1.07x / 1.02x (bench_gemm.py --cpu-time) and an fp32 training
- * step to 0.946x (S) and 0.934x (M) of its time at 2 threads (bench_ab.py,
- * both launch orders). Each C element is still one FMA chain over k in
- * order: the same bits as every other kernel. */
-RX_AVX512 static inline __attribute__((always_inline)) void
-ukernel_avx512_wide_body(size_t R, size_t kc, const float *A, size_t rs, size_t cs,
-                         const float *Bp, float *C, size_t ldc, int acc) {
-    const float *Bq = Bp + NR * kc;
-    __m512 c[MR_WIDE][2];
-#pragma GCC unroll 16
-    for (size_t i = 0; i < R; i++) {
-        c[i][0] = c[i][1] = _mm512_setzero_ps();
-        _mm_prefetch((const char *)(C + i * ldc), _MM_HINT_T0);
-        _mm_prefetch((const char *)(C + i * ldc + 2 * NR - 1), _MM_HINT_T0);
-    }
-    if (cs == 1) {
-        for (size_t p = 0; p < kc; p++, A++, Bp += NR, Bq += NR) {
-            __m512 b0 = _mm512_load_ps(Bp), b1 = _mm512_load_ps(Bq);
-#pragma GCC unroll 16
-            for (size_t i = 0; i < R; i++) {
-                __m512 a = _mm512_set1_ps(A[i * rs]);
-                c[i][0] = _mm512_fmadd_ps(a, b0, c[i][0]);
-                c[i][1] = _mm512_fmadd_ps(a, b1, c[i][1]);
-            }
-        }
-    } else {
-#pragma GCC unroll 2
-        for (size_t p = 0; p < kc; p++, A += cs, Bp += NR, Bq += NR) {
-            _mm_prefetch((const char *)(A + PF_K * cs), _MM_HINT_T0);
-            _mm_prefetch((const char *)(A + PF_K * cs + R - 1), _MM_HINT_T0);
-            __m512 b0 = _mm512_load_ps(Bp), b1 = _mm512_load_ps(Bq);
+            __m512 b0 = _mm512_load_ps(Bp), b1 = V > 1 ? _mm512_load_ps(Bp + bq) : b0;
 #pragma GCC unroll 16
             for (size_t i = 0; i < R; i++) {
                 __m512 a = _mm512_set1_ps(A[i]);
                 c[i][0] = _mm512_fmadd_ps(a, b0, c[i][0]);
-                c[i][1] = _mm512_fmadd_ps(a, b1, c[i][1]);
+                if (V > 1) c[i][1] = _mm512_fmadd_ps(a, b1, c[i][1]);
             }
         }
     }
 #pragma GCC unroll 16
-    for (size_t i = 0; i < R; i++) {
-        float *ci = C + i * ldc;
-        _mm512_storeu_ps(ci, acc ? _mm512_add_ps(c[i][0], _mm512_loadu_ps(ci)) : c[i][0]);
-        _mm512_storeu_ps(ci + NR,
-                         acc ? _mm512_add_ps(c[i][1], _mm512_loadu_ps(ci + NR)) : c[i][1]);
-    }
+    for (size_t i = 0; i < R; i++)
+        for (size_t v = 0; v < V; v++) {
+            float *ci = C + i * ldc + v * NR;
+            _mm512_storeu_ps(ci, acc ? _mm512_add_ps(c[i][v], _mm512_loadu_ps(ci)) : c[i][v]);
+        }
 }
 
+RX_AVX512 static void ukernel_avx512(size_t kc, const float *A, size_t rs, size_t cs,
+                                     const float *Bp, float *C, size_t ldc, int acc) {
+    ukernel_avx512_body(MR512, 1, kc, A, rs, cs, Bp, C, ldc, acc);
+}
+
+/* The 12 x 32 tile (two adjacent slivers): per k, two B loads and 12
+ * broadcasts feed 24 FMAs, where an R x 16 tile spends a load (its
+ * broadcast) per FMA and its loads set the pace. In L1 on a Sapphire
+ * Rapids core 12x32 ran at 220 GFLOP/s against 204-212 for 16x16 (8x32
+ * and 14x32 within 3% of 12x32); 12 rows x 2 zmm are 24 accumulators, and
+ * MC = 144 holds whole 12-row slivers. Over the S and M projections at 1
+ * thread it took rx_sgemm from 0.99x / 0.94x OpenBLAS's rate to 1.07x /
+ * 1.02x (bench_gemm.py --cpu-time) and an fp32 training step to 0.946x
+ * (S) and 0.934x (M) of its time at 2 threads (bench_ab.py, both launch
+ * orders). Each C element is still one FMA chain over k in order: the
+ * same bits as every other kernel. */
 RX_AVX512 static void ukernel_avx512_12w(size_t kc, const float *A, size_t rs, size_t cs,
                                         const float *Bp, float *C, size_t ldc, int acc) {
-    ukernel_avx512_wide_body(MR_WIDE, kc, A, rs, cs, Bp, C, ldc, acc);
+    ukernel_avx512_body(MR_WIDE, 2, kc, A, rs, cs, Bp, C, ldc, acc);
 }
 
+/* its last single sliver */
 RX_AVX512 static void ukernel_avx512_12(size_t kc, const float *A, size_t rs, size_t cs,
                                        const float *Bp, float *C, size_t ldc, int acc) {
-    ukernel_avx512_body(MR_WIDE, kc, A, rs, cs, Bp, C, ldc, acc);
+    ukernel_avx512_body(MR_WIDE, 1, kc, A, rs, cs, Bp, C, ldc, acc);
 }
 
 /* R rows of eight k values, transposed as 8x8 blocks of eight rows each
