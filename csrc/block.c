@@ -111,21 +111,42 @@ int rx_block_backward_acts(const rx_block_params *P, const rx_block_acts *S, con
     return rc;
 }
 
-/* P's tensors into in and G's (when not NULL) into out, for
- * rx_spans_check; a block's norms are [C] vectors */
-static void block_spans(const rx_block_params *P, const rx_block_grads *G, rx_spans *in,
-                        rx_spans *out) {
-    const size_t C = (size_t)P->tm.c;
-    rx_tm_spans(&P->tm, G ? &G->tm : NULL, "P->tm.", "G->tm.", in, out);
-    rx_cm_spans(&P->cm, G ? &G->cm : NULL, "P->cm.", "G->cm.", in, out);
+/* A sequence entry point's own buffers: the forward leaves dy and the
+ * grads NULL, and y is its out; the backward's y is dx. */
+typedef struct {
+    const float *x, *tm_xprev, *cm_xprev, *v_first, *dy;   /* read */
+    const float *y, *d_tm_xprev, *d_cm_xprev, *d_v_first;  /* written (d_v_first: below) */
+} block_io;
+
+/* rx_spans_check of P (and G) and io: v_first is read at a later layer and
+ * written by the forward at layer 0; d_v_first is the backward's output at
+ * a later layer and its input (the downstream grad) at layer 0. A block's
+ * norms are [C] vectors. */
+static int block_spans_check(const char *fn, const rx_block_params *P, const rx_block_grads *G,
+                             const block_io *io, int B, int T) {
+    const size_t C = (size_t)P->tm.c, BTC = (size_t)B * T * C, BC = (size_t)B * C;
+    const int later = P->tm.layer_id > 0;
+    rx_spans in = {.n = 0}, out = {.n = 0};
+    rx_tm_spans(&P->tm, G ? &G->tm : NULL, "P->tm.", "G->tm.", &in, &out);
+    rx_cm_spans(&P->cm, G ? &G->cm : NULL, "P->cm.", "G->cm.", &in, &out);
     const float *const p[4] = {P->ln1_w, P->ln1_b, P->ln2_w, P->ln2_b};
     float *const g[4] = {G ? G->ln1_w : NULL, G ? G->ln1_b : NULL, G ? G->ln2_w : NULL,
                          G ? G->ln2_b : NULL};
     static const char *const name[4] = {"ln1_w", "ln1_b", "ln2_w", "ln2_b"};
     for (int i = 0; i < 4; i++) {
-        rx_spans_add(in, "P->", name[i], p[i], C, sizeof(float));
-        rx_spans_add(out, "G->", name[i], g[i], C, sizeof(float));
+        rx_spans_add(&in, "P->", name[i], p[i], C, sizeof(float));
+        rx_spans_add(&out, "G->", name[i], g[i], C, sizeof(float));
     }
+    RX_SPAN_ADD(&in, "x", io->x, BTC);
+    RX_SPAN_ADD(&in, "tm_xprev_init", io->tm_xprev, BC);
+    RX_SPAN_ADD(&in, "cm_xprev_init", io->cm_xprev, BC);
+    if (later || !io->dy) RX_SPAN_ADD(later ? &in : &out, "v_first", io->v_first, BTC);
+    RX_SPAN_ADD(&in, "dy", io->dy, BTC);
+    RX_SPAN_ADD(later ? &out : &in, "d_v_first", io->d_v_first, BTC);
+    RX_SPAN_ADD(&out, io->dy ? "dx" : "out", io->y, BTC);
+    RX_SPAN_ADD(&out, "d_tm_xprev_init", io->d_tm_xprev, BC);
+    RX_SPAN_ADD(&out, "d_cm_xprev_init", io->d_cm_xprev, BC);
+    return rx_spans_check(fn, &out, &in);
 }
 
 /* x, out, v_first: [B][T][C]; tm_xprev_init, cm_xprev_init: [B][C] or NULL */
@@ -140,15 +161,8 @@ int rx_block_forward_seq(const rx_block_params *P, const float *x,
     int rc = rx_seq_check(fn, B, T, P->tm.layer_id, v_first);
     if (rc != RX_OK) return rc;
     const int vres = P->tm.layer_id > 0;
-    const size_t BTC = (size_t)B * T * P->tm.c, BC = (size_t)B * P->tm.c;
-    rx_spans in = {.n = 0}, o = {.n = 0};
-    block_spans(P, NULL, &in, &o);
-    RX_SPAN_ADD(&in, "x", x, BTC);
-    RX_SPAN_ADD(&in, "tm_xprev_init", tm_xprev_init, BC);
-    RX_SPAN_ADD(&in, "cm_xprev_init", cm_xprev_init, BC);
-    RX_SPAN_ADD(vres ? &in : &o, "v_first", v_first, BTC);
-    RX_SPAN_ADD(&o, "out", out, BTC);
-    rc = rx_spans_check(fn, &o, &in);
+    const block_io io = {x, tm_xprev_init, cm_xprev_init, v_first, NULL, out, NULL, NULL, NULL};
+    rc = block_spans_check(fn, P, NULL, &io, B, T);
     if (rc != RX_OK) return rc;
     rx_block_acts S;
     rc = rx_block_acts_alloc(&S, P, (size_t)B, (size_t)T);
@@ -178,20 +192,9 @@ int rx_block_backward(const rx_block_params *P, const float *x,
     if (rc != RX_OK) return rc;
     const int vres = P->tm.layer_id > 0;
     const size_t BT = (size_t)B * T, C = (size_t)P->tm.c;
-    rx_spans in = {.n = 0}, out = {.n = 0};
-    block_spans(P, G, &in, &out);
-    RX_SPAN_ADD(&in, "x", x, BT * C);
-    RX_SPAN_ADD(&in, "tm_xprev_init", tm_xprev_init, (size_t)B * C);
-    RX_SPAN_ADD(&in, "cm_xprev_init", cm_xprev_init, (size_t)B * C);
-    RX_SPAN_ADD(&in, "v_first", vres ? v_first : NULL, BT * C);
-    RX_SPAN_ADD(&in, "dy", dy, BT * C);
-    /* d_v_first: the grad of the v_first input at a later layer, the
-     * downstream grad of the one produced at layer 0 */
-    RX_SPAN_ADD(vres ? &out : &in, "d_v_first", d_v_first, BT * C);
-    RX_SPAN_ADD(&out, "dx", dx, BT * C);
-    RX_SPAN_ADD(&out, "d_tm_xprev_init", d_tm_xprev_init, (size_t)B * C);
-    RX_SPAN_ADD(&out, "d_cm_xprev_init", d_cm_xprev_init, (size_t)B * C);
-    rc = rx_spans_check(fn, &out, &in);
+    const block_io io = {x,  tm_xprev_init, cm_xprev_init,   v_first,  dy,
+                         dx, d_tm_xprev_init, d_cm_xprev_init, d_v_first};
+    rc = block_spans_check(fn, P, G, &io, B, T);
     if (rc != RX_OK) return rc;
     rx_block_acts S;
     float *work = rx_falloc(rx_block_work(P, BT)), *tmp = rx_falloc(BT * C);

@@ -85,6 +85,23 @@ int rx_cm_backward_acts(const rx_cm_params *P, const float *x, const float *x_pr
     return RX_OK;
 }
 
+/* rx_spans_check of a sequence entry point: P (and G), x [B][T][c],
+ * x_prev_init [B][c], dy (NULL in the forward), y (out, or dx) and
+ * d_xprev_init [B][c] */
+static int cm_spans_check(const char *fn, const rx_cm_params *P, const rx_cm_grads *G, int B,
+                          int T, const float *x, const float *x_prev_init, const float *dy,
+                          const float *y, const float *d_xprev_init) {
+    const size_t BTC = (size_t)B * T * P->c, BC = (size_t)B * P->c;
+    rx_spans in = {.n = 0}, out = {.n = 0};
+    rx_cm_spans(P, G, "P->", "G->", &in, &out);
+    RX_SPAN_ADD(&in, "x", x, BTC);
+    RX_SPAN_ADD(&in, "x_prev_init", x_prev_init, BC);
+    RX_SPAN_ADD(&in, "dy", dy, BTC);
+    RX_SPAN_ADD(&out, dy ? "dx" : "out", y, BTC);
+    RX_SPAN_ADD(&out, "d_xprev_init", d_xprev_init, BC);
+    return rx_spans_check(fn, &out, &in);
+}
+
 /* x, out: [B][T][C]; x_prev_init: [B][C] or NULL */
 int rx_channelmix_forward_seq(const rx_cm_params *P, const float *x, const float *x_prev_init,
                               float *out, int B, int T) {
@@ -97,12 +114,7 @@ int rx_channelmix_forward_seq(const rx_cm_params *P, const float *x, const float
     int rc = rx_seq_check(fn, B, T, -1, NULL);
     if (rc != RX_OK) return rc;
     const size_t C = (size_t)P->c, F = (size_t)P->ffn_dim, BT = (size_t)B * T;
-    rx_spans in = {.n = 0}, o = {.n = 0};
-    rx_cm_spans(P, NULL, "P->", "", &in, &o);
-    RX_SPAN_ADD(&in, "x", x, BT * C);
-    RX_SPAN_ADD(&in, "x_prev_init", x_prev_init, (size_t)B * C);
-    RX_SPAN_ADD(&o, "out", out, BT * C);
-    rc = rx_spans_check(fn, &o, &in);
+    rc = cm_spans_check(fn, P, NULL, B, T, x, x_prev_init, NULL, out, NULL);
     if (rc != RX_OK) return rc;
     float *xk = rx_falloc(BT * C), *h = rx_falloc(BT * F);
     if (!xk || !h) {
@@ -132,14 +144,7 @@ int rx_channelmix_backward(const rx_cm_params *P, const float *x, const float *x
     int rc = rx_seq_check(fn, B, T, -1, NULL);
     if (rc != RX_OK) return rc;
     const size_t C = (size_t)P->c, F = (size_t)P->ffn_dim, BT = (size_t)B * T;
-    rx_spans in = {.n = 0}, out = {.n = 0};
-    rx_cm_spans(P, G, "P->", "G->", &in, &out);
-    RX_SPAN_ADD(&in, "x", x, BT * C);
-    RX_SPAN_ADD(&in, "x_prev_init", x_prev_init, (size_t)B * C);
-    RX_SPAN_ADD(&in, "dy", dy, BT * C);
-    RX_SPAN_ADD(&out, "dx", dx, BT * C);
-    RX_SPAN_ADD(&out, "d_xprev_init", d_xprev_init, (size_t)B * C);
-    rc = rx_spans_check(fn, &out, &in);
+    rc = cm_spans_check(fn, P, G, B, T, x, x_prev_init, dy, dx, d_xprev_init);
     if (rc != RX_OK) return rc;
     /* the scratch apart from the activations: with dh = h and dxk = xk, as
      * here before, a threaded batch overwrote h and xk while their weight

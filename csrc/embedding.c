@@ -91,6 +91,17 @@ static void scatter(const int *tokens, int T, int C, int vocab, const float *d_o
     }
 }
 
+/* RX_OK when d_emb [vocab][C] shares no memory with tokens [T] or d_out
+ * [T][C]; else RX_EINVAL naming fn (rx_spans_check) */
+static int scatter_apart(const char *fn, const int *tokens, int T, int C, int vocab,
+                         const float *d_out, const float *d_emb) {
+    rx_spans in = {.n = 0}, out = {.n = 0};
+    RX_SPAN_ADD(&in, "tokens", tokens, (size_t)T);
+    RX_SPAN_ADD(&in, "d_out", d_out, (size_t)T * C);
+    RX_SPAN_ADD(&out, "d_emb", d_emb, (size_t)vocab * C);
+    return rx_spans_check(fn, &out, &in);
+}
+
 int rx_embedding_scatter(const int *tokens, int T, int C, int vocab, const float *d_out,
                          float *d_emb) {
     static const char *const fn = "rx_embedding_scatter";
@@ -99,11 +110,7 @@ int rx_embedding_scatter(const int *tokens, int T, int C, int vocab, const float
                        !tokens ? "tokens" : !d_out ? "d_out" : "d_emb");
     if (T < 1 || C < 1 || vocab < 1)
         return rx_fail(RX_EINVAL, "%s: T = %d, C = %d, vocab = %d must be >= 1", fn, T, C, vocab);
-    rx_spans in = {.n = 0}, out = {.n = 0};
-    RX_SPAN_ADD(&in, "tokens", tokens, (size_t)T);
-    RX_SPAN_ADD(&in, "d_out", d_out, (size_t)T * C);
-    RX_SPAN_ADD(&out, "d_emb", d_emb, (size_t)vocab * C);
-    int rc = rx_spans_check(fn, &out, &in);
+    int rc = scatter_apart(fn, tokens, T, C, vocab, d_out, d_emb);
     if (rc != RX_OK) return rc;
     for (int t = 0; t < T; t++)
         if (tokens[t] < 0 || tokens[t] >= vocab)
@@ -120,12 +127,8 @@ void rx_embedding_backward(const int *tokens, int T, int C, int vocab, const flo
         rx_fnan(d_emb, (size_t)vocab * (size_t)C);
         return;
     }
-    rx_spans in = {.n = 0}, out = {.n = 0};
-    RX_SPAN_ADD(&in, "tokens", tokens, (size_t)T);
-    RX_SPAN_ADD(&in, "d_out", d_out, (size_t)T * C);
-    RX_SPAN_ADD(&out, "d_emb", d_emb, (size_t)vocab * C);
     /* refused (rx_last_error says why): d_emb is left as it is, the input
      * it overlaps intact */
-    if (rx_spans_check("rx_embedding_backward", &out, &in) == RX_OK)
+    if (scatter_apart("rx_embedding_backward", tokens, T, C, vocab, d_out, d_emb) == RX_OK)
         scatter(tokens, T, C, vocab, d_out, d_emb);
 }

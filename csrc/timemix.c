@@ -536,6 +536,29 @@ int rx_tm_backward_acts(const rx_tm_params *P, const rx_tm_acts *A, const float 
     return rc;
 }
 
+/* rx_spans_check of a sequence entry point: P (and G) with x [B][T][c],
+ * x_prev_init [B][c] and, in the backward (dy not NULL), dy; y is out in
+ * the forward, dx in the backward, with d_xprev_init [B][c]. v_first is
+ * read at a later layer and written by the forward at layer 0; d_v_first
+ * is the backward's output at a later layer and its input at layer 0. */
+static int tm_spans_check(const char *fn, const rx_tm_params *P, const rx_tm_grads *G, int B,
+                          int T, const float *x, const float *x_prev_init, const float *v_first,
+                          const float *dy, const float *y, const float *d_xprev_init,
+                          const float *d_v_first) {
+    const size_t BTC = (size_t)B * T * P->c, BC = (size_t)B * P->c;
+    const int later = P->layer_id > 0;
+    rx_spans in = {.n = 0}, out = {.n = 0};
+    rx_tm_spans(P, G, "P->", "G->", &in, &out);
+    RX_SPAN_ADD(&in, "x", x, BTC);
+    RX_SPAN_ADD(&in, "x_prev_init", x_prev_init, BC);
+    if (later || !dy) RX_SPAN_ADD(later ? &in : &out, "v_first", v_first, BTC);
+    RX_SPAN_ADD(&in, "dy", dy, BTC);
+    RX_SPAN_ADD(later ? &out : &in, "d_v_first", d_v_first, BTC);
+    RX_SPAN_ADD(&out, dy ? "dx" : "out", y, BTC);
+    RX_SPAN_ADD(&out, "d_xprev_init", d_xprev_init, BC);
+    return rx_spans_check(fn, &out, &in);
+}
+
 /* x, out: [B][T][C]; x_prev_init: [B][C] or NULL; v_first: [B][T][C] */
 int rx_timemix_forward_seq(const rx_tm_params *P, const float *x, const float *x_prev_init,
                            float *v_first, float *out, int B, int T) {
@@ -546,15 +569,8 @@ int rx_timemix_forward_seq(const rx_tm_params *P, const float *x, const float *x
         return tm_params_fail(fn, P);
     int rc = rx_seq_check(fn, B, T, P->layer_id, v_first);
     if (rc != RX_OK) return rc;
-    const size_t BTC = (size_t)B * T * P->c;
     const int later = P->layer_id > 0;   /* v_first an input, else an output */
-    rx_spans in = {.n = 0}, o = {.n = 0};
-    rx_tm_spans(P, NULL, "P->", "", &in, &o);
-    RX_SPAN_ADD(&in, "x", x, BTC);
-    RX_SPAN_ADD(&in, "x_prev_init", x_prev_init, (size_t)B * P->c);
-    RX_SPAN_ADD(later ? &in : &o, "v_first", v_first, BTC);
-    RX_SPAN_ADD(&o, "out", out, BTC);
-    rc = rx_spans_check(fn, &o, &in);
+    rc = tm_spans_check(fn, P, NULL, B, T, x, x_prev_init, v_first, NULL, out, NULL, NULL);
     if (rc != RX_OK) return rc;
     rx_tm_acts A;
     rc = rx_tm_acts_alloc(&A, P, (size_t)B, (size_t)T);
@@ -580,18 +596,9 @@ int rx_timemix_backward(const rx_tm_params *P, const float *x, const float *x_pr
                        P->layer_id);
     int rc = rx_seq_check(fn, B, T, P->layer_id, v_first);
     if (rc != RX_OK) return rc;
-    const size_t BTC = (size_t)B * T * P->c;
-    const int later = P->layer_id > 0;   /* d_v_first an output, else an input */
-    rx_spans in = {.n = 0}, out = {.n = 0};
-    rx_tm_spans(P, G, "P->", "G->", &in, &out);
-    RX_SPAN_ADD(&in, "x", x, BTC);
-    RX_SPAN_ADD(&in, "x_prev_init", x_prev_init, (size_t)B * P->c);
-    RX_SPAN_ADD(&in, "v_first", later ? v_first : NULL, BTC);
-    RX_SPAN_ADD(&in, "dy", dy, BTC);
-    RX_SPAN_ADD(later ? &out : &in, "d_v_first", d_v_first, BTC);
-    RX_SPAN_ADD(&out, "dx", dx, BTC);
-    RX_SPAN_ADD(&out, "d_xprev_init", d_xprev_init, (size_t)B * P->c);
-    rc = rx_spans_check(fn, &out, &in);
+    const int later = P->layer_id > 0;
+    rc = tm_spans_check(fn, P, G, B, T, x, x_prev_init, v_first, dy, dx, d_xprev_init,
+                        d_v_first);
     if (rc != RX_OK) return rc;
     rx_tm_acts A;
     rc = rx_tm_acts_alloc(&A, P, (size_t)B, (size_t)T);
