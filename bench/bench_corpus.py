@@ -15,7 +15,7 @@ import resource
 import shutil
 import time
 
-from rwkvx_c import tokenizer as tkz
+from rwkvx_c.data import tokenizers as tkz
 from rwkvx_c.data import load_corpus, stdlib_files
 
 

@@ -13,7 +13,7 @@ CPU-second (all threads) shows the work done regardless of the machine's load.
 import argparse
 import time
 
-from rwkvx_c import tokenizer as tkz
+from rwkvx_c.data import tokenizers as tkz
 from rwkvx_c.data import stdlib_files
 
 

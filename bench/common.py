@@ -26,9 +26,9 @@ if glob.glob(os.path.join(ROOT, "rwkvx_c", "_core*.so")) and ROOT not in sys.pat
 
 
 def _load_presets():
-    """rwkvx_c/presets.py loaded by path: importing the rwkvx_c package here
+    """rwkvx_c/model/presets.py loaded by path: importing the rwkvx_c package here
     would pin this tree's build before bench_ab.py imports another one."""
-    path = os.path.join(ROOT, "rwkvx_c", "presets.py")
+    path = os.path.join(ROOT, "rwkvx_c", "model", "presets.py")
     spec = importlib.util.spec_from_file_location("rwkvx_c_presets", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

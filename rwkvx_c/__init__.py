@@ -1,8 +1,12 @@
-"""rwkvx_c: a CPU pretraining engine for RWKV-X language models.
+"""rwkvx_c: a CPU training engine for RWKV-X language models.
 
-The kernels (docs/maths.md) are C with OpenMP; this package is their validated
-Python surface. Every array is float32 (tokens int32) and C-contiguous.
+The kernels (docs/maths.md) are C with OpenMP; this package is their
+validated Python surface. Every array is float32 (tokens int32) and
+C-contiguous. The layers above the binding (docs/architecture.md):
+rwkvx_c.cli -> rwkvx_c.train, rwkvx_c.interop, rwkvx_c.sample ->
+rwkvx_c.data -> rwkvx_c.model, rwkvx_c.run -> rwkvx_c.util, rwkvx_c.errors.
 """
+import glob as _glob
 import os as _os
 
 from rwkvx_c._omp import bound_spin as _bound_spin
@@ -10,13 +14,24 @@ from rwkvx_c._omp import openmp_runtimes  # noqa: F401
 
 _bound_spin()   # before the C core loads the OpenMP runtime; see _omp.py
 
-from rwkvx_c._core import *  # noqa: E402, F403
-from rwkvx_c._core import (  # noqa: E402,F401
-    gemm_kernel,
-    get_num_threads,
-    has_openmp,
-    set_num_threads,
-)
+_HERE = _os.path.dirname(_os.path.abspath(__file__))
+try:
+    from rwkvx_c._core import *  # noqa: F403
+    from rwkvx_c._core import (  # noqa: F401
+        gemm_kernel,
+        get_num_threads,
+        has_openmp,
+        set_num_threads,
+    )
+except ModuleNotFoundError as _e:
+    if _e.name != "rwkvx_c._core" or _glob.glob(_os.path.join(_HERE, "_core*.so")):
+        raise
+    # a checkout's rwkvx_c/ (first on sys.path when Python runs in the
+    # repository root) shadows the installed package and has no extension
+    raise ImportError(
+        f"rwkvx_c was imported from the source tree {_HERE}, which has no built extension: "
+        "run from another folder to use the installed package, or build it in place "
+        "with `pip install -e .`") from None
 
 __version__ = "0.1.0"
 
@@ -26,9 +41,9 @@ LIBRARY_NAME = "rwkvx_c"
 
 def get_include() -> str:
     """Folder holding rx_pretrain.h, for C programs: -I$(this)."""
-    return _os.path.join(_os.path.dirname(__file__), "include")
+    return _os.path.join(_HERE, "include")
 
 
 def get_library_dir() -> str:
     """Folder holding librwkvx_c.so, for C programs: -L$(this) -Wl,-rpath,$(this)."""
-    return _os.path.join(_os.path.dirname(__file__), "lib")
+    return _os.path.join(_HERE, "lib")

@@ -73,6 +73,7 @@ def check_config(config):
     """Raises TypeError / ValueError naming the first bad field of a model
     config (the checks RxPtModel makes), allocating nothing."""
     _pt_config(config)
+    _pt_flags(config)
 
 
 cdef class _ModelHandle:

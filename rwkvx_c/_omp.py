@@ -13,7 +13,7 @@ than with the default (bench/bench_beside_torch.py). Too short a spin costs
 on idle cores instead: a worker sleeps at every barrier it waits at for
 longer, and each wake-up takes tens of microseconds; an S or M step at 2
 threads ran 3-5% faster with 3000 than with 1000, and no faster with
-10,000 (README, "Beside PyTorch"). libgomp reads these variables once,
+10,000 (docs/performance.md). libgomp reads these variables once,
 when it is loaded, so rwkvx_c sets a bounded spin before it loads its C
 core, unless the user chose a policy or the runtime was already loaded
 (by torch, say): then the user's environment decides.
@@ -30,7 +30,7 @@ _RUNTIMES = ("libgomp", "libomp", "libiomp")
 def openmp_runtimes() -> list[str]:
     """Paths of the OpenMP runtime libraries mapped into this process (Linux;
     elsewhere an empty list). More than one means two thread pools whose idle
-    workers compete for the same cores; see the README."""
+    workers compete for the same cores; see docs/performance.md."""
     try:
         with open("/proc/self/maps") as f:
             paths = {line.split()[-1] for line in f if "/" in line}

@@ -15,18 +15,16 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from rwkvx_c import _core, memcheck
-from rwkvx_c.checkpoint import CheckpointError, read_checkpoint
-from rwkvx_c.tokenizer import ByteTokenizer, Tokenizer, TokenizerError, run_tokenizer
+from rwkvx_c import _core
+from rwkvx_c.data.tokenizers import ByteTokenizer, Tokenizer, run_tokenizer
+from rwkvx_c.errors import CheckpointError, ConfigError, MemoryTooSmall, TokenizerError
+from rwkvx_c.model import memory
+from rwkvx_c.model.config import ModelConfig
+from rwkvx_c.model.weights import load_params
+from rwkvx_c.run.checkpoint import read_checkpoint
+from rwkvx_c.run.rundir import checkpoint_path
 
 __all__ = ["load_model", "load_run", "sample_token", "generate", "checkpoint_path"]
-
-
-def checkpoint_path(path: str) -> str:
-    """The checkpoint file for a run folder or a checkpoint file path."""
-    if os.path.isdir(path):
-        return os.path.join(path, "checkpoint.safetensors")
-    return path
 
 
 def load_model(path: str) -> _core.RxPtModel:
@@ -50,21 +48,16 @@ def load_run(path: str) -> tuple[_core.RxPtModel, Tokenizer]:
         raise CheckpointError(f"checkpoint {p}: its model has {config.get('vocab_size')} ids, "
                               f"fewer than its tokenizer's {tok.vocab_size}")
     try:
-        _core.check_config(config)
+        ModelConfig.from_dict(config)
         # the parameters and the file's copy of them, checked before either exists
-        memcheck.check(8 * memcheck.estimate_params(config), f"the model of {p}",
-                       "sample on a machine with more memory")
+        memory.check(8 * memory.estimate_params(config), f"the model of {p}",
+                     "sample on a machine with more memory")
         model = _core.RxPtModel(config)
-    except (TypeError, ValueError) as e:
-        raise CheckpointError(f"checkpoint {p} holds an unusable model config: {e}") from None
-    except memcheck.MemoryTooSmall as e:
+    except ConfigError as e:
+        raise CheckpointError(f"checkpoint {p} holds an unusable model config ({e})") from None
+    except MemoryTooSmall as e:
         raise CheckpointError(str(e)) from None
-    for name in model.param_names:
-        t = tensors.get(name)
-        if t is None or t.shape != model.params[name].shape:
-            raise CheckpointError(f"checkpoint {p} lacks tensor {name} of shape "
-                                  f"{model.params[name].shape}")
-        model.params[name][...] = t
+    load_params(model, tensors, f"checkpoint {p}")
     return model, tok
 
 

@@ -1,9 +1,9 @@
-"""rwkvx_c.atomic: the one way every file is replaced."""
+"""rwkvx_c.util.atomic: the one way every file is replaced."""
 import os
 
 import pytest
 
-from rwkvx_c.atomic import replace_with, replacing, temp_path, writer_pid
+from rwkvx_c.util.atomic import replace_with, replacing, temp_path, writer_pid
 
 
 def test_replacing_writes_and_leaves_no_temporary(tmp_path):

@@ -261,7 +261,7 @@ def test_bf16_resume_reproduces_the_uninterrupted_run(tmp_path):
 def test_precision_in_checkpoint_and_resume_refuses_a_change(tmp_path):
     out = str(tmp_path / "run")
     Trainer(_opts(tmp_path, steps=2), out).run()
-    from rwkvx_c.checkpoint import read_checkpoint
+    from rwkvx_c.run.checkpoint import read_checkpoint
     state = read_checkpoint(os.path.join(out, "checkpoint.safetensors"))[2]
     assert state["options"]["precision"] == "bf16"
     with pytest.raises(TrainError, match="precision 'bf16' -> 'fp32'"):

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rwkvx_c.checkpoint import CheckpointError, read_checkpoint, save_checkpoint
+from rwkvx_c.run.checkpoint import CheckpointError, read_checkpoint, save_checkpoint
 
 
 def _tensors():

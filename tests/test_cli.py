@@ -120,3 +120,91 @@ def test_late_ctrl_c_while_ignoring_it(monkeypatch):
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN and len(calls) == 2
     finally:
         real(signal.SIGINT, old)
+
+
+def _actions(parser):
+    """(command path, action) of every option of the parser and its subcommands."""
+    import argparse
+    todo = [((), parser)]
+    while todo:
+        path, p = todo.pop()
+        for a in p._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                todo += [(path + (name,), sub) for name, sub in a.choices.items()]
+            elif a.option_strings:
+                yield path, a
+
+
+def test_every_option_shows_its_default():
+    import argparse
+
+    from rwkvx_c.cli import build_parser
+    seen = 0
+    for path, a in _actions(build_parser()):
+        if isinstance(a, (argparse._HelpAction, argparse._VersionAction)):
+            continue
+        seen += 1
+        assert a.help and ("default" in a.help or "required" in a.help), \
+            f"rwkvx-c {' '.join(path)} {a.option_strings[0]}: {a.help!r}"
+    assert seen > 40
+
+
+def test_version_and_no_abbreviated_flags(capsys):
+    import rwkvx_c
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.strip() == \
+        f"rwkvx-c {rwkvx_c.__version__}"
+    # --step is not --steps, nor --seq is --seq-len: a typo is an error, not a guess
+    for flag in ("--step", "--seq", "--lr-scale"):
+        with pytest.raises(SystemExit) as e:
+            main(["train", flag, "3"])
+        assert e.value.code == 2
+        assert "unrecognized arguments" in capsys.readouterr().err
+
+
+def test_loss_plot_has_the_run_bpb_and_time(tmp_path):
+    pytest.importorskip("matplotlib")
+    import matplotlib
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    from rwkvx_c.cli.plot import plot_log
+    rows = [{"step": s, "loss": 5.0 - s / 100, "elapsed": 1.5 * s} for s in range(1, 201)]
+    rows += [{"step": s, "val_loss": 3.0, "val_bpb": 4.3 - s / 100, "elapsed": 1.5 * s}
+             for s in (50, 100, 200)]
+    drawn = []
+    real = plt.Figure.savefig
+
+    def keep(fig, *a, **kw):
+        drawn.append(fig)
+        return real(fig, *a, **kw)
+    plt.Figure.savefig = keep
+    try:
+        assert plot_log(rows, str(tmp_path / "loss.png"), title="rwkvx-c train: runs/x")
+    finally:
+        plt.Figure.savefig = real
+    (fig,) = drawn
+    main_ax = fig.axes[0]
+    assert main_ax.get_title() == "rwkvx-c train: runs/x"
+    axes = fig.axes + [c for ax in fig.axes for c in ax.child_axes]   # the top axis is a child
+    labels = {ax.get_ylabel() for ax in axes} | {ax.get_xlabel() for ax in axes}
+    assert "validation bits per byte" in labels and "training time (min)" in labels
+    assert (tmp_path / "loss.png").stat().st_size > 10000
+
+
+def test_a_source_tree_without_its_extension_says_what_to_do(tmp_path):
+    import shutil
+
+    import rwkvx_c
+    tree = tmp_path / "checkout"
+    shutil.copytree(os.path.dirname(rwkvx_c.__file__), tree / "rwkvx_c",
+                    ignore=shutil.ignore_patterns("*.so", "lib", "include", "__pycache__"))
+    # -S: no site-packages, so neither an installed rwkvx_c nor an editable
+    # install's finder can supply the extension
+    r = subprocess.run([sys.executable, "-S", "-c", "import rwkvx_c"], cwd=tree,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError: rwkvx_c was imported from the source tree"), r.stderr
+    assert "pip install -e ." in last and "another folder" in last

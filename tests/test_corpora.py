@@ -1,4 +1,4 @@
-"""Corpora for every tokenizer (rwkvx_c/corpora.py): JSON lines, binidx,
+"""Corpora for every tokenizer (rwkvx_c.data.pipeline): JSON lines, binidx,
 several paths, streaming, the token cache's rebuild rules, and val_bpb."""
 import gzip
 import json
@@ -11,8 +11,9 @@ import sys
 import numpy as np
 import pytest
 
-from rwkvx_c import corpora
-from rwkvx_c import tokenizer as tkz
+from rwkvx_c.data import cache as token_cache
+from rwkvx_c.data import formats, sources
+from rwkvx_c.data import tokenizers as tkz
 from rwkvx_c.data import DataError, load_corpus
 
 
@@ -83,7 +84,7 @@ def test_binidx(tmp_path):
     docs = [list(rng.integers(1, 65530, n)) + [0] for n in (50, 300, 7, 1000)]
     stem = tmp_path / "corpus_text_document"
     _write_binidx(stem, docs)
-    tokens, starts = corpora.read_binidx(str(stem) + ".bin")
+    tokens, starts = formats.read_binidx(str(stem) + ".bin")
     assert np.array_equal(np.asarray(tokens), np.concatenate(docs))
     assert starts.tolist() == [0, 51, 352, 360]
     world = tkz.load("world")
@@ -92,8 +93,17 @@ def test_binidx(tmp_path):
         assert isinstance(c.train, np.memmap) and not c.train.flags.writeable
         assert np.array_equal(_all_tokens(c), np.concatenate(docs))
         assert c.vocab_size == 65536 and c.token_bytes is not None
-    with pytest.raises(DataError, match="outside the byte tokenizer's vocabulary"):
-        load_corpus(f"{stem}.bin", seq_len=32)
+    # read as bytes (no tokenizer named) a token file keeps its own vocabulary
+    c = load_corpus(f"{stem}.bin", seq_len=32)
+    assert c.vocab_size == int(np.concatenate(docs).max()) + 1 and not c.is_bytes
+
+    class Small(tkz.ByteTokenizer):   # a vocabulary smaller than the file's ids
+        name, vocab_size = "small", 1000
+
+        def identity(self):
+            return {"name": "small", "sha256": None}
+    with pytest.raises(DataError, match="outside the small tokenizer's vocabulary"):
+        load_corpus(f"{stem}.bin", seq_len=32, tokenizer=Small())
     with pytest.raises(DataError, match="only --data path"):
         load_corpus([f"{stem}.bin", f"{stem}.bin"], seq_len=32, tokenizer=world)
     bad = tmp_path / "bad"
@@ -126,12 +136,12 @@ def test_several_paths_in_order(tmp_path):
 
 def test_long_documents_stream_exactly(tmp_path, monkeypatch):
     world = tkz.load("world")
-    _, files = corpora.stdlib_files()
+    _, files = sources.stdlib_files()
     text = b"".join(_read(p) for _, p in files[:30])
     p = tmp_path / "long.txt"
     p.write_bytes(text)
-    monkeypatch.setattr(corpora, "PIECE_BYTES", 5000)   # many pieces, many carries
-    monkeypatch.setattr(corpora, "BATCH_BYTES", 20000)
+    monkeypatch.setattr(formats, "PIECE_BYTES", 5000)   # many pieces, many carries
+    monkeypatch.setattr(token_cache, "BATCH_BYTES", 20000)
     c = load_corpus(str(p), seq_len=64, tokenizer=world, cache_dir=str(tmp_path / "c"))
     assert np.asarray(c.train).dtype == np.uint16
     assert _all_tokens(c).tolist() == world.encode(text).tolist()
@@ -145,8 +155,8 @@ def test_cache_rebuild_rules(tmp_path, monkeypatch):
     (d / "x.jsonl").write_text(json.dumps({"text": "json doc"}) + "\n")
     cache = str(tmp_path / "cache")
     builds = []
-    real = corpora._build
-    monkeypatch.setattr(corpora, "_build", lambda *a: (builds.append(a[0]), real(*a))[1])
+    real = token_cache._build
+    monkeypatch.setattr(token_cache, "_build", lambda *a: (builds.append(a[0]), real(*a))[1])
     world = tkz.load("world")
 
     def load(tok=None):
@@ -182,7 +192,7 @@ def test_interrupted_pass_leaves_no_cache(tmp_path, monkeypatch):
             raise KeyboardInterrupt
         return [self.encode(x) for x in docs]
 
-    monkeypatch.setattr(corpora, "BATCH_BYTES", 10)       # one document per batch
+    monkeypatch.setattr(token_cache, "BATCH_BYTES", 10)       # one document per batch
     monkeypatch.setattr(tkz.ByteTokenizer, "encode_docs", boom, raising=False)
     with pytest.raises(KeyboardInterrupt):
         load_corpus(str(d), seq_len=16, cache_dir=str(cache))
@@ -198,7 +208,7 @@ def test_val_bpb_is_bits_per_byte_of_text(tmp_path):
     (ln 2 * bytes the targets decode to), recomputed here in float64."""
     pytest.importorskip("tokenizers")
     from rwkvx_c.train import Trainer, TrainOptions
-    _, files = corpora.stdlib_files()
+    _, files = sources.stdlib_files()
     docs = [_read(p) for _, p in files[:30]]
     tj = str(tmp_path / "tok.json")
     tok = tkz.train_bpe(iter(docs), 300, tj, progress=False)
@@ -294,10 +304,11 @@ def test_killed_writers_temporaries_are_swept(tmp_path):
         load_corpus(str(docs / "0.jsonl"), seq_len=16, cache_dir=str(cache))
         assert not orphan.exists() and (busy / "train.tok").exists()
 
-        # the byte path's concatenations (folder corpora): orphaned files in the keyed folder
+        # the files written inside a keyed folder after it is built (all.tok)
+        before = set(cache.iterdir())
         load_corpus(str(texts), seq_len=16, cache_dir=str(cache))
-        (keyed,) = [p for p in cache.iterdir() if not p.name.startswith("tok-")]
-        stale, writing = keyed / f".val.bin.tmp{dead}", keyed / f".all.bin.tmp{live.pid}"
+        (keyed,) = set(cache.iterdir()) - before
+        stale, writing = keyed / f".all.tok.tmp{dead}", keyed / f".all.tok.tmp{live.pid}"
         stale.write_bytes(b"x")
         writing.write_bytes(b"x")
         load_corpus(str(texts), seq_len=16, cache_dir=str(cache))

@@ -1,4 +1,4 @@
-"""Corpora, the byte tokenizer and the seeded batch sampler (rwkvx_c/data.py)."""
+"""Corpora, the byte tokenizer and the seeded batch sampler (rwkvx_c.data)."""
 import json
 import os
 
@@ -9,7 +9,7 @@ from rwkvx_c.data import (
     BatchSampler,
     ByteTokenizer,
     DataError,
-    _is_val_file,
+    is_val_file,
     eval_windows,
     load_corpus,
     stdlib_files,
@@ -22,16 +22,16 @@ def test_tokenizer_round_trip():
     ids = tok.encode(s)
     assert ids.dtype == np.int32 and ids.max() < 256
     assert len(ids) == len(s.encode())
-    assert tok.decode(ids) == s
-    assert tok.decode([0xE2, 0x9C]) == "\ufffd"  # cut UTF-8: replaced, no exception
+    assert tok.decode(ids) == s.encode()
+    assert tok.decode([0xE2, 0x9C]) == b"\xe2\x9c"  # cut UTF-8: the bytes as they are
 
 
 def test_default_corpus_split_by_file(tmp_path):
     c = load_corpus(cache_dir=str(tmp_path), seq_len=64)
     _root, files = stdlib_files()
     assert all("site-packages" not in rel for rel, _ in files)
-    val_files = [p for rel, p in files if _is_val_file(rel)]
-    train_files = [p for rel, p in files if not _is_val_file(rel)]
+    val_files = [p for rel, p in files if is_val_file(rel)]
+    train_files = [p for rel, p in files if not is_val_file(rel)]
     assert 0 < len(val_files) < len(files) // 10
     assert len(c.val) == sum(os.path.getsize(p) for p in val_files)
     assert len(c.train) == sum(os.path.getsize(p) for p in train_files)
@@ -93,7 +93,7 @@ def test_bad_corpora(tmp_path):
     with pytest.raises(DataError, match="too few"):
         load_corpus(str(tmp_path / "small.txt"), seq_len=64)
     (tmp_path / "emptydir").mkdir()
-    with pytest.raises(DataError, match="no text files"):
+    with pytest.raises(DataError, match="no text or .jsonl files"):
         load_corpus(str(tmp_path / "emptydir"))
     (tmp_path / "x.bin").write_bytes(b"\0" * 100)
     with pytest.raises(DataError, match="dtype"):

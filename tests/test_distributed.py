@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import rwkvx_c
-from rwkvx_c.distributed import DistributedError, ProcessGroup, mpi_requested
+from rwkvx_c.train.distributed import DistributedError, ProcessGroup, mpi_requested
 
 ROOT = os.path.dirname(os.path.dirname(rwkvx_c.__file__))
 FAST = ["--preset", "tiny", "--seq-len", "32", "--batch", "4", "--eval-tokens", "128",
@@ -172,7 +172,8 @@ def test_a_failing_rank_ends_the_job(tmp_path, how):
     script = tmp_path / "fail.py"
     script.write_text(
         "import os, signal, sys\n"
-        "from rwkvx_c import cli, distributed\n"
+        "from rwkvx_c import cli\n"
+        "from rwkvx_c.train import distributed\n"
         "from rwkvx_c.train import Trainer\n"
         "if distributed.world().rank == 1:\n"
         "    step = Trainer.step\n"

@@ -86,7 +86,7 @@ def test_fuzz_cli_flags(tmp_path):
 CKPT_WORKER = r'''
 import copy, json, math, os, random, sys, time, traceback
 import numpy as np
-from rwkvx_c.checkpoint import CheckpointError, read_checkpoint, save_checkpoint
+from rwkvx_c.run.checkpoint import CheckpointError, read_checkpoint, save_checkpoint
 from rwkvx_c.data import DataError
 from rwkvx_c.sample import load_model
 from rwkvx_c.train import TrainError, TrainOptions, Trainer

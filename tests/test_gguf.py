@@ -135,7 +135,7 @@ def test_world_vocabulary_tokens():
         if os.environ.get("RWKVX_REQUIRE_INTEROP") == "1":
             pytest.fail("RWKVX_REQUIRE_INTEROP=1 but rwkv is not installed")
         pytest.skip("the rwkv package (World vocabulary file) is not installed")
-    from rwkvx_c.gguf_export import gguf_vocab
+    from rwkvx_c.interop.gguf import gguf_vocab
     texts, types = gguf_vocab(65536)
     assert len(texts) == len(types) == 65536 and len(set(texts)) == 65536
     assert texts[0] == "<s>" and types[0] == int(gguf.TokenType.CONTROL)

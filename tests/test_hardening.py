@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 import rwkvx_c as rx
-from rwkvx_c import memcheck
-from rwkvx_c.checkpoint import CheckpointError, parse_checkpoint, read_checkpoint, save_checkpoint
-from rwkvx_c.guard import MAX_ROLLBACKS, ROLLBACK_LR_FACTOR, Divergence, DivergenceGuard
+from rwkvx_c.model import memory as memcheck
+from rwkvx_c.run.checkpoint import CheckpointError, parse_checkpoint, read_checkpoint, save_checkpoint
+from rwkvx_c.train.guard import MAX_ROLLBACKS, ROLLBACK_LR_FACTOR, Divergence, DivergenceGuard
 from rwkvx_c.train import CHECKPOINT, LOG, Trainer, TrainError, TrainOptions
 
 from hostile import SMALL, cli, corpus, no_traceback, python
@@ -130,7 +130,7 @@ def test_guard_bounds():
 
 def test_every_init_starts_below_the_uniform_bound(tmp_path):
     """The uniform bound must never stop a healthy run at its first step."""
-    from rwkvx_c.init import SCHEMES
+    from rwkvx_c.model.init import SCHEMES
     for scheme in SCHEMES:
         tr = Trainer(_opts(tmp_path, init=scheme, steps=1), None)
         tr.step()
@@ -313,7 +313,7 @@ def test_estimate_params_bounds_the_model():
 _ACTS_PROBE = """
 import numpy as np
 import rwkvx_c as rx
-from rwkvx_c import memcheck
+from rwkvx_c.model import memory as memcheck
 SMALL = %r
 m = rx.RxPtModel(SMALL)
 per = memcheck.acts_bytes_per_token(m)
@@ -429,7 +429,7 @@ def test_second_resume_of_a_run_is_refused(tmp_path):
     r = cli("train", "--steps", "2", *common, cwd=str(tmp_path))
     assert r.returncode == 0, r.stderr
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from rwkvx_c.runlock import RunLock; "
+        [sys.executable, "-c", "import sys, time; from rwkvx_c.run.lock import RunLock; "
          "held = RunLock(sys.argv[1]); print('locked', flush=True); time.sleep(60)",
          str(tmp_path / "run")], env=__import__("hostile").env(), stdout=subprocess.PIPE,
         text=True, cwd=str(tmp_path))
@@ -489,7 +489,7 @@ def trained(tmp_path_factory):
 def test_progress_without_a_terminal_is_plain_lines(trained):
     """12 steps used to write 12+ carriage-return updates into a log; now
     a line at most every PLAIN_INTERVAL_S seconds, plus the last."""
-    from rwkvx_c.progress import PLAIN_INTERVAL_S
+    from rwkvx_c.util.progress import PLAIN_INTERVAL_S
     _, r, seconds = trained
     err = r.stderr.decode()
     assert "\r" not in err

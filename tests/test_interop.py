@@ -224,7 +224,7 @@ def _trained(tmp_path, **model):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("def f(x):\n    return x * 2\n" * 300)
     opts = TrainOptions(preset="tiny", data=str(corpus), batch=2, seq_len=32, steps=4,
-                        eval_tokens=64, warmup_steps=1, threads=1, model=model,
+                        eval_tokens=64, warmup_steps=1, threads=1, model=model, precision="fp32",
                         cache_dir=str(tmp_path / "cache"))
     tr = Trainer(opts, str(tmp_path / "run"))
     tr.run()
@@ -292,7 +292,7 @@ def _one_line(capsys, rc, *words):
 
 def test_cli_shape_flags_export_import_sample_resume(tmp_path, capsys):
     _need("torch")
-    from rwkvx_c.checkpoint import read_checkpoint
+    from rwkvx_c.run.checkpoint import read_checkpoint
     from rwkvx_c.cli import main
     corpus = tmp_path / "c.txt"
     corpus.write_text("abc def ghi\n" * 500)
@@ -343,21 +343,24 @@ def test_cli_shape_flags_export_import_sample_resume(tmp_path, capsys):
     _one_line(capsys, main(["train", "--n-embd", "100", "--head-size", "64"] + fast),
               "multiple of head_size")
     _one_line(capsys, main(["train", "--n-layer", "2", "--n-attn-layer", "3"] + fast),
-              "exceeds n_layer")
+              "must not exceed")
 
 
-def test_shape_overrides_and_lora_formula():
-    from rwkvx_c.train import TrainError, rwkv7_lora_sizes, shape_overrides
-    # RWKV-7 0.1B (C = 768) ships w1 [768, 64], a1 [768, 64], v1 [768, 32], g1 [768, 128]
-    assert rwkv7_lora_sizes(768) == (64, 64, 32, 128)
-    assert rwkv7_lora_sizes(64) == (32, 32, 32, 32)
-    assert shape_overrides("tiny", n_attn_layer=0) == {"n_attn_layer": 0}
-    o = shape_overrides("tiny", n_embd=192, d_gate=16)
-    assert (o["n_head"], o["ffn_dim"], o["Dw"], o["Dg"]) == (3, 768, 32, 16)
-    for kw, word in ((dict(n_embd=100), "multiple"), (dict(n_attn_layer=5), "exceeds"),
+def test_shape_options_and_lora_formula():
+    from rwkvx_c.errors import ConfigError
+    from rwkvx_c.model import ModelConfig, lora_sizes
+    # RWKV-7 0.1B (C = 768) ships w1 [768, 64], a1 [768, 64], g1 [768, 128], v1 [768, 32]
+    assert lora_sizes(768) == {"Dw": 64, "Da": 64, "Dg": 128, "Dv": 32}
+    assert lora_sizes(64) == {"Dw": 32, "Da": 32, "Dg": 32, "Dv": 32}
+    tiny = ModelConfig.preset("tiny")
+    assert tiny.with_shape(n_attn_layer=0) == ModelConfig.from_dict(
+        {**tiny.to_dict(), "n_attn_layer": 0})
+    o = tiny.with_shape(n_embd=192, d_gate=16)
+    assert (o.n_head, o.ffn_dim, o.Dw, o.Dg) == (3, 768, 32, 16)
+    for kw, word in ((dict(n_embd=100), "multiple"), (dict(n_attn_layer=5), "must not exceed"),
                      (dict(head_size=0), "head_size"), (dict(moba_top_k=-1), "moba_top_k")):
-        with pytest.raises(TrainError, match=word):
-            shape_overrides("tiny", **kw)
+        with pytest.raises(ConfigError, match=word):
+            tiny.with_shape(**kw)
 
 
 def test_imported_world_model_keeps_the_world_tokenizer(tmp_path):

@@ -148,7 +148,7 @@ def test_bad_ln0_value(bad):
 def test_presets_turn_ln0_on_and_old_checkpoints_keep_loading(tmp_path):
     """A run saved before the ln0 key existed (no ln0 in its config or
     options) resumes as an ln0 = 0 model, bit for bit, and samples."""
-    from rwkvx_c.checkpoint import read_checkpoint, save_checkpoint
+    from rwkvx_c.run.checkpoint import read_checkpoint, save_checkpoint
     from rwkvx_c.sample import load_model
     from rwkvx_c.train import CHECKPOINT, PRESETS, Trainer, TrainOptions
 

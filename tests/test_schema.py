@@ -62,10 +62,10 @@ def test_bindings_fill_every_field_by_offset():
 
 
 def test_interop_maps_every_field():
-    from rwkvx_c import interop
-    ours = [f for _, f, _ in interop._TM_X070]
+    from rwkvx_c.interop import rwkv7
+    ours = [f for _, f, _ in rwkv7._TM_X070]
     assert sorted(ours) == sorted(n for n, _, _ in rx.tm_fields())
-    assert interop._VRES == ("v0", "v1", "v2")
+    assert rwkv7._VRES == ("v0", "v1", "v2")
 
 
 def _docs_presets():
@@ -85,7 +85,7 @@ def _docs_presets():
 
 
 def test_presets_are_the_docs_table():
-    from rwkvx_c.presets import PRESETS
+    from rwkvx_c.model.presets import PRESETS
     docs = _docs_presets()
     assert set(docs) == set(PRESETS) - {"default"}
     for name, (cfg, T) in docs.items():
@@ -100,7 +100,7 @@ def test_bench_presets_are_the_trainers():
                                                   os.path.join(ROOT, "bench", "common.py"))
     common = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(common)
-    from rwkvx_c.presets import PRESETS
+    from rwkvx_c.model.presets import PRESETS
     for name, (cfg, T) in _docs_presets().items():
         assert common.PRESETS[name] == dict(cfg, T=T), name
     assert set(common.PRESETS) == set(PRESETS) - {"default"}

@@ -5,7 +5,7 @@ import os
 import numpy as np
 import pytest
 
-from rwkvx_c import tokenizer as tkz
+from rwkvx_c.data import tokenizers as tkz
 from rwkvx_c.data import stdlib_files
 
 rwkv_tok = pytest.importorskip("rwkv.rwkv_tokenizer", reason="needs the rwkv package")

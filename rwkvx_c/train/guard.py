@@ -25,6 +25,8 @@ from collections import deque
 
 import numpy as np
 
+from rwkvx_c.errors import Divergence
+
 __all__ = ["Divergence", "DivergenceGuard", "UNIFORM_SLACK_NATS", "SPIKE_WINDOW",
            "SPIKE_MIN_HISTORY", "SPIKE_NATS", "SPIKE_REL", "ROLLBACK_LR_FACTOR",
            "MAX_ROLLBACKS", "ON_DIVERGENCE"]
@@ -37,15 +39,6 @@ SPIKE_REL = 0.5
 ROLLBACK_LR_FACTOR = 0.5   # each rollback halves the learning rate
 MAX_ROLLBACKS = 3          # then the run stops: 1/8 of the lr did not help
 ON_DIVERGENCE = ("stop", "rollback")
-
-
-class Divergence(FloatingPointError):
-    """The run diverged at `step`; `reason` says how."""
-
-    def __init__(self, step: int, reason: str) -> None:
-        super().__init__(f"the run diverged at step {step}: {reason}")
-        self.step = step
-        self.reason = reason
 
 
 class DivergenceGuard:

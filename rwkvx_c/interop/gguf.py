@@ -16,9 +16,11 @@ from typing import Any
 import numpy as np
 
 from rwkvx_c._core import RxPtModel
-from rwkvx_c.atomic import replace_with
-from rwkvx_c.interop import DTYPES, InteropError
-from rwkvx_c.tokenizer import WORLD_VOCAB_SIZE as WORLD_VOCAB
+from rwkvx_c.data.tokenizers import WORLD_VOCAB_SIZE as WORLD_VOCAB
+from rwkvx_c.data.tokenizers import parse_vocab_file, world_vocab_path
+from rwkvx_c.errors import InteropError, TokenizerError
+from rwkvx_c.interop.pth import DTYPES
+from rwkvx_c.util.atomic import replace_with
 
 __all__ = ["gguf_refusal", "gguf_tensors", "gguf_vocab", "save_gguf"]
 
@@ -63,8 +65,7 @@ def _token_text(b: bytes) -> str:
 
 def _world_tokens() -> list[bytes]:
     """The World vocabulary's tokens 1..65529, read as the World tokenizer
-    reads them (rwkvx_c.tokenizer)."""
-    from rwkvx_c.tokenizer import TokenizerError, parse_vocab_file, world_vocab_path
+    reads them (rwkvx_c.data.tokenizers)."""
     try:
         path = world_vocab_path()
         entries = sorted(parse_vocab_file(path), key=lambda e: e[1])

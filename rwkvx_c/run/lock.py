@@ -9,7 +9,7 @@ process the lock is shared: Trainer objects of one interpreter on one
 folder (a script that resumes what it just trained) count references.
 
 With the lock held, files that only an unfinished write leaves behind
-(".NAME.tmpPID[.EXT]", rwkvx_c.atomic's temporaries; "NAME.tmp" and
+(".NAME.tmpPID[.EXT]", rwkvx_c.util.atomic's temporaries; "NAME.tmp" and
 "NAME.tmp.png", those of earlier versions) belong to a writer that died,
 and are removed.
 """
@@ -20,6 +20,8 @@ import fcntl
 import fnmatch
 import os
 
+from rwkvx_c.errors import RunLocked
+
 __all__ = ["RunLocked", "RunLock", "LOCK_NAME", "ORPHAN_PATTERNS", "remove_orphans"]
 
 LOCK_NAME = ".lock"
@@ -27,10 +29,6 @@ LOCK_NAME = ".lock"
 ORPHAN_PATTERNS = (".*.tmp[0-9]*", "*.tmp", "*.tmp.png")
 
 _held: dict[str, list] = {}   # realpath -> [fd, references]
-
-
-class RunLocked(OSError):
-    """The run folder is locked by another process."""
 
 
 def remove_orphans(folder: str) -> list[str]:

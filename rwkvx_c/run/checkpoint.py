@@ -39,7 +39,8 @@ from typing import Any
 
 import numpy as np
 
-from rwkvx_c.atomic import replacing
+from rwkvx_c.errors import CheckpointError
+from rwkvx_c.util.atomic import replacing
 
 __all__ = ["CheckpointError", "save_checkpoint", "read_checkpoint", "parse_checkpoint", "FORMAT",
            "VERSION"]
@@ -54,10 +55,6 @@ _HCRC_ZERO = b"00000000"
 
 # (tensors, config, state), as read_checkpoint returns them
 Checkpoint = tuple[dict[str, np.ndarray], dict[str, Any], dict[str, Any]]
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that is missing, truncated, corrupt or does not fit."""
 
 
 def save_checkpoint(path: str, tensors: Mapping[str, np.ndarray], config: Mapping[str, Any],

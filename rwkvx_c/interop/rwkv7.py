@@ -1,23 +1,17 @@
-"""Models in and out of rwkvx_c: the RWKV-LM x070 state dict (RWKV-7, as the
-``rwkv`` pip package and RWKV-LM load it), the RWKV-X layout of the
-``rwkv-x`` pip package, and GGUF for llama.cpp's RWKV-7 architecture.
-
-The Python API works between an :class:`RxPtModel` and a plain dict of
-float32 NumPy arrays under the foreign names, so scripts need neither the
-CLI nor PyTorch::
+"""The RWKV-LM x070 state dict (RWKV-7, as the ``rwkv`` pip package and
+RWKV-LM load it) and the RWKV-X layout of the ``rwkv-x`` pip package, as
+name maps between an RxPtModel and a plain dict of float32 NumPy arrays
+under the foreign names (no PyTorch needed here)::
 
     sd = to_rwkv7(model)              # {"emb.weight": ..., "blocks.0.ln0.weight": ...}
     model = from_rwkv7(sd)            # sizes derived from the shapes
-    save_pth(sd, "model.pth", "bf16") # needs torch (pip install "rwkvx_c[torch]")
-    sd = load_pth("model.pth")        # bf16 / fp16 / fp32 in, float32 out
 
 The mapping, tensor by tensor, and where the formats' maths differ is
 docs/interop.md. A model a format cannot hold is an InteropError with one
-line saying why; nothing is written then.
+line saying why.
 """
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -26,13 +20,10 @@ import numpy as np
 
 from rwkvx_c import _core
 from rwkvx_c._core import RxPtModel
-from rwkvx_c.atomic import replace_with
+from rwkvx_c.errors import InteropError
+from rwkvx_c.model.weights import load_params
 
-__all__ = ["InteropError", "to_rwkv7", "from_rwkv7", "rwkv7_config", "to_rwkvx", "from_rwkvx",
-           "rwkvx_refusal", "load_pth", "save_pth", "export_model", "import_pth", "DTYPES",
-           "FORMATS"]
-
-DTYPES = ("fp32", "bf16", "fp16")
+__all__ = ["to_rwkv7", "from_rwkv7", "rwkv7_config", "to_rwkvx", "from_rwkvx", "rwkvx_refusal"]
 
 # sizes a model imported from x070 gets for what x070 has no tensor for:
 # MoBA settings (no attention blocks) and, with a single layer, the
@@ -56,20 +47,6 @@ _TM_X070 = (
 )
 # the fields RWKV block 0 lacks (the value residual), from the library's schema
 _VRES = tuple(name for name, _, at_layer0 in _core.tm_fields() if not at_layer0)
-
-
-class InteropError(ValueError):
-    """A model or file that the requested format cannot hold or that is not
-    a valid file of it (one line, saying why)."""
-
-
-def _need_torch() -> Any:
-    try:
-        import torch
-    except ImportError:
-        raise InteropError('reading and writing .pth files needs PyTorch: '
-                           'pip install "rwkvx_c[torch]"') from None
-    return torch
 
 
 # ---- the x070 names ---------------------------------------------------------
@@ -225,8 +202,7 @@ def _fill(model: RxPtModel, sd: Mapping[str, np.ndarray],
     for k in optional:
         if k in sd and not np.issubdtype(np.asarray(sd[k]).dtype, np.floating):
             raise InteropError(f"{k} has dtype {np.asarray(sd[k]).dtype}")
-    for ours, a in staged:
-        p[ours][...] = a
+    load_params(model, dict(staged), "the state dict", InteropError)
 
 
 def from_rwkv7(sd: Mapping[str, np.ndarray]) -> RxPtModel:
@@ -238,45 +214,6 @@ def from_rwkv7(sd: Mapping[str, np.ndarray]) -> RxPtModel:
     _fill(model, sd, _x070_pairs(config),
           optional=tuple(f"blocks.0.att.{v}" for v in _VRES))
     return model
-
-
-# ---- .pth files ------------------------------------------------------------------
-
-
-def load_pth(path: str) -> dict[str, np.ndarray]:
-    """The tensors of a .pth state dict as float32 NumPy arrays (bf16, fp16
-    and fp32 are converted exactly). Needs torch; loads weights only."""
-    torch = _need_torch()
-    try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise InteropError(f"{path}: no such file") from None
-    except Exception as e:  # noqa: BLE001 -- pickle and zip errors have many types
-        raise InteropError(f"{path} is not a readable .pth state dict: {e}") from None
-    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
-        raise InteropError(f"{path} does not hold a flat dict of tensors")
-    out = {}
-    for k, v in obj.items():
-        if not v.is_floating_point():
-            raise InteropError(f"{path}: tensor {k} has dtype {v.dtype}, expected floating point")
-        out[k] = v.detach().to(torch.float32).contiguous().numpy()
-    return out
-
-
-def _torch_dtype(torch: Any, dtype: str) -> Any:
-    if dtype not in DTYPES:
-        raise InteropError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
-    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
-
-
-def save_pth(sd: Mapping[str, np.ndarray], path: str, dtype: str = "fp32") -> None:
-    """Writes sd as a torch .pth state dict of dtype (fp32, bf16 or fp16;
-    round to nearest even), atomically."""
-    torch = _need_torch()
-    td = _torch_dtype(torch, dtype)
-    tensors = {k: torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32)).to(td)
-               for k, v in sd.items()}
-    replace_with(path, lambda tmp: torch.save(tensors, tmp))
 
 
 # ---- RWKV-X (the rwkv-x pip package) ------------------------------------------------
@@ -378,50 +315,3 @@ def from_rwkvx(sd: Mapping[str, np.ndarray]) -> RxPtModel:
     _fill(model, sd, _rwkvx_pairs(model),
           optional=tuple(f"rwkv.blocks.0.att.{v}" for v in _VRES))
     return model
-
-
-# ---- run folders ---------------------------------------------------------------------
-
-FORMATS = ("rwkv7", "rwkvx", "gguf")
-
-
-def export_model(model: RxPtModel, fmt: str, out: str, dtype: str = "fp32") -> None:
-    """Writes model to the file out in format fmt (rwkv7, rwkvx or gguf) at
-    dtype (fp32, bf16 or fp16), atomically; InteropError when the format
-    cannot hold the model (nothing is written then)."""
-    if dtype not in DTYPES:
-        raise InteropError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
-    if fmt == "rwkv7":
-        save_pth(to_rwkv7(model), out, dtype)
-    elif fmt == "rwkvx":
-        save_pth(to_rwkvx(model), out, dtype)
-    elif fmt == "gguf":
-        from rwkvx_c.gguf_export import save_gguf
-        save_gguf(model, out, dtype)
-    else:
-        raise InteropError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
-
-
-def import_pth(path: str, out_dir: str) -> str:
-    """A run folder out_dir holding the .pth at path -- an x070 state dict,
-    or an RWKV-X checkpoint (names under rwkv. / moba.) -- as a checkpoint
-    (weights only: `rwkvx-c sample` runs it, `rwkvx-c train --resume`
-    starts a new run from it). Returns the checkpoint path; refuses a folder
-    that already holds a checkpoint."""
-    from rwkvx_c.checkpoint import save_checkpoint
-    from rwkvx_c.train import CHECKPOINT
-    ckpt = os.path.join(out_dir, CHECKPOINT)
-    if os.path.exists(ckpt):
-        raise InteropError(f"{out_dir} already holds a checkpoint; choose another --out")
-    sd = load_pth(path)
-    fmt = "rwkvx" if any(k.startswith("rwkv.") for k in sd) else "rwkv7"
-    model = from_rwkvx(sd) if fmt == "rwkvx" else from_rwkv7(sd)
-    tensors = {n: model.params[n] for n in model.param_names}
-    state = {"imported_from": os.path.abspath(path), "format": fmt, "step": 0}
-    from rwkvx_c.tokenizer import WORLD_VOCAB_SIZE
-    if model.config["vocab_size"] == WORLD_VOCAB_SIZE:
-        # official weights of this size use the World vocabulary: sample and
-        # train --resume then tokenise with it (rwkvx_c.tokenizer.run_tokenizer)
-        state["tokenizer"] = {"name": "world", "sha256": None}
-    save_checkpoint(ckpt, tensors, model.config, state)
-    return ckpt

@@ -15,10 +15,11 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 from collections.abc import Callable, Iterator
 from typing import IO, Any
 
-__all__ = ["replacing", "replace_with", "temp_path", "writer_pid"]
+__all__ = ["replacing", "replace_with", "temp_path", "writer_pid", "sweep_orphans"]
 
 _TMP = re.compile(r"\.tmp(\d+)(\.[A-Za-z0-9]+)?$")
 
@@ -88,3 +89,34 @@ def replace_with(dest: str, write: Callable[[str], object], keep_ext: bool = Fal
         write(tmp)
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return True   # another user's process, or no PID we can judge: not ours to remove
+    return True
+
+
+def sweep_orphans(folder: str, prefix: str = "") -> None:
+    """Remove the temporaries in `folder` (.NAME.tmpPID files, NAME.tmpPID
+    folders) whose name starts with prefix and whose writer is dead: a
+    killed writer never renames its temporary into place, and nothing else
+    would ever delete it. A live writer's stays."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return
+    for name in names:
+        pid = writer_pid(name)
+        if pid is None or not name.startswith(prefix) or _pid_alive(pid):
+            continue
+        p = os.path.join(folder, name)
+        if os.path.isdir(p) and not os.path.islink(p):
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):   # another sweeper may be first
+                os.unlink(p)

@@ -43,16 +43,14 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from rwkvx_c.errors import DistributedError
+
 T = TypeVar("T")
 
 __all__ = ["DistributedError", "MPIGroup", "ProcessGroup", "abort_job", "mpi_requested", "world"]
 
 _FORCE = "RWKVX_MPI"
 _ON, _OFF = ("1", "on", "yes", "true"), ("0", "off", "no", "false")
-
-
-class DistributedError(ValueError):
-    """A distributed set-up that cannot run (mpi4py missing, bad batch split)."""
 
 
 def _int_env(name: str) -> int | None:

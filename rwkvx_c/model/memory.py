@@ -17,20 +17,19 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from rwkvx_c.errors import MemoryTooSmall
+
 if TYPE_CHECKING:
     from rwkvx_c._core import RxPtModel
 
 __all__ = ["MemoryTooSmall", "estimate_params", "param_bytes", "acts_bytes_per_token",
-           "rough_bytes_per_token", "available_bytes", "fits", "check", "PARAM_COPIES", "HEADROOM"]
+           "rough_bytes_per_token", "available_bytes", "fits", "check", "check_step",
+           "PARAM_COPIES", "HEADROOM"]
 
 PARAM_COPIES = 7            # params, grads, AdamW m and v (4 x 4 B) + a checkpoint read (3 x 4 B)
 VECTORS_PER_LAYER = 32      # an RWKV block has ~22 C-vectors (lerps, biases, norms); margin
 HEADROOM = 0.9              # refuse beyond 90% of MemAvailable: the OS, Python, NumPy need some
 ROUGH_MARGIN = 4            # rough_bytes_per_token x this bounds the measured figure
-
-
-class MemoryTooSmall(MemoryError):
-    """The run would not fit in the available memory."""
 
 
 def estimate_params(cfg: dict) -> int:
@@ -138,3 +137,17 @@ def check(need: int, what: str, advice: str, available: int | None = None) -> No
     if avail is not None and not fits(need, avail):
         raise MemoryTooSmall(f"{what} needs about {_gib(need)} but only {_gib(avail)} is "
                              f"available; {advice}")
+
+
+def check_step(model: RxPtModel, batch: int, seq_len: int) -> None:
+    """Raises MemoryTooSmall when a training step of batch x seq_len tokens
+    (with the parameter copies of PARAM_COPIES) would not fit. The rough
+    bound decides when the machine is far from the limit; near it the
+    activation bytes are measured on the model (acts_bytes_per_token)."""
+    params = param_bytes(model.n_params)
+    rough = ROUGH_MARGIN * rough_bytes_per_token(model.config)
+    if fits(params + rough * batch * seq_len):
+        return   # far from the limit: not worth the measuring steps
+    per_tok = acts_bytes_per_token(model)
+    check(params + per_tok * batch * seq_len, f"a step of batch {batch} x seq_len {seq_len} "
+          f"({per_tok:,} bytes of activations per token)", "lower --batch or --seq-len")

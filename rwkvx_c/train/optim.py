@@ -1,4 +1,4 @@
-"""AdamW over a model's flat parameter arena, and the learning-rate schedule.
+"""AdamW over a model's flat parameter arena.
 
 The update itself runs in C (``rwkvx_c.adamw_step``, csrc/optim.c) in place
 on ``model.param_buffer``; the first and second moments live in two flat
@@ -19,7 +19,7 @@ from rwkvx_c._core import adamw_step, grad_norm
 if TYPE_CHECKING:
     from rwkvx_c._core import RxPtModel
 
-__all__ = ["AdamW", "decay_ranges", "lr_at"]
+__all__ = ["AdamW", "decay_ranges"]
 
 
 def _offset(view: np.ndarray, base: np.ndarray) -> int:
@@ -53,22 +53,6 @@ def decay_ranges(model: RxPtModel,
         else:
             merged.append([b, e])
     return np.array(merged, dtype=np.int64).reshape(-1, 2)
-
-
-def lr_at(step: int, progress: float, *, lr: float, warmup_steps: int,
-          min_lr_frac: float = 0.1) -> float:
-    """Learning rate for 1-based `step`.
-
-    Linear warmup over the first `warmup_steps` steps (step s gets
-    lr*s/warmup_steps), then a cosine from lr down to min_lr_frac*lr as
-    `progress` -- the fraction of the post-warmup run done, in [0, 1], by
-    steps or by wall-clock -- goes from 0 to 1.
-    """
-    if warmup_steps > 0 and step <= warmup_steps:
-        return lr * step / warmup_steps
-    p = min(max(progress, 0.0), 1.0)
-    lo = lr * min_lr_frac
-    return lo + 0.5 * (lr - lo) * (1.0 + math.cos(math.pi * p))
 
 
 class AdamW:

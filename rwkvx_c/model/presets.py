@@ -1,9 +1,10 @@
 """The model presets of docs/training.md §Presets: PRESETS[name] holds the
 model config (rx_pt_config field names plus ln0) and the training defaults
-the trainer takes from it. The one copy: rwkvx_c.train (and so the CLI's
---preset) and the benchmarks (bench/common.py) read this table. It imports
-only the standard library, so bench/common.py can load it by path without importing the
-rwkvx_c package (an A/B benchmark imports two different builds of it)."""
+the trainer takes from it. The one copy: rwkvx_c.model.config (and through
+it the trainer and the CLI's --preset) and the benchmarks (bench/common.py)
+read this table. It imports only the standard library, so bench/common.py
+can load it by path without importing the rwkvx_c package (an A/B benchmark
+imports two different builds of it)."""
 
 from typing import Any
 

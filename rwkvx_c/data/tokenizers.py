@@ -31,7 +31,10 @@ from typing import Any, Union
 
 import numpy as np
 
-from rwkvx_c.atomic import replace_with, replacing
+from rwkvx_c import _core
+from rwkvx_c.errors import TokenizerError
+from rwkvx_c.run.rundir import TOKENIZER
+from rwkvx_c.util.atomic import replace_with, replacing
 
 __all__ = [
     "WORLD_VOCAB",
@@ -49,11 +52,6 @@ __all__ = [
 Text = Union[str, bytes, bytearray, memoryview]
 WORLD_VOCAB = "rwkv_vocab_v20230424.txt"
 WORLD_VOCAB_SIZE = 65536   # the World models' embedding rows (ids 0..65529 used)
-RUN_FILE = "tokenizer.json"
-
-
-class TokenizerError(ValueError):
-    """A tokenizer that cannot be loaded, or does not match a run."""
 
 
 def _as_bytes(text: Text) -> bytes:
@@ -61,7 +59,6 @@ def _as_bytes(text: Text) -> bytes:
 
 
 def _threads() -> int:
-    from rwkvx_c import _core
     return max(1, _core.get_num_threads())
 
 
@@ -124,6 +121,10 @@ class ByteTokenizer(Tokenizer):
     def encode_piece(self, data: bytes, final: bool) -> tuple:
         return self.encode(data), len(data)
 
+    def encode_docs(self, docs: Sequence[bytes]) -> list:
+        # the token cache stores bytes as uint8: the bytes themselves, no int32 copy
+        return [np.frombuffer(d, dtype=np.uint8) for d in docs]
+
     def identity(self) -> dict:
         return {"name": "byte", "sha256": None}
 
@@ -175,12 +176,11 @@ def world_vocab_path() -> str:
 def _build_trie(path: str, size: int, mtime_ns: int, vocab_size: int) -> tuple:
     """(ByteTrie, id -> bytes, file SHA-256) of a vocabulary file; cached by
     path, size and mtime (a trainer and its sampler load it more than once)."""
-    from rwkvx_c._core import ByteTrie
     entries = parse_vocab_file(path)
     if not entries or max(i for _, i in entries) >= vocab_size:
         raise TokenizerError(f"{path}: ids exceed vocab_size {vocab_size}")
     try:
-        trie = ByteTrie(entries, vocab_size)
+        trie = _core.ByteTrie(entries, vocab_size)
     except ValueError as e:
         raise TokenizerError(f"{path}: {e}") from None
     table = [b""] * vocab_size
@@ -321,7 +321,7 @@ class HFTokenizer(Tokenizer):
         return {"name": "hf", "sha256": self._sha}
 
     def save(self, folder: str) -> None:
-        with replacing(os.path.join(folder, RUN_FILE)) as f:
+        with replacing(os.path.join(folder, TOKENIZER)) as f:
             f.write(self._json)
 
 
@@ -350,7 +350,7 @@ def run_tokenizer(folder: str, ident: dict | None) -> Tokenizer:
     if ident.get("name") == "world":
         tok: Tokenizer = WorldTokenizer()
     elif ident.get("name") == "hf":
-        p = os.path.join(folder, RUN_FILE)
+        p = os.path.join(folder, TOKENIZER)
         if not os.path.isfile(p):
             raise TokenizerError(f"the run in {folder} used a tokenizer.json that is missing "
                                  f"from it ({p})")

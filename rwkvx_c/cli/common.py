@@ -1,0 +1,77 @@
+"""What every subcommand shares: the parser with one-line errors and no
+abbreviated flags, the checked argument types, and how an expected failure
+becomes one line on stderr."""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections.abc import Callable
+from typing import Any, NoReturn, TypeVar
+
+from rwkvx_c.errors import RwkvxError
+
+T = TypeVar("T")
+
+__all__ = ["Parser", "Subparsers", "checked", "positive_int", "nonneg_int", "positive_float",
+           "nonneg_float", "unit_float", "ARG_TYPES", "err", "describe_error", "EXIT_USAGE",
+           "EXIT_FAILURE", "EXIT_INTERRUPTED"]
+
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors, and long flags taken only when spelt
+    out: `--step 3` is an error, not `--steps 3`."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        kw.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kw)
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+Subparsers = argparse._SubParsersAction   # the type add_subparsers returns
+
+
+def checked(conv: Callable[[str], T], ok: Callable[[T], bool], what: str) -> Callable[[str], T]:
+    """An argparse type: conv(s), which must satisfy ok, else "expected <what>"."""
+    def parse(s: str) -> T:
+        try:
+            v = conv(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}") from None
+        if not ok(v):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}")
+        return v
+    return parse
+
+
+positive_int = checked(int, lambda v: v >= 1, "a positive integer")
+nonneg_int = checked(int, lambda v: v >= 0, "an integer >= 0")
+positive_float = checked(float, lambda v: math.isfinite(v) and v > 0, "a positive number")
+nonneg_float = checked(float, lambda v: math.isfinite(v) and v >= 0, "a number >= 0")
+unit_float = checked(float, lambda v: 0 <= v <= 1, "a number in [0, 1]")
+
+# the value kinds of rwkvx_c.train.options fields, as argparse types
+ARG_TYPES: dict[str, Callable[[str], Any]] = {
+    "pos_int": positive_int, "nonneg_int": nonneg_int, "pos_float": positive_float,
+    "nonneg_float": nonneg_float, "unit_float": unit_float, "str": str, "paths": str}
+
+
+def err(msg: str, code: int = EXIT_FAILURE) -> int:
+    sys.stderr.write(f"rwkvx-c: error: {msg}\n")
+    return code
+
+
+def describe_error(e: BaseException) -> str:
+    """The one line an expected failure prints (RwkvxError, OSError, MemoryError)."""
+    if isinstance(e, OSError) and not isinstance(e, RwkvxError) and e.filename:
+        return f"{e.strerror}: {e.filename}"
+    if isinstance(e, MemoryError) and not isinstance(e, RwkvxError):
+        return f"out of memory: {e}"
+    rank = getattr(e, "rank", 0)   # set by rwkvx_c.train.distributed on another rank's error
+    return str(e) + (f" (on rank {rank})" if rank else "")

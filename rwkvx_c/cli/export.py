@@ -1,0 +1,35 @@
+"""rwkvx-c export: a run's model as a file another tool reads."""
+from __future__ import annotations
+
+import argparse
+
+from rwkvx_c.cli.common import Subparsers, err
+from rwkvx_c.interop.pth import DTYPES
+from rwkvx_c.interop.runs import FORMATS, export_model
+from rwkvx_c.sample import load_run
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(sub: Subparsers) -> None:
+    e = sub.add_parser("export", help="write a trained model for another tool",
+                       description="Write the model in DIR as an RWKV-LM x070 .pth (rwkv7: "
+                       "the rwkv package), an RWKV-X .pth (rwkvx: the rwkv-x package) or a "
+                       "GGUF file (gguf: llama.cpp). See docs/interop.md.")
+    e.add_argument("dir", metavar="DIR", help="run folder (or checkpoint file)")
+    e.add_argument("--format", required=True, choices=list(FORMATS),
+                   help="the file format (required)")
+    e.add_argument("--out", required=True, metavar="FILE", help="the file to write (required)")
+    e.add_argument("--dtype", default="fp32", choices=list(DTYPES),
+                   help="tensor type in the file (default: fp32)")
+
+
+def run(a: argparse.Namespace) -> int:
+    model, tok = load_run(a.dir)
+    if a.format == "gguf" and tok.name not in ("byte", "world"):
+        # the GGUF holds its vocabulary, and llama.cpp's rwkv7 knows byte and World only
+        return err(f"the run in {a.dir} uses a {tok.name} tokenizer; a GGUF export needs "
+                   "the byte or the World tokenizer")
+    export_model(model, a.format, a.out, a.dtype)
+    print(f"rwkvx-c export: {a.out} ({a.format}, {a.dtype})")
+    return 0

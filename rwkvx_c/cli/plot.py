@@ -1,0 +1,96 @@
+"""The run folder's loss.png: training loss and validation against steps,
+with the elapsed training time on a second axis above."""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from rwkvx_c.util.atomic import replace_with
+
+__all__ = ["plot_log"]
+
+SMOOTH_POINTS = 50   # the smoothed training curve has about this many windows
+FIGSIZE = (7.5, 4.6)
+DPI = 110
+
+
+def plot_log(rows: Sequence[dict[str, Any]], path: str, title: str = "") -> bool:
+    """Draw loss.png from a run's log rows. The validation curve is in bits
+    per byte when the run reports it (as the console does), on its own axis;
+    else validation loss beside the training loss. Returns False (and
+    writes nothing) when matplotlib is missing."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    tr = [(r["step"], r["loss"]) for r in rows if "loss" in r and "step" in r]
+    bpb = [(r["step"], r["val_bpb"]) for r in rows if r.get("val_bpb") is not None]
+    vl = [(r["step"], r["val_loss"]) for r in rows if "val_loss" in r]
+    fig, ax = plt.subplots(figsize=FIGSIZE, dpi=DPI)
+    handles = []
+    if tr:
+        ts = np.array([r[0] for r in tr], dtype=np.float64)
+        loss = np.array([r[1] for r in tr], dtype=np.float64)
+        ax.plot(ts, loss, lw=0.6, alpha=0.35, color="tab:blue")
+        k = max(1, len(loss) // SMOOTH_POINTS)
+        sm = np.convolve(loss, np.ones(k) / k, mode="valid") if k > 1 else loss
+        handles += ax.plot(ts[k - 1:], sm, color="tab:blue", label="train loss (nats/token)")
+    if bpb:
+        right = ax.twinx()
+        handles += right.plot([r[0] for r in bpb], [r[1] for r in bpb], "o-",
+                              color="tab:orange", label="validation (bits/byte)")
+        right.set_ylabel("validation bits per byte")
+    elif vl:
+        handles += ax.plot([r[0] for r in vl], [r[1] for r in vl], "o-", color="tab:orange",
+                           label="validation loss (nats/token)")
+    _time_axis(ax, rows)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (nats / token)")
+    ax.grid(alpha=0.3)
+    if handles:
+        ax.legend(handles=handles, loc="upper right")
+    if title:
+        ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    try:
+        replace_with(path, fig.savefig, keep_ext=True)
+    finally:
+        plt.close(fig)
+    return True
+
+
+def _time_axis(ax: Any, rows: Sequence[dict[str, Any]]) -> None:
+    """Elapsed training time on the top axis, mapped from steps through the
+    log's (step, elapsed) pairs (a resumed run's log continues its clock)."""
+    pts = sorted({(r["step"], r["elapsed"]) for r in rows
+                  if isinstance(r.get("elapsed"), (int, float)) and "step" in r
+                  and math.isfinite(r["elapsed"])})
+    if len(pts) < 2:
+        return
+    steps = np.array([p[0] for p in pts], dtype=np.float64)
+    secs = np.maximum.accumulate(np.array([p[1] for p in pts], dtype=np.float64))
+    if secs[-1] <= secs[0] or steps[-1] <= steps[0]:
+        return
+    unit, scale = ("min", 60.0) if secs[-1] >= 120 else ("s", 1.0)
+    # matplotlib inverts the map over the whole axis, margins included: make
+    # it strictly increasing (the log rounds elapsed to ms) and extend it
+    # linearly past both ends at the run's mean rate
+    rate = (secs[-1] - secs[0]) / (steps[-1] - steps[0])
+    secs = secs + 1e-9 * rate * np.arange(len(secs))
+    far = 1e3 * (steps[-1] - steps[0])
+    steps = np.concatenate([[steps[0] - far], steps, [steps[-1] + far]])
+    secs = np.concatenate([[secs[0] - far * rate], secs, [secs[-1] + far * rate]])
+
+    def to_time(x: np.ndarray) -> np.ndarray:
+        return np.interp(x, steps, secs) / scale
+
+    def to_step(t: np.ndarray) -> np.ndarray:
+        return np.interp(np.asarray(t) * scale, secs, steps)
+
+    top = ax.secondary_xaxis("top", functions=(to_time, to_step))
+    top.set_xlabel(f"training time ({unit})")

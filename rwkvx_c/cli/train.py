@@ -1,0 +1,219 @@
+"""rwkvx-c train: flags from TrainOptions and the model-shape options, the
+run with its progress bar, Ctrl-C handling and summary."""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from collections.abc import Callable
+from dataclasses import MISSING, fields
+from types import FrameType
+from typing import Any
+
+from rwkvx_c import _core
+from rwkvx_c.cli.common import (
+    ARG_TYPES,
+    EXIT_INTERRUPTED,
+    Subparsers,
+    err,
+    nonneg_int,
+    positive_int,
+)
+from rwkvx_c.cli.plot import plot_log
+from rwkvx_c.errors import TrainError
+from rwkvx_c.model.config import SHAPE_OPTIONS, ModelConfig
+from rwkvx_c.run.rundir import RunDir
+from rwkvx_c.train.distributed import ProcessGroup, world
+from rwkvx_c.train.options import TrainOptions
+from rwkvx_c.train.trainer import Trainer
+from rwkvx_c.util.progress import make_progress
+
+__all__ = ["add_parser", "run"]
+
+SAMPLE_PROMPT = "def "
+
+
+def _help(f: Any) -> str:
+    """A field's help, with its default unless the help already says it."""
+    h = f.metadata["help"]
+    if "default" in h or f.default is MISSING:
+        return h
+    return f"{h} (default: {f.default})"
+
+
+def add_parser(sub: Subparsers) -> None:
+    t = sub.add_parser("train", help="train a model (no arguments: the default job)",
+                       description="Train an RWKV-X model (bytes by default, or --tokenizer). "
+                       "With no arguments: the default preset on the Python standard library's "
+                       ".py files, for at most 9.5 minutes, into a new folder under ./runs/.")
+    for f in fields(TrainOptions):
+        m = f.metadata
+        if not m.get("cli"):
+            continue
+        flag = m["flag"] or "--" + f.name.replace("_", "-")
+        kw: dict[str, Any] = dict(dest=f.name, help=_help(f), metavar=m["metavar"])
+        if m["choices"]:
+            kw.update(choices=list(m["choices"]), metavar=None)
+        else:
+            kw["type"] = ARG_TYPES[m["kind"]]
+        if m["kind"] == "paths":
+            kw["nargs"] = "+"
+        t.add_argument(flag, **kw)
+    t.add_argument("--out", metavar="DIR", help="run folder (default: a new folder under "
+                   "./runs/)")
+    t.add_argument("--resume", action="store_true", help="continue the run in --out (or "
+                   "the newest run under ./runs/) from its checkpoint (default: a new run)")
+    t.add_argument("--no-progress", action="store_true", help="no progress bar (default: a "
+                   "bar on a terminal, else a plain line every few seconds)")
+    g = t.add_argument_group("model shape (each overrides the preset; stored in the checkpoint)")
+    for o in SHAPE_OPTIONS:
+        g.add_argument("--" + o.name.replace("_", "-"), dest=o.name, metavar=o.metavar,
+                       type=positive_int if o.least else nonneg_int,
+                       help=o.help + ("" if "default" in o.help else " (default: the preset's)"))
+
+
+def train_options(a: argparse.Namespace) -> dict[str, Any]:
+    """The TrainOptions fields the flags set (None: not given), the shape
+    flags folded into `model`; TrainError for shape flags with --resume."""
+    opts = {f.name: getattr(a, f.name) for f in fields(TrainOptions) if f.metadata.get("cli")}
+    if a.data and len(a.data) == 1:
+        opts["data"] = a.data[0]
+    shape = {o.name: getattr(a, o.name) for o in SHAPE_OPTIONS}
+    if any(v is not None for v in shape.values()):
+        if a.resume:
+            raise TrainError("the model shape of a run is fixed; drop the shape flags with "
+                             "--resume")
+        opts["model"] = ModelConfig.preset(a.preset or "default").with_shape(**shape).to_dict()
+    return opts
+
+
+def _resume_dir(out: str | None) -> str:
+    if out is None:
+        latest = RunDir.latest()
+        if latest is None:
+            raise TrainError("--resume found no run under ./runs/; name one with --out DIR")
+        return latest.path
+    if not os.path.isdir(out):
+        raise TrainError(f"--resume: run folder {out} does not exist")
+    return out
+
+
+def _start_run(a: argparse.Namespace, group: ProcessGroup) -> tuple[Trainer, str]:
+    """(Trainer, run folder) of a new or resumed run."""
+    opts = train_options(a)
+    if a.resume:
+        out = group.on_root(_resume_dir, a.out)
+        return Trainer.resume(out, progress=not a.no_progress, **opts), out
+    out = group.root_value(a.out or RunDir.new().path)
+    kw = {k: v for k, v in opts.items() if v is not None}
+    return Trainer(TrainOptions(**kw), out, progress=not a.no_progress), out
+
+
+def run(a: argparse.Namespace) -> int:
+    group = world()
+    if not group.is_root:  # rank 0 speaks for the job; a failing rank still reports (abort)
+        # stays open for the whole process: the silenced streams are never restored
+        sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115
+        a.no_progress = True
+    tr, out = _start_run(a, group)
+    _print_header(tr, out, group, a.resume)
+
+    interrupted: list[int] = []
+
+    def on_sigint(signum: int, frame: FrameType | None) -> None:
+        interrupted.append(1)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    old = signal.signal(signal.SIGINT, on_sigint)
+    bar = None if a.no_progress else _progress_bar(tr)
+    try:
+        final = tr.run(on_step=_progress_update(bar, tr), stop=lambda: group.any(interrupted))
+    except OSError as e:
+        if bar:
+            bar.close()   # its last line before the error's
+        return err(f"cannot write to {out}: {e.strerror or e}; its previous checkpoint, "
+                   "if any, is kept")
+    except BaseException:
+        if bar:
+            bar.close()
+        raise
+    finally:
+        signal.signal(signal.SIGINT, old)
+    if bar:
+        bar.close()
+    if group.is_root:
+        _print_summary(tr, out, final, bool(interrupted))
+    return EXIT_INTERRUPTED if interrupted else 0
+
+
+def _print_header(tr: Trainer, out: str, group: ProcessGroup, resumed: bool) -> None:
+    """What the run is: data, tokens, model, training set-up."""
+    o = tr.opts
+    m = tr.model
+    stop_by = (f"{o.steps} steps" if o.steps is not None else "") + \
+        (" or " if o.steps is not None and o.time_budget else "") + \
+        (f"{o.time_budget:g} min" if o.time_budget else "")
+    threads = _core.get_num_threads()
+    print(f"rwkvx-c train: {out}\n"
+          f"  data   {tr.corpus.description}\n"
+          f"  tokens {tr.tokenizer.identity()['name']}, vocab {tr.tokenizer.vocab_size:,}\n"
+          f"  model  preset {o.preset}, layers {m.layers}, {m.n_params:,} params, "
+          f"init {o.init}\n"
+          f"  train  batch {o.batch} x seq_len {o.seq_len}, lr {o.lr:g}, stop after {stop_by}, "
+          + (f"{threads} threads" if group.size == 1 else
+             f"{group.size} ranks x {threads} threads per rank")
+          + f", {m.precision} ({_core.gemm_kernel(m.precision)})"
+          + (f", resumed at step {tr.step_count}" if resumed else ""), flush=True)
+
+
+def _progress_bar(tr: Trainer) -> Any:
+    """A bar over the run's steps, or over its time budget in seconds."""
+    o = tr.opts
+    if o.steps is not None:
+        return make_progress(o.steps, tr.step_count, "step")
+    assert o.time_budget is not None   # resolved(): a run without steps has a time budget
+    return make_progress(round(o.time_budget * 60), round(tr.train_seconds()), "s",
+                         bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f}s "
+                         "[{elapsed}<{remaining}{postfix}]")
+
+
+def _progress_update(bar: Any, tr: Trainer) -> Callable[[dict[str, Any]], None]:
+    """The run's on_step: moves the bar and shows the latest losses on it."""
+    post: dict[str, str] = {}
+
+    def on_step(row: dict[str, Any]) -> None:
+        if bar is None:
+            return
+        if "loss" in row:
+            post["loss"] = f"{row['loss']:.3f}"
+            post["tok/s"] = f"{row['tokens_per_s']:.0f}"
+        if row.get("val_bpb") is not None:
+            post["val_bpb"] = f"{row['val_bpb']:.3f}"
+        elif "val_loss" in row:
+            post["val_loss"] = f"{row['val_loss']:.3f}"
+        bar.set_postfix(post, refresh=False)
+        if tr.opts.steps is not None:
+            bar.update(row["step"] - bar.n)
+        else:
+            bar.update(min(bar.total, tr.train_seconds()) - bar.n)
+    return on_step
+
+
+def _print_summary(tr: Trainer, out: str, final: dict[str, Any], interrupted: bool) -> None:
+    """The final evaluation, where the run's files are (the loss plot drawn
+    now) and how to sample from it."""
+    run = RunDir(out)
+    plotted = plot_log(tr.read_log(), run.plot_path, title=f"rwkvx-c train: {out}")
+    bpb = final.get("val_bpb")
+    print(f"step {tr.step_count}: val_loss {final['val_loss']:.4f}"
+          + (f", val_bpb {bpb:.4f}" if bpb is not None else "")
+          + f", {tr.tokens_seen:,} tokens in {tr.train_seconds():.0f} s"
+          + (" (interrupted)" if interrupted else ""))
+    print(f"  checkpoint {run.checkpoint}\n"
+          f"  log        {run.log_path}")
+    if plotted:
+        print(f"  plot       {run.plot_path}")
+    else:
+        print("  plot       skipped: matplotlib is not installed (pip install 'rwkvx_c[train]')")
+    print(f"  sample     rwkvx-c sample {out} --prompt '{SAMPLE_PROMPT}'")

@@ -1,0 +1,54 @@
+"""Between run folders and files: ``export_model`` writes a model in a
+foreign format, ``import_pth`` makes a run folder of a foreign .pth."""
+from __future__ import annotations
+
+import os
+
+from rwkvx_c._core import RxPtModel
+from rwkvx_c.data.tokenizers import WORLD_VOCAB_SIZE
+from rwkvx_c.errors import InteropError
+from rwkvx_c.interop.gguf import save_gguf
+from rwkvx_c.interop.pth import DTYPES, load_pth, save_pth
+from rwkvx_c.interop.rwkv7 import from_rwkv7, from_rwkvx, to_rwkv7, to_rwkvx
+from rwkvx_c.run.rundir import RunDir
+
+__all__ = ["FORMATS", "export_model", "import_pth"]
+
+FORMATS = ("rwkv7", "rwkvx", "gguf")
+
+
+def export_model(model: RxPtModel, fmt: str, out: str, dtype: str = "fp32") -> None:
+    """Writes model to the file out in format fmt (rwkv7, rwkvx or gguf) at
+    dtype (fp32, bf16 or fp16), atomically; InteropError when the format
+    cannot hold the model (nothing is written then)."""
+    if dtype not in DTYPES:
+        raise InteropError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    if fmt == "rwkv7":
+        save_pth(to_rwkv7(model), out, dtype)
+    elif fmt == "rwkvx":
+        save_pth(to_rwkvx(model), out, dtype)
+    elif fmt == "gguf":
+        save_gguf(model, out, dtype)
+    else:
+        raise InteropError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+
+
+def import_pth(path: str, out_dir: str) -> str:
+    """A run folder out_dir holding the .pth at path -- an x070 state dict,
+    or an RWKV-X checkpoint (names under rwkv. / moba.) -- as a checkpoint
+    (weights only: `rwkvx-c sample` runs it, `rwkvx-c train --resume`
+    starts a new run from it). Returns the checkpoint path; refuses a folder
+    that already holds a checkpoint."""
+    run = RunDir(out_dir)
+    if run.has_checkpoint():
+        raise InteropError(f"{out_dir} already holds a checkpoint; choose another --out")
+    sd = load_pth(path)
+    fmt = "rwkvx" if any(k.startswith("rwkv.") for k in sd) else "rwkv7"
+    model = from_rwkvx(sd) if fmt == "rwkvx" else from_rwkv7(sd)
+    tensors = {n: model.params[n] for n in model.param_names}
+    state = {"imported_from": os.path.abspath(path), "format": fmt, "step": 0}
+    if model.config["vocab_size"] == WORLD_VOCAB_SIZE:
+        # official weights of this size use the World vocabulary: sample and
+        # train --resume then tokenise with it (rwkvx_c.data.tokenizers.run_tokenizer)
+        state["tokenizer"] = {"name": "world", "sha256": None}
+    return run.save_checkpoint(tensors, model.config, state)

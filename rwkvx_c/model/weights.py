@@ -1,0 +1,39 @@
+"""Copying tensors into a model, by name and shape, once.
+
+Every door that fills a model from outside -- a checkpoint (resume,
+sample), an imported ``.pth`` (after its names are translated) -- goes
+through ``load_params``: it checks every parameter's presence and shape
+before it writes any, so a refused file leaves the model as it was.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from rwkvx_c.errors import CheckpointError, RwkvxError
+
+if TYPE_CHECKING:
+    from rwkvx_c._core import RxPtModel
+
+__all__ = ["load_params"]
+
+
+def load_params(model: RxPtModel, tensors: Mapping[str, np.ndarray], what: str,
+                error: type[RwkvxError] = CheckpointError) -> None:
+    """model.params[name][...] = tensors[name] for every parameter name.
+
+    what names the source in messages ("checkpoint runs/x/checkpoint.safetensors");
+    error is the class raised for a missing tensor or a shape mismatch
+    (tensors the model has no parameter for are the caller's to judge).
+    """
+    for name in model.param_names:
+        want = model.params[name].shape
+        t = tensors.get(name)
+        if t is None:
+            raise error(f"{what} lacks tensor {name} of shape {want}")
+        if t.shape != want:
+            raise error(f"{what}: tensor {name} has shape {t.shape}, the model expects {want}")
+    for name in model.param_names:
+        model.params[name][...] = tensors[name]

@@ -1,0 +1,164 @@
+"""The run folder: the one owner of its file names and of what happens to them.
+
+A run folder holds
+
+  - ``checkpoint.safetensors``: model, optimiser moments and run state
+    (rwkvx_c.run.checkpoint);
+  - ``log.jsonl``: one JSON row per step or evaluation, appended as the run
+    goes and cut back to the checkpoint's step when a run resumes (work
+    after the checkpoint is redone);
+  - ``tokenizer.json``: the run's tokenizer when it is a tokenizer.json
+    (byte and World runs need no file);
+  - ``loss.png``: the loss plot the command line draws at the end;
+  - ``.lock``: the lock a writing process holds (rwkvx_c.run.lock).
+
+New runs without a name go under ``runs/`` of the working folder, named by
+their start time; ``RunDir.latest`` finds the newest one with a checkpoint.
+Every write is atomic (rwkvx_c.util.atomic) except the log's appends,
+which add whole lines.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+
+from rwkvx_c.run.checkpoint import Checkpoint, read_checkpoint, save_checkpoint
+from rwkvx_c.run.lock import LOCK_NAME, RunLock
+from rwkvx_c.util.atomic import replacing
+
+__all__ = ["RunDir", "CHECKPOINT", "LOG", "TOKENIZER", "PLOT", "LOCK", "RUNS_ROOT",
+           "checkpoint_path"]
+
+CHECKPOINT = "checkpoint.safetensors"
+LOG = "log.jsonl"
+TOKENIZER = "tokenizer.json"
+PLOT = "loss.png"
+LOCK = LOCK_NAME
+RUNS_ROOT = "runs"
+_STAMP = "%Y%m%d-%H%M%S"
+
+# one log row: JSON values by name
+Row = dict[str, Any]
+
+
+def checkpoint_path(path: str) -> str:
+    """The checkpoint file of a run folder, or `path` itself when it names a file."""
+    return os.path.join(path, CHECKPOINT) if os.path.isdir(path) else path
+
+
+class RunDir:
+    """The files of one run folder (which need not exist yet)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+
+    def __repr__(self) -> str:
+        return f"RunDir({self.path!r})"
+
+    def __str__(self) -> str:
+        return self.path
+
+    # ----------------------------------------------------------- names
+    def file(self, name: str) -> str:
+        return os.path.join(self.path, name)
+
+    @property
+    def checkpoint(self) -> str:
+        return self.file(CHECKPOINT)
+
+    @property
+    def log_path(self) -> str:
+        return self.file(LOG)
+
+    @property
+    def tokenizer_path(self) -> str:
+        return self.file(TOKENIZER)
+
+    @property
+    def plot_path(self) -> str:
+        return self.file(PLOT)
+
+    def own_files(self) -> tuple[str, ...]:
+        """Every file the folder's run owns (whether it exists or not)."""
+        return tuple(self.file(n) for n in (CHECKPOINT, LOG, TOKENIZER, PLOT, LOCK))
+
+    # ------------------------------------------------------- the folder
+    @classmethod
+    def new(cls, root: str = RUNS_ROOT) -> RunDir:
+        """A name for a new run under root, from the time, never an existing one."""
+        base = os.path.join(root, datetime.datetime.now().strftime(_STAMP))
+        d, i = base, 1
+        while os.path.exists(d):
+            i += 1
+            d = f"{base}-{i}"
+        return cls(d)
+
+    @classmethod
+    def latest(cls, root: str = RUNS_ROOT) -> RunDir | None:
+        """The most recently written run under root that has a checkpoint."""
+        if not os.path.isdir(root):
+            return None
+        runs = [cls(os.path.join(root, d)) for d in os.listdir(root)]
+        saved = [r for r in runs if os.path.exists(r.checkpoint)]
+        return max(saved, key=lambda r: os.path.getmtime(r.path)) if saved else None
+
+    def exists(self) -> bool:
+        return os.path.isdir(self.path)
+
+    def create(self) -> None:
+        os.makedirs(self.path, exist_ok=True)
+
+    def has_checkpoint(self) -> bool:
+        return os.path.exists(self.checkpoint)
+
+    def lock(self) -> RunLock:
+        """Exclusive use of the folder (RunLocked when another process has it)."""
+        return RunLock(self.path)
+
+    # ------------------------------------------------------- checkpoint
+    def read_checkpoint(self) -> Checkpoint:
+        return read_checkpoint(self.checkpoint)
+
+    def save_checkpoint(self, tensors: Mapping[str, np.ndarray], config: Mapping[str, Any],
+                        state: Mapping[str, Any]) -> str:
+        save_checkpoint(self.checkpoint, tensors, config, state)
+        return self.checkpoint
+
+    # -------------------------------------------------------------- log
+    def append_log(self, rows: Iterable[Row]) -> None:
+        """Append rows to log.jsonl, one JSON object per line."""
+        with open(self.log_path, "a") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+
+    def read_log(self) -> list[Row]:
+        """The rows of log.jsonl ([] when there is none); a torn last line is skipped."""
+        if not os.path.exists(self.log_path):
+            return []
+        rows = []
+        with open(self.log_path) as f:
+            for line in f:
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(row, dict):
+                    rows.append(row)
+        return rows
+
+    def truncate_log(self, step: int) -> None:
+        """Drop the rows past `step` (atomically): the work after a checkpoint, redone."""
+        if not os.path.exists(self.log_path):
+            return
+        keep = [r for r in self.read_log() if r.get("step", 0) <= step]
+        with replacing(self.log_path, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in keep)
+
+    def remove_log(self) -> None:
+        """Delete the log (the rows of a run that never saved)."""
+        if os.path.exists(self.log_path):
+            os.unlink(self.log_path)

@@ -1,0 +1,276 @@
+"""TrainOptions: everything that defines a run, its checks, how it resolves
+against a preset, and which options a resumed run may change.
+
+Each field carries what the command line needs to offer it (``flag``,
+``help``, ``metavar``, the kind of value), so ``rwkvx-c train``'s flags are
+derived from this one list; a field with ``cli=False`` is Python-only.
+None means "the preset's value" for the preset-driven fields.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, fields
+from typing import TYPE_CHECKING, Any, cast
+
+import numpy as np
+
+from rwkvx_c import _core
+from rwkvx_c.data.tokenizers import check_identity
+from rwkvx_c.data.tokenizers import load as load_tokenizer
+from rwkvx_c.errors import ConfigError, TokenizerError, TrainError
+from rwkvx_c.model.config import ModelConfig
+from rwkvx_c.model.init import SCHEMES
+from rwkvx_c.model.presets import PRESETS
+from rwkvx_c.train.guard import ON_DIVERGENCE
+
+__all__ = ["TrainOptions", "auto_precision", "PRECISIONS", "DEFAULT_STEPS", "saved_options",
+           "apply_changes"]
+
+PRECISIONS = ("fp32", "bf16", "auto")
+DEFAULT_STEPS = 1000      # a preset with neither steps nor a time budget
+MAX_TOKENS_PER_STEP = 2 ** 31 - 1   # B * T indexes int32 arrays in the C API
+
+
+def auto_precision() -> str:
+    """What precision "auto" means on this CPU: bf16 where the bf16 GEMM runs
+    on AMX tiles, fp32 elsewhere. On a Sapphire Rapids the AMX kernel makes a
+    training step 2-2.7x faster at 1 thread, while the AVX512-BF16 kernel
+    runs at 0.6-0.7x of the fp32 AVX-512 GEMM, so bf16 there would only lose
+    precision and time (docs/performance.md)."""
+    return "bf16" if _core.gemm_kernel("bf16") == "amx-bf16" else "fp32"
+
+
+def _opt(default: Any, help: str, *, kind: str = "str", flag: str | None = None,
+         metavar: str | None = None, choices: tuple[str, ...] | None = None,
+         cli: bool = True) -> Any:
+    """A TrainOptions field with its command-line description. kind:
+    "pos_int", "nonneg_int", "pos_float", "nonneg_float", "unit_float",
+    "str", "paths"."""
+    return field(default=default, metadata=dict(help=help, kind=kind, flag=flag,
+                                                metavar=metavar, choices=choices, cli=cli))
+
+
+def _preset_values(key: str) -> str:
+    """"tiny 8, S 8, M 8" for a preset-driven option's help."""
+    return ", ".join(f"{n} {p[key]:g}" for n, p in PRESETS.items() if n != "default")
+
+
+@dataclass
+class TrainOptions:
+    """Everything that defines a run; None means "the preset's value".
+
+    steps / time_budget: stop after this many optimiser steps / this many
+    minutes of wall-clock for the whole run, final evaluation and checkpoint
+    included (whichever comes first). With steps the learning-rate schedule
+    runs over steps; with only a time budget it runs over elapsed time.
+    """
+    preset: str = _opt("default", "model size and training defaults; default: the tiny "
+                       "model for 9.5 minutes", choices=tuple(PRESETS))
+    data: str | list[str] | None = _opt(
+        None, "text file, folder, .jsonl / .jsonl.gz, RWKV-LM binidx (.bin + .idx) or .bin "
+        "token file; several paths are read in order (default: the Python standard "
+        "library's .py files)", kind="paths", metavar="PATH")
+    tokenizer: str = _opt("byte", "byte, world (the RWKV World vocabulary; needs "
+                          "rwkvx_c[world]) or a tokenizer.json (needs rwkvx_c[hf]); a resumed "
+                          "run keeps its own", metavar="byte|world|PATH")
+    text_field: str = _opt("text", "the text field of .jsonl records", metavar="NAME")
+    steps: int | None = _opt(None, "stop after N steps (learning-rate schedule by steps; "
+                             f"default: {DEFAULT_STEPS} unless the preset has a time budget)",
+                             kind="pos_int", metavar="N")
+    time_budget: float | None = _opt(None, "stop so that the whole run, final evaluation and "
+                                     "checkpoint included, takes at most MIN minutes "
+                                     "(default: the default preset's 9.5)",
+                                     kind="pos_float", metavar="MIN")
+    batch: int | None = _opt(None, "sequences per step (default: the preset's: "
+                             f"{_preset_values('batch')})", kind="pos_int", metavar="B")
+    seq_len: int | None = _opt(None, "tokens per sequence (default: the preset's: "
+                               f"{_preset_values('seq_len')})", kind="pos_int", metavar="T")
+    lr: float | None = _opt(None, "peak learning rate (default: the preset's: "
+                            f"{_preset_values('lr')})", kind="pos_float", metavar="X")
+    warmup_steps: int | None = _opt(None, "linear warmup steps (default: the preset's: "
+                                    f"{_preset_values('warmup_steps')})", kind="nonneg_int",
+                                    flag="--warmup", metavar="N")
+    min_lr_frac: float = _opt(0.1, "the cosine ends at this fraction of the peak learning "
+                              "rate", kind="unit_float", metavar="F")
+    weight_decay: float = _opt(0.1, "AdamW weight decay on matrices", kind="nonneg_float",
+                               metavar="X")
+    grad_clip: float = _opt(1.0, "clip the global grad norm to X, 0 disables",
+                            kind="nonneg_float", metavar="X")
+    beta1: float = _opt(0.9, "AdamW beta1", cli=False)
+    beta2: float = _opt(0.99, "AdamW beta2", cli=False)
+    adam_eps: float = _opt(1e-8, "AdamW epsilon", cli=False)
+    threads: int | None = _opt(None, "OpenMP threads (default: OMP_NUM_THREADS or every "
+                               "core; under MPI each rank's share of its cores)",
+                               kind="pos_int", metavar="N")
+    seed: int = _opt(0, "seed of the init and the data order", kind="nonneg_int", metavar="S")
+    eval_every: int | None = _opt(None, "evaluate every K steps (default: 10 evaluations over "
+                                  "the run)", kind="pos_int", metavar="K")
+    eval_tokens: int = _opt(32768, "validation tokens per evaluation", kind="pos_int",
+                            metavar="N")
+    save_every: int | None = _opt(None, "checkpoint every K steps (default: at every "
+                                  "evaluation) and always at the end", kind="pos_int",
+                                  metavar="K")
+    init: str = _opt("rwkv7", "parameter init", choices=SCHEMES)
+    model: dict[str, int] | None = _opt(None, "overrides of the preset's model config",
+                                        cli=False)
+    cache_dir: str | None = _opt(None, "where corpora are cached as token files (default: "
+                                 "$RWKVX_CACHE or ~/.cache/rwkvx_c)", metavar="DIR")
+    precision: str = _opt("auto", "projection GEMMs in fp32, or bf16 with fp32 accumulation; "
+                          "auto: bf16 where the CPU has AMX-BF16, where it is faster. A "
+                          "resumed run keeps its precision", choices=PRECISIONS)
+    on_divergence: str = _opt("stop", "when the loss blows up: stop, or reload the last "
+                              "checkpoint and halve the learning rate (at most 3 times)",
+                              choices=ON_DIVERGENCE)
+
+    # options a resumed run may change without changing what it computes
+    RESUMABLE = ("steps", "time_budget", "eval_every", "save_every", "threads", "cache_dir",
+                 "on_divergence")
+
+    def resolved(self) -> ResolvedOptions:
+        """A copy with every preset default filled in and every value checked."""
+        if self.preset not in PRESETS:
+            raise TrainError(f"unknown preset {self.preset!r}; choose one of "
+                             f"{', '.join(PRESETS)}")
+        p = PRESETS[self.preset]
+        o = TrainOptions(**{f.name: getattr(self, f.name) for f in fields(self)})
+        for k in ("batch", "seq_len", "lr", "warmup_steps"):
+            if getattr(o, k) is None:
+                setattr(o, k, p[k])
+        if o.steps is None and o.time_budget is None:
+            o.time_budget = p.get("time_budget")
+            if o.time_budget is None:
+                o.steps = DEFAULT_STEPS
+        if o.model is not None and not isinstance(o.model, dict):
+            raise TrainError(f"model must be a dict of config overrides, got {o.model!r}")
+        try:
+            o.model = ModelConfig.from_dict({**p["model"], **(o.model or {})}).to_dict()
+        except ConfigError as e:
+            raise TrainError(str(e)) from None
+        if o.precision == "auto":
+            o.precision = auto_precision()
+        o._check()
+        return cast("ResolvedOptions", o)
+
+    def _check(self) -> None:
+        def pos(name: str, v: Any, integer: bool = True, allow_zero: bool = False) -> None:
+            ok = isinstance(v, (int, np.integer)) and not isinstance(v, bool) if integer \
+                else isinstance(v, (int, float)) and not isinstance(v, bool) and _finite(v)
+            if not ok or v < 0 or (v == 0 and not allow_zero):
+                kind = "an integer" if integer else "a number"
+                raise TrainError(f"{name} must be {kind} {'>= 0' if allow_zero else '> 0'}, "
+                                 f"got {v!r}")
+        if self.steps is not None:
+            pos("steps", self.steps)
+        if self.time_budget is not None:
+            pos("time_budget", self.time_budget, integer=False)
+        pos("batch", self.batch)
+        pos("seq_len", self.seq_len)
+        pos("lr", self.lr, integer=False)
+        pos("warmup_steps", self.warmup_steps, allow_zero=True)
+        pos("eval_tokens", self.eval_tokens)
+        pos("weight_decay", self.weight_decay, integer=False, allow_zero=True)
+        pos("grad_clip", self.grad_clip, integer=False, allow_zero=True)
+        pos("adam_eps", self.adam_eps, integer=False, allow_zero=True)
+
+        def real(v: object) -> bool:
+            return isinstance(v, (int, float, np.floating)) and not isinstance(v, bool)
+        if not (real(self.min_lr_frac) and 0.0 <= self.min_lr_frac <= 1.0):
+            raise TrainError(f"min_lr_frac must lie in [0, 1], got {self.min_lr_frac!r}")
+        for b in ("beta1", "beta2"):
+            if not (real(getattr(self, b)) and 0.0 <= getattr(self, b) < 1.0):
+                raise TrainError(f"{b} must lie in [0, 1), got {getattr(self, b)!r}")
+        for k in ("eval_every", "save_every", "threads"):
+            if getattr(self, k) is not None:
+                pos(k, getattr(self, k))
+        if not isinstance(self.seed, int) or self.seed < 0:
+            raise TrainError(f"seed must be an integer >= 0, got {self.seed!r}")
+        if self.precision not in PRECISIONS[:2]:
+            raise TrainError(f"precision must be {', '.join(PRECISIONS)}, got "
+                             f"{self.precision!r}")
+        paths = self.data if isinstance(self.data, (list, tuple)) else [self.data]
+        for k, v in [("data", p) for p in paths] + [("cache_dir", self.cache_dir)]:
+            if v is not None and not isinstance(v, str):
+                raise TrainError(f"{k} must be a path, got {v!r}")
+        if self.on_divergence is None:
+            self.on_divergence = "stop"
+        if self.on_divergence not in ON_DIVERGENCE:
+            raise TrainError(f"unknown on_divergence {self.on_divergence!r}; choose one of "
+                             f"{', '.join(ON_DIVERGENCE)}")
+        if self.threads is not None and self.threads > _core.MAX_THREADS:
+            raise TrainError(f"threads must be at most {_core.MAX_THREADS}, got {self.threads}")
+        if self.init not in SCHEMES:
+            raise TrainError(f"unknown init {self.init!r}; choose one of {', '.join(SCHEMES)}")
+        assert self.batch is not None and self.seq_len is not None   # pos() checked them
+        if self.batch * self.seq_len > MAX_TOKENS_PER_STEP:
+            raise TrainError(f"batch * seq_len exceeds {MAX_TOKENS_PER_STEP}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+if TYPE_CHECKING:
+    class ResolvedOptions(TrainOptions):
+        """The type of TrainOptions.resolved(): the preset's values filled in."""
+        batch: int
+        seq_len: int
+        lr: float
+        warmup_steps: int
+        model: dict[str, int]
+
+
+def saved_options(saved: object, path: str) -> TrainOptions:
+    """The TrainOptions a checkpoint's state holds (TrainError if it holds none or bad ones)."""
+    if not isinstance(saved, dict):
+        raise TrainError(f"checkpoint {path} holds no training state")
+    # options added since the checkpoint was written take their defaults; a
+    # run saved before "auto" existed stored a resolved precision anyway
+    opts = TrainOptions(**{f.name: saved.get(f.name, f.default) for f in fields(TrainOptions)})
+    try:
+        opts.resolved()
+    except TrainError as e:
+        raise TrainError(f"checkpoint {path} holds bad options: {e}") from None
+    except (TypeError, ValueError, AttributeError) as e:
+        raise TrainError(f"checkpoint {path} holds bad options ({e})") from None
+    # runs saved before the ln0 key existed had none: ln0 = 0, not the preset's
+    opts.model = {"ln0": 0, **(opts.model or {})}
+    return opts
+
+
+def apply_changes(opts: TrainOptions, changes: dict[str, Any], tokenizer: dict | None,
+                  out_dir: str) -> None:
+    """Sets the RESUMABLE options of `changes` on a resumed run's opts; any
+    other option that differs from the saved run is a TrainError, as is a
+    tokenizer with another vocabulary than the run's (`tokenizer`, its identity)."""
+    if changes.get("precision") == "auto":   # "auto" keeps the saved precision
+        changes = dict(changes, precision=None)
+    names = {f.name for f in fields(TrainOptions)}
+    diff = []
+    for k, v in changes.items():
+        if k not in names:
+            raise TrainError(f"unknown option {k!r}")
+        if v is None:
+            continue
+        if k in TrainOptions.RESUMABLE:
+            setattr(opts, k, v)
+        elif k == "tokenizer":  # judged by the vocabulary's hash, not the spelling
+            try:
+                check_identity(load_tokenizer(v), tokenizer, f"the run in {out_dir}")
+            except TokenizerError as e:
+                raise TrainError(f"cannot resume: {e}") from None
+        elif k == "model":
+            model = opts.model or {}
+            for mk, mv in v.items():
+                if model.get(mk) != mv:
+                    diff.append(f"model.{mk} {model.get(mk)!r} -> {mv!r}")
+        elif getattr(opts, k) != v:
+            diff.append(f"{k} {getattr(opts, k)!r} -> {v!r}")
+    if diff:
+        raise TrainError("cannot resume with a different configuration: " + "; ".join(diff))
+
+
+def _finite(v: float) -> bool:
+    """math.isfinite, False (not OverflowError) for an int beyond float range."""
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False

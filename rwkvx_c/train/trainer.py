@@ -1,0 +1,600 @@
+"""The Trainer: set-up, the step, evaluation, the loop, checkpoints and rollback.
+
+    tr = Trainer(TrainOptions(preset="tiny", steps=200), out_dir="runs/demo")
+    while not tr.done():
+        row = tr.step()              # {'step', 'loss', 'lr', 'tokens_per_s', ...}
+    print(tr.evaluate())             # {'val_loss', 'val_bpb'}
+    tr.save()                        # DIR/checkpoint.safetensors
+    tr = Trainer.resume("runs/demo", steps=400)   # continue exactly
+
+One step: B windows of T+1 tokens from the seeded sampler -> model.forward
+-> model.backward (mean loss over B*T tokens, all in C) -> global grad-norm
+clipping -> AdamW in place on the parameter arena; nothing is copied. Under
+MPI every rank trains on its B/P rows of the same global batch and the
+gradients are averaged in place before the optimiser (rwkvx_c.train.distributed);
+only rank 0 writes the run folder. A resumed run repeats the uninterrupted
+run's losses bit for bit, on any thread count, when its schedule is by steps;
+a time budget schedules by elapsed time, which no run repeats exactly.
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from rwkvx_c import _core
+from rwkvx_c.data.pipeline import load_corpus
+from rwkvx_c.data.sampler import BatchSampler, eval_windows
+from rwkvx_c.data.tokenizers import load as load_tokenizer
+from rwkvx_c.data.tokenizers import run_tokenizer
+from rwkvx_c.errors import (
+    ConfigError,
+    Divergence,
+    MemoryTooSmall,
+    RunLocked,
+    TokenizerError,
+    TrainError,
+)
+from rwkvx_c.model import memory
+from rwkvx_c.model.config import ModelConfig
+from rwkvx_c.model.init import init_model
+from rwkvx_c.model.weights import load_params
+from rwkvx_c.run.checkpoint import save_checkpoint
+from rwkvx_c.run.lock import RunLock
+from rwkvx_c.run.rundir import RunDir
+from rwkvx_c.train import schedule
+from rwkvx_c.train.distributed import world
+from rwkvx_c.train.guard import MAX_ROLLBACKS, ROLLBACK_LR_FACTOR, DivergenceGuard
+from rwkvx_c.train.optim import AdamW, decay_ranges
+from rwkvx_c.train.options import TrainOptions
+from rwkvx_c.train.resume import read_saved, saved_counters
+
+if TYPE_CHECKING:
+    from rwkvx_c.data.pipeline import Corpus
+    from rwkvx_c.data.tokenizers import Tokenizer
+    from rwkvx_c.train.distributed import ProcessGroup
+    from rwkvx_c.train.options import ResolvedOptions
+
+# one log row, or one evaluation: JSON values by name
+Row = dict[str, Any]
+
+__all__ = ["Trainer"]
+
+
+def _cross_entropy(logits: np.ndarray, targets: np.ndarray) -> float:
+    """Mean cross-entropy of (B, T, V) logits against (B, T) targets, in C."""
+    V = logits.shape[-1]
+    return _core.cross_entropy_forward(logits.reshape(-1, V), targets.reshape(-1))
+
+
+class Trainer:
+    """A training run in out_dir: model, optimiser, data, schedule, log.
+
+    Trainer(options, out_dir) starts a new run (out_dir must not hold a
+    checkpoint yet); Trainer.resume(out_dir, **changes) continues one.
+    Methods: step(), evaluate(), save(), done(), run(), close().
+
+    group: the data-parallel process group (default:
+    rwkvx_c.train.distributed.world(), a no-op in a plain run). Under MPI each
+    rank computes its rows of every batch and only rank 0 touches out_dir;
+    see docs/distributed.md. While it lives (until close() or the end of
+    run()) rank 0 holds the run folder's lock (rwkvx_c.run.lock).
+    """
+
+    # set up by _setup and its helpers (on every rank)
+    opts: ResolvedOptions
+    out_dir: str | None           # None on ranks other than 0: they write nothing
+    run_dir: RunDir | None        # the same folder's files
+    tokenizer: Tokenizer
+    corpus: Corpus
+    model: _core.RxPtModel
+    optim: AdamW
+    guard: DivergenceGuard
+    sampler: BatchSampler
+    val_x: np.ndarray
+    val_y: np.ndarray
+    val_bytes: int | None
+    last_eval: Row | None
+    saved_step: int | None
+    _eval_seconds: float | None
+    _save_seconds: float | None
+    _warm_end: float | None
+    _next_eval_at: float | None
+    _last_batch: tuple[np.ndarray, np.ndarray] | None
+    _lock: RunLock | None
+
+    def __init__(self, options: TrainOptions | None = None, out_dir: str | None = None, *,
+                 group: ProcessGroup | None = None, progress: bool = False,
+                 _state: dict[str, Any] | None = None,
+                 _tensors: Mapping[str, np.ndarray] | None = None,
+                 _weights: Mapping[str, np.ndarray] | None = None,
+                 _lock: RunLock | None = None) -> None:
+        self.group = world() if group is None else group
+        self._lock = _lock
+        try:
+            # an error on any rank raises on every rank: none is left waiting
+            self.group.agree(self._setup, options, out_dir, _state, _tensors, _weights,
+                             progress and self.group.is_root)
+            self.group.broadcast_(self.model.param_buffer)
+        except BaseException:
+            self.close()
+            raise
+
+    def _setup(self, options: TrainOptions | None, run_dir: str | None,
+               _state: dict[str, Any] | None, _tensors: Mapping[str, np.ndarray] | None,
+               _weights: Mapping[str, np.ndarray] | None, progress: bool) -> None:
+        self.opts = (options or TrainOptions()).resolved()
+        # every rank reads the run folder (its tokenizer); only rank 0 writes it
+        self.out_dir = run_dir if self.group.is_root else None
+        self.run_dir = RunDir(self.out_dir) if self.out_dir is not None else None
+        self._t0 = time.perf_counter()
+        self._prepare_out_dir(new=_state is None, imported=_weights is not None)
+        threads = self.opts.threads if self.opts.threads is not None \
+            else self.group.default_threads()
+        if threads is not None:
+            _core.set_num_threads(threads)
+        self._load_data(run_dir, _state, progress)
+        self._build_model(_tensors, _weights)
+        self._prepare_batches()
+        self._reset_counters()
+        if _state is not None:
+            self._restore(_state, _tensors or {})
+        # the budget counts this session's set-up (corpus, model) too
+        self._session_start = self._t0
+
+    def _prepare_out_dir(self, new: bool, imported: bool) -> None:
+        """Lock the run folder (rank 0), refuse to start over a saved run,
+        and drop the log of a run that never saved."""
+        rd = self.run_dir
+        if rd is None:
+            return
+        if self._lock is None:
+            self._lock = _take_lock(rd.path)
+        if new and not imported and rd.has_checkpoint():
+            raise TrainError(f"{rd} already holds a run; use resume (--resume) "
+                             "or another output folder")
+        rd.create()
+        if new:
+            rd.remove_log()   # rows of a run that never saved
+
+    def _load_data(self, run_dir: str | None, _state: dict[str, Any] | None,
+                   progress: bool) -> None:
+        """The tokenizer (a resumed run's own) and the corpus it reads."""
+        opts = self.opts
+        try:
+            self.tokenizer = (run_tokenizer(run_dir, _state.get("tokenizer"))
+                              if _state is not None and run_dir is not None
+                              else load_tokenizer(opts.tokenizer))
+        except TokenizerError as e:
+            raise TrainError(str(e)) from None
+        if self.out_dir is not None and _state is None:
+            self.tokenizer.save(self.out_dir)   # a tokenizer.json travels with the run
+        try:
+            self.corpus = load_corpus(opts.data, seq_len=opts.seq_len, cache_dir=opts.cache_dir,
+                                      tokenizer=self.tokenizer, text_field=opts.text_field,
+                                      progress=progress)
+        except OSError as e:
+            raise TrainError(f"cannot prepare the corpus: {e}") from None
+
+    def _build_model(self, _tensors: Mapping[str, np.ndarray] | None,
+                     _weights: Mapping[str, np.ndarray] | None) -> None:
+        """The model (checked to fit in memory), its first weights and the optimiser."""
+        opts = self.opts
+        if self.tokenizer.name != "byte":  # the model's vocabulary is the tokenizer's
+            opts.model["vocab_size"] = self.tokenizer.vocab_size
+        cfg = dict(opts.model)
+        if self.corpus.vocab_size > cfg["vocab_size"]:
+            raise TrainError(f"the corpus has {self.corpus.vocab_size} token ids but the model's "
+                             f"vocab_size is {cfg['vocab_size']}")
+        try:
+            ModelConfig.from_dict(cfg)
+            memory.check(memory.param_bytes(memory.estimate_params(cfg)),
+                         "the model with its optimiser state", "choose a smaller --preset")
+            self.model = _core.RxPtModel(cfg, seed=opts.seed, precision=opts.precision)
+        except (ConfigError, MemoryTooSmall) as e:
+            raise TrainError(str(e)) from None
+        try:
+            memory.check_step(self.model, opts.batch, opts.seq_len)
+        except MemoryTooSmall as e:
+            raise TrainError(str(e)) from None
+        if _weights is not None:   # an imported model: its weights, a fresh optimiser
+            self._load_params(_weights)
+        elif _tensors is None:
+            init_model(self.model, opts.init, seed=opts.seed)
+        self.optim = AdamW(self.model.param_buffer, self.model.grad_buffer,
+                           decay_ranges(self.model), betas=(opts.beta1, opts.beta2),
+                           eps=opts.adam_eps, weight_decay=opts.weight_decay,
+                           grad_clip=opts.grad_clip)
+        self.guard = DivergenceGuard(cfg["vocab_size"])
+
+    def _prepare_batches(self) -> None:
+        """The training batch sampler, this rank's rows, and the validation windows."""
+        opts = self.opts
+        # every rank draws the global batch and trains on its rows of it
+        self.sampler = BatchSampler(self.corpus.train, opts.batch, opts.seq_len, opts.seed)
+        self._rows = self.group.rows(opts.batch)
+        self.val_x, self.val_y = eval_windows(self.corpus.val, opts.seq_len,
+                                              max(1, opts.eval_tokens // opts.seq_len))
+        # val_bpb divides by the text bytes the validation targets decode to
+        tb = self.corpus.token_bytes
+        self.val_bytes = int(tb[self.val_y].sum()) if tb is not None else \
+            self.val_y.size if self.corpus.is_bytes else None
+
+    def _reset_counters(self) -> None:
+        """The run state of step 0 (a resume then restores the saved one)."""
+        self.step_count = 0
+        self.elapsed = 0.0          # training seconds of earlier sessions of this run
+        self.tokens_seen = 0
+        self.last_eval = None
+        self._eval_seconds = None
+        self._save_seconds = None
+        self._warm_end = None       # elapsed training time when warmup ended
+        self._next_eval_at = None
+        self.lr_scale = 1.0         # lowered by each rollback after a divergence
+        self.rollbacks = 0
+        self.saved_step = None      # step of the checkpoint in out_dir, None before one
+        self._last_batch = None
+
+    def close(self) -> None:
+        """Release the run folder's lock (idempotent)."""
+        lock = getattr(self, "_lock", None)   # None too when __init__ failed before setting it
+        if lock is not None:
+            lock.release()
+            self._lock = None
+
+    # ------------------------------------------------------------------ state
+    @classmethod
+    def resume(cls, out_dir: str, *, group: ProcessGroup | None = None, progress: bool = False,
+               **changes: Any) -> Trainer:
+        """Continue the run saved in out_dir; changes may set the RESUMABLE
+        options (steps, time_budget, eval_every, save_every, threads,
+        cache_dir, on_divergence). Any other option that differs from the
+        saved run is a TrainError; so is another precision (the run would
+        change arithmetic mid-way and lose bit-exact resume), while precision
+        "auto" keeps the saved one. Under MPI rank 0 reads the checkpoint and
+        sends it to the others, and holds the run folder's lock."""
+        group = world() if group is None else group
+        lock = group.agree(lambda: _take_lock(out_dir)
+                           if group.is_root and os.path.isdir(out_dir) else None)
+        try:
+            saved = read_saved(out_dir, group, changes)
+            return cls(saved.options, out_dir, group=group, progress=progress,
+                       _state=saved.state, _tensors=saved.tensors, _weights=saved.weights,
+                       _lock=lock)
+        except BaseException:
+            if lock is not None:
+                lock.release()
+            raise
+
+    def _restore(self, state: dict[str, Any], tensors: Mapping[str, np.ndarray]) -> None:
+        # a different number of ranks sums the gradients in another order: not the same run
+        ranks = state.get("world_size", 1)
+        if ranks != self.group.size:
+            raise TrainError(f"the run was trained on {ranks} process(es) and this is "
+                             f"{self.group.size}; resume it with the same number "
+                             f"(mpiexec -n {ranks}), or start a new run")
+        if state.get("corpus") != self.corpus.description:
+            raise TrainError(f"the corpus changed since the checkpoint: it was "
+                             f"{state.get('corpus')}, it is now {self.corpus.description}")
+        c = saved_counters(state)
+        self._load_params(tensors)
+        n = self.model.n_params
+        for key, buf in (("optim.m", self.optim.m), ("optim.v", self.optim.v)):
+            if key not in tensors or tensors[key].shape != (n,):
+                raise TrainError(f"checkpoint lacks the optimiser state {key}")
+            buf[...] = tensors[key]
+        try:
+            self.sampler.set_state(state["sampler"])
+        except (TypeError, ValueError, KeyError, AttributeError, OverflowError) as e:
+            raise TrainError(f"the checkpoint holds a bad sampler state ({type(e).__name__}: "
+                             f"{e})") from None
+        self.optim.t, self.step_count = c["optim_t"], c["step"]
+        self.elapsed, self.tokens_seen = c["elapsed"], c["tokens_seen"]
+        self._warm_end, self._next_eval_at = c["warm_end"], c["next_eval_at"]
+        self.last_eval, self._eval_seconds = c["last_eval"], c["eval_seconds"]
+        self.lr_scale, self.rollbacks = c["lr_scale"], c["rollbacks"]
+        self.saved_step = self.step_count
+        if self.run_dir is not None:
+            self.run_dir.truncate_log(self.step_count)
+
+    def _load_params(self, tensors: Mapping[str, np.ndarray]) -> None:
+        load_params(self.model, tensors, "the checkpoint", TrainError)
+
+    def state(self) -> dict[str, Any]:
+        """The JSON-serialisable run state a checkpoint stores."""
+        return {"step": self.step_count, "optim_t": self.optim.t,
+                "elapsed": self.train_seconds(), "tokens_seen": self.tokens_seen,
+                "sampler": self.sampler.state(), "warm_end": self._warm_end,
+                "next_eval_at": self._next_eval_at, "last_eval": self.last_eval,
+                "eval_seconds": self._eval_seconds, "options": self.opts.to_dict(),
+                "corpus": self.corpus.description, "tokenizer": self.tokenizer.identity(),
+                "world_size": self.group.size,
+                "lr_scale": self.lr_scale, "rollbacks": self.rollbacks}
+
+    def save(self, path: str | None = None) -> str | None:
+        """Write the checkpoint (params, AdamW moments, run state) atomically.
+
+        Defaults to out_dir/checkpoint.safetensors; returns the path (None on
+        ranks other than 0, which write nothing). A model with a non-finite
+        parameter or a loss above the uniform-guess bound (rwkvx_c.train.guard) is
+        never written: Divergence instead."""
+        if not self.group.is_root:
+            return None
+        if path is None:
+            if self.run_dir is None:
+                raise TrainError("save() needs a path when the trainer has no out_dir")
+            path = self.run_dir.checkpoint
+        t = time.perf_counter()
+        self._check_saveable()
+        tensors = dict(self.model.params)
+        tensors["optim.m"] = self.optim.m
+        tensors["optim.v"] = self.optim.v
+        save_checkpoint(path, tensors, self.model.config, self.state())
+        if self.run_dir is not None and path == self.run_dir.checkpoint:
+            self.saved_step = self.step_count
+        self._save_seconds = max(self._save_seconds or 0.0, time.perf_counter() - t)
+        return path
+
+    def _check_saveable(self) -> None:
+        """Divergence unless the model as it is now (after its last update)
+        is finite and not worse than the uniform guess: on the validation
+        loss of this step when there is one, else on the loss of the last
+        training batch, recomputed (one forward)."""
+        self.guard.check_params(self.model.param_buffer, self.step_count)
+        if self.last_eval is not None and self.last_eval["step"] == self.step_count:
+            self.guard.check_eval(self.last_eval["val_loss"], self.step_count)
+        elif self._last_batch is not None:
+            x, y = self._last_batch
+            loss = _cross_entropy(self.model.forward(x), y)
+            self.guard.check_eval(loss, self.step_count)
+
+    # --------------------------------------------------------------- training
+    def train_seconds(self) -> float:
+        """Wall-clock seconds this run has trained, earlier sessions included."""
+        return self.elapsed + (time.perf_counter() - self._session_start)
+
+    def _budget_s(self) -> float | None:
+        return None if self.opts.time_budget is None else self.opts.time_budget * 60.0
+
+    def _time_budget_s(self) -> float:
+        """The budget of a run without a step count (resolved() gives it one)."""
+        budget = self._budget_s()
+        assert budget is not None, "a run without steps has a time budget"
+        return budget
+
+    def _reserve_s(self) -> float:
+        """Seconds kept back from a time budget for the final evaluation and save."""
+        tps = self.tokens_seen / max(self.train_seconds(), 1e-9) if self.tokens_seen else 0.0
+        return schedule.reserve_seconds(self._eval_seconds, self._save_seconds, self.val_x.size,
+                                        tps)
+
+    def progress(self) -> float:
+        """Fraction of the run done, in [0, 1]: by steps when steps are set,
+        else by the time budget."""
+        if self.opts.steps is not None:
+            return min(1.0, self.step_count / self.opts.steps)
+        budget = self._time_budget_s()
+        return min(1.0, self.train_seconds() / max(budget - self._reserve_s(), 1e-9))
+
+    def lr(self) -> float:
+        """Learning rate of the next step."""
+        o = self.opts
+        s = self.step_count + 1
+        if o.steps is not None:
+            p = schedule.step_progress(s, o.steps, o.warmup_steps)
+        else:
+            p = schedule.time_progress(self.train_seconds(), self._warm_end,
+                                       self._time_budget_s() - self._reserve_s())
+        return self.lr_scale * schedule.lr_at(s, p, lr=o.lr, warmup_steps=o.warmup_steps,
+                                              min_lr_frac=o.min_lr_frac)
+
+    def done(self) -> bool:
+        """True once the step count or the time budget is used up (a run
+        takes at least one step). Rank 0's clock decides for every rank."""
+        return self.group.root_value(self._done())
+
+    def _done(self) -> bool:
+        if self.step_count == 0:
+            return False
+        if self.opts.steps is not None and self.step_count >= self.opts.steps:
+            return True
+        budget = self._budget_s()
+        if budget is not None:
+            per_step = self.train_seconds() / max(self.step_count, 1) if self.step_count else 0
+            wall = self.train_seconds()
+            return wall + per_step + self._reserve_s() >= budget
+        return False
+
+    def step(self) -> Row:
+        """One optimiser step. Returns {'step', 'loss', 'lr', 'tokens_per_s',
+        'grad_norm', 'elapsed'}."""
+        t = time.perf_counter()
+        lr = self.group.root_value(self.lr())
+        x, y = self.sampler.next()
+        self._last_batch = (x, y)
+        lo, hi = self._rows
+        self.model.forward(x[lo:hi], return_logits=False)
+        loss = self.model.backward(y[lo:hi])
+        loss = self.group.average_grads(self.model.grad_buffer, loss)
+        self.guard.check_loss(loss, self.step_count + 1)
+        try:
+            norm = self.optim.step(lr)
+        except FloatingPointError:
+            raise Divergence(self.step_count + 1, "the gradient norm is not finite") from None
+        self.step_count += 1
+        self.tokens_seen += x.size
+        if self.step_count == self.opts.warmup_steps:
+            self._warm_end = self.train_seconds()
+        dt = time.perf_counter() - t
+        return {"step": self.step_count, "loss": float(loss), "lr": lr,
+                "tokens_per_s": x.size / dt, "grad_norm": norm,
+                "elapsed": round(self.train_seconds(), 3)}
+
+    def evaluate(self) -> Row:
+        """Mean validation loss over the fixed validation windows (up to
+        eval_tokens tokens), and bits per byte of text: the loss summed in
+        nats over every target token / (ln 2 * the UTF-8 bytes those tokens
+        decode to), comparable across tokenizers (None for token files of
+        unknown vocabulary).
+        Touches neither the parameters nor the training data stream."""
+        t = time.perf_counter()
+        lo, hi = self._rows
+        B = hi - lo
+        first, last = self.group.split(len(self.val_x))
+        total, n = 0.0, 0.0
+        for i in range(first, last, B):
+            x = np.ascontiguousarray(self.val_x[i:min(i + B, last)])
+            y = np.ascontiguousarray(self.val_y[i:min(i + B, last)])
+            logits = self.model.forward(x)
+            total += _cross_entropy(logits, y) * y.size
+            n += y.size
+        total, n = self.group.sum_values(total, n)
+        val = total / n
+        bpb = total / (math.log(2) * self.val_bytes) if self.val_bytes else None
+        # the slowest evaluation so far: on a shared machine the next can be as slow
+        self._eval_seconds = max(self._eval_seconds or 0.0, time.perf_counter() - t)
+        self.last_eval = {"step": self.step_count, "val_loss": val, "val_bpb": bpb}
+        return {"val_loss": val, "val_bpb": bpb}
+
+    def eval_due(self) -> bool:
+        """True when the periodic evaluation falls on the step just taken
+        (rank 0's clock decides for every rank)."""
+        return self.group.root_value(self._eval_due())
+
+    def _eval_due(self) -> bool:
+        o = self.opts
+        by_steps = schedule.eval_due_by_steps(self.step_count, o.eval_every, o.steps)
+        if by_steps is not None:
+            return by_steps
+        every = self._time_budget_s() / schedule.EVALS_PER_RUN
+        if self._next_eval_at is None:
+            self._next_eval_at = every
+        now = self.train_seconds()
+        if now < self._next_eval_at:
+            return False
+        # the next evaluation time after now, counted, not looped to: a tiny
+        # budget must not spin
+        self._next_eval_at += every * (math.floor((now - self._next_eval_at) / every) + 1)
+        return True
+
+    def save_due(self, evaluated: bool) -> bool:
+        if self.opts.save_every is not None:
+            return self.step_count % self.opts.save_every == 0
+        return evaluated
+
+    # ------------------------------------------------------------------- log
+    def log(self, row: Row) -> None:
+        """Append one JSON row to out_dir/log.jsonl."""
+        if self.run_dir is not None:
+            self.run_dir.append_log([{**row, "world_size": self.group.size}])
+
+    def read_log(self) -> list[Row]:
+        """The rows of out_dir/log.jsonl."""
+        return self.run_dir.read_log() if self.run_dir is not None else []
+
+    # ------------------------------------------------------------------- loop
+    def run(self, on_step: Callable[[Row], object] | None = None,
+            stop: Callable[[], bool] | None = None) -> Row:
+        """Train until done(): periodic evaluation, checkpoints and log rows,
+        then a final evaluation, checkpoint and log row. on_step(row) sees
+        every row; stop() returning True ends the run early (with the final
+        evaluation and checkpoint). Returns the final evaluation.
+
+        A divergence (rwkvx_c.train.guard) stops the run with Divergence, whose
+        message says what happened to the checkpoint; with on_divergence
+        "rollback" the run instead reloads its last checkpoint, multiplies
+        the learning rate by ROLLBACK_LR_FACTOR and goes on, up to
+        MAX_ROLLBACKS times. The run folder's lock is released on return."""
+        try:
+            return self._run(on_step, stop)
+        finally:
+            self.close()
+
+    def _diverged(self, e: Divergence) -> None:
+        """Rolls back after Divergence e when allowed, else re-raises it with
+        the checkpoint's fate in its message."""
+        rd = self.run_dir
+        have = rd is not None and self.saved_step is not None and rd.has_checkpoint()
+        # under MPI only rank 0 holds the checkpoint: every rank stops instead
+        if self.opts.on_divergence == "rollback" and rd is not None and have \
+                and self.rollbacks < MAX_ROLLBACKS and self.group.size == 1:
+            # the checkpoint's own count and scale are older than this session's
+            elapsed, start = self.elapsed, self._session_start
+            rollbacks, lr_scale = self.rollbacks, self.lr_scale
+            tensors, _, state = rd.read_checkpoint()
+            self._restore(state, tensors)
+            self.elapsed, self._session_start = elapsed, start  # the lost time was spent
+            self.rollbacks = rollbacks + 1
+            self.lr_scale = lr_scale * ROLLBACK_LR_FACTOR
+            self.guard.reset()
+            self.log({"step": self.step_count, "rollback": self.rollbacks, "reason": e.reason,
+                      "lr_scale": self.lr_scale})
+            return
+        if have:
+            fate = f"the checkpoint of step {self.saved_step} in {self.out_dir} is kept"
+        elif self.out_dir:
+            fate = f"no checkpoint was saved in {self.out_dir}"
+        else:
+            fate = "nothing was saved"
+        if self.opts.on_divergence == "rollback" and have:
+            fate += f" ({self.rollbacks} rollbacks did not help)"
+        hint = "" if self.opts.on_divergence == "rollback" or not have else \
+            " or --on-divergence rollback"
+        raise Divergence(e.step, f"{e.reason}; {fate}; try a lower --lr{hint}") from None
+
+    def _run(self, on_step: Callable[[Row], object] | None,
+             stop: Callable[[], bool] | None) -> Row:
+        while not self.done():
+            if stop is not None and stop():
+                break
+            self._train_step(on_step)
+        if self.last_eval is None or self.last_eval["step"] != self.step_count:
+            final = self.evaluate()
+            try:
+                self.guard.check_eval(final["val_loss"], self.step_count)
+            except Divergence as e:
+                self._diverged(e)
+                return self._run(on_step, stop)
+            row = {"step": self.step_count, **final, "elapsed": round(self.train_seconds(), 3),
+                   "final": True}
+            self.log(row)
+            if on_step:
+                on_step(row)
+        else:
+            final = {k: self.last_eval[k] for k in ("val_loss", "val_bpb")}
+        if self.out_dir:
+            self.save()
+        return final
+
+    def _train_step(self, on_step: Callable[[Row], object] | None) -> None:
+        """One step of the loop: the step, its periodic evaluation, its log
+        row and its checkpoint; a divergence rolls back or raises (_diverged)."""
+        try:
+            row = self.step()
+            evaluated = False
+            if self.eval_due() and not self.done():
+                row.update(self.evaluate())
+                self.guard.check_eval(row["val_loss"], self.step_count)
+                evaluated = True
+        except Divergence as e:
+            self._diverged(e)
+            return
+        self.log(row)
+        if on_step:
+            on_step(row)
+        if self.out_dir and self.save_due(evaluated):
+            try:
+                self.save()
+            except Divergence as e:
+                self._diverged(e)
+
+
+def _take_lock(out_dir: str) -> RunLock:
+    try:
+        return RunDir(out_dir).lock()
+    except RunLocked as e:
+        raise TrainError(str(e)) from None
