@@ -377,7 +377,9 @@ rx_ptmodel *rx_model_new_random_flags(const rx_pt_config *pc, int flags, uint64_
 }
 
 rx_ptmodel *rx_model_new_random(const rx_pt_config *pc, uint64_t seed) {
-    return rx_model_new_random_flags(pc, 0, seed);
+    rx_ptmodel *m;
+    rx_model_create(pc, 0, seed, &m);
+    return m;
 }
 
 /* ---- introspection ------------------------------------------------------ */
@@ -562,7 +564,11 @@ rx_pt_acts *rx_pt_acts_new_batch(const rx_ptmodel *m, int B, int T) {
     return a;
 }
 
-rx_pt_acts *rx_pt_acts_new(const rx_ptmodel *m, int T) { return rx_pt_acts_new_batch(m, 1, T); }
+rx_pt_acts *rx_pt_acts_new(const rx_ptmodel *m, int T) {
+    rx_pt_acts *a;
+    rx_pt_acts_create(m, 1, T, &a);
+    return a;
+}
 
 /* acts were made for this model's sizes and this B, T */
 static int acts_fit(const rx_ptmodel *m, const rx_pt_acts *a, int B, int T) {
@@ -743,5 +749,7 @@ int rx_ptmodel_precision(const rx_ptmodel *m) {
 
 double rx_pretrain_backward(rx_ptmodel *m, const rx_pt_acts *acts, const int *targets, int T,
                             int ignore_index) {
-    return rx_pretrain_backward_batch(m, acts, targets, 1, T, ignore_index);
+    double loss;
+    int rc = rx_pretrain_backward_loss(m, acts, targets, 1, T, ignore_index, &loss);
+    return rc == RX_OK ? loss : NAN;
 }

@@ -11,6 +11,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The legacy forms' deprecation attribute stays live for the core (no
+ * RX_NO_DEPRECATION_WARNINGS here): defining a deprecated function does not
+ * warn, and no legacy form calls another (each calls its int form or the
+ * kernel beneath it), so a deprecation warning in this build means core
+ * code calls a legacy form, which it should not. */
 #include "rx_pretrain.h"
 
 #ifdef _OPENMP

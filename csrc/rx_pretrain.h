@@ -36,8 +36,9 @@
  *     naming the function and the bad argument. Nothing falls back silently:
  *     an allocation that fails anywhere, scratch included, is RX_ENOMEM.
  *     The original API's functions that return a pointer, a loss or void
- *     (NULL, NaN, NaN-filled outputs on failure) are kept as wrappers over
- *     int-returning ones declared next to each; they set rx_last_error too.
+ *     (NULL, NaN, NaN-filled outputs on failure) are kept, all together in
+ *     the legacy section at the end of this header, each marked deprecated
+ *     with the name of the int-returning form that replaces it.
  *   - Sizes are int at the API; every offset inside is size_t / int64_t.
  */
 #ifndef RWKVX_PRETRAIN_H
@@ -283,57 +284,32 @@ int rx_attn_score_av_backward(const rx_attn_params *P, const float *q, const flo
  *     logits = h . head; loss = mean cross-entropy over valid targets.
  * ==================================================================== */
 
-/* out: [T][C] = emb[tokens]. Tokens must lie in [0, vocab); this signature
- * carries no vocab, so only a negative token can be caught here (its row is
- * filled with NaN, never read out of bounds), and no overlap of out with
- * emb, whose size it does not know. rx_embedding_gather below takes the
- * vocab and checks both. */
-void rx_embedding_forward(const float *emb, const int *tokens,
-                          int T, int C, float *out);
-/* rx_embedding_forward with the vocab: emb [vocab][C], tokens [T], out
- * [T][C]. RX_EINVAL on NULL, a size < 1 or a token outside [0, vocab)
- * (out then unspecified). */
+/* emb: [vocab][C]; tokens: [T]; out: [T][C] = emb[tokens]. RX_EINVAL on
+ * NULL, a size < 1 or a token outside [0, vocab) (out then unspecified). */
 int rx_embedding_gather(const float *emb, const int *tokens, int T, int C, int vocab,
                         float *out);
-/* d_out: [T][C]; d_emb: [vocab][C], zeroed then scatter-added. Tokens
- * outside [0, vocab) are skipped. A d_emb that overlaps d_out or tokens is
- * left as it is (rx_last_error says why). */
-void rx_embedding_backward(const int *tokens, int T, int C, int vocab,
-                           const float *d_out, float *d_emb);
-/* rx_embedding_backward as an int: RX_EINVAL on NULL, a size < 1 or a token
- * outside [0, vocab). */
+/* tokens: [T]; d_out: [T][C]; d_emb: [vocab][C], zeroed then scatter-added.
+ * RX_EINVAL on NULL, a size < 1 or a token outside [0, vocab). */
 int rx_embedding_scatter(const int *tokens, int T, int C, int vocab,
                          const float *d_out, float *d_emb);
 
-/* x: [T][C]; head: [C][vocab]; logits: [T][vocab]. */
-void rx_head_forward(const float *x, const float *head,
-                     int T, int C, int vocab, float *logits);
-/* rx_head_forward as an int: RX_EINVAL on NULL or a size < 1, RX_ENOMEM. */
+/* x: [T][C]; head: [C][vocab]; logits: [T][vocab] = x . head. RX_EINVAL on
+ * NULL or a size < 1, RX_ENOMEM. */
 int rx_head_logits(const float *x, const float *head, int T, int C, int vocab,
                    float *logits);
-/* dlogits: [T][vocab]; dx: [T][C] written; d_head: [C][vocab] zeroed then
- * accumulated. */
-void rx_head_backward(const float *x, const float *head, const float *dlogits,
-                      int T, int C, int vocab,
-                      float *dx, float *d_head);
-/* rx_head_backward as an int: RX_EINVAL on NULL or a size < 1, RX_ENOMEM. */
+/* x: [T][C]; head: [C][vocab]; dlogits: [T][vocab]; dx: [T][C] written;
+ * d_head: [C][vocab] zeroed then accumulated. RX_EINVAL on NULL or a size
+ * < 1, RX_ENOMEM. */
 int rx_head_grads(const float *x, const float *head, const float *dlogits,
                   int T, int C, int vocab, float *dx, float *d_head);
 
-/* Mean over valid positions of -log softmax(logits_t)[target_t]; a position
- * is valid when ignore_index < 0 or target_t != ignore_index. No valid
- * position: 0. A valid target outside [0, vocab): NaN. */
-double rx_cross_entropy_forward(const float *logits, const int *targets,
-                                int T, int vocab, int ignore_index);
-/* Same loss; writes dlogits [T][vocab] = (softmax - onehot) / n_valid, zero
- * rows for ignored positions. */
-double rx_cross_entropy_backward(const float *logits, const int *targets,
-                                 int T, int vocab, int ignore_index,
-                                 float *dlogits);
-/* Both of the above as an int: logits [T][vocab], targets [T]; *loss the
- * loss; dlogits [T][vocab] as in rx_cross_entropy_backward, or NULL for
- * the loss alone. RX_EINVAL on NULL, a size < 1 or a valid target outside
- * [0, vocab); RX_ENOMEM. Non-finite logits are no error: the loss is NaN. */
+/* logits: [T][vocab]; targets: [T]. *loss = the mean over valid positions
+ * of -log softmax(logits_t)[target_t], a position being valid when
+ * ignore_index < 0 or target_t != ignore_index (no valid position: 0).
+ * dlogits: [T][vocab] = (softmax - onehot) / n_valid, zero rows for ignored
+ * positions, or NULL for the loss alone. RX_EINVAL on NULL, a size < 1 or a
+ * valid target outside [0, vocab); RX_ENOMEM. Non-finite logits are no
+ * error: the loss is NaN. */
 int rx_cross_entropy(const float *logits, const int *targets, int T, int vocab,
                      int ignore_index, float *dlogits, double *loss);
 
@@ -348,11 +324,9 @@ typedef struct {
 
 typedef struct rx_ptmodel rx_ptmodel;   /* owns the parameter and grad arenas */
 
-/* A model with every parameter drawn by the docs/layout.md §Init splitmix64 scheme (a
- * gradient-check init, bit-identical everywhere). NULL on an invalid config
- * or allocation failure. */
-rx_ptmodel* rx_model_new_random(const rx_pt_config *pc, uint64_t seed);
-/* rx_model_new_random(_flags) as an int: *out the model (NULL on failure).
+/* *out: a model with every parameter drawn by the docs/layout.md §Init
+ * splitmix64 scheme (a gradient-check init, bit-identical everywhere) and
+ * the options in flags (RX_PT_* bits below, 0 for none); NULL on failure.
  * RX_ECONFIG on a config rx_pt_config_validate rejects, RX_EINVAL on a NULL
  * out or an unknown flag bit, RX_ENOMEM. */
 int rx_model_create(const rx_pt_config *pc, int flags, uint64_t seed, rx_ptmodel **out);
@@ -370,10 +344,10 @@ const rx_block_params* rx_ptmodel_rwkv(rx_ptmodel *m, int idx);
 const rx_attn_params* rx_ptmodel_attn(rx_ptmodel *m, int idx);
 
 /* Activations a forward leaves for the backward, for B sequences of T tokens
- * (B = 1 from rx_pt_acts_new; see rx_pt_acts_new_batch). Every [T] below is
- * [B][T] with sequence b at rows b*T .. b*T+T-1. The fields after logits
- * extend the original struct; acts come only from rx_pt_acts_new*, which
- * sizes all of it once, so neither forward nor backward allocates here. */
+ * (rx_pt_acts_create). Every [T] below is [B][T] with sequence b at rows
+ * b*T .. b*T+T-1. The fields after logits extend the original struct; acts
+ * come only from rx_pt_acts_create (or its legacy forms), which sizes all
+ * of it once, so neither forward nor backward allocates here. */
 typedef struct {
     int T, C, vocab, n_blocks;
     int *tokens;      /* [T] */
@@ -390,32 +364,25 @@ typedef struct {
                                    intermediates, reused by the backward */
 } rx_pt_acts;
 
-/* Acts for one sequence of T tokens (B = 1). NULL on T < 1, a NULL model or
- * allocation failure. */
-rx_pt_acts* rx_pt_acts_new(const rx_ptmodel *m, int T);
-/* rx_pt_acts_new(_batch) as an int: *out acts for B sequences of T tokens
- * (NULL on failure). RX_EINVAL on NULL, B or T < 1 or B*T past an int;
- * RX_ENOMEM. */
+/* *out: acts for B sequences of T tokens of model m (NULL on failure).
+ * RX_EINVAL on NULL, B or T < 1 or B*T past an int; RX_ENOMEM. */
 int rx_pt_acts_create(const rx_ptmodel *m, int B, int T, rx_pt_acts **out);
 void rx_pt_acts_free(rx_pt_acts *a);
 
-/* tokens: [T], each in [0, vocab). acts must come from rx_pt_acts_new(m, T)
- * (or _batch with B = 1) for this T. Fills acts, logits included. */
+/* tokens: [T], each in [0, vocab). acts must come from
+ * rx_pt_acts_create(m, 1, T, ...) for this T. Fills acts, logits included. */
 int rx_pretrain_forward(rx_ptmodel *m, const int *tokens, int T,
                         rx_pt_acts *acts);
 
-/* targets: [T], each in [0, vocab) or equal to ignore_index (when >= 0).
- * Needs a forward into acts with the same T. Writes every parameter grad
- * into the model's grad arena (the arena is overwritten, not accumulated)
- * and returns the loss; NaN on invalid input. Every block reuses the
- * intermediates its forward kept in acts (so the backward may run more than
- * once per forward): change no parameter between the two calls. */
-double rx_pretrain_backward(rx_ptmodel *m, const rx_pt_acts *acts,
-                            const int *targets, int T, int ignore_index);
-/* rx_pretrain_backward(_batch) as an int: targets [B][T], *loss the mean
- * loss over the batch's valid positions (NaN only from non-finite logits).
- * RX_EINVAL on NULL, a target out of range or acts holding no forward of
- * this B and T; RX_ENOMEM. */
+/* targets: [B][T], each in [0, vocab) or equal to ignore_index (when >= 0).
+ * Needs a forward (rx_pretrain_forward, _batch) into acts with the same B
+ * and T. *loss: the mean loss over the batch's valid positions (NaN only
+ * from non-finite logits). Writes the grad of that mean for every parameter
+ * into the model's grad arena (the arena is overwritten, not accumulated).
+ * Every block reuses the intermediates its forward kept in acts (so the
+ * backward may run more than once per forward): change no parameter
+ * between the two calls. RX_EINVAL on NULL, a target out of range or acts
+ * holding no forward of this B and T; RX_ENOMEM. */
 int rx_pretrain_backward_loss(rx_ptmodel *m, const rx_pt_acts *acts, const int *targets,
                               int B, int T, int ignore_index, double *loss);
 
@@ -431,18 +398,11 @@ void rx_ptmodel_zero_grad(rx_ptmodel *m);
  * block kernel runs them together (OpenMP over B*H and over rows). The
  * single-sequence functions above are the B = 1 case. */
 
-/* Acts for B sequences of T tokens; B*T must fit an int. NULL on bad sizes
- * or allocation failure. */
-rx_pt_acts *rx_pt_acts_new_batch(const rx_ptmodel *m, int B, int T);
-/* tokens: [B][T], each in [0, vocab); acts from rx_pt_acts_new_batch(m, B, T).
- * RX_EINVAL on a token out of range or acts of another shape or model. */
+/* tokens: [B][T], each in [0, vocab); acts from rx_pt_acts_create(m, B, T,
+ * ...). RX_EINVAL on a token out of range or acts of another shape or
+ * model. The backward of a batch is rx_pretrain_backward_loss. */
 int rx_pretrain_forward_batch(rx_ptmodel *m, const int *tokens, int B, int T,
                               rx_pt_acts *acts);
-/* targets: [B][T]. The loss is the mean over every valid position of the
- * batch, and the grads are those of that mean; NaN on invalid input or when
- * acts hold no forward of this B and T. */
-double rx_pretrain_backward_batch(rx_ptmodel *m, const rx_pt_acts *acts,
-                                  const int *targets, int B, int T, int ignore_index);
 
 /* Options beside rx_pt_config (whose layout stays the original's), as bits
  * of one flags int. RX_PT_LN0: x0 = LayerNorm(emb[token]; ln0_w, ln0_b),
@@ -450,13 +410,10 @@ double rx_pretrain_backward_batch(rx_ptmodel *m, const rx_pt_acts *acts,
  * docs/layout.md), as official RWKV-7's blocks.0.ln0. */
 #define RX_PT_LN0 1
 #define RX_PT_FLAGS_ALL RX_PT_LN0
-/* rx_model_new_random with options; flags 0 is rx_model_new_random itself.
- * NULL on an invalid config, an unknown flag bit or allocation failure. */
-rx_ptmodel *rx_model_new_random_flags(const rx_pt_config *pc, int flags, uint64_t seed);
 /* The flags the model was made with; -1 for NULL. */
 int rx_ptmodel_flags(const rx_ptmodel *m);
 
-/* RX_OK when rx_model_new_random accepts pc (docs/maths.md §Whole model, and every tensor's
+/* RX_OK when rx_model_create accepts pc (docs/maths.md §Whole model, and every tensor's
  * element count fits an int), RX_EINVAL for a NULL pc, else RX_ECONFIG
  * (rx_last_error names the field). */
 int rx_pt_config_validate(const rx_pt_config *pc);
@@ -526,11 +483,9 @@ int rx_adamw_step(float *params, const float *grads, float *m, float *v, size_t 
                   const int64_t *decay_ranges, int n_ranges,
                   float lr, float beta1, float beta2, float eps, float weight_decay,
                   float grad_scale, int64_t step);
-/* g: [n]. The global L2 norm sqrt(sum g^2), accumulated in double over
- * ranges set by n alone, added in order: the same bits at any thread
- * count. NaN on NULL or n < 1. */
-double rx_grad_norm(const float *g, size_t n);
-/* rx_grad_norm as an int: *norm the norm. RX_EINVAL on NULL or n < 1. */
+/* g: [n]. *norm: the global L2 norm sqrt(sum g^2), accumulated in double
+ * over ranges set by n alone, added in order: the same bits at any thread
+ * count. RX_EINVAL on NULL or n < 1. */
 int rx_grad_norm_l2(const float *g, size_t n, double *norm);
 
 /* ---- infer.c: recurrent inference for generation ---------------------
@@ -543,11 +498,9 @@ int rx_grad_norm_l2(const float *g, size_t n, double *norm);
  * rounding. The state reads the model's parameters live: free it before
  * the model. */
 typedef struct rx_infer_state rx_infer_state;
-/* A fresh state at position 0; max_len bounds the attention cache. NULL on
- * a NULL model, max_len < 1 or allocation failure. */
-rx_infer_state *rx_infer_new(rx_ptmodel *m, int max_len);
-/* rx_infer_new as an int: *out the state (NULL on failure). RX_EINVAL on
- * NULL or max_len < 1, RX_ENOMEM. */
+/* *out: a fresh state of model m at position 0 (NULL on failure); max_len
+ * bounds the attention cache. RX_EINVAL on NULL or max_len < 1,
+ * RX_ENOMEM. */
 int rx_infer_create(rx_ptmodel *m, int max_len, rx_infer_state **out);
 void rx_infer_free(rx_infer_state *s);
 /* Back to position 0 (zero states, empty cache). Cannot fail: a NULL s is
@@ -591,6 +544,100 @@ int rx_ptmodel_precision(const rx_ptmodel *m);
 const char *rx_bgemm_kernel(void);
 /* 1 when that kernel uses bf16 hardware (what precision "auto" asks). */
 int rx_bgemm_hw(void);
+
+/* ====================================================================
+ * Legacy forms (kept for compatibility)
+ *
+ * The original API's calls that cannot return an RX_* code, and the first
+ * extensions made in their image. Each does the work of the int-returning
+ * form named in its deprecation message, with the same results where that
+ * one succeeds, but reports a failure only through its result: NULL from a
+ * constructor, NaN from a loss or the grad norm, NaN-filled outputs from
+ * the embedding and head (an output that would overlap an input is left as
+ * it is instead). A caller has to test that result and cannot tell
+ * RX_ENOMEM from RX_EINVAL; except where an embedding form fills NaN,
+ * rx_last_error() then says why, as after the int form. New code should
+ * call the int forms; these stay so that programs written against the
+ * original header still build and link.
+ *
+ * Under GCC and Clang each is declared deprecated with a message naming
+ * its replacement, so a call warns (-Wdeprecated-declarations, on by
+ * default). Define RX_NO_DEPRECATION_WARNINGS before including this header
+ * to declare them plainly, e.g. in code that tests these forms themselves.
+ * ==================================================================== */
+#if (defined(__GNUC__) || defined(__clang__)) && !defined(RX_NO_DEPRECATION_WARNINGS)
+#define RX_DEPRECATED(msg) __attribute__((deprecated(msg)))
+#else
+#define RX_DEPRECATED(msg)
+#endif
+
+/* ---- NULL on failure ---- */
+/* A model drawn as by rx_model_create, no options. */
+RX_DEPRECATED("use rx_model_create(pc, 0, seed, &m)")
+rx_ptmodel* rx_model_new_random(const rx_pt_config *pc, uint64_t seed);
+/* The same with the RX_PT_* options in flags (an unknown bit: NULL). */
+RX_DEPRECATED("use rx_model_create(pc, flags, seed, &m)")
+rx_ptmodel *rx_model_new_random_flags(const rx_pt_config *pc, int flags, uint64_t seed);
+/* Acts for one sequence of T tokens (B = 1). */
+RX_DEPRECATED("use rx_pt_acts_create(m, 1, T, &acts)")
+rx_pt_acts* rx_pt_acts_new(const rx_ptmodel *m, int T);
+/* Acts for B sequences of T tokens; B*T must fit an int. */
+RX_DEPRECATED("use rx_pt_acts_create(m, B, T, &acts)")
+rx_pt_acts *rx_pt_acts_new_batch(const rx_ptmodel *m, int B, int T);
+/* A fresh inference state at position 0; max_len bounds the attention
+ * cache. */
+RX_DEPRECATED("use rx_infer_create(m, max_len, &s)")
+rx_infer_state *rx_infer_new(rx_ptmodel *m, int max_len);
+
+/* ---- NaN on failure ---- */
+/* targets: [T]; returns the loss, the grads written as by
+ * rx_pretrain_backward_loss with B = 1. */
+RX_DEPRECATED("use rx_pretrain_backward_loss(m, acts, targets, 1, T, ignore_index, &loss)")
+double rx_pretrain_backward(rx_ptmodel *m, const rx_pt_acts *acts,
+                            const int *targets, int T, int ignore_index);
+/* targets: [B][T]; returns the mean loss over the batch's valid positions. */
+RX_DEPRECATED("use rx_pretrain_backward_loss(m, acts, targets, B, T, ignore_index, &loss)")
+double rx_pretrain_backward_batch(rx_ptmodel *m, const rx_pt_acts *acts,
+                                  const int *targets, int B, int T, int ignore_index);
+/* logits: [T][vocab]; targets: [T]; returns the loss of rx_cross_entropy. */
+RX_DEPRECATED("use rx_cross_entropy(logits, targets, T, vocab, ignore_index, NULL, &loss)")
+double rx_cross_entropy_forward(const float *logits, const int *targets,
+                                int T, int vocab, int ignore_index);
+/* The same loss and dlogits [T][vocab] (required here; NaN-filled on
+ * failure). */
+RX_DEPRECATED("use rx_cross_entropy(logits, targets, T, vocab, ignore_index, dlogits, &loss)")
+double rx_cross_entropy_backward(const float *logits, const int *targets,
+                                 int T, int vocab, int ignore_index,
+                                 float *dlogits);
+/* g: [n]; returns the norm of rx_grad_norm_l2. */
+RX_DEPRECATED("use rx_grad_norm_l2(g, n, &norm)")
+double rx_grad_norm(const float *g, size_t n);
+
+/* ---- NaN-filled outputs ---- */
+/* emb: [vocab][C]; tokens: [T]; out: [T][C] = emb[tokens]. This signature
+ * carries no vocab, so only a negative token (or a NULL emb or tokens) is
+ * caught: its row is NaN, never read out of bounds; nor can it check out
+ * against emb, whose size it does not know. */
+RX_DEPRECATED("use rx_embedding_gather(emb, tokens, T, C, vocab, out)")
+void rx_embedding_forward(const float *emb, const int *tokens,
+                          int T, int C, float *out);
+/* tokens: [T]; d_out: [T][C]; d_emb: [vocab][C], zeroed then scatter-added.
+ * Tokens outside [0, vocab) are skipped (the int form refuses them); a NULL
+ * tokens or d_out, or T < 1, fills d_emb with NaN; a d_emb that overlaps
+ * d_out or tokens is left as it is. */
+RX_DEPRECATED("use rx_embedding_scatter(tokens, T, C, vocab, d_out, d_emb)")
+void rx_embedding_backward(const int *tokens, int T, int C, int vocab,
+                           const float *d_out, float *d_emb);
+/* x: [T][C]; head: [C][vocab]; logits: [T][vocab]. */
+RX_DEPRECATED("use rx_head_logits(x, head, T, C, vocab, logits)")
+void rx_head_forward(const float *x, const float *head,
+                     int T, int C, int vocab, float *logits);
+/* dlogits: [T][vocab]; dx: [T][C] written; d_head: [C][vocab] zeroed then
+ * accumulated. */
+RX_DEPRECATED("use rx_head_grads(x, head, dlogits, T, C, vocab, dx, d_head)")
+void rx_head_backward(const float *x, const float *head, const float *dlogits,
+                      int T, int C, int vocab,
+                      float *dx, float *d_head);
 
 #ifdef __cplusplus
 }

@@ -1,4 +1,7 @@
 # Cython declarations of the C API in csrc/rx_pretrain.h (docs/ is the contract).
+# The header's legacy section (the NULL / NaN / void forms) is left out: the
+# binding calls only the int-returning forms, which carry the RX_* code that
+# _check_rc turns into an exception.
 from libc.stdint cimport uint64_t
 
 cdef extern from "rx_pretrain.h" nogil:
@@ -122,25 +125,14 @@ cdef extern from "rx_pretrain.h" nogil:
                                   const float *v, const float *dy, int B, int T,
                                   float *dq, float *dk, float *dv)
 
-    void rx_embedding_forward(const float *emb, const int *tokens, int T, int C, float *out)
     int rx_embedding_gather(const float *emb, const int *tokens, int T, int C, int vocab,
                             float *out)
-    void rx_embedding_backward(const int *tokens, int T, int C, int vocab,
-                               const float *d_out, float *d_emb)
     int rx_embedding_scatter(const int *tokens, int T, int C, int vocab,
                              const float *d_out, float *d_emb)
-    void rx_head_forward(const float *x, const float *head, int T, int C, int vocab,
-                         float *logits)
     int rx_head_logits(const float *x, const float *head, int T, int C, int vocab,
                        float *logits)
-    void rx_head_backward(const float *x, const float *head, const float *dlogits,
-                          int T, int C, int vocab, float *dx, float *d_head)
     int rx_head_grads(const float *x, const float *head, const float *dlogits,
                       int T, int C, int vocab, float *dx, float *d_head)
-    double rx_cross_entropy_forward(const float *logits, const int *targets,
-                                    int T, int vocab, int ignore_index)
-    double rx_cross_entropy_backward(const float *logits, const int *targets,
-                                     int T, int vocab, int ignore_index, float *dlogits)
     int rx_cross_entropy(const float *logits, const int *targets, int T, int vocab,
                          int ignore_index, float *dlogits, double *loss)
 
@@ -155,7 +147,6 @@ cdef extern from "rx_pretrain.h" nogil:
     ctypedef struct rx_ptmodel:
         pass
 
-    rx_ptmodel* rx_model_new_random(const rx_pt_config *pc, uint64_t seed)
     int rx_model_create(const rx_pt_config *pc, int flags, uint64_t seed, rx_ptmodel **out)
     void rx_ptmodel_free(rx_ptmodel *m)
     int rx_ptmodel_num_params(const rx_ptmodel *m)
@@ -173,12 +164,9 @@ cdef extern from "rx_pretrain.h" nogil:
         float *lnout
         float *logits
 
-    rx_pt_acts* rx_pt_acts_new(const rx_ptmodel *m, int T)
     int rx_pt_acts_create(const rx_ptmodel *m, int B, int T, rx_pt_acts **out)
     void rx_pt_acts_free(rx_pt_acts *a)
     int rx_pretrain_forward(rx_ptmodel *m, const int *tokens, int T, rx_pt_acts *acts)
-    double rx_pretrain_backward(rx_ptmodel *m, const rx_pt_acts *acts, const int *targets,
-                                int T, int ignore_index)
     int rx_pretrain_backward_loss(rx_ptmodel *m, const rx_pt_acts *acts, const int *targets,
                                   int B, int T, int ignore_index, double *loss)
     void rx_ptmodel_zero_grad(rx_ptmodel *m)

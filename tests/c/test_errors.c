@@ -1,9 +1,9 @@
 /* The C error convention (rx_pretrain.h, "Errors"): every int-returning
  * function gives RX_ECONFIG for a bad model config, RX_EINVAL for a bad
  * argument and RX_ENOMEM when memory runs out, each with an rx_last_error()
- * message naming the problem; the original pointer / NaN / void forms wrap
- * them and set the same message. Returns nonzero (a bit per failed check)
- * on failure. */
+ * message naming the problem (the legacy NULL / NaN forms beside them:
+ * tests/c/test_legacy.c). Returns nonzero (a line per failed check) on
+ * failure. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -55,8 +55,6 @@ int main(void) {
     expect("create leaves NULL", m == NULL, 1, NULL);
     expect("create NULL out", rx_model_create(&good, 0, 1, NULL), RX_EINVAL, "out is NULL");
     expect("create bad flags", rx_model_create(&good, 1 << 7, 1, &m), RX_EINVAL, "flag");
-    c.n_attn_layer = -1;
-    expect("new_random bad config", rx_model_new_random(&c, 1) == NULL, 1, "n_attn_layer = -1");
     expect("create", rx_model_create(&good, 0, 7, &m), RX_OK, NULL);
     if (!m) return 100;
 
@@ -75,8 +73,6 @@ int main(void) {
     if (!wide) return 100;
     expect("acts out of memory", rx_pt_acts_create(wide, 1, 2147483647, &a), RX_ENOMEM,
            "out of memory");
-    expect("acts_new out of memory", rx_pt_acts_new(wide, 2147483647) == NULL, 1,
-           "out of memory");
     rx_ptmodel_free(wide);
     expect("acts", rx_pt_acts_create(m, B, T, &a), RX_OK, NULL);
     if (!a) return 101;
@@ -84,7 +80,7 @@ int main(void) {
     /* forward: the token out of range is named with its position */
     int tok[B * T], tgt[B * T];
     for (int i = 0; i < B * T; i++) tok[i] = tgt[i] = (i * 37 + 5) % V;
-    double loss = -1.0, loss2;
+    double loss = -1.0;
     expect("backward before forward",
            rx_pretrain_backward_loss(m, a, tgt, B, T, -1, &loss), RX_EINVAL, "no forward");
     tok[5] = 300;
@@ -95,17 +91,14 @@ int main(void) {
            "made for B = 2, T = 8");
     expect("forward", rx_pretrain_forward_batch(m, tok, B, T, a), RX_OK, NULL);
 
-    /* backward: the int form and its NaN wrapper */
+    /* backward: a refused call leaves *loss as it was */
     tgt[9] = 999;
     expect("backward bad target", rx_pretrain_backward_loss(m, a, tgt, B, T, -1, &loss),
            RX_EINVAL, "target 999 at position 9");
     expect("backward loss untouched", loss == -1.0, 1, NULL);
-    expect("backward_batch NaN", isnan(rx_pretrain_backward_batch(m, a, tgt, B, T, -1)), 1,
-           "target 999 at position 9");
     expect("backward ignored target", rx_pretrain_backward_loss(m, a, tgt, B, T, 999, &loss),
            RX_OK, NULL);
-    loss2 = rx_pretrain_backward_batch(m, a, tgt, B, T, 999);
-    expect("backward same loss", loss > 0.0 && loss == loss2, 1, NULL);
+    expect("backward loss", loss > 0.0 && isfinite(loss), 1, NULL);
     expect("backward NULL loss", rx_pretrain_backward_loss(m, a, tgt, B, T, 999, NULL),
            RX_EINVAL, "loss is NULL");
 
@@ -116,12 +109,9 @@ int main(void) {
     tgt[3] = V;
     expect("ce bad target", rx_cross_entropy(logits, tgt, T, V, -1, dlogits, &loss), RX_EINVAL,
            "target 256 at position 3 is outside [0, 256)");
-    expect("ce_forward NaN", isnan(rx_cross_entropy_forward(logits, tgt, T, V, -1)), 1,
-           "target 256");
     tgt[3] = 0;
     expect("ce T = 0", rx_cross_entropy(logits, tgt, 0, V, -1, NULL, &loss), RX_EINVAL, "T = 0");
     expect("ce", rx_cross_entropy(logits, tgt, T, V, -1, dlogits, &loss), RX_OK, NULL);
-    expect("ce matches", loss == rx_cross_entropy_forward(logits, tgt, T, V, -1), 1, NULL);
     tok[2] = V;
     expect("gather bad token", rx_embedding_gather(emb, tok, T, 16, V, x), RX_EINVAL,
            "token 256 at position 2");
@@ -153,9 +143,8 @@ int main(void) {
     /* optimiser */
     double norm = -1.0;
     expect("norm n = 0", rx_grad_norm_l2(x, 0, &norm), RX_EINVAL, "n < 1");
-    expect("grad_norm NaN", isnan(rx_grad_norm(NULL, 4)), 1, "NULL");
+    expect("norm NULL", rx_grad_norm_l2(NULL, 4, &norm), RX_EINVAL, "NULL");
     expect("norm", rx_grad_norm_l2(x, 16, &norm), RX_OK, NULL);
-    expect("norm matches", norm == rx_grad_norm(x, 16), 1, NULL);
     float p[4] = {0}, g[4] = {0}, mm[4] = {0}, vv[4] = {0};
     expect("adamw betas", rx_adamw_step(p, g, mm, vv, 4, NULL, 0, 1e-3f, 1.5f, 0.9f, 1e-8f, 0.0f,
                                         1.0f, 1), RX_EINVAL, "betas");
@@ -164,7 +153,7 @@ int main(void) {
     rx_infer_state *s = (rx_infer_state *)&c;
     expect("infer max_len 0", rx_infer_create(m, 0, &s), RX_EINVAL, "max_len = 0");
     expect("infer leaves NULL", s == NULL, 1, NULL);
-    expect("infer_new NULL model", rx_infer_new(NULL, 4) == NULL, 1, "model is NULL");
+    expect("infer NULL model", rx_infer_create(NULL, 4, &s), RX_EINVAL, "model is NULL");
     expect("infer", rx_infer_create(m, T, &s), RX_OK, NULL);
     if (!s) return 102;
     tok[1] = -7;

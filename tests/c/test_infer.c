@@ -26,11 +26,13 @@ int main(void) {
     enum { T = 23 };
     int tokens[T], fail = 0;
     for (int t = 0; t < T; t++) tokens[t] = (t * 7 + 3) % c.vocab_size;
-    rx_ptmodel *m = rx_model_new_random(&c, 11);
-    rx_pt_acts *acts = m ? rx_pt_acts_new(m, T) : NULL;
-    rx_infer_state *s = m ? rx_infer_new(m, T) : NULL;
+    rx_ptmodel *m = NULL;
+    rx_pt_acts *acts = NULL;
+    rx_infer_state *s = NULL, *none;
     float *steps = malloc(sizeof(float) * T * c.vocab_size);
-    if (!m || !acts || !s || !steps) return 100;
+    if (rx_model_create(&c, 0, 11, &m) != RX_OK || rx_pt_acts_create(m, 1, T, &acts) != RX_OK ||
+        rx_infer_create(m, T, &s) != RX_OK || !steps)
+        return 100;
     if (rx_pretrain_forward(m, tokens, T, acts) != RX_OK) fail |= 1;
     for (int t = 0; t < T; t++)
         if (rx_infer_forward(s, tokens + t, 1, steps + (size_t)t * c.vocab_size) != RX_OK)
@@ -50,7 +52,8 @@ int main(void) {
     rx_infer_reset(s);
     if (rx_infer_forward(s, &bad, 1, steps) != RX_EINVAL || rx_infer_pos(s) != 0) fail |= 128;
     if (rx_infer_forward(s, tokens, 0, steps) != RX_EINVAL) fail |= 256;
-    if (rx_infer_new(m, 0) != NULL || rx_infer_new(NULL, 4) != NULL) fail |= 512;
+    if (rx_infer_create(m, 0, &none) != RX_EINVAL || rx_infer_create(NULL, 4, &none) != RX_EINVAL)
+        fail |= 512;
     rx_infer_free(s);
     rx_pt_acts_free(acts);
     rx_ptmodel_free(m);

@@ -63,12 +63,6 @@ static void check(const char *what, const float *got, const double *ref, size_t 
     }
 }
 
-static int all_nan(const float *p, size_t n) {
-    for (size_t i = 0; i < n; i++)
-        if (!isnan(p[i])) return 0;
-    return 1;
-}
-
 static int all_zero(const float *p, size_t n) {
     for (size_t i = 0; i < n; i++)
         if (p[i] != 0.0f) return 0;
@@ -270,7 +264,7 @@ static void test_embedding(int T, int C, int V) {
     int *tok = malloc((size_t)T * sizeof(int));
     for (int t = 0; t < T; t++) tok[t] = (int)(urand() * V);
     tok[T - 1] = tok[0]; /* a repeat */
-    rx_embedding_forward(emb, tok, T, C, out);
+    if (rx_embedding_gather(emb, tok, T, C, V, out) != RX_OK) fail("embedding gather rc");
     for (int t = 0; t < T; t++)
         if (memcmp(out + (size_t)t * C, emb + (size_t)tok[t] * C, (size_t)C * sizeof(float)))
             fail("embedding gather");
@@ -280,31 +274,24 @@ static void test_embedding(int T, int C, int V) {
     for (int threads = 1; threads <= 2; threads++) {
         rx_set_num_threads(threads);
         for (size_t i = 0; i < (size_t)V * C; i++) d_emb[i] = 7.0f; /* must be zeroed */
-        rx_embedding_backward(tok, T, C, V, d_out, d_emb);
+        if (rx_embedding_scatter(tok, T, C, V, d_out, d_emb) != RX_OK)
+            fail("embedding scatter rc");
         check("embedding d_emb", d_emb, ref, (size_t)V * C, GRAD_TOL);
     }
     rx_set_num_threads(0);
-    /* a negative token gives a NaN row, the others are still gathered */
-    int keep = tok[0];
-    tok[0] = -3;
-    rx_embedding_forward(emb, tok, T, C, out);
-    if (!all_nan(out, (size_t)C)) fail("embedding negative token -> NaN row");
-    if (T > 1 && memcmp(out + C, emb + (size_t)tok[1] * C, (size_t)C * sizeof(float)))
-        fail("embedding row after a negative token");
-    /* tokens outside [0, vocab) are skipped by the backward */
-    tok[0] = V;
-    rx_embedding_backward(tok, T, C, V, d_out, d_emb);
-    for (int c = 0; c < C; c++) ref[(size_t)keep * C + c] -= d_out[c];
-    check("embedding d_emb skipping token = vocab", d_emb, ref, (size_t)V * C, GRAD_TOL);
-    tok[0] = -1;
-    rx_embedding_backward(tok, T, C, V, d_out, d_emb);
-    check("embedding d_emb skipping token = -1", d_emb, ref, (size_t)V * C, GRAD_TOL);
-    rx_embedding_forward(NULL, tok, T, C, out);
-    if (!all_nan(out, n)) fail("embedding NULL emb -> NaN");
-    rx_embedding_backward(tok, T, C, V, NULL, d_emb);
-    if (!all_nan(d_emb, (size_t)V * C)) fail("embedding NULL d_out -> NaN");
-    rx_embedding_forward(emb, tok, 0, C, out);                 /* nothing written, no crash */
-    rx_embedding_backward(tok, T, 0, V, d_out, d_emb);
+    /* a token outside [0, vocab), a NULL buffer or a size below 1: refused */
+    const int keep = tok[0];
+    for (int bad = -1; bad <= V; bad += V + 1) {
+        tok[0] = bad;
+        if (rx_embedding_gather(emb, tok, T, C, V, out) != RX_EINVAL) fail("gather token outside");
+        if (rx_embedding_scatter(tok, T, C, V, d_out, d_emb) != RX_EINVAL)
+            fail("scatter token outside");
+    }
+    tok[0] = keep;
+    if (rx_embedding_gather(NULL, tok, T, C, V, out) != RX_EINVAL) fail("gather NULL emb");
+    if (rx_embedding_scatter(tok, T, C, V, NULL, d_emb) != RX_EINVAL) fail("scatter NULL d_out");
+    if (rx_embedding_gather(emb, tok, 0, C, V, out) != RX_EINVAL) fail("gather T=0");
+    if (rx_embedding_scatter(tok, T, 0, V, d_out, d_emb) != RX_EINVAL) fail("scatter C=0");
     free(emb); free(d_out); free(out); free(d_emb); free(tok); free(ref);
 }
 
@@ -325,18 +312,16 @@ static void test_head(int T, int C, int V) {
     float *l = fbuf(nl), *dx = fbuf(nx), *dh = fbuf(nh);
     for (int threads = 1; threads <= 2; threads++) {
         rx_set_num_threads(threads);
-        rx_head_forward(x, hw, T, C, V, l);
+        if (rx_head_logits(x, hw, T, C, V, l) != RX_OK) fail("head logits rc");
         check("head logits", l, l_ref, nl, FWD_TOL);
-        rx_head_backward(x, hw, g, T, C, V, dx, dh);
+        if (rx_head_grads(x, hw, g, T, C, V, dx, dh) != RX_OK) fail("head grads rc");
         check("head dx", dx, dx_ref, nx, GRAD_TOL);
         check("head d_head", dh, dh_ref, nh, GRAD_TOL);
     }
     rx_set_num_threads(0);
-    rx_head_forward(x, NULL, T, C, V, l);
-    if (!all_nan(l, nl)) fail("head NULL head -> NaN logits");
-    rx_head_backward(x, hw, NULL, T, C, V, dx, dh);
-    if (!all_nan(dx, nx) || !all_nan(dh, nh)) fail("head NULL dlogits -> NaN grads");
-    rx_head_forward(x, hw, T, 0, V, l);                         /* nothing written, no crash */
+    if (rx_head_logits(x, NULL, T, C, V, l) != RX_EINVAL) fail("head NULL head");
+    if (rx_head_grads(x, hw, NULL, T, C, V, dx, dh) != RX_EINVAL) fail("head NULL dlogits");
+    if (rx_head_logits(x, hw, T, 0, V, l) != RX_EINVAL) fail("head C=0");
     free(x); free(hw); free(g); free(l_ref); free(dx_ref); free(dh_ref); free(l); free(dx); free(dh);
 }
 
@@ -367,6 +352,13 @@ static void check_loss(const char *what, double got, double ref) {
     }
 }
 
+/* rx_cross_entropy's loss (dlogits NULL: the loss alone); NaN when it
+ * fails, which check_loss reports */
+static double ce(const float *l, const int *tg, int T, int V, int ii, float *d) {
+    double loss;
+    return rx_cross_entropy(l, tg, T, V, ii, d, &loss) == RX_OK ? loss : NAN;
+}
+
 static void test_cross_entropy(int T, int V, double spread) {
     size_t n = (size_t)T * V;
     float *l = frand(n, -spread, spread), *d = fbuf(n);
@@ -378,8 +370,8 @@ static void test_cross_entropy(int T, int V, double spread) {
         for (int pass = 0; pass < 2; pass++) {
             int ii = pass == 0 ? -1 : tg[0];        /* no ignoring, then ignore tg[0]'s class */
             double ref = ce_ref(l, tg, T, V, ii, d_ref);
-            check_loss("ce forward", rx_cross_entropy_forward(l, tg, T, V, ii), ref);
-            check_loss("ce backward loss", rx_cross_entropy_backward(l, tg, T, V, ii, d), ref);
+            check_loss("ce loss", ce(l, tg, T, V, ii, NULL), ref);
+            check_loss("ce loss with dlogits", ce(l, tg, T, V, ii, d), ref);
             check("ce dlogits", d, d_ref, n, GRAD_TOL);
         }
     }
@@ -387,26 +379,25 @@ static void test_cross_entropy(int T, int V, double spread) {
     /* every position ignored: loss 0, zero grads */
     int *same = malloc((size_t)T * sizeof(int));
     for (int t = 0; t < T; t++) same[t] = 0;
-    if (rx_cross_entropy_forward(l, same, T, V, 0) != 0.0) fail("ce all ignored loss");
+    if (ce(l, same, T, V, 0, NULL) != 0.0) fail("ce all ignored loss");
     for (size_t i = 0; i < n; i++) d[i] = 1.0f;
-    if (rx_cross_entropy_backward(l, same, T, V, 0, d) != 0.0 || !all_zero(d, n))
-        fail("ce all ignored grads");
+    if (ce(l, same, T, V, 0, d) != 0.0 || !all_zero(d, n)) fail("ce all ignored grads");
     /* an ignored target may lie outside the vocab */
     same[0] = V + 3;
     same[T - 1] = V + 3;
-    if (!isfinite(rx_cross_entropy_forward(l, same, T, V, V + 3))) fail("ce ignored out-of-range");
-    /* a valid target outside [0, vocab): NaN, dlogits NaN */
-    if (!isnan(rx_cross_entropy_forward(l, same, T, V, -1))) fail("ce target = vocab+3 -> NaN");
+    if (!isfinite(ce(l, same, T, V, V + 3, NULL))) fail("ce ignored out-of-range");
+    /* a valid target outside [0, vocab), a NULL input or a size below 1: refused */
+    double loss;
+    if (rx_cross_entropy(l, same, T, V, -1, NULL, &loss) != RX_EINVAL) fail("ce target = vocab+3");
     same[0] = -1;
-    if (!isnan(rx_cross_entropy_backward(l, same, T, V, -1, d)) || !all_nan(d, n))
-        fail("ce negative target -> NaN");
+    if (rx_cross_entropy(l, same, T, V, -1, d, &loss) != RX_EINVAL) fail("ce negative target");
     same[0] = V;
-    if (!isnan(rx_cross_entropy_forward(l, same, T, V, V + 1))) fail("ce target = vocab -> NaN");
-    if (!isnan(rx_cross_entropy_forward(NULL, tg, T, V, -1))) fail("ce NULL logits");
-    if (!isnan(rx_cross_entropy_forward(l, NULL, T, V, -1))) fail("ce NULL targets");
-    if (!isnan(rx_cross_entropy_backward(l, tg, T, V, -1, NULL))) fail("ce NULL dlogits");
-    if (!isnan(rx_cross_entropy_forward(l, tg, 0, V, -1))) fail("ce T=0");
-    if (!isnan(rx_cross_entropy_backward(l, tg, T, 0, -1, d))) fail("ce vocab=0");
+    if (rx_cross_entropy(l, same, T, V, V + 1, NULL, &loss) != RX_EINVAL) fail("ce target = vocab");
+    if (rx_cross_entropy(NULL, tg, T, V, -1, d, &loss) != RX_EINVAL) fail("ce NULL logits");
+    if (rx_cross_entropy(l, NULL, T, V, -1, d, &loss) != RX_EINVAL) fail("ce NULL targets");
+    if (rx_cross_entropy(l, tg, T, V, -1, d, NULL) != RX_EINVAL) fail("ce NULL loss");
+    if (rx_cross_entropy(l, tg, 0, V, -1, d, &loss) != RX_EINVAL) fail("ce T=0");
+    if (rx_cross_entropy(l, tg, T, 0, -1, d, &loss) != RX_EINVAL) fail("ce vocab=0");
     free(l); free(d); free(tg); free(d_ref); free(same);
 }
 
@@ -416,8 +407,8 @@ static void test_cross_entropy_extreme(void) {
     int tg[T] = {0, 5, 2, 3};
     for (int i = 0; i < T * V; i++) l[i] = (i * 7) % 3 == 0 ? 1e4f : ((i % 2) ? -1e4f : 0.0f);
     double d_ref[T * V], ref = ce_ref(l, tg, T, V, -1, d_ref);
-    check_loss("ce +-1e4 forward", rx_cross_entropy_forward(l, tg, T, V, -1), ref);
-    check_loss("ce +-1e4 backward", rx_cross_entropy_backward(l, tg, T, V, -1, d), ref);
+    check_loss("ce +-1e4 loss", ce(l, tg, T, V, -1, NULL), ref);
+    check_loss("ce +-1e4 loss with dlogits", ce(l, tg, T, V, -1, d), ref);
     check("ce +-1e4 dlogits", d, d_ref, T * V, GRAD_TOL);
 }
 

@@ -56,15 +56,17 @@ static void test_configs(void) {
     bad[n++].vocab_size = 1 << 28;  /* emb would exceed 2^31 - 1 elements */
     for (int i = 0; i < n; i++) {
         CHECK(rx_pt_config_validate(&bad[i]) == RX_ECONFIG, "bad config %d validated", i);
-        rx_ptmodel *m = rx_model_new_random(&bad[i], 1);
-        CHECK(m == NULL, "bad config %d built a model", i);
+        rx_ptmodel *m = NULL;
+        CHECK(rx_model_create(&bad[i], 0, 1, &m) == RX_ECONFIG && m == NULL,
+              "bad config %d built a model", i);
         rx_ptmodel_free(m);
     }
     CHECK(rx_pt_config_validate(&BASE) == RX_OK, "BASE rejected");
-    CHECK(rx_model_new_random(NULL, 1) == NULL, "NULL config built a model");
+    rx_ptmodel *m = NULL;
+    CHECK(rx_model_create(NULL, 0, 1, &m) == RX_EINVAL && m == NULL, "NULL config built a model");
     rx_pt_config no_attn = BASE;
     no_attn.n_attn_layer = 0;
-    rx_ptmodel *m = rx_model_new_random(&no_attn, 1);
+    CHECK(rx_model_create(&no_attn, 0, 1, &m) == RX_OK, "n_attn 0 model");
     CHECK(m && strcmp(rx_ptmodel_layers(m), "RRR") == 0, "n_attn 0 layers");
     CHECK(m && rx_ptmodel_attn(m, 0) == NULL, "attention block of an RWKV-only model");
     rx_ptmodel_free(m);
@@ -199,8 +201,11 @@ static void test_tm_schema(rx_ptmodel *m) {
 }
 
 static double loss_of(rx_ptmodel *m, rx_pt_acts *a, const int *tok, const int *tgt, int ign) {
-    if (rx_pretrain_forward(m, tok, SEQ, a) != RX_OK) return NAN;
-    return rx_cross_entropy_forward(a->logits, tgt, SEQ, a->vocab, ign);
+    double loss;
+    if (rx_pretrain_forward(m, tok, SEQ, a) != RX_OK ||
+        rx_cross_entropy(a->logits, tgt, SEQ, a->vocab, ign, NULL, &loss) != RX_OK)
+        return NAN;
+    return loss;
 }
 
 static void test_forward_backward(rx_ptmodel *m) {
@@ -211,10 +216,13 @@ static void test_forward_backward(rx_ptmodel *m) {
         tgt[t] = (3 * t + 1) % V;
     }
     tgt[3] = ign;
-    rx_pt_acts *a = rx_pt_acts_new(m, SEQ);
+    rx_pt_acts *a = NULL;
+    CHECK(rx_pt_acts_create(m, 1, SEQ, &a) == RX_OK, "acts");
     CHECK(a && a->B == 1 && a->T == SEQ && a->n_blocks == 4, "acts");
     if (!a) return;
-    CHECK(isnan(rx_pretrain_backward(m, a, tgt, SEQ, ign)), "backward before forward");
+    double loss = -1.0, l2;
+    CHECK(rx_pretrain_backward_loss(m, a, tgt, 1, SEQ, ign, &loss) == RX_EINVAL && loss == -1.0,
+          "backward before forward");
     CHECK(rx_pretrain_forward(m, tok, SEQ, a) == RX_OK, "forward");
 
     /* logits = lnout . head and the loss, in double */
@@ -240,7 +248,7 @@ static void test_forward_backward(rx_ptmodel *m) {
     }
     want_loss /= n_valid;
     CHECK(err <= 1e-5 * scale, "logits vs double: %g (scale %g)", err, scale);
-    double loss = rx_pretrain_backward(m, a, tgt, SEQ, ign);
+    CHECK(rx_pretrain_backward_loss(m, a, tgt, 1, SEQ, ign, &loss) == RX_OK, "backward");
     CHECK(isfinite(loss) && fabs(loss - want_loss) <= 1e-5 * want_loss, "loss %.9g vs %.9g",
           loss, want_loss);
 
@@ -284,21 +292,25 @@ static void test_forward_backward(rx_ptmodel *m) {
     memcpy(bad, tgt, sizeof bad);
     bad[0] = V;
     memset(g, 0, (size_t)n * sizeof(float));
-    CHECK(isnan(rx_pretrain_backward(m, a, bad, SEQ, ign)), "target == vocab");
+    CHECK(rx_pretrain_backward_loss(m, a, bad, 1, SEQ, ign, &l2) == RX_EINVAL, "target == vocab");
     bad[0] = -2;
-    CHECK(isnan(rx_pretrain_backward(m, a, bad, SEQ, ign)), "target < 0");
+    CHECK(rx_pretrain_backward_loss(m, a, bad, 1, SEQ, ign, &l2) == RX_EINVAL, "target < 0");
     bad[0] = -1;
-    CHECK(isnan(rx_pretrain_backward(m, a, bad, SEQ, -1)), "target -1 with ignore_index -1");
-    CHECK(isnan(rx_pretrain_backward(m, a, tgt, SEQ - 1, ign)), "SEQ != acts SEQ");
-    CHECK(isnan(rx_pretrain_backward(m, a, NULL, SEQ, ign)), "NULL targets");
+    CHECK(rx_pretrain_backward_loss(m, a, bad, 1, SEQ, -1, &l2) == RX_EINVAL,
+          "target -1 with ignore_index -1");
+    CHECK(rx_pretrain_backward_loss(m, a, tgt, 1, SEQ - 1, ign, &l2) == RX_EINVAL,
+          "SEQ != acts SEQ");
+    CHECK(rx_pretrain_backward_loss(m, a, NULL, 1, SEQ, ign, &l2) == RX_EINVAL, "NULL targets");
     for (int64_t i = 0; i < n; i++)
         if (g[i] != 0.0f) {
             CHECK(0, "a rejected backward wrote grads");
             break;
         }
     for (int t = 0; t < SEQ; t++) bad[t] = ign;
-    CHECK(rx_pretrain_backward(m, a, bad, SEQ, ign) == 0.0, "no valid target: loss 0");
-    CHECK(rx_pretrain_backward(m, a, tgt, SEQ, ign) == loss, "backward is repeatable");
+    CHECK(rx_pretrain_backward_loss(m, a, bad, 1, SEQ, ign, &l2) == RX_OK && l2 == 0.0,
+          "no valid target: loss 0");
+    CHECK(rx_pretrain_backward_loss(m, a, tgt, 1, SEQ, ign, &l2) == RX_OK && l2 == loss,
+          "backward is repeatable");
     for (int64_t i = 0; i < n; i++)
         if (g[i] != g0[i]) {
             CHECK(0, "repeated backward differs at %lld", (long long)i);
@@ -319,13 +331,16 @@ static void test_batch(rx_ptmodel *m) {
         tgt[i] = (11 * i + 5) % V;
     }
     tgt[2] = tgt[3] = tgt[SEQ + 5] = ign;
-    rx_pt_acts *ab = rx_pt_acts_new_batch(m, B, SEQ), *a1 = rx_pt_acts_new(m, SEQ);
-    CHECK(ab && a1, "acts");
+    rx_pt_acts *ab = NULL, *a1 = NULL, *z = NULL;
+    CHECK(rx_pt_acts_create(m, B, SEQ, &ab) == RX_OK && rx_pt_acts_create(m, 1, SEQ, &a1) == RX_OK,
+          "acts");
     if (!ab || !a1) goto done;
     CHECK(rx_pretrain_forward(m, tok, SEQ, ab) == RX_EINVAL, "B=1 forward into B=2 acts");
     CHECK(rx_pretrain_forward_batch(m, tok, B, SEQ, ab) == RX_OK, "batched forward");
-    double loss = rx_pretrain_backward_batch(m, ab, tgt, B, SEQ, ign);
-    CHECK(isnan(rx_pretrain_backward_batch(m, ab, tgt, 1, 2 * SEQ, ign)), "B*SEQ split differs");
+    double loss = NAN, lb;
+    CHECK(rx_pretrain_backward_loss(m, ab, tgt, B, SEQ, ign, &loss) == RX_OK, "batched backward");
+    CHECK(rx_pretrain_backward_loss(m, ab, tgt, 1, 2 * SEQ, ign, &lb) == RX_EINVAL,
+          "B*SEQ split differs");
     int64_t n;
     float *g = rx_ptmodel_grad_arena(m, &n);
     double *gsum = calloc((size_t)n, sizeof(double));
@@ -337,7 +352,10 @@ static void test_batch(rx_ptmodel *m) {
         int nv = 0;
         for (int t = 0; t < SEQ; t++) nv += tgt[b * SEQ + t] != ign;
         rx_pretrain_forward(m, tok + b * SEQ, SEQ, a1);
-        lsum += nv * rx_pretrain_backward(m, a1, tgt + b * SEQ, SEQ, ign);
+        lb = NAN;
+        CHECK(rx_pretrain_backward_loss(m, a1, tgt + b * SEQ, 1, SEQ, ign, &lb) == RX_OK,
+              "backward of sequence %d", b);
+        lsum += nv * lb;
         for (int64_t i = 0; i < n; i++) gsum[i] += (double)nv * g[i];
         nv_all += nv;
     }
@@ -354,25 +372,27 @@ static void test_batch(rx_ptmodel *m) {
 done:
     rx_pt_acts_free(ab);
     rx_pt_acts_free(a1);
-    CHECK(rx_pt_acts_new(m, 0) == NULL && rx_pt_acts_new_batch(m, 0, 4) == NULL, "size 0 acts");
-    CHECK(rx_pt_acts_new_batch(m, 1 << 20, 1 << 20) == NULL, "B*SEQ past int");
-    CHECK(rx_pt_acts_new(NULL, 4) == NULL, "acts of no model");
+    CHECK(rx_pt_acts_create(m, 1, 0, &z) == RX_EINVAL &&
+              rx_pt_acts_create(m, 0, 4, &z) == RX_EINVAL,
+          "size 0 acts");
+    CHECK(rx_pt_acts_create(m, 1 << 20, 1 << 20, &z) == RX_EINVAL, "B*SEQ past int");
+    CHECK(rx_pt_acts_create(NULL, 1, 4, &z) == RX_EINVAL && z == NULL, "acts of no model");
 }
 
-/* RX_PT_LN0: ln0_w, ln0_b right after emb; flags 0 is rx_model_new_random;
- * unknown flag bits are refused. (Its maths: tests/test_ln0.py.) */
+/* RX_PT_LN0: ln0_w, ln0_b right after emb; unknown flag bits are refused.
+ * (Its maths: tests/test_ln0.py.) */
 static void test_ln0_flag(uint64_t seed) {
-    CHECK(rx_model_new_random_flags(&BASE, 1 << 5, seed) == NULL, "unknown flag accepted");
+    rx_ptmodel *plain = NULL, *ln0 = NULL;
+    CHECK(rx_model_create(&BASE, 1 << 5, seed, &plain) == RX_EINVAL && plain == NULL,
+          "unknown flag accepted");
     CHECK(rx_ptmodel_flags(NULL) == -1, "flags of no model");
-    rx_ptmodel *plain = rx_model_new_random(&BASE, seed);
-    rx_ptmodel *zero = rx_model_new_random_flags(&BASE, 0, seed);
-    rx_ptmodel *ln0 = rx_model_new_random_flags(&BASE, RX_PT_LN0, seed);
-    CHECK(plain && zero && ln0, "models");
-    if (plain && zero && ln0) {
-        int64_t n0, n1, n2;
-        float *p0 = rx_ptmodel_param_arena(plain, &n0), *p1 = rx_ptmodel_param_arena(zero, &n1);
+    CHECK(rx_model_create(&BASE, 0, seed, &plain) == RX_OK &&
+              rx_model_create(&BASE, RX_PT_LN0, seed, &ln0) == RX_OK,
+          "models");
+    if (plain && ln0) {
+        int64_t n0, n2;
+        rx_ptmodel_param_arena(plain, &n0);
         rx_ptmodel_param_arena(ln0, &n2);
-        CHECK(n0 == n1 && memcmp(p0, p1, (size_t)n0 * sizeof(float)) == 0, "flags 0 differs");
         CHECK(n2 == n0 + 2 * 16, "ln0 arena %lld", (long long)n2);
         CHECK(rx_ptmodel_flags(ln0) == RX_PT_LN0 && rx_ptmodel_flags(plain) == 0, "flags");
         CHECK(rx_ptmodel_num_params(ln0) == rx_ptmodel_num_params(plain) + 2, "tensor count");
@@ -387,7 +407,6 @@ static void test_ln0_flag(uint64_t seed) {
         CHECK(strcmp(name, "blocks.0.ln1_w") == 0, "tensor 3 is %s", name);
     }
     rx_ptmodel_free(plain);
-    rx_ptmodel_free(zero);
     rx_ptmodel_free(ln0);
 }
 
@@ -395,8 +414,8 @@ int main(void) {
     test_configs();
     test_ln0_flag(7);
     const uint64_t seed = 0x0123456789ABCDEFull;
-    rx_ptmodel *m = rx_model_new_random(&BASE, seed);
-    CHECK(m != NULL, "model");
+    rx_ptmodel *m = NULL;
+    CHECK(rx_model_create(&BASE, 0, seed, &m) == RX_OK, "model");
     if (m) {
         test_layout_and_init(m, seed);
         test_tm_schema(m);
