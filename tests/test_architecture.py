@@ -91,9 +91,14 @@ def test_imports_run_down_the_layers(mod):
         # the package itself loads only the binding: rwkvx_c.X imports stay lazy
         assert GRAPH[mod] <= {"rwkvx_c._core", "rwkvx_c._omp"}, GRAPH[mod]
         return
-    up = [m for m in GRAPH[mod] if m not in ("rwkvx_c", "rwkvx_c._core")
-          and _layer(m) > _layer(mod)]
+    others = [m for m in GRAPH[mod] if m not in ("rwkvx_c", "rwkvx_c._core")]
+    up = [m for m in others if _layer(m) > _layer(mod)]
     assert not up, f"{mod} (layer {_layer(mod)}) imports {up} from above it"
+    # siblings of one layer (train, interop, sample; model, run; util, errors)
+    # stay apart: only a package's own modules import each other
+    side = [m for m in others if _layer(m) == _layer(mod)
+            and m.split(".")[1] != mod.split(".")[1]]
+    assert not side, f"{mod} imports {side} from a sibling of its layer"
 
 
 def test_no_import_circle():
