@@ -15,8 +15,8 @@ import resource
 import shutil
 import time
 
-from rwkvx_c.data import tokenizers as tkz
 from rwkvx_c.data import load_corpus, stdlib_files
+from rwkvx_c.data import tokenizers as tkz
 
 
 def generate(folder, nbytes):

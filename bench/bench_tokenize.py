@@ -13,8 +13,8 @@ CPU-second (all threads) shows the work done regardless of the machine's load.
 import argparse
 import time
 
-from rwkvx_c.data import tokenizers as tkz
 from rwkvx_c.data import stdlib_files
+from rwkvx_c.data import tokenizers as tkz
 
 
 def best(fn, repeat):

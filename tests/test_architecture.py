@@ -50,9 +50,14 @@ def _layer(mod):
     return LAYERS[parts[1] if len(parts) > 1 else "__init__"]
 
 
+def _source(path):
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
 def _imports(mod, path):
     """The rwkvx_c modules `mod` imports anywhere in its source."""
-    tree = ast.parse(open(path, encoding="utf-8").read())
+    tree = ast.parse(_source(path))
     pkg = mod if path.endswith("__init__.py") else mod.rsplit(".", 1)[0]
     out = set()
     for node in ast.walk(tree):
@@ -137,7 +142,7 @@ def test_the_circle_check_can_fail():
 
 @pytest.mark.parametrize("mod", sorted(MODULES))
 def test_module_size(mod):
-    n = sum(1 for _ in open(MODULES[mod], encoding="utf-8"))
+    n = len(_source(MODULES[mod]).splitlines())
     assert n <= MAX_LINES, f"{mod} has {n} lines (at most {MAX_LINES})"
 
 
@@ -147,7 +152,7 @@ def test_one_exception_base():
     for m in MODULES:
         if m == "rwkvx_c.__main__":
             continue
-        tree = ast.parse(open(MODULES[m], encoding="utf-8").read())
+        tree = ast.parse(_source(MODULES[m]))
         for node in ast.walk(tree):
             if isinstance(node, ast.ClassDef):
                 bases = {ast.unparse(b) for b in node.bases}

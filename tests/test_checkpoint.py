@@ -1,4 +1,4 @@
-"""Checkpoint files (rwkvx_c/checkpoint.py): round trip, safetensors
+"""Checkpoint files (rwkvx_c/run/checkpoint.py): round trip, safetensors
 compatibility, atomic writes, and clear errors on damaged files."""
 import os
 from pathlib import Path

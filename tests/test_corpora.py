@@ -11,10 +11,9 @@ import sys
 import numpy as np
 import pytest
 
+from rwkvx_c.data import DataError, formats, load_corpus, sources
 from rwkvx_c.data import cache as token_cache
-from rwkvx_c.data import formats, sources
 from rwkvx_c.data import tokenizers as tkz
-from rwkvx_c.data import DataError, load_corpus
 
 
 def _read(path):

@@ -9,8 +9,8 @@ from rwkvx_c.data import (
     BatchSampler,
     ByteTokenizer,
     DataError,
-    is_val_file,
     eval_windows,
+    is_val_file,
     load_corpus,
     stdlib_files,
 )
@@ -93,7 +93,7 @@ def test_bad_corpora(tmp_path):
     with pytest.raises(DataError, match="too few"):
         load_corpus(str(tmp_path / "small.txt"), seq_len=64)
     (tmp_path / "emptydir").mkdir()
-    with pytest.raises(DataError, match="no text or .jsonl files"):
+    with pytest.raises(DataError, match=r"no text or \.jsonl files"):
         load_corpus(str(tmp_path / "emptydir"))
     (tmp_path / "x.bin").write_bytes(b"\0" * 100)
     with pytest.raises(DataError, match="dtype"):

@@ -1,4 +1,4 @@
-"""Data-parallel training over MPI (rwkvx_c/distributed.py).
+"""Data-parallel training over MPI (rwkvx_c/train/distributed.py).
 
 Without a launcher: how one is recognised, and that a plain run never
 imports mpi4py. With mpiexec (skipped when mpi4py or mpiexec is missing):

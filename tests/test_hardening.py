@@ -16,9 +16,14 @@ import pytest
 
 import rwkvx_c as rx
 from rwkvx_c.model import memory as memcheck
-from rwkvx_c.run.checkpoint import CheckpointError, parse_checkpoint, read_checkpoint, save_checkpoint
-from rwkvx_c.train.guard import MAX_ROLLBACKS, ROLLBACK_LR_FACTOR, Divergence, DivergenceGuard
+from rwkvx_c.run.checkpoint import (
+    CheckpointError,
+    parse_checkpoint,
+    read_checkpoint,
+    save_checkpoint,
+)
 from rwkvx_c.train import CHECKPOINT, LOG, Trainer, TrainError, TrainOptions
+from rwkvx_c.train.guard import MAX_ROLLBACKS, ROLLBACK_LR_FACTOR, Divergence, DivergenceGuard
 
 from hostile import SMALL, cli, corpus, no_traceback, python
 

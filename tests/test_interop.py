@@ -292,8 +292,8 @@ def _one_line(capsys, rc, *words):
 
 def test_cli_shape_flags_export_import_sample_resume(tmp_path, capsys):
     _need("torch")
-    from rwkvx_c.run.checkpoint import read_checkpoint
     from rwkvx_c.cli import main
+    from rwkvx_c.run.checkpoint import read_checkpoint
     corpus = tmp_path / "c.txt"
     corpus.write_text("abc def ghi\n" * 500)
     fast = ["--data", str(corpus), "--preset", "tiny", "--seq-len", "16", "--batch", "2",

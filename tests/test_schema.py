@@ -1,6 +1,6 @@
 """One schema source: the time-mix fields are csrc/rx_internal.h's
 RX_TM_FIELDS (exported as rx_tm_field, rwkvx_c.tm_fields) and the presets are
-rwkvx_c/presets.py. These tests hold each against the docs and against every
+rwkvx_c/model/presets.py. These tests hold each against the docs and against every
 place that reads it, so a change in one place that the others miss fails
 here rather than as a misplaced tensor."""
 import os

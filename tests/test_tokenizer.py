@@ -1,12 +1,12 @@
-"""Tokenizers (rwkvx_c/tokenizer.py, csrc/tokenize.c): World ids against the
+"""Tokenizers (rwkvx_c/data/tokenizers.py, csrc/tokenize.c): World ids against the
 rwkv package's TRIE_TOKENIZER, round trips, BPE fitting, run identity."""
 import os
 
 import numpy as np
 import pytest
 
-from rwkvx_c.data import tokenizers as tkz
 from rwkvx_c.data import stdlib_files
+from rwkvx_c.data import tokenizers as tkz
 
 rwkv_tok = pytest.importorskip("rwkv.rwkv_tokenizer", reason="needs the rwkv package")
 

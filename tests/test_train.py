@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 import rwkvx_c as rx
-from rwkvx_c.run.checkpoint import read_checkpoint
 from rwkvx_c.model.init import init_model
+from rwkvx_c.run.checkpoint import read_checkpoint
+from rwkvx_c.train import CHECKPOINT, LOG, Trainer, TrainError, TrainOptions
 from rwkvx_c.train.optim import AdamW, decay_ranges
 from rwkvx_c.train.schedule import lr_at
-from rwkvx_c.train import CHECKPOINT, LOG, Trainer, TrainError, TrainOptions
 
 from reference import optim as ref
 
