@@ -65,8 +65,10 @@ def plot_log(rows: Sequence[dict[str, Any]], path: str, title: str = "") -> bool
 
 
 def _time_axis(ax: Any, rows: Sequence[dict[str, Any]]) -> None:
-    """Elapsed training time on the top axis, mapped from steps through the
-    log's (step, elapsed) pairs (a resumed run's log continues its clock)."""
+    """Elapsed training time on the top axis: at each step tick of the bottom
+    axis, the time the log says the run had trained by then (interpolated
+    between rows; a resumed run's log continues its clock). Ticks follow the
+    steps, so an evaluation that takes long never crowds the labels."""
     pts = sorted({(r["step"], r["elapsed"]) for r in rows
                   if isinstance(r.get("elapsed"), (int, float)) and "step" in r
                   and math.isfinite(r["elapsed"])})
@@ -74,23 +76,14 @@ def _time_axis(ax: Any, rows: Sequence[dict[str, Any]]) -> None:
         return
     steps = np.array([p[0] for p in pts], dtype=np.float64)
     secs = np.maximum.accumulate(np.array([p[1] for p in pts], dtype=np.float64))
-    if secs[-1] <= secs[0] or steps[-1] <= steps[0]:
+    if secs[-1] <= secs[0]:
         return
     unit, scale = ("min", 60.0) if secs[-1] >= 120 else ("s", 1.0)
-    # matplotlib inverts the map over the whole axis, margins included: make
-    # it strictly increasing (the log rounds elapsed to ms) and extend it
-    # linearly past both ends at the run's mean rate
-    rate = (secs[-1] - secs[0]) / (steps[-1] - steps[0])
-    secs = secs + 1e-9 * rate * np.arange(len(secs))
-    far = 1e3 * (steps[-1] - steps[0])
-    steps = np.concatenate([[steps[0] - far], steps, [steps[-1] + far]])
-    secs = np.concatenate([[secs[0] - far * rate], secs, [secs[-1] + far * rate]])
-
-    def to_time(x: np.ndarray) -> np.ndarray:
-        return np.interp(x, steps, secs) / scale
-
-    def to_step(t: np.ndarray) -> np.ndarray:
-        return np.interp(np.asarray(t) * scale, secs, steps)
-
-    top = ax.secondary_xaxis("top", functions=(to_time, to_step))
+    lo, hi = ax.get_xlim()
+    ticks = [t for t in ax.get_xticks() if lo <= t <= hi and steps[0] <= t <= steps[-1]]
+    top = ax.twiny()
+    top.set_xlim(lo, hi)
+    top.set_xticks(ticks)
+    times = [float(np.interp(t, steps, secs)) / scale for t in ticks]
+    top.set_xticklabels([f"{v:.0f}" if v >= 10 else f"{v:.1f}" for v in times])
     top.set_xlabel(f"training time ({unit})")
