@@ -779,12 +779,16 @@ static void pack_b_full(const gemm_impl *im, const rx_gemm_op *g, size_t j0, siz
         pack_b(im, g->tb, g->B, g->ldb, pc, g->K - pc < KC ? g->K - pc : KC, j0, nc, Bf + pc * ncp);
 }
 
-/* RX_ENOMEM when the thread's buffers cannot be allocated (the unit's C
- * is then untouched). */
-static int run_unit(const gemm_impl *im, const rx_gemm_op *ops, const gunit *un, size_t batch) {
-    const rx_gemm_op *g = &ops[un->k];
+/* Floats of packed op(B) a unit needs: its columns, padded to NR, over
+ * the whole depth K padded to KC. */
+static size_t unit_need(const rx_gemm_op *ops, const gunit *un) {
     const size_t nc = un->j1 - un->j0, ncp = (nc + NR - 1) / NR * NR;
-    const size_t need = ((g->K + KC - 1) / KC * KC) * ncp;
+    return ((ops[un->k].K + KC - 1) / KC * KC) * ncp;
+}
+
+/* The calling thread's scratch with apack and a bfull of at least `need`
+ * floats; NULL when they cannot be allocated. */
+static gemm_scratch *scratch_bfull(size_t need) {
     gemm_scratch *sc = scratch();
     if (sc && !sc->apack) sc->apack = rx_falloc((size_t)MC * KC + MR_MAX);
     if (sc && need > sc->bfull_n) {
@@ -793,7 +797,16 @@ static int run_unit(const gemm_impl *im, const rx_gemm_op *ops, const gunit *un,
         sc->bfull_n = sc->bfull ? need : 0;
         sc->bkey[0] = 0;
     }
-    if (!sc || !sc->apack || !sc->bfull) return RX_ENOMEM;
+    return sc && sc->apack && sc->bfull ? sc : NULL;
+}
+
+/* RX_ENOMEM when the thread's buffers cannot be allocated (the unit's C
+ * is then untouched). */
+static int run_unit(const gemm_impl *im, const rx_gemm_op *ops, const gunit *un, size_t batch) {
+    const rx_gemm_op *g = &ops[un->k];
+    const size_t nc = un->j1 - un->j0, ncp = (nc + NR - 1) / NR * NR;
+    gemm_scratch *sc = scratch_bfull(unit_need(ops, un));
+    if (!sc) return RX_ENOMEM;
     if (sc->bkey[0] != batch || sc->bkey[1] != un->k || sc->bkey[2] != un->jb) {
         pack_b_full(im, g, un->j0, nc, sc->bfull);
         sc->bkey[0] = batch, sc->bkey[1] = un->k, sc->bkey[2] = un->jb;
@@ -893,6 +906,16 @@ static int sgemm_parallel(const gemm_impl *im, const rx_gemm_op *ops, size_t nop
         return RX_OK;
     }
     const gunit *units = tl->units;
+    /* Every thread sizes its packed-B buffer for the batch's widest unit
+     * before it runs any: a thread may steal any unit, and which it steals
+     * depends on the timing, so sizing by the units it happens to run would
+     * let a step allocate long after the first one (tests/test_noalloc.py
+     * saw it on a loaded machine). */
+    size_t widest = 0;
+    for (size_t u = 0; u < nu; u++) {
+        const size_t need = unit_need(ops, &units[u]);
+        if (need > widest) widest = need;
+    }
     static size_t batches;
     const size_t batch = __atomic_add_fetch(&batches, 1, __ATOMIC_RELAXED);
     int fail = 0;
@@ -902,6 +925,7 @@ static int sgemm_parallel(const gemm_impl *im, const rx_gemm_op *ops, size_t nop
          * OMP_DYNAMIC): stealing then finishes every segment */
         const int t = rx_thread_id();
         size_t v;
+        if (!scratch_bfull(widest)) fail = 1;
         while (claim(&seg[t], 0, &v)) fail |= run_unit(im, ops, &units[v], batch) != RX_OK;
         for (int d = 1; d < nt; d++)
             while (claim(&seg[(t + d) % nt], 1, &v))
