@@ -87,6 +87,9 @@ def add_parser(sub: Subparsers) -> None:
     e.add_argument("--num-fewshot", type=int, metavar="K", help="lm-eval few-shot examples")
     e.add_argument("--limit", type=positive_int, metavar="N", help="lm-eval: first N documents "
                    "per task")
+    e.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                   help="projection GEMMs; bf16 reproduces a bf16 run's own val figures "
+                   "(default: fp32)")
     e.add_argument("--threads", type=positive_int, metavar="N",
                    help="OpenMP threads (default: OMP_NUM_THREADS or the core count)")
     e.add_argument("--json", action="store_true", help="print one JSON line of every result "
@@ -103,6 +106,7 @@ def run(a: argparse.Namespace) -> int:
     ckpt = checkpoint_path(a.dir)
     opts = read_state(ckpt).get("options") or {}
     model, tok = load_run(a.dir)
+    model.precision = a.precision
     out: dict[str, Any] = {}
     if a.data:
         out["data"] = _score_corpus(a, model, tok, opts)
