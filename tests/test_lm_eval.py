@@ -62,7 +62,8 @@ def _evaluate(lm, tasks_dir):
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
     return simple_evaluate(model=lm, tasks=["rx_mc", "rx_ppl", "rx_gen"], log_samples=True,
-                           task_manager=TaskManager(include_path=str(tasks_dir)),
+                           task_manager=TaskManager(include_path=str(tasks_dir),
+                                                    include_defaults=False),
                            bootstrap_iters=0)
 
 

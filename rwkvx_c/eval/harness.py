@@ -144,11 +144,14 @@ def _bar(items: list[Any], desc: str, disable: bool) -> Any:
 
 def run_tasks(lm: Any, tasks: list[str], include_path: str | None = None,
               num_fewshot: int | None = None, limit: int | None = None) -> dict[str, Any]:
-    """lm_eval.simple_evaluate of lm on tasks (names of lm-eval tasks or of
-    local YAML tasks under include_path); the results dict."""
+    """lm_eval.simple_evaluate of lm on tasks: the local YAML tasks under
+    include_path only (lm-eval's own catalogue is not even indexed then), or
+    lm-eval's tasks whose data is already in the local Hugging Face cache;
+    the results dict."""
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
-    tm = TaskManager(include_path=include_path) if include_path else TaskManager()
+    tm = TaskManager(include_path=include_path, include_defaults=False) if include_path \
+        else TaskManager()
     try:
         res = simple_evaluate(model=lm, tasks=list(tasks), num_fewshot=num_fewshot, limit=limit,
                               task_manager=tm, bootstrap_iters=0, log_samples=False)
