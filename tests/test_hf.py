@@ -162,3 +162,17 @@ def test_import_refuses_bad_folders(tmp_path, run30):
         hf.from_hf(sd)
     with pytest.raises(InteropError, match="being imported"):
         interop.import_pth(str(d), str(d))
+
+
+def test_world_exports_carry_the_vocabulary_rwkv7_hfs_tokenizer_reads(tmp_path):
+    _need("rwkv", "transformers", "rwkv7_hf")
+    from rwkv7_hf import RWKV7Tokenizer
+
+    from rwkvx_c.data.tokenizers import WorldTokenizer
+    tok = WorldTokenizer()
+    hf._save_tokenizer(tok, str(tmp_path), 65536)
+    theirs = RWKV7Tokenizer.from_pretrained(str(tmp_path))
+    text = "Hello world, 你好 — ok\n\nmore text 123 \x00 é"
+    assert theirs(text, add_special_tokens=False)["input_ids"] == tok.encode(text).tolist()
+    # and the folder's tokenizer comes back as World on import
+    assert hf.hf_tokenizer(str(tmp_path), 65536).name == "world"

@@ -9,12 +9,11 @@ import json
 
 import numpy as np
 import pytest
+from test_interop import _need
 
 from rwkvx_c.cli import main
 from rwkvx_c.interop import hf
 from rwkvx_c.sample import load_run
-
-from test_interop import _need
 
 TEXT = b"def f(x):\n    return x * 2\n"
 MC = [{"question": "def f(x):\n    return", "choices": [" x * 2", " y + 1", " 0"], "answer": 0},

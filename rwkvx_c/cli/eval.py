@@ -55,7 +55,7 @@ def add_parser(sub: Subparsers) -> None:
         "See docs/training.md §Evaluation.")
     e.add_argument("dir", metavar="DIR", help="run folder (or checkpoint file)")
     e.add_argument("--data", nargs="+", metavar="PATH", help="corpus to score (files, folders, "
-                   ".jsonl, token files; read as the trainer reads them)")
+                   ".jsonl, token files; read as the trainer reads them) (default: none)")
     e.add_argument("--split", choices=["all", "val"], default="all",
                    help="all: every token of the corpus once; val: the trainer's validation "
                    "windows of it (default: all)")
@@ -68,8 +68,10 @@ def add_parser(sub: Subparsers) -> None:
                    "pass 64 MiB)")
     e.add_argument("--text-field", metavar="NAME",
                    help="the text field of .jsonl records (default: the run's)")
-    e.add_argument("--lambada", metavar="FILE", help="LAMBADA .jsonl ({\"text\": ...} records)")
-    e.add_argument("--passkey", action="store_true", help="passkey retrieval over a grid")
+    e.add_argument("--lambada", metavar="FILE",
+                   help="LAMBADA .jsonl ({\"text\": ...} records) (default: none)")
+    e.add_argument("--passkey", action="store_true",
+                   help="passkey retrieval over a grid (default: off)")
     e.add_argument("--passkey-lengths", type=_ints, metavar="N,N,...",
                    default=list(passkey.DEFAULT_LENGTHS),
                    help="prompt lengths in tokens (default: %s)"
@@ -82,18 +84,21 @@ def add_parser(sub: Subparsers) -> None:
                    help="keys per cell (default: 5)")
     e.add_argument("--plot", metavar="FILE.png",
                    help="the passkey heat map (default: passkey.png in DIR)")
-    e.add_argument("--tasks", nargs="+", metavar="TASK", help="lm-eval tasks (rwkvx_c[eval])")
-    e.add_argument("--include-path", metavar="DIR", help="folder of local lm-eval task YAML")
-    e.add_argument("--num-fewshot", type=int, metavar="K", help="lm-eval few-shot examples")
+    e.add_argument("--tasks", nargs="+", metavar="TASK", help="lm-eval tasks (rwkvx_c[eval]) "
+                   "(default: none)")
+    e.add_argument("--include-path", metavar="DIR", help="folder of local lm-eval task YAML; "
+                   "only its tasks are indexed (default: lm-eval's own tasks)")
+    e.add_argument("--num-fewshot", type=int, metavar="K", help="lm-eval few-shot examples "
+                   "(default: each task's)")
     e.add_argument("--limit", type=positive_int, metavar="N", help="lm-eval: first N documents "
-                   "per task")
+                   "per task (default: all)")
     e.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
                    help="projection GEMMs; bf16 reproduces a bf16 run's own val figures "
                    "(default: fp32)")
     e.add_argument("--threads", type=positive_int, metavar="N",
                    help="OpenMP threads (default: OMP_NUM_THREADS or the core count)")
     e.add_argument("--json", action="store_true", help="print one JSON line of every result "
-                   "instead of text")
+                   "instead of text (default: text)")
 
 
 def run(a: argparse.Namespace) -> int:
