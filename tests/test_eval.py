@@ -56,6 +56,9 @@ def test_eval_of_the_val_split_is_the_trainers_last_evaluation(run, capsys):
     assert out["windows"] == 3 and out["tokens"] == 3 * T   # eval_tokens 96 // 32
     assert out["loss"] == pytest.approx(last["val_loss"], rel=1e-6)
     assert out["bpb"] == pytest.approx(last["val_bpb"], rel=1e-6)
+    # without --data: the run's own corpus
+    own = _json_out(capsys, ["eval", str(run / "run"), "--split", "val", "--json"])["data"]
+    assert (own["loss"], own["bpb"]) == (out["loss"], out["bpb"])
 
 
 def _ref_score(params, config, tokens, T):

@@ -162,6 +162,8 @@ def test_import_refuses_bad_folders(tmp_path, run30):
         hf.from_hf(sd)
     with pytest.raises(InteropError, match="being imported"):
         interop.import_pth(str(d), str(d))
+    with pytest.raises(InteropError, match="is a run folder"):
+        hf.save_hf(model, load_run(str(run30))[1], str(run30))
 
 
 def test_world_exports_carry_the_vocabulary_rwkv7_hfs_tokenizer_reads(tmp_path):

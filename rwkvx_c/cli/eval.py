@@ -58,7 +58,7 @@ def add_parser(sub: Subparsers) -> None:
                    ".jsonl, token files; read as the trainer reads them) (default: none)")
     e.add_argument("--split", choices=["all", "val"], default="all",
                    help="all: every token of the corpus once; val: the trainer's validation "
-                   "windows of it (default: all)")
+                   "windows of it (of the run's own corpus without --data) (default: all)")
     e.add_argument("--seq-len", type=positive_int, metavar="T",
                    help="tokens per window (default: the run's seq_len)")
     e.add_argument("--eval-tokens", type=positive_int, metavar="N",
@@ -102,8 +102,10 @@ def add_parser(sub: Subparsers) -> None:
 
 
 def run(a: argparse.Namespace) -> int:
-    if not (a.data or a.lambada or a.passkey or a.tasks):
-        return err("nothing to evaluate: give --data, --lambada, --passkey or --tasks", 2)
+    own = a.split == "val" and not a.data   # the run's own corpus and validation windows
+    if not (a.data or own or a.lambada or a.passkey or a.tasks):
+        return err("nothing to evaluate: give --data, --split val, --lambada, --passkey or "
+                   "--tasks", 2)
     if a.include_path and not a.tasks:
         return err("--include-path needs --tasks", 2)
     if a.threads:
@@ -113,7 +115,7 @@ def run(a: argparse.Namespace) -> int:
     model, tok = load_run(a.dir)
     model.precision = a.precision
     out: dict[str, Any] = {}
-    if a.data:
+    if a.data or own:
         out["data"] = _score_corpus(a, model, tok, opts)
         _say(a, "data", out["data"])
     if a.lambada:
@@ -135,7 +137,8 @@ def run(a: argparse.Namespace) -> int:
 def _score_corpus(a: argparse.Namespace, model: _core.RxPtModel, tok: Any,
                   opts: dict[str, Any]) -> dict[str, Any]:
     T = a.seq_len or int(opts.get("seq_len") or 256)
-    corpus = load_corpus(a.data if len(a.data) > 1 else a.data[0], seq_len=T, tokenizer=tok,
+    data = opts.get("data") if not a.data else a.data if len(a.data) > 1 else a.data[0]
+    corpus = load_corpus(data, seq_len=T, tokenizer=tok,
                          text_field=a.text_field or opts.get("text_field") or "text",
                          cache_dir=opts.get("cache_dir"), progress=sys.stderr.isatty())
     if corpus.vocab_size > model.config["vocab_size"]:
@@ -186,7 +189,8 @@ def _passkey(a: argparse.Namespace, model: _core.RxPtModel, tok: Any, ckpt: str
     png = a.plot or os.path.join(os.path.dirname(os.path.abspath(ckpt)), "passkey.png")
     if os.path.realpath(png) == os.path.realpath(ckpt):
         raise EvalError(f"--plot {png} is the checkpoint; choose another file")
-    passkey.heatmap(grid, png, f"passkey retrieval: {os.path.basename(os.path.dirname(png))}")
+    run_name = os.path.basename(os.path.dirname(os.path.abspath(ckpt)))
+    passkey.heatmap(grid, png, f"passkey retrieval: {run_name}")
     grid["plot"] = png
     if not a.json:
         print("passkey accuracy (rows: prompt tokens, columns: key depth)")

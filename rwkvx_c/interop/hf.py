@@ -38,6 +38,7 @@ from rwkvx_c.data.tokenizers import (
 from rwkvx_c.errors import InteropError, TokenizerError
 from rwkvx_c.interop.pth import DTYPES
 from rwkvx_c.interop.rwkv7 import from_rwkv7, to_rwkv7
+from rwkvx_c.run.rundir import CHECKPOINT
 from rwkvx_c.util.atomic import replace_with, replacing
 
 __all__ = ["hf_refusal", "hf_config", "to_hf", "from_hf", "save_hf", "load_hf", "hf_tokenizer",
@@ -215,6 +216,9 @@ def save_hf(model: RxPtModel, tokenizer: Tokenizer, out_dir: str, dtype: str = "
     torch, st = _need("the Hugging Face format")
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise InteropError(f"{out_dir} is a file; --format hf writes a folder")
+    if os.path.exists(os.path.join(out_dir, CHECKPOINT)):
+        # its tokenizer.json would be replaced: a run folder is an input, never an output
+        raise InteropError(f"{out_dir} is a run folder; write the Hugging Face folder elsewhere")
     os.makedirs(out_dir, exist_ok=True)
     td = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     tensors = {k: torch.from_numpy(np.ascontiguousarray(v)).to(td) for k, v in sd.items()}
