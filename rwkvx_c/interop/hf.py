@@ -27,6 +27,7 @@ import numpy as np
 
 from rwkvx_c._core import RxPtModel
 from rwkvx_c.data.tokenizers import (
+    WORLD_VOCAB,
     WORLD_VOCAB_SIZE,
     ByteTokenizer,
     HFTokenizer,
@@ -327,17 +328,19 @@ def _weight_files(folder: str) -> list[str]:
 
 def hf_tokenizer(folder: str, vocab: int) -> Tokenizer:
     """The tokenizer of an HF folder: rwkvx_c's byte vocabulary (marked in
-    tokenizer_config.json), a tokenizer.json, or the World vocabulary for a
-    65,536-id model without one (fla-hub and rwkv7-hf World models)."""
+    tokenizer_config.json), World for a 65,536-id model with the World
+    vocabulary file or without a tokenizer.json (fla-hub and rwkv7-hf World
+    models), else its tokenizer.json."""
     tc: dict[str, Any] = {}
     with contextlib.suppress(OSError, ValueError), \
             open(os.path.join(folder, "tokenizer_config.json"), encoding="utf-8") as f:
         tc = json.load(f)
     tj = os.path.join(folder, "tokenizer.json")
     tok: Tokenizer
+    world = vocab == WORLD_VOCAB_SIZE and os.path.isfile(os.path.join(folder, WORLD_VOCAB))
     if isinstance(tc, dict) and tc.get(BYTE_MARK) == "byte":
         tok = ByteTokenizer()
-    elif os.path.isfile(tj):
+    elif os.path.isfile(tj) and not world:
         try:
             tok = HFTokenizer(tj)
         except TokenizerError as e:
