@@ -178,3 +178,15 @@ def test_world_exports_carry_the_vocabulary_rwkv7_hfs_tokenizer_reads(tmp_path):
     assert theirs(text, add_special_tokens=False)["input_ids"] == tok.encode(text).tolist()
     # and the folder's tokenizer comes back as World on import
     assert hf.hf_tokenizer(str(tmp_path), 65536).name == "world"
+
+
+def test_bf16_export_rounds_each_weight_once(run30, tmp_path):
+    _need("torch", "safetensors", "tokenizers")
+    import torch
+    model, tok = load_run(str(run30))
+    hf.save_hf(model, tok, str(tmp_path / "b"), "bf16")
+    cfg = json.loads((tmp_path / "b" / "config.json").read_text())
+    assert cfg["torch_dtype"] == "bfloat16"
+    back, _ = hf.load_hf(str(tmp_path / "b"))
+    for k, v in hf.to_hf(model).items():
+        assert np.array_equal(back[k], torch.from_numpy(v).to(torch.bfloat16).float().numpy()), k
