@@ -188,3 +188,18 @@ def test_heat_map_is_written_atomically(tmp_path):
     grid = {"lengths": [8, 16], "depths": [0.0, 1.0], "acc": [[1.0, 0.0], [0.5, 1.0]]}
     heatmap(grid, str(tmp_path / "h.png"))
     assert [p.name for p in tmp_path.iterdir()] == ["h.png"]
+
+
+def test_a_missing_extra_is_one_line_naming_it(run, tmp_path, monkeypatch, capsys):
+    import sys
+    monkeypatch.delitem(sys.modules, "rwkvx_c.eval.harness", raising=False)
+    monkeypatch.setitem(sys.modules, "lm_eval", None)        # import lm_eval fails
+    monkeypatch.setitem(sys.modules, "lm_eval.api.model", None)
+    assert main(["eval", str(run / "run"), "--tasks", "x"]) == 1
+    assert 'pip install "rwkvx_c[eval]"' in capsys.readouterr().err
+    monkeypatch.setitem(sys.modules, "safetensors.torch", None)
+    assert main(["export", str(run / "run"), "--format", "hf", "--out",
+                 str(tmp_path / "hf")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert 'pip install "rwkvx_c[hf-model]"' in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "hf").exists()
