@@ -25,6 +25,7 @@ __all__ = [
     "Divergence",
     "DistributedError",
     "InteropError",
+    "EvalError",
 ]
 
 
@@ -81,3 +82,8 @@ class DistributedError(RwkvxError, ValueError):
 class InteropError(RwkvxError, ValueError):
     """A model or file that the requested format cannot hold or that is not
     a valid file of it (one line, saying why)."""
+
+
+class EvalError(RwkvxError, ValueError):
+    """An evaluation that cannot run: a missing extra, a bad task or option
+    (rwkvx_c.eval)."""

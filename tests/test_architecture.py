@@ -20,12 +20,14 @@ MAX_LINES = 600
 # each module's layer, by its path: a module may import its own layer's and
 # lower layers' modules, never a higher one's
 LAYERS = {
-    "cli": 5,
+    "cli": 6,
+    # eval scores a trained run (sample.load_run) and serves the command line
+    "eval": 5,
     "train": 4, "interop": 4, "sample": 4,
     "data": 3,
     "model": 2, "run": 2,
     "util": 1, "errors": 1,
-    "_omp": 0, "_core": 0, "__init__": 0, "__main__": 6,
+    "_omp": 0, "_core": 0, "__init__": 0, "__main__": 7,
 }
 
 

@@ -14,12 +14,15 @@ __all__ = ["add_parser", "run"]
 def add_parser(sub: Subparsers) -> None:
     e = sub.add_parser("export", help="write a trained model for another tool",
                        description="Write the model in DIR as an RWKV-LM x070 .pth (rwkv7: "
-                       "the rwkv package), an RWKV-X .pth (rwkvx: the rwkv-x package) or a "
-                       "GGUF file (gguf: llama.cpp). See docs/interop.md.")
+                       "the rwkv package), an RWKV-X .pth (rwkvx: the rwkv-x package), a "
+                       "GGUF file (gguf: llama.cpp) or a Hugging Face folder (hf: "
+                       "flash-linear-attention's rwkv7 layout, rwkv7-hf, transformers). "
+                       "See docs/interop.md.")
     e.add_argument("dir", metavar="DIR", help="run folder (or checkpoint file)")
     e.add_argument("--format", required=True, choices=list(FORMATS),
                    help="the file format (required)")
-    e.add_argument("--out", required=True, metavar="FILE", help="the file to write (required)")
+    e.add_argument("--out", required=True, metavar="FILE",
+                   help="the file to write (a folder for hf) (required)")
     e.add_argument("--dtype", default="fp32", choices=list(DTYPES),
                    help="tensor type in the file (default: fp32)")
 
@@ -30,6 +33,6 @@ def run(a: argparse.Namespace) -> int:
         # the GGUF holds its vocabulary, and llama.cpp's rwkv7 knows byte and World only
         return err(f"the run in {a.dir} uses a {tok.name} tokenizer; a GGUF export needs "
                    "the byte or the World tokenizer")
-    export_model(model, a.format, a.out, a.dtype)
+    export_model(model, a.format, a.out, a.dtype, tokenizer=tok)
     print(f"rwkvx-c export: {a.out} ({a.format}, {a.dtype})")
     return 0

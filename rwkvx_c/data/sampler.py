@@ -13,7 +13,7 @@ import numpy as np
 
 from rwkvx_c.errors import DataError
 
-__all__ = ["BatchSampler", "eval_windows"]
+__all__ = ["BatchSampler", "eval_windows", "eval_starts"]
 
 
 class BatchSampler:
@@ -50,13 +50,19 @@ class BatchSampler:
         self.batches = int(st["batches"])
 
 
+def eval_starts(n_tokens: int, seq_len: int, n_windows: int) -> np.ndarray:
+    """The starts of eval_windows' windows in a split of n_tokens tokens."""
+    T = seq_len
+    span = n_tokens - T - 1
+    n = max(1, min(int(n_windows), span // T + 1 if span > 0 else 1))
+    return np.linspace(0, max(span, 0), n).astype(np.int64)
+
+
 def eval_windows(tokens: np.ndarray, seq_len: int,
                  n_windows: int) -> tuple[np.ndarray, np.ndarray]:
     """Fixed validation windows: up to n_windows (T+1)-token windows at evenly
     spaced offsets covering the split (the same every call)."""
     T = seq_len
-    span = len(tokens) - T - 1
-    n = max(1, min(int(n_windows), span // T + 1 if span > 0 else 1))
-    offs = np.linspace(0, max(span, 0), n).astype(np.int64)
+    offs = eval_starts(len(tokens), T, n_windows)
     win = np.stack([np.asarray(tokens[o:o + T + 1]) for o in offs]).astype(np.int32)
     return np.ascontiguousarray(win[:, :T]), np.ascontiguousarray(win[:, 1:])

@@ -5,22 +5,25 @@ from __future__ import annotations
 import os
 
 from rwkvx_c._core import RxPtModel
-from rwkvx_c.data.tokenizers import WORLD_VOCAB_SIZE
+from rwkvx_c.data.tokenizers import WORLD_VOCAB_SIZE, ByteTokenizer, Tokenizer
 from rwkvx_c.errors import InteropError
 from rwkvx_c.interop.gguf import save_gguf
+from rwkvx_c.interop.hf import from_hf, hf_tokenizer, load_hf, save_hf
 from rwkvx_c.interop.pth import DTYPES, load_pth, save_pth
 from rwkvx_c.interop.rwkv7 import from_rwkv7, from_rwkvx, to_rwkv7, to_rwkvx
 from rwkvx_c.run.rundir import RunDir
 
 __all__ = ["FORMATS", "export_model", "import_pth"]
 
-FORMATS = ("rwkv7", "rwkvx", "gguf")
+FORMATS = ("rwkv7", "rwkvx", "gguf", "hf")
 
 
-def export_model(model: RxPtModel, fmt: str, out: str, dtype: str = "fp32") -> None:
-    """Writes model to the file out in format fmt (rwkv7, rwkvx or gguf) at
-    dtype (fp32, bf16 or fp16), atomically; InteropError when the format
-    cannot hold the model (nothing is written then)."""
+def export_model(model: RxPtModel, fmt: str, out: str, dtype: str = "fp32",
+                 tokenizer: Tokenizer | None = None) -> None:
+    """Writes model to the file out in format fmt (rwkv7, rwkvx or gguf; hf:
+    the folder out, with tokenizer's files) at dtype (fp32, bf16 or fp16),
+    atomically; InteropError when the format cannot hold the model (nothing
+    is written then)."""
     if dtype not in DTYPES:
         raise InteropError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
     if fmt == "rwkv7":
@@ -29,6 +32,8 @@ def export_model(model: RxPtModel, fmt: str, out: str, dtype: str = "fp32") -> N
         save_pth(to_rwkvx(model), out, dtype)
     elif fmt == "gguf":
         save_gguf(model, out, dtype)
+    elif fmt == "hf":
+        save_hf(model, tokenizer or ByteTokenizer(), out, dtype)
     else:
         raise InteropError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
 
@@ -37,17 +42,30 @@ def import_pth(path: str, out_dir: str) -> str:
     """A run folder out_dir holding the .pth at path -- an x070 state dict,
     or an RWKV-X checkpoint (names under rwkv. / moba.) -- as a checkpoint
     (weights only: `rwkvx-c sample` runs it, `rwkvx-c train --resume`
-    starts a new run from it). Returns the checkpoint path; refuses a folder
-    that already holds a checkpoint."""
+    starts a new run from it). A folder at path is a Hugging Face rwkv7
+    model (rwkvx_c.interop.hf), whose tokenizer comes along. Returns the
+    checkpoint path; refuses a folder that already holds a checkpoint."""
     run = RunDir(out_dir)
     if run.has_checkpoint():
         raise InteropError(f"{out_dir} already holds a checkpoint; choose another --out")
-    sd = load_pth(path)
-    fmt = "rwkvx" if any(k.startswith("rwkv.") for k in sd) else "rwkv7"
-    model = from_rwkvx(sd) if fmt == "rwkvx" else from_rwkv7(sd)
+    tok = None
+    if os.path.isdir(path):
+        if os.path.realpath(path) == os.path.realpath(out_dir):
+            raise InteropError(f"--out {out_dir} is the folder being imported; choose another")
+        fmt = "hf"
+        model = from_hf(*load_hf(path))
+        tok = hf_tokenizer(path, model.config["vocab_size"])
+    else:
+        sd = load_pth(path)
+        fmt = "rwkvx" if any(k.startswith("rwkv.") for k in sd) else "rwkv7"
+        model = from_rwkvx(sd) if fmt == "rwkvx" else from_rwkv7(sd)
     tensors = {n: model.params[n] for n in model.param_names}
     state = {"imported_from": os.path.abspath(path), "format": fmt, "step": 0}
-    if model.config["vocab_size"] == WORLD_VOCAB_SIZE:
+    if tok is not None:
+        run.create()
+        tok.save(out_dir)
+        state["tokenizer"] = tok.identity()
+    elif model.config["vocab_size"] == WORLD_VOCAB_SIZE:
         # official weights of this size use the World vocabulary: sample and
         # train --resume then tokenise with it (rwkvx_c.data.tokenizers.run_tokenizer)
         state["tokenizer"] = {"name": "world", "sha256": None}

@@ -42,8 +42,8 @@ import numpy as np
 from rwkvx_c.errors import CheckpointError
 from rwkvx_c.util.atomic import replacing
 
-__all__ = ["CheckpointError", "save_checkpoint", "read_checkpoint", "parse_checkpoint", "FORMAT",
-           "VERSION"]
+__all__ = ["CheckpointError", "save_checkpoint", "read_checkpoint", "parse_checkpoint",
+           "read_state", "FORMAT", "VERSION"]
 
 FORMAT = "rwkvx_c.checkpoint"
 VERSION = "2"
@@ -104,6 +104,24 @@ def read_checkpoint(path: str) -> Checkpoint:
     except OSError as e:
         raise CheckpointError(f"cannot read checkpoint {path}: {e.strerror}") from None
     return parse_checkpoint(blob, path)
+
+
+def read_state(path: str) -> dict[str, Any]:
+    """The run state of the checkpoint at path from its header alone (the
+    tensors unread): what a reader wants before it loads the model, such as
+    the run's options. {} when the header is unreadable; read_checkpoint
+    then says why."""
+    try:
+        with open(path, "rb") as f:
+            (hlen,) = struct.unpack("<Q", f.read(8))
+            if hlen > _MAX_HEADER:
+                return {}
+            meta = json.loads(f.read(hlen).decode("utf-8")).get("__metadata__") or {}
+        state = json.loads(meta["state"])
+    except (OSError, struct.error, UnicodeDecodeError, ValueError, KeyError, TypeError,
+            AttributeError):
+        return {}
+    return state if isinstance(state, dict) else {}
 
 
 def _header_crc_ok(blob: bytes, hlen: int) -> bool | None:

@@ -1,0 +1,211 @@
+"""rwkvx-c eval: a trained model's scores -- loss, perplexity and bits per
+byte of a corpus, RWKV-LM's LAMBADA, passkey retrieval, lm-eval tasks."""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from typing import Any
+
+from rwkvx_c import _core
+from rwkvx_c.cli.common import Subparsers, err, positive_int, unit_float
+from rwkvx_c.data.pipeline import load_corpus
+from rwkvx_c.data.sampler import eval_starts
+from rwkvx_c.errors import EvalError
+from rwkvx_c.eval import metrics, passkey
+from rwkvx_c.run.checkpoint import read_state
+from rwkvx_c.run.rundir import checkpoint_path
+from rwkvx_c.sample import load_run
+from rwkvx_c.util.progress import make_progress
+
+__all__ = ["add_parser", "run"]
+
+
+def _ints(s: str) -> list[int]:
+    try:
+        v = [int(x) for x in s.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers separated by commas, got {s!r}") \
+            from None
+    if not v or min(v) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {s!r}")
+    return v
+
+
+def _fractions(s: str) -> list[float]:
+    try:
+        v = [unit_float(x) for x in s.split(",") if x.strip()]
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected numbers in [0, 1] separated by commas, "
+                                         f"got {s!r}") from None
+    if not v:
+        raise argparse.ArgumentTypeError(f"expected numbers in [0, 1], got {s!r}")
+    return v
+
+
+def add_parser(sub: Subparsers) -> None:
+    e = sub.add_parser(
+        "eval", help="score a trained model: corpus loss, LAMBADA, passkey, lm-eval tasks",
+        description="Score the model in DIR. --data: loss, perplexity and bits per byte of a "
+        "corpus (every token once, or with --split val the run's own validation windows); "
+        "--lambada: RWKV-LM's LAMBADA on a local .jsonl; --passkey: passkey retrieval over "
+        "lengths and depths; --tasks: lm-evaluation-harness tasks (rwkvx_c[eval]). "
+        "See docs/training.md §Evaluation.")
+    e.add_argument("dir", metavar="DIR", help="run folder (or checkpoint file)")
+    e.add_argument("--data", nargs="+", metavar="PATH", help="corpus to score (files, folders, "
+                   ".jsonl, token files; read as the trainer reads them) (default: none)")
+    e.add_argument("--split", choices=["all", "val"], default="all",
+                   help="all: every token of the corpus once; val: the trainer's validation "
+                   "windows of it (of the run's own corpus without --data) (default: all)")
+    e.add_argument("--seq-len", type=positive_int, metavar="T",
+                   help="tokens per window (default: the run's seq_len)")
+    e.add_argument("--eval-tokens", type=positive_int, metavar="N",
+                   help="with --split val: validation tokens (default: the run's eval_tokens)")
+    e.add_argument("--batch", type=positive_int, default=8, metavar="B",
+                   help="windows per forward call (default: 8; fewer when the logits would "
+                   "pass 64 MiB)")
+    e.add_argument("--text-field", metavar="NAME",
+                   help="the text field of .jsonl records (default: the run's)")
+    e.add_argument("--lambada", metavar="FILE",
+                   help="LAMBADA .jsonl ({\"text\": ...} records) (default: none)")
+    e.add_argument("--passkey", action="store_true",
+                   help="passkey retrieval over a grid (default: off)")
+    e.add_argument("--passkey-lengths", type=_ints, metavar="N,N,...",
+                   default=list(passkey.DEFAULT_LENGTHS),
+                   help="prompt lengths in tokens (default: %s)"
+                   % ",".join(map(str, passkey.DEFAULT_LENGTHS)))
+    e.add_argument("--passkey-depths", type=_fractions, metavar="D,D,...",
+                   default=list(passkey.DEFAULT_DEPTHS),
+                   help="key depths in [0, 1] (default: %s)"
+                   % ",".join(map(str, passkey.DEFAULT_DEPTHS)))
+    e.add_argument("--passkey-trials", type=positive_int, default=5, metavar="N",
+                   help="keys per cell (default: 5)")
+    e.add_argument("--plot", metavar="FILE.png",
+                   help="the passkey heat map (default: passkey.png in DIR)")
+    e.add_argument("--tasks", nargs="+", metavar="TASK", help="lm-eval tasks (rwkvx_c[eval]) "
+                   "(default: none)")
+    e.add_argument("--include-path", metavar="DIR", help="folder of local lm-eval task YAML; "
+                   "only its tasks are indexed (default: lm-eval's own tasks)")
+    e.add_argument("--num-fewshot", type=int, metavar="K", help="lm-eval few-shot examples "
+                   "(default: each task's)")
+    e.add_argument("--limit", type=positive_int, metavar="N", help="lm-eval: first N documents "
+                   "per task (default: all)")
+    e.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                   help="projection GEMMs; bf16 reproduces a bf16 run's own val figures "
+                   "(default: fp32)")
+    e.add_argument("--threads", type=positive_int, metavar="N",
+                   help="OpenMP threads (default: OMP_NUM_THREADS or the core count)")
+    e.add_argument("--json", action="store_true", help="print one JSON line of every result "
+                   "instead of text (default: text)")
+
+
+def run(a: argparse.Namespace) -> int:
+    own = a.split == "val" and not a.data   # the run's own corpus and validation windows
+    if not (a.data or own or a.lambada or a.passkey or a.tasks):
+        return err("nothing to evaluate: give --data, --split val, --lambada, --passkey or "
+                   "--tasks", 2)
+    if a.include_path and not a.tasks:
+        return err("--include-path needs --tasks", 2)
+    if a.threads:
+        _core.set_num_threads(a.threads)
+    ckpt = checkpoint_path(a.dir)
+    opts = read_state(ckpt).get("options") or {}
+    model, tok = load_run(a.dir)
+    model.precision = a.precision
+    out: dict[str, Any] = {}
+    if a.data or own:
+        out["data"] = _score_corpus(a, model, tok, opts)
+        _say(a, "data", out["data"])
+    if a.lambada:
+        bar = make_progress(len(metrics.read_lambada(a.lambada)), 0, "doc")
+        try:
+            out["lambada"] = metrics.lambada(model, tok, a.lambada, progress=bar.update)
+        finally:
+            bar.close()
+        _say(a, "lambada", out["lambada"])
+    if a.passkey:
+        out["passkey"] = _passkey(a, model, tok, ckpt)
+    if a.tasks:
+        out["tasks"] = _tasks(a, model, tok)
+    if a.json:
+        print(json.dumps(out, sort_keys=True))
+    return 0
+
+
+def _score_corpus(a: argparse.Namespace, model: _core.RxPtModel, tok: Any,
+                  opts: dict[str, Any]) -> dict[str, Any]:
+    T = a.seq_len or int(opts.get("seq_len") or 256)
+    data = opts.get("data") if not a.data else a.data if len(a.data) > 1 else a.data[0]
+    corpus = load_corpus(data, seq_len=T, tokenizer=tok,
+                         text_field=a.text_field or opts.get("text_field") or "text",
+                         cache_dir=opts.get("cache_dir"), progress=sys.stderr.isatty())
+    if corpus.vocab_size > model.config["vocab_size"]:
+        raise EvalError(f"the corpus has {corpus.vocab_size} token ids, the model "
+                        f"{model.config['vocab_size']}")
+    if a.split == "val":
+        n = max(1, (a.eval_tokens or int(opts.get("eval_tokens") or 32768)) // T)
+        parts = [(corpus.val, eval_starts(len(corpus.val), T, n))]
+    else:
+        parts = [(t, metrics.consecutive_starts(len(t), T)) for t in (corpus.train, corpus.val)]
+    bar = make_progress(sum(min(T * len(s), len(t) - 1) for t, s in parts), 0, "tok")
+    try:
+        res = [metrics.score_windows(model, t, T, s, token_bytes=corpus.token_bytes,
+                                     is_bytes=corpus.is_bytes, batch=a.batch,
+                                     progress=bar.update) for t, s in parts]
+    finally:
+        bar.close()
+    tokens = sum(r["tokens"] for r in res)
+    nats = sum(r["loss"] * r["tokens"] for r in res)
+    nbytes = sum(r["bytes"] or 0 for r in res)
+    loss = nats / tokens
+    return {"loss": loss, "ppl": math.exp(min(loss, 700.0)),
+            "bpb": nats / (math.log(2) * nbytes) if nbytes else None, "tokens": tokens,
+            "bytes": nbytes or None, "windows": sum(r["windows"] for r in res), "seq_len": T,
+            "split": a.split, "corpus": corpus.description}
+
+
+def _say(a: argparse.Namespace, what: str, r: dict[str, Any]) -> None:
+    if a.json:
+        return
+    if what == "data":
+        bpb = "n/a" if r["bpb"] is None else f"{r['bpb']:.4f}"
+        print(f"data: loss {r['loss']:.4f}, ppl {r['ppl']:.3f}, bpb {bpb} over {r['tokens']:,} "
+              f"tokens in {r['windows']:,} windows of {r['seq_len']} ({r['split']})")
+    else:
+        print(f"lambada: acc {r['acc']:.4f}, ppl {r['ppl']:.3f} over {r['docs']:,} documents")
+
+
+def _passkey(a: argparse.Namespace, model: _core.RxPtModel, tok: Any, ckpt: str
+             ) -> dict[str, Any]:
+    cells = len(a.passkey_lengths) * len(a.passkey_depths) * a.passkey_trials
+    bar = make_progress(cells, 0, "trial")
+    try:
+        grid = passkey.passkey_grid(model, tok, a.passkey_lengths, a.passkey_depths,
+                               a.passkey_trials, progress=bar.update)
+    finally:
+        bar.close()
+    png = a.plot or os.path.join(os.path.dirname(os.path.abspath(ckpt)), "passkey.png")
+    if os.path.realpath(png) == os.path.realpath(ckpt):
+        raise EvalError(f"--plot {png} is the checkpoint; choose another file")
+    run_name = os.path.basename(os.path.dirname(os.path.abspath(ckpt)))
+    passkey.heatmap(grid, png, f"passkey retrieval: {run_name}")
+    grid["plot"] = png
+    if not a.json:
+        print("passkey accuracy (rows: prompt tokens, columns: key depth)")
+        print(passkey.format_table(grid))
+        print(f"heat map: {png}")
+    return grid
+
+
+def _tasks(a: argparse.Namespace, model: _core.RxPtModel, tok: Any) -> dict[str, Any]:
+    from rwkvx_c.eval.harness import RwkvxLM, run_tasks
+    res = run_tasks(RwkvxLM(model=model, tokenizer=tok), a.tasks, a.include_path,
+                    a.num_fewshot, a.limit)
+    scores = {t: {k: v for k, v in r.items() if isinstance(v, (int, float))}
+              for t, r in res.get("results", {}).items()}
+    if not a.json:
+        for t, r in scores.items():
+            print(f"{t}: " + ", ".join(f"{k} {v:.4f}" for k, v in sorted(r.items())))
+    return scores

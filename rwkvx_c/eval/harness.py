@@ -1,0 +1,163 @@
+"""An lm-evaluation-harness model over rwkvx_c's recurrent state (extra
+``eval``: ``pip install "rwkvx_c[eval]"``).
+
+    from rwkvx_c.eval.harness import RwkvxLM, run_tasks
+    lm = RwkvxLM(pretrained="runs/r7")           # or RwkvxLM(model=m, tokenizer=tok)
+    results = run_tasks(lm, ["my_task"], include_path="tasks/")
+
+Importing this module registers the model under the name ``rwkvx_c``, so
+``lm_eval.simple_evaluate(model="rwkvx_c", model_args="pretrained=RUN")``
+works from Python; lm-eval 0.4's command line has no plugin route for
+models, which is what ``rwkvx-c eval RUN --tasks`` is for.
+
+Each request is one recurrent pass: the context, then the continuation,
+whose log-probabilities are read from the same pass. Texts are encoded as
+lm-eval's own ``hf`` model encodes them (lm_eval.api.model.TemplateLM:
+trailing context spaces move to the continuation, an empty context becomes
+the prefix token), so the two models score the same tokens; a recurrent
+model needs no context window, so nothing is truncated or windowed.
+"""
+from __future__ import annotations
+
+import codecs
+import os
+from typing import Any
+
+import numpy as np
+
+from rwkvx_c import _core
+from rwkvx_c._core import RxPtModel
+from rwkvx_c.data.tokenizers import Tokenizer
+from rwkvx_c.errors import EvalError
+from rwkvx_c.eval.metrics import continuation_score, tail_logits
+from rwkvx_c.sample import load_run
+
+# nothing downloads at run time: datasets and the hub stay offline unless the user says otherwise
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+try:
+    from lm_eval.api.model import TemplateLM
+    from lm_eval.api.registry import register_model
+except ImportError:
+    raise EvalError('lm-eval tasks need lm-evaluation-harness: pip install "rwkvx_c[eval]"') \
+        from None
+
+__all__ = ["RwkvxLM", "run_tasks"]
+
+DEFAULT_MAX_GEN_TOKS = 256
+
+
+@register_model("rwkvx_c")
+class RwkvxLM(TemplateLM):
+    """lm-eval's LM interface for an rwkvx_c model: loglikelihood,
+    loglikelihood_rolling and greedy generate_until.
+
+    pretrained: a run folder (or checkpoint), or model + tokenizer given
+    directly; prefix_token_id: what an empty context and every rolling
+    document start from (0, the document separator RWKV models train with)."""
+
+    def __init__(self, pretrained: str | None = None, *, model: RxPtModel | None = None,
+                 tokenizer: Tokenizer | None = None, prefix_token_id: int = 0,
+                 max_gen_toks: int = DEFAULT_MAX_GEN_TOKS, **_: Any) -> None:
+        super().__init__()
+        if pretrained is not None:
+            model, tokenizer = load_run(str(pretrained))
+        if model is None or tokenizer is None:
+            raise EvalError("RwkvxLM needs pretrained=RUN, or model and tokenizer")
+        self.model, self.tok = model, tokenizer
+        self.vocab = model.config["vocab_size"]
+        if not 0 <= int(prefix_token_id) < self.vocab:
+            raise EvalError(f"prefix_token_id {prefix_token_id} is outside the vocabulary")
+        self._prefix = int(prefix_token_id)
+        self.max_gen_toks = int(max_gen_toks)
+
+    @property
+    def eot_token_id(self) -> int:
+        return self._prefix
+
+    def tok_encode(self, string: str, add_special_tokens: bool | None = None,
+                   **kwargs: Any) -> list[int]:
+        return [int(t) for t in self.tok.encode(string)]
+
+    def tok_decode(self, tokens: list[int]) -> str:
+        return self.tok.decode(tokens).decode("utf-8", "replace")
+
+    def _loglikelihood_tokens(self, requests: list[Any], disable_tqdm: bool = False,
+                              **kwargs: Any) -> list[tuple[float, bool]]:
+        out = []
+        for (ctx, cont), ctx_enc, cont_enc in _bar(requests, "loglikelihood", disable_tqdm):
+            res = continuation_score(self.model, ctx_enc, cont_enc)
+            out.append(res)
+            self.cache_hook.add_partial("loglikelihood", (ctx, cont), res)
+        return out
+
+    def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False
+                              ) -> list[float]:
+        """log p(text) from the prefix token, every token predicted once."""
+        out = []
+        for req in _bar(requests, "loglikelihood_rolling", disable_tqdm):
+            (text,) = req.args
+            toks = self.tok_encode(text)
+            lp = continuation_score(self.model, [self._prefix], toks)[0] if toks else 0.0
+            out.append(lp)
+            self.cache_hook.add_partial("loglikelihood_rolling", (text,), lp)
+        return out
+
+    def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
+        """Greedy continuation of each context until a stop string (gen_kwargs
+        "until") or max_gen_toks tokens; the text before the first stop."""
+        out = []
+        for req in _bar(requests, "generate_until", disable_tqdm):
+            ctx, kw = req.args
+            kw = dict(kw or {})
+            if kw.get("do_sample") and float(kw.get("temperature", 1.0)) > 0:
+                raise EvalError("RwkvxLM generates greedily only (do_sample is set)")
+            until = kw.get("until") or []
+            until = [until] if isinstance(until, str) else list(until)
+            text = self._greedy(ctx, until, int(kw.get("max_gen_toks", self.max_gen_toks)))
+            out.append(text)
+            self.cache_hook.add_partial("generate_until", (ctx, req.args[1]), text)
+        return out
+
+    def _greedy(self, context: str, until: list[str], max_new: int) -> str:
+        ids = self.tok_encode(context) or [self._prefix]
+        state = _core.InferState(self.model, max_len=len(ids) + max(1, max_new))
+        logits = tail_logits(state, np.asarray(ids, np.int32), 1)[-1]
+        dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        text = ""
+        for i in range(max_new):
+            t = int(np.argmax(logits))
+            text += dec.decode(self.tok.decode([t]) if t < self.tok.vocab_size else b"")
+            cut = [text.index(s) for s in until if s and s in text]
+            if cut:
+                return text[:min(cut)]
+            if i + 1 < max_new:
+                logits = state.forward(np.array([t], dtype=np.int32))[-1]
+        return text + dec.decode(b"", final=True)
+
+
+def _bar(items: list[Any], desc: str, disable: bool) -> Any:
+    from tqdm import tqdm
+    return tqdm(items, desc=desc, disable=disable)
+
+
+def run_tasks(lm: Any, tasks: list[str], include_path: str | None = None,
+              num_fewshot: int | None = None, limit: int | None = None) -> dict[str, Any]:
+    """lm_eval.simple_evaluate of lm on tasks: the local YAML tasks under
+    include_path only (lm-eval's own catalogue is not even indexed then), or
+    lm-eval's tasks whose data is already in the local Hugging Face cache;
+    the results dict."""
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+    tm = TaskManager(include_path=include_path, include_defaults=False) if include_path \
+        else TaskManager()
+    try:
+        res = simple_evaluate(model=lm, tasks=list(tasks), num_fewshot=num_fewshot, limit=limit,
+                              task_manager=tm, bootstrap_iters=0, log_samples=False)
+    except (KeyError, ValueError, FileNotFoundError) as e:
+        raise EvalError(f"lm-eval could not run {', '.join(tasks)}: "
+                        f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    if res is None:
+        raise EvalError("lm-eval returned no results")
+    return dict(res)

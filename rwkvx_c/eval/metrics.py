@@ -1,0 +1,173 @@
+"""Scores of a model on text: loss, perplexity and bits per byte of a
+corpus, and RWKV-LM's LAMBADA protocol.
+
+    s = score_windows(model, tokens, 512, token_bytes=tok.token_lengths())
+    s["loss"], s["ppl"], s["bpb"]            # nats per token, e^loss, bits per byte
+    lam = lambada(model, tok, "lambada_test.jsonl")   # {"acc", "ppl", "docs"}
+
+Windows are scored as the trainer scores its validation windows (each from
+a fresh state, targets the inputs shifted by one, rwkvx_c.train.Trainer.
+evaluate), so the same windows give the trainer's figures; the maths is
+docs/training.md §Evaluation.
+"""
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from rwkvx_c import _core
+from rwkvx_c._core import RxPtModel
+from rwkvx_c.data.tokenizers import Tokenizer
+from rwkvx_c.errors import DataError
+
+__all__ = ["consecutive_starts", "score_windows", "lambada", "read_lambada", "tail_logits",
+           "LOGIT_BYTES"]
+
+# the most logits one forward call materialises (B * T * vocab floats): the
+# memory an evaluation holds beyond the model, whatever the corpus's size
+LOGIT_BYTES = 64 << 20
+
+
+def consecutive_starts(n_tokens: int, seq_len: int) -> np.ndarray:
+    """Starts of the windows covering every token of an n_tokens stream
+    once as a target: 0, T, 2T, ... (each window holds T + 1 tokens; the
+    last may be shorter)."""
+    if n_tokens < 2:
+        raise DataError(f"the corpus has {n_tokens} token(s); scoring needs at least 2")
+    return np.arange(0, n_tokens - 1, seq_len, dtype=np.int64)
+
+
+def _batches(tokens: np.ndarray, starts: np.ndarray, T: int, B: int
+             ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """(inputs, targets) int32 (b, t) of the windows at starts, b <= B,
+    windows of one length together (a short last window alone)."""
+    n = len(tokens)
+    i = 0
+    while i < len(starts):
+        t = min(T, n - 1 - int(starts[i]))
+        j = i + 1
+        while j < len(starts) and j - i < B and min(T, n - 1 - int(starts[j])) == t:
+            j += 1
+        win = np.stack([np.asarray(tokens[o:o + t + 1]) for o in starts[i:j]]).astype(np.int32)
+        yield np.ascontiguousarray(win[:, :t]), np.ascontiguousarray(win[:, 1:])
+        i = j
+
+
+def score_windows(model: RxPtModel, tokens: np.ndarray, seq_len: int,
+                  starts: np.ndarray | None = None, *, token_bytes: np.ndarray | None = None,
+                  is_bytes: bool = False, batch: int = 8,
+                  progress: Callable[[int], object] | None = None) -> dict[str, Any]:
+    """Loss of model on the windows of tokens at starts (default: every
+    token once, consecutive_starts), streamed batch by batch: the corpus
+    stays memory-mapped and at most LOGIT_BYTES of logits exist at once.
+
+    Returns {"loss": mean nats per target token, "ppl": e^loss, "bpb": the
+    summed loss / (ln 2 * the UTF-8 bytes the targets decode to) (None when
+    unknown), "tokens", "bytes", "windows"}. progress(k) hears of k more
+    target tokens scored."""
+    T = int(seq_len)
+    if starts is None:
+        starts = consecutive_starts(len(tokens), T)
+    V = model.config["vocab_size"]
+    B = max(1, min(int(batch), LOGIT_BYTES // (4 * T * V)))
+    total, n, nbytes = 0.0, 0, 0
+    for x, y in _batches(tokens, starts, T, B):
+        if int(y.max()) >= V or int(y.min()) < 0:
+            raise DataError(f"the corpus holds token id {int(y.max())}, outside the model's "
+                            f"vocabulary of {V}")
+        logits = model.forward(x)
+        # the trainer's reduction (Trainer.evaluate): the C mean times the count
+        total += _core.cross_entropy_forward(logits.reshape(-1, V), y.reshape(-1)) * y.size
+        n += y.size
+        if token_bytes is not None:
+            nbytes += int(token_bytes[y].sum())
+        elif is_bytes:
+            nbytes += y.size
+        if progress is not None:
+            progress(y.size)
+    loss = total / n
+    bpb = total / (math.log(2) * nbytes) if nbytes else None
+    return {"loss": loss, "ppl": math.exp(min(loss, 700.0)), "bpb": bpb, "tokens": n,
+            "bytes": nbytes or None, "windows": len(starts)}
+
+
+def tail_logits(state: _core.InferState, tokens: np.ndarray, k: int,
+                chunk: int = 1024) -> np.ndarray:
+    """Runs tokens through state in chunks and returns the logits (k, V) of
+    the last k positions: a long prompt never materialises (T, V) logits."""
+    tokens = np.ascontiguousarray(tokens, dtype=np.int32)
+    n = len(tokens)
+    keep_from = n - k
+    out = []
+    for a in range(0, n, chunk):
+        lg = state.forward(tokens[a:a + chunk])
+        if a + len(lg) > keep_from:
+            out.append(lg[max(0, keep_from - a):])
+    return np.concatenate(out) if out else np.zeros((0, 0), np.float32)
+
+
+def _log_softmax(logits: np.ndarray) -> np.ndarray:
+    z = logits.astype(np.float64)
+    z -= z.max(axis=-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+
+
+def continuation_score(model: RxPtModel, context: Sequence[int], continuation: Sequence[int]
+                       ) -> tuple[float, bool]:
+    """(log p(continuation | context) in nats, whether every continuation
+    token is the argmax), one recurrent pass over context + continuation."""
+    cont = np.asarray(continuation, dtype=np.int32)
+    seq = np.concatenate([np.asarray(context, dtype=np.int32), cont])
+    state = _core.InferState(model, max_len=max(1, len(seq)))
+    logits = tail_logits(state, seq[:-1], len(cont))
+    lp = _log_softmax(logits)
+    score = float(lp[np.arange(len(cont)), cont].sum())
+    greedy = bool(np.all(np.argmax(logits, axis=-1) == cont))
+    return score, greedy
+
+
+def read_lambada(path: str) -> list[tuple[str, str]]:
+    """(context, " " + last word) of each record {"text": ...} of a LAMBADA
+    .jsonl, split at the last space as RWKV-LM and lm-eval split it."""
+    out = []
+    try:
+        with open(path, encoding="utf-8") as f:
+            for i, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    text = json.loads(line)["text"]
+                except (ValueError, KeyError, TypeError):
+                    raise DataError(f"{path}:{i}: not a JSON record with a \"text\" string") \
+                        from None
+                if not isinstance(text, str) or " " not in text.strip():
+                    raise DataError(f"{path}:{i}: the text has no last word to predict")
+                ctx, word = text.rsplit(" ", 1)
+                out.append((ctx, " " + word))
+    except OSError as e:
+        raise DataError(f"cannot read {path}: {e.strerror}") from None
+    if not out:
+        raise DataError(f"{path} holds no records")
+    return out
+
+
+def lambada(model: RxPtModel, tok: Tokenizer, path: str, prefix: int = 0,
+            progress: Callable[[int], object] | None = None) -> dict[str, Any]:
+    """RWKV-LM's LAMBADA: for each document, [prefix] + the context, then
+    the last word; accuracy counts a document when every target token is
+    the greedy choice, perplexity is exp(-mean over documents of the
+    target's log-likelihood)."""
+    docs = read_lambada(path)
+    total, correct = 0.0, 0
+    for ctx, word in docs:
+        lp, greedy = continuation_score(model, [prefix] + tok.encode(ctx).tolist(),
+                                        tok.encode(word).tolist())
+        total += lp
+        correct += greedy
+        if progress is not None:
+            progress(1)
+    return {"acc": correct / len(docs), "ppl": math.exp(-total / len(docs)), "docs": len(docs)}

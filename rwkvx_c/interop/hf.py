@@ -1,0 +1,361 @@
+"""The Hugging Face layout of RWKV-7 (flash-linear-attention's ``rwkv7``
+model type, which fla-hub checkpoints, rwkv7-hf conversions, vLLM and
+SGLang read), out and in:
+
+    save_hf(model, tokenizer, "out/", "bf16")   # config.json, model.safetensors, tokenizer
+    sd, config = load_hf("fla-hub-model/")      # float32 arrays under the HF names
+    model = from_hf(sd, config)
+
+The HF names are a renaming of the x070 state dict (rwkvx_c.interop.rwkv7):
+this module translates names and layouts only, so export and import share
+every check the x070 door makes. The mapping and what is refused is
+docs/interop.md §hf. Files are safetensors, read and written with the
+``safetensors`` package over torch tensors (bf16 has no NumPy type): the
+extra ``hf-model``.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from rwkvx_c._core import RxPtModel
+from rwkvx_c.data.tokenizers import (
+    WORLD_VOCAB,
+    WORLD_VOCAB_SIZE,
+    ByteTokenizer,
+    HFTokenizer,
+    Tokenizer,
+    WorldTokenizer,
+    _byte_level_table,
+    world_vocab_path,
+)
+from rwkvx_c.errors import InteropError, TokenizerError
+from rwkvx_c.interop.pth import DTYPES
+from rwkvx_c.interop.rwkv7 import from_rwkv7, to_rwkv7
+from rwkvx_c.run.rundir import CHECKPOINT
+from rwkvx_c.util.atomic import replace_with, replacing
+
+__all__ = ["hf_refusal", "hf_config", "to_hf", "from_hf", "save_hf", "load_hf", "hf_tokenizer",
+           "HF_WEIGHTS", "BYTE_MARK"]
+
+HF_WEIGHTS = "model.safetensors"
+HF_INDEX = "model.safetensors.index.json"
+# tokenizer_config.json key saying the folder's tokenizer.json is rwkvx_c's byte vocabulary
+BYTE_MARK = "rwkvx_c_tokenizer"
+_LAYER_NORM_EPS = 1e-5   # docs/maths.md: every LayerNorm of the model
+
+# x070 name inside a block -> (HF name inside model.layers.i, kind): "same"
+# (identical array), "T" (transposed: x070 LoRA matrices are [in, out], HF
+# Linear weights [out, in]), "flat" (x070 (1, 1, C), HF [C])
+_BLOCK = {
+    "ln0.weight": ("pre_norm.weight", "same"), "ln0.bias": ("pre_norm.bias", "same"),
+    "ln1.weight": ("attn_norm.weight", "same"), "ln1.bias": ("attn_norm.bias", "same"),
+    "ln2.weight": ("ffn_norm.weight", "same"), "ln2.bias": ("ffn_norm.bias", "same"),
+    **{f"att.x_{c}": (f"attn.x_{c}", "same") for c in "rwkvag"},
+    "att.k_k": ("attn.k_k", "flat"), "att.k_a": ("attn.k_a", "flat"),
+    "att.r_k": ("attn.r_k", "same"),
+    **{f"att.{p}0": (f"attn.{p}_lora.lora.2.bias", "flat") for p in "wav"},
+    **{f"att.{p}1": (f"attn.{p}_lora.lora.0.weight", "T") for p in "wavg"},
+    **{f"att.{p}2": (f"attn.{p}_lora.lora.2.weight", "T") for p in "wavg"},
+    "att.receptance.weight": ("attn.r_proj.weight", "same"),
+    "att.key.weight": ("attn.k_proj.weight", "same"),
+    "att.value.weight": ("attn.v_proj.weight", "same"),
+    "att.output.weight": ("attn.o_proj.weight", "same"),
+    "att.ln_x.weight": ("attn.g_norm.weight", "same"),
+    "att.ln_x.bias": ("attn.g_norm.bias", "same"),
+    "ffn.x_k": ("ffn.x_k", "flat"),
+    "ffn.key.weight": ("ffn.key.weight", "same"), "ffn.value.weight": ("ffn.value.weight", "same"),
+}
+_TOP = {"emb.weight": "model.embeddings.weight", "ln_out.weight": "model.norm.weight",
+        "ln_out.bias": "model.norm.bias", "head.weight": "lm_head.weight"}
+_BLOCK_BACK = {hf: (x, kind) for x, (hf, kind) in _BLOCK.items()}
+_TOP_BACK = {hf: x for x, hf in _TOP.items()}
+
+
+def hf_refusal(config: Mapping[str, int]) -> str | None:
+    """Why the HF rwkv7 layout cannot hold a model of this config, or None."""
+    if config["n_attn_layer"]:
+        return (f"the Hugging Face rwkv7 layout holds no attention blocks and this model has "
+                f"{config['n_attn_layer']}; export it with --format rwkvx")
+    if config["head_size"] != 64:
+        return (f"the Hugging Face rwkv7 layout (fla's kernels) wants head size 64; this model "
+                f"has {config['head_size']}")
+    if not config.get("ln0", 0):
+        return "the Hugging Face rwkv7 layout needs ln0 (the embedding LayerNorm) and this " \
+               "model has none"
+    return None
+
+
+def hf_config(config: Mapping[str, int]) -> dict[str, Any]:
+    """config.json of a model: flash-linear-attention's RWKV7Config keys
+    (which rwkv7-hf's shares)."""
+    C, L = config["n_embd"], config["n_rwkv_layer"]
+    return {
+        "model_type": "rwkv7", "architectures": ["RWKV7ForCausalLM"],
+        "vocab_size": config["vocab_size"], "hidden_size": C, "num_hidden_layers": L,
+        "head_dim": config["head_size"], "num_heads": config["n_head"],
+        "hidden_ratio": config["ffn_dim"] / C, "intermediate_size": config["ffn_dim"],
+        "decay_low_rank_dim": config["Dw"], "a_low_rank_dim": config["Da"],
+        "v_low_rank_dim": config["Dv"], "gate_low_rank_dim": config["Dg"],
+        "value_dim": [C] * L, "hidden_act": "sqrelu", "norm_first": True, "norm_bias": True,
+        "norm_eps": _LAYER_NORM_EPS, "attn": None, "tie_word_embeddings": False,
+        "use_cache": True, "fuse_norm": False, "fuse_cross_entropy": False,
+        "attn_mode": "chunk", "torch_dtype": "float32",
+        "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0,
+    }
+
+
+def to_hf(model: RxPtModel) -> dict[str, np.ndarray]:
+    """The HF state dict of a model: float32 arrays under the rwkv7 names."""
+    why = hf_refusal(model.config)
+    if why:
+        raise InteropError(why)
+    out = {}
+    for name, a in to_rwkv7(model).items():
+        hf, kind = _hf_name(name)
+        out[hf] = np.ascontiguousarray(a.T) if kind == "T" else \
+            a.reshape(-1).copy() if kind == "flat" else a
+    return out
+
+
+def _hf_name(x070: str) -> tuple[str, str]:
+    if x070 in _TOP:
+        return _TOP[x070], "same"
+    m = re.fullmatch(r"blocks\.(\d+)\.(.+)", x070)
+    assert m and m.group(2) in _BLOCK, x070   # to_rwkv7 writes only these
+    hf, kind = _BLOCK[m.group(2)]
+    return f"model.layers.{m.group(1)}.{hf}", kind
+
+
+def _x070_name(hf: str) -> tuple[str, str]:
+    if hf in _TOP_BACK:
+        return _TOP_BACK[hf], "same"
+    m = re.fullmatch(r"model\.layers\.(\d+)\.(.+)", hf)
+    if not m or m.group(2) not in _BLOCK_BACK:
+        raise InteropError(f"{hf} is not a tensor of the RWKV-7 model rwkvx_c holds (the "
+                           "Hugging Face rwkv7 layout)")
+    x, kind = _BLOCK_BACK[m.group(2)]
+    return f"blocks.{m.group(1)}.{x}", kind
+
+
+def _check_config(cfg: Mapping[str, Any], what: str) -> None:
+    """Refuses a config.json whose model differs from ours in what the
+    tensors do not show (the tensors' shapes give every size)."""
+    if cfg.get("model_type") != "rwkv7":
+        raise InteropError(f"{what}: model_type is {cfg.get('model_type')!r}, not 'rwkv7'")
+    checks = [("hidden_act", "sqrelu"), ("norm_first", True), ("norm_bias", True),
+              ("attn", None)]
+    for key, want in checks:
+        if key in cfg and cfg[key] != want:
+            raise InteropError(f"{what}: {key} is {cfg[key]!r}; rwkvx_c's RWKV-7 has {want!r}")
+    eps = cfg.get("norm_eps", _LAYER_NORM_EPS)
+    if not isinstance(eps, (int, float)) or abs(eps - _LAYER_NORM_EPS) > 1e-12:
+        raise InteropError(f"{what}: norm_eps is {eps!r}; rwkvx_c's LayerNorms use 1e-05")
+    C = cfg.get("hidden_size")
+    if any(v != C for v in cfg.get("value_dim") or []):
+        raise InteropError(f"{what}: value_dim {cfg['value_dim']} differs from hidden_size {C}")
+
+
+def from_hf(sd: Mapping[str, np.ndarray], config: Mapping[str, Any] | None = None
+            ) -> RxPtModel:
+    """An RxPtModel holding an HF rwkv7 state dict (sizes from the shapes,
+    every tensor checked as an x070 import is). A tied head (no
+    lm_head.weight, tie_word_embeddings true) takes the embedding."""
+    config = config or {}
+    _check_config(dict(config, model_type=config.get("model_type", "rwkv7")), "config.json")
+    sd = dict(sd)
+    if "lm_head.weight" not in sd and config.get("tie_word_embeddings") \
+            and "model.embeddings.weight" in sd:
+        sd["lm_head.weight"] = sd["model.embeddings.weight"]
+    x070: dict[str, np.ndarray] = {}
+    for name, a in sd.items():
+        x, kind = _x070_name(name)
+        a = np.asarray(a)
+        if kind == "T":
+            if a.ndim != 2:
+                raise InteropError(f"{name} has shape {a.shape}, expected 2 dimensions")
+            a = np.ascontiguousarray(a.T)
+        elif kind == "flat":
+            if sum(d != 1 for d in a.shape) > 1:
+                raise InteropError(f"{name} has shape {a.shape}, expected a vector")
+            a = a.reshape(1, 1, -1)
+        x070[x] = a
+    if "blocks.0.att.r_k" in x070:
+        N = np.shape(x070["blocks.0.att.r_k"])[-1]
+        if N != 64:
+            raise InteropError(f"head size {N}: the Hugging Face rwkv7 layout wants 64")
+    return from_rwkv7(x070)
+
+
+# ---- files ----------------------------------------------------------------------
+
+
+def _need(what: str) -> tuple[Any, Any]:
+    try:
+        import safetensors.torch
+        import torch
+    except ImportError:
+        raise InteropError(f"{what} needs safetensors and PyTorch: "
+                           'pip install "rwkvx_c[hf-model]"') from None
+    return torch, safetensors.torch
+
+
+def save_hf(model: RxPtModel, tokenizer: Tokenizer, out_dir: str, dtype: str = "fp32") -> None:
+    """Writes the HF folder out_dir: config.json, model.safetensors (dtype
+    fp32, bf16 or fp16) and the tokenizer's files; each file atomically.
+    Refuses a model the layout cannot hold before writing anything."""
+    if dtype not in DTYPES:
+        raise InteropError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    sd = to_hf(model)
+    torch, st = _need("the Hugging Face format")
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise InteropError(f"{out_dir} is a file; --format hf writes a folder")
+    if os.path.exists(os.path.join(out_dir, CHECKPOINT)):
+        # its tokenizer.json would be replaced: a run folder is an input, never an output
+        raise InteropError(f"{out_dir} is a run folder; write the Hugging Face folder elsewhere")
+    os.makedirs(out_dir, exist_ok=True)
+    td = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    tensors = {k: torch.from_numpy(np.ascontiguousarray(v)).to(td) for k, v in sd.items()}
+    cfg = hf_config(model.config)
+    cfg["torch_dtype"] = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[dtype]
+    replace_with(os.path.join(out_dir, HF_WEIGHTS),
+                 lambda tmp: st.save_file(tensors, tmp, metadata={"format": "pt"}))
+    _write_json(os.path.join(out_dir, "config.json"), cfg)
+    _save_tokenizer(tokenizer, out_dir, model.config["vocab_size"])
+
+
+def _write_json(path: str, obj: Any) -> None:
+    with replacing(path, "w") as f:
+        f.write(json.dumps(obj, indent=2) + "\n")
+
+
+def _save_tokenizer(tok: Tokenizer, out_dir: str, vocab: int) -> None:
+    """The tokenizer files transformers loads: a tokenizer.json
+    (PreTrainedTokenizerFast) for bytes and tokenizer.json runs; for World,
+    the vocabulary file rwkv7-hf's RWKV7Tokenizer reads."""
+    tc: dict[str, Any] = {"model_max_length": 1 << 20, "clean_up_tokenization_spaces": False}
+    if tok.name == "world":
+        src = world_vocab_path()
+        dst = os.path.join(out_dir, os.path.basename(src))
+        replace_with(dst, lambda tmp: shutil.copyfile(src, tmp))
+        tc.update(tokenizer_class="RWKV7Tokenizer", model_vocab_size=vocab)
+    elif tok.name == "byte":
+        _write_byte_tokenizer(os.path.join(out_dir, "tokenizer.json"))
+        tc.update(tokenizer_class="PreTrainedTokenizerFast", **{BYTE_MARK: "byte"})
+    else:
+        tok.save(out_dir)   # the run's own tokenizer.json
+        tc.update(tokenizer_class="PreTrainedTokenizerFast")
+    _write_json(os.path.join(out_dir, "tokenizer_config.json"), tc)
+
+
+def _write_byte_tokenizer(path: str) -> None:
+    """The byte vocabulary (id = byte value) as a tokenizer.json: a BPE with
+    no merges over the byte-level alphabet, so every byte is its own token."""
+    try:
+        import tokenizers
+        from tokenizers import decoders, models, pre_tokenizers
+    except ImportError:
+        raise InteropError("the byte tokenizer's tokenizer.json needs the tokenizers "
+                           'package: pip install "rwkvx_c[hf]"') from None
+    vocab = _byte_level_table()
+    t = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    t.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    t.decoder = decoders.ByteLevel()
+    replace_with(path, lambda tmp: t.save(tmp))
+
+
+def load_hf(folder: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """(float32 tensors under the HF names, config.json) of an HF folder:
+    model.safetensors, or the shards its index names; bf16, fp16 and fp32
+    converted exactly. No pickle: .bin weights are refused."""
+    torch, st = _need("reading a Hugging Face folder")
+    cpath = os.path.join(folder, "config.json")
+    try:
+        with open(cpath, encoding="utf-8") as f:
+            config = json.load(f)
+    except FileNotFoundError:
+        raise InteropError(f"{folder} has no config.json: not a Hugging Face model folder") \
+            from None
+    except (OSError, ValueError) as e:
+        raise InteropError(f"{cpath} is not readable JSON: {e}") from None
+    if not isinstance(config, dict):
+        raise InteropError(f"{cpath} does not hold a JSON object")
+    _check_config(config, cpath)
+    files = _weight_files(folder)
+    out: dict[str, np.ndarray] = {}
+    for path in files:
+        try:
+            part = st.load_file(path, device="cpu")
+        except Exception as e:  # noqa: BLE001 -- safetensors raises several types
+            raise InteropError(f"{path} is not a readable safetensors file: {e}") from None
+        for k, v in part.items():
+            if k in out:
+                raise InteropError(f"{k} appears in two shards of {folder}")
+            if not v.is_floating_point():
+                raise InteropError(f"{path}: tensor {k} has dtype {v.dtype}, expected floating "
+                                   "point")
+            out[k] = v.to(torch.float32).contiguous().numpy()
+    return out, config
+
+
+def _weight_files(folder: str) -> list[str]:
+    single, index = os.path.join(folder, HF_WEIGHTS), os.path.join(folder, HF_INDEX)
+    if os.path.isfile(index):
+        try:
+            with open(index, encoding="utf-8") as f:
+                wm = json.load(f)["weight_map"]
+            names = sorted(set(wm.values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise InteropError(f"{index} is not a safetensors index ({e})") from None
+        bad = [n for n in names if os.path.basename(n) != n or not n.endswith(".safetensors")]
+        if bad:
+            raise InteropError(f"{index} names {bad[0]!r}, not a .safetensors file in the folder")
+        return [os.path.join(folder, n) for n in names]
+    if os.path.isfile(single):
+        return [single]
+    if any(n.endswith(".bin") for n in os.listdir(folder)):
+        raise InteropError(f"{folder} holds pickled .bin weights only; rwkvx_c reads "
+                           "safetensors (no pickle)")
+    raise InteropError(f"{folder} has neither {HF_WEIGHTS} nor {HF_INDEX}")
+
+
+def hf_tokenizer(folder: str, vocab: int) -> Tokenizer:
+    """The tokenizer of an HF folder: rwkvx_c's byte vocabulary (marked in
+    tokenizer_config.json), World for a 65,536-id model with the World
+    vocabulary file or without a tokenizer.json (fla-hub and rwkv7-hf World
+    models), else its tokenizer.json."""
+    tc: dict[str, Any] = {}
+    with contextlib.suppress(OSError, ValueError), \
+            open(os.path.join(folder, "tokenizer_config.json"), encoding="utf-8") as f:
+        tc = json.load(f)
+    tj = os.path.join(folder, "tokenizer.json")
+    tok: Tokenizer
+    world = vocab == WORLD_VOCAB_SIZE and os.path.isfile(os.path.join(folder, WORLD_VOCAB))
+    if isinstance(tc, dict) and tc.get(BYTE_MARK) == "byte":
+        tok = ByteTokenizer()
+    elif os.path.isfile(tj) and not world:
+        try:
+            tok = HFTokenizer(tj)
+        except TokenizerError as e:
+            raise InteropError(str(e)) from None
+    elif vocab == WORLD_VOCAB_SIZE:
+        try:
+            tok = WorldTokenizer()
+        except TokenizerError as e:
+            raise InteropError(str(e)) from None
+    elif vocab == 256:
+        tok = ByteTokenizer()
+    else:
+        raise InteropError(f"{folder} has no tokenizer.json and its {vocab}-id vocabulary is "
+                           "neither bytes nor World")
+    if tok.vocab_size > vocab:
+        raise InteropError(f"{folder}: its tokenizer has {tok.vocab_size} ids, more than the "
+                           f"model's {vocab}")
+    return tok
