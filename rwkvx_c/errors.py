@@ -25,6 +25,7 @@ __all__ = [
     "Divergence",
     "DistributedError",
     "InteropError",
+    "OutputError",
 ]
 
 
@@ -81,3 +82,8 @@ class DistributedError(RwkvxError, ValueError):
 class InteropError(RwkvxError, ValueError):
     """A model or file that the requested format cannot hold or that is not
     a valid file of it (one line, saying why)."""
+
+
+class OutputError(RwkvxError, ValueError):
+    """An output path that would overwrite an input, a run folder's own
+    files, or a folder that holds something else (rwkvx_c.run.rundir.check_output)."""

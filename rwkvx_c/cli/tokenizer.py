@@ -34,6 +34,7 @@ def add_parser(sub: Subparsers) -> None:
 def run(a: argparse.Namespace) -> int:
     files = [f for f in source_files(a.data or None) if not is_val_file(f[0])]
     docs = (d for d, _ in iter_documents(files, a.text_field))
-    tok = train_bpe(docs, a.vocab_size, a.out, progress=not a.no_progress)
+    tok = train_bpe(docs, a.vocab_size, a.out, progress=not a.no_progress,
+                    inputs=[f[1] for f in files])
     print(f"wrote {a.out}: byte-level BPE, {tok.vocab_size:,} ids, fitted on {len(files)} files")
     return 0

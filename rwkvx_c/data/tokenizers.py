@@ -33,7 +33,7 @@ import numpy as np
 
 from rwkvx_c import _core
 from rwkvx_c.errors import TokenizerError
-from rwkvx_c.run.rundir import TOKENIZER
+from rwkvx_c.run.rundir import TOKENIZER, claim_output
 from rwkvx_c.util.atomic import replace_with, replacing
 
 __all__ = [
@@ -376,12 +376,15 @@ def check_identity(tok: Tokenizer, ident: dict | None, what: str) -> None:
 
 
 def train_bpe(docs: Iterable[bytes], vocab_size: int, out: str, *, length: int | None = None,
-              progress: bool = True) -> HFTokenizer:
+              progress: bool = True, inputs: Iterable[str] = ()) -> HFTokenizer:
     """Fit a byte-level BPE of vocab_size ids (>= 256 + 1) on docs and write
-    its tokenizer.json to out (atomically). Returns it loaded."""
+    its tokenizer.json to out (atomically). Returns it loaded. out must not
+    be one of `inputs` (the corpus files) nor a run folder's own file
+    (rwkvx_c.run.rundir.claim_output)."""
     tk = _import_tokenizers()
     if vocab_size < 257:
         raise TokenizerError(f"a byte-level BPE needs vocab_size > 256, got {vocab_size}")
+    claim_output(out, inputs)
     from tokenizers import decoders, models, pre_tokenizers, trainers
     tok = tk.Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)

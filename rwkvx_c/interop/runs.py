@@ -3,34 +3,39 @@ foreign format, ``import_pth`` makes a run folder of a foreign .pth."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 
 from rwkvx_c._core import RxPtModel
 from rwkvx_c.data.tokenizers import WORLD_VOCAB_SIZE
-from rwkvx_c.errors import InteropError
+from rwkvx_c.errors import InteropError, OutputError
 from rwkvx_c.interop.gguf import save_gguf
 from rwkvx_c.interop.pth import DTYPES, load_pth, save_pth
 from rwkvx_c.interop.rwkv7 import from_rwkv7, from_rwkvx, to_rwkv7, to_rwkvx
-from rwkvx_c.run.rundir import RunDir
+from rwkvx_c.run.rundir import RunDir, claim_output, describe_entries
 
 __all__ = ["FORMATS", "export_model", "import_pth"]
 
 FORMATS = ("rwkv7", "rwkvx", "gguf")
 
 
-def export_model(model: RxPtModel, fmt: str, out: str, dtype: str = "fp32") -> None:
+def export_model(model: RxPtModel, fmt: str, out: str, dtype: str = "fp32", *,
+                 inputs: Iterable[str] = ()) -> None:
     """Writes model to the file out in format fmt (rwkv7, rwkvx or gguf) at
     dtype (fp32, bf16 or fp16), atomically; InteropError when the format
-    cannot hold the model (nothing is written then)."""
+    cannot hold the model (nothing is written then). OutputError when out
+    is one of `inputs` (the model's run folder or file) or a run folder's
+    own file (rwkvx_c.run.rundir.claim_output)."""
     if dtype not in DTYPES:
         raise InteropError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    if fmt not in FORMATS:
+        raise InteropError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    claim_output(out, inputs)
     if fmt == "rwkv7":
         save_pth(to_rwkv7(model), out, dtype)
     elif fmt == "rwkvx":
         save_pth(to_rwkvx(model), out, dtype)
-    elif fmt == "gguf":
-        save_gguf(model, out, dtype)
     else:
-        raise InteropError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+        save_gguf(model, out, dtype)
 
 
 def import_pth(path: str, out_dir: str) -> str:
@@ -42,6 +47,11 @@ def import_pth(path: str, out_dir: str) -> str:
     run = RunDir(out_dir)
     if run.has_checkpoint():
         raise InteropError(f"{out_dir} already holds a checkpoint; choose another --out")
+    foreign = run.foreign_entries()
+    if foreign and not run.holds_run():
+        raise OutputError(f"{out_dir} already holds {describe_entries(foreign)} and no run; "
+                          "choose a new folder for --out")
+    claim_output(run.checkpoint, [path])
     sd = load_pth(path)
     fmt = "rwkvx" if any(k.startswith("rwkv.") for k in sd) else "rwkv7"
     model = from_rwkvx(sd) if fmt == "rwkvx" else from_rwkv7(sd)

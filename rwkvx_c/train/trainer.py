@@ -420,11 +420,9 @@ class Trainer:
         self.model.forward(x[lo:hi], return_logits=False)
         loss = self.model.backward(y[lo:hi])
         loss = self.group.average_grads(self.model.grad_buffer, loss)
-        self.guard.check_loss(loss, self.step_count + 1)
-        try:
-            norm = self.optim.step(lr)
-        except FloatingPointError:
-            raise Divergence(self.step_count + 1, "the gradient norm is not finite") from None
+        norm = _core.grad_norm(self.model.grad_buffer)   # judged before the update
+        self.guard.check_loss(loss, self.step_count + 1, norm)
+        self.optim.step(lr, norm)
         self.step_count += 1
         self.tokens_seen += x.size
         if self.step_count == self.opts.warmup_steps:
@@ -586,7 +584,7 @@ class Trainer:
         self.log(row)
         if on_step:
             on_step(row)
-        if self.out_dir and self.save_due(evaluated):
+        if self.out_dir and self.save_due(evaluated) and not self.guard.suspect():
             try:
                 self.save()
             except Divergence as e:
