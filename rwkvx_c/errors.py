@@ -26,6 +26,7 @@ __all__ = [
     "DistributedError",
     "InteropError",
     "OutputError",
+    "SampleError",
 ]
 
 
@@ -87,3 +88,8 @@ class InteropError(RwkvxError, ValueError):
 class OutputError(RwkvxError, ValueError):
     """An output path that would overwrite an input, a run folder's own
     files, or a folder that holds something else (rwkvx_c.run.rundir.check_output)."""
+
+
+class SampleError(RwkvxError, ValueError):
+    """A generation that cannot run or went wrong (rwkvx_c.sample): more
+    tokens than a sequence can hold, a model whose logits are not finite."""

@@ -23,7 +23,7 @@ from rwkvx_c.cli.common import (
 from rwkvx_c.cli.plot import plot_log
 from rwkvx_c.errors import TrainError
 from rwkvx_c.model.config import SHAPE_OPTIONS, ModelConfig
-from rwkvx_c.run.rundir import RunDir
+from rwkvx_c.run.rundir import RunDir, describe_entries
 from rwkvx_c.train.distributed import ProcessGroup, world
 from rwkvx_c.train.options import TrainOptions
 from rwkvx_c.train.trainer import Trainer
@@ -99,6 +99,17 @@ def _resume_dir(out: str | None) -> str:
     return out
 
 
+def _check_new_dir(out: str) -> None:
+    """A new run goes into a new or empty folder, or one that holds a run
+    (which the trainer then refuses unless it never saved); never silently
+    among someone else's files."""
+    rd = RunDir(out)
+    foreign = rd.foreign_entries()
+    if foreign and not rd.holds_run():
+        raise TrainError(f"--out {out} already holds {describe_entries(foreign)} and no run; "
+                         "choose a new folder")
+
+
 def _start_run(a: argparse.Namespace, group: ProcessGroup) -> tuple[Trainer, str]:
     """(Trainer, run folder) of a new or resumed run."""
     opts = train_options(a)
@@ -106,6 +117,7 @@ def _start_run(a: argparse.Namespace, group: ProcessGroup) -> tuple[Trainer, str
         out = group.on_root(_resume_dir, a.out)
         return Trainer.resume(out, progress=not a.no_progress, **opts), out
     out = group.root_value(a.out or RunDir.new().path)
+    group.on_root(_check_new_dir, out)
     kw = {k: v for k, v in opts.items() if v is not None}
     return Trainer(TrainOptions(**kw), out, progress=not a.no_progress), out
 

@@ -35,9 +35,11 @@ from rwkvx_c import _core
 from rwkvx_c.errors import TokenizerError
 from rwkvx_c.run.rundir import TOKENIZER, claim_output
 from rwkvx_c.util.atomic import replace_with, replacing
+from rwkvx_c.util.files import open_input
 
 __all__ = [
     "WORLD_VOCAB",
+    "MAX_TOKENIZER_VOCAB",
     "ByteTokenizer",
     "HFTokenizer",
     "Tokenizer",
@@ -52,6 +54,11 @@ __all__ = [
 Text = Union[str, bytes, bytearray, memoryview]
 WORLD_VOCAB = "rwkv_vocab_v20230424.txt"
 WORLD_VOCAB_SIZE = 65536   # the World models' embedding rows (ids 0..65529 used)
+# The most ids a tokenizer.json may have or train_bpe may fit: far past any
+# real vocabulary (256k), and what the tokenizers library trains in a 4 GiB
+# address space (at 10^9 it aborts the process allocating, at 2^32 its u32
+# ids overflow)
+MAX_TOKENIZER_VOCAB = 1 << 24
 
 
 def _as_bytes(text: Text) -> bytes:
@@ -269,21 +276,32 @@ class HFTokenizer(Tokenizer):
     def __init__(self, path: str):
         tk = _import_tokenizers()
         try:
-            with open(path, "rb") as f:
+            with open_input(path, TokenizerError, "tokenizer") as f:
                 self._json = f.read()
             self._tok = tk.Tokenizer.from_str(self._json.decode("utf-8"))
+            spec = json.loads(self._json)
+            added = {int(t["id"]): str(t["content"]).encode("utf-8")
+                     for t in spec.get("added_tokens") or []}
+            dec = spec.get("decoder") or {}
         except OSError as e:
             raise TokenizerError(f"cannot read tokenizer {path}: {e.strerror}") from None
+        except TokenizerError:
+            raise
         except Exception as e:  # noqa: BLE001 -- tokenizers raises plain Exception
-            raise TokenizerError(f"{path} is not a tokenizers tokenizer.json: "
-                                 f"{str(e).splitlines()[0]}") from None
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise TokenizerError(f"{path} is not a tokenizers tokenizer.json: {first}") from None
         self.path = path
-        self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
-        spec = json.loads(self._json)
-        dec = spec.get("decoder") or {}
-        added = {t["id"]: t["content"].encode("utf-8") for t in spec.get("added_tokens") or []}
+        ids = self._tok.get_vocab(with_added_tokens=True).values()
+        top = max(ids, default=-1)
+        # ids may leave gaps (holes decode to nothing); the vocabulary is the
+        # largest id + 1, which a model must be able to hold
+        if min(ids, default=0) < 0 or top >= MAX_TOKENIZER_VOCAB:
+            raise TokenizerError(f"{path} has token ids up to {top}; a vocabulary holds at "
+                                 f"most {MAX_TOKENIZER_VOCAB:,} ids (0..{MAX_TOKENIZER_VOCAB - 1})")
+        self.vocab_size = max(self._tok.get_vocab_size(with_added_tokens=True), top + 1)
         self._bytes = None
-        if dec.get("type") == "ByteLevel":  # exact per-token bytes from the alphabet
+        if isinstance(dec, dict) and dec.get("type") == "ByteLevel":
+            # exact per-token bytes from the alphabet
             alpha = _byte_level_table()
             table = [b""] * self.vocab_size
             for s, i in self._tok.get_vocab(with_added_tokens=True).items():
@@ -382,8 +400,9 @@ def train_bpe(docs: Iterable[bytes], vocab_size: int, out: str, *, length: int |
     be one of `inputs` (the corpus files) nor a run folder's own file
     (rwkvx_c.run.rundir.claim_output)."""
     tk = _import_tokenizers()
-    if vocab_size < 257:
-        raise TokenizerError(f"a byte-level BPE needs vocab_size > 256, got {vocab_size}")
+    if not 257 <= vocab_size <= MAX_TOKENIZER_VOCAB:
+        raise TokenizerError(f"a byte-level BPE needs a vocab_size in 257..{MAX_TOKENIZER_VOCAB:,}"
+                             f", got {vocab_size:,}")
     claim_output(out, inputs)
     from tokenizers import decoders, models, pre_tokenizers, trainers
     tok = tk.Tokenizer(models.BPE())
