@@ -17,15 +17,18 @@ from hostile import SMALL, corpus
 def run(tmp_path_factory):
     d = tmp_path_factory.mktemp("out")
     out = str(d / "run")
-    Trainer(TrainOptions(preset="tiny", data=corpus(str(d)), model=dict(SMALL, n_attn_layer=0), batch=2,
-                         seq_len=16, steps=2, eval_tokens=32, threads=2,
+    Trainer(TrainOptions(preset="tiny", data=corpus(str(d)), model=dict(SMALL, n_attn_layer=0),
+                         batch=2, seq_len=16, steps=2, eval_tokens=32, threads=2,
                          cache_dir=str(d / "cache")), out).run()
     return out
 
 
 def _digest(run_dir):
-    return {n: open(os.path.join(run_dir, n), "rb").read()
-            for n in sorted(os.listdir(run_dir)) if not n.startswith(".")}
+    out = {}
+    for n in sorted(os.listdir(run_dir)):
+        with open(os.path.join(run_dir, n), "rb") as f:
+            out[n] = f.read()
+    return out
 
 
 def _refused(capsys, *argv):
@@ -84,10 +87,12 @@ def test_import_refuses_its_own_input_and_a_foreign_folder(run, capsys, tmp_path
 def test_tokenizer_train_refuses_its_corpus_and_a_run_tokenizer(run, capsys, tmp_path):
     pytest.importorskip("tokenizers")
     data = corpus(str(tmp_path), 500)
-    before = open(data, "rb").read()
+    with open(data, "rb") as f:
+        before = f.read()
     err = _refused(capsys, "tokenizer", "train", data, "--vocab-size", "300", "--out", data,
                    "--no-progress")
-    assert "is the input" in err and open(data, "rb").read() == before
+    with open(data, "rb") as f:
+        assert "is the input" in err and f.read() == before
     err = _refused(capsys, "tokenizer", "train", data, "--vocab-size", "300", "--out",
                    os.path.join(run, TOKENIZER), "--no-progress")
     assert "would destroy the run" in err
@@ -118,3 +123,11 @@ def subprocess_lock(folder):
     r = python(f"from rwkvx_c.run.lock import RunLock\ntry:\n    RunLock({folder!r})\n"
                f"except Exception as e:\n    print(e)")
     return r.stdout
+
+
+def test_train_into_a_folder_of_other_files_is_refused(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("mine\n")
+    (tmp_path / "data").mkdir()
+    err = _refused(capsys, "train", "--out", str(tmp_path), "--steps", "1", "--no-progress")
+    assert "already holds data, notes.txt and no run" in err and "new folder" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "notes.txt"]
