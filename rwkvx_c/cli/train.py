@@ -169,7 +169,7 @@ def _print_header(tr: Trainer, out: str, group: ProcessGroup, resumed: bool) -> 
     threads = _core.get_num_threads()
     print(f"rwkvx-c train: {out}\n"
           f"  data   {tr.corpus.description}\n"
-          f"  tokens {tr.tokenizer.identity()['name']}, vocab {tr.tokenizer.vocab_size:,}\n"
+          f"  tokens {tr.tokenizer.identity()['name']}, vocab {tr.model.config['vocab_size']:,}\n"
           f"  model  preset {o.preset}, layers {m.layers}, {m.n_params:,} params, "
           f"init {o.init}\n"
           f"  train  batch {o.batch} x seq_len {o.seq_len}, lr {o.lr:g}, stop after {stop_by}, "

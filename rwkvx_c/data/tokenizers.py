@@ -196,6 +196,41 @@ def _build_trie(path: str, size: int, mtime_ns: int, vocab_size: int) -> tuple:
     return trie, table, _sha256_file(path)
 
 
+DECODE_CHUNK = 1 << 16   # ids gathered at once by _Pieces.join
+
+
+def _id_array(ids: Iterable[int]) -> np.ndarray:
+    """ids as a flat integer array: an integer array as it is (no int64
+    copy of millions of ids), anything else converted."""
+    a = np.asarray(ids)
+    return (a if a.dtype.kind in "iu" and a.size else a.astype(np.int64)).reshape(-1)
+
+
+class _Pieces:
+    """The bytes of every id as one buffer and offsets, so that decoding
+    millions of ids gathers them with NumPy into the output, chunk by chunk,
+    instead of building a Python list of millions of pieces."""
+
+    def __init__(self, table: Sequence[bytes]) -> None:
+        self.offs = np.zeros(len(table) + 1, dtype=np.int64)
+        np.cumsum([len(b) for b in table], out=self.offs[1:])
+        self.blob = np.frombuffer(b"".join(table), dtype=np.uint8)
+
+    def join(self, ids: np.ndarray) -> bytes:
+        """The bytes of ids (int64, every one in range), concatenated; beside
+        the output, memory stays at a chunk's worth."""
+        parts = []
+        for i in range(0, len(ids), DECODE_CHUNK):
+            c = ids[i:i + DECODE_CHUNK]
+            s, n = self.offs[c], self.offs[c + 1] - self.offs[c]
+            ends = np.cumsum(n)
+            if len(ends) and ends[-1]:
+                # byte j of the chunk comes from the piece it falls in, at its offset there
+                parts.append(self.blob[np.arange(ends[-1]) + np.repeat(s - (ends - n), n)]
+                             .tobytes())
+        return b"".join(parts)
+
+
 class WorldTokenizer(Tokenizer):
     """Greedy longest match over a byte trie (the RWKV World rule), in C."""
 
@@ -207,6 +242,7 @@ class WorldTokenizer(Tokenizer):
         self._trie, self._bytes, self._sha = _build_trie(self.path, st.st_size, st.st_mtime_ns,
                                                          vocab_size)
         self.vocab_size = vocab_size
+        self._pieces = _Pieces(self._bytes)
         self.threads = None   # None: the rwkvx_c thread count
 
     def _nt(self) -> int:
@@ -227,11 +263,10 @@ class WorldTokenizer(Tokenizer):
         return np.split(ids, np.cumsum(counts)[:-1]) if len(docs) else []
 
     def decode(self, ids: Iterable[int]) -> bytes:
-        a = np.asarray(ids, dtype=np.int64).reshape(-1)
+        a = _id_array(ids)
         if a.size and (a.min() < 0 or a.max() >= self.vocab_size):
             raise TokenizerError(f"World ids must lie in [0, {self.vocab_size})")
-        tb = self._bytes
-        return b"".join([tb[i] for i in a.tolist()])
+        return self._pieces.join(a)
 
     def token_lengths(self) -> np.ndarray:
         return self._trie.token_lengths()
@@ -307,6 +342,7 @@ class HFTokenizer(Tokenizer):
             for s, i in self._tok.get_vocab(with_added_tokens=True).items():
                 table[i] = added[i] if i in added else bytes(alpha[c] for c in s if c in alpha)
             self._bytes = table
+        self._pieces = _Pieces(self._bytes) if self._bytes is not None else None
         self._sha = hashlib.sha256(self._json).hexdigest()
 
     @staticmethod
@@ -322,12 +358,11 @@ class HFTokenizer(Tokenizer):
         return [np.asarray(e.ids, dtype=np.int32) for e in out]
 
     def decode(self, ids: Iterable[int]) -> bytes:
-        a = np.asarray(ids, dtype=np.int64).reshape(-1)
+        a = _id_array(ids)
         if a.size and (a.min() < 0 or a.max() >= self.vocab_size):
             raise TokenizerError(f"ids must lie in [0, {self.vocab_size})")
-        if self._bytes is not None:
-            tb = self._bytes
-            return b"".join([tb[i] for i in a.tolist()])
+        if self._pieces is not None:
+            return self._pieces.join(a)
         return self._tok.decode(a.tolist(), skip_special_tokens=False).encode("utf-8")
 
     def token_lengths(self) -> np.ndarray:

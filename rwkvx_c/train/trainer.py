@@ -50,7 +50,7 @@ from rwkvx_c.train import schedule
 from rwkvx_c.train.distributed import world
 from rwkvx_c.train.guard import MAX_ROLLBACKS, ROLLBACK_LR_FACTOR, DivergenceGuard
 from rwkvx_c.train.optim import AdamW, decay_ranges
-from rwkvx_c.train.options import TrainOptions
+from rwkvx_c.train.options import TrainOptions, model_vocab
 from rwkvx_c.train.resume import read_saved, saved_counters
 
 if TYPE_CHECKING:
@@ -184,12 +184,9 @@ class Trainer:
                      _weights: Mapping[str, np.ndarray] | None) -> None:
         """The model (checked to fit in memory), its first weights and the optimiser."""
         opts = self.opts
-        if self.tokenizer.name != "byte":  # the model's vocabulary is the tokenizer's
-            opts.model["vocab_size"] = self.tokenizer.vocab_size
+        # the model's vocabulary follows the tokenizer and the data, or --vocab-size
+        opts.vocab_size = opts.model["vocab_size"] = model_vocab(opts, self.tokenizer, self.corpus)
         cfg = dict(opts.model)
-        if self.corpus.vocab_size > cfg["vocab_size"]:
-            raise TrainError(f"the corpus has {self.corpus.vocab_size} token ids but the model's "
-                             f"vocab_size is {cfg['vocab_size']}")
         try:
             ModelConfig.from_dict(cfg)
             memory.check(memory.param_bytes(memory.estimate_params(cfg)),
@@ -468,7 +465,9 @@ class Trainer:
         by_steps = schedule.eval_due_by_steps(self.step_count, o.eval_every, o.steps)
         if by_steps is not None:
             return by_steps
-        every = self._time_budget_s() / schedule.EVALS_PER_RUN
+        # at most one evaluation a millisecond: a budget of 1e-320 minutes
+        # must give a finite count below, not inf
+        every = max(self._time_budget_s() / schedule.EVALS_PER_RUN, 1e-3)
         if self._next_eval_at is None:
             self._next_eval_at = every
         now = self.train_seconds()
