@@ -22,6 +22,7 @@ from rwkvx_c.model.config import ModelConfig
 from rwkvx_c.model.init import SCHEMES
 from rwkvx_c.model.presets import PRESETS
 from rwkvx_c.train.guard import ON_DIVERGENCE
+from rwkvx_c.train.schedule import SCHEDULES
 
 __all__ = ["TrainOptions", "auto_precision", "PRECISIONS", "DEFAULT_STEPS", "saved_options",
            "apply_changes", "model_vocab"]
@@ -90,8 +91,13 @@ class TrainOptions:
     warmup_steps: int | None = _opt(None, "linear warmup steps (default: the preset's: "
                                     f"{_preset_values('warmup_steps')})", kind="nonneg_int",
                                     flag="--warmup", metavar="N")
-    min_lr_frac: float = _opt(0.1, "the cosine ends at this fraction of the peak learning "
+    min_lr_frac: float = _opt(0.1, "the schedule ends at this fraction of the peak learning "
                               "rate", kind="unit_float", metavar="F")
+    schedule: str = _opt("cosine", "the learning rate after the warmup: cosine down to "
+                         "min_lr_frac, or wsd (warmup-stable-decay): constant, then linear "
+                         "down over the last 20%; a resumed run given more --steps keeps wsd's "
+                         "constant rate, while a cosine jumps (docs/training.md)",
+                         choices=SCHEDULES)
     weight_decay: float = _opt(0.1, "AdamW weight decay on matrices", kind="nonneg_float",
                                metavar="X")
     grad_clip: float = _opt(1.0, "clip the global grad norm to X, 0 disables",
@@ -202,6 +208,9 @@ class TrainOptions:
                              f"{', '.join(ON_DIVERGENCE)}")
         if self.threads is not None and self.threads > _core.MAX_THREADS:
             raise TrainError(f"threads must be at most {_core.MAX_THREADS}, got {self.threads}")
+        if self.schedule not in SCHEDULES:
+            raise TrainError(f"unknown schedule {self.schedule!r}; choose one of "
+                             f"{', '.join(SCHEDULES)}")
         if self.init not in SCHEMES:
             raise TrainError(f"unknown init {self.init!r}; choose one of {', '.join(SCHEMES)}")
         assert self.batch is not None and self.seq_len is not None   # pos() checked them

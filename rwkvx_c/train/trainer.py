@@ -2,7 +2,7 @@
 
     tr = Trainer(TrainOptions(preset="tiny", steps=200), out_dir="runs/demo")
     while not tr.done():
-        row = tr.step()              # {'step', 'loss', 'lr', 'tokens_per_s', ...}
+        tr.log(row := tr.step())     # {'step', 'loss', 'lr', ...} into DIR/log.jsonl
     print(tr.evaluate())             # {'val_loss', 'val_bpb'}
     tr.save()                        # DIR/checkpoint.safetensors
     tr = Trainer.resume("runs/demo", steps=400)   # continue exactly
@@ -51,6 +51,7 @@ from rwkvx_c.train.distributed import world
 from rwkvx_c.train.guard import MAX_ROLLBACKS, ROLLBACK_LR_FACTOR, DivergenceGuard
 from rwkvx_c.train.optim import AdamW, decay_ranges
 from rwkvx_c.train.options import TrainOptions, model_vocab
+from rwkvx_c.train.progress import watch
 from rwkvx_c.train.resume import read_saved, saved_counters
 
 if TYPE_CHECKING:
@@ -387,7 +388,7 @@ class Trainer:
             p = schedule.time_progress(self.train_seconds(), self._warm_end,
                                        self._time_budget_s() - self._reserve_s())
         return self.lr_scale * schedule.lr_at(s, p, lr=o.lr, warmup_steps=o.warmup_steps,
-                                              min_lr_frac=o.min_lr_frac)
+                                              min_lr_frac=o.min_lr_frac, kind=o.schedule)
 
     def done(self) -> bool:
         """True once the step count or the time budget is used up (a run
@@ -495,11 +496,12 @@ class Trainer:
 
     # ------------------------------------------------------------------- loop
     def run(self, on_step: Callable[[Row], object] | None = None,
-            stop: Callable[[], bool] | None = None) -> Row:
-        """Train until done(): periodic evaluation, checkpoints and log rows,
-        then a final evaluation, checkpoint and log row. on_step(row) sees
-        every row; stop() returning True ends the run early (with the final
-        evaluation and checkpoint). Returns the final evaluation.
+            stop: Callable[[], bool] | None = None, *, progress: bool = False,
+            plot: bool = False) -> Row:
+        """Train until done(): periodic evaluations, checkpoints and log rows,
+        then a final one of each; on_step(row) sees every row, stop() returning
+        True ends the run early, progress shows the command line's bar on
+        stderr and plot draws out_dir/loss.png at the end. Returns the final evaluation.
 
         A divergence (rwkvx_c.train.guard) stops the run with Divergence, whose
         message says what happened to the checkpoint; with on_divergence
@@ -507,7 +509,8 @@ class Trainer:
         the learning rate by ROLLBACK_LR_FACTOR and goes on, up to
         MAX_ROLLBACKS times. The run folder's lock is released on return."""
         try:
-            return self._run(on_step, stop)
+            with watch(self, on_step, progress and self.group.is_root, plot) as seen:
+                return self._run(seen, stop)
         finally:
             self.close()
 
