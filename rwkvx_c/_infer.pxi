@@ -28,6 +28,7 @@ cdef class InferState:
     cdef rx_infer_state *s
     cdef RxPtModel model
     cdef int vocab, max_len, n_attn
+    cdef bint _busy     # a forward runs (the GIL is released): a second caller is refused
 
     def __cinit__(self):
         self.s = NULL
@@ -55,6 +56,8 @@ cdef class InferState:
 
     def reset(self):
         """Start a new sequence (position 0)."""
+        if self._busy:
+            raise RuntimeError("InferState is stepping in another thread; reset it after")
         rx_infer_reset(self.s)
 
     def forward(self, tokens):
@@ -69,7 +72,17 @@ cdef class InferState:
         cdef const int *pt = _iptr(tokens)
         cdef float *pl = _wptr(logits)
         cdef int rc
-        with nogil:
-            rc = rx_infer_forward(self.s, pt, T, pl)
+        # checked and set under the GIL, so of two threads one runs and the
+        # other is refused: two steps at once would both read and write the
+        # one state (and its position) and one of them would be lost
+        if self._busy:
+            raise RuntimeError("InferState is already stepping in another thread; one "
+                               "sequence is stepped by one thread at a time")
+        self._busy = True
+        try:
+            with nogil:
+                rc = rx_infer_forward(self.s, pt, T, pl)
+        finally:
+            self._busy = False
         _check_rc(rc, "InferState.forward")
         return logits

@@ -176,6 +176,9 @@ cdef class RxPtModel:
             raise ValueError(f"seed must lie in [0, 2**64), got {seed}")
         cdef uint64_t s = seed
         cdef int rc
+        # the arenas are calloc'ed lazily and the init fills them: check first
+        _check_alloc(8 * _param_elems(config), "RxPtModel (parameters and grads)",
+                     "choose a smaller model")
         h = _ModelHandle()
         with nogil:
             rc = rx_model_create(&c, flags, s, &h.m)
@@ -297,6 +300,9 @@ cdef class RxPtModel:
         try:
             self._fwd_shape = None
             if self._acts == NULL or self._B != B or self._T != T:
+                # the activations of B x T tokens, filled as the forward runs
+                _check_alloc(<int64_t>B * T * _act_bytes_per_token(self._config),
+                             f"a forward of {B} x {T} tokens", "pass fewer tokens at once")
                 if self._acts != NULL:
                     rx_pt_acts_free(self._acts)
                 rc = rx_pt_acts_create(self._h.m, B, T, &self._acts)

@@ -26,6 +26,8 @@ __all__ = [
     "DistributedError",
     "InteropError",
     "EvalError",
+    "OutputError",
+    "SampleError",
 ]
 
 
@@ -87,3 +89,13 @@ class InteropError(RwkvxError, ValueError):
 class EvalError(RwkvxError, ValueError):
     """An evaluation that cannot run: a missing extra, a bad task or option
     (rwkvx_c.eval)."""
+
+
+class OutputError(RwkvxError, ValueError):
+    """An output path that would overwrite an input, a run folder's own
+    files, or a folder that holds something else (rwkvx_c.run.rundir.check_output)."""
+
+
+class SampleError(RwkvxError, ValueError):
+    """A generation that cannot run or went wrong (rwkvx_c.sample): more
+    tokens than a sequence can hold, a model whose logits are not finite."""

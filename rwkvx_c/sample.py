@@ -17,7 +17,13 @@ import numpy as np
 
 from rwkvx_c import _core
 from rwkvx_c.data.tokenizers import ByteTokenizer, Tokenizer, run_tokenizer
-from rwkvx_c.errors import CheckpointError, ConfigError, MemoryTooSmall, TokenizerError
+from rwkvx_c.errors import (
+    CheckpointError,
+    ConfigError,
+    MemoryTooSmall,
+    SampleError,
+    TokenizerError,
+)
 from rwkvx_c.model import memory
 from rwkvx_c.model.config import ModelConfig
 from rwkvx_c.model.weights import load_params
@@ -98,9 +104,9 @@ def generate(model: _core.RxPtModel, prompt: str | bytes, max_new_tokens: int = 
     """
     tok = tokenizer or ByteTokenizer()
     ids = tok.encode(prompt) if len(prompt) else tok.encode("\n")
-    state = _core.InferState(model, max_len=len(ids) + max(max_new_tokens, 1))
+    state = _core.InferState(model, max_len=_max_len(model, len(ids), max_new_tokens))
     rng = np.random.Generator(np.random.PCG64(seed))
-    logits = state.forward(np.ascontiguousarray(ids, dtype=np.int32))[-1]
+    logits = _finite(state.forward(np.ascontiguousarray(ids, dtype=np.int32))[-1], 0)
     dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
     for i in range(max_new_tokens):
         t = sample_token(logits, rng, temperature, top_p)
@@ -108,7 +114,37 @@ def generate(model: _core.RxPtModel, prompt: str | bytes, max_new_tokens: int = 
         if text:
             yield text
         if i + 1 < max_new_tokens:
-            logits = state.forward(np.array([t], dtype=np.int32))[-1]
+            logits = _finite(state.forward(np.array([t], dtype=np.int32))[-1], i + 1)
     tail = dec.decode(b"", final=True)
     if tail:
         yield tail
+
+
+MAX_POSITIONS = 2 ** 31 - 1   # positions are int32 in the C API
+
+
+def _max_len(model: _core.RxPtModel, prompt: int, new: int) -> int:
+    """The positions an InferState must hold for prompt + new tokens, checked:
+    attention blocks keep every key and value (2 x n_attn_layer x n_embd
+    floats a position, allocated up front); RWKV-7 blocks carry a state of
+    fixed size, so a model without attention needs no cache at all."""
+    c = model.config
+    if c["n_attn_layer"] == 0:
+        return 1
+    n = prompt + max(new, 1)
+    if n > MAX_POSITIONS:
+        raise SampleError(f"{prompt} prompt tokens + {new:,} new ones pass the {MAX_POSITIONS:,} "
+                          "positions a sequence of a model with attention may hold; lower "
+                          "--max-new-tokens")
+    memory.check(2 * 4 * c["n_attn_layer"] * c["n_embd"] * n,
+                 f"the attention cache of {n:,} positions", "lower --max-new-tokens")
+    return n
+
+
+def _finite(logits: np.ndarray, i: int) -> np.ndarray:
+    """logits, when every one is finite; else SampleError: sampling from
+    NaN would pick garbage or fail deep inside NumPy."""
+    if not np.isfinite(logits).all():
+        raise SampleError(f"the model's logits are not finite (NaN or inf) at new token {i}: "
+                          "its weights do not make a usable model")
+    return logits

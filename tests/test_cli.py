@@ -169,7 +169,7 @@ def test_loss_plot_has_the_run_bpb_and_time(tmp_path):
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
 
-    from rwkvx_c.cli.plot import plot_log
+    from rwkvx_c.run.plot import plot_log
     rows = [{"step": s, "loss": 5.0 - s / 100, "elapsed": 1.5 * s} for s in range(1, 201)]
     rows += [{"step": s, "val_loss": 3.0, "val_bpb": 4.3 - s / 100, "elapsed": 1.5 * s}
              for s in (50, 100, 200)]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 from rwkvx_c.cli.common import Subparsers, err
 from rwkvx_c.interop.pth import DTYPES
@@ -33,6 +34,9 @@ def run(a: argparse.Namespace) -> int:
         # the GGUF holds its vocabulary, and llama.cpp's rwkv7 knows byte and World only
         return err(f"the run in {a.dir} uses a {tok.name} tokenizer; a GGUF export needs "
                    "the byte or the World tokenizer")
-    export_model(model, a.format, a.out, a.dtype, tokenizer=tok)
+    # the checkpoint and, beside it, the tokenizer.json load_run read
+    inputs = [a.dir, os.path.dirname(os.path.abspath(a.dir))] if os.path.isfile(a.dir) \
+        else [a.dir]
+    export_model(model, a.format, a.out, a.dtype, inputs=inputs, tokenizer=tok)
     print(f"rwkvx-c export: {a.out} ({a.format}, {a.dtype})")
     return 0

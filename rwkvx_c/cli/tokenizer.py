@@ -6,7 +6,7 @@ import argparse
 from rwkvx_c.cli.common import Parser, Subparsers, checked
 from rwkvx_c.data.formats import iter_documents
 from rwkvx_c.data.sources import is_val_file, source_files
-from rwkvx_c.data.tokenizers import train_bpe
+from rwkvx_c.data.tokenizers import MAX_TOKENIZER_VOCAB, train_bpe
 
 __all__ = ["add_parser", "run"]
 
@@ -21,7 +21,8 @@ def add_parser(sub: Subparsers) -> None:
                          "--data) and write its tokenizer.json.")
     kt.add_argument("data", metavar="DATA", nargs="*", help="corpus paths (default: the Python "
                     "standard library's .py files)")
-    kt.add_argument("--vocab-size", type=checked(int, lambda v: v > 256, "an integer > 256"),
+    kt.add_argument("--vocab-size", type=checked(int, lambda v: 256 < v <= MAX_TOKENIZER_VOCAB,
+                                                 f"an integer in 257..{MAX_TOKENIZER_VOCAB}"),
                     required=True, metavar="N", help="ids in the vocabulary (required)")
     kt.add_argument("--out", required=True, metavar="FILE", help="the tokenizer.json to write "
                     "(required)")
@@ -34,6 +35,7 @@ def add_parser(sub: Subparsers) -> None:
 def run(a: argparse.Namespace) -> int:
     files = [f for f in source_files(a.data or None) if not is_val_file(f[0])]
     docs = (d for d, _ in iter_documents(files, a.text_field))
-    tok = train_bpe(docs, a.vocab_size, a.out, progress=not a.no_progress)
+    tok = train_bpe(docs, a.vocab_size, a.out, progress=not a.no_progress,
+                    inputs=[f[1] for f in files])
     print(f"wrote {a.out}: byte-level BPE, {tok.vocab_size:,} ids, fitted on {len(files)} files")
     return 0

@@ -6,7 +6,6 @@ import argparse
 import os
 import signal
 import sys
-from collections.abc import Callable
 from dataclasses import MISSING, fields
 from types import FrameType
 from typing import Any
@@ -20,14 +19,14 @@ from rwkvx_c.cli.common import (
     nonneg_int,
     positive_int,
 )
-from rwkvx_c.cli.plot import plot_log
 from rwkvx_c.errors import TrainError
 from rwkvx_c.model.config import SHAPE_OPTIONS, ModelConfig
-from rwkvx_c.run.rundir import RunDir
+from rwkvx_c.run.plot import plot_log
+from rwkvx_c.run.rundir import RunDir, describe_entries
 from rwkvx_c.train.distributed import ProcessGroup, world
 from rwkvx_c.train.options import TrainOptions
+from rwkvx_c.train.progress import progress_bar, progress_update
 from rwkvx_c.train.trainer import Trainer
-from rwkvx_c.util.progress import make_progress
 
 __all__ = ["add_parser", "run"]
 
@@ -99,6 +98,17 @@ def _resume_dir(out: str | None) -> str:
     return out
 
 
+def _check_new_dir(out: str) -> None:
+    """A new run goes into a new or empty folder, or one that holds a run
+    (which the trainer then refuses unless it never saved); never silently
+    among someone else's files."""
+    rd = RunDir(out)
+    foreign = rd.foreign_entries()
+    if foreign and not rd.holds_run():
+        raise TrainError(f"--out {out} already holds {describe_entries(foreign)} and no run; "
+                         "choose a new folder")
+
+
 def _start_run(a: argparse.Namespace, group: ProcessGroup) -> tuple[Trainer, str]:
     """(Trainer, run folder) of a new or resumed run."""
     opts = train_options(a)
@@ -106,6 +116,7 @@ def _start_run(a: argparse.Namespace, group: ProcessGroup) -> tuple[Trainer, str
         out = group.on_root(_resume_dir, a.out)
         return Trainer.resume(out, progress=not a.no_progress, **opts), out
     out = group.root_value(a.out or RunDir.new().path)
+    group.on_root(_check_new_dir, out)
     kw = {k: v for k, v in opts.items() if v is not None}
     return Trainer(TrainOptions(**kw), out, progress=not a.no_progress), out
 
@@ -126,9 +137,9 @@ def run(a: argparse.Namespace) -> int:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
     old = signal.signal(signal.SIGINT, on_sigint)
-    bar = None if a.no_progress else _progress_bar(tr)
+    bar = None if a.no_progress else progress_bar(tr)
     try:
-        final = tr.run(on_step=_progress_update(bar, tr), stop=lambda: group.any(interrupted))
+        final = tr.run(on_step=progress_update(bar, tr), stop=lambda: group.any(interrupted))
     except OSError as e:
         if bar:
             bar.close()   # its last line before the error's
@@ -157,7 +168,7 @@ def _print_header(tr: Trainer, out: str, group: ProcessGroup, resumed: bool) -> 
     threads = _core.get_num_threads()
     print(f"rwkvx-c train: {out}\n"
           f"  data   {tr.corpus.description}\n"
-          f"  tokens {tr.tokenizer.identity()['name']}, vocab {tr.tokenizer.vocab_size:,}\n"
+          f"  tokens {tr.tokenizer.identity()['name']}, vocab {tr.model.config['vocab_size']:,}\n"
           f"  model  preset {o.preset}, layers {m.layers}, {m.n_params:,} params, "
           f"init {o.init}\n"
           f"  train  batch {o.batch} x seq_len {o.seq_len}, lr {o.lr:g}, stop after {stop_by}, "
@@ -165,39 +176,6 @@ def _print_header(tr: Trainer, out: str, group: ProcessGroup, resumed: bool) -> 
              f"{group.size} ranks x {threads} threads per rank")
           + f", {m.precision} ({_core.gemm_kernel(m.precision)})"
           + (f", resumed at step {tr.step_count}" if resumed else ""), flush=True)
-
-
-def _progress_bar(tr: Trainer) -> Any:
-    """A bar over the run's steps, or over its time budget in seconds."""
-    o = tr.opts
-    if o.steps is not None:
-        return make_progress(o.steps, tr.step_count, "step")
-    assert o.time_budget is not None   # resolved(): a run without steps has a time budget
-    return make_progress(round(o.time_budget * 60), round(tr.train_seconds()), "s",
-                         bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f}s "
-                         "[{elapsed}<{remaining}{postfix}]")
-
-
-def _progress_update(bar: Any, tr: Trainer) -> Callable[[dict[str, Any]], None]:
-    """The run's on_step: moves the bar and shows the latest losses on it."""
-    post: dict[str, str] = {}
-
-    def on_step(row: dict[str, Any]) -> None:
-        if bar is None:
-            return
-        if "loss" in row:
-            post["loss"] = f"{row['loss']:.3f}"
-            post["tok/s"] = f"{row['tokens_per_s']:.0f}"
-        if row.get("val_bpb") is not None:
-            post["val_bpb"] = f"{row['val_bpb']:.3f}"
-        elif "val_loss" in row:
-            post["val_loss"] = f"{row['val_loss']:.3f}"
-        bar.set_postfix(post, refresh=False)
-        if tr.opts.steps is not None:
-            bar.update(row["step"] - bar.n)
-        else:
-            bar.update(min(bar.total, tr.train_seconds()) - bar.n)
-    return on_step
 
 
 def _print_summary(tr: Trainer, out: str, final: dict[str, Any], interrupted: bool) -> None:

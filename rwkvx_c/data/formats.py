@@ -21,17 +21,20 @@ import gzip
 import json
 import os
 import struct
-from collections.abc import Callable, Iterable, Iterator, Sequence
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from typing import IO
 
 import numpy as np
 
 from rwkvx_c.data.sources import Source
 from rwkvx_c.errors import DataError
 
-__all__ = ["PIECE_BYTES", "TokenFile", "is_binidx", "is_token_file", "iter_documents",
-           "max_token", "memmap", "read_binidx", "read_token_file"]
+__all__ = ["PIECE_BYTES", "MAX_LINE_BYTES", "TokenFile", "is_binidx", "is_token_file",
+           "iter_documents", "max_token", "memmap", "read_binidx", "read_token_file"]
 
 PIECE_BYTES = 8 << 20
+MAX_LINE_BYTES = 64 << 20   # one .jsonl document (line) at most
 MAX_VOCAB = 2 ** 31 - 1   # token ids are int32 in the C API
 SCAN_TOKENS = 1 << 24     # ids scanned at once for the largest: memory stays flat
 _IDX_MAGIC = b"MMIDIDX\x00\x00"
@@ -185,8 +188,18 @@ def read_token_file(path: str) -> TokenFile:
 # ---- documents ------------------------------------------------------------------
 
 
-def _jsonl_docs(path: str, fh: Iterable[bytes], text_field: str) -> Iterator[bytes]:
-    for n, line in enumerate(fh, 1):
+def _jsonl_docs(path: str, fh: IO[bytes] | gzip.GzipFile, text_field: str) -> Iterator[bytes]:
+    n = 0
+    while True:
+        # read with a bound: one line is held whole, and decoded it takes
+        # several times its bytes
+        line = fh.readline(MAX_LINE_BYTES + 1)
+        n += 1
+        if not line:
+            return
+        if len(line) > MAX_LINE_BYTES:
+            raise DataError(f"{path}:{n}: a line longer than {MAX_LINE_BYTES >> 20} MiB; give "
+                            "documents that large as text files")
         if not line.strip():
             continue
         try:
@@ -195,6 +208,11 @@ def _jsonl_docs(path: str, fh: Iterable[bytes], text_field: str) -> Iterator[byt
             raise DataError(f"{path}:{n}: not JSON ({e.msg})") from None
         except UnicodeDecodeError:   # json.loads decodes the bytes first
             raise DataError(f"{path}:{n}: not UTF-8 text") from None
+        except RecursionError:
+            raise DataError(f"{path}:{n}: JSON nested too deeply") from None
+        except ValueError:   # Python's bound on the digits of an integer
+            raise DataError(f"{path}:{n}: a number with more digits than Python reads "
+                            f"({sys.get_int_max_str_digits()})") from None
         text = rec.get(text_field) if isinstance(rec, dict) else None
         if not isinstance(text, str):
             raise DataError(f"{path}:{n}: no string field {text_field!r} "

@@ -33,11 +33,13 @@ import numpy as np
 
 from rwkvx_c import _core
 from rwkvx_c.errors import TokenizerError
-from rwkvx_c.run.rundir import TOKENIZER
+from rwkvx_c.run.rundir import TOKENIZER, claim_output
 from rwkvx_c.util.atomic import replace_with, replacing
+from rwkvx_c.util.files import open_input
 
 __all__ = [
     "WORLD_VOCAB",
+    "MAX_TOKENIZER_VOCAB",
     "ByteTokenizer",
     "HFTokenizer",
     "Tokenizer",
@@ -52,6 +54,11 @@ __all__ = [
 Text = Union[str, bytes, bytearray, memoryview]
 WORLD_VOCAB = "rwkv_vocab_v20230424.txt"
 WORLD_VOCAB_SIZE = 65536   # the World models' embedding rows (ids 0..65529 used)
+# The most ids a tokenizer.json may have or train_bpe may fit: far past any
+# real vocabulary (256k), and what the tokenizers library trains in a 4 GiB
+# address space (at 10^9 it aborts the process allocating, at 2^32 its u32
+# ids overflow)
+MAX_TOKENIZER_VOCAB = 1 << 24
 
 
 def _as_bytes(text: Text) -> bytes:
@@ -189,6 +196,41 @@ def _build_trie(path: str, size: int, mtime_ns: int, vocab_size: int) -> tuple:
     return trie, table, _sha256_file(path)
 
 
+DECODE_CHUNK = 1 << 16   # ids gathered at once by _Pieces.join
+
+
+def _id_array(ids: Iterable[int]) -> np.ndarray:
+    """ids as a flat integer array: an integer array as it is (no int64
+    copy of millions of ids), anything else converted."""
+    a = np.asarray(ids)
+    return (a if a.dtype.kind in "iu" and a.size else a.astype(np.int64)).reshape(-1)
+
+
+class _Pieces:
+    """The bytes of every id as one buffer and offsets, so that decoding
+    millions of ids gathers them with NumPy into the output, chunk by chunk,
+    instead of building a Python list of millions of pieces."""
+
+    def __init__(self, table: Sequence[bytes]) -> None:
+        self.offs = np.zeros(len(table) + 1, dtype=np.int64)
+        np.cumsum([len(b) for b in table], out=self.offs[1:])
+        self.blob = np.frombuffer(b"".join(table), dtype=np.uint8)
+
+    def join(self, ids: np.ndarray) -> bytes:
+        """The bytes of ids (int64, every one in range), concatenated; beside
+        the output, memory stays at a chunk's worth."""
+        parts = []
+        for i in range(0, len(ids), DECODE_CHUNK):
+            c = ids[i:i + DECODE_CHUNK]
+            s, n = self.offs[c], self.offs[c + 1] - self.offs[c]
+            ends = np.cumsum(n)
+            if len(ends) and ends[-1]:
+                # byte j of the chunk comes from the piece it falls in, at its offset there
+                parts.append(self.blob[np.arange(ends[-1]) + np.repeat(s - (ends - n), n)]
+                             .tobytes())
+        return b"".join(parts)
+
+
 class WorldTokenizer(Tokenizer):
     """Greedy longest match over a byte trie (the RWKV World rule), in C."""
 
@@ -200,6 +242,7 @@ class WorldTokenizer(Tokenizer):
         self._trie, self._bytes, self._sha = _build_trie(self.path, st.st_size, st.st_mtime_ns,
                                                          vocab_size)
         self.vocab_size = vocab_size
+        self._pieces = _Pieces(self._bytes)
         self.threads = None   # None: the rwkvx_c thread count
 
     def _nt(self) -> int:
@@ -220,11 +263,10 @@ class WorldTokenizer(Tokenizer):
         return np.split(ids, np.cumsum(counts)[:-1]) if len(docs) else []
 
     def decode(self, ids: Iterable[int]) -> bytes:
-        a = np.asarray(ids, dtype=np.int64).reshape(-1)
+        a = _id_array(ids)
         if a.size and (a.min() < 0 or a.max() >= self.vocab_size):
             raise TokenizerError(f"World ids must lie in [0, {self.vocab_size})")
-        tb = self._bytes
-        return b"".join([tb[i] for i in a.tolist()])
+        return self._pieces.join(a)
 
     def token_lengths(self) -> np.ndarray:
         return self._trie.token_lengths()
@@ -269,26 +311,38 @@ class HFTokenizer(Tokenizer):
     def __init__(self, path: str):
         tk = _import_tokenizers()
         try:
-            with open(path, "rb") as f:
+            with open_input(path, TokenizerError, "tokenizer") as f:
                 self._json = f.read()
             self._tok = tk.Tokenizer.from_str(self._json.decode("utf-8"))
+            spec = json.loads(self._json)
+            added = {int(t["id"]): str(t["content"]).encode("utf-8")
+                     for t in spec.get("added_tokens") or []}
+            dec = spec.get("decoder") or {}
         except OSError as e:
             raise TokenizerError(f"cannot read tokenizer {path}: {e.strerror}") from None
+        except TokenizerError:
+            raise
         except Exception as e:  # noqa: BLE001 -- tokenizers raises plain Exception
-            raise TokenizerError(f"{path} is not a tokenizers tokenizer.json: "
-                                 f"{str(e).splitlines()[0]}") from None
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise TokenizerError(f"{path} is not a tokenizers tokenizer.json: {first}") from None
         self.path = path
-        self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
-        spec = json.loads(self._json)
-        dec = spec.get("decoder") or {}
-        added = {t["id"]: t["content"].encode("utf-8") for t in spec.get("added_tokens") or []}
+        ids = self._tok.get_vocab(with_added_tokens=True).values()
+        top = max(ids, default=-1)
+        # ids may leave gaps (holes decode to nothing); the vocabulary is the
+        # largest id + 1, which a model must be able to hold
+        if min(ids, default=0) < 0 or top >= MAX_TOKENIZER_VOCAB:
+            raise TokenizerError(f"{path} has token ids up to {top}; a vocabulary holds at "
+                                 f"most {MAX_TOKENIZER_VOCAB:,} ids (0..{MAX_TOKENIZER_VOCAB - 1})")
+        self.vocab_size = max(self._tok.get_vocab_size(with_added_tokens=True), top + 1)
         self._bytes = None
-        if dec.get("type") == "ByteLevel":  # exact per-token bytes from the alphabet
+        if isinstance(dec, dict) and dec.get("type") == "ByteLevel":
+            # exact per-token bytes from the alphabet
             alpha = _byte_level_table()
             table = [b""] * self.vocab_size
             for s, i in self._tok.get_vocab(with_added_tokens=True).items():
                 table[i] = added[i] if i in added else bytes(alpha[c] for c in s if c in alpha)
             self._bytes = table
+        self._pieces = _Pieces(self._bytes) if self._bytes is not None else None
         self._sha = hashlib.sha256(self._json).hexdigest()
 
     @staticmethod
@@ -304,12 +358,11 @@ class HFTokenizer(Tokenizer):
         return [np.asarray(e.ids, dtype=np.int32) for e in out]
 
     def decode(self, ids: Iterable[int]) -> bytes:
-        a = np.asarray(ids, dtype=np.int64).reshape(-1)
+        a = _id_array(ids)
         if a.size and (a.min() < 0 or a.max() >= self.vocab_size):
             raise TokenizerError(f"ids must lie in [0, {self.vocab_size})")
-        if self._bytes is not None:
-            tb = self._bytes
-            return b"".join([tb[i] for i in a.tolist()])
+        if self._pieces is not None:
+            return self._pieces.join(a)
         return self._tok.decode(a.tolist(), skip_special_tokens=False).encode("utf-8")
 
     def token_lengths(self) -> np.ndarray:
@@ -376,12 +429,16 @@ def check_identity(tok: Tokenizer, ident: dict | None, what: str) -> None:
 
 
 def train_bpe(docs: Iterable[bytes], vocab_size: int, out: str, *, length: int | None = None,
-              progress: bool = True) -> HFTokenizer:
+              progress: bool = True, inputs: Iterable[str] = ()) -> HFTokenizer:
     """Fit a byte-level BPE of vocab_size ids (>= 256 + 1) on docs and write
-    its tokenizer.json to out (atomically). Returns it loaded."""
+    its tokenizer.json to out (atomically). Returns it loaded. out must not
+    be one of `inputs` (the corpus files) nor a run folder's own file
+    (rwkvx_c.run.rundir.claim_output)."""
     tk = _import_tokenizers()
-    if vocab_size < 257:
-        raise TokenizerError(f"a byte-level BPE needs vocab_size > 256, got {vocab_size}")
+    if not 257 <= vocab_size <= MAX_TOKENIZER_VOCAB:
+        raise TokenizerError(f"a byte-level BPE needs a vocab_size in 257..{MAX_TOKENIZER_VOCAB:,}"
+                             f", got {vocab_size:,}")
+    claim_output(out, inputs)
     from tokenizers import decoders, models, pre_tokenizers, trainers
     tok = tk.Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)

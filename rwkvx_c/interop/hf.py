@@ -47,6 +47,8 @@ __all__ = ["hf_refusal", "hf_config", "to_hf", "from_hf", "save_hf", "load_hf", 
 
 HF_WEIGHTS = "model.safetensors"
 HF_INDEX = "model.safetensors.index.json"
+# every file an export may write into its folder (besides a World vocabulary)
+HF_FILES = ("config.json", HF_WEIGHTS, "tokenizer.json", "tokenizer_config.json")
 # tokenizer_config.json key saying the folder's tokenizer.json is rwkvx_c's byte vocabulary
 BYTE_MARK = "rwkvx_c_tokenizer"
 _LAYER_NORM_EPS = 1e-5   # docs/maths.md: every LayerNorm of the model

@@ -3,39 +3,47 @@ foreign format, ``import_pth`` makes a run folder of a foreign .pth."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 
 from rwkvx_c._core import RxPtModel
 from rwkvx_c.data.tokenizers import WORLD_VOCAB_SIZE, ByteTokenizer, Tokenizer
-from rwkvx_c.errors import InteropError
+from rwkvx_c.errors import InteropError, OutputError
 from rwkvx_c.interop.gguf import save_gguf
-from rwkvx_c.interop.hf import from_hf, hf_tokenizer, load_hf, save_hf
+from rwkvx_c.interop.hf import HF_FILES, from_hf, hf_tokenizer, load_hf, save_hf
 from rwkvx_c.interop.pth import DTYPES, load_pth, save_pth
 from rwkvx_c.interop.rwkv7 import from_rwkv7, from_rwkvx, to_rwkv7, to_rwkvx
-from rwkvx_c.run.rundir import RunDir
+from rwkvx_c.run.rundir import RunDir, claim_output, describe_entries
 
 __all__ = ["FORMATS", "export_model", "import_pth"]
 
 FORMATS = ("rwkv7", "rwkvx", "gguf", "hf")
 
 
-def export_model(model: RxPtModel, fmt: str, out: str, dtype: str = "fp32",
-                 tokenizer: Tokenizer | None = None) -> None:
+def export_model(model: RxPtModel, fmt: str, out: str, dtype: str = "fp32", *,
+                 inputs: Iterable[str] = (), tokenizer: Tokenizer | None = None) -> None:
     """Writes model to the file out in format fmt (rwkv7, rwkvx or gguf; hf:
     the folder out, with tokenizer's files) at dtype (fp32, bf16 or fp16),
     atomically; InteropError when the format cannot hold the model (nothing
-    is written then)."""
+    is written then). OutputError when out (for hf: any file it writes
+    there) is one of `inputs` (the model's run folder or file) or a run
+    folder's own file (rwkvx_c.run.rundir.claim_output)."""
     if dtype not in DTYPES:
         raise InteropError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    if fmt not in FORMATS:
+        raise InteropError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    if fmt == "hf":   # a folder: each file it writes there
+        for name in HF_FILES:
+            claim_output(os.path.join(out, name), inputs)
+    else:
+        claim_output(out, inputs)
     if fmt == "rwkv7":
         save_pth(to_rwkv7(model), out, dtype)
     elif fmt == "rwkvx":
         save_pth(to_rwkvx(model), out, dtype)
-    elif fmt == "gguf":
-        save_gguf(model, out, dtype)
     elif fmt == "hf":
         save_hf(model, tokenizer or ByteTokenizer(), out, dtype)
     else:
-        raise InteropError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+        save_gguf(model, out, dtype)
 
 
 def import_pth(path: str, out_dir: str) -> str:
@@ -48,6 +56,11 @@ def import_pth(path: str, out_dir: str) -> str:
     run = RunDir(out_dir)
     if run.has_checkpoint():
         raise InteropError(f"{out_dir} already holds a checkpoint; choose another --out")
+    foreign = run.foreign_entries()
+    if foreign and not run.holds_run():
+        raise OutputError(f"{out_dir} already holds {describe_entries(foreign)} and no run; "
+                          "choose a new folder for --out")
+    claim_output(run.checkpoint, [path])
     tok = None
     if os.path.isdir(path):
         if os.path.realpath(path) == os.path.realpath(out_dir):

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from rwkvx_c import _core
 from rwkvx_c.errors import MemoryTooSmall
 
 if TYPE_CHECKING:
@@ -114,15 +115,13 @@ def fits(need: int, available: int | None = None) -> bool:
 
 
 def available_bytes() -> int | None:
-    """MemAvailable from /proc/meminfo, or None where there is none."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
+    """What this process may still allocate: the smaller of MemAvailable
+    (/proc/meminfo) and its cgroup's remaining limit (v2 memory.max -
+    memory.current, v1 memory.limit_in_bytes - memory.usage_in_bytes), or
+    None where neither is known (rwkvx_c._core.available_memory, which the
+    model's own allocation checks read too)."""
+    avail: int | None = _core.available_memory()
+    return avail
 
 
 def _gib(n: float) -> str:

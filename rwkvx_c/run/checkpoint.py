@@ -41,6 +41,7 @@ import numpy as np
 
 from rwkvx_c.errors import CheckpointError
 from rwkvx_c.util.atomic import replacing
+from rwkvx_c.util.files import open_input
 
 __all__ = ["CheckpointError", "save_checkpoint", "read_checkpoint", "parse_checkpoint",
            "read_state", "FORMAT", "VERSION"]
@@ -97,7 +98,7 @@ def read_checkpoint(path: str) -> Checkpoint:
     bytes. Raises CheckpointError naming the file and the problem.
     """
     try:
-        with open(path, "rb") as f:
+        with open_input(path, CheckpointError, "checkpoint") as f:
             blob = f.read()
     except FileNotFoundError:
         raise CheckpointError(f"no checkpoint at {path}") from None
@@ -148,8 +149,10 @@ def parse_checkpoint(blob: bytes, path: str = "<bytes>") -> Checkpoint:
     if len(blob) < 8:
         raise bad(f"is truncated ({len(blob)} bytes)")
     (hlen,) = struct.unpack("<Q", blob[:8])
-    if hlen > _MAX_HEADER:
-        raise bad("is corrupt (impossible header length)")
+    if hlen > _MAX_HEADER or blob[8:9] not in (b"{", b""):
+        # a safetensors file starts with its header's length and then "{"
+        raise bad("is not a checkpoint (no safetensors header); rwkvx-c reads the "
+                  "checkpoint.safetensors of a run folder")
     if 8 + hlen > len(blob):
         raise bad("is truncated (header cut short)")
     hcrc = _header_crc_ok(blob, hlen)

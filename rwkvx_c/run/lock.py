@@ -4,7 +4,8 @@ A run takes an advisory lock (fcntl.flock) on DIR/.lock for as long as it
 may write there, so a second process training into, or resuming, the same
 folder is refused with a message naming the holder instead of both writing
 one checkpoint. The kernel drops the lock when its holder exits, kill -9
-included, so a crashed run never leaves the folder locked. Inside one
+included, so a crashed run never leaves the folder locked; a run that ends
+removes the file too (a killed one leaves it, unlocked). Inside one
 process the lock is shared: Trainer objects of one interpreter on one
 folder (a script that resumes what it just trained) count references.
 
@@ -44,6 +45,14 @@ def remove_orphans(folder: str) -> list[str]:
     return gone
 
 
+def _same_inode(fd: int, path: str) -> bool:
+    try:
+        a, b = os.fstat(fd), os.stat(path)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
 class RunLock:
     """Holds DIR/.lock; release() (or the end of the process) lets it go."""
 
@@ -56,17 +65,23 @@ class RunLock:
             _held[self.key][1] += 1
             return
         path = os.path.join(folder, LOCK_NAME)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
-                holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
-            finally:
-                os.close(fd)
-            raise RunLocked(f"run folder {folder} is in use by another rwkvx-c process "
-                            f"(pid {holder}); wait for it to end or choose another --out") \
-                from None
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                try:
+                    holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+                finally:
+                    os.close(fd)
+                raise RunLocked(f"run folder {folder} is in use by another rwkvx-c process "
+                                f"(pid {holder}); wait for it to end or choose another "
+                                "--out") from None
+            # a holder removes the file before it lets go: a lock won on a
+            # removed file is no lock, take the one now at path instead
+            if _same_inode(fd, path):
+                break
+            os.close(fd)
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
         _held[self.key] = [fd, 1]
@@ -82,6 +97,10 @@ class RunLock:
         entry[1] -= 1
         if entry[1] == 0:
             del _held[self.key]
+            # removed while still held, so a finished run leaves no .lock and
+            # no process can win a lock on the file as it goes (see __init__)
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(self.folder, LOCK_NAME))
             os.close(entry[0])   # closing the only descriptor drops the flock
 
     def __del__(self) -> None:

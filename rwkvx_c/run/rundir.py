@@ -27,12 +27,13 @@ from typing import Any
 
 import numpy as np
 
+from rwkvx_c.errors import OutputError
 from rwkvx_c.run.checkpoint import Checkpoint, read_checkpoint, save_checkpoint
 from rwkvx_c.run.lock import LOCK_NAME, RunLock
-from rwkvx_c.util.atomic import replacing
+from rwkvx_c.util.atomic import replacing, sweep_orphans
 
 __all__ = ["RunDir", "CHECKPOINT", "LOG", "TOKENIZER", "PLOT", "LOCK", "RUNS_ROOT",
-           "checkpoint_path"]
+           "checkpoint_path", "claim_output", "describe_entries"]
 
 CHECKPOINT = "checkpoint.safetensors"
 LOG = "log.jsonl"
@@ -116,6 +117,21 @@ class RunDir:
     def has_checkpoint(self) -> bool:
         return os.path.exists(self.checkpoint)
 
+    def holds_run(self) -> bool:
+        """True when a run lives here: a checkpoint, a log or a lock."""
+        return any(os.path.lexists(self.file(n)) for n in (CHECKPOINT, LOG, LOCK))
+
+    def foreign_entries(self) -> list[str]:
+        """The entries of an existing folder that are not a run's (its own
+        files and the temporaries of their atomic writes), sorted."""
+        try:
+            names = os.listdir(self.path)
+        except OSError:
+            return []
+        own = (CHECKPOINT, LOG, TOKENIZER, PLOT, LOCK)
+        return sorted(n for n in names if n not in own
+                      and not any(n.startswith(f".{o}.tmp") for o in own))
+
     def lock(self) -> RunLock:
         """Exclusive use of the folder (RunLocked when another process has it)."""
         return RunLock(self.path)
@@ -162,3 +178,45 @@ class RunDir:
         """Delete the log (the rows of a run that never saved)."""
         if os.path.exists(self.log_path):
             os.unlink(self.log_path)
+
+
+def _same_file(a: str, b: str) -> bool:
+    """True when a and b name one file (hard links and symbolic links
+    included; by resolved path when either does not exist)."""
+    try:
+        return os.path.samefile(a, b)
+    except (OSError, ValueError):
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def claim_output(out: str, inputs: Iterable[str] = (), flag: str = "--out") -> None:
+    """Checks that writing the file `out` destroys no input, then removes
+    the temporaries killed writes of it left (rwkvx_c.util.atomic).
+
+    OutputError when out is a folder, one of `inputs` (a run folder among
+    them stands for its own files), or one of the own files of a folder
+    that holds a run (RunDir.own_files: checkpoint, log, tokenizer, plot,
+    lock), whichever path leads there (links included). The write itself
+    then goes through the atomic path, so an unrelated file at out is
+    replaced whole or not at all."""
+    if os.path.isdir(out):
+        raise OutputError(f"{flag} {out} is a folder; name the file to write")
+    real = os.path.realpath(out)
+    folder, name = os.path.split(real)
+    run = RunDir(folder)
+    if name in (CHECKPOINT, LOG, TOKENIZER, PLOT, LOCK) and run.holds_run():
+        raise OutputError(f"{flag} {out} is the {name} of the run in {folder}; writing it "
+                          "would destroy the run: choose another file")
+    for p in inputs:
+        for c in (RunDir(p).own_files() + (p,)) if os.path.isdir(p) else (p,):
+            if _same_file(out, c):
+                raise OutputError(f"{flag} {out} is the input {c}; choose another file")
+    # the temporaries lie beside out as named, not beside what it links to
+    here, base = os.path.split(os.path.abspath(out))
+    sweep_orphans(here, f".{base}.tmp")
+
+
+def describe_entries(names: list[str], show: int = 3) -> str:
+    """'a.txt, b.py and 4 more' for a message about a folder's entries."""
+    head = ", ".join(names[:show])
+    return head + (f" and {len(names) - show} more" if len(names) > show else "")

@@ -76,9 +76,11 @@ class AdamW:
         self.v = np.zeros_like(params)
         self.t = 0
 
-    def step(self, lr: float) -> float:
-        """One update with learning rate lr; returns the grad norm before clipping."""
-        norm = grad_norm(self.grads)
+    def step(self, lr: float, norm: float | None = None) -> float:
+        """One update with learning rate lr; returns the grad norm before
+        clipping (`norm`, when the caller has computed it already)."""
+        if norm is None:
+            norm = grad_norm(self.grads)
         if not math.isfinite(norm):
             raise FloatingPointError(f"gradient norm is {norm}: the loss diverged "
                                      "(try a lower --lr)")

@@ -22,9 +22,10 @@ from rwkvx_c.model.config import ModelConfig
 from rwkvx_c.model.init import SCHEMES
 from rwkvx_c.model.presets import PRESETS
 from rwkvx_c.train.guard import ON_DIVERGENCE
+from rwkvx_c.train.schedule import SCHEDULES
 
 __all__ = ["TrainOptions", "auto_precision", "PRECISIONS", "DEFAULT_STEPS", "saved_options",
-           "apply_changes"]
+           "apply_changes", "model_vocab"]
 
 PRECISIONS = ("fp32", "bf16", "auto")
 DEFAULT_STEPS = 1000      # a preset with neither steps nor a time budget
@@ -90,8 +91,13 @@ class TrainOptions:
     warmup_steps: int | None = _opt(None, "linear warmup steps (default: the preset's: "
                                     f"{_preset_values('warmup_steps')})", kind="nonneg_int",
                                     flag="--warmup", metavar="N")
-    min_lr_frac: float = _opt(0.1, "the cosine ends at this fraction of the peak learning "
+    min_lr_frac: float = _opt(0.1, "the schedule ends at this fraction of the peak learning "
                               "rate", kind="unit_float", metavar="F")
+    schedule: str = _opt("cosine", "the learning rate after the warmup: cosine down to "
+                         "min_lr_frac, or wsd (warmup-stable-decay): constant, then linear "
+                         "down over the last 20%; a resumed run given more --steps keeps wsd's "
+                         "constant rate, while a cosine jumps (docs/training.md)",
+                         choices=SCHEDULES)
     weight_decay: float = _opt(0.1, "AdamW weight decay on matrices", kind="nonneg_float",
                                metavar="X")
     grad_clip: float = _opt(1.0, "clip the global grad norm to X, 0 disables",
@@ -111,6 +117,10 @@ class TrainOptions:
                                   "evaluation) and always at the end", kind="pos_int",
                                   metavar="K")
     init: str = _opt("rwkv7", "parameter init", choices=SCHEMES)
+    vocab_size: int | None = _opt(None, "the model's vocabulary: at least the data's ids; "
+                                  "larger pads it (default: the tokenizer's, or a token "
+                                  "corpus's: its sidecar's vocab_size, else its largest id + 1; "
+                                  "a resumed run keeps its own)", kind="pos_int", metavar="V")
     model: dict[str, int] | None = _opt(None, "overrides of the preset's model config",
                                         cli=False)
     cache_dir: str | None = _opt(None, "where corpora are cached as token files (default: "
@@ -179,7 +189,7 @@ class TrainOptions:
         for b in ("beta1", "beta2"):
             if not (real(getattr(self, b)) and 0.0 <= getattr(self, b) < 1.0):
                 raise TrainError(f"{b} must lie in [0, 1), got {getattr(self, b)!r}")
-        for k in ("eval_every", "save_every", "threads"):
+        for k in ("eval_every", "save_every", "threads", "vocab_size"):
             if getattr(self, k) is not None:
                 pos(k, getattr(self, k))
         if not isinstance(self.seed, int) or self.seed < 0:
@@ -198,6 +208,9 @@ class TrainOptions:
                              f"{', '.join(ON_DIVERGENCE)}")
         if self.threads is not None and self.threads > _core.MAX_THREADS:
             raise TrainError(f"threads must be at most {_core.MAX_THREADS}, got {self.threads}")
+        if self.schedule not in SCHEDULES:
+            raise TrainError(f"unknown schedule {self.schedule!r}; choose one of "
+                             f"{', '.join(SCHEDULES)}")
         if self.init not in SCHEMES:
             raise TrainError(f"unknown init {self.init!r}; choose one of {', '.join(SCHEMES)}")
         assert self.batch is not None and self.seq_len is not None   # pos() checked them
@@ -209,6 +222,9 @@ class TrainOptions:
 
 
 if TYPE_CHECKING:
+    from rwkvx_c.data.pipeline import Corpus
+    from rwkvx_c.data.tokenizers import Tokenizer
+
     class ResolvedOptions(TrainOptions):
         """The type of TrainOptions.resolved(): the preset's values filled in."""
         batch: int
@@ -274,3 +290,20 @@ def _finite(v: float) -> bool:
         return math.isfinite(v)
     except OverflowError:
         return False
+
+
+def model_vocab(opts: TrainOptions, tokenizer: Tokenizer, corpus: Corpus) -> int:
+    """The vocabulary the model gets: opts.vocab_size (--vocab-size) when
+    given, else the tokenizer's (unless it is bytes), else the larger of the
+    config's (a preset's, or a resumed run's) and the corpus's ids (a token
+    file's sidecar vocab_size, or its largest id + 1). TrainError when the
+    requested size cannot hold the corpus's or the tokenizer's ids."""
+    tok = None if tokenizer.name == "byte" else tokenizer.vocab_size
+    need = max(corpus.vocab_size, tok or 0)
+    if opts.vocab_size is None:
+        assert opts.model is not None   # resolved() filled it
+        return tok if tok is not None else max(opts.model["vocab_size"], corpus.vocab_size)
+    if opts.vocab_size < need:
+        raise TrainError(f"--vocab-size {opts.vocab_size} cannot hold the data's token ids "
+                         f"(0..{need - 1}); give at least {need}, or leave it out")
+    return opts.vocab_size

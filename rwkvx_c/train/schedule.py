@@ -13,8 +13,10 @@ from __future__ import annotations
 import math
 
 __all__ = ["lr_at", "step_progress", "time_progress", "reserve_seconds", "eval_due_by_steps",
-           "EVALS_PER_RUN"]
+           "EVALS_PER_RUN", "SCHEDULES", "WSD_DECAY_FRAC"]
 
+SCHEDULES = ("cosine", "wsd")
+WSD_DECAY_FRAC = 0.2         # wsd decays over the last fifth of the run
 EVALS_PER_RUN = 10           # evaluations over a run when no cadence is given
 RESERVE_FACTOR = 1.25        # the slowest evaluation + save so far, with a margin
 RESERVE_FLOOR_S = 1.0
@@ -24,18 +26,25 @@ FIRST_SAVE_GUESS_S = 0.5
 
 
 def lr_at(step: int, progress: float, *, lr: float, warmup_steps: int,
-          min_lr_frac: float = 0.1) -> float:
+          min_lr_frac: float = 0.1, kind: str = "cosine") -> float:
     """Learning rate for 1-based `step`.
 
     Linear warmup over the first `warmup_steps` steps (step s gets
-    lr*s/warmup_steps), then a cosine from lr down to min_lr_frac*lr as
-    `progress` -- the fraction of the post-warmup run done, in [0, 1], by
-    steps or by wall-clock -- goes from 0 to 1.
+    lr*s/warmup_steps), then, as `progress` -- the fraction of the
+    post-warmup run done, in [0, 1], by steps or by wall-clock -- goes from
+    0 to 1: kind "cosine", a cosine from lr down to min_lr_frac*lr; kind
+    "wsd" (warmup-stable-decay), lr until the last WSD_DECAY_FRAC of the
+    run, then a straight line down to min_lr_frac*lr. A cosine's lr at a
+    step depends on the run's length, so a resumed run given more steps
+    jumps to the longer cosine's value; in wsd's stable phase it does not.
     """
     if warmup_steps > 0 and step <= warmup_steps:
         return lr * step / warmup_steps
     p = min(max(progress, 0.0), 1.0)
     lo = lr * min_lr_frac
+    if kind == "wsd":
+        d = (p - (1.0 - WSD_DECAY_FRAC)) / WSD_DECAY_FRAC
+        return lr if d <= 0 else lr - (lr - lo) * d
     return lo + 0.5 * (lr - lo) * (1.0 + math.cos(math.pi * p))
 
 

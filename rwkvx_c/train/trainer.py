@@ -2,7 +2,7 @@
 
     tr = Trainer(TrainOptions(preset="tiny", steps=200), out_dir="runs/demo")
     while not tr.done():
-        row = tr.step()              # {'step', 'loss', 'lr', 'tokens_per_s', ...}
+        tr.log(row := tr.step())     # {'step', 'loss', 'lr', ...} into DIR/log.jsonl
     print(tr.evaluate())             # {'val_loss', 'val_bpb'}
     tr.save()                        # DIR/checkpoint.safetensors
     tr = Trainer.resume("runs/demo", steps=400)   # continue exactly
@@ -50,7 +50,8 @@ from rwkvx_c.train import schedule
 from rwkvx_c.train.distributed import world
 from rwkvx_c.train.guard import MAX_ROLLBACKS, ROLLBACK_LR_FACTOR, DivergenceGuard
 from rwkvx_c.train.optim import AdamW, decay_ranges
-from rwkvx_c.train.options import TrainOptions
+from rwkvx_c.train.options import TrainOptions, model_vocab
+from rwkvx_c.train.progress import watch
 from rwkvx_c.train.resume import read_saved, saved_counters
 
 if TYPE_CHECKING:
@@ -184,12 +185,9 @@ class Trainer:
                      _weights: Mapping[str, np.ndarray] | None) -> None:
         """The model (checked to fit in memory), its first weights and the optimiser."""
         opts = self.opts
-        if self.tokenizer.name != "byte":  # the model's vocabulary is the tokenizer's
-            opts.model["vocab_size"] = self.tokenizer.vocab_size
+        # the model's vocabulary follows the tokenizer and the data, or --vocab-size
+        opts.vocab_size = opts.model["vocab_size"] = model_vocab(opts, self.tokenizer, self.corpus)
         cfg = dict(opts.model)
-        if self.corpus.vocab_size > cfg["vocab_size"]:
-            raise TrainError(f"the corpus has {self.corpus.vocab_size} token ids but the model's "
-                             f"vocab_size is {cfg['vocab_size']}")
         try:
             ModelConfig.from_dict(cfg)
             memory.check(memory.param_bytes(memory.estimate_params(cfg)),
@@ -390,7 +388,7 @@ class Trainer:
             p = schedule.time_progress(self.train_seconds(), self._warm_end,
                                        self._time_budget_s() - self._reserve_s())
         return self.lr_scale * schedule.lr_at(s, p, lr=o.lr, warmup_steps=o.warmup_steps,
-                                              min_lr_frac=o.min_lr_frac)
+                                              min_lr_frac=o.min_lr_frac, kind=o.schedule)
 
     def done(self) -> bool:
         """True once the step count or the time budget is used up (a run
@@ -420,11 +418,9 @@ class Trainer:
         self.model.forward(x[lo:hi], return_logits=False)
         loss = self.model.backward(y[lo:hi])
         loss = self.group.average_grads(self.model.grad_buffer, loss)
-        self.guard.check_loss(loss, self.step_count + 1)
-        try:
-            norm = self.optim.step(lr)
-        except FloatingPointError:
-            raise Divergence(self.step_count + 1, "the gradient norm is not finite") from None
+        norm = _core.grad_norm(self.model.grad_buffer)   # judged before the update
+        self.guard.check_loss(loss, self.step_count + 1, norm)
+        self.optim.step(lr, norm)
         self.step_count += 1
         self.tokens_seen += x.size
         if self.step_count == self.opts.warmup_steps:
@@ -470,7 +466,9 @@ class Trainer:
         by_steps = schedule.eval_due_by_steps(self.step_count, o.eval_every, o.steps)
         if by_steps is not None:
             return by_steps
-        every = self._time_budget_s() / schedule.EVALS_PER_RUN
+        # at most one evaluation a millisecond: a budget of 1e-320 minutes
+        # must give a finite count below, not inf
+        every = max(self._time_budget_s() / schedule.EVALS_PER_RUN, 1e-3)
         if self._next_eval_at is None:
             self._next_eval_at = every
         now = self.train_seconds()
@@ -498,11 +496,12 @@ class Trainer:
 
     # ------------------------------------------------------------------- loop
     def run(self, on_step: Callable[[Row], object] | None = None,
-            stop: Callable[[], bool] | None = None) -> Row:
-        """Train until done(): periodic evaluation, checkpoints and log rows,
-        then a final evaluation, checkpoint and log row. on_step(row) sees
-        every row; stop() returning True ends the run early (with the final
-        evaluation and checkpoint). Returns the final evaluation.
+            stop: Callable[[], bool] | None = None, *, progress: bool = False,
+            plot: bool = False) -> Row:
+        """Train until done(): periodic evaluations, checkpoints and log rows,
+        then a final one of each; on_step(row) sees every row, stop() returning
+        True ends the run early, progress shows the command line's bar on
+        stderr and plot draws out_dir/loss.png at the end. Returns the final evaluation.
 
         A divergence (rwkvx_c.train.guard) stops the run with Divergence, whose
         message says what happened to the checkpoint; with on_divergence
@@ -510,7 +509,8 @@ class Trainer:
         the learning rate by ROLLBACK_LR_FACTOR and goes on, up to
         MAX_ROLLBACKS times. The run folder's lock is released on return."""
         try:
-            return self._run(on_step, stop)
+            with watch(self, on_step, progress and self.group.is_root, plot) as seen:
+                return self._run(seen, stop)
         finally:
             self.close()
 
@@ -586,7 +586,7 @@ class Trainer:
         self.log(row)
         if on_step:
             on_step(row)
-        if self.out_dir and self.save_due(evaluated):
+        if self.out_dir and self.save_due(evaluated) and not self.guard.suspect():
             try:
                 self.save()
             except Divergence as e:

@@ -1,0 +1,152 @@
+"""Bounded memory before allocating, and no hangs or races: the cgroup's
+limit counts, RxPtModel and its forward refuse sizes that do not fit with
+the sizes named, World decodes millions of ids without a list of pieces,
+a tiny time budget ends, one InferState is stepped by one thread at once."""
+import os
+import threading
+import tracemalloc
+
+import numpy as np
+import pytest
+
+import rwkvx_c as rx
+from rwkvx_c import _core
+from rwkvx_c.model import memory
+from rwkvx_c.model.config import ModelConfig
+
+from hostile import SMALL, corpus, python
+
+
+def _tree(tmp_path, cgroup, files, avail_kb=8 << 20):
+    (tmp_path / "proc" / "self").mkdir(parents=True)
+    (tmp_path / "proc" / "self" / "cgroup").write_text(cgroup)
+    (tmp_path / "proc" / "meminfo").write_text(f"MemTotal: 99 kB\nMemAvailable: {avail_kb} kB\n")
+    for rel, text in files.items():
+        p = tmp_path / "sys" / "fs" / "cgroup" / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    return str(tmp_path)
+
+
+def test_cgroup_v2_limit_counts(tmp_path):
+    root = _tree(tmp_path, "0::/user.slice/job\n",
+                 {"user.slice/job/memory.max": "1073741824\n",
+                  "user.slice/job/memory.current": "536870912\n"})
+    assert _core.cgroup_free_bytes(root) == 512 << 20
+    assert _core.available_memory(root) == 512 << 20     # less than MemAvailable's 8 GiB
+
+
+def test_cgroup_v2_hybrid_and_unlimited(tmp_path):
+    root = _tree(tmp_path, "0::/\n", {"unified/memory.max": "max\n",
+                                      "unified/memory.current": "5\n"})
+    assert _core.cgroup_free_bytes(root) is None
+    assert _core.available_memory(root) == 8 << 30
+
+
+def test_cgroup_v1_limit_in_a_container(tmp_path):
+    # the container's own cgroup is the mount root: the full path is absent
+    root = _tree(tmp_path, "4:memory:/docker/abc\n0::/\n",
+                 {"memory/memory.limit_in_bytes": str(3 << 30) + "\n",
+                  "memory/memory.usage_in_bytes": str(1 << 30) + "\n"})
+    assert _core.available_memory(root) == 2 << 30
+    root2 = _tree(tmp_path / "b", "4:memory:/x\n",
+                  {"memory/memory.limit_in_bytes": "9223372036854771712\n",
+                   "memory/memory.usage_in_bytes": "7\n"}, avail_kb=1024)
+    assert _core.available_memory(root2) == 1 << 20    # v1's "no limit" is no limit
+
+
+def test_memory_check_reads_the_cgroup():
+    assert memory.available_bytes() == _core.available_memory()
+    avail = _core.meminfo_available_bytes()
+    assert avail is None or memory.available_bytes() <= avail
+
+
+def test_param_count_agrees_with_the_trainer_estimate():
+    for name in ("tiny", "S", "M"):
+        cfg = ModelConfig.preset(name).to_dict()
+        assert _core._param_elems(cfg) == memory.estimate_params(cfg)
+        assert _core._act_bytes_per_token(cfg) == memory.rough_bytes_per_token(cfg)
+
+
+def test_a_model_too_big_is_refused_before_allocating(monkeypatch):
+    monkeypatch.setattr(_core, "available_memory", lambda root="/": 1 << 30)
+    cfg = dict(SMALL, n_embd=4096, n_head=64, head_size=64, ffn_dim=16384, n_rwkv_layer=24)
+    with pytest.raises(MemoryError, match=r"RxPtModel .* needs about \d+\.\d GiB but only "
+                                          r"1\.0 GiB is available"):
+        rx.RxPtModel(cfg)
+
+
+def test_a_forward_too_long_is_refused_before_allocating(monkeypatch):
+    m = rx.RxPtModel(ModelConfig.preset("tiny").to_dict())
+    monkeypatch.setattr(_core, "available_memory", lambda root="/": 2 << 30)
+    x = np.zeros((1, 200_000), np.int32)
+    with pytest.raises(MemoryError, match=r"a forward of 1 x 200000 tokens needs about 9\.\d GiB"):
+        m.forward(x)
+    m.forward(x[:, :64])   # the model is still usable
+
+
+def test_a_model_too_big_in_a_real_process_is_one_error():
+    """In a child: a model of twice what this machine has free is refused
+    at once (no allocation, no SIGKILL)."""
+    r = python("import rwkvx_c as rx\nfrom hostile import SMALL\n"
+               "avail = rx.available_memory()\n"
+               "L = int(2 * avail / (8 * 12.6e6)) + 1   # blocks of C = 1024, F = 4096\n"
+               "try:\n    rx.RxPtModel(dict(SMALL, n_embd=1024, n_head=16, head_size=64, "
+               "ffn_dim=4096, n_rwkv_layer=L))\nexcept MemoryError as e:\n"
+               "    print('refused:', e)\n",
+               timeout=60)
+    assert r.returncode == 0 and "refused:" in r.stdout, r.stderr[-2000:]
+
+
+def test_world_decode_of_millions_of_ids_without_a_list(tmp_path):
+    pytest.importorskip("rwkv")
+    from rwkvx_c.data.tokenizers import WorldTokenizer
+    tok = WorldTokenizer()
+    ids = np.random.default_rng(0).integers(0, 65530, 2_000_000).astype(np.int32)
+    small = ids[:5000]
+    assert tok.decode(small) == b"".join(tok._bytes[i] for i in small.tolist())
+    tracemalloc.start()
+    out = tok.decode(ids)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    # the output (about 7 bytes an id) and its parts, plus a chunk's index
+    # arrays; a list of 2M pieces alone takes 16 MB, their ints 56 MB more
+    assert peak < 2 * len(out) + (16 << 20), (peak, len(out))
+
+
+def test_a_tiny_time_budget_ends(tmp_path):
+    for budget in ("1e-9", "1e-320"):
+        r = python("from rwkvx_c.train.trainer import Trainer\n"
+                   "from rwkvx_c.train.options import TrainOptions\nfrom hostile import SMALL\n"
+                   f"tr = Trainer(TrainOptions(preset='tiny', data={corpus(str(tmp_path))!r}, "
+                   "model=dict(SMALL), batch=2, seq_len=16, eval_tokens=32, "
+                   f"time_budget={budget}, cache_dir={str(tmp_path / 'c')!r}), None)\n"
+                   "print(tr.run(), tr.step_count)", timeout=60)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert r.stdout.strip().endswith(" 1")
+
+
+def test_one_infer_state_two_threads():
+    """2 threads x 1000 steps on one state: every step is either taken or
+    refused with RuntimeError, never lost (the position counts them)."""
+    m = rx.RxPtModel(dict(SMALL, n_attn_layer=0))
+    st = rx.InferState(m, 8)
+    taken, refused = [0, 0], [0, 0]
+    tok = np.array([1], np.int32)
+
+    def work(k):
+        for _ in range(1000):
+            try:
+                st.forward(tok)
+                taken[k] += 1
+            except RuntimeError as e:
+                assert "another thread" in str(e)
+                refused[k] += 1
+
+    ts = [threading.Thread(target=work, args=(k,)) for k in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert st.pos == sum(taken) and sum(taken) + sum(refused) == 2000
+    assert os.environ.get("RWKVX_NO_MEMCHECK") is None
