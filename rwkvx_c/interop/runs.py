@@ -56,6 +56,8 @@ def import_pth(path: str, out_dir: str) -> str:
     run = RunDir(out_dir)
     if run.has_checkpoint():
         raise InteropError(f"{out_dir} already holds a checkpoint; choose another --out")
+    if os.path.isdir(path) and os.path.realpath(path) == os.path.realpath(out_dir):
+        raise InteropError(f"--out {out_dir} is the folder being imported; choose another")
     foreign = run.foreign_entries()
     if foreign and not run.holds_run():
         raise OutputError(f"{out_dir} already holds {describe_entries(foreign)} and no run; "
@@ -63,8 +65,6 @@ def import_pth(path: str, out_dir: str) -> str:
     claim_output(run.checkpoint, [path])
     tok = None
     if os.path.isdir(path):
-        if os.path.realpath(path) == os.path.realpath(out_dir):
-            raise InteropError(f"--out {out_dir} is the folder being imported; choose another")
         fmt = "hf"
         model = from_hf(*load_hf(path))
         tok = hf_tokenizer(path, model.config["vocab_size"])
