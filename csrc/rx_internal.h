@@ -512,6 +512,13 @@ int rx_tm_backward_acts(const rx_tm_params *P, const rx_tm_acts *A, const float 
                         const float *x_prev_init, const float *v_first, const float *dy,
                         rx_tm_grads *G, float *dx, float *d_xprev_init, float *d_v_first,
                         float *work);
+/* rx_tm_backward_acts also writing d_state [B][H][N][N], the grad of the
+ * loss on the initial WKV state A's forward started from (NULL: not
+ * wanted); the backward of rx_tm_forward_state. */
+int rx_tm_backward_state(const rx_tm_params *P, const rx_tm_acts *A, const float *x,
+                         const float *x_prev_init, const float *v_first, const float *dy,
+                         rx_tm_grads *G, float *dx, float *d_xprev_init, float *d_v_first,
+                         float *d_state, float *work);
 
 /* ---- block.c -----------------------------------------------------------
  * An RWKV block's forward intermediates, kept by rx_block_forward_acts so
@@ -542,6 +549,19 @@ int rx_block_backward_acts(const rx_block_params *P, const rx_block_acts *S, con
                            const float *v_first, const float *dy, rx_block_grads *G,
                            float *dx, float *d_tm_xprev_init, float *d_cm_xprev_init,
                            float *d_v_first, float *work);
+/* The two above with a trainable initial WKV state: the forward starts the
+ * time-mix's WKV7 from state [B][H][N][N] (NULL: zero), which it advances
+ * in place to the final state (rx_tm_forward_state); the backward writes
+ * d_state [B][H][N][N], the grad on that initial state (NULL: not wanted). */
+int rx_block_forward_state(const rx_block_params *P, const float *x,
+                           const float *tm_xprev_init, const float *cm_xprev_init,
+                           const float *v_first_in, float *v_first_out, float *state,
+                           rx_block_acts *S, float *out);
+int rx_block_backward_state(const rx_block_params *P, const rx_block_acts *S, const float *x,
+                            const float *tm_xprev_init, const float *cm_xprev_init,
+                            const float *v_first, const float *dy, rx_block_grads *G,
+                            float *dx, float *d_tm_xprev_init, float *d_cm_xprev_init,
+                            float *d_v_first, float *d_state, float *work);
 
 /* ---- attn.c ------------------------------------------------------------
  * An attention block's forward intermediates and its core's scratch, all

@@ -424,6 +424,18 @@ int rx_ptmodel_param_shape(const rx_ptmodel *m, int i, int shape[2]);
  * back in order, no padding. *n (may be NULL) receives the element count. */
 float *rx_ptmodel_param_arena(rx_ptmodel *m, int64_t *n);
 float *rx_ptmodel_grad_arena(rx_ptmodel *m, int64_t *n);
+/* Trainable initial WKV states (docs/maths.md §Initial state): one
+ * [H][N][N] state per RWKV block, [n_rwkv_layer][H][N][N] in RWKV-block
+ * order, S[i][j] with i the value and j the key index, from which every
+ * sequence of a batch starts (zero until set). rx_ptmodel_enable_state
+ * allocates them zeroed (RX_OK if already there, RX_ENOMEM); acts made
+ * before it are refused by the forward (make them again). The backward
+ * then also writes the grad arena of the states: the sum over the batch's
+ * sequences of the grad on each sequence's initial state. Both arenas are
+ * NULL (n = 0) until enabled. */
+int rx_ptmodel_enable_state(rx_ptmodel *m);
+float *rx_ptmodel_state_arena(rx_ptmodel *m, int64_t *n);
+float *rx_ptmodel_state_grad_arena(rx_ptmodel *m, int64_t *n);
 /* Block kinds in model order, one 'R' (RWKV-7) or 'A' (attention) per
  * block, NUL-terminated: "RRARRAR" for n_rwkv = 5, n_attn = 2. */
 const char *rx_ptmodel_layers(const rx_ptmodel *m);
