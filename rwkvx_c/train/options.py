@@ -23,10 +23,11 @@ from rwkvx_c.model.init import SCHEMES
 from rwkvx_c.model.presets import PRESETS
 from rwkvx_c.train.guard import ON_DIVERGENCE
 
-__all__ = ["TrainOptions", "auto_precision", "PRECISIONS", "DEFAULT_STEPS", "saved_options",
-           "apply_changes"]
+__all__ = ["TrainOptions", "auto_precision", "PRECISIONS", "TUNE_MODES", "DEFAULT_STEPS",
+           "saved_options", "apply_changes"]
 
 PRECISIONS = ("fp32", "bf16", "auto")
+TUNE_MODES = ("full", "state")   # what trains (rwkvx_c.train.finetune)
 DEFAULT_STEPS = 1000      # a preset with neither steps nor a time budget
 MAX_TOKENS_PER_STEP = 2 ** 31 - 1   # B * T indexes int32 arrays in the C API
 
@@ -122,6 +123,12 @@ class TrainOptions:
                               "checkpoint and halve the learning rate (at most 3 times)",
                               choices=ON_DIVERGENCE)
 
+    init_from: str | None = _opt(None, "start from these weights: a run folder, a "
+                                 "checkpoint or an x070 / RWKV-X .pth (a new run at step 0; "
+                                 "shape and tokenizer from SRC)", metavar="SRC")
+    tune: str = _opt("full", "what trains: every parameter, or (state) one initial WKV "
+                     "state per RWKV block with the rest frozen", choices=TUNE_MODES)
+
     # options a resumed run may change without changing what it computes
     RESUMABLE = ("steps", "time_budget", "eval_every", "save_every", "threads", "cache_dir",
                  "on_divergence")
@@ -198,6 +205,8 @@ class TrainOptions:
                              f"{', '.join(ON_DIVERGENCE)}")
         if self.threads is not None and self.threads > _core.MAX_THREADS:
             raise TrainError(f"threads must be at most {_core.MAX_THREADS}, got {self.threads}")
+        if self.tune not in TUNE_MODES:
+            raise TrainError(f"unknown tune {self.tune!r}; choose one of {', '.join(TUNE_MODES)}")
         if self.init not in SCHEMES:
             raise TrainError(f"unknown init {self.init!r}; choose one of {', '.join(SCHEMES)}")
         assert self.batch is not None and self.seq_len is not None   # pos() checked them

@@ -1,0 +1,120 @@
+"""Fine-tuning (docs/finetune.md): --init-from a run folder, a checkpoint or
+an official-layout .pth (a new run at step 0, fresh optimiser, shape and
+tokenizer from the source); --tune state trains the initial WKV states
+alone (the base bit-identical after training, moments of the states' size,
+the loss falling, resume bit-exact)."""
+import numpy as np
+import pytest
+from test_interop import _official_dict
+from test_train import SMALL, _opts
+
+from rwkvx_c import interop
+from rwkvx_c.cli import main
+from rwkvx_c.errors import RwkvxError
+from rwkvx_c.interop.source import read_source
+from rwkvx_c.run.checkpoint import read_checkpoint
+from rwkvx_c.train import Trainer, TrainError
+from rwkvx_c.train.finetune import from_source
+
+RWKV = dict(SMALL, n_attn_layer=0)
+
+
+def _base_run(tmp_path):
+    out = str(tmp_path / "base")
+    Trainer(_opts(tmp_path, model=dict(RWKV), steps=3), out).run()
+    return out
+
+
+def _tune(tmp_path, src, out, **kw):
+    s = read_source(src)
+    weights = dict(s.weights, **({"state0": s.state0} if s.state0 is not None else {}))
+    opts = from_source(_opts(tmp_path, model=None, **kw), s.config, s.tokenizer, src)
+    return Trainer(opts, str(tmp_path / out), _weights=weights)
+
+
+def test_init_from_run_starts_a_new_run_from_its_weights(tmp_path):
+    base = _base_run(tmp_path)
+    tensors, _, _ = read_checkpoint(base + "/checkpoint.safetensors")
+    tr = _tune(tmp_path, base, "ft", steps=2)
+    assert tr.step_count == 0 and tr.optim.t == 0 and not np.any(tr.optim.m)
+    for n in tr.model.param_names:
+        assert np.array_equal(tr.model.params[n], tensors[n])
+    tr.run()
+    _, _, state = read_checkpoint(str(tmp_path / "ft" / "checkpoint.safetensors"))
+    assert state["step"] == 2 and state["options"]["init_from"] == base
+    # the checkpoint file itself is a source too
+    tr = _tune(tmp_path, base + "/checkpoint.safetensors", "ft2", steps=1)
+    assert np.array_equal(tr.model.param_buffer, _tune(tmp_path, base, "ft3").model.param_buffer)
+
+
+def test_state_tune_trains_only_the_states_and_resumes_bit_exact(tmp_path):
+    base = _base_run(tmp_path)
+    tensors, _, _ = read_checkpoint(base + "/checkpoint.safetensors")
+    tr = _tune(tmp_path, base, "st", tune="state", steps=8, lr=3e-2, save_every=4)
+    n_state = tr.model.state.size
+    assert tr.optim.m.size == n_state == 2 * 2 * 16 * 16
+    rows = []
+    val0 = tr.evaluate()["val_loss"]
+    assert tr.run(on_step=rows.append)["val_loss"] < val0
+    losses = [r["loss"] for r in rows if "loss" in r]
+    for n in tr.model.param_names:   # the base never moves
+        assert np.array_equal(tr.model.params[n], tensors[n]), n
+    assert np.any(tr.model.state)
+    ck, _, _ = read_checkpoint(str(tmp_path / "st" / "checkpoint.safetensors"))
+    assert ck["optim.m"].shape == (n_state,) and np.array_equal(ck["state0"], tr.model.state)
+    # resume from the step-4 checkpoint repeats steps 5..8 bit for bit
+    tr2 = _tune(tmp_path, base, "st2", tune="state", steps=8, lr=3e-2, save_every=4)
+    tr2.run(stop=lambda: tr2.step_count >= 4)
+    r = Trainer.resume(str(tmp_path / "st2"))
+    again = []
+    r.run(on_step=again.append)
+    assert [x["loss"] for x in again if "loss" in x] == losses[4:]
+    assert np.array_equal(r.model.state, tr.model.state)
+
+
+def test_init_from_official_pth(tmp_path):
+    pytest.importorskip("torch")
+    sd = _official_dict(np.random.default_rng(0), V=256, C=32, H=2, N=16, L=2, F=64, Dw=8,
+                        Da=8, Dv=8, Dg=8)
+    pth = str(tmp_path / "official.pth")
+    interop.save_pth(sd, pth, "fp32")
+    src = read_source(pth)
+    assert src.config["n_embd"] == 32 and src.config["ln0"] == 1 and src.tokenizer is None
+    tr = _tune(tmp_path, pth, "st", tune="state", steps=2)
+    before = tr.model.param_buffer.copy()
+    tr.run()
+    assert np.array_equal(tr.model.param_buffer, before)
+
+
+def test_disagreeing_shape_and_unfit_corpus_are_refused(tmp_path):
+    base = _base_run(tmp_path)
+    with pytest.raises(TrainError, match=r"fixes the model shape.*n_embd: asked 64, the source "
+                       r"has 32"):
+        from_source(_opts(tmp_path, model={"n_embd": 64}), read_source(base).config, "byte",
+                    base)
+    sd = _official_dict(np.random.default_rng(1), V=40, C=32, H=2, N=16, L=1, F=64, Dw=8, Da=8,
+                        Dv=8, Dg=8)
+    pytest.importorskip("torch")
+    pth = str(tmp_path / "v40.pth")
+    interop.save_pth(sd, pth, "fp32")
+    with pytest.raises(TrainError, match="the corpus has 256 token ids but the model's "
+                       "vocab_size is 40"):
+        _tune(tmp_path, pth, "bad")
+
+
+def test_cli_init_from(tmp_path, capsys):
+    base = _base_run(tmp_path)
+    data = ["--data", str(tmp_path / "corpus.txt"), "--cache-dir", str(tmp_path / "cache")]
+    fast = ["--steps", "2", "--batch", "2", "--seq-len", "16", "--eval-tokens", "32",
+            "--threads", "1", "--no-progress"]
+    rc = main(["train", "--init-from", base, "--n-embd", "64", "--out",
+               str(tmp_path / "x")] + data + fast)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 1 and "n_embd: asked 64, the source has 32" in err[-1]
+    assert main(["train", "--init-from", base, "--tune", "state", "--out",
+                 str(tmp_path / "ok")] + data + fast) == 0
+    with pytest.raises(RwkvxError):
+        read_source(str(tmp_path / "missing"))
+    # the source folder is never written over
+    assert main(["train", "--init-from", base, "--out", base] + data + fast) == 1
+    assert "already holds a run" in capsys.readouterr().err
