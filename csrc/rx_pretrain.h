@@ -515,8 +515,10 @@ typedef struct rx_infer_state rx_infer_state;
  * RX_ENOMEM. */
 int rx_infer_create(rx_ptmodel *m, int max_len, rx_infer_state **out);
 void rx_infer_free(rx_infer_state *s);
-/* Back to position 0 (zero states, empty cache). Cannot fail: a NULL s is
- * a no-op. */
+/* Back to position 0 (zero carries, empty cache; WKV states zero, or the
+ * model's initial states as they are now when it has them:
+ * rx_ptmodel_enable_state; rx_infer_create resets too). Cannot fail: a
+ * NULL s is a no-op. */
 void rx_infer_reset(rx_infer_state *s);
 /* Tokens consumed so far; -1 for NULL. */
 int rx_infer_pos(const rx_infer_state *s);

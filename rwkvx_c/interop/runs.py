@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
+
 from rwkvx_c._core import RxPtModel
 from rwkvx_c.data.tokenizers import WORLD_VOCAB_SIZE
 from rwkvx_c.errors import InteropError
@@ -12,15 +14,20 @@ from rwkvx_c.interop.pth import DTYPES, load_pth, save_pth
 from rwkvx_c.interop.rwkv7 import from_rwkv7, from_rwkvx, to_rwkv7, to_rwkvx
 from rwkvx_c.run.rundir import RunDir
 
-__all__ = ["FORMATS", "export_model", "import_pth"]
+__all__ = ["FORMATS", "export_model", "import_pth", "state_dict"]
 
-FORMATS = ("rwkv7", "rwkvx", "gguf")
+FORMATS = ("rwkv7", "rwkvx", "gguf", "state")
 
 
 def export_model(model: RxPtModel, fmt: str, out: str, dtype: str = "fp32") -> None:
     """Writes model to the file out in format fmt (rwkv7, rwkvx or gguf) at
     dtype (fp32, bf16 or fp16), atomically; InteropError when the format
-    cannot hold the model (nothing is written then)."""
+    cannot hold the model (nothing is written then). fmt "state": the
+    model's trained initial WKV states alone, as RWKV-PEFT saves them
+    (state_dict).
+
+    The model files hold the weights only: a state-tuned model's initial
+    states travel in the state file beside them."""
     if dtype not in DTYPES:
         raise InteropError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
     if fmt == "rwkv7":
@@ -29,8 +36,21 @@ def export_model(model: RxPtModel, fmt: str, out: str, dtype: str = "fp32") -> N
         save_pth(to_rwkvx(model), out, dtype)
     elif fmt == "gguf":
         save_gguf(model, out, dtype)
+    elif fmt == "state":
+        save_pth(state_dict(model), out, "fp32")
     else:
         raise InteropError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+
+
+def state_dict(model: RxPtModel) -> dict[str, np.ndarray]:
+    """{'blocks.{i}.att.time_state': float32 [H, N, N]} for each RWKV block i,
+    RWKV-PEFT's state file: state[h][v][k] (value row, key column), the
+    layout the rwkv package's x070 model takes as state[3*i+1]
+    (tests/test_finetune.py runs it). InteropError without states."""
+    if model.state is None:
+        raise InteropError("the model has no trained initial states (train with --tune state)")
+    return {f"blocks.{i}.att.time_state": np.array(s, dtype=np.float32)
+            for i, s in enumerate(model.state)}
 
 
 def import_pth(path: str, out_dir: str) -> str:

@@ -19,12 +19,10 @@ from rwkvx_c.data.tokenizers import WORLD_VOCAB_SIZE, run_tokenizer
 from rwkvx_c.errors import CheckpointError, InteropError, TokenizerError
 from rwkvx_c.interop.pth import load_pth
 from rwkvx_c.interop.rwkv7 import from_rwkv7, from_rwkvx
-from rwkvx_c.run.checkpoint import read_checkpoint
+from rwkvx_c.run.checkpoint import STATE_KEY, read_checkpoint
 from rwkvx_c.run.rundir import RunDir
 
 __all__ = ["Source", "read_source", "STATE_KEY"]
-
-STATE_KEY = "state0"   # a state-tuned checkpoint's initial states [n_rwkv, H, N, N]
 
 
 @dataclass

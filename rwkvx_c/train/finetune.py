@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rwkvx_c.errors import TrainError
+from rwkvx_c.run.checkpoint import STATE_KEY
 from rwkvx_c.train.optim import AdamW, decay_ranges
 from rwkvx_c.train.options import TUNE_MODES, TrainOptions
 
@@ -28,8 +29,6 @@ if TYPE_CHECKING:
 
 __all__ = ["TUNE_MODES", "STATE_KEY", "shape_conflicts", "from_source", "make_optimizer",
            "trained_tensors", "restore_trained"]
-
-STATE_KEY = "state0"    # the checkpoint tensor of the initial states (interop.source reads it)
 
 
 def shape_conflicts(src_config: Mapping[str, int], asked: Mapping[str, int]) -> list[str]:
