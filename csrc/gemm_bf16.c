@@ -672,8 +672,35 @@ int rx_gemm_set_precision(int precision) {
     return old;
 }
 
-int rx_pgemm_batch(const rx_gemm_op *ops, size_t n) {
+/* The calling thread's frozen span (rx_gemm_set_frozen): NULL, NULL when none */
+static _Thread_local const float *tl_frozen_lo, *tl_frozen_hi;
+
+void rx_gemm_set_frozen(const float *lo, const float *hi, const float **old_lo,
+                        const float **old_hi) {
+    if (old_lo) *old_lo = tl_frozen_lo;
+    if (old_hi) *old_hi = tl_frozen_hi;
+    tl_frozen_lo = lo;
+    tl_frozen_hi = hi;
+}
+
+static int pgemm_run(const rx_gemm_op *ops, size_t n) {
     return tl_precision == RX_PRECISION_BF16 ? rx_bgemm_batch(ops, n) : rx_sgemm_batch(ops, n);
+}
+
+int rx_pgemm_batch(const rx_gemm_op *ops, size_t n) {
+    if (!tl_frozen_lo) return pgemm_run(ops, n);
+    /* a weight-grad product of a frozen model: its output lies in the grad
+     * arena, which nothing reads, so it is not computed at all */
+    rx_gemm_op live[16];
+    size_t nl = 0;
+    int rc = RX_OK;
+    for (size_t i = 0; i < n && rc == RX_OK; i++) {
+        const float *c = ops[i].C;
+        if (c >= tl_frozen_lo && c < tl_frozen_hi) continue;
+        live[nl++] = ops[i];
+        if (nl == sizeof live / sizeof live[0]) rc = pgemm_run(live, nl), nl = 0;
+    }
+    return rc == RX_OK && nl ? pgemm_run(live, nl) : rc;
 }
 
 int rx_pgemm(int ta, int tb, size_t M, size_t N, size_t K, const float *A, size_t lda,

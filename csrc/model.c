@@ -53,6 +53,7 @@ struct rx_ptmodel {
     /* trainable initial WKV states [n_rwkv_layer][H][N][N] and their grads
      * (rx_ptmodel_enable_state); NULL: every block starts from zero */
     float *state0, *g_state0;
+    int frozen;               /* rx_ptmodel_set_frozen: the base gets no weight grads */
 };
 
 /* ---- config and layer order ------------------------------------------ */
@@ -783,6 +784,10 @@ static int backward_batch(rx_ptmodel *m, const rx_pt_acts *acts, const int *targ
         dcur = dnext;
         dnext = s;
     }
+    if (m->frozen) {   /* the embedding's grad is all that is left, and it is not wanted */
+        if (rc == RX_OK) *loss_out = loss;
+        return rc;
+    }
     if (rc == RX_OK && m->ln0_w) {
         /* dcur is the grad on ln0's output; the raw rows are gathered again
          * into the free dnext, and the grad on them overwrites dcur */
@@ -800,10 +805,22 @@ static int backward_batch(rx_ptmodel *m, const rx_pt_acts *acts, const int *targ
 int rx_pretrain_backward_loss(rx_ptmodel *m, const rx_pt_acts *acts, const int *targets, int B,
                               int T, int ignore_index, double *loss) {
     const int old = rx_gemm_set_precision(m ? m->precision : RX_PRECISION_FP32);
+    const float *lo = NULL, *hi = NULL;
+    const int frozen = m && m->frozen;
+    if (frozen) rx_gemm_set_frozen(m->grads, m->grads + m->n_elems, &lo, &hi);
     const int rc = backward_batch(m, acts, targets, B, T, ignore_index, loss);
+    if (frozen) rx_gemm_set_frozen(lo, hi, NULL, NULL);
     rx_gemm_set_precision(old);
     return rc;
 }
+
+int rx_ptmodel_set_frozen(rx_ptmodel *m, int frozen) {
+    if (!m) return rx_fail(RX_EINVAL, "rx_ptmodel_set_frozen: model is NULL");
+    m->frozen = frozen != 0;
+    return RX_OK;
+}
+
+int rx_ptmodel_frozen(const rx_ptmodel *m) { return m ? m->frozen : 0; }
 
 double rx_pretrain_backward_batch(rx_ptmodel *m, const rx_pt_acts *acts, const int *targets,
                                   int B, int T, int ignore_index) {

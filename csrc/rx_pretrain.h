@@ -436,6 +436,13 @@ float *rx_ptmodel_grad_arena(rx_ptmodel *m, int64_t *n);
 int rx_ptmodel_enable_state(rx_ptmodel *m);
 float *rx_ptmodel_state_arena(rx_ptmodel *m, int64_t *n);
 float *rx_ptmodel_state_grad_arena(rx_ptmodel *m, int64_t *n);
+/* frozen != 0: the backward computes no weight grads at all (no
+ * weight-gradient GEMM, no embedding scatter; the grad arena's contents
+ * are then unspecified) while the grads on the activations, and so on the
+ * initial states, are the same as unfrozen: what a state tune needs.
+ * RX_EINVAL for NULL. rx_ptmodel_frozen: the setting (0 for NULL). */
+int rx_ptmodel_set_frozen(rx_ptmodel *m, int frozen);
+int rx_ptmodel_frozen(const rx_ptmodel *m);
 /* Block kinds in model order, one 'R' (RWKV-7) or 'A' (attention) per
  * block, NUL-terminated: "RRARRAR" for n_rwkv = 5, n_attn = 2. */
 const char *rx_ptmodel_layers(const rx_ptmodel *m);

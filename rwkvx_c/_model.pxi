@@ -15,6 +15,8 @@ cdef extern from "rx_pretrain.h" nogil:
     int rx_ptmodel_enable_state(rx_ptmodel *m)
     float *rx_ptmodel_state_arena(rx_ptmodel *m, int64_t *n)
     float *rx_ptmodel_state_grad_arena(rx_ptmodel *m, int64_t *n)
+    int rx_ptmodel_set_frozen(rx_ptmodel *m, int frozen)
+    int rx_ptmodel_frozen(const rx_ptmodel *m)
     int rx_ptmodel_flags(const rx_ptmodel *m)
     int RX_PT_LN0
 
@@ -287,6 +289,19 @@ cdef class RxPtModel:
         self._sbuf = _arena_view(self._h, p, n).reshape(shp)
         self._sgbuf = _arena_view(self._h, rx_ptmodel_state_grad_arena(self._h.m, NULL),
                                   n).reshape(shp)
+
+    @property
+    def frozen(self):
+        """True: backward computes no weight grads (no weight-gradient GEMM,
+        grads / grad_buffer unspecified) but the same grads on activations and
+        state_grad; a state tune's setting (settable)."""
+        return bool(rx_ptmodel_frozen(self._h.m))
+
+    @frozen.setter
+    def frozen(self, value):
+        if self._busy:
+            raise RuntimeError("RxPtModel: frozen changed while a forward or backward runs")
+        rx_ptmodel_set_frozen(self._h.m, 1 if value else 0)
 
     @property
     def state(self):

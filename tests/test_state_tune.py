@@ -124,3 +124,27 @@ def test_state_grad_bit_identical_across_threads(threads, restore_threads):
     m.forward(tokens)
     m.backward(targets, ignore_index=IGNORE)
     assert np.array_equal(m.state_grad, g1)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_frozen_base_gives_the_same_state_grad_without_weight_grads(precision):
+    """frozen: the same loss and state grad bit for bit, and no weight-grad
+    product runs (the grad arena keeps what was in it: the head's and the
+    projections' grads are never written)."""
+    m = _model(13)
+    m.precision = precision
+    tokens, targets = _data(14)
+    m.forward(tokens)
+    loss = m.backward(targets, ignore_index=IGNORE)
+    g = m.state_grad.copy()
+    m.frozen = True
+    assert m.frozen
+    m.grad_buffer[...] = 123.0
+    assert m.backward(targets, ignore_index=IGNORE) == loss
+    assert np.array_equal(m.state_grad, g)
+    for name in ("head", "emb", "blocks.1.tm.receptance_w", "blocks.2.cm.ffn_value_w",
+                 "blocks.1.tm.w1"):
+        assert np.all(m.grads[name] == 123.0), name
+    m.frozen = False
+    m.backward(targets, ignore_index=IGNORE)
+    assert not np.all(m.grads["head"] == 123.0)

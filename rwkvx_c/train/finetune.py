@@ -64,6 +64,7 @@ def make_optimizer(model: RxPtModel, opts: TrainOptions) -> AdamW:
     RWKV-PEFT's state tuning)."""
     if opts.tune == "state":
         model.enable_state()
+        model.frozen = True    # no weight-gradient GEMMs: the base does not train
         s, g = model.state, model.state_grad
         assert s is not None and g is not None
         params, grads, ranges = s.reshape(-1), g.reshape(-1), np.zeros((0, 2), np.int64)
