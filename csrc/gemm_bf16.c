@@ -672,31 +672,38 @@ int rx_gemm_set_precision(int precision) {
     return old;
 }
 
-/* The calling thread's frozen span (rx_gemm_set_frozen): NULL, NULL when none */
-static _Thread_local const float *tl_frozen_lo, *tl_frozen_hi;
+/* The calling thread's frozen spans (rx_gemm_set_frozen): none when n = 0 */
+static _Thread_local rx_frozen tl_frozen;
 
-void rx_gemm_set_frozen(const float *lo, const float *hi, const float **old_lo,
-                        const float **old_hi) {
-    if (old_lo) *old_lo = tl_frozen_lo;
-    if (old_hi) *old_hi = tl_frozen_hi;
-    tl_frozen_lo = lo;
-    tl_frozen_hi = hi;
+rx_frozen rx_gemm_set_frozen(rx_frozen f) {
+    const rx_frozen old = tl_frozen;
+    tl_frozen = f;
+    return old;
 }
 
 static int pgemm_run(const rx_gemm_op *ops, size_t n) {
     return tl_precision == RX_PRECISION_BF16 ? rx_bgemm_batch(ops, n) : rx_sgemm_batch(ops, n);
 }
 
+/* C lies in one of the frozen spans */
+static int frozen_out(const float *c) {
+    const rx_frozen *f = &tl_frozen;
+    if (c < f->base) return 0;
+    const int64_t off = (int64_t)(c - f->base);
+    for (int r = 0; r < f->n; r++)
+        if (off >= f->ranges[2 * r] && off < f->ranges[2 * r + 1]) return 1;
+    return 0;
+}
+
 int rx_pgemm_batch(const rx_gemm_op *ops, size_t n) {
-    if (!tl_frozen_lo) return pgemm_run(ops, n);
-    /* a weight-grad product of a frozen model: its output lies in the grad
-     * arena, which nothing reads, so it is not computed at all */
+    if (!tl_frozen.n) return pgemm_run(ops, n);
+    /* a weight-grad product of a frozen tensor: its output lies in the grad
+     * arena where nothing reads it, so it is not computed at all */
     rx_gemm_op live[16];
     size_t nl = 0;
     int rc = RX_OK;
     for (size_t i = 0; i < n && rc == RX_OK; i++) {
-        const float *c = ops[i].C;
-        if (c >= tl_frozen_lo && c < tl_frozen_hi) continue;
+        if (frozen_out(ops[i].C)) continue;
         live[nl++] = ops[i];
         if (nl == sizeof live / sizeof live[0]) rc = pgemm_run(live, nl), nl = 0;
     }

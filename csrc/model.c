@@ -53,7 +53,8 @@ struct rx_ptmodel {
     /* trainable initial WKV states [n_rwkv_layer][H][N][N] and their grads
      * (rx_ptmodel_enable_state); NULL: every block starts from zero */
     float *state0, *g_state0;
-    int frozen;               /* rx_ptmodel_set_frozen: the base gets no weight grads */
+    int64_t *frozen;          /* [n_frozen][2] arena ranges that get no weight grads */
+    int n_frozen;
 };
 
 /* ---- config and layer order ------------------------------------------ */
@@ -308,6 +309,7 @@ void rx_ptmodel_free(rx_ptmodel *m) {
     free(m->attn_g);
     free(m->state0);
     free(m->g_state0);
+    free(m->frozen);
     free(m);
 }
 
@@ -629,6 +631,14 @@ static int acts_fit(const rx_ptmodel *m, const rx_pt_acts *a, int B, int T) {
 
 /* ---- forward ------------------------------------------------------------- */
 
+/* the arena's elements [off, off + n) lie inside one frozen range */
+static int is_frozen(const rx_ptmodel *m, size_t off, size_t n) {
+    for (int r = 0; r < m->n_frozen; r++)
+        if ((int64_t)off >= m->frozen[2 * r] && (int64_t)(off + n) <= m->frozen[2 * r + 1])
+            return 1;
+    return 0;
+}
+
 /* The initial state of RWKV block i for each of the B sequences into s
  * [B][H][N][N] (a trainable state is one for all sequences) */
 static void broadcast_state(const rx_ptmodel *m, int i, int B, float *s) {
@@ -784,7 +794,10 @@ static int backward_batch(rx_ptmodel *m, const rx_pt_acts *acts, const int *targ
         dcur = dnext;
         dnext = s;
     }
-    if (m->frozen) {   /* the embedding's grad is all that is left, and it is not wanted */
+    /* with emb (and ln0) frozen, nothing below is wanted */
+    const size_t emb_off = (size_t)(m->emb - m->params), V_C = (size_t)V * (size_t)C;
+    const int emb_frozen = is_frozen(m, emb_off, V_C);
+    if (emb_frozen && (!m->ln0_w || is_frozen(m, emb_off + V_C, 2 * (size_t)C))) {
         if (rc == RX_OK) *loss_out = loss;
         return rc;
     }
@@ -796,7 +809,8 @@ static int backward_batch(rx_ptmodel *m, const rx_pt_acts *acts, const int *targ
             rc = rx_layernorm_backward(dnext, m->ln0_w, m->ln0_b, dcur, dcur, m->g_ln0_w,
                                        m->g_ln0_b, B, T, C);
     }
-    if (rc == RX_OK) rc = rx_embedding_scatter(acts->tokens, BT, C, V, dcur, m->g_emb);
+    if (rc == RX_OK && !emb_frozen)
+        rc = rx_embedding_scatter(acts->tokens, BT, C, V, dcur, m->g_emb);
     if (rc == RX_OK) *loss_out = loss;
     return rc;
 }
@@ -805,22 +819,43 @@ static int backward_batch(rx_ptmodel *m, const rx_pt_acts *acts, const int *targ
 int rx_pretrain_backward_loss(rx_ptmodel *m, const rx_pt_acts *acts, const int *targets, int B,
                               int T, int ignore_index, double *loss) {
     const int old = rx_gemm_set_precision(m ? m->precision : RX_PRECISION_FP32);
-    const float *lo = NULL, *hi = NULL;
-    const int frozen = m && m->frozen;
-    if (frozen) rx_gemm_set_frozen(m->grads, m->grads + m->n_elems, &lo, &hi);
+    const rx_frozen f = {m ? m->grads : NULL, m ? m->frozen : NULL, m ? m->n_frozen : 0};
+    const rx_frozen was = rx_gemm_set_frozen(f);
     const int rc = backward_batch(m, acts, targets, B, T, ignore_index, loss);
-    if (frozen) rx_gemm_set_frozen(lo, hi, NULL, NULL);
+    rx_gemm_set_frozen(was);
     rx_gemm_set_precision(old);
     return rc;
 }
 
-int rx_ptmodel_set_frozen(rx_ptmodel *m, int frozen) {
-    if (!m) return rx_fail(RX_EINVAL, "rx_ptmodel_set_frozen: model is NULL");
-    m->frozen = frozen != 0;
+int rx_ptmodel_set_frozen_ranges(rx_ptmodel *m, const int64_t *ranges, int n) {
+    static const char *const fn = "rx_ptmodel_set_frozen_ranges";
+    if (!m) return rx_fail(RX_EINVAL, "%s: model is NULL", fn);
+    if (n < 0 || (n > 0 && !ranges))
+        return rx_fail(RX_EINVAL, "%s: n = %d ranges at %p", fn, n, (const void *)ranges);
+    for (int r = 0; r < n; r++)
+        if (ranges[2 * r] < 0 || ranges[2 * r] >= ranges[2 * r + 1] ||
+            ranges[2 * r + 1] > (int64_t)m->n_elems)
+            return rx_fail(RX_EINVAL, "%s: range %d [%lld, %lld) is not inside [0, %zu)", fn, r,
+                           (long long)ranges[2 * r], (long long)ranges[2 * r + 1], m->n_elems);
+    int64_t *copy = n ? malloc((size_t)n * 2 * sizeof(int64_t)) : NULL;
+    if (n && !copy) return rx_fail(RX_ENOMEM, "%s: out of memory", fn);
+    if (n) memcpy(copy, ranges, (size_t)n * 2 * sizeof(int64_t));
+    free(m->frozen);
+    m->frozen = copy;
+    m->n_frozen = n;
     return RX_OK;
 }
 
-int rx_ptmodel_frozen(const rx_ptmodel *m) { return m ? m->frozen : 0; }
+int rx_ptmodel_set_frozen(rx_ptmodel *m, int frozen) {
+    const int64_t all[2] = {0, m ? (int64_t)m->n_elems : 0};
+    return rx_ptmodel_set_frozen_ranges(m, all, frozen ? 1 : 0);
+}
+
+int rx_ptmodel_frozen(const rx_ptmodel *m) {
+    if (!m) return 0;
+    return m->n_frozen == 1 && m->frozen[0] == 0 && m->frozen[1] == (int64_t)m->n_elems
+               ? 1 : m->n_frozen ? 2 : 0;
+}
 
 double rx_pretrain_backward_batch(rx_ptmodel *m, const rx_pt_acts *acts, const int *targets,
                                   int B, int T, int ignore_index) {

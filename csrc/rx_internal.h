@@ -332,13 +332,18 @@ int rx_pgemm(int ta, int tb, size_t M, size_t N, size_t K,
              const float *A, size_t lda, const float *B, size_t ldb,
              float beta, float *C, size_t ldc);
 int rx_pgemm_batch(const rx_gemm_op *ops, size_t n);
-/* The calling thread's frozen span [lo, hi) (NULL, NULL: none), the old
- * one into *old_lo, *old_hi (may be NULL): rx_pgemm(_batch) skips every
- * product whose output C starts inside it. A model whose base is frozen
- * (rx_ptmodel_set_frozen) sets its grad arena for the span of its
- * backward: no weight-grad GEMM runs, every dX GEMM does. */
-void rx_gemm_set_frozen(const float *lo, const float *hi, const float **old_lo,
-                        const float **old_hi);
+/* The calling thread's frozen spans: element ranges [begin, end) of base
+ * (ranges [n][2]; n = 0: none), set by rx_gemm_set_frozen, which returns
+ * the old ones: rx_pgemm(_batch) skips every product whose output C starts
+ * inside one. A model with frozen tensors (rx_ptmodel_set_frozen_ranges)
+ * sets their spans of its grad arena for the span of its backward: no
+ * weight-grad GEMM of theirs runs, every dX GEMM does. */
+typedef struct {
+    const float *base;
+    const int64_t *ranges;
+    int n;
+} rx_frozen;
+rx_frozen rx_gemm_set_frozen(rx_frozen f);
 
 /* ---- layernorm.c -------------------------------------------------------
  * Row normalisation shared by LayerNorm (period 1) and the time-mix group

@@ -436,11 +436,17 @@ float *rx_ptmodel_grad_arena(rx_ptmodel *m, int64_t *n);
 int rx_ptmodel_enable_state(rx_ptmodel *m);
 float *rx_ptmodel_state_arena(rx_ptmodel *m, int64_t *n);
 float *rx_ptmodel_state_grad_arena(rx_ptmodel *m, int64_t *n);
-/* frozen != 0: the backward computes no weight grads at all (no
- * weight-gradient GEMM, no embedding scatter; the grad arena's contents
- * are then unspecified) while the grads on the activations, and so on the
- * initial states, are the same as unfrozen: what a state tune needs.
- * RX_EINVAL for NULL. rx_ptmodel_frozen: the setting (0 for NULL). */
+/* Frozen tensors: ranges [n][2], element ranges [begin, end) of the
+ * parameter arena (copied; n = 0 unfreezes all) whose weight grads the
+ * backward does not compute: no weight-gradient GEMM writes into them and
+ * an emb inside one gets no scatter (their grads are then unspecified),
+ * while the grads on the activations, so on every other tensor and on the
+ * initial states, are the same bits as unfrozen. Vector grads (norms,
+ * lerps) inside a range may still be written. RX_EINVAL for NULL or a
+ * range outside the arena, RX_ENOMEM. rx_ptmodel_set_frozen(m, 1): the
+ * whole arena (a state tune), 0: none. rx_ptmodel_frozen: 1 when the
+ * whole arena is frozen, 2 when some of it, 0 when none (or NULL). */
+int rx_ptmodel_set_frozen_ranges(rx_ptmodel *m, const int64_t *ranges, int n);
 int rx_ptmodel_set_frozen(rx_ptmodel *m, int frozen);
 int rx_ptmodel_frozen(const rx_ptmodel *m);
 /* Block kinds in model order, one 'R' (RWKV-7) or 'A' (attention) per

@@ -16,6 +16,7 @@ cdef extern from "rx_pretrain.h" nogil:
     float *rx_ptmodel_state_arena(rx_ptmodel *m, int64_t *n)
     float *rx_ptmodel_state_grad_arena(rx_ptmodel *m, int64_t *n)
     int rx_ptmodel_set_frozen(rx_ptmodel *m, int frozen)
+    int rx_ptmodel_set_frozen_ranges(rx_ptmodel *m, const int64_t *ranges, int n)
     int rx_ptmodel_frozen(const rx_ptmodel *m)
     int rx_ptmodel_flags(const rx_ptmodel *m)
     int RX_PT_LN0
@@ -295,13 +296,26 @@ cdef class RxPtModel:
         """True: backward computes no weight grads (no weight-gradient GEMM,
         grads / grad_buffer unspecified) but the same grads on activations and
         state_grad; a state tune's setting (settable)."""
-        return bool(rx_ptmodel_frozen(self._h.m))
+        return rx_ptmodel_frozen(self._h.m) == 1
 
     @frozen.setter
     def frozen(self, value):
         if self._busy:
             raise RuntimeError("RxPtModel: frozen changed while a forward or backward runs")
         rx_ptmodel_set_frozen(self._h.m, 1 if value else 0)
+
+    def freeze_ranges(self, ranges):
+        """Freeze part of the model: ranges, int64 (R, 2) [begin, end)
+        element ranges of param_buffer whose weight grads backward skips
+        (no weight-gradient GEMM, no embedding scatter; their grads are then
+        unspecified; every other grad is the same bits). An empty array
+        unfreezes everything; frozen is True only when all is frozen."""
+        r = np.ascontiguousarray(ranges, dtype=np.int64).reshape(-1, 2)
+        if self._busy:
+            raise RuntimeError("RxPtModel: frozen changed while a forward or backward runs")
+        cdef const int64_t[:, ::1] rv = r if r.shape[0] else np.zeros((1, 2), np.int64)
+        cdef int rc = rx_ptmodel_set_frozen_ranges(self._h.m, &rv[0, 0], <int>r.shape[0])
+        _check_rc(rc, "RxPtModel.freeze_ranges")
 
     @property
     def state(self):

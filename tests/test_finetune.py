@@ -20,7 +20,7 @@ from rwkvx_c.interop.source import read_source
 from rwkvx_c.run.checkpoint import read_checkpoint
 from rwkvx_c.sample import load_model
 from rwkvx_c.train import Trainer, TrainError
-from rwkvx_c.train.finetune import from_source
+from rwkvx_c.train.finetune import from_source, make_optimizer, part_of
 
 RWKV = dict(SMALL, n_attn_layer=0)
 
@@ -197,3 +197,46 @@ def test_rwkv_package_runs_the_exported_state(tmp_path, capsys):
     assert main(["export", str(tmp_path / "run"), "--format", "rwkv7", "--out",
                  str(tmp_path / "cli.pth")]) == 0
     assert "travel separately" in capsys.readouterr().out
+
+
+def test_groups_of_every_parameter():
+    layers = "RAR"
+    assert part_of("emb", layers) == "emb" and part_of("head", layers) == "head"
+    assert part_of("ln0_w", layers) == part_of("blocks.0.tm.ln_x_b", layers) == "ln"
+    assert part_of("blocks.0.tm.w1", layers) == part_of("blocks.2.cm.ffn_x_k", layers) == "time"
+    assert part_of("blocks.1.key_w", layers) == part_of("blocks.1.ln1_w", layers) == "attn"
+    assert part_of("blocks.0.tm.receptance_w", layers) is None
+
+
+def test_freeze_and_train_parts(tmp_path):
+    """--freeze: the frozen groups bit-identical after training, the rest
+    moving, moments of the trained size, the trained tensors' grads the same
+    bits as with nothing frozen; --train-parts adds groups to a state tune."""
+    base = _base_run(tmp_path, dict(SMALL))
+    tensors, _, _ = read_checkpoint(base + "/checkpoint.safetensors")
+    tr = _tune(tmp_path, base, "fz", freeze="emb,head,time", steps=3)
+    m = tr.model
+    trained = [n for n in m.param_names if part_of(n, m.layers) not in ("emb", "head", "time")]
+    assert tr.optim.m.size == sum(m.params[n].size for n in trained)
+    x, y = tr.sampler.next()
+    m.forward(x)
+    m.backward(y)
+    g = {n: m.grads[n].copy() for n in trained}
+    m.freeze_ranges(np.zeros((0, 2), np.int64))
+    m.backward(y)
+    for n in trained:
+        assert np.array_equal(m.grads[n], g[n]), n
+    tr.optim = make_optimizer(m, tr.opts)   # frozen again, fresh moments
+    tr.run()
+    for n in m.param_names:
+        same = np.array_equal(m.params[n], tensors[n])
+        assert same == (n not in trained), n
+    tr = _tune(tmp_path, base, "sp", tune="state", train_parts="ln", steps=2)
+    tr.run()
+    for n in tr.model.param_names:
+        ln = part_of(n, tr.model.layers) == "ln"
+        assert np.array_equal(tr.model.params[n], tensors[n]) != ln, n
+    with pytest.raises(TrainError, match="unknown group 'bogus'"):
+        _tune(tmp_path, base, "bad", freeze="bogus")
+    with pytest.raises(TrainError, match="--train-parts adds groups to --tune state"):
+        _tune(tmp_path, base, "bad2", train_parts="ln")

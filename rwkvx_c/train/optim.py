@@ -76,9 +76,12 @@ class AdamW:
         self.v = np.zeros_like(params)
         self.t = 0
 
-    def step(self, lr: float) -> float:
-        """One update with learning rate lr; returns the grad norm before clipping."""
-        norm = grad_norm(self.grads)
+    def step(self, lr: float, norm: float | None = None) -> float:
+        """One update with learning rate lr; returns the grad norm before
+        clipping. norm: the global grad norm to clip by when these buffers
+        are part of a larger set (None: theirs)."""
+        if norm is None:
+            norm = grad_norm(self.grads)
         if not math.isfinite(norm):
             raise FloatingPointError(f"gradient norm is {norm}: the loss diverged "
                                      "(try a lower --lr)")

@@ -128,6 +128,11 @@ class TrainOptions:
                                  "shape and tokenizer from SRC)", metavar="SRC")
     tune: str = _opt("full", "what trains: every parameter, or (state) one initial WKV "
                      "state per RWKV block with the rest frozen", choices=TUNE_MODES)
+    train_parts: str | None = _opt(None, "with --tune state, these groups train too: a comma "
+                                   "list of ln, time (lerp, decay, gate vectors and their "
+                                   "LoRAs), emb, head, attn", metavar="G,G")
+    freeze: str | None = _opt(None, "with --tune full, hold these groups fixed (as "
+                              "--train-parts)", metavar="G,G")
 
     # options a resumed run may change without changing what it computes
     RESUMABLE = ("steps", "time_budget", "eval_every", "save_every", "threads", "cache_dir",
@@ -207,6 +212,12 @@ class TrainOptions:
             raise TrainError(f"threads must be at most {_core.MAX_THREADS}, got {self.threads}")
         if self.tune not in TUNE_MODES:
             raise TrainError(f"unknown tune {self.tune!r}; choose one of {', '.join(TUNE_MODES)}")
+        if self.train_parts and self.tune != "state":
+            raise TrainError("--train-parts adds groups to --tune state; with --tune full "
+                             "everything trains (hold groups fixed with --freeze)")
+        if self.freeze and self.tune != "full":
+            raise TrainError("--freeze holds groups of --tune full fixed; --tune state "
+                             "freezes the whole base already")
         if self.init not in SCHEMES:
             raise TrainError(f"unknown init {self.init!r}; choose one of {', '.join(SCHEMES)}")
         assert self.batch is not None and self.seq_len is not None   # pos() checked them

@@ -48,7 +48,7 @@ from rwkvx_c.run.lock import RunLock
 from rwkvx_c.run.rundir import RunDir
 from rwkvx_c.train import schedule
 from rwkvx_c.train.distributed import world
-from rwkvx_c.train.finetune import make_optimizer, restore_trained, trained_tensors
+from rwkvx_c.train.finetune import PartsAdamW, make_optimizer, restore_trained, trained_tensors
 from rwkvx_c.train.guard import MAX_ROLLBACKS, ROLLBACK_LR_FACTOR, DivergenceGuard
 from rwkvx_c.train.optim import AdamW
 from rwkvx_c.train.options import TrainOptions
@@ -93,7 +93,7 @@ class Trainer:
     tokenizer: Tokenizer
     corpus: Corpus
     model: _core.RxPtModel
-    optim: AdamW
+    optim: AdamW | PartsAdamW
     guard: DivergenceGuard
     sampler: BatchSampler
     val_x: np.ndarray
