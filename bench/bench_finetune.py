@@ -4,6 +4,7 @@ backward, grad norm, AdamW) and peak RSS, --tune full vs state.
 
     python bench/bench_finetune.py                 # both modes, interleaved
     python bench/bench_finetune.py --mode state    # one mode, in this process
+    python bench/bench_finetune.py --paired 6      # full/state steps alternating, one model
 
 Each mode runs in its own process (peak RSS is a per-process high-water
 mark), the two alternating --rounds times; on a shared machine compare the
@@ -48,6 +49,42 @@ def one(mode, T, steps, threads, precision):
             "tokens_per_s": T / best, "step_s": best, "peak_rss_mib": peak_rss_mib()}
 
 
+def paired(T, pairs, threads, precision):
+    """full and state steps alternating on one model in this process (the
+    machine's noise falls on both alike): the per-pair ratios of step time."""
+    import numpy as np
+
+    import rwkvx_c as rx
+    from rwkvx_c.model.init import init_model
+    from rwkvx_c.train.finetune import make_optimizer
+    from rwkvx_c.train.options import TrainOptions
+
+    rx.set_num_threads(threads)
+    m = rx.RxPtModel(SHAPE, precision=precision)
+    init_model(m, "rwkv7", seed=0)
+    # both optimisers made (and their moments touched) once, before timing
+    opt = {k: make_optimizer(m, TrainOptions(tune=k)) for k in ("full", "state")}
+    frozen = {"full": np.zeros((0, 2), np.int64),
+              "state": np.array([[0, m.n_params]], np.int64)}
+    rng = np.random.default_rng(0)
+    ratios = []
+    for i in range(pairs + 1):   # pair 0 allocates scratch: not counted
+        dt = {}
+        for mode in ("full", "state") if i % 2 == 0 else ("state", "full"):
+            m.freeze_ranges(frozen[mode])
+            x = rng.integers(0, SHAPE["vocab_size"], (1, T)).astype(np.int32)
+            t = time.perf_counter()
+            m.forward(x, return_logits=False)
+            m.backward(np.roll(x, -1, axis=1))
+            opt[mode].step(1e-6)
+            dt[mode] = time.perf_counter() - t
+        if i:
+            ratios.append(dt["full"] / dt["state"])
+            print(json.dumps({"pair": i, "full_s": dt["full"], "state_s": dt["state"],
+                              "state_over_full_tokens_per_s": ratios[-1]}), flush=True)
+    print(f"median state/full tokens/s over {pairs} pairs: {float(np.median(ratios)):.2f}x")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--mode", choices=["full", "state"])
@@ -56,7 +93,12 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--precision", default="fp32")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--paired", type=int, default=0, metavar="PAIRS",
+                    help="alternate full and state steps on one model in this process")
     a = ap.parse_args()
+    if a.paired:
+        paired(a.T, a.paired, a.threads, a.precision)
+        return
     if a.mode:
         print(json.dumps(one(a.mode, a.T, a.steps, a.threads, a.precision)))
         return
