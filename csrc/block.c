@@ -62,11 +62,20 @@ int rx_block_forward_acts(const rx_block_params *P, const float *x,
                           const float *tm_xprev_init, const float *cm_xprev_init,
                           const float *v_first_in, float *v_first_out, rx_block_acts *S,
                           float *out) {
+    return rx_block_forward_state(P, x, tm_xprev_init, cm_xprev_init, v_first_in, v_first_out,
+                                  NULL, S, out);
+}
+
+/* state: [B][H][N][N] or NULL, advanced in place */
+int rx_block_forward_state(const rx_block_params *P, const float *x,
+                           const float *tm_xprev_init, const float *cm_xprev_init,
+                           const float *v_first_in, float *v_first_out, float *state,
+                           rx_block_acts *S, float *out) {
     const size_t B = S->tm.B, T = S->tm.T, BT = B * T, C = (size_t)P->tm.c;
     /* out holds TM(h1), then CM(h2), then the block output */
     rx_rownorm_forward(x, P->ln1_w, P->ln1_b, S->h1, NULL, NULL, BT, C, 1, RX_LN_EPS);
-    int rc = rx_tm_forward_acts(&P->tm, S->h1, tm_xprev_init, v_first_in, v_first_out, &S->tm,
-                                out);
+    int rc = rx_tm_forward_state(&P->tm, S->h1, tm_xprev_init, v_first_in, v_first_out, state,
+                                 &S->tm, out);
     if (rc != RX_OK) return rc;
     add_rows(S->x1, x, out, BT * C);
     rx_rownorm_forward(S->x1, P->ln2_w, P->ln2_b, S->h2, NULL, NULL, BT, C, 1, RX_LN_EPS);
@@ -88,6 +97,16 @@ int rx_block_backward_acts(const rx_block_params *P, const rx_block_acts *S, con
                            const float *v_first, const float *dy, rx_block_grads *G,
                            float *dx, float *d_tm_xprev_init, float *d_cm_xprev_init,
                            float *d_v_first, float *work) {
+    return rx_block_backward_state(P, S, x, tm_xprev_init, cm_xprev_init, v_first, dy, G, dx,
+                                   d_tm_xprev_init, d_cm_xprev_init, d_v_first, NULL, work);
+}
+
+/* d_state: [B][H][N][N] or NULL, written */
+int rx_block_backward_state(const rx_block_params *P, const rx_block_acts *S, const float *x,
+                            const float *tm_xprev_init, const float *cm_xprev_init,
+                            const float *v_first, const float *dy, rx_block_grads *G,
+                            float *dx, float *d_tm_xprev_init, float *d_cm_xprev_init,
+                            float *d_v_first, float *d_state, float *work) {
     const int vres = P->tm.layer_id > 0;
     const size_t B = S->tm.B, T = S->tm.T, BT = B * T, C = (size_t)P->tm.c;
     float *p = work, *t = rx_carve(&p, BT * C), *dx1 = rx_carve(&p, BT * C), *rest = p;
@@ -101,8 +120,8 @@ int rx_block_backward_acts(const rx_block_params *P, const rx_block_acts *S, con
     if (rc == RX_OK) {
         add_rows(dx1, dx1, dy, BT * C);
         /* x1 = x + TM(ln1(x)) */
-        rc = rx_tm_backward_acts(&P->tm, &S->tm, S->h1, tm_xprev_init, vres ? v_first : NULL,
-                                 dx1, &G->tm, t, d_tm_xprev_init, d_v_first, rest);
+        rc = rx_tm_backward_state(&P->tm, &S->tm, S->h1, tm_xprev_init, vres ? v_first : NULL,
+                                  dx1, &G->tm, t, d_tm_xprev_init, d_v_first, d_state, rest);
     }
     if (rc == RX_OK)
         rc = rx_layernorm_backward(x, P->ln1_w, P->ln1_b, t, dx, G->ln1_w, G->ln1_b, (int)B,

@@ -672,8 +672,42 @@ int rx_gemm_set_precision(int precision) {
     return old;
 }
 
-int rx_pgemm_batch(const rx_gemm_op *ops, size_t n) {
+/* The calling thread's frozen spans (rx_gemm_set_frozen): none when n = 0 */
+static _Thread_local rx_frozen tl_frozen;
+
+rx_frozen rx_gemm_set_frozen(rx_frozen f) {
+    const rx_frozen old = tl_frozen;
+    tl_frozen = f;
+    return old;
+}
+
+static int pgemm_run(const rx_gemm_op *ops, size_t n) {
     return tl_precision == RX_PRECISION_BF16 ? rx_bgemm_batch(ops, n) : rx_sgemm_batch(ops, n);
+}
+
+/* C lies in one of the frozen spans */
+static int frozen_out(const float *c) {
+    const rx_frozen *f = &tl_frozen;
+    if (c < f->base) return 0;
+    const int64_t off = (int64_t)(c - f->base);
+    for (int r = 0; r < f->n; r++)
+        if (off >= f->ranges[2 * r] && off < f->ranges[2 * r + 1]) return 1;
+    return 0;
+}
+
+int rx_pgemm_batch(const rx_gemm_op *ops, size_t n) {
+    if (!tl_frozen.n) return pgemm_run(ops, n);
+    /* a weight-grad product of a frozen tensor: its output lies in the grad
+     * arena where nothing reads it, so it is not computed at all */
+    rx_gemm_op live[16];
+    size_t nl = 0;
+    int rc = RX_OK;
+    for (size_t i = 0; i < n && rc == RX_OK; i++) {
+        if (frozen_out(ops[i].C)) continue;
+        live[nl++] = ops[i];
+        if (nl == sizeof live / sizeof live[0]) rc = pgemm_run(live, nl), nl = 0;
+    }
+    return rc == RX_OK && nl ? pgemm_run(live, nl) : rc;
 }
 
 int rx_pgemm(int ta, int tb, size_t M, size_t N, size_t K, const float *A, size_t lda,

@@ -61,7 +61,10 @@ void rx_infer_reset(rx_infer_state *s) {
     const size_t nr = (size_t)s->cfg.n_rwkv_layer;
     rx_fzero(s->tm_carry, nr * C);
     rx_fzero(s->cm_carry, (size_t)s->n_blocks * C);
-    rx_fzero(s->wkv, nr * C * N);
+    /* a model with trainable initial states starts every sequence from them */
+    const float *s0 = rx_ptmodel_state_arena(s->m, NULL);
+    if (s0) memcpy(s->wkv, s0, nr * C * N * sizeof(float));
+    else rx_fzero(s->wkv, nr * C * N);
     s->pos = 0;
 }
 

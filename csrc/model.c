@@ -50,6 +50,11 @@ struct rx_ptmodel {
     rx_attn_params *attn;     /* [n_attn_layer] */
     rx_attn_grads *attn_g;
     int precision;            /* RX_PRECISION_*: the projections' GEMM */
+    /* trainable initial WKV states [n_rwkv_layer][H][N][N] and their grads
+     * (rx_ptmodel_enable_state); NULL: every block starts from zero */
+    float *state0, *g_state0;
+    int64_t *frozen;          /* [n_frozen][2] arena ranges that get no weight grads */
+    int n_frozen;
 };
 
 /* ---- config and layer order ------------------------------------------ */
@@ -302,6 +307,9 @@ void rx_ptmodel_free(rx_ptmodel *m) {
     free(m->rwkv_g);
     free(m->attn);
     free(m->attn_g);
+    free(m->state0);
+    free(m->g_state0);
+    free(m->frozen);
     free(m);
 }
 
@@ -384,6 +392,37 @@ rx_ptmodel *rx_model_new_random(const rx_pt_config *pc, uint64_t seed) {
 
 /* ---- introspection ------------------------------------------------------ */
 
+/* n_rwkv_layer * H * N * N: the initial states' element count */
+static size_t state_elems(const rx_ptmodel *m) {
+    const size_t N = (size_t)m->cfg.head_size;
+    return (size_t)m->cfg.n_rwkv_layer * (size_t)m->cfg.n_head * N * N;
+}
+
+int rx_ptmodel_enable_state(rx_ptmodel *m) {
+    if (!m) return rx_fail(RX_EINVAL, "rx_ptmodel_enable_state: model is NULL");
+    if (m->state0) return RX_OK;
+    m->state0 = rx_fcalloc(state_elems(m));
+    m->g_state0 = rx_fcalloc(state_elems(m));
+    if (!m->state0 || !m->g_state0) {
+        free(m->state0);
+        free(m->g_state0);
+        m->state0 = m->g_state0 = NULL;
+        return rx_fail(RX_ENOMEM, "rx_ptmodel_enable_state: out of memory (%zu floats)",
+                       2 * state_elems(m));
+    }
+    return RX_OK;
+}
+
+float *rx_ptmodel_state_arena(rx_ptmodel *m, int64_t *n) {
+    if (n) *n = m && m->state0 ? (int64_t)state_elems(m) : 0;
+    return m ? m->state0 : NULL;
+}
+
+float *rx_ptmodel_state_grad_arena(rx_ptmodel *m, int64_t *n) {
+    if (n) *n = m && m->g_state0 ? (int64_t)state_elems(m) : 0;
+    return m ? m->g_state0 : NULL;
+}
+
 int rx_ptmodel_flags(const rx_ptmodel *m) { return m ? m->flags : -1; }
 
 int rx_ptmodel_num_params(const rx_ptmodel *m) { return m ? m->n_tensors : 0; }
@@ -440,6 +479,7 @@ const rx_attn_params *rx_ptmodel_attn(rx_ptmodel *m, int idx) {
 
 void rx_ptmodel_zero_grad(rx_ptmodel *m) {
     if (m) rx_fzero(m->grads, m->n_elems);
+    if (m && m->g_state0) rx_fzero(m->g_state0, state_elems(m));
 }
 
 /* ---- activations --------------------------------------------------------- */
@@ -458,6 +498,9 @@ struct rx_pt_saved {
     rx_attn_acts **attn;   /* [na] */
     float *work;           /* scratch for any block's backward: the largest
                             * rx_block_work or RX_ATTN_WORK */
+    float *s, *ds;         /* [B][H][N][N] each when the model has initial states:
+                            * one block's broadcast state (advanced in place by
+                            * its forward), and the grad on it per sequence */
 };
 
 static void saved_free(struct rx_pt_saved *s) {
@@ -467,6 +510,8 @@ static void saved_free(struct rx_pt_saved *s) {
     free(s->rwkv);
     free(s->attn);
     free(s->work);
+    free(s->s);
+    free(s->ds);
     free(s);
 }
 
@@ -481,10 +526,18 @@ static struct rx_pt_saved *saved_new(const rx_ptmodel *m, size_t B, size_t T) {
     s->rwkv = calloc((size_t)n, sizeof *s->rwkv);
     s->attn = calloc((size_t)(na ? na : 1), sizeof *s->attn);
     s->work = rx_falloc(nwork);
-    if (!s->rwkv || !s->attn || !s->work) {
+    const size_t nstate = B * (size_t)m->cfg.n_head * (size_t)m->cfg.head_size *
+                          (size_t)m->cfg.head_size;
+    if (m->state0) {
+        s->s = rx_falloc(nstate);
+        s->ds = rx_falloc(nstate);
+    }
+    if (!s->rwkv || !s->attn || !s->work || (m->state0 && (!s->s || !s->ds))) {
         free(s->rwkv);
         free(s->attn);
         free(s->work);
+        free(s->s);
+        free(s->ds);
         free(s);
         return NULL;
     }
@@ -578,6 +631,32 @@ static int acts_fit(const rx_ptmodel *m, const rx_pt_acts *a, int B, int T) {
 
 /* ---- forward ------------------------------------------------------------- */
 
+/* the arena's elements [off, off + n) lie inside one frozen range */
+static int is_frozen(const rx_ptmodel *m, size_t off, size_t n) {
+    for (int r = 0; r < m->n_frozen; r++)
+        if ((int64_t)off >= m->frozen[2 * r] && (int64_t)(off + n) <= m->frozen[2 * r + 1])
+            return 1;
+    return 0;
+}
+
+/* The initial state of RWKV block i for each of the B sequences into s
+ * [B][H][N][N] (a trainable state is one for all sequences) */
+static void broadcast_state(const rx_ptmodel *m, int i, int B, float *s) {
+    const size_t n = (size_t)m->cfg.n_head * (size_t)m->cfg.head_size * (size_t)m->cfg.head_size;
+    for (int b = 0; b < B; b++)
+        memcpy(s + (size_t)b * n, m->state0 + (size_t)i * n, n * sizeof(float));
+}
+
+/* g_state0 of RWKV block i = the sum over the B sequences of ds
+ * [B][H][N][N], in sequence order (the same bits at any thread count) */
+static void reduce_state_grad(rx_ptmodel *m, int i, int B, const float *ds) {
+    const size_t n = (size_t)m->cfg.n_head * (size_t)m->cfg.head_size * (size_t)m->cfg.head_size;
+    float *g = m->g_state0 + (size_t)i * n;
+    memcpy(g, ds, n * sizeof(float));
+    for (int b = 1; b < B; b++)
+        for (size_t e = 0; e < n; e++) g[e] += ds[(size_t)b * n + e];
+}
+
 /* tokens: [B][T]; fills acts: block_in, v_first, lnout, logits */
 static int forward_batch(rx_ptmodel *m, const int *tokens, int B, int T, rx_pt_acts *acts) {
     static const char *const fn = "rx_pretrain_forward_batch";
@@ -586,6 +665,9 @@ static int forward_batch(rx_ptmodel *m, const int *tokens, int B, int T, rx_pt_a
     if (!acts_fit(m, acts, B, T))
         return rx_fail(RX_EINVAL, "%s: acts were made for B = %d, T = %d (or another model), "
                        "called with B = %d, T = %d", fn, acts->B, acts->T, B, T);
+    if (m->state0 && !acts->saved->s)
+        return rx_fail(RX_EINVAL, "%s: acts were made before rx_ptmodel_enable_state; make "
+                       "them again", fn);
     const int V = m->cfg.vocab_size, C = m->cfg.n_embd, BT = B * T;
     /* copy into the backward's scratch (work), check the copy, then keep
      * it: a caller's thread writing to tokens meanwhile cannot slip an id
@@ -617,9 +699,13 @@ static int forward_batch(rx_ptmodel *m, const int *tokens, int B, int T, rx_pt_a
         const float *x = acts->block_in + (size_t)L * rowc;
         float *out = acts->block_in + (size_t)(L + 1) * rowc;
         int i = m->block_idx[L];
+        float *s = m->state0 && m->layers[L] == 'R' ? acts->saved->s : NULL;
+        if (s) broadcast_state(m, i, B, s);
         rc = m->layers[L] == 'R'
-                 ? rx_block_forward_acts(&m->rwkv[i], x, NULL, NULL, i > 0 ? acts->v_first : NULL,
-                                         i > 0 ? NULL : acts->v_first, &acts->saved->rwkv[i], out)
+                 ? rx_block_forward_state(&m->rwkv[i], x, NULL, NULL,
+                                          i > 0 ? acts->v_first : NULL,
+                                          i > 0 ? NULL : acts->v_first, s, &acts->saved->rwkv[i],
+                                          out)
                  : rx_attn_forward_acts(&m->attn[i], x, NULL, acts->saved->attn[i], out);
     }
     if (rc == RX_OK)
@@ -683,6 +769,7 @@ static int backward_batch(rx_ptmodel *m, const rx_pt_acts *acts, const int *targ
      * the first reads v_first; their grads on it are summed into dvf_sum and
      * handed to RWKV block 0 (always the first block), which produced it. */
     int have_dvf = 0;
+    float *ds = m->state0 ? acts->saved->ds : NULL;   /* the initial states' grads, or none */
     for (int L = m->n_blocks - 1; L >= 0 && rc == RX_OK; L--) {
         const float *x = acts->block_in + (size_t)L * rowc;
         int i = m->block_idx[L];
@@ -691,20 +778,28 @@ static int backward_batch(rx_ptmodel *m, const rx_pt_acts *acts, const int *targ
                                        &m->attn_g[i], dnext, NULL, bwork);
         } else if (i > 0) {
             float *dvf = have_dvf ? dvf_one : dvf_sum;
-            rc = rx_block_backward_acts(&m->rwkv[i], &acts->saved->rwkv[i], x, NULL, NULL,
-                                        acts->v_first, dcur, &m->rwkv_g[i], dnext, NULL, NULL,
-                                        dvf, bwork);
+            rc = rx_block_backward_state(&m->rwkv[i], &acts->saved->rwkv[i], x, NULL, NULL,
+                                         acts->v_first, dcur, &m->rwkv_g[i], dnext, NULL, NULL,
+                                         dvf, ds, bwork);
             if (have_dvf)
                 for (size_t e = 0; e < rowc; e++) dvf_sum[e] += dvf_one[e];
             have_dvf = 1;
         } else {
-            rc = rx_block_backward_acts(&m->rwkv[0], &acts->saved->rwkv[0], x, NULL, NULL,
-                                        acts->v_first, dcur, &m->rwkv_g[0], dnext, NULL, NULL,
-                                        have_dvf ? dvf_sum : NULL, bwork);
+            rc = rx_block_backward_state(&m->rwkv[0], &acts->saved->rwkv[0], x, NULL, NULL,
+                                         acts->v_first, dcur, &m->rwkv_g[0], dnext, NULL, NULL,
+                                         have_dvf ? dvf_sum : NULL, ds, bwork);
         }
+        if (rc == RX_OK && ds && m->layers[L] == 'R') reduce_state_grad(m, i, B, ds);
         float *s = dcur;
         dcur = dnext;
         dnext = s;
+    }
+    /* with emb (and ln0) frozen, nothing below is wanted */
+    const size_t emb_off = (size_t)(m->emb - m->params), V_C = (size_t)V * (size_t)C;
+    const int emb_frozen = is_frozen(m, emb_off, V_C);
+    if (emb_frozen && (!m->ln0_w || is_frozen(m, emb_off + V_C, 2 * (size_t)C))) {
+        if (rc == RX_OK) *loss_out = loss;
+        return rc;
     }
     if (rc == RX_OK && m->ln0_w) {
         /* dcur is the grad on ln0's output; the raw rows are gathered again
@@ -714,7 +809,8 @@ static int backward_batch(rx_ptmodel *m, const rx_pt_acts *acts, const int *targ
             rc = rx_layernorm_backward(dnext, m->ln0_w, m->ln0_b, dcur, dcur, m->g_ln0_w,
                                        m->g_ln0_b, B, T, C);
     }
-    if (rc == RX_OK) rc = rx_embedding_scatter(acts->tokens, BT, C, V, dcur, m->g_emb);
+    if (rc == RX_OK && !emb_frozen)
+        rc = rx_embedding_scatter(acts->tokens, BT, C, V, dcur, m->g_emb);
     if (rc == RX_OK) *loss_out = loss;
     return rc;
 }
@@ -723,9 +819,42 @@ static int backward_batch(rx_ptmodel *m, const rx_pt_acts *acts, const int *targ
 int rx_pretrain_backward_loss(rx_ptmodel *m, const rx_pt_acts *acts, const int *targets, int B,
                               int T, int ignore_index, double *loss) {
     const int old = rx_gemm_set_precision(m ? m->precision : RX_PRECISION_FP32);
+    const rx_frozen f = {m ? m->grads : NULL, m ? m->frozen : NULL, m ? m->n_frozen : 0};
+    const rx_frozen was = rx_gemm_set_frozen(f);
     const int rc = backward_batch(m, acts, targets, B, T, ignore_index, loss);
+    rx_gemm_set_frozen(was);
     rx_gemm_set_precision(old);
     return rc;
+}
+
+int rx_ptmodel_set_frozen_ranges(rx_ptmodel *m, const int64_t *ranges, int n) {
+    static const char *const fn = "rx_ptmodel_set_frozen_ranges";
+    if (!m) return rx_fail(RX_EINVAL, "%s: model is NULL", fn);
+    if (n < 0 || (n > 0 && !ranges))
+        return rx_fail(RX_EINVAL, "%s: n = %d ranges at %p", fn, n, (const void *)ranges);
+    for (int r = 0; r < n; r++)
+        if (ranges[2 * r] < 0 || ranges[2 * r] >= ranges[2 * r + 1] ||
+            ranges[2 * r + 1] > (int64_t)m->n_elems)
+            return rx_fail(RX_EINVAL, "%s: range %d [%lld, %lld) is not inside [0, %zu)", fn, r,
+                           (long long)ranges[2 * r], (long long)ranges[2 * r + 1], m->n_elems);
+    int64_t *copy = n ? malloc((size_t)n * 2 * sizeof(int64_t)) : NULL;
+    if (n && !copy) return rx_fail(RX_ENOMEM, "%s: out of memory", fn);
+    if (n) memcpy(copy, ranges, (size_t)n * 2 * sizeof(int64_t));
+    free(m->frozen);
+    m->frozen = copy;
+    m->n_frozen = n;
+    return RX_OK;
+}
+
+int rx_ptmodel_set_frozen(rx_ptmodel *m, int frozen) {
+    const int64_t all[2] = {0, m ? (int64_t)m->n_elems : 0};
+    return rx_ptmodel_set_frozen_ranges(m, all, frozen ? 1 : 0);
+}
+
+int rx_ptmodel_frozen(const rx_ptmodel *m) {
+    if (!m) return 0;
+    return m->n_frozen == 1 && m->frozen[0] == 0 && m->frozen[1] == (int64_t)m->n_elems
+               ? 1 : m->n_frozen ? 2 : 0;
 }
 
 double rx_pretrain_backward_batch(rx_ptmodel *m, const rx_pt_acts *acts, const int *targets,

@@ -332,6 +332,18 @@ int rx_pgemm(int ta, int tb, size_t M, size_t N, size_t K,
              const float *A, size_t lda, const float *B, size_t ldb,
              float beta, float *C, size_t ldc);
 int rx_pgemm_batch(const rx_gemm_op *ops, size_t n);
+/* The calling thread's frozen spans: element ranges [begin, end) of base
+ * (ranges [n][2]; n = 0: none), set by rx_gemm_set_frozen, which returns
+ * the old ones: rx_pgemm(_batch) skips every product whose output C starts
+ * inside one. A model with frozen tensors (rx_ptmodel_set_frozen_ranges)
+ * sets their spans of its grad arena for the span of its backward: no
+ * weight-grad GEMM of theirs runs, every dX GEMM does. */
+typedef struct {
+    const float *base;
+    const int64_t *ranges;
+    int n;
+} rx_frozen;
+rx_frozen rx_gemm_set_frozen(rx_frozen f);
 
 /* ---- layernorm.c -------------------------------------------------------
  * Row normalisation shared by LayerNorm (period 1) and the time-mix group
@@ -512,6 +524,13 @@ int rx_tm_backward_acts(const rx_tm_params *P, const rx_tm_acts *A, const float 
                         const float *x_prev_init, const float *v_first, const float *dy,
                         rx_tm_grads *G, float *dx, float *d_xprev_init, float *d_v_first,
                         float *work);
+/* rx_tm_backward_acts also writing d_state [B][H][N][N], the grad of the
+ * loss on the initial WKV state A's forward started from (NULL: not
+ * wanted); the backward of rx_tm_forward_state. */
+int rx_tm_backward_state(const rx_tm_params *P, const rx_tm_acts *A, const float *x,
+                         const float *x_prev_init, const float *v_first, const float *dy,
+                         rx_tm_grads *G, float *dx, float *d_xprev_init, float *d_v_first,
+                         float *d_state, float *work);
 
 /* ---- block.c -----------------------------------------------------------
  * An RWKV block's forward intermediates, kept by rx_block_forward_acts so
@@ -542,6 +561,19 @@ int rx_block_backward_acts(const rx_block_params *P, const rx_block_acts *S, con
                            const float *v_first, const float *dy, rx_block_grads *G,
                            float *dx, float *d_tm_xprev_init, float *d_cm_xprev_init,
                            float *d_v_first, float *work);
+/* The two above with a trainable initial WKV state: the forward starts the
+ * time-mix's WKV7 from state [B][H][N][N] (NULL: zero), which it advances
+ * in place to the final state (rx_tm_forward_state); the backward writes
+ * d_state [B][H][N][N], the grad on that initial state (NULL: not wanted). */
+int rx_block_forward_state(const rx_block_params *P, const float *x,
+                           const float *tm_xprev_init, const float *cm_xprev_init,
+                           const float *v_first_in, float *v_first_out, float *state,
+                           rx_block_acts *S, float *out);
+int rx_block_backward_state(const rx_block_params *P, const rx_block_acts *S, const float *x,
+                            const float *tm_xprev_init, const float *cm_xprev_init,
+                            const float *v_first, const float *dy, rx_block_grads *G,
+                            float *dx, float *d_tm_xprev_init, float *d_cm_xprev_init,
+                            float *d_v_first, float *d_state, float *work);
 
 /* ---- attn.c ------------------------------------------------------------
  * An attention block's forward intermediates and its core's scratch, all

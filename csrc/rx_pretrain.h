@@ -424,6 +424,31 @@ int rx_ptmodel_param_shape(const rx_ptmodel *m, int i, int shape[2]);
  * back in order, no padding. *n (may be NULL) receives the element count. */
 float *rx_ptmodel_param_arena(rx_ptmodel *m, int64_t *n);
 float *rx_ptmodel_grad_arena(rx_ptmodel *m, int64_t *n);
+/* Trainable initial WKV states (docs/maths.md §Initial state): one
+ * [H][N][N] state per RWKV block, [n_rwkv_layer][H][N][N] in RWKV-block
+ * order, S[i][j] with i the value and j the key index, from which every
+ * sequence of a batch starts (zero until set). rx_ptmodel_enable_state
+ * allocates them zeroed (RX_OK if already there, RX_ENOMEM); acts made
+ * before it are refused by the forward (make them again). The backward
+ * then also writes the grad arena of the states: the sum over the batch's
+ * sequences of the grad on each sequence's initial state. Both arenas are
+ * NULL (n = 0) until enabled. */
+int rx_ptmodel_enable_state(rx_ptmodel *m);
+float *rx_ptmodel_state_arena(rx_ptmodel *m, int64_t *n);
+float *rx_ptmodel_state_grad_arena(rx_ptmodel *m, int64_t *n);
+/* Frozen tensors: ranges [n][2], element ranges [begin, end) of the
+ * parameter arena (copied; n = 0 unfreezes all) whose weight grads the
+ * backward does not compute: no weight-gradient GEMM writes into them and
+ * an emb inside one gets no scatter (their grads are then unspecified),
+ * while the grads on the activations, so on every other tensor and on the
+ * initial states, are the same bits as unfrozen. Vector grads (norms,
+ * lerps) inside a range may still be written. RX_EINVAL for NULL or a
+ * range outside the arena, RX_ENOMEM. rx_ptmodel_set_frozen(m, 1): the
+ * whole arena (a state tune), 0: none. rx_ptmodel_frozen: 1 when the
+ * whole arena is frozen, 2 when some of it, 0 when none (or NULL). */
+int rx_ptmodel_set_frozen_ranges(rx_ptmodel *m, const int64_t *ranges, int n);
+int rx_ptmodel_set_frozen(rx_ptmodel *m, int frozen);
+int rx_ptmodel_frozen(const rx_ptmodel *m);
 /* Block kinds in model order, one 'R' (RWKV-7) or 'A' (attention) per
  * block, NUL-terminated: "RRARRAR" for n_rwkv = 5, n_attn = 2. */
 const char *rx_ptmodel_layers(const rx_ptmodel *m);
@@ -503,8 +528,10 @@ typedef struct rx_infer_state rx_infer_state;
  * RX_ENOMEM. */
 int rx_infer_create(rx_ptmodel *m, int max_len, rx_infer_state **out);
 void rx_infer_free(rx_infer_state *s);
-/* Back to position 0 (zero states, empty cache). Cannot fail: a NULL s is
- * a no-op. */
+/* Back to position 0 (zero carries, empty cache; WKV states zero, or the
+ * model's initial states as they are now when it has them:
+ * rx_ptmodel_enable_state; rx_infer_create resets too). Cannot fail: a
+ * NULL s is a no-op. */
 void rx_infer_reset(rx_infer_state *s);
 /* Tokens consumed so far; -1 for NULL. */
 int rx_infer_pos(const rx_infer_state *s);

@@ -436,10 +436,10 @@ size_t rx_tm_backward_work(const rx_tm_params *P, size_t BT) {
            rx_lines(BT * (size_t)P->n_head) + rx_lines(tm_part(BT, (size_t)P->c));
 }
 
-int rx_tm_backward_acts(const rx_tm_params *P, const rx_tm_acts *A, const float *x,
-                        const float *x_prev_init, const float *v_first, const float *dy,
-                        rx_tm_grads *G, float *dx, float *d_xprev_init, float *d_v_first,
-                        float *work) {
+int rx_tm_backward_state(const rx_tm_params *P, const rx_tm_acts *A, const float *x,
+                         const float *x_prev_init, const float *v_first, const float *dy,
+                         rx_tm_grads *G, float *dx, float *d_xprev_init, float *d_v_first,
+                         float *d_state, float *work) {
     const size_t B = A->B, T = A->T, BT = B * T, C = (size_t)P->c;
     const size_t H = (size_t)P->n_head, N = (size_t)P->head_size;
     const int vres = P->layer_id > 0;
@@ -483,8 +483,8 @@ int rx_tm_backward_acts(const rx_tm_params *P, const rx_tm_acts *A, const float 
                              RX_GN_EPS);
     if (rc == RX_OK)
         rc = rx_wkv7_backward_cp(A->r, A->w, A->kmod, A->vmod, A->aw, A->bw, S.dyw, NULL,
-                                 A->wkv_cp, A->wkv_work, S.dr, S.dw, S.dk, S.dv, S.da, S.db, NULL,
-                                 (int)B, (int)T, (int)H, (int)N);
+                                 A->wkv_cp, A->wkv_work, S.dr, S.dw, S.dk, S.dv, S.da, S.db,
+                                 d_state, (int)B, (int)T, (int)H, (int)N);
     if (rc != RX_OK) {
         free(own);
         return rc;
@@ -534,6 +534,14 @@ int rx_tm_backward_acts(const rx_tm_params *P, const rx_tm_acts *A, const float 
     }
     free(own);
     return rc;
+}
+
+int rx_tm_backward_acts(const rx_tm_params *P, const rx_tm_acts *A, const float *x,
+                        const float *x_prev_init, const float *v_first, const float *dy,
+                        rx_tm_grads *G, float *dx, float *d_xprev_init, float *d_v_first,
+                        float *work) {
+    return rx_tm_backward_state(P, A, x, x_prev_init, v_first, dy, G, dx, d_xprev_init,
+                                d_v_first, NULL, work);
 }
 
 /* rx_spans_check of a sequence entry point: P (and G) with x [B][T][c],

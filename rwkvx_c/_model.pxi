@@ -12,6 +12,12 @@ cdef extern from "rx_pretrain.h" nogil:
     float *rx_ptmodel_param_arena(rx_ptmodel *m, int64_t *n)
     float *rx_ptmodel_grad_arena(rx_ptmodel *m, int64_t *n)
     const char *rx_ptmodel_layers(const rx_ptmodel *m)
+    int rx_ptmodel_enable_state(rx_ptmodel *m)
+    float *rx_ptmodel_state_arena(rx_ptmodel *m, int64_t *n)
+    float *rx_ptmodel_state_grad_arena(rx_ptmodel *m, int64_t *n)
+    int rx_ptmodel_set_frozen(rx_ptmodel *m, int frozen)
+    int rx_ptmodel_set_frozen_ranges(rx_ptmodel *m, const int64_t *ranges, int n)
+    int rx_ptmodel_frozen(const rx_ptmodel *m)
     int rx_ptmodel_flags(const rx_ptmodel *m)
     int RX_PT_LN0
 
@@ -158,6 +164,7 @@ cdef class RxPtModel:
     cdef dict _config, _params, _grads
     cdef list _names
     cdef object _pbuf, _gbuf
+    cdef object _sbuf, _sgbuf  # the initial WKV states and their grads (None until enabled)
     cdef str _layers
 
     def __cinit__(self):
@@ -260,6 +267,69 @@ cdef class RxPtModel:
     def grad_buffer(self):
         """1-D float32 view of every grad, same layout as param_buffer."""
         return self._gbuf
+
+    def enable_state(self):
+        """Give every RWKV block a trainable initial WKV state, zero to
+        start (docs/maths.md §Initial state); idempotent. The forward then
+        starts each block's WKV7 from it (every sequence of a batch alike) and
+        the backward also writes state_grad."""
+        cdef int rc
+        if self._sbuf is not None:
+            return
+        self._enter()
+        try:
+            rc = rx_ptmodel_enable_state(self._h.m)
+            _check_rc(rc, "RxPtModel.enable_state")
+            if self._acts != NULL:   # made without the state buffers
+                rx_pt_acts_free(self._acts)
+                self._acts = NULL
+            self._fwd_shape = None
+        finally:
+            self._busy = False
+        cdef int64_t n
+        cdef float *p = rx_ptmodel_state_arena(self._h.m, &n)
+        c = self._config
+        shp = (c["n_rwkv_layer"], c["n_head"], c["head_size"], c["head_size"])
+        self._sbuf = _arena_view(self._h, p, n).reshape(shp)
+        self._sgbuf = _arena_view(self._h, rx_ptmodel_state_grad_arena(self._h.m, NULL),
+                                  n).reshape(shp)
+
+    @property
+    def frozen(self):
+        """True: backward computes no weight grads (no weight-gradient GEMM,
+        grads / grad_buffer unspecified) but the same grads on activations and
+        state_grad; a state tune's setting (settable)."""
+        return rx_ptmodel_frozen(self._h.m) == 1
+
+    @frozen.setter
+    def frozen(self, value):
+        if self._busy:
+            raise RuntimeError("RxPtModel: frozen changed while a forward or backward runs")
+        rx_ptmodel_set_frozen(self._h.m, 1 if value else 0)
+
+    def freeze_ranges(self, ranges):
+        """Freeze part of the model: ranges, int64 (R, 2) [begin, end)
+        element ranges of param_buffer whose weight grads backward skips
+        (no weight-gradient GEMM, no embedding scatter; their grads are then
+        unspecified; every other grad is the same bits). An empty array
+        unfreezes everything; frozen is True only when all is frozen."""
+        r = np.ascontiguousarray(ranges, dtype=np.int64).reshape(-1, 2)
+        if self._busy:
+            raise RuntimeError("RxPtModel: frozen changed while a forward or backward runs")
+        cdef const int64_t[:, ::1] rv = r if r.shape[0] else np.zeros((1, 2), np.int64)
+        cdef int rc = rx_ptmodel_set_frozen_ranges(self._h.m, &rv[0, 0], <int>r.shape[0])
+        _check_rc(rc, "RxPtModel.freeze_ranges")
+
+    @property
+    def state(self):
+        """Writable float32 (n_rwkv_layer, H, N, N) view of the initial WKV
+        states, [block][head][value i][key j]; None until enable_state()."""
+        return self._sbuf
+
+    @property
+    def state_grad(self):
+        """Writable float32 view of the initial states' grads, shaped as state."""
+        return self._sgbuf
 
     @property
     def n_params(self):

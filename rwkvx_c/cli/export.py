@@ -16,9 +16,10 @@ def add_parser(sub: Subparsers) -> None:
     e = sub.add_parser("export", help="write a trained model for another tool",
                        description="Write the model in DIR as an RWKV-LM x070 .pth (rwkv7: "
                        "the rwkv package), an RWKV-X .pth (rwkvx: the rwkv-x package), a "
-                       "GGUF file (gguf: llama.cpp) or a Hugging Face folder (hf: "
-                       "flash-linear-attention's rwkv7 layout, rwkv7-hf, transformers). "
-                       "See docs/interop.md.")
+                       "GGUF file (gguf: llama.cpp), a Hugging Face folder (hf: "
+                       "flash-linear-attention's rwkv7 layout, rwkv7-hf, transformers), or a "
+                       "state-tuned run's initial states (state: RWKV-PEFT's time_state file). "
+                       "See docs/interop.md, docs/finetune.md.")
     e.add_argument("dir", metavar="DIR", help="run folder (or checkpoint file)")
     e.add_argument("--format", required=True, choices=list(FORMATS),
                    help="the file format (required)")
@@ -39,4 +40,7 @@ def run(a: argparse.Namespace) -> int:
         else [a.dir]
     export_model(model, a.format, a.out, a.dtype, inputs=inputs, tokenizer=tok)
     print(f"rwkvx-c export: {a.out} ({a.format}, {a.dtype})")
+    if model.state is not None and a.format != "state":
+        print("rwkvx-c export: the model's trained initial states are not in this file; they "
+              "travel separately: rwkvx-c export DIR --format state --out FILE")
     return 0

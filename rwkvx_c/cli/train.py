@@ -20,10 +20,12 @@ from rwkvx_c.cli.common import (
     positive_int,
 )
 from rwkvx_c.errors import TrainError
+from rwkvx_c.interop.source import STATE_KEY, read_source
 from rwkvx_c.model.config import SHAPE_OPTIONS, ModelConfig
 from rwkvx_c.run.plot import plot_log
 from rwkvx_c.run.rundir import RunDir, describe_entries
 from rwkvx_c.train.distributed import ProcessGroup, world
+from rwkvx_c.train.finetune import from_source
 from rwkvx_c.train.options import TrainOptions
 from rwkvx_c.train.progress import progress_bar, progress_update
 from rwkvx_c.train.trainer import Trainer
@@ -84,6 +86,9 @@ def train_options(a: argparse.Namespace) -> dict[str, Any]:
             raise TrainError("the model shape of a run is fixed; drop the shape flags with "
                              "--resume")
         opts["model"] = ModelConfig.preset(a.preset or "default").with_shape(**shape).to_dict()
+        if a.init_from:   # only the values asked for, each judged against the source's
+            opts["model"] = {o.field: v for o in SHAPE_OPTIONS
+                             if (v := getattr(a, o.name)) is not None}
     return opts
 
 
@@ -118,6 +123,11 @@ def _start_run(a: argparse.Namespace, group: ProcessGroup) -> tuple[Trainer, str
     out = group.root_value(a.out or RunDir.new().path)
     group.on_root(_check_new_dir, out)
     kw = {k: v for k, v in opts.items() if v is not None}
+    if a.init_from:   # a fine-tune: the source's shape, tokenizer and weights
+        src = group.on_root(read_source, a.init_from)
+        weights = dict(src.weights, **({STATE_KEY: src.state0} if src.state0 is not None else {}))
+        o = from_source(TrainOptions(**kw), src.config, src.tokenizer, a.init_from)
+        return Trainer(o, out, progress=not a.no_progress, _weights=weights), out
     return Trainer(TrainOptions(**kw), out, progress=not a.no_progress), out
 
 

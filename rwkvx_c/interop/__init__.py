@@ -11,7 +11,7 @@ only through RxPtModel, its config dict and NumPy arrays.
 from rwkvx_c.errors import InteropError
 from rwkvx_c.interop.gguf import save_gguf
 from rwkvx_c.interop.pth import DTYPES, load_pth, save_pth
-from rwkvx_c.interop.runs import FORMATS, export_model, import_pth
+from rwkvx_c.interop.runs import FORMATS, export_model, import_pth, state_dict
 from rwkvx_c.interop.rwkv7 import (
     from_rwkv7,
     from_rwkvx,
@@ -20,7 +20,8 @@ from rwkvx_c.interop.rwkv7 import (
     to_rwkv7,
     to_rwkvx,
 )
+from rwkvx_c.interop.source import Source, read_source
 
 __all__ = ["InteropError", "to_rwkv7", "from_rwkv7", "rwkv7_config", "to_rwkvx", "from_rwkvx",
            "rwkvx_refusal", "load_pth", "save_pth", "save_gguf", "export_model", "import_pth",
-           "DTYPES", "FORMATS"]
+           "DTYPES", "FORMATS", "state_dict", "Source", "read_source"]

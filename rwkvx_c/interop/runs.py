@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
+import numpy as np
+
 from rwkvx_c._core import RxPtModel
 from rwkvx_c.data.tokenizers import WORLD_VOCAB_SIZE, ByteTokenizer, Tokenizer
 from rwkvx_c.errors import InteropError, OutputError
@@ -14,9 +16,9 @@ from rwkvx_c.interop.pth import DTYPES, load_pth, save_pth
 from rwkvx_c.interop.rwkv7 import from_rwkv7, from_rwkvx, to_rwkv7, to_rwkvx
 from rwkvx_c.run.rundir import RunDir, claim_output, describe_entries
 
-__all__ = ["FORMATS", "export_model", "import_pth"]
+__all__ = ["FORMATS", "export_model", "import_pth", "state_dict"]
 
-FORMATS = ("rwkv7", "rwkvx", "gguf", "hf")
+FORMATS = ("rwkv7", "rwkvx", "gguf", "hf", "state")
 
 
 def export_model(model: RxPtModel, fmt: str, out: str, dtype: str = "fp32", *,
@@ -24,9 +26,13 @@ def export_model(model: RxPtModel, fmt: str, out: str, dtype: str = "fp32", *,
     """Writes model to the file out in format fmt (rwkv7, rwkvx or gguf; hf:
     the folder out, with tokenizer's files) at dtype (fp32, bf16 or fp16),
     atomically; InteropError when the format cannot hold the model (nothing
-    is written then). OutputError when out (for hf: any file it writes
-    there) is one of `inputs` (the model's run folder or file) or a run
-    folder's own file (rwkvx_c.run.rundir.claim_output)."""
+    is written then). fmt "state": the model's trained initial WKV states
+    alone, as RWKV-PEFT saves them (state_dict). OutputError when out (for
+    hf: any file it writes there) is one of `inputs` (the model's run folder
+    or file) or a run folder's own file (rwkvx_c.run.rundir.claim_output).
+
+    The model files hold the weights only: a state-tuned model's initial
+    states travel in the state file beside them."""
     if dtype not in DTYPES:
         raise InteropError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
     if fmt not in FORMATS:
@@ -42,8 +48,21 @@ def export_model(model: RxPtModel, fmt: str, out: str, dtype: str = "fp32", *,
         save_pth(to_rwkvx(model), out, dtype)
     elif fmt == "hf":
         save_hf(model, tokenizer or ByteTokenizer(), out, dtype)
+    elif fmt == "state":
+        save_pth(state_dict(model), out, "fp32")
     else:
         save_gguf(model, out, dtype)
+
+
+def state_dict(model: RxPtModel) -> dict[str, np.ndarray]:
+    """{'blocks.{i}.att.time_state': float32 [H, N, N]} for each RWKV block i,
+    RWKV-PEFT's state file: state[h][v][k] (value row, key column), the
+    layout the rwkv package's x070 model takes as state[3*i+1]
+    (tests/test_finetune.py runs it). InteropError without states."""
+    if model.state is None:
+        raise InteropError("the model has no trained initial states (train with --tune state)")
+    return {f"blocks.{i}.att.time_state": np.array(s, dtype=np.float32)
+            for i, s in enumerate(model.state)}
 
 
 def import_pth(path: str, out_dir: str) -> str:

@@ -7,7 +7,10 @@ JSON header, then the raw little-endian tensor bytes), readable by the
   - every model parameter under its docs/layout.md §Parameters name (``emb``,
     ``blocks.0.tm.x_r``, ..., ``head``), float32, its own shape;
   - the AdamW moments as flat float32 arrays ``optim.m`` and ``optim.v``
-    (same length and layout as the model's parameter arena), when saved.
+    (same length and layout as the arena of what trains: the parameters,
+    or in a state-tuned run the initial states), when saved;
+  - ``state0`` (STATE_KEY), the trainable initial WKV states
+    [n_rwkv_layer, H, N, N], when the model has them (docs/finetune.md).
 
 ``__metadata__`` (string -> string, as safetensors requires) holds
 ``format`` ("rwkvx_c.checkpoint"), ``version``, ``config`` (the model
@@ -44,9 +47,10 @@ from rwkvx_c.util.atomic import replacing
 from rwkvx_c.util.files import open_input
 
 __all__ = ["CheckpointError", "save_checkpoint", "read_checkpoint", "parse_checkpoint",
-           "read_state", "FORMAT", "VERSION"]
+           "read_state", "FORMAT", "VERSION", "STATE_KEY"]
 
 FORMAT = "rwkvx_c.checkpoint"
+STATE_KEY = "state0"   # the initial WKV states of a state-tuned model
 VERSION = "2"
 _READS = ("1", "2")
 _MAX_HEADER = 64 << 20

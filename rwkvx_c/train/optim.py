@@ -76,9 +76,15 @@ class AdamW:
         self.v = np.zeros_like(params)
         self.t = 0
 
+    def grad_norm(self) -> float:
+        """The global L2 norm of the gradients this optimiser applies."""
+        return grad_norm(self.grads)
+
     def step(self, lr: float, norm: float | None = None) -> float:
         """One update with learning rate lr; returns the grad norm before
-        clipping (`norm`, when the caller has computed it already)."""
+        clipping. norm: the global grad norm to clip by, when the caller has
+        computed it already or these buffers are part of a larger set (None:
+        theirs)."""
         if norm is None:
             norm = grad_norm(self.grads)
         if not math.isfinite(norm):

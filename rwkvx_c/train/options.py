@@ -24,10 +24,11 @@ from rwkvx_c.model.presets import PRESETS
 from rwkvx_c.train.guard import ON_DIVERGENCE
 from rwkvx_c.train.schedule import SCHEDULES
 
-__all__ = ["TrainOptions", "auto_precision", "PRECISIONS", "DEFAULT_STEPS", "saved_options",
-           "apply_changes", "model_vocab"]
+__all__ = ["TrainOptions", "auto_precision", "PRECISIONS", "TUNE_MODES", "DEFAULT_STEPS",
+           "saved_options", "apply_changes", "model_vocab"]
 
 PRECISIONS = ("fp32", "bf16", "auto")
+TUNE_MODES = ("full", "state")   # what trains (rwkvx_c.train.finetune)
 DEFAULT_STEPS = 1000      # a preset with neither steps nor a time budget
 MAX_TOKENS_PER_STEP = 2 ** 31 - 1   # B * T indexes int32 arrays in the C API
 
@@ -132,6 +133,17 @@ class TrainOptions:
                               "checkpoint and halve the learning rate (at most 3 times)",
                               choices=ON_DIVERGENCE)
 
+    init_from: str | None = _opt(None, "start from these weights: a run folder, a "
+                                 "checkpoint or an x070 / RWKV-X .pth (a new run at step 0; "
+                                 "shape and tokenizer from SRC)", metavar="SRC")
+    tune: str = _opt("full", "what trains: every parameter, or (state) one initial WKV "
+                     "state per RWKV block with the rest frozen", choices=TUNE_MODES)
+    train_parts: str | None = _opt(None, "with --tune state, these groups train too: a comma "
+                                   "list of ln, time (lerp, decay, gate vectors and their "
+                                   "LoRAs), emb, head, attn", metavar="G,G")
+    freeze: str | None = _opt(None, "with --tune full, hold these groups fixed (as "
+                              "--train-parts)", metavar="G,G")
+
     # options a resumed run may change without changing what it computes
     RESUMABLE = ("steps", "time_budget", "eval_every", "save_every", "threads", "cache_dir",
                  "on_divergence")
@@ -211,6 +223,14 @@ class TrainOptions:
         if self.schedule not in SCHEDULES:
             raise TrainError(f"unknown schedule {self.schedule!r}; choose one of "
                              f"{', '.join(SCHEDULES)}")
+        if self.tune not in TUNE_MODES:
+            raise TrainError(f"unknown tune {self.tune!r}; choose one of {', '.join(TUNE_MODES)}")
+        if self.train_parts and self.tune != "state":
+            raise TrainError("--train-parts adds groups to --tune state; with --tune full "
+                             "everything trains (hold groups fixed with --freeze)")
+        if self.freeze and self.tune != "full":
+            raise TrainError("--freeze holds groups of --tune full fixed; --tune state "
+                             "freezes the whole base already")
         if self.init not in SCHEMES:
             raise TrainError(f"unknown init {self.init!r}; choose one of {', '.join(SCHEMES)}")
         assert self.batch is not None and self.seq_len is not None   # pos() checked them

@@ -48,8 +48,9 @@ from rwkvx_c.run.lock import RunLock
 from rwkvx_c.run.rundir import RunDir
 from rwkvx_c.train import schedule
 from rwkvx_c.train.distributed import world
+from rwkvx_c.train.finetune import PartsAdamW, make_optimizer, restore_trained, trained_tensors
 from rwkvx_c.train.guard import MAX_ROLLBACKS, ROLLBACK_LR_FACTOR, DivergenceGuard
-from rwkvx_c.train.optim import AdamW, decay_ranges
+from rwkvx_c.train.optim import AdamW
 from rwkvx_c.train.options import TrainOptions, model_vocab
 from rwkvx_c.train.progress import watch
 from rwkvx_c.train.resume import read_saved, saved_counters
@@ -93,7 +94,7 @@ class Trainer:
     tokenizer: Tokenizer
     corpus: Corpus
     model: _core.RxPtModel
-    optim: AdamW
+    optim: AdamW | PartsAdamW
     guard: DivergenceGuard
     sampler: BatchSampler
     val_x: np.ndarray
@@ -133,7 +134,7 @@ class Trainer:
         self.out_dir = run_dir if self.group.is_root else None
         self.run_dir = RunDir(self.out_dir) if self.out_dir is not None else None
         self._t0 = time.perf_counter()
-        self._prepare_out_dir(new=_state is None, imported=_weights is not None)
+        self._prepare_out_dir(_state is None, _weights is not None and not self.opts.init_from)
         threads = self.opts.threads if self.opts.threads is not None \
             else self.group.default_threads()
         if threads is not None:
@@ -148,8 +149,8 @@ class Trainer:
         self._session_start = self._t0
 
     def _prepare_out_dir(self, new: bool, imported: bool) -> None:
-        """Lock the run folder (rank 0), refuse to start over a saved run,
-        and drop the log of a run that never saved."""
+        """Lock the run folder (rank 0), refuse to start over a saved run
+        (unless it is the imported model itself), drop a log never saved."""
         rd = self.run_dir
         if rd is None:
             return
@@ -203,10 +204,7 @@ class Trainer:
             self._load_params(_weights)
         elif _tensors is None:
             init_model(self.model, opts.init, seed=opts.seed)
-        self.optim = AdamW(self.model.param_buffer, self.model.grad_buffer,
-                           decay_ranges(self.model), betas=(opts.beta1, opts.beta2),
-                           eps=opts.adam_eps, weight_decay=opts.weight_decay,
-                           grad_clip=opts.grad_clip)
+        self.optim = make_optimizer(self.model, opts, self.group.size)   # what trains (--tune)
         self.guard = DivergenceGuard(cfg["vocab_size"])
 
     def _prepare_batches(self) -> None:
@@ -280,7 +278,7 @@ class Trainer:
                              f"{state.get('corpus')}, it is now {self.corpus.description}")
         c = saved_counters(state)
         self._load_params(tensors)
-        n = self.model.n_params
+        n = self.optim.m.size
         for key, buf in (("optim.m", self.optim.m), ("optim.v", self.optim.v)):
             if key not in tensors or tensors[key].shape != (n,):
                 raise TrainError(f"checkpoint lacks the optimiser state {key}")
@@ -301,6 +299,7 @@ class Trainer:
 
     def _load_params(self, tensors: Mapping[str, np.ndarray]) -> None:
         load_params(self.model, tensors, "the checkpoint", TrainError)
+        restore_trained(self.model, tensors, "the checkpoint")   # a state run's states
 
     def state(self) -> dict[str, Any]:
         """The JSON-serialisable run state a checkpoint stores."""
@@ -331,6 +330,7 @@ class Trainer:
         tensors = dict(self.model.params)
         tensors["optim.m"] = self.optim.m
         tensors["optim.v"] = self.optim.v
+        tensors.update(trained_tensors(self.model))
         save_checkpoint(path, tensors, self.model.config, self.state())
         if self.run_dir is not None and path == self.run_dir.checkpoint:
             self.saved_step = self.step_count
@@ -418,7 +418,7 @@ class Trainer:
         self.model.forward(x[lo:hi], return_logits=False)
         loss = self.model.backward(y[lo:hi])
         loss = self.group.average_grads(self.model.grad_buffer, loss)
-        norm = _core.grad_norm(self.model.grad_buffer)   # judged before the update
+        norm = self.optim.grad_norm()   # of what trains, judged before the update
         self.guard.check_loss(loss, self.step_count + 1, norm)
         self.optim.step(lr, norm)
         self.step_count += 1

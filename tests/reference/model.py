@@ -94,10 +94,12 @@ def _sub(params, prefix):
     return {k[len(prefix):]: v for k, v in params.items() if k.startswith(prefix)}
 
 
-def model_forward(params, config, tokens, block_inputs=None):
+def model_forward(params, config, tokens, block_inputs=None, state0=None):
     """Logits Var (B, T, vocab) for tokens (B, T), or (T, vocab) for (T,).
     params: Vars, or arrays taken as constants. block_inputs: a list that
-    receives the residual entering each block."""
+    receives the residual entering each block. state0: None, or a list of
+    one initial WKV state Var (H, N, N) per RWKV block, every sequence of
+    the batch starting from it (docs/maths.md §Initial state)."""
     params = {k: v if isinstance(v, Var) else Var(v, requires_grad=False)
               for k, v in params.items()}
     tokens = np.asarray(tokens)
@@ -113,7 +115,8 @@ def model_forward(params, config, tokens, block_inputs=None):
         if block_inputs is not None:
             block_inputs.append(x)
         if kind == "R":
-            x, vf = rwkv_block(p, x, None, None, v_first, H, N, r)
+            s0 = None if state0 is None else state0[r].reshape(1, H, N, N)
+            x, vf = rwkv_block(p, x, None, None, v_first, H, N, r, s0)
             if r == 0:
                 v_first = vf
             r += 1
@@ -123,9 +126,9 @@ def model_forward(params, config, tokens, block_inputs=None):
     return logits.reshape(T, config["vocab_size"]) if tokens.ndim == 1 else logits
 
 
-def model_loss(params, config, tokens, targets, ignore_index=-1):
+def model_loss(params, config, tokens, targets, ignore_index=-1, state0=None):
     """Scalar Var: mean cross-entropy over every valid position of the batch."""
-    logits = model_forward(params, config, tokens)
+    logits = model_forward(params, config, tokens, state0=state0)
     V = config["vocab_size"]
     return cross_entropy(logits.reshape(-1, V), np.asarray(targets).reshape(-1), ignore_index)
 

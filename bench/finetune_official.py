@@ -1,0 +1,98 @@
+"""The state-tune path end to end at the 0.1B shape: a random x070 .pth in
+the official names and layouts (C 768, 12 blocks, head size 64, the World
+vocabulary), state-tuned by `rwkvx-c train --init-from`, its states exported
+and run by the `rwkv` package beside the merged base.
+
+    python bench/finetune_official.py [WORKDIR] [--steps 20]
+
+Prints the loss of the first and last steps, whether the base stayed
+bit-identical, and the rwkv package's logits against ours (max |diff| / max
+|logit|, fp32). Needs torch and rwkv (".[torch,world]"). The corpus is a
+few chat turns written as plain text in RWKV's chat format (User: /
+Assistant:, a blank line between turns)."""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+
+CHAT = [("What is RWKV?", "An RNN with the quality of a transformer."),
+        ("Name a colour.", "Blue."), ("How many legs has a cat?", "Four.")]
+
+_RWKV = """
+import os, sys
+os.environ["RWKV_V7_ON"] = "1"
+import numpy as np, torch
+from rwkv.model import RWKV
+m = RWKV(model=sys.argv[1][:-len(".pth")], strategy="cpu fp32")
+ts = torch.load(sys.argv[3])
+state = m.generate_zero_state()
+for i in range(m.n_layer):
+    state[3 * i + 1] = ts[f"blocks.{i}.att.time_state"].float().clone()
+out, _ = m.forward(np.load(sys.argv[2]).tolist(), state, full_output=True)
+np.save(sys.argv[4], out.float().numpy())
+"""
+
+
+def main():
+    from test_interop import _official_dict
+
+    from rwkvx_c import interop
+    from rwkvx_c.cli import main as cli
+    from rwkvx_c.run.checkpoint import read_checkpoint
+    from rwkvx_c.sample import load_run
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("work", nargs="?", default=None)
+    ap.add_argument("--steps", type=int, default=20)
+    a = ap.parse_args()
+    work = a.work or tempfile.mkdtemp(prefix="rwkvx_ft_")
+    os.makedirs(work, exist_ok=True)
+    sd = _official_dict(np.random.default_rng(0), V=65536, C=768, H=12, N=64, L=12, F=3072,
+                        Dw=64, Da=64, Dv=32, Dg=128)
+    # a smaller head: random logits as wide as _official_dict's start above the
+    # uniform guess, which the divergence guard takes for a blown-up run
+    sd["head.weight"] *= 0.1
+    pth = os.path.join(work, "official-0.1B.pth")
+    interop.save_pth(sd, pth, "fp32")
+    corpus = os.path.join(work, "chat.txt")
+    with open(corpus, "w") as f:
+        f.write("".join(f"User: {q}\n\nAssistant: {r}\n\n" for q, r in CHAT * 200))
+    run = os.path.join(work, "state-run")
+    rc = cli(["train", "--init-from", pth, "--tune", "state", "--data", corpus, "--steps",
+              str(a.steps), "--batch", "2", "--seq-len", "128", "--lr", "1e-2", "--warmup", "2",
+              "--eval-tokens", "512", "--threads", "2", "--precision", "fp32", "--no-progress",
+              "--out", run, "--cache-dir", os.path.join(work, "cache")])
+    assert rc == 0
+    model, tok = load_run(run)
+    tensors, _, _ = read_checkpoint(os.path.join(run, "checkpoint.safetensors"))
+    src = interop.read_source(pth)
+    same = all(np.array_equal(tensors[n], src.weights[n]) for n in model.param_names)
+    with open(os.path.join(run, "log.jsonl")) as f:
+        rows = [json.loads(x) for x in f]
+    losses = [r["loss"] for r in rows if "loss" in r]
+    vals = [r["val_loss"] for r in rows if "val_loss" in r]
+    print(f"train loss {losses[0]:.4f} -> {losses[-1]:.4f}; val loss {vals[0]:.4f} -> "
+          f"{vals[-1]:.4f}; base bit-identical: {same}")
+    out_pth, st = os.path.join(work, "base.pth"), os.path.join(work, "state.pth")
+    interop.export_model(model, "rwkv7", out_pth)
+    interop.export_model(model, "state", st)
+    tokens = tok.encode("User: Name a colour.\n\nAssistant:").astype(np.int32)
+    ours = model.forward(tokens)
+    np.save(os.path.join(work, "tokens.npy"), tokens.astype(np.int64))
+    r = subprocess.run([sys.executable, "-c", _RWKV, out_pth, os.path.join(work, "tokens.npy"),
+                        st, os.path.join(work, "ref.npy")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    ref = np.load(os.path.join(work, "ref.npy"))
+    print(f"rwkv package with the exported state vs ours: "
+          f"{np.abs(ours - ref).max() / np.abs(ref).max():.2e} (of the largest logit)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,201 @@
+"""Fine-tuning: a run that starts from another model's weights
+(``--init-from``, read by rwkvx_c.interop.source) and what of the model
+trains (``--tune``).
+
+    full   every parameter trains (the default; a plain run)
+    state  only one initial WKV state [H, N, N] per RWKV block trains,
+           zero to start (or the source's trained states); the base is
+           frozen: AdamW holds moments for the states alone and the base
+           weights are never written (docs/finetune.md)
+
+The shape comes from the source: a shape option that disagrees is one
+TrainError (shape_conflicts is the one place that judges it).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import fields
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from rwkvx_c.errors import TrainError
+from rwkvx_c.run.checkpoint import STATE_KEY
+from rwkvx_c.train.optim import AdamW, decay_ranges
+from rwkvx_c.train.options import TUNE_MODES, TrainOptions
+
+if TYPE_CHECKING:
+    from rwkvx_c._core import RxPtModel
+
+PARTS = ("ln", "time", "emb", "head", "attn")
+
+__all__ = ["TUNE_MODES", "PARTS", "part_of", "parse_parts", "trained_names", "PartsAdamW",
+           "STATE_KEY", "shape_conflicts", "from_source", "make_optimizer", "trained_tensors",
+           "restore_trained"]
+
+
+def shape_conflicts(src_config: Mapping[str, int], asked: Mapping[str, int]) -> list[str]:
+    """'field: asked X, the source has Y' for every asked shape value the
+    source's config does not have."""
+    return [f"{k}: asked {v}, the source has {src_config.get(k)}"
+            for k, v in asked.items() if src_config.get(k) != v]
+
+
+def from_source(options: TrainOptions, config: Mapping[str, int], tokenizer: str | None,
+                path: str) -> TrainOptions:
+    """options for a run starting from a source of this config and
+    tokenizer: the model shape is the source's (options.model, the shape
+    values asked for, must agree with it) and so is the tokenizer when the
+    source names one."""
+    bad = shape_conflicts(config, options.model or {})
+    if bad:
+        raise TrainError(f"--init-from {path} fixes the model shape; drop the shape flags "
+                         f"({'; '.join(bad)})")
+    if tokenizer is not None and options.tokenizer not in ("byte", tokenizer):
+        raise TrainError(f"--init-from {path} was trained with tokenizer {tokenizer}; drop "
+                         f"--tokenizer {options.tokenizer}")
+    kw: dict[str, Any] = {f.name: getattr(options, f.name) for f in fields(options)}
+    kw.update(model=dict(config), init_from=path)
+    if tokenizer is not None:
+        kw["tokenizer"] = tokenizer
+    return TrainOptions(**kw)
+
+
+# --train-parts / --freeze groups: parameter names by what they are
+_TIME = ("x_r", "x_w", "x_k", "x_v", "x_a", "x_g", "w0", "w1", "w2", "a0", "a1", "a2", "v0",
+         "v1", "v2", "g1", "g2", "k_k", "k_a", "r_k", "ffn_x_k")
+
+
+def part_of(name: str, layers: str) -> str | None:
+    """The group of parameter `name` (ln, time, emb, head, attn), or None
+    for the projection matrices of the RWKV blocks, which no group names."""
+    if name in ("emb", "head"):
+        return name
+    last = name.rsplit(".", 1)[-1]
+    if name.startswith("blocks.") and layers[int(name.split(".")[1])] == "A":
+        return "attn"
+    if last.startswith("ln"):
+        return "ln"
+    return "time" if last in _TIME else None
+
+
+def parse_parts(spec: str | None, flag: str) -> tuple[str, ...]:
+    """"ln,time" -> ("ln", "time"); TrainError naming the flag on an unknown group."""
+    parts = tuple(p for p in (spec or "").replace(" ", "").split(",") if p)
+    bad = [p for p in parts if p not in PARTS]
+    if bad:
+        raise TrainError(f"{flag}: unknown group {bad[0]!r}; choose from {', '.join(PARTS)}")
+    return parts
+
+
+def trained_names(model: RxPtModel, opts: TrainOptions) -> list[str]:
+    """The parameters that train: all but --freeze's groups (full), or
+    --train-parts' groups (state)."""
+    if opts.tune == "full":
+        frozen = parse_parts(opts.freeze, "--freeze")
+        return [n for n in model.param_names if part_of(n, model.layers) not in frozen]
+    parts = parse_parts(opts.train_parts, "--train-parts")
+    return [n for n in model.param_names if part_of(n, model.layers) in parts]
+
+
+class PartsAdamW:
+    """AdamW over several pieces of the model (views into its arenas, the
+    states), clipped by their one global grad norm; m and v are flat over
+    the pieces in order, so moments exist only for what trains."""
+
+    def __init__(self, pieces: list[tuple[np.ndarray, np.ndarray, bool]], opts: TrainOptions):
+        n = sum(p.size for p, _, _ in pieces)
+        self.m, self.v = np.zeros(n, np.float32), np.zeros(n, np.float32)
+        self.subs: list[AdamW] = []
+        off = 0
+        for p, g, decay in pieces:
+            ranges = np.array([[0, p.size]] if decay else [], np.int64).reshape(-1, 2)
+            a = AdamW(p.reshape(-1), g.reshape(-1), ranges, betas=(opts.beta1, opts.beta2),
+                      eps=opts.adam_eps, weight_decay=opts.weight_decay, grad_clip=opts.grad_clip)
+            a.m, a.v = self.m[off:off + p.size], self.v[off:off + p.size]
+            off += p.size
+            self.subs.append(a)
+
+    @property
+    def t(self) -> int:
+        return self.subs[0].t
+
+    @t.setter
+    def t(self, value: int) -> None:
+        for a in self.subs:
+            a.t = value
+
+    def grad_norm(self) -> float:
+        """The global L2 norm over every piece's gradients."""
+        return math.sqrt(sum(a.grad_norm() ** 2 for a in self.subs))
+
+    def step(self, lr: float, norm: float | None = None) -> float:
+        if norm is None:
+            norm = self.grad_norm()
+        if not math.isfinite(norm):
+            raise FloatingPointError(f"gradient norm is {norm}: the loss diverged "
+                                     "(try a lower --lr)")
+        for a in self.subs:
+            a.step(lr, norm)
+        return norm
+
+
+def make_optimizer(model: RxPtModel, opts: TrainOptions, ranks: int = 1) -> AdamW | PartsAdamW:
+    """The AdamW over what trains, the rest frozen in C (no weight-gradient
+    GEMMs): every parameter (full, the plain run), all but --freeze's groups,
+    or the initial states with --train-parts' groups (state). Matrices get
+    weight decay, vectors and states none. ranks: the data-parallel processes,
+    which average the parameter gradients only."""
+    if opts.tune == "state" and ranks > 1:
+        raise TrainError("--tune state trains in one process: the state gradients are not "
+                         "averaged over MPI ranks")
+    names = trained_names(model, opts)
+    if opts.tune == "full" and len(names) == len(model.param_names):
+        model.freeze_ranges(np.zeros((0, 2), np.int64))
+        return AdamW(model.param_buffer, model.grad_buffer, decay_ranges(model),
+                     betas=(opts.beta1, opts.beta2), eps=opts.adam_eps,
+                     weight_decay=opts.weight_decay, grad_clip=opts.grad_clip)
+    keep = set(names)
+    base = model.param_buffer
+    frozen: list[list[int]] = []
+    for n in model.param_names:   # in arena order: neighbours merge into one range
+        if n in keep:
+            continue
+        b = _offset(model.params[n], base)
+        if frozen and frozen[-1][1] == b:
+            frozen[-1][1] = b + model.params[n].size
+        else:
+            frozen.append([b, b + model.params[n].size])
+    model.freeze_ranges(np.array(frozen, np.int64).reshape(-1, 2))
+    pieces = [(model.params[n], model.grads[n], model.params[n].ndim == 2) for n in names]
+    if opts.tune == "state":
+        model.enable_state()
+        assert model.state is not None and model.state_grad is not None
+        pieces.insert(0, (model.state, model.state_grad, False))
+    if not pieces:
+        raise TrainError("nothing trains: every group is frozen")
+    return PartsAdamW(pieces, opts)
+
+
+def _offset(view: np.ndarray, base: np.ndarray) -> int:
+    return (view.__array_interface__["data"][0] - base.__array_interface__["data"][0]) // 4
+
+
+def trained_tensors(model: RxPtModel) -> dict[str, np.ndarray]:
+    """What a checkpoint stores beside the parameters: the initial states
+    when the model has them."""
+    return {} if model.state is None else {STATE_KEY: model.state}
+
+
+def restore_trained(model: RxPtModel, tensors: Mapping[str, np.ndarray], what: str) -> None:
+    """The initial states of a checkpoint (or an init source) into model."""
+    t = tensors.get(STATE_KEY)
+    if t is None:
+        return
+    model.enable_state()
+    assert model.state is not None
+    if t.shape != model.state.shape:
+        raise TrainError(f"{what}: {STATE_KEY} has shape {t.shape}, the model's initial "
+                         f"states are {model.state.shape}")
+    model.state[...] = t
