@@ -312,16 +312,27 @@ def _finite(v: float) -> bool:
         return False
 
 
-def model_vocab(opts: TrainOptions, tokenizer: Tokenizer, corpus: Corpus) -> int:
+def model_vocab(opts: TrainOptions, tokenizer: Tokenizer, corpus: Corpus,
+                fixed: bool = False) -> int:
     """The vocabulary the model gets: opts.vocab_size (--vocab-size) when
     given, else the tokenizer's (unless it is bytes), else the larger of the
     config's (a preset's, or a resumed run's) and the corpus's ids (a token
-    file's sidecar vocab_size, or its largest id + 1). TrainError when the
-    requested size cannot hold the corpus's or the tokenizer's ids."""
+    file's sidecar vocab_size, or its largest id + 1). fixed: the weights
+    come with the config (imported, --init-from), whose size then stands.
+    TrainError when the size cannot hold the corpus's or the tokenizer's ids."""
+    assert opts.model is not None   # resolved() filled it
     tok = None if tokenizer.name == "byte" else tokenizer.vocab_size
     need = max(corpus.vocab_size, tok or 0)
+    if fixed:
+        have = opts.model["vocab_size"]
+        if opts.vocab_size is not None and opts.vocab_size != have:
+            raise TrainError(f"--vocab-size {opts.vocab_size} differs from the weights' "
+                             f"vocabulary of {have}; leave it out")
+        if need > have:
+            raise TrainError(f"the corpus has {need} token ids but the model's vocab_size is "
+                             f"{have}")
+        return have
     if opts.vocab_size is None:
-        assert opts.model is not None   # resolved() filled it
         return tok if tok is not None else max(opts.model["vocab_size"], corpus.vocab_size)
     if opts.vocab_size < need:
         raise TrainError(f"--vocab-size {opts.vocab_size} cannot hold the data's token ids "

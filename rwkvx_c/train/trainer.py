@@ -186,8 +186,8 @@ class Trainer:
                      _weights: Mapping[str, np.ndarray] | None) -> None:
         """The model (checked to fit in memory), its first weights and the optimiser."""
         opts = self.opts
-        # the model's vocabulary follows the tokenizer and the data, or --vocab-size
-        opts.vocab_size = opts.model["vocab_size"] = model_vocab(opts, self.tokenizer, self.corpus)
+        opts.vocab_size = opts.model["vocab_size"] = model_vocab(
+            opts, self.tokenizer, self.corpus, fixed=_weights is not None)
         cfg = dict(opts.model)
         try:
             ModelConfig.from_dict(cfg)
