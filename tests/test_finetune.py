@@ -238,5 +238,5 @@ def test_freeze_and_train_parts(tmp_path):
         assert np.array_equal(tr.model.params[n], tensors[n]) != ln, n
     with pytest.raises(TrainError, match="unknown group 'bogus'"):
         _tune(tmp_path, base, "bad", freeze="bogus")
-    with pytest.raises(TrainError, match="--train-parts adds groups to --tune state"):
-        _tune(tmp_path, base, "bad2", train_parts="ln")
+    with pytest.raises(TrainError, match="not both"):
+        _tune(tmp_path, base, "bad2", train_parts="ln", freeze="emb")

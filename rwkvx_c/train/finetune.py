@@ -22,6 +22,7 @@ import numpy as np
 
 from rwkvx_c.errors import TrainError
 from rwkvx_c.run.checkpoint import STATE_KEY
+from rwkvx_c.train.expand import ATTN_FIELDS, expanded_config
 from rwkvx_c.train.optim import AdamW, decay_ranges
 from rwkvx_c.train.options import TUNE_MODES, TrainOptions
 
@@ -37,7 +38,8 @@ __all__ = ["TUNE_MODES", "PARTS", "part_of", "parse_parts", "trained_names", "Pa
 
 def shape_conflicts(src_config: Mapping[str, int], asked: Mapping[str, int]) -> list[str]:
     """'field: asked X, the source has Y' for every asked shape value the
-    source's config does not have."""
+    source's config does not have (adding attention blocks to a pure RWKV-7
+    source is an expansion, rwkvx_c.train.expand, judged before this)."""
     return [f"{k}: asked {v}, the source has {src_config.get(k)}"
             for k, v in asked.items() if src_config.get(k) != v]
 
@@ -48,7 +50,12 @@ def from_source(options: TrainOptions, config: Mapping[str, int], tokenizer: str
     tokenizer: the model shape is the source's (options.model, the shape
     values asked for, must agree with it) and so is the tokenizer when the
     source names one."""
-    bad = shape_conflicts(config, options.model or {})
+    asked = dict(options.model or {})
+    hybrid = expanded_config(config, asked)   # --n-attn-layer K on a pure RWKV-7 source
+    if hybrid is not None:
+        config = hybrid
+        asked = {k: v for k, v in asked.items() if k not in ATTN_FIELDS}
+    bad = shape_conflicts(config, asked)
     if bad:
         raise TrainError(f"--init-from {path} fixes the model shape; drop the shape flags "
                          f"({'; '.join(bad)})")
@@ -90,9 +97,10 @@ def parse_parts(spec: str | None, flag: str) -> tuple[str, ...]:
 
 
 def trained_names(model: RxPtModel, opts: TrainOptions) -> list[str]:
-    """The parameters that train: all but --freeze's groups (full), or
-    --train-parts' groups (state)."""
-    if opts.tune == "full":
+    """The parameters that train: all but --freeze's groups, or only
+    --train-parts' groups (full); --train-parts' groups beside the states
+    (state)."""
+    if opts.tune == "full" and not opts.train_parts:
         frozen = parse_parts(opts.freeze, "--freeze")
         return [n for n in model.param_names if part_of(n, model.layers) not in frozen]
     parts = parse_parts(opts.train_parts, "--train-parts")

@@ -138,9 +138,11 @@ class TrainOptions:
                                  "shape and tokenizer from SRC)", metavar="SRC")
     tune: str = _opt("full", "what trains: every parameter, or (state) one initial WKV "
                      "state per RWKV block with the rest frozen", choices=TUNE_MODES)
-    train_parts: str | None = _opt(None, "with --tune state, these groups train too: a comma "
-                                   "list of ln, time (lerp, decay, gate vectors and their "
-                                   "LoRAs), emb, head, attn", metavar="G,G")
+    train_parts: str | None = _opt(None, "with --tune state, these groups train too; with "
+                                   "--tune full, only these train (attn: RWKV-X's "
+                                   "--only_train_moba): a comma list of ln, time (lerp, decay, "
+                                   "gate vectors and their LoRAs), emb, head, attn",
+                                   metavar="G,G")
     freeze: str | None = _opt(None, "with --tune full, hold these groups fixed (as "
                               "--train-parts)", metavar="G,G")
 
@@ -225,9 +227,9 @@ class TrainOptions:
                              f"{', '.join(SCHEDULES)}")
         if self.tune not in TUNE_MODES:
             raise TrainError(f"unknown tune {self.tune!r}; choose one of {', '.join(TUNE_MODES)}")
-        if self.train_parts and self.tune != "state":
-            raise TrainError("--train-parts adds groups to --tune state; with --tune full "
-                             "everything trains (hold groups fixed with --freeze)")
+        if self.train_parts and self.freeze:
+            raise TrainError("give --train-parts (what trains) or --freeze (what does not), "
+                             "not both")
         if self.freeze and self.tune != "full":
             raise TrainError("--freeze holds groups of --tune full fixed; --tune state "
                              "freezes the whole base already")

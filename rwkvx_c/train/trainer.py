@@ -13,8 +13,7 @@ clipping -> AdamW in place on the parameter arena; nothing is copied. Under
 MPI every rank trains on its B/P rows of the same global batch and the
 gradients are averaged in place before the optimiser (rwkvx_c.train.distributed);
 only rank 0 writes the run folder. A resumed run repeats the uninterrupted
-run's losses bit for bit, on any thread count, when its schedule is by steps;
-a time budget schedules by elapsed time, which no run repeats exactly.
+run's losses bit for bit, on any thread count, when its schedule is by steps.
 """
 from __future__ import annotations
 
@@ -48,6 +47,7 @@ from rwkvx_c.run.lock import RunLock
 from rwkvx_c.run.rundir import RunDir
 from rwkvx_c.train import schedule
 from rwkvx_c.train.distributed import world
+from rwkvx_c.train.expand import place_weights
 from rwkvx_c.train.finetune import PartsAdamW, make_optimizer, restore_trained, trained_tensors
 from rwkvx_c.train.guard import MAX_ROLLBACKS, ROLLBACK_LR_FACTOR, DivergenceGuard
 from rwkvx_c.train.optim import AdamW
@@ -200,8 +200,8 @@ class Trainer:
             memory.check_step(self.model, opts.batch, opts.seq_len)
         except MemoryTooSmall as e:
             raise TrainError(str(e)) from None
-        if _weights is not None:   # an imported model: its weights, a fresh optimiser
-            self._load_params(_weights)
+        if _weights is not None:   # imported or --init-from: its weights, a fresh optimiser
+            self._load_params(place_weights(self.model, _weights))
         elif _tensors is None:
             init_model(self.model, opts.init, seed=opts.seed)
         self.optim = make_optimizer(self.model, opts, self.group.size)   # what trains (--tune)
