@@ -333,6 +333,11 @@ int rx_pgemm(int ta, int tb, size_t M, size_t N, size_t K,
              float beta, float *C, size_t ldc);
 int rx_pgemm_batch(const rx_gemm_op *ops, size_t n);
 
+/* ---- head.c ------------------------------------------------------------
+ * L2Wrap's grad over rows of logits: dlogits[t][am_t] += coef *
+ * logits[t][am_t], am_t the first argmax of row t (coef 0: nothing). */
+void rx_l2wrap_rows(const float *logits, float *dlogits, size_t rows, size_t V, double coef);
+
 /* ---- layernorm.c -------------------------------------------------------
  * Row normalisation shared by LayerNorm (period 1) and the time-mix group
  * norm (period H): rows of length D; row r uses affine w/b at offset
