@@ -244,3 +244,61 @@ def test_recompute_holds_one_block():
     full = _heap_growth(cfg, 1, 1024, False)
     rec = _heap_growth(cfg, 1, 1024, True)
     assert rec < full / 3, (rec, full)
+
+
+# ------------------------------------------------------------- the trainer
+
+def _train_opts(tmp_path, **kw):
+    from rwkvx_c.train import TrainOptions
+    p = tmp_path / "corpus.txt"
+    if not p.exists():
+        words = ["def", "return", "self", "import", "class", "for", "in", "if", "(", ")", ":"]
+        p.write_text(" ".join(np.random.default_rng(0).choice(words, 6000)))
+    base = dict(preset="tiny", data=str(p), model=dict(BASE, n_attn_layer=1, vocab_size=256),
+                batch=2, seq_len=24, steps=4, eval_tokens=96, warmup_steps=1, lr=3e-3,
+                threads=2, cache_dir=str(tmp_path / "cache"))
+    return TrainOptions(**{**base, **kw})
+
+
+def _run(tr, until):
+    return [tr.step()["loss"] for _ in range(until - tr.step_count)]
+
+
+def test_grad_cp_trains_the_same_and_resumes_without_it(tmp_path):
+    from rwkvx_c.train import Trainer
+    plain = Trainer(_train_opts(tmp_path), str(tmp_path / "plain"))
+    want, want_eval = _run(plain, 4), plain.evaluate()
+    cp = Trainer(_train_opts(tmp_path, grad_cp=True), str(tmp_path / "cp"))
+    assert cp.model.recompute
+    first = _run(cp, 2)
+    cp.save()
+    del cp
+    resumed = Trainer.resume(str(tmp_path / "cp"), grad_cp=False)   # a resumable option
+    assert not resumed.model.recompute
+    assert first + _run(resumed, 4) == want   # bit for bit
+    assert resumed.evaluate() == want_eval
+
+
+def test_l2wrap_option(tmp_path):
+    from rwkvx_c.train import Trainer, TrainError
+    with pytest.raises(TrainError, match="l2wrap"):
+        Trainer(_train_opts(tmp_path, l2wrap=-1e-4), None)
+    with pytest.raises(TrainError, match="grad_cp"):
+        Trainer(_train_opts(tmp_path, grad_cp="yes"), None)
+    a = _run(Trainer(_train_opts(tmp_path), None), 3)
+    tr = Trainer(_train_opts(tmp_path, l2wrap=0.5), str(tmp_path / "run"))
+    assert tr.model.l2wrap == 0.5
+    b = _run(tr, 3)
+    assert a[0] == b[0] and a[1:] != b[1:]   # a grad-only term: the first loss is the same
+    tr.save()
+    tr.close()
+    with pytest.raises(TrainError, match="l2wrap"):   # it changes what a run computes
+        Trainer.resume(str(tmp_path / "run"), l2wrap=0.1)
+
+
+def test_cli_flags(tmp_path):
+    from rwkvx_c.cli import build_parser
+    a = build_parser().parse_args(["train", "--grad-cp", "--l2wrap", "1e-4"])
+    assert a.grad_cp is True and a.l2wrap == 1e-4
+    a = build_parser().parse_args(["train"])
+    assert a.grad_cp is None and a.l2wrap is None
