@@ -454,7 +454,8 @@ static int mul_ok(size_t a, size_t b, size_t *out) {
 
 /* The blocks' kept forward intermediates: one set per block, or under
  * recompute one set shared by every RWKV block and one by every attention
- * block, holding the block held_r / held_a last ran forward into. */
+ * block, both carved from one region (only one block's are live at a
+ * time), holding the block held_r / held_a last ran forward into. */
 struct rx_pt_saved {
     int n, na;
     rx_block_acts *rwkv;   /* [n] */
@@ -464,6 +465,7 @@ struct rx_pt_saved {
     int recompute;
     int held_r, held_a;    /* recompute: the blocks the shared sets hold, -1 none */
     rx_block_acts view0;   /* recompute: rwkv[0] as RWKV block 0 sees it */
+    float *shared;         /* recompute: the region rwkv[0] and attn[0] share */
 };
 
 /* The intermediates of RWKV block i. Under recompute the shared set is
@@ -486,6 +488,7 @@ static void saved_free(struct rx_pt_saved *s) {
     free(s->rwkv);
     free(s->attn);
     free(s->work);
+    free(s->shared);
     free(s);
 }
 
@@ -512,6 +515,19 @@ static struct rx_pt_saved *saved_new(const rx_ptmodel *m, size_t B, size_t T, in
         free(s->work);
         free(s);
         return NULL;
+    }
+    if (recompute) {
+        size_t nr = rx_block_acts_floats(shape_of, B, T);
+        const size_t nat = na ? rx_attn_acts_floats(&m->attn[0], B, T) : 0;
+        s->shared = rx_falloc(nr > nat ? nr : nat);
+        if (s->shared) rx_block_acts_carve(&s->rwkv[0], shape_of, B, T, s->shared);
+        s->n = s->shared ? 1 : 0;
+        s->attn[0] = s->shared && na ? rx_attn_acts_new_in(&m->attn[0], B, T, s->shared) : NULL;
+        s->na = s->attn[0] ? 1 : 0;
+        if (!s->shared || s->na != na) {
+            saved_free(s);
+            return NULL;
+        }
     }
     for (; s->n < n; s->n++)
         if (rx_block_acts_alloc(&s->rwkv[s->n], recompute ? shape_of : &m->rwkv[s->n], B, T) !=
@@ -634,11 +650,15 @@ static int block_forward_vf(rx_ptmodel *m, const rx_pt_acts *acts, int L, float 
     struct rx_pt_saved *s = acts->saved;
     const float *x = acts->block_in + (size_t)L * (size_t)acts->B * acts->T * acts->C;
     const int i = m->block_idx[L];
+    /* under recompute both sets share one region: one kind's forward
+     * overwrites what the other held */
     if (m->layers[L] == 'A') {
         s->held_a = i;
+        s->held_r = -1;
         return rx_attn_forward_acts(&m->attn[i], x, NULL, attn_acts(s, i), out);
     }
     s->held_r = i;
+    s->held_a = -1;
     return rx_block_forward_acts(&m->rwkv[i], x, NULL, NULL, i > 0 ? acts->v_first : NULL,
                                  i > 0 || !write_vf ? NULL : acts->v_first, rwkv_acts(s, i), out);
 }
