@@ -192,8 +192,8 @@ class TrainOptions:
         for k in ("eval_every", "save_every", "threads"):
             if getattr(self, k) is not None:
                 pos(k, getattr(self, k))
-        if not isinstance(self.seed, int) or self.seed < 0:
-            raise TrainError(f"seed must be an integer >= 0, got {self.seed!r}")
+        if not isinstance(self.seed, int) or not 0 <= self.seed < 2 ** 64:   # the C seed's range
+            raise TrainError(f"seed must be an integer in [0, 2**64), got {self.seed!r}")
         if self.precision not in PRECISIONS[:2]:
             raise TrainError(f"precision must be {', '.join(PRECISIONS)}, got "
                              f"{self.precision!r}")
