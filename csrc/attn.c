@@ -795,29 +795,47 @@ void rx_attn_acts_free(rx_attn_acts *S) {
     free(S);
 }
 
-rx_attn_acts *rx_attn_acts_new(const rx_attn_params *P, size_t B, size_t T) {
+/* the [BT] buffers: 8 of C and one of F, each a whole number of 64-byte
+ * lines; 0 on bad sizes */
+size_t rx_attn_acts_floats(const rx_attn_params *P, size_t B, size_t T) {
     attn_dims d;
     if (B > INT32_MAX || T > INT32_MAX || !attn_dims_init(P, (int)B, (int)T, &d) ||
         P->cm.ffn_dim < 1)
-        return NULL;
+        return 0;
+    const size_t rc = (B * T * d.C + 15) & ~(size_t)15;
+    const size_t rf = (B * T * (size_t)P->cm.ffn_dim + 15) & ~(size_t)15;
+    return rc > SIZE_MAX / 16 || rf > SIZE_MAX / 4 ? 0 : 8 * rc + rf;
+}
+
+/* mem NULL: the buffers in an allocation of its own */
+static rx_attn_acts *attn_acts_make(const rx_attn_params *P, size_t B, size_t T, float *mem) {
+    attn_dims d;
+    const size_t n = rx_attn_acts_floats(P, B, T);
+    if (!n || !attn_dims_init(P, (int)B, (int)T, &d)) return NULL;
     rx_attn_acts *S = calloc(1, sizeof *S);
     if (!S) return NULL;
     S->B = B;
     S->T = T;
-    /* one allocation, each buffer a whole number of 64-byte lines */
-    const size_t rc = (B * T * d.C + 15) & ~(size_t)15;
-    const size_t rf = (B * T * (size_t)P->cm.ffn_dim + 15) & ~(size_t)15;
-    S->mem = rc > SIZE_MAX / 16 || rf > SIZE_MAX / 4 ? NULL : rx_falloc(8 * rc + rf);
-    if (!S->mem || attn_work_alloc(&d, &S->w, 1) != RX_OK) {
+    S->mem = mem ? NULL : rx_falloc(n);
+    if ((!mem && !S->mem) || attn_work_alloc(&d, &S->w, 1) != RX_OK) {
         free(S->mem);
         free(S);
         return NULL;
     }
-    float *f = S->mem;
+    const size_t rc = (B * T * d.C + 15) & ~(size_t)15;
+    float *f = mem ? mem : S->mem;
     float **bufs[] = {&S->h1, &S->q, &S->k, &S->v, &S->y, &S->x1, &S->h2, &S->xk};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++, f += rc) *bufs[i] = f;
     S->hid = f;
     return S;
+}
+
+rx_attn_acts *rx_attn_acts_new(const rx_attn_params *P, size_t B, size_t T) {
+    return attn_acts_make(P, B, T, NULL);
+}
+
+rx_attn_acts *rx_attn_acts_new_in(const rx_attn_params *P, size_t B, size_t T, float *mem) {
+    return mem ? attn_acts_make(P, B, T, mem) : NULL;
 }
 
 static int attn_block_ok(const rx_attn_params *P, int B, int T, attn_dims *d) {

@@ -35,20 +35,32 @@ static int block_params_fail(const char *fn, const rx_block_params *P) {
                    P->tm.head_size, P->cm.c);
 }
 
-int rx_block_acts_alloc(rx_block_acts *S, const rx_block_params *P, size_t B, size_t T) {
+size_t rx_block_acts_floats(const rx_block_params *P, size_t B, size_t T) {
     const size_t BT = B * T, C = (size_t)P->tm.c, F = (size_t)P->cm.ffn_dim;
+    return rx_tm_acts_floats(&P->tm, B, T) + 4 * rx_lines(BT * C) + rx_lines(BT * F);
+}
+
+/* the time-mix's buffers, then h1 | x1 | h2 | xk | hid, each a whole number
+ * of 64-byte lines; owns nothing */
+void rx_block_acts_carve(rx_block_acts *S, const rx_block_params *P, size_t B, size_t T,
+                         float *mem) {
+    const size_t BT = B * T, C = (size_t)P->tm.c;
     memset(S, 0, sizeof *S);
-    int rc = rx_tm_acts_alloc(&S->tm, &P->tm, B, T);
-    if (rc != RX_OK) return rc;
-    /* one allocation, each buffer a whole number of 64-byte lines */
-    const size_t rc_ = rx_lines(BT * C), rf = rx_lines(BT * F);
-    S->mem = rx_falloc(4 * rc_ + rf);
-    if (!S->mem) return rx_fail(RX_ENOMEM, "rx_block_acts_alloc: out of memory");
-    S->h1 = S->mem;
+    rx_tm_acts_carve(&S->tm, &P->tm, B, T, mem);
+    const size_t rc_ = rx_lines(BT * C);
+    S->h1 = mem + rx_tm_acts_floats(&P->tm, B, T);
     S->x1 = S->h1 + rc_;
     S->h2 = S->x1 + rc_;
     S->xk = S->h2 + rc_;
     S->hid = S->xk + rc_;
+}
+
+int rx_block_acts_alloc(rx_block_acts *S, const rx_block_params *P, size_t B, size_t T) {
+    memset(S, 0, sizeof *S);
+    float *mem = rx_falloc(rx_block_acts_floats(P, B, T));
+    if (!mem) return rx_fail(RX_ENOMEM, "rx_block_acts_alloc: out of memory");
+    rx_block_acts_carve(S, P, B, T, mem);
+    S->mem = mem;
     return RX_OK;
 }
 

@@ -258,3 +258,132 @@ double rx_cross_entropy_backward(const float *logits, const int *targets, int T,
     rx_fnan_apart(dlogits, (size_t)T * (size_t)vocab, &in);
     return NAN;
 }
+
+/* ---- the head and loss over row chunks (docs/maths.md §Chunked head) ----
+ * No [T][vocab] buffer: rows of x go through the head `rows` at a time into
+ * two [rows][vocab] scratch buffers (logits, their grad). Every sum keeps
+ * the unchunked order: a row's logits and dx are the same GEMM rows; the
+ * loss adds each row into the slot of its fixed row block (rx_block_rows of
+ * all T rows), in row order, whichever chunk it falls in; d_head sums the
+ * chunks' x^T . dlogits in chunk order. */
+
+int rx_head_chunk_rows(int vocab, int budget_floats) {
+    if (vocab < 1) return 1;
+    const int64_t b = budget_floats > 0 ? budget_floats : RX_HEAD_CHUNK_FLOATS;
+    int64_t r = b / vocab;
+    /* a multiple of the fp32 GEMM's K block (256), so d_head's sum over rows
+     * runs over the same K blocks as one unchunked product */
+    if (r >= 256) r = r / 256 * 256;
+    return r < 1 ? 1 : r > INT32_MAX ? INT32_MAX : (int)r;
+}
+
+/* The L2Wrap grad of one row: d[am] += coef * l[am], am the row's first
+ * argmax (RWKV-LM's L2Wrap: coef = factor / (B*T)). l, d: [V]. */
+static void l2wrap_row(const float *l, float *d, size_t V, double coef) {
+    const size_t am = first_argmax(l, V);
+    d[am] = (float)((double)d[am] + coef * (double)l[am]);
+}
+
+void rx_l2wrap_rows(const float *logits, float *dlogits, size_t rows, size_t V, double coef) {
+    if (coef == 0.0) return;
+    const int nt = (rx_in_parallel() || rows * V < RX_ROW_MIN_PAR) ? 1 : rx_max_threads();
+    (void)nt;
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+    for (size_t t = 0; t < rows; t++) l2wrap_row(logits + t * V, dlogits + t * V, V, coef);
+}
+
+/* x: [T][C]; head: [C][vocab]; targets: [T]; scratch: 2 * rows * vocab
+ * floats; dx: [T][C] and d_head: [C][vocab] written (both NULL: the loss
+ * alone) */
+static int head_loss(const float *x, const float *head, const int *targets, int T, int C,
+                     int vocab, int ignore_index, double l2wrap, int rows, float *scratch,
+                     float *dx, float *d_head, double *loss_out) {
+    static const char *const fn = "rx_head_loss";
+    if (!x || !head || !targets || !scratch || !loss_out)
+        return rx_fail(RX_EINVAL, "%s: %s is NULL", fn,
+                       !x ? "x" : !head ? "head" : !targets ? "targets" : !scratch ? "scratch"
+                                                                                   : "loss");
+    if (!dx != !d_head)
+        return rx_fail(RX_EINVAL, "%s: dx and d_head must both be given or both be NULL", fn);
+    if (T < 1 || C < 1 || vocab < 1 || rows < 1)
+        return rx_fail(RX_EINVAL, "%s: T = %d, C = %d, vocab = %d, rows = %d must be >= 1", fn,
+                       T, C, vocab, rows);
+    if (!(l2wrap >= 0.0) || isinf(l2wrap))
+        return rx_fail(RX_EINVAL, "%s: l2wrap = %g must be finite and >= 0", fn, l2wrap);
+    const size_t TT = (size_t)T, CC = (size_t)C, V = (size_t)vocab;
+    const size_t R = (size_t)rows < TT ? (size_t)rows : TT;
+    float *lg = scratch, *dl = scratch + R * V;
+    rx_spans in = {.n = 0}, out = {.n = 0};
+    RX_SPAN_ADD(&in, "x", x, TT * CC);
+    RX_SPAN_ADD(&in, "head", head, CC * V);
+    RX_SPAN_ADD(&in, "targets", targets, TT);
+    RX_SPAN_ADD(&out, "scratch", scratch, 2 * R * V);
+    RX_SPAN_ADD(&out, "dx", dx, TT * CC);
+    RX_SPAN_ADD(&out, "d_head", d_head, CC * V);
+    int rc = rx_spans_check(fn, &out, &in);
+    if (rc != RX_OK) return rc;
+    size_t n_valid = 0;
+    for (size_t t = 0; t < TT; t++) {
+        if (!ce_valid(targets[t], ignore_index)) continue;
+        if (targets[t] < 0 || targets[t] >= vocab)
+            return rx_fail(RX_EINVAL, "%s: target %d at position %zu is outside [0, %d) and is "
+                           "not ignore_index %d", fn, targets[t], t, vocab, ignore_index);
+        n_valid++;
+    }
+    const double scale = n_valid ? 1.0 / (double)n_valid : 0.0, coef = l2wrap / (double)TT;
+    const size_t brows = rx_block_rows(TT), np = rx_row_blocks(TT);
+    double part[RX_MAX_ROW_BLOCKS] = {0};   /* 8 KiB on the stack: no allocation in a step */
+    int bad = 0;
+    for (size_t r0 = 0; r0 < TT && rc == RX_OK; r0 += R) {
+        const size_t n = TT - r0 < R ? TT - r0 : R;
+        rc = rx_pgemm(0, 0, n, V, CC, x + r0 * CC, CC, head, V, 0.0f, lg, V);
+        if (rc != RX_OK) break;
+        /* the row blocks this chunk meets, each continuing its own slot */
+        const size_t p0 = r0 / brows, p1 = (r0 + n - 1) / brows + 1;
+        const int nt = (rx_in_parallel() || n * V < RX_ROW_MIN_PAR) ? 1 : rx_max_threads();
+        (void)nt; /* read only by the OpenMP pragma */
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1) reduction(| : bad)
+        for (size_t p = p0; p < p1; p++) {
+            const size_t a = p * brows > r0 ? p * brows : r0;
+            const size_t e = (p + 1) * brows < r0 + n ? (p + 1) * brows : r0 + n;
+            double acc = part[p];
+            for (size_t t = a; t < e; t++) {
+                const float *l = lg + (t - r0) * V;
+                float *d = dx ? dl + (t - r0) * V : NULL;
+                const int y = __atomic_load_n(&targets[t], __ATOMIC_RELAXED);
+                if (!ce_valid(y, ignore_index))
+                    rx_fzero(d, V);
+                else if (y >= 0 && y < vocab)
+                    acc += ce_row(l, V, (size_t)y, d, scale);
+                else
+                    bad = 1;
+                if (d && coef != 0.0) l2wrap_row(l, d, V, coef);
+            }
+            part[p] = acc;
+        }
+        if (bad) break;
+        if (dx) {
+            const rx_gemm_op ops[2] = {
+                {0, 1, n, CC, V, dl, V, head, V, 0.0f, dx + r0 * CC, CC},
+                {1, 0, CC, V, n, x + r0 * CC, CC, dl, V, r0 ? 1.0f : 0.0f, d_head, V}};
+            rc = rx_pgemm_batch(ops, 2);
+        }
+    }
+    if (rc != RX_OK) return rc;
+    if (bad)   /* a thread of the caller's changed a target after the check */
+        return rx_fail(RX_EINVAL, "%s: targets changed while being read", fn);
+    double loss = 0.0;
+    for (size_t p = 0; p < np; p++) loss += part[p];
+    *loss_out = loss * scale;
+    return RX_OK;
+}
+
+int rx_head_loss(const float *x, const float *head, const int *targets, int T, int C,
+                 int vocab, int ignore_index, double l2wrap, int rows, float *scratch,
+                 float *dx, float *d_head, double *loss) {
+    rx_prof_push(RX_PROF_CE);
+    int rc = head_loss(x, head, targets, T, C, vocab, ignore_index, l2wrap, rows, scratch, dx,
+                       d_head, loss);
+    rx_prof_pop();
+    return rc;
+}

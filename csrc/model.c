@@ -55,6 +55,7 @@ struct rx_ptmodel {
     float *state0, *g_state0;
     int64_t *frozen;          /* [n_frozen][2] arena ranges that get no weight grads */
     int n_frozen;
+    double l2wrap;            /* L2Wrap factor of every backward (0: off) */
 };
 
 /* ---- config and layer order ------------------------------------------ */
@@ -491,7 +492,10 @@ static int mul_ok(size_t a, size_t b, size_t *out) {
     return 1;
 }
 
-/* The blocks' kept forward intermediates, one set per block. */
+/* The blocks' kept forward intermediates: one set per block, or under
+ * recompute one set shared by every RWKV block and one by every attention
+ * block, both carved from one region (only one block's are live at a
+ * time), holding the block held_r / held_a last ran forward into. */
 struct rx_pt_saved {
     int n, na;
     rx_block_acts *rwkv;   /* [n] */
@@ -501,7 +505,24 @@ struct rx_pt_saved {
     float *s, *ds;         /* [B][H][N][N] each when the model has initial states:
                             * one block's broadcast state (advanced in place by
                             * its forward), and the grad on it per sequence */
+    int recompute;
+    int held_r, held_a;    /* recompute: the blocks the shared sets hold, -1 none */
+    rx_block_acts view0;   /* recompute: rwkv[0] as RWKV block 0 sees it */
+    float *shared;         /* recompute: the region rwkv[0] and attn[0] share */
 };
+
+/* The intermediates of RWKV block i. Under recompute the shared set is
+ * sized for a block after the first (a superset: block 0 has no value
+ * residual), and block 0 reads it through view0, whose v-residual buffers
+ * are block 0's: vmod the same buffer as v, no vg, no tv. */
+static rx_block_acts *rwkv_acts(struct rx_pt_saved *s, int i) {
+    if (!s->recompute) return &s->rwkv[i];
+    return i == 0 ? &s->view0 : &s->rwkv[0];
+}
+
+static rx_attn_acts *attn_acts(struct rx_pt_saved *s, int i) {
+    return s->attn[s->recompute ? 0 : i];
+}
 
 static void saved_free(struct rx_pt_saved *s) {
     if (!s) return;
@@ -512,16 +533,23 @@ static void saved_free(struct rx_pt_saved *s) {
     free(s->work);
     free(s->s);
     free(s->ds);
+    free(s->shared);
     free(s);
 }
 
-static struct rx_pt_saved *saved_new(const rx_ptmodel *m, size_t B, size_t T) {
+static struct rx_pt_saved *saved_new(const rx_ptmodel *m, size_t B, size_t T, int recompute) {
     struct rx_pt_saved *s = calloc(1, sizeof *s);
     if (!s) return NULL;
-    const int n = m->cfg.n_rwkv_layer, na = m->cfg.n_attn_layer;
+    const int n = recompute ? 1 : m->cfg.n_rwkv_layer;
+    const int na = recompute && m->cfg.n_attn_layer ? 1 : m->cfg.n_attn_layer;
+    s->recompute = recompute;
+    s->held_r = s->held_a = -1;
+    /* the shared RWKV set is sized as the last block's (a block after the
+     * first when there is one) */
+    const rx_block_params *shape_of = &m->rwkv[recompute ? m->cfg.n_rwkv_layer - 1 : 0];
     const size_t BT = B * T, C = (size_t)m->cfg.n_embd, F = (size_t)m->cfg.ffn_dim;
     size_t nwork = na ? RX_ATTN_WORK(BT, C, F) : 0;
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < m->cfg.n_rwkv_layer; i++)
         if (rx_block_work(&m->rwkv[i], BT) > nwork) nwork = rx_block_work(&m->rwkv[i], BT);
     s->rwkv = calloc((size_t)n, sizeof *s->rwkv);
     s->attn = calloc((size_t)(na ? na : 1), sizeof *s->attn);
@@ -541,8 +569,22 @@ static struct rx_pt_saved *saved_new(const rx_ptmodel *m, size_t B, size_t T) {
         free(s);
         return NULL;
     }
+    if (recompute) {
+        size_t nr = rx_block_acts_floats(shape_of, B, T);
+        const size_t nat = na ? rx_attn_acts_floats(&m->attn[0], B, T) : 0;
+        s->shared = rx_falloc(nr > nat ? nr : nat);
+        if (s->shared) rx_block_acts_carve(&s->rwkv[0], shape_of, B, T, s->shared);
+        s->n = s->shared ? 1 : 0;
+        s->attn[0] = s->shared && na ? rx_attn_acts_new_in(&m->attn[0], B, T, s->shared) : NULL;
+        s->na = s->attn[0] ? 1 : 0;
+        if (!s->shared || s->na != na) {
+            saved_free(s);
+            return NULL;
+        }
+    }
     for (; s->n < n; s->n++)
-        if (rx_block_acts_alloc(&s->rwkv[s->n], &m->rwkv[s->n], B, T) != RX_OK) {
+        if (rx_block_acts_alloc(&s->rwkv[s->n], recompute ? shape_of : &m->rwkv[s->n], B, T) !=
+            RX_OK) {
             s->n++;   /* a partial allocation is freed with the rest */
             saved_free(s);
             return NULL;
@@ -552,6 +594,12 @@ static struct rx_pt_saved *saved_new(const rx_ptmodel *m, size_t B, size_t T) {
             saved_free(s);
             return NULL;
         }
+    if (recompute) {
+        s->view0 = s->rwkv[0];
+        s->view0.tm.vmod = s->view0.tm.v;
+        s->view0.tm.vg = NULL;
+        s->view0.tm.tv = NULL;
+    }
     return s;
 }
 
@@ -564,21 +612,31 @@ void rx_pt_acts_free(rx_pt_acts *a) {
 }
 
 /* One float allocation carved into block_in | v_first | lnout | work |
- * logits | dlogits: BT*((n_blocks+7)*C + 2*vocab) floats; the blocks' kept
- * intermediates and a block backward's scratch beside it. */
-int rx_pt_acts_create(const rx_ptmodel *m, int B, int T, rx_pt_acts **out) {
+ * logits | dlogits: BT*((n_blocks+7)*C + 2*vocab) floats, or with the
+ * chunked head BT*(n_blocks+7)*C + 2*rows*vocab (logits NULL, dlogits the
+ * head's scratch); the blocks' kept intermediates and a block backward's
+ * scratch beside it. */
+int rx_pt_acts_create_opts(const rx_ptmodel *m, int B, int T, int flags, int head_rows,
+                           rx_pt_acts **out) {
     static const char *const fn = "rx_pt_acts_create";
     if (!out) return rx_fail(RX_EINVAL, "%s: out is NULL", fn);
     *out = NULL;
     if (!m) return rx_fail(RX_EINVAL, "%s: model is NULL", fn);
+    if (flags & ~RX_ACTS_FLAGS_ALL)
+        return rx_fail(RX_EINVAL, "%s: unknown flag bits 0x%x", fn, flags & ~RX_ACTS_FLAGS_ALL);
+    if (head_rows < 0) return rx_fail(RX_EINVAL, "%s: head_rows = %d is < 0", fn, head_rows);
     if (B < 1 || T < 1 || (int64_t)B * T > INT32_MAX)
         return rx_fail(RX_EINVAL, "%s: B = %d, T = %d: each must be >= 1 and B*T <= 2**31 - 1",
                        fn, B, T);
     const size_t BT = (size_t)B * (size_t)T, C = (size_t)m->cfg.n_embd;
     const size_t V = (size_t)m->cfg.vocab_size, nb = (size_t)m->n_blocks;
+    const int chunked = (flags & RX_ACTS_CHUNKED_HEAD) != 0;
+    const int rows = head_rows ? head_rows : rx_head_chunk_rows((int)V, 0);
     size_t rowc, rowv, total;
     /* sizes that do not fit the address space cannot be allocated either */
-    if (!mul_ok(BT, C, &rowc) || !mul_ok(BT, V, &rowv) || !mul_ok(rowc, nb + 7, &total) ||
+    if (!mul_ok(BT, C, &rowc) ||
+        !mul_ok(chunked ? ((size_t)rows < BT ? (size_t)rows : BT) : BT, V, &rowv) ||
+        !mul_ok(rowc, nb + 7, &total) ||
         total > SIZE_MAX - 2 * rowv || rowv > SIZE_MAX / 2)
         return rx_fail(RX_ENOMEM, "%s: acts for B = %d, T = %d exceed the address space", fn, B,
                        T);
@@ -587,7 +645,7 @@ int rx_pt_acts_create(const rx_ptmodel *m, int B, int T, rx_pt_acts **out) {
     if (!a) return rx_fail(RX_ENOMEM, "%s: out of memory", fn);
     float *f = rx_fcalloc(total);   /* zeroed: nothing is ever read uninitialised */
     a->tokens = f ? rx_alloc(BT, sizeof(int)) : NULL;
-    a->saved = a->tokens ? saved_new(m, (size_t)B, (size_t)T) : NULL;
+    a->saved = a->tokens ? saved_new(m, (size_t)B, (size_t)T, flags & RX_ACTS_RECOMPUTE) : NULL;
     if (!a->tokens || !f || !a->saved) {
         saved_free(a->saved);
         free(a->tokens);
@@ -605,10 +663,16 @@ int rx_pt_acts_create(const rx_ptmodel *m, int B, int T, rx_pt_acts **out) {
     a->v_first = a->block_in + (nb + 1) * rowc;
     a->lnout = a->v_first + rowc;
     a->work = a->lnout + rowc;
-    a->logits = a->work + 4 * rowc;
-    a->dlogits = a->logits + rowv;
+    a->logits = chunked ? NULL : a->work + 4 * rowc;
+    a->dlogits = a->work + 4 * rowc + (chunked ? 0 : rowv);
+    a->flags = flags;
+    a->head_rows = chunked ? rows : 0;
     *out = a;
     return RX_OK;
+}
+
+int rx_pt_acts_create(const rx_ptmodel *m, int B, int T, rx_pt_acts **out) {
+    return rx_pt_acts_create_opts(m, B, T, 0, 0, out);
 }
 
 rx_pt_acts *rx_pt_acts_new_batch(const rx_ptmodel *m, int B, int T) {
@@ -657,6 +721,48 @@ static void reduce_state_grad(rx_ptmodel *m, int i, int B, const float *ds) {
         for (size_t e = 0; e < n; e++) g[e] += ds[(size_t)b * n + e];
 }
 
+/* Block L forward from block_in[L] into out [B*T][C], keeping its
+ * intermediates (the shared set under recompute, which then holds L);
+ * RWKV block 0 writes v_first when write_vf. */
+static int block_forward_vf(rx_ptmodel *m, const rx_pt_acts *acts, int L, float *out,
+                            int write_vf) {
+    struct rx_pt_saved *s = acts->saved;
+    const float *x = acts->block_in + (size_t)L * (size_t)acts->B * acts->T * acts->C;
+    const int i = m->block_idx[L];
+    /* under recompute both sets share one region: one kind's forward
+     * overwrites what the other held */
+    if (m->layers[L] == 'A') {
+        s->held_a = i;
+        s->held_r = -1;
+        return rx_attn_forward_acts(&m->attn[i], x, NULL, attn_acts(s, i), out);
+    }
+    s->held_r = i;
+    s->held_a = -1;
+    /* a trainable initial state, broadcast to every sequence (the forward
+     * advances it in place, so each forward of the block, a recompute's
+     * too, starts from a fresh copy) */
+    float *st = m->state0 ? s->s : NULL;
+    if (st) broadcast_state(m, i, acts->B, st);
+    return rx_block_forward_state(&m->rwkv[i], x, NULL, NULL, i > 0 ? acts->v_first : NULL,
+                                  i > 0 || !write_vf ? NULL : acts->v_first, st, rwkv_acts(s, i),
+                                  out);
+}
+
+static int block_forward(rx_ptmodel *m, const rx_pt_acts *acts, int L, float *out) {
+    return block_forward_vf(m, acts, L, out, 1);
+}
+
+/* Under recompute, block L's intermediates back in the shared set unless
+ * it holds them already: its forward again from its kept input (the same
+ * inputs and kernels, so the same bits), its output into scratch [B*T][C]
+ * and v_first left as it is. */
+static int block_recompute(rx_ptmodel *m, const rx_pt_acts *acts, int L, float *scratch) {
+    const struct rx_pt_saved *s = acts->saved;
+    const int i = m->block_idx[L];
+    if (!s->recompute || (m->layers[L] == 'A' ? s->held_a : s->held_r) == i) return RX_OK;
+    return block_forward_vf(m, acts, L, scratch, 0);
+}
+
 /* tokens: [B][T]; fills acts: block_in, v_first, lnout, logits */
 static int forward_batch(rx_ptmodel *m, const int *tokens, int B, int T, rx_pt_acts *acts) {
     static const char *const fn = "rx_pretrain_forward_batch";
@@ -695,23 +801,13 @@ static int forward_batch(rx_ptmodel *m, const int *tokens, int B, int T, rx_pt_a
     } else {
         rc = rx_embedding_gather(m->emb, acts->tokens, BT, C, V, acts->block_in);
     }
-    for (int L = 0; L < m->n_blocks && rc == RX_OK; L++) {
-        const float *x = acts->block_in + (size_t)L * rowc;
-        float *out = acts->block_in + (size_t)(L + 1) * rowc;
-        int i = m->block_idx[L];
-        float *s = m->state0 && m->layers[L] == 'R' ? acts->saved->s : NULL;
-        if (s) broadcast_state(m, i, B, s);
-        rc = m->layers[L] == 'R'
-                 ? rx_block_forward_state(&m->rwkv[i], x, NULL, NULL,
-                                          i > 0 ? acts->v_first : NULL,
-                                          i > 0 ? NULL : acts->v_first, s, &acts->saved->rwkv[i],
-                                          out)
-                 : rx_attn_forward_acts(&m->attn[i], x, NULL, acts->saved->attn[i], out);
-    }
+    for (int L = 0; L < m->n_blocks && rc == RX_OK; L++)
+        rc = block_forward(m, acts, L, acts->block_in + (size_t)(L + 1) * rowc);
     if (rc == RX_OK)
         rc = rx_layernorm_forward_seq(acts->block_in + (size_t)m->n_blocks * rowc, m->ln_out_w,
                                       m->ln_out_b, acts->lnout, B, T, C);
-    if (rc == RX_OK) rc = rx_head_logits(acts->lnout, m->head, BT, C, V, acts->logits);
+    if (rc == RX_OK && acts->logits)
+        rc = rx_head_logits(acts->lnout, m->head, BT, C, V, acts->logits);
     if (rc != RX_OK) return rc;
     acts->ready = 1;
     return RX_OK;
@@ -758,9 +854,18 @@ static int backward_batch(rx_ptmodel *m, const rx_pt_acts *acts, const int *targ
     /* targets are valid here, so a NaN loss means non-finite logits: the
      * NaN grads still go through, as the grads of this call */
     double loss;
-    int rc = rx_cross_entropy(acts->logits, targets, BT, V, ignore_index, acts->dlogits, &loss);
-    if (rc == RX_OK)
-        rc = rx_head_grads(acts->lnout, m->head, acts->dlogits, BT, C, V, dnext, m->g_head);
+    int rc;
+    if (acts->logits) {
+        rc = rx_cross_entropy(acts->logits, targets, BT, V, ignore_index, acts->dlogits, &loss);
+        if (rc == RX_OK)
+            rx_l2wrap_rows(acts->logits, acts->dlogits, (size_t)BT, (size_t)V,
+                           m->l2wrap / (double)BT);
+        if (rc == RX_OK)
+            rc = rx_head_grads(acts->lnout, m->head, acts->dlogits, BT, C, V, dnext, m->g_head);
+    } else {
+        rc = rx_head_loss(acts->lnout, m->head, targets, BT, C, V, ignore_index, m->l2wrap,
+                          acts->head_rows, acts->dlogits, dnext, m->g_head, &loss);
+    }
     if (rc == RX_OK)
         rc = rx_layernorm_backward(acts->block_in + (size_t)m->n_blocks * rowc, m->ln_out_w,
                                    m->ln_out_b, dnext, dcur, m->g_ln_out_w, m->g_ln_out_b, B, T,
@@ -773,19 +878,22 @@ static int backward_batch(rx_ptmodel *m, const rx_pt_acts *acts, const int *targ
     for (int L = m->n_blocks - 1; L >= 0 && rc == RX_OK; L--) {
         const float *x = acts->block_in + (size_t)L * rowc;
         int i = m->block_idx[L];
+        /* dnext is free until this block's backward writes its dx there */
+        rc = block_recompute(m, acts, L, dnext);
+        if (rc != RX_OK) break;
         if (m->layers[L] == 'A') {
-            rc = rx_attn_backward_acts(&m->attn[i], acts->saved->attn[i], x, NULL, dcur,
+            rc = rx_attn_backward_acts(&m->attn[i], attn_acts(acts->saved, i), x, NULL, dcur,
                                        &m->attn_g[i], dnext, NULL, bwork);
         } else if (i > 0) {
             float *dvf = have_dvf ? dvf_one : dvf_sum;
-            rc = rx_block_backward_state(&m->rwkv[i], &acts->saved->rwkv[i], x, NULL, NULL,
+            rc = rx_block_backward_state(&m->rwkv[i], rwkv_acts(acts->saved, i), x, NULL, NULL,
                                          acts->v_first, dcur, &m->rwkv_g[i], dnext, NULL, NULL,
                                          dvf, ds, bwork);
             if (have_dvf)
                 for (size_t e = 0; e < rowc; e++) dvf_sum[e] += dvf_one[e];
             have_dvf = 1;
         } else {
-            rc = rx_block_backward_state(&m->rwkv[0], &acts->saved->rwkv[0], x, NULL, NULL,
+            rc = rx_block_backward_state(&m->rwkv[0], rwkv_acts(acts->saved, 0), x, NULL, NULL,
                                          acts->v_first, dcur, &m->rwkv_g[0], dnext, NULL, NULL,
                                          have_dvf ? dvf_sum : NULL, ds, bwork);
         }
@@ -882,3 +990,40 @@ double rx_pretrain_backward(rx_ptmodel *m, const rx_pt_acts *acts, const int *ta
     int rc = rx_pretrain_backward_loss(m, acts, targets, 1, T, ignore_index, &loss);
     return rc == RX_OK ? loss : NAN;
 }
+
+/* the checks of backward_batch, then the loss alone */
+static int loss_batch(rx_ptmodel *m, const rx_pt_acts *acts, const int *targets, int B, int T,
+                      int ignore_index, double *loss) {
+    static const char *const fn = "rx_pretrain_loss";
+    if (!m || !acts || !targets || !loss)
+        return rx_fail(RX_EINVAL, "%s: %s is NULL", fn,
+                       !m ? "model" : !acts ? "acts" : !targets ? "targets" : "loss");
+    if (!acts_fit(m, acts, B, T))
+        return rx_fail(RX_EINVAL, "%s: acts were made for B = %d, T = %d (or another model), "
+                       "called with B = %d, T = %d", fn, acts->B, acts->T, B, T);
+    if (!acts->ready) return rx_fail(RX_EINVAL, "%s: acts hold no forward", fn);
+    const int V = m->cfg.vocab_size, C = m->cfg.n_embd, BT = B * T;
+    if (acts->logits)
+        return rx_cross_entropy(acts->logits, targets, BT, V, ignore_index, NULL, loss);
+    return rx_head_loss(acts->lnout, m->head, targets, BT, C, V, ignore_index, 0.0,
+                        acts->head_rows, acts->dlogits, NULL, NULL, loss);
+}
+
+int rx_pretrain_loss(rx_ptmodel *m, const rx_pt_acts *acts, const int *targets, int B, int T,
+                     int ignore_index, double *loss) {
+    const int old = rx_gemm_set_precision(m ? m->precision : RX_PRECISION_FP32);
+    const int rc = loss_batch(m, acts, targets, B, T, ignore_index, loss);
+    rx_gemm_set_precision(old);
+    return rc;
+}
+
+int rx_ptmodel_set_l2wrap(rx_ptmodel *m, double factor) {
+    if (!m) return rx_fail(RX_EINVAL, "rx_ptmodel_set_l2wrap: model is NULL");
+    if (!(factor >= 0.0) || isinf(factor))
+        return rx_fail(RX_EINVAL, "rx_ptmodel_set_l2wrap: factor %g must be finite and >= 0",
+                       factor);
+    m->l2wrap = factor;
+    return RX_OK;
+}
+
+double rx_ptmodel_l2wrap(const rx_ptmodel *m) { return m ? m->l2wrap : 0.0; }

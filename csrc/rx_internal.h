@@ -345,6 +345,11 @@ typedef struct {
 } rx_frozen;
 rx_frozen rx_gemm_set_frozen(rx_frozen f);
 
+/* ---- head.c ------------------------------------------------------------
+ * L2Wrap's grad over rows of logits: dlogits[t][am_t] += coef *
+ * logits[t][am_t], am_t the first argmax of row t (coef 0: nothing). */
+void rx_l2wrap_rows(const float *logits, float *dlogits, size_t rows, size_t V, double coef);
+
 /* ---- layernorm.c -------------------------------------------------------
  * Row normalisation shared by LayerNorm (period 1) and the time-mix group
  * norm (period H): rows of length D; row r uses affine w/b at offset
@@ -504,6 +509,10 @@ void rx_tm_spans(const rx_tm_params *P, const rx_tm_grads *G, const char *pp, co
 int rx_tm_grads_ok(const rx_tm_params *P, const rx_tm_grads *G);
 /* RX_OK or RX_ENOMEM; rx_tm_acts_free(A) is safe after either. */
 int rx_tm_acts_alloc(rx_tm_acts *A, const rx_tm_params *P, size_t B, size_t T);
+/* The same buffers carved from caller memory of rx_tm_acts_floats floats
+ * (64-byte aligned), which A does not own (A->mem NULL). */
+size_t rx_tm_acts_floats(const rx_tm_params *P, size_t B, size_t T);
+void rx_tm_acts_carve(rx_tm_acts *A, const rx_tm_params *P, size_t B, size_t T, float *mem);
 void rx_tm_acts_free(rx_tm_acts *A);
 /* x: [B][T][C]. Layer 0 writes v (v_first_out may be NULL); layer > 0
  * reads v_first_in. out [B][T][C] may be NULL (backward recompute). */
@@ -545,6 +554,11 @@ typedef struct {
 
 /* RX_OK or RX_ENOMEM; rx_block_acts_free(S) is safe after either. */
 int rx_block_acts_alloc(rx_block_acts *S, const rx_block_params *P, size_t B, size_t T);
+/* The same buffers carved from caller memory of rx_block_acts_floats floats
+ * (64-byte aligned), which S does not own (rx_block_acts_free frees nothing). */
+size_t rx_block_acts_floats(const rx_block_params *P, size_t B, size_t T);
+void rx_block_acts_carve(rx_block_acts *S, const rx_block_params *P, size_t B, size_t T,
+                         float *mem);
 void rx_block_acts_free(rx_block_acts *S);
 /* rx_block_forward_seq's arguments (validated by the caller), filling S;
  * v_first as in rx_tm_forward_acts (read at layer > 0, written at 0). */
@@ -584,6 +598,11 @@ int rx_block_backward_state(const rx_block_params *P, const rx_block_acts *S, co
  * rx_attn_backward_full; out may be NULL; work: RX_ATTN_WORK floats. */
 typedef struct rx_attn_acts rx_attn_acts;
 rx_attn_acts *rx_attn_acts_new(const rx_attn_params *P, size_t B, size_t T);
+/* rx_attn_acts_new with its [BT] buffers in caller memory of
+ * rx_attn_acts_floats floats (64-byte aligned), which S does not own (0: bad
+ * sizes). */
+size_t rx_attn_acts_floats(const rx_attn_params *P, size_t B, size_t T);
+rx_attn_acts *rx_attn_acts_new_in(const rx_attn_params *P, size_t B, size_t T, float *mem);
 void rx_attn_acts_free(rx_attn_acts *S);
 int rx_attn_forward_acts(const rx_attn_params *P, const float *x, const float *cm_xprev_init,
                          rx_attn_acts *S, float *out);

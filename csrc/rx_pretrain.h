@@ -362,6 +362,8 @@ typedef struct {
                          buffers), the summed v_first grad, one block's */
     struct rx_pt_saved *saved;  /* internal: the RWKV blocks' forward
                                    intermediates, reused by the backward */
+    int flags;        /* RX_ACTS_* bits of rx_pt_acts_create_opts (0: none) */
+    int head_rows;    /* RX_ACTS_CHUNKED_HEAD: rows per head chunk */
 } rx_pt_acts;
 
 /* *out: acts for B sequences of T tokens of model m (NULL on failure).
@@ -412,6 +414,57 @@ int rx_pretrain_forward_batch(rx_ptmodel *m, const int *tokens, int B, int T,
 #define RX_PT_FLAGS_ALL RX_PT_LN0
 /* The flags the model was made with; -1 for NULL. */
 int rx_ptmodel_flags(const rx_ptmodel *m);
+
+/* ---- model.c, head.c: bounded memory for long contexts and large
+ * vocabularies (docs/maths.md §Recompute, §Chunked head) ---------------
+ * RX_ACTS_RECOMPUTE: the acts keep only each block's input (block_in); the
+ * forward runs every block through one shared set of intermediates and the
+ * backward runs each block's forward again, just before its backward, from
+ * its kept input. The loss and every grad have the same bits as without.
+ * RX_ACTS_CHUNKED_HEAD: no [B*T][vocab] buffer: logits is NULL, the forward
+ * stops at lnout, and the backward (and rx_pretrain_loss) run the head and
+ * the loss head_rows rows at a time through a [2][head_rows][vocab]
+ * scratch (dlogits points at it); see rx_head_loss for what stays bitwise. */
+#define RX_ACTS_RECOMPUTE 1
+#define RX_ACTS_CHUNKED_HEAD 2
+#define RX_ACTS_FLAGS_ALL 3
+/* rx_pt_acts_create with the RX_ACTS_* options in flags; head_rows: rows
+ * per head chunk (0: rx_head_chunk_rows(vocab, 0); ignored without
+ * RX_ACTS_CHUNKED_HEAD). RX_EINVAL on an unknown flag or head_rows < 0. */
+int rx_pt_acts_create_opts(const rx_ptmodel *m, int B, int T, int flags, int head_rows,
+                           rx_pt_acts **out);
+/* The mean loss of the forward held in acts against targets, as
+ * rx_pretrain_backward_loss computes it, without any grad (evaluation).
+ * Errors as rx_pretrain_backward_loss. */
+int rx_pretrain_loss(rx_ptmodel *m, const rx_pt_acts *acts, const int *targets, int B, int T,
+                     int ignore_index, double *loss);
+/* L2Wrap (RWKV-LM's; docs/maths.md §L2Wrap): every later backward adds
+ * factor * max_v logits[t][v] / (B*T) to the grad of the first largest
+ * logit of each of the B*T positions (ignored ones too); the loss is
+ * unchanged. 0 (the default) turns it off; RWKV-LM uses 1e-4. RX_EINVAL on
+ * NULL or a factor that is negative or not finite. */
+int rx_ptmodel_set_l2wrap(rx_ptmodel *m, double factor);
+double rx_ptmodel_l2wrap(const rx_ptmodel *m);
+
+/* The head and loss over row chunks. x: [T][C] (ln_out's output); head:
+ * [C][vocab]; targets: [T] as rx_cross_entropy's. *loss: rx_cross_entropy's
+ * loss of x . head, with the same bits. dx: [T][C] written and d_head:
+ * [C][vocab] overwritten with the grads of that loss plus the L2Wrap term
+ * of factor l2wrap (0: none) over the T positions; both NULL for the loss
+ * alone. scratch: 2*min(rows, T)*vocab floats. dx's and the logits' rows
+ * are those of the unchunked product; d_head sums its chunks in order,
+ * which in fp32 with rows a multiple of 256 is the unchunked product's
+ * order too. RX_EINVAL on NULL (dx, d_head aside), a size < 1, an l2wrap
+ * that is negative or not finite, overlapping outputs or a valid target
+ * outside [0, vocab); RX_ENOMEM. */
+int rx_head_loss(const float *x, const float *head, const int *targets, int T, int C,
+                 int vocab, int ignore_index, double l2wrap, int rows, float *scratch,
+                 float *dx, float *d_head, double *loss);
+/* Rows per chunk of a scratch budget of budget_floats floats per buffer
+ * (<= 0: RX_HEAD_CHUNK_FLOATS): budget / vocab, rounded down to a multiple
+ * of 256 when at least 256, and at least 1. */
+#define RX_HEAD_CHUNK_FLOATS (1 << 23)   /* 32 MiB per buffer */
+int rx_head_chunk_rows(int vocab, int budget_floats);
 
 /* RX_OK when rx_model_create accepts pc (docs/maths.md §Whole model, and every tensor's
  * element count fits an int), RX_EINVAL for a NULL pc, else RX_ECONFIG

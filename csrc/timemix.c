@@ -60,7 +60,20 @@ int rx_tm_grads_ok(const rx_tm_params *P, const rx_tm_grads *G) {
     return 1;
 }
 
-int rx_tm_acts_alloc(rx_tm_acts *A, const rx_tm_params *P, size_t B, size_t T) {
+#define TM_ACTS_NBUFS 19   /* the [BT][C] buffers of every layer (bufs below) */
+
+size_t rx_tm_acts_floats(const rx_tm_params *P, size_t B, size_t T) {
+    const size_t BT = B * T, C = (size_t)P->c, H = (size_t)P->n_head, N = (size_t)P->head_size;
+    const int vres = P->layer_id > 0;
+    const size_t Dv = vres ? (size_t)P->Dv : 0;
+    /* plus vmod and vg at layer > 0 */
+    return (TM_ACTS_NBUFS + (size_t)(2 * vres)) * rx_lines(BT * C) +
+           rx_lines(BT * (size_t)P->Dw) + rx_lines(BT * (size_t)P->Da) +
+           rx_lines(BT * (size_t)P->Dg) + rx_lines(BT * Dv) + rx_lines(BT * H) +
+           rx_lines(RX_WKV7_CP(B * H, T, N)) + rx_lines(RX_WKV7_WORK(B * H, N));
+}
+
+void rx_tm_acts_carve(rx_tm_acts *A, const rx_tm_params *P, size_t B, size_t T, float *mem) {
     const size_t BT = B * T, C = (size_t)P->c, H = (size_t)P->n_head, N = (size_t)P->head_size;
     const int vres = P->layer_id > 0;
     const size_t Dv = vres ? (size_t)P->Dv : 0;
@@ -70,16 +83,9 @@ int rx_tm_acts_alloc(rx_tm_acts *A, const rx_tm_params *P, size_t B, size_t T) {
     float **bufs[] = {&A->xr, &A->xw, &A->xk, &A->xv, &A->xa, &A->xg, &A->r, &A->k,
                       &A->v,  &A->kmod, &A->w, &A->wsig, &A->a, &A->g, &A->aw, &A->bw,
                       &A->y,  &A->z, &A->zg};
-    const size_t nbufs = sizeof bufs / sizeof bufs[0];
-    /* plus vmod and vg at layer > 0 */
-    size_t total = (nbufs + (size_t)(2 * vres)) * rx_lines(BT * C) +
-                   rx_lines(BT * (size_t)P->Dw) + rx_lines(BT * (size_t)P->Da) +
-                   rx_lines(BT * (size_t)P->Dg) + rx_lines(BT * Dv) + rx_lines(BT * H) +
-                   rx_lines(RX_WKV7_CP(B * H, T, N)) + rx_lines(RX_WKV7_WORK(B * H, N));
-    A->mem = rx_falloc(total);
-    if (!A->mem) return rx_fail(RX_ENOMEM, "rx_tm_acts_alloc: out of memory");
-    float *p = A->mem;
-    for (size_t i = 0; i < nbufs; i++) *bufs[i] = rx_carve(&p, BT * C);
+    _Static_assert(sizeof bufs / sizeof bufs[0] == TM_ACTS_NBUFS, "TM_ACTS_NBUFS");
+    float *p = mem;
+    for (size_t i = 0; i < TM_ACTS_NBUFS; i++) *bufs[i] = rx_carve(&p, BT * C);
     if (vres) {
         A->vmod = rx_carve(&p, BT * C);
         A->vg = rx_carve(&p, BT * C);
@@ -93,6 +99,14 @@ int rx_tm_acts_alloc(rx_tm_acts *A, const rx_tm_params *P, size_t B, size_t T) {
     A->bonus = rx_carve(&p, BT * H);
     A->wkv_cp = rx_carve(&p, RX_WKV7_CP(B * H, T, N));
     A->wkv_work = rx_carve(&p, RX_WKV7_WORK(B * H, N));
+}
+
+int rx_tm_acts_alloc(rx_tm_acts *A, const rx_tm_params *P, size_t B, size_t T) {
+    float *mem = rx_falloc(rx_tm_acts_floats(P, B, T));
+    memset(A, 0, sizeof *A);
+    if (!mem) return rx_fail(RX_ENOMEM, "rx_tm_acts_alloc: out of memory");
+    rx_tm_acts_carve(A, P, B, T, mem);
+    A->mem = mem;
     return RX_OK;
 }
 

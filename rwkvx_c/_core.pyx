@@ -6,6 +6,8 @@ before calling C, raises TypeError / ValueError naming the argument, and
 releases the GIL while C runs. Results are new NumPy arrays. The kernels of
 each concern live in an include file next to this one.
 """
+import math
+
 import numpy as np
 
 from rwkvx_c._rx cimport *

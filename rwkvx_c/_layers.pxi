@@ -202,3 +202,54 @@ def cross_entropy_backward(logits, targets, ignore_index=-1):
         rc = rx_cross_entropy(pl, pt, cT, cV, cii, pd, &loss)
     _check_rc(rc, "cross_entropy_backward")
     return loss, dlogits
+
+
+def head_loss(x, head, targets, *, rows=0, ignore_index=-1, l2wrap=0.0, grads=True):
+    """The head and the loss over row chunks, never holding every logit
+    (docs/maths.md §Chunked head).
+
+    x : float32 (T, C), ln_out's output; head : float32 (C, vocab); targets :
+    int32 (T,) as cross_entropy_forward's. rows : rows per chunk (0: the
+    fixed scratch budget's, head_chunk_rows(vocab)). l2wrap : RWKV-LM's
+    L2Wrap factor (0: none), over the T positions. Returns loss when grads
+    is False, else (loss, dx (T, C), d_head (C, vocab)): the loss of
+    cross_entropy_forward(x . head, targets) with the same bits, and its
+    grads (plus L2Wrap's).
+    """
+    _arr(x, "x", np.float32, 2)
+    cdef int T = x.shape[0], C = x.shape[1]
+    _arr(head, "head", np.float32, 2)
+    if head.shape[0] != C:
+        raise ValueError(f"head has shape {head.shape}, expected ({C}, vocab) to match x")
+    cdef int V = head.shape[1]
+    cdef int ii = _index(ignore_index, "ignore_index")
+    _targets(targets, "targets", T, V, ii)
+    if isinstance(rows, bool) or not isinstance(rows, (int, np.integer)) or not 0 <= rows <= _INT_MAX:
+        raise ValueError(f"rows must be an int in [0, 2**31), got {rows!r}")
+    cdef int R = rows if rows else rx_head_chunk_rows(V, 0)
+    cdef double f = float(l2wrap)
+    if not (f >= 0.0 and math.isfinite(f)):
+        raise ValueError(f"l2wrap must be finite and >= 0, got {l2wrap!r}")
+    scratch = _empty(2 * min(R, T), V)
+    dx = _empty(T, C) if grads else None
+    d_head = _empty(C, V) if grads else None
+    cdef const float *px = _ptr(x)
+    cdef const float *ph = _ptr(head)
+    cdef const int *pt = _iptr(targets)
+    cdef float *ps = _wptr(scratch)
+    cdef float *pdx = _wptr(dx) if grads else NULL
+    cdef float *pdh = _wptr(d_head) if grads else NULL
+    cdef double loss
+    cdef int rc
+    with nogil:
+        rc = rx_head_loss(px, ph, pt, T, C, V, ii, f, R, ps, pdx, pdh, &loss)
+    _check_rc(rc, "head_loss")
+    return (loss, dx, d_head) if grads else loss
+
+
+def head_chunk_rows(int vocab):
+    """Rows per chunk of the head's fixed scratch budget (RX_HEAD_CHUNK_FLOATS
+    floats per buffer) at this vocabulary size."""
+    if vocab < 1:
+        raise ValueError(f"vocab must be >= 1, got {vocab}")
+    return rx_head_chunk_rows(vocab, 0)

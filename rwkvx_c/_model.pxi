@@ -138,7 +138,7 @@ cdef class RxPtModel:
     """A whole RWKV-X model (docs/maths.md §Whole model) with its parameters and grads in two
     flat float32 arenas, initialised by the docs/layout.md §Init splitmix64 scheme.
 
-    RxPtModel(config, seed=0, *, precision="fp32")
+    RxPtModel(config, seed=0, *, precision="fp32", recompute=False, l2wrap=0.0)
         config : dict with exactly the rx_pt_config fields (CONFIG_FIELDS):
                  n_embd, n_head, head_size, n_rwkv_layer, n_attn_layer,
                  vocab_size, Dw, Da, Dg, Dv, ffn_dim, chunk_size, moba_top_k;
@@ -149,6 +149,14 @@ cdef class RxPtModel:
                  bf16-rounded operands with fp32 accumulation; parameters,
                  grads, WKV7, norms, softmax and the loss stay fp32 (see
                  rx_pretrain.h). Readable and settable as m.precision.
+        recompute : True keeps only each block's input during the forward and
+                 runs the block's forward again in its backward (activation
+                 checkpointing, RWKV-LM's --grad_cp): the same loss and grads,
+                 bit for bit, in about one block's activations instead of
+                 every block's. Settable as m.recompute.
+        l2wrap : RWKV-LM's L2Wrap factor (0: off; RWKV-LM uses 1e-4): the
+                 backward adds l2wrap * max logit / (B*T) to the grad of each
+                 position's largest logit. Settable as m.l2wrap.
     A missing or unknown key, or a value breaking docs/maths.md §Whole model, is a ValueError
     naming it.
 
@@ -159,6 +167,8 @@ cdef class RxPtModel:
     cdef _ModelHandle _h
     cdef rx_pt_acts *_acts
     cdef int _B, _T            # the batch shape _acts was made for
+    cdef int _acts_flags       # the RX_ACTS_* options _acts was made with
+    cdef bint _recompute
     cdef object _fwd_shape     # tokens shape of the last successful forward
     cdef bint _busy            # a forward / backward runs (the GIL is released)
     cdef dict _config, _params, _grads
@@ -170,7 +180,7 @@ cdef class RxPtModel:
     def __cinit__(self):
         self._acts = NULL
 
-    def __init__(self, config, seed=0, *, precision="fp32"):
+    def __init__(self, config, seed=0, *, precision="fp32", recompute=False, l2wrap=0.0):
         if self._h is not None:
             # a second __init__ would swap the arenas under live views and _acts
             raise RuntimeError("RxPtModel is already initialised; make a new one")
@@ -192,6 +202,8 @@ cdef class RxPtModel:
         _check_rc(rc, "RxPtModel")
         self._h = h
         rx_ptmodel_set_precision(h.m, prec)
+        self.recompute = recompute
+        self.l2wrap = l2wrap
         self._config = {k: int(config[k]) for k in CONFIG_FIELDS}
         self._config["ln0"] = 1 if rx_ptmodel_flags(h.m) & RX_PT_LN0 else 0
         self._layers = rx_ptmodel_layers(h.m).decode()
@@ -237,6 +249,35 @@ cdef class RxPtModel:
         if self._busy:
             raise RuntimeError("RxPtModel: precision changed while a forward or backward runs")
         rx_ptmodel_set_precision(self._h.m, prec)
+
+    @property
+    def recompute(self):
+        """True: activation recompute (see the class docstring; settable)."""
+        return bool(self._recompute)
+
+    @recompute.setter
+    def recompute(self, value):
+        if not isinstance(value, (bool, np.bool_)):
+            raise TypeError(f"recompute must be a bool, got {type(value).__name__}")
+        if self._busy:
+            raise RuntimeError("RxPtModel: recompute changed while a forward or backward runs")
+        self._recompute = bool(value)
+
+    @property
+    def l2wrap(self):
+        """The L2Wrap factor of every backward (0.0: off; settable)."""
+        return rx_ptmodel_l2wrap(self._h.m)
+
+    @l2wrap.setter
+    def l2wrap(self, value):
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+            raise TypeError(f"l2wrap must be a number, got {type(value).__name__}")
+        f = float(value)
+        if not (f >= 0.0 and math.isfinite(f)):
+            raise ValueError(f"l2wrap must be finite and >= 0, got {value!r}")
+        if self._busy:
+            raise RuntimeError("RxPtModel: l2wrap changed while a forward or backward runs")
+        _check_rc(rx_ptmodel_set_l2wrap(self._h.m, f), "RxPtModel.l2wrap")
 
     @property
     def layers(self):
@@ -346,10 +387,11 @@ cdef class RxPtModel:
         """Logits of the model on a token sequence or a batch of them.
 
         tokens        : int32 (T,) or (B, T), every entry in [0, vocab_size)
-        return_logits : False skips copying the logits out and returns None:
-                        a training step's backward reads the model's own copy,
-                        and at a 65536-token vocabulary the copy into a new
-                        array costs some 30 ms per 512 tokens
+        return_logits : False returns None and holds no logits at all: the
+                        backward (and loss()) then run the head and the loss
+                        over row chunks of a fixed scratch budget, so no
+                        (B*T, vocab) buffer exists (docs/maths.md §Chunked
+                        head). True computes and returns every logit.
         Returns float32 (T, vocab_size) or (B, T, vocab_size), a new array.
         A batch runs its B sequences independently and together.
         """
@@ -365,19 +407,24 @@ cdef class RxPtModel:
         cdef int T = tokens.shape[tokens.ndim - 1]
         cdef const int *ptok
         cdef int rc
+        cdef int flags = (RX_ACTS_RECOMPUTE if self._recompute else 0) | \
+            (0 if return_logits else RX_ACTS_CHUNKED_HEAD)
         _tokens(tokens.reshape(-1), "tokens", B * T, V)
         self._enter()
         try:
             self._fwd_shape = None
-            if self._acts == NULL or self._B != B or self._T != T:
+            if self._acts == NULL or self._B != B or self._T != T or self._acts_flags != flags:
                 # the activations of B x T tokens, filled as the forward runs
-                _check_alloc(<int64_t>B * T * _act_bytes_per_token(self._config),
-                             f"a forward of {B} x {T} tokens", "pass fewer tokens at once")
+                _check_alloc(<int64_t>B * T * (_act_bytes_per_token(self._config, self._recompute)
+                                               + (4 * V if return_logits else 0)),
+                             f"a forward of {B} x {T} tokens", "pass fewer tokens at once"
+                             + ("" if self._recompute else ", or recompute=True"))
                 if self._acts != NULL:
                     rx_pt_acts_free(self._acts)
-                rc = rx_pt_acts_create(self._h.m, B, T, &self._acts)
+                    self._acts = NULL
+                rc = rx_pt_acts_create_opts(self._h.m, B, T, flags, 0, &self._acts)
                 _check_rc(rc, "RxPtModel.forward")
-                self._B, self._T = B, T
+                self._B, self._T, self._acts_flags = B, T, flags
             logits = _empty(*tokens.shape, V) if return_logits else None
             ptok = _iptr(tokens)
             with nogil:
@@ -428,6 +475,34 @@ cdef class RxPtModel:
         finally:
             self._busy = False
         _check_rc(rc, "RxPtModel.backward")
+        return loss
+
+    def loss(self, targets, int ignore_index=-1):
+        """Mean cross-entropy of the last forward against targets, without
+        any grad (evaluation): the loss backward() would return, with the
+        same bits. Arguments as backward(); the grads are left as they are.
+        """
+        if self._fwd_shape is None:
+            raise ValueError("RxPtModel.loss: no forward() preceded it")
+        if not isinstance(targets, np.ndarray):
+            raise TypeError(f"targets must be a numpy.ndarray of int32, got {type(targets).__name__}")
+        if targets.shape != self._fwd_shape:
+            raise ValueError(f"targets has shape {targets.shape}, expected {self._fwd_shape} "
+                             "(the shape of the last forward's tokens)")
+        _arr(targets, "targets", np.int32, targets.ndim)
+        targets = targets.copy()   # checked and read from a private copy, as in backward
+        cdef int B = self._B, T = self._T
+        _targets(targets.reshape(-1), "targets", B * T, self._config["vocab_size"], ignore_index)
+        cdef double loss
+        cdef int rc
+        cdef const int *ptgt = _iptr(targets)
+        self._enter()
+        try:
+            with nogil:
+                rc = rx_pretrain_loss(self._h.m, self._acts, ptgt, B, T, ignore_index, &loss)
+        finally:
+            self._busy = False
+        _check_rc(rc, "RxPtModel.loss")
         return loss
 
     def zero_grad(self):

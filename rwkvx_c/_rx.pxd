@@ -163,6 +163,13 @@ cdef extern from "rx_pretrain.h" nogil:
         float *v_first
         float *lnout
         float *logits
+        int B
+        int ready
+        float *dlogits
+        float *work
+        void *saved
+        int flags
+        int head_rows
 
     int rx_pt_acts_create(const rx_ptmodel *m, int B, int T, rx_pt_acts **out)
     void rx_pt_acts_free(rx_pt_acts *a)
@@ -170,6 +177,17 @@ cdef extern from "rx_pretrain.h" nogil:
     int rx_pretrain_backward_loss(rx_ptmodel *m, const rx_pt_acts *acts, const int *targets,
                                   int B, int T, int ignore_index, double *loss)
     void rx_ptmodel_zero_grad(rx_ptmodel *m)
+    int RX_ACTS_RECOMPUTE, RX_ACTS_CHUNKED_HEAD
+    int rx_pt_acts_create_opts(const rx_ptmodel *m, int B, int T, int flags, int head_rows,
+                               rx_pt_acts **out)
+    int rx_pretrain_loss(rx_ptmodel *m, const rx_pt_acts *acts, const int *targets, int B,
+                         int T, int ignore_index, double *loss)
+    int rx_ptmodel_set_l2wrap(rx_ptmodel *m, double factor)
+    double rx_ptmodel_l2wrap(const rx_ptmodel *m)
+    int rx_head_loss(const float *x, const float *head, const int *targets, int T, int C,
+                     int vocab, int ignore_index, double l2wrap, int rows, float *scratch,
+                     float *dx, float *d_head, double *loss)
+    int rx_head_chunk_rows(int vocab, int budget_floats)
 
     enum: RX_MAX_THREADS
     void rx_set_num_threads(int n)

@@ -101,20 +101,32 @@ def sample_token(logits: np.ndarray, rng: np.random.Generator, temperature: floa
     return int(rng.choice(len(p), p=p))
 
 
+# Prompt tokens per recurrent call: the state carries across calls, so a
+# long prompt costs the memory of one piece (the call's intermediates and
+# its [piece, vocab] logits), not of the whole prompt.
+PROMPT_PIECE = 512
+
+
 def generate(model: _core.RxPtModel, prompt: str | bytes, max_new_tokens: int = 200,
              temperature: float = 1.0, top_p: float = 0.9, seed: int = 0,
              tokenizer: Tokenizer | None = None) -> Iterator[str]:
     """Yield the decoded text of each new token after `prompt` (str or bytes).
 
-    The prompt runs once; each new token is one recurrent step. An empty
-    prompt starts from a newline. tokenizer: the run's (load_run); None
+    The prompt runs through the recurrent state in pieces of at most
+    PROMPT_PIECE tokens (fewer at a large vocabulary: the head's chunk
+    rows); each new token is one recurrent step. An empty prompt starts from
+    a newline. tokenizer: the run's (load_run); None
     means bytes.
     """
     tok = tokenizer or ByteTokenizer()
     ids = tok.encode(prompt) if len(prompt) else tok.encode("\n")
     state = _core.InferState(model, max_len=_max_len(model, len(ids), max_new_tokens))
     rng = np.random.Generator(np.random.PCG64(seed))
-    logits = _finite(state.forward(np.ascontiguousarray(ids, dtype=np.int32))[-1], 0)
+    piece = min(PROMPT_PIECE, _core.head_chunk_rows(model.config["vocab_size"]))
+    prompt_ids = np.ascontiguousarray(ids, dtype=np.int32)
+    for i in range(0, len(prompt_ids), piece):
+        logits = state.forward(prompt_ids[i:i + piece])[-1].copy()
+    logits = _finite(logits, 0)
     dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
     for i in range(max_new_tokens):
         t = sample_token(logits, rng, temperature, top_p)

@@ -82,3 +82,38 @@ def test_generate_is_seeded():
     assert a == b and len(a.encode("utf-8", "replace")) >= 1
     g = "".join(generate(m, "", 5, temperature=0))
     assert isinstance(g, str)
+
+
+_LONG_PROMPT = """
+import resource, sys, numpy as np, rwkvx_c as rx
+from rwkvx_c.sample import generate
+cfg = dict(%r, n_embd=128, n_head=2, head_size=64, ffn_dim=512, n_attn_layer=0)
+m = rx.RxPtModel(cfg, seed=2)
+prompt = bytes(np.random.default_rng(0).integers(32, 127, %d).astype(np.uint8))
+"".join(generate(m, prompt[:600], 2))          # warm: the threads, the arenas
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+"".join(generate(m, prompt, 2))
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024)
+"""
+
+
+def test_long_prompt_runs_in_pieces():
+    """A 40,000-byte prompt raises the peak RSS by well under what one call
+    over it would hold (its intermediates, ~100 floats per token per RWKV
+    block, and its [T, vocab] logits: ~60 MB a block here), in a fresh
+    process (RWKV blocks only: attention's key/value cache is the prompt's
+    length by nature); and the pieces' logits are the one call's to
+    rounding."""
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", _LONG_PROMPT % (CFG, 40000)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert int(r.stdout.split()[-1]) < 24 << 20, r.stdout
+    m = rx.RxPtModel(CFG, seed=4)
+    toks = np.random.default_rng(4).integers(0, 256, 1100).astype(np.int32)
+    whole = rx.InferState(m, max_len=1100).forward(toks)[-1]
+    st = rx.InferState(m, max_len=1100)
+    for i in range(0, 1100, 512):
+        last = st.forward(toks[i:i + 512])[-1]
+    _close(last, whole)

@@ -31,8 +31,12 @@ def program(tmp_path_factory):
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_a_step_allocates_nothing(program, threads):
-    out = subprocess.run([program], env=dict(os.environ, OMP_NUM_THREADS=str(threads)),
+@pytest.mark.parametrize("acts", [[], ["1"], ["3", "37"]], ids=["plain", "recompute",
+                                                                 "recompute+chunked_head"])
+def test_a_step_allocates_nothing(program, threads, acts):
+    # recompute (RX_ACTS_RECOMPUTE = 1) and the chunked head (2; 37-row
+    # chunks cut the 256 rows unevenly) with L2Wrap allocate nothing either
+    out = subprocess.run([program, *acts], env=dict(os.environ, OMP_NUM_THREADS=str(threads)),
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     counts = {p: int(c) for _, p, c in (line.split() for line in out.stdout.splitlines())}

@@ -53,6 +53,9 @@ def add_parser(sub: Subparsers) -> None:
         if not m.get("cli"):
             continue
         flag = m["flag"] or "--" + f.name.replace("_", "-")
+        if m["kind"] == "flag":   # absent: None, so a resumed run keeps its own
+            t.add_argument(flag, dest=f.name, help=_help(f), action="store_true", default=None)
+            continue
         kw: dict[str, Any] = dict(dest=f.name, help=_help(f), metavar=m["metavar"])
         if m["choices"]:
             kw.update(choices=list(m["choices"]), metavar=None)

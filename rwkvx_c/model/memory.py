@@ -2,7 +2,10 @@
 
 Peak = parameters x PARAM_COPIES (the parameters, their grads and AdamW's two
 moments, all float32, plus a checkpoint being read on resume) + the step's
-activations, ~linear in B*T. Parameters are counted from the config before
+activations, ~linear in B*T (far fewer per token under recompute, which
+keeps one block's intermediates instead of every block's) + the head's
+scratch (head_bytes: a fixed budget of rows, not B*T x vocab logits).
+Parameters are counted from the config before
 the model exists (an upper estimate: the matrices exactly, every vector as
 VECTORS_PER_LAYER C-vectors); the activation bytes per token are measured
 on the model itself, from the heap growth between two small steps (see
@@ -24,7 +27,7 @@ if TYPE_CHECKING:
     from rwkvx_c._core import RxPtModel
 
 __all__ = ["MemoryTooSmall", "estimate_params", "param_bytes", "acts_bytes_per_token",
-           "rough_bytes_per_token", "available_bytes", "fits", "check", "check_step",
+           "rough_bytes_per_token", "head_bytes", "available_bytes", "fits", "check", "check_step",
            "PARAM_COPIES", "HEADROOM"]
 
 PARAM_COPIES = 7            # params, grads, AdamW m and v (4 x 4 B) + a checkpoint read (3 x 4 B)
@@ -67,15 +70,18 @@ MEASURE_TOKENS = 64   # the smaller of the two measured sequence lengths (at lea
 
 
 def acts_bytes_per_token(model: RxPtModel, fallback: int | None = None) -> int:
-    """Heap bytes one more token of B*T costs a training step of `model`.
+    """Heap bytes one more token of B*T costs a training step of `model`
+    (in its recompute mode, with the trainer's chunked head), the head's
+    scratch (head_bytes) aside.
 
     Runs forward and backward at two small sequence lengths and divides the
-    heap difference (the activation buffers the model keeps, and the
-    returned logits) by the token difference. Without glibc's mallinfo2,
-    returns `fallback` or a bound from the config."""
+    heap difference (the activation buffers the model keeps) by the token
+    difference. Without glibc's mallinfo2, returns `fallback` or a bound
+    from the config."""
     c = model.config
+    rough = ROUGH_MARGIN * rough_bytes_per_token(c, model.recompute)
     if _heap_in_use() is None:
-        return fallback if fallback is not None else ROUGH_MARGIN * rough_bytes_per_token(c)
+        return fallback if fallback is not None else rough
     # At a few tokens each buffer is a few KiB, and whether malloc serves it
     # from the heap or from page-rounded mmap (its threshold moves with what
     # the process freed before) shifts the figure by 10-20%; at
@@ -89,22 +95,28 @@ def acts_bytes_per_token(model: RxPtModel, fallback: int | None = None) -> int:
     # only add to one of them, so the smallest is the per-token figure.
     for T in (2 * t1, t1, 2 * t1, t1, 2 * t1, t1, 2 * t1):
         x = np.zeros((1, T), dtype=np.int32)
-        logits = model.forward(x)
+        model.forward(x, return_logits=False)
         model.backward(x)
         used.append(_heap_in_use() or 0)
-        del logits
     model.zero_grad()
-    grown = [used[i + 1] - used[i] for i in (1, 3, 5)]
+    head = head_bytes(c["vocab_size"], 2 * t1) - head_bytes(c["vocab_size"], t1)
+    grown = [used[i + 1] - used[i] - head for i in (1, 3, 5)]
     if min(grown) <= 0:
-        return fallback if fallback is not None else ROUGH_MARGIN * rough_bytes_per_token(c)
+        return fallback if fallback is not None else rough
     return min(grown) // t1
 
 
-def rough_bytes_per_token(cfg: dict) -> int:
-    """A config-only figure for the activation bytes per token: within ~10%
-    of the measured ones on the presets (tiny: 52 vs 54 KB)."""
-    nb = cfg["n_rwkv_layer"] + cfg["n_attn_layer"]
-    return 4 * (nb * (24 * cfg["n_embd"] + 2 * cfg["ffn_dim"]) + 3 * cfg["vocab_size"])
+def rough_bytes_per_token(cfg: dict, recompute: bool = False) -> int:
+    """A config-only figure for the activation bytes per token, the head's
+    scratch aside: the binding's own (the bound RxPtModel.forward checks
+    before it allocates), so the two never disagree."""
+    return int(_core._act_bytes_per_token(cfg, recompute))
+
+
+def head_bytes(vocab: int, tokens: int) -> int:
+    """Bytes of the head's two [rows, vocab] scratch buffers for a step of
+    `tokens` tokens (rows: the fixed budget's, or fewer tokens)."""
+    return 8 * vocab * min(tokens, _core.head_chunk_rows(vocab))
 
 
 def fits(need: int, available: int | None = None) -> bool:
@@ -143,10 +155,12 @@ def check_step(model: RxPtModel, batch: int, seq_len: int) -> None:
     (with the parameter copies of PARAM_COPIES) would not fit. The rough
     bound decides when the machine is far from the limit; near it the
     activation bytes are measured on the model (acts_bytes_per_token)."""
-    params = param_bytes(model.n_params)
-    rough = ROUGH_MARGIN * rough_bytes_per_token(model.config)
+    params = param_bytes(model.n_params) + head_bytes(model.config["vocab_size"],
+                                                      batch * seq_len)
+    rough = ROUGH_MARGIN * rough_bytes_per_token(model.config, model.recompute)
     if fits(params + rough * batch * seq_len):
         return   # far from the limit: not worth the measuring steps
     per_tok = acts_bytes_per_token(model)
+    advice = "lower --batch or --seq-len" + ("" if model.recompute else ", or add --grad-cp")
     check(params + per_tok * batch * seq_len, f"a step of batch {batch} x seq_len {seq_len} "
-          f"({per_tok:,} bytes of activations per token)", "lower --batch or --seq-len")
+          f"({per_tok:,} bytes of activations per token)", advice)

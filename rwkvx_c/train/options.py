@@ -47,7 +47,7 @@ def _opt(default: Any, help: str, *, kind: str = "str", flag: str | None = None,
          cli: bool = True) -> Any:
     """A TrainOptions field with its command-line description. kind:
     "pos_int", "nonneg_int", "pos_float", "nonneg_float", "unit_float",
-    "str", "paths"."""
+    "str", "paths", "flag" (a switch, off by default)."""
     return field(default=default, metadata=dict(help=help, kind=kind, flag=flag,
                                                 metavar=metavar, choices=choices, cli=cli))
 
@@ -129,6 +129,13 @@ class TrainOptions:
     precision: str = _opt("auto", "projection GEMMs in fp32, or bf16 with fp32 accumulation; "
                           "auto: bf16 where the CPU has AMX-BF16, where it is faster. A "
                           "resumed run keeps its precision", choices=PRECISIONS)
+    grad_cp: bool = _opt(False, "activation recompute (RWKV-LM's --grad_cp): keep only each "
+                         "block's input and recompute the block in its backward; the same "
+                         "losses bit for bit, about one block's activations instead of all",
+                         kind="flag")
+    l2wrap: float = _opt(0.0, "RWKV-LM's L2Wrap: push each position's largest logit towards 0 "
+                         "with a grad of X * max_logit / (B*T); RWKV-LM uses 1e-4, 0 disables",
+                         kind="nonneg_float", metavar="X")
     on_divergence: str = _opt("stop", "when the loss blows up: stop, or reload the last "
                               "checkpoint and halve the learning rate (at most 3 times)",
                               choices=ON_DIVERGENCE)
@@ -148,7 +155,7 @@ class TrainOptions:
 
     # options a resumed run may change without changing what it computes
     RESUMABLE = ("steps", "time_budget", "eval_every", "save_every", "threads", "cache_dir",
-                 "on_divergence")
+                 "on_divergence", "grad_cp")
 
     def resolved(self) -> ResolvedOptions:
         """A copy with every preset default filled in and every value checked."""
@@ -195,6 +202,9 @@ class TrainOptions:
         pos("weight_decay", self.weight_decay, integer=False, allow_zero=True)
         pos("grad_clip", self.grad_clip, integer=False, allow_zero=True)
         pos("adam_eps", self.adam_eps, integer=False, allow_zero=True)
+        pos("l2wrap", self.l2wrap, integer=False, allow_zero=True)
+        if not isinstance(self.grad_cp, (bool, np.bool_)):
+            raise TrainError(f"grad_cp must be true or false, got {self.grad_cp!r}")
 
         def real(v: object) -> bool:
             return isinstance(v, (int, float, np.floating)) and not isinstance(v, bool)
@@ -206,8 +216,8 @@ class TrainOptions:
         for k in ("eval_every", "save_every", "threads", "vocab_size"):
             if getattr(self, k) is not None:
                 pos(k, getattr(self, k))
-        if not isinstance(self.seed, int) or self.seed < 0:
-            raise TrainError(f"seed must be an integer >= 0, got {self.seed!r}")
+        if not isinstance(self.seed, int) or not 0 <= self.seed < 2 ** 64:   # the C seed's range
+            raise TrainError(f"seed must be an integer in [0, 2**64), got {self.seed!r}")
         if self.precision not in PRECISIONS[:2]:
             raise TrainError(f"precision must be {', '.join(PRECISIONS)}, got "
                              f"{self.precision!r}")

@@ -67,12 +67,6 @@ Row = dict[str, Any]
 __all__ = ["Trainer"]
 
 
-def _cross_entropy(logits: np.ndarray, targets: np.ndarray) -> float:
-    """Mean cross-entropy of (B, T, V) logits against (B, T) targets, in C."""
-    V = logits.shape[-1]
-    return _core.cross_entropy_forward(logits.reshape(-1, V), targets.reshape(-1))
-
-
 class Trainer:
     """A training run in out_dir: model, optimiser, data, schedule, log.
 
@@ -193,7 +187,8 @@ class Trainer:
             ModelConfig.from_dict(cfg)
             memory.check(memory.param_bytes(memory.estimate_params(cfg)),
                          "the model with its optimiser state", "choose a smaller --preset")
-            self.model = _core.RxPtModel(cfg, seed=opts.seed, precision=opts.precision)
+            self.model = _core.RxPtModel(cfg, seed=opts.seed, precision=opts.precision,
+                                         recompute=bool(opts.grad_cp), l2wrap=opts.l2wrap)
         except (ConfigError, MemoryTooSmall) as e:
             raise TrainError(str(e)) from None
         try:
@@ -347,8 +342,8 @@ class Trainer:
             self.guard.check_eval(self.last_eval["val_loss"], self.step_count)
         elif self._last_batch is not None:
             x, y = self._last_batch
-            loss = _cross_entropy(self.model.forward(x), y)
-            self.guard.check_eval(loss, self.step_count)
+            self.model.forward(x, return_logits=False)
+            self.guard.check_eval(self.model.loss(y), self.step_count)
 
     # --------------------------------------------------------------- training
     def train_seconds(self) -> float:
@@ -445,8 +440,9 @@ class Trainer:
         for i in range(first, last, B):
             x = np.ascontiguousarray(self.val_x[i:min(i + B, last)])
             y = np.ascontiguousarray(self.val_y[i:min(i + B, last)])
-            logits = self.model.forward(x)
-            total += _cross_entropy(logits, y) * y.size
+            # the head and loss over row chunks: no (B*T, vocab) logits
+            self.model.forward(x, return_logits=False)
+            total += self.model.loss(y) * y.size
             n += y.size
         total, n = self.group.sum_values(total, n)
         val = total / n

@@ -59,7 +59,9 @@ static int step(rx_ptmodel *m, rx_pt_acts *acts, const int *tok, const int *tgt,
     return rc;
 }
 
-int main(void) {
+/* argv: [RX_ACTS_* flags [head_rows]]; with flags, L2Wrap on too */
+int main(int argc, char **argv) {
+    const int flags = argc > 1 ? atoi(argv[1]) : 0, head_rows = argc > 2 ? atoi(argv[2]) : 0;
     /* large enough that the norms, GEMMs and cross-entropy take their
      * multi-threaded paths (OMP_NUM_THREADS=2) */
     const rx_pt_config cfg = {
@@ -74,7 +76,8 @@ int main(void) {
     rx_pt_acts *acts = NULL;
     int64_t n = 0;
     int rc = rx_model_create(&cfg, 0, 0, &m);
-    if (rc == RX_OK) rc = rx_pt_acts_create(m, B, T, &acts);
+    if (rc == RX_OK) rc = rx_pt_acts_create_opts(m, B, T, flags, head_rows, &acts);
+    if (rc == RX_OK && flags) rc = rx_ptmodel_set_l2wrap(m, 1e-4);
     if (rc == RX_OK) rx_ptmodel_param_arena(m, &n);
     float *mom = calloc((size_t)n + 1, sizeof(float)), *vel = calloc((size_t)n + 1, sizeof(float));
     if (rc != RX_OK || !mom || !vel) {

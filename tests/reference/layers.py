@@ -54,3 +54,13 @@ def cross_entropy(logits, targets, ignore_index=-1):
     lse = (logits - m).exp().sum(-1).log() + m[:, 0]
     picked = logits[np.arange(T), np.where(valid, targets, 0)]
     return ((lse - picked) * valid).sum() * (1.0 / n_valid)
+
+
+def l2wrap_penalty(logits, factor):
+    """factor / (2 T) * sum_t (max_v logits[t, v])^2, whose gradient is RWKV-LM's
+    L2Wrap (docs/maths.md §L2Wrap): factor * max / T on each row's first
+    largest logit. logits (T, vocab) Var."""
+    T = logits.shape[0]
+    am = np.argmax(logits.value, axis=-1)      # the first of equal maxima
+    picked = logits[np.arange(T), am]
+    return (picked * picked).sum() * (factor / (2.0 * T))

@@ -1,0 +1,123 @@
+"""Long contexts in bounded memory: training-step tokens/s and peak RSS of a
+preset at growing T (batch 1) with activation recompute, and the step-time
+overhead of recompute against none at a T where both fit.
+
+    python bench/bench_long.py [--preset M] [--T 2048 8192 16384 65536]
+                               [--overhead-T 2048] [--pairs 3] [--precision auto]
+    python bench/bench_long.py --preset tiny --vocab 65536 --batch 8 --T 512
+
+Each T runs in a fresh process (peak RSS is a process's high-water mark):
+one warm-up step, then --steps timed steps of forward + backward (the
+chunked head: no [B*T, vocab] logits) + AdamW; prints tokens/s, the peak RSS
+and each T's tokens/s over the first T's. The overhead runs recompute and
+plain steps in alternation in one process, --pairs of each after a warm-up
+of both, and prints the ratio of the medians. A shared machine moves
+absolute figures from run to run: compare the ratios.
+"""
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+import common  # noqa: F401  (puts an in-place build first on sys.path)
+import numpy as np
+
+
+def _model(args, recompute):
+    import rwkvx_c as rx
+    from rwkvx_c.model.presets import PRESETS
+    from rwkvx_c.train.options import auto_precision
+    cfg = dict(PRESETS[args.preset]["model"])
+    if args.vocab:
+        cfg["vocab_size"] = args.vocab
+    prec = auto_precision() if args.precision == "auto" else args.precision
+    m = rx.RxPtModel(cfg, seed=0, precision=prec, recompute=recompute)
+    return m, cfg, prec
+
+
+def _stepper(m, cfg, B, T):
+    import rwkvx_c as rx
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, cfg["vocab_size"], (B, T)).astype(np.int32)
+    y = rng.integers(0, cfg["vocab_size"], (B, T)).astype(np.int32)
+    mom, vel = np.zeros_like(m.param_buffer), np.zeros_like(m.param_buffer)
+    count = [0]
+
+    def step():
+        t = time.perf_counter()
+        m.forward(x, return_logits=False)
+        m.backward(y)
+        count[0] += 1
+        rx.adamw_step(m.param_buffer, m.grad_buffer, mom, vel, lr=1e-5, step=count[0])
+        return time.perf_counter() - t
+    return step
+
+
+def one_T(args):
+    m, cfg, prec = _model(args, not args.no_recompute)
+    step = _stepper(m, cfg, args.batch, args.one)
+    step()
+    times = [step() for _ in range(args.steps)]
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(json.dumps(dict(T=args.one, tokens_per_s=args.batch * args.one / min(times),
+                          peak_rss=rss, precision=prec, n_params=m.n_params)))
+
+
+def overhead(args):
+    plain, cfg, prec = _model(args, False)
+    rec, _, _ = _model(args, True)
+    steps = {False: _stepper(plain, cfg, args.batch, args.overhead_T),
+             True: _stepper(rec, cfg, args.batch, args.overhead_T)}
+    steps[False]()
+    steps[True]()
+    times = {False: [], True: []}
+    for i in range(args.pairs):   # alternate, and swap which goes first
+        for mode in ((False, True) if i % 2 == 0 else (True, False)):
+            times[mode].append(steps[mode]())
+    ratio = statistics.median(times[True]) / statistics.median(times[False])
+    print(f"overhead at T = {args.overhead_T} (batch {args.batch}, {prec}): recompute step "
+          f"{statistics.median(times[True]):.3f} s / plain {statistics.median(times[False]):.3f}"
+          f" s = {ratio:.3f}x ({args.pairs} alternating pairs)")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--preset", default="M")
+    ap.add_argument("--vocab", type=int, default=0, help="override the vocabulary size")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--T", type=int, nargs="+", default=[2048, 8192, 16384, 65536])
+    ap.add_argument("--steps", type=int, default=2, help="timed steps per T (best is kept)")
+    ap.add_argument("--overhead-T", type=int, default=2048, help="0: skip the overhead pairs")
+    ap.add_argument("--pairs", type=int, default=3)
+    ap.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16"])
+    ap.add_argument("--no-recompute", action="store_true", help="time plain steps instead")
+    ap.add_argument("--one", type=int, default=0, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.one:
+        return one_T(args)
+    import rwkvx_c as rx
+    print(f"# preset {args.preset}, vocab {args.vocab or 'preset'}, batch {args.batch}, "
+          f"threads {rx.get_num_threads()}, recompute {not args.no_recompute}")
+    base = None
+    for T in args.T:
+        cmd = [sys.executable, os.path.abspath(__file__), "--one", str(T)] + \
+            [a for a in sys.argv[1:]]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            print(f"T = {T}: failed: {r.stderr.strip().splitlines()[-1:]}")
+            continue
+        row = json.loads(r.stdout.strip().splitlines()[-1])
+        base = base or row["tokens_per_s"]
+        print(f"T = {T:6d}: {row['tokens_per_s']:8.1f} tokens/s ({row['tokens_per_s'] / base:.2f}x"
+              f" the first), peak RSS {row['peak_rss'] / 2**30:.2f} GiB, {row['precision']}",
+              flush=True)
+    if args.overhead_T:
+        overhead(args)
+
+
+if __name__ == "__main__":
+    main()
