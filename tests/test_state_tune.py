@@ -148,3 +148,34 @@ def test_frozen_base_gives_the_same_state_grad_without_weight_grads(precision):
     m.frozen = False
     m.backward(targets, ignore_index=IGNORE)
     assert not np.all(m.grads["head"] == 123.0)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("layers", [0, 1])
+def test_recompute_and_the_chunked_head_keep_the_state_grad(precision, layers):
+    """A state tune under --grad-cp (each block's forward again in its
+    backward, from a fresh copy of its initial state) and the chunked head
+    gives the same loss, state grads and weight grads, bit for bit, frozen
+    base or not; with and without an attention block."""
+    cfg = dict(CFG, n_attn_layer=layers)
+    tokens, targets = _data(7)
+    runs = []
+    for recompute in (False, True):
+        for frozen in (False, True):
+            m = _model(3) if layers == 0 else rx.RxPtModel(cfg, seed=3, precision=precision)
+            if layers:
+                m.enable_state()
+                m.state[...] = np.random.default_rng(9).standard_normal(
+                    m.state.shape).astype(np.float32) * 0.5
+            m.precision = precision
+            m.recompute = recompute
+            if frozen:
+                m.freeze_ranges(np.array([[0, m.param_buffer.size]], np.int64))
+            m.forward(tokens, return_logits=False)
+            loss = m.backward(targets, ignore_index=IGNORE)
+            runs.append((frozen, loss, m.state_grad.copy(), m.grad_buffer.copy()))
+    for frozen, loss, sg, g in runs[1:]:
+        assert loss == runs[0][1] and np.array_equal(sg, runs[0][2])
+        if not frozen:
+            assert np.array_equal(g, runs[0][3])
+    assert np.array_equal(runs[1][3], runs[3][3])   # frozen: the same (few) grads written
