@@ -1,5 +1,7 @@
 """Recurrent inference (csrc/infer.c): step-by-step logits equal the
 full-sequence forward's, with MoBA selection active; sampling helpers."""
+import os
+
 import numpy as np
 import pytest
 
@@ -106,8 +108,11 @@ def test_long_prompt_runs_in_pieces():
     rounding."""
     import subprocess
     import sys
+    # run from tests/: in the repository root a non-editable install's
+    # source tree would shadow the installed package
     r = subprocess.run([sys.executable, "-c", _LONG_PROMPT % (CFG, 40000)],
-                       capture_output=True, text=True, timeout=300)
+                       capture_output=True, text=True, timeout=300,
+                       cwd=os.path.dirname(os.path.abspath(__file__)))
     assert r.returncode == 0, r.stderr[-2000:]
     assert int(r.stdout.split()[-1]) < 24 << 20, r.stdout
     m = rx.RxPtModel(CFG, seed=4)

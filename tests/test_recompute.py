@@ -219,8 +219,11 @@ print(memory._heap_in_use() - h0)
 
 def _heap_growth(cfg, B, T, recompute):
     env = dict(os.environ, OMP_NUM_THREADS="1")
+    # from tests/: in the repository root a non-editable install's source
+    # tree would shadow the installed package
     r = subprocess.run([sys.executable, "-c", _PROBE % (cfg, B, T, recompute)], env=env,
-                       capture_output=True, text=True, timeout=300)
+                       capture_output=True, text=True, timeout=300,
+                       cwd=os.path.dirname(os.path.abspath(__file__)))
     assert r.returncode == 0, r.stderr[-2000:]
     if r.stdout.strip() == "skip":
         pytest.skip("no mallinfo2")
