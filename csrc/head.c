@@ -158,6 +158,23 @@ static int ce_valid(int target, int ignore_index) {
     return ignore_index < 0 || target != ignore_index;
 }
 
+/* *n_valid = the positions of targets [T] the loss counts (not
+ * ignore_index); RX_EINVAL naming the first counted target outside
+ * [0, vocab). */
+static int count_targets(const char *fn, const int *targets, size_t T, int vocab,
+                         int ignore_index, size_t *n_valid) {
+    size_t n = 0;
+    for (size_t t = 0; t < T; t++) {
+        if (!ce_valid(targets[t], ignore_index)) continue;
+        if (targets[t] < 0 || targets[t] >= vocab)
+            return rx_fail(RX_EINVAL, "%s: target %d at position %zu is outside [0, %d) and is "
+                           "not ignore_index %d", fn, targets[t], t, vocab, ignore_index);
+        n++;
+    }
+    *n_valid = n;
+    return RX_OK;
+}
+
 /* logits, dlogits: [T][vocab]; targets: [T]. Shared by the forward (dlogits
  * NULL) and the backward. */
 static int cross_entropy(const float *logits, const int *targets, int T, int vocab,
@@ -176,13 +193,8 @@ static int cross_entropy(const float *logits, const int *targets, int T, int voc
     int rc = rx_spans_check(fn, &out, &in);
     if (rc != RX_OK) return rc;
     size_t n_valid = 0;
-    for (size_t t = 0; t < TT; t++) {
-        if (!ce_valid(targets[t], ignore_index)) continue;
-        if (targets[t] < 0 || targets[t] >= vocab)
-            return rx_fail(RX_EINVAL, "%s: target %d at position %zu is outside [0, %d) and is "
-                           "not ignore_index %d", fn, targets[t], t, vocab, ignore_index);
-        n_valid++;
-    }
+    rc = count_targets(fn, targets, TT, vocab, ignore_index, &n_valid);
+    if (rc != RX_OK) return rc;
     if (n_valid == 0) {
         rx_fzero(dlogits, TT * V);
         *loss_out = 0.0;
@@ -323,13 +335,8 @@ static int head_loss(const float *x, const float *head, const int *targets, int 
     int rc = rx_spans_check(fn, &out, &in);
     if (rc != RX_OK) return rc;
     size_t n_valid = 0;
-    for (size_t t = 0; t < TT; t++) {
-        if (!ce_valid(targets[t], ignore_index)) continue;
-        if (targets[t] < 0 || targets[t] >= vocab)
-            return rx_fail(RX_EINVAL, "%s: target %d at position %zu is outside [0, %d) and is "
-                           "not ignore_index %d", fn, targets[t], t, vocab, ignore_index);
-        n_valid++;
-    }
+    rc = count_targets(fn, targets, TT, vocab, ignore_index, &n_valid);
+    if (rc != RX_OK) return rc;
     const double scale = n_valid ? 1.0 / (double)n_valid : 0.0, coef = l2wrap / (double)TT;
     const size_t brows = rx_block_rows(TT), np = rx_row_blocks(TT);
     double part[RX_MAX_ROW_BLOCKS] = {0};   /* 8 KiB on the stack: no allocation in a step */

@@ -827,18 +827,27 @@ int rx_pretrain_forward(rx_ptmodel *m, const int *tokens, int T, rx_pt_acts *act
 
 /* ---- backward ------------------------------------------------------------ */
 
-/* targets: [B][T]; returns the mean loss over the valid positions of the
- * batch and writes the grads of that mean into the grad arena */
-static int backward_batch(rx_ptmodel *m, const rx_pt_acts *acts, const int *targets, int B,
-                          int T, int ignore_index, double *loss_out) {
-    static const char *const fn = "rx_pretrain_backward_loss";
-    if (!m || !acts || !targets || !loss_out)
+/* RX_OK when a loss call's arguments are there and its acts hold a forward
+ * of this model at B x T; else RX_EINVAL through rx_fail, naming fn. */
+static int check_loss_call(const char *fn, const rx_ptmodel *m, const rx_pt_acts *acts,
+                           const int *targets, const double *loss, int B, int T) {
+    if (!m || !acts || !targets || !loss)
         return rx_fail(RX_EINVAL, "%s: %s is NULL", fn,
                        !m ? "model" : !acts ? "acts" : !targets ? "targets" : "loss");
     if (!acts_fit(m, acts, B, T))
         return rx_fail(RX_EINVAL, "%s: acts were made for B = %d, T = %d (or another model), "
                        "called with B = %d, T = %d", fn, acts->B, acts->T, B, T);
     if (!acts->ready) return rx_fail(RX_EINVAL, "%s: acts hold no forward", fn);
+    return RX_OK;
+}
+
+/* targets: [B][T]; returns the mean loss over the valid positions of the
+ * batch and writes the grads of that mean into the grad arena */
+static int backward_batch(rx_ptmodel *m, const rx_pt_acts *acts, const int *targets, int B,
+                          int T, int ignore_index, double *loss_out) {
+    static const char *const fn = "rx_pretrain_backward_loss";
+    int rc = check_loss_call(fn, m, acts, targets, loss_out, B, T);
+    if (rc != RX_OK) return rc;
     const int V = m->cfg.vocab_size, C = m->cfg.n_embd, BT = B * T;
     for (int i = 0; i < BT; i++) {
         int t = targets[i];
@@ -854,7 +863,6 @@ static int backward_batch(rx_ptmodel *m, const rx_pt_acts *acts, const int *targ
     /* targets are valid here, so a NaN loss means non-finite logits: the
      * NaN grads still go through, as the grads of this call */
     double loss;
-    int rc;
     if (acts->logits) {
         rc = rx_cross_entropy(acts->logits, targets, BT, V, ignore_index, acts->dlogits, &loss);
         if (rc == RX_OK)
@@ -994,14 +1002,8 @@ double rx_pretrain_backward(rx_ptmodel *m, const rx_pt_acts *acts, const int *ta
 /* the checks of backward_batch, then the loss alone */
 static int loss_batch(rx_ptmodel *m, const rx_pt_acts *acts, const int *targets, int B, int T,
                       int ignore_index, double *loss) {
-    static const char *const fn = "rx_pretrain_loss";
-    if (!m || !acts || !targets || !loss)
-        return rx_fail(RX_EINVAL, "%s: %s is NULL", fn,
-                       !m ? "model" : !acts ? "acts" : !targets ? "targets" : "loss");
-    if (!acts_fit(m, acts, B, T))
-        return rx_fail(RX_EINVAL, "%s: acts were made for B = %d, T = %d (or another model), "
-                       "called with B = %d, T = %d", fn, acts->B, acts->T, B, T);
-    if (!acts->ready) return rx_fail(RX_EINVAL, "%s: acts hold no forward", fn);
+    const int rc = check_loss_call("rx_pretrain_loss", m, acts, targets, loss, B, T);
+    if (rc != RX_OK) return rc;
     const int V = m->cfg.vocab_size, C = m->cfg.n_embd, BT = B * T;
     if (acts->logits)
         return rx_cross_entropy(acts->logits, targets, BT, V, ignore_index, NULL, loss);
