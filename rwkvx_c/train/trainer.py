@@ -26,32 +26,22 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rwkvx_c import _core
-from rwkvx_c.data.pipeline import load_corpus
 from rwkvx_c.data.sampler import BatchSampler, eval_windows
-from rwkvx_c.data.tokenizers import load as load_tokenizer
-from rwkvx_c.data.tokenizers import run_tokenizer
 from rwkvx_c.errors import (
-    ConfigError,
     Divergence,
-    MemoryTooSmall,
     RunLocked,
-    TokenizerError,
     TrainError,
 )
-from rwkvx_c.model import memory
-from rwkvx_c.model.config import ModelConfig
-from rwkvx_c.model.init import init_model
-from rwkvx_c.model.weights import load_params
 from rwkvx_c.run.checkpoint import save_checkpoint
 from rwkvx_c.run.lock import RunLock
 from rwkvx_c.run.rundir import RunDir
 from rwkvx_c.train import schedule
+from rwkvx_c.train.assemble import build_model, load_data, load_weights
 from rwkvx_c.train.distributed import world
-from rwkvx_c.train.expand import place_weights
-from rwkvx_c.train.finetune import PartsAdamW, make_optimizer, restore_trained, trained_tensors
+from rwkvx_c.train.finetune import PartsAdamW, trained_tensors
 from rwkvx_c.train.guard import MAX_ROLLBACKS, ROLLBACK_LR_FACTOR, DivergenceGuard
 from rwkvx_c.train.optim import AdamW
-from rwkvx_c.train.options import TrainOptions, model_vocab
+from rwkvx_c.train.options import TrainOptions
 from rwkvx_c.train.progress import watch
 from rwkvx_c.train.resume import read_saved, saved_counters
 
@@ -159,48 +149,14 @@ class Trainer:
 
     def _load_data(self, run_dir: str | None, _state: dict[str, Any] | None,
                    progress: bool) -> None:
-        """The tokenizer (a resumed run's own) and the corpus it reads."""
-        opts = self.opts
-        try:
-            self.tokenizer = (run_tokenizer(run_dir, _state.get("tokenizer"))
-                              if _state is not None and run_dir is not None
-                              else load_tokenizer(opts.tokenizer))
-        except TokenizerError as e:
-            raise TrainError(str(e)) from None
-        if self.out_dir is not None and _state is None:
-            self.tokenizer.save(self.out_dir)   # a tokenizer.json travels with the run
-        try:
-            self.corpus = load_corpus(opts.data, seq_len=opts.seq_len, cache_dir=opts.cache_dir,
-                                      tokenizer=self.tokenizer, text_field=opts.text_field,
-                                      progress=progress)
-        except OSError as e:
-            raise TrainError(f"cannot prepare the corpus: {e}") from None
+        self.tokenizer, self.corpus = load_data(self.opts, run_dir, self.out_dir, _state,
+                                                progress)
 
     def _build_model(self, _tensors: Mapping[str, np.ndarray] | None,
                      _weights: Mapping[str, np.ndarray] | None) -> None:
-        """The model (checked to fit in memory), its first weights and the optimiser."""
-        opts = self.opts
-        opts.vocab_size = opts.model["vocab_size"] = model_vocab(
-            opts, self.tokenizer, self.corpus, fixed=_weights is not None)
-        cfg = dict(opts.model)
-        try:
-            ModelConfig.from_dict(cfg)
-            memory.check(memory.param_bytes(memory.estimate_params(cfg)),
-                         "the model with its optimiser state", "choose a smaller --preset")
-            self.model = _core.RxPtModel(cfg, seed=opts.seed, precision=opts.precision,
-                                         recompute=bool(opts.grad_cp), l2wrap=opts.l2wrap)
-        except (ConfigError, MemoryTooSmall) as e:
-            raise TrainError(str(e)) from None
-        try:
-            memory.check_step(self.model, opts.batch, opts.seq_len)
-        except MemoryTooSmall as e:
-            raise TrainError(str(e)) from None
-        if _weights is not None:   # imported or --init-from: its weights, a fresh optimiser
-            self._load_params(place_weights(self.model, _weights))
-        elif _tensors is None:
-            init_model(self.model, opts.init, seed=opts.seed)
-        self.optim = make_optimizer(self.model, opts, self.group.size)   # what trains (--tune)
-        self.guard = DivergenceGuard(cfg["vocab_size"])
+        self.model, self.optim = build_model(self.opts, self.tokenizer, self.corpus, _tensors,
+                                             _weights, self.group.size)
+        self.guard = DivergenceGuard(self.opts.model["vocab_size"])
 
     def _prepare_batches(self) -> None:
         """The training batch sampler, this rank's rows, and the validation windows."""
@@ -293,8 +249,7 @@ class Trainer:
             self.run_dir.truncate_log(self.step_count)
 
     def _load_params(self, tensors: Mapping[str, np.ndarray]) -> None:
-        load_params(self.model, tensors, "the checkpoint", TrainError)
-        restore_trained(self.model, tensors, "the checkpoint")   # a state run's states
+        load_weights(self.model, tensors)
 
     def state(self) -> dict[str, Any]:
         """The JSON-serialisable run state a checkpoint stores."""
