@@ -178,6 +178,17 @@ def wkv7_chunked(r, w, k, v, a, b, s0=None, L=WKV_CHUNK):
 # layers (docs/maths.md); x is (B,T,C)
 
 
+def proj(x, p, name):
+    """x @ p[name], plus the LoRA update s * (x A^T) B^T when p holds name's
+    adapters (name.lora_A [r, in], name.lora_B [out, r], name.lora_s a 0-d
+    scale: RwkvXTorch.add_lora), in the factored form PEFT uses."""
+    y = x @ p[name]
+    A = p.get(name + ".lora_A")
+    if A is None:
+        return y
+    return y + ((x @ A.t()) @ p[name + ".lora_B"].t()) * p[name + ".lora_s"]
+
+
 def _shift(x):
     return F.pad(x, (0, 0, 1, -1))
 
@@ -186,9 +197,9 @@ def time_mix(p, x, v_first, layer_id, H, N, wkv=wkv7_chunked):
     B, T, C = x.shape
     xx = _shift(x) - x
     xr, xw, xk, xv, xa, xg = (x + xx * p[f] for f in ("x_r", "x_w", "x_k", "x_v", "x_a", "x_g"))
-    r = xr @ p["receptance_w"]
-    k = xk @ p["key_w"]
-    v = xv @ p["value_w"]
+    r = proj(xr, p, "receptance_w")
+    k = proj(xk, p, "key_w")
+    v = proj(xv, p, "value_w")
     w = torch.exp(-E_HALF * torch.sigmoid(p["w0"] + torch.tanh(xw @ p["w1"]) @ p["w2"]))
     a = torch.sigmoid(p["a0"] + (xa @ p["a1"]) @ p["a2"])
     g = torch.sigmoid(xg @ p["g1"]) @ p["g2"]
@@ -208,12 +219,12 @@ def time_mix(p, x, v_first, layer_id, H, N, wkv=wkv7_chunked):
     z = F.group_norm(y.reshape(B * T, C), H, p["ln_x_w"], p["ln_x_b"], eps=64e-5).view(B, T, C)
     bonus = (h4(r) * h4(k) * p["r_k"].view(H, N)).sum(-1, keepdim=True) * h4(v)
     z = z + bonus.reshape(B, T, C)
-    return (z * g) @ p["output_w"], v_first
+    return proj(z * g, p, "output_w"), v_first
 
 
 def channel_mix(p, x):
     xk = x + (_shift(x) - x) * p["ffn_x_k"]
-    return torch.relu(xk @ p["ffn_key_w"]).square() @ p["ffn_value_w"]
+    return proj(torch.relu(proj(xk, p, "ffn_key_w")).square(), p, "ffn_value_w")
 
 
 def moba_attention(q, k, v, chunk, top_k):
@@ -257,6 +268,26 @@ class RwkvXTorch(torch.nn.Module):
             [torch.nn.Parameter(torch.from_numpy(init[n]).to(dtype)) for n in self.names])
         self.params = dict(zip(self.names, self.plist))
         self.order = layer_order(cfg["n_rwkv_layer"], cfg["n_attn_layer"])
+
+    def add_lora(self, r, alpha, targets, seed=0):
+        """LoRA adapters on every RWKV block's projections named in targets
+        (e.g. "tm.receptance_w", "cm.ffn_key_w"): A [r, in] kaiming-uniform,
+        B [out, r] zero, scale alpha / r, as PEFT; they alone train."""
+        g = torch.Generator().manual_seed(seed)
+        for t in self.plist:
+            t.requires_grad_(False)
+        self.adapters = torch.nn.ParameterList()
+        for L, kind in enumerate(self.order):
+            for tgt in targets if kind == "R" else ():
+                name = "blocks.%d.%s" % (L, tgt)
+                n_in, n_out = self.params[name].shape       # x @ W: W is [in, out]
+                bound = 1.0 / math.sqrt(n_in)
+                A = torch.nn.Parameter((torch.rand(r, n_in, generator=g) * 2 - 1) * bound)
+                B = torch.nn.Parameter(torch.zeros(n_out, r))
+                self.adapters.extend([A, B])
+                self.params[name + ".lora_A"], self.params[name + ".lora_B"] = A, B
+                self.params[name + ".lora_s"] = torch.tensor(alpha / r)
+        return list(self.adapters)
 
     def load(self, arrays):
         """Copy in {name: array} (e.g. RxPtModel.params)."""
