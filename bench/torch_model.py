@@ -280,13 +280,15 @@ class RwkvXTorch(torch.nn.Module):
         for L, kind in enumerate(self.order):
             for tgt in targets if kind == "R" else ():
                 name = "blocks.%d.%s" % (L, tgt)
-                n_in, n_out = self.params[name].shape       # x @ W: W is [in, out]
+                W = self.params[name]
+                n_in, n_out = W.shape                       # x @ W: W is [in, out]
                 bound = 1.0 / math.sqrt(n_in)
-                A = torch.nn.Parameter((torch.rand(r, n_in, generator=g) * 2 - 1) * bound)
-                B = torch.nn.Parameter(torch.zeros(n_out, r))
+                A = torch.nn.Parameter(((torch.rand(r, n_in, generator=g) * 2 - 1) * bound)
+                                       .to(W.dtype))
+                B = torch.nn.Parameter(torch.zeros(n_out, r, dtype=W.dtype))
                 self.adapters.extend([A, B])
                 self.params[name + ".lora_A"], self.params[name + ".lora_B"] = A, B
-                self.params[name + ".lora_s"] = torch.tensor(alpha / r)
+                self.params[name + ".lora_s"] = torch.tensor(alpha / r, dtype=W.dtype)
         return list(self.adapters)
 
     def load(self, arrays):

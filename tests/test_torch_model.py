@@ -72,3 +72,29 @@ def test_chunked_wkv7_matches_recurrence():
     g2 = torch.autograd.grad(y2.square().sum() + S2.sum(), ins)
     for x, z in zip(g1, g2):
         assert torch.allclose(x, z, rtol=0, atol=1e-10)
+
+
+def test_peer_lora_is_the_merged_weight():
+    """The LoRA peer (bench/peer_lora.py) computes W + (alpha/r) B A: with
+    random B its loss is the plain model's on the merged weights, and only
+    the adapters get grads."""
+    tm = _torch_model()
+    base = tm.RwkvXTorch(CFG, seed=3, dtype=torch.float64)
+    lora = tm.RwkvXTorch(CFG, seed=3, dtype=torch.float64)
+    adapters = lora.add_lora(4, 8.0, ("tm.key_w", "cm.ffn_value_w"), seed=1)
+    assert len(adapters) == 2 * 2 * CFG["n_rwkv_layer"]
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name in lora.names:
+            if name + ".lora_A" in lora.params:
+                B = lora.params[name + ".lora_B"]
+                B.copy_(torch.randn(B.shape, generator=g, dtype=B.dtype))
+                A = lora.params[name + ".lora_A"]
+                base.params[name] += 2.0 * (B @ A).t()      # W [in, out] += s (B A)^T
+    x = torch.randint(0, CFG["vocab_size"], (2, 13), generator=g)
+    want = base.loss(x[:, :-1], x[:, 1:])
+    got = lora.loss(x[:, :-1], x[:, 1:])
+    assert abs(float(got.detach() - want)) <= 1e-12 * abs(float(want))
+    got.backward()
+    assert all(p.grad is None for p in lora.plist)
+    assert all(p.grad is not None and bool(p.grad.abs().sum() > 0) for p in adapters)
