@@ -15,18 +15,7 @@
 #include <string.h>
 
 #include "rx_pretrain.h"
-
-static int failures;
-
-#define CHECK(cond, ...)                        \
-    do {                                        \
-        if (!(cond)) {                          \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__); \
-            printf(__VA_ARGS__);                \
-            printf("\n");                       \
-            failures++;                         \
-        }                                       \
-    } while (0)
+#include "check.h"
 
 static unsigned long long rng_state = 0x1234567ULL;
 static double urand(void) { /* splitmix64 -> [-1, 1) */

@@ -11,18 +11,7 @@
 #include <string.h>
 
 #include "rx_pretrain.h"
-
-static int failures;
-
-#define CHECK(cond, ...)                                         \
-    do {                                                         \
-        if (!(cond)) {                                           \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                        \
-            fprintf(stderr, "\n");                               \
-            failures++;                                          \
-        }                                                        \
-    } while (0)
+#include "check.h"
 
 static const rx_pt_config CFG = {
     .n_embd = 15, .n_head = 3, .head_size = 5, .n_rwkv_layer = 2, .n_attn_layer = 1,

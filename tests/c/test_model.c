@@ -15,18 +15,7 @@
 #include <string.h>
 
 #include "rx_pretrain.h"
-
-static int failures;
-
-#define CHECK(cond, ...)                                   \
-    do {                                                   \
-        if (!(cond)) {                                     \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                  \
-            fprintf(stderr, "\n");                         \
-            failures++;                                    \
-        }                                                  \
-    } while (0)
+#include "check.h"
 
 static const rx_pt_config BASE = {
     .n_embd = 16, .n_head = 2, .head_size = 8, .n_rwkv_layer = 3, .n_attn_layer = 1,

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "rx_pretrain.h"
+#include "check.h"
 
 enum { B = 2, T = 5, H = 2, N = 3, C = H * N, DW = 3, DA = 2, DG = 4, DV = 3, F = 5 };
 
@@ -213,17 +214,6 @@ static void fill_grads(rx_block_grads *G, float *gr, int layer) {
     for (int i = 0; i <= FVW; i++) *tp[i] = gr + OFF[i];
     if (layer == 0) t->v0 = t->v1 = t->v2 = NULL;
 }
-
-static int failures;
-
-#define CHECK(cond, ...)                  \
-    do {                                  \
-        if (!(cond)) {                    \
-            printf("FAIL: " __VA_ARGS__); \
-            printf("\n");                 \
-            failures++;                   \
-        }                                 \
-    } while (0)
 
 /* One case: forward vs the double loops, then every tensor's directional
  * derivative vs finite differences. */
