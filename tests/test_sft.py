@@ -10,9 +10,6 @@ import os
 
 import numpy as np
 import pytest
-from checks import FWD_TOL, GRAD_TOL, assert_rel
-from reference.chat import masked_cross_entropy, masked_model_loss, windows
-from reference.model import leaves
 from test_train import SMALL, _opts
 
 import rwkvx_c as rx
@@ -23,6 +20,10 @@ from rwkvx_c.data.sampler import BatchSampler, eval_starts
 from rwkvx_c.data.tokenizers import load as load_tokenizer
 from rwkvx_c.errors import DataError, TokenizerError
 from rwkvx_c.train import Trainer
+
+from checks import FWD_TOL, GRAD_TOL, assert_rel
+from reference.chat import masked_cross_entropy, masked_model_loss, windows
+from reference.model import leaves
 
 HERE = os.path.dirname(__file__)
 CHAT = os.path.join(HERE, "data", "chat.jsonl")
