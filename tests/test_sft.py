@@ -126,6 +126,7 @@ BAD = [
     ('{"messages": []}', "non-empty list"),
     ('{"prompt": "a", "response": 3}', "no text content"),
     ('{"text": "plain"}', "not a chat record"),
+    ('{"prompt": "a\\u0000b", "response": "c"}', "encodes to id 0"),
 ]
 
 

@@ -183,9 +183,13 @@ def encode_chat(src: Source, tok: Tokenizer, write: Callable[[np.ndarray, np.nda
             parts = [np.asarray(next(ids), np.int64) for _ in segs]
             mask = np.concatenate([np.full(len(p), t, np.uint8) for p, (_, t) in
                                    zip(parts, segs)] + [np.zeros(1, np.uint8)])
+            packed = np.concatenate(parts + [np.array([SEPARATOR], np.int64)])
             if not mask.any():   # an assistant turn no token encodes
                 raise DataError(f"{where}: its assistant turns encode to no token")
-            write(np.concatenate(parts + [np.array([SEPARATOR], np.int64)]), mask)
+            if np.any(packed[:-1] == SEPARATOR):   # a NUL byte, with the byte tokenizer
+                raise DataError(f"{where}: its text encodes to id {SEPARATOR}, which separates "
+                                "conversations; remove that character")
+            write(packed, mask)
             convs += 1
             trained += int(mask.sum())
         batch, size = [], 0
