@@ -13,6 +13,7 @@ import pytest
 from test_train import SMALL, _opts
 
 import rwkvx_c as rx
+from rwkvx_c.cli import main
 from rwkvx_c.data import cache as cache_mod
 from rwkvx_c.data.chat import IGNORE, SEPARATOR, render, segments
 from rwkvx_c.data.pipeline import load_corpus
@@ -204,3 +205,25 @@ def test_sft_run_loss_falls_and_resumes_bit_exact(tmp_path):
     r.run(on_step=again.append)
     assert [x["loss"] for x in again if "loss" in x] == losses[4:]
     assert np.array_equal(r.model.param_buffer, tr.model.param_buffer)
+
+
+def test_eval_scores_the_assistant_tokens_as_the_trainer(tmp_path, capsys):
+    """rwkvx-c eval of a chat run: --split val repeats the run's logged
+    val_loss / val_bpb; --split all scores the assistant tokens alone."""
+    out = str(tmp_path / "run")
+    assert main(["train", "--preset", "tiny", "--n-attn-layer", "0", "--steps", "3",
+                 "--seq-len", "32", "--batch", "2", "--eval-tokens", "64", "--threads", "1",
+                 "--precision", "fp32", "--data", CHAT, "--out", out,
+                 "--cache-dir", str(tmp_path / "cache")]) == 0
+    with open(os.path.join(out, "log.jsonl")) as f:
+        rows = [json.loads(x) for x in f]
+    last = [r for r in rows if "val_loss" in r][-1]
+    capsys.readouterr()
+    assert main(["eval", out, "--split", "val", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["data"]
+    assert got["loss"] == pytest.approx(last["val_loss"], rel=1e-6)
+    assert got["bpb"] == pytest.approx(last["val_bpb"], rel=1e-6)
+    assert main(["eval", out, "--data", CHAT, "--json"]) == 0
+    every = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["data"]
+    c = _corpus(tmp_path)
+    assert every["tokens"] == every["bytes"] == int(c.train_mask[1:].sum() + c.val_mask[1:].sum())
