@@ -93,3 +93,6 @@ def test_unfreeze_at_with_nothing_frozen_is_refused(tmp_path, capsys):
                "--out", str(tmp_path / "r")])
     err = capsys.readouterr().err.strip()
     assert rc == 1 and len(err.splitlines()) == 1 and "--unfreeze-at" in err
+    with pytest.raises(SystemExit) as e:   # the help formats (a bare % once broke it)
+        main(["train", "--help"])
+    assert e.value.code == 0 and "--unfreeze-at STEP" in capsys.readouterr().out

@@ -38,7 +38,7 @@ CHAT_PROMPT = "$'User: Hi\\n\\nAssistant:'"   # bash quoting: the newlines of RW
 
 def _help(f: Any) -> str:
     """A field's help, with its default unless the help already says it."""
-    h = f.metadata["help"]
+    h = f.metadata["help"].replace("%", "%%")   # argparse %-formats every help
     if "default" in h or f.default is MISSING:
         return h
     return f"{h} (default: {f.default})"
