@@ -4,6 +4,7 @@ back by a second run), no counted target across a separator, one line per
 bad record naming file:line, the masked loss and its gradients against the
 float64 reference, val_loss / val_bpb over the masked tokens, and a run
 whose loss falls and resumes bit for bit."""
+import gzip
 import json
 import math
 import os
@@ -96,6 +97,17 @@ def test_masks_are_the_assistant_turns_and_come_from_the_cache(tmp_path, monkeyp
     monkeypatch.setattr(cache_mod, "_build", lambda *a: pytest.fail("the cache was rebuilt"))
     again = _corpus(tmp_path, tok)
     assert np.array_equal(again.train_mask, c.train_mask) and again.description == c.description
+
+
+def test_a_gzipped_chat_file_is_chat_data_too(tmp_path):
+    gz = tmp_path / "chat.jsonl.gz"
+    with open(CHAT, "rb") as f:
+        gz.write_bytes(gzip.compress(f.read()))
+    a = _corpus(tmp_path)
+    b = load_corpus(str(gz), seq_len=32, cache_dir=str(tmp_path / "cache"))
+    assert b.train_mask is not None
+    for x, y in ((a.train, b.train), (a.train_mask, b.train_mask), (a.val_mask, b.val_mask)):
+        assert np.array_equal(x, y)
 
 
 def test_no_counted_target_crosses_a_separator(tmp_path):

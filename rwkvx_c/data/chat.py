@@ -31,7 +31,7 @@ import gzip
 import json
 import re
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -60,11 +60,6 @@ def is_chat_record(rec: object) -> bool:
     return isinstance(rec, dict) and ("messages" in rec or ("prompt" in rec and "response" in rec))
 
 
-def _open(path: str, kind: str) -> Any:
-    raw = open(path, "rb")  # noqa: SIM115 -- returned to a with statement
-    return gzip.GzipFile(fileobj=raw) if kind == "jsonl.gz" else raw
-
-
 def is_chat_file(src: Source) -> bool:
     """True when the first record of a .jsonl source is a chat record (a
     file that cannot be read or parsed is left to the text reader, whose
@@ -73,7 +68,8 @@ def is_chat_file(src: Source) -> bool:
     if kind not in ("jsonl", "jsonl.gz"):
         return False
     try:
-        with _open(path, kind) as fh:
+        with open(path, "rb") as raw:
+            fh = gzip.GzipFile(fileobj=raw) if kind == "jsonl.gz" else raw
             while True:
                 line = fh.readline(MAX_LINE_BYTES + 1)
                 if not line:
