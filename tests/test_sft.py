@@ -8,6 +8,7 @@ import gzip
 import json
 import math
 import os
+import re
 
 import numpy as np
 import pytest
@@ -239,3 +240,33 @@ def test_eval_scores_the_assistant_tokens_as_the_trainer(tmp_path, capsys):
     every = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["data"]
     c = _corpus(tmp_path)
     assert every["tokens"] == every["bytes"] == int(c.train_mask[1:].sum() + c.val_mask[1:].sum())
+
+
+def test_the_tokens_are_what_the_rwkv_package_feeds_a_chat(tmp_path):
+    """Each conversation's ids are the rwkv package's TRIE_TOKENIZER ids of
+    API_DEMO_CHAT's pieces: "User: " + msg + "\\n\\nAssistant:" (msg stripped,
+    newline runs made one) as the prompt, the reply as it is generated."""
+    rwkv_tok = pytest.importorskip("rwkv.rwkv_tokenizer", reason="needs the rwkv package")
+    try:
+        tok = load_tokenizer("world")
+    except TokenizerError as e:
+        pytest.skip(str(e))
+    trie = rwkv_tok.TRIE_TOKENIZER(tok.path)
+    c = _corpus(tmp_path, tok)
+    convs = _conversations(np.concatenate([c.train, c.val]),
+                           np.concatenate([c.train_mask, c.val_mask]))
+    demo = 0
+    for (ids, _), rec in zip(convs, _records()):
+        msgs = rec.get("messages") or [{"role": "user", "content": rec["prompt"]},
+                                       {"role": "assistant", "content": rec["response"]}]
+        if rec.get("system") or msgs[0]["role"] == "system":
+            continue   # API_DEMO_CHAT has no system turn
+        want = []
+        for m in msgs:
+            msg = re.sub(r"\n+", "\n", m["content"].replace("\r\n", "\n").replace("\r", "\n")
+                         .strip())
+            want += trie.encode("User: " + msg + "\n\nAssistant:") if m["role"] == "user" \
+                else trie.encode(" " + msg + "\n\n")
+        assert ids.tolist() == want
+        demo += 1
+    assert demo > 20
