@@ -8,8 +8,9 @@
     tr = Trainer.resume("runs/demo", steps=400)   # continue exactly
 
 One step: B windows of T+1 tokens from the seeded sampler -> model.forward
--> model.backward (mean loss over B*T tokens, all in C) -> global grad-norm
-clipping -> AdamW in place on the parameter arena; nothing is copied. Under
+-> model.backward (mean loss over the B*T targets, a chat corpus's assistant
+ones alone; all in C) -> global grad-norm clipping -> AdamW in place on the
+parameter arena; nothing is copied. Under
 MPI every rank trains on its B/P rows of the same global batch and the
 gradients are averaged in place before the optimiser (rwkvx_c.train.distributed);
 only rank 0 writes the run folder. A resumed run repeats the uninterrupted
