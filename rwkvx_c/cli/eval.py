@@ -146,14 +146,15 @@ def _score_corpus(a: argparse.Namespace, model: _core.RxPtModel, tok: Any,
                         f"{model.config['vocab_size']}")
     if a.split == "val":
         n = max(1, (a.eval_tokens or int(opts.get("eval_tokens") or 32768)) // T)
-        parts = [(corpus.val, eval_starts(len(corpus.val), T, n))]
+        parts = [(corpus.val, eval_starts(len(corpus.val), T, n), corpus.val_mask)]
     else:
-        parts = [(t, metrics.consecutive_starts(len(t), T)) for t in (corpus.train, corpus.val)]
-    bar = make_progress(sum(min(T * len(s), len(t) - 1) for t, s in parts), 0, "tok")
+        parts = [(t, metrics.consecutive_starts(len(t), T), mk) for t, mk in
+                 ((corpus.train, corpus.train_mask), (corpus.val, corpus.val_mask))]
+    bar = make_progress(sum(min(T * len(s), len(t) - 1) for t, s, _ in parts), 0, "tok")
     try:
         res = [metrics.score_windows(model, t, T, s, token_bytes=corpus.token_bytes,
                                      is_bytes=corpus.is_bytes, batch=a.batch,
-                                     progress=bar.update) for t, s in parts]
+                                     progress=bar.update, mask=mk) for t, s, mk in parts]
     finally:
         bar.close()
     tokens = sum(r["tokens"] for r in res)

@@ -33,11 +33,12 @@ from rwkvx_c.train.trainer import Trainer
 __all__ = ["add_parser", "run"]
 
 SAMPLE_PROMPT = "def "
+CHAT_PROMPT = "$'User: Hi\\n\\nAssistant:'"   # bash quoting: the newlines of RWKV's chat format
 
 
 def _help(f: Any) -> str:
     """A field's help, with its default unless the help already says it."""
-    h = f.metadata["help"]
+    h = f.metadata["help"].replace("%", "%%")   # argparse %-formats every help
     if "default" in h or f.default is MISSING:
         return h
     return f"{h} (default: {f.default})"
@@ -207,4 +208,6 @@ def _print_summary(tr: Trainer, out: str, final: dict[str, Any], interrupted: bo
         print(f"  plot       {run.plot_path}")
     else:
         print("  plot       skipped: matplotlib is not installed (pip install 'rwkvx_c[train]')")
-    print(f"  sample     rwkvx-c sample {out} --prompt '{SAMPLE_PROMPT}'")
+    chat = tr.corpus.train_mask is not None
+    print(f"  sample     rwkvx-c sample {out} --prompt "
+          + (CHAT_PROMPT if chat else f"'{SAMPLE_PROMPT}'"))

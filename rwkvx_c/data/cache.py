@@ -4,7 +4,9 @@
 uint32 by vocabulary size) and spans.npy, where each source's tokens lie in
 them; all.tok (every source's tokens in source order, for the tail split
 of a corpus whose file split leaves a side shorter than a window) is made
-from those on first use.
+from those on first use. A chat corpus (rwkvx_c.data.chat) also writes
+{train,val}.mask, one uint8 per token (1: a token the loss is taken on),
+and all.mask beside all.tok, so a later run reads its masks from the cache.
 CACHE is $RWKVX_CACHE, else $XDG_CACHE_HOME/rwkvx_c, else ~/.cache/rwkvx_c.
 KEY hashes the layout version, the tokenizer's identity (name + vocabulary
 SHA-256), the text field and every source file's path, size and
@@ -36,8 +38,10 @@ from typing import IO, TYPE_CHECKING, Any
 import numpy as np
 
 from rwkvx_c.data import formats
+from rwkvx_c.data.chat import encode_chat, is_chat_file
 from rwkvx_c.data.formats import iter_documents, memmap
 from rwkvx_c.data.sources import Source, is_val_file
+from rwkvx_c.errors import DataError
 from rwkvx_c.util.atomic import replacing, sweep_orphans
 
 if TYPE_CHECKING:
@@ -75,19 +79,31 @@ class CachedTokens:
         self.train = memmap(os.path.join(folder, "train.tok"), self.dtype)
         self.val = memmap(os.path.join(folder, "val.tok"), self.dtype)
         self.source_bytes = int(meta["source_bytes"])
+        # a chat corpus: the trained-token masks and the conversation count
+        self.chat = bool(meta.get("chat", False))
+        self.conversations = int(meta.get("conversations", 0))
+        self.train_mask = memmap(os.path.join(folder, "train.mask")) if self.chat else None
+        self.val_mask = memmap(os.path.join(folder, "val.mask")) if self.chat else None
 
     def all_tokens(self) -> np.ndarray:
         """Every token in source order: all.tok, written on first use from the
         sources' spans in train.tok / val.tok (a pass that finds both splits
         long enough never needs it)."""
-        whole = os.path.join(self.folder, "all.tok")
+        return self._whole("tok", self.dtype)
+
+    def all_mask(self) -> np.ndarray | None:
+        """all_tokens()'s masks (all.mask) of a chat corpus, else None."""
+        return self._whole("mask", np.dtype(np.uint8)) if self.chat else None
+
+    def _whole(self, ext: str, dtype: np.dtype) -> np.ndarray:
+        whole = os.path.join(self.folder, "all." + ext)
         if not os.path.exists(whole):
             spans = np.load(os.path.join(self.folder, SPANS))
-            names = [os.path.join(self.folder, n + ".tok") for n in ("train", "val")]
+            names = [os.path.join(self.folder, f"{n}.{ext}") for n in ("train", "val")]
             with replacing(whole) as out:
                 _copy_spans(out, [(names[side], lo, hi) for side, lo, hi in spans.tolist()],
-                            self.dtype.itemsize)
-        return memmap(whole, self.dtype)
+                            dtype.itemsize)
+        return memmap(whole, dtype)
 
 
 class _TokenWriter:
@@ -152,6 +168,34 @@ def _encode_side(files: Sequence[Source], tok: Tokenizer, writer: _TokenWriter,
     return counts
 
 
+def _encode_chat_side(files: Sequence[Source], tok: Tokenizer, writer: _TokenWriter,
+                      masks: _TokenWriter, progress: Callable[[int], object] | None
+                      ) -> tuple[list[int], int]:
+    """Encode the conversations of files into writer, their masks into
+    masks. Returns each file's token count and the conversations."""
+    counts, convs = [], 0
+
+    def write(ids: np.ndarray, mask: np.ndarray) -> None:
+        writer.write(ids)
+        masks.write(mask)
+    for src in files:
+        before = writer.n
+        convs += encode_chat(src, tok, write, progress)[0]
+        counts.append(writer.n - before)
+    return counts, convs
+
+
+def _chat_sources(files: Sequence[Source]) -> bool:
+    """True when every source is a chat .jsonl, False when none is;
+    DataError for a corpus that mixes them."""
+    chat = [is_chat_file(f) for f in files]
+    if any(chat) and not all(chat):
+        a, b = (files[chat.index(v)][1] for v in (True, False))
+        raise DataError(f"the corpus mixes chat records ({a}) with text ({b}); train on "
+                        "them in separate runs")
+    return bool(chat) and all(chat)
+
+
 def _copy_spans(out: IO[bytes], spans: Sequence[tuple[str, int, int]], itemsize: int) -> None:
     """Write the (file, first token, end token) spans to out back to back."""
     for path, lo, hi in spans:
@@ -174,6 +218,8 @@ def _build(d: str, files: Sequence[Source], tok: Tokenizer, text_field: str,
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     dtype = token_dtype(tok.vocab_size)
+    chat = _chat_sources(files)
+    convs = 0
     total = sum(os.path.getsize(p) for _, p, _ in files)
     bar = None
     if show_progress:
@@ -186,11 +232,19 @@ def _build(d: str, files: Sequence[Source], tok: Tokenizer, text_field: str,
         for side_no, (name, pick) in enumerate((("train", False), ("val", True))):
             side = [i for i, f in enumerate(files) if is_val_file(f[0]) == pick]
             w = _TokenWriter(os.path.join(tmp, name + ".tok"), dtype)
+            mw = _TokenWriter(os.path.join(tmp, name + ".mask"), np.uint8) if chat else None
             try:
-                n = _encode_side([files[i] for i in side], tok, w, text_field,
-                                 bar.update if bar else None)
+                if mw is not None:
+                    n, c = _encode_chat_side([files[i] for i in side], tok, w, mw,
+                                             bar.update if bar else None)
+                    convs += c
+                else:
+                    n = _encode_side([files[i] for i in side], tok, w, text_field,
+                                     bar.update if bar else None)
             finally:
                 w.close()
+                if mw is not None:
+                    mw.close()
             counts[name] = w.n
             ends = np.cumsum(n, dtype=np.int64)
             spans[side, 0], spans[side, 1], spans[side, 2] = side_no, ends - n, ends
@@ -198,7 +252,7 @@ def _build(d: str, files: Sequence[Source], tok: Tokenizer, text_field: str,
         with open(os.path.join(tmp, "meta.json"), "w") as meta:
             json.dump({"tokenizer": tok.identity(), "dtype": np.dtype(dtype).name,
                        "files": len(files), "tokens": counts, "source_bytes": total,
-                       "layout": LAYOUT}, meta)
+                       "layout": LAYOUT, "chat": chat, "conversations": convs}, meta)
         try:
             os.rename(tmp, d)
         except OSError:  # another process finished the same cache first

@@ -31,7 +31,8 @@ from rwkvx_c.data.sources import Source
 from rwkvx_c.errors import DataError
 
 __all__ = ["PIECE_BYTES", "MAX_LINE_BYTES", "TokenFile", "is_binidx", "is_token_file",
-           "iter_documents", "max_token", "memmap", "read_binidx", "read_token_file"]
+           "iter_documents", "jsonl_records", "max_token", "memmap", "read_binidx",
+           "read_token_file"]
 
 PIECE_BYTES = 8 << 20
 MAX_LINE_BYTES = 64 << 20   # one .jsonl document (line) at most
@@ -188,7 +189,9 @@ def read_token_file(path: str) -> TokenFile:
 # ---- documents ------------------------------------------------------------------
 
 
-def _jsonl_docs(path: str, fh: IO[bytes] | gzip.GzipFile, text_field: str) -> Iterator[bytes]:
+def jsonl_records(path: str, fh: IO[bytes] | gzip.GzipFile) -> Iterator[tuple[int, object]]:
+    """(line number, parsed JSON value) of every non-blank line of fh;
+    DataError naming path:line for a line that is not JSON."""
     n = 0
     while True:
         # read with a bound: one line is held whole, and decoded it takes
@@ -213,6 +216,11 @@ def _jsonl_docs(path: str, fh: IO[bytes] | gzip.GzipFile, text_field: str) -> It
         except ValueError:   # Python's bound on the digits of an integer
             raise DataError(f"{path}:{n}: a number with more digits than Python reads "
                             f"({sys.get_int_max_str_digits()})") from None
+        yield n, rec
+
+
+def _jsonl_docs(path: str, fh: IO[bytes] | gzip.GzipFile, text_field: str) -> Iterator[bytes]:
+    for n, rec in jsonl_records(path, fh):
         text = rec.get(text_field) if isinstance(rec, dict) else None
         if not isinstance(text, str):
             raise DataError(f"{path}:{n}: no string field {text_field!r} "

@@ -13,7 +13,9 @@ Tokens come from one of three places, by what the paths hold:
     byte tokens of a text are its bytes;
   - anything else (the standard-library default, folders, JSON lines,
     several paths, any tokenizer): encoded once into the token cache
-    (rwkvx_c.data.cache) and memory-mapped from there.
+    (rwkvx_c.data.cache) and memory-mapped from there; chat records
+    (rwkvx_c.data.chat) come with the masks of the tokens the loss is
+    taken on (Corpus.train_mask, val_mask).
 
 Splits: by file (rwkvx_c.data.sources.is_val_file) when the sources are
 files; when that leaves a side shorter than a window (seq_len + 1 tokens),
@@ -54,6 +56,9 @@ class Corpus:
     is_bytes: bool        # one token per byte: bits per byte = loss / ln 2
     description: str
     token_bytes: np.ndarray | None = None  # UTF-8 bytes each id decodes to (val_bpb's divisor)
+    # chat data (rwkvx_c.data.chat): 1 on each token the loss is taken on; None: every token
+    train_mask: np.ndarray | None = None
+    val_mask: np.ndarray | None = None
 
 
 def tail_split(tokens: np.ndarray, val_fraction: float, min_len: int,
@@ -134,17 +139,22 @@ def _cached_corpus(paths: list[str] | None, files: list[Source], tok: Tokenizer,
                    val_fraction: float, min_len: int, cache_dir: str | None, text_field: str,
                    progress: bool) -> Corpus:
     c = cached_tokens(files, tok, text_field=text_field, cache_dir=cache_dir, progress=progress)
-    train, val = c.train, c.val
+    train, val, tmask, vmask = c.train, c.val, c.train_mask, c.val_mask
     if min(len(train), len(val)) < min_len:
         what = STDLIB_LABEL if paths is None else ", ".join(paths)
         whole = c.all_tokens()
         if len(whole) == 0:
             raise DataError(f"{what} holds no text")
         train, val = tail_split(whole, val_fraction, min_len, what)
+        mask = c.all_mask()
+        if mask is not None:   # the same cut through the masks
+            tmask, vmask = mask[:len(train)], mask[len(train):]
     byte = tok.name == "byte"
-    return Corpus(train, val, tok.vocab_size, byte,
-                  _describe(paths, files, tok, train, val, c.source_bytes),
-                  None if byte else tok.token_lengths())
+    what = _describe(paths, files, tok, train, val, c.source_bytes)
+    if tmask is not None:
+        what += f", chat: {c.conversations:,} conversations"
+    return Corpus(train, val, tok.vocab_size, byte, what,
+                  None if byte else tok.token_lengths(), tmask, vmask)
 
 
 def load_corpus(path: DataPaths = None, *, seq_len: int = 256, val_fraction: float = 0.02,

@@ -3,7 +3,9 @@
 Training: each batch draws B window starts uniformly with a seeded PCG64
 generator whose state a checkpoint stores, so a resumed run draws the same
 stream. Validation: fixed windows at evenly spaced offsets, the same at
-every evaluation.
+every evaluation. With a chat corpus's mask (rwkvx_c.data.chat) a target
+the loss leaves out is IGNORE, which the model's loss and backward take as
+their ignore_index.
 """
 from __future__ import annotations
 
@@ -11,9 +13,37 @@ from typing import Any
 
 import numpy as np
 
+from rwkvx_c.data.chat import IGNORE
 from rwkvx_c.errors import DataError
 
-__all__ = ["BatchSampler", "eval_windows", "eval_starts"]
+__all__ = ["BatchSampler", "eval_windows", "eval_starts", "IGNORE", "target_bytes",
+           "count_targets"]
+
+
+def _targets(tokens: np.ndarray, mask: np.ndarray | None, offs: np.ndarray,
+             T: int) -> tuple[np.ndarray, np.ndarray]:
+    """(inputs, targets) int32 (len(offs), T) of the windows at offs; a
+    target whose mask is 0 is IGNORE."""
+    win = np.stack([np.asarray(tokens[o:o + T + 1]) for o in offs]).astype(np.int32)
+    y = win[:, 1:]
+    if mask is not None:
+        keep = np.stack([np.asarray(mask[o + 1:o + T + 1]) for o in offs]).astype(bool)
+        y = np.where(keep, y, np.int32(IGNORE))
+    return np.ascontiguousarray(win[:, :T]), np.ascontiguousarray(y, dtype=np.int32)
+
+
+def count_targets(y: np.ndarray) -> int:
+    """The targets of y the loss counts (not IGNORE)."""
+    return int(np.count_nonzero(y != IGNORE))
+
+
+def target_bytes(y: np.ndarray, token_bytes: np.ndarray | None, is_bytes: bool) -> int | None:
+    """The text bytes the counted targets of y decode to (val_bpb's
+    divisor): by token_bytes, one each for bytes, None when unknown."""
+    keep = y[y != IGNORE]
+    if token_bytes is not None:
+        return int(token_bytes[keep].sum())
+    return keep.size if is_bytes else None
 
 
 class BatchSampler:
@@ -23,13 +53,16 @@ class BatchSampler:
     numpy PCG64 Generator seeded by `seed`; inputs are tokens[o:o+T], targets
     tokens[o+1:o+T+1]. state()/set_state() capture the generator and the
     number of batches drawn, so a restored sampler continues the same stream.
+    mask: a chat corpus's trained-token mask (targets with mask 0 are IGNORE).
     """
 
-    def __init__(self, tokens: np.ndarray, batch: int, seq_len: int, seed: int) -> None:
+    def __init__(self, tokens: np.ndarray, batch: int, seq_len: int, seed: int,
+                 mask: np.ndarray | None = None) -> None:
         if len(tokens) < seq_len + 1:
             raise DataError(f"corpus split of {len(tokens)} tokens is shorter than "
                             f"seq_len + 1 = {seq_len + 1}")
         self.tokens, self.batch, self.seq_len = tokens, int(batch), int(seq_len)
+        self.mask = mask
         self.rng = np.random.Generator(np.random.PCG64(seed))
         self.batches = 0
 
@@ -37,9 +70,8 @@ class BatchSampler:
         """(inputs, targets), both int32 (B, T)."""
         T = self.seq_len
         offs = self.rng.integers(0, len(self.tokens) - T, size=self.batch)
-        win = np.stack([np.asarray(self.tokens[o:o + T + 1]) for o in offs]).astype(np.int32)
         self.batches += 1
-        return np.ascontiguousarray(win[:, :T]), np.ascontiguousarray(win[:, 1:])
+        return _targets(self.tokens, self.mask, offs, T)
 
     def state(self) -> dict[str, Any]:
         """JSON-serialisable sampler state."""
@@ -58,11 +90,13 @@ def eval_starts(n_tokens: int, seq_len: int, n_windows: int) -> np.ndarray:
     return np.linspace(0, max(span, 0), n).astype(np.int64)
 
 
-def eval_windows(tokens: np.ndarray, seq_len: int,
-                 n_windows: int) -> tuple[np.ndarray, np.ndarray]:
+def eval_windows(tokens: np.ndarray, seq_len: int, n_windows: int,
+                 mask: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Fixed validation windows: up to n_windows (T+1)-token windows at evenly
-    spaced offsets covering the split (the same every call)."""
-    T = seq_len
-    offs = eval_starts(len(tokens), T, n_windows)
-    win = np.stack([np.asarray(tokens[o:o + T + 1]) for o in offs]).astype(np.int32)
-    return np.ascontiguousarray(win[:, :T]), np.ascontiguousarray(win[:, 1:])
+    spaced offsets covering the split (the same every call); mask as
+    BatchSampler's. DataError when a mask leaves no target in them."""
+    x, y = _targets(tokens, mask, eval_starts(len(tokens), seq_len, n_windows), seq_len)
+    if mask is not None and not count_targets(y):
+        raise DataError(f"the {len(y)} validation windows hold no assistant token to "
+                        "score; give more conversations or a larger --eval-tokens")
+    return x, y

@@ -21,6 +21,7 @@ import numpy as np
 
 from rwkvx_c import _core
 from rwkvx_c._core import RxPtModel
+from rwkvx_c.data.sampler import IGNORE, count_targets, target_bytes
 from rwkvx_c.data.tokenizers import Tokenizer
 from rwkvx_c.errors import DataError
 
@@ -41,10 +42,11 @@ def consecutive_starts(n_tokens: int, seq_len: int) -> np.ndarray:
     return np.arange(0, n_tokens - 1, seq_len, dtype=np.int64)
 
 
-def _batches(tokens: np.ndarray, starts: np.ndarray, T: int, B: int
-             ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def _batches(tokens: np.ndarray, starts: np.ndarray, T: int, B: int,
+             mask: np.ndarray | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """(inputs, targets) int32 (b, t) of the windows at starts, b <= B,
-    windows of one length together (a short last window alone)."""
+    windows of one length together (a short last window alone); with a
+    chat corpus's mask, an untrained target is IGNORE."""
     n = len(tokens)
     i = 0
     while i < len(starts):
@@ -53,14 +55,19 @@ def _batches(tokens: np.ndarray, starts: np.ndarray, T: int, B: int
         while j < len(starts) and j - i < B and min(T, n - 1 - int(starts[j])) == t:
             j += 1
         win = np.stack([np.asarray(tokens[o:o + t + 1]) for o in starts[i:j]]).astype(np.int32)
-        yield np.ascontiguousarray(win[:, :t]), np.ascontiguousarray(win[:, 1:])
+        y = win[:, 1:]
+        if mask is not None:
+            keep = np.stack([np.asarray(mask[o + 1:o + t + 1]) for o in starts[i:j]])
+            y = np.where(keep.astype(bool), y, np.int32(IGNORE))
+        yield np.ascontiguousarray(win[:, :t]), np.ascontiguousarray(y, dtype=np.int32)
         i = j
 
 
 def score_windows(model: RxPtModel, tokens: np.ndarray, seq_len: int,
                   starts: np.ndarray | None = None, *, token_bytes: np.ndarray | None = None,
                   is_bytes: bool = False, batch: int = 8,
-                  progress: Callable[[int], object] | None = None) -> dict[str, Any]:
+                  progress: Callable[[int], object] | None = None,
+                  mask: np.ndarray | None = None) -> dict[str, Any]:
     """Loss of model on the windows of tokens at starts (default: every
     token once, consecutive_starts), streamed batch by batch: the corpus
     stays memory-mapped and at most LOGIT_BYTES of logits exist at once.
@@ -68,27 +75,30 @@ def score_windows(model: RxPtModel, tokens: np.ndarray, seq_len: int,
     Returns {"loss": mean nats per target token, "ppl": e^loss, "bpb": the
     summed loss / (ln 2 * the UTF-8 bytes the targets decode to) (None when
     unknown), "tokens", "bytes", "windows"}. progress(k) hears of k more
-    target tokens scored."""
+    target tokens scored. mask: a chat corpus's (rwkvx_c.data.chat): only
+    the assistant tokens are scored, as the trainer scores them."""
     T = int(seq_len)
     if starts is None:
         starts = consecutive_starts(len(tokens), T)
     V = model.config["vocab_size"]
     B = max(1, min(int(batch), LOGIT_BYTES // (4 * T * V)))
     total, n, nbytes = 0.0, 0, 0
-    for x, y in _batches(tokens, starts, T, B):
-        if int(y.max()) >= V or int(y.min()) < 0:
-            raise DataError(f"the corpus holds token id {int(y.max())}, outside the model's "
-                            f"vocabulary of {V}")
+    for x, y in _batches(tokens, starts, T, B, mask):
+        scored = y[y != IGNORE]
+        if scored.size and (int(scored.max()) >= V or int(scored.min()) < 0):
+            raise DataError(f"the corpus holds token id {int(scored.max())}, outside the "
+                            f"model's vocabulary of {V}")
         logits = model.forward(x)
         # the trainer's reduction (Trainer.evaluate): the C mean times the count
-        total += _core.cross_entropy_forward(logits.reshape(-1, V), y.reshape(-1)) * y.size
-        n += y.size
-        if token_bytes is not None:
-            nbytes += int(token_bytes[y].sum())
-        elif is_bytes:
-            nbytes += y.size
+        k = count_targets(y)
+        total += _core.cross_entropy_forward(logits.reshape(-1, V), y.reshape(-1),
+                                             IGNORE) * k
+        n += k
+        nbytes += target_bytes(y, token_bytes, is_bytes) or 0
         if progress is not None:
             progress(y.size)
+    if n == 0:
+        raise DataError("the windows hold no assistant token to score")
     loss = total / n
     bpb = total / (math.log(2) * nbytes) if nbytes else None
     return {"loss": loss, "ppl": math.exp(min(loss, 700.0)), "bpb": bpb, "tokens": n,

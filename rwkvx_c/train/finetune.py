@@ -10,6 +10,11 @@ trains (``--tune``).
 
 The shape comes from the source: a shape option that disagrees is one
 TrainError (shape_conflicts is the one place that judges it).
+
+``--unfreeze-at STEP`` (the base-unfreeze): from run step STEP on, every
+parameter trains; ``unfreeze`` is the one switch (see its doc), and
+``switched`` puts a run on the side of the switch its step or checkpoint
+says.
 """
 from __future__ import annotations
 
@@ -33,7 +38,7 @@ PARTS = ("ln", "time", "emb", "head", "attn")
 
 __all__ = ["TUNE_MODES", "PARTS", "part_of", "parse_parts", "trained_names", "PartsAdamW",
            "STATE_KEY", "shape_conflicts", "from_source", "make_optimizer", "trained_tensors",
-           "restore_trained"]
+           "restore_trained", "unfreeze", "unfreeze_due", "is_unfrozen", "switched"]
 
 
 def shape_conflicts(src_config: Mapping[str, int], asked: Mapping[str, int]) -> list[str]:
@@ -107,18 +112,32 @@ def trained_names(model: RxPtModel, opts: TrainOptions) -> list[str]:
     return [n for n in model.param_names if part_of(n, model.layers) in parts]
 
 
+# a PartsAdamW piece: (parameters, their grads, weight decay: all, none, or
+# (R, 2) [begin, end) element ranges of the piece)
+Piece = tuple[np.ndarray, np.ndarray, "bool | np.ndarray"]
+
+
 class PartsAdamW:
     """AdamW over several pieces of the model (views into its arenas, the
     states), clipped by their one global grad norm; m and v are flat over
-    the pieces in order, so moments exist only for what trains."""
+    the pieces in order, so moments exist only for what trains. starts:
+    the run step each piece began training at (default 0), so a piece that
+    joins later counts its own AdamW steps from 1 (the bias correction of
+    fresh moments); t is the steps of the pieces trained from the start.
+    unfrozen: the optimiser after the base-unfreeze."""
 
-    def __init__(self, pieces: list[tuple[np.ndarray, np.ndarray, bool]], opts: TrainOptions):
+    def __init__(self, pieces: list[Piece], opts: TrainOptions,
+                 starts: list[int] | None = None, unfrozen: bool = False) -> None:
         n = sum(p.size for p, _, _ in pieces)
+        self.pieces = list(pieces)
+        self.starts = list(starts) if starts is not None else [0] * len(pieces)
+        self.unfrozen = unfrozen
         self.m, self.v = np.zeros(n, np.float32), np.zeros(n, np.float32)
         self.subs: list[AdamW] = []
         off = 0
         for p, g, decay in pieces:
-            ranges = np.array([[0, p.size]] if decay else [], np.int64).reshape(-1, 2)
+            ranges = decay if isinstance(decay, np.ndarray) else \
+                np.array([[0, p.size]] if decay else [], np.int64).reshape(-1, 2)
             a = AdamW(p.reshape(-1), g.reshape(-1), ranges, betas=(opts.beta1, opts.beta2),
                       eps=opts.adam_eps, weight_decay=opts.weight_decay, grad_clip=opts.grad_clip)
             a.m, a.v = self.m[off:off + p.size], self.v[off:off + p.size]
@@ -127,12 +146,12 @@ class PartsAdamW:
 
     @property
     def t(self) -> int:
-        return self.subs[0].t
+        return self.subs[0].t + self.starts[0]
 
     @t.setter
     def t(self, value: int) -> None:
-        for a in self.subs:
-            a.t = value
+        for a, start in zip(self.subs, self.starts):
+            a.t = max(value - start, 0)
 
     def grad_norm(self) -> float:
         """The global L2 norm over every piece's gradients."""
@@ -164,19 +183,9 @@ def make_optimizer(model: RxPtModel, opts: TrainOptions, ranks: int = 1) -> Adam
         return AdamW(model.param_buffer, model.grad_buffer, decay_ranges(model),
                      betas=(opts.beta1, opts.beta2), eps=opts.adam_eps,
                      weight_decay=opts.weight_decay, grad_clip=opts.grad_clip)
-    keep = set(names)
-    base = model.param_buffer
-    frozen: list[list[int]] = []
-    for n in model.param_names:   # in arena order: neighbours merge into one range
-        if n in keep:
-            continue
-        b = _offset(model.params[n], base)
-        if frozen and frozen[-1][1] == b:
-            frozen[-1][1] = b + model.params[n].size
-        else:
-            frozen.append([b, b + model.params[n].size])
-    model.freeze_ranges(np.array(frozen, np.int64).reshape(-1, 2))
-    pieces = [(model.params[n], model.grads[n], model.params[n].ndim == 2) for n in names]
+    model.freeze_ranges(_frozen_ranges(model, names))
+    pieces: list[Piece] = [(model.params[n], model.grads[n], model.params[n].ndim == 2)
+                           for n in names]
     if opts.tune == "state":
         model.enable_state()
         assert model.state is not None and model.state_grad is not None
@@ -184,6 +193,77 @@ def make_optimizer(model: RxPtModel, opts: TrainOptions, ranks: int = 1) -> Adam
     if not pieces:
         raise TrainError("nothing trains: every group is frozen")
     return PartsAdamW(pieces, opts)
+
+
+def _frozen_ranges(model: RxPtModel, trained: list[str]) -> np.ndarray:
+    """(R, 2) [begin, end) arena ranges of the parameters not in trained,
+    neighbours merged."""
+    keep = set(trained)
+    frozen: list[list[int]] = []
+    for n in model.param_names:   # in arena order: neighbours merge into one range
+        if n in keep:
+            continue
+        b = _offset(model.params[n], model.param_buffer)
+        if frozen and frozen[-1][1] == b:
+            frozen[-1][1] = b + model.params[n].size
+        else:
+            frozen.append([b, b + model.params[n].size])
+    return np.array(frozen, np.int64).reshape(-1, 2)
+
+
+def unfreeze(model: RxPtModel, optim: AdamW | PartsAdamW,
+             opts: TrainOptions) -> AdamW | PartsAdamW:
+    """The base-unfreeze: from now on every parameter trains, beside what
+    trained already (a state tune's states keep training). The frozen
+    ranges are cleared in C; what trained keeps its AdamW moments and step
+    count; the parameters that were frozen join as pieces (the arena's
+    frozen ranges, matrices decayed as in a full run) with zero moments
+    and their own step count from opts.unfreeze_at - 1, so their first
+    update is a fresh AdamW's. Returns the optimiser to use from now on
+    (optim itself when nothing was frozen). A tune mode with more to do at
+    the switch (merging adapters) extends this function."""
+    if isinstance(optim, AdamW) or optim.unfrozen:
+        return optim
+    assert opts.unfreeze_at is not None
+    frozen = _frozen_ranges(model, trained_names(model, opts))
+    model.freeze_ranges(np.zeros((0, 2), np.int64))
+    decay = decay_ranges(model)
+    new: list[Piece] = []
+    for b, e in frozen.tolist():
+        r = np.clip(decay, b, e) - b
+        new.append((model.param_buffer[b:e], model.grad_buffer[b:e], r[r[:, 1] > r[:, 0]]))
+    out = PartsAdamW(optim.pieces + new, opts, optim.starts + [opts.unfreeze_at - 1] * len(new),
+                     unfrozen=True)
+    out.m[:optim.m.size], out.v[:optim.v.size] = optim.m, optim.v
+    out.t = optim.t
+    return out
+
+
+def is_unfrozen(optim: AdamW | PartsAdamW) -> bool:
+    """True once the base-unfreeze has run (what a checkpoint records)."""
+    return isinstance(optim, PartsAdamW) and optim.unfrozen
+
+
+def unfreeze_due(model: RxPtModel, optim: AdamW | PartsAdamW, opts: TrainOptions,
+                 steps: int) -> AdamW | PartsAdamW:
+    """The optimiser for the next step, run step steps + 1: unfreeze()'s
+    from step opts.unfreeze_at on."""
+    if opts.unfreeze_at is not None and steps + 1 >= opts.unfreeze_at:
+        return switched(model, optim, opts, True)
+    return optim
+
+
+def switched(model: RxPtModel, optim: AdamW | PartsAdamW, opts: TrainOptions,
+             unfrozen: bool) -> AdamW | PartsAdamW:
+    """The optimiser on the given side of the base-unfreeze: unfreeze()
+    when the run must be past it, a frozen one again (make_optimizer,
+    moments zero, to be overwritten by a checkpoint's) when it must be
+    before it (a rollback across the switch)."""
+    if unfrozen and not is_unfrozen(optim):
+        return unfreeze(model, optim, opts)
+    if not unfrozen and is_unfrozen(optim):
+        return make_optimizer(model, opts)
+    return optim
 
 
 def _offset(view: np.ndarray, base: np.ndarray) -> int:

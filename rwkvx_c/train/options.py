@@ -152,6 +152,10 @@ class TrainOptions:
                                    metavar="G,G")
     freeze: str | None = _opt(None, "with --tune full, hold these groups fixed (as "
                               "--train-parts)", metavar="G,G")
+    unfreeze_at: int | None = _opt(None, "the base-unfreeze: from step STEP on everything "
+                                   "trains (a state tune's states too); the parameters that "
+                                   "were frozen start with zero AdamW moments",
+                                   kind="pos_int", metavar="STEP")
 
     # options a resumed run may change without changing what it computes
     RESUMABLE = ("steps", "time_budget", "eval_every", "save_every", "threads", "cache_dir",
@@ -213,7 +217,7 @@ class TrainOptions:
         for b in ("beta1", "beta2"):
             if not (real(getattr(self, b)) and 0.0 <= getattr(self, b) < 1.0):
                 raise TrainError(f"{b} must lie in [0, 1), got {getattr(self, b)!r}")
-        for k in ("eval_every", "save_every", "threads", "vocab_size"):
+        for k in ("eval_every", "save_every", "threads", "vocab_size", "unfreeze_at"):
             if getattr(self, k) is not None:
                 pos(k, getattr(self, k))
         if not isinstance(self.seed, int) or not 0 <= self.seed < 2 ** 64:   # the C seed's range
@@ -243,6 +247,10 @@ class TrainOptions:
         if self.freeze and self.tune != "full":
             raise TrainError("--freeze holds groups of --tune full fixed; --tune state "
                              "freezes the whole base already")
+        if self.unfreeze_at is not None and self.tune == "full" and not self.freeze \
+                and not self.train_parts:
+            raise TrainError("--unfreeze-at unfreezes a frozen base: give it with --tune state, "
+                             "--freeze or --train-parts (in a plain full run everything trains)")
         if self.init not in SCHEMES:
             raise TrainError(f"unknown init {self.init!r}; choose one of {', '.join(SCHEMES)}")
         assert self.batch is not None and self.seq_len is not None   # pos() checked them

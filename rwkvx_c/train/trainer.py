@@ -8,8 +8,9 @@
     tr = Trainer.resume("runs/demo", steps=400)   # continue exactly
 
 One step: B windows of T+1 tokens from the seeded sampler -> model.forward
--> model.backward (mean loss over B*T tokens, all in C) -> global grad-norm
-clipping -> AdamW in place on the parameter arena; nothing is copied. Under
+-> model.backward (mean loss over the B*T targets, a chat corpus's assistant
+ones alone; all in C) -> global grad-norm clipping -> AdamW in place on the
+parameter arena; nothing is copied. Under
 MPI every rank trains on its B/P rows of the same global batch and the
 gradients are averaged in place before the optimiser (rwkvx_c.train.distributed);
 only rank 0 writes the run folder. A resumed run repeats the uninterrupted
@@ -26,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rwkvx_c import _core
-from rwkvx_c.data.sampler import BatchSampler, eval_windows
+from rwkvx_c.data.sampler import IGNORE, BatchSampler, count_targets, eval_windows, target_bytes
 from rwkvx_c.errors import (
     Divergence,
     RunLocked,
@@ -38,7 +39,7 @@ from rwkvx_c.run.rundir import RunDir
 from rwkvx_c.train import schedule
 from rwkvx_c.train.assemble import build_model, load_data, load_weights
 from rwkvx_c.train.distributed import world
-from rwkvx_c.train.finetune import PartsAdamW, trained_tensors
+from rwkvx_c.train.finetune import PartsAdamW, is_unfrozen, switched, trained_tensors, unfreeze_due
 from rwkvx_c.train.guard import MAX_ROLLBACKS, ROLLBACK_LR_FACTOR, DivergenceGuard
 from rwkvx_c.train.optim import AdamW
 from rwkvx_c.train.options import TrainOptions
@@ -162,14 +163,13 @@ class Trainer:
         """The training batch sampler, this rank's rows, and the validation windows."""
         opts = self.opts
         # every rank draws the global batch and trains on its rows of it
-        self.sampler = BatchSampler(self.corpus.train, opts.batch, opts.seq_len, opts.seed)
+        c = self.corpus   # a chat corpus's masks make its untrained targets IGNORE
+        self.sampler = BatchSampler(c.train, opts.batch, opts.seq_len, opts.seed, c.train_mask)
         self._rows = self.group.rows(opts.batch)
-        self.val_x, self.val_y = eval_windows(self.corpus.val, opts.seq_len,
-                                              max(1, opts.eval_tokens // opts.seq_len))
+        self.val_x, self.val_y = eval_windows(c.val, opts.seq_len,
+                                              max(1, opts.eval_tokens // opts.seq_len), c.val_mask)
         # val_bpb divides by the text bytes the validation targets decode to
-        tb = self.corpus.token_bytes
-        self.val_bytes = int(tb[self.val_y].sum()) if tb is not None else \
-            self.val_y.size if self.corpus.is_bytes else None
+        self.val_bytes = target_bytes(self.val_y, c.token_bytes, c.is_bytes)
 
     def _reset_counters(self) -> None:
         """The run state of step 0 (a resume then restores the saved one)."""
@@ -229,6 +229,7 @@ class Trainer:
                              f"{state.get('corpus')}, it is now {self.corpus.description}")
         c = saved_counters(state)
         self._load_params(tensors)
+        self.optim = switched(self.model, self.optim, self.opts, bool(state.get("unfrozen")))
         n = self.optim.m.size
         for key, buf in (("optim.m", self.optim.m), ("optim.v", self.optim.v)):
             if key not in tensors or tensors[key].shape != (n,):
@@ -259,7 +260,7 @@ class Trainer:
                 "next_eval_at": self._next_eval_at, "last_eval": self.last_eval,
                 "eval_seconds": self._eval_seconds, "options": self.opts.to_dict(),
                 "corpus": self.corpus.description, "tokenizer": self.tokenizer.identity(),
-                "world_size": self.group.size,
+                "world_size": self.group.size, "unfrozen": is_unfrozen(self.optim),
                 "lr_scale": self.lr_scale, "rollbacks": self.rollbacks}
 
     def save(self, path: str | None = None) -> str | None:
@@ -298,7 +299,7 @@ class Trainer:
         elif self._last_batch is not None:
             x, y = self._last_batch
             self.model.forward(x, return_logits=False)
-            self.guard.check_eval(self.model.loss(y), self.step_count)
+            self.guard.check_eval(self.model.loss(y, IGNORE), self.step_count)
 
     # --------------------------------------------------------------- training
     def train_seconds(self) -> float:
@@ -362,11 +363,12 @@ class Trainer:
         'grad_norm', 'elapsed'}."""
         t = time.perf_counter()
         lr = self.group.root_value(self.lr())
+        self.optim = unfreeze_due(self.model, self.optim, self.opts, self.step_count)
         x, y = self.sampler.next()
         self._last_batch = (x, y)
         lo, hi = self._rows
         self.model.forward(x[lo:hi], return_logits=False)
-        loss = self.model.backward(y[lo:hi])
+        loss = self.model.backward(y[lo:hi], IGNORE)
         loss = self.group.average_grads(self.model.grad_buffer, loss)
         norm = self.optim.grad_norm()   # of what trains, judged before the update
         self.guard.check_loss(loss, self.step_count + 1, norm)
@@ -397,8 +399,9 @@ class Trainer:
             y = np.ascontiguousarray(self.val_y[i:min(i + B, last)])
             # the head and loss over row chunks: no (B*T, vocab) logits
             self.model.forward(x, return_logits=False)
-            total += self.model.loss(y) * y.size
-            n += y.size
+            k = count_targets(y)   # a chat corpus scores its assistant tokens alone
+            total += self.model.loss(y, IGNORE) * k
+            n += k
         total, n = self.group.sum_values(total, n)
         val = total / n
         bpb = total / (math.log(2) * self.val_bytes) if self.val_bytes else None
