@@ -28,7 +28,7 @@ __all__ = ["TrainOptions", "auto_precision", "PRECISIONS", "TUNE_MODES", "DEFAUL
            "saved_options", "apply_changes", "model_vocab"]
 
 PRECISIONS = ("fp32", "bf16", "auto")
-TUNE_MODES = ("full", "state")   # what trains (rwkvx_c.train.finetune)
+TUNE_MODES = ("full", "state", "lora")   # what trains (rwkvx_c.train.finetune)
 DEFAULT_STEPS = 1000      # a preset with neither steps nor a time budget
 MAX_TOKENS_PER_STEP = 2 ** 31 - 1   # B * T indexes int32 arrays in the C API
 
@@ -143,8 +143,9 @@ class TrainOptions:
     init_from: str | None = _opt(None, "start from these weights: a run folder, a "
                                  "checkpoint or an x070 / RWKV-X .pth (a new run at step 0; "
                                  "shape and tokenizer from SRC)", metavar="SRC")
-    tune: str = _opt("full", "what trains: every parameter, or (state) one initial WKV "
-                     "state per RWKV block with the rest frozen", choices=TUNE_MODES)
+    tune: str = _opt("full", "what trains: every parameter, (state) one initial WKV "
+                     "state per RWKV block, or (lora) LoRA adapters on the projections, "
+                     "the rest frozen", choices=TUNE_MODES)
     train_parts: str | None = _opt(None, "with --tune state, these groups train too; with "
                                    "--tune full, only these train (attn: RWKV-X's "
                                    "--only_train_moba): a comma list of ln, time (lerp, decay, "
@@ -152,6 +153,16 @@ class TrainOptions:
                                    metavar="G,G")
     freeze: str | None = _opt(None, "with --tune full, hold these groups fixed (as "
                               "--train-parts)", metavar="G,G")
+    lora_r: int = _opt(32, "with --tune lora, the adapters' rank r", kind="pos_int",
+                       metavar="R")
+    lora_alpha: float = _opt(32.0, "with --tune lora, the adapters' alpha: W + (alpha/r) B A",
+                             kind="pos_float", metavar="X")
+    lora_targets: str | None = _opt(None, "with --tune lora, the projections that get "
+                                    "adapters, a comma list of att.receptance, att.key, "
+                                    "att.value, att.output, ffn.key, ffn.value (RWKV blocks), "
+                                    "attn.q, attn.k, attn.v, attn.o, attn.ffn.key, "
+                                    "attn.ffn.value (attention blocks) (default: all but the "
+                                    "attn.ffn ones)", metavar="T,T")
 
     # options a resumed run may change without changing what it computes
     RESUMABLE = ("steps", "time_budget", "eval_every", "save_every", "threads", "cache_dir",
@@ -241,8 +252,10 @@ class TrainOptions:
             raise TrainError("give --train-parts (what trains) or --freeze (what does not), "
                              "not both")
         if self.freeze and self.tune != "full":
-            raise TrainError("--freeze holds groups of --tune full fixed; --tune state "
+            raise TrainError(f"--freeze holds groups of --tune full fixed; --tune {self.tune} "
                              "freezes the whole base already")
+        if self.tune != "lora" and self.lora_targets:
+            raise TrainError("--lora-targets names the adapters of --tune lora")
         if self.init not in SCHEMES:
             raise TrainError(f"unknown init {self.init!r}; choose one of {', '.join(SCHEMES)}")
         assert self.batch is not None and self.seq_len is not None   # pos() checked them
