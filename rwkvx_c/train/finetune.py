@@ -24,8 +24,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rwkvx_c.errors import TrainError
-from rwkvx_c.model.lora import A_SUFFIX, DEFAULT_TARGETS, TARGETS, adapters_of, merge_into
-from rwkvx_c.model.lora import target_params
+from rwkvx_c.model.lora import (
+    A_SUFFIX,
+    DEFAULT_TARGETS,
+    TARGETS,
+    adapters_of,
+    merge_into,
+    target_params,
+)
 from rwkvx_c.run.checkpoint import STATE_KEY
 from rwkvx_c.train.expand import ATTN_FIELDS, expanded_config
 from rwkvx_c.train.optim import AdamW, decay_ranges

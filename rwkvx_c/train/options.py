@@ -214,6 +214,8 @@ class TrainOptions:
         pos("grad_clip", self.grad_clip, integer=False, allow_zero=True)
         pos("adam_eps", self.adam_eps, integer=False, allow_zero=True)
         pos("l2wrap", self.l2wrap, integer=False, allow_zero=True)
+        pos("lora_r", self.lora_r)
+        pos("lora_alpha", self.lora_alpha, integer=False)
         if not isinstance(self.grad_cp, (bool, np.bool_)):
             raise TrainError(f"grad_cp must be true or false, got {self.grad_cp!r}")
 
