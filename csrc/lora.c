@@ -44,6 +44,8 @@ struct rx_lora {
     adapter *ad;
 };
 
+/* ---- the adapters' arena (rx_internal.h) -------------------------------- */
+
 void rx_lora_free(rx_lora *L) {
     if (!L) return;
     free(L->arena);
@@ -130,12 +132,14 @@ typedef struct {
 
 #define LORA_OPS 16
 
+/* the adapter on the weight at p, or NULL */
 static const adapter *by_weight(const rx_lora *L, const float *p) {
     for (int i = 0; i < L->n; i++)
         if (L->ad[i].W == p) return &L->ad[i];
     return NULL;
 }
 
+/* the adapter whose weight's grad is at p, or NULL */
 static const adapter *by_grad(const rx_lora *L, const float *p) {
     for (int i = 0; i < L->n; i++)
         if (L->ad[i].GW == p) return &L->ad[i];
@@ -178,6 +182,7 @@ static int classify(const rx_lora *L, const rx_gemm_op *o, job *j) {
     return RX_OK;
 }
 
+/* p [n] *= s */
 static void scale(float *p, size_t n, float s) {
     for (size_t i = 0; i < n; i++) p[i] *= s;
 }

@@ -602,8 +602,8 @@ int rx_grad_norm_l2(const float *g, size_t n, double *norm);
  * the model. */
 typedef struct rx_infer_state rx_infer_state;
 /* *out: a fresh state of model m at position 0 (NULL on failure); max_len
- * bounds the attention cache. RX_EINVAL on NULL or max_len < 1,
- * RX_ENOMEM. */
+ * bounds the attention cache. RX_EINVAL on NULL, max_len < 1 or a model
+ * with LoRA adapters (rx_ptmodel_enable_lora: merge them first), RX_ENOMEM. */
 int rx_infer_create(rx_ptmodel *m, int max_len, rx_infer_state **out);
 void rx_infer_free(rx_infer_state *s);
 /* Back to position 0 (zero carries, empty cache; WKV states zero, or the
