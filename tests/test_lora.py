@@ -344,3 +344,40 @@ def test_merged_export_runs_in_the_rwkv_package_and_lora_file_is_rwkv_peft_s(tmp
     assert "holds no LoRA adapters" in capsys.readouterr().err
     with pytest.raises(InteropError, match="no LoRA adapters"):
         interop.export_model(m, "lora", str(tmp_path / "y.pth"))
+
+
+def test_peft_loads_the_adapters_onto_the_hf_export(tmp_path):
+    """export --format peft of a LoRA run, put on the hf export of its base
+    by the peft package (PeftModel.from_pretrained on rwkv7-hf's model),
+    reproduces our logits; so does the hf export of the run (merged)."""
+    _need("torch", "safetensors", "transformers", "rwkv7_hf", "peft")
+    import torch
+    from peft import PeftModel
+    from rwkv7_hf import RWKV7ForCausalLM
+    base = _base_run(tmp_path, dict(H64, n_rwkv_layer=2))
+    tr = _lora_run(tmp_path, base, "run", steps=2)
+    tr.run()
+    rng = np.random.default_rng(1)
+    for v in tr.model.lora.values():
+        v[...] = rng.standard_normal(v.shape).astype(np.float32) * 0.05
+    tr.save()
+    run = str(tmp_path / "run")
+    for fmt, src, out in (("hf", base, "base_hf"), ("peft", run, "peft"), ("hf", run, "hf")):
+        assert main(["export", src, "--format", fmt, "--out", str(tmp_path / out)]) == 0
+    tokens = np.frombuffer(b"def f(x):\n    return x", np.uint8).astype(np.int32)
+    ours = tr.model.forward(tokens)
+
+    def logits(m):
+        m.eval()
+        with torch.no_grad():
+            return m(torch.from_numpy(tokens.astype(np.int64))[None]).logits[0].float().numpy()
+
+    hf_base = RWKV7ForCausalLM.from_pretrained(str(tmp_path / "base_hf"),
+                                               torch_dtype=torch.float32)
+    assert _rel(logits(hf_base), ours) > 100 * TOL            # the adapters matter
+    peft = PeftModel.from_pretrained(hf_base, str(tmp_path / "peft"))
+    err = _rel(logits(peft), ours)
+    print(f"peft on rwkv7-hf with the exported adapters vs RxPtModel: {err:.2e}")
+    assert err <= TOL
+    merged = RWKV7ForCausalLM.from_pretrained(str(tmp_path / "hf"), torch_dtype=torch.float32)
+    assert _rel(logits(merged), ours) <= TOL

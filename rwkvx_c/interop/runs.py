@@ -12,7 +12,15 @@ from rwkvx_c._core import RxPtModel
 from rwkvx_c.data.tokenizers import WORLD_VOCAB_SIZE, ByteTokenizer, Tokenizer, run_tokenizer
 from rwkvx_c.errors import CheckpointError, InteropError, OutputError, TokenizerError
 from rwkvx_c.interop.gguf import save_gguf
-from rwkvx_c.interop.hf import HF_FILES, from_hf, hf_tokenizer, load_hf, save_hf
+from rwkvx_c.interop.hf import (
+    HF_FILES,
+    PEFT_FILES,
+    from_hf,
+    hf_tokenizer,
+    load_hf,
+    save_hf,
+    save_peft,
+)
 from rwkvx_c.interop.pth import DTYPES, load_pth, save_pth
 from rwkvx_c.interop.rwkv7 import from_rwkv7, from_rwkvx, linear_prefixes, to_rwkv7, to_rwkvx
 from rwkvx_c.model.lora import A_SUFFIX, B_SUFFIX, run_alpha, without_adapters
@@ -22,7 +30,7 @@ from rwkvx_c.run.rundir import RunDir, checkpoint_path, claim_output, describe_e
 __all__ = ["FORMATS", "Adapters", "export_model", "import_pth", "state_dict", "lora_dict",
            "merge_run"]
 
-FORMATS = ("rwkv7", "rwkvx", "gguf", "hf", "state", "lora")
+FORMATS = ("rwkv7", "rwkvx", "gguf", "hf", "state", "lora", "peft")
 
 Adapters = tuple[Mapping[str, tuple[np.ndarray, np.ndarray]], float]   # ({param: (A, B)}, alpha)
 
@@ -36,7 +44,8 @@ def export_model(model: RxPtModel, fmt: str, out: str, dtype: str = "fp32", *,
     is written then). fmt "state": the model's trained initial WKV states
     alone, as RWKV-PEFT saves them (state_dict); "lora": a LoRA run's
     adapters (the model's base is not written) under RWKV-PEFT's names at
-    dtype (lora_dict). OutputError when out (for
+    dtype (lora_dict); "peft": the same as a Hugging Face PEFT adapter folder
+    for the hf export's module names (save_peft). OutputError when out (for
     hf: any file it writes there) is one of `inputs` (the model's run folder
     or file) or a run folder's own file (rwkvx_c.run.rundir.claim_output).
 
@@ -46,8 +55,8 @@ def export_model(model: RxPtModel, fmt: str, out: str, dtype: str = "fp32", *,
         raise InteropError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
     if fmt not in FORMATS:
         raise InteropError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
-    if fmt == "hf":   # a folder: each file it writes there
-        for name in HF_FILES:
+    if fmt in ("hf", "peft"):   # a folder: each file it writes there
+        for name in HF_FILES if fmt == "hf" else PEFT_FILES:
             claim_output(os.path.join(out, name), inputs)
     else:
         claim_output(out, inputs)
@@ -59,10 +68,13 @@ def export_model(model: RxPtModel, fmt: str, out: str, dtype: str = "fp32", *,
         save_hf(model, tokenizer or ByteTokenizer(), out, dtype)
     elif fmt == "state":
         save_pth(state_dict(model), out, "fp32")
-    elif fmt == "lora":
+    elif fmt in ("lora", "peft"):
         if adapters is None:
             raise InteropError("the model has no LoRA adapters (train with --tune lora)")
-        save_pth(lora_dict(model, *adapters), out, dtype)
+        if fmt == "lora":
+            save_pth(lora_dict(model, *adapters), out, dtype)
+        else:
+            save_peft(model, *adapters, out, dtype)
     else:
         save_gguf(model, out, dtype)
 
