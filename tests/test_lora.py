@@ -381,3 +381,31 @@ def test_peft_loads_the_adapters_onto_the_hf_export(tmp_path):
     assert err <= TOL
     merged = RWKV7ForCausalLM.from_pretrained(str(tmp_path / "hf"), torch_dtype=torch.float32)
     assert _rel(logits(merged), ours) <= TOL
+
+
+def test_cli_lora_tune_with_train_parts(tmp_path, capsys):
+    base = _base_run(tmp_path)
+    data = ["--data", str(tmp_path / "corpus.txt"), "--cache-dir", str(tmp_path / "cache")]
+    fast = ["--steps", "2", "--batch", "2", "--seq-len", "16", "--eval-tokens", "32",
+            "--threads", "1", "--no-progress"]
+    out = str(tmp_path / "lo")
+    assert main(["train", "--init-from", base, "--tune", "lora", "--lora-r", "2",
+                 "--lora-alpha", "4", "--lora-targets", "att.key,ffn.value", "--train-parts",
+                 "ln", "--out", out] + data + fast) == 0
+    ck, _, state = read_checkpoint(os.path.join(out, "checkpoint.safetensors"))
+    src, _, _ = read_checkpoint(os.path.join(base, "checkpoint.safetensors"))
+    ads = sorted(k for k in ck if "lora" in k)
+    assert ads == sorted(f"blocks.{i}.{p}.{s}" for i in range(2)
+                         for p in ("tm.key_w", "cm.ffn_value_w") for s in ("lora_A", "lora_B"))
+    assert state["options"]["lora_r"] == 2 and state["options"]["lora_alpha"] == 4.0
+    n_ln = sum(v.size for k, v in src.items() if k.rsplit(".", 1)[-1].startswith("ln")
+               and not k.startswith("optim."))
+    assert ck["optim.m"].size == sum(ck[k].size for k in ads) + n_ln
+    assert not np.array_equal(ck["blocks.0.ln1_w"], src["blocks.0.ln1_w"])   # ln trained
+    assert np.array_equal(ck["blocks.0.tm.key_w"], src["blocks.0.tm.key_w"])  # the base not
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--init-from", base, "--tune", "lora", "--lora-r", "0",
+              "--out", str(tmp_path / "bad")] + data + fast)
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
+        "argument --lora-r: expected a positive integer, got '0'")
