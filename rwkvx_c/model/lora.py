@@ -36,15 +36,10 @@ DEFAULT_TARGETS = tuple(t for t in TARGETS if not t.startswith("attn.ffn."))
 
 def target_params(layers: str, targets: tuple[str, ...]) -> list[str]:
     """The parameter names the targets name in a model of these block kinds
-    ("RRA..."), in arena order (block by block, each block's in its order)."""
-    out = []
-    for L, kind in enumerate(layers):
-        for name, (k, p) in TARGETS.items():
-            if k == kind and name in targets:
-                out.append(f"blocks.{L}.{p}")
-    order = {"receptance_w": 0, "key_w": 1, "value_w": 2, "output_w": 3, "ffn_key_w": 4,
-             "ffn_value_w": 5}
-    return sorted(out, key=lambda n: (int(n.split(".")[1]), order[n.rsplit(".", 1)[1]]))
+    ("RRA..."): block by block, each block's in TARGETS' order (receptance,
+    key, value, output, channel-mix key, value), whatever order targets has."""
+    return [f"blocks.{L}.{p}" for L, kind in enumerate(layers)
+            for name, (k, p) in TARGETS.items() if k == kind and name in targets]
 
 
 def adapters_of(tensors: Mapping[str, np.ndarray]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
