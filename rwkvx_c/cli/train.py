@@ -36,8 +36,9 @@ SAMPLE_PROMPT = "def "
 
 
 def _help(f: Any) -> str:
-    """A field's help, with its default unless the help already says it."""
-    h = f.metadata["help"]
+    """A field's help, with its default unless the help already says it; a
+    % escaped, as argparse formats help strings with %."""
+    h = f.metadata["help"].replace("%", "%%")
     if "default" in h or f.default is MISSING:
         return h
     return f"{h} (default: {f.default})"

@@ -146,7 +146,7 @@ class TrainOptions:
     tune: str = _opt("full", "what trains: every parameter, (state) one initial WKV "
                      "state per RWKV block, or (lora) LoRA adapters on the projections, "
                      "the rest frozen", choices=TUNE_MODES)
-    train_parts: str | None = _opt(None, "with --tune state, these groups train too; with "
+    train_parts: str | None = _opt(None, "with --tune state or lora, these groups train too; with "
                                    "--tune full, only these train (attn: RWKV-X's "
                                    "--only_train_moba): a comma list of ln, time (lerp, decay, "
                                    "gate vectors and their LoRAs), emb, head, attn",
