@@ -216,6 +216,9 @@ class TrainOptions:
         pos("l2wrap", self.l2wrap, integer=False, allow_zero=True)
         pos("lora_r", self.lora_r)
         pos("lora_alpha", self.lora_alpha, integer=False)
+        for k in ("train_parts", "freeze", "lora_targets"):
+            if getattr(self, k) is not None and not isinstance(getattr(self, k), str):
+                raise TrainError(f"{k} must be a comma list of names, got {getattr(self, k)!r}")
         if not isinstance(self.grad_cp, (bool, np.bool_)):
             raise TrainError(f"grad_cp must be true or false, got {self.grad_cp!r}")
 
