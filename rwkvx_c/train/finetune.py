@@ -176,9 +176,11 @@ class PartsAdamW:
 def make_optimizer(model: RxPtModel, opts: TrainOptions, ranks: int = 1) -> AdamW | PartsAdamW:
     """The AdamW over what trains, the rest frozen in C (no weight-gradient
     GEMMs): every parameter (full, the plain run), all but --freeze's groups,
-    or the initial states with --train-parts' groups (state). Matrices get
-    weight decay, vectors and states none. ranks: the data-parallel processes,
-    which average the parameter gradients only."""
+    the initial states with --train-parts' groups (state), or the LoRA
+    adapters, made and initialised here, with --train-parts' groups (lora).
+    Matrices (adapters too) get weight decay, vectors and states none.
+    ranks: the data-parallel processes, which average the parameter
+    gradients only."""
     if opts.tune in ("state", "lora") and ranks > 1:
         raise TrainError(f"--tune {opts.tune} trains in one process: its gradients are not "
                          "averaged over MPI ranks")
