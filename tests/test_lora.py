@@ -18,6 +18,7 @@ import rwkvx_c as rx
 from rwkvx_c import interop
 from rwkvx_c.cli import main
 from rwkvx_c.errors import InteropError
+from rwkvx_c.interop.runs import lora_dict
 from rwkvx_c.model.lora import DEFAULT_TARGETS, TARGETS, target_params
 from rwkvx_c.run.checkpoint import read_checkpoint
 from rwkvx_c.sample import load_model
@@ -409,3 +410,15 @@ def test_cli_lora_tune_with_train_parts(tmp_path, capsys):
     assert e.value.code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
         "argument --lora-r: expected a positive integer, got '0'")
+
+
+def test_lora_file_of_a_hybrid_uses_rwkv_x_names():
+    m = _model(dict(HYB, ln0=1))
+    sd = lora_dict(m, _adapters(m, False), ALPHA)
+    assert sd["lora_alpha"].tolist() == [ALPHA] and sd["lora_r"].tolist() == [R]
+    assert sd["rwkv.blocks.0.att.receptance.lora_A"].shape == (R, 15)
+    assert sd["rwkv.blocks.2.ffn.value.lora_B"].shape == (15, R)
+    assert sd["moba.0.att.output.lora_B"].shape == (15, R)
+    assert sd["moba.0.ffn.key.lora_A"].shape == (R, 15)
+    assert np.array_equal(sd["moba.0.att.key.lora_A"], m.lora["blocks.3.key_w.lora_A"])
+    assert len(sd) == 2 + 2 * (3 * 6 + 6)
