@@ -1,13 +1,14 @@
 """Fine-tune cost on a 0.1B-shaped model (C 768, 12 RWKV blocks, head size 64,
 the World vocabulary's 65536 ids): tokens/s of one training step (forward,
-backward, grad norm, AdamW) and peak RSS, --tune full vs state.
+backward, grad norm, AdamW) and peak RSS, --tune full vs state vs lora
+(r 32 on the default targets).
 
-    python bench/bench_finetune.py                 # both modes, interleaved
-    python bench/bench_finetune.py --mode state    # one mode, in this process
-    python bench/bench_finetune.py --paired 6      # full/state steps alternating, one model
+    python bench/bench_finetune.py                 # every mode, interleaved
+    python bench/bench_finetune.py --mode lora     # one mode, in this process
+    python bench/bench_finetune.py --paired 6      # full/state/lora steps alternating
 
 Each mode runs in its own process (peak RSS is a per-process high-water
-mark), the two alternating --rounds times; on a shared machine compare the
+mark), the three alternating --rounds times; on a shared machine compare the
 ratios of runs next to each other, not the absolute rates."""
 import argparse
 import json
@@ -21,6 +22,9 @@ from common import peak_rss_mib
 SHAPE = dict(n_embd=768, n_head=12, head_size=64, n_rwkv_layer=12, n_attn_layer=0,
              vocab_size=65536, Dw=64, Da=64, Dg=128, Dv=32, ffn_dim=3072, chunk_size=64,
              moba_top_k=0, ln0=1)
+
+
+MODES = ("full", "state", "lora")
 
 
 def one(mode, T, steps, threads, precision):
@@ -49,9 +53,12 @@ def one(mode, T, steps, threads, precision):
             "tokens_per_s": T / best, "step_s": best, "peak_rss_mib": peak_rss_mib()}
 
 
-def paired(T, pairs, threads, precision):
-    """full and state steps alternating on one model in this process (the
-    machine's noise falls on both alike): the per-pair ratios of step time."""
+def paired(T, pairs, threads, precision, steps):
+    """full, state and lora steps alternating in this process (the
+    machine's noise falls on all alike): per round, each mode's fastest of
+    `steps` steps in a row, and the ratios of those.
+    full and state share one model; lora has its own (the same weights),
+    since adapters once on stay on."""
     import numpy as np
 
     import rwkvx_c as rx
@@ -62,59 +69,72 @@ def paired(T, pairs, threads, precision):
     # the C init (every tensor random, output_w too, so the states get a
     # grad): init_model's NumPy temporaries would set the peak RSS instead
     m = rx.RxPtModel(SHAPE, precision=precision)
-    # both optimisers made (and their moments touched) once, before timing
+    ml = rx.RxPtModel(SHAPE, precision=precision)
+    # every optimiser made (and its moments touched) once, before timing
     opt = {k: make_optimizer(m, TrainOptions(tune=k)) for k in ("full", "state")}
+    opt["lora"] = make_optimizer(ml, TrainOptions(tune="lora"))
     frozen = {"full": np.zeros((0, 2), np.int64),
               "state": np.array([[0, m.n_params]], np.int64)}
     rng = np.random.default_rng(0)
-    ratios = []
-    for i in range(pairs + 1):   # pair 0 allocates scratch: not counted
+    ratios = {"state": [], "lora": []}
+    for i in range(pairs + 1):   # round 0 allocates scratch: not counted
         dt = {}
-        for mode in ("full", "state") if i % 2 == 0 else ("state", "full"):
-            m.freeze_ranges(frozen[mode])
-            x = rng.integers(0, SHAPE["vocab_size"], (1, T)).astype(np.int32)
-            t = time.perf_counter()
-            m.forward(x, return_logits=False)
-            m.backward(np.roll(x, -1, axis=1))
-            opt[mode].step(1e-6)
-            dt[mode] = time.perf_counter() - t
+        for mode in MODES[i % 3:] + MODES[:i % 3]:
+            model = ml if mode == "lora" else m
+            if mode != "lora":
+                m.freeze_ranges(frozen[mode])
+            best = float("inf")
+            for _ in range(steps):
+                x = rng.integers(0, SHAPE["vocab_size"], (1, T)).astype(np.int32)
+                t = time.perf_counter()
+                model.forward(x, return_logits=False)
+                model.backward(np.roll(x, -1, axis=1))
+                opt[mode].step(1e-6)
+                best = min(best, time.perf_counter() - t)
+            dt[mode] = best
         if i:
-            ratios.append(dt["full"] / dt["state"])
-            print(json.dumps({"pair": i, "full_s": dt["full"], "state_s": dt["state"],
-                              "state_over_full_tokens_per_s": ratios[-1]}), flush=True)
-    print(f"median state/full tokens/s over {pairs} pairs: {float(np.median(ratios)):.2f}x")
+            row = {"round": i, **{f"{k}_s": v for k, v in dt.items()}}
+            for k in ratios:
+                ratios[k].append(dt["full"] / dt[k])
+                row[f"{k}_over_full_tokens_per_s"] = ratios[k][-1]
+            print(json.dumps(row), flush=True)
+    for k, r in ratios.items():
+        print(f"median {k}/full tokens/s over {pairs} rounds: {float(np.median(r)):.2f}x")
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--mode", choices=["full", "state"])
+    ap.add_argument("--mode", choices=list(MODES))
     ap.add_argument("--T", type=int, default=512)
-    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=3,
+                    help="steps per mode (per round with --paired), the fastest counted")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--precision", default="fp32")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--paired", type=int, default=0, metavar="PAIRS",
-                    help="alternate full and state steps on one model in this process")
+                    help="alternate full, state and lora steps in this process")
     a = ap.parse_args()
     if a.paired:
-        paired(a.T, a.paired, a.threads, a.precision)
+        paired(a.T, a.paired, a.threads, a.precision, a.steps)
         return
     if a.mode:
         print(json.dumps(one(a.mode, a.T, a.steps, a.threads, a.precision)))
         return
     rows = []
     for _ in range(a.rounds):
-        for mode in ("full", "state"):
+        for mode in MODES:
             r = subprocess.run([sys.executable, os.path.abspath(__file__), "--mode", mode,
                                 "--T", str(a.T), "--steps", str(a.steps), "--threads",
                                 str(a.threads), "--precision", a.precision],
                                capture_output=True, text=True, check=True)
             rows.append(json.loads(r.stdout.strip().splitlines()[-1]))
             print(json.dumps(rows[-1]), flush=True)
-    for i in range(0, len(rows), 2):
-        f, s = rows[i], rows[i + 1]
-        print(f"round {i // 2}: state/full tokens/s {s['tokens_per_s'] / f['tokens_per_s']:.2f}x"
-              f", peak RSS {s['peak_rss_mib']:.0f} vs {f['peak_rss_mib']:.0f} MiB")
+    for i in range(0, len(rows), 3):
+        f, s, lo = rows[i], rows[i + 1], rows[i + 2]
+        print(f"round {i // 3}: tokens/s state/full {s['tokens_per_s'] / f['tokens_per_s']:.2f}x"
+              f", lora/full {lo['tokens_per_s'] / f['tokens_per_s']:.2f}x; peak RSS full "
+              f"{f['peak_rss_mib']:.0f}, state {s['peak_rss_mib']:.0f}, lora "
+              f"{lo['peak_rss_mib']:.0f} MiB")
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 """The state-tune path end to end at the 0.1B shape: a random x070 .pth in
 the official names and layouts (C 768, 12 blocks, head size 64, the World
 vocabulary), state-tuned by `rwkvx-c train --init-from`, its states exported
-and run by the `rwkv` package beside the merged base.
+and run by the `rwkv` package beside the merged base; with --tune lora,
+LoRA-tuned, and the merged model exported and run by the `rwkv` package.
 
-    python bench/finetune_official.py [WORKDIR] [--steps 20]
+    python bench/finetune_official.py [WORKDIR] [--steps 20] [--tune lora]
 
 Prints the loss of the first and last steps, whether the base stayed
 bit-identical, and the rwkv package's logits against ours (max |diff| / max
@@ -31,10 +32,11 @@ os.environ["RWKV_V7_ON"] = "1"
 import numpy as np, torch
 from rwkv.model import RWKV
 m = RWKV(model=sys.argv[1][:-len(".pth")], strategy="cpu fp32")
-ts = torch.load(sys.argv[3])
 state = m.generate_zero_state()
-for i in range(m.n_layer):
-    state[3 * i + 1] = ts[f"blocks.{i}.att.time_state"].float().clone()
+if sys.argv[3] != "-":
+    ts = torch.load(sys.argv[3])
+    for i in range(m.n_layer):
+        state[3 * i + 1] = ts[f"blocks.{i}.att.time_state"].float().clone()
 out, _ = m.forward(np.load(sys.argv[2]).tolist(), state, full_output=True)
 np.save(sys.argv[4], out.float().numpy())
 """
@@ -51,6 +53,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("work", nargs="?", default=None)
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--tune", choices=["state", "lora"], default="state")
     a = ap.parse_args()
     work = a.work or tempfile.mkdtemp(prefix="rwkvx_ft_")
     os.makedirs(work, exist_ok=True)
@@ -64,8 +67,8 @@ def main():
     corpus = os.path.join(work, "chat.txt")
     with open(corpus, "w") as f:
         f.write("".join(f"User: {q}\n\nAssistant: {r}\n\n" for q, r in CHAT * 200))
-    run = os.path.join(work, "state-run")
-    rc = cli(["train", "--init-from", pth, "--tune", "state", "--data", corpus, "--steps",
+    run = os.path.join(work, f"{a.tune}-run")
+    rc = cli(["train", "--init-from", pth, "--tune", a.tune, "--data", corpus, "--steps",
               str(a.steps), "--batch", "2", "--seq-len", "128", "--lr", "1e-2", "--warmup", "2",
               "--eval-tokens", "512", "--threads", "2", "--precision", "fp32", "--no-progress",
               "--out", run, "--cache-dir", os.path.join(work, "cache")])
@@ -80,9 +83,13 @@ def main():
     vals = [r["val_loss"] for r in rows if "val_loss" in r]
     print(f"train loss {losses[0]:.4f} -> {losses[-1]:.4f}; val loss {vals[0]:.4f} -> "
           f"{vals[-1]:.4f}; base bit-identical: {same}")
-    out_pth, st = os.path.join(work, "base.pth"), os.path.join(work, "state.pth")
+    # a LoRA run's model comes merged (load_run); a state run's states travel apart
+    out_pth, st = os.path.join(work, "model.pth"), os.path.join(work, "state.pth")
     interop.export_model(model, "rwkv7", out_pth)
-    interop.export_model(model, "state", st)
+    if a.tune == "state":
+        interop.export_model(model, "state", st)
+    else:
+        st = "-"
     tokens = tok.encode("User: Name a colour.\n\nAssistant:").astype(np.int32)
     ours = model.forward(tokens)
     np.save(os.path.join(work, "tokens.npy"), tokens.astype(np.int64))
@@ -90,7 +97,7 @@ def main():
                         st, os.path.join(work, "ref.npy")], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
     ref = np.load(os.path.join(work, "ref.npy"))
-    print(f"rwkv package with the exported state vs ours: "
+    print(f"rwkv package with the exported {'state' if st != '-' else 'merged model'} vs ours: "
           f"{np.abs(ours - ref).max() / np.abs(ref).max():.2e} (of the largest logit)")
 
 

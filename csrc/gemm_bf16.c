@@ -681,8 +681,17 @@ rx_frozen rx_gemm_set_frozen(rx_frozen f) {
     return old;
 }
 
-static int pgemm_run(const rx_gemm_op *ops, size_t n) {
+int rx_pgemm_run(const rx_gemm_op *ops, size_t n) {
     return tl_precision == RX_PRECISION_BF16 ? rx_bgemm_batch(ops, n) : rx_sgemm_batch(ops, n);
+}
+
+/* The calling thread's adapter table (rx_gemm_set_lora): NULL when none */
+static _Thread_local const rx_lora *tl_lora;
+
+const rx_lora *rx_gemm_set_lora(const rx_lora *L) {
+    const rx_lora *old = tl_lora;
+    tl_lora = L;
+    return old;
 }
 
 /* C lies in one of the frozen spans */
@@ -695,8 +704,9 @@ static int frozen_out(const float *c) {
     return 0;
 }
 
-int rx_pgemm_batch(const rx_gemm_op *ops, size_t n) {
-    if (!tl_frozen.n) return pgemm_run(ops, n);
+/* The base products of a batch, less those of frozen tensors */
+static int pgemm_base(const rx_gemm_op *ops, size_t n) {
+    if (!tl_frozen.n) return rx_pgemm_run(ops, n);
     /* a weight-grad product of a frozen tensor: its output lies in the grad
      * arena where nothing reads it, so it is not computed at all */
     rx_gemm_op live[16];
@@ -705,9 +715,15 @@ int rx_pgemm_batch(const rx_gemm_op *ops, size_t n) {
     for (size_t i = 0; i < n && rc == RX_OK; i++) {
         if (frozen_out(ops[i].C)) continue;
         live[nl++] = ops[i];
-        if (nl == sizeof live / sizeof live[0]) rc = pgemm_run(live, nl), nl = 0;
+        if (nl == sizeof live / sizeof live[0]) rc = rx_pgemm_run(live, nl), nl = 0;
     }
-    return rc == RX_OK && nl ? pgemm_run(live, nl) : rc;
+    return rc == RX_OK && nl ? rx_pgemm_run(live, nl) : rc;
+}
+
+/* The base products, then the adapters' (lora.c) when the thread has any */
+int rx_pgemm_batch(const rx_gemm_op *ops, size_t n) {
+    const int rc = pgemm_base(ops, n);
+    return rc == RX_OK && tl_lora ? rx_lora_apply(tl_lora, ops, n) : rc;
 }
 
 int rx_pgemm(int ta, int tb, size_t M, size_t N, size_t K, const float *A, size_t lda,

@@ -74,6 +74,10 @@ int rx_infer_create(rx_ptmodel *m, int max_len, rx_infer_state **out) {
     *out = NULL;
     if (!m) return rx_fail(RX_EINVAL, "%s: model is NULL", fn);
     if (max_len < 1) return rx_fail(RX_EINVAL, "%s: max_len = %d must be >= 1", fn, max_len);
+    /* the recurrent steps know no adapters: a tuned model runs merged */
+    if (rx_ptmodel_lora_count(m, NULL, NULL))
+        return rx_fail(RX_EINVAL, "%s: the model has LoRA adapters; merge them into its "
+                       "weights first", fn);
     rx_infer_state *s = calloc(1, sizeof *s);
     if (!s) return rx_fail(RX_ENOMEM, "%s: out of memory", fn);
     s->m = m;

@@ -56,6 +56,8 @@ struct rx_ptmodel {
     int64_t *frozen;          /* [n_frozen][2] arena ranges that get no weight grads */
     int n_frozen;
     double l2wrap;            /* L2Wrap factor of every backward (0: off) */
+    rx_lora *lora;            /* LoRA adapters (rx_ptmodel_enable_lora), NULL: none */
+    int lora_on;              /* the forward and backward apply them (0 once disabled) */
 };
 
 /* ---- config and layer order ------------------------------------------ */
@@ -311,6 +313,7 @@ void rx_ptmodel_free(rx_ptmodel *m) {
     free(m->state0);
     free(m->g_state0);
     free(m->frozen);
+    rx_lora_free(m->lora);
     free(m);
 }
 
@@ -816,7 +819,9 @@ static int forward_batch(rx_ptmodel *m, const int *tokens, int B, int T, rx_pt_a
 /* forward_batch with the projections in the model's precision */
 int rx_pretrain_forward_batch(rx_ptmodel *m, const int *tokens, int B, int T, rx_pt_acts *acts) {
     const int old = rx_gemm_set_precision(m ? m->precision : RX_PRECISION_FP32);
+    const rx_lora *was = rx_gemm_set_lora(m && m->lora_on ? m->lora : NULL);
     const int rc = forward_batch(m, tokens, B, T, acts);
+    rx_gemm_set_lora(was);
     rx_gemm_set_precision(old);
     return rc;
 }
@@ -937,7 +942,10 @@ int rx_pretrain_backward_loss(rx_ptmodel *m, const rx_pt_acts *acts, const int *
     const int old = rx_gemm_set_precision(m ? m->precision : RX_PRECISION_FP32);
     const rx_frozen f = {m ? m->grads : NULL, m ? m->frozen : NULL, m ? m->n_frozen : 0};
     const rx_frozen was = rx_gemm_set_frozen(f);
+    /* a recompute's forward and the dx and weight-grad products see the adapters */
+    const rx_lora *was_lora = rx_gemm_set_lora(m && m->lora_on ? m->lora : NULL);
     const int rc = backward_batch(m, acts, targets, B, T, ignore_index, loss);
+    rx_gemm_set_lora(was_lora);
     rx_gemm_set_frozen(was);
     rx_gemm_set_precision(old);
     return rc;
@@ -1029,3 +1037,97 @@ int rx_ptmodel_set_l2wrap(rx_ptmodel *m, double factor) {
 }
 
 double rx_ptmodel_l2wrap(const rx_ptmodel *m) { return m ? m->l2wrap : 0.0; }
+
+/* ---- LoRA adapters (docs/maths.md §LoRA, lora.c) ----------------------- */
+
+/* tensor i is a projection an adapter may sit on: a block's time-mix or
+ * attention receptance/key/value/output, or its channel-mix key/value */
+static int adaptable(const rx_tensor *t) {
+    static const char *const ends[] = {".receptance_w", ".key_w", ".value_w", ".output_w",
+                                       ".ffn_key_w", ".ffn_value_w"};
+    if (strncmp(t->name, "blocks.", 7) != 0 || t->ndim != 2) return 0;
+    const size_t n = strlen(t->name);
+    for (size_t e = 0; e < sizeof ends / sizeof ends[0]; e++) {
+        const size_t k = strlen(ends[e]);
+        if (n > k && strcmp(t->name + n - k, ends[e]) == 0) return 1;
+    }
+    return 0;
+}
+
+/* L holds r, alpha and one adapter on each of params [n], in that order */
+static int same_adapters(const rx_lora *L, int r, double alpha, const int *params, int n) {
+    int lr;
+    double la;
+    if (rx_lora_count(L, &lr, &la) != n || lr != r || la != alpha) return 0;
+    for (int i = 0; i < n; i++) {
+        int p;
+        int64_t a, b;
+        if (rx_lora_adapter(L, i, &p, &a, &b) != RX_OK || p != params[i]) return 0;
+    }
+    return 1;
+}
+
+int rx_ptmodel_enable_lora(rx_ptmodel *m, int r, double alpha, const int *params, int n) {
+    static const char *const fn = "rx_ptmodel_enable_lora";
+    if (!m || !params) return rx_fail(RX_EINVAL, "%s: %s is NULL", fn, !m ? "model" : "params");
+    if (m->lora) {
+        /* a disabled model takes the very same adapters back, in their old
+         * arena (a rollback across a LoRA run's base-unfreeze); anything
+         * else would move the binding's views under its feet */
+        if (!m->lora_on && same_adapters(m->lora, r, alpha, params, n)) {
+            m->lora_on = 1;
+            return RX_OK;
+        }
+        return rx_fail(RX_EINVAL, "%s: the model has adapters already, or had others", fn);
+    }
+    if (r < 1 || n < 1) return rx_fail(RX_EINVAL, "%s: r = %d and n = %d must be >= 1", fn, r, n);
+    if (!(alpha > 0.0) || isinf(alpha))
+        return rx_fail(RX_EINVAL, "%s: alpha %g must be finite and > 0", fn, alpha);
+    rx_lora_target *t = calloc((size_t)n, sizeof *t);
+    if (!t) return rx_fail(RX_ENOMEM, "%s: out of memory", fn);
+    int rc = RX_OK;
+    for (int i = 0; i < n && rc == RX_OK; i++) {
+        const int p = params[i];
+        if (p < 0 || p >= m->n_tensors || !adaptable(&m->tensors[p])) {
+            rc = rx_fail(RX_EINVAL, "%s: tensor %d (%s) is not a block's projection", fn, p,
+                         p >= 0 && p < m->n_tensors ? m->tensors[p].name : "out of range");
+            break;
+        }
+        for (int k = 0; k < i; k++)
+            if (params[k] == p) rc = rx_fail(RX_EINVAL, "%s: tensor %d is named twice", fn, p);
+        const rx_tensor *x = &m->tensors[p];
+        t[i] = (rx_lora_target){m->params + x->off, m->grads + x->off, (size_t)x->shape[0],
+                                (size_t)x->shape[1], p};
+    }
+    if (rc == RX_OK) rc = rx_lora_create(r, alpha, t, n, &m->lora);
+    m->lora_on = rc == RX_OK;
+    free(t);
+    return rc;
+}
+
+/* the arenas stay until the model is freed: a binding's views of them stay valid */
+int rx_ptmodel_disable_lora(rx_ptmodel *m) {
+    if (!m) return rx_fail(RX_EINVAL, "rx_ptmodel_disable_lora: model is NULL");
+    m->lora_on = 0;
+    return RX_OK;
+}
+
+int rx_ptmodel_lora_count(const rx_ptmodel *m, int *r, double *alpha) {
+    return rx_lora_count(m && m->lora_on ? m->lora : NULL, r, alpha);
+}
+
+int rx_ptmodel_lora_adapter(const rx_ptmodel *m, int i, int *param, int64_t *a_off,
+                            int64_t *b_off) {
+    const int n = rx_ptmodel_lora_count(m, NULL, NULL);
+    if (i < 0 || i >= n)
+        return rx_fail(RX_EINVAL, "rx_ptmodel_lora_adapter: index %d is outside [0, %d)", i, n);
+    return rx_lora_adapter(m->lora, i, param, a_off, b_off);
+}
+
+float *rx_ptmodel_lora_arena(rx_ptmodel *m, int64_t *n) {
+    return rx_lora_arena(m && m->lora_on ? m->lora : NULL, n);
+}
+
+float *rx_ptmodel_lora_grad_arena(rx_ptmodel *m, int64_t *n) {
+    return rx_lora_grad_arena(m && m->lora_on ? m->lora : NULL, n);
+}

@@ -299,6 +299,7 @@ enum {
     RX_BUF_BF16_PACK,   /* rx_bgemm's packed operands */
     RX_BUF_NORM_PART,   /* rx_rownorm_backward's per-block dw/db partial sums */
     RX_BUF_WKV_PART,    /* a split WKV7 backward's per-row-tile column sums */
+    RX_BUF_LORA,        /* the LoRA adapters' h = s x A^T and g = s dy B (lora.c) */
     RX_BUF_N
 };
 /* Buffer `slot` of the calling thread, at least `bytes` long (contents
@@ -344,6 +345,43 @@ typedef struct {
     int n;
 } rx_frozen;
 rx_frozen rx_gemm_set_frozen(rx_frozen f);
+/* A batch of projection products in the calling thread's precision, with
+ * neither frozen spans nor adapters: what lora.c runs its own products on. */
+int rx_pgemm_run(const rx_gemm_op *ops, size_t n);
+
+/* ---- lora.c ------------------------------------------------------------
+ * LoRA adapters on projection weights (docs/maths.md §LoRA). A target is a
+ * weight W [in][out] of the parameter arena with its grad GW (the pointers
+ * the projections' products are recognised by) and its tensor index. */
+typedef struct rx_lora rx_lora;
+typedef struct {
+    const float *W, *GW;
+    size_t in, out;
+    int param;
+} rx_lora_target;
+/* t [n] (n >= 1, r >= 1) -> *out: adapters A [r][in], B [out][r], zero, in
+ * target order in one arena and its grad arena (docs/layout.md §Adapters);
+ * RX_OK or RX_ENOMEM. */
+int rx_lora_create(int r, double alpha, const rx_lora_target *t, int n, rx_lora **out);
+void rx_lora_free(rx_lora *L);
+/* The adapter count (0 for NULL), *r and *alpha (may be NULL). */
+int rx_lora_count(const rx_lora *L, int *r, double *alpha);
+/* Adapter i (0 <= i < count): its tensor index, the element offsets of its A
+ * and B in the arena. */
+int rx_lora_adapter(const rx_lora *L, int i, int *param, int64_t *a_off, int64_t *b_off);
+float *rx_lora_arena(rx_lora *L, int64_t *n);
+float *rx_lora_grad_arena(rx_lora *L, int64_t *n);
+/* The calling thread's adapter table (NULL: none), returning the old one:
+ * the model sets it for the span of its forward and backward, and
+ * rx_pgemm(_batch) then runs rx_lora_apply after each batch's base
+ * products. */
+const rx_lora *rx_gemm_set_lora(const rx_lora *L);
+/* The adapter products of base products ops[0..n), run after them:
+ * y += s (x A^T) B^T after a forward product of an adapted W, dx += s (dy B) A
+ * after its dx product, dB = s dy^T (x A^T) and dA = s (dy B)^T x in place
+ * of its weight-grad product. RX_OK, RX_ENOMEM, or RX_EINVAL for an adapted
+ * weight read in a form other than these. */
+int rx_lora_apply(const rx_lora *L, const rx_gemm_op *ops, size_t n);
 
 /* ---- head.c ------------------------------------------------------------
  * L2Wrap's grad over rows of logits: dlogits[t][am_t] += coef *

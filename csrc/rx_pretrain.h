@@ -502,6 +502,33 @@ float *rx_ptmodel_state_grad_arena(rx_ptmodel *m, int64_t *n);
 int rx_ptmodel_set_frozen_ranges(rx_ptmodel *m, const int64_t *ranges, int n);
 int rx_ptmodel_set_frozen(rx_ptmodel *m, int frozen);
 int rx_ptmodel_frozen(const rx_ptmodel *m);
+/* LoRA adapters (docs/maths.md §LoRA, docs/layout.md §Adapters): on each
+ * weight W [in][out] of params [n] (tensor indices of block projections:
+ * receptance_w, key_w, value_w, output_w, ffn_key_w, ffn_value_w, each at
+ * most once) an adapter A [r][in], B [out][r], zero until set, with
+ * W_eff = W + (alpha / r) A^T B^T (PEFT's W + s B A in torch's [out][in]).
+ * The forward and backward then compute y = x W + s (x A^T) B^T and
+ * dx = dy W^T + s (dy B) A without forming W_eff, and the backward writes
+ * dA = s (dy B)^T x, dB = s dy^T (x A^T) into the adapters' grad arena; W
+ * gets no weight grad when its range is frozen (a LoRA tune freezes the
+ * base). rx_ptmodel_enable_lora: RX_OK, RX_ENOMEM, RX_EINVAL (r or n < 1,
+ * alpha not finite > 0, a tensor that is not a block projection or named
+ * twice, the model has adapters, or had others). rx_ptmodel_disable_lora
+ * stops applying them (RX_OK; their memory stays until the model is freed,
+ * so a binding's views stay valid; the model then reports none); enabling
+ * the same r, alpha and params again applies them again, from the same
+ * arena and its contents. rx_ptmodel_lora_count: the adapter count (0: none, or NULL), *r
+ * and *alpha (may be NULL). rx_ptmodel_lora_adapter: adapter i's tensor
+ * index and its A and B element offsets in the arena (RX_EINVAL when i is
+ * out of range). The arenas: every adapter's A then B, in params order, no
+ * padding; NULL (n = 0) without adapters. */
+int rx_ptmodel_enable_lora(rx_ptmodel *m, int r, double alpha, const int *params, int n);
+int rx_ptmodel_disable_lora(rx_ptmodel *m);
+int rx_ptmodel_lora_count(const rx_ptmodel *m, int *r, double *alpha);
+int rx_ptmodel_lora_adapter(const rx_ptmodel *m, int i, int *param, int64_t *a_off,
+                            int64_t *b_off);
+float *rx_ptmodel_lora_arena(rx_ptmodel *m, int64_t *n);
+float *rx_ptmodel_lora_grad_arena(rx_ptmodel *m, int64_t *n);
 /* Block kinds in model order, one 'R' (RWKV-7) or 'A' (attention) per
  * block, NUL-terminated: "RRARRAR" for n_rwkv = 5, n_attn = 2. */
 const char *rx_ptmodel_layers(const rx_ptmodel *m);
@@ -577,8 +604,8 @@ int rx_grad_norm_l2(const float *g, size_t n, double *norm);
  * the model. */
 typedef struct rx_infer_state rx_infer_state;
 /* *out: a fresh state of model m at position 0 (NULL on failure); max_len
- * bounds the attention cache. RX_EINVAL on NULL or max_len < 1,
- * RX_ENOMEM. */
+ * bounds the attention cache. RX_EINVAL on NULL, max_len < 1 or a model
+ * with LoRA adapters (rx_ptmodel_enable_lora: merge them first), RX_ENOMEM. */
 int rx_infer_create(rx_ptmodel *m, int max_len, rx_infer_state **out);
 void rx_infer_free(rx_infer_state *s);
 /* Back to position 0 (zero carries, empty cache; WKV states zero, or the

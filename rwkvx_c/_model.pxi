@@ -19,6 +19,13 @@ cdef extern from "rx_pretrain.h" nogil:
     int rx_ptmodel_set_frozen_ranges(rx_ptmodel *m, const int64_t *ranges, int n)
     int rx_ptmodel_frozen(const rx_ptmodel *m)
     int rx_ptmodel_flags(const rx_ptmodel *m)
+    int rx_ptmodel_enable_lora(rx_ptmodel *m, int r, double alpha, const int *params, int n)
+    int rx_ptmodel_disable_lora(rx_ptmodel *m)
+    int rx_ptmodel_lora_count(const rx_ptmodel *m, int *r, double *alpha)
+    int rx_ptmodel_lora_adapter(const rx_ptmodel *m, int i, int *param, int64_t *a_off,
+                                int64_t *b_off)
+    float *rx_ptmodel_lora_arena(rx_ptmodel *m, int64_t *n)
+    float *rx_ptmodel_lora_grad_arena(rx_ptmodel *m, int64_t *n)
     int RX_PT_LN0
 
 
@@ -175,6 +182,10 @@ cdef class RxPtModel:
     cdef list _names
     cdef object _pbuf, _gbuf
     cdef object _sbuf, _sgbuf  # the initial WKV states and their grads (None until enabled)
+    cdef object _lbuf, _lgbuf  # the LoRA adapters' arena and its grads (None without)
+    cdef dict _lora, _lora_g
+    cdef int _lora_r
+    cdef double _lora_alpha
     cdef str _layers
 
     def __cinit__(self):
@@ -360,6 +371,79 @@ cdef class RxPtModel:
         cdef const int64_t[:, ::1] rv = r if r.shape[0] else np.zeros((1, 2), np.int64)
         cdef int rc = rx_ptmodel_set_frozen_ranges(self._h.m, &rv[0, 0], <int>r.shape[0])
         _check_rc(rc, "RxPtModel.freeze_ranges")
+
+    def enable_lora(self, r, alpha, names):
+        """LoRA adapters (docs/maths.md §LoRA) on the block projections
+        `names` (param names: a block's receptance_w, key_w, value_w,
+        output_w, ffn_key_w or ffn_value_w), A [r, in] and B [out, r] zero
+        to start: the forward and backward then use W + (alpha/r) A^T B^T
+        in the arena's [in, out] orientation without forming it, and the
+        backward writes lora_grads. Once per model, except that a model
+        whose adapters were disabled takes the same r, alpha and names back
+        (their arrays as disable_lora left them)."""
+        if isinstance(r, bool) or not isinstance(r, (int, np.integer)) or not 1 <= r <= _INT_MAX:
+            raise ValueError(f"r must be an int >= 1, got {r!r}")
+        idx = []
+        for n in names:
+            if n not in self._params:
+                raise ValueError(f"enable_lora: {n!r} is not a parameter")
+            idx.append(self._names.index(n))
+        cdef int[::1] iv = np.array(idx or [0], np.int32)
+        cdef int rc
+        if self._busy:
+            raise RuntimeError("RxPtModel: enable_lora while a forward or backward runs")
+        rc = rx_ptmodel_enable_lora(self._h.m, <int>r, <double>float(alpha), &iv[0], len(idx))
+        _check_rc(rc, "RxPtModel.enable_lora")
+        cdef int64_t n_el, a_off, b_off
+        cdef int param
+        cdef float *p = rx_ptmodel_lora_arena(self._h.m, &n_el)
+        self._lbuf = _arena_view(self._h, p, n_el)
+        self._lgbuf = _arena_view(self._h, rx_ptmodel_lora_grad_arena(self._h.m, NULL), n_el)
+        self._lora, self._lora_g = {}, {}
+        self._lora_r, self._lora_alpha = int(r), float(alpha)
+        for i in range(len(idx)):
+            rx_ptmodel_lora_adapter(self._h.m, i, &param, &a_off, &b_off)
+            w = self._params[self._names[param]]
+            for key, off, shp in ((".lora_A", a_off, (r, w.shape[0])),
+                                  (".lora_B", b_off, (w.shape[1], r))):
+                k = self._names[param] + key
+                self._lora[k] = self._lbuf[off:off + shp[0] * shp[1]].reshape(shp)
+                self._lora_g[k] = self._lgbuf[off:off + shp[0] * shp[1]].reshape(shp)
+
+    def disable_lora(self):
+        """Stop applying the adapters (their arrays stay valid, the model
+        then has none; only the same adapters can be enabled again)."""
+        if self._busy:
+            raise RuntimeError("RxPtModel: disable_lora while a forward or backward runs")
+        rx_ptmodel_disable_lora(self._h.m)
+        self._lbuf = self._lgbuf = self._lora = self._lora_g = None
+
+    @property
+    def lora(self):
+        """dict '{param}.lora_A' [r, in] / '{param}.lora_B' [out, r] ->
+        writable float32 views of the adapters, in adapter order; None
+        without adapters."""
+        return None if self._lora is None else dict(self._lora)
+
+    @property
+    def lora_grads(self):
+        """The adapters' grads, same keys and shapes as lora."""
+        return None if self._lora_g is None else dict(self._lora_g)
+
+    @property
+    def lora_buffer(self):
+        """1-D float32 view of every adapter (A then B each, in lora's order); None without."""
+        return self._lbuf
+
+    @property
+    def lora_grad_buffer(self):
+        """1-D float32 view of the adapters' grads, laid out as lora_buffer."""
+        return self._lgbuf
+
+    @property
+    def lora_rank(self):
+        """(r, alpha) of the adapters; None without."""
+        return None if self._lbuf is None else (self._lora_r, self._lora_alpha)
 
     @property
     def state(self):

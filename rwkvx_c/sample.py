@@ -26,6 +26,7 @@ from rwkvx_c.errors import (
 )
 from rwkvx_c.model import memory
 from rwkvx_c.model.config import ModelConfig
+from rwkvx_c.model.lora import adapters_of, run_alpha, without_adapters
 from rwkvx_c.model.weights import load_params
 from rwkvx_c.run.checkpoint import STATE_KEY, read_checkpoint
 from rwkvx_c.run.rundir import checkpoint_path
@@ -35,7 +36,8 @@ __all__ = ["load_model", "load_run", "sample_token", "generate", "checkpoint_pat
 
 def load_model(path: str) -> _core.RxPtModel:
     """An RxPtModel holding the parameters of the checkpoint at path (a run
-    folder or a .safetensors file). Raises CheckpointError when it is
+    folder or a .safetensors file): a LoRA run's with its adapters merged, a
+    state run's with its initial states. Raises CheckpointError when it is
     missing, corrupt or does not describe a model."""
     return load_run(path)[0]
 
@@ -63,6 +65,8 @@ def load_run(path: str) -> tuple[_core.RxPtModel, Tokenizer]:
         raise CheckpointError(f"checkpoint {p} holds an unusable model config ({e})") from None
     except MemoryTooSmall as e:
         raise CheckpointError(str(e)) from None
+    if adapters_of(tensors):   # a LoRA run: the model it trained, merged
+        tensors = without_adapters(tensors, run_alpha(state, p))
     load_params(model, tensors, f"checkpoint {p}")
     s0 = tensors.get(STATE_KEY)
     if s0 is not None:   # a state-tuned model starts every sequence from its states

@@ -149,6 +149,15 @@ def test_every_option_shows_its_default():
     assert seen > 40
 
 
+@pytest.mark.parametrize("cmd", ["train", "sample", "export", "import", "merge", "eval"])
+def test_every_help_renders(cmd, capsys):
+    """argparse formats each help with %: a bare % in one (20%) broke --help."""
+    from rwkvx_c.cli import main
+    with pytest.raises(SystemExit) as e:
+        main([cmd, "--help"])
+    assert e.value.code == 0 and "usage: rwkvx-c " + cmd in capsys.readouterr().out
+
+
 def test_version_and_no_abbreviated_flags(capsys):
     import rwkvx_c
     with pytest.raises(SystemExit) as e:

@@ -20,16 +20,17 @@ def _losses(rows):
     return [r["loss"] for r in rows if "loss" in r]
 
 
-@pytest.mark.parametrize("mode", ["state", "freeze"])
+@pytest.mark.parametrize("mode", ["state", "freeze", "lora"])
 def test_unfreeze_at_trains_the_base_from_that_step_and_resumes_bit_exact(tmp_path, mode):
-    model = RWKV if mode == "state" else dict(SMALL)
+    model = dict(SMALL) if mode == "freeze" else RWKV
     base = _base_run(tmp_path, model)
     tensors, _, _ = read_checkpoint(base + "/checkpoint.safetensors")
-    kw = dict(tune="state") if mode == "state" else dict(freeze="emb,head,time")
+    kw = dict(freeze="emb,head,time") if mode == "freeze" else \
+        dict(tune=mode, lora_r=3) if mode == "lora" else dict(tune=mode)
     kw.update(steps=6, lr=1e-2, save_every=2, unfreeze_at=3)
     tr = _tune(tmp_path, base, "a", **kw)
     m = tr.model
-    frozen = [n for n in m.param_names if mode == "state"
+    frozen = [n for n in m.param_names if mode != "freeze"
               or part_of(n, m.layers) in ("emb", "head", "time")]
     n_before = tr.optim.m.size
     snaps = {}
@@ -44,13 +45,18 @@ def test_unfreeze_at_trains_the_base_from_that_step_and_resumes_bit_exact(tmp_pa
         assert np.array_equal(snaps[2][n], tensors[n]), n
     assert any(not np.array_equal(snaps[3][n], tensors[n]) for n in frozen)
     assert any(not np.array_equal(snaps[6][n], snaps[3][n]) for n in frozen)
-    assert tr.optim.m.size == n_before + sum(m.params[n].size for n in frozen)
+    # the adapters, merged into the base at the switch, left the optimiser
+    kept = 0 if mode == "lora" else n_before
+    assert tr.optim.m.size == kept + sum(m.params[n].size for n in frozen)
     assert is_unfrozen(tr.optim) and tr.optim.t == 6
+    assert m.lora is None   # merged into the base (lora) or never there
     # the pieces that joined at step 3 counted their own AdamW steps from there
     starts = tr.optim.starts
-    assert set(starts) == {0, 2} and [a.t for a in tr.optim.subs] == [6 - s for s in starts]
+    assert set(starts) == ({2} if mode == "lora" else {0, 2})
+    assert [a.t for a in tr.optim.subs] == [6 - s for s in starts]
     ck, _, st = read_checkpoint(str(tmp_path / "a" / "checkpoint.safetensors"))
     assert st["unfrozen"] is True and ck["optim.m"].shape == (tr.optim.m.size,)
+    assert not any(k.endswith(".lora_A") for k in ck)   # past the switch: merged
     losses = _losses(rows)
     # resumed before the switch (step 2) it crosses it identically; after it
     # (step 4) it continues identically
@@ -84,6 +90,28 @@ def test_the_switch_keeps_the_old_moments_and_starts_the_new_at_zero(tmp_path):
     # a rollback to a checkpoint before the switch freezes the base again
     back = switched(tr.model, new, tr.opts, False)
     assert not is_unfrozen(back) and back.m.size == n_old and tr.model.frozen is True
+
+
+def test_a_lora_switch_merges_the_adapters_and_a_rollback_takes_them_back(tmp_path):
+    base = _base_run(tmp_path, RWKV)
+    tr = _tune(tmp_path, base, "l", tune="lora", lora_r=2, steps=2, unfreeze_at=3,
+               precision="fp32")   # bf16 rounds the factored and merged forms apart
+    tr.step()
+    tr.step()
+    m = tr.model
+    adapters = {k: v.copy() for k, v in m.lora.items()}
+    assert any(np.any(v) for k, v in adapters.items() if k.endswith(".lora_B"))
+    x = np.arange(7, dtype=np.int32)[None] % m.config["vocab_size"]
+    want = m.forward(x)
+    new = unfreeze(m, tr.optim, tr.opts)
+    # the merged weights give the adapted model's logits (one float32 rounding
+    # of W + s A^T B^T per weight)
+    assert m.lora is None and m.frozen is False and new.m.size == m.param_buffer.size
+    got = m.forward(x)
+    assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want))
+    back = switched(m, new, tr.opts, False)   # a rollback to before the switch
+    assert not is_unfrozen(back) and m.lora is not None and m.frozen is not False
+    assert set(m.lora) == set(adapters) and back.m.size == sum(v.size for v in adapters.values())
 
 
 def test_unfreeze_at_with_nothing_frozen_is_refused(tmp_path, capsys):

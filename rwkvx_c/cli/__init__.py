@@ -2,8 +2,9 @@
 
     rwkvx-c train [--data PATH ...] [--preset tiny|S|M|default] [--steps N] [...]
     rwkvx-c sample DIR --prompt TEXT [--max-new-tokens N] [--temperature X] [...]
-    rwkvx-c export DIR --format rwkv7|rwkvx|gguf|hf --out FILE [--dtype fp32|bf16|fp16]
+    rwkvx-c export DIR --format rwkv7|rwkvx|gguf|hf|state|lora --out FILE [--dtype ...]
     rwkvx-c import FILE.pth|HF_DIR --out DIR
+    rwkvx-c merge RUN --out DIR
     rwkvx-c eval DIR [--data PATH ...] [--lambada FILE] [--passkey] [--tasks TASK ...] [--json]
     rwkvx-c tokenizer train [DATA ...] --vocab-size N --out tok.json
 
@@ -25,7 +26,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from rwkvx_c import __version__
-from rwkvx_c.cli import eval, export, import_, sample, tokenizer, train
+from rwkvx_c.cli import eval, export, import_, merge, sample, tokenizer, train
 from rwkvx_c.cli.common import EXIT_FAILURE, EXIT_INTERRUPTED, Parser, describe_error, err
 from rwkvx_c.errors import RwkvxError
 from rwkvx_c.train.distributed import abort_job
@@ -34,7 +35,7 @@ __all__ = ["main", "build_parser"]
 
 # subcommand name -> its module (add_parser, run)
 COMMANDS = {"train": train, "sample": sample, "export": export, "import": import_,
-            "tokenizer": tokenizer, "eval": eval}
+            "merge": merge, "tokenizer": tokenizer, "eval": eval}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -6,7 +6,10 @@ import os
 
 from rwkvx_c.cli.common import Subparsers, err
 from rwkvx_c.interop.pth import DTYPES
-from rwkvx_c.interop.runs import FORMATS, export_model
+from rwkvx_c.interop.runs import FORMATS, Adapters, export_model
+from rwkvx_c.model.lora import adapters_of, run_alpha
+from rwkvx_c.run.checkpoint import read_checkpoint, read_state
+from rwkvx_c.run.rundir import checkpoint_path
 from rwkvx_c.sample import load_run
 
 __all__ = ["add_parser", "run"]
@@ -18,13 +21,16 @@ def add_parser(sub: Subparsers) -> None:
                        "the rwkv package), an RWKV-X .pth (rwkvx: the rwkv-x package), a "
                        "GGUF file (gguf: llama.cpp), a Hugging Face folder (hf: "
                        "flash-linear-attention's rwkv7 layout, rwkv7-hf, transformers), or a "
-                       "state-tuned run's initial states (state: RWKV-PEFT's time_state file). "
-                       "See docs/interop.md, docs/finetune.md.")
+                       "state-tuned run's initial states (state: RWKV-PEFT's time_state file), "
+                       "or a LoRA run's adapters (lora: RWKV-PEFT's lora_A / lora_B names; peft: a "
+                       "Hugging Face PEFT adapter folder for the hf export); a LoRA "
+                       "run's model files hold its adapters merged. See docs/interop.md, "
+                       "docs/finetune.md.")
     e.add_argument("dir", metavar="DIR", help="run folder (or checkpoint file)")
     e.add_argument("--format", required=True, choices=list(FORMATS),
                    help="the file format (required)")
     e.add_argument("--out", required=True, metavar="FILE",
-                   help="the file to write (a folder for hf) (required)")
+                   help="the file to write (a folder for hf and peft) (required)")
     e.add_argument("--dtype", default="fp32", choices=list(DTYPES),
                    help="tensor type in the file (default: fp32)")
 
@@ -38,8 +44,19 @@ def run(a: argparse.Namespace) -> int:
     # the checkpoint and, beside it, the tokenizer.json load_run read
     inputs = [a.dir, os.path.dirname(os.path.abspath(a.dir))] if os.path.isfile(a.dir) \
         else [a.dir]
-    export_model(model, a.format, a.out, a.dtype, inputs=inputs, tokenizer=tok)
+    adapters: Adapters | None = None
+    if a.format in ("lora", "peft"):   # load_run merged them: read them again
+        p = checkpoint_path(a.dir)
+        tensors, _, state = read_checkpoint(p)
+        ads = adapters_of(tensors)
+        adapters = (ads, run_alpha(state, p)) if ads else None
+    export_model(model, a.format, a.out, a.dtype, inputs=inputs, tokenizer=tok,
+                 adapters=adapters)
     print(f"rwkvx-c export: {a.out} ({a.format}, {a.dtype})")
+    opts = read_state(checkpoint_path(a.dir)).get("options") or {}
+    if opts.get("tune") == "lora" and a.format not in ("lora", "peft", "state"):
+        print("rwkvx-c export: the LoRA adapters are merged into this model; "
+              "--format lora (or peft) writes them alone")
     if model.state is not None and a.format != "state":
         print("rwkvx-c export: the model's trained initial states are not in this file; they "
               "travel separately: rwkvx-c export DIR --format state --out FILE")

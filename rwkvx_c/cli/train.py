@@ -37,8 +37,9 @@ CHAT_PROMPT = "$'User: Hi\\n\\nAssistant:'"   # bash quoting: the newlines of RW
 
 
 def _help(f: Any) -> str:
-    """A field's help, with its default unless the help already says it."""
-    h = f.metadata["help"].replace("%", "%%")   # argparse %-formats every help
+    """A field's help, with its default unless the help already says it; a
+    % escaped, as argparse formats help strings with %."""
+    h = f.metadata["help"].replace("%", "%%")
     if "default" in h or f.default is MISSING:
         return h
     return f"{h} (default: {f.default})"

@@ -38,17 +38,19 @@ from rwkvx_c.data.tokenizers import (
 )
 from rwkvx_c.errors import InteropError, TokenizerError
 from rwkvx_c.interop.pth import DTYPES
-from rwkvx_c.interop.rwkv7 import from_rwkv7, to_rwkv7
+from rwkvx_c.interop.rwkv7 import from_rwkv7, linear_prefixes, to_rwkv7
 from rwkvx_c.run.rundir import CHECKPOINT
 from rwkvx_c.util.atomic import replace_with, replacing
 
 __all__ = ["hf_refusal", "hf_config", "to_hf", "from_hf", "save_hf", "load_hf", "hf_tokenizer",
-           "HF_WEIGHTS", "BYTE_MARK"]
+           "HF_WEIGHTS", "BYTE_MARK", "PEFT_FILES", "save_peft"]
 
 HF_WEIGHTS = "model.safetensors"
 HF_INDEX = "model.safetensors.index.json"
 # every file an export may write into its folder (besides a World vocabulary)
 HF_FILES = ("config.json", HF_WEIGHTS, "tokenizer.json", "tokenizer_config.json")
+# the files of a PEFT LoRA adapter folder (save_peft)
+PEFT_FILES = ("adapter_config.json", "adapter_model.safetensors")
 # tokenizer_config.json key saying the folder's tokenizer.json is rwkvx_c's byte vocabulary
 BYTE_MARK = "rwkvx_c_tokenizer"
 _LAYER_NORM_EPS = 1e-5   # docs/maths.md: every LayerNorm of the model
@@ -231,6 +233,42 @@ def save_hf(model: RxPtModel, tokenizer: Tokenizer, out_dir: str, dtype: str = "
                  lambda tmp: st.save_file(tensors, tmp, metadata={"format": "pt"}))
     _write_json(os.path.join(out_dir, "config.json"), cfg)
     _save_tokenizer(tokenizer, out_dir, model.config["vocab_size"])
+
+
+def save_peft(model: RxPtModel, adapters: Mapping[str, tuple[np.ndarray, np.ndarray]],
+              alpha: float, out_dir: str, dtype: str = "fp32") -> None:
+    """Writes a LoRA run's adapters as a Hugging Face PEFT adapter folder for
+    the hf export of its base: adapter_config.json (LORA, r, lora_alpha,
+    target_modules: the hf names of the adapted Linears) and
+    adapter_model.safetensors ('base_model.model.{module}.lora_A.weight'
+    [r, in], '.lora_B.weight' [out, r]); PeftModel.from_pretrained puts them
+    on RWKV7ForCausalLM (tests/test_lora.py)."""
+    if dtype not in DTYPES:
+        raise InteropError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    why = hf_refusal(model.config)
+    if why:
+        raise InteropError(why)
+    torch, st = _need("the PEFT format")
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise InteropError(f"{out_dir} is a file; --format peft writes a folder")
+    td = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    names = linear_prefixes(model)
+    tensors, modules, r = {}, [], 0
+    for ours, (A, B) in adapters.items():
+        module = _hf_name(names[ours] + ".weight")[0][:-len(".weight")]
+        modules.append(module)
+        r = A.shape[0]
+        for part, a in (("lora_A", A), ("lora_B", B)):
+            tensors[f"base_model.model.{module}.{part}.weight"] = torch.from_numpy(
+                np.array(a, dtype=np.float32)).to(td)
+    cfg = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": r, "lora_alpha": alpha,
+           "target_modules": modules, "lora_dropout": 0.0, "bias": "none",
+           "fan_in_fan_out": False, "use_rslora": False, "inference_mode": True,
+           "base_model_name_or_path": None, "modules_to_save": None}
+    os.makedirs(out_dir, exist_ok=True)
+    replace_with(os.path.join(out_dir, PEFT_FILES[1]),
+                 lambda tmp: st.save_file(tensors, tmp, metadata={"format": "pt"}))
+    _write_json(os.path.join(out_dir, PEFT_FILES[0]), cfg)
 
 
 def _write_json(path: str, obj: Any) -> None:

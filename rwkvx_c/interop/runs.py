@@ -1,33 +1,51 @@
 """Between run folders and files: ``export_model`` writes a model in a
-foreign format, ``import_pth`` makes a run folder of a foreign .pth."""
+foreign format, ``import_pth`` makes a run folder of a foreign .pth,
+``merge_run`` a plain run folder of a LoRA run."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 
 from rwkvx_c._core import RxPtModel
-from rwkvx_c.data.tokenizers import WORLD_VOCAB_SIZE, ByteTokenizer, Tokenizer
-from rwkvx_c.errors import InteropError, OutputError
+from rwkvx_c.data.tokenizers import WORLD_VOCAB_SIZE, ByteTokenizer, Tokenizer, run_tokenizer
+from rwkvx_c.errors import CheckpointError, InteropError, OutputError, TokenizerError
 from rwkvx_c.interop.gguf import save_gguf
-from rwkvx_c.interop.hf import HF_FILES, from_hf, hf_tokenizer, load_hf, save_hf
+from rwkvx_c.interop.hf import (
+    HF_FILES,
+    PEFT_FILES,
+    from_hf,
+    hf_tokenizer,
+    load_hf,
+    save_hf,
+    save_peft,
+)
 from rwkvx_c.interop.pth import DTYPES, load_pth, save_pth
-from rwkvx_c.interop.rwkv7 import from_rwkv7, from_rwkvx, to_rwkv7, to_rwkvx
-from rwkvx_c.run.rundir import RunDir, claim_output, describe_entries
+from rwkvx_c.interop.rwkv7 import from_rwkv7, from_rwkvx, linear_prefixes, to_rwkv7, to_rwkvx
+from rwkvx_c.model.lora import A_SUFFIX, B_SUFFIX, run_alpha, without_adapters
+from rwkvx_c.run.checkpoint import read_checkpoint
+from rwkvx_c.run.rundir import RunDir, checkpoint_path, claim_output, describe_entries
 
-__all__ = ["FORMATS", "export_model", "import_pth", "state_dict"]
+__all__ = ["FORMATS", "Adapters", "export_model", "import_pth", "state_dict", "lora_dict",
+           "merge_run"]
 
-FORMATS = ("rwkv7", "rwkvx", "gguf", "hf", "state")
+FORMATS = ("rwkv7", "rwkvx", "gguf", "hf", "state", "lora", "peft")
+
+Adapters = tuple[Mapping[str, tuple[np.ndarray, np.ndarray]], float]   # ({param: (A, B)}, alpha)
 
 
 def export_model(model: RxPtModel, fmt: str, out: str, dtype: str = "fp32", *,
-                 inputs: Iterable[str] = (), tokenizer: Tokenizer | None = None) -> None:
+                 inputs: Iterable[str] = (), tokenizer: Tokenizer | None = None,
+                 adapters: Adapters | None = None) -> None:
     """Writes model to the file out in format fmt (rwkv7, rwkvx or gguf; hf:
     the folder out, with tokenizer's files) at dtype (fp32, bf16 or fp16),
     atomically; InteropError when the format cannot hold the model (nothing
     is written then). fmt "state": the model's trained initial WKV states
-    alone, as RWKV-PEFT saves them (state_dict). OutputError when out (for
+    alone, as RWKV-PEFT saves them (state_dict); "lora": a LoRA run's
+    adapters (the model's base is not written) under RWKV-PEFT's names at
+    dtype (lora_dict); "peft": the same as a Hugging Face PEFT adapter folder
+    for the hf export's module names (save_peft). OutputError when out (for
     hf: any file it writes there) is one of `inputs` (the model's run folder
     or file) or a run folder's own file (rwkvx_c.run.rundir.claim_output).
 
@@ -37,8 +55,8 @@ def export_model(model: RxPtModel, fmt: str, out: str, dtype: str = "fp32", *,
         raise InteropError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
     if fmt not in FORMATS:
         raise InteropError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
-    if fmt == "hf":   # a folder: each file it writes there
-        for name in HF_FILES:
+    if fmt in ("hf", "peft"):   # a folder: each file it writes there
+        for name in HF_FILES if fmt == "hf" else PEFT_FILES:
             claim_output(os.path.join(out, name), inputs)
     else:
         claim_output(out, inputs)
@@ -50,6 +68,13 @@ def export_model(model: RxPtModel, fmt: str, out: str, dtype: str = "fp32", *,
         save_hf(model, tokenizer or ByteTokenizer(), out, dtype)
     elif fmt == "state":
         save_pth(state_dict(model), out, "fp32")
+    elif fmt in ("lora", "peft"):
+        if adapters is None:
+            raise InteropError("the model has no LoRA adapters (train with --tune lora)")
+        if fmt == "lora":
+            save_pth(lora_dict(model, *adapters), out, dtype)
+        else:
+            save_peft(model, *adapters, out, dtype)
     else:
         save_gguf(model, out, dtype)
 
@@ -63,6 +88,60 @@ def state_dict(model: RxPtModel) -> dict[str, np.ndarray]:
         raise InteropError("the model has no trained initial states (train with --tune state)")
     return {f"blocks.{i}.att.time_state": np.array(s, dtype=np.float32)
             for i, s in enumerate(model.state)}
+
+
+def lora_dict(model: RxPtModel, adapters: Mapping[str, tuple[np.ndarray, np.ndarray]],
+              alpha: float) -> dict[str, np.ndarray]:
+    """RWKV-PEFT's LoRA file: '{module}.lora_A' [r, in] and '{module}.lora_B'
+    [out, r] for each adapted Linear under the export's names (x070's
+    "blocks.{i}.att.receptance", RWKV-X's "moba.{j}.att.key", ...), and
+    one-element 'lora_alpha' and 'lora_r' recording the scale alpha / r (RWKV-PEFT's
+    merge_lora.py takes alpha as an argument and reads r from the shapes,
+    and passes over keys holding "lora" that are not adapters)."""
+    names = linear_prefixes(model)
+    out: dict[str, np.ndarray] = {}
+    for ours, (A, B) in adapters.items():
+        out[names[ours] + A_SUFFIX] = np.array(A, dtype=np.float32)
+        out[names[ours] + B_SUFFIX] = np.array(B, dtype=np.float32)
+    r = next(iter(adapters.values()))[0].shape[0]
+    out["lora_alpha"] = np.array([alpha], dtype=np.float32)
+    out["lora_r"] = np.array([r], dtype=np.float32)
+    return out
+
+
+def merge_run(path: str, out_dir: str) -> str:
+    """A plain run folder out_dir holding the LoRA run at path (a run folder
+    or checkpoint) with its adapters folded into the weights (weights only,
+    as `rwkvx-c import` makes: `sample` runs it, `train --init-from` or
+    `--resume` starts a new run from it) and its tokenizer. Never writes
+    over its input; InteropError for a run without adapters."""
+    src = checkpoint_path(path)
+    try:
+        tensors, config, state = read_checkpoint(src)
+        tok = run_tokenizer(os.path.dirname(os.path.abspath(src)), state.get("tokenizer"))
+    except (CheckpointError, TokenizerError) as e:
+        raise InteropError(str(e)) from None
+    if not any(k.endswith(A_SUFFIX) for k in tensors):
+        raise InteropError(f"{path} holds no LoRA adapters (a run trained with --tune lora "
+                           "has them)")
+    run = RunDir(out_dir)
+    if run.has_checkpoint():
+        raise InteropError(f"{out_dir} already holds a checkpoint; choose another --out")
+    foreign = run.foreign_entries()
+    if foreign and not run.holds_run():
+        raise OutputError(f"{out_dir} already holds {describe_entries(foreign)} and no run; "
+                          "choose a new folder for --out")
+    claim_output(run.checkpoint, [path, src, os.path.dirname(os.path.abspath(src))])
+    try:
+        merged = without_adapters(tensors, run_alpha(state, src))
+    except CheckpointError as e:
+        raise InteropError(str(e)) from None
+    merged = {k: v for k, v in merged.items() if not k.startswith("optim.")}
+    run.create()
+    tok.save(out_dir)
+    meta = {"imported_from": os.path.abspath(path), "format": "lora-merged", "step": 0,
+            "tokenizer": tok.identity()}
+    return run.save_checkpoint(merged, config, meta)
 
 
 def import_pth(path: str, out_dir: str) -> str:

@@ -23,7 +23,8 @@ from rwkvx_c._core import RxPtModel
 from rwkvx_c.errors import InteropError
 from rwkvx_c.model.weights import load_params
 
-__all__ = ["to_rwkv7", "from_rwkv7", "rwkv7_config", "to_rwkvx", "from_rwkvx", "rwkvx_refusal"]
+__all__ = ["to_rwkv7", "from_rwkv7", "rwkv7_config", "to_rwkvx", "from_rwkvx", "rwkvx_refusal",
+           "linear_prefixes"]
 
 # sizes a model imported from x070 gets for what x070 has no tensor for:
 # MoBA settings (no attention blocks) and, with a single layer, the
@@ -315,3 +316,13 @@ def from_rwkvx(sd: Mapping[str, np.ndarray]) -> RxPtModel:
     _fill(model, sd, _rwkvx_pairs(model),
           optional=tuple(f"rwkv.blocks.0.att.{v}" for v in _VRES))
     return model
+
+
+def linear_prefixes(model: RxPtModel) -> dict[str, str]:
+    """{our matrix name: its module's name} for every Linear weight of the
+    model in the export's naming (x070 without attention blocks, RWKV-X's
+    rwkv. / moba. names with them): "blocks.0.tm.key_w" -> "blocks.0.att.key",
+    the prefix RWKV-PEFT hangs "lora_A" / "lora_B" on."""
+    pairs = _rwkvx_pairs(model) if model.config["n_attn_layer"] else _x070_pairs(model.config)
+    return {ours: theirs[:-len(".weight")] for theirs, ours, kind in pairs
+            if kind == "lin" and ours != "head"}

@@ -4,7 +4,8 @@ rules of ``rwkvx-c import`` (rwkvx_c.interop.rwkv7).
 
 read_source returns the model config, the weights by parameter name, the
 tokenizer the source was trained with (when it says) and, for a
-state-tuned source, its trained initial states; nothing of the source's
+state-tuned source, its trained initial states (a LoRA-tuned source's
+weights come merged); nothing of the source's
 optimiser or run state comes along: the fine-tune is a new run.
 """
 from __future__ import annotations
@@ -19,6 +20,7 @@ from rwkvx_c.data.tokenizers import WORLD_VOCAB_SIZE, run_tokenizer
 from rwkvx_c.errors import CheckpointError, InteropError, TokenizerError
 from rwkvx_c.interop.pth import load_pth
 from rwkvx_c.interop.rwkv7 import from_rwkv7, from_rwkvx
+from rwkvx_c.model.lora import adapters_of, run_alpha, without_adapters
 from rwkvx_c.run.checkpoint import STATE_KEY, read_checkpoint
 from rwkvx_c.run.rundir import RunDir
 
@@ -63,6 +65,11 @@ def _from_checkpoint(src: str, path: str, folder: str) -> Source:
         raise InteropError(f"--init-from {src}: {e}") from None
     weights = {k: np.array(v) for k, v in tensors.items()
                if not k.startswith("optim.") and k != STATE_KEY}
+    if adapters_of(weights):   # a LoRA run starts the next tune merged
+        try:
+            weights = without_adapters(weights, run_alpha(state, path))
+        except CheckpointError as e:
+            raise InteropError(f"--init-from {src}: {e}") from None
     s0 = tensors.get(STATE_KEY)
     ident: Any = state.get("tokenizer")
     try:

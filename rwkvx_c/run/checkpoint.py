@@ -8,9 +8,12 @@ JSON header, then the raw little-endian tensor bytes), readable by the
     ``blocks.0.tm.x_r``, ..., ``head``), float32, its own shape;
   - the AdamW moments as flat float32 arrays ``optim.m`` and ``optim.v``
     (same length and layout as the arena of what trains: the parameters,
-    or in a state-tuned run the initial states), when saved;
+    or in a state or LoRA run the states or adapters and any groups added),
+    when saved;
   - ``state0`` (STATE_KEY), the trainable initial WKV states
-    [n_rwkv_layer, H, N, N], when the model has them (docs/finetune.md).
+    [n_rwkv_layer, H, N, N], when the model has them (docs/finetune.md);
+  - a LoRA run's adapters, ``{param}.lora_A`` [r, in] and
+    ``{param}.lora_B`` [out, r] (rwkvx_c.model.lora), alpha in its options.
 
 ``__metadata__`` (string -> string, as safetensors requires) holds
 ``format`` ("rwkvx_c.checkpoint"), ``version``, ``config`` (the model

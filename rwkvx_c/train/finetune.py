@@ -7,6 +7,9 @@ trains (``--tune``).
            zero to start (or the source's trained states); the base is
            frozen: AdamW holds moments for the states alone and the base
            weights are never written (docs/finetune.md)
+    lora   only LoRA adapters A [r, in], B [out, r] on the projections
+           train (A PEFT's kaiming-uniform, B zero); the base is frozen
+           as in state (merge_adapters folds them in)
 
 The shape comes from the source: a shape option that disagrees is one
 TrainError (shape_conflicts is the one place that judges it).
@@ -26,6 +29,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rwkvx_c.errors import TrainError
+from rwkvx_c.model.lora import (
+    A_SUFFIX,
+    DEFAULT_TARGETS,
+    TARGETS,
+    adapters_of,
+    merge_into,
+    target_params,
+)
 from rwkvx_c.run.checkpoint import STATE_KEY
 from rwkvx_c.train.expand import ATTN_FIELDS, expanded_config
 from rwkvx_c.train.optim import AdamW, decay_ranges
@@ -38,7 +49,8 @@ PARTS = ("ln", "time", "emb", "head", "attn")
 
 __all__ = ["TUNE_MODES", "PARTS", "part_of", "parse_parts", "trained_names", "PartsAdamW",
            "STATE_KEY", "shape_conflicts", "from_source", "make_optimizer", "trained_tensors",
-           "restore_trained", "unfreeze", "unfreeze_due", "is_unfrozen", "switched"]
+           "restore_trained", "unfreeze", "unfreeze_due", "is_unfrozen", "switched",
+           "parse_targets", "init_adapters", "merge_adapters"]
 
 
 def shape_conflicts(src_config: Mapping[str, int], asked: Mapping[str, int]) -> list[str]:
@@ -101,10 +113,23 @@ def parse_parts(spec: str | None, flag: str) -> tuple[str, ...]:
     return parts
 
 
+def parse_targets(spec: str | None) -> tuple[str, ...]:
+    """--lora-targets "att.key,ffn.value" -> its names (None: the default
+    set); TrainError naming an unknown one."""
+    if spec is None:
+        return DEFAULT_TARGETS
+    names = tuple(p for p in spec.replace(" ", "").split(",") if p)
+    bad = [p for p in names if p not in TARGETS]
+    if bad or not names:
+        raise TrainError(f"--lora-targets: unknown target {bad[0] if bad else spec!r}; "
+                         f"choose from {', '.join(TARGETS)}")
+    return names
+
+
 def trained_names(model: RxPtModel, opts: TrainOptions) -> list[str]:
     """The parameters that train: all but --freeze's groups, or only
     --train-parts' groups (full); --train-parts' groups beside the states
-    (state)."""
+    or the adapters (state, lora)."""
     if opts.tune == "full" and not opts.train_parts:
         frozen = parse_parts(opts.freeze, "--freeze")
         return [n for n in model.param_names if part_of(n, model.layers) not in frozen]
@@ -171,11 +196,13 @@ class PartsAdamW:
 def make_optimizer(model: RxPtModel, opts: TrainOptions, ranks: int = 1) -> AdamW | PartsAdamW:
     """The AdamW over what trains, the rest frozen in C (no weight-gradient
     GEMMs): every parameter (full, the plain run), all but --freeze's groups,
-    or the initial states with --train-parts' groups (state). Matrices get
-    weight decay, vectors and states none. ranks: the data-parallel processes,
-    which average the parameter gradients only."""
-    if opts.tune == "state" and ranks > 1:
-        raise TrainError("--tune state trains in one process: the state gradients are not "
+    the initial states with --train-parts' groups (state), or the LoRA
+    adapters, made and initialised here, with --train-parts' groups (lora).
+    Matrices (adapters too) get weight decay, vectors and states none.
+    ranks: the data-parallel processes, which average the parameter
+    gradients only."""
+    if opts.tune in ("state", "lora") and ranks > 1:
+        raise TrainError(f"--tune {opts.tune} trains in one process: its gradients are not "
                          "averaged over MPI ranks")
     names = trained_names(model, opts)
     if opts.tune == "full" and len(names) == len(model.param_names):
@@ -190,6 +217,11 @@ def make_optimizer(model: RxPtModel, opts: TrainOptions, ranks: int = 1) -> Adam
         model.enable_state()
         assert model.state is not None and model.state_grad is not None
         pieces.insert(0, (model.state, model.state_grad, False))
+    if opts.tune == "lora":
+        _enable_lora(model, opts, set(names))
+        assert model.lora_buffer is not None and model.lora_grad_buffer is not None
+        # the adapters are matrices: the run's weight decay applies to them
+        pieces.insert(0, (model.lora_buffer, model.lora_grad_buffer, True))
     if not pieces:
         raise TrainError("nothing trains: every group is frozen")
     return PartsAdamW(pieces, opts)
@@ -219,12 +251,18 @@ def unfreeze(model: RxPtModel, optim: AdamW | PartsAdamW,
     count; the parameters that were frozen join as pieces (the arena's
     frozen ranges, matrices decayed as in a full run) with zero moments
     and their own step count from opts.unfreeze_at - 1, so their first
-    update is a fresh AdamW's. Returns the optimiser to use from now on
-    (optim itself when nothing was frozen). A tune mode with more to do at
-    the switch (merging adapters) extends this function."""
+    update is a fresh AdamW's. A LoRA tune's adapters are merged into the
+    base first (merge_adapters) and leave the optimiser with their moments:
+    from the switch on the merged weights train themselves. Returns the
+    optimiser to use from now on (optim itself when nothing was frozen)."""
     if isinstance(optim, AdamW) or optim.unfrozen:
         return optim
     assert opts.unfreeze_at is not None
+    drop = 0   # a LoRA tune's adapters: the piece make_optimizer put first
+    if model.lora is not None:
+        merge_adapters(model)
+        drop = 1
+    skip = sum(p.size for p, _, _ in optim.pieces[:drop])
     frozen = _frozen_ranges(model, trained_names(model, opts))
     model.freeze_ranges(np.zeros((0, 2), np.int64))
     decay = decay_ranges(model)
@@ -232,9 +270,10 @@ def unfreeze(model: RxPtModel, optim: AdamW | PartsAdamW,
     for b, e in frozen.tolist():
         r = np.clip(decay, b, e) - b
         new.append((model.param_buffer[b:e], model.grad_buffer[b:e], r[r[:, 1] > r[:, 0]]))
-    out = PartsAdamW(optim.pieces + new, opts, optim.starts + [opts.unfreeze_at - 1] * len(new),
-                     unfrozen=True)
-    out.m[:optim.m.size], out.v[:optim.v.size] = optim.m, optim.v
+    out = PartsAdamW(optim.pieces[drop:] + new, opts,
+                     optim.starts[drop:] + [opts.unfreeze_at - 1] * len(new), unfrozen=True)
+    n = optim.m.size - skip
+    out.m[:n], out.v[:n] = optim.m[skip:], optim.v[skip:]
     out.t = optim.t
     return out
 
@@ -270,14 +309,61 @@ def _offset(view: np.ndarray, base: np.ndarray) -> int:
     return (view.__array_interface__["data"][0] - base.__array_interface__["data"][0]) // 4
 
 
+def _enable_lora(model: RxPtModel, opts: TrainOptions, trained: set[str]) -> None:
+    """The adapters of --lora-targets on model, initialised from the run's seed."""
+    names = target_params(model.layers, parse_targets(opts.lora_targets))
+    if not names:
+        raise TrainError(f"--lora-targets {opts.lora_targets} names no projection of this "
+                         f"model (its blocks are {model.layers}: R RWKV, A attention)")
+    both = [n for n in names if n in trained]
+    if both:
+        raise TrainError(f"{both[0]} would train twice, under --train-parts and as a LoRA "
+                         "target; drop one")
+    model.enable_lora(opts.lora_r, opts.lora_alpha, names)
+    init_adapters(model, opts.seed)
+
+
+def init_adapters(model: RxPtModel, seed: int) -> None:
+    """PEFT's init: every A kaiming-uniform with a = sqrt(5), U(-1/sqrt(in),
+    1/sqrt(in)), drawn adapter by adapter from one generator of seed; B zero,
+    so the tuned model starts as the base."""
+    assert model.lora is not None
+    rng = np.random.default_rng([seed, 0x10A])
+    for k, v in model.lora.items():
+        if k.endswith(A_SUFFIX):
+            bound = 1.0 / math.sqrt(v.shape[1])
+            v[...] = rng.uniform(-bound, bound, v.shape).astype(np.float32)
+        else:
+            v[...] = 0.0
+
+
+def merge_adapters(model: RxPtModel) -> None:
+    """Fold the adapters into the weights they sit on (W + (alpha/r) A^T B^T,
+    rounded once to float32) and stop applying them: the model then is the
+    merged one, with no adapters. No-op without adapters."""
+    if model.lora is None or model.lora_rank is None:
+        return
+    merge_into(model.params, adapters_of(model.lora), model.lora_rank[1])
+    model.disable_lora()
+
+
 def trained_tensors(model: RxPtModel) -> dict[str, np.ndarray]:
     """What a checkpoint stores beside the parameters: the initial states
-    when the model has them."""
-    return {} if model.state is None else {STATE_KEY: model.state}
+    and the LoRA adapters when the model has them."""
+    out = {} if model.state is None else {STATE_KEY: model.state}
+    out.update(model.lora or {})
+    return out
 
 
 def restore_trained(model: RxPtModel, tensors: Mapping[str, np.ndarray], what: str) -> None:
-    """The initial states of a checkpoint (or an init source) into model."""
+    """The initial states and the adapters of a checkpoint (or an init
+    source) into model."""
+    for k, v in (model.lora or {}).items():
+        t = tensors.get(k)
+        if t is None or t.shape != v.shape:
+            raise TrainError(f"{what} lacks the adapter {k} of shape {v.shape}"
+                             + ("" if t is None else f" (it has {t.shape})"))
+        v[...] = t
     t = tensors.get(STATE_KEY)
     if t is None:
         return

@@ -28,7 +28,7 @@ __all__ = ["TrainOptions", "auto_precision", "PRECISIONS", "TUNE_MODES", "DEFAUL
            "saved_options", "apply_changes", "model_vocab"]
 
 PRECISIONS = ("fp32", "bf16", "auto")
-TUNE_MODES = ("full", "state")   # what trains (rwkvx_c.train.finetune)
+TUNE_MODES = ("full", "state", "lora")   # what trains (rwkvx_c.train.finetune)
 DEFAULT_STEPS = 1000      # a preset with neither steps nor a time budget
 MAX_TOKENS_PER_STEP = 2 ** 31 - 1   # B * T indexes int32 arrays in the C API
 
@@ -143,9 +143,10 @@ class TrainOptions:
     init_from: str | None = _opt(None, "start from these weights: a run folder, a "
                                  "checkpoint or an x070 / RWKV-X .pth (a new run at step 0; "
                                  "shape and tokenizer from SRC)", metavar="SRC")
-    tune: str = _opt("full", "what trains: every parameter, or (state) one initial WKV "
-                     "state per RWKV block with the rest frozen", choices=TUNE_MODES)
-    train_parts: str | None = _opt(None, "with --tune state, these groups train too; with "
+    tune: str = _opt("full", "what trains: every parameter, (state) one initial WKV "
+                     "state per RWKV block, or (lora) LoRA adapters on the projections, "
+                     "the rest frozen", choices=TUNE_MODES)
+    train_parts: str | None = _opt(None, "with --tune state or lora, these groups train too; with "
                                    "--tune full, only these train (attn: RWKV-X's "
                                    "--only_train_moba): a comma list of ln, time (lerp, decay, "
                                    "gate vectors and their LoRAs), emb, head, attn",
@@ -153,9 +154,20 @@ class TrainOptions:
     freeze: str | None = _opt(None, "with --tune full, hold these groups fixed (as "
                               "--train-parts)", metavar="G,G")
     unfreeze_at: int | None = _opt(None, "the base-unfreeze: from step STEP on everything "
-                                   "trains (a state tune's states too); the parameters that "
-                                   "were frozen start with zero AdamW moments",
+                                   "trains (a state tune's states too; a LoRA tune's "
+                                   "adapters are merged into the base there); the parameters "
+                                   "that were frozen start with zero AdamW moments",
                                    kind="pos_int", metavar="STEP")
+    lora_r: int = _opt(32, "with --tune lora, the adapters' rank r", kind="pos_int",
+                       metavar="R")
+    lora_alpha: float = _opt(32.0, "with --tune lora, the adapters' alpha: W + (alpha/r) B A",
+                             kind="pos_float", metavar="X")
+    lora_targets: str | None = _opt(None, "with --tune lora, the projections that get "
+                                    "adapters, a comma list of att.receptance, att.key, "
+                                    "att.value, att.output, ffn.key, ffn.value (RWKV blocks), "
+                                    "attn.q, attn.k, attn.v, attn.o, attn.ffn.key, "
+                                    "attn.ffn.value (attention blocks) (default: all but the "
+                                    "attn.ffn ones)", metavar="T,T")
 
     # options a resumed run may change without changing what it computes
     RESUMABLE = ("steps", "time_budget", "eval_every", "save_every", "threads", "cache_dir",
@@ -207,6 +219,11 @@ class TrainOptions:
         pos("grad_clip", self.grad_clip, integer=False, allow_zero=True)
         pos("adam_eps", self.adam_eps, integer=False, allow_zero=True)
         pos("l2wrap", self.l2wrap, integer=False, allow_zero=True)
+        pos("lora_r", self.lora_r)
+        pos("lora_alpha", self.lora_alpha, integer=False)
+        for k in ("train_parts", "freeze", "lora_targets"):
+            if getattr(self, k) is not None and not isinstance(getattr(self, k), str):
+                raise TrainError(f"{k} must be a comma list of names, got {getattr(self, k)!r}")
         if not isinstance(self.grad_cp, (bool, np.bool_)):
             raise TrainError(f"grad_cp must be true or false, got {self.grad_cp!r}")
 
@@ -245,12 +262,14 @@ class TrainOptions:
             raise TrainError("give --train-parts (what trains) or --freeze (what does not), "
                              "not both")
         if self.freeze and self.tune != "full":
-            raise TrainError("--freeze holds groups of --tune full fixed; --tune state "
+            raise TrainError(f"--freeze holds groups of --tune full fixed; --tune {self.tune} "
                              "freezes the whole base already")
         if self.unfreeze_at is not None and self.tune == "full" and not self.freeze \
                 and not self.train_parts:
             raise TrainError("--unfreeze-at unfreezes a frozen base: give it with --tune state, "
                              "--freeze or --train-parts (in a plain full run everything trains)")
+        if self.tune != "lora" and self.lora_targets:
+            raise TrainError("--lora-targets names the adapters of --tune lora")
         if self.init not in SCHEMES:
             raise TrainError(f"unknown init {self.init!r}; choose one of {', '.join(SCHEMES)}")
         assert self.batch is not None and self.seq_len is not None   # pos() checked them

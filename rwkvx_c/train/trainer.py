@@ -228,8 +228,10 @@ class Trainer:
             raise TrainError(f"the corpus changed since the checkpoint: it was "
                              f"{state.get('corpus')}, it is now {self.corpus.description}")
         c = saved_counters(state)
-        self._load_params(tensors)
+        # the side of the base-unfreeze first: past it a LoRA run's checkpoint
+        # holds the merged base and no adapters, before it both
         self.optim = switched(self.model, self.optim, self.opts, bool(state.get("unfrozen")))
+        self._load_params(tensors)
         n = self.optim.m.size
         for key, buf in (("optim.m", self.optim.m), ("optim.v", self.optim.v)):
             if key not in tensors or tensors[key].shape != (n,):

@@ -10,6 +10,9 @@
  *   noalloc_step    -> prints "allocations fp32 N" and "allocations bf16 N"
  *                      for one forward + backward + grad norm + AdamW step
  *                      after a warm-up step of the same precision
+ *   noalloc_step FLAGS HEAD_ROWS lora
+ *                   -> the same with LoRA adapters on every projection and
+ *                      the base frozen (a LoRA tune's step)
  */
 #define _GNU_SOURCE
 #include <stdint.h>
@@ -59,7 +62,27 @@ static int step(rx_ptmodel *m, rx_pt_acts *acts, const int *tok, const int *tgt,
     return rc;
 }
 
-/* argv: [RX_ACTS_* flags [head_rows]]; with flags, L2Wrap on too */
+/* LoRA adapters of rank 8 on every block projection of m, A nonzero, the base frozen */
+static int add_lora(rx_ptmodel *m) {
+    static const char *const ends[] = {"receptance_w", "key_w", "value_w", "output_w"};
+    int idx[64], n = 0, rc = RX_OK;
+    for (int i = 0; i < rx_ptmodel_num_params(m) && n < 64; i++) {
+        const char *name;
+        rx_ptmodel_param(m, i, &name, NULL, NULL, NULL);
+        const size_t len = strlen(name);
+        for (int e = 0; e < 4; e++) {
+            const size_t k = strlen(ends[e]);
+            if (len > k && strcmp(name + len - k, ends[e]) == 0) idx[n++] = i;
+        }
+    }
+    rc = rx_ptmodel_enable_lora(m, 8, 16.0, idx, n);
+    int64_t na = 0;
+    float *a = rc == RX_OK ? rx_ptmodel_lora_arena(m, &na) : NULL;
+    for (int64_t i = 0; i < na; i++) a[i] = (float)((i * 37) % 11 - 5) * 0.01f;
+    return rc == RX_OK ? rx_ptmodel_set_frozen(m, 1) : rc;
+}
+
+/* argv: [RX_ACTS_* flags [head_rows [lora]]]; with flags, L2Wrap on too */
 int main(int argc, char **argv) {
     const int flags = argc > 1 ? atoi(argv[1]) : 0, head_rows = argc > 2 ? atoi(argv[2]) : 0;
     /* large enough that the norms, GEMMs and cross-entropy take their
@@ -78,6 +101,7 @@ int main(int argc, char **argv) {
     int rc = rx_model_create(&cfg, 0, 0, &m);
     if (rc == RX_OK) rc = rx_pt_acts_create_opts(m, B, T, flags, head_rows, &acts);
     if (rc == RX_OK && flags) rc = rx_ptmodel_set_l2wrap(m, 1e-4);
+    if (rc == RX_OK && argc > 3 && strcmp(argv[3], "lora") == 0) rc = add_lora(m);
     if (rc == RX_OK) rx_ptmodel_param_arena(m, &n);
     float *mom = calloc((size_t)n + 1, sizeof(float)), *vel = calloc((size_t)n + 1, sizeof(float));
     if (rc != RX_OK || !mom || !vel) {

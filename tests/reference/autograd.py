@@ -99,6 +99,12 @@ class Var:
                           (lambda g: g @ b.T,
                            lambda g: a.reshape(-1, a.shape[-1]).T @ g.reshape(-1, g.shape[-1])))
 
+    @property
+    def T(self):
+        """The transpose of a matrix."""
+        assert self.ndim == 2
+        return self._make(self.value.T, (self,), (lambda g: g.T,))
+
     # -- unary functions
     def _unary(self, value, dfdx):
         return self._make(value, (self,), (lambda g: g * dfdx,))

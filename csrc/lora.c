@@ -1,0 +1,262 @@
+/* SPDX-License-Identifier: AGPL-3.0-or-later AND Apache-2.0
+ *
+ * lora.c -- LoRA adapters on the projection weights (docs/maths.md §LoRA,
+ * docs/layout.md §Adapters), in factored form: W_eff = W + s A^T B^T in the
+ * arena's [in][out] orientation (s = alpha / r, A [r][in], B [out][r]),
+ * never materialised in a step.
+ *
+ * The adapters stay out of every kernel. The model sets its adapter table
+ * for the span of its forward and backward (rx_gemm_set_lora), and
+ * rx_pgemm_batch hands each batch, after its base products, to
+ * rx_lora_apply, which recognises the products of an adapted weight W by
+ * its pointers:
+ *
+ *     forward   y  = x W           (B operand W, no transposes)  y  += (s x A^T) B^T
+ *     dx        dx = dy W^T        (B operand W, tb = 1)          dx += (s dy B) A
+ *     weight    dW = x^T dy        (C the grad of W, ta = 1)      dB  = dy^T (s x A^T)
+ *                                                                 dA  = (s dy B)^T x
+ *
+ * The base's weight-grad product is skipped by its frozen span; the dA, dB
+ * products overwrite the adapter grads (each weight has one weight-grad
+ * product per backward). A batch's adapter work runs as two batches of
+ * GEMMs in the projections' precision: first every h = s x A^T and
+ * g = s dy B (one g when a weight's dx and weight-grad products share a
+ * batch), then every product that reads them. Each is one rx_pgemm-class
+ * GEMM, so the result has the same bits at any thread count.
+ */
+#include <string.h>
+
+#include "rx_internal.h"
+
+typedef struct {
+    const float *W, *GW;   /* base weight [in][out] and its grad: the keys */
+    float *A, *B, *dA, *dB;
+    size_t in, out;
+    int param;
+} adapter;
+
+struct rx_lora {
+    int r, n;
+    double alpha;
+    float s;               /* alpha / r */
+    size_t n_elems;
+    float *arena, *grads;  /* [n_elems] each: per adapter A [r][in], then B [out][r] */
+    adapter *ad;
+};
+
+/* ---- the adapters' arena (rx_internal.h) -------------------------------- */
+
+void rx_lora_free(rx_lora *L) {
+    if (!L) return;
+    free(L->arena);
+    free(L->grads);
+    free(L->ad);
+    free(L);
+}
+
+/* t [n] targets -> *out, the adapters zeroed in target order */
+int rx_lora_create(int r, double alpha, const rx_lora_target *t, int n, rx_lora **out) {
+    static const char *const fn = "rx_ptmodel_enable_lora";
+    *out = NULL;
+    rx_lora *L = calloc(1, sizeof *L);
+    if (!L) return rx_fail(RX_ENOMEM, "%s: out of memory", fn);
+    L->r = r;
+    L->n = n;
+    L->alpha = alpha;
+    L->s = (float)(alpha / r);
+    L->ad = calloc((size_t)n, sizeof *L->ad);
+    for (int i = 0; i < n; i++) L->n_elems += (size_t)r * (t[i].in + t[i].out);
+    L->arena = rx_fcalloc(L->n_elems);
+    L->grads = rx_fcalloc(L->n_elems);
+    if (!L->ad || !L->arena || !L->grads) {
+        rx_lora_free(L);
+        return rx_fail(RX_ENOMEM, "%s: out of memory for %d adapters", fn, n);
+    }
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        adapter *a = &L->ad[i];
+        a->W = t[i].W;
+        a->GW = t[i].GW;
+        a->in = t[i].in;
+        a->out = t[i].out;
+        a->param = t[i].param;
+        a->A = L->arena + off;
+        a->dA = L->grads + off;
+        off += (size_t)r * a->in;
+        a->B = L->arena + off;
+        a->dB = L->grads + off;
+        off += a->out * (size_t)r;
+    }
+    *out = L;
+    return RX_OK;
+}
+
+int rx_lora_count(const rx_lora *L, int *r, double *alpha) {
+    if (r) *r = L ? L->r : 0;
+    if (alpha) *alpha = L ? L->alpha : 0.0;
+    return L ? L->n : 0;
+}
+
+int rx_lora_adapter(const rx_lora *L, int i, int *param, int64_t *a_off, int64_t *b_off) {
+    const adapter *a = &L->ad[i];
+    if (param) *param = a->param;
+    if (a_off) *a_off = (int64_t)(a->A - L->arena);
+    if (b_off) *b_off = (int64_t)(a->B - L->arena);
+    return RX_OK;
+}
+
+float *rx_lora_arena(rx_lora *L, int64_t *n) {
+    if (n) *n = L ? (int64_t)L->n_elems : 0;
+    return L ? L->arena : NULL;
+}
+
+float *rx_lora_grad_arena(rx_lora *L, int64_t *n) {
+    if (n) *n = L ? (int64_t)L->n_elems : 0;
+    return L ? L->grads : NULL;
+}
+
+/* ---- the hook ------------------------------------------------------------ */
+
+enum { J_FWD, J_DX, J_WGRAD };
+
+typedef struct {
+    int kind;
+    const adapter *a;
+    const float *x, *dy;   /* x [rows][in] (ld ldx), dy [rows][out] (ld ldy) */
+    size_t ldx, ldy, rows;
+    float *C;              /* y or dx, ld ldc (J_FWD, J_DX) */
+    size_t ldc;
+    float *h, *g;          /* [rows][r] scratch: s x A^T, s dy B */
+    int g_from;            /* J_DX: index of the J_WGRAD job whose g it shares, else -1 */
+} job;
+
+#define LORA_OPS 16
+
+/* the adapter on the weight at p, or NULL */
+static const adapter *by_weight(const rx_lora *L, const float *p) {
+    for (int i = 0; i < L->n; i++)
+        if (L->ad[i].W == p) return &L->ad[i];
+    return NULL;
+}
+
+/* the adapter whose weight's grad is at p, or NULL */
+static const adapter *by_grad(const rx_lora *L, const float *p) {
+    for (int i = 0; i < L->n; i++)
+        if (L->ad[i].GW == p) return &L->ad[i];
+    return NULL;
+}
+
+/* The adapter job of base product o, if it is one (kind < 0: none);
+ * RX_EINVAL when a product reads an adapted weight in a form the adapter
+ * does not know (a new kernel calling a projection differently). */
+static int classify(const rx_lora *L, const rx_gemm_op *o, job *j) {
+    const adapter *a;
+    j->kind = -1;
+    j->g_from = -1;
+    if (o->M == 0 || o->N == 0 || o->K == 0) return RX_OK;
+    if ((a = by_weight(L, o->B)) != NULL) {
+        if (o->ta || (o->tb ? o->N != a->in || o->K != a->out : o->K != a->in || o->N != a->out))
+            return rx_fail(RX_EINVAL, "rx_pgemm: a product reads an adapted weight [%zu, %zu] "
+                           "as ta = %d, tb = %d, %zu x %zu x %zu", a->in, a->out, o->ta, o->tb,
+                           o->M, o->N, o->K);
+        j->kind = o->tb ? J_DX : J_FWD;
+        j->a = a;
+        j->rows = o->M;
+        if (o->tb) j->dy = o->A, j->ldy = o->lda;
+        else j->x = o->A, j->ldx = o->lda;
+        j->C = o->C;
+        j->ldc = o->ldc;
+        return RX_OK;
+    }
+    if ((a = by_grad(L, o->C)) != NULL) {
+        if (!o->ta || o->tb || o->M != a->in || o->N != a->out || o->beta != 0.0f)
+            return rx_fail(RX_EINVAL, "rx_pgemm: a weight-grad product of an adapted weight "
+                           "[%zu, %zu] as ta = %d, tb = %d, %zu x %zu x %zu, beta %g", a->in,
+                           a->out, o->ta, o->tb, o->M, o->N, o->K, (double)o->beta);
+        j->kind = J_WGRAD;
+        j->a = a;
+        j->rows = o->K;
+        j->x = o->A, j->ldx = o->lda;
+        j->dy = o->B, j->ldy = o->ldb;
+    }
+    return RX_OK;
+}
+
+/* p [n] *= s */
+static void scale(float *p, size_t n, float s) {
+    for (size_t i = 0; i < n; i++) p[i] *= s;
+}
+
+/* The adapter products of up to LORA_OPS base products ops[0..n), run
+ * after those */
+static int apply_chunk(const rx_lora *L, const rx_gemm_op *ops, size_t n) {
+    job jb[LORA_OPS];
+    size_t nj = 0, need = 0;
+    const size_t r = (size_t)L->r;
+    for (size_t i = 0; i < n; i++) {
+        int rc = classify(L, &ops[i], &jb[nj]);
+        if (rc != RX_OK) return rc;
+        if (jb[nj].kind >= 0) nj++;
+    }
+    if (!nj) return RX_OK;
+    /* a dx job shares the g of its weight's weight-grad job over the same dy */
+    for (size_t i = 0; i < nj; i++) {
+        if (jb[i].kind != J_DX) continue;
+        for (size_t k = 0; k < nj; k++)
+            if (jb[k].kind == J_WGRAD && jb[k].a == jb[i].a && jb[k].dy == jb[i].dy &&
+                jb[k].ldy == jb[i].ldy && jb[k].rows == jb[i].rows)
+                jb[i].g_from = (int)k;
+    }
+    for (size_t i = 0; i < nj; i++)
+        need += jb[i].rows * r * (jb[i].kind == J_WGRAD ? 2 : 1);
+    float *buf = rx_thread_buffer(RX_BUF_LORA, need * sizeof(float));
+    if (!buf) return rx_fail(RX_ENOMEM, "rx_pgemm: out of memory for the adapters' scratch");
+    rx_gemm_op p1[2 * LORA_OPS], p2[2 * LORA_OPS];
+    size_t n1 = 0, n2 = 0;
+    for (size_t i = 0; i < nj; i++) {
+        job *j = &jb[i];
+        const adapter *a = j->a;
+        const size_t rows = j->rows;
+        if (j->kind != J_DX) {   /* h = x A^T [rows][r] */
+            j->h = buf, buf += rows * r;
+            p1[n1++] = (rx_gemm_op){0, 1, rows, r, a->in, j->x, j->ldx, a->A, a->in, 0.0f, j->h, r};
+        }
+        if (j->kind != J_FWD && j->g_from < 0) {   /* g = dy B [rows][r] */
+            j->g = buf, buf += rows * r;
+            p1[n1++] = (rx_gemm_op){0, 0, rows, r, a->out, j->dy, j->ldy, a->B, r, 0.0f, j->g, r};
+        }
+    }
+    int rc = rx_pgemm_run(p1, n1);
+    if (rc != RX_OK) return rc;
+    for (size_t i = 0; i < nj; i++) {
+        job *j = &jb[i];
+        if (j->kind != J_DX) scale(j->h, j->rows * r, L->s);
+        if (j->kind != J_FWD && j->g_from < 0) scale(j->g, j->rows * r, L->s);
+    }
+    for (size_t i = 0; i < nj; i++) {
+        job *j = &jb[i];
+        const adapter *a = j->a;
+        const size_t rows = j->rows;
+        if (j->g_from >= 0) j->g = jb[j->g_from].g;
+        switch (j->kind) {
+        case J_FWD:   /* y += h B^T */
+            p2[n2++] = (rx_gemm_op){0, 1, rows, a->out, r, j->h, r, a->B, r, 1.0f, j->C, j->ldc};
+            break;
+        case J_DX:    /* dx += g A */
+            p2[n2++] = (rx_gemm_op){0, 0, rows, a->in, r, j->g, r, a->A, a->in, 1.0f, j->C, j->ldc};
+            break;
+        default:      /* dB = dy^T h, dA = g^T x */
+            p2[n2++] = (rx_gemm_op){1, 0, a->out, r, rows, j->dy, j->ldy, j->h, r, 0.0f, a->dB, r};
+            p2[n2++] = (rx_gemm_op){1, 0, r, a->in, rows, j->g, r, j->x, j->ldx, 0.0f, a->dA,
+                                    a->in};
+        }
+    }
+    return rx_pgemm_run(p2, n2);
+}
+
+int rx_lora_apply(const rx_lora *L, const rx_gemm_op *ops, size_t n) {
+    int rc = RX_OK;
+    for (size_t b = 0; b < n && rc == RX_OK; b += LORA_OPS)
+        rc = apply_chunk(L, ops + b, n - b < LORA_OPS ? n - b : LORA_OPS);
+    return rc;
+}
