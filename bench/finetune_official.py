@@ -1,16 +1,18 @@
-"""The state-tune path end to end at the 0.1B shape: a random x070 .pth in
-the official names and layouts (C 768, 12 blocks, head size 64, the World
-vocabulary), state-tuned by `rwkvx-c train --init-from`, its states exported
-and run by the `rwkv` package beside the merged base; with --tune lora,
-LoRA-tuned, and the merged model exported and run by the `rwkv` package.
+"""Fine-tuning end to end at the 0.1B shape: a random x070 .pth in the
+official names and layouts (C 768, 12 blocks, head size 64, the World
+vocabulary) is state-tuned and LoRA-tuned by `rwkvx-c train --init-from`
+on a chat .jsonl (SFT: the loss on the assistant turns alone); the state
+run's states are exported beside its base, the LoRA run's merged model is
+exported, and the `rwkv` package runs each.
 
-    python bench/finetune_official.py [WORKDIR] [--steps 20] [--tune lora]
+    python bench/finetune_official.py [WORKDIR] [--steps 20] [--tune state|lora|both]
+        [--data CHAT.jsonl]
 
-Prints the loss of the first and last steps, whether the base stayed
-bit-identical, and the rwkv package's logits against ours (max |diff| / max
-|logit|, fp32). Needs torch and rwkv (".[torch,world]"). The corpus is a
-few chat turns written as plain text in RWKV's chat format (User: /
-Assistant:, a blank line between turns)."""
+Prints per tune: the training and validation loss at the first and last
+steps, whether the base stayed bit-identical in the checkpoint, and the
+rwkv package's logits against ours (max |diff| / max |logit|, fp32), and
+one JSON line with the same. Needs torch and rwkv (".[torch,world]"). The
+default data is tests/data/chat.jsonl (made-up conversations)."""
 import argparse
 import json
 import os
@@ -23,8 +25,11 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 
-CHAT = [("What is RWKV?", "An RNN with the quality of a transformer."),
-        ("Name a colour.", "Blue."), ("How many legs has a cat?", "Four.")]
+CHAT = os.path.join(os.path.dirname(HERE), "tests", "data", "chat.jsonl")
+# the learning rate of each tune: RWKV-PEFT's state-tuning demo starts at lr 1
+# (a state has no scale of its own to keep); the LoRA rate moves the
+# adapters on a random base within a few steps
+LR = {"state": "1", "lora": "1e-2"}
 
 _RWKV = """
 import os, sys
@@ -42,18 +47,61 @@ np.save(sys.argv[4], out.float().numpy())
 """
 
 
-def main():
-    from test_interop import _official_dict
-
+def tune(mode, pth, data, steps, work):
+    """Tune pth by mode on data; check the base, export, run the rwkv package."""
     from rwkvx_c import interop
     from rwkvx_c.cli import main as cli
     from rwkvx_c.run.checkpoint import read_checkpoint
     from rwkvx_c.sample import load_run
 
+    run = os.path.join(work, f"{mode}-run")
+    rc = cli(["train", "--init-from", pth, "--tune", mode, "--data", data, "--steps",
+              str(steps), "--batch", "2", "--seq-len", "128", "--lr", LR[mode], "--warmup", "2",
+              "--eval-tokens", "512", "--eval-every", str(max(1, steps // 2)), "--threads", "2",
+              "--precision", "fp32", "--no-progress", "--out", run, "--cache-dir",
+              os.path.join(work, "cache")])
+    assert rc == 0
+    model, tok = load_run(run)     # a LoRA run's model comes merged
+    tensors, _, _ = read_checkpoint(os.path.join(run, "checkpoint.safetensors"))
+    src = interop.read_source(pth)
+    same = all(np.array_equal(tensors[n], src.weights[n]) for n in model.param_names)
+    with open(os.path.join(run, "log.jsonl")) as f:
+        rows = [json.loads(x) for x in f]
+    losses = [r["loss"] for r in rows if "loss" in r]
+    vals = [r["val_loss"] for r in rows if "val_loss" in r]
+    # a state run's states travel apart from its base
+    out_pth = os.path.join(work, f"{mode}-model.pth")
+    st = os.path.join(work, "state.pth") if mode == "state" else "-"
+    interop.export_model(model, "rwkv7", out_pth)
+    if mode == "state":
+        interop.export_model(model, "state", st)
+    tokens = tok.encode("User: Name a colour.\n\nAssistant:").astype(np.int32)
+    ours = model.forward(tokens)
+    np.save(os.path.join(work, "tokens.npy"), tokens.astype(np.int64))
+    r = subprocess.run([sys.executable, "-c", _RWKV, out_pth, os.path.join(work, "tokens.npy"),
+                        st, os.path.join(work, "ref.npy")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    ref = np.load(os.path.join(work, "ref.npy"))
+    err = float(np.abs(ours - ref).max() / np.abs(ref).max())
+    print(f"{mode}: train loss {losses[0]:.4f} -> {losses[-1]:.4f}; val loss {vals[0]:.4f} -> "
+          f"{vals[-1]:.4f}; base bit-identical: {same}; rwkv package with the exported "
+          f"{'state' if mode == 'state' else 'merged model'} vs ours: {err:.2e} of the largest "
+          "logit", flush=True)
+    return {"tune": mode, "loss_first": losses[0], "loss_last": losses[-1],
+            "val_first": vals[0], "val_last": vals[-1], "base_identical": same,
+            "rwkv_rel_err": err}
+
+
+def main():
+    from test_interop import _official_dict
+
+    from rwkvx_c import interop
+
     ap = argparse.ArgumentParser()
     ap.add_argument("work", nargs="?", default=None)
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--tune", choices=["state", "lora"], default="state")
+    ap.add_argument("--tune", choices=["state", "lora", "both"], default="both")
+    ap.add_argument("--data", default=CHAT)
     a = ap.parse_args()
     work = a.work or tempfile.mkdtemp(prefix="rwkvx_ft_")
     os.makedirs(work, exist_ok=True)
@@ -64,41 +112,8 @@ def main():
     sd["head.weight"] *= 0.1
     pth = os.path.join(work, "official-0.1B.pth")
     interop.save_pth(sd, pth, "fp32")
-    corpus = os.path.join(work, "chat.txt")
-    with open(corpus, "w") as f:
-        f.write("".join(f"User: {q}\n\nAssistant: {r}\n\n" for q, r in CHAT * 200))
-    run = os.path.join(work, f"{a.tune}-run")
-    rc = cli(["train", "--init-from", pth, "--tune", a.tune, "--data", corpus, "--steps",
-              str(a.steps), "--batch", "2", "--seq-len", "128", "--lr", "1e-2", "--warmup", "2",
-              "--eval-tokens", "512", "--threads", "2", "--precision", "fp32", "--no-progress",
-              "--out", run, "--cache-dir", os.path.join(work, "cache")])
-    assert rc == 0
-    model, tok = load_run(run)
-    tensors, _, _ = read_checkpoint(os.path.join(run, "checkpoint.safetensors"))
-    src = interop.read_source(pth)
-    same = all(np.array_equal(tensors[n], src.weights[n]) for n in model.param_names)
-    with open(os.path.join(run, "log.jsonl")) as f:
-        rows = [json.loads(x) for x in f]
-    losses = [r["loss"] for r in rows if "loss" in r]
-    vals = [r["val_loss"] for r in rows if "val_loss" in r]
-    print(f"train loss {losses[0]:.4f} -> {losses[-1]:.4f}; val loss {vals[0]:.4f} -> "
-          f"{vals[-1]:.4f}; base bit-identical: {same}")
-    # a LoRA run's model comes merged (load_run); a state run's states travel apart
-    out_pth, st = os.path.join(work, "model.pth"), os.path.join(work, "state.pth")
-    interop.export_model(model, "rwkv7", out_pth)
-    if a.tune == "state":
-        interop.export_model(model, "state", st)
-    else:
-        st = "-"
-    tokens = tok.encode("User: Name a colour.\n\nAssistant:").astype(np.int32)
-    ours = model.forward(tokens)
-    np.save(os.path.join(work, "tokens.npy"), tokens.astype(np.int64))
-    r = subprocess.run([sys.executable, "-c", _RWKV, out_pth, os.path.join(work, "tokens.npy"),
-                        st, os.path.join(work, "ref.npy")], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-2000:]
-    ref = np.load(os.path.join(work, "ref.npy"))
-    print(f"rwkv package with the exported {'state' if st != '-' else 'merged model'} vs ours: "
-          f"{np.abs(ours - ref).max() / np.abs(ref).max():.2e} (of the largest logit)")
+    for mode in ("state", "lora") if a.tune == "both" else (a.tune,):
+        print(json.dumps(tune(mode, pth, a.data, a.steps, work)), flush=True)
 
 
 if __name__ == "__main__":

@@ -173,6 +173,18 @@ def run(a: argparse.Namespace) -> int:
     return EXIT_INTERRUPTED if interrupted else 0
 
 
+def _origin(o: Any) -> str:
+    """Where the weights come from and what of them trains."""
+    if not o.init_from:
+        return f"preset {o.preset}, init {o.init}"
+    what = f"tune {o.tune}" + (f" r {o.lora_r} alpha {o.lora_alpha:g}" if o.tune == "lora"
+                               else "")
+    for flag, v in (("train-parts", o.train_parts), ("freeze", o.freeze),
+                    ("unfreeze-at", o.unfreeze_at)):
+        what += f", {flag} {v}" if v else ""
+    return f"from {o.init_from} ({what})"
+
+
 def _print_header(tr: Trainer, out: str, group: ProcessGroup, resumed: bool) -> None:
     """What the run is: data, tokens, model, training set-up."""
     o = tr.opts
@@ -184,8 +196,7 @@ def _print_header(tr: Trainer, out: str, group: ProcessGroup, resumed: bool) -> 
     print(f"rwkvx-c train: {out}\n"
           f"  data   {tr.corpus.description}\n"
           f"  tokens {tr.tokenizer.identity()['name']}, vocab {tr.model.config['vocab_size']:,}\n"
-          f"  model  preset {o.preset}, layers {m.layers}, {m.n_params:,} params, "
-          f"init {o.init}\n"
+          f"  model  {_origin(o)}, layers {m.layers}, {m.n_params:,} params\n"
           f"  train  batch {o.batch} x seq_len {o.seq_len}, lr {o.lr:g}, stop after {stop_by}, "
           + (f"{threads} threads" if group.size == 1 else
              f"{group.size} ranks x {threads} threads per rank")
