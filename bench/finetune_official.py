@@ -6,7 +6,13 @@ run's states are exported beside its base, the LoRA run's merged model is
 exported, and the `rwkv` package runs each.
 
     python bench/finetune_official.py [WORKDIR] [--steps 20] [--tune state|lora|both]
-        [--data CHAT.jsonl]
+        [--data CHAT.jsonl] [--pretrain 40] [--pretrain-data docs/]
+
+A state has nothing to steer in a random model (its logits sit at the
+uniform guess whatever the state), so the random .pth is first trained in
+full for --pretrain steps on plain text (the repository's docs/) and
+exported again in the official layout: that .pth is the base both tunes
+start from, as a real fine-tune starts from a trained model.
 
 Prints per tune: the training and validation loss at the first and last
 steps, whether the base stayed bit-identical in the checkpoint, and the
@@ -45,6 +51,23 @@ if sys.argv[3] != "-":
 out, _ = m.forward(np.load(sys.argv[2]).tolist(), state, full_output=True)
 np.save(sys.argv[4], out.float().numpy())
 """
+
+
+def pretrain(pth, data, steps, work):
+    """pth trained in full for steps on data, exported in the official layout."""
+    from rwkvx_c import interop
+    from rwkvx_c.cli import main as cli
+    from rwkvx_c.sample import load_run
+
+    run = os.path.join(work, "base-run")
+    rc = cli(["train", "--init-from", pth, "--data", data, "--steps", str(steps), "--batch", "2",
+              "--seq-len", "128", "--lr", "1e-3", "--warmup", "2", "--eval-tokens", "512",
+              "--threads", "2", "--precision", "fp32", "--no-progress", "--out", run,
+              "--cache-dir", os.path.join(work, "cache")])
+    assert rc == 0
+    out = os.path.join(work, "base-0.1B.pth")
+    interop.export_model(load_run(run)[0], "rwkv7", out)
+    return out
 
 
 def tune(mode, pth, data, steps, work):
@@ -102,6 +125,8 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--tune", choices=["state", "lora", "both"], default="both")
     ap.add_argument("--data", default=CHAT)
+    ap.add_argument("--pretrain", type=int, default=40, metavar="STEPS")
+    ap.add_argument("--pretrain-data", default=os.path.join(os.path.dirname(HERE), "docs"))
     a = ap.parse_args()
     work = a.work or tempfile.mkdtemp(prefix="rwkvx_ft_")
     os.makedirs(work, exist_ok=True)
@@ -110,8 +135,18 @@ def main():
     # a smaller head: random logits as wide as _official_dict's start above the
     # uniform guess, which the divergence guard takes for a blown-up run
     sd["head.weight"] *= 0.1
+    # RWKV-7's own decay spectrum (docs/layout.md §Init), slow channels to
+    # fast, for the random one: an initial state acts through what the heads
+    # remember, and random decays forget it within a few tokens
+    i = np.arange(768)
+    zig = ((i % 64) - 31.5) / 31.5 * np.abs(((i % 64) - 31.5) / 31.5)
+    for L in range(12):
+        w0 = -6 + 6 * (i / 767) ** (1 + (L / 11) ** 0.3) + 0.5 + 2.5 * zig
+        sd[f"blocks.{L}.att.w0"] = w0.reshape(1, 1, 768).astype(np.float32)
     pth = os.path.join(work, "official-0.1B.pth")
     interop.save_pth(sd, pth, "fp32")
+    if a.pretrain:
+        pth = pretrain(pth, a.pretrain_data, a.pretrain, work)
     for mode in ("state", "lora") if a.tune == "both" else (a.tune,):
         print(json.dumps(tune(mode, pth, a.data, a.steps, work)), flush=True)
 

@@ -19,7 +19,7 @@ from rwkvx_c.cli import main
 from rwkvx_c.data import cache as cache_mod
 from rwkvx_c.data.chat import IGNORE, SEPARATOR, render, segments
 from rwkvx_c.data.pipeline import load_corpus
-from rwkvx_c.data.sampler import BatchSampler, eval_starts
+from rwkvx_c.data.sampler import BatchSampler, conversation_starts, eval_starts
 from rwkvx_c.data.tokenizers import load as load_tokenizer
 from rwkvx_c.errors import DataError, TokenizerError
 from rwkvx_c.train import Trainer
@@ -123,12 +123,29 @@ def test_no_counted_target_crosses_a_separator(tmp_path):
         seen += int(counted.sum())
     assert seen > 0
     # and the targets the sampler counts are exactly the reference's
-    s = BatchSampler(c.train, 4, 32, seed=5, mask=c.train_mask)
     rng = np.random.Generator(np.random.PCG64(5))
     starts = rng.integers(0, len(c.train) - 32, size=4)
-    x, y = s.next()
+    x, y = BatchSampler(c.train, 4, 32, seed=5, mask=c.train_mask).next()
     rx_, ry, rk = windows(c.train, c.train_mask, starts, 32)
     assert np.array_equal(x, rx_) and np.array_equal(y, np.where(rk, ry, IGNORE))
+    # aligned (a state tune's), every window starts a conversation (the split's
+    # first token or one after a separator) and holds an assistant token
+    T = 64
+    conv = [o for o in [0] + [i + 1 for i in range(len(c.train) - T - 1)
+                              if c.train[i] == SEPARATOR]
+            if o + T + 1 <= len(c.train) and c.train_mask[o + 1:o + T + 1].any()]
+    assert 0 < len(conv) < np.count_nonzero(c.train[:-T - 1] == SEPARATOR)
+    rng = np.random.Generator(np.random.PCG64(5))
+    starts = np.array(conv)[rng.integers(0, len(conv), size=4)]
+    x, y = BatchSampler(c.train, 4, T, seed=5, mask=c.train_mask, aligned=True).next()
+    rx_, ry, rk = windows(c.train, c.train_mask, starts, T)
+    assert np.array_equal(x, rx_) and np.array_equal(y, np.where(rk, ry, IGNORE))
+    conv = conversation_starts(c.train, c.train_mask, T)   # eval's: never overlapping
+    ev = eval_starts(len(c.train), T, 100, conv)
+    assert len(ev) > 2
+    assert np.all(np.diff(ev) >= 64) and set(ev.tolist()) <= set(conv.tolist())
+    with pytest.raises(DataError, match="raise --seq-len"):
+        BatchSampler(c.train, 4, 8, seed=5, mask=c.train_mask, aligned=True)
 
 
 BAD = [
@@ -270,3 +287,24 @@ def test_the_tokens_are_what_the_rwkv_package_feeds_a_chat(tmp_path):
         assert ids.tolist() == want
         demo += 1
     assert demo > 20
+
+
+def test_a_state_tune_starts_every_window_at_a_conversation(tmp_path):
+    """A state tune's training and validation windows start where
+    conversations do (the state is what a chat starts from); a full tune's
+    start anywhere."""
+    from test_finetune import _base_run, _tune
+    data = tmp_path / "many.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"Say {i}.", "response": f"{i}, done."}) + "\n"
+                            for i in range(400)))
+    base = _base_run(tmp_path, RWKV)
+    tr = _tune(tmp_path, base, "s", tune="state", data=str(data), seq_len=40, eval_tokens=200)
+    c = tr.corpus
+    starts = set(conversation_starts(c.train, c.train_mask, 40).tolist())
+    assert tr.sampler.starts is not None and set(tr.sampler.starts.tolist()) == starts
+    conv = conversation_starts(c.val, c.val_mask, 40)
+    for row in tr.val_x:   # each window is the split at one of its conversation starts
+        assert any(np.array_equal(row, c.val[o:o + 40]) for o in conv.tolist())
+    tr.run()
+    full = _tune(tmp_path, base, "f", data=str(data), seq_len=40, eval_tokens=200)
+    assert full.sampler.starts is None

@@ -12,7 +12,7 @@ from typing import Any
 from rwkvx_c import _core
 from rwkvx_c.cli.common import Subparsers, err, positive_int, unit_float
 from rwkvx_c.data.pipeline import load_corpus
-from rwkvx_c.data.sampler import eval_starts
+from rwkvx_c.data.sampler import conversation_starts, eval_starts
 from rwkvx_c.errors import EvalError
 from rwkvx_c.eval import metrics, passkey
 from rwkvx_c.run.checkpoint import read_state
@@ -146,7 +146,10 @@ def _score_corpus(a: argparse.Namespace, model: _core.RxPtModel, tok: Any,
                         f"{model.config['vocab_size']}")
     if a.split == "val":
         n = max(1, (a.eval_tokens or int(opts.get("eval_tokens") or 32768)) // T)
-        parts = [(corpus.val, eval_starts(len(corpus.val), T, n), corpus.val_mask)]
+        mk = corpus.val_mask   # a state tune's windows start at conversations, as it trained
+        conv = conversation_starts(corpus.val, mk, T) \
+            if mk is not None and opts.get("tune") == "state" else None
+        parts = [(corpus.val, eval_starts(len(corpus.val), T, n, conv), corpus.val_mask)]
     else:
         parts = [(t, metrics.consecutive_starts(len(t), T), mk) for t, mk in
                  ((corpus.train, corpus.train_mask), (corpus.val, corpus.val_mask))]

@@ -164,10 +164,13 @@ class Trainer:
         opts = self.opts
         # every rank draws the global batch and trains on its rows of it
         c = self.corpus   # a chat corpus's masks make its untrained targets IGNORE
-        self.sampler = BatchSampler(c.train, opts.batch, opts.seq_len, opts.seed, c.train_mask)
+        aligned = opts.tune == "state"   # its windows start where conversations do
+        self.sampler = BatchSampler(c.train, opts.batch, opts.seq_len, opts.seed, c.train_mask,
+                                    aligned)
         self._rows = self.group.rows(opts.batch)
         self.val_x, self.val_y = eval_windows(c.val, opts.seq_len,
-                                              max(1, opts.eval_tokens // opts.seq_len), c.val_mask)
+                                              max(1, opts.eval_tokens // opts.seq_len), c.val_mask,
+                                              aligned)
         # val_bpb divides by the text bytes the validation targets decode to
         self.val_bytes = target_bytes(self.val_y, c.token_bytes, c.is_bytes)
 
