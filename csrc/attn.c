@@ -74,6 +74,7 @@ typedef struct {
     size_t *idx;    /* [nt][2][TILE] per-thread tile rows: query, rank */
     double *l;      /* [nt][TILE] */
     float *tile;    /* [nt][ATTN_TILE_FLOATS] see attn_tile */
+    int carved;     /* kmean .. pl carved from the acts' memory, not owned */
 } attn_work;
 
 #define ATTN_TILE_FLOATS(N) (3 * ATTN_TILE * (N) + 2 * ATTN_TILE * ATTN_TILE + 2 * ATTN_TILE)
@@ -100,13 +101,15 @@ static int attn_dims_init(const rx_attn_params *P, int B, int T, attn_dims *d) {
 }
 
 static void attn_work_free(attn_work *w) {
-    free(w->kmean);
-    free(w->sel);
-    free(w->lse);
-    free(w->dd);
-    free(w->part);
-    free(w->pm);
-    free(w->pl);
+    if (!w->carved) {
+        free(w->kmean);
+        free(w->sel);
+        free(w->lse);
+        free(w->dd);
+        free(w->part);
+        free(w->pm);
+        free(w->pl);
+    }
     free(w->gates);
     free(w->idx);
     free(w->l);
@@ -140,17 +143,41 @@ static int attn_params_fail(const char *fn, const rx_attn_params *P, int B, int 
                    fn, P->c, P->n_head, P->head_size, P->chunk_size, P->cm.c, P->cm.ffn_dim);
 }
 
-/* Everything zeroed first, so attn_work_free is safe after a failure. */
-static int attn_work_alloc(const attn_dims *d, attn_work *w, int backward) {
+/* Floats of the model's (backward) scratch kmean .. pl carved in one
+ * piece, each a whole number of 64-byte lines (kmean as doubles, sel as
+ * ints: 2 and 1 floats an element); 0 past the address space. */
+static size_t attn_work_floats(const attn_dims *d) {
+    const size_t BH = d->B * d->H, BHT = BH * d->T;
+    if (BHT > SIZE_MAX / 64 / (d->kk + 1) / (d->N + 1) || BH * d->nck > SIZE_MAX / 64 / d->N)
+        return 0;
+    return rx_lines(2 * BH * d->nck * d->N) + 4 * rx_lines(BHT * d->kk) + 2 * rx_lines(BHT) +
+           rx_lines(BHT * d->kk * d->N);
+}
+
+/* Everything zeroed first, so attn_work_free is safe after a failure.
+ * mem: attn_work_floats floats that kmean .. pl are carved from (a
+ * backward's), or NULL (each its own allocation). */
+static int attn_work_alloc(const attn_dims *d, attn_work *w, int backward, float *mem) {
     const size_t BHT = d->B * d->H * d->T;
     memset(w, 0, sizeof *w);
-    w->kmean = (double *)rx_alloc(d->B * d->H * d->nck * d->N, sizeof(double));
-    w->sel = (int *)rx_alloc(BHT * d->kk, sizeof(int));
-    w->lse = rx_falloc(BHT);
-    w->dd = backward ? rx_falloc(BHT) : NULL;
-    w->part = (float *)rx_alloc(BHT * d->kk, d->N * sizeof(float));
-    w->pm = rx_falloc(BHT * d->kk);
-    w->pl = rx_falloc(BHT * d->kk);
+    if (mem) {
+        w->carved = 1;
+        w->kmean = (double *)(void *)rx_carve(&mem, 2 * d->B * d->H * d->nck * d->N);
+        w->sel = (int *)(void *)rx_carve(&mem, BHT * d->kk);
+        w->lse = rx_carve(&mem, BHT);
+        w->dd = rx_carve(&mem, BHT);
+        w->part = rx_carve(&mem, BHT * d->kk * d->N);
+        w->pm = rx_carve(&mem, BHT * d->kk);
+        w->pl = rx_carve(&mem, BHT * d->kk);
+    } else {
+        w->kmean = (double *)rx_alloc(d->B * d->H * d->nck * d->N, sizeof(double));
+        w->sel = (int *)rx_alloc(BHT * d->kk, sizeof(int));
+        w->lse = rx_falloc(BHT);
+        w->dd = backward ? rx_falloc(BHT) : NULL;
+        w->part = (float *)rx_alloc(BHT * d->kk, d->N * sizeof(float));
+        w->pm = rx_falloc(BHT * d->kk);
+        w->pl = rx_falloc(BHT * d->kk);
+    }
     if (!w->kmean || !w->sel || !w->lse || (backward && !w->dd) || !w->part || !w->pm ||
         !w->pl || attn_work_threads(d, w) != RX_OK) {
         attn_work_free(w);
@@ -711,7 +738,7 @@ int rx_attn_score_av_forward(const rx_attn_params *P, const float *q, const floa
     RX_SPAN_ADD(&out, "y", y, BTC);
     int rc = rx_spans_check(fn, &out, &in);
     if (rc != RX_OK) return rc;
-    if (attn_work_alloc(&d, &w, 0) != RX_OK) return rx_fail(RX_ENOMEM, "%s: out of memory", fn);
+    if (attn_work_alloc(&d, &w, 0, NULL) != RX_OK) return rx_fail(RX_ENOMEM, "%s: out of memory", fn);
     rc = attn_core_forward(&d, q, k, v, &w, y, p);
     attn_work_free(&w);
     return rc;
@@ -738,7 +765,7 @@ int rx_attn_score_av_backward(const rx_attn_params *P, const float *q, const flo
     int rc = rx_spans_check(fn, &out, &in);
     if (rc != RX_OK) return rc;
     float *y = rx_falloc(BTC);
-    if (!y || attn_work_alloc(&d, &w, 1) != RX_OK) {
+    if (!y || attn_work_alloc(&d, &w, 1, NULL) != RX_OK) {
         free(y);
         return rx_fail(RX_ENOMEM, "%s: out of memory", fn);
     }
@@ -796,7 +823,7 @@ void rx_attn_acts_free(rx_attn_acts *S) {
 }
 
 /* the [BT] buffers: 8 of C and one of F, each a whole number of 64-byte
- * lines; 0 on bad sizes */
+ * lines, then the core's scratch (attn_work_floats); 0 on bad sizes */
 size_t rx_attn_acts_floats(const rx_attn_params *P, size_t B, size_t T) {
     attn_dims d;
     if (B > INT32_MAX || T > INT32_MAX || !attn_dims_init(P, (int)B, (int)T, &d) ||
@@ -804,7 +831,9 @@ size_t rx_attn_acts_floats(const rx_attn_params *P, size_t B, size_t T) {
         return 0;
     const size_t rc = (B * T * d.C + 15) & ~(size_t)15;
     const size_t rf = (B * T * (size_t)P->cm.ffn_dim + 15) & ~(size_t)15;
-    return rc > SIZE_MAX / 16 || rf > SIZE_MAX / 4 ? 0 : 8 * rc + rf;
+    const size_t nw = attn_work_floats(&d);
+    return !nw || rc > SIZE_MAX / 32 || rf > SIZE_MAX / 8 || nw > SIZE_MAX / 4 ? 0
+                                                                                : 8 * rc + rf + nw;
 }
 
 /* mem NULL: the buffers in an allocation of its own */
@@ -817,13 +846,15 @@ static rx_attn_acts *attn_acts_make(const rx_attn_params *P, size_t B, size_t T,
     S->B = B;
     S->T = T;
     S->mem = mem ? NULL : rx_falloc(n);
-    if ((!mem && !S->mem) || attn_work_alloc(&d, &S->w, 1) != RX_OK) {
+    const size_t rc = (B * T * d.C + 15) & ~(size_t)15;
+    const size_t rf = (B * T * (size_t)P->cm.ffn_dim + 15) & ~(size_t)15;
+    float *f = mem ? mem : S->mem;
+    /* the core's scratch follows the buffers */
+    if (!f || attn_work_alloc(&d, &S->w, 1, f + 8 * rc + rf) != RX_OK) {
         free(S->mem);
         free(S);
         return NULL;
     }
-    const size_t rc = (B * T * d.C + 15) & ~(size_t)15;
-    float *f = mem ? mem : S->mem;
     float **bufs[] = {&S->h1, &S->q, &S->k, &S->v, &S->y, &S->x1, &S->h2, &S->xk};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++, f += rc) *bufs[i] = f;
     S->hid = f;

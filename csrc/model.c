@@ -549,8 +549,10 @@ static struct rx_pt_saved *saved_new(const rx_ptmodel *m, size_t B, size_t T, in
     const rx_block_params *shape_of = &m->rwkv[recompute ? m->cfg.n_rwkv_layer - 1 : 0];
     const size_t BT = B * T, C = (size_t)m->cfg.n_embd, F = (size_t)m->cfg.ffn_dim;
     size_t nwork = na ? RX_ATTN_WORK(BT, C, F) : 0;
-    for (int i = 0; i < m->cfg.n_rwkv_layer; i++)
-        if (rx_block_work(&m->rwkv[i], BT) > nwork) nwork = rx_block_work(&m->rwkv[i], BT);
+    for (int i = 0; i < m->cfg.n_rwkv_layer; i++) {
+        const size_t w = (recompute ? rx_block_work_lean : rx_block_work)(&m->rwkv[i], BT);
+        if (w > nwork) nwork = w;
+    }
     s->rwkv = calloc((size_t)n, sizeof *s->rwkv);
     s->attn = calloc((size_t)(na ? na : 1), sizeof *s->attn);
     s->work = rx_falloc(nwork);
@@ -570,10 +572,11 @@ static struct rx_pt_saved *saved_new(const rx_ptmodel *m, size_t B, size_t T, in
         return NULL;
     }
     if (recompute) {
-        size_t nr = rx_block_acts_floats(shape_of, B, T);
+        /* the lean set: part of it in the blocks' backward scratch */
+        size_t nr = rx_block_acts_floats_lean(shape_of, B, T);
         const size_t nat = na ? rx_attn_acts_floats(&m->attn[0], B, T) : 0;
         s->shared = rx_falloc(nr > nat ? nr : nat);
-        if (s->shared) rx_block_acts_carve(&s->rwkv[0], shape_of, B, T, s->shared);
+        if (s->shared) rx_block_acts_carve_lean(&s->rwkv[0], shape_of, B, T, s->shared, s->work);
         s->n = s->shared ? 1 : 0;
         s->attn[0] = s->shared && na ? rx_attn_acts_new_in(&m->attn[0], B, T, s->shared) : NULL;
         s->na = s->attn[0] ? 1 : 0;
@@ -754,13 +757,13 @@ static int block_forward(rx_ptmodel *m, const rx_pt_acts *acts, int L, float *ou
 
 /* Under recompute, block L's intermediates back in the shared set unless
  * it holds them already: its forward again from its kept input (the same
- * inputs and kernels, so the same bits), its output into scratch [B*T][C]
- * and v_first left as it is. */
-static int block_recompute(rx_ptmodel *m, const rx_pt_acts *acts, int L, float *scratch) {
+ * inputs and kernels, so the same bits), without the block output (and the
+ * channel-mix value projection that only it reads), v_first left as it is. */
+static int block_recompute(rx_ptmodel *m, const rx_pt_acts *acts, int L) {
     const struct rx_pt_saved *s = acts->saved;
     const int i = m->block_idx[L];
     if (!s->recompute || (m->layers[L] == 'A' ? s->held_a : s->held_r) == i) return RX_OK;
-    return block_forward_vf(m, acts, L, scratch, 0);
+    return block_forward_vf(m, acts, L, NULL, 0);
 }
 
 /* tokens: [B][T]; fills acts: block_in, v_first, lnout, logits */
@@ -886,8 +889,10 @@ static int backward_batch(rx_ptmodel *m, const rx_pt_acts *acts, const int *targ
     for (int L = m->n_blocks - 1; L >= 0 && rc == RX_OK; L--) {
         const float *x = acts->block_in + (size_t)L * rowc;
         int i = m->block_idx[L];
-        /* dnext is free until this block's backward writes its dx there */
-        rc = block_recompute(m, acts, L, dnext);
+        rc = block_recompute(m, acts, L);
+        /* a block's backward takes the scratch that holds part of the lean
+         * set and overwrites the rest of it: the shared sets hold no block */
+        acts->saved->held_r = acts->saved->held_a = -1;
         if (rc != RX_OK) break;
         if (m->layers[L] == 'A') {
             rc = rx_attn_backward_acts(&m->attn[i], attn_acts(acts->saved, i), x, NULL, dcur,
