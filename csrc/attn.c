@@ -150,7 +150,7 @@ static size_t attn_work_floats(const attn_dims *d) {
     const size_t BH = d->B * d->H, BHT = BH * d->T;
     if (BHT > SIZE_MAX / 64 / (d->kk + 1) / (d->N + 1) || BH * d->nck > SIZE_MAX / 64 / d->N)
         return 0;
-    return rx_lines(2 * BH * d->nck * d->N) + 4 * rx_lines(BHT * d->kk) + 2 * rx_lines(BHT) +
+    return rx_lines(2 * BH * d->nck * d->N) + 3 * rx_lines(BHT * d->kk) + 2 * rx_lines(BHT) +
            rx_lines(BHT * d->kk * d->N);
 }
 
