@@ -780,14 +780,20 @@ int rx_attn_score_av_backward(const rx_attn_params *P, const float *q, const flo
 
 /* x: [B][T][C] -> h1 = ln1(x), q, k, v, y = attention (w: selection, lse),
  * all [B][T][C] */
-static int attn_front(const rx_attn_params *P, const attn_dims *d, const float *x, float *h1,
-                      float *q, float *k, float *v, float *y, attn_work *w) {
+/* x: [B][T][C] -> h1 = ln1(x), q, k, v = h1 . {receptance_w, key_w, value_w} */
+static int attn_qkv(const rx_attn_params *P, const attn_dims *d, const float *x, float *h1,
+                    float *q, float *k, float *v) {
     const size_t BT = d->B * d->T, C = d->C;
     rx_rownorm_forward(x, P->ln1_w, P->ln1_b, h1, NULL, NULL, BT, C, 1, RX_LN_EPS);
     const rx_gemm_op qkv[3] = {{0, 0, BT, C, C, h1, C, P->receptance_w, C, 0.0f, q, C},
                                {0, 0, BT, C, C, h1, C, P->key_w, C, 0.0f, k, C},
                                {0, 0, BT, C, C, h1, C, P->value_w, C, 0.0f, v, C}};
-    int rc = rx_pgemm_batch(qkv, 3);
+    return rx_pgemm_batch(qkv, 3);
+}
+
+static int attn_front(const rx_attn_params *P, const attn_dims *d, const float *x, float *h1,
+                      float *q, float *k, float *v, float *y, attn_work *w) {
+    int rc = attn_qkv(P, d, x, h1, q, k, v);
     return rc == RX_OK ? attn_core_forward(d, q, k, v, w, y, NULL) : rc;
 }
 
@@ -880,6 +886,44 @@ static int attn_grads_ok(const rx_attn_grads *G) {
     return G && G->ln1_w && G->ln1_b && G->receptance_w && G->key_w && G->value_w &&
            G->output_w && G->ln2_w && G->ln2_b && G->cm.ffn_x_k && G->cm.ffn_key_w &&
            G->cm.ffn_value_w;
+}
+
+/* The core's products the backward reads, kept per block under recompute:
+ * y [BT][C], sel [B*H][T][kk] (as ints), lse [B*H][T], each a whole number
+ * of 64-byte lines; 0 on bad sizes */
+size_t rx_attn_kept_floats(const rx_attn_params *P, size_t B, size_t T) {
+    attn_dims d;
+    if (B > INT32_MAX || T > INT32_MAX || !attn_dims_init(P, (int)B, (int)T, &d)) return 0;
+    const size_t BT = B * T, BHT = BT * d.H;
+    if (BT > SIZE_MAX / 64 / d.C || BHT > SIZE_MAX / 64 / (d.kk + 1)) return 0;
+    return rx_lines(BT * d.C) + rx_lines(BHT * d.kk) + rx_lines(BHT);
+}
+
+void rx_attn_acts_bind(rx_attn_acts *S, const rx_attn_params *P, float *kept) {
+    attn_dims d;
+    if (!attn_dims_init(P, (int)S->B, (int)S->T, &d)) return;
+    const size_t BT = S->B * S->T, BHT = BT * d.H;
+    S->y = rx_carve(&kept, BT * d.C);
+    S->w.sel = (int *)(void *)rx_carve(&kept, BHT * d.kk);
+    S->w.lse = rx_carve(&kept, BHT);
+}
+
+/* Everything but the core's y, sel and lse, which S holds from a forward
+ * of the same x (rx_attn_acts_bind): the projections, the residual and the
+ * channel-mix hidden, no block output. */
+int rx_attn_forward_kept(const rx_attn_params *P, const float *x, const float *cm_xprev_init,
+                         rx_attn_acts *S) {
+    attn_dims d;
+    static const char *const fn = "rx_attn_forward_kept";
+    const char *nul = rx_first_null(RX_NULLS(S, x), RX_NAMES("S", "x"), 2);
+    if (nul) return rx_fail(RX_EINVAL, "%s: %s is NULL", fn, nul);
+    if (!attn_block_ok(P, (int)S->B, (int)S->T, &d))
+        return attn_params_fail(fn, P, (int)S->B, (int)S->T);
+    int rc = attn_qkv(P, &d, x, S->h1, S->q, S->k, S->v);
+    if (rc == RX_OK) rc = attn_residual(P, &d, x, S->y, S->x1, S->h2);
+    if (rc == RX_OK)
+        rc = rx_cm_forward_acts(&P->cm, S->h2, cm_xprev_init, S->xk, S->hid, NULL, d.B, d.T);
+    return rc;
 }
 
 /* x: [B][T][C]; cm_xprev_init: [B][C] or NULL; out: [B][T][C] or NULL

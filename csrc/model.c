@@ -509,6 +509,9 @@ struct rx_pt_saved {
     int held_r, held_a;    /* recompute: the blocks the shared sets hold, -1 none */
     rx_block_acts view0;   /* recompute: rwkv[0] as RWKV block 0 sees it */
     float *shared;         /* recompute: the region rwkv[0] and attn[0] share */
+    float *kept;           /* recompute: [n_attn_layer][kept_n] each attention block's
+                            * core products (rx_attn_kept_floats), never recomputed */
+    size_t kept_n;
 };
 
 /* The intermediates of RWKV block i. Under recompute the shared set is
@@ -520,8 +523,12 @@ static rx_block_acts *rwkv_acts(struct rx_pt_saved *s, int i) {
     return i == 0 ? &s->view0 : &s->rwkv[0];
 }
 
-static rx_attn_acts *attn_acts(struct rx_pt_saved *s, int i) {
-    return s->attn[s->recompute ? 0 : i];
+/* The intermediates of attention block i; under recompute the shared set,
+ * pointed at block i's kept core products. */
+static rx_attn_acts *attn_acts(struct rx_pt_saved *s, const rx_ptmodel *m, int i) {
+    if (!s->recompute) return s->attn[i];
+    rx_attn_acts_bind(s->attn[0], &m->attn[i], s->kept + (size_t)i * s->kept_n);
+    return s->attn[0];
 }
 
 static void saved_free(struct rx_pt_saved *s) {
@@ -534,6 +541,7 @@ static void saved_free(struct rx_pt_saved *s) {
     free(s->s);
     free(s->ds);
     free(s->shared);
+    free(s->kept);
     free(s);
 }
 
@@ -580,7 +588,9 @@ static struct rx_pt_saved *saved_new(const rx_ptmodel *m, size_t B, size_t T, in
         s->n = s->shared ? 1 : 0;
         s->attn[0] = s->shared && na ? rx_attn_acts_new_in(&m->attn[0], B, T, s->shared) : NULL;
         s->na = s->attn[0] ? 1 : 0;
-        if (!s->shared || s->na != na) {
+        s->kept_n = na ? rx_attn_kept_floats(&m->attn[0], B, T) : 0;
+        s->kept = s->kept_n ? rx_falloc((size_t)m->cfg.n_attn_layer * s->kept_n) : NULL;
+        if (!s->shared || s->na != na || (s->kept_n && !s->kept)) {
             saved_free(s);
             return NULL;
         }
@@ -737,7 +747,9 @@ static int block_forward_vf(rx_ptmodel *m, const rx_pt_acts *acts, int L, float 
     if (m->layers[L] == 'A') {
         s->held_a = i;
         s->held_r = -1;
-        return rx_attn_forward_acts(&m->attn[i], x, NULL, attn_acts(s, i), out);
+        /* a recompute (out NULL) finds the core's products kept */
+        return out ? rx_attn_forward_acts(&m->attn[i], x, NULL, attn_acts(s, m, i), out)
+                   : rx_attn_forward_kept(&m->attn[i], x, NULL, attn_acts(s, m, i));
     }
     s->held_r = i;
     s->held_a = -1;
@@ -895,8 +907,8 @@ static int backward_batch(rx_ptmodel *m, const rx_pt_acts *acts, const int *targ
         acts->saved->held_r = acts->saved->held_a = -1;
         if (rc != RX_OK) break;
         if (m->layers[L] == 'A') {
-            rc = rx_attn_backward_acts(&m->attn[i], attn_acts(acts->saved, i), x, NULL, dcur,
-                                       &m->attn_g[i], dnext, NULL, bwork);
+            rc = rx_attn_backward_acts(&m->attn[i], attn_acts(acts->saved, m, i), x, NULL,
+                                       dcur, &m->attn_g[i], dnext, NULL, bwork);
         } else if (i > 0) {
             float *dvf = have_dvf ? dvf_one : dvf_sum;
             rc = rx_block_backward_state(&m->rwkv[i], rwkv_acts(acts->saved, i), x, NULL, NULL,

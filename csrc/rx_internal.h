@@ -628,6 +628,16 @@ rx_attn_acts *rx_attn_acts_new(const rx_attn_params *P, size_t B, size_t T);
 size_t rx_attn_acts_floats(const rx_attn_params *P, size_t B, size_t T);
 rx_attn_acts *rx_attn_acts_new_in(const rx_attn_params *P, size_t B, size_t T, float *mem);
 void rx_attn_acts_free(rx_attn_acts *S);
+/* Recompute keeps what the core made per block, one shared S for the rest:
+ * rx_attn_kept_floats floats (64-byte aligned) hold y [BT][C], the
+ * selection and the log-sum-exp; rx_attn_acts_bind points S at them (a
+ * forward then writes them there); rx_attn_forward_kept redoes the block's
+ * forward from x but for the core, whose products S holds already, and
+ * without the block output (the channel-mix value projection skipped). */
+size_t rx_attn_kept_floats(const rx_attn_params *P, size_t B, size_t T);
+void rx_attn_acts_bind(rx_attn_acts *S, const rx_attn_params *P, float *kept);
+int rx_attn_forward_kept(const rx_attn_params *P, const float *x, const float *cm_xprev_init,
+                         rx_attn_acts *S);
 int rx_attn_forward_acts(const rx_attn_params *P, const float *x, const float *cm_xprev_init,
                          rx_attn_acts *S, float *out);
 #define RX_ATTN_WORK(BT, C, F) (5 * (BT) * (C) + (BT) * (F))

@@ -117,9 +117,9 @@ def _act_bytes_per_token(dict config, bint recompute=False):
     block inputs and the model's residual grads ((n_blocks + 7) C), one
     region for the lean set of one RWKV block (16 C, its LoRA hiddens, the
     bonus sums and the WKV7 checkpoints) or of one attention block, one
-    block backward's scratch, and 4 C for the GEMM's packed operands. On M
-    it gives 104 KB, the peak RSS per token measured between T = 2,048 and
-    16,384 (103 KB)."""
+    block backward's scratch, each attention block's kept core products
+    (its output, selection and log-sum-exp) and 4 C for the GEMM's packed
+    operands."""
     nb = config["n_rwkv_layer"] + config["n_attn_layer"]
     C, F = config["n_embd"], config["ffn_dim"]
     if not recompute:
@@ -128,8 +128,10 @@ def _act_bytes_per_token(dict config, bint recompute=False):
     lora = config["Dw"] + config["Da"] + config["Dg"] + config["Dv"]
     region = 16 * C + lora + H + H * N * N // 32
     work = max(10 * C + lora + H, 3 * C + 2 * F)
+    kept = 0
     if config["n_attn_layer"]:
         kk, cs = max(config["moba_top_k"], 0), config["chunk_size"]
         region = max(region, 8 * C + F + H * (2 * N // cs + 3 * kk + 2 + kk * N))
         work = max(work, 5 * C + F)
-    return 4 * ((nb + 7) * C + region + 2 * C + work + 4 * C)
+        kept = config["n_attn_layer"] * (C + H * (kk + 1))   # each one's core products
+    return 4 * ((nb + 7) * C + region + 2 * C + work + 4 * C + kept)
