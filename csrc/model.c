@@ -509,6 +509,7 @@ struct rx_pt_saved {
     int held_r, held_a;    /* recompute: the blocks the shared sets hold, -1 none */
     rx_block_acts view0;   /* recompute: rwkv[0] as RWKV block 0 sees it */
     float *shared;         /* recompute: the region rwkv[0] and attn[0] share */
+    int lnout_stale;       /* recompute: a backward used lnout as scratch since the forward */
     float *kept;           /* recompute: [n_attn_layer][kept_n] each attention block's
                             * core products (rx_attn_kept_floats), never recomputed */
     size_t kept_n;
@@ -628,7 +629,10 @@ void rx_pt_acts_free(rx_pt_acts *a) {
  * logits | dlogits: BT*((n_blocks+7)*C + 2*vocab) floats, or with the
  * chunked head BT*(n_blocks+7)*C + 2*rows*vocab (logits NULL, dlogits the
  * head's scratch); the blocks' kept intermediates and a block backward's
- * scratch beside it. */
+ * scratch beside it. Under recompute lnout is work's third buffer (the
+ * summed v_first grad, written only after the head has read lnout), one
+ * [BT][C] less: the backward and rx_pretrain_loss make it again from the
+ * last block's output when a backward has used it. */
 int rx_pt_acts_create_opts(const rx_ptmodel *m, int B, int T, int flags, int head_rows,
                            rx_pt_acts **out) {
     static const char *const fn = "rx_pt_acts_create";
@@ -644,12 +648,13 @@ int rx_pt_acts_create_opts(const rx_ptmodel *m, int B, int T, int flags, int hea
     const size_t BT = (size_t)B * (size_t)T, C = (size_t)m->cfg.n_embd;
     const size_t V = (size_t)m->cfg.vocab_size, nb = (size_t)m->n_blocks;
     const int chunked = (flags & RX_ACTS_CHUNKED_HEAD) != 0;
+    const size_t lean = (flags & RX_ACTS_RECOMPUTE) != 0;
     const int rows = head_rows ? head_rows : rx_head_chunk_rows((int)V, 0);
     size_t rowc, rowv, total;
     /* sizes that do not fit the address space cannot be allocated either */
     if (!mul_ok(BT, C, &rowc) ||
         !mul_ok(chunked ? ((size_t)rows < BT ? (size_t)rows : BT) : BT, V, &rowv) ||
-        !mul_ok(rowc, nb + 7, &total) ||
+        !mul_ok(rowc, nb + 7 - lean, &total) ||
         total > SIZE_MAX - 2 * rowv || rowv > SIZE_MAX / 2)
         return rx_fail(RX_ENOMEM, "%s: acts for B = %d, T = %d exceed the address space", fn, B,
                        T);
@@ -674,8 +679,8 @@ int rx_pt_acts_create_opts(const rx_ptmodel *m, int B, int T, int flags, int hea
     a->n_blocks = (int)nb;
     a->block_in = f;
     a->v_first = a->block_in + (nb + 1) * rowc;
-    a->lnout = a->v_first + rowc;
-    a->work = a->lnout + rowc;
+    a->work = a->v_first + (2 - lean) * rowc;
+    a->lnout = lean ? a->work + 2 * rowc : a->v_first + rowc;
     a->logits = chunked ? NULL : a->work + 4 * rowc;
     a->dlogits = a->work + 4 * rowc + (chunked ? 0 : rowv);
     a->flags = flags;
@@ -778,6 +783,14 @@ static int block_recompute(rx_ptmodel *m, const rx_pt_acts *acts, int L) {
     return block_forward_vf(m, acts, L, NULL, 0);
 }
 
+/* lnout = ln_out(the last block's output) */
+static int lnout_forward(const rx_ptmodel *m, const rx_pt_acts *acts) {
+    const size_t rowc = (size_t)acts->B * (size_t)acts->T * (size_t)acts->C;
+    acts->saved->lnout_stale = 0;
+    return rx_layernorm_forward_seq(acts->block_in + (size_t)m->n_blocks * rowc, m->ln_out_w,
+                                    m->ln_out_b, acts->lnout, acts->B, acts->T, acts->C);
+}
+
 /* tokens: [B][T]; fills acts: block_in, v_first, lnout, logits */
 static int forward_batch(rx_ptmodel *m, const int *tokens, int B, int T, rx_pt_acts *acts) {
     static const char *const fn = "rx_pretrain_forward_batch";
@@ -818,9 +831,7 @@ static int forward_batch(rx_ptmodel *m, const int *tokens, int B, int T, rx_pt_a
     }
     for (int L = 0; L < m->n_blocks && rc == RX_OK; L++)
         rc = block_forward(m, acts, L, acts->block_in + (size_t)(L + 1) * rowc);
-    if (rc == RX_OK)
-        rc = rx_layernorm_forward_seq(acts->block_in + (size_t)m->n_blocks * rowc, m->ln_out_w,
-                                      m->ln_out_b, acts->lnout, B, T, C);
+    if (rc == RX_OK) rc = lnout_forward(m, acts);
     if (rc == RX_OK && acts->logits)
         rc = rx_head_logits(acts->lnout, m->head, BT, C, V, acts->logits);
     if (rc != RX_OK) return rc;
@@ -874,6 +885,8 @@ static int backward_batch(rx_ptmodel *m, const rx_pt_acts *acts, const int *targ
     float *dcur = acts->work, *dnext = acts->work + rowc;
     float *dvf_sum = acts->work + 2 * rowc, *dvf_one = acts->work + 3 * rowc;
     float *bwork = acts->saved->work;
+    /* the same call as the forward's: the same bits */
+    if (acts->saved->lnout_stale && (rc = lnout_forward(m, acts)) != RX_OK) return rc;
 
     /* targets are valid here, so a NaN loss means non-finite logits: the
      * NaN grads still go through, as the grads of this call */
@@ -902,6 +915,7 @@ static int backward_batch(rx_ptmodel *m, const rx_pt_acts *acts, const int *targ
         const float *x = acts->block_in + (size_t)L * rowc;
         int i = m->block_idx[L];
         rc = block_recompute(m, acts, L);
+        acts->saved->lnout_stale = acts->saved->recompute;   /* dvf_sum is lnout */
         /* a block's backward takes the scratch that holds part of the lean
          * set and overwrites the rest of it: the shared sets hold no block */
         acts->saved->held_r = acts->saved->held_a = -1;
@@ -1019,8 +1033,9 @@ double rx_pretrain_backward(rx_ptmodel *m, const rx_pt_acts *acts, const int *ta
 /* the checks of backward_batch, then the loss alone */
 static int loss_batch(rx_ptmodel *m, const rx_pt_acts *acts, const int *targets, int B, int T,
                       int ignore_index, double *loss) {
-    const int rc = check_loss_call("rx_pretrain_loss", m, acts, targets, loss, B, T);
+    int rc = check_loss_call("rx_pretrain_loss", m, acts, targets, loss, B, T);
     if (rc != RX_OK) return rc;
+    if (acts->saved->lnout_stale && (rc = lnout_forward(m, acts)) != RX_OK) return rc;
     const int V = m->cfg.vocab_size, C = m->cfg.n_embd, BT = B * T;
     if (acts->logits)
         return rx_cross_entropy(acts->logits, targets, BT, V, ignore_index, NULL, loss);

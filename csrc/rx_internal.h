@@ -371,10 +371,11 @@ int rx_rownorm_backward(const float *x, const float *w, const float *dy,
  * kept), the state entering every RX_WKV7_CHUNK-th step; the backward
  * starts from those (NULL: runs the forward again to make them) and only
  * reads them, so it can run twice per forward. work [RX_WKV7_WORK(B*H, N)]
- * is scratch for either (NULL: allocated per call). 32 steps: the
- * checkpoints cost N*N/32 floats a token per head (2 C at N = 64), the
- * chunk of recomputed states (33 N*N floats, 528 KiB) stays in L2. */
-#define RX_WKV7_CHUNK 32
+ * is scratch for either (NULL: allocated per call). 64 steps: the
+ * checkpoints cost N*N/64 floats a token per head (C at N = 64), and a
+ * chunk of recomputed states (65 N*N floats, 1.0 MiB at N = 64) still
+ * stays in a 2 MiB L2. */
+#define RX_WKV7_CHUNK 64
 #define RX_WKV7_CP(BH, T, N) ((BH) * (((T) + RX_WKV7_CHUNK - 1) / RX_WKV7_CHUNK) * (N) * (N))
 #define RX_WKV7_WORK(BH, N) ((BH) * ((RX_WKV7_CHUNK + 1) * (N) * (N) + (RX_WKV7_CHUNK + 4) * (N)))
 int rx_wkv7_forward_cp(const float *r, const float *w, const float *k, const float *v,

@@ -114,7 +114,7 @@ def _act_bytes_per_token(dict config, bint recompute=False):
     aside (rwkvx_c.model.memory.rough_bytes_per_token is this figure):
     every block's intermediates (~24 C + 2 F floats each), or under
     recompute the layout of docs/performance.md §Long contexts: the kept
-    block inputs and the model's residual grads ((n_blocks + 7) C), one
+    block inputs and the model's residual grads ((n_blocks + 6) C), one
     region for the lean set of one RWKV block (16 C, its LoRA hiddens, the
     bonus sums and the WKV7 checkpoints) or of one attention block, one
     block backward's scratch, each attention block's kept core products
@@ -126,7 +126,7 @@ def _act_bytes_per_token(dict config, bint recompute=False):
         return 4 * (nb * (24 * C + 2 * F) + (nb + 8) * C)
     H, N = config["n_head"], config["head_size"]
     lora = config["Dw"] + config["Da"] + config["Dg"] + config["Dv"]
-    region = 16 * C + lora + H + H * N * N // 32
+    region = 16 * C + lora + H + H * N * N // 64   # the WKV7 checkpoints: RX_WKV7_CHUNK
     work = max(10 * C + lora + H, 3 * C + 2 * F)
     kept = 0
     if config["n_attn_layer"]:
@@ -134,4 +134,4 @@ def _act_bytes_per_token(dict config, bint recompute=False):
         region = max(region, 8 * C + F + H * (2 * N // cs + 3 * kk + 2 + kk * N))
         work = max(work, 5 * C + F)
         kept = config["n_attn_layer"] * (C + H * (kk + 1))   # each one's core products
-    return 4 * ((nb + 7) * C + region + 2 * C + work + 4 * C + kept)
+    return 4 * ((nb + 6) * C + region + 2 * C + work + 4 * C + kept)
