@@ -216,17 +216,40 @@ static void attn_chunk_mean(const attn_dims *d, const float *kb, size_t j, doubl
     for (size_t n = 0; n < d->N; n++) km[n] /= (double)d->cs;
 }
 
+/* g [ct] = q_t . km_j for j < ct, ATTN_GATES chunks at a time: that many
+ * independent sums, where one sum per chunk waited on its own adds (the
+ * gates grow with T: at T = 16,384 one sum at a time cost a tenth of an M
+ * step). A last group short of ATTN_GATES repeats its last chunk, so every
+ * gate comes out of the same loop. */
+#define ATTN_GATES 8
+RX_HOT static void attn_gates(const float *qt, const double *km, size_t ct, size_t N,
+                              double *g) {
+    for (size_t j0 = 0; j0 < ct; j0 += ATTN_GATES) {
+        const double *m[ATTN_GATES];
+        for (size_t u = 0; u < ATTN_GATES; u++) m[u] = km + (j0 + u < ct ? j0 + u : ct - 1) * N;
+        double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0, s4 = 0.0, s5 = 0.0, s6 = 0.0, s7 = 0.0;
+#pragma omp simd reduction(+ : s0, s1, s2, s3, s4, s5, s6, s7)
+        for (size_t n = 0; n < N; n++) {
+            const double q = (double)qt[n];
+            s0 += q * m[0][n];
+            s1 += q * m[1][n];
+            s2 += q * m[2][n];
+            s3 += q * m[3][n];
+            s4 += q * m[4][n];
+            s5 += q * m[5][n];
+            s6 += q * m[6][n];
+            s7 += q * m[7][n];
+        }
+        const double s[ATTN_GATES] = {s0, s1, s2, s3, s4, s5, s6, s7};
+        for (size_t u = 0; u < ATTN_GATES && j0 + u < ct; u++) g[j0 + u] = s[u];
+    }
+}
+
 /* qt [N]; km [ct][N]; sel [kk] receives the kk chunks of largest gate
  * q_t . km_j (equal gates: the smaller j), in ascending order; g: scratch [ct] */
-RX_HOT static void attn_select_query(const float *qt, const double *km, size_t ct, size_t N,
-                                     size_t kk, double *g, int *sel) {
-    for (size_t j = 0; j < ct; j++) {
-        const double *m = km + j * N;
-        double s = 0.0;
-#pragma omp simd reduction(+ : s)
-        for (size_t n = 0; n < N; n++) s += (double)qt[n] * m[n];
-        g[j] = s;
-    }
+static void attn_select_query(const float *qt, const double *km, size_t ct, size_t N,
+                              size_t kk, double *g, int *sel) {
+    attn_gates(qt, km, ct, N, g);
     /* sel[0..n) ordered by gate, descending; a later j needs a strictly
      * larger gate to move ahead, which settles ties toward the smaller j */
     size_t n = 0;
