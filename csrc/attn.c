@@ -217,10 +217,10 @@ static void attn_chunk_mean(const attn_dims *d, const float *kb, size_t j, doubl
 }
 
 /* g [ct] = q_t . km_j for j < ct, ATTN_GATES chunks at a time: that many
- * independent sums, where one sum per chunk waited on its own adds (the
- * gates grow with T: at T = 16,384 one sum at a time cost a tenth of an M
- * step). A last group short of ATTN_GATES repeats its last chunk, so every
- * gate comes out of the same loop. */
+ * independent sums, where one sum per chunk waited on its own adds (a
+ * query has T / chunk_size gates, the one cost of the block that grows
+ * faster than T). A last group short of ATTN_GATES repeats its last chunk,
+ * so every gate comes out of the same loop. */
 #define ATTN_GATES 8
 RX_HOT static void attn_gates(const float *qt, const double *km, size_t ct, size_t N,
                               double *g) {
