@@ -9,10 +9,17 @@ overhead of recompute against none at a T where both fit.
 Each T runs in a fresh process (peak RSS is a process's high-water mark):
 one warm-up step, then --steps timed steps of forward + backward (the
 chunked head: no [B*T, vocab] logits) + AdamW; prints tokens/s, the peak RSS
-and each T's tokens/s over the first T's. The overhead runs recompute and
-plain steps in alternation in one process, --pairs of each after a warm-up
-of both, and prints the ratio of the medians. A shared machine moves
-absolute figures from run to run: compare the ratios.
+and each T's tokens/s over the first T's. --rounds R runs the list of T R
+times in alternation (T1, T2, ..., T1, T2, ...) and takes each T's median,
+so that a change in the load of other jobs falls on every T alike;
+--interleave K also times every T in one process, a step of each in turn
+for K rounds (closer still in time: the steadiest tokens/s ratios). The
+overhead runs recompute and plain steps in alternation in one process,
+--pairs of each after a warm-up of both, and prints the ratio of the
+medians. The last lines give the figures of docs/performance.md §Long
+contexts against their goals: peak RSS at 16,384 (< 2.5e9 bytes), tokens/s
+at 16,384 over 2,048 (>= 0.8) and the overhead (<= 1.35x). A shared machine
+moves absolute figures from run to run: compare the ratios.
 """
 import argparse
 import json
@@ -82,6 +89,36 @@ def overhead(args):
     print(f"overhead at T = {args.overhead_T} (batch {args.batch}, {prec}): recompute step "
           f"{statistics.median(times[True]):.3f} s / plain {statistics.median(times[False]):.3f}"
           f" s = {ratio:.3f}x ({args.pairs} alternating pairs)")
+    return ratio
+
+
+def interleaved(args):
+    """tokens/s of every T (batch 1 each, recompute as set) in one process,
+    a step of each in turn for --interleave rounds after a warm-up: the load
+    of other jobs falls on all of them alike. Returns {T: median tokens/s}."""
+    steps = {}
+    for T in args.T:
+        m, cfg, _ = _model(args, not args.no_recompute)
+        steps[T] = _stepper(m, cfg, args.batch, T)
+        steps[T]()
+    times = {T: [] for T in args.T}
+    for i in range(args.interleave):
+        for T in (args.T if i % 2 == 0 else args.T[::-1]):
+            times[T].append(steps[T]())
+    med = {T: args.batch * T / statistics.median(v) for T, v in times.items()}
+    print("interleaved in one process (" + str(args.interleave) + " rounds): " +
+          ", ".join(f"T = {T}: {r:.1f} tokens/s ({r / med[args.T[0]]:.2f}x)"
+                    for T, r in med.items()), flush=True)
+    return med
+
+
+def _one_run(T):
+    cmd = [sys.executable, os.path.abspath(__file__), "--one", str(T)] + sys.argv[1:]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        print(f"T = {T}: failed: {r.stderr.strip().splitlines()[-1:]}", flush=True)
+        return None
+    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def main():
@@ -93,6 +130,11 @@ def main():
     ap.add_argument("--steps", type=int, default=2, help="timed steps per T (best is kept)")
     ap.add_argument("--overhead-T", type=int, default=2048, help="0: skip the overhead pairs")
     ap.add_argument("--pairs", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run the list of T this many times in alternation, median per T")
+    ap.add_argument("--interleave", type=int, default=0,
+                    help="also time every T in one process, a step of each in turn, this many "
+                         "rounds (the tokens/s ratios least moved by other jobs)")
     ap.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16"])
     ap.add_argument("--no-recompute", action="store_true", help="time plain steps instead")
     ap.add_argument("--one", type=int, default=0, help=argparse.SUPPRESS)
@@ -102,21 +144,36 @@ def main():
     import rwkvx_c as rx
     print(f"# preset {args.preset}, vocab {args.vocab or 'preset'}, batch {args.batch}, "
           f"threads {rx.get_num_threads()}, recompute {not args.no_recompute}")
-    base = None
+    rates, rss = {T: [] for T in args.T}, {}
+    for k in range(args.rounds):
+        for T in args.T:
+            row = _one_run(T)
+            if row is None:
+                continue
+            rates[T].append(row["tokens_per_s"])
+            rss[T] = max(rss.get(T, 0), row["peak_rss"])
+            if args.rounds > 1:
+                print(f"  round {k + 1}, T = {T}: {row['tokens_per_s']:.1f} tokens/s", flush=True)
+    med = {T: statistics.median(v) for T, v in rates.items() if v}
+    base = med.get(args.T[0])
     for T in args.T:
-        cmd = [sys.executable, os.path.abspath(__file__), "--one", str(T)] + \
-            [a for a in sys.argv[1:]]
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        if r.returncode != 0:
-            print(f"T = {T}: failed: {r.stderr.strip().splitlines()[-1:]}")
+        if T not in med:
             continue
-        row = json.loads(r.stdout.strip().splitlines()[-1])
-        base = base or row["tokens_per_s"]
-        print(f"T = {T:6d}: {row['tokens_per_s']:8.1f} tokens/s ({row['tokens_per_s'] / base:.2f}x"
-              f" the first), peak RSS {row['peak_rss'] / 2**30:.2f} GiB, {row['precision']}",
-              flush=True)
-    if args.overhead_T:
-        overhead(args)
+        rel = f" ({med[T] / base:.2f}x the first)" if base else ""
+        print(f"T = {T:6d}: {med[T]:8.1f} tokens/s{rel}, peak RSS {rss[T] / 2**30:.2f} GiB "
+              f"= {rss[T] / 1e9:.2f} GB ({len(rates[T])} run(s), median)", flush=True)
+    inter = interleaved(args) if args.interleave else {}
+    ratio = overhead(args) if args.overhead_T else None
+    print("# goals (docs/performance.md §Long contexts):")
+    if 16384 in rss:
+        print(f"#   peak RSS at T = 16384: {rss[16384] / 1e9:.2f} GB (goal < 2.5 GB)")
+    if 16384 in med and 2048 in med:
+        print(f"#   tokens/s at 16384 / at 2048: {med[16384] / med[2048]:.2f} (goal >= 0.8)")
+    if 16384 in inter and 2048 in inter:
+        print(f"#   tokens/s at 16384 / at 2048, interleaved: {inter[16384] / inter[2048]:.2f}"
+              " (goal >= 0.8)")
+    if ratio is not None:
+        print(f"#   recompute overhead at T = {args.overhead_T}: {ratio:.3f}x (goal <= 1.35x)")
 
 
 if __name__ == "__main__":

@@ -74,6 +74,7 @@ typedef struct {
     size_t *idx;    /* [nt][2][TILE] per-thread tile rows: query, rank */
     double *l;      /* [nt][TILE] */
     float *tile;    /* [nt][ATTN_TILE_FLOATS] see attn_tile */
+    int carved;     /* kmean .. pl carved from the acts' memory, not owned */
 } attn_work;
 
 #define ATTN_TILE_FLOATS(N) (3 * ATTN_TILE * (N) + 2 * ATTN_TILE * ATTN_TILE + 2 * ATTN_TILE)
@@ -100,13 +101,15 @@ static int attn_dims_init(const rx_attn_params *P, int B, int T, attn_dims *d) {
 }
 
 static void attn_work_free(attn_work *w) {
-    free(w->kmean);
-    free(w->sel);
-    free(w->lse);
-    free(w->dd);
-    free(w->part);
-    free(w->pm);
-    free(w->pl);
+    if (!w->carved) {
+        free(w->kmean);
+        free(w->sel);
+        free(w->lse);
+        free(w->dd);
+        free(w->part);
+        free(w->pm);
+        free(w->pl);
+    }
     free(w->gates);
     free(w->idx);
     free(w->l);
@@ -140,17 +143,41 @@ static int attn_params_fail(const char *fn, const rx_attn_params *P, int B, int 
                    fn, P->c, P->n_head, P->head_size, P->chunk_size, P->cm.c, P->cm.ffn_dim);
 }
 
-/* Everything zeroed first, so attn_work_free is safe after a failure. */
-static int attn_work_alloc(const attn_dims *d, attn_work *w, int backward) {
+/* Floats of the model's (backward) scratch kmean .. pl carved in one
+ * piece, each a whole number of 64-byte lines (kmean as doubles, sel as
+ * ints: 2 and 1 floats an element); 0 past the address space. */
+static size_t attn_work_floats(const attn_dims *d) {
+    const size_t BH = d->B * d->H, BHT = BH * d->T;
+    if (BHT > SIZE_MAX / 64 / (d->kk + 1) / (d->N + 1) || BH * d->nck > SIZE_MAX / 64 / d->N)
+        return 0;
+    return rx_lines(2 * BH * d->nck * d->N) + 3 * rx_lines(BHT * d->kk) + 2 * rx_lines(BHT) +
+           rx_lines(BHT * d->kk * d->N);
+}
+
+/* Everything zeroed first, so attn_work_free is safe after a failure.
+ * mem: attn_work_floats floats that kmean .. pl are carved from (a
+ * backward's), or NULL (each its own allocation). */
+static int attn_work_alloc(const attn_dims *d, attn_work *w, int backward, float *mem) {
     const size_t BHT = d->B * d->H * d->T;
     memset(w, 0, sizeof *w);
-    w->kmean = (double *)rx_alloc(d->B * d->H * d->nck * d->N, sizeof(double));
-    w->sel = (int *)rx_alloc(BHT * d->kk, sizeof(int));
-    w->lse = rx_falloc(BHT);
-    w->dd = backward ? rx_falloc(BHT) : NULL;
-    w->part = (float *)rx_alloc(BHT * d->kk, d->N * sizeof(float));
-    w->pm = rx_falloc(BHT * d->kk);
-    w->pl = rx_falloc(BHT * d->kk);
+    if (mem) {
+        w->carved = 1;
+        w->kmean = (double *)(void *)rx_carve(&mem, 2 * d->B * d->H * d->nck * d->N);
+        w->sel = (int *)(void *)rx_carve(&mem, BHT * d->kk);
+        w->lse = rx_carve(&mem, BHT);
+        w->dd = rx_carve(&mem, BHT);
+        w->part = rx_carve(&mem, BHT * d->kk * d->N);
+        w->pm = rx_carve(&mem, BHT * d->kk);
+        w->pl = rx_carve(&mem, BHT * d->kk);
+    } else {
+        w->kmean = (double *)rx_alloc(d->B * d->H * d->nck * d->N, sizeof(double));
+        w->sel = (int *)rx_alloc(BHT * d->kk, sizeof(int));
+        w->lse = rx_falloc(BHT);
+        w->dd = backward ? rx_falloc(BHT) : NULL;
+        w->part = (float *)rx_alloc(BHT * d->kk, d->N * sizeof(float));
+        w->pm = rx_falloc(BHT * d->kk);
+        w->pl = rx_falloc(BHT * d->kk);
+    }
     if (!w->kmean || !w->sel || !w->lse || (backward && !w->dd) || !w->part || !w->pm ||
         !w->pl || attn_work_threads(d, w) != RX_OK) {
         attn_work_free(w);
@@ -189,17 +216,40 @@ static void attn_chunk_mean(const attn_dims *d, const float *kb, size_t j, doubl
     for (size_t n = 0; n < d->N; n++) km[n] /= (double)d->cs;
 }
 
+/* g [ct] = q_t . km_j for j < ct, ATTN_GATES chunks at a time: that many
+ * independent sums, where one sum per chunk waited on its own adds (a
+ * query has T / chunk_size gates, the one cost of the block that grows
+ * faster than T). A last group short of ATTN_GATES repeats its last chunk,
+ * so every gate comes out of the same loop. */
+#define ATTN_GATES 8
+RX_HOT static void attn_gates(const float *qt, const double *km, size_t ct, size_t N,
+                              double *g) {
+    for (size_t j0 = 0; j0 < ct; j0 += ATTN_GATES) {
+        const double *m[ATTN_GATES];
+        for (size_t u = 0; u < ATTN_GATES; u++) m[u] = km + (j0 + u < ct ? j0 + u : ct - 1) * N;
+        double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0, s4 = 0.0, s5 = 0.0, s6 = 0.0, s7 = 0.0;
+#pragma omp simd reduction(+ : s0, s1, s2, s3, s4, s5, s6, s7)
+        for (size_t n = 0; n < N; n++) {
+            const double q = (double)qt[n];
+            s0 += q * m[0][n];
+            s1 += q * m[1][n];
+            s2 += q * m[2][n];
+            s3 += q * m[3][n];
+            s4 += q * m[4][n];
+            s5 += q * m[5][n];
+            s6 += q * m[6][n];
+            s7 += q * m[7][n];
+        }
+        const double s[ATTN_GATES] = {s0, s1, s2, s3, s4, s5, s6, s7};
+        for (size_t u = 0; u < ATTN_GATES && j0 + u < ct; u++) g[j0 + u] = s[u];
+    }
+}
+
 /* qt [N]; km [ct][N]; sel [kk] receives the kk chunks of largest gate
  * q_t . km_j (equal gates: the smaller j), in ascending order; g: scratch [ct] */
-RX_HOT static void attn_select_query(const float *qt, const double *km, size_t ct, size_t N,
-                                     size_t kk, double *g, int *sel) {
-    for (size_t j = 0; j < ct; j++) {
-        const double *m = km + j * N;
-        double s = 0.0;
-#pragma omp simd reduction(+ : s)
-        for (size_t n = 0; n < N; n++) s += (double)qt[n] * m[n];
-        g[j] = s;
-    }
+static void attn_select_query(const float *qt, const double *km, size_t ct, size_t N,
+                              size_t kk, double *g, int *sel) {
+    attn_gates(qt, km, ct, N, g);
     /* sel[0..n) ordered by gate, descending; a later j needs a strictly
      * larger gate to move ahead, which settles ties toward the smaller j */
     size_t n = 0;
@@ -711,7 +761,7 @@ int rx_attn_score_av_forward(const rx_attn_params *P, const float *q, const floa
     RX_SPAN_ADD(&out, "y", y, BTC);
     int rc = rx_spans_check(fn, &out, &in);
     if (rc != RX_OK) return rc;
-    if (attn_work_alloc(&d, &w, 0) != RX_OK) return rx_fail(RX_ENOMEM, "%s: out of memory", fn);
+    if (attn_work_alloc(&d, &w, 0, NULL) != RX_OK) return rx_fail(RX_ENOMEM, "%s: out of memory", fn);
     rc = attn_core_forward(&d, q, k, v, &w, y, p);
     attn_work_free(&w);
     return rc;
@@ -738,7 +788,7 @@ int rx_attn_score_av_backward(const rx_attn_params *P, const float *q, const flo
     int rc = rx_spans_check(fn, &out, &in);
     if (rc != RX_OK) return rc;
     float *y = rx_falloc(BTC);
-    if (!y || attn_work_alloc(&d, &w, 1) != RX_OK) {
+    if (!y || attn_work_alloc(&d, &w, 1, NULL) != RX_OK) {
         free(y);
         return rx_fail(RX_ENOMEM, "%s: out of memory", fn);
     }
@@ -753,14 +803,20 @@ int rx_attn_score_av_backward(const rx_attn_params *P, const float *q, const flo
 
 /* x: [B][T][C] -> h1 = ln1(x), q, k, v, y = attention (w: selection, lse),
  * all [B][T][C] */
-static int attn_front(const rx_attn_params *P, const attn_dims *d, const float *x, float *h1,
-                      float *q, float *k, float *v, float *y, attn_work *w) {
+/* x: [B][T][C] -> h1 = ln1(x), q, k, v = h1 . {receptance_w, key_w, value_w} */
+static int attn_qkv(const rx_attn_params *P, const attn_dims *d, const float *x, float *h1,
+                    float *q, float *k, float *v) {
     const size_t BT = d->B * d->T, C = d->C;
     rx_rownorm_forward(x, P->ln1_w, P->ln1_b, h1, NULL, NULL, BT, C, 1, RX_LN_EPS);
     const rx_gemm_op qkv[3] = {{0, 0, BT, C, C, h1, C, P->receptance_w, C, 0.0f, q, C},
                                {0, 0, BT, C, C, h1, C, P->key_w, C, 0.0f, k, C},
                                {0, 0, BT, C, C, h1, C, P->value_w, C, 0.0f, v, C}};
-    int rc = rx_pgemm_batch(qkv, 3);
+    return rx_pgemm_batch(qkv, 3);
+}
+
+static int attn_front(const rx_attn_params *P, const attn_dims *d, const float *x, float *h1,
+                      float *q, float *k, float *v, float *y, attn_work *w) {
+    int rc = attn_qkv(P, d, x, h1, q, k, v);
     return rc == RX_OK ? attn_core_forward(d, q, k, v, w, y, NULL) : rc;
 }
 
@@ -796,7 +852,7 @@ void rx_attn_acts_free(rx_attn_acts *S) {
 }
 
 /* the [BT] buffers: 8 of C and one of F, each a whole number of 64-byte
- * lines; 0 on bad sizes */
+ * lines, then the core's scratch (attn_work_floats); 0 on bad sizes */
 size_t rx_attn_acts_floats(const rx_attn_params *P, size_t B, size_t T) {
     attn_dims d;
     if (B > INT32_MAX || T > INT32_MAX || !attn_dims_init(P, (int)B, (int)T, &d) ||
@@ -804,7 +860,9 @@ size_t rx_attn_acts_floats(const rx_attn_params *P, size_t B, size_t T) {
         return 0;
     const size_t rc = (B * T * d.C + 15) & ~(size_t)15;
     const size_t rf = (B * T * (size_t)P->cm.ffn_dim + 15) & ~(size_t)15;
-    return rc > SIZE_MAX / 16 || rf > SIZE_MAX / 4 ? 0 : 8 * rc + rf;
+    const size_t nw = attn_work_floats(&d);
+    return !nw || rc > SIZE_MAX / 32 || rf > SIZE_MAX / 8 || nw > SIZE_MAX / 4 ? 0
+                                                                                : 8 * rc + rf + nw;
 }
 
 /* mem NULL: the buffers in an allocation of its own */
@@ -817,13 +875,15 @@ static rx_attn_acts *attn_acts_make(const rx_attn_params *P, size_t B, size_t T,
     S->B = B;
     S->T = T;
     S->mem = mem ? NULL : rx_falloc(n);
-    if ((!mem && !S->mem) || attn_work_alloc(&d, &S->w, 1) != RX_OK) {
+    const size_t rc = (B * T * d.C + 15) & ~(size_t)15;
+    const size_t rf = (B * T * (size_t)P->cm.ffn_dim + 15) & ~(size_t)15;
+    float *f = mem ? mem : S->mem;
+    /* the core's scratch follows the buffers */
+    if (!f || attn_work_alloc(&d, &S->w, 1, f + 8 * rc + rf) != RX_OK) {
         free(S->mem);
         free(S);
         return NULL;
     }
-    const size_t rc = (B * T * d.C + 15) & ~(size_t)15;
-    float *f = mem ? mem : S->mem;
     float **bufs[] = {&S->h1, &S->q, &S->k, &S->v, &S->y, &S->x1, &S->h2, &S->xk};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++, f += rc) *bufs[i] = f;
     S->hid = f;
@@ -849,6 +909,44 @@ static int attn_grads_ok(const rx_attn_grads *G) {
     return G && G->ln1_w && G->ln1_b && G->receptance_w && G->key_w && G->value_w &&
            G->output_w && G->ln2_w && G->ln2_b && G->cm.ffn_x_k && G->cm.ffn_key_w &&
            G->cm.ffn_value_w;
+}
+
+/* The core's products the backward reads, kept per block under recompute:
+ * y [BT][C], sel [B*H][T][kk] (as ints), lse [B*H][T], each a whole number
+ * of 64-byte lines; 0 on bad sizes */
+size_t rx_attn_kept_floats(const rx_attn_params *P, size_t B, size_t T) {
+    attn_dims d;
+    if (B > INT32_MAX || T > INT32_MAX || !attn_dims_init(P, (int)B, (int)T, &d)) return 0;
+    const size_t BT = B * T, BHT = BT * d.H;
+    if (BT > SIZE_MAX / 64 / d.C || BHT > SIZE_MAX / 64 / (d.kk + 1)) return 0;
+    return rx_lines(BT * d.C) + rx_lines(BHT * d.kk) + rx_lines(BHT);
+}
+
+void rx_attn_acts_bind(rx_attn_acts *S, const rx_attn_params *P, float *kept) {
+    attn_dims d;
+    if (!attn_dims_init(P, (int)S->B, (int)S->T, &d)) return;
+    const size_t BT = S->B * S->T, BHT = BT * d.H;
+    S->y = rx_carve(&kept, BT * d.C);
+    S->w.sel = (int *)(void *)rx_carve(&kept, BHT * d.kk);
+    S->w.lse = rx_carve(&kept, BHT);
+}
+
+/* Everything but the core's y, sel and lse, which S holds from a forward
+ * of the same x (rx_attn_acts_bind): the projections, the residual and the
+ * channel-mix hidden, no block output. */
+int rx_attn_forward_kept(const rx_attn_params *P, const float *x, const float *cm_xprev_init,
+                         rx_attn_acts *S) {
+    attn_dims d;
+    static const char *const fn = "rx_attn_forward_kept";
+    const char *nul = rx_first_null(RX_NULLS(S, x), RX_NAMES("S", "x"), 2);
+    if (nul) return rx_fail(RX_EINVAL, "%s: %s is NULL", fn, nul);
+    if (!attn_block_ok(P, (int)S->B, (int)S->T, &d))
+        return attn_params_fail(fn, P, (int)S->B, (int)S->T);
+    int rc = attn_qkv(P, &d, x, S->h1, S->q, S->k, S->v);
+    if (rc == RX_OK) rc = attn_residual(P, &d, x, S->y, S->x1, S->h2);
+    if (rc == RX_OK)
+        rc = rx_cm_forward_acts(&P->cm, S->h2, cm_xprev_init, S->xk, S->hid, NULL, d.B, d.T);
+    return rc;
 }
 
 /* x: [B][T][C]; cm_xprev_init: [B][C] or NULL; out: [B][T][C] or NULL

@@ -55,6 +55,31 @@ void rx_block_acts_carve(rx_block_acts *S, const rx_block_params *P, size_t B, s
     S->hid = S->xk + rc_;
 }
 
+/* The lean set: the time-mix's lean buffers, then h1 | x1 in mem; h2 | xk |
+ * hid in the block backward's scratch (work, rx_block_work_lean floats),
+ * past the channel-mix backward's own dxk | dh there: they are written by
+ * the forward, read by the channel-mix backward, and overwritten by the
+ * time-mix backward after it. The time-mix's zg, which only the forward
+ * reads, in the scratch's first buffer (t, written by the backward). */
+size_t rx_block_acts_floats_lean(const rx_block_params *P, size_t B, size_t T) {
+    return rx_tm_acts_floats_lean(&P->tm, B, T) + 2 * rx_lines(B * T * (size_t)P->tm.c);
+}
+
+void rx_block_acts_carve_lean(rx_block_acts *S, const rx_block_params *P, size_t B, size_t T,
+                              float *mem, float *work) {
+    const size_t BT = B * T, C = (size_t)P->tm.c, F = (size_t)P->cm.ffn_dim;
+    memset(S, 0, sizeof *S);
+    rx_tm_acts_carve_lean(&S->tm, &P->tm, B, T, mem);
+    float *p = mem + rx_tm_acts_floats_lean(&P->tm, B, T);
+    S->h1 = rx_carve(&p, BT * C);
+    S->x1 = rx_carve(&p, BT * C);
+    S->tm.zg = work;
+    p = work + 3 * rx_lines(BT * C) + rx_lines(BT * F);   /* past t | dx1 | dxk | dh */
+    S->h2 = rx_carve(&p, BT * C);
+    S->xk = rx_carve(&p, BT * C);
+    S->hid = rx_carve(&p, BT * F);
+}
+
 int rx_block_acts_alloc(rx_block_acts *S, const rx_block_params *P, size_t B, size_t T) {
     memset(S, 0, sizeof *S);
     float *mem = rx_falloc(rx_block_acts_floats(P, B, T));
@@ -84,25 +109,34 @@ int rx_block_forward_state(const rx_block_params *P, const float *x,
                            const float *v_first_in, float *v_first_out, float *state,
                            rx_block_acts *S, float *out) {
     const size_t B = S->tm.B, T = S->tm.T, BT = B * T, C = (size_t)P->tm.c;
-    /* out holds TM(h1), then CM(h2), then the block output */
+    /* x1 holds TM(h1) until x is added (x + TM(h1), as an add commutes);
+     * out holds CM(h2), then the block output */
     rx_rownorm_forward(x, P->ln1_w, P->ln1_b, S->h1, NULL, NULL, BT, C, 1, RX_LN_EPS);
     int rc = rx_tm_forward_state(&P->tm, S->h1, tm_xprev_init, v_first_in, v_first_out, state,
-                                 &S->tm, out);
+                                 &S->tm, S->x1);
     if (rc != RX_OK) return rc;
-    add_rows(S->x1, x, out, BT * C);
+    add_rows(S->x1, x, S->x1, BT * C);
     rx_rownorm_forward(S->x1, P->ln2_w, P->ln2_b, S->h2, NULL, NULL, BT, C, 1, RX_LN_EPS);
+    /* out NULL (a backward's recompute): no value projection, whose product
+     * only the block output reads */
     rc = rx_cm_forward_acts(&P->cm, S->h2, cm_xprev_init, S->xk, S->hid, out, B, T);
     if (rc != RX_OK) return rc;
-    add_rows(out, S->x1, out, BT * C);
+    if (out) add_rows(out, S->x1, out, BT * C);
     return RX_OK;
 }
 
-/* t | dx1 | then the channel-mix dxk | dh, later the time-mix scratch */
-size_t rx_block_work(const rx_block_params *P, size_t BT) {
+/* t | dx1 | then the channel-mix dxk | dh (and in the lean set h2 | xk |
+ * hid after them), later the time-mix scratch */
+static size_t block_work(const rx_block_params *P, size_t BT, int lean) {
     const size_t C = (size_t)P->tm.c, F = (size_t)P->cm.ffn_dim;
-    const size_t cm = rx_lines(BT * C) + rx_lines(BT * F), tm = rx_tm_backward_work(&P->tm, BT);
+    const size_t cm = (lean ? 3 : 1) * rx_lines(BT * C) + (lean ? 2 : 1) * rx_lines(BT * F);
+    const size_t tm = rx_tm_backward_work(&P->tm, BT);
     return 2 * rx_lines(BT * C) + (cm > tm ? cm : tm);
 }
+
+size_t rx_block_work(const rx_block_params *P, size_t BT) { return block_work(P, BT, 0); }
+
+size_t rx_block_work_lean(const rx_block_params *P, size_t BT) { return block_work(P, BT, 1); }
 
 int rx_block_backward_acts(const rx_block_params *P, const rx_block_acts *S, const float *x,
                            const float *tm_xprev_init, const float *cm_xprev_init,
@@ -228,20 +262,19 @@ int rx_block_backward(const rx_block_params *P, const float *x,
     rc = block_spans_check(fn, P, G, &io, B, T);
     if (rc != RX_OK) return rc;
     rx_block_acts S;
-    float *work = rx_falloc(rx_block_work(P, BT)), *tmp = rx_falloc(BT * C);
+    float *work = rx_falloc(rx_block_work(P, BT));
     rc = rx_block_acts_alloc(&S, P, (size_t)B, (size_t)T);
-    if (rc == RX_OK && (!work || !tmp))
+    if (rc == RX_OK && !work)
         rc = rx_fail(RX_ENOMEM, "%s: out of memory", fn);
     /* recompute the forward, keeping its intermediates (the block output
      * itself is not needed) */
     if (rc == RX_OK)
         rc = rx_block_forward_acts(P, x, tm_xprev_init, cm_xprev_init, vres ? v_first : NULL,
-                                   NULL, &S, tmp);
+                                   NULL, &S, NULL);
     if (rc == RX_OK)
         rc = rx_block_backward_acts(P, &S, x, tm_xprev_init, cm_xprev_init, v_first, dy, G, dx,
                                     d_tm_xprev_init, d_cm_xprev_init, d_v_first, work);
     rx_block_acts_free(&S);
     free(work);
-    free(tmp);
     return rc;
 }

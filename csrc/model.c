@@ -512,6 +512,10 @@ struct rx_pt_saved {
     int held_r, held_a;    /* recompute: the blocks the shared sets hold, -1 none */
     rx_block_acts view0;   /* recompute: rwkv[0] as RWKV block 0 sees it */
     float *shared;         /* recompute: the region rwkv[0] and attn[0] share */
+    int lnout_stale;       /* recompute: a backward used lnout as scratch since the forward */
+    float *kept;           /* recompute: [n_attn_layer][kept_n] each attention block's
+                            * core products (rx_attn_kept_floats), never recomputed */
+    size_t kept_n;
 };
 
 /* The intermediates of RWKV block i. Under recompute the shared set is
@@ -523,8 +527,12 @@ static rx_block_acts *rwkv_acts(struct rx_pt_saved *s, int i) {
     return i == 0 ? &s->view0 : &s->rwkv[0];
 }
 
-static rx_attn_acts *attn_acts(struct rx_pt_saved *s, int i) {
-    return s->attn[s->recompute ? 0 : i];
+/* The intermediates of attention block i; under recompute the shared set,
+ * pointed at block i's kept core products. */
+static rx_attn_acts *attn_acts(struct rx_pt_saved *s, const rx_ptmodel *m, int i) {
+    if (!s->recompute) return s->attn[i];
+    rx_attn_acts_bind(s->attn[0], &m->attn[i], s->kept + (size_t)i * s->kept_n);
+    return s->attn[0];
 }
 
 static void saved_free(struct rx_pt_saved *s) {
@@ -537,6 +545,7 @@ static void saved_free(struct rx_pt_saved *s) {
     free(s->s);
     free(s->ds);
     free(s->shared);
+    free(s->kept);
     free(s);
 }
 
@@ -552,8 +561,10 @@ static struct rx_pt_saved *saved_new(const rx_ptmodel *m, size_t B, size_t T, in
     const rx_block_params *shape_of = &m->rwkv[recompute ? m->cfg.n_rwkv_layer - 1 : 0];
     const size_t BT = B * T, C = (size_t)m->cfg.n_embd, F = (size_t)m->cfg.ffn_dim;
     size_t nwork = na ? RX_ATTN_WORK(BT, C, F) : 0;
-    for (int i = 0; i < m->cfg.n_rwkv_layer; i++)
-        if (rx_block_work(&m->rwkv[i], BT) > nwork) nwork = rx_block_work(&m->rwkv[i], BT);
+    for (int i = 0; i < m->cfg.n_rwkv_layer; i++) {
+        const size_t w = (recompute ? rx_block_work_lean : rx_block_work)(&m->rwkv[i], BT);
+        if (w > nwork) nwork = w;
+    }
     s->rwkv = calloc((size_t)n, sizeof *s->rwkv);
     s->attn = calloc((size_t)(na ? na : 1), sizeof *s->attn);
     s->work = rx_falloc(nwork);
@@ -573,14 +584,17 @@ static struct rx_pt_saved *saved_new(const rx_ptmodel *m, size_t B, size_t T, in
         return NULL;
     }
     if (recompute) {
-        size_t nr = rx_block_acts_floats(shape_of, B, T);
+        /* the lean set: part of it in the blocks' backward scratch */
+        size_t nr = rx_block_acts_floats_lean(shape_of, B, T);
         const size_t nat = na ? rx_attn_acts_floats(&m->attn[0], B, T) : 0;
         s->shared = rx_falloc(nr > nat ? nr : nat);
-        if (s->shared) rx_block_acts_carve(&s->rwkv[0], shape_of, B, T, s->shared);
+        if (s->shared) rx_block_acts_carve_lean(&s->rwkv[0], shape_of, B, T, s->shared, s->work);
         s->n = s->shared ? 1 : 0;
         s->attn[0] = s->shared && na ? rx_attn_acts_new_in(&m->attn[0], B, T, s->shared) : NULL;
         s->na = s->attn[0] ? 1 : 0;
-        if (!s->shared || s->na != na) {
+        s->kept_n = na ? rx_attn_kept_floats(&m->attn[0], B, T) : 0;
+        s->kept = s->kept_n ? rx_falloc((size_t)m->cfg.n_attn_layer * s->kept_n) : NULL;
+        if (!s->shared || s->na != na || (s->kept_n && !s->kept)) {
             saved_free(s);
             return NULL;
         }
@@ -618,7 +632,10 @@ void rx_pt_acts_free(rx_pt_acts *a) {
  * logits | dlogits: BT*((n_blocks+7)*C + 2*vocab) floats, or with the
  * chunked head BT*(n_blocks+7)*C + 2*rows*vocab (logits NULL, dlogits the
  * head's scratch); the blocks' kept intermediates and a block backward's
- * scratch beside it. */
+ * scratch beside it. Under recompute lnout is work's third buffer (the
+ * summed v_first grad, written only after the head has read lnout), one
+ * [BT][C] less: the backward and rx_pretrain_loss make it again from the
+ * last block's output when a backward has used it. */
 int rx_pt_acts_create_opts(const rx_ptmodel *m, int B, int T, int flags, int head_rows,
                            rx_pt_acts **out) {
     static const char *const fn = "rx_pt_acts_create";
@@ -634,12 +651,13 @@ int rx_pt_acts_create_opts(const rx_ptmodel *m, int B, int T, int flags, int hea
     const size_t BT = (size_t)B * (size_t)T, C = (size_t)m->cfg.n_embd;
     const size_t V = (size_t)m->cfg.vocab_size, nb = (size_t)m->n_blocks;
     const int chunked = (flags & RX_ACTS_CHUNKED_HEAD) != 0;
+    const size_t lean = (flags & RX_ACTS_RECOMPUTE) != 0;
     const int rows = head_rows ? head_rows : rx_head_chunk_rows((int)V, 0);
     size_t rowc, rowv, total;
     /* sizes that do not fit the address space cannot be allocated either */
     if (!mul_ok(BT, C, &rowc) ||
         !mul_ok(chunked ? ((size_t)rows < BT ? (size_t)rows : BT) : BT, V, &rowv) ||
-        !mul_ok(rowc, nb + 7, &total) ||
+        !mul_ok(rowc, nb + 7 - lean, &total) ||
         total > SIZE_MAX - 2 * rowv || rowv > SIZE_MAX / 2)
         return rx_fail(RX_ENOMEM, "%s: acts for B = %d, T = %d exceed the address space", fn, B,
                        T);
@@ -664,8 +682,8 @@ int rx_pt_acts_create_opts(const rx_ptmodel *m, int B, int T, int flags, int hea
     a->n_blocks = (int)nb;
     a->block_in = f;
     a->v_first = a->block_in + (nb + 1) * rowc;
-    a->lnout = a->v_first + rowc;
-    a->work = a->lnout + rowc;
+    a->work = a->v_first + (2 - lean) * rowc;
+    a->lnout = lean ? a->work + 2 * rowc : a->v_first + rowc;
     a->logits = chunked ? NULL : a->work + 4 * rowc;
     a->dlogits = a->work + 4 * rowc + (chunked ? 0 : rowv);
     a->flags = flags;
@@ -737,7 +755,9 @@ static int block_forward_vf(rx_ptmodel *m, const rx_pt_acts *acts, int L, float 
     if (m->layers[L] == 'A') {
         s->held_a = i;
         s->held_r = -1;
-        return rx_attn_forward_acts(&m->attn[i], x, NULL, attn_acts(s, i), out);
+        /* a recompute (out NULL) finds the core's products kept */
+        return out ? rx_attn_forward_acts(&m->attn[i], x, NULL, attn_acts(s, m, i), out)
+                   : rx_attn_forward_kept(&m->attn[i], x, NULL, attn_acts(s, m, i));
     }
     s->held_r = i;
     s->held_a = -1;
@@ -757,13 +777,21 @@ static int block_forward(rx_ptmodel *m, const rx_pt_acts *acts, int L, float *ou
 
 /* Under recompute, block L's intermediates back in the shared set unless
  * it holds them already: its forward again from its kept input (the same
- * inputs and kernels, so the same bits), its output into scratch [B*T][C]
- * and v_first left as it is. */
-static int block_recompute(rx_ptmodel *m, const rx_pt_acts *acts, int L, float *scratch) {
+ * inputs and kernels, so the same bits), without the block output (and the
+ * channel-mix value projection that only it reads), v_first left as it is. */
+static int block_recompute(rx_ptmodel *m, const rx_pt_acts *acts, int L) {
     const struct rx_pt_saved *s = acts->saved;
     const int i = m->block_idx[L];
     if (!s->recompute || (m->layers[L] == 'A' ? s->held_a : s->held_r) == i) return RX_OK;
-    return block_forward_vf(m, acts, L, scratch, 0);
+    return block_forward_vf(m, acts, L, NULL, 0);
+}
+
+/* lnout = ln_out(the last block's output) */
+static int lnout_forward(const rx_ptmodel *m, const rx_pt_acts *acts) {
+    const size_t rowc = (size_t)acts->B * (size_t)acts->T * (size_t)acts->C;
+    acts->saved->lnout_stale = 0;
+    return rx_layernorm_forward_seq(acts->block_in + (size_t)m->n_blocks * rowc, m->ln_out_w,
+                                    m->ln_out_b, acts->lnout, acts->B, acts->T, acts->C);
 }
 
 /* tokens: [B][T]; fills acts: block_in, v_first, lnout, logits */
@@ -806,9 +834,7 @@ static int forward_batch(rx_ptmodel *m, const int *tokens, int B, int T, rx_pt_a
     }
     for (int L = 0; L < m->n_blocks && rc == RX_OK; L++)
         rc = block_forward(m, acts, L, acts->block_in + (size_t)(L + 1) * rowc);
-    if (rc == RX_OK)
-        rc = rx_layernorm_forward_seq(acts->block_in + (size_t)m->n_blocks * rowc, m->ln_out_w,
-                                      m->ln_out_b, acts->lnout, B, T, C);
+    if (rc == RX_OK) rc = lnout_forward(m, acts);
     if (rc == RX_OK && acts->logits)
         rc = rx_head_logits(acts->lnout, m->head, BT, C, V, acts->logits);
     if (rc != RX_OK) return rc;
@@ -864,6 +890,8 @@ static int backward_batch(rx_ptmodel *m, const rx_pt_acts *acts, const int *targ
     float *dcur = acts->work, *dnext = acts->work + rowc;
     float *dvf_sum = acts->work + 2 * rowc, *dvf_one = acts->work + 3 * rowc;
     float *bwork = acts->saved->work;
+    /* the same call as the forward's: the same bits */
+    if (acts->saved->lnout_stale && (rc = lnout_forward(m, acts)) != RX_OK) return rc;
 
     /* targets are valid here, so a NaN loss means non-finite logits: the
      * NaN grads still go through, as the grads of this call */
@@ -891,12 +919,15 @@ static int backward_batch(rx_ptmodel *m, const rx_pt_acts *acts, const int *targ
     for (int L = m->n_blocks - 1; L >= 0 && rc == RX_OK; L--) {
         const float *x = acts->block_in + (size_t)L * rowc;
         int i = m->block_idx[L];
-        /* dnext is free until this block's backward writes its dx there */
-        rc = block_recompute(m, acts, L, dnext);
+        rc = block_recompute(m, acts, L);
+        acts->saved->lnout_stale = acts->saved->recompute;   /* dvf_sum is lnout */
+        /* a block's backward takes the scratch that holds part of the lean
+         * set and overwrites the rest of it: the shared sets hold no block */
+        acts->saved->held_r = acts->saved->held_a = -1;
         if (rc != RX_OK) break;
         if (m->layers[L] == 'A') {
-            rc = rx_attn_backward_acts(&m->attn[i], attn_acts(acts->saved, i), x, NULL, dcur,
-                                       &m->attn_g[i], dnext, NULL, bwork);
+            rc = rx_attn_backward_acts(&m->attn[i], attn_acts(acts->saved, m, i), x, NULL,
+                                       dcur, &m->attn_g[i], dnext, NULL, bwork);
         } else if (i > 0) {
             float *dvf = have_dvf ? dvf_one : dvf_sum;
             rc = rx_block_backward_state(&m->rwkv[i], rwkv_acts(acts->saved, i), x, NULL, NULL,
@@ -1010,8 +1041,9 @@ double rx_pretrain_backward(rx_ptmodel *m, const rx_pt_acts *acts, const int *ta
 /* the checks of backward_batch, then the loss alone */
 static int loss_batch(rx_ptmodel *m, const rx_pt_acts *acts, const int *targets, int B, int T,
                       int ignore_index, double *loss) {
-    const int rc = check_loss_call("rx_pretrain_loss", m, acts, targets, loss, B, T);
+    int rc = check_loss_call("rx_pretrain_loss", m, acts, targets, loss, B, T);
     if (rc != RX_OK) return rc;
+    if (acts->saved->lnout_stale && (rc = lnout_forward(m, acts)) != RX_OK) return rc;
     const int V = m->cfg.vocab_size, C = m->cfg.n_embd, BT = B * T;
     if (acts->logits)
         return rx_cross_entropy(acts->logits, targets, BT, V, ignore_index, NULL, loss);

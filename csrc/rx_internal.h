@@ -409,8 +409,11 @@ int rx_rownorm_backward(const float *x, const float *w, const float *dy,
  * kept), the state entering every RX_WKV7_CHUNK-th step; the backward
  * starts from those (NULL: runs the forward again to make them) and only
  * reads them, so it can run twice per forward. work [RX_WKV7_WORK(B*H, N)]
- * is scratch for either (NULL: allocated per call). */
-#define RX_WKV7_CHUNK 16
+ * is scratch for either (NULL: allocated per call). 64 steps: the
+ * checkpoints cost N*N/64 floats a token per head (C at N = 64), and a
+ * chunk of recomputed states (65 N*N floats, 1.0 MiB at N = 64) still
+ * stays in a 2 MiB L2. */
+#define RX_WKV7_CHUNK 64
 #define RX_WKV7_CP(BH, T, N) ((BH) * (((T) + RX_WKV7_CHUNK - 1) / RX_WKV7_CHUNK) * (N) * (N))
 #define RX_WKV7_WORK(BH, N) ((BH) * ((RX_WKV7_CHUNK + 1) * (N) * (N) + (RX_WKV7_CHUNK + 4) * (N)))
 int rx_wkv7_forward_cp(const float *r, const float *w, const float *k, const float *v,
@@ -536,6 +539,9 @@ typedef struct {
     float *bonus;                       /* [BT][H] sum over the head of r*kmod*r_k */
     float *wkv_cp, *wkv_work;           /* rx_wkv7_forward_cp's checkpoints and scratch */
     float *mem;
+    int lean;                           /* rx_tm_acts_carve_lean: the lerps share buffers
+                                         * that the backward overwrites, and makes them
+                                         * again; zg is the caller's scratch */
 } rx_tm_acts;
 
 /* Every size and pointer of P valid (v0/v1/v2 and Dv only at layer > 0). */
@@ -551,6 +557,15 @@ int rx_tm_acts_alloc(rx_tm_acts *A, const rx_tm_params *P, size_t B, size_t T);
  * (64-byte aligned), which A does not own (A->mem NULL). */
 size_t rx_tm_acts_floats(const rx_tm_params *P, size_t B, size_t T);
 void rx_tm_acts_carve(rx_tm_acts *A, const rx_tm_params *P, size_t B, size_t T, float *mem);
+/* The lean set of recompute (docs/maths.md §Recompute): the six lerps share
+ * buffers with kmod, wsig, aw, bw, y and z, so the backward makes them again
+ * after reading those, which leaves A holding no forward (the model runs the
+ * forward again before another backward); zg is not carved: the caller
+ * points it at [BT][C] of scratch the forward may write (the backward makes
+ * it again). rx_tm_acts_floats_lean floats. */
+size_t rx_tm_acts_floats_lean(const rx_tm_params *P, size_t B, size_t T);
+void rx_tm_acts_carve_lean(rx_tm_acts *A, const rx_tm_params *P, size_t B, size_t T,
+                           float *mem);
 void rx_tm_acts_free(rx_tm_acts *A);
 /* x: [B][T][C]. Layer 0 writes v (v_first_out may be NULL); layer > 0
  * reads v_first_in. out [B][T][C] may be NULL (backward recompute). */
@@ -597,9 +612,19 @@ int rx_block_acts_alloc(rx_block_acts *S, const rx_block_params *P, size_t B, si
 size_t rx_block_acts_floats(const rx_block_params *P, size_t B, size_t T);
 void rx_block_acts_carve(rx_block_acts *S, const rx_block_params *P, size_t B, size_t T,
                          float *mem);
+/* The lean set of recompute: rx_block_acts_floats_lean floats of mem, and
+ * h2, xk, hid in work, the scratch of rx_block_work_lean floats that the
+ * backward of this set then takes (so between the forward and the backward
+ * no other block may use it). The backward overwrites the set
+ * (rx_tm_acts_carve_lean). */
+size_t rx_block_acts_floats_lean(const rx_block_params *P, size_t B, size_t T);
+size_t rx_block_work_lean(const rx_block_params *P, size_t BT);
+void rx_block_acts_carve_lean(rx_block_acts *S, const rx_block_params *P, size_t B, size_t T,
+                              float *mem, float *work);
 void rx_block_acts_free(rx_block_acts *S);
 /* rx_block_forward_seq's arguments (validated by the caller), filling S;
- * v_first as in rx_tm_forward_acts (read at layer > 0, written at 0). */
+ * v_first as in rx_tm_forward_acts (read at layer > 0, written at 0). out
+ * NULL: S alone, for a backward (the channel-mix value projection skipped). */
 int rx_block_forward_acts(const rx_block_params *P, const float *x,
                           const float *tm_xprev_init, const float *cm_xprev_init,
                           const float *v_first_in, float *v_first_out, rx_block_acts *S,
@@ -636,12 +661,22 @@ int rx_block_backward_state(const rx_block_params *P, const rx_block_acts *S, co
  * rx_attn_backward_full; out may be NULL; work: RX_ATTN_WORK floats. */
 typedef struct rx_attn_acts rx_attn_acts;
 rx_attn_acts *rx_attn_acts_new(const rx_attn_params *P, size_t B, size_t T);
-/* rx_attn_acts_new with its [BT] buffers in caller memory of
- * rx_attn_acts_floats floats (64-byte aligned), which S does not own (0: bad
- * sizes). */
+/* rx_attn_acts_new with its [BT] buffers (the core's kept selection and
+ * its [BT]-sized scratch too) in caller memory of rx_attn_acts_floats
+ * floats (64-byte aligned), which S does not own (0: bad sizes). */
 size_t rx_attn_acts_floats(const rx_attn_params *P, size_t B, size_t T);
 rx_attn_acts *rx_attn_acts_new_in(const rx_attn_params *P, size_t B, size_t T, float *mem);
 void rx_attn_acts_free(rx_attn_acts *S);
+/* Recompute keeps what the core made per block, one shared S for the rest:
+ * rx_attn_kept_floats floats (64-byte aligned) hold y [BT][C], the
+ * selection and the log-sum-exp; rx_attn_acts_bind points S at them (a
+ * forward then writes them there); rx_attn_forward_kept redoes the block's
+ * forward from x but for the core, whose products S holds already, and
+ * without the block output (the channel-mix value projection skipped). */
+size_t rx_attn_kept_floats(const rx_attn_params *P, size_t B, size_t T);
+void rx_attn_acts_bind(rx_attn_acts *S, const rx_attn_params *P, float *kept);
+int rx_attn_forward_kept(const rx_attn_params *P, const float *x, const float *cm_xprev_init,
+                         rx_attn_acts *S);
 int rx_attn_forward_acts(const rx_attn_params *P, const float *x, const float *cm_xprev_init,
                          rx_attn_acts *S, float *out);
 #define RX_ATTN_WORK(BT, C, F) (5 * (BT) * (C) + (BT) * (F))

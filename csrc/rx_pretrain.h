@@ -421,6 +421,8 @@ int rx_ptmodel_flags(const rx_ptmodel *m);
  * forward runs every block through one shared set of intermediates and the
  * backward runs each block's forward again, just before its backward, from
  * its kept input. The loss and every grad have the same bits as without.
+ * lnout then shares the backward's scratch: after a backward it holds
+ * other values until rx_pretrain_loss or the next backward makes it again.
  * RX_ACTS_CHUNKED_HEAD: no [B*T][vocab] buffer: logits is NULL, the forward
  * stops at lnout, and the backward (and rx_pretrain_loss) run the head and
  * the loss head_rows rows at a time through a [2][head_rows][vocab]

@@ -62,30 +62,56 @@ int rx_tm_grads_ok(const rx_tm_params *P, const rx_tm_grads *G) {
 
 #define TM_ACTS_NBUFS 19   /* the [BT][C] buffers of every layer (bufs below) */
 
-size_t rx_tm_acts_floats(const rx_tm_params *P, size_t B, size_t T) {
+/* The lean set (rx_tm_acts_carve_lean) has no buffers of its own for the
+ * six lerps: they share the six of kmod, wsig, aw, bw, y, z, which the
+ * forward writes only after its projections have read the lerps, and the
+ * backward reads only before it makes the lerps again. Nor for zg, which
+ * the forward writes into the caller's scratch for its output projection
+ * and the backward makes again (z*g, the same product) in its own. */
+#define TM_LERPS 6
+
+static size_t tm_acts_floats(const rx_tm_params *P, size_t B, size_t T, int lean) {
     const size_t BT = B * T, C = (size_t)P->c, H = (size_t)P->n_head, N = (size_t)P->head_size;
     const int vres = P->layer_id > 0;
     const size_t Dv = vres ? (size_t)P->Dv : 0;
     /* plus vmod and vg at layer > 0 */
-    return (TM_ACTS_NBUFS + (size_t)(2 * vres)) * rx_lines(BT * C) +
+    return (TM_ACTS_NBUFS - (size_t)(lean ? TM_LERPS + 1 : 0) + (size_t)(2 * vres)) *
+               rx_lines(BT * C) +
            rx_lines(BT * (size_t)P->Dw) + rx_lines(BT * (size_t)P->Da) +
            rx_lines(BT * (size_t)P->Dg) + rx_lines(BT * Dv) + rx_lines(BT * H) +
            rx_lines(RX_WKV7_CP(B * H, T, N)) + rx_lines(RX_WKV7_WORK(B * H, N));
 }
 
-void rx_tm_acts_carve(rx_tm_acts *A, const rx_tm_params *P, size_t B, size_t T, float *mem) {
+size_t rx_tm_acts_floats(const rx_tm_params *P, size_t B, size_t T) {
+    return tm_acts_floats(P, B, T, 0);
+}
+
+size_t rx_tm_acts_floats_lean(const rx_tm_params *P, size_t B, size_t T) {
+    return tm_acts_floats(P, B, T, 1);
+}
+
+static void tm_acts_carve(rx_tm_acts *A, const rx_tm_params *P, size_t B, size_t T, float *mem,
+                          int lean) {
     const size_t BT = B * T, C = (size_t)P->c, H = (size_t)P->n_head, N = (size_t)P->head_size;
     const int vres = P->layer_id > 0;
     const size_t Dv = vres ? (size_t)P->Dv : 0;
     memset(A, 0, sizeof *A);
     A->B = B;
     A->T = T;
+    /* the lerps first, so that the lean set skips them */
     float **bufs[] = {&A->xr, &A->xw, &A->xk, &A->xv, &A->xa, &A->xg, &A->r, &A->k,
                       &A->v,  &A->kmod, &A->w, &A->wsig, &A->a, &A->g, &A->aw, &A->bw,
                       &A->y,  &A->z, &A->zg};
     _Static_assert(sizeof bufs / sizeof bufs[0] == TM_ACTS_NBUFS, "TM_ACTS_NBUFS");
     float *p = mem;
-    for (size_t i = 0; i < TM_ACTS_NBUFS; i++) *bufs[i] = rx_carve(&p, BT * C);
+    /* zg last: the lean set leaves it to the caller */
+    for (size_t i = lean ? TM_LERPS : 0; i < TM_ACTS_NBUFS - (size_t)lean; i++)
+        *bufs[i] = rx_carve(&p, BT * C);
+    if (lean) {
+        A->xr = A->kmod, A->xw = A->wsig, A->xk = A->aw;
+        A->xv = A->bw, A->xa = A->y, A->xg = A->z;
+        A->lean = 1;
+    }
     if (vres) {
         A->vmod = rx_carve(&p, BT * C);
         A->vg = rx_carve(&p, BT * C);
@@ -99,6 +125,15 @@ void rx_tm_acts_carve(rx_tm_acts *A, const rx_tm_params *P, size_t B, size_t T, 
     A->bonus = rx_carve(&p, BT * H);
     A->wkv_cp = rx_carve(&p, RX_WKV7_CP(B * H, T, N));
     A->wkv_work = rx_carve(&p, RX_WKV7_WORK(B * H, N));
+}
+
+void rx_tm_acts_carve(rx_tm_acts *A, const rx_tm_params *P, size_t B, size_t T, float *mem) {
+    tm_acts_carve(A, P, B, T, mem, 0);
+}
+
+void rx_tm_acts_carve_lean(rx_tm_acts *A, const rx_tm_params *P, size_t B, size_t T,
+                           float *mem) {
+    tm_acts_carve(A, P, B, T, mem, 1);
 }
 
 int rx_tm_acts_alloc(rx_tm_acts *A, const rx_tm_params *P, size_t B, size_t T) {
@@ -296,14 +331,21 @@ RX_HOT static void bonus_row(const rx_tm_params *P, const rx_tm_acts *A, size_t 
     }
 }
 
+/* The six token-shift lerps of x into A (the forward's, and the lean
+ * backward's again: the same call, so the same bits) */
+static void tm_lerps(const rx_tm_params *P, const rx_tm_acts *A, const float *x,
+                     const float *x_prev_init) {
+    const float *mix[6] = {P->x_r, P->x_w, P->x_k, P->x_v, P->x_a, P->x_g};
+    float *xin[6] = {A->xr, A->xw, A->xk, A->xv, A->xa, A->xg};
+    rx_shift_lerp_forward(6, mix, x, x_prev_init, xin, A->B, A->T, (size_t)P->c);
+}
+
 int rx_tm_forward_state(const rx_tm_params *P, const float *x, const float *x_prev_init,
                         const float *v_first_in, float *v_first_out, float *state,
                         rx_tm_acts *A, float *out) {
     const size_t B = A->B, T = A->T, BT = B * T, C = (size_t)P->c;
     const size_t H = (size_t)P->n_head, N = (size_t)P->head_size;
-    const float *mix[6] = {P->x_r, P->x_w, P->x_k, P->x_v, P->x_a, P->x_g};
-    float *xin[6] = {A->xr, A->xw, A->xk, A->xv, A->xa, A->xg};
-    rx_shift_lerp_forward(6, mix, x, x_prev_init, xin, B, T, C);
+    tm_lerps(P, A, x, x_prev_init);
     const rx_gemm_op rkv[3] = {
         {0, 0, BT, C, C, A->xr, C, P->receptance_w, C, 0.0f, A->r, C},
         {0, 0, BT, C, C, A->xk, C, P->key_w, C, 0.0f, A->k, C},
@@ -438,6 +480,13 @@ RX_HOT static void wkv_inputs_back(const rx_tm_params *P, const rx_tm_acts *A,
     }
 }
 
+/* A chunk of dst [n] = a * b: bonus_row's zg = z*g again */
+RX_HOT static void mul_chunk(float *restrict dst, const float *restrict a,
+                             const float *restrict b, size_t n) {
+#pragma omp simd
+    for (size_t i = 0; i < n; i++) dst[i] = a[i] * b[i];
+}
+
 /* The four LoRA hiddens side by side */
 static size_t lora_dsum(const rx_tm_params *P) {
     return (size_t)P->Dw + (size_t)P->Da + (size_t)P->Dg + (size_t)P->Dv;
@@ -475,8 +524,16 @@ int rx_tm_backward_state(const rx_tm_params *P, const rx_tm_acts *A, const float
     rx_fzero(G->ln_x_w, C);
     rx_fzero(G->ln_x_b, C);
 
-    /* out = zg . output_w */
-    const rx_gemm_op out[2] = {{1, 0, C, C, BT, A->zg, C, dy, C, 0.0f, G->output_w, C},
+    /* out = zg . output_w; the lean set's zg again in dr, which the WKV7
+     * backward writes only after the output projection's grads */
+    const float *zg = A->zg;
+    if (A->lean) {
+        zg = S.dr;
+#pragma omp parallel for schedule(static) if (!rx_in_parallel() && BT * C >= RX_EW_MIN_PAR)
+        for (size_t i0 = 0; i0 < BT * C; i0 += RX_EW_CHUNK)
+            mul_chunk(S.dr + i0, A->z + i0, A->g + i0, rx_ew_len(i0, BT * C));
+    }
+    const rx_gemm_op out[2] = {{1, 0, C, C, BT, zg, C, dy, C, 0.0f, G->output_w, C},
                                {0, 1, BT, C, C, dy, C, P->output_w, C, 0.0f, S.dz, C}};
     int rc = rx_pgemm_batch(out, 2);
     if (rc != RX_OK) {
@@ -519,6 +576,8 @@ int rx_tm_backward_state(const rx_tm_params *P, const rx_tm_acts *A, const float
                                     h);
         rx_block_sums(S.part, nblk, TM_NVEC * C, C, TM_NVEC, sums, 0);
     }
+    /* the lean set's lerps, over buffers nothing below reads */
+    if (A->lean) tm_lerps(P, A, x, x_prev_init);
 
     /* projections and LoRAs back to their token-shift lerps: r, k, v and the
      * LoRA down-projections in one batch, their lerp grads into buffers

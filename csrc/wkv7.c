@@ -15,7 +15,7 @@
  *
  * Memory: the backward keeps the state only every RX_WKV7_CHUNK steps and
  * recomputes the states inside a chunk from its checkpoint, so a head costs
- * ceil(T/16)*N*N saved floats instead of T*N*N. The model's forward keeps
+ * ceil(T/RX_WKV7_CHUNK)*N*N saved floats instead of T*N*N. The model's forward keeps
  * these checkpoints (rx_wkv7_forward_cp) so its backward does not run the
  * forward again. Recomputation repeats the forward arithmetic exactly, so
  * the states match the forward's bit for bit.
@@ -625,7 +625,7 @@ int rx_wkv7_backward_cp(const float *r, const float *w, const float *k, const fl
                     prefetch_rows(rows, 3, o - WKV_AHEAD * C + i0, R);
                     if (g == 0) prefetch_rows(outs, WKV_NCOL, o - WKV_AHEAD * C, N);
                 }
-                /* and a sixteenth of the checkpoint the next chunk starts from */
+                /* and a chunk's share of the checkpoint the next chunk starts from */
                 const size_t part = R * N / RX_WKV7_CHUNK;
                 if (c > 0)
                     for (size_t q = 0; q < part; q += 16)

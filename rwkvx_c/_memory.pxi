@@ -113,10 +113,25 @@ def _act_bytes_per_token(dict config, bint recompute=False):
     """Activation bytes one token of a step keeps, the head's fixed scratch
     aside (rwkvx_c.model.memory.rough_bytes_per_token is this figure):
     every block's intermediates (~24 C + 2 F floats each), or under
-    recompute the kept block inputs, one block's intermediates and its
-    backward's scratch (~12 C more); within ~5% of the measured figure on M
-    (123 vs 127 KB with recompute)."""
+    recompute the layout of docs/performance.md §Long contexts: the kept
+    block inputs and the model's residual grads ((n_blocks + 6) C), one
+    region for the lean set of one RWKV block (16 C, its LoRA hiddens, the
+    bonus sums and the WKV7 checkpoints) or of one attention block, one
+    block backward's scratch, each attention block's kept core products
+    (its output, selection and log-sum-exp) and 4 C for the GEMM's packed
+    operands."""
     nb = config["n_rwkv_layer"] + config["n_attn_layer"]
     C, F = config["n_embd"], config["ffn_dim"]
-    blocks = 36 * C + 2 * F if recompute else nb * (24 * C + 2 * F)
-    return 4 * (blocks + (nb + 8) * C)
+    if not recompute:
+        return 4 * (nb * (24 * C + 2 * F) + (nb + 8) * C)
+    H, N = config["n_head"], config["head_size"]
+    lora = config["Dw"] + config["Da"] + config["Dg"] + config["Dv"]
+    region = 16 * C + lora + H + H * N * N // 64   # the WKV7 checkpoints: RX_WKV7_CHUNK
+    work = max(10 * C + lora + H, 3 * C + 2 * F)
+    kept = 0
+    if config["n_attn_layer"]:
+        kk, cs = max(config["moba_top_k"], 0), config["chunk_size"]
+        region = max(region, 8 * C + F + H * (2 * N // cs + 3 * kk + 2 + kk * N))
+        work = max(work, 5 * C + F)
+        kept = config["n_attn_layer"] * (C + H * (kk + 1))   # each one's core products
+    return 4 * ((nb + 6) * C + region + 2 * C + work + 4 * C + kept)

@@ -249,6 +249,27 @@ def test_recompute_holds_one_block():
     assert rec < full / 3, (rec, full)
 
 
+@pytest.mark.parametrize("attn", [0, 2])
+def test_recompute_keeps_the_lean_layout(attn):
+    """The heap a recompute step grows by stays within the lean layout's
+    figure (docs/performance.md §Long contexts, the estimate the memory
+    check uses), which holds no lerp, no zg, no channel-mix buffer outside
+    the block scratch and no attention scratch outside the shared region:
+    one more [B*T, C] buffer per block (8 C floats a token here, a quarter
+    of the figure) would cross it."""
+    from rwkvx_c.model.memory import head_bytes
+    cfg = dict(WIDE, n_rwkv_layer=8, n_attn_layer=attn, ln0=0)
+    T = 1024
+    # the difference of two lengths: what a token costs, without the fixed
+    # scratch (WKV7 states, row-block sums) and the head's rows
+    grown = _heap_growth(cfg, 1, 2 * T, True) - _heap_growth(cfg, 1, T, True)
+    per_tok = (grown - head_bytes(cfg["vocab_size"], 2 * T) +
+               head_bytes(cfg["vocab_size"], T)) / T
+    lean = rx._core._act_bytes_per_token(cfg, True)
+    per_block = 4 * cfg["n_embd"] * (cfg["n_rwkv_layer"] + attn)
+    assert per_tok <= lean < per_tok + per_block, (per_tok, lean, per_block)
+
+
 # ------------------------------------------------------------- the trainer
 
 def _train_opts(tmp_path, **kw):

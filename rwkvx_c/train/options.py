@@ -96,7 +96,7 @@ class TrainOptions:
                               "rate", kind="unit_float", metavar="F")
     schedule: str = _opt("cosine", "the learning rate after the warmup: cosine down to "
                          "min_lr_frac, or wsd (warmup-stable-decay): constant, then linear "
-                         "down over the last 20%; a resumed run given more --steps keeps wsd's "
+                         "down over the last fifth; a resumed run given more --steps keeps wsd's "
                          "constant rate, while a cosine jumps (docs/training.md)",
                          choices=SCHEDULES)
     weight_decay: float = _opt(0.1, "AdamW weight decay on matrices", kind="nonneg_float",
