@@ -32,10 +32,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 
 CHAT = os.path.join(os.path.dirname(HERE), "tests", "data", "chat.jsonl")
-# the learning rate of each tune: a state has no scale of its own to keep
-# (RWKV-PEFT's state-tuning demo starts at lr 1; 0.1 falls more smoothly
-# here); the LoRA rate moves the adapters on this base within a few steps
-LR = {"state": "0.1", "lora": "1e-2"}
+# each tune's batch x seq_len and learning rate: a state tune's windows start
+# at conversations (docs/finetune.md) and a state acts most near a window's
+# start, so it trains on windows of about one conversation of this data, at
+# RWKV-PEFT's state-tuning lr 1 (a state has no scale of its own to keep);
+# the LoRA rate moves the adapters on this base within a few steps
+SETUP = {"state": ("8", "32", "1"), "lora": ("2", "128", "1e-2")}
 
 _RWKV = """
 import os, sys
@@ -78,9 +80,10 @@ def tune(mode, pth, data, steps, work):
     from rwkvx_c.sample import load_run
 
     run = os.path.join(work, f"{mode}-run")
+    batch, seq_len, lr = SETUP[mode]
     rc = cli(["train", "--init-from", pth, "--tune", mode, "--data", data, "--steps",
-              str(steps), "--batch", "2", "--seq-len", "128", "--lr", LR[mode], "--warmup", "2",
-              "--eval-tokens", "512", "--eval-every", str(max(1, steps // 2)), "--threads", "2",
+              str(steps), "--batch", batch, "--seq-len", seq_len, "--lr", lr, "--warmup", "2",
+              "--eval-tokens", "512", "--eval-every", str(max(1, steps // 6)), "--threads", "2",
               "--precision", "fp32", "--no-progress", "--out", run, "--cache-dir",
               os.path.join(work, "cache")])
     assert rc == 0
