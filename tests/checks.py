@@ -5,6 +5,7 @@ tolerances of the brief: 1e-5 for forward outputs, 1e-4 for gradients) and
 records the measured ratio under `label`; `pytest --rx-errors` prints the
 worst ratio per label at the end of the run.
 
+token_batch: a random batch of tokens and targets with an ignored one.
 kernel_runs / kernel_fixture: which of a set of forced kernels (a
 `_core._*_use_kernel` hook) this CPU runs, and a fixture forcing each in turn."""
 import numpy as np
@@ -38,6 +39,16 @@ def assert_rel(label, got, ref, tol):
 def rand(rng, *shape, scale=1.0):
     """float32 normal draws (the kernels' input type)."""
     return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+def token_batch(vocab, B, T, seed, ignore):
+    """Random (tokens, targets) int32 (B, T) below vocab; every row's
+    target 2 is ignore (the loss's ignore_index at work)."""
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, vocab, (B, T)).astype(np.int32)
+    targets = rng.integers(0, vocab, (B, T)).astype(np.int32)
+    targets[:, 2] = ignore
+    return tokens, targets
 
 
 def kernel_runs(use_kernel, name):

@@ -25,7 +25,7 @@ from rwkvx_c.sample import load_model
 from rwkvx_c.train import Trainer, TrainError, TrainOptions
 from rwkvx_c.train.finetune import init_adapters, merge_adapters
 
-from checks import FWD_TOL, GRAD_TOL, assert_rel
+from checks import FWD_TOL, GRAD_TOL, assert_rel, token_batch
 from reference.autograd import Var
 from reference.lora import lora_params
 from reference.model import model_forward, model_loss
@@ -42,11 +42,7 @@ BF16_GRAD_TOL = 0.10
 
 
 def _data(seed):
-    rng = np.random.default_rng(seed)
-    tokens = rng.integers(0, CFG["vocab_size"], (B, T)).astype(np.int32)
-    targets = rng.integers(0, CFG["vocab_size"], (B, T)).astype(np.int32)
-    targets[:, 2] = IGNORE
-    return tokens, targets
+    return token_batch(CFG["vocab_size"], B, T, seed, IGNORE)
 
 
 def _model(cfg=CFG, seed=3, targets=tuple(TARGETS), precision="fp32"):

@@ -8,7 +8,7 @@ import pytest
 
 import rwkvx_c as rx
 
-from checks import FWD_TOL, GRAD_TOL, assert_rel
+from checks import FWD_TOL, GRAD_TOL, assert_rel, token_batch
 from reference.autograd import Var
 from reference.model import leaves, model_forward, model_loss
 
@@ -18,11 +18,7 @@ T, B, IGNORE = 11, 3, 4
 
 
 def _data(seed):
-    rng = np.random.default_rng(seed)
-    tokens = rng.integers(0, CFG["vocab_size"], (B, T)).astype(np.int32)
-    targets = rng.integers(0, CFG["vocab_size"], (B, T)).astype(np.int32)
-    targets[:, 2] = IGNORE
-    return tokens, targets
+    return token_batch(CFG["vocab_size"], B, T, seed, IGNORE)
 
 
 def _model(seed):

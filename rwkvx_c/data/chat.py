@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from rwkvx_c.data.formats import MAX_LINE_BYTES, jsonl_records
+from rwkvx_c.data.formats import MAX_LINE_BYTES, read_jsonl
 from rwkvx_c.data.sources import Source
 from rwkvx_c.errors import DataError
 
@@ -144,22 +144,8 @@ def _chat_records(src: Source, progress: Callable[[int], object] | None
     """(file:line, segments) of every record of src; progress(n) is called
     with the source bytes read."""
     _, path, kind = src
-    try:
-        with open(path, "rb") as raw:
-            fh = gzip.GzipFile(fileobj=raw) if kind == "jsonl.gz" else raw
-            pos = 0
-            for n, rec in jsonl_records(path, fh):
-                if progress:
-                    now = raw.tell()
-                    progress(now - pos)
-                    pos = now
-                yield f"{path}:{n}", segments(rec, f"{path}:{n}")
-            if progress:
-                progress(raw.tell() - pos)
-    except OSError as e:
-        raise DataError(f"cannot read {path}: {e.strerror or e}") from None
-    except EOFError:
-        raise DataError(f"{path} is a truncated gzip file") from None
+    for n, rec in read_jsonl(path, kind, progress):
+        yield f"{path}:{n}", segments(rec, f"{path}:{n}")
 
 
 def encode_chat(src: Source, tok: Tokenizer, write: Callable[[np.ndarray, np.ndarray], None],

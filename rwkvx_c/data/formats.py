@@ -31,7 +31,7 @@ from rwkvx_c.data.sources import Source
 from rwkvx_c.errors import DataError
 
 __all__ = ["PIECE_BYTES", "MAX_LINE_BYTES", "TokenFile", "is_binidx", "is_token_file",
-           "iter_documents", "jsonl_records", "max_token", "memmap", "read_binidx",
+           "iter_documents", "jsonl_records", "read_jsonl", "max_token", "memmap", "read_binidx",
            "read_token_file"]
 
 PIECE_BYTES = 8 << 20
@@ -219,13 +219,27 @@ def jsonl_records(path: str, fh: IO[bytes] | gzip.GzipFile) -> Iterator[tuple[in
         yield n, rec
 
 
-def _jsonl_docs(path: str, fh: IO[bytes] | gzip.GzipFile, text_field: str) -> Iterator[bytes]:
-    for n, rec in jsonl_records(path, fh):
-        text = rec.get(text_field) if isinstance(rec, dict) else None
-        if not isinstance(text, str):
-            raise DataError(f"{path}:{n}: no string field {text_field!r} "
-                            "(choose the field with --text-field)")
-        yield text.encode("utf-8", "surrogatepass") + b"\n"
+def read_jsonl(path: str, kind: str, progress: Callable[[int], object] | None = None
+               ) -> Iterator[tuple[int, object]]:
+    """(line number, parsed value) of every record of a "jsonl" or
+    "jsonl.gz" file (jsonl_records); progress(n) is called with the source
+    bytes read. DataError for a file that cannot be read or a truncated gzip."""
+    try:
+        with open(path, "rb") as raw:
+            fh = gzip.GzipFile(fileobj=raw) if kind == "jsonl.gz" else raw
+            pos = 0
+            for n, rec in jsonl_records(path, fh):
+                if progress:
+                    now = raw.tell()
+                    progress(now - pos)
+                    pos = now
+                yield n, rec
+            if progress:
+                progress(raw.tell() - pos)
+    except OSError as e:
+        raise DataError(f"cannot read {path}: {e.strerror or e}") from None
+    except EOFError:
+        raise DataError(f"{path} is a truncated gzip file") from None
 
 
 def _text_pieces(path: str, progress: Callable[[int], object] | None
@@ -251,22 +265,15 @@ def iter_documents(files: Sequence[Source], text_field: str = "text",
     comes as several (piece, False) ... (last, True). progress(n) is called
     with the source bytes read."""
     for _, p, kind in files:
+        if kind != "text":
+            for n, rec in read_jsonl(p, kind, progress):
+                text = rec.get(text_field) if isinstance(rec, dict) else None
+                if not isinstance(text, str):
+                    raise DataError(f"{p}:{n}: no string field {text_field!r} "
+                                    "(choose the field with --text-field)")
+                yield text.encode("utf-8", "surrogatepass") + b"\n", True
+            continue
         try:
-            if kind == "text":
-                yield from _text_pieces(p, progress)
-                continue
-            with open(p, "rb") as raw:
-                fh = gzip.GzipFile(fileobj=raw) if kind == "jsonl.gz" else raw
-                pos = 0
-                for doc in _jsonl_docs(p, fh, text_field):
-                    if progress:
-                        now = raw.tell()
-                        progress(now - pos)
-                        pos = now
-                    yield doc, True
-                if progress:
-                    progress(raw.tell() - pos)
+            yield from _text_pieces(p, progress)
         except OSError as e:
             raise DataError(f"cannot read {p}: {e.strerror or e}") from None
-        except EOFError:
-            raise DataError(f"{p} is a truncated gzip file") from None

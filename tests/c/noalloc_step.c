@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "rx_pretrain.h"
+#include "projections.h"
 
 extern void *__libc_malloc(size_t);
 extern void *__libc_calloc(size_t, size_t);
@@ -64,18 +65,8 @@ static int step(rx_ptmodel *m, rx_pt_acts *acts, const int *tok, const int *tgt,
 
 /* LoRA adapters of rank 8 on every block projection of m, A nonzero, the base frozen */
 static int add_lora(rx_ptmodel *m) {
-    static const char *const ends[] = {"receptance_w", "key_w", "value_w", "output_w"};
-    int idx[64], n = 0, rc = RX_OK;
-    for (int i = 0; i < rx_ptmodel_num_params(m) && n < 64; i++) {
-        const char *name;
-        rx_ptmodel_param(m, i, &name, NULL, NULL, NULL);
-        const size_t len = strlen(name);
-        for (int e = 0; e < 4; e++) {
-            const size_t k = strlen(ends[e]);
-            if (len > k && strcmp(name + len - k, ends[e]) == 0) idx[n++] = i;
-        }
-    }
-    rc = rx_ptmodel_enable_lora(m, 8, 16.0, idx, n);
+    int idx[64];
+    const int rc = rx_ptmodel_enable_lora(m, 8, 16.0, idx, block_projections(m, idx, 64));
     int64_t na = 0;
     float *a = rc == RX_OK ? rx_ptmodel_lora_arena(m, &na) : NULL;
     for (int64_t i = 0; i < na; i++) a[i] = (float)((i * 37) % 11 - 5) * 0.01f;

@@ -14,6 +14,7 @@
 
 #include "rx_pretrain.h"
 #include "check.h"
+#include "projections.h"
 
 static const rx_pt_config CFG = {
     .n_embd = 15, .n_head = 3, .head_size = 5, .n_rwkv_layer = 2, .n_attn_layer = 1,
@@ -21,22 +22,6 @@ static const rx_pt_config CFG = {
     .chunk_size = 4, .moba_top_k = 1,
 };
 enum { B = 2, T = 9, R = 3, MAXP = 64 };
-
-/* indices of every block projection of m into idx; returns the count */
-static int projections(rx_ptmodel *m, int *idx) {
-    static const char *const ends[] = {"receptance_w", "key_w", "value_w", "output_w"};
-    int n = 0;
-    for (int i = 0; i < rx_ptmodel_num_params(m) && n < MAXP; i++) {
-        const char *name;
-        rx_ptmodel_param(m, i, &name, NULL, NULL, NULL);
-        const size_t len = strlen(name);
-        for (int e = 0; e < 4; e++) {
-            const size_t k = strlen(ends[e]);
-            if (len > k && strcmp(name + len - k, ends[e]) == 0) idx[n++] = i;
-        }
-    }
-    return n;
-}
 
 /* forward + backward with acts of these flags; the loss */
 static double step(rx_ptmodel *m, int flags, const int *tok, const int *tgt) {
@@ -55,7 +40,7 @@ int main(void) {
     CHECK(rx_model_create(&CFG, RX_PT_LN0, 7, &m) == RX_OK, "create: %s", rx_last_error());
     if (!m) return 1;
     int idx[MAXP], tok[B * T], tgt[B * T];
-    const int np = projections(m, idx);
+    const int np = block_projections(m, idx, MAXP);
     CHECK(np == 2 * 6 + 6, "%d projections", np);
     for (int i = 0; i < B * T; i++) tok[i] = i * 7 % 19, tgt[i] = i * 5 % 19;
     int w1 = -1;

@@ -1,0 +1,31 @@
+/* SPDX-License-Identifier: AGPL-3.0-or-later AND Apache-2.0
+ *
+ * projections.h -- the tensor indices of a model's block projections
+ * (receptance_w, key_w, value_w, output_w: the time-mix's and channel-mix's
+ * key and value, the attention blocks' q/k/v/o), by their docs/layout.md
+ * names: the targets the C programs put LoRA adapters on.
+ */
+#ifndef RX_TEST_PROJECTIONS_H
+#define RX_TEST_PROJECTIONS_H
+
+#include <string.h>
+
+#include "rx_pretrain.h"
+
+/* indices of m's block projections into idx [max]; returns the count */
+static int block_projections(rx_ptmodel *m, int *idx, int max) {
+    static const char *const ends[] = {"receptance_w", "key_w", "value_w", "output_w"};
+    int n = 0;
+    for (int i = 0; i < rx_ptmodel_num_params(m) && n < max; i++) {
+        const char *name;
+        rx_ptmodel_param(m, i, &name, NULL, NULL, NULL);
+        const size_t len = strlen(name);
+        for (int e = 0; e < 4 && n < max; e++) {
+            const size_t k = strlen(ends[e]);
+            if (len > k && strcmp(name + len - k, ends[e]) == 0) idx[n++] = i;
+        }
+    }
+    return n;
+}
+
+#endif
