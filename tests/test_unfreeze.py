@@ -21,7 +21,8 @@ def _losses(rows):
 
 
 @pytest.mark.parametrize("mode", ["state", "freeze", "lora"])
-def test_unfreeze_at_trains_the_base_from_that_step_and_resumes_bit_exact(tmp_path, mode):
+def test_unfreeze_at_trains_the_base_from_that_step_and_resumes_bit_exact(tmp_path, mode,
+                                                                           capsys):
     model = dict(SMALL) if mode == "freeze" else RWKV
     base = _base_run(tmp_path, model)
     tensors, _, _ = read_checkpoint(base + "/checkpoint.safetensors")
@@ -57,6 +58,15 @@ def test_unfreeze_at_trains_the_base_from_that_step_and_resumes_bit_exact(tmp_pa
     ck, _, st = read_checkpoint(str(tmp_path / "a" / "checkpoint.safetensors"))
     assert st["unfrozen"] is True and ck["optim.m"].shape == (tr.optim.m.size,)
     assert not any(k.endswith(".lora_A") for k in ck)   # past the switch: merged
+    if mode == "lora":   # the adapters are gone into the base: a lora export says so
+        capsys.readouterr()
+        assert main(["export", str(tmp_path / "a"), "--format", "lora", "--out",
+                     str(tmp_path / "a.pth")]) == 1
+        e = capsys.readouterr().err.strip()
+        assert len(e.splitlines()) == 1 and "--unfreeze-at 3" in e
+        assert main(["export", str(tmp_path / "a"), "--format", "rwkv7", "--out",
+                     str(tmp_path / "m.pth")]) == 0
+        assert "merged into this model" not in capsys.readouterr().out
     losses = _losses(rows)
     # resumed before the switch (step 2) it crosses it identically; after it
     # (step 4) it continues identically

@@ -44,8 +44,16 @@ def run(a: argparse.Namespace) -> int:
     # the checkpoint and, beside it, the tokenizer.json load_run read
     inputs = [a.dir, os.path.dirname(os.path.abspath(a.dir))] if os.path.isfile(a.dir) \
         else [a.dir]
+    run_state = read_state(checkpoint_path(a.dir))
+    opts = run_state.get("options") or {}
+    # past --unfreeze-at a LoRA run's adapters live on in its base weights alone
+    merged_base = opts.get("tune") == "lora" and bool(run_state.get("unfrozen"))
     adapters: Adapters | None = None
     if a.format in ("lora", "peft"):   # load_run merged them: read them again
+        if merged_base:
+            return err(f"the LoRA run in {a.dir} merged its adapters into the base at "
+                       f"--unfreeze-at {opts.get('unfreeze_at')}; export the model instead "
+                       "(--format rwkv7, rwkvx, gguf or hf)")
         p = checkpoint_path(a.dir)
         tensors, _, state = read_checkpoint(p)
         ads = adapters_of(tensors)
@@ -53,8 +61,8 @@ def run(a: argparse.Namespace) -> int:
     export_model(model, a.format, a.out, a.dtype, inputs=inputs, tokenizer=tok,
                  adapters=adapters)
     print(f"rwkvx-c export: {a.out} ({a.format}, {a.dtype})")
-    opts = read_state(checkpoint_path(a.dir)).get("options") or {}
-    if opts.get("tune") == "lora" and a.format not in ("lora", "peft", "state"):
+    if opts.get("tune") == "lora" and not merged_base and a.format not in ("lora", "peft",
+                                                                            "state"):
         print("rwkvx-c export: the LoRA adapters are merged into this model; "
               "--format lora (or peft) writes them alone")
     if model.state is not None and a.format != "state":
