@@ -27,7 +27,7 @@ from rwkvx_c.errors import (
 from rwkvx_c.model import memory
 from rwkvx_c.model.config import ModelConfig
 from rwkvx_c.model.lora import adapters_of, run_alpha, without_adapters
-from rwkvx_c.model.weights import load_params
+from rwkvx_c.model.weights import load_params, load_states
 from rwkvx_c.run.checkpoint import STATE_KEY, read_checkpoint
 from rwkvx_c.run.rundir import checkpoint_path
 
@@ -68,14 +68,7 @@ def load_run(path: str) -> tuple[_core.RxPtModel, Tokenizer]:
     if adapters_of(tensors):   # a LoRA run: the model it trained, merged
         tensors = without_adapters(tensors, run_alpha(state, p))
     load_params(model, tensors, f"checkpoint {p}")
-    s0 = tensors.get(STATE_KEY)
-    if s0 is not None:   # a state-tuned model starts every sequence from its states
-        model.enable_state()
-        assert model.state is not None
-        if s0.shape != model.state.shape:
-            raise CheckpointError(f"checkpoint {p}: {STATE_KEY} has shape {s0.shape}, the "
-                                  f"model's initial states are {model.state.shape}")
-        model.state[...] = s0
+    load_states(model, tensors.get(STATE_KEY), f"checkpoint {p}")
     return model, tok
 
 

@@ -175,3 +175,16 @@ def test_recompute_and_the_chunked_head_keep_the_state_grad(precision, layers):
         if not frozen:
             assert np.array_equal(g, runs[0][3])
     assert np.array_equal(runs[1][3], runs[3][3])   # frozen: the same (few) grads written
+
+
+def test_load_states_checks_the_shape():
+    from rwkvx_c.errors import CheckpointError
+    from rwkvx_c.model.weights import load_states
+    m = rx.RxPtModel(CFG, seed=0)
+    load_states(m, None, "nothing")
+    assert m.state is None                      # no states: the model starts from zero
+    with pytest.raises(CheckpointError, match="initial states have shape"):
+        load_states(m, np.zeros((2, 3, 5, 5), np.float32), "ckpt")
+    s = np.random.default_rng(0).standard_normal((3, 3, 5, 5)).astype(np.float32)
+    load_states(m, s, "ckpt")
+    assert np.array_equal(m.state, s)

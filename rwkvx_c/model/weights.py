@@ -17,7 +17,7 @@ from rwkvx_c.errors import CheckpointError, RwkvxError
 if TYPE_CHECKING:
     from rwkvx_c._core import RxPtModel
 
-__all__ = ["load_params"]
+__all__ = ["load_params", "load_states"]
 
 
 def load_params(model: RxPtModel, tensors: Mapping[str, np.ndarray], what: str,
@@ -37,3 +37,18 @@ def load_params(model: RxPtModel, tensors: Mapping[str, np.ndarray], what: str,
             raise error(f"{what}: tensor {name} has shape {t.shape}, the model expects {want}")
     for name in model.param_names:
         model.params[name][...] = tensors[name]
+
+
+def load_states(model: RxPtModel, states: np.ndarray | None, what: str,
+                error: type[RwkvxError] = CheckpointError) -> None:
+    """A state-tuned model's trained initial WKV states (a checkpoint's
+    state0, [n_rwkv, H, N, N]) into model, which from then on starts every
+    sequence from them; nothing when states is None. error as load_params'."""
+    if states is None:
+        return
+    model.enable_state()
+    assert model.state is not None
+    if states.shape != model.state.shape:
+        raise error(f"{what}: the initial states have shape {states.shape}, the model's are "
+                    f"{model.state.shape}")
+    model.state[...] = states

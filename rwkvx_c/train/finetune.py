@@ -37,6 +37,7 @@ from rwkvx_c.model.lora import (
     merge_into,
     target_params,
 )
+from rwkvx_c.model.weights import load_states
 from rwkvx_c.run.checkpoint import STATE_KEY
 from rwkvx_c.train.expand import ATTN_FIELDS, expanded_config
 from rwkvx_c.train.optim import AdamW, decay_ranges
@@ -364,12 +365,4 @@ def restore_trained(model: RxPtModel, tensors: Mapping[str, np.ndarray], what: s
             raise TrainError(f"{what} lacks the adapter {k} of shape {v.shape}"
                              + ("" if t is None else f" (it has {t.shape})"))
         v[...] = t
-    t = tensors.get(STATE_KEY)
-    if t is None:
-        return
-    model.enable_state()
-    assert model.state is not None
-    if t.shape != model.state.shape:
-        raise TrainError(f"{what}: {STATE_KEY} has shape {t.shape}, the model's initial "
-                         f"states are {model.state.shape}")
-    model.state[...] = t
+    load_states(model, tensors.get(STATE_KEY), what, TrainError)
