@@ -42,6 +42,18 @@ def corpus(folder, n=6000):
     return p
 
 
+def tiny_run(folder):
+    """A saved two-step run of a small pure RWKV-7 model in folder/run (the
+    input the output-path and surface tests point commands at)."""
+    from rwkvx_c.train.options import TrainOptions
+    from rwkvx_c.train.trainer import Trainer
+    out = os.path.join(folder, "run")
+    Trainer(TrainOptions(preset="tiny", data=corpus(folder), model=dict(SMALL, n_attn_layer=0),
+                         batch=2, seq_len=16, steps=2, eval_tokens=32, threads=2,
+                         cache_dir=os.path.join(folder, "cache")), out).run()
+    return out
+
+
 def no_traceback(r):
     err = r.stderr if isinstance(r.stderr, str) else r.stderr.decode(errors="replace")
     assert "Traceback" not in err, err

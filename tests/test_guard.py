@@ -4,6 +4,7 @@ too does, and a too-high learning rate still stops within a few steps."""
 import pytest
 
 from rwkvx_c.errors import Divergence
+from rwkvx_c.run.rundir import CHECKPOINT
 from rwkvx_c.train.guard import (
     GRAD_PERSIST,
     GRAD_SPIKE,
@@ -103,3 +104,5 @@ def test_cli_lr10_still_stops_at_once(tmp_path):
     assert r.returncode == 1
     last = err.strip().splitlines()[-1]
     assert "the run diverged at step 2: the loss" in last and "uniform-guess" in last, last
+    assert "no checkpoint was saved" in err
+    assert not (tmp_path / "run" / CHECKPOINT).exists()

@@ -7,20 +7,13 @@ import pytest
 
 from rwkvx_c.cli import main
 from rwkvx_c.run.rundir import CHECKPOINT, LOCK, LOG, PLOT, TOKENIZER, RunDir
-from rwkvx_c.train.options import TrainOptions
-from rwkvx_c.train.trainer import Trainer
 
-from hostile import SMALL, corpus
+from hostile import corpus, tiny_run
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    d = tmp_path_factory.mktemp("out")
-    out = str(d / "run")
-    Trainer(TrainOptions(preset="tiny", data=corpus(str(d)), model=dict(SMALL, n_attn_layer=0),
-                         batch=2, seq_len=16, steps=2, eval_tokens=32, threads=2,
-                         cache_dir=str(d / "cache")), out).run()
-    return out
+    return tiny_run(str(tmp_path_factory.mktemp("out")))
 
 
 def _digest(run_dir):

@@ -16,20 +16,13 @@ from rwkvx_c.data.formats import iter_documents
 from rwkvx_c.errors import DataError, InteropError, SampleError, TokenizerError
 from rwkvx_c.run.rundir import CHECKPOINT
 from rwkvx_c.sample import generate
-from rwkvx_c.train.options import TrainOptions
-from rwkvx_c.train.trainer import Trainer
 
-from hostile import SMALL, cli, corpus, no_traceback, python
+from hostile import SMALL, cli, corpus, no_traceback, python, tiny_run
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    d = tmp_path_factory.mktemp("surf")
-    out = str(d / "run")
-    Trainer(TrainOptions(preset="tiny", data=corpus(str(d)), model=dict(SMALL, n_attn_layer=0),
-                         batch=2, seq_len=16, steps=2, eval_tokens=32, threads=2,
-                         cache_dir=str(d / "cache")), out).run()
-    return out
+    return tiny_run(str(tmp_path_factory.mktemp("surf")))
 
 
 def _one_line(capsys, argv, code=1):
