@@ -52,8 +52,7 @@ def load_data(opts: ResolvedOptions, run_dir: str | None, out_dir: str | None,
 
 def build_model(opts: ResolvedOptions, tokenizer: Tokenizer, corpus: Corpus,
                 tensors: Mapping[str, np.ndarray] | None,
-                weights: Mapping[str, np.ndarray] | None,
-                ranks: int) -> tuple[_core.RxPtModel, AdamW | PartsAdamW]:
+                weights: Mapping[str, np.ndarray] | None) -> tuple[_core.RxPtModel, AdamW | PartsAdamW]:
     """The model, its first weights (imported or --init-from: weights; a
     resume: none here, the checkpoint's come later; else initialised) and
     the optimiser over what trains (--tune). Sets opts' vocabulary."""
@@ -73,7 +72,7 @@ def build_model(opts: ResolvedOptions, tokenizer: Tokenizer, corpus: Corpus,
         load_weights(model, place_weights(model, weights))
     elif tensors is None:
         init_model(model, opts.init, seed=opts.seed)
-    return model, make_optimizer(model, opts, ranks)
+    return model, make_optimizer(model, opts)
 
 
 def load_weights(model: _core.RxPtModel, tensors: Mapping[str, np.ndarray]) -> None:

@@ -183,6 +183,11 @@ class PartsAdamW:
         """The global L2 norm over every piece's gradients."""
         return math.sqrt(sum(a.grad_norm() ** 2 for a in self.subs))
 
+    def grad_buffers(self) -> list[np.ndarray]:
+        """The flat gradients of what trains, piece by piece (what MPI ranks
+        average: nothing of the frozen base)."""
+        return [a.grads for a in self.subs]
+
     def step(self, lr: float, norm: float | None = None) -> float:
         if norm is None:
             norm = self.grad_norm()
@@ -194,17 +199,12 @@ class PartsAdamW:
         return norm
 
 
-def make_optimizer(model: RxPtModel, opts: TrainOptions, ranks: int = 1) -> AdamW | PartsAdamW:
+def make_optimizer(model: RxPtModel, opts: TrainOptions) -> AdamW | PartsAdamW:
     """The AdamW over what trains, the rest frozen in C (no weight-gradient
     GEMMs): every parameter (full, the plain run), all but --freeze's groups,
     the initial states with --train-parts' groups (state), or the LoRA
     adapters, made and initialised here, with --train-parts' groups (lora).
-    Matrices (adapters too) get weight decay, vectors and states none.
-    ranks: the data-parallel processes, which average the parameter
-    gradients only."""
-    if opts.tune in ("state", "lora") and ranks > 1:
-        raise TrainError(f"--tune {opts.tune} trains in one process: its gradients are not "
-                         "averaged over MPI ranks")
+    Matrices (adapters too) get weight decay, vectors and states none."""
     names = trained_names(model, opts)
     if opts.tune == "full" and len(names) == len(model.param_names):
         model.freeze_ranges(np.zeros((0, 2), np.int64))

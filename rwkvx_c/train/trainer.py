@@ -156,7 +156,7 @@ class Trainer:
     def _build_model(self, _tensors: Mapping[str, np.ndarray] | None,
                      _weights: Mapping[str, np.ndarray] | None) -> None:
         self.model, self.optim = build_model(self.opts, self.tokenizer, self.corpus, _tensors,
-                                             _weights, self.group.size)
+                                             _weights)
         self.guard = DivergenceGuard(self.opts.model["vocab_size"])
 
     def _prepare_batches(self) -> None:
@@ -374,7 +374,10 @@ class Trainer:
         lo, hi = self._rows
         self.model.forward(x[lo:hi], return_logits=False)
         loss = self.model.backward(y[lo:hi], IGNORE)
-        loss = self.group.average_grads(self.model.grad_buffer, loss)
+        # a chat corpus's ranks count different numbers of targets: weighted by them
+        share = None if self.corpus.train_mask is None else \
+            count_targets(y[lo:hi]) / max(count_targets(y), 1)
+        loss = self.group.average_grads(self.optim.grad_buffers(), loss, share)
         norm = self.optim.grad_norm()   # of what trains, judged before the update
         self.guard.check_loss(loss, self.step_count + 1, norm)
         self.optim.step(lr, norm)
