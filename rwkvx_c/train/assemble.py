@@ -52,7 +52,8 @@ def load_data(opts: ResolvedOptions, run_dir: str | None, out_dir: str | None,
 
 def build_model(opts: ResolvedOptions, tokenizer: Tokenizer, corpus: Corpus,
                 tensors: Mapping[str, np.ndarray] | None,
-                weights: Mapping[str, np.ndarray] | None) -> tuple[_core.RxPtModel, AdamW | PartsAdamW]:
+                weights: Mapping[str, np.ndarray] | None
+                ) -> tuple[_core.RxPtModel, AdamW | PartsAdamW]:
     """The model, its first weights (imported or --init-from: weights; a
     resume: none here, the checkpoint's come later; else initialised) and
     the optimiser over what trains (--tune). Sets opts' vocabulary."""
