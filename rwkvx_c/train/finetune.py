@@ -49,7 +49,8 @@ if TYPE_CHECKING:
 PARTS = ("ln", "time", "emb", "head", "attn")
 
 __all__ = ["TUNE_MODES", "PARTS", "part_of", "parse_parts", "trained_names", "PartsAdamW",
-           "STATE_KEY", "shape_conflicts", "from_source", "make_optimizer", "trained_tensors",
+           "STATE_KEY", "base_frozen", "saved_params", "held_names", "shape_conflicts",
+           "from_source", "make_optimizer", "trained_tensors",
            "restore_trained", "unfreeze", "unfreeze_due", "is_unfrozen", "switched",
            "parse_targets", "init_adapters", "merge_adapters"]
 
@@ -125,6 +126,13 @@ def parse_targets(spec: str | None) -> tuple[str, ...]:
         raise TrainError(f"--lora-targets: unknown target {bad[0] if bad else spec!r}; "
                          f"choose from {', '.join(TARGETS)}")
     return names
+
+
+def base_frozen(opts: TrainOptions) -> bool:
+    """True when part of the model starts frozen (--tune state or lora,
+    --freeze, --train-parts): a fine-tune's checkpoint then names its base
+    instead of holding it, until --unfreeze-at."""
+    return opts.tune != "full" or bool(opts.freeze) or bool(opts.train_parts)
 
 
 def trained_names(model: RxPtModel, opts: TrainOptions) -> list[str]:
@@ -354,6 +362,25 @@ def trained_tensors(model: RxPtModel) -> dict[str, np.ndarray]:
     out = {} if model.state is None else {STATE_KEY: model.state}
     out.update(model.lora or {})
     return out
+
+
+def saved_params(model: RxPtModel, opts: TrainOptions,
+                 base_names: frozenset[str] | None) -> dict[str, np.ndarray]:
+    """The parameters a checkpoint holds: every one (base_names None), or,
+    while a run that names its base has part of the model frozen, the ones
+    that train and any the base lacks (an expansion's new blocks)."""
+    if base_names is None:
+        return dict(model.params)
+    keep = set(trained_names(model, opts))
+    return {n: p for n, p in model.params.items() if n in keep or n not in base_names}
+
+
+def held_names(model: RxPtModel, opts: TrainOptions,
+               tensors: Mapping[str, np.ndarray]) -> list[str]:
+    """The parameters to load from a checkpoint that names its base: those it
+    holds and (so that a missing one is refused) every one that trains."""
+    trained = set(trained_names(model, opts))
+    return [n for n in model.param_names if n in tensors or n in trained]
 
 
 def restore_trained(model: RxPtModel, tensors: Mapping[str, np.ndarray], what: str) -> None:
