@@ -251,11 +251,10 @@ class Trainer:
         c = saved_counters(state)
         # the side of the base-unfreeze first: past it a LoRA run's checkpoint
         # holds the merged base and no adapters, before it both
-        was = is_unfrozen(self.optim)
-        self.optim = switched(self.model, self.optim, self.opts, bool(state.get("unfrozen")))
         partial = state.get(BASE_KEY) is not None
-        if partial and was and not is_unfrozen(self.optim):
+        if partial and is_unfrozen(self.optim) and not state.get("unfrozen"):
             self._reload_base()   # a rollback to before the switch: the base as it began
+        self.optim = switched(self.model, self.optim, self.opts, bool(state.get("unfrozen")))
         self._load_params(tensors, partial)
         n = self.optim.m.size
         for key, buf in (("optim.m", self.optim.m), ("optim.v", self.optim.v)):
