@@ -183,6 +183,12 @@ def test_fine_tunes_on_two_ranks_match_one_process(tmp_path, tune, data):
     assert len(l1) == len(l2) == 20 and l1[-1] < l1[0]
     rel = np.abs(np.subtract(l1, l2)) / np.abs(l1)
     assert rel.max() <= 1e-5, rel
+    # the checkpoint names its base; the resumed ranks rebuild the model from it
+    r = _launch(2, ["--out", two, "--resume", "--steps", "22", "--no-progress"], tmp_path,
+                data=data)
+    assert r.returncode == 0, r.stderr
+    l2b = _losses(two)[0]
+    assert l2b[:20] == l2 and len(l2b) == 22 and "resumed at step 20" in r.stdout
 
 
 def test_batch_must_divide_over_ranks(tmp_path):
