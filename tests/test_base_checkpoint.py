@@ -139,6 +139,8 @@ def test_a_moved_or_changed_base_is_refused_and_base_points_again(tmp_path, caps
     os.utime(os.path.join(moved, CKPT), ns=(1, 1))
     assert main(["sample", run, "--max-new-tokens", "2"]) == 0
     # changed: refused, naming both and how to point at the original
+    with open(os.path.join(moved, CKPT), "rb") as f:
+        original = f.read()
     tensors, config, st = read_checkpoint(os.path.join(moved, CKPT))
     tensors = {k: np.array(v) for k, v in tensors.items()}
     tensors["emb"][0, 0] += 1.0
@@ -148,11 +150,20 @@ def test_a_moved_or_changed_base_is_refused_and_base_points_again(tmp_path, caps
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and moved in err[0] and run in err[0] and "--base PATH" in err[0], err
     assert "is not the base" in err[0]
-    # --base on a new run, or on a run that names no base, is refused
-    assert _cli_state_run(tmp_path, moved, str(tmp_path / "new"), 2, "--base", moved) == 1
-    assert "a new run names its base with --init-from" in capsys.readouterr().err
-    assert main(["train", "--resume", "--out", moved, "--steps", "4", "--no-progress",
-                 "--base", moved]) == 1
+    # a new run from the run: --base names where the run's base is now
+    with open(os.path.join(moved, CKPT), "wb") as f:
+        f.write(original)
+    shutil.move(moved, base)
+    capsys.readouterr()
+    assert _cli_state_run(tmp_path, run, str(tmp_path / "next"), 1) == 1
+    assert "missing" in capsys.readouterr().err
+    assert _cli_state_run(tmp_path, run, str(tmp_path / "next"), 1, "--base", base) == 0
+    assert read_checkpoint(str(tmp_path / "next" / CKPT))[2]["base"]["path"] == run
+    # --base without --init-from, or on a run that names no base, is refused
+    assert main(["train", "--out", str(tmp_path / "new"), "--base", base]) == 1
+    assert "give it with --resume" in capsys.readouterr().err
+    assert main(["train", "--resume", "--out", base, "--steps", "4", "--no-progress",
+                 "--base", base]) == 1
     assert "names no base" in capsys.readouterr().err
 
 
