@@ -130,6 +130,10 @@ def test_a_moved_or_changed_base_is_refused_and_base_points_again(tmp_path, caps
     # pointed at again: the same model; a resume records where it is now
     assert np.array_equal(load_model(run, base=moved).forward(TOKENS), want)
     assert main(["sample", run, "--max-new-tokens", "2", "--base", moved]) == 0
+    assert main(["eval", run, "--data", str(tmp_path / "corpus.txt"), "--seq-len", "16",
+                 "--base", moved]) == 0
+    assert main(["export", run, "--format", "rwkv7", "--out", str(tmp_path / "e.pth"),
+                 "--base", moved]) == 0
     assert main(["train", "--resume", "--out", run, "--steps", "3", "--no-progress",
                  "--base", moved]) == 0
     _, _, state = read_checkpoint(os.path.join(run, CKPT))

@@ -70,9 +70,10 @@ def read_saved(out_dir: str, group: ProcessGroup, changes: dict[str, Any]) -> Sa
             raise TrainError(f"--base: the run in {out_dir} holds its whole model and names "
                              "no base; leave --base out")
         return Saved(opts, state, tensors, None)
-    # where the base is now (its record updated when --base moved it), and its weights
-    record, weights = group.on_root(base_weights, state[BASE_KEY], out_dir, opts.base,
-                                    TrainError)
+    # where the base is now (its record updated when --base moved it), and its
+    # weights; a --base of an earlier session is in the record already
+    record, weights = group.on_root(base_weights, state[BASE_KEY], out_dir,
+                                    changes.get("base"), TrainError)
     return Saved(opts, {**state, BASE_KEY: record}, tensors, weights)
 
 
