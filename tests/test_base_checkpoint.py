@@ -127,6 +127,9 @@ def test_a_moved_or_changed_base_is_refused_and_base_points_again(tmp_path, caps
         assert "--base PATH" in err[0] and "missing" in err[0]
     with pytest.raises(CheckpointError, match="missing"):
         load_model(run)
+    with pytest.raises(CheckpointError, match=r"--base \S+nowhere is missing; give the path "
+                       r"of the base of .* \(it was " + os.path.abspath(base)):
+        load_model(run, base=str(tmp_path / "nowhere"))
     # pointed at again: the same model; a resume records where it is now
     assert np.array_equal(load_model(run, base=moved).forward(TOKENS), want)
     assert main(["sample", run, "--max-new-tokens", "2", "--base", moved]) == 0

@@ -85,10 +85,12 @@ def check_base(record: object, run: str, override: str | None,
             or not isinstance(record.get("sha256"), str):
         raise error(f"{run} names its base badly ({record!r}); the checkpoint is damaged")
     path = os.path.abspath(override) if override else record["path"]
-    how = "give its path with --base PATH" if not override else "give the base's path"
     if not os.path.exists(path):
-        where = f"--base {override}" if override else f"the base {path} of {run}"
-        raise error(f"{where} is missing (moved or deleted?); {how}")
+        if override:
+            raise error(f"--base {override} is missing; give the path of the base of {run} "
+                        f"(it was {record['path']}) with --base PATH")
+        raise error(f"the base {path} of {run} is missing (moved or deleted?); give its path "
+                    "now with --base PATH")
     try:
         if path == record["path"] and _stats(path) == record.get("files"):
             return dict(record)   # unchanged since it was hashed: no pass over it
@@ -98,5 +100,5 @@ def check_base(record: object, run: str, override: str | None,
     if now["sha256"] != record["sha256"]:
         was = f"the base {record['path']} of {run} ({short(record)})"
         raise error(f"{path} ({short(now)}) is not {was}: it changed or is another file; "
-                    f"{how} to the original")
+                    "give the original's path with --base PATH")
     return now
