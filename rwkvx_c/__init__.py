@@ -35,6 +35,23 @@ except ModuleNotFoundError as _e:
 
 __version__ = "0.1.0"
 
+# the names `from rwkvx_c import *` gives: the binding's (rwkvx_c._core,
+# typed in _core.pyi) and this module's; the layers above are subpackages
+__all__ = [
+    "RxPtModel", "InferState", "ByteTrie", "CONFIG_FIELDS", "OPTION_FIELDS", "ALLOC_HEADROOM",
+    "MAX_THREADS", "check_config", "tm_fields", "tm_shapes",
+    "wkv7_forward", "wkv7_backward", "timemix_forward", "timemix_backward",
+    "channelmix_forward", "channelmix_backward", "attn_forward", "attn_backward",
+    "attn_score_av_forward", "attn_score_av_backward", "block_forward", "block_backward",
+    "layernorm_forward", "layernorm_backward", "embedding_forward", "embedding_backward",
+    "head_forward", "head_backward", "head_loss", "head_chunk_rows",
+    "cross_entropy_forward", "cross_entropy_backward", "adamw_step", "grad_norm",
+    "gemm_kernel", "bf16_hardware", "set_num_threads", "get_num_threads", "has_openmp",
+    "openmp_runtimes", "available_memory", "meminfo_available_bytes", "cgroup_free_bytes",
+    "profile", "profile_enable",
+    "get_include", "get_library_dir", "LIBRARY_NAME", "__version__",
+]
+
 LIBRARY_NAME = "rwkvx_c"
 """Link name of the C core's shared library: -lrwkvx_c."""
 
