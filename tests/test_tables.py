@@ -120,6 +120,8 @@ def test_chat_formats_normalise_to_the_same_turns():
 
 @pytest.mark.parametrize("rec,why", [
     ({"conversations": [{"from": "bot", "value": "a"}]}, "is from 'bot'; ShareGPT speakers"),
+    ({"conversations": [{"from": ["human"], "value": "a"}]}, r"is from \['human'\]"),
+    ({"messages": [{"role": {"r": 1}, "content": "a"}]}, r"has role \{'r': 1\}"),
     ({"conversations": []}, "non-empty list"),
     ({"conversations": [{"from": "human", "value": "a"}, {"from": "gpt", "value": 3}]},
      "no text content"),

@@ -111,34 +111,31 @@ def normalise(text: str) -> str:
     return _NEWLINES.sub("\n", text.replace("\r\n", "\n").replace("\r", "\n")).strip()
 
 
-def _listed(rec: dict, key: str, where: str, shape: str) -> list:
-    v = rec[key]
-    if not isinstance(v, list) or not v:
-        raise DataError(f"{where}: {key} must be a non-empty list of {shape}")
-    return v
+# the formats that list turns: key -> (the speaker field, the text field,
+# the speakers as roles, the one line naming a turn of an unknown speaker)
+LISTS = {
+    "messages": ("role", "content", {r: r for r in ROLES},
+                 "message {i} has role {v!r}; roles are {names}"),
+    "conversations": ("from", "value", SHAREGPT_ROLES,
+                      "conversation turn {i} is from {v!r}; ShareGPT speakers are {names}"),
+}
 
 
 def _raw_turns(rec: dict, where: str) -> list[tuple[str, object]]:
     """(role, content) of a record in any chat format, roles checked."""
-    if "messages" in rec:
-        out = []
-        for i, m in enumerate(_listed(rec, "messages", where,
-                                      '{"role": ..., "content": ...}')):
-            role = m.get("role") if isinstance(m, dict) else None
-            if role not in ROLES:
-                raise DataError(f"{where}: message {i} has role {role!r}; roles are "
-                                f"{', '.join(ROLES)}")
-            out.append((role, m.get("content")))
-        return out
-    if "conversations" in rec:
-        out = []
-        for i, m in enumerate(_listed(rec, "conversations", where,
-                                      '{"from": ..., "value": ...}')):
-            who = m.get("from") if isinstance(m, dict) else None
-            if who not in SHAREGPT_ROLES:
-                raise DataError(f"{where}: conversation turn {i} is from {who!r}; ShareGPT "
-                                f"speakers are {', '.join(SHAREGPT_ROLES)}")
-            out.append((SHAREGPT_ROLES[who], m.get("value")))
+    for key, (who, text, roles, unknown) in LISTS.items():
+        if key not in rec:
+            continue
+        listed = rec[key]
+        if not isinstance(listed, list) or not listed:
+            raise DataError(f'{where}: {key} must be a non-empty list of {{"{who}": ..., '
+                            f'"{text}": ...}}')
+        out: list[tuple[str, object]] = []
+        for i, m in enumerate(listed):
+            v = m.get(who) if isinstance(m, dict) else None
+            if not isinstance(v, str) or v not in roles:
+                raise DataError(f"{where}: " + unknown.format(i=i, v=v, names=", ".join(roles)))
+            out.append((roles[v], m.get(text)))
         return out
     if "prompt" in rec:
         pairs = [(rec["prompt"], rec["response"])]
