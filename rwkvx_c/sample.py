@@ -335,6 +335,9 @@ def _finite(logits: np.ndarray, i: int) -> np.ndarray:
 # rwkvx_c.data.chat trains the model to write it) or where it starts a
 # User: turn of its own.
 CHAT_STOPS = ("\n\n", "\nUser:")
+# what a reply's end adds past its generated ids (its last id re-read with
+# "\n\n"); Session.feed checks the bound exactly
+TURN_END_TOKENS = 3
 
 
 class Chat:
@@ -364,6 +367,13 @@ class Chat:
         """Yield the reply to the user's text, piece by piece."""
         self._read(f"{ROLES['user']}: {normalise(text)}\n\n{ROLES['assistant']}:".encode(
             "utf-8", "surrogatepass"))
+        st = self.session
+        # a reply at its longest, and the turn's end after it, must fit the cache
+        if st.attends and \
+                st.state.pos + self.max_new_tokens + TURN_END_TOKENS > st.max_positions:
+            raise SampleError(f"the conversation holds {st.state.pos:,} positions; a reply of "
+                              f"up to {self.max_new_tokens:,} tokens would pass the "
+                              f"{st.max_positions:,} of --context: raise it or start again")
         reply = []
         for piece in self.session.generate(self.max_new_tokens, self.s):
             reply.append(piece)

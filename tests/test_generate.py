@@ -297,3 +297,20 @@ def test_chat_in_a_terminal(tmp_path):
     assert text.count("Assistant: OK.\n\nUser: ") == 2, text
     assert "OK.\n\n\n" not in text
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, text
+
+
+def test_a_chat_past_its_context_is_one_line():
+    m = rx.RxPtModel(HYBRID, seed=3)
+    # the question fits, a reply of 20 tokens after it would not
+    with pytest.raises(SampleError, match=r"holds 20 positions; a reply of up to 20 tokens "
+                                          "would pass the 30 of --context: raise it or start"):
+        "".join(Chat(m, None, Sampling(temperature=0), 20, 30).say("hi"))
+    # the question itself does not fit
+    with pytest.raises(SampleError, match="the text reaches 55 positions, past the 30 this "
+                                          "model's attention cache holds; raise --context"):
+        "".join(Chat(m, None, Sampling(temperature=0), 20, 30).say("a" * 37))
+    # without attention the state has a fixed size: nothing bounds a chat
+    chat = Chat(rx.RxPtModel(RWKV), None, Sampling(temperature=0), 20, 64)
+    for _ in range(4):
+        "".join(chat.say("and a question long enough to pass the end"))
+    assert len(chat.transcript) > 64
