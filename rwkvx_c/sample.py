@@ -101,9 +101,9 @@ class Sampling:
     alpha_presence: float = 0.0
     alpha_frequency: float = 0.0
     alpha_decay: float = 0.996   # the rwkv package's default
-    token_ban: tuple[int, ...] = ()
-    token_stop: tuple[int, ...] = ()
-    stop: tuple[str, ...] = ()
+    token_ban: Sequence[int] = ()
+    token_stop: Sequence[int] = ()
+    stop: str | Sequence[str] = ()   # one string or several; held as a tuple
 
     def __post_init__(self) -> None:
         for name in ("temperature", "alpha_presence", "alpha_frequency"):
@@ -116,8 +116,17 @@ class Sampling:
                 raise SampleError(f"{name} must be a number in [0, 1], got {v!r}")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
             raise SampleError(f"top_k must be an integer >= 0, got {self.top_k!r}")
-        if any(not isinstance(t, str) or not t for t in self.stop):
+        # one stop string may come alone, as in the OpenAI API; lists as tuples
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        if any(not isinstance(t, str) or not t for t in stop):
             raise SampleError("a stop string must be non-empty text")
+        object.__setattr__(self, "stop", stop)
+        for name in ("token_ban", "token_stop"):
+            ids = tuple(getattr(self, name))
+            if any(isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t < 0
+                   for t in ids):
+                raise SampleError(f"{name} must hold token ids (integers >= 0)")
+            object.__setattr__(self, name, tuple(int(t) for t in ids))
 
 
 def sample_token(logits: np.ndarray, rng: np.random.Generator, temperature: float = 1.0,

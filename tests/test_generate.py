@@ -65,9 +65,12 @@ def test_sampling_is_checked():
     for kw, what in [({"temperature": -1}, "temperature"), ({"top_p": 1.5}, "top_p"),
                      ({"top_k": -1}, "top_k"), ({"top_k": 1.5}, "top_k"),
                      ({"alpha_presence": float("nan")}, "alpha_presence"),
-                     ({"alpha_decay": 2}, "alpha_decay"), ({"stop": ("",)}, "stop string")]:
+                     ({"alpha_decay": 2}, "alpha_decay"), ({"stop": ("",)}, "stop string"),
+                     ({"token_ban": [-1]}, "token_ban"), ({"token_stop": ["a"]}, "token_stop")]:
         with pytest.raises(SampleError, match=what):
             Sampling(**kw)
+    assert Sampling(stop="\n\n").stop == ("\n\n",)   # one string is one stop
+    assert Sampling(stop=["a", "b"], token_ban=[np.int64(3)]).token_ban == (3,)
     with pytest.raises(SampleError, match="top_k"):
         list(generate(rx.RxPtModel(RWKV), "a", 2, top_k=-2))
 
