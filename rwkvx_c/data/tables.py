@@ -131,9 +131,11 @@ def table_rows(path: str, kind: str, columns: Sequence[str] | None = None,
 
 
 def is_datasets_folder(path: str) -> bool:
-    """True for a folder datasets.save_to_disk wrote (a Dataset or a DatasetDict)."""
-    return any(os.path.isfile(os.path.join(path, f))
-               for f in ("state.json", "dataset_dict.json"))
+    """True for a folder datasets.save_to_disk wrote: a Dataset's (its
+    state.json and dataset_info.json) or a DatasetDict's (dataset_dict.json)."""
+    def has(*names: str) -> bool:
+        return all(os.path.isfile(os.path.join(path, f)) for f in names)
+    return has("state.json", "dataset_info.json") or has("dataset_dict.json")
 
 
 def _arrow_files(ds: Any, what: str) -> list[str]:
