@@ -146,6 +146,9 @@ setup(
             "initializedcheck": False,
             "cdivision": True,
             "embedsignature": True,
+            # signatures as __text_signature__, which inspect.signature reads;
+            # a class states its own in its docstring's first line, "--" after it
+            "embedsignature.format": "clinic",
         },
     ),
     cmdclass={"build_ext": BuildExt},

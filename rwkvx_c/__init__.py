@@ -10,18 +10,57 @@ import glob as _glob
 import os as _os
 
 from rwkvx_c._omp import bound_spin as _bound_spin
-from rwkvx_c._omp import openmp_runtimes  # noqa: F401
+from rwkvx_c._omp import openmp_runtimes
 
 _bound_spin()   # before the C core loads the OpenMP runtime; see _omp.py
 
 _HERE = _os.path.dirname(_os.path.abspath(__file__))
 try:
-    from rwkvx_c._core import *  # noqa: F403
-    from rwkvx_c._core import (  # noqa: F401
+    from rwkvx_c._core import (
+        ALLOC_HEADROOM,
+        CONFIG_FIELDS,
+        MAX_THREADS,
+        OPTION_FIELDS,
+        ByteTrie,
+        InferState,
+        RxPtModel,
+        adamw_step,
+        attn_backward,
+        attn_forward,
+        attn_score_av_backward,
+        attn_score_av_forward,
+        available_memory,
+        bf16_hardware,
+        block_backward,
+        block_forward,
+        cgroup_free_bytes,
+        channelmix_backward,
+        channelmix_forward,
+        check_config,
+        cross_entropy_backward,
+        cross_entropy_forward,
+        embedding_backward,
+        embedding_forward,
         gemm_kernel,
         get_num_threads,
+        grad_norm,
         has_openmp,
+        head_backward,
+        head_chunk_rows,
+        head_forward,
+        head_loss,
+        layernorm_backward,
+        layernorm_forward,
+        meminfo_available_bytes,
+        profile,
+        profile_enable,
         set_num_threads,
+        timemix_backward,
+        timemix_forward,
+        tm_fields,
+        tm_shapes,
+        wkv7_backward,
+        wkv7_forward,
     )
 except ModuleNotFoundError as _e:
     if _e.name != "rwkvx_c._core" or _glob.glob(_os.path.join(_HERE, "_core*.so")):
@@ -34,6 +73,23 @@ except ModuleNotFoundError as _e:
         "with `pip install -e .`") from None
 
 __version__ = "0.1.0"
+
+# the names `from rwkvx_c import *` gives: the binding's (rwkvx_c._core,
+# typed in _core.pyi) and this module's; the layers above are subpackages
+__all__ = [
+    "RxPtModel", "InferState", "ByteTrie", "CONFIG_FIELDS", "OPTION_FIELDS", "ALLOC_HEADROOM",
+    "MAX_THREADS", "check_config", "tm_fields", "tm_shapes",
+    "wkv7_forward", "wkv7_backward", "timemix_forward", "timemix_backward",
+    "channelmix_forward", "channelmix_backward", "attn_forward", "attn_backward",
+    "attn_score_av_forward", "attn_score_av_backward", "block_forward", "block_backward",
+    "layernorm_forward", "layernorm_backward", "embedding_forward", "embedding_backward",
+    "head_forward", "head_backward", "head_loss", "head_chunk_rows",
+    "cross_entropy_forward", "cross_entropy_backward", "adamw_step", "grad_norm",
+    "gemm_kernel", "bf16_hardware", "set_num_threads", "get_num_threads", "has_openmp",
+    "openmp_runtimes", "available_memory", "meminfo_available_bytes", "cgroup_free_bytes",
+    "profile", "profile_enable",
+    "get_include", "get_library_dir", "LIBRARY_NAME", "__version__",
+]
 
 LIBRARY_NAME = "rwkvx_c"
 """Link name of the C core's shared library: -lrwkvx_c."""

@@ -12,7 +12,10 @@ cdef extern from "rx_pretrain.h" nogil:
 
 
 cdef class InferState:
-    """Recurrent state of one sequence for generation with an RxPtModel.
+    """InferState(model, max_len)
+--
+
+Recurrent state of one sequence for generation with an RxPtModel.
 
     InferState(model, max_len)
         model   : the RxPtModel (kept alive; its current parameters are used)

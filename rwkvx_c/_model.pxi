@@ -142,10 +142,13 @@ cdef int _precision_code(precision) except -1:
 
 
 cdef class RxPtModel:
-    """A whole RWKV-X model (docs/maths.md §Whole model) with its parameters and grads in two
+    """RxPtModel(config, seed=0, *, precision='fp32', recompute=False, l2wrap=0.0)
+--
+
+A whole RWKV-X model (docs/maths.md §Whole model) with its parameters and grads in two
     flat float32 arenas, initialised by the docs/layout.md §Init splitmix64 scheme.
 
-    RxPtModel(config, seed=0, *, precision="fp32", recompute=False, l2wrap=0.0)
+    Arguments:
         config : dict with exactly the rx_pt_config fields (CONFIG_FIELDS):
                  n_embd, n_head, head_size, n_rwkv_layer, n_attn_layer,
                  vocab_size, Dw, Da, Dg, Dv, ffn_dim, chunk_size, moba_top_k;

@@ -25,7 +25,10 @@ cdef const uint8_t[::1] _u8view(object data, str name):
 
 
 cdef class ByteTrie:
-    """A vocabulary of byte strings encoded by greedy longest match.
+    """ByteTrie(entries, vocab_size)
+--
+
+A vocabulary of byte strings encoded by greedy longest match.
 
     ByteTrie(entries, vocab_size): entries is a list of (bytes, id) pairs,
     ids in [0, vocab_size), every one-byte string present. When two entries

@@ -93,7 +93,7 @@ def test_bad_corpora(tmp_path):
     with pytest.raises(DataError, match="too few"):
         load_corpus(str(tmp_path / "small.txt"), seq_len=64)
     (tmp_path / "emptydir").mkdir()
-    with pytest.raises(DataError, match=r"no text or \.jsonl files"):
+    with pytest.raises(DataError, match=r"no text, \.jsonl, \.parquet or \.arrow files"):
         load_corpus(str(tmp_path / "emptydir"))
     (tmp_path / "x.bin").write_bytes(b"\0" * 100)
     with pytest.raises(DataError, match="dtype"):

@@ -1,7 +1,8 @@
 """The rwkvx-c command (also ``python -m rwkvx_c``), one module per subcommand.
 
     rwkvx-c train [--data PATH ...] [--preset tiny|S|M|default] [--steps N] [...]
-    rwkvx-c sample DIR --prompt TEXT [--max-new-tokens N] [--temperature X] [...]
+    rwkvx-c sample DIR --prompt TEXT [--max-new-tokens N] [--temperature X] [--stop STR] [...]
+    rwkvx-c chat DIR [--system TEXT] [--max-new-tokens N] [--temperature X] [...]
     rwkvx-c export DIR --format rwkv7|rwkvx|gguf|hf|state|lora --out FILE [--dtype ...]
     rwkvx-c import FILE.pth|HF_DIR --out DIR
     rwkvx-c merge RUN --out DIR
@@ -26,7 +27,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from rwkvx_c import __version__
-from rwkvx_c.cli import eval, export, import_, merge, sample, tokenizer, train
+from rwkvx_c.cli import chat, eval, export, import_, merge, sample, tokenizer, train
 from rwkvx_c.cli.common import EXIT_FAILURE, EXIT_INTERRUPTED, Parser, describe_error, err
 from rwkvx_c.errors import RwkvxError
 from rwkvx_c.train.distributed import abort_job
@@ -34,7 +35,7 @@ from rwkvx_c.train.distributed import abort_job
 __all__ = ["main", "build_parser"]
 
 # subcommand name -> its module (add_parser, run)
-COMMANDS = {"train": train, "sample": sample, "export": export, "import": import_,
+COMMANDS = {"train": train, "sample": sample, "chat": chat, "export": export, "import": import_,
             "merge": merge, "tokenizer": tokenizer, "eval": eval}
 
 

@@ -1,15 +1,28 @@
 """Chat / instruction data (SFT): records rendered in RWKV's chat format,
 with the mask of the tokens the loss is taken on (docs/finetune.md §Chat data).
 
-A ``.jsonl`` / ``.jsonl.gz`` file is chat data when its first record holds
-``messages`` or both ``prompt`` and ``response`` (``is_chat_file``):
+A ``.jsonl`` / ``.jsonl.gz`` file or a table (``.parquet``, ``.arrow``, a
+``datasets`` folder: rwkvx_c.data.tables) is chat data when its first
+record is in one of four formats (``is_chat_file``):
 
-    {"messages": [{"role": "system", "content": "Be terse."},
+    {"messages": [{"role": "system", "content": "Be terse."},       # OpenAI
                   {"role": "user", "content": "Hi"},
                   {"role": "assistant", "content": "Hello."}]}
+    {"conversations": [{"from": "system", "value": "Be terse."},    # ShareGPT
+                       {"from": "human", "value": "Hi"},
+                       {"from": "gpt", "value": "Hello."}]}
     {"prompt": "Hi", "response": "Hello.", "system": "Be terse."}   # system optional
+    {"instruction": "Hi", "input": "", "output": "Hello.",          # Alpaca; input,
+     "system": "Be terse."}                                         # system, history optional
 
-rendered as ``System: Be terse.\\n\\nUser: Hi\\n\\nAssistant: Hello.\\n\\n``:
+Every format is normalised to one record type, a list of ``Turn(role,
+content)`` (``turns``), and only that is rendered, so the same
+conversation gives the same tokens and masks in any format. ShareGPT's
+``human``/``gpt``/``system`` are the roles user/assistant/system; Alpaca's
+user turn is the instruction, then a newline and the input when there is
+one (LLaMA-Factory's convention), after ``history``'s [instruction,
+output] pairs as earlier turns. Turns are rendered as
+``System: Be terse.\\n\\nUser: Hi\\n\\nAssistant: Hello.\\n\\n``:
 each turn ``Role: content`` closed by a blank line, the content with its
 line ends made ``\\n``, runs of newlines made one and its ends stripped, as
 the ``rwkv`` package's API_DEMO_CHAT prepares a message (a blank line inside
@@ -27,23 +40,21 @@ conversation.
 """
 from __future__ import annotations
 
-import gzip
-import json
 import re
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from rwkvx_c.data.formats import MAX_LINE_BYTES, read_jsonl
+from rwkvx_c.data.formats import records
 from rwkvx_c.data.sources import Source
 from rwkvx_c.errors import DataError
 
 if TYPE_CHECKING:
     from rwkvx_c.data.tokenizers import Tokenizer
 
-__all__ = ["SEPARATOR", "IGNORE", "ROLES", "is_chat_record", "is_chat_file", "normalise",
-           "segments", "render", "encode_chat"]
+__all__ = ["SEPARATOR", "IGNORE", "ROLES", "Turn", "turns", "CHAT_COLUMNS", "is_chat_record",
+           "is_chat_file", "normalise", "segments", "render", "encode_chat"]
 
 SEPARATOR = 0          # between conversations: the World vocabulary's end-of-text
 IGNORE = 2 ** 31 - 1   # the target id of a position the loss leaves out (never a token id)
@@ -55,29 +66,43 @@ _NEWLINES = re.compile(r"\n+")
 Segments = list[tuple[str, bool]]
 
 
+class Turn(NamedTuple):
+    """One turn of a conversation, the one record type every chat format is
+    normalised to (``turns``) before it is rendered."""
+    role: str      # "system", "user" or "assistant" (ROLES)
+    content: str   # as rendered: normalise()d, never empty
+
+
+# (the key that marks a format, the other keys it needs) in the order they are tried
+FORMATS = (("messages", ()), ("conversations", ()), ("prompt", ("response",)),
+           ("instruction", ("output",)))
+# the columns a table (parquet, arrow) holding chat records is read with
+CHAT_COLUMNS = ("messages", "conversations", "prompt", "response", "system", "instruction",
+                "input", "output", "history")
+# ShareGPT's speakers (``from``) as roles; "user" and "assistant" are taken too
+SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant",
+                  "assistant": "assistant", "system": "system"}
+
+
 def is_chat_record(rec: object) -> bool:
-    """True for a record holding messages, or a prompt and a response."""
-    return isinstance(rec, dict) and ("messages" in rec or ("prompt" in rec and "response" in rec))
+    """True for a record of a chat format: messages, conversations (ShareGPT),
+    a prompt and a response, or an instruction and an output (Alpaca)."""
+    return isinstance(rec, dict) and any(
+        key in rec and all(k in rec for k in need) for key, need in FORMATS)
 
 
 def is_chat_file(src: Source) -> bool:
-    """True when the first record of a .jsonl source is a chat record (a
-    file that cannot be read or parsed is left to the text reader, whose
-    error names the line)."""
-    _, path, kind = src
-    if kind not in ("jsonl", "jsonl.gz"):
+    """True when the first record of a .jsonl or table source is a chat
+    record (a file that cannot be read or parsed is left to the text
+    reader, whose error names the line)."""
+    if src[2] == "text":
         return False
     try:
-        with open(path, "rb") as raw:
-            fh = gzip.GzipFile(fileobj=raw) if kind == "jsonl.gz" else raw
-            while True:
-                line = fh.readline(MAX_LINE_BYTES + 1)
-                if not line:
-                    return False
-                if line.strip():
-                    return is_chat_record(json.loads(line))
-    except (OSError, EOFError, ValueError, RecursionError):
+        for _, rec in records(src, columns=CHAT_COLUMNS):
+            return is_chat_record(rec)
+    except (DataError, OSError, EOFError, ValueError, RecursionError):
         return False
+    return False
 
 
 def normalise(text: str) -> str:
@@ -86,43 +111,76 @@ def normalise(text: str) -> str:
     return _NEWLINES.sub("\n", text.replace("\r\n", "\n").replace("\r", "\n")).strip()
 
 
-def _turns(rec: dict, where: str) -> list[tuple[str, str]]:
-    """(role, content) of a record, each checked."""
-    if "messages" in rec:
-        msgs = rec["messages"]
-        if not isinstance(msgs, list) or not msgs:
-            raise DataError(f"{where}: messages must be a non-empty list of "
-                            '{"role": ..., "content": ...}')
-        out = []
-        for i, m in enumerate(msgs):
-            role = m.get("role") if isinstance(m, dict) else None
-            if role not in ROLES:
-                raise DataError(f"{where}: message {i} has role {role!r}; roles are "
-                                f"{', '.join(ROLES)}")
-            out.append((role, m.get("content")))
-    else:
-        out = [("user", rec["prompt"]), ("assistant", rec["response"])]
-        if rec.get("system") is not None:
-            out.insert(0, ("system", rec["system"]))
-    turns = []
-    for i, (role, content) in enumerate(out):
+# the formats that list turns: key -> (the speaker field, the text field,
+# the speakers as roles, the one line naming a turn of an unknown speaker)
+LISTS = {
+    "messages": ("role", "content", {r: r for r in ROLES},
+                 "message {i} has role {v!r}; roles are {names}"),
+    "conversations": ("from", "value", SHAREGPT_ROLES,
+                      "conversation turn {i} is from {v!r}; ShareGPT speakers are {names}"),
+}
+
+
+def _raw_turns(rec: dict, where: str) -> list[tuple[str, object]]:
+    """(role, content) of a record in any chat format, roles checked."""
+    for key, (who, text, roles, unknown) in LISTS.items():
+        if key not in rec:
+            continue
+        listed = rec[key]
+        if not isinstance(listed, list) or not listed:
+            raise DataError(f'{where}: {key} must be a non-empty list of {{"{who}": ..., '
+                            f'"{text}": ...}}')
+        out: list[tuple[str, object]] = []
+        for i, m in enumerate(listed):
+            v = m.get(who) if isinstance(m, dict) else None
+            if not isinstance(v, str) or v not in roles:
+                raise DataError(f"{where}: " + unknown.format(i=i, v=v, names=", ".join(roles)))
+            out.append((roles[v], m.get(text)))
+        return out
+    if "prompt" in rec:
+        pairs = [(rec["prompt"], rec["response"])]
+    else:   # Alpaca: the input follows the instruction on the next line
+        query = rec.get("input")
+        user = rec["instruction"]
+        if isinstance(user, str) and isinstance(query, str) and query.strip():
+            user = user + "\n" + query
+        elif query is not None and not isinstance(query, str):
+            raise DataError(f"{where}: input must be text, got {type(query).__name__}")
+        history = rec.get("history") or []
+        if not isinstance(history, list) or not all(
+                isinstance(h, (list, tuple)) and len(h) == 2 for h in history):
+            raise DataError(f"{where}: history must be a list of [instruction, output] pairs")
+        pairs = [(h[0], h[1]) for h in history] + [(user, rec["output"])]
+    out = [("system", rec["system"])] if rec.get("system") is not None else []
+    for u, a in pairs:
+        out += [("user", u), ("assistant", a)]
+    return out
+
+
+def turns(rec: object, where: str) -> list[Turn]:
+    """The turns of a chat record in any of its formats (the module doc),
+    each checked; DataError naming `where` (file:line) for one that does
+    not fit."""
+    if not is_chat_record(rec):
+        raise DataError(f"{where}: not a chat record (messages, conversations, prompt and "
+                        "response, or instruction and output)")
+    assert isinstance(rec, dict)
+    out = []
+    for i, (role, content) in enumerate(_raw_turns(rec, where)):
         if not isinstance(content, str) or not normalise(content):
             raise DataError(f"{where}: the {role} turn (message {i}) has no text content")
-        turns.append((role, normalise(content)))
-    if not any(role == "assistant" for role, _ in turns):
+        out.append(Turn(role, normalise(content)))
+    if not any(t.role == "assistant" for t in out):
         raise DataError(f"{where}: no assistant turn: nothing to train on")
-    return turns
+    return out
 
 
 def segments(rec: object, where: str) -> Segments:
     """The (text, trained) pieces of a chat record, in order; DataError
     naming `where` (file:line) for a record that does not fit."""
-    if not is_chat_record(rec):
-        raise DataError(f"{where}: not a chat record (messages, or prompt and response)")
-    assert isinstance(rec, dict)
     out: Segments = []
     prompt = ""
-    for role, content in _turns(rec, where):
+    for role, content in turns(rec, where):
         if role == "assistant":
             out.append((prompt + "Assistant:", False))
             out.append((" " + content + "\n\n", True))
@@ -141,11 +199,10 @@ def render(rec: object, where: str = "record") -> str:
 
 def _chat_records(src: Source, progress: Callable[[int], object] | None
                   ) -> Iterator[tuple[str, Segments]]:
-    """(file:line, segments) of every record of src; progress(n) is called
+    """(where, segments) of every record of src; progress(n) is called
     with the source bytes read."""
-    _, path, kind = src
-    for n, rec in read_jsonl(path, kind, progress):
-        yield f"{path}:{n}", segments(rec, f"{path}:{n}")
+    for where, rec in records(src, progress, CHAT_COLUMNS):
+        yield where, segments(rec, where)
 
 
 def encode_chat(src: Source, tok: Tokenizer, write: Callable[[np.ndarray, np.ndarray], None],

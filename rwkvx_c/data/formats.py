@@ -4,7 +4,12 @@ Documents (``iter_documents``): a text file is one document, read in pieces
 of PIECE_BYTES; a JSON-lines file (``.jsonl``, ``.jsonl.gz``) holds one
 document per line, the string in the record's ``text_field`` followed by a
 newline; blank lines are skipped, and a line that is not a JSON object
-holding that string is a DataError naming the file and line.
+holding that string is a DataError naming the file and line. A table
+(``.parquet``, ``.arrow``: rwkvx_c.data.tables) holds one document a row,
+its ``text_field`` column's string followed by a newline, as a JSON line.
+
+Records (``records``): the (where, record) of every JSON line or table
+row of a source, where naming ``FILE:LINE`` or ``FILE row N``.
 
 Token files, already tokens and memory-mapped read-only, never copied:
 
@@ -28,10 +33,12 @@ from typing import IO
 import numpy as np
 
 from rwkvx_c.data.sources import Source
+from rwkvx_c.data.tables import TABLE_KINDS, table_columns, table_rows
 from rwkvx_c.errors import DataError
 
 __all__ = ["PIECE_BYTES", "MAX_LINE_BYTES", "TokenFile", "is_binidx", "is_token_file",
-           "iter_documents", "jsonl_records", "read_jsonl", "max_token", "memmap", "read_binidx",
+           "iter_documents", "jsonl_records", "read_jsonl", "records", "max_token", "memmap",
+           "read_binidx",
            "read_token_file"]
 
 PIECE_BYTES = 8 << 20
@@ -257,6 +264,37 @@ def _text_pieces(path: str, progress: Callable[[int], object] | None
                 return
 
 
+def records(src: Source, progress: Callable[[int], object] | None = None,
+            columns: Sequence[str] | None = None) -> Iterator[tuple[str, object]]:
+    """(where, record) of every record of a jsonl or table source; a
+    table's rows hold those of `columns` it has (None: all of them)."""
+    _, path, kind = src
+    if kind in TABLE_KINDS:
+        if columns is not None:
+            have = set(table_columns(path, kind))
+            columns = [c for c in columns if c in have]
+        for n, row in table_rows(path, kind, columns, progress):
+            yield f"{path} row {n}", row
+        return
+    for n, rec in read_jsonl(path, kind, progress):
+        yield f"{path}:{n}", rec
+
+
+def _table_documents(path: str, kind: str, text_field: str,
+                     progress: Callable[[int], object] | None) -> Iterator[tuple[bytes, bool]]:
+    names = table_columns(path, kind)
+    if text_field not in names:
+        raise DataError(f"{path}: no column {text_field!r} (it has {', '.join(names)}; choose "
+                        "the text column with --text-field)")
+    for n, row in table_rows(path, kind, [text_field], progress):
+        text = row[text_field]
+        if not isinstance(text, str):
+            raise DataError(f"{path} row {n}: column {text_field!r} holds "
+                            f"{type(text).__name__}, not text (choose the text column with "
+                            "--text-field)")
+        yield text.encode("utf-8", "surrogatepass") + b"\n", True
+
+
 def iter_documents(files: Sequence[Source], text_field: str = "text",
                    progress: Callable[[int], object] | None = None
                    ) -> Iterator[tuple[bytes, bool]]:
@@ -265,6 +303,9 @@ def iter_documents(files: Sequence[Source], text_field: str = "text",
     comes as several (piece, False) ... (last, True). progress(n) is called
     with the source bytes read."""
     for _, p, kind in files:
+        if kind in TABLE_KINDS:
+            yield from _table_documents(p, kind, text_field, progress)
+            continue
         if kind != "text":
             for n, rec in read_jsonl(p, kind, progress):
                 text = rec.get(text_field) if isinstance(rec, dict) else None

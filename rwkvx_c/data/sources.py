@@ -6,10 +6,15 @@
   - None (the default): the Python standard library's own ``.py`` files,
     found through ``sysconfig.get_paths()["stdlib"]`` (site-packages
     excluded), so every machine with Python has a corpus without a download;
-  - a file: itself (kind ``jsonl`` / ``jsonl.gz`` by its name, else ``text``);
+  - a file: itself (kind ``jsonl`` / ``jsonl.gz`` / ``parquet`` / ``arrow``
+    by its name, else ``text``);
   - a folder: every non-hidden regular text file below it (a file with a
     NUL byte in its first 8 KiB is binary and skipped) and every
-    ``.jsonl.gz`` file (binary, so found by name); hidden folders skipped.
+    ``.jsonl.gz``, ``.parquet`` and ``.arrow`` file (binary, so found by
+    name); hidden folders skipped;
+  - a ``datasets.save_to_disk`` folder or ``hf:NAME[:CONFIG]`` (a dataset
+    in the local Hugging Face datasets cache): its arrow files
+    (rwkvx_c.data.tables), named by their path relative to the folder.
 
 The split rule (``is_val_file``): a source goes to validation when the first
 8 bytes of SHA-1(name) as a big-endian integer are divisible by 50 (about
@@ -25,13 +30,23 @@ import os
 import sysconfig
 from collections.abc import Sequence
 
+from rwkvx_c.data.tables import (
+    HF_PREFIX,
+    cached_dataset_files,
+    datasets_files,
+    is_datasets_folder,
+)
 from rwkvx_c.errors import DataError
 
-__all__ = ["Source", "source_files", "stdlib_files", "text_files", "is_val_file", "kind_of",
+__all__ = ["Source", "BINARY_KINDS", "source_files", "stdlib_files", "text_files", "is_val_file",
+           "kind_of",
            "STDLIB_LABEL", "VAL_MODULUS"]
 
-# (name relative to its folder, path, kind: text, jsonl or jsonl.gz) of a source file
+# (name relative to its folder, path, kind: text, jsonl, jsonl.gz, parquet or arrow)
+# of a source file
 Source = tuple[str, str, str]
+# the kinds found by their name (binary files), by the ending that names them
+BINARY_KINDS = {".jsonl.gz": "jsonl.gz", ".parquet": "parquet", ".arrow": "arrow"}
 VAL_MODULUS = 50
 STDLIB_LABEL = "Python standard library .py files"
 _SNIFF_BYTES = 8192
@@ -48,9 +63,7 @@ def kind_of(path: str) -> str:
     p = path.lower()
     if p.endswith(".jsonl"):
         return "jsonl"
-    if p.endswith(".jsonl.gz"):
-        return "jsonl.gz"
-    return "text"
+    return next((kind for end, kind in BINARY_KINDS.items() if p.endswith(end)), "text")
 
 
 def stdlib_files() -> tuple[str, list[tuple[str, str]]]:
@@ -90,15 +103,17 @@ def text_files(folder: str) -> list[tuple[str, str]]:
 
 
 def _folder_sources(folder: str) -> list[Source]:
+    if is_datasets_folder(folder):
+        return [(_rel(p, folder), p, "arrow") for p in datasets_files(folder)]
     names = dict(text_files(folder))
-    for d, dirs, found in os.walk(folder):   # gzip files are binary: found by name
+    for d, dirs, found in os.walk(folder):   # binary files: found by name
         dirs[:] = sorted(x for x in dirs if not x.startswith("."))
         for f in found:
-            if f.lower().endswith(".jsonl.gz") and not f.startswith("."):
+            if f.lower().endswith(tuple(BINARY_KINDS)) and not f.startswith("."):
                 p = os.path.join(d, f)
                 names[_rel(p, folder)] = p
     if not names:
-        raise DataError(f"no text or .jsonl files found in folder {folder}")
+        raise DataError(f"no text, .jsonl, .parquet or .arrow files found in folder {folder}")
     return [(rel, p, kind_of(p)) for rel, p in sorted(names.items())]
 
 
@@ -111,8 +126,14 @@ def source_files(paths: Sequence[str | os.PathLike[str]] | None) -> list[Source]
         return [(rel, p, "text") for rel, p in files]
     out: list[Source] = []
     for path in (os.fspath(p) for p in paths):
+        if path.startswith(HF_PREFIX) and not os.path.exists(path):
+            arrows = cached_dataset_files(path[len(HF_PREFIX):])
+            root = os.path.commonpath([os.path.dirname(p) for p in arrows])
+            out += [(_rel(p, root), p, "arrow") for p in arrows]
+            continue
         if not os.path.exists(path):
-            raise DataError(f"data path does not exist: {path}")
+            raise DataError(f"data path does not exist: {path} (a dataset of the local "
+                            f"Hugging Face cache is given as {HF_PREFIX}NAME)")
         if os.path.isdir(path):
             out += _folder_sources(path)
         else:   # the split must not depend on how the path is spelt

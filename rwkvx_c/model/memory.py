@@ -27,8 +27,8 @@ if TYPE_CHECKING:
     from rwkvx_c._core import RxPtModel
 
 __all__ = ["MemoryTooSmall", "estimate_params", "param_bytes", "acts_bytes_per_token",
-           "rough_bytes_per_token", "head_bytes", "available_bytes", "fits", "check", "check_step",
-           "PARAM_COPIES", "HEADROOM"]
+           "rough_bytes_per_token", "head_bytes", "available_bytes", "address_space_free", "fits",
+           "check", "check_step", "PARAM_COPIES", "HEADROOM"]
 
 PARAM_COPIES = 7            # params, grads, AdamW m and v (4 x 4 B) + a checkpoint read (3 x 4 B)
 VECTORS_PER_LAYER = 32      # an RWKV block has ~22 C-vectors (lerps, biases, norms); margin
@@ -126,14 +126,30 @@ def fits(need: int, available: int | None = None) -> bool:
     return avail is None or need <= HEADROOM * avail
 
 
+def address_space_free() -> int | None:
+    """What this process's address-space limit (RLIMIT_AS, `ulimit -v`)
+    leaves: the limit less the address space in use (VmSize); None without
+    a limit or where it cannot be read."""
+    try:
+        import resource
+        limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if limit == resource.RLIM_INFINITY:
+            return None
+        with open("/proc/self/status") as f:
+            used = next(int(x.split()[1]) << 10 for x in f if x.startswith("VmSize:"))
+    except (ImportError, OSError, StopIteration, ValueError):
+        return None
+    return max(int(limit) - used, 0)
+
+
 def available_bytes() -> int | None:
-    """What this process may still allocate: the smaller of MemAvailable
-    (/proc/meminfo) and its cgroup's remaining limit (v2 memory.max -
-    memory.current, v1 memory.limit_in_bytes - memory.usage_in_bytes), or
-    None where neither is known (rwkvx_c._core.available_memory, which the
-    model's own allocation checks read too)."""
-    avail: int | None = _core.available_memory()
-    return avail
+    """What this process may still allocate: the smallest of MemAvailable
+    (/proc/meminfo), its cgroup's remaining limit (v2 memory.max -
+    memory.current, v1 memory.limit_in_bytes - memory.usage_in_bytes; both
+    rwkvx_c._core.available_memory, which the model's own allocation checks
+    read too) and what its address-space limit leaves; None where none is known."""
+    known = [v for v in (_core.available_memory(), address_space_free()) if v is not None]
+    return min(known) if known else None
 
 
 def _gib(n: float) -> str:

@@ -69,13 +69,15 @@ class TrainOptions:
     preset: str = _opt("default", "model size and training defaults; default: the tiny "
                        "model for 9.5 minutes", choices=tuple(PRESETS))
     data: str | list[str] | None = _opt(
-        None, "text file, folder, .jsonl / .jsonl.gz, RWKV-LM binidx (.bin + .idx) or .bin "
-        "token file; several paths are read in order (default: the Python standard "
-        "library's .py files)", kind="paths", metavar="PATH")
+        None, "text file, folder, .jsonl / .jsonl.gz, .parquet / .arrow, datasets.save_to_disk "
+        "folder, hf:NAME (a dataset of the local Hugging Face cache), RWKV-LM binidx (.bin + "
+        ".idx) or .bin token file; several paths are read in order (default: the Python "
+        "standard library's .py files)", kind="paths", metavar="PATH")
     tokenizer: str = _opt("byte", "byte, world (the RWKV World vocabulary; needs "
                           "rwkvx_c[world]) or a tokenizer.json (needs rwkvx_c[hf]); a resumed "
                           "run keeps its own", metavar="byte|world|PATH")
-    text_field: str = _opt("text", "the text field of .jsonl records", metavar="NAME")
+    text_field: str = _opt("text", "the text field of .jsonl records, the text column of "
+                           "tables", metavar="NAME")
     steps: int | None = _opt(None, "stop after N steps (learning-rate schedule by steps; "
                              f"default: {DEFAULT_STEPS} unless the preset has a time budget)",
                              kind="pos_int", metavar="N")
