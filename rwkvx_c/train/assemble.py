@@ -16,6 +16,7 @@ from rwkvx_c.errors import ConfigError, MemoryTooSmall, TokenizerError, TrainErr
 from rwkvx_c.model import memory
 from rwkvx_c.model.config import ModelConfig
 from rwkvx_c.model.init import init_model
+from rwkvx_c.model.lora import adapters_of
 from rwkvx_c.model.weights import load_params
 from rwkvx_c.train.expand import place_weights
 from rwkvx_c.train.finetune import PartsAdamW, make_optimizer, restore_trained
@@ -73,7 +74,13 @@ def build_model(opts: ResolvedOptions, tokenizer: Tokenizer, corpus: Corpus,
         load_weights(model, place_weights(model, weights))
     elif tensors is None:
         init_model(model, opts.init, seed=opts.seed)
-    return model, make_optimizer(model, opts, ranks)
+    optim = make_optimizer(model, opts, ranks)
+    if weights is not None and adapters_of(weights):   # imported adapters train on
+        if model.lora is None or set(adapters_of(model.lora)) != set(adapters_of(weights)):
+            raise TrainError("the source's LoRA adapters are not the ones --tune lora "
+                             "--lora-targets makes; drop --lora-targets")
+        restore_trained(model, weights, "the source")
+    return model, optim
 
 
 def load_weights(model: _core.RxPtModel, tensors: Mapping[str, np.ndarray]) -> None:

@@ -1,0 +1,100 @@
+"""The Hugging Face folder of a model the rwkv7 layout cannot hold (RWKV-X
+hybrids with MoBA attention, and RWKV-7 models of another head size or
+without ln0): rwkvx_c's own modeling code for transformers, written into
+the folder (``model_type "rwkvx"``, package data under hf_code/), so
+
+    AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)
+
+runs it with transformers and torch alone. The weights are the rwkv-x
+names (rwkvx_c.interop.rwkv7) renamed to the rwkv7 layout's module names
+(model.layers.{i}.attn.r_proj ...) with a MoBA block's projections
+attn.q_proj .. o_proj; docs/interop.md §hf."""
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from rwkvx_c._core import RxPtModel
+from rwkvx_c.data.tokenizers import Tokenizer
+from rwkvx_c.interop.hf import BLOCK_NAMES, LAYER_NORM_EPS, write_code, write_folder
+from rwkvx_c.interop.rwkv7 import _export_pairs, _rwkvx_pairs
+
+__all__ = ["HYBRID_CODE", "hybrid_config", "to_hybrid", "save_hybrid"]
+
+# the modeling files every such folder holds (rwkvx_c/interop/hf_code/)
+HYBRID_CODE = ("configuration_rwkvx.py", "modeling_rwkvx.py")
+GROUP_NORM_EPS = 64e-5   # docs/maths.md: the time-mix GroupNorm
+
+# rwkv-x name inside an attention block -> (HF name inside model.layers.i, kind)
+_MOBA = {
+    "ln1.weight": ("attn_norm.weight", "same"), "ln1.bias": ("attn_norm.bias", "same"),
+    "ln2.weight": ("ffn_norm.weight", "same"), "ln2.bias": ("ffn_norm.bias", "same"),
+    "att.receptance.weight": ("attn.q_proj.weight", "same"),
+    "att.key.weight": ("attn.k_proj.weight", "same"),
+    "att.value.weight": ("attn.v_proj.weight", "same"),
+    "att.output.weight": ("attn.o_proj.weight", "same"),
+    "ffn.x_k": ("ffn.x_k", "flat"),
+    "ffn.key.weight": ("ffn.key.weight", "same"), "ffn.value.weight": ("ffn.value.weight", "same"),
+}
+_TOP = {"rwkv.emb.weight": "model.embeddings.weight",
+        "rwkv.blocks.0.ln0.weight": "model.pre_norm.weight",
+        "rwkv.blocks.0.ln0.bias": "model.pre_norm.bias",
+        "rwkv.ln_out.weight": "model.norm.weight", "rwkv.ln_out.bias": "model.norm.bias",
+        "rwkv.head.weight": "lm_head.weight"}
+
+
+def hybrid_config(config: Mapping[str, int], layers: str) -> dict[str, Any]:
+    """config.json of a model of this config and block order (RxPtModel.layers,
+    "R" and "A") in rwkvx_c's own layout, with the auto_map that points
+    transformers at the folder's modeling files."""
+    return {
+        "model_type": "rwkvx", "architectures": ["RwkvxForCausalLM"],
+        "auto_map": {"AutoConfig": "configuration_rwkvx.RwkvxConfig",
+                     "AutoModel": "modeling_rwkvx.RwkvxModel",
+                     "AutoModelForCausalLM": "modeling_rwkvx.RwkvxForCausalLM"},
+        "vocab_size": config["vocab_size"], "hidden_size": config["n_embd"],
+        "head_dim": config["head_size"], "num_heads": config["n_head"],
+        "num_attention_heads": config["n_head"],
+        "block_types": ["rwkv" if k == "R" else "moba" for k in layers],
+        "num_hidden_layers": config["n_rwkv_layer"] + config["n_attn_layer"],
+        "intermediate_size": config["ffn_dim"], "decay_low_rank_dim": config["Dw"],
+        "a_low_rank_dim": config["Da"], "v_low_rank_dim": config["Dv"],
+        "gate_low_rank_dim": config["Dg"], "moba_chunk_size": config["chunk_size"],
+        "moba_top_k": config["moba_top_k"], "embed_norm": bool(config.get("ln0", 0)),
+        "norm_eps": LAYER_NORM_EPS, "group_norm_eps": GROUP_NORM_EPS,
+        "tie_word_embeddings": False, "use_cache": True, "torch_dtype": "float32",
+        "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0,
+    }
+
+
+def to_hybrid(model: RxPtModel) -> dict[str, np.ndarray]:
+    """The state dict of rwkvx_c's own HF layout: float32 arrays."""
+    kinds = model.layers
+    at = {("R", i): L for i, L in enumerate(L for L, k in enumerate(kinds) if k == "R")}
+    at.update({("A", j): L for j, L in enumerate(L for L, k in enumerate(kinds) if k == "A")})
+    pairs = [p for p in _rwkvx_pairs(model) if p[1] in model.params]   # ln0 only when present
+    out = {}
+    for name, a in _export_pairs(model, pairs).items():
+        if name in _TOP:
+            out[_TOP[name]] = a
+            continue
+        m = re.fullmatch(r"(rwkv\.blocks|moba)\.(\d+)\.(.+)", name)
+        assert m, name   # _rwkvx_pairs names only these
+        rwkv = m.group(1) == "rwkv.blocks"
+        hf, kind = (BLOCK_NAMES if rwkv else _MOBA)[m.group(3)]
+        L = at[("R" if rwkv else "A", int(m.group(2)))]
+        out[f"model.layers.{L}.{hf}"] = np.ascontiguousarray(a.T) if kind == "T" else \
+            a.reshape(-1).copy() if kind == "flat" else a
+    return out
+
+
+def save_hybrid(model: RxPtModel, tokenizer: Tokenizer, out_dir: str, dtype: str = "fp32"
+                ) -> None:
+    """Writes the folder out_dir: config.json, model.safetensors, the
+    modeling files and the tokenizer's files; each file atomically."""
+    write_folder(to_hybrid(model), hybrid_config(model.config, model.layers), tokenizer,
+                 out_dir, dtype, model.config["vocab_size"])
+    write_code(HYBRID_CODE, out_dir)
