@@ -170,3 +170,19 @@ def test_hf_refusals_are_gone_and_others_name_the_way_out():
     with pytest.raises(rx.interop.InteropError, match="--n-attn-layer 0"):
         rx.interop.to_rwkv7(model)
     assert hf.hf_refusal(cfg) is not None   # the rwkv7 layout still holds no attention
+
+
+def test_a_hybrids_state_export_says_which_tools_run_it(hybrid, tmp_path, capsys):
+    run, _ = hybrid
+    d = run.parent
+    tuned = tmp_path / "tuned"
+    assert main(["train", "--init-from", str(run), "--tune", "state", "--steps", "1",
+                 "--seq-len", "64", "--batch", "2", "--eval-tokens", "128", "--threads", "1",
+                 "--data", str(d / "corpus.txt"), "--cache-dir", str(d / "cache"),
+                 "--out", str(tuned), "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(["export", str(tuned), "--format", "state", "--out",
+                 str(tmp_path / "s.pth")]) == 0
+    out = capsys.readouterr().out
+    assert "no other tool runs RWKV-X with MoBA attention and initial states" in out
+    assert f"rwkvx-c sample {tuned}" in out
