@@ -113,3 +113,43 @@ def test_unknown_modules_and_missing_bases_are_refused_by_name(lora, tmp_path, c
     with pytest.raises(InteropError, match=r"rwkvx-c import .* --base BASE"):
         from rwkvx_c.interop import read_source
         read_source(str(d / "peft"))
+
+
+def test_peft_on_the_hybrid_export_and_back(tmp_path):
+    """A LoRA run on the default preset's hybrid: its peft export on the hf
+    export of its base (rwkvx_c's own modeling code, PEFT's LoRA on its
+    nn.Linear modules, attention blocks' included) gives our logits, and
+    comes back on the base run as the same model."""
+    _need("torch", "safetensors", "transformers", "tokenizers", "peft")
+    import torch
+    from peft import PeftModel
+    from test_interop import _rel
+    from transformers import AutoModelForCausalLM
+    (tmp_path / "corpus.txt").write_bytes(b"def f(x):\n    return x * 2\n" * 200)
+    common = ["--seq-len", "64", "--batch", "2", "--eval-tokens", "128", "--threads", "1",
+              "--data", str(tmp_path / "corpus.txt"), "--cache-dir", str(tmp_path / "cache"),
+              "--no-progress"]
+    assert main(["train", "--preset", "default", "--steps", "3",
+                 "--out", str(tmp_path / "base")] + common) == 0
+    assert main(["train", "--init-from", str(tmp_path / "base"), "--tune", "lora", "--lora-r",
+                 "4", "--steps", "3", "--lr", "1e-2", "--out", str(tmp_path / "lora")]
+                + common) == 0
+    for fmt, src, out in (("hf", "base", "base_hf"), ("peft", "lora", "peft")):
+        assert main(["export", str(tmp_path / src), "--format", fmt, "--out",
+                     str(tmp_path / out)]) == 0
+    targets = json.loads((tmp_path / "peft" / "adapter_config.json").read_text())
+    assert "model.layers.2.attn.q_proj" in targets["target_modules"]
+    ours = load_model(str(tmp_path / "lora")).forward(TOKENS)
+    base = AutoModelForCausalLM.from_pretrained(str(tmp_path / "base_hf"), trust_remote_code=True,
+                                                dtype=torch.float32)
+    m = PeftModel.from_pretrained(base, str(tmp_path / "peft")).eval()
+    with torch.no_grad():
+        theirs = m(torch.from_numpy(TOKENS.astype(np.int64))[None]).logits[0].numpy()
+    assert _rel(load_model(str(tmp_path / "base")).forward(TOKENS), ours) > 1e-3   # they matter
+    err = _rel(theirs, ours)
+    print(f"peft on the hybrid's hf export with the exported adapters vs RxPtModel: {err:.2e}")
+    assert err <= 1e-4
+    assert main(["import", str(tmp_path / "peft"), "--base", str(tmp_path / "base"), "--out",
+                 str(tmp_path / "back")]) == 0
+    assert np.array_equal(load_model(str(tmp_path / "back")).param_buffer,
+                          load_model(str(tmp_path / "lora")).param_buffer)

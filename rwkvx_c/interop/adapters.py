@@ -23,7 +23,8 @@ import numpy as np
 
 from rwkvx_c._core import RxPtModel
 from rwkvx_c.errors import InteropError
-from rwkvx_c.interop.hf import PEFT_FILES, _need, _x070_name
+from rwkvx_c.interop.hf import PEFT_FILES, _need
+from rwkvx_c.interop.hf_hybrid import export_modules
 from rwkvx_c.interop.pth import load_pth
 from rwkvx_c.interop.rwkv7 import linear_prefixes
 from rwkvx_c.model.lora import A_SUFFIX, B_SUFFIX, TARGETS, target_params
@@ -121,18 +122,14 @@ def _read_peft(folder: str, base: RxPtModel) -> tuple[dict[str, tuple[np.ndarray
         tensors = {k: v.to(torch.float32).numpy() for k, v in st.load_file(wpath).items()}
     except Exception as e:  # noqa: BLE001 -- safetensors raises several types
         raise InteropError(f"{wpath} is not a readable safetensors file: {e}") from None
-    params = _module_params(base)
+    params = {mod: ours for ours, mod in export_modules(base).items()}
     found: dict[str, dict[str, np.ndarray]] = {}
     for key, a in tensors.items():
         mod, part = _split_peft_key(key, wpath)
-        try:
-            x070 = _x070_name(mod + ".weight")[0][:-len(".weight")]
-        except InteropError:
-            x070 = ""
-        if x070 not in params:
+        if mod not in params:
             raise InteropError(f"{wpath}: {mod} is not a projection rwkvx_c adapts (it adapts "
                                f"{', '.join(sorted(TARGETS))} in every block)")
-        found.setdefault(params[x070], {})[part] = a
+        found.setdefault(params[mod], {})[part] = a
     return _pairs(found, wpath), alpha
 
 

@@ -44,8 +44,8 @@ from rwkvx_c.run.rundir import CHECKPOINT
 from rwkvx_c.util.atomic import replace_with, replacing
 
 __all__ = ["hf_refusal", "hf_config", "to_hf", "from_hf", "save_hf", "load_hf", "hf_tokenizer",
-           "HF_WEIGHTS", "BYTE_MARK", "PEFT_FILES", "save_peft", "BLOCK_NAMES", "LAYER_NORM_EPS",
-           "write_code", "write_folder"]
+           "HF_WEIGHTS", "BYTE_MARK", "PEFT_FILES", "save_peft", "hf_modules", "BLOCK_NAMES",
+           "LAYER_NORM_EPS", "write_code", "write_folder"]
 
 HF_WEIGHTS = "model.safetensors"
 HF_INDEX = "model.safetensors.index.json"
@@ -280,34 +280,44 @@ def write_code(names: tuple[str, ...], out_dir: str) -> None:
                      functools.partial(shutil.copyfile, os.path.join(_CODE_DIR, name)))
 
 
+def hf_modules(model: RxPtModel) -> dict[str, str]:
+    """{our projection matrix: its nn.Linear's name in the rwkv7 layout}."""
+    return {ours: _hf_name(x070 + ".weight")[0][:-len(".weight")]
+            for ours, x070 in linear_prefixes(model).items()}
+
+
 def save_peft(model: RxPtModel, adapters: Mapping[str, tuple[np.ndarray, np.ndarray]],
-              alpha: float, out_dir: str, dtype: str = "fp32") -> None:
+              alpha: float, out_dir: str, dtype: str = "fp32",
+              modules: Mapping[str, str] | None = None) -> None:
     """Writes a LoRA run's adapters as a Hugging Face PEFT adapter folder for
     the hf export of its base: adapter_config.json (LORA, r, lora_alpha,
     target_modules: the hf names of the adapted Linears) and
     adapter_model.safetensors ('base_model.model.{module}.lora_A.weight'
     [r, in], '.lora_B.weight' [out, r]); PeftModel.from_pretrained puts them
-    on RWKV7ForCausalLM (tests/test_lora.py)."""
+    on RWKV7ForCausalLM (tests/test_lora.py). modules: {our matrix: module
+    name} of the hf export (default: the rwkv7 layout's; a hybrid's come
+    from rwkvx_c.interop.hf_hybrid.export_modules)."""
     if dtype not in DTYPES:
         raise InteropError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
-    why = hf_refusal(model.config)
-    if why:
-        raise InteropError(why)
+    if modules is None:
+        why = hf_refusal(model.config)
+        if why:
+            raise InteropError(why)
+        modules = hf_modules(model)
     torch, st = _need("the PEFT format")
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise InteropError(f"{out_dir} is a file; --format peft writes a folder")
     td = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
-    names = linear_prefixes(model)
-    tensors, modules, r = {}, [], 0
+    tensors, targets, r = {}, [], 0
     for ours, (A, B) in adapters.items():
-        module = _hf_name(names[ours] + ".weight")[0][:-len(".weight")]
-        modules.append(module)
+        module = modules[ours]
+        targets.append(module)
         r = A.shape[0]
         for part, a in (("lora_A", A), ("lora_B", B)):
             tensors[f"base_model.model.{module}.{part}.weight"] = torch.from_numpy(
                 np.array(a, dtype=np.float32)).to(td)
     cfg = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": r, "lora_alpha": alpha,
-           "target_modules": modules, "lora_dropout": 0.0, "bias": "none",
+           "target_modules": targets, "lora_dropout": 0.0, "bias": "none",
            "fan_in_fan_out": False, "use_rslora": False, "inference_mode": True,
            "base_model_name_or_path": None, "modules_to_save": None}
     os.makedirs(out_dir, exist_ok=True)

@@ -19,10 +19,17 @@ import numpy as np
 
 from rwkvx_c._core import RxPtModel
 from rwkvx_c.data.tokenizers import Tokenizer
-from rwkvx_c.interop.hf import BLOCK_NAMES, LAYER_NORM_EPS, write_code, write_folder
+from rwkvx_c.interop.hf import (
+    BLOCK_NAMES,
+    LAYER_NORM_EPS,
+    hf_modules,
+    hf_refusal,
+    write_code,
+    write_folder,
+)
 from rwkvx_c.interop.rwkv7 import _export_pairs, _rwkvx_pairs
 
-__all__ = ["HYBRID_CODE", "hybrid_config", "to_hybrid", "save_hybrid"]
+__all__ = ["HYBRID_CODE", "hybrid_config", "to_hybrid", "export_modules", "save_hybrid"]
 
 # the modeling files every such folder holds (rwkvx_c/interop/hf_code/)
 HYBRID_CODE = ("configuration_rwkvx.py", "modeling_rwkvx.py")
@@ -70,25 +77,44 @@ def hybrid_config(config: Mapping[str, int], layers: str) -> dict[str, Any]:
     }
 
 
+def _positions(layers: str) -> dict[tuple[str, int], int]:
+    """{(kind, j): L}: the j-th RWKV ("R") or attention ("A") block is block L."""
+    return {(kind, j): L for kind in "RA"
+            for j, L in enumerate(L for L, k in enumerate(layers) if k == kind)}
+
+
+def _hybrid_name(name: str, at: Mapping[tuple[str, int], int]) -> tuple[str, str]:
+    """(HF name, kind) of an rwkv-x name in rwkvx_c's own layout."""
+    if name in _TOP:
+        return _TOP[name], "same"
+    m = re.fullmatch(r"(rwkv\.blocks|moba)\.(\d+)\.(.+)", name)
+    assert m, name   # _rwkvx_pairs names only these
+    rwkv = m.group(1) == "rwkv.blocks"
+    hf, kind = (BLOCK_NAMES if rwkv else _MOBA)[m.group(3)]
+    return f"model.layers.{at[('R' if rwkv else 'A', int(m.group(2)))]}.{hf}", kind
+
+
 def to_hybrid(model: RxPtModel) -> dict[str, np.ndarray]:
     """The state dict of rwkvx_c's own HF layout: float32 arrays."""
-    kinds = model.layers
-    at = {("R", i): L for i, L in enumerate(L for L, k in enumerate(kinds) if k == "R")}
-    at.update({("A", j): L for j, L in enumerate(L for L, k in enumerate(kinds) if k == "A")})
+    at = _positions(model.layers)
     pairs = [p for p in _rwkvx_pairs(model) if p[1] in model.params]   # ln0 only when present
     out = {}
     for name, a in _export_pairs(model, pairs).items():
-        if name in _TOP:
-            out[_TOP[name]] = a
-            continue
-        m = re.fullmatch(r"(rwkv\.blocks|moba)\.(\d+)\.(.+)", name)
-        assert m, name   # _rwkvx_pairs names only these
-        rwkv = m.group(1) == "rwkv.blocks"
-        hf, kind = (BLOCK_NAMES if rwkv else _MOBA)[m.group(3)]
-        L = at[("R" if rwkv else "A", int(m.group(2)))]
-        out[f"model.layers.{L}.{hf}"] = np.ascontiguousarray(a.T) if kind == "T" else \
+        hf, kind = _hybrid_name(name, at)
+        out[hf] = np.ascontiguousarray(a.T) if kind == "T" else \
             a.reshape(-1).copy() if kind == "flat" else a
     return out
+
+
+def export_modules(model: RxPtModel) -> dict[str, str]:
+    """{our projection matrix: the name of its nn.Linear in the model's hf
+    export} for every matrix a LoRA adapts: PEFT's module names, in the
+    layout export_model writes for this model (rwkv7 or rwkvx_c's own)."""
+    if hf_refusal(model.config) is None:
+        return hf_modules(model)
+    at = _positions(model.layers)
+    return {ours: _hybrid_name(theirs, at)[0][:-len(".weight")]
+            for theirs, ours, kind in _rwkvx_pairs(model) if kind == "lin" and ours != "head"}
 
 
 def save_hybrid(model: RxPtModel, tokenizer: Tokenizer, out_dir: str, dtype: str = "fp32"

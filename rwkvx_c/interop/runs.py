@@ -24,7 +24,7 @@ from rwkvx_c.interop.hf import (
     save_hf,
     save_peft,
 )
-from rwkvx_c.interop.hf_hybrid import save_hybrid
+from rwkvx_c.interop.hf_hybrid import export_modules, save_hybrid
 from rwkvx_c.interop.pth import DTYPES, load_pth, save_pth
 from rwkvx_c.interop.rwkv7 import from_rwkv7, from_rwkvx, linear_prefixes, to_rwkv7, to_rwkvx
 from rwkvx_c.interop.source import STATE_KEY, read_source
@@ -81,7 +81,7 @@ def export_model(model: RxPtModel, fmt: str, out: str, dtype: str = "fp32", *,
         if fmt == "lora":
             save_pth(lora_dict(model, *adapters), out, dtype)
         else:
-            save_peft(model, *adapters, out, dtype)
+            save_peft(model, *adapters, out, dtype, export_modules(model))
     else:
         save_gguf(model, out, dtype)
 
