@@ -154,6 +154,9 @@ def test_any_model_exports_to_hf(tmp_path):
         rx.interop.export_model(model, "hf", str(tmp_path / f"m{i}"))
         m, _ = _auto(tmp_path / f"m{i}")
         assert _rel(_logits(m, x), model.forward(x)) <= TOL, change
+        rx.interop.import_pth(str(tmp_path / f"m{i}"), str(tmp_path / f"r{i}"))   # and back
+        assert np.array_equal(load_run(str(tmp_path / f"r{i}"))[0].param_buffer,
+                              model.param_buffer), change
 
 
 def test_hf_refusals_are_gone_and_others_name_the_way_out():
@@ -186,3 +189,21 @@ def test_a_hybrids_state_export_says_which_tools_run_it(hybrid, tmp_path, capsys
     out = capsys.readouterr().out
     assert "no other tool runs RWKV-X with MoBA attention and initial states" in out
     assert f"rwkvx-c sample {tuned}" in out
+
+
+def test_the_hybrid_folder_imports_back_and_inits_a_run(hybrid, tmp_path):
+    from rwkvx_c.interop import read_source
+    run, folder = hybrid
+    assert main(["import", str(folder), "--out", str(tmp_path / "back")]) == 0
+    back, tok = load_run(str(tmp_path / "back"))
+    model, _ = load_run(str(run))
+    assert tok.name == "byte" and back.layers == "RRA" and back.config == model.config
+    assert np.array_equal(back.param_buffer, model.param_buffer)
+    assert read_source(str(folder)).config == model.config
+    sd, cfg = hf.load_hf(str(folder))
+    sd["model.layers.2.attn.gate.weight"] = np.zeros(4, np.float32)
+    with pytest.raises(rx.interop.InteropError, match="attn.gate.weight is not a tensor"):
+        hf_hybrid.from_hybrid(sd, cfg)
+    del sd["model.layers.2.attn.gate.weight"], sd["model.layers.2.attn.q_proj.weight"]
+    with pytest.raises(rx.interop.InteropError, match="lacks tensor model.layers.2.attn.q_proj"):
+        hf_hybrid.from_hybrid(sd, cfg)

@@ -66,6 +66,7 @@ WORLD_EOT, WORLD_PAD = "<|endoftext|>", "<|padding|>"   # rwkv7-hf's names for i
 PEFT_FILES = ("adapter_config.json", "adapter_model.safetensors")
 # tokenizer_config.json key saying the folder's tokenizer.json is rwkvx_c's byte vocabulary
 BYTE_MARK = "rwkvx_c_tokenizer"
+HYBRID_TYPE = "rwkvx"   # config.json's model_type of rwkvx_c's own layout (hf_hybrid)
 _CODE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hf_code")
 LAYER_NORM_EPS = 1e-5   # docs/maths.md: every LayerNorm of the model
 
@@ -411,7 +412,8 @@ def load_hf(folder: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         raise InteropError(f"{cpath} is not readable JSON: {e}") from None
     if not isinstance(config, dict):
         raise InteropError(f"{cpath} does not hold a JSON object")
-    _check_config(config, cpath)
+    if config.get("model_type") != HYBRID_TYPE:   # rwkvx_c's own layout: hf_hybrid checks it
+        _check_config(config, cpath)
     files = _weight_files(folder)
     out: dict[str, np.ndarray] = {}
     for path in files:

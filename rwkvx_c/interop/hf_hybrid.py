@@ -19,17 +19,22 @@ import numpy as np
 
 from rwkvx_c._core import RxPtModel
 from rwkvx_c.data.tokenizers import Tokenizer
+from rwkvx_c.errors import InteropError, RwkvxError
 from rwkvx_c.interop.hf import (
     BLOCK_NAMES,
+    HYBRID_TYPE,
     LAYER_NORM_EPS,
+    from_hf,
     hf_modules,
     hf_refusal,
+    load_hf,
     write_code,
     write_folder,
 )
 from rwkvx_c.interop.rwkv7 import _export_pairs, _rwkvx_pairs
 
-__all__ = ["HYBRID_CODE", "hybrid_config", "to_hybrid", "export_modules", "save_hybrid"]
+__all__ = ["HYBRID_CODE", "hybrid_config", "to_hybrid", "from_hybrid", "export_modules",
+           "save_hybrid", "read_hf_folder"]
 
 # the modeling files every such folder holds (rwkvx_c/interop/hf_code/)
 HYBRID_CODE = ("configuration_rwkvx.py", "modeling_rwkvx.py")
@@ -58,7 +63,7 @@ def hybrid_config(config: Mapping[str, int], layers: str) -> dict[str, Any]:
     "R" and "A") in rwkvx_c's own layout, with the auto_map that points
     transformers at the folder's modeling files."""
     return {
-        "model_type": "rwkvx", "architectures": ["RwkvxForCausalLM"],
+        "model_type": HYBRID_TYPE, "architectures": ["RwkvxForCausalLM"],
         "auto_map": {"AutoConfig": "configuration_rwkvx.RwkvxConfig",
                      "AutoModel": "modeling_rwkvx.RwkvxModel",
                      "AutoModelForCausalLM": "modeling_rwkvx.RwkvxForCausalLM"},
@@ -124,3 +129,59 @@ def save_hybrid(model: RxPtModel, tokenizer: Tokenizer, out_dir: str, dtype: str
     write_folder(to_hybrid(model), hybrid_config(model.config, model.layers), tokenizer,
                  out_dir, dtype, model.config["vocab_size"])
     write_code(HYBRID_CODE, out_dir)
+
+
+def read_hf_folder(folder: str) -> RxPtModel:
+    """The model of a Hugging Face folder in either layout export_model
+    writes (rwkv7 or rwkvx_c's own)."""
+    sd, cfg = load_hf(folder)
+    return from_hybrid(sd, cfg) if cfg.get("model_type") == HYBRID_TYPE else from_hf(sd, cfg)
+
+
+def from_hybrid(sd: Mapping[str, np.ndarray], cfg: Mapping[str, Any]) -> RxPtModel:
+    """An RxPtModel holding a folder of rwkvx_c's own layout (the inverse of
+    to_hybrid): sizes from config.json, every tensor present with its shape,
+    none unknown."""
+    try:
+        types = list(cfg["block_types"])
+        C, N = int(cfg["hidden_size"]), int(cfg["head_dim"])
+        config = dict(
+            n_embd=C, head_size=N, n_head=C // N, n_rwkv_layer=types.count("rwkv"),
+            n_attn_layer=types.count("moba"), vocab_size=int(cfg["vocab_size"]),
+            ffn_dim=int(cfg["intermediate_size"]), Dw=int(cfg["decay_low_rank_dim"]),
+            Da=int(cfg["a_low_rank_dim"]), Dg=int(cfg["gate_low_rank_dim"]),
+            Dv=int(cfg["v_low_rank_dim"]), chunk_size=int(cfg["moba_chunk_size"]),
+            moba_top_k=int(cfg["moba_top_k"]), ln0=int(bool(cfg["embed_norm"])))
+    except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
+        raise InteropError(f"config.json of model_type {HYBRID_TYPE!r} lacks or garbles "
+                           f"{e}") from None
+    try:
+        model = RxPtModel(config)
+    except (RwkvxError, ValueError) as e:
+        raise InteropError(f"config.json's sizes make no valid model: {e}") from None
+    order = "".join("R" if t == "rwkv" else "A" for t in types)
+    if model.layers != order:
+        raise InteropError(f"config.json's block order {order} is not rwkvx_c's "
+                           f"{model.layers} for these sizes")
+    at = _positions(model.layers)
+    seen = set()
+    for theirs, ours, kind in _rwkvx_pairs(model):
+        if ours not in model.params:
+            continue
+        hf, hkind = _hybrid_name(theirs, at)
+        if hf not in sd:
+            raise InteropError(f"the folder lacks tensor {hf}")
+        a = np.asarray(sd[hf], dtype=np.float32)
+        want = model.params[ours].shape
+        # a Linear weight is [out, in] (ours [in, out]); a time-mix LoRA matrix
+        # is transposed between x070 and HF: either way one transpose
+        if (kind == "lin") != (hkind == "T"):
+            a = a.T
+        if a.size != int(np.prod(want)) or (len(want) == 2 and a.shape != want):
+            raise InteropError(f"{hf} has shape {np.shape(sd[hf])}, the model expects {want}")
+        model.params[ours][...] = a.reshape(want)
+        seen.add(hf)
+    extra = sorted(set(sd) - seen)
+    if extra:
+        raise InteropError(f"{extra[0]} is not a tensor of rwkvx_c's model")
+    return model

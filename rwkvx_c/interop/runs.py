@@ -17,14 +17,12 @@ from rwkvx_c.interop.gguf import save_gguf
 from rwkvx_c.interop.hf import (
     HF_FILES,
     PEFT_FILES,
-    from_hf,
     hf_refusal,
     hf_tokenizer,
-    load_hf,
     save_hf,
     save_peft,
 )
-from rwkvx_c.interop.hf_hybrid import export_modules, save_hybrid
+from rwkvx_c.interop.hf_hybrid import export_modules, read_hf_folder, save_hybrid
 from rwkvx_c.interop.pth import DTYPES, load_pth, save_pth
 from rwkvx_c.interop.rwkv7 import from_rwkv7, from_rwkvx, linear_prefixes, to_rwkv7, to_rwkvx
 from rwkvx_c.interop.source import STATE_KEY, read_source
@@ -208,7 +206,7 @@ def import_pth(path: str, out_dir: str) -> str:
     tok = None
     if os.path.isdir(path):
         fmt = "hf"
-        model = from_hf(*load_hf(path))
+        model = read_hf_folder(path)
         tok = hf_tokenizer(path, model.config["vocab_size"])
     else:
         sd = load_pth(path)

@@ -23,7 +23,8 @@ from rwkvx_c._core import RxPtModel
 from rwkvx_c.data.tokenizers import WORLD_VOCAB_SIZE, run_tokenizer
 from rwkvx_c.errors import CheckpointError, InteropError, TokenizerError
 from rwkvx_c.interop.adapters import Adapters, is_adapter, peft_base, read_adapters
-from rwkvx_c.interop.hf import from_hf, hf_tokenizer, load_hf
+from rwkvx_c.interop.hf import hf_tokenizer
+from rwkvx_c.interop.hf_hybrid import read_hf_folder
 from rwkvx_c.interop.pth import load_pth
 from rwkvx_c.interop.rwkv7 import from_rwkv7, from_rwkvx
 from rwkvx_c.model.lora import adapters_of, run_alpha, without_adapters
@@ -87,7 +88,7 @@ def read_source(src: str, base: str | None = None, lora_alpha: float | None = No
 
 
 def _from_hf(folder: str) -> Source:
-    model = from_hf(*load_hf(folder))
+    model = read_hf_folder(folder)
     tok = hf_tokenizer(folder, model.config["vocab_size"])
     spec = tok.name if tok.name in ("byte", "world") else os.path.join(folder, "tokenizer.json")
     return Source(folder, model.config, {n: np.array(model.params[n]) for n in
