@@ -74,13 +74,11 @@ def test_our_model_scores_what_lm_evals_hf_model_scores_on_the_export(setup):
 
     from rwkvx_c.eval.harness import RwkvxLM
     d, model, tok = setup
-    class HFByteLM(HFLM):
-        """The byte vocabulary has no end-of-text token: id 0, as ours uses."""
-        eot_token_id = property(lambda self: 0)
-
     theirs_model = RWKV7ForCausalLM.from_pretrained(str(d / "hf"), dtype=torch.float32).eval()
-    theirs = HFByteLM(pretrained=theirs_model, tokenizer=AutoTokenizer.from_pretrained(d / "hf"),
+    # the export's tokenizer declares id 0 its end-of-text: lm-eval's own hf model as it is
+    theirs = HFLM(pretrained=theirs_model, tokenizer=AutoTokenizer.from_pretrained(d / "hf"),
                   batch_size=1, prefix_token_id=0, device="cpu")
+    assert theirs.eot_token_id == 0
     a = _evaluate(RwkvxLM(model=model, tokenizer=tok), d / "tasks")
     b = _evaluate(theirs, d / "tasks")
     worst = 0.0
