@@ -202,8 +202,8 @@ def test_the_hybrid_folder_imports_back_and_inits_a_run(hybrid, tmp_path):
     assert read_source(str(folder)).config == model.config
     sd, cfg = hf.load_hf(str(folder))
     sd["model.layers.2.attn.gate.weight"] = np.zeros(4, np.float32)
-    with pytest.raises(rx.interop.InteropError, match="attn.gate.weight is not a tensor"):
+    with pytest.raises(rx.interop.InteropError, match=r"attn\.gate\.weight is not a tensor"):
         hf_hybrid.from_hybrid(sd, cfg)
     del sd["model.layers.2.attn.gate.weight"], sd["model.layers.2.attn.q_proj.weight"]
-    with pytest.raises(rx.interop.InteropError, match="lacks tensor model.layers.2.attn.q_proj"):
+    with pytest.raises(rx.interop.InteropError, match=r"lacks tensor model\.layers\.2\.attn\.q_proj"):
         hf_hybrid.from_hybrid(sd, cfg)
