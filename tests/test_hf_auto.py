@@ -205,5 +205,6 @@ def test_the_hybrid_folder_imports_back_and_inits_a_run(hybrid, tmp_path):
     with pytest.raises(rx.interop.InteropError, match=r"attn\.gate\.weight is not a tensor"):
         hf_hybrid.from_hybrid(sd, cfg)
     del sd["model.layers.2.attn.gate.weight"], sd["model.layers.2.attn.q_proj.weight"]
-    with pytest.raises(rx.interop.InteropError, match=r"lacks tensor model\.layers\.2\.attn\.q_proj"):
+    with pytest.raises(rx.interop.InteropError,
+                       match=r"lacks tensor model\.layers\.2\.attn\.q_proj"):
         hf_hybrid.from_hybrid(sd, cfg)
