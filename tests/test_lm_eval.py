@@ -74,13 +74,11 @@ def test_our_model_scores_what_lm_evals_hf_model_scores_on_the_export(setup):
 
     from rwkvx_c.eval.harness import RwkvxLM
     d, model, tok = setup
-    class HFByteLM(HFLM):
-        """The byte vocabulary has no end-of-text token: id 0, as ours uses."""
-        eot_token_id = property(lambda self: 0)
-
     theirs_model = RWKV7ForCausalLM.from_pretrained(str(d / "hf"), dtype=torch.float32).eval()
-    theirs = HFByteLM(pretrained=theirs_model, tokenizer=AutoTokenizer.from_pretrained(d / "hf"),
+    # the export's tokenizer declares id 0 its end-of-text: lm-eval's own hf model as it is
+    theirs = HFLM(pretrained=theirs_model, tokenizer=AutoTokenizer.from_pretrained(d / "hf"),
                   batch_size=1, prefix_token_id=0, device="cpu")
+    assert theirs.eot_token_id == 0
     a = _evaluate(RwkvxLM(model=model, tokenizer=tok), d / "tasks")
     b = _evaluate(theirs, d / "tasks")
     worst = 0.0
@@ -120,3 +118,59 @@ def test_an_unknown_task_is_one_line(setup, capsys):
                  str(d / "tasks")]) == 1
     err = capsys.readouterr().err.strip()
     assert "no_such_task_xyz" in err and len(err.splitlines()) == 1, err
+
+
+def test_lm_evals_command_line_on_the_export_scores_what_rwkvx_c_eval_scores(setup, tmp_path,
+                                                                           capsys):
+    """The issue's check: `lm_eval --model hf --model_args
+    pretrained=EXPORT,trust_remote_code=True` (a fresh interpreter, the folder
+    loaded by name, its end-of-text from the folder) against `rwkvx-c eval
+    --tasks` on the run: every score within 1e-4."""
+    import glob
+    import os
+    import subprocess
+    import sys
+    d, _, _ = setup
+    export = tmp_path / "export"
+    assert main(["export", str(d / "run"), "--format", "hf", "--out", str(export)]) == 0
+    tasks = "rx_mc,rx_ppl,rx_gen"
+    env = dict(os.environ, HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1",
+               TOKENIZERS_PARALLELISM="false")
+    r = subprocess.run([sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args",
+                        f"pretrained={export},trust_remote_code=True,dtype=float32",
+                        "--tasks", tasks, "--include_path", str(d / "tasks"), "--device", "cpu",
+                        "--batch_size", "1", "--output_path", str(tmp_path / "out")],
+                       env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    (path,) = glob.glob(str(tmp_path / "out" / "**" / "results_*.json"), recursive=True)
+    with open(path) as f:
+        theirs = json.load(f)["results"]
+    capsys.readouterr()
+    assert main(["eval", str(d / "run"), "--tasks", tasks, "--include-path", str(d / "tasks"),
+                 "--json"]) == 0
+    ours = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["tasks"]
+    worst = 0.0   # accuracies and bits per byte absolutely, perplexities relatively
+    for task in tasks.split(","):
+        for k, v in theirs[task].items():
+            if isinstance(v, float) and "stderr" not in k:
+                diff = abs(ours[task][k] - v) / max(1.0, abs(v))
+                worst = max(worst, diff)
+                assert diff <= 1e-4, (task, k, ours[task][k], v)
+    print(f"lm_eval --model hf on the export vs rwkvx-c eval: worst score difference "
+          f"{worst:.2e}; " + ", ".join(f"{t} {theirs[t]}" for t in tasks.split(",")))
+
+
+def test_eval_takes_lm_evals_spellings(setup, capsys):
+    d, _, _ = setup
+    capsys.readouterr()
+    assert main(["eval", "--model_args", f"pretrained={d / 'run'},dtype=float32,batch_size=1",
+                 "--tasks", "rx_mc,rx_ppl", "--include-path", str(d / "tasks"),
+                 "--num_fewshot", "0", "--limit", "0.5", "--batch_size", "auto", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["tasks"]
+    assert set(out) == {"rx_mc", "rx_ppl"}
+    assert main(["eval", str(d / "run"), "--model_args", "pretrained=elsewhere", "--tasks",
+                 "rx_mc"]) == 2
+    assert "name different runs" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["eval", str(d / "run"), "--model_args", "parallelize=True", "--tasks", "rx_mc"])
+    assert "parallelize is not a model argument rwkvx-c eval takes" in capsys.readouterr().err

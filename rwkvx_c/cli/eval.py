@@ -10,7 +10,15 @@ import sys
 from typing import Any
 
 from rwkvx_c import _core
-from rwkvx_c.cli.common import Subparsers, add_base_flag, err, positive_int, unit_float
+from rwkvx_c.cli.common import (
+    Subparsers,
+    add_base_flag,
+    checked,
+    err,
+    nonneg_int,
+    positive_int,
+    unit_float,
+)
 from rwkvx_c.data.pipeline import load_corpus
 from rwkvx_c.data.sampler import conversation_starts, eval_starts
 from rwkvx_c.errors import EvalError
@@ -53,7 +61,8 @@ def add_parser(sub: Subparsers) -> None:
         "--lambada: RWKV-LM's LAMBADA on a local .jsonl; --passkey: passkey retrieval over "
         "lengths and depths; --tasks: lm-evaluation-harness tasks (rwkvx_c[eval]). "
         "See docs/training.md §Evaluation.")
-    e.add_argument("dir", metavar="DIR", help="run folder (or checkpoint file)")
+    e.add_argument("dir", metavar="DIR", nargs="?", help="run folder (or checkpoint file); "
+                   "or --model_args pretrained=DIR")
     add_base_flag(e)
     e.add_argument("--data", nargs="+", metavar="PATH", help="corpus to score (files, folders, "
                    ".jsonl, token files; read as the trainer reads them) (default: none)")
@@ -64,9 +73,10 @@ def add_parser(sub: Subparsers) -> None:
                    help="tokens per window (default: the run's seq_len)")
     e.add_argument("--eval-tokens", type=positive_int, metavar="N",
                    help="with --split val: validation tokens (default: the run's eval_tokens)")
-    e.add_argument("--batch", type=positive_int, default=8, metavar="B",
-                   help="windows per forward call (default: 8; fewer when the logits would "
-                   "pass 64 MiB)")
+    e.add_argument("--batch", "--batch_size", "--batch-size", type=_batch, default=8,
+                   metavar="B", help="windows per forward call (default: 8; fewer when the "
+                   "logits would pass 64 MiB); lm-eval's auto is the default; lm-eval "
+                   "requests run one at a time on the recurrent state")
     e.add_argument("--text-field", metavar="NAME",
                    help="the text field of .jsonl records (default: the run's)")
     e.add_argument("--lambada", metavar="FILE",
@@ -85,14 +95,18 @@ def add_parser(sub: Subparsers) -> None:
                    help="keys per cell (default: 5)")
     e.add_argument("--plot", metavar="FILE.png",
                    help="the passkey heat map (default: passkey.png in DIR)")
-    e.add_argument("--tasks", nargs="+", metavar="TASK", help="lm-eval tasks (rwkvx_c[eval]) "
-                   "(default: none)")
+    e.add_argument("--tasks", nargs="+", type=_names, metavar="TASK",
+                   help="lm-eval tasks (rwkvx_c[eval]), separated by spaces or by commas as "
+                   "lm-eval takes them (hellaswag,arc_easy) (default: none)")
+    e.add_argument("--model_args", "--model-args", type=_model_args, metavar="K=V,...",
+                   default={}, help="lm-eval's model arguments where they apply: "
+                   + ", ".join(MODEL_ARGS) + " (default: none)")
     e.add_argument("--include-path", metavar="DIR", help="folder of local lm-eval task YAML; "
                    "only its tasks are indexed (default: lm-eval's own tasks)")
-    e.add_argument("--num-fewshot", type=int, metavar="K", help="lm-eval few-shot examples "
-                   "(default: each task's)")
-    e.add_argument("--limit", type=positive_int, metavar="N", help="lm-eval: first N documents "
-                   "per task (default: all)")
+    e.add_argument("--num-fewshot", "--num_fewshot", type=nonneg_int, metavar="K",
+                   help="lm-eval few-shot examples (default: each task's)")
+    e.add_argument("--limit", type=_limit, metavar="N", help="lm-eval: first N documents per "
+                   "task, or (below 1) that fraction of them (default: all)")
     e.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
                    help="projection GEMMs; bf16 reproduces a bf16 run's own val figures "
                    "(default: fp32)")
@@ -102,7 +116,77 @@ def add_parser(sub: Subparsers) -> None:
                    "instead of text (default: text)")
 
 
+# lm-eval's --model_args keys that mean something here, and what each does
+MODEL_ARGS = {
+    "pretrained": "the run folder (DIR)",
+    "dtype": "float32 or bfloat16 (--precision)",
+    "prefix_token_id": "the token an empty context starts from (default 0)",
+    "max_gen_toks": "generate_until's token budget (default 256)",
+    "batch_size": "--batch",
+    "trust_remote_code": "accepted, nothing to trust",
+    "device": "cpu only",
+}
+_DTYPES = {"float32": "fp32", "fp32": "fp32", "auto": "fp32", "bfloat16": "bf16", "bf16": "bf16"}
+
+
+def _names(s: str) -> list[str]:
+    return [t.strip() for t in s.split(",") if t.strip()]
+
+
+def _batch(s: str) -> int:
+    """--batch: a positive integer, or lm-eval's auto / auto:N (the default)."""
+    return 8 if s == "auto" or s.startswith("auto:") else positive_int(s)
+
+
+def _limit(s: str) -> float:
+    """lm-eval's --limit: N documents, or below 1 a fraction of them."""
+    v = checked(float, lambda v: v > 0 and (v < 1 or v == int(v)), "a positive integer or a "
+                "fraction below 1")(s)
+    return v if v < 1 else int(v)
+
+
+def _model_args(s: str) -> dict[str, str]:
+    out = {}
+    for part in filter(None, (p.strip() for p in s.split(","))):
+        k, eq, v = part.partition("=")
+        if not eq:
+            raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {part!r}")
+        if k not in MODEL_ARGS:
+            raise argparse.ArgumentTypeError(f"{k} is not a model argument rwkvx-c eval takes; "
+                                             f"it takes {', '.join(MODEL_ARGS)}")
+        out[k] = v
+    return out
+
+
+def _apply_model_args(a: argparse.Namespace) -> str | None:
+    """Folds --model_args into the flags they stand for; a one-line reason
+    when they contradict each other or the flags."""
+    m = a.model_args
+    if "pretrained" in m:
+        if a.dir and os.path.realpath(a.dir) != os.path.realpath(m["pretrained"]):
+            return f"DIR {a.dir} and pretrained={m['pretrained']} name different runs"
+        a.dir = m["pretrained"]
+    if "dtype" in m:
+        if m["dtype"] not in _DTYPES:
+            return f"dtype={m['dtype']}: rwkvx-c eval computes in float32 or bfloat16"
+        a.precision = _DTYPES[m["dtype"]]
+    if m.get("device", "cpu") != "cpu":
+        return f"device={m['device']}: rwkvx_c runs on the CPU"
+    for k in ("prefix_token_id", "max_gen_toks"):
+        if k in m and not m[k].isdigit():
+            return f"{k}={m[k]}: expected an integer >= 0"
+    if "batch_size" in m:
+        a.batch = _batch(m["batch_size"])
+    return None
+
+
 def run(a: argparse.Namespace) -> int:
+    why = _apply_model_args(a)
+    if why:
+        return err(why, 2)
+    if not a.dir:
+        return err("give the run: DIR or --model_args pretrained=DIR", 2)
+    a.tasks = [t for group in a.tasks for t in group] if a.tasks else None
     own = a.split == "val" and not a.data   # the run's own corpus and validation windows
     if not (a.data or own or a.lambada or a.passkey or a.tasks):
         return err("nothing to evaluate: give --data, --split val, --lambada, --passkey or "
@@ -205,9 +289,11 @@ def _passkey(a: argparse.Namespace, model: _core.RxPtModel, tok: Any, ckpt: str
 
 
 def _tasks(a: argparse.Namespace, model: _core.RxPtModel, tok: Any) -> dict[str, Any]:
-    from rwkvx_c.eval.harness import RwkvxLM, run_tasks
-    res = run_tasks(RwkvxLM(model=model, tokenizer=tok), a.tasks, a.include_path,
-                    a.num_fewshot, a.limit)
+    from rwkvx_c.eval.harness import DEFAULT_MAX_GEN_TOKS, RwkvxLM, run_tasks
+    m = a.model_args
+    lm = RwkvxLM(model=model, tokenizer=tok, prefix_token_id=int(m.get("prefix_token_id", 0)),
+                 max_gen_toks=int(m.get("max_gen_toks", DEFAULT_MAX_GEN_TOKS)))
+    res = run_tasks(lm, a.tasks, a.include_path, a.num_fewshot, a.limit)
     scores = {t: {k: v for k, v in r.items() if isinstance(v, (int, float))}
               for t, r in res.get("results", {}).items()}
     if not a.json:

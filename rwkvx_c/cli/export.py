@@ -42,7 +42,8 @@ def run(a: argparse.Namespace) -> int:
     if a.format == "gguf" and tok.name not in ("byte", "world"):
         # the GGUF holds its vocabulary, and llama.cpp's rwkv7 knows byte and World only
         return err(f"the run in {a.dir} uses a {tok.name} tokenizer; a GGUF export needs "
-                   "the byte or the World tokenizer")
+                   "the byte or the World tokenizer (train with --tokenizer byte or world); "
+                   "--format hf holds this run with its tokenizer")
     # the checkpoint and, beside it, the tokenizer.json load_run read
     inputs = [a.dir, os.path.dirname(os.path.abspath(a.dir))] if os.path.isfile(a.dir) \
         else [a.dir]
@@ -71,7 +72,19 @@ def run(a: argparse.Namespace) -> int:
             f"({short(base)}, as the run recorded)"
         print(f"rwkvx-c export: the LoRA adapters are merged into {into}; "
               "--format lora (or peft) writes them alone")
+    if a.format == "state":
+        print(f"rwkvx-c export: {_state_readers(model.config, a.dir)}")
     if model.state is not None and a.format != "state":
         print("rwkvx-c export: the model's trained initial states are not in this file; they "
               "travel separately: rwkvx-c export DIR --format state --out FILE")
     return 0
+
+
+def _state_readers(config: dict[str, int], run_dir: str) -> str:
+    """Which tools run the states a state export wrote, said after it."""
+    if config["n_attn_layer"]:
+        return ("these states belong to a hybrid (its RWKV blocks, numbered among them); "
+                "no other tool runs RWKV-X with MoBA attention and initial states: rwkvx_c "
+                f"does (rwkvx-c sample {run_dir}, rwkvx-c train --init-from {run_dir})")
+    return ("RWKV-PEFT and the rwkv package run these states on the model's --format rwkv7 "
+            "export (state[3*i+1] of the rwkv package's x070 model)")

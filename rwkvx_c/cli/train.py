@@ -22,10 +22,11 @@ from rwkvx_c.cli.common import (
 from rwkvx_c.errors import TrainError
 from rwkvx_c.interop.source import STATE_KEY, read_source
 from rwkvx_c.model.config import SHAPE_OPTIONS, ModelConfig
+from rwkvx_c.model.lora import A_SUFFIX, B_SUFFIX
 from rwkvx_c.run.plot import plot_log
 from rwkvx_c.run.rundir import RunDir, describe_entries
 from rwkvx_c.train.distributed import ProcessGroup, world
-from rwkvx_c.train.finetune import from_source
+from rwkvx_c.train.finetune import adapter_options, from_source
 from rwkvx_c.train.options import TrainOptions
 from rwkvx_c.train.progress import progress_bar, progress_update
 from rwkvx_c.train.trainer import Trainer
@@ -135,6 +136,12 @@ def _start_run(a: argparse.Namespace, group: ProcessGroup) -> tuple[Trainer, str
     if a.init_from:   # a fine-tune: the source's shape, tokenizer and weights
         src = group.on_root(read_source, a.init_from, base)
         weights = dict(src.weights, **({STATE_KEY: src.state0} if src.state0 is not None else {}))
+        if src.adapters is not None:   # a PEFT / RWKV-PEFT adapter: a LoRA tune trains it on
+            ads = src.adapters
+            kw.update(adapter_options(kw, {"r": ads.r, "alpha": ads.alpha,
+                                                       "targets": ads.targets}, a.init_from))
+            for name, (A, B) in ads.pairs.items():
+                weights[name + A_SUFFIX], weights[name + B_SUFFIX] = A, B
         o = from_source(TrainOptions(**kw), src.config, src.tokenizer, a.init_from)
         return Trainer(o, out, progress=not a.no_progress, _weights=weights), out
     return Trainer(TrainOptions(**kw), out, progress=not a.no_progress), out

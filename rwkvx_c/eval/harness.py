@@ -143,7 +143,7 @@ def _bar(items: list[Any], desc: str, disable: bool) -> Any:
 
 
 def run_tasks(lm: Any, tasks: list[str], include_path: str | None = None,
-              num_fewshot: int | None = None, limit: int | None = None) -> dict[str, Any]:
+              num_fewshot: int | None = None, limit: float | None = None) -> dict[str, Any]:
     """lm_eval.simple_evaluate of lm on tasks: the local YAML tasks under
     include_path only (lm-eval's own catalogue is not even indexed then), or
     lm-eval's tasks whose data is already in the local Hugging Face cache;

@@ -20,6 +20,7 @@ from rwkvx_c.data.tokenizers import WORLD_VOCAB_SIZE as WORLD_VOCAB
 from rwkvx_c.data.tokenizers import parse_vocab_file, world_vocab_path
 from rwkvx_c.errors import InteropError, TokenizerError
 from rwkvx_c.interop.pth import DTYPES
+from rwkvx_c.interop.rwkv7 import HF_HOLDS_IT
 from rwkvx_c.util.atomic import replace_with
 
 __all__ = ["gguf_refusal", "gguf_tensors", "gguf_vocab", "save_gguf"]
@@ -42,19 +43,25 @@ def _need_gguf() -> Any:
 
 
 def gguf_refusal(config: dict[str, int]) -> str | None:
-    """Why llama.cpp's rwkv7 cannot hold this config, or None."""
+    """Why llama.cpp's rwkv7 cannot hold this config, or None; each reason
+    names the train flags that make a model it holds, and the format that
+    holds this one."""
     c = config
     if c["n_attn_layer"]:
-        return (f"llama.cpp's rwkv7 holds no attention blocks and this model has "
-                f"{c['n_attn_layer']}")
-    if not c.get("ln0", 0):
-        return "llama.cpp's rwkv7 needs ln0 (the embedding LayerNorm) and this model has none"
-    if c["head_size"] != 64:
-        return f"llama.cpp's RWKV-7 kernels want head size 64; this model has {c['head_size']}"
-    if c["vocab_size"] not in (256, WORLD_VOCAB):
-        return (f"no tokenizer to put inside for vocab {c['vocab_size']} (256 bytes or the "
-                f"{WORLD_VOCAB}-token World vocabulary)")
-    return None
+        why = (f"llama.cpp's rwkv7 holds no attention blocks and this model has "
+               f"{c['n_attn_layer']} (train with --n-attn-layer 0 for gguf)")
+    elif not c.get("ln0", 0):
+        why = "llama.cpp's rwkv7 needs ln0 (the embedding LayerNorm) and this model has none"
+    elif c["head_size"] != 64:
+        why = (f"llama.cpp's RWKV-7 kernels want head size 64; this model has {c['head_size']} "
+               "(train with --head-size 64 for gguf)")
+    elif c["vocab_size"] not in (256, WORLD_VOCAB):
+        why = (f"no tokenizer to put inside for vocab {c['vocab_size']} (256 bytes or the "
+               f"{WORLD_VOCAB}-token World vocabulary: train with --tokenizer byte or world "
+               "for gguf)")
+    else:
+        return None
+    return f"{why}; {HF_HOLDS_IT}"
 
 
 def _token_text(b: bytes) -> str:

@@ -16,6 +16,7 @@ extra ``hf-model``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
@@ -43,22 +44,36 @@ from rwkvx_c.run.rundir import CHECKPOINT
 from rwkvx_c.util.atomic import replace_with, replacing
 
 __all__ = ["hf_refusal", "hf_config", "to_hf", "from_hf", "save_hf", "load_hf", "hf_tokenizer",
-           "HF_WEIGHTS", "BYTE_MARK", "PEFT_FILES", "save_peft"]
+           "HF_WEIGHTS", "BYTE_MARK", "PEFT_FILES", "save_peft", "hf_modules", "BLOCK_NAMES",
+           "LAYER_NORM_EPS", "write_code", "write_folder"]
 
 HF_WEIGHTS = "model.safetensors"
 HF_INDEX = "model.safetensors.index.json"
-# every file an export may write into its folder (besides a World vocabulary)
-HF_FILES = ("config.json", HF_WEIGHTS, "tokenizer.json", "tokenizer_config.json")
+# the entry points of rwkv7-hf's thin layout (package data under hf_code/, as
+# rwkv7-hf's converter writes them: subclasses of the installed package's)
+RWKV7_CODE = ("configuration_rwkv7.py", "modeling_rwkv7.py")
+WORLD_CODE = ("tokenization_rwkv7.py",)
+RWKV7_HF_MIN = "0.9.0"   # the oldest rwkv7-hf whose classes the entry points name
+# every file an export may write into its folder
+HF_FILES = ("config.json", HF_WEIGHTS, "tokenizer.json", "tokenizer_config.json",
+            "special_tokens_map.json", WORLD_VOCAB, *RWKV7_CODE, *WORLD_CODE,
+            "configuration_rwkvx.py", "modeling_rwkvx.py")
+# the end-of-text token every exported vocabulary declares: id 0, the separator
+# rwkvx_c trains between documents (rwkvx_c.data.chat.SEPARATOR)
+EOT_ID = 0
+WORLD_EOT, WORLD_PAD = "<|endoftext|>", "<|padding|>"   # rwkv7-hf's names for id 0
 # the files of a PEFT LoRA adapter folder (save_peft)
 PEFT_FILES = ("adapter_config.json", "adapter_model.safetensors")
 # tokenizer_config.json key saying the folder's tokenizer.json is rwkvx_c's byte vocabulary
 BYTE_MARK = "rwkvx_c_tokenizer"
-_LAYER_NORM_EPS = 1e-5   # docs/maths.md: every LayerNorm of the model
+HYBRID_TYPE = "rwkvx"   # config.json's model_type of rwkvx_c's own layout (hf_hybrid)
+_CODE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hf_code")
+LAYER_NORM_EPS = 1e-5   # docs/maths.md: every LayerNorm of the model
 
 # x070 name inside a block -> (HF name inside model.layers.i, kind): "same"
 # (identical array), "T" (transposed: x070 LoRA matrices are [in, out], HF
 # Linear weights [out, in]), "flat" (x070 (1, 1, C), HF [C])
-_BLOCK = {
+BLOCK_NAMES = {
     "ln0.weight": ("pre_norm.weight", "same"), "ln0.bias": ("pre_norm.bias", "same"),
     "ln1.weight": ("attn_norm.weight", "same"), "ln1.bias": ("attn_norm.bias", "same"),
     "ln2.weight": ("ffn_norm.weight", "same"), "ln2.bias": ("ffn_norm.bias", "same"),
@@ -79,15 +94,16 @@ _BLOCK = {
 }
 _TOP = {"emb.weight": "model.embeddings.weight", "ln_out.weight": "model.norm.weight",
         "ln_out.bias": "model.norm.bias", "head.weight": "lm_head.weight"}
-_BLOCK_BACK = {hf: (x, kind) for x, (hf, kind) in _BLOCK.items()}
+_BLOCK_BACK = {hf: (x, kind) for x, (hf, kind) in BLOCK_NAMES.items()}
 _TOP_BACK = {hf: x for x, hf in _TOP.items()}
 
 
 def hf_refusal(config: Mapping[str, int]) -> str | None:
-    """Why the HF rwkv7 layout cannot hold a model of this config, or None."""
+    """Why the HF rwkv7 layout cannot hold a model of this config, or None
+    (export_model then writes rwkvx_c's own layout, rwkvx_c.interop.hf_hybrid)."""
     if config["n_attn_layer"]:
         return (f"the Hugging Face rwkv7 layout holds no attention blocks and this model has "
-                f"{config['n_attn_layer']}; export it with --format rwkvx")
+                f"{config['n_attn_layer']}")
     if config["head_size"] != 64:
         return (f"the Hugging Face rwkv7 layout (fla's kernels) wants head size 64; this model "
                 f"has {config['head_size']}")
@@ -99,21 +115,35 @@ def hf_refusal(config: Mapping[str, int]) -> str | None:
 
 def hf_config(config: Mapping[str, int]) -> dict[str, Any]:
     """config.json of a model: flash-linear-attention's RWKV7Config keys
-    (which rwkv7-hf's shares)."""
+    (which rwkv7-hf's shares), and the auto_map of rwkv7-hf's thin layout
+    that lets transformers load the folder by name."""
     C, L = config["n_embd"], config["n_rwkv_layer"]
     return {
         "model_type": "rwkv7", "architectures": ["RWKV7ForCausalLM"],
+        "auto_map": {"AutoConfig": "configuration_rwkv7.RWKV7Config",
+                     "AutoModel": "modeling_rwkv7.RWKV7Model",
+                     "AutoModelForCausalLM": "modeling_rwkv7.RWKV7ForCausalLM"},
+        "rwkv7_hf_adapter_layout": "thin", "rwkv7_hf_runtime_version": _rwkv7_hf_version(),
         "vocab_size": config["vocab_size"], "hidden_size": C, "num_hidden_layers": L,
         "head_dim": config["head_size"], "num_heads": config["n_head"],
         "hidden_ratio": config["ffn_dim"] / C, "intermediate_size": config["ffn_dim"],
         "decay_low_rank_dim": config["Dw"], "a_low_rank_dim": config["Da"],
         "v_low_rank_dim": config["Dv"], "gate_low_rank_dim": config["Dg"],
         "value_dim": [C] * L, "hidden_act": "sqrelu", "norm_first": True, "norm_bias": True,
-        "norm_eps": _LAYER_NORM_EPS, "attn": None, "tie_word_embeddings": False,
+        "norm_eps": LAYER_NORM_EPS, "attn": None, "tie_word_embeddings": False,
         "use_cache": True, "fuse_norm": False, "fuse_cross_entropy": False,
         "attn_mode": "chunk", "torch_dtype": "float32",
-        "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0,
+        "bos_token_id": EOT_ID, "eos_token_id": EOT_ID, "pad_token_id": EOT_ID,
     }
+
+
+def _rwkv7_hf_version() -> str:
+    """The rwkv7-hf version the thin entry points run on: the installed one."""
+    from importlib import metadata
+    try:
+        return metadata.version("rwkv7-hf")
+    except metadata.PackageNotFoundError:
+        return RWKV7_HF_MIN
 
 
 def to_hf(model: RxPtModel) -> dict[str, np.ndarray]:
@@ -133,8 +163,8 @@ def _hf_name(x070: str) -> tuple[str, str]:
     if x070 in _TOP:
         return _TOP[x070], "same"
     m = re.fullmatch(r"blocks\.(\d+)\.(.+)", x070)
-    assert m and m.group(2) in _BLOCK, x070   # to_rwkv7 writes only these
-    hf, kind = _BLOCK[m.group(2)]
+    assert m and m.group(2) in BLOCK_NAMES, x070   # to_rwkv7 writes only these
+    hf, kind = BLOCK_NAMES[m.group(2)]
     return f"model.layers.{m.group(1)}.{hf}", kind
 
 
@@ -159,8 +189,8 @@ def _check_config(cfg: Mapping[str, Any], what: str) -> None:
     for key, want in checks:
         if key in cfg and cfg[key] != want:
             raise InteropError(f"{what}: {key} is {cfg[key]!r}; rwkvx_c's RWKV-7 has {want!r}")
-    eps = cfg.get("norm_eps", _LAYER_NORM_EPS)
-    if not isinstance(eps, (int, float)) or abs(eps - _LAYER_NORM_EPS) > 1e-12:
+    eps = cfg.get("norm_eps", LAYER_NORM_EPS)
+    if not isinstance(eps, (int, float)) or abs(eps - LAYER_NORM_EPS) > 1e-12:
         raise InteropError(f"{what}: norm_eps is {eps!r}; rwkvx_c's LayerNorms use 1e-05")
     C = cfg.get("hidden_size")
     if any(v != C for v in cfg.get("value_dim") or []):
@@ -213,11 +243,20 @@ def _need(what: str) -> tuple[Any, Any]:
 
 def save_hf(model: RxPtModel, tokenizer: Tokenizer, out_dir: str, dtype: str = "fp32") -> None:
     """Writes the HF folder out_dir: config.json, model.safetensors (dtype
-    fp32, bf16 or fp16) and the tokenizer's files; each file atomically.
-    Refuses a model the layout cannot hold before writing anything."""
+    fp32, bf16 or fp16), rwkv7-hf's thin entry points and the tokenizer's
+    files; each file atomically. Refuses a model the layout cannot hold
+    before writing anything."""
+    write_folder(to_hf(model), hf_config(model.config), tokenizer, out_dir, dtype,
+                 model.config["vocab_size"])
+    write_code(RWKV7_CODE, out_dir)
+
+
+def write_folder(sd: Mapping[str, np.ndarray], cfg: dict[str, Any], tokenizer: Tokenizer,
+                 out_dir: str, dtype: str, vocab: int) -> None:
+    """The files every HF export holds: the tensors sd as model.safetensors
+    at dtype, config.json cfg and the tokenizer's files."""
     if dtype not in DTYPES:
         raise InteropError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
-    sd = to_hf(model)
     torch, st = _need("the Hugging Face format")
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise InteropError(f"{out_dir} is a file; --format hf writes a folder")
@@ -227,42 +266,59 @@ def save_hf(model: RxPtModel, tokenizer: Tokenizer, out_dir: str, dtype: str = "
     os.makedirs(out_dir, exist_ok=True)
     td = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     tensors = {k: torch.from_numpy(np.ascontiguousarray(v)).to(td) for k, v in sd.items()}
-    cfg = hf_config(model.config)
-    cfg["torch_dtype"] = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[dtype]
+    cfg = dict(cfg, torch_dtype={"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[dtype])
     replace_with(os.path.join(out_dir, HF_WEIGHTS),
                  lambda tmp: st.save_file(tensors, tmp, metadata={"format": "pt"}))
     _write_json(os.path.join(out_dir, "config.json"), cfg)
-    _save_tokenizer(tokenizer, out_dir, model.config["vocab_size"])
+    _save_tokenizer(tokenizer, out_dir, vocab)
+
+
+def write_code(names: tuple[str, ...], out_dir: str) -> None:
+    """Copies the modeling files `names` (package data, rwkvx_c/interop/hf_code/)
+    into out_dir, each atomically."""
+    for name in names:
+        replace_with(os.path.join(out_dir, name),
+                     functools.partial(shutil.copyfile, os.path.join(_CODE_DIR, name)))
+
+
+def hf_modules(model: RxPtModel) -> dict[str, str]:
+    """{our projection matrix: its nn.Linear's name in the rwkv7 layout}."""
+    return {ours: _hf_name(x070 + ".weight")[0][:-len(".weight")]
+            for ours, x070 in linear_prefixes(model).items()}
 
 
 def save_peft(model: RxPtModel, adapters: Mapping[str, tuple[np.ndarray, np.ndarray]],
-              alpha: float, out_dir: str, dtype: str = "fp32") -> None:
+              alpha: float, out_dir: str, dtype: str = "fp32",
+              modules: Mapping[str, str] | None = None) -> None:
     """Writes a LoRA run's adapters as a Hugging Face PEFT adapter folder for
     the hf export of its base: adapter_config.json (LORA, r, lora_alpha,
     target_modules: the hf names of the adapted Linears) and
     adapter_model.safetensors ('base_model.model.{module}.lora_A.weight'
     [r, in], '.lora_B.weight' [out, r]); PeftModel.from_pretrained puts them
-    on RWKV7ForCausalLM (tests/test_lora.py)."""
+    on RWKV7ForCausalLM (tests/test_lora.py). modules: {our matrix: module
+    name} of the hf export (default: the rwkv7 layout's; a hybrid's come
+    from rwkvx_c.interop.hf_hybrid.export_modules)."""
     if dtype not in DTYPES:
         raise InteropError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
-    why = hf_refusal(model.config)
-    if why:
-        raise InteropError(why)
+    if modules is None:
+        why = hf_refusal(model.config)
+        if why:
+            raise InteropError(why)
+        modules = hf_modules(model)
     torch, st = _need("the PEFT format")
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise InteropError(f"{out_dir} is a file; --format peft writes a folder")
     td = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
-    names = linear_prefixes(model)
-    tensors, modules, r = {}, [], 0
+    tensors, targets, r = {}, [], 0
     for ours, (A, B) in adapters.items():
-        module = _hf_name(names[ours] + ".weight")[0][:-len(".weight")]
-        modules.append(module)
+        module = modules[ours]
+        targets.append(module)
         r = A.shape[0]
         for part, a in (("lora_A", A), ("lora_B", B)):
             tensors[f"base_model.model.{module}.{part}.weight"] = torch.from_numpy(
                 np.array(a, dtype=np.float32)).to(td)
     cfg = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": r, "lora_alpha": alpha,
-           "target_modules": modules, "lora_dropout": 0.0, "bias": "none",
+           "target_modules": targets, "lora_dropout": 0.0, "bias": "none",
            "fan_in_fan_out": False, "use_rslora": False, "inference_mode": True,
            "base_model_name_or_path": None, "modules_to_save": None}
     os.makedirs(out_dir, exist_ok=True)
@@ -277,38 +333,67 @@ def _write_json(path: str, obj: Any) -> None:
 
 
 def _save_tokenizer(tok: Tokenizer, out_dir: str, vocab: int) -> None:
-    """The tokenizer files transformers loads: a tokenizer.json
-    (PreTrainedTokenizerFast) for bytes and tokenizer.json runs; for World,
-    the vocabulary file rwkv7-hf's RWKV7Tokenizer reads."""
+    """The tokenizer files AutoTokenizer.from_pretrained(DIR,
+    trust_remote_code=True) loads, each declaring id 0 its end-of-text
+    token (eos_token), so generate and lm-eval's generate_until stop there:
+    World, the vocabulary file rwkv7-hf's RWKV7Tokenizer reads and its entry
+    point (id 0 is its <|endoftext|>); bytes, a tokenizer.json whose byte 0
+    is a special token (PreTrainedTokenizerFast); a tokenizer.json run, its
+    own file with its id-0 token declared."""
     tc: dict[str, Any] = {"model_max_length": 1 << 20, "clean_up_tokenization_spaces": False}
     if tok.name == "world":
         src = world_vocab_path()
         dst = os.path.join(out_dir, os.path.basename(src))
         replace_with(dst, lambda tmp: shutil.copyfile(src, tmp))
-        tc.update(tokenizer_class="RWKV7Tokenizer", model_vocab_size=vocab)
+        write_code(WORLD_CODE, out_dir)
+        tc.update(tokenizer_class="RWKV7Tokenizer", model_vocab_size=vocab,
+                  auto_map={"AutoTokenizer": ["tokenization_rwkv7.RWKV7Tokenizer", None]},
+                  eos_token=WORLD_EOT, pad_token=WORLD_PAD, errors="replace")
     elif tok.name == "byte":
-        _write_byte_tokenizer(os.path.join(out_dir, "tokenizer.json"))
-        tc.update(tokenizer_class="PreTrainedTokenizerFast", **{BYTE_MARK: "byte"})
+        eot = _write_byte_tokenizer(os.path.join(out_dir, "tokenizer.json"))
+        tc.update(tokenizer_class="PreTrainedTokenizerFast", eos_token=eot, pad_token=eot,
+                  **{BYTE_MARK: "byte"})
     else:
         tok.save(out_dir)   # the run's own tokenizer.json
-        tc.update(tokenizer_class="PreTrainedTokenizerFast")
+        eot = _id0_token(os.path.join(out_dir, "tokenizer.json"))
+        tc.update(tokenizer_class="PreTrainedTokenizerFast", eos_token=eot, pad_token=eot)
     _write_json(os.path.join(out_dir, "tokenizer_config.json"), tc)
+    _write_json(os.path.join(out_dir, "special_tokens_map.json"),
+                {"eos_token": tc["eos_token"], "pad_token": tc["pad_token"]})
 
 
-def _write_byte_tokenizer(path: str) -> None:
+def _id0_token(path: str) -> str:
+    """The token string of id 0 in a tokenizer.json (a run's tokenizer
+    loaded it, so the package is there)."""
+    import tokenizers
+    text = tokenizers.Tokenizer.from_file(path).id_to_token(EOT_ID)
+    if text is None:
+        raise InteropError(f"{path} has no token of id {EOT_ID}, the end-of-text")
+    return str(text)
+
+
+def _write_byte_tokenizer(path: str) -> str:
     """The byte vocabulary (id = byte value) as a tokenizer.json: a BPE with
-    no merges over the byte-level alphabet, so every byte is its own token."""
+    no merges over the byte-level alphabet, so every byte is its own token.
+    The byte-level mapping is the normaliser, and byte 0, the end-of-text,
+    is a special token spelt as the NUL character itself and matched in the
+    raw text: only a NUL byte is id 0 (not the character byte-level BPE
+    spells byte 0 with), and it decodes back to NUL. Returns its text."""
     try:
         import tokenizers
-        from tokenizers import decoders, models, pre_tokenizers
+        from tokenizers import AddedToken, decoders, models, normalizers
     except ImportError:
         raise InteropError("the byte tokenizer's tokenizer.json needs the tokenizers "
                            'package: pip install "rwkvx_c[hf]"') from None
-    vocab = _byte_level_table()
+    eot = bytes([EOT_ID]).decode("latin-1")
+    vocab = {t: i for t, i in _byte_level_table().items() if i != EOT_ID}
+    vocab[eot] = EOT_ID
     t = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    t.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    t.normalizer = normalizers.ByteLevel()
     t.decoder = decoders.ByteLevel()
+    t.add_special_tokens([AddedToken(eot, special=True, normalized=False)])
     replace_with(path, lambda tmp: t.save(tmp))
+    return eot
 
 
 def load_hf(folder: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
@@ -327,7 +412,8 @@ def load_hf(folder: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         raise InteropError(f"{cpath} is not readable JSON: {e}") from None
     if not isinstance(config, dict):
         raise InteropError(f"{cpath} does not hold a JSON object")
-    _check_config(config, cpath)
+    if config.get("model_type") != HYBRID_TYPE:   # rwkvx_c's own layout: hf_hybrid checks it
+        _check_config(config, cpath)
     files = _weight_files(folder)
     out: dict[str, np.ndarray] = {}
     for path in files:

@@ -5,30 +5,32 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 import numpy as np
 
 from rwkvx_c._core import RxPtModel
 from rwkvx_c.data.tokenizers import WORLD_VOCAB_SIZE, ByteTokenizer, Tokenizer, run_tokenizer
+from rwkvx_c.data.tokenizers import load as load_tokenizer
 from rwkvx_c.errors import CheckpointError, InteropError, OutputError, TokenizerError
 from rwkvx_c.interop.gguf import save_gguf
 from rwkvx_c.interop.hf import (
     HF_FILES,
     PEFT_FILES,
-    from_hf,
+    hf_refusal,
     hf_tokenizer,
-    load_hf,
     save_hf,
     save_peft,
 )
+from rwkvx_c.interop.hf_hybrid import export_modules, read_hf_folder, save_hybrid
 from rwkvx_c.interop.pth import DTYPES, load_pth, save_pth
 from rwkvx_c.interop.rwkv7 import from_rwkv7, from_rwkvx, linear_prefixes, to_rwkv7, to_rwkvx
-from rwkvx_c.interop.source import read_run
+from rwkvx_c.interop.source import STATE_KEY, read_run, read_source
 from rwkvx_c.model.lora import A_SUFFIX, B_SUFFIX, run_alpha, without_adapters
 from rwkvx_c.run.rundir import RunDir, checkpoint_path, claim_output, describe_entries
 
-__all__ = ["FORMATS", "Adapters", "export_model", "import_pth", "state_dict", "lora_dict",
-           "merge_run"]
+__all__ = ["FORMATS", "Adapters", "export_model", "import_pth", "import_adapters", "state_dict",
+           "lora_dict", "merge_run"]
 
 FORMATS = ("rwkv7", "rwkvx", "gguf", "hf", "state", "lora", "peft")
 
@@ -39,7 +41,8 @@ def export_model(model: RxPtModel, fmt: str, out: str, dtype: str = "fp32", *,
                  inputs: Iterable[str] = (), tokenizer: Tokenizer | None = None,
                  adapters: Adapters | None = None) -> None:
     """Writes model to the file out in format fmt (rwkv7, rwkvx or gguf; hf:
-    the folder out, with tokenizer's files) at dtype (fp32, bf16 or fp16),
+    the folder out, with tokenizer's files: rwkv7-hf's layout for a model it
+    holds, rwkvx_c's own modeling code for any other) at dtype (fp32, bf16 or fp16),
     atomically; InteropError when the format cannot hold the model (nothing
     is written then). fmt "state": the model's trained initial WKV states
     alone, as RWKV-PEFT saves them (state_dict); "lora": a LoRA run's
@@ -64,8 +67,9 @@ def export_model(model: RxPtModel, fmt: str, out: str, dtype: str = "fp32", *,
         save_pth(to_rwkv7(model), out, dtype)
     elif fmt == "rwkvx":
         save_pth(to_rwkvx(model), out, dtype)
-    elif fmt == "hf":
-        save_hf(model, tokenizer or ByteTokenizer(), out, dtype)
+    elif fmt == "hf":   # rwkv7-hf's layout when it holds the model, else our own code
+        save = save_hf if hf_refusal(model.config) is None else save_hybrid
+        save(model, tokenizer or ByteTokenizer(), out, dtype)
     elif fmt == "state":
         save_pth(state_dict(model), out, "fp32")
     elif fmt in ("lora", "peft"):
@@ -74,7 +78,7 @@ def export_model(model: RxPtModel, fmt: str, out: str, dtype: str = "fp32", *,
         if fmt == "lora":
             save_pth(lora_dict(model, *adapters), out, dtype)
         else:
-            save_peft(model, *adapters, out, dtype)
+            save_peft(model, *adapters, out, dtype, export_modules(model))
     else:
         save_gguf(model, out, dtype)
 
@@ -145,13 +149,9 @@ def merge_run(path: str, out_dir: str, base: str | None = None) -> str:
     return run.save_checkpoint(merged, config, meta)
 
 
-def import_pth(path: str, out_dir: str) -> str:
-    """A run folder out_dir holding the .pth at path -- an x070 state dict,
-    or an RWKV-X checkpoint (names under rwkv. / moba.) -- as a checkpoint
-    (weights only: `rwkvx-c sample` runs it, `rwkvx-c train --resume`
-    starts a new run from it). A folder at path is a Hugging Face rwkv7
-    model (rwkvx_c.interop.hf), whose tokenizer comes along. Returns the
-    checkpoint path; refuses a folder that already holds a checkpoint."""
+def _new_run(path: str, out_dir: str) -> RunDir:
+    """The run folder an import makes of path: refused when it holds a
+    checkpoint or other files, or is the input itself."""
     run = RunDir(out_dir)
     if run.has_checkpoint():
         raise InteropError(f"{out_dir} already holds a checkpoint; choose another --out")
@@ -162,10 +162,51 @@ def import_pth(path: str, out_dir: str) -> str:
         raise OutputError(f"{out_dir} already holds {describe_entries(foreign)} and no run; "
                           "choose a new folder for --out")
     claim_output(run.checkpoint, [path])
+    return run
+
+
+def import_adapters(path: str, base: str, out_dir: str, lora_alpha: float | None = None
+                    ) -> str:
+    """A LoRA run folder out_dir of the adapters at path (a PEFT folder or an
+    RWKV-PEFT LoRA .pth, rwkvx_c.interop.adapters) on the model at base (a
+    run folder, checkpoint, .pth or Hugging Face folder): base weights,
+    adapters apart, and the adapters' r, alpha and targets in its state, so
+    `rwkvx-c train --resume --out DIR` trains them on. Returns the
+    checkpoint path."""
+    run = _new_run(path, out_dir)
+    claim_output(run.checkpoint, [base])
+    src = read_source(path, base, lora_alpha)
+    ads = src.adapters
+    assert ads is not None   # read_source refuses a path without adapters
+    tensors = dict(src.weights)
+    for name, (A, B) in ads.pairs.items():
+        tensors[name + A_SUFFIX], tensors[name + B_SUFFIX] = A, B
+    if src.state0 is not None:
+        tensors[STATE_KEY] = src.state0
+    state: dict[str, Any] = {
+        "imported_from": os.path.abspath(path), "imported_base": os.path.abspath(base),
+        "format": "peft" if os.path.isdir(path) else "rwkv-peft", "step": 0,
+        "lora": {"r": ads.r, "alpha": ads.alpha, "targets": ads.targets}}
+    if src.tokenizer is not None:
+        tok = load_tokenizer(src.tokenizer)
+        run.create()
+        tok.save(out_dir)
+        state["tokenizer"] = tok.identity()
+    return run.save_checkpoint(tensors, src.config, state)
+
+
+def import_pth(path: str, out_dir: str) -> str:
+    """A run folder out_dir holding the .pth at path -- an x070 state dict,
+    or an RWKV-X checkpoint (names under rwkv. / moba.) -- as a checkpoint
+    (weights only: `rwkvx-c sample` runs it, `rwkvx-c train --resume`
+    starts a new run from it). A folder at path is a Hugging Face rwkv7
+    model (rwkvx_c.interop.hf), whose tokenizer comes along. Returns the
+    checkpoint path; refuses a folder that already holds a checkpoint."""
+    run = _new_run(path, out_dir)
     tok = None
     if os.path.isdir(path):
         fmt = "hf"
-        model = from_hf(*load_hf(path))
+        model = read_hf_folder(path)
         tok = hf_tokenizer(path, model.config["vocab_size"])
     else:
         sd = load_pth(path)

@@ -108,10 +108,15 @@ def _export_pairs(model: RxPtModel, pairs: Sequence[tuple[str, str, str]]
     return out
 
 
+# what every refusal of a format ends with: the format that holds any model
+# rwkvx_c makes (its own modeling code for transformers, rwkvx_c.interop.hf_hybrid)
+HF_HOLDS_IT = "--format hf holds this model (transformers, trust_remote_code=True)"
+
+
 def _require_ln0(model: RxPtModel, fmt: str) -> None:
     if not model.config.get("ln0", 0):
         raise InteropError(f"{fmt} needs ln0 (the embedding LayerNorm) and this model has "
-                           "none; it predates ln0 and cannot be exported exactly")
+                           f"none (it predates ln0; the presets turn it on); {HF_HOLDS_IT}")
 
 
 def to_rwkv7(model: RxPtModel) -> dict[str, np.ndarray]:
@@ -121,8 +126,10 @@ def to_rwkv7(model: RxPtModel) -> dict[str, np.ndarray]:
     Layer 0 gets no v0/v1/v2 (it has none; loaders ignore them there)."""
     c = model.config
     if c["n_attn_layer"]:
+        dense = "" if rwkvx_refusal(c) else ", and so does --format rwkvx (the rwkv-x package)"
         raise InteropError(f"rwkv7 (x070) holds no attention blocks and this model has "
-                           f"{c['n_attn_layer']}; export it with --format rwkvx")
+                           f"{c['n_attn_layer']} (train with --n-attn-layer 0 for rwkv7); "
+                           f"{HF_HOLDS_IT}{dense}")
     _require_ln0(model, "rwkv7 (x070)")
     return _export_pairs(model, _x070_pairs(c))
 
@@ -243,24 +250,28 @@ def rwkvx_refusal(config: Mapping[str, int]) -> str | None:
     chunk selection), derives the head count as n_embd // 64, gives its
     attention blocks' channel-mix 4 * n_embd hidden units, and with several
     attention blocks runs RWKV blocks in groups of n_rwkv // n_attn, dropping
-    any remainder."""
+    any remainder. Each reason names the train flags that make a model rwkv-x runs."""
     c = config
     if not c.get("ln0", 0):
         return "rwkv-x needs ln0 (the embedding LayerNorm) and this model has none"
     if c["head_size"] != 64:
-        return f"rwkv-x fixes the head size at 64; this model has {c['head_size']}"
+        return (f"rwkv-x fixes the head size at 64; this model has {c['head_size']} "
+                "(train with --head-size 64 for rwkvx)")
     na, nr = c["n_attn_layer"], c["n_rwkv_layer"]
     if na == 0:
         return None
     if c["moba_top_k"] > 0:
         return (f"rwkv-x attends densely (no MoBA chunk selection); this model selects "
-                f"moba_top_k={c['moba_top_k']} chunks of {c['chunk_size']} (0 is dense)")
+                f"moba_top_k={c['moba_top_k']} chunks of {c['chunk_size']} (train with "
+                "--moba-top-k 0, dense, for rwkvx)")
     if c["ffn_dim"] != 4 * c["n_embd"]:
         return (f"rwkv-x's attention blocks have a 4*n_embd = {4 * c['n_embd']} channel-mix; "
-                f"this model's ffn_dim is {c['ffn_dim']}")
+                f"this model's ffn_dim is {c['ffn_dim']} (train with --ffn-dim "
+                f"{4 * c['n_embd']} for rwkvx)")
     if na > 1 and nr % na:
         return (f"rwkv-x drops the last n_rwkv_layer % n_attn_layer RWKV blocks; "
-                f"{nr} % {na} != 0 here")
+                f"{nr} % {na} != 0 here (train with --n-layer a multiple of --n-attn-layer "
+                "for rwkvx)")
     return None
 
 
@@ -270,7 +281,7 @@ def to_rwkvx(model: RxPtModel) -> dict[str, np.ndarray]:
     "moba.<j>.". InteropError when rwkv-x cannot run the model exactly."""
     why = rwkvx_refusal(model.config)
     if why:
-        raise InteropError(why)
+        raise InteropError(f"{why}; {HF_HOLDS_IT}")
     return _export_pairs(model, _rwkvx_pairs(model))
 
 

@@ -1,6 +1,9 @@
 """The weights a fine-tune starts from (``rwkvx-c train --init-from SRC``):
-a run folder, a checkpoint file, or an x070 / RWKV-X ``.pth`` read with the
-rules of ``rwkvx-c import`` (rwkvx_c.interop.rwkv7).
+a run folder, a checkpoint file, an x070 / RWKV-X ``.pth`` or a Hugging
+Face rwkv7 folder read with the rules of ``rwkvx-c import``
+(rwkvx_c.interop.rwkv7, hf), or LoRA adapters on such a base (a PEFT
+folder or an RWKV-PEFT .pth, rwkvx_c.interop.adapters), which the tune
+trains on as they are.
 
 read_source returns the model config, the weights by parameter name, the
 tokenizer the source was trained with (when it says) and, for a
@@ -21,8 +24,12 @@ from typing import Any
 
 import numpy as np
 
+from rwkvx_c._core import RxPtModel
 from rwkvx_c.data.tokenizers import WORLD_VOCAB_SIZE, run_tokenizer
 from rwkvx_c.errors import CheckpointError, InteropError, RwkvxError, TokenizerError
+from rwkvx_c.interop.adapters import Adapters, is_adapter, peft_base, read_adapters
+from rwkvx_c.interop.hf import hf_tokenizer
+from rwkvx_c.interop.hf_hybrid import read_hf_folder
 from rwkvx_c.interop.pth import load_pth
 from rwkvx_c.interop.rwkv7 import from_rwkv7, from_rwkvx
 from rwkvx_c.model.lora import adapters_of, run_alpha, without_adapters
@@ -43,15 +50,34 @@ class Source:
     weights: dict[str, np.ndarray]
     tokenizer: str | None
     state0: np.ndarray | None
+    adapters: Adapters | None = None   # LoRA adapters to train on, under our param names
 
 
-def read_source(src: str, base: str | None = None) -> Source:
+def read_source(src: str, base: str | None = None, lora_alpha: float | None = None) -> Source:
     """The Source at src; InteropError (one line) when it is none of a run
-    folder with a checkpoint, a checkpoint file or a .pth. base: where the
-    base of a checkpoint that names one lies now (--base)."""
+    folder with a checkpoint, a checkpoint file, a .pth or a Hugging Face
+    folder. An adapter at src (a PEFT folder, an RWKV-PEFT LoRA .pth) sits on
+    base (any of those; for a PEFT folder, the local folder its
+    adapter_config.json names by default); for a checkpoint that names its
+    base (rwkvx_c.run.base), base is where that base lies now (--base);
+    lora_alpha: the alpha of an RWKV-PEFT file that does not record it."""
+    if os.path.exists(src) and is_adapter(src):
+        base = base or (peft_base(src) if os.path.isdir(src) else None)
+        if base is None:
+            raise InteropError(f"{src} holds LoRA adapters and names no local base; give it "
+                               f"one: rwkvx-c import {src} --base BASE --out RUN")
+        s = read_source(base)
+        if s.adapters is not None:
+            raise InteropError(f"the base {base} holds adapters itself")
+        model = RxPtModel(s.config)
+        s.adapters = read_adapters(src, model, lora_alpha)
+        s.path = src
+        return s
     if os.path.isdir(src):
         run = RunDir(src)
         if not run.has_checkpoint():
+            if os.path.isfile(os.path.join(src, "config.json")):
+                return _from_hf(src)
             raise InteropError(f"--init-from {src}: the folder holds no checkpoint")
         return _from_checkpoint(src, run.checkpoint, src, base)
     if not os.path.isfile(src):
@@ -63,6 +89,14 @@ def read_source(src: str, base: str | None = None) -> Source:
         tok = "world" if model.config["vocab_size"] == WORLD_VOCAB_SIZE else None
         return Source(src, model.config, weights, tok, None)
     return _from_checkpoint(src, src, os.path.dirname(os.path.abspath(src)), base)
+
+
+def _from_hf(folder: str) -> Source:
+    model = read_hf_folder(folder)
+    tok = hf_tokenizer(folder, model.config["vocab_size"])
+    spec = tok.name if tok.name in ("byte", "world") else os.path.join(folder, "tokenizer.json")
+    return Source(folder, model.config, {n: np.array(model.params[n]) for n in
+                                         model.param_names}, spec, None)
 
 
 def base_weights(record: object, run: str, override: str | None,

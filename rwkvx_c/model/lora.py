@@ -77,6 +77,8 @@ def run_alpha(state: Mapping[str, Any] | None, path: str) -> float:
     """The adapters' alpha of a LoRA run's checkpoint (its options hold it);
     CheckpointError when its run state does not say."""
     a = ((state or {}).get("options") or {}).get(ALPHA_OPTION)
+    if a is None:   # imported adapters (rwkvx-c import --base): their own record
+        a = ((state or {}).get("lora") or {}).get("alpha")
     if isinstance(a, bool) or not isinstance(a, (int, float)) or not 0 < a < float("inf"):
         raise CheckpointError(f"checkpoint {path} holds LoRA adapters but no valid "
                               f"{ALPHA_OPTION} in its options ({a!r})")

@@ -16,6 +16,7 @@ from rwkvx_c.errors import ConfigError, MemoryTooSmall, TokenizerError, TrainErr
 from rwkvx_c.model import memory
 from rwkvx_c.model.config import ModelConfig
 from rwkvx_c.model.init import init_model
+from rwkvx_c.model.lora import adapters_of
 from rwkvx_c.model.weights import load_params
 from rwkvx_c.run.base import BASE_KEY, Record, identify
 from rwkvx_c.train.expand import place_weights
@@ -74,7 +75,13 @@ def build_model(opts: ResolvedOptions, tokenizer: Tokenizer, corpus: Corpus,
         load_source(model, weights)
     elif tensors is None:
         init_model(model, opts.init, seed=opts.seed)
-    return model, make_optimizer(model, opts)
+    optim = make_optimizer(model, opts)
+    if weights is not None and adapters_of(weights):   # imported adapters train on
+        if model.lora is None or set(adapters_of(model.lora)) != set(adapters_of(weights)):
+            raise TrainError("the source's LoRA adapters are not the ones --tune lora "
+                             "--lora-targets makes; drop --lora-targets")
+        restore_trained(model, weights, "the source")
+    return model, optim
 
 
 def load_source(model: _core.RxPtModel, weights: Mapping[str, np.ndarray]) -> None:

@@ -50,8 +50,8 @@ PARTS = ("ln", "time", "emb", "head", "attn")
 
 __all__ = ["TUNE_MODES", "PARTS", "part_of", "parse_parts", "trained_names", "PartsAdamW",
            "STATE_KEY", "base_frozen", "saved_params", "held_names", "shape_conflicts",
-           "from_source", "make_optimizer", "trained_tensors",
-           "restore_trained", "unfreeze", "unfreeze_due", "is_unfrozen", "switched",
+           "from_source", "make_optimizer", "trained_tensors", "restore_trained",
+           "adapter_options", "unfreeze", "unfreeze_due", "is_unfrozen", "switched",
            "parse_targets", "init_adapters", "merge_adapters"]
 
 
@@ -86,6 +86,26 @@ def from_source(options: TrainOptions, config: Mapping[str, int], tokenizer: str
     if tokenizer is not None:
         kw["tokenizer"] = tokenizer
     return TrainOptions(**kw)
+
+
+def adapter_options(asked: Mapping[str, Any], lora: Mapping[str, Any], what: str
+                    ) -> dict[str, Any]:
+    """The options of a tune that trains on given adapters (a PEFT folder, an
+    RWKV-PEFT file: rwkvx_c.interop.adapters): --tune lora with their rank,
+    alpha and targets, which they fix as a source fixes the model shape
+    (asked: the options given, None where not; a different one is refused)."""
+    if asked.get("tune") not in (None, "lora"):
+        raise TrainError(f"{what} holds LoRA adapters, which train on as --tune lora; drop "
+                         f"--tune {asked['tune']}")
+    r, alpha, targets = int(lora["r"]), float(lora["alpha"]), str(lora["targets"])
+    for k, v in (("lora_r", r), ("lora_alpha", alpha)):
+        if asked.get(k) is not None and asked[k] != v:
+            raise TrainError(f"{what} fixes {k} at {v:g}; drop --{k.replace('_', '-')} "
+                             f"{asked[k]:g}")
+    t = asked.get("lora_targets")
+    if t is not None and set(parse_targets(t)) != set(targets.split(",")):
+        raise TrainError(f"{what} adapts {targets}; drop --lora-targets {t}")
+    return {"tune": "lora", "lora_r": r, "lora_alpha": alpha, "lora_targets": targets}
 
 
 # --train-parts / --freeze groups: parameter names by what they are

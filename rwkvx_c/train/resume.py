@@ -23,6 +23,7 @@ from rwkvx_c.errors import CheckpointError, TrainError
 from rwkvx_c.interop.source import base_weights
 from rwkvx_c.run.base import BASE_KEY
 from rwkvx_c.run.rundir import RunDir
+from rwkvx_c.train.finetune import adapter_options
 from rwkvx_c.train.options import TrainOptions, apply_changes, saved_options
 
 if TYPE_CHECKING:
@@ -58,6 +59,9 @@ def read_saved(out_dir: str, group: ProcessGroup, changes: dict[str, Any]) -> Sa
         kw = {k: v for k, v in changes.items() if v is not None}
         if state.get("tokenizer") and "tokenizer" not in kw:
             kw["tokenizer"] = state["tokenizer"]["name"]   # an imported World model
+        lora = state.get("lora")
+        if isinstance(lora, dict):   # imported adapters (rwkvx-c import --base): they train on
+            kw.update(adapter_options(kw, lora, path))
         return Saved(TrainOptions(**{**kw, "model": dict(config)}), None, None, tensors)
     opts = saved_options(saved, path)
     config = {"ln0": 0, **config}   # as in saved_options

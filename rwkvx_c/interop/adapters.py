@@ -1,0 +1,210 @@
+"""LoRA adapters in: a Hugging Face PEFT adapter folder written for the hf
+export of a model (adapter_config.json, adapter_model.safetensors), or an
+RWKV-PEFT LoRA .pth (``{module}.lora_A`` / ``.lora_B`` under x070 or
+RWKV-X names), put on their base as a LoRA run that trains on:
+
+    ads = read_adapters("peft_dir/", base_model)   # {param: (A, B)}, alpha, targets
+    import_adapters("peft_dir/", "base/", "runs/lora")   # rwkvx-c import --base
+
+The adapters keep PEFT's shapes (A [r, in], B [out, r]) and scale alpha / r,
+which rwkvx_c's LoRA computes with (docs/maths.md §LoRA); a module rwkvx_c
+does not adapt is refused by name. docs/finetune.md §Adapters in."""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from rwkvx_c._core import RxPtModel
+from rwkvx_c.errors import InteropError
+from rwkvx_c.interop.hf import PEFT_FILES, _need
+from rwkvx_c.interop.hf_hybrid import export_modules
+from rwkvx_c.interop.pth import load_pth
+from rwkvx_c.interop.rwkv7 import linear_prefixes
+from rwkvx_c.model.lora import A_SUFFIX, B_SUFFIX, TARGETS, target_params
+
+__all__ = ["Adapters", "is_adapter", "peft_base", "read_adapters"]
+
+_PEFT_PREFIX = "base_model.model."
+_RWKV_PEFT_META = ("lora_alpha", "lora_r")   # what rwkvx_c's lora export adds beside them
+
+
+@dataclass
+class Adapters:
+    """LoRA adapters for a base model: {our param name: (A [r, in], B [out, r])},
+    alpha (the scale is alpha / r), the --lora-targets names they cover."""
+    pairs: dict[str, tuple[np.ndarray, np.ndarray]]
+    alpha: float
+    targets: str
+
+    @property
+    def r(self) -> int:
+        return int(next(iter(self.pairs.values()))[0].shape[0])
+
+
+def is_adapter(path: str) -> bool:
+    """Whether path is a PEFT adapter folder or an RWKV-PEFT LoRA .pth."""
+    if os.path.isdir(path):
+        return os.path.isfile(os.path.join(path, PEFT_FILES[0]))
+    return path.endswith(".pth") and os.path.isfile(path) and \
+        any(k.endswith(A_SUFFIX) for k in load_pth(path))
+
+
+def peft_base(folder: str) -> str | None:
+    """The local base a PEFT folder's adapter_config.json names
+    (base_model_name_or_path, relative to the folder), or None."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        with open(os.path.join(folder, PEFT_FILES[0]), encoding="utf-8") as f:
+            name = json.load(f).get("base_model_name_or_path")
+        if isinstance(name, str) and name:
+            path = os.path.join(folder, name)
+            if os.path.isdir(path):
+                return path
+    return None
+
+
+def read_adapters(path: str, base: RxPtModel, alpha: float | None = None) -> Adapters:
+    """The adapters at path (a PEFT folder or an RWKV-PEFT .pth) under the
+    parameter names of base. alpha: for a .pth that does not record it
+    (RWKV-PEFT's own files; merge_lora.py takes it as an argument)."""
+    if os.path.isdir(path):
+        pairs, alpha = _read_peft(path, base)
+    else:
+        pairs, alpha = _read_rwkv_peft(path, base, alpha)
+    if not pairs:
+        raise InteropError(f"{path} holds no LoRA adapters")
+    ranks = {A.shape[0] for A, _ in pairs.values()}
+    if len(ranks) > 1:
+        raise InteropError(f"{path}: adapters of ranks {sorted(ranks)}; rwkvx_c's LoRA has one "
+                           "rank for all")
+    for name, (A, B) in pairs.items():
+        n_in, n_out = base.params[name].shape
+        r = A.shape[0]
+        if A.shape != (r, n_in) or B.shape != (n_out, r):
+            raise InteropError(f"{path}: the adapter of {name} has lora_A {A.shape} and lora_B "
+                               f"{B.shape}; its projection wants ({r}, {n_in}) and ({n_out}, {r})")
+        if not (np.all(np.isfinite(A)) and np.all(np.isfinite(B))):
+            raise InteropError(f"{path}: the adapter of {name} holds NaN or inf")
+    return Adapters(pairs, float(alpha), _targets_of(path, base, pairs))
+
+
+def _module_params(base: RxPtModel) -> dict[str, str]:
+    """{module name in the exports (x070 / RWKV-X): our param name}."""
+    return {mod: ours for ours, mod in linear_prefixes(base).items()}
+
+
+def _read_peft(folder: str, base: RxPtModel) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]],
+                                                      float]:
+    cpath = os.path.join(folder, PEFT_FILES[0])
+    try:
+        with open(cpath, encoding="utf-8") as f:
+            cfg = json.load(f)
+    except (OSError, ValueError) as e:
+        raise InteropError(f"{cpath} is not readable JSON: {e}") from None
+    if not isinstance(cfg, dict):
+        raise InteropError(f"{cpath} does not hold a JSON object")
+    _check_peft_config(cfg, cpath)
+    r, alpha = int(cfg["r"]), float(cfg["lora_alpha"])
+    if cfg.get("use_rslora"):   # scale alpha / sqrt(r): the same scale as alpha * sqrt(r) / r
+        alpha *= math.sqrt(r)
+    torch, st = _need("reading a PEFT adapter folder")
+    wpath = os.path.join(folder, PEFT_FILES[1])
+    if not os.path.isfile(wpath):
+        raise InteropError(f"{folder} has no {PEFT_FILES[1]} (pickled adapter_model.bin is not "
+                           "read)")
+    try:
+        tensors = {k: v.to(torch.float32).numpy() for k, v in st.load_file(wpath).items()}
+    except Exception as e:  # noqa: BLE001 -- safetensors raises several types
+        raise InteropError(f"{wpath} is not a readable safetensors file: {e}") from None
+    params = {mod: ours for ours, mod in export_modules(base).items()}
+    found: dict[str, dict[str, np.ndarray]] = {}
+    for key, a in tensors.items():
+        mod, part = _split_peft_key(key, wpath)
+        if mod not in params:
+            raise InteropError(f"{wpath}: {mod} is not a projection rwkvx_c adapts (it adapts "
+                               f"{', '.join(sorted(TARGETS))} in every block)")
+        found.setdefault(params[mod], {})[part] = a
+    return _pairs(found, wpath), alpha
+
+
+def _check_peft_config(cfg: Mapping[str, Any], what: str) -> None:
+    """Refuses a PEFT config whose adapters compute something else than W + (alpha/r) B A."""
+    if cfg.get("peft_type") != "LORA":
+        raise InteropError(f"{what}: peft_type {cfg.get('peft_type')!r}; rwkvx_c reads LORA")
+    for key, ok in (("fan_in_fan_out", False), ("use_dora", False), ("bias", "none"),
+                    ("modules_to_save", None), ("rank_pattern", {}), ("alpha_pattern", {})):
+        v = cfg.get(key)
+        if v and v != ok:
+            raise InteropError(f"{what}: {key} is {v!r}; rwkvx_c's LoRA has {ok!r}")
+    for key in ("r", "lora_alpha"):
+        v = cfg.get(key)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf"):
+            raise InteropError(f"{what}: {key} is {v!r}, expected a positive number")
+
+
+def _split_peft_key(key: str, what: str) -> tuple[str, str]:
+    """'base_model.model.X.lora_A.weight' -> ('X', 'A')."""
+    for part in ("A", "B"):
+        tail = f".lora_{part}.weight"
+        if key.startswith(_PEFT_PREFIX) and key.endswith(tail):
+            return key[len(_PEFT_PREFIX):-len(tail)], part
+    raise InteropError(f"{what}: {key} is not a LoRA adapter tensor "
+                       "(base_model.model.<module>.lora_A.weight / lora_B.weight)")
+
+
+def _read_rwkv_peft(path: str, base: RxPtModel, alpha: float | None
+                    ) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], float]:
+    sd = load_pth(path)
+    params = _module_params(base)
+    found: dict[str, dict[str, np.ndarray]] = {}
+    for key, a in sd.items():
+        if key in _RWKV_PEFT_META:
+            continue
+        part = "A" if key.endswith(A_SUFFIX) else "B" if key.endswith(B_SUFFIX) else None
+        mod = key[:-len(A_SUFFIX)] if part else key
+        if part is None or mod not in params:
+            raise InteropError(f"{path}: {key} is not a LoRA adapter of a projection rwkvx_c "
+                               f"adapts ({', '.join(sorted(TARGETS))} in every block)")
+        found.setdefault(params[mod], {})[part] = a
+    if "lora_alpha" in sd:
+        recorded = float(np.asarray(sd["lora_alpha"]).reshape(-1)[0])
+        if alpha is not None and alpha != recorded:
+            raise InteropError(f"{path} records lora_alpha {recorded:g}; --lora-alpha {alpha:g} "
+                               "contradicts it")
+        alpha = recorded
+    if alpha is None:
+        raise InteropError(f"{path} does not record its alpha (RWKV-PEFT passes it to "
+                           "merge_lora.py): give it with --lora-alpha")
+    return _pairs(found, path), alpha
+
+
+def _pairs(found: Mapping[str, Mapping[str, np.ndarray]], what: str
+           ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    out = {}
+    for name, parts in found.items():
+        if set(parts) != {"A", "B"}:
+            raise InteropError(f"{what}: the adapter of {name} lacks lora_"
+                               f"{'B' if 'A' in parts else 'A'}")
+        out[name] = (np.ascontiguousarray(parts["A"], dtype=np.float32),
+                     np.ascontiguousarray(parts["B"], dtype=np.float32))
+    return out
+
+
+def _targets_of(path: str, base: RxPtModel, pairs: Mapping[str, Any]) -> str:
+    """The --lora-targets names the adapters cover, every block of each kind:
+    rwkvx_c puts an adapter on a projection in every block or in none."""
+    names = [t for t, (kind, p) in TARGETS.items()
+             if any(n.endswith("." + p) and base.layers[int(n.split(".")[1])] == kind
+                    for n in pairs)]
+    if set(target_params(base.layers, tuple(names))) != set(pairs):
+        missing = sorted(set(target_params(base.layers, tuple(names))) - set(pairs))
+        raise InteropError(f"{path} adapts some blocks' projections and not others "
+                           f"(none on {missing[0]}); rwkvx_c's LoRA adapts a projection in "
+                           "every block")
+    return ",".join(names)
