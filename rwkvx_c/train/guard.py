@@ -64,8 +64,10 @@ ON_DIVERGENCE = ("stop", "rollback")
 class DivergenceGuard:
     """Judges each step's loss and grad norm against the bounds above."""
 
-    def __init__(self, vocab_size: int) -> None:
-        self.uniform = math.log(vocab_size)
+    def __init__(self, vocab_size: int, uniform_bound: bool = True) -> None:
+        # a preference objective's loss is not a per-token cross-entropy: no
+        # uniform-guess bound (uniform_bound False), the other rules stand
+        self.uniform = math.log(vocab_size) if uniform_bound else math.inf
         self.recent: deque[float] = deque(maxlen=SPIKE_WINDOW)
         self.norms: deque[float] = deque(maxlen=SPIKE_WINDOW)
         self.spikes: deque[bool] = deque(maxlen=SPIKE_SPAN)
