@@ -83,7 +83,7 @@ def pair_loss(kind: str, beta: float, pc: np.ndarray, pr: np.ndarray, rc: np.nda
         rew_c, rew_r = beta * pc * sc, beta * pr * sr
     else:
         h = (pc * sc - rc * sc) - (pr * sr - rr * sr)
-        rew_c, rew_r = beta * (pc - rc) * sc, beta * (pr - rr) * sr
+        rew_c, rew_r = beta * (pc - rc), beta * (pr - rr)   # TRL: unnormalised for IPO too
     if kind == "ipo":
         d = h - 1.0 / (2.0 * beta)
         losses, dh = d * d, 2.0 * d
