@@ -21,7 +21,8 @@ from rwkvx_c.data.preferences import pair_segments, read_pairs
 from rwkvx_c.data.tokenizers import load as load_tokenizer
 from rwkvx_c.errors import DataError
 from rwkvx_c.train import Trainer, TrainError
-from rwkvx_c.train.objectives import REF_FILE, pair_loss
+from rwkvx_c.sample import load_model
+from rwkvx_c.train.objectives import REF_FILE, pair_logps, pair_loss
 
 from checks import FWD_TOL, GRAD_TOL, assert_rel
 from reference.autograd import Var
@@ -251,3 +252,23 @@ def test_cli_trains_dpo_from_a_base(tmp_path, capsys):
         rows = [json.loads(line) for line in f]
     assert rows[0]["loss"] == pytest.approx(math.log(2)) and "rewards/accuracies" in rows[0]
     assert os.path.exists(os.path.join(out, REF_FILE))
+
+
+def test_ref_from_logps_are_another_models_computed_once(tmp_path):
+    base = _base_run(tmp_path)
+    other = _tune(tmp_path, base, "other", steps=2)
+    other.run()
+    tr = _dpo_run(tmp_path, base, "rf", tune="full", ref_from=str(tmp_path / "other"), steps=2)
+    p = tr.pref
+    ref_model = load_model(str(tmp_path / "other"))
+    assert np.array_equal(p.ref[:len(p.train)], pair_logps(ref_model, p.train, p.pairs))
+    assert not np.array_equal(p.ref[:len(p.train)], pair_logps(tr.model, p.train, p.pairs))
+    tr.run()
+    saved = np.load(tmp_path / "rf" / REF_FILE)
+    # a resumed run reads them back, even with the reference gone
+    os.rename(tmp_path / "other", tmp_path / "gone")
+    r = Trainer.resume(str(tmp_path / "rf"), steps=3)
+    assert np.array_equal(r.pref.ref, saved)
+    r.close()
+    with pytest.raises(TrainError, match="--ref-from"):
+        _dpo_run(tmp_path, base, "rf2", ref_from=str(tmp_path / "missing"))

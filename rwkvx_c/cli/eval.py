@@ -193,8 +193,8 @@ def _preferences(a: argparse.Namespace, model: _core.RxPtModel, tok: Any,
                           beta=float(opts.get("dpo_beta") or 0.1), batch=a.batch)
     if not a.json:
         print(f"preferences: accuracy {r['rewards/accuracies']:.4f}, margin "
-              f"{r['rewards/margins']:.4f}, {kind} loss {r['loss']:.4f} over "
-              f"{r['n_pairs']:,} pairs")
+              f"{r['rewards/margins']:.4f}, {kind} loss {r['loss']:.4f}, policy accuracy "
+              f"{r['logps/accuracies']:.4f} over {r['n_pairs']:,} pairs")
     return r
 
 

@@ -50,8 +50,9 @@ def score_preferences(policy: _core.RxPtModel, reference: _core.RxPtModel | None
                       tok: Tokenizer, path: str, *, seq_len: int, kind: str, beta: float,
                       batch: int = 8) -> dict[str, Any]:
     """TRL's metrics (loss, rewards/*, logps/*) of objective `kind` over
-    every pair of the file at path, with n_pairs; reference None only for
-    a reference-free objective."""
+    every pair of the file at path, with n_pairs and logps/accuracies (the
+    fraction whose chosen completion the policy finds likelier); reference
+    None only for a reference-free objective."""
     if reference is None and kind not in REFERENCE_FREE:
         raise EvalError(f"--objective {kind} needs a reference model")
     pairs = read_pairs(path, tok, seq_len)
@@ -59,5 +60,8 @@ def score_preferences(policy: _core.RxPtModel, reference: _core.RxPtModel | None
     ref = pair_logps(reference, pairs, batch) if reference is not None else np.zeros_like(pol)
     res = pair_loss(kind, beta, pol[:, 0], pol[:, 1], ref[:, 0], ref[:, 1],
                     pairs.n_tokens[:, 0], pairs.n_tokens[:, 1])
+    # the policy's own preference, which ties never blur (a policy equal to its
+    # reference has every reward 0, so rewards/accuracies 0)
     return {"n_pairs": len(pairs), "objective": kind, "beta": beta,
-            **metrics(res, pol[:, 0], pol[:, 1])}
+            **metrics(res, pol[:, 0], pol[:, 1]),
+            "logps/accuracies": float(np.mean(pol[:, 0] > pol[:, 1]))}

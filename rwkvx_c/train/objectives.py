@@ -23,13 +23,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from rwkvx_c import _core
 from rwkvx_c.data.chat import IGNORE
 from rwkvx_c.data.preferences import Pairs, PairSampler
-from rwkvx_c.errors import TrainError
+from rwkvx_c.errors import CheckpointError, ConfigError, TrainError
+from rwkvx_c.model.lora import adapters_of, run_alpha, without_adapters
+from rwkvx_c.model.weights import load_params, load_states
+from rwkvx_c.run.checkpoint import STATE_KEY, read_checkpoint
+from rwkvx_c.run.rundir import checkpoint_path
 from rwkvx_c.util.atomic import replace_with
 
 if TYPE_CHECKING:
-    from rwkvx_c import _core
     from rwkvx_c.run.rundir import RunDir
 
 __all__ = ["OBJECTIVES", "REFERENCE_FREE", "REF_FILE", "PairLoss", "pair_loss", "pair_logps",
@@ -160,6 +164,28 @@ def reference_logps(model: _core.RxPtModel, p: Pairs, pairs: int, tune: str) -> 
     return pair_logps(model, p, pairs)
 
 
+def checkpoint_model(path: str, vocab: int) -> _core.RxPtModel:
+    """The model of the run folder or checkpoint at path (--ref-from): a
+    LoRA run's with its adapters merged, a state run's with its initial
+    states. TrainError for one that cannot be read or has another
+    vocabulary than vocab."""
+    p = checkpoint_path(path)
+    try:
+        tensors, config, state = read_checkpoint(p)
+        if adapters_of(tensors):
+            tensors = without_adapters(tensors, run_alpha(state, p))
+        model = _core.RxPtModel(config)
+    except (CheckpointError, ConfigError, OSError) as e:
+        raise TrainError(f"--ref-from {path}: {e} (a run folder or checkpoint; import a .pth "
+                         "with rwkvx-c import first)") from None
+    if config.get("vocab_size") != vocab:
+        raise TrainError(f"--ref-from {path} has a vocabulary of {config.get('vocab_size')} "
+                         f"ids, the model {vocab}: the reference must read the same tokens")
+    load_params(model, tensors, f"--ref-from {path}", TrainError)
+    load_states(model, tensors.get(STATE_KEY), f"--ref-from {path}", TrainError)
+    return model
+
+
 class PreferenceStep:
     """The training step and the evaluation of a preference objective over
     the train and val pairs, with the reference's log-probabilities (None
@@ -219,10 +245,12 @@ class PreferenceStep:
         return {"val_loss": row.pop("eval_loss"), "val_bpb": None, **row}
 
     def set_reference(self, model: _core.RxPtModel, tune: str, run_dir: RunDir | None,
-                      resumed: bool) -> None:
+                      resumed: bool, ref_from: str | None = None) -> None:
         """The reference's log-probabilities of the train then val pairs:
         read from the run folder's REF_FILE when there (a resumed run must
-        find it), else computed from model as it is now and kept there."""
+        find it), else computed and kept there: from ref_from's model (made
+        for the call and freed after it) when given, else from model as it
+        is now (reference_logps)."""
         if self.kind in REFERENCE_FREE:
             return
         path = os.path.join(run_dir.path, REF_FILE) if run_dir is not None else None
@@ -233,8 +261,13 @@ class PreferenceStep:
                      np.concatenate([self.train.y, self.val.y]),
                      np.concatenate([self.train.n_tokens, self.val.n_tokens]),
                      self.train.where + self.val.where, self.train.description)
-        self.ref = load_or_compute_ref(path, len(both),
-                                       lambda: reference_logps(model, both, self.pairs, tune))
+        def compute() -> np.ndarray:
+            if ref_from is None:
+                return reference_logps(model, both, self.pairs, tune)
+            ref = checkpoint_model(ref_from, model.config["vocab_size"])
+            ref.precision = model.precision
+            return pair_logps(ref, both, self.pairs)
+        self.ref = load_or_compute_ref(path, len(both), compute)
 
     def state(self) -> dict[str, Any]:
         return self.sampler.state()

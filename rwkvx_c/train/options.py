@@ -177,6 +177,12 @@ class TrainOptions:
     dpo_beta: float = _opt(0.1, "with a preference objective, beta: the scale of the "
                            "log-probability ratios (SimPO's papers use 2 to 10)",
                            kind="pos_float", metavar="X")
+    ref_from: str | None = _opt(None, "with --objective dpo or ipo, the reference model: a "
+                                "run folder or checkpoint whose log-probabilities of every "
+                                "pair are computed once before the first step and kept in "
+                                "the run folder (default: --init-from's weights; a LoRA or "
+                                "state tune's base with its adapters or states off)",
+                                metavar="SRC")
     dpo_label_smoothing: float = _opt(0.0, "with --objective dpo or simpo, the chance eps "
                                       "that a pair's labels are swapped (cDPO): the loss is "
                                       "(1-eps) -log sig(z) + eps -log sig(-z)",

@@ -132,7 +132,8 @@ class Trainer:
         self._reset_counters()
         if self.pref is not None:
             # the reference's log-probabilities: made now (the weights of step 0) or read back
-            self.pref.set_reference(self.model, self.opts.tune, self.run_dir, _state is not None)
+            self.pref.set_reference(self.model, self.opts.tune, self.run_dir, _state is not None,
+                                    self.opts.ref_from)
         if _state is not None:
             self._restore(_state, _tensors or {})
         # the budget counts this session's set-up (corpus, model) too
