@@ -20,8 +20,8 @@ from rwkvx_c.data.chat import IGNORE, SEPARATOR
 from rwkvx_c.data.preferences import pair_segments, read_pairs
 from rwkvx_c.data.tokenizers import load as load_tokenizer
 from rwkvx_c.errors import DataError
-from rwkvx_c.train import Trainer, TrainError
 from rwkvx_c.sample import load_model
+from rwkvx_c.train import Trainer, TrainError
 from rwkvx_c.train.objectives import REF_FILE, pair_logps, pair_loss
 
 from checks import FWD_TOL, GRAD_TOL, assert_rel
