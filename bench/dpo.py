@@ -1,7 +1,7 @@
 """Preference tuning measured (docs/finetune.md §Preference tuning).
 
     python bench/dpo.py rule [WORKDIR] [--pretrain 150] [--steps 150] [--lr 3e-3] [--beta 0.5]
-    python bench/dpo.py ratio [WORKDIR] [--rounds 8] [--batch 8] [--seq-len 64]
+    python bench/dpo.py ratio [WORKDIR] [--rounds 8] [--batch 8] [--seq-len 64] [--tokenizer world]
 
 rule: a synthetic preference set whose chosen answers follow a rule (the
 prompt "Say cat" is answered "cat cat", the rejected answer repeats another
@@ -67,12 +67,13 @@ def split_combos():
     return set(combos) - held, held
 
 
-def base_run(work, steps, threads):
-    base = os.path.join(work, "base")
+def base_run(work, steps, threads, tokenizer="byte"):
+    base = os.path.join(work, "base" if tokenizer == "byte" else f"base_{tokenizer}")
     if not os.path.exists(os.path.join(base, "checkpoint.safetensors")):
         cli("train", "--preset", "tiny", "--n-attn-layer", "0", "--data",
             os.path.join(ROOT, "docs"), "--steps", steps, "--seq-len", "64", "--batch", "8",
-            "--threads", threads, "--precision", "fp32", "--out", base)
+            "--threads", threads, "--precision", "fp32", "--tokenizer", tokenizer,
+            "--out", base)
     return base
 
 
@@ -112,7 +113,7 @@ def ratio(a):
     pairs = write(os.path.join(a.work, "pairs_train.jsonl"), recs)
     chat = write(os.path.join(a.work, "chat.jsonl"),
                  [{"prompt": r["prompt"], "response": r["chosen"]} for r in recs] * 4)
-    base = base_run(a.work, a.pretrain, a.threads)
+    base = base_run(a.work, a.pretrain, a.threads, a.tokenizer)
     s = read_source(base)
 
     def trainer(out, **kw):
@@ -130,7 +131,7 @@ def ratio(a):
             tr.step()
             acc.append(time.perf_counter() - t)
     rs = [d / s_ for d, s_ in zip(td, ts)]
-    print(f"batch {a.batch} x seq_len {a.seq_len}, {a.rounds} rounds: SFT step "
+    print(f"{a.tokenizer} vocabulary, batch {a.batch} x seq_len {a.seq_len}, {a.rounds} rounds: SFT step "
           f"{statistics.median(ts) * 1e3:.1f} ms, DPO step {statistics.median(td) * 1e3:.1f} ms, "
           f"ratio median {statistics.median(rs):.2f} (min {min(rs):.2f}, max {max(rs):.2f})")
     print(json.dumps({"sft_s": ts, "dpo_s": td, "ratio_median": statistics.median(rs)}))
@@ -149,6 +150,8 @@ def main():
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seq-len", type=int, default=64)
+    p.add_argument("--tokenizer", default="byte", help="ratio: the base's tokenizer (world: "
+                   "the 65,536-id vocabulary, where the head costs most)")
     a = p.parse_args()
     a.work = a.work or tempfile.mkdtemp(prefix="rwkvx_dpo_")
     os.makedirs(a.work, exist_ok=True)
