@@ -131,7 +131,8 @@ def ratio(a):
             tr.step()
             acc.append(time.perf_counter() - t)
     rs = [d / s_ for d, s_ in zip(td, ts)]
-    print(f"{a.tokenizer} vocabulary, batch {a.batch} x seq_len {a.seq_len}, {a.rounds} rounds: SFT step "
+    print(f"{a.tokenizer} vocabulary, batch {a.batch} x seq_len {a.seq_len}, {a.rounds} rounds: "
+          "SFT step "
           f"{statistics.median(ts) * 1e3:.1f} ms, DPO step {statistics.median(td) * 1e3:.1f} ms, "
           f"ratio median {statistics.median(rs):.2f} (min {min(rs):.2f}, max {max(rs):.2f})")
     print(json.dumps({"sft_s": ts, "dpo_s": td, "ratio_median": statistics.median(rs)}))
