@@ -10,8 +10,9 @@ objective's loss and its grad dL/dpi in float64 here -> one backward whose
 cross-entropy grad of every row of sequence b is scaled by -dL/dpi_b
 (RxPtModel.backward_rows). The reference's log-probabilities are computed
 once, before the first step, with the same code: the model with its
-adapters (--tune lora) or its trained initial states (--tune state) off,
-or as it is at step 0 (--tune full); they are kept in the run folder
+adapters off (--tune lora), else as it is at step 0 (the --init-from
+weights, a state tune's states as it starts them), or --ref-from's model;
+they are kept in the run folder
 (REF_FILE) and a resumed run reads them back.
 """
 from __future__ import annotations
@@ -142,9 +143,10 @@ def pair_logps(model: _core.RxPtModel, p: Pairs, pairs: int) -> np.ndarray:
 
 
 def reference_logps(model: _core.RxPtModel, p: Pairs, pairs: int, tune: str) -> np.ndarray:
-    """pair_logps of the reference: model with its LoRA adapters (tune
-    "lora") or its initial states (tune "state") off for the call and back
-    on after it, bit for bit; with tune "full", model as it is."""
+    """pair_logps of the reference: model with its LoRA adapters off for the
+    call (tune "lora": the base, bit for bit, and back on after it); any
+    other tune, model as it is (before the first step: the --init-from
+    weights, a state tune's the states it starts from)."""
     lora = model.lora
     if tune == "lora" and lora:
         r, alpha = model.lora_rank or (0, 0.0)
@@ -154,13 +156,6 @@ def reference_logps(model: _core.RxPtModel, p: Pairs, pairs: int, tune: str) -> 
             return pair_logps(model, p, pairs)
         finally:
             model.enable_lora(r, alpha, names)
-    if tune == "state" and model.state is not None:
-        kept = model.state.copy()
-        model.state[...] = 0.0
-        try:
-            return pair_logps(model, p, pairs)
-        finally:
-            model.state[...] = kept
     return pair_logps(model, p, pairs)
 
 

@@ -180,8 +180,8 @@ class TrainOptions:
     ref_from: str | None = _opt(None, "with --objective dpo or ipo, the reference model: a "
                                 "run folder or checkpoint whose log-probabilities of every "
                                 "pair are computed once before the first step and kept in "
-                                "the run folder (default: --init-from's weights; a LoRA or "
-                                "state tune's base with its adapters or states off)",
+                                "the run folder (default: the model before its first step, "
+                                "--init-from's weights; a LoRA tune's adapters off)",
                                 metavar="SRC")
     dpo_label_smoothing: float = _opt(0.0, "with --objective dpo or simpo, the chance eps "
                                       "that a pair's labels are swapped (cDPO): the loss is "
