@@ -272,3 +272,28 @@ def test_ref_from_logps_are_another_models_computed_once(tmp_path):
     r.close()
     with pytest.raises(TrainError, match="--ref-from"):
         _dpo_run(tmp_path, base, "rf2", ref_from=str(tmp_path / "missing"))
+
+
+def test_eval_preferences_scores_held_out_pairs(tmp_path, capsys):
+    base = _base_run(tmp_path)
+    tr = _dpo_run(tmp_path, base, "ev", steps=4, lr=3e-2)
+    tr.run()
+    held = _write(tmp_path / "held.jsonl", _rule_pairs(5, seed=9))
+    capsys.readouterr()
+    assert main(["eval", str(tmp_path / "ev"), "--preferences", held, "--seq-len", "40",
+                 "--json"]) == 0
+    r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["preferences"]
+    assert r["n_pairs"] == 5 and r["objective"] == "dpo"
+    for k in ("loss",) + METRICS + ("logps/accuracies",):
+        assert np.isfinite(r[k]), k
+    # the same figures from the trainer's own code: the policy merged, the base as reference
+    pairs = read_pairs(held, load_tokenizer("byte"), 40)
+    pol = pair_logps(load_model(str(tmp_path / "ev")), pairs, 8)
+    ref = pair_logps(load_model(base), pairs, 8)
+    res = pair_loss("dpo", 0.1, pol[:, 0], pol[:, 1], ref[:, 0], ref[:, 1], pairs.n_tokens[:, 0],
+                    pairs.n_tokens[:, 1])
+    assert r["loss"] == pytest.approx(res.losses.mean(), rel=1e-6)
+    assert r["logps/chosen"] == pytest.approx(pol[:, 0].mean(), rel=1e-6)
+    # a full run has no base in its checkpoint: one line asks for --ref-from
+    assert main(["eval", base, "--preferences", held, "--seq-len", "40"]) == 1
+    assert "--ref-from" in capsys.readouterr().err
