@@ -237,6 +237,8 @@ def test_options_are_checked(tmp_path):
         Trainer(_opts(tmp_path, objective="dpo", batch=3))
     with pytest.raises(TrainError, match="dpo_label_smoothing"):
         Trainer(_opts(tmp_path, objective="dpo", dpo_label_smoothing=0.5))
+    with pytest.raises(TrainError, match="applies to --objective dpo or simpo"):
+        Trainer(_opts(tmp_path, objective="ipo", dpo_label_smoothing=0.1))
     with pytest.raises(TrainError, match="unknown objective"):
         Trainer(_opts(tmp_path, objective="orpo"))
 

@@ -298,6 +298,9 @@ class TrainOptions:
         if not (real(self.dpo_label_smoothing) and 0.0 <= self.dpo_label_smoothing < 0.5):
             raise TrainError(f"dpo_label_smoothing must lie in [0, 0.5), got "
                              f"{self.dpo_label_smoothing!r}")
+        if self.dpo_label_smoothing and self.objective not in ("dpo", "simpo"):
+            raise TrainError(f"--dpo-label-smoothing applies to --objective dpo or simpo, not "
+                             f"{self.objective}")
         if self.objective != "lm" and self.batch is not None and self.batch % 2:
             raise TrainError(f"--batch {self.batch} must be even with --objective "
                              f"{self.objective}: each pair is two sequences")
