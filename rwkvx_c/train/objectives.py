@@ -31,7 +31,7 @@ from rwkvx_c.errors import CheckpointError, ConfigError, TrainError
 from rwkvx_c.model.lora import adapters_of, run_alpha, without_adapters
 from rwkvx_c.model.weights import load_params, load_states
 from rwkvx_c.run.checkpoint import STATE_KEY, read_checkpoint
-from rwkvx_c.run.rundir import checkpoint_path
+from rwkvx_c.run.rundir import REFERENCE, checkpoint_path
 from rwkvx_c.util.atomic import replace_with
 
 if TYPE_CHECKING:
@@ -43,7 +43,7 @@ __all__ = ["OBJECTIVES", "REFERENCE_FREE", "REF_FILE", "PairLoss", "pair_loss", 
 OBJECTIVES = ("lm", "dpo", "ipo", "simpo")
 REFERENCE_FREE = ("simpo",)
 LENGTH_NORMALISED = ("ipo", "simpo")   # on the mean log-probability per completion token
-REF_FILE = "reference_logps.npy"      # (n_pairs, 2) float64: train pairs, then val pairs
+REF_FILE = REFERENCE   # in the run folder: (n_pairs, 2) float64, the train pairs, then val
 
 Row = dict[str, Any]
 
@@ -248,7 +248,7 @@ class PreferenceStep:
         is now (reference_logps)."""
         if self.kind in REFERENCE_FREE:
             return
-        path = os.path.join(run_dir.path, REF_FILE) if run_dir is not None else None
+        path = run_dir.reference_path if run_dir is not None else None
         if resumed and (path is None or not os.path.exists(path)):
             raise TrainError(f"the run folder lacks {REF_FILE}, the reference's "
                              "log-probabilities its run trained against; start a new run")
