@@ -299,3 +299,30 @@ def test_eval_preferences_scores_held_out_pairs(tmp_path, capsys):
     # a full run has no base in its checkpoint: one line asks for --ref-from
     assert main(["eval", base, "--preferences", held, "--seq-len", "40"]) == 1
     assert "--ref-from" in capsys.readouterr().err
+
+
+def test_progress_line_and_plot_show_the_preference_metrics(tmp_path):
+    from rwkvx_c.run.plot import plot_log
+    from rwkvx_c.train.progress import progress_update
+
+    class Bar:
+        n, post = 0, {}
+
+        def set_postfix(self, post, refresh):
+            self.post = dict(post)
+
+        def update(self, k):
+            self.n += k
+
+    class Run:
+        opts = type("O", (), {"steps": 4})()
+
+    bar = Bar()
+    row = {"step": 1, "loss": 0.69, "tokens_per_s": 10.0, "rewards/accuracies": 0.75,
+           "rewards/margins": 0.125}
+    progress_update(bar, Run())(row)
+    assert bar.post["acc"] == "0.75" and bar.post["margin"] == "0.125"
+    pytest.importorskip("matplotlib")
+    rows = [dict(row, step=s) for s in range(1, 5)] + [{"step": 4, "val_loss": 0.6}]
+    assert plot_log(rows, str(tmp_path / "loss.png"))
+    assert os.path.getsize(tmp_path / "loss.png") > 0
