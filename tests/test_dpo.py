@@ -220,10 +220,12 @@ def test_dpo_lora_run_reports_trl_metrics_and_resumes_bit_exact(tmp_path):
     assert np.array_equal(r.model.lora_buffer, tr.model.lora_buffer)
 
 
-@pytest.mark.parametrize("tune,kind", [("state", "ipo"), ("full", "simpo")])
-def test_state_and_full_tunes_train_on_pairs(tmp_path, tune, kind):
+@pytest.mark.parametrize("tune,kind,precision", [("state", "ipo", "fp32"),
+                                                 ("full", "simpo", "fp32"),
+                                                 ("lora", "dpo", "bf16")])
+def test_each_tune_and_precision_trains_on_pairs(tmp_path, tune, kind, precision):
     base = _base_run(tmp_path)
-    tr = _dpo_run(tmp_path, base, "s", tune=tune, objective=kind, lr=1e-2)
+    tr = _dpo_run(tmp_path, base, "s", tune=tune, objective=kind, lr=1e-2, precision=precision)
     rows = []
     tr.run(on_step=rows.append)
     assert all(np.isfinite(r["loss"]) for r in rows if "loss" in r)
