@@ -176,10 +176,12 @@ static int count_targets(const char *fn, const int *targets, size_t T, int vocab
 }
 
 /* logits, dlogits: [T][vocab]; targets: [T]. Shared by the forward (dlogits
- * NULL) and the backward. */
-static int cross_entropy(const float *logits, const int *targets, int T, int vocab,
-                         int ignore_index, float *dlogits, double *loss_out) {
-    static const char *const fn = "rx_cross_entropy";
+ * NULL) and the backward. With w [T] (the rows form), each row's grad is
+ * scaled by w[t] instead of 1/n_valid; row_loss [T] (or NULL) gets each
+ * row's loss, 0 for an ignored one. */
+static int cross_entropy(const char *fn, const float *logits, const int *targets, int T,
+                         int vocab, int ignore_index, const double *w, float *dlogits,
+                         double *row_loss, double *loss_out) {
     if (!logits || !targets || !loss_out)
         return rx_fail(RX_EINVAL, "%s: %s is NULL", fn,
                        !logits ? "logits" : !targets ? "targets" : "loss");
@@ -189,7 +191,9 @@ static int cross_entropy(const float *logits, const int *targets, int T, int voc
     rx_spans in = {.n = 0}, out = {.n = 0};
     RX_SPAN_ADD(&in, "logits", logits, TT * V);
     RX_SPAN_ADD(&in, "targets", targets, TT);
+    RX_SPAN_ADD(&in, "weight", w, TT);
     RX_SPAN_ADD(&out, "dlogits", dlogits, TT * V);
+    RX_SPAN_ADD(&out, "row_loss", row_loss, TT);
     int rc = rx_spans_check(fn, &out, &in);
     if (rc != RX_OK) return rc;
     size_t n_valid = 0;
@@ -197,6 +201,7 @@ static int cross_entropy(const float *logits, const int *targets, int T, int voc
     if (rc != RX_OK) return rc;
     if (n_valid == 0) {
         rx_fzero(dlogits, TT * V);
+        if (row_loss) memset(row_loss, 0, TT * sizeof *row_loss);
         *loss_out = 0.0;
         return RX_OK;
     }
@@ -218,12 +223,15 @@ static int cross_entropy(const float *logits, const int *targets, int T, int voc
         for (size_t t = t0; t < t1; t++) {
             float *d = dlogits ? dlogits + t * V : NULL;
             const int y = __atomic_load_n(&targets[t], __ATOMIC_RELAXED);
+            double l = 0.0;
             if (!ce_valid(y, ignore_index))
                 rx_fzero(d, V);
             else if (y >= 0 && y < vocab)
-                acc += ce_row(logits + t * V, V, (size_t)y, d, scale);
+                l = ce_row(logits + t * V, V, (size_t)y, d, w ? w[t] : scale);
             else
                 bad = 1;
+            if (row_loss) row_loss[t] = l;
+            acc += l;
         }
         part[p] = acc;
     }
@@ -239,7 +247,25 @@ static int cross_entropy(const float *logits, const int *targets, int T, int voc
 int rx_cross_entropy(const float *logits, const int *targets, int T, int vocab,
                      int ignore_index, float *dlogits, double *loss) {
     rx_prof_push(RX_PROF_CE);
-    int rc = cross_entropy(logits, targets, T, vocab, ignore_index, dlogits, loss);
+    int rc = cross_entropy("rx_cross_entropy", logits, targets, T, vocab, ignore_index, NULL,
+                           dlogits, NULL, loss);
+    rx_prof_pop();
+    return rc;
+}
+
+/* logits, dlogits: [T][vocab] (dlogits NULL: the losses alone); targets,
+ * weight, row_loss: [T] */
+int rx_cross_entropy_rows(const float *logits, const int *targets, int T, int vocab,
+                          int ignore_index, const double *weight, float *dlogits,
+                          double *row_loss) {
+    static const char *const fn = "rx_cross_entropy_rows";
+    if (!row_loss) return rx_fail(RX_EINVAL, "%s: row_loss is NULL", fn);
+    if (dlogits && !weight)
+        return rx_fail(RX_EINVAL, "%s: dlogits needs the row weights (weight is NULL)", fn);
+    double mean;
+    rx_prof_push(RX_PROF_CE);
+    int rc = cross_entropy(fn, logits, targets, T, vocab, ignore_index, weight, dlogits,
+                           row_loss, &mean);
     rx_prof_pop();
     return rc;
 }
@@ -306,11 +332,11 @@ void rx_l2wrap_rows(const float *logits, float *dlogits, size_t rows, size_t V, 
 
 /* x: [T][C]; head: [C][vocab]; targets: [T]; scratch: 2 * rows * vocab
  * floats; dx: [T][C] and d_head: [C][vocab] written (both NULL: the loss
- * alone) */
-static int head_loss(const float *x, const float *head, const int *targets, int T, int C,
-                     int vocab, int ignore_index, double l2wrap, int rows, float *scratch,
-                     float *dx, float *d_head, double *loss_out) {
-    static const char *const fn = "rx_head_loss";
+ * alone). w, row_loss [T] (or NULL) as cross_entropy's. */
+static int head_loss(const char *fn, const float *x, const float *head, const int *targets,
+                     int T, int C, int vocab, int ignore_index, double l2wrap,
+                     const double *w, int rows, float *scratch, float *dx, float *d_head,
+                     double *row_loss, double *loss_out) {
     if (!x || !head || !targets || !scratch || !loss_out)
         return rx_fail(RX_EINVAL, "%s: %s is NULL", fn,
                        !x ? "x" : !head ? "head" : !targets ? "targets" : !scratch ? "scratch"
@@ -329,9 +355,11 @@ static int head_loss(const float *x, const float *head, const int *targets, int 
     RX_SPAN_ADD(&in, "x", x, TT * CC);
     RX_SPAN_ADD(&in, "head", head, CC * V);
     RX_SPAN_ADD(&in, "targets", targets, TT);
+    RX_SPAN_ADD(&in, "weight", w, TT);
     RX_SPAN_ADD(&out, "scratch", scratch, 2 * R * V);
     RX_SPAN_ADD(&out, "dx", dx, TT * CC);
     RX_SPAN_ADD(&out, "d_head", d_head, CC * V);
+    RX_SPAN_ADD(&out, "row_loss", row_loss, TT);
     int rc = rx_spans_check(fn, &out, &in);
     if (rc != RX_OK) return rc;
     size_t n_valid = 0;
@@ -358,12 +386,15 @@ static int head_loss(const float *x, const float *head, const int *targets, int 
                 const float *l = lg + (t - r0) * V;
                 float *d = dx ? dl + (t - r0) * V : NULL;
                 const int y = __atomic_load_n(&targets[t], __ATOMIC_RELAXED);
+                double lt = 0.0;
                 if (!ce_valid(y, ignore_index))
                     rx_fzero(d, V);
                 else if (y >= 0 && y < vocab)
-                    acc += ce_row(l, V, (size_t)y, d, scale);
+                    lt = ce_row(l, V, (size_t)y, d, w ? w[t] : scale);
                 else
                     bad = 1;
+                if (row_loss) row_loss[t] = lt;
+                acc += lt;
                 if (d && coef != 0.0) l2wrap_row(l, d, V, coef);
             }
             part[p] = acc;
@@ -389,8 +420,23 @@ int rx_head_loss(const float *x, const float *head, const int *targets, int T, i
                  int vocab, int ignore_index, double l2wrap, int rows, float *scratch,
                  float *dx, float *d_head, double *loss) {
     rx_prof_push(RX_PROF_CE);
-    int rc = head_loss(x, head, targets, T, C, vocab, ignore_index, l2wrap, rows, scratch, dx,
-                       d_head, loss);
+    int rc = head_loss("rx_head_loss", x, head, targets, T, C, vocab, ignore_index, l2wrap,
+                       NULL, rows, scratch, dx, d_head, NULL, loss);
+    rx_prof_pop();
+    return rc;
+}
+
+int rx_head_loss_rows(const float *x, const float *head, const int *targets, int T, int C,
+                      int vocab, int ignore_index, double l2wrap, const double *weight,
+                      int rows, float *scratch, float *dx, float *d_head, double *row_loss) {
+    static const char *const fn = "rx_head_loss_rows";
+    if (!row_loss) return rx_fail(RX_EINVAL, "%s: row_loss is NULL", fn);
+    if (dx && !weight)
+        return rx_fail(RX_EINVAL, "%s: dx needs the row weights (weight is NULL)", fn);
+    double mean;
+    rx_prof_push(RX_PROF_CE);
+    int rc = head_loss(fn, x, head, targets, T, C, vocab, ignore_index, l2wrap, weight, rows,
+                       scratch, dx, d_head, row_loss, &mean);
     rx_prof_pop();
     return rc;
 }

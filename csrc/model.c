@@ -873,10 +873,12 @@ static int check_loss_call(const char *fn, const rx_ptmodel *m, const rx_pt_acts
 }
 
 /* targets: [B][T]; returns the mean loss over the valid positions of the
- * batch and writes the grads of that mean into the grad arena */
-static int backward_batch(rx_ptmodel *m, const rx_pt_acts *acts, const int *targets, int B,
-                          int T, int ignore_index, double *loss_out) {
-    static const char *const fn = "rx_pretrain_backward_loss";
+ * batch and writes the grads of that mean into the grad arena. With w
+ * [B][T] (the rows form, fn names it) the grads are those of
+ * sum_t w[t] * loss[t] instead, and row_loss [B][T] gets each loss[t]. */
+static int backward_batch(const char *fn, rx_ptmodel *m, const rx_pt_acts *acts,
+                          const int *targets, int B, int T, int ignore_index, const double *w,
+                          double *row_loss, double *loss_out) {
     int rc = check_loss_call(fn, m, acts, targets, loss_out, B, T);
     if (rc != RX_OK) return rc;
     const int V = m->cfg.vocab_size, C = m->cfg.n_embd, BT = B * T;
@@ -896,7 +898,20 @@ static int backward_batch(rx_ptmodel *m, const rx_pt_acts *acts, const int *targ
     /* targets are valid here, so a NaN loss means non-finite logits: the
      * NaN grads still go through, as the grads of this call */
     double loss;
-    if (acts->logits) {
+    if (w && acts->logits) {
+        rc = rx_cross_entropy_rows(acts->logits, targets, BT, V, ignore_index, w, acts->dlogits,
+                                   row_loss);
+        loss = 0.0;
+        if (rc == RX_OK)
+            rx_l2wrap_rows(acts->logits, acts->dlogits, (size_t)BT, (size_t)V,
+                           m->l2wrap / (double)BT);
+        if (rc == RX_OK)
+            rc = rx_head_grads(acts->lnout, m->head, acts->dlogits, BT, C, V, dnext, m->g_head);
+    } else if (w) {
+        rc = rx_head_loss_rows(acts->lnout, m->head, targets, BT, C, V, ignore_index, m->l2wrap,
+                               w, acts->head_rows, acts->dlogits, dnext, m->g_head, row_loss);
+        loss = 0.0;
+    } else if (acts->logits) {
         rc = rx_cross_entropy(acts->logits, targets, BT, V, ignore_index, acts->dlogits, &loss);
         if (rc == RX_OK)
             rx_l2wrap_rows(acts->logits, acts->dlogits, (size_t)BT, (size_t)V,
@@ -975,7 +990,27 @@ int rx_pretrain_backward_loss(rx_ptmodel *m, const rx_pt_acts *acts, const int *
     const rx_frozen was = rx_gemm_set_frozen(f);
     /* a recompute's forward and the dx and weight-grad products see the adapters */
     const rx_lora *was_lora = rx_gemm_set_lora(m && m->lora_on ? m->lora : NULL);
-    const int rc = backward_batch(m, acts, targets, B, T, ignore_index, loss);
+    const int rc = backward_batch("rx_pretrain_backward_loss", m, acts, targets, B, T,
+                                  ignore_index, NULL, NULL, loss);
+    rx_gemm_set_lora(was_lora);
+    rx_gemm_set_frozen(was);
+    rx_gemm_set_precision(old);
+    return rc;
+}
+
+/* targets, weight, row_loss: [B][T]; backward_batch's rows form */
+int rx_pretrain_backward_rows(rx_ptmodel *m, const rx_pt_acts *acts, const int *targets, int B,
+                              int T, int ignore_index, const double *weight, double *row_loss) {
+    static const char *const fn = "rx_pretrain_backward_rows";
+    if (!weight || !row_loss)
+        return rx_fail(RX_EINVAL, "%s: %s is NULL", fn, !weight ? "weight" : "row_loss");
+    const int old = rx_gemm_set_precision(m ? m->precision : RX_PRECISION_FP32);
+    const rx_frozen f = {m ? m->grads : NULL, m ? m->frozen : NULL, m ? m->n_frozen : 0};
+    const rx_frozen was = rx_gemm_set_frozen(f);
+    const rx_lora *was_lora = rx_gemm_set_lora(m && m->lora_on ? m->lora : NULL);
+    double unused;
+    const int rc = backward_batch(fn, m, acts, targets, B, T, ignore_index, weight, row_loss,
+                                  &unused);
     rx_gemm_set_lora(was_lora);
     rx_gemm_set_frozen(was);
     rx_gemm_set_precision(old);
@@ -1038,13 +1073,20 @@ double rx_pretrain_backward(rx_ptmodel *m, const rx_pt_acts *acts, const int *ta
     return rc == RX_OK ? loss : NAN;
 }
 
-/* the checks of backward_batch, then the loss alone */
-static int loss_batch(rx_ptmodel *m, const rx_pt_acts *acts, const int *targets, int B, int T,
-                      int ignore_index, double *loss) {
-    int rc = check_loss_call("rx_pretrain_loss", m, acts, targets, loss, B, T);
+/* the checks of backward_batch, then the loss alone (row_loss [B][T] not
+ * NULL: each position's loss instead, as rx_pretrain_row_losses) */
+static int loss_batch(const char *fn, rx_ptmodel *m, const rx_pt_acts *acts, const int *targets,
+                      int B, int T, int ignore_index, double *row_loss, double *loss) {
+    int rc = check_loss_call(fn, m, acts, targets, loss, B, T);
     if (rc != RX_OK) return rc;
     if (acts->saved->lnout_stale && (rc = lnout_forward(m, acts)) != RX_OK) return rc;
     const int V = m->cfg.vocab_size, C = m->cfg.n_embd, BT = B * T;
+    if (row_loss && acts->logits)
+        return rx_cross_entropy_rows(acts->logits, targets, BT, V, ignore_index, NULL, NULL,
+                                     row_loss);
+    if (row_loss)
+        return rx_head_loss_rows(acts->lnout, m->head, targets, BT, C, V, ignore_index, 0.0,
+                                 NULL, acts->head_rows, acts->dlogits, NULL, NULL, row_loss);
     if (acts->logits)
         return rx_cross_entropy(acts->logits, targets, BT, V, ignore_index, NULL, loss);
     return rx_head_loss(acts->lnout, m->head, targets, BT, C, V, ignore_index, 0.0,
@@ -1054,7 +1096,19 @@ static int loss_batch(rx_ptmodel *m, const rx_pt_acts *acts, const int *targets,
 int rx_pretrain_loss(rx_ptmodel *m, const rx_pt_acts *acts, const int *targets, int B, int T,
                      int ignore_index, double *loss) {
     const int old = rx_gemm_set_precision(m ? m->precision : RX_PRECISION_FP32);
-    const int rc = loss_batch(m, acts, targets, B, T, ignore_index, loss);
+    const int rc = loss_batch("rx_pretrain_loss", m, acts, targets, B, T, ignore_index, NULL,
+                              loss);
+    rx_gemm_set_precision(old);
+    return rc;
+}
+
+int rx_pretrain_row_losses(rx_ptmodel *m, const rx_pt_acts *acts, const int *targets, int B,
+                           int T, int ignore_index, double *row_loss) {
+    static const char *const fn = "rx_pretrain_row_losses";
+    if (!row_loss) return rx_fail(RX_EINVAL, "%s: row_loss is NULL", fn);
+    const int old = rx_gemm_set_precision(m ? m->precision : RX_PRECISION_FP32);
+    double unused;
+    const int rc = loss_batch(fn, m, acts, targets, B, T, ignore_index, row_loss, &unused);
     rx_gemm_set_precision(old);
     return rc;
 }

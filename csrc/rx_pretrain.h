@@ -440,6 +440,20 @@ int rx_pt_acts_create_opts(const rx_ptmodel *m, int B, int T, int flags, int hea
  * Errors as rx_pretrain_backward_loss. */
 int rx_pretrain_loss(rx_ptmodel *m, const rx_pt_acts *acts, const int *targets, int B, int T,
                      int ignore_index, double *loss);
+/* Per-position losses and weighted grads (docs/maths.md §Preference
+ * tuning): the summed log-probabilities a preference objective reads, and
+ * its grad entering through the same cross-entropy. targets, weight,
+ * row_loss: [B][T]. rx_pretrain_row_losses writes row_loss[t] =
+ * -log softmax(logits[t])[targets[t]] of the forward held in acts (0 at
+ * an ignored position), no grad. rx_pretrain_backward_rows writes the same
+ * row_loss and the grads of sum_t weight[t] * row_loss[t] (plus L2Wrap)
+ * into the grad arena: the cross-entropy grad of row t scaled by weight[t]
+ * instead of 1/n_valid. Errors as rx_pretrain_backward_loss, and RX_EINVAL
+ * for a NULL weight or row_loss. */
+int rx_pretrain_row_losses(rx_ptmodel *m, const rx_pt_acts *acts, const int *targets, int B,
+                           int T, int ignore_index, double *row_loss);
+int rx_pretrain_backward_rows(rx_ptmodel *m, const rx_pt_acts *acts, const int *targets, int B,
+                              int T, int ignore_index, const double *weight, double *row_loss);
 /* L2Wrap (RWKV-LM's; docs/maths.md §L2Wrap): every later backward adds
  * factor * max_v logits[t][v] / (B*T) to the grad of the first largest
  * logit of each of the B*T positions (ignored ones too); the loss is
@@ -462,6 +476,17 @@ double rx_ptmodel_l2wrap(const rx_ptmodel *m);
 int rx_head_loss(const float *x, const float *head, const int *targets, int T, int C,
                  int vocab, int ignore_index, double l2wrap, int rows, float *scratch,
                  float *dx, float *d_head, double *loss);
+/* rx_cross_entropy and rx_head_loss per row: row_loss [T] gets each
+ * position's loss (0 when ignored) and the grads (dlogits, or dx and
+ * d_head) are those of sum_t weight[t] * row_loss[t], weight [T]; with
+ * the grads NULL, weight may be NULL. RX_EINVAL as the mean forms, and for
+ * a NULL row_loss or a grad asked without weight. */
+int rx_cross_entropy_rows(const float *logits, const int *targets, int T, int vocab,
+                          int ignore_index, const double *weight, float *dlogits,
+                          double *row_loss);
+int rx_head_loss_rows(const float *x, const float *head, const int *targets, int T, int C,
+                      int vocab, int ignore_index, double l2wrap, const double *weight,
+                      int rows, float *scratch, float *dx, float *d_head, double *row_loss);
 /* Rows per chunk of a scratch budget of budget_floats floats per buffer
  * (<= 0: RX_HEAD_CHUNK_FLOATS): budget / vocab, rounded down to a multiple
  * of 256 when at least 256, and at least 1. */

@@ -592,6 +592,76 @@ A whole RWKV-X model (docs/maths.md §Whole model) with its parameters and grads
         _check_rc(rc, "RxPtModel.loss")
         return loss
 
+    cdef object _rows_targets(self, object targets, str fn, int ignore_index):
+        """targets checked against the last forward, as a private copy (as in backward)."""
+        if self._fwd_shape is None:
+            raise ValueError(f"RxPtModel.{fn}: no forward() preceded it")
+        if not isinstance(targets, np.ndarray):
+            raise TypeError(f"targets must be a numpy.ndarray of int32, got {type(targets).__name__}")
+        if targets.shape != self._fwd_shape:
+            raise ValueError(f"targets has shape {targets.shape}, expected {self._fwd_shape} "
+                             "(the shape of the last forward's tokens)")
+        _arr(targets, "targets", np.int32, targets.ndim)
+        targets = targets.copy()
+        _targets(targets.reshape(-1), "targets", self._B * self._T, self._config["vocab_size"],
+                 ignore_index)
+        return targets
+
+    cdef object _f64_out(self, object out, str name, tuple shape):
+        if out is None:
+            return np.empty(shape, np.float64)
+        if not isinstance(out, np.ndarray) or out.dtype != np.float64 or out.shape != shape \
+                or not out.flags.c_contiguous or not out.flags.writeable:
+            raise ValueError(f"{name} must be a writable C-contiguous float64 array of shape "
+                             f"{shape}")
+        return out
+
+    def row_losses(self, targets, int ignore_index=-1, out=None):
+        """Each position's cross-entropy of the last forward against targets
+        (0.0 where the target is ignore_index), without any grad: a
+        sequence's summed log-probability is minus the sum of its row
+        (docs/maths.md §Preference tuning). Arguments as loss(); out: a
+        float64 array shaped as targets to write into. Returns it."""
+        targets = self._rows_targets(targets, "row_losses", ignore_index)
+        out = self._f64_out(out, "out", targets.shape)
+        cdef double[::1] ov = out.reshape(-1)
+        cdef const int *ptgt = _iptr(targets)
+        cdef int B = self._B, T = self._T, rc
+        self._enter()
+        try:
+            with nogil:
+                rc = rx_pretrain_row_losses(self._h.m, self._acts, ptgt, B, T, ignore_index,
+                                            &ov[0])
+        finally:
+            self._busy = False
+        _check_rc(rc, "RxPtModel.row_losses")
+        return out
+
+    def backward_rows(self, targets, weight, int ignore_index=-1, out=None):
+        """The backward of sum_t weight[t] * row_loss[t]: each position's
+        cross-entropy grad scaled by its weight (a float64 array shaped as
+        targets) instead of the mean's 1/n. Overwrites grads / grad_buffer
+        as backward() does and returns row_losses (into out when given)."""
+        targets = self._rows_targets(targets, "backward_rows", ignore_index)
+        if not isinstance(weight, np.ndarray) or weight.dtype != np.float64 \
+                or weight.shape != targets.shape:
+            raise ValueError(f"weight must be a float64 array of shape {targets.shape}")
+        weight = np.ascontiguousarray(weight)
+        out = self._f64_out(out, "out", targets.shape)
+        cdef const double[::1] wv = weight.reshape(-1)
+        cdef double[::1] ov = out.reshape(-1)
+        cdef const int *ptgt = _iptr(targets)
+        cdef int B = self._B, T = self._T, rc
+        self._enter()
+        try:
+            with nogil:
+                rc = rx_pretrain_backward_rows(self._h.m, self._acts, ptgt, B, T, ignore_index,
+                                               &wv[0], &ov[0])
+        finally:
+            self._busy = False
+        _check_rc(rc, "RxPtModel.backward_rows")
+        return out
+
     def zero_grad(self):
         """Set every grad to zero."""
         self._enter()

@@ -182,6 +182,11 @@ cdef extern from "rx_pretrain.h" nogil:
                                rx_pt_acts **out)
     int rx_pretrain_loss(rx_ptmodel *m, const rx_pt_acts *acts, const int *targets, int B,
                          int T, int ignore_index, double *loss)
+    int rx_pretrain_row_losses(rx_ptmodel *m, const rx_pt_acts *acts, const int *targets,
+                               int B, int T, int ignore_index, double *row_loss)
+    int rx_pretrain_backward_rows(rx_ptmodel *m, const rx_pt_acts *acts, const int *targets,
+                                  int B, int T, int ignore_index, const double *weight,
+                                  double *row_loss)
     int rx_ptmodel_set_l2wrap(rx_ptmodel *m, double factor)
     double rx_ptmodel_l2wrap(const rx_ptmodel *m)
     int rx_head_loss(const float *x, const float *head, const int *targets, int T, int C,

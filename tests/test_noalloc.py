@@ -32,13 +32,16 @@ def program(tmp_path_factory):
 
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("acts", [[], ["1"], ["3", "37"], ["0", "0", "lora"],
-                                  ["3", "37", "lora"]],
+                                  ["3", "37", "lora"], ["0", "0", "lora", "rows"],
+                                  ["3", "37", "base", "rows"]],
                          ids=["plain", "recompute", "recompute+chunked_head", "lora",
-                              "lora+recompute+chunked_head"])
+                              "lora+recompute+chunked_head", "lora+rows",
+                              "recompute+chunked_head+rows"])
 def test_a_step_allocates_nothing(program, threads, acts):
     # recompute (RX_ACTS_RECOMPUTE = 1) and the chunked head (2; 37-row
     # chunks cut the 256 rows unevenly) with L2Wrap allocate nothing either,
-    # nor a LoRA tune's step (adapters on every projection, the base frozen)
+    # nor a LoRA tune's step (adapters on every projection, the base frozen),
+    # nor a preference step (per-position losses, then the row-weighted backward)
     out = subprocess.run([program, *acts], env=dict(os.environ, OMP_NUM_THREADS=str(threads)),
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

@@ -6,7 +6,7 @@ import os
 import pytest
 
 from rwkvx_c.cli import main
-from rwkvx_c.run.rundir import CHECKPOINT, LOCK, LOG, PLOT, TOKENIZER, RunDir
+from rwkvx_c.run.rundir import CHECKPOINT, LOCK, LOG, PLOT, REFERENCE, TOKENIZER, RunDir
 
 from hostile import corpus, tiny_run
 
@@ -32,7 +32,7 @@ def _refused(capsys, *argv):
 
 
 @pytest.mark.parametrize("fmt", ["gguf", "rwkv7"])
-@pytest.mark.parametrize("name", [CHECKPOINT, LOG, TOKENIZER, PLOT, LOCK])
+@pytest.mark.parametrize("name", [CHECKPOINT, LOG, TOKENIZER, PLOT, REFERENCE, LOCK])
 def test_export_never_writes_a_run_file(run, capsys, fmt, name):
     before = _digest(run)
     err = _refused(capsys, "export", run, "--format", fmt, "--out", os.path.join(run, name))
@@ -93,7 +93,7 @@ def test_tokenizer_train_refuses_its_corpus_and_a_run_tokenizer(run, capsys, tmp
 
 def test_own_files_are_what_claim_output_guards(run):
     assert {os.path.basename(p) for p in RunDir(run).own_files()} == \
-        {CHECKPOINT, LOG, TOKENIZER, PLOT, LOCK}
+        {CHECKPOINT, LOG, TOKENIZER, PLOT, REFERENCE, LOCK}
 
 
 def test_a_finished_run_leaves_no_lock(run, tmp_path):

@@ -23,9 +23,12 @@ from rwkvx_c.data.pipeline import load_corpus
 from rwkvx_c.data.sampler import conversation_starts, eval_starts
 from rwkvx_c.errors import EvalError
 from rwkvx_c.eval import metrics, passkey
+from rwkvx_c.eval.preferences import base_model, score_preferences
+from rwkvx_c.interop.source import read_run
 from rwkvx_c.run.checkpoint import read_state
 from rwkvx_c.run.rundir import checkpoint_path
-from rwkvx_c.sample import load_run
+from rwkvx_c.sample import load_model, load_run
+from rwkvx_c.train.objectives import OBJECTIVES, REFERENCE_FREE
 from rwkvx_c.util.progress import make_progress
 
 __all__ = ["add_parser", "run"]
@@ -107,6 +110,11 @@ def add_parser(sub: Subparsers) -> None:
                    help="lm-eval few-shot examples (default: each task's)")
     e.add_argument("--limit", type=_limit, metavar="N", help="lm-eval: first N documents per "
                    "task, or (below 1) that fraction of them (default: all)")
+    e.add_argument("--preferences", metavar="FILE", help="preference pairs (.jsonl of prompt, "
+                   "chosen, rejected): accuracy, margin and loss of the run's objective "
+                   "(docs/finetune.md §Preference tuning) (default: none)")
+    e.add_argument("--ref-from", metavar="SRC", help="with --preferences, the reference model's "
+                   "run folder or checkpoint (default: a LoRA or state run's own base)")
     e.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
                    help="projection GEMMs; bf16 reproduces a bf16 run's own val figures "
                    "(default: fp32)")
@@ -188,9 +196,11 @@ def run(a: argparse.Namespace) -> int:
         return err("give the run: DIR or --model_args pretrained=DIR", 2)
     a.tasks = [t for group in a.tasks for t in group] if a.tasks else None
     own = a.split == "val" and not a.data   # the run's own corpus and validation windows
-    if not (a.data or own or a.lambada or a.passkey or a.tasks):
-        return err("nothing to evaluate: give --data, --split val, --lambada, --passkey or "
-                   "--tasks", 2)
+    if not (a.data or own or a.lambada or a.passkey or a.tasks or a.preferences):
+        return err("nothing to evaluate: give --data, --split val, --lambada, --passkey, "
+                   "--tasks or --preferences", 2)
+    if a.ref_from and not a.preferences:
+        return err("--ref-from needs --preferences", 2)
     if a.include_path and not a.tasks:
         return err("--include-path needs --tasks", 2)
     if a.threads:
@@ -210,6 +220,8 @@ def run(a: argparse.Namespace) -> int:
         finally:
             bar.close()
         _say(a, "lambada", out["lambada"])
+    if a.preferences:
+        out["preferences"] = _preferences(a, model, tok, opts)
     if a.passkey:
         out["passkey"] = _passkey(a, model, tok, ckpt)
     if a.tasks:
@@ -253,6 +265,27 @@ def _score_corpus(a: argparse.Namespace, model: _core.RxPtModel, tok: Any,
             "bpb": nats / (math.log(2) * nbytes) if nbytes else None, "tokens": tokens,
             "bytes": nbytes or None, "windows": sum(r["windows"] for r in res), "seq_len": T,
             "split": a.split, "corpus": corpus.description}
+
+
+def _preferences(a: argparse.Namespace, model: _core.RxPtModel, tok: Any,
+                 opts: dict[str, Any]) -> dict[str, Any]:
+    kind = str(opts.get("objective")) if opts.get("objective") in OBJECTIVES[1:] else "dpo"
+    ref = None
+    if kind not in REFERENCE_FREE:
+        if a.ref_from:
+            ref = load_model(a.ref_from)
+        else:
+            tensors, config, _ = read_run(checkpoint_path(a.dir), a.base, EvalError)
+            ref = base_model(tensors, config, a.dir)
+        ref.precision = a.precision
+    r = score_preferences(model, ref, tok, a.preferences,
+                          seq_len=a.seq_len or int(opts.get("seq_len") or 256), kind=kind,
+                          beta=float(opts.get("dpo_beta") or 0.1), batch=a.batch)
+    if not a.json:
+        print(f"preferences: accuracy {r['rewards/accuracies']:.4f}, margin "
+              f"{r['rewards/margins']:.4f}, {kind} loss {r['loss']:.4f}, policy accuracy "
+              f"{r['logps/accuracies']:.4f} over {r['n_pairs']:,} pairs")
+    return r
 
 
 def _say(a: argparse.Namespace, what: str, r: dict[str, Any]) -> None:

@@ -1,5 +1,6 @@
-"""The run folder's loss.png: training loss and validation against steps,
-with the elapsed training time on a second axis above."""
+"""The run folder's loss.png: training loss and validation against steps
+(a preference objective's: its loss and rewards/accuracies), with the
+elapsed training time on a second axis above."""
 from __future__ import annotations
 
 import math
@@ -40,7 +41,14 @@ def plot_log(rows: Sequence[dict[str, Any]], path: str, title: str = "") -> bool
         k = max(1, len(loss) // SMOOTH_POINTS)
         sm = np.convolve(loss, np.ones(k) / k, mode="valid") if k > 1 else loss
         handles += ax.plot(ts[k - 1:], sm, color="tab:blue", label="train loss (nats/token)")
-    if bpb:
+    acc = [(r["step"], r["rewards/accuracies"]) for r in rows if "rewards/accuracies" in r]
+    if acc:   # a preference objective: its accuracy on the right, the loss in nats/pair
+        right = ax.twinx()
+        handles += right.plot([r[0] for r in acc], [r[1] for r in acc], lw=0.6, alpha=0.6,
+                              color="tab:green", label="rewards/accuracies")
+        right.set_ylabel("preference accuracy")
+        right.set_ylim(-0.02, 1.02)
+    elif bpb:
         right = ax.twinx()
         handles += right.plot([r[0] for r in bpb], [r[1] for r in bpb], "o-",
                               color="tab:orange", label="validation (bits/byte)")
@@ -50,7 +58,7 @@ def plot_log(rows: Sequence[dict[str, Any]], path: str, title: str = "") -> bool
                            label="validation loss (nats/token)")
     _time_axis(ax, rows)
     ax.set_xlabel("step")
-    ax.set_ylabel("loss (nats / token)")
+    ax.set_ylabel("loss (nats / pair)" if acc else "loss (nats / token)")
     ax.grid(alpha=0.3)
     if handles:
         ax.legend(handles=handles, loc="upper right")

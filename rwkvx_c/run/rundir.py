@@ -32,13 +32,14 @@ from rwkvx_c.run.checkpoint import Checkpoint, read_checkpoint, save_checkpoint
 from rwkvx_c.run.lock import LOCK_NAME, RunLock
 from rwkvx_c.util.atomic import replacing, sweep_orphans
 
-__all__ = ["RunDir", "CHECKPOINT", "LOG", "TOKENIZER", "PLOT", "LOCK", "RUNS_ROOT",
+__all__ = ["RunDir", "CHECKPOINT", "LOG", "TOKENIZER", "PLOT", "REFERENCE", "LOCK", "RUNS_ROOT",
            "checkpoint_path", "claim_output", "describe_entries"]
 
 CHECKPOINT = "checkpoint.safetensors"
 LOG = "log.jsonl"
 TOKENIZER = "tokenizer.json"
 PLOT = "loss.png"
+REFERENCE = "reference_logps.npy"   # a preference run's reference log-probabilities
 LOCK = LOCK_NAME
 RUNS_ROOT = "runs"
 _STAMP = "%Y%m%d-%H%M%S"
@@ -84,9 +85,13 @@ class RunDir:
     def plot_path(self) -> str:
         return self.file(PLOT)
 
+    @property
+    def reference_path(self) -> str:
+        return self.file(REFERENCE)
+
     def own_files(self) -> tuple[str, ...]:
         """Every file the folder's run owns (whether it exists or not)."""
-        return tuple(self.file(n) for n in (CHECKPOINT, LOG, TOKENIZER, PLOT, LOCK))
+        return tuple(self.file(n) for n in (CHECKPOINT, LOG, TOKENIZER, PLOT, REFERENCE, LOCK))
 
     # ------------------------------------------------------- the folder
     @classmethod

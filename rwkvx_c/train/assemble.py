@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rwkvx_c import _core
-from rwkvx_c.data.pipeline import load_corpus
+from rwkvx_c.data.pipeline import Corpus, load_corpus
+from rwkvx_c.data.preferences import Pairs, read_pairs, split_pairs
 from rwkvx_c.data.tokenizers import load as load_tokenizer
 from rwkvx_c.data.tokenizers import run_tokenizer
 from rwkvx_c.errors import ConfigError, MemoryTooSmall, TokenizerError, TrainError
@@ -25,17 +26,16 @@ from rwkvx_c.train.optim import AdamW
 from rwkvx_c.train.options import model_vocab
 
 if TYPE_CHECKING:
-    from rwkvx_c.data.pipeline import Corpus
     from rwkvx_c.data.tokenizers import Tokenizer
     from rwkvx_c.train.options import ResolvedOptions
 
-__all__ = ["load_data", "build_model", "load_source", "load_weights", "name_base"]
+__all__ = ["load_data", "load_pairs", "build_model", "load_source", "load_weights", "name_base"]
 
 
-def load_data(opts: ResolvedOptions, run_dir: str | None, out_dir: str | None,
-              state: dict[str, Any] | None, progress: bool) -> tuple[Tokenizer, Corpus]:
-    """The tokenizer (a resumed run's own) and the corpus it reads; a new
-    run's tokenizer is saved into out_dir (rank 0) to travel with it."""
+def _tokenizer(opts: ResolvedOptions, run_dir: str | None, out_dir: str | None,
+               state: dict[str, Any] | None) -> Tokenizer:
+    """The run's tokenizer (a resumed run's own); a new run's is saved into
+    out_dir (rank 0) to travel with it."""
     try:
         tokenizer = (run_tokenizer(run_dir, state.get("tokenizer"))
                      if state is not None and run_dir is not None
@@ -44,12 +44,33 @@ def load_data(opts: ResolvedOptions, run_dir: str | None, out_dir: str | None,
         raise TrainError(str(e)) from None
     if out_dir is not None and state is None:
         tokenizer.save(out_dir)
+    return tokenizer
+
+
+def load_data(opts: ResolvedOptions, run_dir: str | None, out_dir: str | None,
+              state: dict[str, Any] | None, progress: bool) -> tuple[Tokenizer, Corpus]:
+    """The tokenizer (a resumed run's own) and the corpus it reads; a new
+    run's tokenizer is saved into out_dir (rank 0) to travel with it."""
+    tokenizer = _tokenizer(opts, run_dir, out_dir, state)
     try:
         corpus = load_corpus(opts.data, seq_len=opts.seq_len, cache_dir=opts.cache_dir,
                              tokenizer=tokenizer, text_field=opts.text_field, progress=progress)
     except OSError as e:
         raise TrainError(f"cannot prepare the corpus: {e}") from None
     return tokenizer, corpus
+
+
+def load_pairs(opts: ResolvedOptions, run_dir: str | None, out_dir: str | None,
+               state: dict[str, Any] | None) -> tuple[Tokenizer, Corpus, Pairs, Pairs]:
+    """The tokenizer, the preference pairs split into train and val, and a
+    Corpus of their tokens (its vocabulary and description) for what reads
+    one (rwkvx_c.data.preferences)."""
+    tokenizer = _tokenizer(opts, run_dir, out_dir, state)
+    pairs = read_pairs(opts.data, tokenizer, opts.seq_len)
+    train, val = split_pairs(pairs)
+    corpus = Corpus(train.x.reshape(-1), val.x.reshape(-1), pairs.vocab_size(),
+                    tokenizer.name == "byte", pairs.description)
+    return tokenizer, corpus, train, val
 
 
 def build_model(opts: ResolvedOptions, tokenizer: Tokenizer, corpus: Corpus,

@@ -64,8 +64,13 @@ ON_DIVERGENCE = ("stop", "rollback")
 class DivergenceGuard:
     """Judges each step's loss and grad norm against the bounds above."""
 
-    def __init__(self, vocab_size: int) -> None:
-        self.uniform = math.log(vocab_size)
+    def __init__(self, vocab_size: int, per_token: bool = True) -> None:
+        # a preference objective's loss (per_token False) is no per-token
+        # cross-entropy: neither the uniform-guess bound nor the spike rule,
+        # tuned on those, applies (a pair's loss swings by nats from batch to
+        # batch); a non-finite loss, grad norm or parameter still stops it
+        self.per_token = per_token
+        self.uniform = math.log(vocab_size) if per_token else math.inf
         self.recent: deque[float] = deque(maxlen=SPIKE_WINDOW)
         self.norms: deque[float] = deque(maxlen=SPIKE_WINDOW)
         self.spikes: deque[bool] = deque(maxlen=SPIKE_SPAN)
@@ -98,7 +103,7 @@ class DivergenceGuard:
             raise Divergence(step, f"the loss {loss:.4g} is above the uniform-guess loss "
                                    f"ln(V) = {self.uniform:.4g} + {UNIFORM_SLACK_NATS:g}")
         spike = grad_spike = False
-        if len(self.recent) >= SPIKE_MIN_HISTORY:
+        if len(self.recent) >= SPIKE_MIN_HISTORY and self.per_token:
             med = statistics.median(self.recent)
             spike = loss - med > max(SPIKE_NATS, SPIKE_REL * med)
         if spike and grad_norm is not None and self.norms:

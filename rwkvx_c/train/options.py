@@ -22,6 +22,7 @@ from rwkvx_c.model.config import ModelConfig
 from rwkvx_c.model.init import SCHEMES
 from rwkvx_c.model.presets import PRESETS
 from rwkvx_c.train.guard import ON_DIVERGENCE
+from rwkvx_c.train.objectives import OBJECTIVES
 from rwkvx_c.train.schedule import SCHEDULES
 
 __all__ = ["TrainOptions", "auto_precision", "PRECISIONS", "TUNE_MODES", "DEFAULT_STEPS",
@@ -170,6 +171,24 @@ class TrainOptions:
                                     "attn.q, attn.k, attn.v, attn.o, attn.ffn.key, "
                                     "attn.ffn.value (attention blocks) (default: all but the "
                                     "attn.ffn ones)", metavar="T,T")
+    objective: str = _opt("lm", "what a step minimises: lm (language modelling, SFT on chat "
+                          "data), or on preference pairs ({prompt, chosen, rejected} .jsonl; "
+                          "--batch counts sequences, two per pair) dpo (DPO's sigmoid loss), "
+                          "ipo, or simpo (reference-free, on the mean log-probability per "
+                          "token; docs/finetune.md)", choices=OBJECTIVES)
+    dpo_beta: float = _opt(0.1, "with a preference objective, beta: the scale of the "
+                           "log-probability ratios (SimPO's papers use 2 to 10)",
+                           kind="pos_float", metavar="X")
+    ref_from: str | None = _opt(None, "with --objective dpo or ipo, the reference model: a "
+                                "run folder or checkpoint whose log-probabilities of every "
+                                "pair are computed once before the first step and kept in "
+                                "the run folder (default: the model before its first step, "
+                                "--init-from's weights; a LoRA tune's adapters off)",
+                                metavar="SRC")
+    dpo_label_smoothing: float = _opt(0.0, "with --objective dpo or simpo, the chance eps "
+                                      "that a pair's labels are swapped (cDPO): the loss is "
+                                      "(1-eps) -log sig(z) + eps -log sig(-z)",
+                                      kind="unit_float", metavar="EPS")
 
     base: str | None = _opt(None, "resume a fine-tune whose base (--init-from) moved: its path "
                             "now, checked against the content hash the run recorded",
@@ -278,6 +297,19 @@ class TrainOptions:
             raise TrainError("--lora-targets names the adapters of --tune lora")
         if self.init not in SCHEMES:
             raise TrainError(f"unknown init {self.init!r}; choose one of {', '.join(SCHEMES)}")
+        if self.objective not in OBJECTIVES:
+            raise TrainError(f"unknown objective {self.objective!r}; choose one of "
+                             f"{', '.join(OBJECTIVES)}")
+        pos("dpo_beta", self.dpo_beta, integer=False)
+        if not (real(self.dpo_label_smoothing) and 0.0 <= self.dpo_label_smoothing < 0.5):
+            raise TrainError(f"dpo_label_smoothing must lie in [0, 0.5), got "
+                             f"{self.dpo_label_smoothing!r}")
+        if self.dpo_label_smoothing and self.objective not in ("dpo", "simpo"):
+            raise TrainError(f"--dpo-label-smoothing applies to --objective dpo or simpo, not "
+                             f"{self.objective}")
+        if self.objective != "lm" and self.batch is not None and self.batch % 2:
+            raise TrainError(f"--batch {self.batch} must be even with --objective "
+                             f"{self.objective}: each pair is two sequences")
         assert self.batch is not None and self.seq_len is not None   # pos() checked them
         if self.batch * self.seq_len > MAX_TOKENS_PER_STEP:
             raise TrainError(f"batch * seq_len exceeds {MAX_TOKENS_PER_STEP}")

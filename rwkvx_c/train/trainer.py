@@ -39,7 +39,14 @@ from rwkvx_c.run.checkpoint import save_checkpoint
 from rwkvx_c.run.lock import RunLock
 from rwkvx_c.run.rundir import RunDir
 from rwkvx_c.train import schedule
-from rwkvx_c.train.assemble import build_model, load_data, load_source, load_weights, name_base
+from rwkvx_c.train.assemble import (
+    build_model,
+    load_data,
+    load_pairs,
+    load_source,
+    load_weights,
+    name_base,
+)
 from rwkvx_c.train.distributed import world
 from rwkvx_c.train.finetune import (
     PartsAdamW,
@@ -51,6 +58,7 @@ from rwkvx_c.train.finetune import (
     unfreeze_due,
 )
 from rwkvx_c.train.guard import MAX_ROLLBACKS, ROLLBACK_LR_FACTOR, DivergenceGuard
+from rwkvx_c.train.objectives import PreferenceStep
 from rwkvx_c.train.optim import AdamW
 from rwkvx_c.train.options import TrainOptions
 from rwkvx_c.train.progress import watch
@@ -92,6 +100,7 @@ class Trainer:
     optim: AdamW | PartsAdamW
     guard: DivergenceGuard
     sampler: BatchSampler
+    pref: PreferenceStep | None   # a preference objective's step (rwkvx_c.train.objectives)
     val_x: np.ndarray
     val_y: np.ndarray
     val_bytes: int | None
@@ -139,6 +148,10 @@ class Trainer:
         self._name_base(_state, _weights)
         self._prepare_batches()
         self._reset_counters()
+        if self.pref is not None:
+            # the reference's log-probabilities: made now (the weights of step 0) or read back
+            self.pref.set_reference(self.model, self.opts.tune, self.run_dir, _state is not None,
+                                    self.opts.ref_from)
         if _state is not None:
             self._restore(_state, _tensors or {})
         # the budget counts this session's set-up (corpus, model) too
@@ -161,14 +174,24 @@ class Trainer:
 
     def _load_data(self, run_dir: str | None, _state: dict[str, Any] | None,
                    progress: bool) -> None:
-        self.tokenizer, self.corpus = load_data(self.opts, run_dir, self.out_dir, _state,
-                                                progress)
+        self.pref = None
+        if self.opts.objective == "lm":
+            self.tokenizer, self.corpus = load_data(self.opts, run_dir, self.out_dir, _state,
+                                                    progress)
+            return
+        if self.group.size > 1:
+            raise TrainError(f"--objective {self.opts.objective} runs in one process")
+        self.tokenizer, self.corpus, train, val = load_pairs(self.opts, run_dir, self.out_dir,
+                                                             _state)
+        o = self.opts   # the reference comes once the model is there (set_reference)
+        self.pref = PreferenceStep(o.objective, o.dpo_beta, o.dpo_label_smoothing, train, val,
+                                   o.batch, o.seed)
 
     def _build_model(self, _tensors: Mapping[str, np.ndarray] | None,
                      _weights: Mapping[str, np.ndarray] | None) -> None:
         self.model, self.optim = build_model(self.opts, self.tokenizer, self.corpus, _tensors,
                                              _weights)
-        self.guard = DivergenceGuard(self.opts.model["vocab_size"])
+        self.guard = DivergenceGuard(self.opts.model["vocab_size"], self.pref is None)
 
     def _name_base(self, _state: dict[str, Any] | None,
                    _weights: Mapping[str, np.ndarray] | None) -> None:
@@ -180,6 +203,10 @@ class Trainer:
     def _prepare_batches(self) -> None:
         """The training batch sampler, this rank's rows, and the validation windows."""
         opts = self.opts
+        if self.pref is not None:   # no windows: the pairs' own batches
+            self.val_x = self.val_y = self.pref.val.x
+            self.val_bytes = None
+            return
         # every rank draws the global batch and trains on its rows of it
         c = self.corpus   # a chat corpus's masks make its untrained targets IGNORE
         aligned = opts.tune == "state"   # its windows start where conversations do
@@ -262,7 +289,7 @@ class Trainer:
                 raise TrainError(f"checkpoint lacks the optimiser state {key}")
             buf[...] = tensors[key]
         try:
-            self.sampler.set_state(state["sampler"])
+            (self.pref or self.sampler).set_state(state["sampler"])
         except (TypeError, ValueError, KeyError, AttributeError, OverflowError) as e:
             raise TrainError(f"the checkpoint holds a bad sampler state ({type(e).__name__}: "
                              f"{e})") from None
@@ -296,7 +323,7 @@ class Trainer:
         """The JSON-serialisable run state a checkpoint stores."""
         return {"step": self.step_count, "optim_t": self.optim.t,
                 "elapsed": self.train_seconds(), "tokens_seen": self.tokens_seen,
-                "sampler": self.sampler.state(), "warm_end": self._warm_end,
+                "sampler": (self.pref or self.sampler).state(), "warm_end": self._warm_end,
                 "next_eval_at": self._next_eval_at, "last_eval": self.last_eval,
                 "eval_seconds": self._eval_seconds, "options": self.opts.to_dict(),
                 "corpus": self.corpus.description, "tokenizer": self.tokenizer.identity(),
@@ -406,26 +433,32 @@ class Trainer:
         t = time.perf_counter()
         lr = self.group.root_value(self.lr())
         self.optim = unfreeze_due(self.model, self.optim, self.opts, self.step_count)
-        x, y = self.sampler.next()
-        self._last_batch = (x, y)
-        lo, hi = self._rows
-        self.model.forward(x[lo:hi], return_logits=False)
-        loss = self.model.backward(y[lo:hi], IGNORE)
-        # a chat corpus's ranks count different numbers of targets: weighted by them
-        share = None if self.corpus.train_mask is None else \
-            count_targets(y[lo:hi]) / max(count_targets(y), 1)
+        extra: Row = {}
+        share = None
+        if self.pref is not None:
+            loss, extra, n_tokens = self.pref.step(self.model)
+        else:
+            x, y = self.sampler.next()
+            self._last_batch = (x, y)
+            lo, hi = self._rows
+            self.model.forward(x[lo:hi], return_logits=False)
+            loss = self.model.backward(y[lo:hi], IGNORE)
+            n_tokens = x.size
+            # a chat corpus's ranks count different numbers of targets: weighted by them
+            if self.corpus.train_mask is not None:
+                share = count_targets(y[lo:hi]) / max(count_targets(y), 1)
         loss = self.group.average_grads(self.optim.grad_buffers(), loss, share)
         norm = self.optim.grad_norm()   # of what trains, judged before the update
         self.guard.check_loss(loss, self.step_count + 1, norm)
         self.optim.step(lr, norm)
         self.step_count += 1
-        self.tokens_seen += x.size
+        self.tokens_seen += n_tokens
         if self.step_count == self.opts.warmup_steps:
             self._warm_end = self.train_seconds()
         dt = time.perf_counter() - t
         return {"step": self.step_count, "loss": float(loss), "lr": lr,
-                "tokens_per_s": x.size / dt, "grad_norm": norm,
-                "elapsed": round(self.train_seconds(), 3)}
+                "tokens_per_s": n_tokens / dt, "grad_norm": norm,
+                "elapsed": round(self.train_seconds(), 3), **extra}
 
     def evaluate(self) -> Row:
         """Mean validation loss over the fixed validation windows (up to
@@ -435,6 +468,12 @@ class Trainer:
         unknown vocabulary).
         Touches neither the parameters nor the training data stream."""
         t = time.perf_counter()
+        if self.pref is not None:
+            row = self.pref.evaluate(self.model)
+            self._eval_seconds = max(self._eval_seconds or 0.0, time.perf_counter() - t)
+            self.last_eval = {"step": self.step_count, "val_loss": row["val_loss"],
+                              "val_bpb": None}
+            return row
         lo, hi = self._rows
         B = hi - lo
         first, last = self.group.split(len(self.val_x))

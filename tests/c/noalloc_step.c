@@ -13,6 +13,9 @@
  *   noalloc_step FLAGS HEAD_ROWS lora
  *                   -> the same with LoRA adapters on every projection and
  *                      the base frozen (a LoRA tune's step)
+ *   noalloc_step FLAGS HEAD_ROWS lora|base rows
+ *                   -> a preference step: the per-position losses, then
+ *                      the row-weighted backward
  */
 #define _GNU_SOURCE
 #include <stdint.h>
@@ -48,6 +51,9 @@ int posix_memalign(void **p, size_t al, size_t n) {
 #define B 2
 #define T 128
 
+static int rows_mode;
+static double row_loss[B * T], weight[B * T];
+
 static int step(rx_ptmodel *m, rx_pt_acts *acts, const int *tok, const int *tgt, float *mom,
                 float *vel, int64_t t) {
     int64_t n;
@@ -55,7 +61,13 @@ static int step(rx_ptmodel *m, rx_pt_acts *acts, const int *tok, const int *tgt,
     const float *g = rx_ptmodel_grad_arena(m, &n);
     double loss, norm;
     int rc = rx_pretrain_forward_batch(m, tok, B, T, acts);
-    if (rc == RX_OK) rc = rx_pretrain_backward_loss(m, acts, tgt, B, T, -1, &loss);
+    if (rc == RX_OK && rows_mode) {
+        rc = rx_pretrain_row_losses(m, acts, tgt, B, T, -1, row_loss);
+        for (int i = 0; i < B * T; i++) weight[i] = (i / T ? -1e-3 : 1e-3) * (1.0 + row_loss[i]);
+        if (rc == RX_OK) rc = rx_pretrain_backward_rows(m, acts, tgt, B, T, -1, weight, row_loss);
+    } else if (rc == RX_OK) {
+        rc = rx_pretrain_backward_loss(m, acts, tgt, B, T, -1, &loss);
+    }
     if (rc == RX_OK) rc = rx_grad_norm_l2(g, (size_t)n, &norm);
     if (rc == RX_OK)
         rc = rx_adamw_step(p, g, mom, vel, (size_t)n, NULL, 0, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f,
@@ -73,9 +85,10 @@ static int add_lora(rx_ptmodel *m) {
     return rc == RX_OK ? rx_ptmodel_set_frozen(m, 1) : rc;
 }
 
-/* argv: [RX_ACTS_* flags [head_rows [lora]]]; with flags, L2Wrap on too */
+/* argv: [RX_ACTS_* flags [head_rows [lora [rows]]]]; with flags, L2Wrap on too */
 int main(int argc, char **argv) {
     const int flags = argc > 1 ? atoi(argv[1]) : 0, head_rows = argc > 2 ? atoi(argv[2]) : 0;
+    rows_mode = argc > 4 && strcmp(argv[4], "rows") == 0;
     /* large enough that the norms, GEMMs and cross-entropy take their
      * multi-threaded paths (OMP_NUM_THREADS=2) */
     const rx_pt_config cfg = {

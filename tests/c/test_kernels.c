@@ -401,6 +401,62 @@ static void test_cross_entropy(int T, int V, double spread) {
     free(l); free(d); free(tg); free(d_ref); free(same);
 }
 
+/* rx_cross_entropy_rows and rx_head_loss_rows: each row's loss and the
+ * grads of sum_t w[t] * loss[t] (docs/maths.md §Preference tuning) against
+ * the double reference; the chunked head's rows equal the unchunked ones */
+static void test_cross_entropy_rows(int T, int C, int V, int ii) {
+    size_t n = (size_t)T * V;
+    float *x = frand((size_t)T * C, -1.0, 1.0), *h = frand((size_t)C * V, -1.0, 1.0);
+    float *l = fbuf(n), *d = fbuf(n), *scratch = fbuf(2 * n);
+    float *dx = fbuf((size_t)T * C), *dh = fbuf((size_t)C * V);
+    float *dx_ref = fbuf((size_t)T * C), *dh_ref = fbuf((size_t)C * V);
+    int *tg = malloc((size_t)T * sizeof(int));
+    double *w = dbuf(T), *rl = dbuf(T), *rl2 = dbuf(T), *d_ref = dbuf(n), *one = dbuf(n);
+    for (int t = 0; t < T; t++) {
+        tg[t] = (int)(urand() * V);
+        w[t] = urand() * 4.0 - 2.0;
+    }
+    if (ii >= 0) tg[T / 2] = ii;
+    if (rx_head_logits(x, h, T, C, V, l) != RX_OK) fail("rows logits");
+    for (int threads = 1; threads <= 2; threads++) {
+        rx_set_num_threads(threads);
+        if (rx_cross_entropy_rows(l, tg, T, V, ii, w, d, rl) != RX_OK) fail("ce rows");
+        for (int t = 0; t < T; t++) {
+            /* one row alone through the mean form's reference: its loss and
+             * (softmax - onehot), then scaled by w[t] */
+            double lt = ce_ref(l + (size_t)t * V, tg + t, 1, V, ii, one);
+            for (int v = 0; v < V; v++) d_ref[(size_t)t * V + v] = w[t] * one[v];
+            check_loss("ce row loss", rl[t] + 1.0, lt + 1.0);   /* 0 when ignored */
+        }
+        check("ce rows dlogits", d, d_ref, n, GRAD_TOL);
+        /* the chunked head, 3 rows a chunk: the same rows, the same grads */
+        if (rx_head_grads(x, h, d, T, C, V, dx_ref, dh_ref) != RX_OK) fail("rows head grads");
+        if (rx_head_loss_rows(x, h, tg, T, C, V, ii, 0.0, w, 3, scratch, dx, dh, rl2) != RX_OK)
+            fail("head loss rows");
+        for (int t = 0; t < T; t++)
+            if (rl2[t] != rl[t]) fail("head loss rows: a row's loss differs from the unchunked");
+        double *r1 = dbuf((size_t)T * C), *r2 = dbuf((size_t)C * V);
+        for (size_t i = 0; i < (size_t)T * C; i++) r1[i] = dx_ref[i];
+        for (size_t i = 0; i < (size_t)C * V; i++) r2[i] = dh_ref[i];
+        check("head loss rows dx", dx, r1, (size_t)T * C, GRAD_TOL);
+        check("head loss rows d_head", dh, r2, (size_t)C * V, GRAD_TOL);
+        free(r1); free(r2);
+        /* the losses alone: no weights needed, the same rows */
+        if (rx_cross_entropy_rows(l, tg, T, V, ii, NULL, NULL, rl2) != RX_OK) fail("ce rows alone");
+        for (int t = 0; t < T; t++)
+            if (rl2[t] != rl[t]) fail("ce rows alone: a row's loss differs");
+    }
+    rx_set_num_threads(0);
+    if (rx_cross_entropy_rows(l, tg, T, V, ii, w, d, NULL) != RX_EINVAL) fail("ce rows NULL out");
+    if (rx_cross_entropy_rows(l, tg, T, V, ii, NULL, d, rl) != RX_EINVAL) fail("ce rows no w");
+    if (rx_head_loss_rows(x, h, tg, T, C, V, ii, 0.0, NULL, 3, scratch, dx, dh, rl) != RX_EINVAL)
+        fail("head loss rows no w");
+    if (rx_cross_entropy_rows(l, tg, T, V, ii, w, d, (double *)(void *)l) != RX_EINVAL)
+        fail("ce rows: row_loss over the logits");
+    free(x); free(h); free(l); free(d); free(scratch); free(dx); free(dh); free(dx_ref);
+    free(dh_ref); free(tg); free(w); free(rl); free(rl2); free(d_ref); free(one);
+}
+
 static void test_cross_entropy_extreme(void) {
     enum { T = 4, V = 6 };
     float l[T * V], d[T * V];
@@ -515,6 +571,9 @@ int main(void) {
     test_cross_entropy(9, 11, 3.0);
     test_cross_entropy(70, 600, 5.0);  /* threaded rows */
     test_cross_entropy_extreme();
+    test_cross_entropy_rows(1, 1, 2, -1);   /* V = 1 has no grad to compare against: all zero */
+    test_cross_entropy_rows(7, 5, 11, 3);
+    test_cross_entropy_rows(70, 9, 600, -1);   /* threaded rows */
     test_channelmix(1, 1, 1, 1, 0);
     test_channelmix(2, 6, 7, 10, 1);
     test_channelmix(1, 9, 16, 24, 0);
