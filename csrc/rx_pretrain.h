@@ -560,7 +560,8 @@ int rx_get_num_threads(void);
 /* 1 when the library was compiled with OpenMP. */
 int rx_has_openmp(void);
 /* Name of the GEMM micro-kernel chosen for this CPU ("avx512f-12x32" on
- * Intel, "avx512f", "avx2-fma", "generic"). */
+ * Intel, "avx512f-8x32" on AMD Zen 5 and later, "avx512f", "avx2-fma",
+ * "generic"). */
 const char *rx_sgemm_kernel(void);
 
 /* Per-kernel wall-time accounting (a benchmark hook) of the rx_ calls made
