@@ -10,8 +10,12 @@ implementation reports its best round: on a shared or cloud machine the
 speed drifts over tens of seconds, and alternating lets both sides sample
 the same drift rather than one side catching a slow stretch. This parent
 process measures NumPy's float32
-sgemm rate at the same thread count, the denominator of model-FLOP
-utilisation (MFU = model FLOP/s per docs/training.md §Presets / NumPy sgemm FLOP/s).
+sgemm rate at the same thread count, the denominator of the NumPy-relative
+model-FLOP utilisation (MFU = model FLOP/s per docs/training.md §Presets /
+NumPy sgemm FLOP/s), and one core's fp32 FMA and bf16 dot-product peaks
+(bench_peak.py), whose product with the cores in use is the denominator of
+MFU against the machine ("of peak"): NumPy's rate is only as good as the
+BLAS kernel its environment lets it pick.
 
 Each ratio between two implementations is that of their bests, followed by
 the median and range of the per-round ratios (the two sides of a round ran
@@ -36,6 +40,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import bench_peak  # noqa: E402
 import common  # noqa: E402
 
 
@@ -214,6 +219,10 @@ def main():
     print("preset %s  T=%d  B=%d  threads=%d  model %.1f MFLOP/token (docs/training.md §Presets)"
           % (args.preset, args.seq_len, args.batch, args.threads, flops / 1e6))
     print("NumPy sgemm %.1f GFLOP/s at %d threads (%s)" % (peak, args.threads, common.blas_info()))
+    cores = min(args.threads, os.cpu_count() or 1)
+    core_fp32, core_bf16 = bench_peak.peaks(bench_peak.measure())
+    print("one core's peaks (bench_peak.py): fp32 FMA %.1f, bf16 %.1f GFLOP/s; x %d cores in "
+          "use: the \"of peak\" denominators" % (core_fp32, core_bf16, cores))
     peak_bf16 = None
     if args.precision == "bf16":
         peak_bf16, src = common.bf16_matmul_gflops(args.threads)
@@ -247,10 +256,13 @@ def main():
         if "error" in res:
             print("%-14s %s" % (res["impl"], res["error"]))
             continue
-        mfu = res["fwd_bwd_tok_s"] * flops / ((peak_bf16 if run[2] == "bf16" else peak) * 1e9)
+        bf16 = run[2] == "bf16"
+        mfu = res["fwd_bwd_tok_s"] * flops / ((peak_bf16 if bf16 else peak) * 1e9)
         res["mfu"] = mfu
-        line = "%-19s fwd+bwd %8.0f tok/s  MFU %5.1f%%  peak RSS %7.1f MiB" % (
-            res["impl"], res["fwd_bwd_tok_s"], 100 * mfu, res["peak_rss_mib"])
+        res["mfu_of_peak"] = mfu_hw = res["fwd_bwd_tok_s"] * flops / (
+            (core_bf16 if bf16 else core_fp32) * cores * 1e9)
+        line = "%-19s fwd+bwd %8.0f tok/s  MFU %5.1f%% (%5.1f%% of peak)  peak RSS %7.1f MiB" % (
+            res["impl"], res["fwd_bwd_tok_s"], 100 * mfu, 100 * mfu_hw, res["peak_rss_mib"])
         if "step_tok_s" in res:
             line += "  full step %8.0f tok/s" % res["step_tok_s"]
         print(line)
@@ -287,6 +299,8 @@ def main():
                        "threads": args.threads, "rounds": args.rounds,
                        "model_flops_per_token": flops,
                        "numpy_sgemm_gflops": peak, "bf16_matmul_gflops": peak_bf16,
+                       "core_peak_fp32_gflops": core_fp32, "core_peak_bf16_gflops": core_bf16,
+                       "cores": cores,
                        "results": results, "round_ratios": ratios}, f, indent=1)
 
 

@@ -29,6 +29,11 @@ against NumPy's float32 matmul; --kernel then names a bf16 kernel
 bf16 matmul (oneDNN; AMX where the CPU has it) on the same fp32 operands,
 their conversion to bf16 included as rx_bgemm's is (its result stays bf16,
 which spares it the widening rx_bgemm's fp32 result pays).
+
+Each preset's total also says what share of the machine's peak it reached:
+one core's fp32 FMA (or, with --precision bf16, its fastest bf16
+instruction) peak measured by bench_peak.py in the same run, times the
+threads.
 """
 import argparse
 import functools
@@ -38,6 +43,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_peak
 import common
 
 common.clean_blas_env()
@@ -168,8 +174,11 @@ def main():
                     times.setdefault((lib, n, M, N, K, ta, tb), []).append(t)
             rx._core._sgemm_use_kernel(None)
     rate = {key: statistics.median(ts) for key, ts in times.items()}
+    core = bench_peak.peaks(bench_peak.measure())[1 if bf16 else 0]
+    print("one core's %s peak (bench_peak.py): %.1f GFLOP/s"
+          % ("bf16 instruction" if bf16 else "fp32 FMA", core))
     for k in kernels:
-        report(rows, rate, args.threads, "rx " + k, args.peer)
+        report(rows, rate, args.threads, "rx " + k, args.peer, core)
     rx.set_num_threads(0)
 
 
@@ -177,9 +186,10 @@ def _torch_bf16(a, b):
     return a.bfloat16() @ b.bfloat16()
 
 
-def report(rows, rate, threads, lib, peer):
+def report(rows, rate, threads, lib, peer, core):
     """GFLOP/s of one rx kernel and of the peer per shape, their ratio, and
-    each preset's total (its distinct shapes, each called once)."""
+    each preset's total (its distinct shapes, each called once) beside the
+    peak: `core` GFLOP/s per thread."""
     print("== rx kernel", lib[3:], "beside", peer)
     tot = {}   # (section, threads): [flops, our time, numpy time]
     hdr = "%-22s %5s %5s %5s" % ("shape", "M", "N", "K")
@@ -205,8 +215,9 @@ def report(rows, rate, threads, lib, peer):
         print(line, flush=True)
     for (section, n), (f, trx, tnp) in tot.items():
         if section.startswith("preset"):
-            print("%s, %d thread(s): rx %.1f GFLOP/s, %s %.1f GFLOP/s, ratio %.2f"
-                  % (section, n, f / trx / 1e9, peer, f / tnp / 1e9, tnp / trx))
+            print("%s, %d thread(s): rx %.1f GFLOP/s (%.0f%% of peak), %s %.1f GFLOP/s, "
+                  "ratio %.2f" % (section, n, f / trx / 1e9, 100 * f / trx / 1e9 / (core * n),
+                                  peer, f / tnp / 1e9, tnp / trx))
 
 
 if __name__ == "__main__":

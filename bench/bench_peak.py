@@ -9,6 +9,11 @@ thread CPU time); prints each instruction's best and median GFLOP/s and the
 ratios that decide the precision: vdpbf16ps and AMX tdpbf16ps over 512-bit
 fp32 FMA. A shared core lowers some runs, so the best is the machine's
 figure and the spread says how busy it was.
+
+bench.py and bench_gemm.py call measure() in their own run and count
+utilisation against these peaks times the threads in use, beside the
+NumPy-relative figure: a BLAS limited by its environment (an old
+OPENBLAS_CORETYPE, a kernel for an older CPU) is no measure of the machine.
 """
 import argparse
 import os
@@ -31,19 +36,36 @@ def build(tmp):
     return exe
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--runs", type=int, default=3)
-    args = ap.parse_args()
+def measure(runs=3):
+    """{instruction: [GFLOP/s of each run]} for one core; an empty list where
+    the CPU lacks the instruction."""
     rates = {name: [] for name in NAMES}
     with tempfile.TemporaryDirectory() as tmp:
         exe = build(tmp)
-        for _ in range(args.runs):
+        for _ in range(runs):
             out = subprocess.run([exe], check=True, capture_output=True, text=True).stdout
             for line in out.splitlines():
                 name, value = line.split()
                 if value != "-":
                     rates[name].append(float(value))
+    return rates
+
+
+def peaks(rates):
+    """(fp32, bf16) one-core peaks in GFLOP/s from measure()'s rates: the
+    faster fp32 FMA, and the faster bf16 instruction (AMX tiles or
+    vdpbf16ps; the fp32 FMA where the CPU has neither, as the generic bf16
+    kernel computes in fp32)."""
+    best = {k: max(v) for k, v in rates.items() if v}
+    fp32 = max(best.get("fma-zmm", 0.0), best.get("fma-ymm", 0.0))
+    return fp32, max(best.get("dpbf16-zmm", 0.0), best.get("amx-bf16", 0.0), fp32)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--runs", type=int, default=3)
+    args = ap.parse_args()
+    rates = measure(args.runs)
     print("one core, GFLOP/s: best (median) of %d runs" % args.runs)
     for name, label in NAMES.items():
         v = rates[name]

@@ -12,8 +12,9 @@
  * contiguous copy when transposed). Transposes are absorbed by the packing
  * and the A addressing, so one micro-kernel serves A.B, A^T.B and A.B^T.
  *
- * Kernels are picked at run time: AVX-512 where the CPU and OS have it (a
- * 12x32 tile on Intel, 8x16 elsewhere, see ukernel_avx512), AVX2+FMA
+ * Kernels are picked at run time by CPU vendor and family: AVX-512 where
+ * the CPU and OS have it (a 12x32 tile on Intel, 8x32 on Zen 5 and later
+ * AMD, 8x16 elsewhere, see ukernel_avx512), AVX2+FMA
  * (6x16) where they have that, portable C (6x16) elsewhere. All share the
  * packed B layout (NR-column slivers; the 32-column tile reads two side by
  * side); the height MR of an A sliver is the kernel's. Every
@@ -34,6 +35,7 @@
 #include "rx_simd.h"
 
 #if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define RX_X86 1
 #endif
@@ -51,6 +53,9 @@ _Static_assert(MC % MR == 0 && MC % MR512 == 0 && MC % MR_WIDE == 0, "MC: whole 
  * projection (512 x 4096 x 512) ran at 80-87 GFLOP/s on Sapphire Rapids,
  * at 1024 at 92-97. Parallel units are narrower still (UNIT_W). */
 #define NC 1024
+/* Zen 5's panel: its L2 is 1 MiB, which the 1 MiB panel above would fill
+ * (the A block and C need room too); 512 columns are 512 KiB */
+#define NC_ZEN5 512
 /* op(A) is packed only for tiles wider than this (see sgemm_block): 128
  * for the 6- and 8-row kernels; 32 for Intel's tall one, whose rows read
  * in place are more streams than an Intel core's L2 prefetcher follows
@@ -87,6 +92,7 @@ typedef struct {
     packbt_fn pack_bt;
     packan_fn pack_an;
     size_t npack;       /* widest tile that reads op(A) in place */
+    size_t nc;          /* columns of a packed op(B) panel (sgemm_serial) */
 } gemm_impl;
 
 static void ukernel_generic(size_t kc, const float *A, size_t rs, size_t cs,
@@ -326,6 +332,21 @@ RX_AVX512 static void ukernel_avx512_12(size_t kc, const float *A, size_t rs, si
     ukernel_avx512_body(MR_WIDE, 1, kc, A, rs, cs, Bp, C, ldc, acc);
 }
 
+/* The 8 x 32 tile for Zen 5 (two adjacent slivers, 16 accumulators):
+ * per k, two B loads and 8 broadcasts feed 16 FMAs. Zen 5 runs two full
+ * 512-bit FMA pipes and keeps the 8x16 tile's loads (one per FMA, nine
+ * per eight FMAs) as the pace; its 48 KiB L1 holds the 32 KiB B sliver
+ * pair and the 8 KiB A sliver together, where the 12x32 tile's 12 KiB A
+ * sliver crowds it, and 8 rows divide the LoRA weight grads' 16-64 rows
+ * without a ragged sliver. Over the S and M projections at 1 thread, with
+ * NC_ZEN5, it ran at 1.2x the 8x16 tile's rate and 1.01-1.02x the 12x32's
+ * (docs/performance.md §fp32 GEMM). Each C element is still one FMA chain
+ * over k in order: the same bits as every other kernel. */
+RX_AVX512 static void ukernel_avx512_8w(size_t kc, const float *A, size_t rs, size_t cs,
+                                       const float *Bp, float *C, size_t ldc, int acc) {
+    ukernel_avx512_body(MR512, 2, kc, A, rs, cs, Bp, C, ldc, acc);
+}
+
 /* R rows of eight k values, transposed as 8x8 blocks of eight rows each
  * (the last over zero rows when R is not a multiple of 8): k column q of
  * rows [h, h+8) lands at Ap[(p+q)*R + h] as eight floats, of which those
@@ -479,15 +500,18 @@ RX_AVX512 static void tile_gemm(const rx_gemm_op *g) {
 #endif
 
 static const gemm_impl impl_generic = {"generic", MR, ukernel_generic, ukernel_generic, NR,
-                                       pack_bt_generic, pack_an_generic, NPACK};
+                                       pack_bt_generic, pack_an_generic, NPACK, NC};
 #ifdef RX_X86
 static const gemm_impl impl_avx2 = {"avx2-fma", MR, ukernel_avx2, ukernel_avx2, NR, pack_bt_avx2,
-                                    pack_an_avx2, NPACK};
+                                    pack_an_avx2, NPACK, NC};
 static const gemm_impl impl_avx512 = {"avx512f", MR512, ukernel_avx512, ukernel_avx512, NR,
-                                      pack_bt_avx2, pack_an_8, NPACK};
+                                      pack_bt_avx2, pack_an_8, NPACK, NC};
 static const gemm_impl impl_avx512_w = {"avx512f-12x32", MR_WIDE, ukernel_avx512_12w,
                                         ukernel_avx512_12, 2 * NR, pack_bt_avx2, pack_an_12,
-                                        NPACK_TALL};
+                                        NPACK_TALL, NC};
+static const gemm_impl impl_avx512_zen5 = {"avx512f-8x32", MR512, ukernel_avx512_8w,
+                                           ukernel_avx512, 2 * NR, pack_bt_avx2, pack_an_8, NPACK,
+                                           NC_ZEN5};
 
 /* libgcc's test includes the OS's saving of the zmm state (XCR0). */
 static int have_avx512(void) { return __builtin_cpu_supports("avx512f"); }
@@ -495,10 +519,28 @@ static int have_avx512(void) { return __builtin_cpu_supports("avx512f"); }
  * start-up would measure a shared or throttled core as often as the
  * kernel, and could pick differently from run to run. */
 static int is_intel(void) { return __builtin_cpu_is("intel"); }
+/* CPUID leaf 1's family: the base family plus, when that is 0xF, the
+ * extended family. */
+static unsigned cpu_family(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
+    const unsigned base = (a >> 8) & 0xF;
+    return base == 0xF ? base + ((a >> 20) & 0xFF) : base;
+}
 static int have_avx2(void) {
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
 #endif
+
+/* Zen 4 (family 0x19) splits each 512-bit FMA over two 256-bit halves;
+ * Zen 5 (0x1A) runs it, and vdpbf16ps, on full-width pipes. */
+int rx_cpu_zen5_or_later(void) {
+#ifdef RX_X86
+    return __builtin_cpu_is("amd") && cpu_family() >= 0x1A;
+#else
+    return 0;
+#endif
+}
 
 /* Set by rx_sgemm_use_kernel (tests); NULL: pick by CPU. */
 static const gemm_impl *forced_impl;
@@ -506,7 +548,8 @@ static const gemm_impl *forced_impl;
 static const gemm_impl *pick_impl(void) {
     if (forced_impl) return forced_impl;
 #ifdef RX_X86
-    if (have_avx512()) return is_intel() ? &impl_avx512_w : &impl_avx512;
+    if (have_avx512())
+        return is_intel() ? &impl_avx512_w : rx_cpu_zen5_or_later() ? &impl_avx512_zen5 : &impl_avx512;
     if (have_avx2()) return &impl_avx2;
 #endif
     return &impl_generic;
@@ -534,6 +577,10 @@ int rx_sgemm_use_kernel(const char *name) {
     }
     if (!strcmp(name, impl_avx512_w.name) && have_avx512()) {
         forced_impl = &impl_avx512_w;
+        return RX_OK;
+    }
+    if (!strcmp(name, impl_avx512_zen5.name) && have_avx512()) {
+        forced_impl = &impl_avx512_zen5;
         return RX_OK;
     }
 #endif
@@ -735,15 +782,15 @@ static void sgemm_block(const gemm_impl *im, const rx_gemm_op *g, size_t i0, siz
  * thread's packing buffers cannot be allocated. */
 static int sgemm_serial(const gemm_impl *im, const rx_gemm_op *g) {
 #ifdef RX_X86
-    if ((im == &impl_avx512 || im == &impl_avx512_w) && tile_fits(g)) {
+    if ((im == &impl_avx512 || im == &impl_avx512_w || im == &impl_avx512_zen5) && tile_fits(g)) {
         tile_gemm(g);
         return RX_OK;
     }
 #endif
     gemm_scratch *sc = scratch_packs();
     if (!sc) return RX_ENOMEM;
-    for (size_t jc = 0; jc < g->N; jc += NC) {
-        size_t nc = g->N - jc < NC ? g->N - jc : NC;
+    for (size_t jc = 0; jc < g->N; jc += im->nc) {
+        size_t nc = g->N - jc < im->nc ? g->N - jc : im->nc;
         for (size_t pc = 0; pc < g->K; pc += KC) {
             size_t kc = g->K - pc < KC ? g->K - pc : KC;
             pack_b(im, g->tb, g->B, g->ldb, pc, kc, jc, nc, sc->bpack);

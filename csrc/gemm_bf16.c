@@ -499,6 +499,17 @@ const char *rx_bgemm_kernel(void) { return pick_bimpl()->name; }
 
 int rx_bgemm_hw(void) { return pick_bimpl() != &bimpl_generic; }
 
+/* The step ratios behind this are in docs/performance.md §bf16 mixed
+ * precision (bf16 step / fp32 step by CPU). */
+int rx_bgemm_pays(void) {
+#ifdef RX_BF16_X86
+    const bgemm_impl *im = pick_bimpl();
+    return im == &bimpl_amx || (im == &bimpl_avx512 && rx_cpu_zen5_or_later());
+#else
+    return 0;
+#endif
+}
+
 /* ---- the batch driver ---------------------------------------------------- */
 
 /* The compute phase's work item: op k's rows [i0, i0+PANEL) by columns

@@ -307,10 +307,13 @@ enum {
  * GEMM scratch when the thread exits; NULL when it cannot be allocated. */
 void *rx_thread_buffer(int slot, size_t bytes);
 /* Test hook: force the named micro-kernel ("generic", "avx2-fma",
- * "avx512f", "avx512f-12x32") for every later call, NULL to pick by CPU again. RX_EINVAL
+ * "avx512f", "avx512f-12x32", "avx512f-8x32") for every later call, NULL to pick by CPU again. RX_EINVAL
  * when the name is unknown or the CPU cannot run it. Not thread-safe
  * against concurrent GEMMs. */
 int rx_sgemm_use_kernel(const char *name);
+/* 1 on AMD family 0x1A (Zen 5) and later: 512-bit FMA and vdpbf16ps on
+ * full-width pipes (gemm.c's tile and gemm_bf16.c's precision policy). */
+int rx_cpu_zen5_or_later(void);
 
 /* ---- gemm_bf16.c -------------------------------------------------------
  * rx_sgemm's contract on operands rounded to bf16 (nearest even, subnormal

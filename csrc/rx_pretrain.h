@@ -585,7 +585,8 @@ int rx_get_num_threads(void);
 /* 1 when the library was compiled with OpenMP. */
 int rx_has_openmp(void);
 /* Name of the GEMM micro-kernel chosen for this CPU ("avx512f-12x32" on
- * Intel, "avx512f", "avx2-fma", "generic"). */
+ * Intel, "avx512f-8x32" on AMD Zen 5 and later, "avx512f", "avx2-fma",
+ * "generic"). */
 const char *rx_sgemm_kernel(void);
 
 /* Per-kernel wall-time accounting (a benchmark hook) of the rx_ calls made
@@ -676,8 +677,14 @@ int rx_ptmodel_precision(const rx_ptmodel *m);
 /* Name of the bf16 kernel chosen for this CPU ("amx-bf16", "avx512-bf16",
  * "generic-bf16": fp32 arithmetic on the same bf16-rounded operands). */
 const char *rx_bgemm_kernel(void);
-/* 1 when that kernel uses bf16 hardware (what precision "auto" asks). */
+/* 1 when that kernel uses bf16 hardware. */
 int rx_bgemm_hw(void);
+/* 1 where that kernel makes a training step faster than fp32 on this CPU
+ * (what precision "auto" asks): AMX tiles, or vdpbf16ps on a CPU that
+ * issues it at the fp32 FMA's rate, so at twice its flops (AMD Zen 5);
+ * not where it issues at half that rate (Sapphire Rapids without AMX's
+ * grant, Cooper Lake) nor on Zen 4 (not measured). */
+int rx_bgemm_pays(void);
 
 /* ====================================================================
  * Legacy forms (kept for compatibility)

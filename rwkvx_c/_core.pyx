@@ -167,7 +167,8 @@ def has_openmp():
 def gemm_kernel(precision="fp32"):
     """Name of the GEMM kernel picked for this CPU at run time for a
     precision: "fp32" -> "avx512f-12x32" (Intel
-    with AVX-512), "avx512f" (other AVX-512 CPUs), "avx2-fma" or "generic"; "bf16" ->
+    with AVX-512), "avx512f-8x32" (AMD Zen 5 and later), "avx512f" (other
+    AVX-512 CPUs), "avx2-fma" or "generic"; "bf16" ->
     "amx-bf16", "avx512-bf16" or "generic-bf16" (fp32 arithmetic on the same
     bf16-rounded operands)."""
     if precision == "fp32":
@@ -179,9 +180,15 @@ def gemm_kernel(precision="fp32"):
 
 def bf16_hardware():
     """True when the bf16 GEMM runs on bf16 hardware here (AMX-BF16 or
-    AVX512-BF16); precision "auto" picks bf16 on AMX only
-    (rwkvx_c.train.auto_precision)."""
+    AVX512-BF16)."""
     return bool(rx_bgemm_hw())
+
+
+def bf16_pays():
+    """True where the bf16 GEMM makes a training step faster than fp32 on
+    this CPU: AMX, or AVX512-BF16 whose vdpbf16ps issues at the fp32 FMA's
+    rate (Zen 5); what precision "auto" asks (rwkvx_c.train.auto_precision)."""
+    return bool(rx_bgemm_pays())
 
 
 include "_wkv7.pxi"

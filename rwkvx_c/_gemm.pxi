@@ -68,7 +68,7 @@ cdef object _gemm(a, b, ta, tb, out, beta, bint bf16):
 
 def _sgemm_use_kernel(name=None):
     """Force the GEMM micro-kernel ("generic", "avx2-fma", "avx512f",
-    "avx512f-12x32") for later calls; None picks by CPU again (test hook).
+    "avx512f-12x32", "avx512f-8x32") for later calls; None picks by CPU again (test hook).
     ValueError if this CPU cannot run it."""
     cdef bytes b
     if name is None:

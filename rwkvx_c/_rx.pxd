@@ -201,6 +201,7 @@ cdef extern from "rx_pretrain.h" nogil:
     const char *rx_sgemm_kernel()
     const char *rx_bgemm_kernel()
     int rx_bgemm_hw()
+    int rx_bgemm_pays()
     int RX_PRECISION_FP32, RX_PRECISION_BF16
     int rx_ptmodel_set_precision(rx_ptmodel *m, int precision)
     int rx_ptmodel_precision(const rx_ptmodel *m)

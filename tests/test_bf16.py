@@ -11,6 +11,7 @@ The rounding itself is checked exactly: op(A) . I returns bf16(op(A)).
 """
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -131,7 +132,7 @@ def test_bgemm_independent_of_thread_count(kernel, restore_threads, M, N, K, ta)
 
 
 def test_kernel_names_and_hooks():
-    assert rx.gemm_kernel() in ("generic", "avx2-fma", "avx512f", "avx512f-12x32")
+    assert rx.gemm_kernel() in ("generic", "avx2-fma", "avx512f", "avx512f-12x32", "avx512f-8x32")
     picked = rx.gemm_kernel("bf16")
     assert picked in KERNELS and kernel_runs(_core._bgemm_use_kernel, picked)
     assert rx.bf16_hardware() == (picked != "generic-bf16")
@@ -272,8 +273,16 @@ def test_precision_in_checkpoint_and_resume_refuses_a_change(tmp_path):
 
 def test_auto_precision_follows_the_hardware(tmp_path):
     o = _opts(tmp_path, precision="auto").resolved()
-    # independent of the library's own pick: the kernel's CPU flag
+    # independent of the library's own pick: the CPU's flags and family. bf16
+    # on AMX, and on AVX512-BF16 where vdpbf16ps runs at the FMA rate (AMD
+    # family 26, Zen 5), as long as that kernel is the one picked
     with open("/proc/cpuinfo") as f:
-        amx = " amx_bf16" in f.read()
-    assert o.precision == ("bf16" if amx else "fp32")
+        info = f.read()
+    family = re.search(r"^cpu family\s*:\s*(\d+)", info, re.M)
+    zen5 = "AuthenticAMD" in info and family is not None and int(family.group(1)) >= 26
+    k = rx.gemm_kernel("bf16")
+    pays = ((" amx_bf16" in info and k == "amx-bf16")
+            or (" avx512_bf16" in info and zen5 and k == "avx512-bf16"))
+    assert o.precision == ("bf16" if pays else "fp32")
+    assert _core.bf16_pays() == pays
     json.dumps(o.to_dict())

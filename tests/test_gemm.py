@@ -10,7 +10,7 @@ from rwkvx_c import _core
 
 from checks import kernel_runs
 
-KERNELS = [k for k in ("generic", "avx2-fma", "avx512f", "avx512f-12x32")
+KERNELS = [k for k in ("generic", "avx2-fma", "avx512f", "avx512f-12x32", "avx512f-8x32")
            if kernel_runs(_core._sgemm_use_kernel, k)]
 # the SIMD ones: one FMA per k step in the same order, so bit-identical results
 SIMD = [k for k in KERNELS if k != "generic"]
@@ -139,7 +139,7 @@ def test_tiles_in_place_match_the_packed_kernels(M, N, K, ta, tb):
     c0 = rng.standard_normal((M, N), dtype=np.float32)
     got = {}
     try:
-        for k in ("avx2-fma", "avx512f", "avx512f-12x32"):
+        for k in ("avx2-fma", "avx512f", "avx512f-12x32", "avx512f-8x32"):
             if k not in SIMD:
                 continue
             _core._sgemm_use_kernel(k)
@@ -157,7 +157,8 @@ def test_tiles_in_place_match_the_packed_kernels(M, N, K, ta, tb):
 @pytest.mark.skipif(len(SIMD) < 2, reason="this CPU runs fewer than two SIMD GEMM kernels")
 @pytest.mark.parametrize("M,N,K,ta,tb", [(161, 1030, 300, False, False), (47, 130, 33, True, True),
                                          (20, 100, 30, False, False), (512, 48, 70, True, False),
-                                         (33, 100, 20, False, True), (100, 20, 520, True, False)])
+                                         (33, 100, 20, False, True), (100, 20, 520, True, False),
+                                         (40, 530, 300, True, False)])
 def test_simd_kernels_bit_identical(M, N, K, ta, tb):
     # the tile height must not change a result: a run's numbers do not
     # depend on the CPU vendor's kernel choice

@@ -35,12 +35,13 @@ MAX_TOKENS_PER_STEP = 2 ** 31 - 1   # B * T indexes int32 arrays in the C API
 
 
 def auto_precision() -> str:
-    """What precision "auto" means on this CPU: bf16 where the bf16 GEMM runs
-    on AMX tiles, fp32 elsewhere. On a Sapphire Rapids the AMX kernel makes a
-    training step 2-2.7x faster at 1 thread, while the AVX512-BF16 kernel
-    runs at 0.6-0.7x of the fp32 AVX-512 GEMM, so bf16 there would only lose
-    precision and time (docs/performance.md)."""
-    return "bf16" if _core.gemm_kernel("bf16") == "amx-bf16" else "fp32"
+    """What precision "auto" means on this CPU: bf16 where a bf16 step is
+    faster than an fp32 one, fp32 elsewhere (rwkvx_c._core.bf16_pays). On a
+    Sapphire Rapids the AMX kernel makes a step 2-2.7x faster at 1 thread
+    while its AVX512-BF16 kernel (vdpbf16ps at half the FMA rate) runs at
+    0.6-0.7x of the fp32 GEMM; on a Zen 5 vdpbf16ps issues at the FMA rate,
+    twice its flops (the table in docs/performance.md §bf16 mixed precision)."""
+    return "bf16" if _core.bf16_pays() else "fp32"
 
 
 def _opt(default: Any, help: str, *, kind: str = "str", flag: str | None = None,

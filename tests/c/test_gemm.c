@@ -174,8 +174,11 @@ int main(void) {
                                        /* crossing the AVX-512 kernel's 8-row tile */
                                        {8, 16, 8}, {17, 31, 17}, {36, 129, 40},
                                        /* crossing the 16-row tile, MC and NC = 1024 */
-                                       {16, 16, 16}, {33, 47, 19}, {161, 1030, 40}};
-    static const char *kernels[] = {"generic", "avx2-fma", "avx512f", "avx512f-12x32"};
+                                       {16, 16, 16}, {33, 47, 19}, {161, 1030, 40},
+                                       /* crossing Zen 5's NC = 512 */
+                                       {24, 530, 300}};
+    static const char *kernels[] = {"generic", "avx2-fma", "avx512f", "avx512f-12x32",
+                                    "avx512f-8x32"};
     int fails = 0;
     for (size_t kk = 0; kk < sizeof kernels / sizeof kernels[0]; kk++) {
         if (rx_sgemm_use_kernel(kernels[kk]) != RX_OK) continue;  /* CPU lacks it */
