@@ -131,8 +131,9 @@ class TrainOptions:
     cache_dir: str | None = _opt(None, "where corpora are cached as token files (default: "
                                  "$RWKVX_CACHE or ~/.cache/rwkvx_c)", metavar="DIR")
     precision: str = _opt("auto", "projection GEMMs in fp32, or bf16 with fp32 accumulation; "
-                          "auto: bf16 where the CPU has AMX-BF16, where it is faster. A "
-                          "resumed run keeps its precision", choices=PRECISIONS)
+                          "auto: bf16 where a bf16 step is faster (AMX, or a full-rate "
+                          "AVX512-BF16 dot product as on Zen 5). A resumed run keeps its "
+                          "precision", choices=PRECISIONS)
     grad_cp: bool = _opt(False, "activation recompute (RWKV-LM's --grad_cp): keep only each "
                          "block's input and recompute the block in its backward; the same "
                          "losses bit for bit, about one block's activations instead of all",
