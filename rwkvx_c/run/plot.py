@@ -10,17 +10,16 @@ import numpy as np
 
 from rwkvx_c.util.atomic import replace_with
 
-__all__ = ["plot_log"]
+__all__ = ["plot_log", "draw"]
 
 SMOOTH_POINTS = 50   # the smoothed training curve has about this many windows
 FIGSIZE = (7.5, 4.6)
 DPI = 110
+LEGEND_SPACE = 0.07   # the figure's bottom fraction kept for the legend
 
 
 def plot_log(rows: Sequence[dict[str, Any]], path: str, title: str = "") -> bool:
-    """Draw loss.png from a run's log rows. The validation curve is in bits
-    per byte when the run reports it (as the console does), on its own axis;
-    else validation loss beside the training loss. Returns False (and
+    """Draw loss.png from a run's log rows (draw()). Returns False (and
     writes nothing) when matplotlib is missing."""
     try:
         import matplotlib
@@ -28,6 +27,20 @@ def plot_log(rows: Sequence[dict[str, Any]], path: str, title: str = "") -> bool
         import matplotlib.pyplot as plt
     except ImportError:
         return False
+    fig = draw(rows, title)
+    try:
+        replace_with(path, fig.savefig, keep_ext=True)
+    finally:
+        plt.close(fig)
+    return True
+
+
+def draw(rows: Sequence[dict[str, Any]], title: str = "") -> Any:
+    """The figure of a run's log rows. The validation curve is in bits per
+    byte when the run reports it (as the console does), on its own axis;
+    else validation loss beside the training loss. The legend sits below
+    the axes, where it can cover no curve."""
+    import matplotlib.pyplot as plt
     tr = [(r["step"], r["loss"]) for r in rows if "loss" in r and "step" in r]
     bpb = [(r["step"], r["val_bpb"]) for r in rows if r.get("val_bpb") is not None]
     vl = [(r["step"], r["val_loss"]) for r in rows if "val_loss" in r]
@@ -52,16 +65,13 @@ def plot_log(rows: Sequence[dict[str, Any]], path: str, title: str = "") -> bool
     ax.set_xlabel("step")
     ax.set_ylabel("loss (nats / token)")
     ax.grid(alpha=0.3)
-    if handles:
-        ax.legend(handles=handles, loc="upper right")
     if title:
         ax.set_title(title, fontsize=10)
-    fig.tight_layout()
-    try:
-        replace_with(path, fig.savefig, keep_ext=True)
-    finally:
-        plt.close(fig)
-    return True
+    fig.tight_layout(rect=(0.0, LEGEND_SPACE if handles else 0.0, 1.0, 1.0))
+    if handles:
+        fig.legend(handles=handles, loc="lower center", ncol=len(handles), frameon=False,
+                   fontsize=9)
+    return fig
 
 
 def _time_axis(ax: Any, rows: Sequence[dict[str, Any]]) -> None:
