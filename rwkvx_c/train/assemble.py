@@ -3,6 +3,7 @@ corpus it reads, and the model (checked to fit in memory) with its first
 weights and the optimiser over what trains. The Trainer composes these."""
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -12,22 +13,35 @@ from rwkvx_c import _core
 from rwkvx_c.data.pipeline import load_corpus
 from rwkvx_c.data.tokenizers import load as load_tokenizer
 from rwkvx_c.data.tokenizers import run_tokenizer
-from rwkvx_c.errors import ConfigError, MemoryTooSmall, TokenizerError, TrainError
+from rwkvx_c.errors import ConfigError, DataError, MemoryTooSmall, TokenizerError, TrainError
+from rwkvx_c.interop.source import STATE_KEY, read_source
 from rwkvx_c.model import memory
 from rwkvx_c.model.config import ModelConfig
 from rwkvx_c.model.init import init_model
 from rwkvx_c.model.weights import load_params
 from rwkvx_c.train.expand import place_weights
-from rwkvx_c.train.finetune import PartsAdamW, make_optimizer, restore_trained
+from rwkvx_c.train.finetune import PartsAdamW, from_source, make_optimizer, restore_trained
 from rwkvx_c.train.optim import AdamW
 from rwkvx_c.train.options import model_vocab
 
 if TYPE_CHECKING:
     from rwkvx_c.data.pipeline import Corpus
     from rwkvx_c.data.tokenizers import Tokenizer
-    from rwkvx_c.train.options import ResolvedOptions
+    from rwkvx_c.train.distributed import ProcessGroup
+    from rwkvx_c.train.options import ResolvedOptions, TrainOptions
 
-__all__ = ["load_data", "build_model", "load_weights"]
+__all__ = ["load_data", "build_model", "load_weights", "start_from_source"]
+
+
+def start_from_source(options: TrainOptions, group: ProcessGroup
+                      ) -> tuple[TrainOptions, dict[str, np.ndarray]]:
+    """A fine-tune's options and first weights from its --init-from source
+    (rwkvx_c.interop.source, read by rank 0): the source's shape and
+    tokenizer, its weights with a state-tuned source's initial states."""
+    assert options.init_from is not None
+    src = group.on_root(read_source, options.init_from)
+    weights = dict(src.weights, **({STATE_KEY: src.state0} if src.state0 is not None else {}))
+    return from_source(options, src.config, src.tokenizer, options.init_from), weights
 
 
 def load_data(opts: ResolvedOptions, run_dir: str | None, out_dir: str | None,
@@ -43,11 +57,34 @@ def load_data(opts: ResolvedOptions, run_dir: str | None, out_dir: str | None,
     if out_dir is not None and state is None:
         tokenizer.save(out_dir)
     try:
-        corpus = load_corpus(opts.data, seq_len=opts.seq_len, cache_dir=opts.cache_dir,
-                             tokenizer=tokenizer, text_field=opts.text_field, progress=progress)
+        corpus = load_corpus(opts.data, seq_len=opts.seq_len, val_fraction=opts.val_fraction,
+                             cache_dir=opts.cache_dir, tokenizer=tokenizer,
+                             text_field=opts.text_field, progress=progress)
+        if opts.val_data is not None:
+            corpus = _with_validation(corpus, opts, tokenizer, progress)
     except OSError as e:
         raise TrainError(f"cannot prepare the corpus: {e}") from None
     return tokenizer, corpus
+
+
+def _with_validation(corpus: Corpus, opts: ResolvedOptions, tokenizer: Tokenizer,
+                     progress: bool) -> Corpus:
+    """corpus validated on --val-data: every token of that corpus (both of
+    its splits, in order), read with the run's tokenizer."""
+    try:
+        v = load_corpus(opts.val_data, seq_len=opts.seq_len, val_fraction=opts.val_fraction,
+                        cache_dir=opts.cache_dir, tokenizer=tokenizer,
+                        text_field=opts.text_field, progress=progress)
+    except DataError as e:
+        raise DataError(f"--val-data: {e}") from None
+    if (v.train_mask is None) != (corpus.train_mask is None):
+        raise DataError("--val-data must be chat records when --data is, and plain text when "
+                        "--data is")
+    mask = None if v.train_mask is None or v.val_mask is None else \
+        np.concatenate([v.train_mask, v.val_mask])
+    val = np.concatenate([v.train, v.val])
+    return dataclasses.replace(corpus, val=val, val_mask=mask,
+                               description=f"{corpus.description}; validation {v.description}")
 
 
 def build_model(opts: ResolvedOptions, tokenizer: Tokenizer, corpus: Corpus,
