@@ -2,6 +2,7 @@
 with the elapsed training time on a second axis above."""
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -10,7 +11,7 @@ import numpy as np
 
 from rwkvx_c.util.atomic import replace_with
 
-__all__ = ["plot_log", "draw"]
+__all__ = ["plot_log", "plot_png", "draw"]
 
 SMOOTH_POINTS = 50   # the smoothed training curve has about this many windows
 FIGSIZE = (7.5, 4.6)
@@ -33,6 +34,23 @@ def plot_log(rows: Sequence[dict[str, Any]], path: str, title: str = "") -> bool
     finally:
         plt.close(fig)
     return True
+
+
+def plot_png(rows: Sequence[dict[str, Any]], title: str = "") -> bytes | None:
+    """loss.png's bytes (for a tracker), None when matplotlib is missing."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig = draw(rows, title)
+    try:
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png")
+        return buf.getvalue()
+    finally:
+        plt.close(fig)
 
 
 def draw(rows: Sequence[dict[str, Any]], title: str = "") -> Any:

@@ -10,31 +10,14 @@ import contextlib
 import math
 import os
 import shutil
-import warnings
 from collections.abc import Callable
 from typing import Any
 
-from rwkvx_c.errors import RwkvxWarning, TrainError
+from rwkvx_c.errors import TrainError
 from rwkvx_c.run.rundir import RunDir
 from rwkvx_c.util.atomic import replace_with, temp_path
-from rwkvx_c.util.words import counted
 
-__all__ = ["Keeper", "publish", "save_best", "check_validation", "MIN_VAL_WINDOWS"]
-
-MIN_VAL_WINDOWS = 4   # fewer validation windows than this (when more were asked): a warning
-
-
-def check_validation(windows: int, eval_tokens: int, seq_len: int) -> None:
-    """An RwkvxWarning when the validation split holds fewer windows than
-    MIN_VAL_WINDOWS and than --eval-tokens asks for: a loss over so few
-    tokens cannot tell a better model from a worse one."""
-    asked = max(1, eval_tokens // seq_len)
-    if windows < min(MIN_VAL_WINDOWS, asked):
-        warnings.warn(RwkvxWarning(
-            f"validation holds only {counted(windows, 'window')} of {seq_len} tokens: its "
-            "loss is noise; give --val-data, a larger --val-fraction or a shorter --seq-len"),
-            stacklevel=3)
-
+__all__ = ["Keeper", "publish", "save_best"]
 
 def save_best(run: RunDir | None, saved_now: bool, save: Callable[[str], object]) -> None:
     """best.safetensors of a run folder (None: not kept) from the model as

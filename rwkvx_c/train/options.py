@@ -23,6 +23,7 @@ from rwkvx_c.model.init import SCHEMES
 from rwkvx_c.model.presets import PRESETS
 from rwkvx_c.train.guard import ON_DIVERGENCE
 from rwkvx_c.train.schedule import SCHEDULES
+from rwkvx_c.train.trackers import parse_trackers
 
 __all__ = ["TrainOptions", "auto_precision", "PRECISIONS", "TUNE_MODES", "DEFAULT_STEPS",
            "saved_options", "apply_changes", "model_vocab", "flag_of", "new_run_hint"]
@@ -162,6 +163,11 @@ class TrainOptions:
                                  "(checkpoint-STEP.safetensors)", kind="pos_int", metavar="K")
     early_stop: int | None = _opt(None, "stop after K evaluations without a lower validation "
                                   "loss", kind="pos_int", metavar="K")
+    log_to: str | None = _opt(None, "also send every log row and evaluation, the options and "
+                              "the loss plot to these trackers, a comma list of tensorboard, "
+                              "wandb, mlflow (each needs its extra: rwkvx_c[tensorboard], ...); "
+                              "WANDB_MODE=offline and MLFLOW_TRACKING_URI are honoured",
+                              metavar="T,T")
     on_divergence: str = _opt("stop", "when the loss blows up: stop, or reload the last "
                               "checkpoint and halve the learning rate (at most 3 times)",
                               choices=ON_DIVERGENCE)
@@ -197,7 +203,8 @@ class TrainOptions:
 
     # options a resumed run may change without changing what it computes
     RESUMABLE = ("steps", "time_budget", "eval_every", "save_every", "threads", "cache_dir",
-                 "on_divergence", "grad_cp", "keep_best", "keep_last", "early_stop")
+                 "on_divergence", "grad_cp", "keep_best", "keep_last", "early_stop",
+                 "log_to")
 
     def resolved(self) -> ResolvedOptions:
         """A copy with every preset default filled in and every value checked."""
@@ -311,6 +318,9 @@ class TrainOptions:
             raise TrainError("--unfreeze-at unfreezes a frozen base: give it with --tune state, "
                              "--freeze or --train-parts (in a plain full run everything trains)")
         self._check_mode()
+        if self.log_to is not None and not isinstance(self.log_to, str):
+            raise TrainError(f"log_to must be a comma list of trackers, got {self.log_to!r}")
+        parse_trackers(self.log_to)
         if self.init not in SCHEMES:
             raise TrainError(f"unknown init {self.init!r}; choose one of {', '.join(SCHEMES)}")
         assert self.batch is not None and self.seq_len is not None   # pos() checked them

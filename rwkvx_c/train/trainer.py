@@ -18,7 +18,6 @@ run's losses bit for bit, on any thread count, when its schedule is by steps.
 """
 from __future__ import annotations
 
-import math
 import os
 import shutil
 import time
@@ -28,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rwkvx_c import _core
-from rwkvx_c.data.sampler import IGNORE, BatchSampler, count_targets, eval_windows, target_bytes
+from rwkvx_c.data.sampler import IGNORE, BatchSampler, eval_windows, target_bytes
 from rwkvx_c.errors import (
     Divergence,
     RunLocked,
@@ -43,11 +42,13 @@ from rwkvx_c.train.assemble import build_model, load_data, load_weights, start_f
 from rwkvx_c.train.distributed import world
 from rwkvx_c.train.finetune import PartsAdamW, is_unfrozen, switched, trained_tensors, unfreeze_due
 from rwkvx_c.train.guard import MAX_ROLLBACKS, ROLLBACK_LR_FACTOR, DivergenceGuard
-from rwkvx_c.train.keep import Keeper, check_validation, save_best
+from rwkvx_c.train.keep import Keeper, save_best
 from rwkvx_c.train.optim import AdamW
 from rwkvx_c.train.options import TrainOptions, new_run_hint
-from rwkvx_c.train.progress import watch
+from rwkvx_c.train.progress import run_title, watch
 from rwkvx_c.train.resume import read_saved, saved_counters
+from rwkvx_c.train.trackers import Trackers, open_trackers
+from rwkvx_c.train.validate import check_validation, validation_loss
 
 if TYPE_CHECKING:
     from rwkvx_c.data.pipeline import Corpus
@@ -96,6 +97,7 @@ class Trainer:
     _next_eval_at: float | None
     _last_batch: tuple[np.ndarray, np.ndarray] | None
     _accum: GradAccumulator | None
+    trackers: Trackers | None = None   # --log-to, on rank 0
     _lock: RunLock | None
 
     def __init__(self, options: TrainOptions | None = None, out_dir: str | None = None, *,
@@ -141,6 +143,8 @@ class Trainer:
         self._reset_counters()
         if _state is not None:
             self._restore(_state, _tensors or {})
+        if self.group.is_root:   # rank 0 alone tracks
+            self.trackers = open_trackers(self.opts.log_to, self.out_dir, self.opts.to_dict())
         # the budget counts this session's set-up (corpus, model) too
         self._session_start = self._t0
 
@@ -205,7 +209,10 @@ class Trainer:
         self.keeper = Keeper(self.opts.keep_last, self.opts.early_stop)
 
     def close(self) -> None:
-        """Release the run folder's lock (idempotent)."""
+        """End the trackers (with the loss plot) and release the run folder's lock (idempotent)."""
+        trackers, self.trackers = getattr(self, "trackers", None), None
+        if trackers is not None and self.run_dir is not None:
+            trackers.close(self.read_log(), run_title(self.opts, self.run_dir.path))
         lock = getattr(self, "_lock", None)   # None too when __init__ failed before setting it
         if lock is not None:
             lock.release()
@@ -429,21 +436,8 @@ class Trainer:
         unknown vocabulary).
         Touches neither the parameters nor the training data stream."""
         t = time.perf_counter()
-        lo, hi = self._rows
-        B = hi - lo
-        first, last = self.group.split(len(self.val_x))
-        total, n = 0.0, 0.0
-        for i in range(first, last, B):
-            x = np.ascontiguousarray(self.val_x[i:min(i + B, last)])
-            y = np.ascontiguousarray(self.val_y[i:min(i + B, last)])
-            # the head and loss over row chunks: no (B*T, vocab) logits
-            self.model.forward(x, return_logits=False)
-            k = count_targets(y)   # a chat corpus scores its assistant tokens alone
-            total += self.model.loss(y, IGNORE) * k
-            n += k
-        total, n = self.group.sum_values(total, n)
-        val = total / n
-        bpb = total / (math.log(2) * self.val_bytes) if self.val_bytes else None
+        val, bpb = validation_loss(self.model, self.val_x, self.val_y, self._rows, self.group,
+                                   self.val_bytes)
         # the slowest evaluation so far: on a shared machine the next can be as slow
         self._eval_seconds = max(self._eval_seconds or 0.0, time.perf_counter() - t)
         self.last_eval = {"step": self.step_count, "val_loss": val, "val_bpb": bpb}
@@ -473,6 +467,8 @@ class Trainer:
         """Append one JSON row to out_dir/log.jsonl."""
         if self.run_dir is not None:
             self.run_dir.append_log([{**row, "world_size": self.group.size}])
+        if self.trackers is not None:
+            self.trackers.log(row)
 
     def read_log(self) -> list[Row]:
         """The rows of out_dir/log.jsonl."""
