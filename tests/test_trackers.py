@@ -126,7 +126,7 @@ def test_a_failing_tracker_is_a_warning_and_the_run_goes_on(tmp_path, monkeypatc
         raise OSError("disk on fire")
     monkeypatch.setattr(trk._TensorBoard, "scalars", broken)
     with pytest.warns(RwkvxWarning, match="tracker tensorboard failed.*disk on fire"):
-        out, rows = _run(tmp_path, "tensorboard")
+        _, rows = _run(tmp_path, "tensorboard")
     assert len(_series(rows, "loss")) == STEPS
 
 
