@@ -209,4 +209,4 @@ def test_run_folder_names_are_the_documented_ones():
     assert (CHECKPOINT, LOG) == ("checkpoint.safetensors", "log.jsonl")
     names = [os.path.basename(p) for p in RunDir("x").own_files()]
     assert names == ["checkpoint.safetensors", "log.jsonl", "tokenizer.json", "loss.png",
-                     ".lock", "best.safetensors"]
+                     ".lock", "best.safetensors", "config.toml"]

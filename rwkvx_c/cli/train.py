@@ -23,6 +23,7 @@ from rwkvx_c.errors import TrainError
 from rwkvx_c.model.config import SHAPE_OPTIONS, ModelConfig
 from rwkvx_c.run.plot import plot_log
 from rwkvx_c.run.rundir import RunDir, describe_entries
+from rwkvx_c.train.config_file import load_config
 from rwkvx_c.train.distributed import ProcessGroup, world
 from rwkvx_c.train.options import TrainOptions, flag_of
 from rwkvx_c.train.progress import origin, progress_bar, progress_update, run_title, what_trains
@@ -64,6 +65,9 @@ def add_parser(sub: Subparsers) -> None:
         if m["kind"] == "paths":
             kw["nargs"] = "+"
         t.add_argument(flag, **kw)
+    t.add_argument("--config", metavar="FILE", help="options from a TOML file (keys: the "
+                   "options' names, the model's shape in a [model] table; every run saves its "
+                   "own as RUN/config.toml); any flag overrides the file")
     t.add_argument("--out", metavar="DIR", help="run folder (default: a new folder under "
                    "./runs/)")
     t.add_argument("--resume", action="store_true", help="continue the run in --out (or "
@@ -78,9 +82,17 @@ def add_parser(sub: Subparsers) -> None:
 
 
 def train_options(a: argparse.Namespace) -> dict[str, Any]:
-    """The TrainOptions fields the flags set (None: not given), the shape
-    flags folded into `model`; TrainError for shape flags with --resume."""
+    """The TrainOptions fields the flags and --config set (None: not given),
+    the shape flags folded into `model`; TrainError for shape flags or
+    --config with --resume."""
     opts = {f.name: getattr(a, f.name) for f in fields(TrainOptions) if f.metadata.get("cli")}
+    file = {}
+    if a.config:
+        if a.resume:
+            raise TrainError("--resume continues with the run's own options; --config starts "
+                             "a new run (give RESUME's changes as flags)")
+        file = load_config(a.config)
+        opts = {**file, **{k: v for k, v in opts.items() if v is not None}}
     for k in ("data", "val_data"):   # one path as a string, as TrainOptions takes it
         if getattr(a, k) and len(getattr(a, k)) == 1:
             opts[k] = getattr(a, k)[0]
@@ -89,8 +101,11 @@ def train_options(a: argparse.Namespace) -> dict[str, Any]:
         if a.resume:
             raise TrainError("the model shape of a run is fixed; drop the shape flags with "
                              "--resume")
-        opts["model"] = ModelConfig.preset(a.preset or "default").with_shape(**shape).to_dict()
-        if a.init_from:   # only the values asked for, each judged against the source's
+        preset = opts.get("preset") or "default"
+        base = ModelConfig.from_dict({**ModelConfig.preset(preset).to_dict(),
+                                      **file.get("model", {})})
+        opts["model"] = base.with_shape(**shape).to_dict()
+        if opts.get("init_from"):   # only the values asked for, each judged against the source's
             opts["model"] = {o.field: v for o in SHAPE_OPTIONS
                              if (v := getattr(a, o.name)) is not None}
     return opts

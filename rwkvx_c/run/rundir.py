@@ -33,10 +33,12 @@ from rwkvx_c.run.checkpoint import Checkpoint, read_checkpoint, save_checkpoint
 from rwkvx_c.run.lock import LOCK_NAME, RunLock
 from rwkvx_c.util.atomic import replacing, sweep_orphans
 
-__all__ = ["RunDir", "CHECKPOINT", "BEST", "LOG", "TOKENIZER", "PLOT", "LOCK", "RUNS_ROOT",
+__all__ = ["RunDir", "CHECKPOINT", "BEST", "CONFIG", "LOG", "TOKENIZER", "PLOT", "LOCK",
+           "RUNS_ROOT",
            "checkpoint_path", "claim_output", "describe_entries"]
 
 CHECKPOINT = "checkpoint.safetensors"
+CONFIG = "config.toml"             # the run's resolved options (rwkvx_c.train.config_file)
 BEST = "best.safetensors"          # --keep-best: the checkpoint of the lowest validation loss
 _SNAPSHOT = re.compile(r"^checkpoint-(\d+)\.safetensors$")   # --keep-last: step snapshots
 LOG = "log.jsonl"
@@ -49,7 +51,8 @@ _STAMP = "%Y%m%d-%H%M%S"
 
 def _own_name(name: str) -> bool:
     """True for the name of a file a run folder's run owns."""
-    return name in (CHECKPOINT, BEST, LOG, TOKENIZER, PLOT, LOCK) or bool(_SNAPSHOT.match(name))
+    return name in (CHECKPOINT, BEST, CONFIG, LOG, TOKENIZER, PLOT, LOCK) \
+        or bool(_SNAPSHOT.match(name))
 
 # one log row: JSON values by name
 Row = dict[str, Any]
@@ -93,6 +96,10 @@ class RunDir:
         return self.file(PLOT)
 
     @property
+    def config(self) -> str:
+        return self.file(CONFIG)
+
+    @property
     def best(self) -> str:
         return self.file(BEST)
 
@@ -111,7 +118,8 @@ class RunDir:
 
     def own_files(self) -> tuple[str, ...]:
         """Every file the folder's run owns (whether it exists or not), and its snapshots."""
-        return tuple(self.file(n) for n in (CHECKPOINT, LOG, TOKENIZER, PLOT, LOCK, BEST)) \
+        return tuple(self.file(n) for n in (CHECKPOINT, LOG, TOKENIZER, PLOT, LOCK, BEST,
+                                            CONFIG)) \
             + tuple(self.snapshots())
 
     # ------------------------------------------------------- the folder

@@ -39,6 +39,7 @@ from rwkvx_c.run.rundir import RunDir
 from rwkvx_c.train import schedule
 from rwkvx_c.train.accumulate import GradAccumulator
 from rwkvx_c.train.assemble import build_model, load_data, load_weights, start_from_source
+from rwkvx_c.train.config_file import save_config
 from rwkvx_c.train.distributed import world
 from rwkvx_c.train.finetune import PartsAdamW, is_unfrozen, switched, trained_tensors, unfreeze_due
 from rwkvx_c.train.guard import MAX_ROLLBACKS, ROLLBACK_LR_FACTOR, DivergenceGuard
@@ -143,7 +144,8 @@ class Trainer:
         self._reset_counters()
         if _state is not None:
             self._restore(_state, _tensors or {})
-        if self.group.is_root:   # rank 0 alone tracks
+        if self.run_dir is not None:   # rank 0 alone tracks and saves the options
+            save_config(self.run_dir.config, self.opts)
             self.trackers = open_trackers(self.opts.log_to, self.out_dir, self.opts.to_dict())
         # the budget counts this session's set-up (corpus, model) too
         self._session_start = self._t0
