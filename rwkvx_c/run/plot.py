@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from rwkvx_c.util.atomic import replace_with
+from rwkvx_c.util.atomic import replacing
 
 __all__ = ["plot_log", "plot_png", "draw"]
 
@@ -22,17 +22,11 @@ LEGEND_SPACE = 0.07   # the figure's bottom fraction kept for the legend
 def plot_log(rows: Sequence[dict[str, Any]], path: str, title: str = "") -> bool:
     """Draw loss.png from a run's log rows (draw()). Returns False (and
     writes nothing) when matplotlib is missing."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    png = plot_png(rows, title)
+    if png is None:
         return False
-    fig = draw(rows, title)
-    try:
-        replace_with(path, fig.savefig, keep_ext=True)
-    finally:
-        plt.close(fig)
+    with replacing(path) as f:
+        f.write(png)
     return True
 
 
