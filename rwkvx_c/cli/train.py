@@ -67,7 +67,7 @@ def add_parser(sub: Subparsers) -> None:
         t.add_argument(flag, **kw)
     t.add_argument("--config", metavar="FILE", help="options from a TOML file (keys: the "
                    "options' names, the model's shape in a [model] table; every run saves its "
-                   "own as RUN/config.toml); any flag overrides the file")
+                   "own as RUN/config.toml); any flag overrides the file (default: none)")
     t.add_argument("--out", metavar="DIR", help="run folder (default: a new folder under "
                    "./runs/)")
     t.add_argument("--resume", action="store_true", help="continue the run in --out (or "
