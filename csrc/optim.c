@@ -143,6 +143,29 @@ int rx_grad_norm_l2(const float *g, size_t n, double *norm) {
     return RX_OK;
 }
 
+/* x, y: [n]. y = a*x + b*y (b == 0: y = a*x, y not read). */
+int rx_axpby(size_t n, float a, const float *x, float b, float *y) {
+    if (!x || !y || n < 1)
+        return rx_fail(RX_EINVAL, "rx_axpby: %s", n < 1 ? "n < 1" : "x or y is NULL");
+    if (!isfinite(a) || !isfinite(b))
+        return rx_fail(RX_EINVAL, "rx_axpby: a and b must be finite");
+    rx_spans out = {0}, in = {0};
+    RX_SPAN_ADD(&out, "y", y, n);
+    RX_SPAN_ADD(&in, "x", x, n);
+    int rc = rx_spans_check("rx_axpby", &out, &in);
+    if (rc != RX_OK) return rc;
+    int nt = optim_threads(n);
+    (void)nt; /* read only by the OpenMP pragma */
+    if (b == 0.0f) {
+#pragma omp parallel for simd schedule(static) num_threads(nt) if (nt > 1)
+        for (size_t i = 0; i < n; i++) y[i] = a * x[i];
+    } else {
+#pragma omp parallel for simd schedule(static) num_threads(nt) if (nt > 1)
+        for (size_t i = 0; i < n; i++) y[i] = a * x[i] + b * y[i];
+    }
+    return RX_OK;
+}
+
 double rx_grad_norm(const float *g, size_t n) {
     double norm;
     return rx_grad_norm_l2(g, n, &norm) == RX_OK ? norm : NAN;

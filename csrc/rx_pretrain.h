@@ -620,6 +620,12 @@ int rx_adamw_step(float *params, const float *grads, float *m, float *v, size_t 
  * over ranges set by n alone, added in order: the same bits at any thread
  * count. RX_EINVAL on NULL or n < 1. */
 int rx_grad_norm_l2(const float *g, size_t n, double *norm);
+/* x, y: [n]. y = a*x + b*y in place (gradient accumulation over
+ * micro-batches); b == 0 writes y = a*x without reading y, so a y holding
+ * NaN is overwritten. Elements are independent: the same bits at any thread
+ * count. RX_EINVAL on NULL, n < 1, non-finite a or b, or x and y
+ * overlapping. */
+int rx_axpby(size_t n, float a, const float *x, float b, float *y);
 
 /* ---- infer.c: recurrent inference for generation ---------------------
  * One sequence advanced a few tokens at a time from a carried state: the

@@ -8,6 +8,7 @@ cdef extern from "rx_pretrain.h" nogil:
                       float lr, float beta1, float beta2, float eps, float weight_decay,
                       float grad_scale, int64_t step)
     int rx_grad_norm_l2(const float *g, size_t n, double *norm)
+    int rx_axpby(size_t n, float a, const float *x, float b, float *y)
 
 
 cdef object _flat_f32(object a, str name, bint writable):
@@ -43,6 +44,26 @@ def grad_norm(g):
         rc = rx_grad_norm_l2(&mv[0], n, &r)
     _check_rc(rc, "grad_norm")
     return r
+
+
+def axpby(double a, x, double b, y):
+    """y = a*x + b*y in place over flat float32 buffers (gradient
+    accumulation); b == 0 writes a*x without reading y.
+
+    x, y : float32 (n,), the same n; y writable and not overlapping x.
+    """
+    _flat_f32(x, "x", False)
+    _flat_f32(y, "y", True)
+    if x.shape[0] != y.shape[0]:
+        raise ValueError(f"x and y must have the same length, got {x.shape[0]} and {y.shape[0]}")
+    cdef const float[::1] xv = x
+    cdef float[::1] yv = y
+    cdef size_t n = x.shape[0]
+    cdef float fa = a, fb = b
+    cdef int rc
+    with nogil:
+        rc = rx_axpby(n, fa, &xv[0], fb, &yv[0])
+    _check_rc(rc, "axpby")
 
 
 def adamw_step(params, grads, m, v, *, double lr, long long step, double beta1=0.9,

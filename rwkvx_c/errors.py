@@ -28,6 +28,7 @@ __all__ = [
     "EvalError",
     "OutputError",
     "SampleError",
+    "RwkvxWarning",
 ]
 
 
@@ -99,3 +100,9 @@ class OutputError(RwkvxError, ValueError):
 class SampleError(RwkvxError, ValueError):
     """A generation that cannot run or went wrong (rwkvx_c.sample): more
     tokens than a sequence can hold, a model whose logits are not finite."""
+
+
+class RwkvxWarning(UserWarning):
+    """Something a user should know that does not stop the work (a
+    validation split too small to judge by, a tracker that failed); the
+    command line prints it as one line."""

@@ -169,7 +169,11 @@ def test_one_exception_base():
                     b.endswith(("Error", "Exception")) for b in bases), \
                     f"{m} defines exception {node.name}; define it in rwkvx_c.errors"
     errors = [v for v in vars(rwkvx_c.errors).values()
-              if inspect.isclass(v) and issubclass(v, BaseException)]
+              if inspect.isclass(v) and issubclass(v, BaseException)
+              and not issubclass(v, Warning)]
+    # the one warning class, which is no error
+    assert [v for v in vars(rwkvx_c.errors).values()
+            if inspect.isclass(v) and issubclass(v, Warning)] == [rwkvx_c.errors.RwkvxWarning]
     assert len(errors) >= 10
     for e in errors:
         assert issubclass(e, rwkvx_c.errors.RwkvxError), e
@@ -205,4 +209,4 @@ def test_run_folder_names_are_the_documented_ones():
     assert (CHECKPOINT, LOG) == ("checkpoint.safetensors", "log.jsonl")
     names = [os.path.basename(p) for p in RunDir("x").own_files()]
     assert names == ["checkpoint.safetensors", "log.jsonl", "tokenizer.json", "loss.png",
-                     "reference_logps.npy", ".lock"]
+                     "reference_logps.npy", ".lock", "best.safetensors", "config.toml"]

@@ -12,7 +12,8 @@ import shutil
 
 import numpy as np
 import pytest
-from test_finetune import _base_run, _tune
+from test_finetune import _base_run
+from test_finetune import _tune as _tune_at
 from test_interop import _official_dict
 from test_train import SMALL, _opts
 
@@ -29,6 +30,12 @@ RWKV = dict(SMALL, n_attn_layer=0)
 CKPT = "checkpoint.safetensors"
 TOKENS = np.arange(40, dtype=np.int32).reshape(2, 20) % 200
 
+
+
+def _tune(tmp_path, src, out, **kw):
+    """A fine-tune in fp32: its model is compared bit for bit with the model
+    load_model rebuilds (fp32), whatever --precision auto picks here."""
+    return _tune_at(tmp_path, src, out, **{"precision": "fp32", **kw})
 
 def _sha256(folder):
     """The recorded hash of a run folder base, computed here from its rule
@@ -89,7 +96,7 @@ def test_an_expanded_hybrid_holds_its_new_blocks(tmp_path):
     base = _base_run(tmp_path, RWKV)
     s = read_source(base)
     opts = from_source(_opts(tmp_path, model={"n_attn_layer": 1}, tune="state", steps=2,
-                             lr=3e-2), s.config, s.tokenizer, base)
+                             lr=3e-2, precision="fp32"), s.config, s.tokenizer, base)
     tr = Trainer(opts, str(tmp_path / "x"), _weights=s.weights)
     tr.run()
     ck, _, _ = read_checkpoint(str(tmp_path / "x" / CKPT))

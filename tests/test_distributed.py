@@ -136,7 +136,8 @@ def test_two_ranks_match_one_process_and_resume(tmp_path):
     v2 = [row["val_loss"] for row in rows2 if "val_loss" in row]
     assert np.allclose(v1, v2, rtol=1e-5, atol=0)
     # rank 0 alone writes: its checkpoint, log and plot (with matplotlib)
-    want = ["checkpoint.safetensors", "log.jsonl"]   # a finished run leaves no .lock
+    # a finished run leaves no .lock
+    want = ["checkpoint.safetensors", "config.toml", "log.jsonl"]
     if importlib.util.find_spec("matplotlib") is not None:
         want.append("loss.png")
     assert sorted(os.listdir(two)) == want

@@ -194,8 +194,10 @@ def _rule_pairs(n, seed=0):
 
 def _dpo_run(tmp_path, base, out, **kw):
     data = _write(tmp_path / "pairs.jsonl", _rule_pairs(40))
-    kw = {**dict(tune="lora", lora_r=4, steps=6, lr=1e-2, save_every=3, precision="fp32",
+    kw = {**dict(tune="lora", steps=6, lr=1e-2, save_every=3, precision="fp32",
                  objective="dpo", data=data, batch=4, seq_len=40, eval_every=3), **kw}
+    if kw["tune"] == "lora":   # --lora-r has no effect in another mode, and is refused there
+        kw.setdefault("lora_r", 4)
     return _tune(tmp_path, base, out, **kw)
 
 

@@ -413,7 +413,8 @@ def test_orphan_temp_files_removed_on_start(tmp_path):
         (out / name).write_bytes(b"torn")
     (out / "notes.txt").write_text("mine")
     Trainer(_opts(tmp_path), str(out)).close()
-    assert sorted(os.listdir(out)) == ["notes.txt"]   # and no .lock once closed
+    # and no .lock once closed; the run's options are saved at its start
+    assert sorted(os.listdir(out)) == ["config.toml", "notes.txt"]
 
 
 def test_second_resume_of_a_run_is_refused(tmp_path):

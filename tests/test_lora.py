@@ -276,7 +276,7 @@ def test_lora_options_refused_in_one_line(tmp_path):
         _lora_run(tmp_path, base, "a", lora_targets="att.key,att.nope")
     with pytest.raises(TrainError, match="names no projection of this model"):
         _lora_run(tmp_path, base, "b", lora_targets="attn.q")
-    with pytest.raises(TrainError, match="--lora-targets names the adapters of --tune lora"):
+    with pytest.raises(TrainError, match="--lora-targets sets the adapters of --tune lora"):
         _tune(tmp_path, base, "c", lora_targets="att.key")
     with pytest.raises(TrainError, match="lora_r must be an integer > 0, got 0"):
         TrainOptions(tune="lora", lora_r=0).resolved()

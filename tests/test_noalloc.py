@@ -33,10 +33,10 @@ def program(tmp_path_factory):
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("acts", [[], ["1"], ["3", "37"], ["0", "0", "lora"],
                                   ["3", "37", "lora"], ["0", "0", "lora", "rows"],
-                                  ["3", "37", "base", "rows"]],
+                                  ["3", "37", "base", "rows"], ["0", "0", "-", "accum"]],
                          ids=["plain", "recompute", "recompute+chunked_head", "lora",
                               "lora+recompute+chunked_head", "lora+rows",
-                              "recompute+chunked_head+rows"])
+                              "recompute+chunked_head+rows", "grad_accum"])
 def test_a_step_allocates_nothing(program, threads, acts):
     # recompute (RX_ACTS_RECOMPUTE = 1) and the chunked head (2; 37-row
     # chunks cut the 256 rows unevenly) with L2Wrap allocate nothing either,

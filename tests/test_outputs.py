@@ -6,7 +6,19 @@ import os
 import pytest
 
 from rwkvx_c.cli import main
-from rwkvx_c.run.rundir import CHECKPOINT, LOCK, LOG, PLOT, REFERENCE, TOKENIZER, RunDir
+from rwkvx_c.errors import OutputError
+from rwkvx_c.run.rundir import (
+    BEST,
+    CHECKPOINT,
+    CONFIG,
+    LOCK,
+    LOG,
+    PLOT,
+    REFERENCE,
+    TOKENIZER,
+    RunDir,
+    claim_output,
+)
 
 from hostile import corpus, tiny_run
 
@@ -93,7 +105,11 @@ def test_tokenizer_train_refuses_its_corpus_and_a_run_tokenizer(run, capsys, tmp
 
 def test_own_files_are_what_claim_output_guards(run):
     assert {os.path.basename(p) for p in RunDir(run).own_files()} == \
-        {CHECKPOINT, LOG, TOKENIZER, PLOT, REFERENCE, LOCK}
+        {CHECKPOINT, LOG, TOKENIZER, PLOT, REFERENCE, LOCK, BEST, CONFIG}
+    # --keep-best's, the saved options and --keep-last's snapshots are the run's too
+    for name in (BEST, CONFIG, "checkpoint-0000012.safetensors"):
+        with pytest.raises(OutputError, match="would destroy the run"):
+            claim_output(os.path.join(run, name))
 
 
 def test_a_finished_run_leaves_no_lock(run, tmp_path):

@@ -24,12 +24,14 @@ import argparse
 import os
 import signal
 import sys
+import warnings
 from collections.abc import Callable, Sequence
+from typing import TextIO
 
 from rwkvx_c import __version__
 from rwkvx_c.cli import chat, eval, export, import_, merge, sample, tokenizer, train
 from rwkvx_c.cli.common import EXIT_FAILURE, EXIT_INTERRUPTED, Parser, describe_error, err
-from rwkvx_c.errors import RwkvxError
+from rwkvx_c.errors import RwkvxError, RwkvxWarning
 from rwkvx_c.train.distributed import abort_job
 
 __all__ = ["main", "build_parser"]
@@ -54,7 +56,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     run: Callable[[argparse.Namespace], int] = COMMANDS[args.cmd].run
     try:
-        return run(args)
+        with warnings.catch_warnings():   # restores showwarning after the command
+            warnings.showwarning = _show_warning
+            return run(args)
     except BrokenPipeError:
         # the reader went away (`| head`): silence the flush at exit too
         devnull = os.open(os.devnull, os.O_WRONLY)
@@ -78,6 +82,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             # the command is over: a late Ctrl-C (a second one arriving as the
             # first one's clean stop finishes) must not kill the exiting process
             _ignore_sigint()
+
+
+def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                  file: TextIO | None = None, line: str | None = None) -> None:
+    """An RwkvxWarning as one line, as the errors are; any other as Python shows it."""
+    if issubclass(category, RwkvxWarning):
+        sys.stderr.write(f"rwkvx-c: warning: {message}\n")
+    else:
+        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
 
 
 def _ignore_sigint() -> None:

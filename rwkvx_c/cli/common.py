@@ -4,9 +4,10 @@ becomes one line on stderr."""
 from __future__ import annotations
 
 import argparse
+import difflib
 import math
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, TypeVar
 
 from rwkvx_c.errors import RwkvxError
@@ -40,6 +41,36 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None
+                         ) -> tuple[argparse.Namespace, list[str]]:
+        """argparse's, with a flag spelt with underscores (`--lora_r`, as
+        RWKV-LM and RWKV-PEFT spell theirs) taken as its hyphenated self, and
+        an unknown flag of a subcommand answered with the nearest known one."""
+        argv = [self._spelt(a) for a in (sys.argv[1:] if args is None else args)]
+        ns, extras = super().parse_known_args(argv, namespace)
+        if extras and not self._subparsers:   # a leaf: nothing else would take them
+            self.error(f"unrecognized arguments: {' '.join(extras)}{self._hint(extras)}")
+        return ns, extras
+
+    def _spelt(self, arg: str) -> str:
+        """--a_b[=V] as --a-b[=V] when that is a flag of this parser and --a_b is not."""
+        name, eq, value = arg.partition("=")
+        if not name.startswith("--") or "_" not in name or name in self._option_string_actions:
+            return arg
+        dashed = "--" + name[2:].replace("_", "-")
+        return dashed + eq + value if dashed in self._option_string_actions else arg
+
+    def _hint(self, extras: list[str]) -> str:
+        """"; did you mean --x?" for the first unknown flag close to a known one."""
+        known = [o for o in self._option_string_actions if o.startswith("--")]
+        for a in extras:
+            if a.startswith("--"):
+                near = difflib.get_close_matches(a.partition("=")[0], known, n=1, cutoff=0.6)
+                if near:
+                    return f" (did you mean {near[0]}?)"
+        return ""
 
 
 Subparsers = argparse._SubParsersAction   # the type add_subparsers returns

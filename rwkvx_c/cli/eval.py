@@ -30,6 +30,7 @@ from rwkvx_c.run.rundir import checkpoint_path
 from rwkvx_c.sample import load_model, load_run
 from rwkvx_c.train.objectives import OBJECTIVES, REFERENCE_FREE
 from rwkvx_c.util.progress import make_progress
+from rwkvx_c.util.words import counted
 
 __all__ = ["add_parser", "run"]
 
@@ -294,7 +295,7 @@ def _say(a: argparse.Namespace, what: str, r: dict[str, Any]) -> None:
     if what == "data":
         bpb = "n/a" if r["bpb"] is None else f"{r['bpb']:.4f}"
         print(f"data: loss {r['loss']:.4f}, ppl {r['ppl']:.3f}, bpb {bpb} over {r['tokens']:,} "
-              f"tokens in {r['windows']:,} windows of {r['seq_len']} ({r['split']})")
+              f"tokens in {counted(r['windows'], 'window')} of {r['seq_len']} ({r['split']})")
     else:
         print(f"lambada: acc {r['acc']:.4f}, ppl {r['ppl']:.3f} over {r['docs']:,} documents")
 

@@ -7,6 +7,7 @@ from rwkvx_c.cli.common import Parser, Subparsers, checked
 from rwkvx_c.data.formats import iter_documents
 from rwkvx_c.data.sources import is_val_file, source_files
 from rwkvx_c.data.tokenizers import MAX_TOKENIZER_VOCAB, train_bpe
+from rwkvx_c.util.words import counted
 
 __all__ = ["add_parser", "run"]
 
@@ -37,5 +38,6 @@ def run(a: argparse.Namespace) -> int:
     docs = (d for d, _ in iter_documents(files, a.text_field))
     tok = train_bpe(docs, a.vocab_size, a.out, progress=not a.no_progress,
                     inputs=[f[1] for f in files])
-    print(f"wrote {a.out}: byte-level BPE, {tok.vocab_size:,} ids, fitted on {len(files)} files")
+    print(f"wrote {a.out}: byte-level BPE, {tok.vocab_size:,} ids, fitted on "
+          f"{counted(len(files), 'file')}")
     return 0

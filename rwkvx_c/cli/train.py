@@ -20,15 +20,13 @@ from rwkvx_c.cli.common import (
     positive_int,
 )
 from rwkvx_c.errors import TrainError
-from rwkvx_c.interop.source import STATE_KEY, read_source
 from rwkvx_c.model.config import SHAPE_OPTIONS, ModelConfig
-from rwkvx_c.model.lora import A_SUFFIX, B_SUFFIX
 from rwkvx_c.run.plot import plot_log
 from rwkvx_c.run.rundir import RunDir, describe_entries
+from rwkvx_c.train.config_file import load_config
 from rwkvx_c.train.distributed import ProcessGroup, world
-from rwkvx_c.train.finetune import adapter_options, from_source
-from rwkvx_c.train.options import TrainOptions
-from rwkvx_c.train.progress import progress_bar, progress_update
+from rwkvx_c.train.options import TrainOptions, flag_of
+from rwkvx_c.train.progress import origin, progress_bar, progress_update, run_title, what_trains
 from rwkvx_c.train.trainer import Trainer
 
 __all__ = ["add_parser", "run"]
@@ -55,7 +53,7 @@ def add_parser(sub: Subparsers) -> None:
         m = f.metadata
         if not m.get("cli"):
             continue
-        flag = m["flag"] or "--" + f.name.replace("_", "-")
+        flag = flag_of(f.name)
         if m["kind"] == "flag":   # absent: None, so a resumed run keeps its own
             t.add_argument(flag, dest=f.name, help=_help(f), action="store_true", default=None)
             continue
@@ -67,6 +65,9 @@ def add_parser(sub: Subparsers) -> None:
         if m["kind"] == "paths":
             kw["nargs"] = "+"
         t.add_argument(flag, **kw)
+    t.add_argument("--config", metavar="FILE", help="options from a TOML file (keys: the "
+                   "options' names, the model's shape in a [model] table; every run saves its "
+                   "own as RUN/config.toml); any flag overrides the file (default: none)")
     t.add_argument("--out", metavar="DIR", help="run folder (default: a new folder under "
                    "./runs/)")
     t.add_argument("--resume", action="store_true", help="continue the run in --out (or "
@@ -81,18 +82,30 @@ def add_parser(sub: Subparsers) -> None:
 
 
 def train_options(a: argparse.Namespace) -> dict[str, Any]:
-    """The TrainOptions fields the flags set (None: not given), the shape
-    flags folded into `model`; TrainError for shape flags with --resume."""
+    """The TrainOptions fields the flags and --config set (None: not given),
+    the shape flags folded into `model`; TrainError for shape flags or
+    --config with --resume."""
     opts = {f.name: getattr(a, f.name) for f in fields(TrainOptions) if f.metadata.get("cli")}
-    if a.data and len(a.data) == 1:
-        opts["data"] = a.data[0]
+    file = {}
+    if a.config:
+        if a.resume:
+            raise TrainError("--resume continues with the run's own options; --config starts "
+                             "a new run (give RESUME's changes as flags)")
+        file = load_config(a.config)
+        opts = {**file, **{k: v for k, v in opts.items() if v is not None}}
+    for k in ("data", "val_data"):   # one path as a string, as TrainOptions takes it
+        if getattr(a, k) and len(getattr(a, k)) == 1:
+            opts[k] = getattr(a, k)[0]
     shape = {o.name: getattr(a, o.name) for o in SHAPE_OPTIONS}
     if any(v is not None for v in shape.values()):
         if a.resume:
             raise TrainError("the model shape of a run is fixed; drop the shape flags with "
                              "--resume")
-        opts["model"] = ModelConfig.preset(a.preset or "default").with_shape(**shape).to_dict()
-        if a.init_from:   # only the values asked for, each judged against the source's
+        preset = opts.get("preset") or "default"
+        base = ModelConfig.from_dict({**ModelConfig.preset(preset).to_dict(),
+                                      **file.get("model", {})})
+        opts["model"] = base.with_shape(**shape).to_dict()
+        if opts.get("init_from"):   # only the values asked for, each judged against the source's
             opts["model"] = {o.field: v for o in SHAPE_OPTIONS
                              if (v := getattr(a, o.name)) is not None}
     return opts
@@ -129,21 +142,7 @@ def _start_run(a: argparse.Namespace, group: ProcessGroup) -> tuple[Trainer, str
     out = group.root_value(a.out or RunDir.new().path)
     group.on_root(_check_new_dir, out)
     kw = {k: v for k, v in opts.items() if v is not None}
-    base = kw.pop("base", None)   # the source's own base, when the source is a moved fine-tune's
-    if base and not a.init_from:
-        raise TrainError("--base names where a fine-tune's base lies now: give it with --resume, "
-                         "or with --init-from a fine-tune whose base moved")
-    if a.init_from:   # a fine-tune: the source's shape, tokenizer and weights
-        src = group.on_root(read_source, a.init_from, base)
-        weights = dict(src.weights, **({STATE_KEY: src.state0} if src.state0 is not None else {}))
-        if src.adapters is not None:   # a PEFT / RWKV-PEFT adapter: a LoRA tune trains it on
-            ads = src.adapters
-            kw.update(adapter_options(kw, {"r": ads.r, "alpha": ads.alpha,
-                                                       "targets": ads.targets}, a.init_from))
-            for name, (A, B) in ads.pairs.items():
-                weights[name + A_SUFFIX], weights[name + B_SUFFIX] = A, B
-        o = from_source(TrainOptions(**kw), src.config, src.tokenizer, a.init_from)
-        return Trainer(o, out, progress=not a.no_progress, _weights=weights), out
+    # a fine-tune (--init-from) takes the source's shape, tokenizer and weights in the Trainer
     return Trainer(TrainOptions(**kw), out, progress=not a.no_progress), out
 
 
@@ -184,31 +183,23 @@ def run(a: argparse.Namespace) -> int:
     return EXIT_INTERRUPTED if interrupted else 0
 
 
-def _origin(o: Any) -> str:
-    """Where the weights come from and what of them trains."""
-    if not o.init_from:
-        return f"preset {o.preset}, init {o.init}"
-    what = f"tune {o.tune}" + (f" r {o.lora_r} alpha {o.lora_alpha:g}" if o.tune == "lora"
-                               else "")
-    for flag, v in (("train-parts", o.train_parts), ("freeze", o.freeze),
-                    ("unfreeze-at", o.unfreeze_at)):
-        what += f", {flag} {v}" if v else ""
-    return f"from {o.init_from} ({what})"
-
-
 def _print_header(tr: Trainer, out: str, group: ProcessGroup, resumed: bool) -> None:
-    """What the run is: data, tokens, model, training set-up."""
+    """What the run is: data, tokens, model, what of it trains, training set-up."""
     o = tr.opts
     m = tr.model
     stop_by = (f"{o.steps} steps" if o.steps is not None else "") + \
         (" or " if o.steps is not None and o.time_budget else "") + \
         (f"{o.time_budget:g} min" if o.time_budget else "")
     threads = _core.get_num_threads()
+    batch = f"batch {o.batch} x seq_len {o.seq_len}" if o.grad_accum == 1 else \
+        (f"batch {o.batch} x {o.grad_accum} accumulated = {o.batch * o.grad_accum} x seq_len "
+         f"{o.seq_len}")
     print(f"rwkvx-c train: {out}\n"
           f"  data   {tr.corpus.description}\n"
           f"  tokens {tr.tokenizer.identity()['name']}, vocab {tr.model.config['vocab_size']:,}\n"
-          f"  model  {_origin(o)}, layers {m.layers}, {m.n_params:,} params\n"
-          f"  train  batch {o.batch} x seq_len {o.seq_len}, lr {o.lr:g}, stop after {stop_by}, "
+          f"  model  {origin(o)}, layers {m.layers}, {m.n_params:,} params\n"
+          f"  trains {what_trains(o)}: {tr.optim.m.size:,} params\n"
+          f"  train  {batch}, lr {o.lr:g}, stop after {stop_by}, "
           + (f"{threads} threads" if group.size == 1 else
              f"{group.size} ranks x {threads} threads per rank")
           + f", {m.precision} ({_core.gemm_kernel(m.precision)})"
@@ -219,7 +210,7 @@ def _print_summary(tr: Trainer, out: str, final: dict[str, Any], interrupted: bo
     """The final evaluation, where the run's files are (the loss plot drawn
     now) and how to sample from it."""
     run = RunDir(out)
-    plotted = plot_log(tr.read_log(), run.plot_path, title=f"rwkvx-c train: {out}")
+    plotted = plot_log(tr.read_log(), run.plot_path, title=run_title(tr.opts, out))
     bpb = final.get("val_bpb")
     print(f"step {tr.step_count}: val_loss {final['val_loss']:.4f}"
           + (f", val_bpb {bpb:.4f}" if bpb is not None else "")

@@ -36,6 +36,7 @@ from rwkvx_c.data.formats import is_token_file, max_token, read_token_file
 from rwkvx_c.data.sources import STDLIB_LABEL, Source, source_files
 from rwkvx_c.data.tokenizers import ByteTokenizer
 from rwkvx_c.errors import DataError
+from rwkvx_c.util.words import counted
 
 if TYPE_CHECKING:
     from rwkvx_c.data.tokenizers import Tokenizer
@@ -60,6 +61,11 @@ class Corpus:
     train_mask: np.ndarray | None = None
     val_mask: np.ndarray | None = None
 
+    def described_as(self, saved: object) -> bool:
+        """True when `saved` (a checkpoint's) describes this corpus; a corpus
+        of one file was "(1 files, ..." in runs saved before the singular."""
+        return saved in (self.description, self.description.replace("(1 file,", "(1 files,"))
+
 
 def tail_split(tokens: np.ndarray, val_fraction: float, min_len: int,
                what: str) -> tuple[np.ndarray, np.ndarray]:
@@ -75,8 +81,8 @@ def tail_split(tokens: np.ndarray, val_fraction: float, min_len: int,
 def _describe(paths: list[str] | None, files: list[Source], tok: Tokenizer, train: np.ndarray,
               val: np.ndarray, source_bytes: int) -> str:
     """The description of a cached corpus. A resumed run compares it with
-    the one its checkpoint stored, so it keeps the spellings runs have
-    always stored: plain text files of the default corpus or of one folder,
+    the one its checkpoint stored (Corpus.described_as), so it keeps the
+    spellings runs have stored: plain text files of the default corpus or of one folder,
     read as bytes, count bytes; every other cached corpus counts the
     tokenizer's tokens and the bytes they came from."""
     in_bytes = tok.name == "byte" and all(kind == "text" for _, _, kind in files) and \
@@ -86,8 +92,9 @@ def _describe(paths: list[str] | None, files: list[Source], tok: Tokenizer, trai
     else:
         what = STDLIB_LABEL if in_bytes else "the standard library"
     if in_bytes:
-        return f"{what} ({len(files)} files, {len(train):,} train / {len(val):,} val bytes)"
-    return (f"{what} ({len(files)} files, {len(train):,} train / {len(val):,} val "
+        return (f"{what} ({counted(len(files), 'file')}, {len(train):,} train / {len(val):,} "
+                "val bytes)")
+    return (f"{what} ({counted(len(files), 'file')}, {len(train):,} train / {len(val):,} val "
             f"{tok.identity()['name']} tokens from {source_bytes:,} bytes)")
 
 

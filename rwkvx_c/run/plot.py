@@ -3,32 +3,57 @@
 elapsed training time on a second axis above."""
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from rwkvx_c.util.atomic import replace_with
+from rwkvx_c.util.atomic import replacing
 
-__all__ = ["plot_log"]
+__all__ = ["plot_log", "plot_png", "draw"]
 
 SMOOTH_POINTS = 50   # the smoothed training curve has about this many windows
 FIGSIZE = (7.5, 4.6)
 DPI = 110
+LEGEND_SPACE = 0.07   # the figure's bottom fraction kept for the legend
 
 
 def plot_log(rows: Sequence[dict[str, Any]], path: str, title: str = "") -> bool:
-    """Draw loss.png from a run's log rows. The validation curve is in bits
-    per byte when the run reports it (as the console does), on its own axis;
-    else validation loss beside the training loss. Returns False (and
+    """Draw loss.png from a run's log rows (draw()). Returns False (and
     writes nothing) when matplotlib is missing."""
+    png = plot_png(rows, title)
+    if png is None:
+        return False
+    with replacing(path) as f:
+        f.write(png)
+    return True
+
+
+def plot_png(rows: Sequence[dict[str, Any]], title: str = "") -> bytes | None:
+    """loss.png's bytes (for a tracker), None when matplotlib is missing."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return False
+        return None
+    fig = draw(rows, title)
+    try:
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png")
+        return buf.getvalue()
+    finally:
+        plt.close(fig)
+
+
+def draw(rows: Sequence[dict[str, Any]], title: str = "") -> Any:
+    """The figure of a run's log rows. The validation curve is in bits per
+    byte when the run reports it (as the console does), on its own axis;
+    else validation loss beside the training loss. The legend sits below
+    the axes, where it can cover no curve."""
+    import matplotlib.pyplot as plt
     tr = [(r["step"], r["loss"]) for r in rows if "loss" in r and "step" in r]
     bpb = [(r["step"], r["val_bpb"]) for r in rows if r.get("val_bpb") is not None]
     vl = [(r["step"], r["val_loss"]) for r in rows if "val_loss" in r]
@@ -60,16 +85,13 @@ def plot_log(rows: Sequence[dict[str, Any]], path: str, title: str = "") -> bool
     ax.set_xlabel("step")
     ax.set_ylabel("loss (nats / pair)" if acc else "loss (nats / token)")
     ax.grid(alpha=0.3)
-    if handles:
-        ax.legend(handles=handles, loc="upper right")
     if title:
         ax.set_title(title, fontsize=10)
-    fig.tight_layout()
-    try:
-        replace_with(path, fig.savefig, keep_ext=True)
-    finally:
-        plt.close(fig)
-    return True
+    fig.tight_layout(rect=(0.0, LEGEND_SPACE if handles else 0.0, 1.0, 1.0))
+    if handles:
+        fig.legend(handles=handles, loc="lower center", ncol=len(handles), frameon=False,
+                   fontsize=9)
+    return fig
 
 
 def _time_axis(ax: Any, rows: Sequence[dict[str, Any]]) -> None:

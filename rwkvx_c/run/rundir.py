@@ -22,6 +22,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -32,10 +33,14 @@ from rwkvx_c.run.checkpoint import Checkpoint, read_checkpoint, save_checkpoint
 from rwkvx_c.run.lock import LOCK_NAME, RunLock
 from rwkvx_c.util.atomic import replacing, sweep_orphans
 
-__all__ = ["RunDir", "CHECKPOINT", "LOG", "TOKENIZER", "PLOT", "REFERENCE", "LOCK", "RUNS_ROOT",
+__all__ = ["RunDir", "CHECKPOINT", "BEST", "CONFIG", "LOG", "TOKENIZER", "PLOT", "REFERENCE",
+           "LOCK", "RUNS_ROOT",
            "checkpoint_path", "claim_output", "describe_entries"]
 
 CHECKPOINT = "checkpoint.safetensors"
+CONFIG = "config.toml"             # the run's resolved options (rwkvx_c.train.config_file)
+BEST = "best.safetensors"          # --keep-best: the checkpoint of the lowest validation loss
+_SNAPSHOT = re.compile(r"^checkpoint-(\d+)\.safetensors$")   # --keep-last: step snapshots
 LOG = "log.jsonl"
 TOKENIZER = "tokenizer.json"
 PLOT = "loss.png"
@@ -43,6 +48,12 @@ REFERENCE = "reference_logps.npy"   # a preference run's reference log-probabili
 LOCK = LOCK_NAME
 RUNS_ROOT = "runs"
 _STAMP = "%Y%m%d-%H%M%S"
+
+
+def _own_name(name: str) -> bool:
+    """True for the name of a file a run folder's run owns."""
+    return name in (CHECKPOINT, BEST, CONFIG, LOG, TOKENIZER, PLOT, LOCK) \
+        or bool(_SNAPSHOT.match(name))
 
 # one log row: JSON values by name
 Row = dict[str, Any]
@@ -89,9 +100,32 @@ class RunDir:
     def reference_path(self) -> str:
         return self.file(REFERENCE)
 
+    @property
+    def config(self) -> str:
+        return self.file(CONFIG)
+
+    @property
+    def best(self) -> str:
+        return self.file(BEST)
+
+    def snapshot(self, step: int) -> str:
+        """The --keep-last snapshot of the checkpoint of `step`."""
+        return self.file(f"checkpoint-{step:07d}.safetensors")
+
+    def snapshots(self) -> list[str]:
+        """The step snapshots in the folder, oldest step first."""
+        try:
+            names = os.listdir(self.path)
+        except OSError:
+            return []
+        found = sorted((int(m.group(1)), n) for n in names if (m := _SNAPSHOT.match(n)))
+        return [self.file(n) for _, n in found]
+
     def own_files(self) -> tuple[str, ...]:
-        """Every file the folder's run owns (whether it exists or not)."""
-        return tuple(self.file(n) for n in (CHECKPOINT, LOG, TOKENIZER, PLOT, REFERENCE, LOCK))
+        """Every file the folder's run owns (whether it exists or not), and its snapshots."""
+        return tuple(self.file(n) for n in (CHECKPOINT, LOG, TOKENIZER, PLOT, REFERENCE, LOCK,
+                                            BEST, CONFIG)) \
+            + tuple(self.snapshots())
 
     # ------------------------------------------------------- the folder
     @classmethod
@@ -133,9 +167,8 @@ class RunDir:
             names = os.listdir(self.path)
         except OSError:
             return []
-        own = (CHECKPOINT, LOG, TOKENIZER, PLOT, LOCK)
-        return sorted(n for n in names if n not in own
-                      and not any(n.startswith(f".{o}.tmp") for o in own))
+        return sorted(n for n in names if not _own_name(n)
+                      and not (n.startswith(".") and _own_name(n[1:].split(".tmp")[0])))
 
     def lock(self) -> RunLock:
         """Exclusive use of the folder (RunLocked when another process has it)."""
@@ -209,7 +242,7 @@ def claim_output(out: str, inputs: Iterable[str] = (), flag: str = "--out") -> N
     real = os.path.realpath(out)
     folder, name = os.path.split(real)
     run = RunDir(folder)
-    if name in (CHECKPOINT, LOG, TOKENIZER, PLOT, LOCK) and run.holds_run():
+    if _own_name(name) and run.holds_run():
         raise OutputError(f"{flag} {out} is the {name} of the run in {folder}; writing it "
                           "would destroy the run: choose another file")
     for p in inputs:

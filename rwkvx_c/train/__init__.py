@@ -9,8 +9,9 @@ Imports the data, model and run layers below it, never the CLI."""
 from rwkvx_c.errors import Divergence, TrainError
 from rwkvx_c.model.presets import PRESETS
 from rwkvx_c.run.rundir import CHECKPOINT, LOG
+from rwkvx_c.train.config_file import options_from_file
 from rwkvx_c.train.options import TrainOptions, auto_precision
 from rwkvx_c.train.trainer import Trainer
 
 __all__ = ["Trainer", "TrainOptions", "TrainError", "Divergence", "PRESETS", "CHECKPOINT", "LOG",
-           "auto_precision"]
+           "auto_precision", "options_from_file"]

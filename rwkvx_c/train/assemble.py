@@ -3,6 +3,7 @@ corpus it reads, and the model (checked to fit in memory) with its first
 weights and the optimiser over what trains. The Trainer composes these."""
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -13,23 +14,57 @@ from rwkvx_c.data.pipeline import Corpus, load_corpus
 from rwkvx_c.data.preferences import Pairs, read_pairs, split_pairs
 from rwkvx_c.data.tokenizers import load as load_tokenizer
 from rwkvx_c.data.tokenizers import run_tokenizer
-from rwkvx_c.errors import ConfigError, MemoryTooSmall, TokenizerError, TrainError
+from rwkvx_c.errors import ConfigError, DataError, MemoryTooSmall, TokenizerError, TrainError
+from rwkvx_c.interop.source import STATE_KEY, read_source
 from rwkvx_c.model import memory
 from rwkvx_c.model.config import ModelConfig
 from rwkvx_c.model.init import init_model
-from rwkvx_c.model.lora import adapters_of
+from rwkvx_c.model.lora import A_SUFFIX, B_SUFFIX, adapters_of
 from rwkvx_c.model.weights import load_params
 from rwkvx_c.run.base import BASE_KEY, Record, identify
 from rwkvx_c.train.expand import place_weights
-from rwkvx_c.train.finetune import PartsAdamW, base_frozen, make_optimizer, restore_trained
+from rwkvx_c.train.finetune import (
+    PartsAdamW,
+    adapter_options,
+    base_frozen,
+    from_source,
+    make_optimizer,
+    restore_trained,
+)
 from rwkvx_c.train.optim import AdamW
 from rwkvx_c.train.options import model_vocab
 
 if TYPE_CHECKING:
     from rwkvx_c.data.tokenizers import Tokenizer
-    from rwkvx_c.train.options import ResolvedOptions
+    from rwkvx_c.train.distributed import ProcessGroup
+    from rwkvx_c.train.options import ResolvedOptions, TrainOptions
 
-__all__ = ["load_data", "load_pairs", "build_model", "load_source", "load_weights", "name_base"]
+__all__ = ["load_data", "load_pairs", "build_model", "load_source", "load_weights", "name_base",
+           "start_from_source"]
+
+
+def start_from_source(options: TrainOptions, group: ProcessGroup
+                      ) -> tuple[TrainOptions, dict[str, np.ndarray]]:
+    """A fine-tune's options and first weights from its --init-from source
+    (rwkvx_c.interop.source, read by rank 0): the source's shape and
+    tokenizer, its weights with a state-tuned source's initial states and a
+    PEFT / RWKV-PEFT source's adapters (which a LoRA tune trains on).
+    options.base: where the source's own base lies now, when the source is
+    a fine-tune whose base moved."""
+    path = options.init_from
+    assert path is not None
+    src = group.on_root(read_source, path, options.base)
+    options = dataclasses.replace(options, base=None)   # the source's, not this run's
+    weights = dict(src.weights, **({STATE_KEY: src.state0} if src.state0 is not None else {}))
+    if src.adapters is not None:
+        ads = src.adapters
+        asked = {f.name: getattr(options, f.name) for f in dataclasses.fields(options)
+                 if getattr(options, f.name) != f.default}   # what the user set
+        options = dataclasses.replace(options, **adapter_options(
+            asked, {"r": ads.r, "alpha": ads.alpha, "targets": ads.targets}, path))
+        for name, (A, B) in ads.pairs.items():
+            weights[name + A_SUFFIX], weights[name + B_SUFFIX] = A, B
+    return from_source(options, src.config, src.tokenizer, path), weights
 
 
 def _tokenizer(opts: ResolvedOptions, run_dir: str | None, out_dir: str | None,
@@ -53,8 +88,11 @@ def load_data(opts: ResolvedOptions, run_dir: str | None, out_dir: str | None,
     run's tokenizer is saved into out_dir (rank 0) to travel with it."""
     tokenizer = _tokenizer(opts, run_dir, out_dir, state)
     try:
-        corpus = load_corpus(opts.data, seq_len=opts.seq_len, cache_dir=opts.cache_dir,
-                             tokenizer=tokenizer, text_field=opts.text_field, progress=progress)
+        corpus = load_corpus(opts.data, seq_len=opts.seq_len, val_fraction=opts.val_fraction,
+                             cache_dir=opts.cache_dir, tokenizer=tokenizer,
+                             text_field=opts.text_field, progress=progress)
+        if opts.val_data is not None:
+            corpus = _with_validation(corpus, opts, tokenizer, progress)
     except OSError as e:
         raise TrainError(f"cannot prepare the corpus: {e}") from None
     return tokenizer, corpus
@@ -71,6 +109,26 @@ def load_pairs(opts: ResolvedOptions, run_dir: str | None, out_dir: str | None,
     corpus = Corpus(train.x.reshape(-1), val.x.reshape(-1), pairs.vocab_size(),
                     tokenizer.name == "byte", pairs.description)
     return tokenizer, corpus, train, val
+
+
+def _with_validation(corpus: Corpus, opts: ResolvedOptions, tokenizer: Tokenizer,
+                     progress: bool) -> Corpus:
+    """corpus validated on --val-data: every token of that corpus (both of
+    its splits, in order), read with the run's tokenizer."""
+    try:
+        v = load_corpus(opts.val_data, seq_len=opts.seq_len, val_fraction=opts.val_fraction,
+                        cache_dir=opts.cache_dir, tokenizer=tokenizer,
+                        text_field=opts.text_field, progress=progress)
+    except DataError as e:
+        raise DataError(f"--val-data: {e}") from None
+    if (v.train_mask is None) != (corpus.train_mask is None):
+        raise DataError("--val-data must be chat records when --data is, and plain text when "
+                        "--data is")
+    mask = None if v.train_mask is None or v.val_mask is None else \
+        np.concatenate([v.train_mask, v.val_mask])
+    val = np.concatenate([v.train, v.val])
+    return dataclasses.replace(corpus, val=val, val_mask=mask,
+                               description=f"{corpus.description}; validation {v.description}")
 
 
 def build_model(opts: ResolvedOptions, tokenizer: Tokenizer, corpus: Corpus,
@@ -130,8 +188,8 @@ def name_base(opts: ResolvedOptions, state: Mapping[str, Any] | None,
         base: Record | None = state.get(BASE_KEY)
         return base
     if opts.base:
-        raise TrainError("--base points a resumed fine-tune at its moved base; a new run "
-                         "names its base with --init-from")
+        raise TrainError("--base names where a fine-tune's base lies now: give it with "
+                         "--resume, or with --init-from a fine-tune whose base moved")
     if opts.init_from and weights is not None and base_frozen(opts) and writes:
         return identify(opts.init_from)
     return None

@@ -24,13 +24,20 @@ from rwkvx_c.model.presets import PRESETS
 from rwkvx_c.train.guard import ON_DIVERGENCE
 from rwkvx_c.train.objectives import OBJECTIVES
 from rwkvx_c.train.schedule import SCHEDULES
+from rwkvx_c.train.trackers import parse_trackers
 
 __all__ = ["TrainOptions", "auto_precision", "PRECISIONS", "TUNE_MODES", "DEFAULT_STEPS",
-           "saved_options", "apply_changes", "model_vocab"]
+           "saved_options", "apply_changes", "model_vocab", "flag_of", "new_run_hint"]
 
 PRECISIONS = ("fp32", "bf16", "auto")
 TUNE_MODES = ("full", "state", "lora")   # what trains (rwkvx_c.train.finetune)
 DEFAULT_STEPS = 1000      # a preset with neither steps nor a time budget
+# a state tune's defaults, RWKV-PEFT's (its demo-state-tuning.sh: --lr_init 1
+# --lr_final 1e-2): the states are few and move slowly at a full tune's rates
+STATE_LR = 1.0
+STATE_MIN_LR_FRAC = 0.01
+MIN_LR_FRAC = 0.1
+DEFAULT_VAL_FRACTION = 0.02
 MAX_TOKENS_PER_STEP = 2 ** 31 - 1   # B * T indexes int32 arrays in the C API
 
 
@@ -75,6 +82,13 @@ class TrainOptions:
         "folder, hf:NAME (a dataset of the local Hugging Face cache), RWKV-LM binidx (.bin + "
         ".idx) or .bin token file; several paths are read in order (default: the Python "
         "standard library's .py files)", kind="paths", metavar="PATH")
+    val_data: str | list[str] | None = _opt(
+        None, "validate on this corpus (any form --data takes) instead of a split of --data",
+        kind="paths", metavar="PATH")
+    val_fraction: float = _opt(DEFAULT_VAL_FRACTION, "the validation split of --data: its last "
+                               "F of tokens when it is one file or a token file (a folder or "
+                               "several files hold out whole files)", kind="unit_float",
+                               metavar="F")
     tokenizer: str = _opt("byte", "byte, world (the RWKV World vocabulary; needs "
                           "rwkvx_c[world]) or a tokenizer.json (needs rwkvx_c[hf]); a resumed "
                           "run keeps its own", metavar="byte|world|PATH")
@@ -89,15 +103,21 @@ class TrainOptions:
                                      kind="pos_float", metavar="MIN")
     batch: int | None = _opt(None, "sequences per step (default: the preset's: "
                              f"{_preset_values('batch')})", kind="pos_int", metavar="B")
+    grad_accum: int = _opt(1, "gradient accumulation: each optimiser step sums the grads of N "
+                           "micro-batches of --batch sequences (an effective batch of N x B; "
+                           "RWKV-LM's --accumulate_grad_batches)", kind="pos_int", metavar="N")
     seq_len: int | None = _opt(None, "tokens per sequence (default: the preset's: "
                                f"{_preset_values('seq_len')})", kind="pos_int", metavar="T")
-    lr: float | None = _opt(None, "peak learning rate (default: the preset's: "
+    lr: float | None = _opt(None, f"peak learning rate (default: {STATE_LR:g} with --tune state, "
+                            "RWKV-PEFT's; else the preset's: "
                             f"{_preset_values('lr')})", kind="pos_float", metavar="X")
     warmup_steps: int | None = _opt(None, "linear warmup steps (default: the preset's: "
                                     f"{_preset_values('warmup_steps')})", kind="nonneg_int",
                                     flag="--warmup", metavar="N")
-    min_lr_frac: float = _opt(0.1, "the schedule ends at this fraction of the peak learning "
-                              "rate", kind="unit_float", metavar="F")
+    min_lr_frac: float | None = _opt(None, "the schedule ends at this fraction of the peak "
+                                     f"learning rate (default: {STATE_MIN_LR_FRAC:g} with --tune "
+                                     f"state, RWKV-PEFT's; else {MIN_LR_FRAC:g})",
+                                     kind="unit_float", metavar="F")
     schedule: str = _opt("cosine", "the learning rate after the warmup: cosine down to "
                          "min_lr_frac, or wsd (warmup-stable-decay): constant, then linear "
                          "down over the last fifth; a resumed run given more --steps keeps wsd's "
@@ -141,6 +161,18 @@ class TrainOptions:
     l2wrap: float = _opt(0.0, "RWKV-LM's L2Wrap: push each position's largest logit towards 0 "
                          "with a grad of X * max_logit / (B*T); RWKV-LM uses 1e-4, 0 disables",
                          kind="nonneg_float", metavar="X")
+    keep_best: bool = _opt(False, "also keep best.safetensors, the checkpoint of the lowest "
+                           "validation loss (export, sample and eval take it as a checkpoint)",
+                           kind="flag")
+    keep_last: int | None = _opt(None, "also keep the K newest checkpoints as step snapshots "
+                                 "(checkpoint-STEP.safetensors)", kind="pos_int", metavar="K")
+    early_stop: int | None = _opt(None, "stop after K evaluations without a lower validation "
+                                  "loss", kind="pos_int", metavar="K")
+    log_to: str | None = _opt(None, "also send every log row and evaluation, the options and "
+                              "the loss plot to these trackers, a comma list of tensorboard, "
+                              "wandb, mlflow (each needs its extra: rwkvx_c[tensorboard], ...); "
+                              "WANDB_MODE=offline and MLFLOW_TRACKING_URI are honoured",
+                              metavar="T,T")
     on_divergence: str = _opt("stop", "when the loss blows up: stop, or reload the last "
                               "checkpoint and halve the learning rate (at most 3 times)",
                               choices=ON_DIVERGENCE)
@@ -198,7 +230,8 @@ class TrainOptions:
 
     # options a resumed run may change without changing what it computes
     RESUMABLE = ("steps", "time_budget", "eval_every", "save_every", "threads", "cache_dir",
-                 "on_divergence", "grad_cp", "base")
+                 "on_divergence", "grad_cp", "base", "keep_best", "keep_last", "early_stop",
+                 "log_to")
 
     def resolved(self) -> ResolvedOptions:
         """A copy with every preset default filled in and every value checked."""
@@ -207,6 +240,11 @@ class TrainOptions:
                              f"{', '.join(PRESETS)}")
         p = PRESETS[self.preset]
         o = TrainOptions(**{f.name: getattr(self, f.name) for f in fields(self)})
+        state = o.tune == "state"
+        if o.lr is None and state:
+            o.lr = STATE_LR
+        if o.min_lr_frac is None:
+            o.min_lr_frac = STATE_MIN_LR_FRAC if state else MIN_LR_FRAC
         for k in ("batch", "seq_len", "lr", "warmup_steps"):
             if getattr(o, k) is None:
                 setattr(o, k, p[k])
@@ -239,6 +277,7 @@ class TrainOptions:
             pos("time_budget", self.time_budget, integer=False)
         pos("batch", self.batch)
         pos("seq_len", self.seq_len)
+        pos("grad_accum", self.grad_accum)
         pos("lr", self.lr, integer=False)
         pos("warmup_steps", self.warmup_steps, allow_zero=True)
         pos("eval_tokens", self.eval_tokens)
@@ -256,12 +295,18 @@ class TrainOptions:
 
         def real(v: object) -> bool:
             return isinstance(v, (int, float, np.floating)) and not isinstance(v, bool)
-        if not (real(self.min_lr_frac) and 0.0 <= self.min_lr_frac <= 1.0):
+        if self.min_lr_frac is None or not (real(self.min_lr_frac)
+                                            and 0.0 <= self.min_lr_frac <= 1.0):
             raise TrainError(f"min_lr_frac must lie in [0, 1], got {self.min_lr_frac!r}")
         for b in ("beta1", "beta2"):
             if not (real(getattr(self, b)) and 0.0 <= getattr(self, b) < 1.0):
                 raise TrainError(f"{b} must lie in [0, 1), got {getattr(self, b)!r}")
-        for k in ("eval_every", "save_every", "threads", "vocab_size", "unfreeze_at"):
+        if not (real(self.val_fraction) and 0.0 < self.val_fraction < 1.0):
+            raise TrainError(f"val_fraction must lie in (0, 1), got {self.val_fraction!r}")
+        if not isinstance(self.keep_best, (bool, np.bool_)):
+            raise TrainError(f"keep_best must be true or false, got {self.keep_best!r}")
+        for k in ("eval_every", "save_every", "threads", "vocab_size", "unfreeze_at",
+                  "keep_last", "early_stop"):
             if getattr(self, k) is not None:
                 pos(k, getattr(self, k))
         if not isinstance(self.seed, int) or not 0 <= self.seed < 2 ** 64:   # the C seed's range
@@ -269,8 +314,12 @@ class TrainOptions:
         if self.precision not in PRECISIONS[:2]:
             raise TrainError(f"precision must be {', '.join(PRECISIONS)}, got "
                              f"{self.precision!r}")
-        paths = self.data if isinstance(self.data, (list, tuple)) else [self.data]
-        for k, v in [("data", p) for p in paths] + [("cache_dir", self.cache_dir)]:
+        paths = [("data", p) for p in (self.data if isinstance(self.data, (list, tuple))
+                                       else [self.data])]
+        paths += [("val_data", p) for p in (self.val_data if isinstance(self.val_data,
+                                                                        (list, tuple))
+                                            else [self.val_data])]
+        for k, v in paths + [("cache_dir", self.cache_dir)]:
             if v is not None and not isinstance(v, str):
                 raise TrainError(f"{k} must be a path, got {v!r}")
         if self.on_divergence is None:
@@ -295,8 +344,10 @@ class TrainOptions:
                 and not self.train_parts:
             raise TrainError("--unfreeze-at unfreezes a frozen base: give it with --tune state, "
                              "--freeze or --train-parts (in a plain full run everything trains)")
-        if self.tune != "lora" and self.lora_targets:
-            raise TrainError("--lora-targets names the adapters of --tune lora")
+        self._check_mode()
+        if self.log_to is not None and not isinstance(self.log_to, str):
+            raise TrainError(f"log_to must be a comma list of trackers, got {self.log_to!r}")
+        parse_trackers(self.log_to)
         if self.init not in SCHEMES:
             raise TrainError(f"unknown init {self.init!r}; choose one of {', '.join(SCHEMES)}")
         if self.objective not in OBJECTIVES:
@@ -316,8 +367,30 @@ class TrainOptions:
         if self.batch * self.seq_len > MAX_TOKENS_PER_STEP:
             raise TrainError(f"batch * seq_len exceeds {MAX_TOKENS_PER_STEP}")
 
+    def _check_mode(self) -> None:
+        """A TrainError for an option that has no effect in the chosen mode
+        (a LoRA option off --tune lora, an init over --init-from's weights):
+        a user who gives one expects it to do something."""
+        if self.tune != "lora":
+            for k in ("lora_r", "lora_alpha", "lora_targets"):
+                if getattr(self, k) not in (None, _DEFAULTS[k]):
+                    raise TrainError(f"{flag_of(k)} sets the adapters of --tune lora; it has no "
+                                     f"effect with --tune {self.tune}")
+        if self.init_from and self.init != _DEFAULTS["init"]:
+            raise TrainError(f"--init {self.init} initialises a new model; --init-from "
+                             f"{self.init_from}'s weights replace it: drop --init")
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(TrainOptions)}
+
+
+def flag_of(name: str) -> str:
+    """The command-line flag of option `name`."""
+    f = next(f for f in fields(TrainOptions) if f.name == name)
+    return f.metadata["flag"] or "--" + name.replace("_", "-")
 
 
 if TYPE_CHECKING:
@@ -329,6 +402,7 @@ if TYPE_CHECKING:
         batch: int
         seq_len: int
         lr: float
+        min_lr_frac: float
         warmup_steps: int
         model: dict[str, int]
 
@@ -380,7 +454,13 @@ def apply_changes(opts: TrainOptions, changes: dict[str, Any], tokenizer: dict |
         elif getattr(opts, k) != v:
             diff.append(f"{k} {getattr(opts, k)!r} -> {v!r}")
     if diff:
-        raise TrainError("cannot resume with a different configuration: " + "; ".join(diff))
+        raise TrainError("cannot resume with a different configuration: " + "; ".join(diff)
+                         + "; " + new_run_hint(out_dir))
+
+
+def new_run_hint(out_dir: str) -> str:
+    """What a refused resume says: a new run can start from the saved one's weights."""
+    return f"to start a new run from its weights, use --init-from {out_dir}"
 
 
 def _finite(v: float) -> bool:

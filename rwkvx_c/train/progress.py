@@ -11,7 +11,7 @@ from rwkvx_c.run.plot import plot_log
 from rwkvx_c.run.rundir import RunDir
 from rwkvx_c.util.progress import make_progress
 
-__all__ = ["progress_bar", "progress_update", "watch"]
+__all__ = ["progress_bar", "progress_update", "watch", "origin", "what_trains", "run_title"]
 
 Row = dict[str, Any]
 
@@ -82,4 +82,32 @@ def watch(tr: Trainer, on_step: Callable[[Row], object] | None, progress: bool,
         if bar is not None:
             bar.close()
         if plot and tr.run_dir is not None:
-            plot_log(tr.read_log(), tr.run_dir.plot_path, title=f"rwkvx_c: {tr.run_dir}")
+            plot_log(tr.read_log(), tr.run_dir.plot_path, title=run_title(tr.opts, tr.run_dir.path))
+
+
+def origin(o: Any) -> str:
+    """Where a run's weights come from: its preset and init, or its
+    --init-from source and tune mode."""
+    if not o.init_from:
+        return f"preset {o.preset}, init {o.init}"
+    return f"tune {o.tune} of {o.init_from}"
+
+
+def what_trains(o: Any) -> str:
+    """What of the model trains (--tune, --train-parts, --freeze, --unfreeze-at)."""
+    what = {"full": "every parameter", "state": "the initial WKV states",
+            "lora": f"LoRA adapters (r {o.lora_r}, alpha {o.lora_alpha:g})"}[o.tune]
+    if o.tune == "full" and o.train_parts:
+        what = f"only {o.train_parts}"
+    elif o.train_parts:
+        what += f" and {o.train_parts}"
+    if o.freeze:
+        what += f" but {o.freeze}"
+    if o.unfreeze_at:
+        what += f", everything from step {o.unfreeze_at}"
+    return what
+
+
+def run_title(o: Any, out: str) -> str:
+    """The loss plot's title: the run folder, and a fine-tune's mode and source."""
+    return f"rwkvx-c train: {out}" + (f"\n{origin(o)}" if o.init_from else "")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 
 __all__ = ["lr_at", "step_progress", "time_progress", "reserve_seconds", "eval_due_by_steps",
+           "eval_due_by_time",
            "EVALS_PER_RUN", "SCHEDULES", "WSD_DECAY_FRAC"]
 
 SCHEDULES = ("cosine", "wsd")
@@ -81,3 +82,19 @@ def eval_due_by_steps(step: int, eval_every: int | None, steps: int | None) -> b
     if steps is not None:
         return step % max(1, steps // EVALS_PER_RUN) == 0
     return None
+
+
+def eval_due_by_time(now: float, next_at: float | None, budget_s: float) -> tuple[bool, float]:
+    """Whether an evaluation by time falls at training time `now`, and when
+    the next one is: EVALS_PER_RUN over the budget (next_at None: the
+    first is yet to come)."""
+    # at most one evaluation a millisecond: a budget of 1e-320 minutes
+    # must give a finite count below, not inf
+    every = max(budget_s / EVALS_PER_RUN, 1e-3)
+    if next_at is None:
+        next_at = every
+    if now < next_at:
+        return False, next_at
+    # the next evaluation time after now, counted, not looped to: a tiny
+    # budget must not spin
+    return True, next_at + every * (math.floor((now - next_at) / every) + 1)

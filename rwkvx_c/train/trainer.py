@@ -18,8 +18,8 @@ run's losses bit for bit, on any thread count, when its schedule is by steps.
 """
 from __future__ import annotations
 
-import math
 import os
+import shutil
 import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -39,6 +39,7 @@ from rwkvx_c.run.checkpoint import save_checkpoint
 from rwkvx_c.run.lock import RunLock
 from rwkvx_c.run.rundir import RunDir
 from rwkvx_c.train import schedule
+from rwkvx_c.train.accumulate import GradAccumulator
 from rwkvx_c.train.assemble import (
     build_model,
     load_data,
@@ -46,7 +47,9 @@ from rwkvx_c.train.assemble import (
     load_source,
     load_weights,
     name_base,
+    start_from_source,
 )
+from rwkvx_c.train.config_file import save_config
 from rwkvx_c.train.distributed import world
 from rwkvx_c.train.finetune import (
     PartsAdamW,
@@ -58,11 +61,14 @@ from rwkvx_c.train.finetune import (
     unfreeze_due,
 )
 from rwkvx_c.train.guard import MAX_ROLLBACKS, ROLLBACK_LR_FACTOR, DivergenceGuard
+from rwkvx_c.train.keep import Keeper, save_best
 from rwkvx_c.train.objectives import PreferenceStep
 from rwkvx_c.train.optim import AdamW
-from rwkvx_c.train.options import TrainOptions
-from rwkvx_c.train.progress import watch
+from rwkvx_c.train.options import TrainOptions, new_run_hint
+from rwkvx_c.train.progress import run_title, watch
 from rwkvx_c.train.resume import read_saved, saved_counters
+from rwkvx_c.train.trackers import Trackers, open_trackers
+from rwkvx_c.train.validate import check_validation, validation_loss
 
 if TYPE_CHECKING:
     from rwkvx_c.data.pipeline import Corpus
@@ -111,6 +117,8 @@ class Trainer:
     _warm_end: float | None
     _next_eval_at: float | None
     _last_batch: tuple[np.ndarray, np.ndarray] | None
+    _accum: GradAccumulator | None
+    trackers: Trackers | None = None   # --log-to, on rank 0
     _lock: RunLock | None
 
     def __init__(self, options: TrainOptions | None = None, out_dir: str | None = None, *,
@@ -121,6 +129,8 @@ class Trainer:
                  _lock: RunLock | None = None) -> None:
         self.group = world() if group is None else group
         self._lock = _lock
+        # a run that fails before its first step leaves no folder it made behind
+        made = out_dir is not None and self.group.is_root and not os.path.lexists(out_dir)
         try:
             # an error on any rank raises on every rank: none is left waiting
             self.group.agree(self._setup, options, out_dir, _state, _tensors, _weights,
@@ -128,12 +138,17 @@ class Trainer:
             self.group.broadcast_(self.model.param_buffer)
         except BaseException:
             self.close()
+            if made and out_dir is not None:
+                shutil.rmtree(out_dir, ignore_errors=True)
             raise
 
     def _setup(self, options: TrainOptions | None, run_dir: str | None,
                _state: dict[str, Any] | None, _tensors: Mapping[str, np.ndarray] | None,
                _weights: Mapping[str, np.ndarray] | None, progress: bool) -> None:
-        self.opts = (options or TrainOptions()).resolved()
+        options = options or TrainOptions()
+        if options.init_from and _state is None and _weights is None:
+            options, _weights = start_from_source(options, self.group)
+        self.opts = options.resolved()
         # every rank reads the run folder (its tokenizer); only rank 0 writes it
         self.out_dir = run_dir if self.group.is_root else None
         self.run_dir = RunDir(self.out_dir) if self.out_dir is not None else None
@@ -154,6 +169,9 @@ class Trainer:
                                     self.opts.ref_from)
         if _state is not None:
             self._restore(_state, _tensors or {})
+        if self.run_dir is not None:   # rank 0 alone tracks and saves the options
+            save_config(self.run_dir.config, self.opts)
+            self.trackers = open_trackers(self.opts.log_to, self.out_dir, self.opts.to_dict())
         # the budget counts this session's set-up (corpus, model) too
         self._session_start = self._t0
 
@@ -210,14 +228,16 @@ class Trainer:
         # every rank draws the global batch and trains on its rows of it
         c = self.corpus   # a chat corpus's masks make its untrained targets IGNORE
         aligned = opts.tune == "state"   # its windows start where conversations do
-        self.sampler = BatchSampler(c.train, opts.batch, opts.seq_len, opts.seed, c.train_mask,
-                                    aligned)
+        self.sampler = BatchSampler(c.train, opts.batch * opts.grad_accum, opts.seq_len,
+                                    opts.seed, c.train_mask, aligned)
         self._rows = self.group.rows(opts.batch)
         self.val_x, self.val_y = eval_windows(c.val, opts.seq_len,
                                               max(1, opts.eval_tokens // opts.seq_len), c.val_mask,
                                               aligned)
         # val_bpb divides by the text bytes the validation targets decode to
         self.val_bytes = target_bytes(self.val_y, c.token_bytes, c.is_bytes)
+        if self.group.is_root:
+            check_validation(len(self.val_x), opts.eval_tokens, opts.seq_len)
 
     def _reset_counters(self) -> None:
         """The run state of step 0 (a resume then restores the saved one)."""
@@ -233,9 +253,14 @@ class Trainer:
         self.rollbacks = 0
         self.saved_step = None      # step of the checkpoint in out_dir, None before one
         self._last_batch = None
+        self._accum = None          # the grad sum of --grad-accum, made at its first step
+        self.keeper = Keeper(self.opts.keep_last, self.opts.early_stop)
 
     def close(self) -> None:
-        """Release the run folder's lock (idempotent)."""
+        """End the trackers (with the loss plot) and release the run folder's lock (idempotent)."""
+        trackers, self.trackers = getattr(self, "trackers", None), None
+        if trackers is not None and self.run_dir is not None:
+            trackers.close(self.read_log(), run_title(self.opts, self.run_dir.path))
         lock = getattr(self, "_lock", None)   # None too when __init__ failed before setting it
         if lock is not None:
             lock.release()
@@ -271,11 +296,13 @@ class Trainer:
         if ranks != self.group.size:
             raise TrainError(f"the run was trained on {ranks} process(es) and this is "
                              f"{self.group.size}; resume it with the same number "
-                             f"(mpiexec -n {ranks}), or start a new run")
-        if state.get("corpus") != self.corpus.description:
+                             f"(mpiexec -n {ranks}), or {new_run_hint(self.out_dir or 'RUN')}")
+        if not self.corpus.described_as(state.get("corpus")):
             raise TrainError(f"the corpus changed since the checkpoint: it was "
-                             f"{state.get('corpus')}, it is now {self.corpus.description}")
+                             f"{state.get('corpus')}, it is now {self.corpus.description}; "
+                             f"{new_run_hint(self.out_dir or 'RUN')}")
         c = saved_counters(state)
+        self.keeper.restore(state.get("keeper"))
         # the side of the base-unfreeze first: past it a LoRA run's checkpoint
         # holds the merged base and no adapters, before it both
         partial = state.get(BASE_KEY) is not None
@@ -329,7 +356,8 @@ class Trainer:
                 "corpus": self.corpus.description, "tokenizer": self.tokenizer.identity(),
                 "world_size": self.group.size, "unfrozen": is_unfrozen(self.optim),
                 "lr_scale": self.lr_scale, "rollbacks": self.rollbacks,
-                BASE_KEY: self.base if self._names_base() else None}
+                BASE_KEY: self.base if self._names_base() else None,
+                "keeper": self.keeper.state()}
 
     def save(self, path: str | None = None) -> str | None:
         """Write the checkpoint (params, AdamW moments, run state) atomically.
@@ -354,6 +382,7 @@ class Trainer:
         save_checkpoint(path, tensors, self.model.config, self.state())
         if self.run_dir is not None and path == self.run_dir.checkpoint:
             self.saved_step = self.step_count
+            self.keeper.snapshot(self.run_dir, self.step_count)
         self._save_seconds = max(self._save_seconds or 0.0, time.perf_counter() - t)
         return path
 
@@ -366,9 +395,10 @@ class Trainer:
         if self.last_eval is not None and self.last_eval["step"] == self.step_count:
             self.guard.check_eval(self.last_eval["val_loss"], self.step_count)
         elif self._last_batch is not None:
-            x, y = self._last_batch
-            self.model.forward(x, return_logits=False)
-            self.guard.check_eval(self.model.loss(y, IGNORE), self.step_count)
+            x, y = self._last_batch   # its first micro-batch: the model's acts fit it
+            B = self.opts.batch
+            self.model.forward(x[:B], return_logits=False)
+            self.guard.check_eval(self.model.loss(y[:B], IGNORE), self.step_count)
 
     # --------------------------------------------------------------- training
     def train_seconds(self) -> float:
@@ -418,6 +448,8 @@ class Trainer:
     def _done(self) -> bool:
         if self.step_count == 0:
             return False
+        if self.keeper.stop():
+            return True
         if self.opts.steps is not None and self.step_count >= self.opts.steps:
             return True
         budget = self._budget_s()
@@ -438,15 +470,12 @@ class Trainer:
         if self.pref is not None:
             loss, extra, n_tokens = self.pref.step(self.model)
         else:
-            x, y = self.sampler.next()
+            x, y = self.sampler.next()   # the step's batch: batch * grad_accum sequences
             self._last_batch = (x, y)
-            lo, hi = self._rows
-            self.model.forward(x[lo:hi], return_logits=False)
-            loss = self.model.backward(y[lo:hi], IGNORE)
+            loss = self._backward(x, y)
             n_tokens = x.size
-            # a chat corpus's ranks count different numbers of targets: weighted by them
             if self.corpus.train_mask is not None:
-                share = count_targets(y[lo:hi]) / max(count_targets(y), 1)
+                share = self._share(y)
         loss = self.group.average_grads(self.optim.grad_buffers(), loss, share)
         norm = self.optim.grad_norm()   # of what trains, judged before the update
         self.guard.check_loss(loss, self.step_count + 1, norm)
@@ -459,6 +488,27 @@ class Trainer:
         return {"step": self.step_count, "loss": float(loss), "lr": lr,
                 "tokens_per_s": n_tokens / dt, "grad_norm": norm,
                 "elapsed": round(self.train_seconds(), 3), **extra}
+
+    def _backward(self, x: np.ndarray, y: np.ndarray) -> float:
+        """Forward and backward of this rank's rows of the step's batch: the
+        mean loss, its grads in the optimiser's buffers. With grad_accum N,
+        over N micro-batches of `batch` sequences, each split over the ranks
+        as one batch is (rwkvx_c.train.accumulate)."""
+        lo, hi = self._rows
+        if self.opts.grad_accum == 1:
+            self.model.forward(x[lo:hi], return_logits=False)
+            return self.model.backward(y[lo:hi], IGNORE)
+        if self._accum is None or self._accum.optim is not self.optim:
+            self._accum = GradAccumulator(self.optim)   # once, and again past an unfreeze
+        return self._accum.backward(self.model, x, y, self._rows, self.opts.batch,
+                                    self.corpus.train_mask is not None)
+
+    def _share(self, y: np.ndarray) -> float:
+        """This rank's share of the step's counted targets (a chat corpus's
+        ranks count different numbers: their grads are weighted by it)."""
+        lo, hi, b = *self._rows, self.opts.batch
+        mine = sum(count_targets(y[k * b + lo:k * b + hi]) for k in range(len(y) // b))
+        return mine / max(count_targets(y), 1)
 
     def evaluate(self) -> Row:
         """Mean validation loss over the fixed validation windows (up to
@@ -474,21 +524,8 @@ class Trainer:
             self.last_eval = {"step": self.step_count, "val_loss": row["val_loss"],
                               "val_bpb": None}
             return row
-        lo, hi = self._rows
-        B = hi - lo
-        first, last = self.group.split(len(self.val_x))
-        total, n = 0.0, 0.0
-        for i in range(first, last, B):
-            x = np.ascontiguousarray(self.val_x[i:min(i + B, last)])
-            y = np.ascontiguousarray(self.val_y[i:min(i + B, last)])
-            # the head and loss over row chunks: no (B*T, vocab) logits
-            self.model.forward(x, return_logits=False)
-            k = count_targets(y)   # a chat corpus scores its assistant tokens alone
-            total += self.model.loss(y, IGNORE) * k
-            n += k
-        total, n = self.group.sum_values(total, n)
-        val = total / n
-        bpb = total / (math.log(2) * self.val_bytes) if self.val_bytes else None
+        val, bpb = validation_loss(self.model, self.val_x, self.val_y, self._rows, self.group,
+                                   self.val_bytes)
         # the slowest evaluation so far: on a shared machine the next can be as slow
         self._eval_seconds = max(self._eval_seconds or 0.0, time.perf_counter() - t)
         self.last_eval = {"step": self.step_count, "val_loss": val, "val_bpb": bpb}
@@ -504,18 +541,9 @@ class Trainer:
         by_steps = schedule.eval_due_by_steps(self.step_count, o.eval_every, o.steps)
         if by_steps is not None:
             return by_steps
-        # at most one evaluation a millisecond: a budget of 1e-320 minutes
-        # must give a finite count below, not inf
-        every = max(self._time_budget_s() / schedule.EVALS_PER_RUN, 1e-3)
-        if self._next_eval_at is None:
-            self._next_eval_at = every
-        now = self.train_seconds()
-        if now < self._next_eval_at:
-            return False
-        # the next evaluation time after now, counted, not looped to: a tiny
-        # budget must not spin
-        self._next_eval_at += every * (math.floor((now - self._next_eval_at) / every) + 1)
-        return True
+        due, self._next_eval_at = schedule.eval_due_by_time(
+            self.train_seconds(), self._next_eval_at, self._time_budget_s())
+        return due
 
     def save_due(self, evaluated: bool) -> bool:
         if self.opts.save_every is not None:
@@ -527,6 +555,8 @@ class Trainer:
         """Append one JSON row to out_dir/log.jsonl."""
         if self.run_dir is not None:
             self.run_dir.append_log([{**row, "world_size": self.group.size}])
+        if self.trackers is not None:
+            self.trackers.log(row)
 
     def read_log(self) -> list[Row]:
         """The rows of out_dir/log.jsonl."""
@@ -602,10 +632,14 @@ class Trainer:
             self.log(row)
             if on_step:
                 on_step(row)
+            best = self.keeper.evaluated(self.step_count, final["val_loss"])
         else:
             final = {k: self.last_eval[k] for k in ("val_loss", "val_bpb")}
+            best = False
         if self.out_dir:
             self.save()
+            if best:
+                self._save_best()
         return final
 
     def _train_step(self, on_step: Callable[[Row], object] | None) -> None:
@@ -624,11 +658,23 @@ class Trainer:
         self.log(row)
         if on_step:
             on_step(row)
+        best = evaluated and self.keeper.evaluated(self.step_count, row["val_loss"])
         if self.out_dir and self.save_due(evaluated) and not self.guard.suspect():
             try:
                 self.save()
             except Divergence as e:
                 self._diverged(e)
+                return
+        if best and not self.guard.suspect():
+            self._save_best()
+
+    def _save_best(self) -> None:
+        """--keep-best: this step's model, the best so far (rwkvx_c.train.keep)."""
+        try:
+            save_best(self.run_dir if self.opts.keep_best else None,
+                      self.saved_step == self.step_count, self.save)
+        except Divergence as e:
+            self._diverged(e)
 
 
 def _take_lock(out_dir: str) -> RunLock:

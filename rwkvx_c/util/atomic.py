@@ -87,8 +87,18 @@ def replace_with(dest: str, write: Callable[[str], object], keep_ext: bool = Fal
     format by it."""
     with _temporary(dest, keep_ext) as tmp:
         write(tmp)
+        # a writer that makes its file 0600 (safetensors' save_file does) gets
+        # the mode open() gives every other file: readable as the umask allows
+        os.chmod(tmp, 0o666 & ~_umask())
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
+
+
+def _umask() -> int:
+    """The process's umask (read by setting it and back: no call only reads it)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _pid_alive(pid: int) -> bool:

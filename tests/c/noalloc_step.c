@@ -54,13 +54,22 @@ int posix_memalign(void **p, size_t al, size_t n) {
 static int rows_mode;
 static double row_loss[B * T], weight[B * T];
 
+/* acc: NULL, or a grad-sized buffer: then the step accumulates two
+ * micro-batches (--grad-accum 2: the first's grads into acc, the second's
+ * summed with them in the arena) */
 static int step(rx_ptmodel *m, rx_pt_acts *acts, const int *tok, const int *tgt, float *mom,
-                float *vel, int64_t t) {
+                float *vel, int64_t t, float *acc) {
     int64_t n;
     float *p = rx_ptmodel_param_arena(m, &n);
-    const float *g = rx_ptmodel_grad_arena(m, &n);
+    float *g = (float *)rx_ptmodel_grad_arena(m, &n);
     double loss, norm;
-    int rc = rx_pretrain_forward_batch(m, tok, B, T, acts);
+    int rc = RX_OK;
+    if (acc) {
+        rc = rx_pretrain_forward_batch(m, tok, B, T, acts);
+        if (rc == RX_OK) rc = rx_pretrain_backward_loss(m, acts, tgt, B, T, -1, &loss);
+        if (rc == RX_OK) rc = rx_axpby((size_t)n, 0.5f, g, 0.0f, acc);
+    }
+    if (rc == RX_OK) rc = rx_pretrain_forward_batch(m, tok, B, T, acts);
     if (rc == RX_OK && rows_mode) {
         rc = rx_pretrain_row_losses(m, acts, tgt, B, T, -1, row_loss);
         for (int i = 0; i < B * T; i++) weight[i] = (i / T ? -1e-3 : 1e-3) * (1.0 + row_loss[i]);
@@ -68,6 +77,7 @@ static int step(rx_ptmodel *m, rx_pt_acts *acts, const int *tok, const int *tgt,
     } else if (rc == RX_OK) {
         rc = rx_pretrain_backward_loss(m, acts, tgt, B, T, -1, &loss);
     }
+    if (rc == RX_OK && acc) rc = rx_axpby((size_t)n, 1.0f, acc, 0.5f, g);
     if (rc == RX_OK) rc = rx_grad_norm_l2(g, (size_t)n, &norm);
     if (rc == RX_OK)
         rc = rx_adamw_step(p, g, mom, vel, (size_t)n, NULL, 0, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f,
@@ -85,7 +95,7 @@ static int add_lora(rx_ptmodel *m) {
     return rc == RX_OK ? rx_ptmodel_set_frozen(m, 1) : rc;
 }
 
-/* argv: [RX_ACTS_* flags [head_rows [lora [rows]]]]; with flags, L2Wrap on too */
+/* argv: [RX_ACTS_* flags [head_rows [lora|base|- [rows|accum]]]]; with flags, L2Wrap on too */
 int main(int argc, char **argv) {
     const int flags = argc > 1 ? atoi(argv[1]) : 0, head_rows = argc > 2 ? atoi(argv[2]) : 0;
     rows_mode = argc > 4 && strcmp(argv[4], "rows") == 0;
@@ -108,7 +118,9 @@ int main(int argc, char **argv) {
     if (rc == RX_OK && argc > 3 && strcmp(argv[3], "lora") == 0) rc = add_lora(m);
     if (rc == RX_OK) rx_ptmodel_param_arena(m, &n);
     float *mom = calloc((size_t)n + 1, sizeof(float)), *vel = calloc((size_t)n + 1, sizeof(float));
-    if (rc != RX_OK || !mom || !vel) {
+    const int accum = argc > 4 && strcmp(argv[4], "accum") == 0;
+    float *acc = accum ? calloc((size_t)n + 1, sizeof(float)) : NULL;
+    if (rc != RX_OK || !mom || !vel || (accum && !acc)) {
         fprintf(stderr, "set-up failed: %s\n", rx_last_error());
         return 2;
     }
@@ -117,10 +129,10 @@ int main(int argc, char **argv) {
     int64_t t = 1;
     for (int i = 0; i < 2; i++) {
         rc = rx_ptmodel_set_precision(m, precisions[i]);
-        if (rc == RX_OK) rc = step(m, acts, tok, tgt, mom, vel, t++);   /* grows the buffers */
+        if (rc == RX_OK) rc = step(m, acts, tok, tgt, mom, vel, t++, acc);   /* grows the buffers */
         __atomic_store_n(&count, 0, __ATOMIC_RELAXED);
         __atomic_store_n(&counting, 1, __ATOMIC_RELAXED);
-        if (rc == RX_OK) rc = step(m, acts, tok, tgt, mom, vel, t++);
+        if (rc == RX_OK) rc = step(m, acts, tok, tgt, mom, vel, t++, acc);
         __atomic_store_n(&counting, 0, __ATOMIC_RELAXED);
         if (rc != RX_OK) {
             fprintf(stderr, "%s step failed: %s\n", names[i], rx_last_error());
@@ -130,6 +142,7 @@ int main(int argc, char **argv) {
     }
     free(mom);
     free(vel);
+    free(acc);
     rx_pt_acts_free(acts);
     rx_ptmodel_free(m);
     return 0;
