@@ -29,7 +29,6 @@ import numpy as np
 from rwkvx_c import _core
 from rwkvx_c.data.sampler import IGNORE, BatchSampler, count_targets, eval_windows, target_bytes
 from rwkvx_c.errors import (
-    Divergence,
     RunLocked,
     TrainError,
 )
@@ -60,8 +59,9 @@ from rwkvx_c.train.finetune import (
     trained_tensors,
     unfreeze_due,
 )
-from rwkvx_c.train.guard import MAX_ROLLBACKS, ROLLBACK_LR_FACTOR, DivergenceGuard
-from rwkvx_c.train.keep import Keeper, save_best
+from rwkvx_c.train.guard import DivergenceGuard
+from rwkvx_c.train.keep import Keeper
+from rwkvx_c.train.loop import run_loop
 from rwkvx_c.train.objectives import PreferenceStep
 from rwkvx_c.train.optim import AdamW
 from rwkvx_c.train.options import TrainOptions, new_run_hint
@@ -578,103 +578,9 @@ class Trainer:
         MAX_ROLLBACKS times. The run folder's lock is released on return."""
         try:
             with watch(self, on_step, progress and self.group.is_root, plot) as seen:
-                return self._run(seen, stop)
+                return run_loop(self, seen, stop)
         finally:
             self.close()
-
-    def _diverged(self, e: Divergence) -> None:
-        """Rolls back after Divergence e when allowed, else re-raises it with
-        the checkpoint's fate in its message."""
-        rd = self.run_dir
-        have = rd is not None and self.saved_step is not None and rd.has_checkpoint()
-        # under MPI only rank 0 holds the checkpoint: every rank stops instead
-        if self.opts.on_divergence == "rollback" and rd is not None and have \
-                and self.rollbacks < MAX_ROLLBACKS and self.group.size == 1:
-            # the checkpoint's own count and scale are older than this session's
-            elapsed, start = self.elapsed, self._session_start
-            rollbacks, lr_scale = self.rollbacks, self.lr_scale
-            tensors, _, state = rd.read_checkpoint()
-            self._restore(state, tensors)
-            self.elapsed, self._session_start = elapsed, start  # the lost time was spent
-            self.rollbacks = rollbacks + 1
-            self.lr_scale = lr_scale * ROLLBACK_LR_FACTOR
-            self.guard.reset()
-            self.log({"step": self.step_count, "rollback": self.rollbacks, "reason": e.reason,
-                      "lr_scale": self.lr_scale})
-            return
-        if have:
-            fate = f"the checkpoint of step {self.saved_step} in {self.out_dir} is kept"
-        elif self.out_dir:
-            fate = f"no checkpoint was saved in {self.out_dir}"
-        else:
-            fate = "nothing was saved"
-        if self.opts.on_divergence == "rollback" and have:
-            fate += f" ({self.rollbacks} rollbacks did not help)"
-        hint = "" if self.opts.on_divergence == "rollback" or not have else \
-            " or --on-divergence rollback"
-        raise Divergence(e.step, f"{e.reason}; {fate}; try a lower --lr{hint}") from None
-
-    def _run(self, on_step: Callable[[Row], object] | None,
-             stop: Callable[[], bool] | None) -> Row:
-        while not self.done():
-            if stop is not None and stop():
-                break
-            self._train_step(on_step)
-        if self.last_eval is None or self.last_eval["step"] != self.step_count:
-            final = self.evaluate()
-            try:
-                self.guard.check_eval(final["val_loss"], self.step_count)
-            except Divergence as e:
-                self._diverged(e)
-                return self._run(on_step, stop)
-            row = {"step": self.step_count, **final, "elapsed": round(self.train_seconds(), 3),
-                   "final": True}
-            self.log(row)
-            if on_step:
-                on_step(row)
-            best = self.keeper.evaluated(self.step_count, final["val_loss"])
-        else:
-            final = {k: self.last_eval[k] for k in ("val_loss", "val_bpb")}
-            best = False
-        if self.out_dir:
-            self.save()
-            if best:
-                self._save_best()
-        return final
-
-    def _train_step(self, on_step: Callable[[Row], object] | None) -> None:
-        """One step of the loop: the step, its periodic evaluation, its log
-        row and its checkpoint; a divergence rolls back or raises (_diverged)."""
-        try:
-            row = self.step()
-            evaluated = False
-            if self.eval_due() and not self.done():
-                row.update(self.evaluate())
-                self.guard.check_eval(row["val_loss"], self.step_count)
-                evaluated = True
-        except Divergence as e:
-            self._diverged(e)
-            return
-        self.log(row)
-        if on_step:
-            on_step(row)
-        best = evaluated and self.keeper.evaluated(self.step_count, row["val_loss"])
-        if self.out_dir and self.save_due(evaluated) and not self.guard.suspect():
-            try:
-                self.save()
-            except Divergence as e:
-                self._diverged(e)
-                return
-        if best and not self.guard.suspect():
-            self._save_best()
-
-    def _save_best(self) -> None:
-        """--keep-best: this step's model, the best so far (rwkvx_c.train.keep)."""
-        try:
-            save_best(self.run_dir if self.opts.keep_best else None,
-                      self.saved_step == self.step_count, self.save)
-        except Divergence as e:
-            self._diverged(e)
 
 
 def _take_lock(out_dir: str) -> RunLock:
