@@ -6,7 +6,6 @@ import argparse
 import os
 import signal
 import sys
-from dataclasses import MISSING, fields
 from types import FrameType
 from typing import Any
 
@@ -29,6 +28,7 @@ from rwkvx_c.train.finetune import from_source
 from rwkvx_c.train.options import TrainOptions
 from rwkvx_c.train.progress import progress_bar, progress_update
 from rwkvx_c.train.trainer import Trainer
+from rwkvx_c.util.registry import Entry, entries
 
 __all__ = ["add_parser", "run"]
 
@@ -36,13 +36,13 @@ SAMPLE_PROMPT = "def "
 CHAT_PROMPT = "$'User: Hi\\n\\nAssistant:'"   # bash quoting: the newlines of RWKV's chat format
 
 
-def _help(f: Any) -> str:
-    """A field's help, with its default unless the help already says it; a
+def _help(e: Entry) -> str:
+    """An option's help, with its default unless the help already says it; a
     % escaped, as argparse formats help strings with %."""
-    h = f.metadata["help"].replace("%", "%%")
-    if "default" in h or f.default is MISSING:
+    h = e.help.replace("%", "%%")
+    if "default" in h or e.required:
         return h
-    return f"{h} (default: {f.default})"
+    return f"{h} (default: {e.default})"
 
 
 def add_parser(sub: Subparsers) -> None:
@@ -50,22 +50,20 @@ def add_parser(sub: Subparsers) -> None:
                        description="Train an RWKV-X model (bytes by default, or --tokenizer). "
                        "With no arguments: the default preset on the Python standard library's "
                        ".py files, for at most 9.5 minutes, into a new folder under ./runs/.")
-    for f in fields(TrainOptions):
-        m = f.metadata
-        if not m.get("cli"):
+    for e in entries(TrainOptions):
+        if e.flag is None:
             continue
-        flag = m["flag"] or "--" + f.name.replace("_", "-")
-        if m["kind"] == "flag":   # absent: None, so a resumed run keeps its own
-            t.add_argument(flag, dest=f.name, help=_help(f), action="store_true", default=None)
+        if e.kind == "flag":   # absent: None, so a resumed run keeps its own
+            t.add_argument(e.flag, dest=e.key, help=_help(e), action="store_true", default=None)
             continue
-        kw: dict[str, Any] = dict(dest=f.name, help=_help(f), metavar=m["metavar"])
-        if m["choices"]:
-            kw.update(choices=list(m["choices"]), metavar=None)
+        kw: dict[str, Any] = dict(dest=e.key, help=_help(e), metavar=e.metavar)
+        if e.choices:
+            kw.update(choices=list(e.choices), metavar=None)
         else:
-            kw["type"] = ARG_TYPES[m["kind"]]
-        if m["kind"] == "paths":
+            kw["type"] = ARG_TYPES[e.kind]
+        if e.kind == "paths":
             kw["nargs"] = "+"
-        t.add_argument(flag, **kw)
+        t.add_argument(e.flag, **kw)
     t.add_argument("--out", metavar="DIR", help="run folder (default: a new folder under "
                    "./runs/)")
     t.add_argument("--resume", action="store_true", help="continue the run in --out (or "
@@ -82,7 +80,7 @@ def add_parser(sub: Subparsers) -> None:
 def train_options(a: argparse.Namespace) -> dict[str, Any]:
     """The TrainOptions fields the flags set (None: not given), the shape
     flags folded into `model`; TrainError for shape flags with --resume."""
-    opts = {f.name: getattr(a, f.name) for f in fields(TrainOptions) if f.metadata.get("cli")}
+    opts = {e.key: getattr(a, e.key) for e in entries(TrainOptions) if e.flag is not None}
     if a.data and len(a.data) == 1:
         opts["data"] = a.data[0]
     shape = {o.name: getattr(a, o.name) for o in SHAPE_OPTIONS}

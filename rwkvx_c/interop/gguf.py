@@ -20,13 +20,13 @@ from rwkvx_c.data.tokenizers import WORLD_VOCAB_SIZE as WORLD_VOCAB
 from rwkvx_c.data.tokenizers import parse_vocab_file, world_vocab_path
 from rwkvx_c.errors import InteropError, TokenizerError
 from rwkvx_c.interop.pth import DTYPES
+from rwkvx_c.model.config import ModelConfig, export_refusal
 from rwkvx_c.util.atomic import replace_with
 
 __all__ = ["gguf_refusal", "gguf_tensors", "gguf_vocab", "save_gguf"]
 
 ARCH = "rwkv7"
 CONTEXT_LENGTH = 1048576   # what the converter writes: RWKV has no context limit
-LN_EPS = 1e-5
 WORLD_EOT = 261   # "\n\n" in the World vocabulary: end of a chat turn
 # the lerps, stacked in the order llama.cpp's graph reads them
 _LERPS = ("x_r", "x_w", "x_k", "x_v", "x_a", "x_g")
@@ -44,13 +44,9 @@ def _need_gguf() -> Any:
 def gguf_refusal(config: dict[str, int]) -> str | None:
     """Why llama.cpp's rwkv7 cannot hold this config, or None."""
     c = config
-    if c["n_attn_layer"]:
-        return (f"llama.cpp's rwkv7 holds no attention blocks and this model has "
-                f"{c['n_attn_layer']}")
-    if not c.get("ln0", 0):
-        return "llama.cpp's rwkv7 needs ln0 (the embedding LayerNorm) and this model has none"
-    if c["head_size"] != 64:
-        return f"llama.cpp's RWKV-7 kernels want head size 64; this model has {c['head_size']}"
+    why = export_refusal(c, "gguf", "llama.cpp's rwkv7")
+    if why is not None:
+        return why
     if c["vocab_size"] not in (256, WORLD_VOCAB):
         return (f"no tokenizer to put inside for vocab {c['vocab_size']} (256 bytes or the "
                 f"{WORLD_VOCAB}-token World vocabulary)")
@@ -168,7 +164,7 @@ def save_gguf(model: RxPtModel, path: str, dtype: str = "fp32") -> None:
         w.add_block_count(c["n_rwkv_layer"])
         w.add_feed_forward_length(c["ffn_dim"])
         w.add_head_count(0)   # the converter's value: required key, unused by rwkv7
-        w.add_layer_norm_eps(LN_EPS)
+        w.add_layer_norm_eps(ModelConfig.resolve(c)["ln_eps"])
         w.add_wkv_head_size(c["head_size"])
         w.add_decay_lora_rank(c["Dw"])
         w.add_iclr_lora_rank(c["Da"])

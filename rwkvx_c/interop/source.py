@@ -20,6 +20,7 @@ from rwkvx_c.data.tokenizers import WORLD_VOCAB_SIZE, run_tokenizer
 from rwkvx_c.errors import CheckpointError, InteropError, TokenizerError
 from rwkvx_c.interop.pth import load_pth
 from rwkvx_c.interop.rwkv7 import from_rwkv7, from_rwkvx
+from rwkvx_c.model.config import ModelConfig
 from rwkvx_c.model.lora import adapters_of, run_alpha, without_adapters
 from rwkvx_c.run.checkpoint import STATE_KEY, read_checkpoint
 from rwkvx_c.run.rundir import RunDir
@@ -77,5 +78,5 @@ def _from_checkpoint(src: str, path: str, folder: str) -> Source:
     except TokenizerError as e:
         raise InteropError(f"--init-from {src}: {e}") from None
     spec = tok.name if tok.name in ("byte", "world") else os.path.join(folder, "tokenizer.json")
-    return Source(src, {"ln0": 0, **dict(config)}, weights, spec,
+    return Source(src, ModelConfig.resolve(config), weights, spec,
                   None if s0 is None else np.array(s0))

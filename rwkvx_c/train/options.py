@@ -9,10 +9,9 @@ None means "the preset's value" for the preset-driven fields.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, fields
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, cast
-
-import numpy as np
 
 from rwkvx_c import _core
 from rwkvx_c.data.tokenizers import check_identity
@@ -23,9 +22,11 @@ from rwkvx_c.model.init import SCHEMES
 from rwkvx_c.model.presets import PRESETS
 from rwkvx_c.train.guard import ON_DIVERGENCE
 from rwkvx_c.train.schedule import SCHEDULES
+from rwkvx_c.util.registry import Entry, entries, resolve, stored
+from rwkvx_c.util.registry import declare as _opt
 
 __all__ = ["TrainOptions", "auto_precision", "PRECISIONS", "TUNE_MODES", "DEFAULT_STEPS",
-           "saved_options", "apply_changes", "model_vocab"]
+           "saved_options", "apply_changes", "model_vocab", "schema"]
 
 PRECISIONS = ("fp32", "bf16", "auto")
 TUNE_MODES = ("full", "state", "lora")   # what trains (rwkvx_c.train.finetune)
@@ -42,14 +43,21 @@ def auto_precision() -> str:
     return "bf16" if _core.gemm_kernel("bf16") == "amx-bf16" else "fp32"
 
 
-def _opt(default: Any, help: str, *, kind: str = "str", flag: str | None = None,
-         metavar: str | None = None, choices: tuple[str, ...] | None = None,
-         cli: bool = True) -> Any:
-    """A TrainOptions field with its command-line description. kind:
-    "pos_int", "nonneg_int", "pos_float", "nonneg_float", "unit_float",
-    "str", "paths", "flag" (a switch, off by default)."""
-    return field(default=default, metadata=dict(help=help, kind=kind, flag=flag,
-                                                metavar=metavar, choices=choices, cli=cli))
+# A TrainOptions field: one declare() call (rwkvx_c.util.registry) with its
+# default, help and kind (a KINDS key: "pos_int", "nonneg_int", "pos_float",
+# "nonneg_float", "unit_float", "unit_open", "str", "names", "path", "paths",
+# "flag" (a switch, off by default), "config"), and as needed flag=, metavar=,
+# choices=, cli=False, absent= (what its absence in an older checkpoint
+# means), check= (a further check of a value); _opt is declare.
+
+
+def _max_threads(v: int) -> str | None:
+    return f"threads must be at most {_core.MAX_THREADS}, got {v}" \
+        if v > _core.MAX_THREADS else None
+
+
+def _seed_range(v: int) -> str | None:   # the C seed's range
+    return f"seed must be an integer in [0, 2**64), got {v!r}" if v >= 2 ** 64 else None
 
 
 def _preset_values(key: str) -> str:
@@ -103,13 +111,14 @@ class TrainOptions:
                                metavar="X")
     grad_clip: float = _opt(1.0, "clip the global grad norm to X, 0 disables",
                             kind="nonneg_float", metavar="X")
-    beta1: float = _opt(0.9, "AdamW beta1", cli=False)
-    beta2: float = _opt(0.99, "AdamW beta2", cli=False)
-    adam_eps: float = _opt(1e-8, "AdamW epsilon", cli=False)
+    beta1: float = _opt(0.9, "AdamW beta1", kind="unit_open", cli=False)
+    beta2: float = _opt(0.99, "AdamW beta2", kind="unit_open", cli=False)
+    adam_eps: float = _opt(1e-8, "AdamW epsilon", kind="nonneg_float", cli=False)
     threads: int | None = _opt(None, "OpenMP threads (default: OMP_NUM_THREADS or every "
                                "core; under MPI each rank's share of its cores)",
-                               kind="pos_int", metavar="N")
-    seed: int = _opt(0, "seed of the init and the data order", kind="nonneg_int", metavar="S")
+                               kind="pos_int", metavar="N", check=_max_threads)
+    seed: int = _opt(0, "seed of the init and the data order", kind="nonneg_int", metavar="S",
+                    check=_seed_range)
     eval_every: int | None = _opt(None, "evaluate every K steps (default: 10 evaluations over "
                                   "the run)", kind="pos_int", metavar="K")
     eval_tokens: int = _opt(32768, "validation tokens per evaluation", kind="pos_int",
@@ -123,9 +132,10 @@ class TrainOptions:
                                   "corpus's: its sidecar's vocab_size, else its largest id + 1; "
                                   "a resumed run keeps its own)", kind="pos_int", metavar="V")
     model: dict[str, int] | None = _opt(None, "overrides of the preset's model config",
-                                        cli=False)
+                                        kind="config", cli=False)
     cache_dir: str | None = _opt(None, "where corpora are cached as token files (default: "
-                                 "$RWKVX_CACHE or ~/.cache/rwkvx_c)", metavar="DIR")
+                                 "$RWKVX_CACHE or ~/.cache/rwkvx_c)", kind="path",
+                                 metavar="DIR")
     precision: str = _opt("auto", "projection GEMMs in fp32, or bf16 with fp32 accumulation; "
                           "auto: bf16 where the CPU has AMX-BF16, where it is faster. A "
                           "resumed run keeps its precision", choices=PRECISIONS)
@@ -142,7 +152,8 @@ class TrainOptions:
 
     init_from: str | None = _opt(None, "start from these weights: a run folder, a "
                                  "checkpoint or an x070 / RWKV-X .pth (a new run at step 0; "
-                                 "shape and tokenizer from SRC)", metavar="SRC")
+                                 "shape and tokenizer from SRC)", kind="path",
+                                 metavar="SRC")
     tune: str = _opt("full", "what trains: every parameter, (state) one initial WKV "
                      "state per RWKV block, or (lora) LoRA adapters on the projections, "
                      "the rest frozen", choices=TUNE_MODES)
@@ -150,9 +161,9 @@ class TrainOptions:
                                    "--tune full, only these train (attn: RWKV-X's "
                                    "--only_train_moba): a comma list of ln, time (lerp, decay, "
                                    "gate vectors and their LoRAs), emb, head, attn",
-                                   metavar="G,G")
+                                   kind="names", metavar="G,G")
     freeze: str | None = _opt(None, "with --tune full, hold these groups fixed (as "
-                              "--train-parts)", metavar="G,G")
+                              "--train-parts)", kind="names", metavar="G,G")
     unfreeze_at: int | None = _opt(None, "the base-unfreeze: from step STEP on everything "
                                    "trains (a state tune's states too; a LoRA tune's "
                                    "adapters are merged into the base there); the parameters "
@@ -167,7 +178,7 @@ class TrainOptions:
                                     "att.value, att.output, ffn.key, ffn.value (RWKV blocks), "
                                     "attn.q, attn.k, attn.v, attn.o, attn.ffn.key, "
                                     "attn.ffn.value (attention blocks) (default: all but the "
-                                    "attn.ffn ones)", metavar="T,T")
+                                    "attn.ffn ones)", kind="names", metavar="T,T")
 
     # options a resumed run may change without changing what it computes
     RESUMABLE = ("steps", "time_budget", "eval_every", "save_every", "threads", "cache_dir",
@@ -199,65 +210,15 @@ class TrainOptions:
         return cast("ResolvedOptions", o)
 
     def _check(self) -> None:
-        def pos(name: str, v: Any, integer: bool = True, allow_zero: bool = False) -> None:
-            ok = isinstance(v, (int, np.integer)) and not isinstance(v, bool) if integer \
-                else isinstance(v, (int, float)) and not isinstance(v, bool) and _finite(v)
-            if not ok or v < 0 or (v == 0 and not allow_zero):
-                kind = "an integer" if integer else "a number"
-                raise TrainError(f"{name} must be {kind} {'>= 0' if allow_zero else '> 0'}, "
-                                 f"got {v!r}")
-        if self.steps is not None:
-            pos("steps", self.steps)
-        if self.time_budget is not None:
-            pos("time_budget", self.time_budget, integer=False)
-        pos("batch", self.batch)
-        pos("seq_len", self.seq_len)
-        pos("lr", self.lr, integer=False)
-        pos("warmup_steps", self.warmup_steps, allow_zero=True)
-        pos("eval_tokens", self.eval_tokens)
-        pos("weight_decay", self.weight_decay, integer=False, allow_zero=True)
-        pos("grad_clip", self.grad_clip, integer=False, allow_zero=True)
-        pos("adam_eps", self.adam_eps, integer=False, allow_zero=True)
-        pos("l2wrap", self.l2wrap, integer=False, allow_zero=True)
-        pos("lora_r", self.lora_r)
-        pos("lora_alpha", self.lora_alpha, integer=False)
-        for k in ("train_parts", "freeze", "lora_targets"):
-            if getattr(self, k) is not None and not isinstance(getattr(self, k), str):
-                raise TrainError(f"{k} must be a comma list of names, got {getattr(self, k)!r}")
-        if not isinstance(self.grad_cp, (bool, np.bool_)):
-            raise TrainError(f"grad_cp must be true or false, got {self.grad_cp!r}")
-
-        def real(v: object) -> bool:
-            return isinstance(v, (int, float, np.floating)) and not isinstance(v, bool)
-        if not (real(self.min_lr_frac) and 0.0 <= self.min_lr_frac <= 1.0):
-            raise TrainError(f"min_lr_frac must lie in [0, 1], got {self.min_lr_frac!r}")
-        for b in ("beta1", "beta2"):
-            if not (real(getattr(self, b)) and 0.0 <= getattr(self, b) < 1.0):
-                raise TrainError(f"{b} must lie in [0, 1), got {getattr(self, b)!r}")
-        for k in ("eval_every", "save_every", "threads", "vocab_size", "unfreeze_at"):
-            if getattr(self, k) is not None:
-                pos(k, getattr(self, k))
-        if not isinstance(self.seed, int) or not 0 <= self.seed < 2 ** 64:   # the C seed's range
-            raise TrainError(f"seed must be an integer in [0, 2**64), got {self.seed!r}")
+        if self.on_divergence is None:
+            self.on_divergence = "stop"
+        for e in entries(TrainOptions):   # each value by its declaration
+            why = e.problem(getattr(self, e.key))
+            if why is not None:
+                raise TrainError(why)
         if self.precision not in PRECISIONS[:2]:
             raise TrainError(f"precision must be {', '.join(PRECISIONS)}, got "
                              f"{self.precision!r}")
-        paths = self.data if isinstance(self.data, (list, tuple)) else [self.data]
-        for k, v in [("data", p) for p in paths] + [("cache_dir", self.cache_dir)]:
-            if v is not None and not isinstance(v, str):
-                raise TrainError(f"{k} must be a path, got {v!r}")
-        if self.on_divergence is None:
-            self.on_divergence = "stop"
-        if self.on_divergence not in ON_DIVERGENCE:
-            raise TrainError(f"unknown on_divergence {self.on_divergence!r}; choose one of "
-                             f"{', '.join(ON_DIVERGENCE)}")
-        if self.threads is not None and self.threads > _core.MAX_THREADS:
-            raise TrainError(f"threads must be at most {_core.MAX_THREADS}, got {self.threads}")
-        if self.schedule not in SCHEDULES:
-            raise TrainError(f"unknown schedule {self.schedule!r}; choose one of "
-                             f"{', '.join(SCHEDULES)}")
-        if self.tune not in TUNE_MODES:
-            raise TrainError(f"unknown tune {self.tune!r}; choose one of {', '.join(TUNE_MODES)}")
         if self.train_parts and self.freeze:
             raise TrainError("give --train-parts (what trains) or --freeze (what does not), "
                              "not both")
@@ -270,14 +231,22 @@ class TrainOptions:
                              "--freeze or --train-parts (in a plain full run everything trains)")
         if self.tune != "lora" and self.lora_targets:
             raise TrainError("--lora-targets names the adapters of --tune lora")
-        if self.init not in SCHEMES:
-            raise TrainError(f"unknown init {self.init!r}; choose one of {', '.join(SCHEMES)}")
-        assert self.batch is not None and self.seq_len is not None   # pos() checked them
+        assert self.batch is not None and self.seq_len is not None   # resolved() set them
         if self.batch * self.seq_len > MAX_TOKENS_PER_STEP:
             raise TrainError(f"batch * seq_len exceeds {MAX_TOKENS_PER_STEP}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def stored(self) -> dict[str, Any]:
+        """What a checkpoint stores of these options: to_dict() without the
+        keys (options', and the model config's) whose value is what their
+        absence means, so a run that does not use a newer field loads in an
+        older version."""
+        d = stored(TrainOptions, self.to_dict())
+        if d.get("model") is not None:
+            d["model"] = ModelConfig.stored(d["model"])
+        return d
 
 
 if TYPE_CHECKING:
@@ -297,18 +266,29 @@ def saved_options(saved: object, path: str) -> TrainOptions:
     """The TrainOptions a checkpoint's state holds (TrainError if it holds none or bad ones)."""
     if not isinstance(saved, dict):
         raise TrainError(f"checkpoint {path} holds no training state")
-    # options added since the checkpoint was written take their defaults; a
-    # run saved before "auto" existed stored a resolved precision anyway
-    opts = TrainOptions(**{f.name: saved.get(f.name, f.default) for f in fields(TrainOptions)})
+    # options (and model keys) added since the checkpoint was written take
+    # what their absence means (ln0: 0, not the preset's); a run saved before
+    # "auto" existed stored a resolved precision anyway
+    values = resolve(TrainOptions, saved)
+    opts = TrainOptions(**{e.key: values[e.key] for e in entries(TrainOptions)})
+    if opts.model is None or isinstance(opts.model, dict):
+        opts.model = ModelConfig.resolve(opts.model or {})
     try:
         opts.resolved()
     except TrainError as e:
         raise TrainError(f"checkpoint {path} holds bad options: {e}") from None
     except (TypeError, ValueError, AttributeError) as e:
         raise TrainError(f"checkpoint {path} holds bad options ({e})") from None
-    # runs saved before the ln0 key existed had none: ln0 = 0, not the preset's
-    opts.model = {"ln0": 0, **(opts.model or {})}
     return opts
+
+
+def schema() -> Iterator[Entry]:
+    """Every setting of a run, for a config file: each TrainOptions entry
+    (key, type, default, check: Entry.problem), then each model-config field
+    as "model.KEY" (an override of the preset's model)."""
+    yield from entries(TrainOptions)
+    for e in entries(ModelConfig):
+        yield replace(e, key="model." + e.key)
 
 
 def apply_changes(opts: TrainOptions, changes: dict[str, Any], tokenizer: dict | None,

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rwkvx_c.errors import CheckpointError, TrainError
+from rwkvx_c.model.config import ModelConfig
 from rwkvx_c.run.rundir import RunDir
 from rwkvx_c.train.options import TrainOptions, apply_changes, saved_options
 
@@ -51,9 +52,10 @@ def read_saved(out_dir: str, group: ProcessGroup, changes: dict[str, Any]) -> Sa
         kw = {k: v for k, v in changes.items() if v is not None}
         if state.get("tokenizer") and "tokenizer" not in kw:
             kw["tokenizer"] = state["tokenizer"]["name"]   # an imported World model
-        return Saved(TrainOptions(**{**kw, "model": dict(config)}), None, None, tensors)
+        return Saved(TrainOptions(**{**kw, "model": ModelConfig.resolve(config)}), None, None,
+                     tensors)
     opts = saved_options(saved, path)
-    config = {"ln0": 0, **config}   # as in saved_options
+    config = ModelConfig.resolve(config)   # as saved_options resolves opts.model
     apply_changes(opts, changes, state.get("tokenizer"), out_dir)
     if config != opts.model:
         raise TrainError(f"checkpoint {path} is inconsistent: its model config differs "

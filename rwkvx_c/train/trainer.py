@@ -33,6 +33,7 @@ from rwkvx_c.errors import (
     RunLocked,
     TrainError,
 )
+from rwkvx_c.model.config import ModelConfig
 from rwkvx_c.run.checkpoint import save_checkpoint
 from rwkvx_c.run.lock import RunLock
 from rwkvx_c.run.rundir import RunDir
@@ -263,7 +264,7 @@ class Trainer:
                 "elapsed": self.train_seconds(), "tokens_seen": self.tokens_seen,
                 "sampler": self.sampler.state(), "warm_end": self._warm_end,
                 "next_eval_at": self._next_eval_at, "last_eval": self.last_eval,
-                "eval_seconds": self._eval_seconds, "options": self.opts.to_dict(),
+                "eval_seconds": self._eval_seconds, "options": self.opts.stored(),
                 "corpus": self.corpus.description, "tokenizer": self.tokenizer.identity(),
                 "world_size": self.group.size, "unfrozen": is_unfrozen(self.optim),
                 "lr_scale": self.lr_scale, "rollbacks": self.rollbacks}
@@ -287,7 +288,7 @@ class Trainer:
         tensors["optim.m"] = self.optim.m
         tensors["optim.v"] = self.optim.v
         tensors.update(trained_tensors(self.model))
-        save_checkpoint(path, tensors, self.model.config, self.state())
+        save_checkpoint(path, tensors, ModelConfig.stored(self.model.config), self.state())
         if self.run_dir is not None and path == self.run_dir.checkpoint:
             self.saved_step = self.step_count
         self._save_seconds = max(self._save_seconds or 0.0, time.perf_counter() - t)
