@@ -197,3 +197,27 @@ def test_readme_flag_table_matches_the_declarations():
 def test_required_fields_have_no_default():
     for e in entries(ModelConfig):
         assert (e.default is REQUIRED) == e.required
+
+
+def test_the_eps_defaults_are_written_once():
+    """The norms' eps defaults are literals in csrc/rx_pretrain.h alone
+    (RX_DEFAULT_LN_EPS, RX_DEFAULT_GN_EPS): no kernel, module, reference or
+    benchmark writes its own."""
+    literal = re.compile(r"(?<![\w.])(1e-0?5f?|64e-0?5f?|0\.00064|0\.00001)(?![\w.])")
+    places = [os.path.join("csrc", f) for f in os.listdir(os.path.join(ROOT, "csrc"))]
+    for top in ("rwkvx_c", os.path.join("tests", "reference")):
+        places += [os.path.join(d, f)[len(ROOT) + 1:] for d, _, fs in
+                   os.walk(os.path.join(ROOT, top)) for f in fs if f.endswith((".py", ".pxi"))]
+    places += [os.path.join("bench", "torch_model.py")]
+    found = []
+    for rel in places:
+        with open(os.path.join(ROOT, rel), encoding="utf-8") as f:
+            found += [rel for line in f if literal.search(line.split("#")[0].split("//")[0])]
+    assert set(found) == {os.path.join("csrc", "rx_pretrain.h")}, found
+
+
+def test_the_binding_declares_c_in_rx_pxd_alone():
+    for f in os.listdir(os.path.join(ROOT, "rwkvx_c")):
+        if f.endswith((".pxi", ".pyx")):
+            with open(os.path.join(ROOT, "rwkvx_c", f), encoding="utf-8") as fh:
+                assert "cdef extern" not in fh.read(), f
