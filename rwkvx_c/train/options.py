@@ -1,14 +1,16 @@
 """TrainOptions: everything that defines a run, its checks, how it resolves
 against a preset, and which options a resumed run may change.
 
-Each field carries what the command line needs to offer it (``flag``,
-``help``, ``metavar``, the kind of value), so ``rwkvx-c train``'s flags are
-derived from this one list; a field with ``cli=False`` is Python-only.
-None means "the preset's value" for the preset-driven fields.
+Each field is one declaration (``_opt``, rwkvx_c.util.registry.declare):
+its default, help, kind of value, flag, what its absence in an older
+checkpoint means and any further check. ``rwkvx-c train``'s flags, each
+value's check, the config-file schema (``schema``), resume's comparison
+(``saved_options``) and what a checkpoint stores (``TrainOptions.stored``)
+are derived from them; a field with ``cli=False`` is Python-only. None
+means "the preset's value" for the preset-driven fields.
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, cast
@@ -131,7 +133,7 @@ class TrainOptions:
                                   "larger pads it (default: the tokenizer's, or a token "
                                   "corpus's: its sidecar's vocab_size, else its largest id + 1; "
                                   "a resumed run keeps its own)", kind="pos_int", metavar="V")
-    model: dict[str, int] | None = _opt(None, "overrides of the preset's model config",
+    model: dict[str, Any] | None = _opt(None, "overrides of the preset's model config",
                                         kind="config", cli=False)
     cache_dir: str | None = _opt(None, "where corpora are cached as token files (default: "
                                  "$RWKVX_CACHE or ~/.cache/rwkvx_c)", kind="path",
@@ -259,7 +261,7 @@ if TYPE_CHECKING:
         seq_len: int
         lr: float
         warmup_steps: int
-        model: dict[str, int]
+        model: dict[str, Any]
 
 
 def saved_options(saved: object, path: str) -> TrainOptions:
@@ -321,14 +323,6 @@ def apply_changes(opts: TrainOptions, changes: dict[str, Any], tokenizer: dict |
             diff.append(f"{k} {getattr(opts, k)!r} -> {v!r}")
     if diff:
         raise TrainError("cannot resume with a different configuration: " + "; ".join(diff))
-
-
-def _finite(v: float) -> bool:
-    """math.isfinite, False (not OverflowError) for an int beyond float range."""
-    try:
-        return math.isfinite(v)
-    except OverflowError:
-        return False
 
 
 def model_vocab(opts: TrainOptions, tokenizer: Tokenizer, corpus: Corpus,
