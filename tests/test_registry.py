@@ -14,7 +14,7 @@ import rwkvx_c as rx
 from rwkvx_c import _core
 from rwkvx_c.cli import build_parser
 from rwkvx_c.cli.common import ARG_TYPES
-from rwkvx_c.errors import RwkvxError
+from rwkvx_c.errors import ConfigError, RwkvxError
 from rwkvx_c.interop import rwkvx_refusal, to_rwkv7
 from rwkvx_c.interop.gguf import gguf_refusal
 from rwkvx_c.interop.hf import hf_refusal
@@ -60,7 +60,9 @@ def test_shape_options_are_the_flagged_model_fields():
     flagged = [e for e in entries(ModelConfig) if e.flag]
     assert [o.field for o in SHAPE_OPTIONS] == [e.key for e in flagged]
     for o, e in zip(SHAPE_OPTIONS, flagged):
-        assert o.least == (0 if e.kind == "nonneg_int" else 1) and KINDS[e.kind].type is int
+        assert o.kind == e.kind and o.metavar == e.metavar
+        with pytest.raises(ConfigError, match=f"{o.name} must be {KINDS[o.kind].what}"):
+            ModelConfig.preset("tiny").with_shape(**{o.name: "x"})
 
 
 def test_schema_has_every_field_with_type_default_and_check():

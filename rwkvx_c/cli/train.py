@@ -15,8 +15,6 @@ from rwkvx_c.cli.common import (
     EXIT_INTERRUPTED,
     Subparsers,
     err,
-    nonneg_int,
-    positive_int,
 )
 from rwkvx_c.errors import TrainError
 from rwkvx_c.interop.source import STATE_KEY, read_source
@@ -73,7 +71,7 @@ def add_parser(sub: Subparsers) -> None:
     g = t.add_argument_group("model shape (each overrides the preset; stored in the checkpoint)")
     for o in SHAPE_OPTIONS:
         g.add_argument("--" + o.name.replace("_", "-"), dest=o.name, metavar=o.metavar,
-                       type=positive_int if o.least else nonneg_int,
+                       type=ARG_TYPES[o.kind],
                        help=o.help + ("" if "default" in o.help else " (default: the preset's)"))
 
 

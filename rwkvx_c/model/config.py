@@ -31,7 +31,7 @@ from typing import Any
 from rwkvx_c import _core
 from rwkvx_c.errors import ConfigError
 from rwkvx_c.model.presets import PRESETS
-from rwkvx_c.util.registry import DEFAULT, REQUIRED, declare, entries, resolve, stored
+from rwkvx_c.util.registry import DEFAULT, KINDS, REQUIRED, declare, entries, resolve, stored
 
 __all__ = ["ModelConfig", "ShapeOption", "SHAPE_OPTIONS", "LORA_FACTORS", "lora_sizes",
            "export_refusal"]
@@ -55,10 +55,10 @@ def lora_sizes(n_embd: int) -> dict[str, int]:
 class ShapeOption:
     """One model-shape option, derived from a ModelConfig field that has a
     flag: keyword `name` (CLI flag --name with _ as -) sets config field
-    `field`, an integer >= least."""
+    `field`, a value of `kind` (a rwkvx_c.util.registry.KINDS key)."""
     name: str
     field: str
-    least: int
+    kind: str
     metavar: str
     help: str
 
@@ -169,7 +169,7 @@ class ModelConfig:
     def n_blocks(self) -> int:
         return self.n_rwkv_layer + self.n_attn_layer
 
-    def with_shape(self, **options: int | None) -> ModelConfig:
+    def with_shape(self, **options: Any) -> ModelConfig:
         """This config with the SHAPE_OPTIONS given (None: keep). A new width
         or head size sets n_head; a new width also sets ffn_dim and the LoRA
         sizes for it unless they are given. ConfigError on a bad value."""
@@ -177,15 +177,15 @@ class ModelConfig:
         for name, v in options.items():
             if name not in known:
                 raise ConfigError(f"unknown model-shape option {name!r}")
-            least = known[name].least
-            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < least):
-                raise ConfigError(f"{name} must be an integer >= {least}, got {v!r}")
+            kind = KINDS[known[name].kind]
+            if v is not None and not kind.ok(v):
+                raise ConfigError(f"{name} must be {kind.what}, got {v!r}")
         given = {known[k].field: v for k, v in options.items() if v is not None}
         C = given.get("n_embd", self.n_embd)
         N = given.get("head_size", self.head_size)
         if C % N:
             raise ConfigError(f"n_embd {C} is not a multiple of head_size {N}")
-        new: dict[str, int] = {}
+        new: dict[str, Any] = {}
         if "n_embd" in given or "head_size" in given:
             new.update(n_embd=C, head_size=N, n_head=C // N)
         if "n_embd" in given:
@@ -194,9 +194,8 @@ class ModelConfig:
         return replace(self, **new)
 
 
-SHAPE_OPTIONS = tuple(ShapeOption(e.flag[2:].replace("-", "_"), e.key,
-                                  0 if e.kind == "nonneg_int" else 1, e.metavar or "", e.help)
-                      for e in entries(ModelConfig) if e.flag)
+SHAPE_OPTIONS = tuple(ShapeOption(e.flag[2:].replace("-", "_"), e.key, e.kind, e.metavar or "",
+                                  e.help) for e in entries(ModelConfig) if e.flag)
 
 
 def export_refusal(config: Mapping[str, Any], fmt: str, holder: str) -> str | None:
