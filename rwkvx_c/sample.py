@@ -24,30 +24,34 @@ from rwkvx_c.errors import (
     SampleError,
     TokenizerError,
 )
+from rwkvx_c.interop.source import read_run
 from rwkvx_c.model import memory
 from rwkvx_c.model.config import ModelConfig
 from rwkvx_c.model.lora import adapters_of, run_alpha, without_adapters
 from rwkvx_c.model.weights import load_params, load_states
-from rwkvx_c.run.checkpoint import STATE_KEY, read_checkpoint
+from rwkvx_c.run.checkpoint import STATE_KEY
 from rwkvx_c.run.rundir import checkpoint_path
 
 __all__ = ["load_model", "load_run", "sample_token", "generate", "checkpoint_path"]
 
 
-def load_model(path: str) -> _core.RxPtModel:
+def load_model(path: str, base: str | None = None) -> _core.RxPtModel:
     """An RxPtModel holding the parameters of the checkpoint at path (a run
     folder or a .safetensors file): a LoRA run's with its adapters merged, a
-    state run's with its initial states. Raises CheckpointError when it is
-    missing, corrupt or does not describe a model."""
-    return load_run(path)[0]
+    state run's with its initial states; a fine-tune whose checkpoint names
+    its base rebuilt from that base (read again; base: where it lies now,
+    when it moved). Raises CheckpointError when it is missing, corrupt or
+    does not describe a model, or its base is missing or changed."""
+    return load_run(path, base)[0]
 
 
-def load_run(path: str) -> tuple[_core.RxPtModel, Tokenizer]:
+def load_run(path: str, base: str | None = None) -> tuple[_core.RxPtModel, Tokenizer]:
     """(model, tokenizer) of the checkpoint at path: the tokenizer the run
     was trained with (its identity is in the checkpoint; a tokenizer.json
-    lies beside it). CheckpointError when either cannot be had."""
+    lies beside it). base: as load_model's. CheckpointError when either
+    cannot be had."""
     p = checkpoint_path(path)
-    tensors, config, state = read_checkpoint(p)
+    tensors, config, state = read_run(p, base)
     try:
         tok = run_tokenizer(os.path.dirname(os.path.abspath(p)), (state or {}).get("tokenizer"))
     except TokenizerError as e:

@@ -87,8 +87,9 @@ def _mpiexec():
     return exe
 
 
-def _launch(n, args, tmp_path, script=None):
-    """Run `rwkvx-c train ARGS` (or a script) on n ranks; returns the CompletedProcess."""
+def _launch(n, args, tmp_path, script=None, data=None):
+    """Run `rwkvx-c train ARGS` (or a script) on n ranks over data (default:
+    the text corpus); returns the CompletedProcess."""
     exe = _mpiexec()
     version = subprocess.run([exe, "--version"], capture_output=True, text=True,
                              check=False).stdout
@@ -102,7 +103,7 @@ def _launch(n, args, tmp_path, script=None):
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     prog = [sys.executable, "-m", "rwkvx_c", "train"] if script is None else \
         [sys.executable, str(script)]
-    cmd = [exe, "-n", str(n)] + flags + prog + args + ["--data", str(_corpus(tmp_path)),
+    cmd = [exe, "-n", str(n)] + flags + prog + args + ["--data", str(data or _corpus(tmp_path)),
                                                         "--cache-dir", str(tmp_path / "cache")]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT,
                           cwd=tmp_path, check=False)
@@ -153,6 +154,41 @@ def test_two_ranks_match_one_process_and_resume(tmp_path):
     assert r.returncode == 1
     assert "trained on 2 process(es)" in r.stderr and "mpiexec -n 2" in r.stderr
     assert _losses(two)[0] == l2b  # the refused resume touched nothing
+
+
+CHAT = os.path.join(ROOT, "tests", "data", "chat.jsonl")
+
+
+@pytest.mark.parametrize("tune,data", [("state", CHAT), ("lora", None)])
+def test_fine_tunes_on_two_ranks_match_one_process(tmp_path, tune, data):
+    """--tune state (on chat data, whose rows count different numbers of
+    assistant tokens on each rank) and --tune lora with a trained group
+    (--train-parts ln): the ranks average what trains, and 20 steps give
+    the one-process losses to float32 reduction noise."""
+    base = str(tmp_path / "base")
+    r = _launch(1, ["--out", base, "--steps", "3"] + FAST, tmp_path)
+    assert r.returncode == 0, r.stderr
+    seq = ["--seq-len", "96"] if tune == "state" else []   # a prompt and its reply
+    lr = "0.05" if tune == "state" else "0.01"
+    args = ["--init-from", base, "--tune", tune, "--steps", "20", "--lr", lr] + FAST + seq
+    if tune == "lora":
+        args += ["--train-parts", "ln", "--lora-r", "4"]
+    one, two = str(tmp_path / "one"), str(tmp_path / "two")
+    r = _launch(1, ["--out", one] + args, tmp_path, data=data)
+    assert r.returncode == 0, r.stderr
+    r = _launch(2, ["--out", two] + args, tmp_path, data=data)
+    assert r.returncode == 0, r.stderr
+    assert "2 ranks x" in r.stdout
+    l1, l2 = _losses(one)[0], _losses(two)[0]
+    assert len(l1) == len(l2) == 20 and l1[-1] < l1[0]
+    rel = np.abs(np.subtract(l1, l2)) / np.abs(l1)
+    assert rel.max() <= 1e-5, rel
+    # the checkpoint names its base; the resumed ranks rebuild the model from it
+    r = _launch(2, ["--out", two, "--resume", "--steps", "22", "--no-progress"], tmp_path,
+                data=data)
+    assert r.returncode == 0, r.stderr
+    l2b = _losses(two)[0]
+    assert l2b[:20] == l2 and len(l2b) == 22 and "resumed at step 20" in r.stdout
 
 
 def test_batch_must_divide_over_ranks(tmp_path):

@@ -15,11 +15,19 @@ T = TypeVar("T")
 
 __all__ = ["Parser", "Subparsers", "checked", "positive_int", "nonneg_int", "positive_float",
            "nonneg_float", "unit_float", "ARG_TYPES", "err", "describe_error", "EXIT_USAGE",
-           "EXIT_FAILURE", "EXIT_INTERRUPTED"]
+           "EXIT_FAILURE", "EXIT_INTERRUPTED", "add_base_flag"]
 
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+
+
+def add_base_flag(p: argparse.ArgumentParser) -> None:
+    """--base PATH: where a fine-tune's base lies now when it moved (its
+    checkpoint names the base instead of holding it: docs/finetune.md)."""
+    p.add_argument("--base", metavar="PATH", help="a fine-tune whose base (--init-from) moved: "
+                   "its path now, checked against the content hash the run recorded (default: "
+                   "the path the run recorded)")
 
 
 class Parser(argparse.ArgumentParser):

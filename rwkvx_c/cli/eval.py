@@ -10,7 +10,7 @@ import sys
 from typing import Any
 
 from rwkvx_c import _core
-from rwkvx_c.cli.common import Subparsers, err, positive_int, unit_float
+from rwkvx_c.cli.common import Subparsers, add_base_flag, err, positive_int, unit_float
 from rwkvx_c.data.pipeline import load_corpus
 from rwkvx_c.data.sampler import conversation_starts, eval_starts
 from rwkvx_c.errors import EvalError
@@ -54,6 +54,7 @@ def add_parser(sub: Subparsers) -> None:
         "lengths and depths; --tasks: lm-evaluation-harness tasks (rwkvx_c[eval]). "
         "See docs/training.md §Evaluation.")
     e.add_argument("dir", metavar="DIR", help="run folder (or checkpoint file)")
+    add_base_flag(e)
     e.add_argument("--data", nargs="+", metavar="PATH", help="corpus to score (files, folders, "
                    ".jsonl, token files; read as the trainer reads them) (default: none)")
     e.add_argument("--split", choices=["all", "val"], default="all",
@@ -112,7 +113,7 @@ def run(a: argparse.Namespace) -> int:
         _core.set_num_threads(a.threads)
     ckpt = checkpoint_path(a.dir)
     opts = read_state(ckpt).get("options") or {}
-    model, tok = load_run(a.dir)
+    model, tok = load_run(a.dir, a.base)
     model.precision = a.precision
     out: dict[str, Any] = {}
     if a.data or own:

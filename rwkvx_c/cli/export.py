@@ -4,10 +4,11 @@ from __future__ import annotations
 import argparse
 import os
 
-from rwkvx_c.cli.common import Subparsers, err
+from rwkvx_c.cli.common import Subparsers, add_base_flag, err
 from rwkvx_c.interop.pth import DTYPES
 from rwkvx_c.interop.runs import FORMATS, Adapters, export_model
 from rwkvx_c.model.lora import adapters_of, run_alpha
+from rwkvx_c.run.base import BASE_KEY, short
 from rwkvx_c.run.checkpoint import read_checkpoint, read_state
 from rwkvx_c.run.rundir import checkpoint_path
 from rwkvx_c.sample import load_run
@@ -33,10 +34,11 @@ def add_parser(sub: Subparsers) -> None:
                    help="the file to write (a folder for hf and peft) (required)")
     e.add_argument("--dtype", default="fp32", choices=list(DTYPES),
                    help="tensor type in the file (default: fp32)")
+    add_base_flag(e)
 
 
 def run(a: argparse.Namespace) -> int:
-    model, tok = load_run(a.dir)
+    model, tok = load_run(a.dir, a.base)
     if a.format == "gguf" and tok.name not in ("byte", "world"):
         # the GGUF holds its vocabulary, and llama.cpp's rwkv7 knows byte and World only
         return err(f"the run in {a.dir} uses a {tok.name} tokenizer; a GGUF export needs "
@@ -63,7 +65,11 @@ def run(a: argparse.Namespace) -> int:
     print(f"rwkvx-c export: {a.out} ({a.format}, {a.dtype})")
     if opts.get("tune") == "lora" and not merged_base and a.format not in ("lora", "peft",
                                                                             "state"):
-        print("rwkvx-c export: the LoRA adapters are merged into this model; "
+        base = run_state.get(BASE_KEY)
+        into = "this model" if not base else \
+            f"the original weights of its base, read again from {a.base or base['path']} " \
+            f"({short(base)}, as the run recorded)"
+        print(f"rwkvx-c export: the LoRA adapters are merged into {into}; "
               "--format lora (or peft) writes them alone")
     if model.state is not None and a.format != "state":
         print("rwkvx-c export: the model's trained initial states are not in this file; they "

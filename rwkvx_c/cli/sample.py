@@ -6,7 +6,15 @@ import os
 import sys
 
 from rwkvx_c import _core
-from rwkvx_c.cli.common import Subparsers, err, nonneg_float, nonneg_int, positive_int, unit_float
+from rwkvx_c.cli.common import (
+    Subparsers,
+    add_base_flag,
+    err,
+    nonneg_float,
+    nonneg_int,
+    positive_int,
+    unit_float,
+)
 from rwkvx_c.sample import generate, load_run
 
 __all__ = ["add_parser", "run"]
@@ -29,6 +37,7 @@ def add_parser(sub: Subparsers) -> None:
                    help="seed of the sampling (default: 0)")
     s.add_argument("--threads", type=positive_int, metavar="N",
                    help="OpenMP threads (default: OMP_NUM_THREADS or every core)")
+    add_base_flag(s)
 
 
 def run(a: argparse.Namespace) -> int:
@@ -36,7 +45,7 @@ def run(a: argparse.Namespace) -> int:
         if a.threads > _core.MAX_THREADS:
             return err(f"--threads must be at most {_core.MAX_THREADS}, got {a.threads}")
         _core.set_num_threads(a.threads)
-    model, tok = load_run(a.dir)
+    model, tok = load_run(a.dir, a.base)
     if model.config["vocab_size"] < 256:
         return err(f"the model in {a.dir} is not byte-level (vocab {model.config['vocab_size']})")
     # the prompt's own bytes, also when they are not UTF-8 (argv decodes

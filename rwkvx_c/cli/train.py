@@ -124,8 +124,12 @@ def _start_run(a: argparse.Namespace, group: ProcessGroup) -> tuple[Trainer, str
     out = group.root_value(a.out or RunDir.new().path)
     group.on_root(_check_new_dir, out)
     kw = {k: v for k, v in opts.items() if v is not None}
+    base = kw.pop("base", None)   # the source's own base, when the source is a moved fine-tune's
+    if base and not a.init_from:
+        raise TrainError("--base names where a fine-tune's base lies now: give it with --resume, "
+                         "or with --init-from a fine-tune whose base moved")
     if a.init_from:   # a fine-tune: the source's shape, tokenizer and weights
-        src = group.on_root(read_source, a.init_from)
+        src = group.on_root(read_source, a.init_from, base)
         weights = dict(src.weights, **({STATE_KEY: src.state0} if src.state0 is not None else {}))
         o = from_source(TrainOptions(**kw), src.config, src.tokenizer, a.init_from)
         return Trainer(o, out, progress=not a.no_progress, _weights=weights), out

@@ -23,9 +23,9 @@ from rwkvx_c.interop.hf import (
 )
 from rwkvx_c.interop.pth import DTYPES, load_pth, save_pth
 from rwkvx_c.interop.rwkv7 import from_rwkv7, from_rwkvx, linear_prefixes, to_rwkv7, to_rwkvx
+from rwkvx_c.interop.source import read_run
 from rwkvx_c.model.config import ModelConfig
 from rwkvx_c.model.lora import A_SUFFIX, B_SUFFIX, run_alpha, without_adapters
-from rwkvx_c.run.checkpoint import read_checkpoint
 from rwkvx_c.run.rundir import RunDir, checkpoint_path, claim_output, describe_entries
 
 __all__ = ["FORMATS", "Adapters", "export_model", "import_pth", "state_dict", "lora_dict",
@@ -110,15 +110,16 @@ def lora_dict(model: RxPtModel, adapters: Mapping[str, tuple[np.ndarray, np.ndar
     return out
 
 
-def merge_run(path: str, out_dir: str) -> str:
+def merge_run(path: str, out_dir: str, base: str | None = None) -> str:
     """A plain run folder out_dir holding the LoRA run at path (a run folder
     or checkpoint) with its adapters folded into the weights (weights only,
     as `rwkvx-c import` makes: `sample` runs it, `train --init-from` or
     `--resume` starts a new run from it) and its tokenizer. Never writes
-    over its input; InteropError for a run without adapters."""
+    over its input; InteropError for a run without adapters. base: where
+    the run's base lies now, when it moved (--base)."""
     src = checkpoint_path(path)
     try:
-        tensors, config, state = read_checkpoint(src)
+        tensors, config, state = read_run(src, base)
         tok = run_tokenizer(os.path.dirname(os.path.abspath(src)), state.get("tokenizer"))
     except (CheckpointError, TokenizerError) as e:
         raise InteropError(str(e)) from None

@@ -7,6 +7,11 @@ tokenizer the source was trained with (when it says) and, for a
 state-tuned source, its trained initial states (a LoRA-tuned source's
 weights come merged); nothing of the source's
 optimiser or run state comes along: the fine-tune is a new run.
+
+A state, LoRA or partly frozen run's checkpoint holds what trained and
+names its base (rwkvx_c.run.base); read_run fills in the rest from that
+base, read again as a source, so every reader (``--init-from``, sample,
+export, eval) sees the whole model.
 """
 from __future__ import annotations
 
@@ -17,15 +22,16 @@ from typing import Any
 import numpy as np
 
 from rwkvx_c.data.tokenizers import WORLD_VOCAB_SIZE, run_tokenizer
-from rwkvx_c.errors import CheckpointError, InteropError, TokenizerError
+from rwkvx_c.errors import CheckpointError, InteropError, RwkvxError, TokenizerError
 from rwkvx_c.interop.pth import load_pth
 from rwkvx_c.interop.rwkv7 import from_rwkv7, from_rwkvx
 from rwkvx_c.model.config import ModelConfig
 from rwkvx_c.model.lora import adapters_of, run_alpha, without_adapters
-from rwkvx_c.run.checkpoint import STATE_KEY, read_checkpoint
+from rwkvx_c.run.base import BASE_KEY, Record, check_base
+from rwkvx_c.run.checkpoint import STATE_KEY, Checkpoint, read_checkpoint
 from rwkvx_c.run.rundir import RunDir
 
-__all__ = ["Source", "read_source", "STATE_KEY"]
+__all__ = ["Source", "read_source", "read_run", "base_weights", "STATE_KEY"]
 
 
 @dataclass
@@ -40,14 +46,15 @@ class Source:
     state0: np.ndarray | None
 
 
-def read_source(src: str) -> Source:
+def read_source(src: str, base: str | None = None) -> Source:
     """The Source at src; InteropError (one line) when it is none of a run
-    folder with a checkpoint, a checkpoint file or a .pth."""
+    folder with a checkpoint, a checkpoint file or a .pth. base: where the
+    base of a checkpoint that names one lies now (--base)."""
     if os.path.isdir(src):
         run = RunDir(src)
         if not run.has_checkpoint():
             raise InteropError(f"--init-from {src}: the folder holds no checkpoint")
-        return _from_checkpoint(src, run.checkpoint, src)
+        return _from_checkpoint(src, run.checkpoint, src, base)
     if not os.path.isfile(src):
         raise InteropError(f"--init-from {src}: no such file or folder")
     if src.endswith(".pth"):
@@ -56,12 +63,42 @@ def read_source(src: str) -> Source:
         weights = {n: np.array(model.params[n]) for n in model.param_names}
         tok = "world" if model.config["vocab_size"] == WORLD_VOCAB_SIZE else None
         return Source(src, model.config, weights, tok, None)
-    return _from_checkpoint(src, src, os.path.dirname(os.path.abspath(src)))
+    return _from_checkpoint(src, src, os.path.dirname(os.path.abspath(src)), base)
 
 
-def _from_checkpoint(src: str, path: str, folder: str) -> Source:
+def base_weights(record: object, run: str, override: str | None,
+                 error: type[RwkvxError]) -> tuple[Record, dict[str, np.ndarray]]:
+    """(where the base is now, its weights by parameter name with a
+    state-tuned base's states under STATE_KEY) of the run whose checkpoint
+    holds record; error (one line) when the base is missing, changed or
+    unreadable (rwkvx_c.run.base.check_base)."""
+    now = check_base(record, run, override, error)
     try:
-        tensors, config, state = read_checkpoint(path)
+        src = read_source(now["path"])
+    except InteropError as e:
+        raise error(f"the base of {run}: {e}") from None
+    weights = dict(src.weights)
+    if src.state0 is not None:
+        weights[STATE_KEY] = src.state0
+    return now, weights
+
+
+def read_run(path: str, base: str | None = None,
+             error: type[RwkvxError] = CheckpointError) -> Checkpoint:
+    """(tensors, config, state) of the checkpoint at path with every
+    parameter: a checkpoint that names its base (state[BASE_KEY]) has the
+    base's weights filled in under what it holds itself. base: where that
+    base lies now (--base PATH); error: as base_weights'."""
+    tensors, config, state = read_checkpoint(path)
+    if state.get(BASE_KEY) is None:
+        return tensors, config, state
+    _, weights = base_weights(state[BASE_KEY], path, base, error)
+    return {**weights, **tensors}, config, state
+
+
+def _from_checkpoint(src: str, path: str, folder: str, base: str | None) -> Source:
+    try:
+        tensors, config, state = read_run(path, base)
     except CheckpointError as e:
         raise InteropError(f"--init-from {src}: {e}") from None
     weights = {k: np.array(v) for k, v in tensors.items()

@@ -7,7 +7,7 @@ before it writes any, so a refused file leaves the model as it was.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -21,21 +21,24 @@ __all__ = ["load_params", "load_states"]
 
 
 def load_params(model: RxPtModel, tensors: Mapping[str, np.ndarray], what: str,
-                error: type[RwkvxError] = CheckpointError) -> None:
-    """model.params[name][...] = tensors[name] for every parameter name.
+                error: type[RwkvxError] = CheckpointError,
+                names: Sequence[str] | None = None) -> None:
+    """model.params[name][...] = tensors[name] for every parameter name
+    (names: these alone, the rest left as they are).
 
     what names the source in messages ("checkpoint runs/x/checkpoint.safetensors");
     error is the class raised for a missing tensor or a shape mismatch
     (tensors the model has no parameter for are the caller's to judge).
     """
-    for name in model.param_names:
+    names = model.param_names if names is None else names
+    for name in names:
         want = model.params[name].shape
         t = tensors.get(name)
         if t is None:
             raise error(f"{what} lacks tensor {name} of shape {want}")
         if t.shape != want:
             raise error(f"{what}: tensor {name} has shape {t.shape}, the model expects {want}")
-    for name in model.param_names:
+    for name in names:
         model.params[name][...] = tensors[name]
 
 

@@ -15,6 +15,11 @@ JSON header, then the raw little-endian tensor bytes), readable by the
   - a LoRA run's adapters, ``{param}.lora_A`` [r, in] and
     ``{param}.lora_B`` [out, r] (rwkvx_c.model.lora), alpha in its options.
 
+A state, LoRA or partly frozen fine-tune's checkpoint holds only the
+parameters that train (and any its base lacks); its state's ``base``
+names the base (rwkvx_c.run.base), from which readers rebuild the rest
+(rwkvx_c.interop.source.read_run).
+
 ``__metadata__`` (string -> string, as safetensors requires) holds
 ``format`` ("rwkvx_c.checkpoint"), ``version``, ``config`` (the model
 config as JSON), ``state`` (JSON: step, optimiser step count, sampler RNG

@@ -3,7 +3,7 @@ corpus it reads, and the model (checked to fit in memory) with its first
 weights and the optimiser over what trains. The Trainer composes these."""
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -17,8 +17,9 @@ from rwkvx_c.model import memory
 from rwkvx_c.model.config import ModelConfig
 from rwkvx_c.model.init import init_model
 from rwkvx_c.model.weights import load_params
+from rwkvx_c.run.base import BASE_KEY, Record, identify
 from rwkvx_c.train.expand import place_weights
-from rwkvx_c.train.finetune import PartsAdamW, make_optimizer, restore_trained
+from rwkvx_c.train.finetune import PartsAdamW, base_frozen, make_optimizer, restore_trained
 from rwkvx_c.train.optim import AdamW
 from rwkvx_c.train.options import model_vocab
 
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
     from rwkvx_c.data.tokenizers import Tokenizer
     from rwkvx_c.train.options import ResolvedOptions
 
-__all__ = ["load_data", "build_model", "load_weights"]
+__all__ = ["load_data", "build_model", "load_source", "load_weights", "name_base"]
 
 
 def load_data(opts: ResolvedOptions, run_dir: str | None, out_dir: str | None,
@@ -52,8 +53,8 @@ def load_data(opts: ResolvedOptions, run_dir: str | None, out_dir: str | None,
 
 def build_model(opts: ResolvedOptions, tokenizer: Tokenizer, corpus: Corpus,
                 tensors: Mapping[str, np.ndarray] | None,
-                weights: Mapping[str, np.ndarray] | None,
-                ranks: int) -> tuple[_core.RxPtModel, AdamW | PartsAdamW]:
+                weights: Mapping[str, np.ndarray] | None
+                ) -> tuple[_core.RxPtModel, AdamW | PartsAdamW]:
     """The model, its first weights (imported or --init-from: weights; a
     resume: none here, the checkpoint's come later; else initialised) and
     the optimiser over what trains (--tune). Sets opts' vocabulary."""
@@ -70,13 +71,39 @@ def build_model(opts: ResolvedOptions, tokenizer: Tokenizer, corpus: Corpus,
     except (ConfigError, MemoryTooSmall) as e:
         raise TrainError(str(e)) from None
     if weights is not None:
-        load_weights(model, place_weights(model, weights))
+        load_source(model, weights)
     elif tensors is None:
         init_model(model, opts.init, seed=opts.seed)
-    return model, make_optimizer(model, opts, ranks)
+    return model, make_optimizer(model, opts)
 
 
-def load_weights(model: _core.RxPtModel, tensors: Mapping[str, np.ndarray]) -> None:
-    """A checkpoint's (or source's) weights into model, with a state run's states."""
-    load_params(model, tensors, "the checkpoint", TrainError)
+def load_source(model: _core.RxPtModel, weights: Mapping[str, np.ndarray]) -> None:
+    """A source's weights (--init-from, or the base a fine-tune's checkpoint
+    names) into model, expanded when the model has attention blocks the
+    source lacks (rwkvx_c.train.expand)."""
+    load_weights(model, place_weights(model, weights))
+
+
+def load_weights(model: _core.RxPtModel, tensors: Mapping[str, np.ndarray],
+                 names: Sequence[str] | None = None) -> None:
+    """A checkpoint's (or source's) weights into model, with a state run's
+    states and a LoRA run's adapters (names: these parameters alone)."""
+    load_params(model, tensors, "the checkpoint", TrainError, names)
     restore_trained(model, tensors, "the checkpoint")
+
+
+def name_base(opts: ResolvedOptions, state: Mapping[str, Any] | None,
+              weights: Mapping[str, np.ndarray] | None, writes: bool) -> Record | None:
+    """The base a run's checkpoints name instead of holding it
+    (rwkvx_c.run.base): a resumed run's as its checkpoint recorded it; a
+    fine-tune's with part of the model frozen, hashed once as it starts (by
+    the process that writes: writes); else None (they hold every parameter)."""
+    if state is not None:
+        base: Record | None = state.get(BASE_KEY)
+        return base
+    if opts.base:
+        raise TrainError("--base points a resumed fine-tune at its moved base; a new run "
+                         "names its base with --init-from")
+    if opts.init_from and weights is not None and base_frozen(opts) and writes:
+        return identify(opts.init_from)
+    return None

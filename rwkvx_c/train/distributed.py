@@ -20,10 +20,14 @@ in the batch script itself too, where no MPI launcher started the process.
 What the trainer asks of a group (the one-process group answers each
 without doing anything):
   - ``rows(B)``: this rank's slice [lo, hi) of a global batch of B rows;
-  - ``average_grads(grads, loss)``: in-place Allreduce(SUM) of the flat
-    float32 gradient arena, scaled by 1/P, and the mean of the ranks' losses
-    (each rank's C backward gives the mean over its own B/P*T tokens, so the
-    mean over ranks is the mean over the global batch);
+  - ``average_grads(grads, loss, share)``: in-place Allreduce(SUM) of the
+    flat float32 gradients of what trains (the arena of a full run; a
+    fine-tune's states, adapters and trained parameter ranges), scaled by
+    1/P, and the mean of the ranks' losses (each rank's C backward gives the
+    mean over its own B/P*T tokens, so the mean over ranks is the mean over
+    the global batch); share, this rank's fraction of the batch's counted
+    targets (a chat corpus, whose ranks count different numbers), weights
+    each rank by it instead of 1/P;
   - ``broadcast_(buf)``: rank 0's buffer into every rank's, in place;
   - ``root_value(v)``: rank 0's value of a Python object (clock-driven
     decisions: learning rate, stop, evaluate now);
@@ -38,7 +42,7 @@ import os
 import pickle
 import sys
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
@@ -118,7 +122,8 @@ class ProcessGroup:
         the library default (OMP_NUM_THREADS, else every core)."""
         return None
 
-    def average_grads(self, grads: np.ndarray, loss: float) -> float:
+    def average_grads(self, grads: np.ndarray | Sequence[np.ndarray], loss: float,
+                      share: float | None = None) -> float:
         return loss
 
     def broadcast_(self, buf: np.ndarray) -> np.ndarray:
@@ -164,15 +169,21 @@ class MPIGroup(ProcessGroup):
         env = _int_env("OMP_NUM_THREADS")
         return env if env is not None and env >= 1 else self._threads
 
-    def average_grads(self, grads: np.ndarray, loss: float) -> float:
-        self.comm.Allreduce(self._MPI.IN_PLACE, grads, op=self._MPI.SUM)
-        if self.size & (self.size - 1) == 0:
-            grads *= np.float32(1.0 / self.size)  # a power of two: exact
-        else:
-            np.divide(grads, np.float32(self.size), out=grads)
-        total = np.array([loss], dtype=np.float64)
+    def average_grads(self, grads: np.ndarray | Sequence[np.ndarray], loss: float,
+                      share: float | None = None) -> float:
+        for g in [grads] if isinstance(grads, np.ndarray) else grads:
+            if share is not None:   # each rank weighted by its counted targets
+                g *= np.float32(share)
+            self.comm.Allreduce(self._MPI.IN_PLACE, g, op=self._MPI.SUM)
+            if share is not None:
+                continue
+            if self.size & (self.size - 1) == 0:
+                g *= np.float32(1.0 / self.size)  # a power of two: exact
+            else:
+                np.divide(g, np.float32(self.size), out=g)
+        total = np.array([loss if share is None else loss * share], dtype=np.float64)
         self.comm.Allreduce(self._MPI.IN_PLACE, total, op=self._MPI.SUM)
-        return float(total[0]) / self.size
+        return float(total[0]) / (self.size if share is None else 1)
 
     def broadcast_(self, buf: np.ndarray) -> np.ndarray:
         self.comm.Bcast(buf, root=0)

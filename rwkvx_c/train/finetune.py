@@ -49,7 +49,8 @@ if TYPE_CHECKING:
 PARTS = ("ln", "time", "emb", "head", "attn")
 
 __all__ = ["TUNE_MODES", "PARTS", "part_of", "parse_parts", "trained_names", "PartsAdamW",
-           "STATE_KEY", "shape_conflicts", "from_source", "make_optimizer", "trained_tensors",
+           "STATE_KEY", "base_frozen", "saved_params", "held_names", "shape_conflicts",
+           "from_source", "make_optimizer", "trained_tensors",
            "restore_trained", "unfreeze", "unfreeze_due", "is_unfrozen", "switched",
            "parse_targets", "init_adapters", "merge_adapters"]
 
@@ -127,6 +128,13 @@ def parse_targets(spec: str | None) -> tuple[str, ...]:
     return names
 
 
+def base_frozen(opts: TrainOptions) -> bool:
+    """True when part of the model starts frozen (--tune state or lora,
+    --freeze, --train-parts): a fine-tune's checkpoint then names its base
+    instead of holding it, until --unfreeze-at."""
+    return opts.tune != "full" or bool(opts.freeze) or bool(opts.train_parts)
+
+
 def trained_names(model: RxPtModel, opts: TrainOptions) -> list[str]:
     """The parameters that train: all but --freeze's groups, or only
     --train-parts' groups (full); --train-parts' groups beside the states
@@ -183,6 +191,11 @@ class PartsAdamW:
         """The global L2 norm over every piece's gradients."""
         return math.sqrt(sum(a.grad_norm() ** 2 for a in self.subs))
 
+    def grad_buffers(self) -> list[np.ndarray]:
+        """The flat gradients of what trains, piece by piece (what MPI ranks
+        average: nothing of the frozen base)."""
+        return [a.grads for a in self.subs]
+
     def step(self, lr: float, norm: float | None = None) -> float:
         if norm is None:
             norm = self.grad_norm()
@@ -194,17 +207,12 @@ class PartsAdamW:
         return norm
 
 
-def make_optimizer(model: RxPtModel, opts: TrainOptions, ranks: int = 1) -> AdamW | PartsAdamW:
+def make_optimizer(model: RxPtModel, opts: TrainOptions) -> AdamW | PartsAdamW:
     """The AdamW over what trains, the rest frozen in C (no weight-gradient
     GEMMs): every parameter (full, the plain run), all but --freeze's groups,
     the initial states with --train-parts' groups (state), or the LoRA
     adapters, made and initialised here, with --train-parts' groups (lora).
-    Matrices (adapters too) get weight decay, vectors and states none.
-    ranks: the data-parallel processes, which average the parameter
-    gradients only."""
-    if opts.tune in ("state", "lora") and ranks > 1:
-        raise TrainError(f"--tune {opts.tune} trains in one process: its gradients are not "
-                         "averaged over MPI ranks")
+    Matrices (adapters too) get weight decay, vectors and states none."""
     names = trained_names(model, opts)
     if opts.tune == "full" and len(names) == len(model.param_names):
         model.freeze_ranges(np.zeros((0, 2), np.int64))
@@ -354,6 +362,25 @@ def trained_tensors(model: RxPtModel) -> dict[str, np.ndarray]:
     out = {} if model.state is None else {STATE_KEY: model.state}
     out.update(model.lora or {})
     return out
+
+
+def saved_params(model: RxPtModel, opts: TrainOptions,
+                 base_names: frozenset[str] | None) -> dict[str, np.ndarray]:
+    """The parameters a checkpoint holds: every one (base_names None), or,
+    while a run that names its base has part of the model frozen, the ones
+    that train and any the base lacks (an expansion's new blocks)."""
+    if base_names is None:
+        return dict(model.params)
+    keep = set(trained_names(model, opts))
+    return {n: p for n, p in model.params.items() if n in keep or n not in base_names}
+
+
+def held_names(model: RxPtModel, opts: TrainOptions,
+               tensors: Mapping[str, np.ndarray]) -> list[str]:
+    """The parameters to load from a checkpoint that names its base: those it
+    holds and (so that a missing one is refused) every one that trains."""
+    trained = set(trained_names(model, opts))
+    return [n for n in model.param_names if n in tensors or n in trained]
 
 
 def restore_trained(model: RxPtModel, tensors: Mapping[str, np.ndarray], what: str) -> None:

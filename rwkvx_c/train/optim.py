@@ -80,6 +80,10 @@ class AdamW:
         """The global L2 norm of the gradients this optimiser applies."""
         return grad_norm(self.grads)
 
+    def grad_buffers(self) -> list[np.ndarray]:
+        """The gradients this optimiser applies (what MPI ranks average)."""
+        return [self.grads]
+
     def step(self, lr: float, norm: float | None = None) -> float:
         """One update with learning rate lr; returns the grad norm before
         clipping. norm: the global grad norm to clip by, when the caller has

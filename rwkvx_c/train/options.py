@@ -182,9 +182,13 @@ class TrainOptions:
                                     "attn.ffn.value (attention blocks) (default: all but the "
                                     "attn.ffn ones)", kind="names", metavar="T,T")
 
+    base: str | None = _opt(None, "resume a fine-tune whose base (--init-from) moved: its path "
+                            "now, checked against the content hash the run recorded",
+                            kind="path", metavar="PATH", absent=None)
+
     # options a resumed run may change without changing what it computes
     RESUMABLE = ("steps", "time_budget", "eval_every", "save_every", "threads", "cache_dir",
-                 "on_divergence", "grad_cp")
+                 "on_divergence", "grad_cp", "base")
 
     def resolved(self) -> ResolvedOptions:
         """A copy with every preset default filled in and every value checked."""

@@ -3,7 +3,11 @@ with (options, run state, tensors), checked before any of it is used.
 
 A checkpoint of a trained run holds its options and run state; a folder
 made by ``rwkvx-c import`` holds weights only, from which a new run starts
-(step 0, fresh optimiser). Every value of the run state is checked for its
+(step 0, fresh optimiser). A state, LoRA or partly frozen fine-tune's
+checkpoint holds what trains and names its base (rwkvx_c.run.base): the
+base is checked and read again as the source ``--init-from`` read, and
+the model is rebuilt from it as the run began, then the checkpoint's
+tensors go over it. Every value of the run state is checked for its
 type and range, so a tampered or truncated state is one TrainError.
 """
 from __future__ import annotations
@@ -16,7 +20,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rwkvx_c.errors import CheckpointError, TrainError
+from rwkvx_c.interop.source import base_weights
 from rwkvx_c.model.config import ModelConfig
+from rwkvx_c.run.base import BASE_KEY
 from rwkvx_c.run.rundir import RunDir
 from rwkvx_c.train.options import TrainOptions, apply_changes, saved_options
 
@@ -29,7 +35,8 @@ __all__ = ["Saved", "read_saved", "saved_counters"]
 @dataclass
 class Saved:
     """What resuming out_dir starts from: options, and either the run state
-    with the tensors it was saved with, or (an imported model) weights only."""
+    with the tensors it was saved with (and, when the checkpoint names its
+    base, that base's weights), or (an imported model) weights only."""
     options: TrainOptions
     state: dict[str, Any] | None
     tensors: Mapping[str, np.ndarray] | None
@@ -60,7 +67,16 @@ def read_saved(out_dir: str, group: ProcessGroup, changes: dict[str, Any]) -> Sa
     if config != opts.model:
         raise TrainError(f"checkpoint {path} is inconsistent: its model config differs "
                          "from its saved options")
-    return Saved(opts, state, tensors, None)
+    if state.get(BASE_KEY) is None:
+        if changes.get("base"):
+            raise TrainError(f"--base: the run in {out_dir} holds its whole model and names "
+                             "no base; leave --base out")
+        return Saved(opts, state, tensors, None)
+    # where the base is now (its record updated when --base moved it), and its
+    # weights; a --base of an earlier session is in the record already
+    record, weights = group.on_root(base_weights, state[BASE_KEY], out_dir,
+                                    changes.get("base"), TrainError)
+    return Saved(opts, {**state, BASE_KEY: record}, tensors, weights)
 
 
 def saved_counters(state: Mapping[str, Any]) -> dict[str, Any]:

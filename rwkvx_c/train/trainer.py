@@ -33,14 +33,24 @@ from rwkvx_c.errors import (
     RunLocked,
     TrainError,
 )
+from rwkvx_c.interop.source import base_weights
 from rwkvx_c.model.config import ModelConfig
+from rwkvx_c.run.base import BASE_KEY
 from rwkvx_c.run.checkpoint import save_checkpoint
 from rwkvx_c.run.lock import RunLock
 from rwkvx_c.run.rundir import RunDir
 from rwkvx_c.train import schedule
-from rwkvx_c.train.assemble import build_model, load_data, load_weights
+from rwkvx_c.train.assemble import build_model, load_data, load_source, load_weights, name_base
 from rwkvx_c.train.distributed import world
-from rwkvx_c.train.finetune import PartsAdamW, is_unfrozen, switched, trained_tensors, unfreeze_due
+from rwkvx_c.train.finetune import (
+    PartsAdamW,
+    held_names,
+    is_unfrozen,
+    saved_params,
+    switched,
+    trained_tensors,
+    unfreeze_due,
+)
 from rwkvx_c.train.guard import MAX_ROLLBACKS, ROLLBACK_LR_FACTOR, DivergenceGuard
 from rwkvx_c.train.optim import AdamW
 from rwkvx_c.train.options import TrainOptions
@@ -127,6 +137,7 @@ class Trainer:
             _core.set_num_threads(threads)
         self._load_data(run_dir, _state, progress)
         self._build_model(_tensors, _weights)
+        self._name_base(_state, _weights)
         self._prepare_batches()
         self._reset_counters()
         if _state is not None:
@@ -157,8 +168,15 @@ class Trainer:
     def _build_model(self, _tensors: Mapping[str, np.ndarray] | None,
                      _weights: Mapping[str, np.ndarray] | None) -> None:
         self.model, self.optim = build_model(self.opts, self.tokenizer, self.corpus, _tensors,
-                                             _weights, self.group.size)
+                                             _weights)
         self.guard = DivergenceGuard(self.opts.model["vocab_size"])
+
+    def _name_base(self, _state: dict[str, Any] | None,
+                   _weights: Mapping[str, np.ndarray] | None) -> None:
+        """The base this run's checkpoints name instead of holding it (None:
+        they hold every parameter), and the parameter names it has."""
+        self.base = name_base(self.opts, _state, _weights, self.group.is_root)
+        self._base_names = frozenset(_weights or ())
 
     def _prepare_batches(self) -> None:
         """The training batch sampler, this rank's rows, and the validation windows."""
@@ -234,8 +252,11 @@ class Trainer:
         c = saved_counters(state)
         # the side of the base-unfreeze first: past it a LoRA run's checkpoint
         # holds the merged base and no adapters, before it both
+        partial = state.get(BASE_KEY) is not None
+        if partial and is_unfrozen(self.optim) and not state.get("unfrozen"):
+            self._reload_base()   # a rollback to before the switch: the base as it began
         self.optim = switched(self.model, self.optim, self.opts, bool(state.get("unfrozen")))
-        self._load_params(tensors)
+        self._load_params(tensors, partial)
         n = self.optim.m.size
         for key, buf in (("optim.m", self.optim.m), ("optim.v", self.optim.v)):
             if key not in tensors or tensors[key].shape != (n,):
@@ -255,8 +276,22 @@ class Trainer:
         if self.run_dir is not None:
             self.run_dir.truncate_log(self.step_count)
 
-    def _load_params(self, tensors: Mapping[str, np.ndarray]) -> None:
-        load_weights(self.model, tensors)
+    def _load_params(self, tensors: Mapping[str, np.ndarray], partial: bool = False) -> None:
+        """The checkpoint's parameters into the model: every one, or (partial:
+        a checkpoint naming its base, which the model was built from) the
+        ones it holds, which must include every one that trains."""
+        load_weights(self.model, tensors,
+                     held_names(self.model, self.opts, tensors) if partial else None)
+
+    def _reload_base(self) -> None:
+        """The base's weights into the model again, as the run began."""
+        assert self.base is not None
+        _, weights = base_weights(self.base, str(self.out_dir), None, TrainError)
+        load_source(self.model, weights)
+
+    def _names_base(self) -> bool:
+        """True when the next checkpoint names the base instead of holding it."""
+        return self.base is not None and not is_unfrozen(self.optim)
 
     def state(self) -> dict[str, Any]:
         """The JSON-serialisable run state a checkpoint stores."""
@@ -267,7 +302,8 @@ class Trainer:
                 "eval_seconds": self._eval_seconds, "options": self.opts.stored(),
                 "corpus": self.corpus.description, "tokenizer": self.tokenizer.identity(),
                 "world_size": self.group.size, "unfrozen": is_unfrozen(self.optim),
-                "lr_scale": self.lr_scale, "rollbacks": self.rollbacks}
+                "lr_scale": self.lr_scale, "rollbacks": self.rollbacks,
+                BASE_KEY: self.base if self._names_base() else None}
 
     def save(self, path: str | None = None) -> str | None:
         """Write the checkpoint (params, AdamW moments, run state) atomically.
@@ -284,7 +320,8 @@ class Trainer:
             path = self.run_dir.checkpoint
         t = time.perf_counter()
         self._check_saveable()
-        tensors = dict(self.model.params)
+        tensors = saved_params(self.model, self.opts,
+                               self._base_names if self._names_base() else None)
         tensors["optim.m"] = self.optim.m
         tensors["optim.v"] = self.optim.v
         tensors.update(trained_tensors(self.model))
@@ -375,7 +412,10 @@ class Trainer:
         lo, hi = self._rows
         self.model.forward(x[lo:hi], return_logits=False)
         loss = self.model.backward(y[lo:hi], IGNORE)
-        loss = self.group.average_grads(self.model.grad_buffer, loss)
+        # a chat corpus's ranks count different numbers of targets: weighted by them
+        share = None if self.corpus.train_mask is None else \
+            count_targets(y[lo:hi]) / max(count_targets(y), 1)
+        loss = self.group.average_grads(self.optim.grad_buffers(), loss, share)
         norm = self.optim.grad_norm()   # of what trains, judged before the update
         self.guard.check_loss(loss, self.step_count + 1, norm)
         self.optim.step(lr, norm)
