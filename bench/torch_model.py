@@ -193,7 +193,7 @@ def _shift(x):
     return F.pad(x, (0, 0, 1, -1))
 
 
-def time_mix(p, x, v_first, layer_id, H, N, wkv=wkv7_chunked):
+def time_mix(p, x, v_first, layer_id, H, N, gn_eps, wkv=wkv7_chunked):
     B, T, C = x.shape
     xx = _shift(x) - x
     xr, xw, xk, xv, xa, xg = (x + xx * p[f] for f in ("x_r", "x_w", "x_k", "x_v", "x_a", "x_g"))
@@ -216,7 +216,7 @@ def time_mix(p, x, v_first, layer_id, H, N, wkv=wkv7_chunked):
     # bf16), as in rwkvx_c
     with torch.autocast("cpu", enabled=False):
         y, _ = wkv(*(h4(t).to(x.dtype) for t in (r, w, k, v, -kk, kk * a)))
-    z = F.group_norm(y.reshape(B * T, C), H, p["ln_x_w"], p["ln_x_b"], eps=64e-5).view(B, T, C)
+    z = F.group_norm(y.reshape(B * T, C), H, p["ln_x_w"], p["ln_x_b"], eps=gn_eps).view(B, T, C)
     bonus = (h4(r) * h4(k) * p["r_k"].view(H, N)).sum(-1, keepdim=True) * h4(v)
     z = z + bonus.reshape(B, T, C)
     return proj(z * g, p, "output_w"), v_first
@@ -260,7 +260,7 @@ class RwkvXTorch(torch.nn.Module):
 
     def __init__(self, cfg, seed=0, dtype=torch.float32, wkv=wkv7_chunked):
         super().__init__()
-        self.cfg = dict(cfg)
+        self.cfg = {**rx.OPTION_FIELDS, **cfg}   # the model's eps (ln_eps, gn_eps) with it
         self.wkv = wkv
         init = init_params(cfg, seed)
         self.names = list(init)
@@ -304,15 +304,15 @@ class RwkvXTorch(torch.nn.Module):
     def forward(self, tokens):
         """tokens (B,T) int -> logits (B,T,vocab)."""
         cfg = self.cfg
-        H, N = cfg["n_head"], cfg["head_size"]
+        H, N, eps = cfg["n_head"], cfg["head_size"], cfg["ln_eps"]
         x = self.params["emb"][tokens]
         v_first, rwkv_id = None, 0
         for L, kind in enumerate(self.order):
             p = self._block(L)
-            h1 = F.layer_norm(x, (x.shape[-1],), p["ln1_w"], p["ln1_b"], 1e-5)
+            h1 = F.layer_norm(x, (x.shape[-1],), p["ln1_w"], p["ln1_b"], eps)
             if kind == "R":
                 tm = {f[3:]: t for f, t in p.items() if f.startswith("tm.")}
-                dx, v_first = time_mix(tm, h1, v_first, rwkv_id, H, N, self.wkv)
+                dx, v_first = time_mix(tm, h1, v_first, rwkv_id, H, N, cfg["gn_eps"], self.wkv)
                 rwkv_id += 1
             else:
                 B, T, C = h1.shape
@@ -322,10 +322,10 @@ class RwkvXTorch(torch.nn.Module):
                                    cfg["moba_top_k"])
                 dx = y.transpose(1, 2).reshape(B, T, C) @ p["output_w"]
             x = x + dx
-            h2 = F.layer_norm(x, (x.shape[-1],), p["ln2_w"], p["ln2_b"], 1e-5)
+            h2 = F.layer_norm(x, (x.shape[-1],), p["ln2_w"], p["ln2_b"], eps)
             cm = {f[3:]: t for f, t in p.items() if f.startswith("cm.")}
             x = x + channel_mix(cm, h2)
-        x = F.layer_norm(x, (x.shape[-1],), self.params["ln_out_w"], self.params["ln_out_b"], 1e-5)
+        x = F.layer_norm(x, (x.shape[-1],), self.params["ln_out_w"], self.params["ln_out_b"], eps)
         return x @ self.params["head"]
 
     def loss(self, tokens, targets, ignore_index=-1):

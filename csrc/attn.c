@@ -804,30 +804,33 @@ int rx_attn_score_av_backward(const rx_attn_params *P, const float *q, const flo
 /* x: [B][T][C] -> h1 = ln1(x), q, k, v, y = attention (w: selection, lse),
  * all [B][T][C] */
 /* x: [B][T][C] -> h1 = ln1(x), q, k, v = h1 . {receptance_w, key_w, value_w} */
-static int attn_qkv(const rx_attn_params *P, const attn_dims *d, const float *x, float *h1,
+static int attn_qkv(const rx_model_ctx *ctx,
+                    const rx_attn_params *P, const attn_dims *d, const float *x, float *h1,
                     float *q, float *k, float *v) {
     const size_t BT = d->B * d->T, C = d->C;
-    rx_rownorm_forward(x, P->ln1_w, P->ln1_b, h1, NULL, NULL, BT, C, 1, RX_LN_EPS);
+    rx_rownorm_forward(x, P->ln1_w, P->ln1_b, h1, NULL, NULL, BT, C, 1, (float)ctx->ln_eps);
     const rx_gemm_op qkv[3] = {{0, 0, BT, C, C, h1, C, P->receptance_w, C, 0.0f, q, C},
                                {0, 0, BT, C, C, h1, C, P->key_w, C, 0.0f, k, C},
                                {0, 0, BT, C, C, h1, C, P->value_w, C, 0.0f, v, C}};
     return rx_pgemm_batch(qkv, 3);
 }
 
-static int attn_front(const rx_attn_params *P, const attn_dims *d, const float *x, float *h1,
+static int attn_front(const rx_model_ctx *ctx,
+                      const rx_attn_params *P, const attn_dims *d, const float *x, float *h1,
                       float *q, float *k, float *v, float *y, attn_work *w) {
-    int rc = attn_qkv(P, d, x, h1, q, k, v);
+    int rc = attn_qkv(ctx, P, d, x, h1, q, k, v);
     return rc == RX_OK ? attn_core_forward(d, q, k, v, w, y, NULL) : rc;
 }
 
 /* x, y: [B][T][C] -> x1 = x + y . output_w, h2 = ln2(x1) */
-static int attn_residual(const rx_attn_params *P, const attn_dims *d, const float *x,
+static int attn_residual(const rx_model_ctx *ctx,
+                         const rx_attn_params *P, const attn_dims *d, const float *x,
                          const float *y, float *x1, float *h2) {
     const size_t BT = d->B * d->T, C = d->C;
     memcpy(x1, x, BT * C * sizeof(float));
     int rc = rx_pgemm(0, 0, BT, C, C, y, C, P->output_w, C, 1.0f, x1, C);
     if (rc == RX_OK)
-        rx_rownorm_forward(x1, P->ln2_w, P->ln2_b, h2, NULL, NULL, BT, C, 1, RX_LN_EPS);
+        rx_rownorm_forward(x1, P->ln2_w, P->ln2_b, h2, NULL, NULL, BT, C, 1, (float)ctx->ln_eps);
     return rc;
 }
 
@@ -934,7 +937,8 @@ void rx_attn_acts_bind(rx_attn_acts *S, const rx_attn_params *P, float *kept) {
 /* Everything but the core's y, sel and lse, which S holds from a forward
  * of the same x (rx_attn_acts_bind): the projections, the residual and the
  * channel-mix hidden, no block output. */
-int rx_attn_forward_kept(const rx_attn_params *P, const float *x, const float *cm_xprev_init,
+int rx_attn_forward_kept(const rx_model_ctx *ctx,
+                         const rx_attn_params *P, const float *x, const float *cm_xprev_init,
                          rx_attn_acts *S) {
     attn_dims d;
     static const char *const fn = "rx_attn_forward_kept";
@@ -942,8 +946,8 @@ int rx_attn_forward_kept(const rx_attn_params *P, const float *x, const float *c
     if (nul) return rx_fail(RX_EINVAL, "%s: %s is NULL", fn, nul);
     if (!attn_block_ok(P, (int)S->B, (int)S->T, &d))
         return attn_params_fail(fn, P, (int)S->B, (int)S->T);
-    int rc = attn_qkv(P, &d, x, S->h1, S->q, S->k, S->v);
-    if (rc == RX_OK) rc = attn_residual(P, &d, x, S->y, S->x1, S->h2);
+    int rc = attn_qkv(ctx, P, &d, x, S->h1, S->q, S->k, S->v);
+    if (rc == RX_OK) rc = attn_residual(ctx, P, &d, x, S->y, S->x1, S->h2);
     if (rc == RX_OK)
         rc = rx_cm_forward_acts(&P->cm, S->h2, cm_xprev_init, S->xk, S->hid, NULL, d.B, d.T);
     return rc;
@@ -951,7 +955,8 @@ int rx_attn_forward_kept(const rx_attn_params *P, const float *x, const float *c
 
 /* x: [B][T][C]; cm_xprev_init: [B][C] or NULL; out: [B][T][C] or NULL
  * (intermediates only). P and S for the same sizes. */
-int rx_attn_forward_acts(const rx_attn_params *P, const float *x, const float *cm_xprev_init,
+int rx_attn_forward_acts(const rx_model_ctx *ctx,
+                         const rx_attn_params *P, const float *x, const float *cm_xprev_init,
                          rx_attn_acts *S, float *out) {
     attn_dims d;
     static const char *const fn = "rx_attn_forward_acts";
@@ -961,8 +966,8 @@ int rx_attn_forward_acts(const rx_attn_params *P, const float *x, const float *c
         return attn_params_fail(fn, P, (int)S->B, (int)S->T);
     if (attn_work_threads(&d, &S->w) != RX_OK) return rx_fail(RX_ENOMEM, "%s: out of memory", fn);
     const size_t BTC = d.B * d.T * d.C;
-    int rc = attn_front(P, &d, x, S->h1, S->q, S->k, S->v, S->y, &S->w);
-    if (rc == RX_OK) rc = attn_residual(P, &d, x, S->y, S->x1, S->h2);
+    int rc = attn_front(ctx, P, &d, x, S->h1, S->q, S->k, S->v, S->y, &S->w);
+    if (rc == RX_OK) rc = attn_residual(ctx, P, &d, x, S->y, S->x1, S->h2);
     if (rc == RX_OK)
         rc = rx_cm_forward_acts(&P->cm, S->h2, cm_xprev_init, S->xk, S->hid, out, d.B, d.T);
     if (rc != RX_OK) return rc;
@@ -973,7 +978,8 @@ int rx_attn_forward_acts(const rx_attn_params *P, const float *x, const float *c
 
 /* S from rx_attn_forward_acts on the same x and carry; dy, dx: [B][T][C];
  * d_cm_xprev_init: [B][C] or NULL; G overwritten; work: RX_ATTN_WORK floats */
-int rx_attn_backward_acts(const rx_attn_params *P, rx_attn_acts *S, const float *x,
+int rx_attn_backward_acts(const rx_model_ctx *ctx,
+                          const rx_attn_params *P, rx_attn_acts *S, const float *x,
                           const float *cm_xprev_init, const float *dy, rx_attn_grads *G,
                           float *dx, float *d_cm_xprev_init, float *work) {
     attn_dims d;
@@ -995,7 +1001,8 @@ int rx_attn_backward_acts(const rx_attn_params *P, rx_attn_acts *S, const float 
     if (rc != RX_OK) return rc;
     rx_fzero(G->ln2_w, C);
     rx_fzero(G->ln2_b, C);
-    rc = rx_rownorm_backward(S->x1, P->ln2_w, g1, g1, G->ln2_w, G->ln2_b, BT, C, 1, RX_LN_EPS);
+    rc = rx_rownorm_backward(S->x1, P->ln2_w, g1, g1, G->ln2_w, G->ln2_b, BT, C, 1,
+                             (float)ctx->ln_eps);
     if (rc != RX_OK) return rc;
     for (size_t i = 0; i < BTC; i++) g1[i] += dy[i];
     /* output projection */
@@ -1017,7 +1024,7 @@ int rx_attn_backward_acts(const rx_attn_params *P, rx_attn_acts *S, const float 
     /* ln1 and the residual */
     rx_fzero(G->ln1_w, C);
     rx_fzero(G->ln1_b, C);
-    rc = rx_rownorm_backward(x, P->ln1_w, t, dx, G->ln1_w, G->ln1_b, BT, C, 1, RX_LN_EPS);
+    rc = rx_rownorm_backward(x, P->ln1_w, t, dx, G->ln1_w, G->ln1_b, BT, C, 1, (float)ctx->ln_eps);
     if (rc != RX_OK) return rc;
     for (size_t i = 0; i < BTC; i++) dx[i] += g1[i];
     return RX_OK;
@@ -1065,7 +1072,7 @@ int rx_attn_forward_seq(const rx_attn_params *P, const float *x, const float *cm
     if (rc != RX_OK) return rc;
     rx_attn_acts *S = rx_attn_acts_new(P, d.B, d.T);
     if (!S) return rx_fail(RX_ENOMEM, "%s: out of memory", fn);
-    rc = rx_attn_forward_acts(P, x, cm_xprev_init, S, out);
+    rc = rx_attn_forward_acts(&rx_ctx_default, P, x, cm_xprev_init, S, out);
     rx_attn_acts_free(S);
     return rc;
 }
@@ -1085,9 +1092,10 @@ int rx_attn_backward_full(const rx_attn_params *P, const float *x, const float *
     rx_attn_acts *S = rx_attn_acts_new(P, d.B, d.T);
     float *work = rx_falloc(RX_ATTN_WORK(d.B * d.T, d.C, (size_t)P->cm.ffn_dim));
     rc = !S || !work ? rx_fail(RX_ENOMEM, "%s: out of memory", fn)
-                     : rx_attn_forward_acts(P, x, cm_xprev_init, S, NULL);
+                     : rx_attn_forward_acts(&rx_ctx_default, P, x, cm_xprev_init, S, NULL);
     if (rc == RX_OK)
-        rc = rx_attn_backward_acts(P, S, x, cm_xprev_init, dy, G, dx, d_cm_xprev_init, work);
+        rc = rx_attn_backward_acts(&rx_ctx_default,
+                                   P, S, x, cm_xprev_init, dy, G, dx, d_cm_xprev_init, work);
     rx_attn_acts_free(S);
     free(work);
     return rc;

@@ -95,28 +95,28 @@ void rx_block_acts_free(rx_block_acts *S) {
     S->mem = NULL;
 }
 
-int rx_block_forward_acts(const rx_block_params *P, const float *x,
+int rx_block_forward_acts(const rx_model_ctx *ctx, const rx_block_params *P, const float *x,
                           const float *tm_xprev_init, const float *cm_xprev_init,
                           const float *v_first_in, float *v_first_out, rx_block_acts *S,
                           float *out) {
-    return rx_block_forward_state(P, x, tm_xprev_init, cm_xprev_init, v_first_in, v_first_out,
+    return rx_block_forward_state(ctx, P, x, tm_xprev_init, cm_xprev_init, v_first_in, v_first_out,
                                   NULL, S, out);
 }
 
 /* state: [B][H][N][N] or NULL, advanced in place */
-int rx_block_forward_state(const rx_block_params *P, const float *x,
+int rx_block_forward_state(const rx_model_ctx *ctx, const rx_block_params *P, const float *x,
                            const float *tm_xprev_init, const float *cm_xprev_init,
                            const float *v_first_in, float *v_first_out, float *state,
                            rx_block_acts *S, float *out) {
     const size_t B = S->tm.B, T = S->tm.T, BT = B * T, C = (size_t)P->tm.c;
     /* x1 holds TM(h1) until x is added (x + TM(h1), as an add commutes);
      * out holds CM(h2), then the block output */
-    rx_rownorm_forward(x, P->ln1_w, P->ln1_b, S->h1, NULL, NULL, BT, C, 1, RX_LN_EPS);
-    int rc = rx_tm_forward_state(&P->tm, S->h1, tm_xprev_init, v_first_in, v_first_out, state,
+    rx_rownorm_forward(x, P->ln1_w, P->ln1_b, S->h1, NULL, NULL, BT, C, 1, (float)ctx->ln_eps);
+    int rc = rx_tm_forward_state(ctx, &P->tm, S->h1, tm_xprev_init, v_first_in, v_first_out, state,
                                  &S->tm, S->x1);
     if (rc != RX_OK) return rc;
     add_rows(S->x1, x, S->x1, BT * C);
-    rx_rownorm_forward(S->x1, P->ln2_w, P->ln2_b, S->h2, NULL, NULL, BT, C, 1, RX_LN_EPS);
+    rx_rownorm_forward(S->x1, P->ln2_w, P->ln2_b, S->h2, NULL, NULL, BT, C, 1, (float)ctx->ln_eps);
     /* out NULL (a backward's recompute): no value projection, whose product
      * only the block output reads */
     rc = rx_cm_forward_acts(&P->cm, S->h2, cm_xprev_init, S->xk, S->hid, out, B, T);
@@ -138,17 +138,19 @@ size_t rx_block_work(const rx_block_params *P, size_t BT) { return block_work(P,
 
 size_t rx_block_work_lean(const rx_block_params *P, size_t BT) { return block_work(P, BT, 1); }
 
-int rx_block_backward_acts(const rx_block_params *P, const rx_block_acts *S, const float *x,
+int rx_block_backward_acts(const rx_model_ctx *ctx,
+                           const rx_block_params *P, const rx_block_acts *S, const float *x,
                            const float *tm_xprev_init, const float *cm_xprev_init,
                            const float *v_first, const float *dy, rx_block_grads *G,
                            float *dx, float *d_tm_xprev_init, float *d_cm_xprev_init,
                            float *d_v_first, float *work) {
-    return rx_block_backward_state(P, S, x, tm_xprev_init, cm_xprev_init, v_first, dy, G, dx,
+    return rx_block_backward_state(ctx, P, S, x, tm_xprev_init, cm_xprev_init, v_first, dy, G, dx,
                                    d_tm_xprev_init, d_cm_xprev_init, d_v_first, NULL, work);
 }
 
 /* d_state: [B][H][N][N] or NULL, written */
-int rx_block_backward_state(const rx_block_params *P, const rx_block_acts *S, const float *x,
+int rx_block_backward_state(const rx_model_ctx *ctx,
+                            const rx_block_params *P, const rx_block_acts *S, const float *x,
                             const float *tm_xprev_init, const float *cm_xprev_init,
                             const float *v_first, const float *dy, rx_block_grads *G,
                             float *dx, float *d_tm_xprev_init, float *d_cm_xprev_init,
@@ -161,17 +163,17 @@ int rx_block_backward_state(const rx_block_params *P, const rx_block_acts *S, co
     int rc = rx_cm_backward_acts(&P->cm, S->h2, cm_xprev_init, S->xk, S->hid, dy, &G->cm,
                                  t, d_cm_xprev_init, B, T, dh, dxk);
     if (rc == RX_OK)
-        rc = rx_layernorm_backward(S->x1, P->ln2_w, P->ln2_b, t, dx1, G->ln2_w, G->ln2_b, (int)B,
-                                   (int)T, (int)C);
+        rc = rx_layernorm_backward_eps(S->x1, P->ln2_w, P->ln2_b, t, dx1, G->ln2_w, G->ln2_b,
+                                       (int)B, (int)T, (int)C, (float)ctx->ln_eps);
     if (rc == RX_OK) {
         add_rows(dx1, dx1, dy, BT * C);
         /* x1 = x + TM(ln1(x)) */
-        rc = rx_tm_backward_state(&P->tm, &S->tm, S->h1, tm_xprev_init, vres ? v_first : NULL,
+        rc = rx_tm_backward_state(ctx, &P->tm, &S->tm, S->h1, tm_xprev_init, vres ? v_first : NULL,
                                   dx1, &G->tm, t, d_tm_xprev_init, d_v_first, d_state, rest);
     }
     if (rc == RX_OK)
-        rc = rx_layernorm_backward(x, P->ln1_w, P->ln1_b, t, dx, G->ln1_w, G->ln1_b, (int)B,
-                                   (int)T, (int)C);
+        rc = rx_layernorm_backward_eps(x, P->ln1_w, P->ln1_b, t, dx, G->ln1_w, G->ln1_b,
+                                       (int)B, (int)T, (int)C, (float)ctx->ln_eps);
     if (rc == RX_OK) add_rows(dx, dx, dx1, BT * C);
     return rc;
 }
@@ -232,7 +234,8 @@ int rx_block_forward_seq(const rx_block_params *P, const float *x,
     rx_block_acts S;
     rc = rx_block_acts_alloc(&S, P, (size_t)B, (size_t)T);
     if (rc == RX_OK)
-        rc = rx_block_forward_acts(P, x, tm_xprev_init, cm_xprev_init, vres ? v_first : NULL,
+        rc = rx_block_forward_acts(&rx_ctx_default,
+                                   P, x, tm_xprev_init, cm_xprev_init, vres ? v_first : NULL,
                                    vres ? NULL : v_first, &S, out);
     rx_block_acts_free(&S);
     return rc;
@@ -269,10 +272,12 @@ int rx_block_backward(const rx_block_params *P, const float *x,
     /* recompute the forward, keeping its intermediates (the block output
      * itself is not needed) */
     if (rc == RX_OK)
-        rc = rx_block_forward_acts(P, x, tm_xprev_init, cm_xprev_init, vres ? v_first : NULL,
+        rc = rx_block_forward_acts(&rx_ctx_default,
+                                   P, x, tm_xprev_init, cm_xprev_init, vres ? v_first : NULL,
                                    NULL, &S, NULL);
     if (rc == RX_OK)
-        rc = rx_block_backward_acts(P, &S, x, tm_xprev_init, cm_xprev_init, v_first, dy, G, dx,
+        rc = rx_block_backward_acts(&rx_ctx_default,
+                                    P, &S, x, tm_xprev_init, cm_xprev_init, v_first, dy, G, dx,
                                     d_tm_xprev_init, d_cm_xprev_init, d_v_first, work);
     rx_block_acts_free(&S);
     free(work);

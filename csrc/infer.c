@@ -25,6 +25,7 @@
 struct rx_infer_state {
     rx_ptmodel *m;
     rx_pt_config cfg;
+    rx_model_ctx ctx;          /* the model's settings (its eps), as training reads them */
     const char *layers;        /* block kinds in model order */
     int n_blocks, max_len, pos;
     const float *emb, *ln0_w, *ln0_b, *ln_out_w, *ln_out_b, *head;   /* ln0: NULL without */
@@ -82,6 +83,7 @@ int rx_infer_create(rx_ptmodel *m, int max_len, rx_infer_state **out) {
     if (!s) return rx_fail(RX_ENOMEM, "%s: out of memory", fn);
     s->m = m;
     s->cfg = rx_ptmodel_config(m);
+    rx_ptmodel_ctx(m, &s->ctx);
     s->layers = rx_ptmodel_layers(m);
     s->n_blocks = s->cfg.n_rwkv_layer + s->cfg.n_attn_layer;
     s->max_len = max_len;
@@ -127,9 +129,10 @@ static int rwkv_step(rx_infer_state *s, int ri, float *x, float *h, float *o, fl
     const rx_block_params *P = rx_ptmodel_rwkv(s->m, ri);
     const size_t C = (size_t)s->cfg.n_embd, N = (size_t)s->cfg.head_size;
     float *tmc = s->tm_carry + (size_t)ri * C, *S = s->wkv + (size_t)ri * C * N;
-    rx_rownorm_forward(x, P->ln1_w, P->ln1_b, h, NULL, NULL, T, C, 1, RX_LN_EPS);
+    rx_rownorm_forward(x, P->ln1_w, P->ln1_b, h, NULL, NULL, T, C, 1, (float)s->ctx.ln_eps);
     int first = P->tm.layer_id == 0;
-    int rc = rx_tm_forward_state(&P->tm, h, tmc, first ? NULL : vf, first ? vf : NULL, S, A, o);
+    int rc = rx_tm_forward_state(&s->ctx,
+                                 &P->tm, h, tmc, first ? NULL : vf, first ? vf : NULL, S, A, o);
     if (rc != RX_OK) return rc;
     memcpy(tmc, h + (T - 1) * C, C * sizeof(float));
     add_rows(x, o, T * C);
@@ -143,7 +146,7 @@ static int attn_step(rx_infer_state *s, int ai, float *x, float *h, float *o, fl
     const rx_attn_params *P = rx_ptmodel_attn(s->m, ai);
     const size_t C = (size_t)s->cfg.n_embd, L = (size_t)s->max_len, pos = (size_t)s->pos;
     float *kc = s->kc + (size_t)ai * L * C, *vc = s->vc + (size_t)ai * L * C;
-    rx_rownorm_forward(x, P->ln1_w, P->ln1_b, h, NULL, NULL, T, C, 1, RX_LN_EPS);
+    rx_rownorm_forward(x, P->ln1_w, P->ln1_b, h, NULL, NULL, T, C, 1, (float)s->ctx.ln_eps);
     int rc = rx_sgemm(0, 0, T, C, C, h, C, P->receptance_w, C, 0.0f, q, C);
     if (rc == RX_OK) rc = rx_sgemm(0, 0, T, C, C, h, C, P->key_w, C, 0.0f, kc + pos * C, C);
     if (rc == RX_OK) rc = rx_sgemm(0, 0, T, C, C, h, C, P->value_w, C, 0.0f, vc + pos * C, C);
@@ -159,7 +162,7 @@ static int cm_step(rx_infer_state *s, int b, const rx_cm_params *cm, const float
                    const float *ln2_b, float *x, float *h, float *o, size_t T) {
     const size_t C = (size_t)s->cfg.n_embd;
     float *cmc = s->cm_carry + (size_t)b * C;
-    rx_rownorm_forward(x, ln2_w, ln2_b, h, NULL, NULL, T, C, 1, RX_LN_EPS);
+    rx_rownorm_forward(x, ln2_w, ln2_b, h, NULL, NULL, T, C, 1, (float)s->ctx.ln_eps);
     int rc = rx_channelmix_forward_seq(cm, h, cmc, o, 1, (int)T);
     if (rc != RX_OK) return rc;
     memcpy(cmc, h + (T - 1) * C, C * sizeof(float));
@@ -207,7 +210,8 @@ int rx_infer_forward(rx_infer_state *s, const int *tokens, int T, float *logits)
     if (rc == RX_OK) {
         if (s->ln0_w) {
             rc = rx_embedding_gather(s->emb, tok, T, (int)C, (int)V, h);
-            rx_rownorm_forward(h, s->ln0_w, s->ln0_b, x, NULL, NULL, TT, C, 1, RX_LN_EPS);
+            rx_rownorm_forward(h, s->ln0_w, s->ln0_b, x, NULL, NULL, TT, C, 1,
+                               (float)s->ctx.ln_eps);
         } else {
             rc = rx_embedding_gather(s->emb, tok, T, (int)C, (int)V, x);
         }
@@ -226,7 +230,8 @@ int rx_infer_forward(rx_infer_state *s, const int *tokens, int T, float *logits)
         }
     }
     if (rc == RX_OK) {
-        rx_rownorm_forward(x, s->ln_out_w, s->ln_out_b, h, NULL, NULL, TT, C, 1, RX_LN_EPS);
+        rx_rownorm_forward(x, s->ln_out_w, s->ln_out_b, h, NULL, NULL, TT, C, 1,
+                           (float)s->ctx.ln_eps);
         rc = rx_head_logits(h, s->head, T, (int)C, (int)V, logits);
     }
     if (rc == RX_OK) {

@@ -171,9 +171,9 @@ int rx_rownorm_backward(const float *x, const float *w, const float *dy,
     return RX_OK;
 }
 
-/* x, out: [B][T][C]; w, b: [C] */
-int rx_layernorm_forward_seq(const float *x, const float *w, const float *b, float *out,
-                             int B, int T, int C) {
+/* x, out: [B][T][C]; w, b: [C]; eps: the model's (rx_model_ctx.ln_eps) */
+int rx_layernorm_forward_eps(const float *x, const float *w, const float *b, float *out,
+                             int B, int T, int C, float eps) {
     static const char *const fn = "rx_layernorm_forward_seq";
     const char *nul = rx_first_null(RX_NULLS(x, w, b, out), RX_NAMES("x", "w", "b", "out"), 4);
     if (nul) return rx_fail(RX_EINVAL, "%s: %s is NULL", fn, nul);
@@ -188,13 +188,18 @@ int rx_layernorm_forward_seq(const float *x, const float *w, const float *b, flo
     RX_SPAN_ADD(&o, "out", out, BTC);
     int rc = rx_spans_check(fn, &o, &in);
     if (rc != RX_OK) return rc;
-    rx_rownorm_forward(x, w, b, out, NULL, NULL, (size_t)B * T, (size_t)C, 1, RX_LN_EPS);
+    rx_rownorm_forward(x, w, b, out, NULL, NULL, (size_t)B * T, (size_t)C, 1, eps);
     return RX_OK;
 }
 
+int rx_layernorm_forward_seq(const float *x, const float *w, const float *b, float *out,
+                             int B, int T, int C) {
+    return rx_layernorm_forward_eps(x, w, b, out, B, T, C, RX_LN_EPS);
+}
+
 /* x, dy, dx: [B][T][C]; w, dw, db: [C] (dw, db zeroed here) */
-int rx_layernorm_backward(const float *x, const float *w, const float *b, const float *dy,
-                          float *dx, float *dw, float *db, int B, int T, int C) {
+int rx_layernorm_backward_eps(const float *x, const float *w, const float *b, const float *dy,
+                              float *dx, float *dw, float *db, int B, int T, int C, float eps) {
     (void)b; /* the bias does not enter the input gradient */
     static const char *const fn = "rx_layernorm_backward";
     const char *nul = rx_first_null(RX_NULLS(x, w, dy, dx, dw, db),
@@ -216,5 +221,10 @@ int rx_layernorm_backward(const float *x, const float *w, const float *b, const 
     if (rc != RX_OK) return rc;
     rx_fzero(dw, (size_t)C);
     rx_fzero(db, (size_t)C);
-    return rx_rownorm_backward(x, w, dy, dx, dw, db, (size_t)B * T, (size_t)C, 1, RX_LN_EPS);
+    return rx_rownorm_backward(x, w, dy, dx, dw, db, (size_t)B * T, (size_t)C, 1, eps);
+}
+
+int rx_layernorm_backward(const float *x, const float *w, const float *b, const float *dy,
+                          float *dx, float *dw, float *db, int B, int T, int C) {
+    return rx_layernorm_backward_eps(x, w, b, dy, dx, dw, db, B, T, C, RX_LN_EPS);
 }

@@ -12,6 +12,7 @@
  * the same offset of a second arena, so an optimiser, a checkpoint or a
  * NumPy view sees the whole model as one flat vector.
  */
+#include <float.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
@@ -55,7 +56,7 @@ struct rx_ptmodel {
     float *state0, *g_state0;
     int64_t *frozen;          /* [n_frozen][2] arena ranges that get no weight grads */
     int n_frozen;
-    double l2wrap;            /* L2Wrap factor of every backward (0: off) */
+    rx_model_ctx ctx;         /* numeric settings every kernel reads (eps, ln0, l2wrap) */
     rx_lora *lora;            /* LoRA adapters (rx_ptmodel_enable_lora), NULL: none */
     int lora_on;              /* the forward and backward apply them (0 once disabled) */
 };
@@ -317,17 +318,51 @@ void rx_ptmodel_free(rx_ptmodel *m) {
     free(m);
 }
 
-int rx_model_create(const rx_pt_config *pc, int flags, uint64_t seed, rx_ptmodel **out) {
-    static const char *const fn = "rx_model_create";
+/* ---- the model context -------------------------------------------------- */
+
+const rx_model_ctx rx_ctx_default = {RX_DEFAULT_LN_EPS, RX_DEFAULT_GN_EPS, RX_DEFAULT_LN0,
+                                     RX_DEFAULT_L2WRAP};
+
+void rx_model_ctx_default(rx_model_ctx *ctx) {
+    if (ctx) *ctx = rx_ctx_default;
+}
+
+int rx_model_ctx_validate(const rx_model_ctx *ctx) {
+    static const char *const fn = "rx_model_ctx_validate";
+    if (!ctx) return rx_fail(RX_EINVAL, "%s: ctx is NULL", fn);
+    /* an eps is rounded to float for the kernels: it must stay > 0 there */
+    if (!(isfinite(ctx->ln_eps) && (float)ctx->ln_eps > 0.0f && ctx->ln_eps <= FLT_MAX))
+        return rx_fail(RX_ECONFIG, "%s: ln_eps %g must be finite and > 0", fn, ctx->ln_eps);
+    if (!(isfinite(ctx->gn_eps) && (float)ctx->gn_eps > 0.0f && ctx->gn_eps <= FLT_MAX))
+        return rx_fail(RX_ECONFIG, "%s: gn_eps %g must be finite and > 0", fn, ctx->gn_eps);
+    if (ctx->ln0 != 0 && ctx->ln0 != 1)
+        return rx_fail(RX_ECONFIG, "%s: ln0 %d must be 0 or 1", fn, ctx->ln0);
+    if (!(isfinite(ctx->l2wrap) && ctx->l2wrap >= 0.0))
+        return rx_fail(RX_ECONFIG, "%s: l2wrap %g must be finite and >= 0", fn, ctx->l2wrap);
+    return RX_OK;
+}
+
+int rx_ptmodel_ctx(const rx_ptmodel *m, rx_model_ctx *out) {
+    if (!m || !out) return rx_fail(RX_EINVAL, "rx_ptmodel_ctx: %s is NULL", m ? "out" : "model");
+    *out = m->ctx;
+    return RX_OK;
+}
+
+/* rx_model_create's body; unknown: flag bits of rx_model_create it does not know */
+static int model_create(const char *fn, const rx_pt_config *pc, const rx_model_ctx *ctx,
+                        int unknown, uint64_t seed, rx_ptmodel **out) {
     if (!out) return rx_fail(RX_EINVAL, "%s: out is NULL", fn);
     *out = NULL;
     int rc = rx_pt_config_validate(pc);
     if (rc != RX_OK) return rc;
-    if (flags & ~RX_PT_FLAGS_ALL)
-        return rx_fail(RX_EINVAL, "%s: unknown flag bits 0x%x", fn, flags & ~RX_PT_FLAGS_ALL);
+    if (unknown) return rx_fail(RX_EINVAL, "%s: unknown flag bits 0x%x", fn, unknown);
+    rc = rx_model_ctx_validate(ctx);
+    if (rc != RX_OK) return rc;
+    const int flags = ctx->ln0 ? RX_PT_LN0 : 0;
     rx_ptmodel *m = calloc(1, sizeof *m);
     if (!m) return rx_fail(RX_ENOMEM, "%s: out of memory", fn);
     m->cfg = *pc;
+    m->ctx = *ctx;
     m->flags = flags;
     const int nr = pc->n_rwkv_layer, na = pc->n_attn_layer;
     const size_t max_tensors = 6 + (size_t)nr * RWKV_TENSORS + (size_t)na * ATTN_TENSORS;
@@ -380,6 +415,17 @@ fail:
     const size_t n = m->n_elems;   /* 0 when the tables failed before the arenas */
     rx_ptmodel_free(m);
     return rx_fail(RX_ENOMEM, "%s: out of memory (parameter arenas of %zu elements)", fn, n);
+}
+
+int rx_model_create(const rx_pt_config *pc, int flags, uint64_t seed, rx_ptmodel **out) {
+    rx_model_ctx ctx = rx_ctx_default;
+    ctx.ln0 = (flags & RX_PT_LN0) != 0;
+    return model_create("rx_model_create", pc, &ctx, flags & ~RX_PT_FLAGS_ALL, seed, out);
+}
+
+int rx_model_create_ctx(const rx_pt_config *pc, const rx_model_ctx *ctx, uint64_t seed,
+                        rx_ptmodel **out) {
+    return model_create("rx_model_create_ctx", pc, ctx, 0, seed, out);
 }
 
 rx_ptmodel *rx_model_new_random_flags(const rx_pt_config *pc, int flags, uint64_t seed) {
@@ -756,8 +802,8 @@ static int block_forward_vf(rx_ptmodel *m, const rx_pt_acts *acts, int L, float 
         s->held_a = i;
         s->held_r = -1;
         /* a recompute (out NULL) finds the core's products kept */
-        return out ? rx_attn_forward_acts(&m->attn[i], x, NULL, attn_acts(s, m, i), out)
-                   : rx_attn_forward_kept(&m->attn[i], x, NULL, attn_acts(s, m, i));
+        return out ? rx_attn_forward_acts(&m->ctx, &m->attn[i], x, NULL, attn_acts(s, m, i), out)
+                   : rx_attn_forward_kept(&m->ctx, &m->attn[i], x, NULL, attn_acts(s, m, i));
     }
     s->held_r = i;
     s->held_a = -1;
@@ -766,7 +812,7 @@ static int block_forward_vf(rx_ptmodel *m, const rx_pt_acts *acts, int L, float 
      * too, starts from a fresh copy) */
     float *st = m->state0 ? s->s : NULL;
     if (st) broadcast_state(m, i, acts->B, st);
-    return rx_block_forward_state(&m->rwkv[i], x, NULL, NULL, i > 0 ? acts->v_first : NULL,
+    return rx_block_forward_state(&m->ctx, &m->rwkv[i], x, NULL, NULL, i > 0 ? acts->v_first : NULL,
                                   i > 0 || !write_vf ? NULL : acts->v_first, st, rwkv_acts(s, i),
                                   out);
 }
@@ -790,8 +836,9 @@ static int block_recompute(rx_ptmodel *m, const rx_pt_acts *acts, int L) {
 static int lnout_forward(const rx_ptmodel *m, const rx_pt_acts *acts) {
     const size_t rowc = (size_t)acts->B * (size_t)acts->T * (size_t)acts->C;
     acts->saved->lnout_stale = 0;
-    return rx_layernorm_forward_seq(acts->block_in + (size_t)m->n_blocks * rowc, m->ln_out_w,
-                                    m->ln_out_b, acts->lnout, acts->B, acts->T, acts->C);
+    return rx_layernorm_forward_eps(acts->block_in + (size_t)m->n_blocks * rowc, m->ln_out_w,
+                                    m->ln_out_b, acts->lnout, acts->B, acts->T, acts->C,
+                                    (float)m->ctx.ln_eps);
 }
 
 /* tokens: [B][T]; fills acts: block_in, v_first, lnout, logits */
@@ -828,7 +875,7 @@ static int forward_batch(rx_ptmodel *m, const int *tokens, int B, int T, rx_pt_a
         rc = rx_embedding_gather(m->emb, acts->tokens, BT, C, V, acts->work);
         if (rc == RX_OK)
             rx_rownorm_forward(acts->work, m->ln0_w, m->ln0_b, acts->block_in, NULL, NULL,
-                               (size_t)BT, (size_t)C, 1, RX_LN_EPS);
+                               (size_t)BT, (size_t)C, 1, (float)m->ctx.ln_eps);
     } else {
         rc = rx_embedding_gather(m->emb, acts->tokens, BT, C, V, acts->block_in);
     }
@@ -904,28 +951,28 @@ static int backward_batch(const char *fn, rx_ptmodel *m, const rx_pt_acts *acts,
         loss = 0.0;
         if (rc == RX_OK)
             rx_l2wrap_rows(acts->logits, acts->dlogits, (size_t)BT, (size_t)V,
-                           m->l2wrap / (double)BT);
+                           m->ctx.l2wrap / (double)BT);
         if (rc == RX_OK)
             rc = rx_head_grads(acts->lnout, m->head, acts->dlogits, BT, C, V, dnext, m->g_head);
     } else if (w) {
-        rc = rx_head_loss_rows(acts->lnout, m->head, targets, BT, C, V, ignore_index, m->l2wrap,
+        rc = rx_head_loss_rows(acts->lnout, m->head, targets, BT, C, V, ignore_index, m->ctx.l2wrap,
                                w, acts->head_rows, acts->dlogits, dnext, m->g_head, row_loss);
         loss = 0.0;
     } else if (acts->logits) {
         rc = rx_cross_entropy(acts->logits, targets, BT, V, ignore_index, acts->dlogits, &loss);
         if (rc == RX_OK)
             rx_l2wrap_rows(acts->logits, acts->dlogits, (size_t)BT, (size_t)V,
-                           m->l2wrap / (double)BT);
+                           m->ctx.l2wrap / (double)BT);
         if (rc == RX_OK)
             rc = rx_head_grads(acts->lnout, m->head, acts->dlogits, BT, C, V, dnext, m->g_head);
     } else {
-        rc = rx_head_loss(acts->lnout, m->head, targets, BT, C, V, ignore_index, m->l2wrap,
+        rc = rx_head_loss(acts->lnout, m->head, targets, BT, C, V, ignore_index, m->ctx.l2wrap,
                           acts->head_rows, acts->dlogits, dnext, m->g_head, &loss);
     }
     if (rc == RX_OK)
-        rc = rx_layernorm_backward(acts->block_in + (size_t)m->n_blocks * rowc, m->ln_out_w,
-                                   m->ln_out_b, dnext, dcur, m->g_ln_out_w, m->g_ln_out_b, B, T,
-                                   C);
+        rc = rx_layernorm_backward_eps(acts->block_in + (size_t)m->n_blocks * rowc,
+                                       m->ln_out_w, m->ln_out_b, dnext, dcur, m->g_ln_out_w,
+                                       m->g_ln_out_b, B, T, C, (float)m->ctx.ln_eps);
     /* dcur: grad on the residual leaving block L. Every RWKV block after
      * the first reads v_first; their grads on it are summed into dvf_sum and
      * handed to RWKV block 0 (always the first block), which produced it. */
@@ -941,18 +988,20 @@ static int backward_batch(const char *fn, rx_ptmodel *m, const rx_pt_acts *acts,
         acts->saved->held_r = acts->saved->held_a = -1;
         if (rc != RX_OK) break;
         if (m->layers[L] == 'A') {
-            rc = rx_attn_backward_acts(&m->attn[i], attn_acts(acts->saved, m, i), x, NULL,
+            rc = rx_attn_backward_acts(&m->ctx, &m->attn[i], attn_acts(acts->saved, m, i), x, NULL,
                                        dcur, &m->attn_g[i], dnext, NULL, bwork);
         } else if (i > 0) {
             float *dvf = have_dvf ? dvf_one : dvf_sum;
-            rc = rx_block_backward_state(&m->rwkv[i], rwkv_acts(acts->saved, i), x, NULL, NULL,
+            rc = rx_block_backward_state(&m->ctx,
+                                         &m->rwkv[i], rwkv_acts(acts->saved, i), x, NULL, NULL,
                                          acts->v_first, dcur, &m->rwkv_g[i], dnext, NULL, NULL,
                                          dvf, ds, bwork);
             if (have_dvf)
                 for (size_t e = 0; e < rowc; e++) dvf_sum[e] += dvf_one[e];
             have_dvf = 1;
         } else {
-            rc = rx_block_backward_state(&m->rwkv[0], rwkv_acts(acts->saved, 0), x, NULL, NULL,
+            rc = rx_block_backward_state(&m->ctx,
+                                         &m->rwkv[0], rwkv_acts(acts->saved, 0), x, NULL, NULL,
                                          acts->v_first, dcur, &m->rwkv_g[0], dnext, NULL, NULL,
                                          have_dvf ? dvf_sum : NULL, ds, bwork);
         }
@@ -973,8 +1022,8 @@ static int backward_batch(const char *fn, rx_ptmodel *m, const rx_pt_acts *acts,
          * into the free dnext, and the grad on them overwrites dcur */
         rc = rx_embedding_gather(m->emb, acts->tokens, BT, C, V, dnext);
         if (rc == RX_OK)
-            rc = rx_layernorm_backward(dnext, m->ln0_w, m->ln0_b, dcur, dcur, m->g_ln0_w,
-                                       m->g_ln0_b, B, T, C);
+            rc = rx_layernorm_backward_eps(dnext, m->ln0_w, m->ln0_b, dcur, dcur, m->g_ln0_w,
+                                           m->g_ln0_b, B, T, C, (float)m->ctx.ln_eps);
     }
     if (rc == RX_OK && !emb_frozen)
         rc = rx_embedding_scatter(acts->tokens, BT, C, V, dcur, m->g_emb);
@@ -1118,11 +1167,11 @@ int rx_ptmodel_set_l2wrap(rx_ptmodel *m, double factor) {
     if (!(factor >= 0.0) || isinf(factor))
         return rx_fail(RX_EINVAL, "rx_ptmodel_set_l2wrap: factor %g must be finite and >= 0",
                        factor);
-    m->l2wrap = factor;
+    m->ctx.l2wrap = factor;
     return RX_OK;
 }
 
-double rx_ptmodel_l2wrap(const rx_ptmodel *m) { return m ? m->l2wrap : 0.0; }
+double rx_ptmodel_l2wrap(const rx_ptmodel *m) { return m ? m->ctx.l2wrap : 0.0; }
 
 /* ---- LoRA adapters (docs/maths.md §LoRA, lora.c) ----------------------- */
 

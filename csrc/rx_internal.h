@@ -405,6 +405,12 @@ void rx_rownorm_forward(const float *x, const float *w, const float *b,
 int rx_rownorm_backward(const float *x, const float *w, const float *dy,
                         float *dx, float *dw, float *db,
                         size_t rows, size_t D, size_t period, float eps);
+/* rx_layernorm_forward_seq / rx_layernorm_backward with the model's eps
+ * (rx_model_ctx.ln_eps) for RX_LN_EPS; the same checks and errors. */
+int rx_layernorm_forward_eps(const float *x, const float *w, const float *b, float *out,
+                             int B, int T, int C, float eps);
+int rx_layernorm_backward_eps(const float *x, const float *w, const float *b, const float *dy,
+                              float *dx, float *dw, float *db, int B, int T, int C, float eps);
 
 /* ---- wkv7.c ------------------------------------------------------------
  * The model's WKV7 (rx_wkv7_forward_seq / rx_wkv7_backward otherwise). The
@@ -572,27 +578,31 @@ void rx_tm_acts_carve_lean(rx_tm_acts *A, const rx_tm_params *P, size_t B, size_
 void rx_tm_acts_free(rx_tm_acts *A);
 /* x: [B][T][C]. Layer 0 writes v (v_first_out may be NULL); layer > 0
  * reads v_first_in. out [B][T][C] may be NULL (backward recompute). */
-int rx_tm_forward_acts(const rx_tm_params *P, const float *x, const float *x_prev_init,
+int rx_tm_forward_acts(const rx_model_ctx *ctx,
+                       const rx_tm_params *P, const float *x, const float *x_prev_init,
                        const float *v_first_in, float *v_first_out, rx_tm_acts *A,
                        float *out);
 /* rx_tm_forward_acts continuing from the WKV state [B][H][N][N] in state,
  * which it advances in place (NULL: zero initial state, nothing kept); the
  * recurrent-inference form (infer.c). */
-int rx_tm_forward_state(const rx_tm_params *P, const float *x, const float *x_prev_init,
+int rx_tm_forward_state(const rx_model_ctx *ctx,
+                        const rx_tm_params *P, const float *x, const float *x_prev_init,
                         const float *v_first_in, float *v_first_out, float *state,
                         rx_tm_acts *A, float *out);
 /* A filled by rx_tm_forward_acts on the same inputs; arguments as in
  * rx_timemix_backward; work: rx_tm_backward_work(P, B*T) floats of scratch
  * (NULL: allocated and freed here). */
 size_t rx_tm_backward_work(const rx_tm_params *P, size_t BT);
-int rx_tm_backward_acts(const rx_tm_params *P, const rx_tm_acts *A, const float *x,
+int rx_tm_backward_acts(const rx_model_ctx *ctx,
+                        const rx_tm_params *P, const rx_tm_acts *A, const float *x,
                         const float *x_prev_init, const float *v_first, const float *dy,
                         rx_tm_grads *G, float *dx, float *d_xprev_init, float *d_v_first,
                         float *work);
 /* rx_tm_backward_acts also writing d_state [B][H][N][N], the grad of the
  * loss on the initial WKV state A's forward started from (NULL: not
  * wanted); the backward of rx_tm_forward_state. */
-int rx_tm_backward_state(const rx_tm_params *P, const rx_tm_acts *A, const float *x,
+int rx_tm_backward_state(const rx_model_ctx *ctx,
+                         const rx_tm_params *P, const rx_tm_acts *A, const float *x,
                          const float *x_prev_init, const float *v_first, const float *dy,
                          rx_tm_grads *G, float *dx, float *d_xprev_init, float *d_v_first,
                          float *d_state, float *work);
@@ -628,7 +638,7 @@ void rx_block_acts_free(rx_block_acts *S);
 /* rx_block_forward_seq's arguments (validated by the caller), filling S;
  * v_first as in rx_tm_forward_acts (read at layer > 0, written at 0). out
  * NULL: S alone, for a backward (the channel-mix value projection skipped). */
-int rx_block_forward_acts(const rx_block_params *P, const float *x,
+int rx_block_forward_acts(const rx_model_ctx *ctx, const rx_block_params *P, const float *x,
                           const float *tm_xprev_init, const float *cm_xprev_init,
                           const float *v_first_in, float *v_first_out, rx_block_acts *S,
                           float *out);
@@ -636,7 +646,8 @@ int rx_block_forward_acts(const rx_block_params *P, const float *x,
  * rx_block_forward_acts on the same inputs; work: rx_block_work(P, B*T)
  * floats of scratch. */
 size_t rx_block_work(const rx_block_params *P, size_t BT);
-int rx_block_backward_acts(const rx_block_params *P, const rx_block_acts *S, const float *x,
+int rx_block_backward_acts(const rx_model_ctx *ctx,
+                           const rx_block_params *P, const rx_block_acts *S, const float *x,
                            const float *tm_xprev_init, const float *cm_xprev_init,
                            const float *v_first, const float *dy, rx_block_grads *G,
                            float *dx, float *d_tm_xprev_init, float *d_cm_xprev_init,
@@ -645,11 +656,12 @@ int rx_block_backward_acts(const rx_block_params *P, const rx_block_acts *S, con
  * time-mix's WKV7 from state [B][H][N][N] (NULL: zero), which it advances
  * in place to the final state (rx_tm_forward_state); the backward writes
  * d_state [B][H][N][N], the grad on that initial state (NULL: not wanted). */
-int rx_block_forward_state(const rx_block_params *P, const float *x,
+int rx_block_forward_state(const rx_model_ctx *ctx, const rx_block_params *P, const float *x,
                            const float *tm_xprev_init, const float *cm_xprev_init,
                            const float *v_first_in, float *v_first_out, float *state,
                            rx_block_acts *S, float *out);
-int rx_block_backward_state(const rx_block_params *P, const rx_block_acts *S, const float *x,
+int rx_block_backward_state(const rx_model_ctx *ctx,
+                            const rx_block_params *P, const rx_block_acts *S, const float *x,
                             const float *tm_xprev_init, const float *cm_xprev_init,
                             const float *v_first, const float *dy, rx_block_grads *G,
                             float *dx, float *d_tm_xprev_init, float *d_cm_xprev_init,
@@ -678,12 +690,15 @@ void rx_attn_acts_free(rx_attn_acts *S);
  * without the block output (the channel-mix value projection skipped). */
 size_t rx_attn_kept_floats(const rx_attn_params *P, size_t B, size_t T);
 void rx_attn_acts_bind(rx_attn_acts *S, const rx_attn_params *P, float *kept);
-int rx_attn_forward_kept(const rx_attn_params *P, const float *x, const float *cm_xprev_init,
+int rx_attn_forward_kept(const rx_model_ctx *ctx,
+                         const rx_attn_params *P, const float *x, const float *cm_xprev_init,
                          rx_attn_acts *S);
-int rx_attn_forward_acts(const rx_attn_params *P, const float *x, const float *cm_xprev_init,
+int rx_attn_forward_acts(const rx_model_ctx *ctx,
+                         const rx_attn_params *P, const float *x, const float *cm_xprev_init,
                          rx_attn_acts *S, float *out);
 #define RX_ATTN_WORK(BT, C, F) (5 * (BT) * (C) + (BT) * (F))
-int rx_attn_backward_acts(const rx_attn_params *P, rx_attn_acts *S, const float *x,
+int rx_attn_backward_acts(const rx_model_ctx *ctx,
+                          const rx_attn_params *P, rx_attn_acts *S, const float *x,
                           const float *cm_xprev_init, const float *dy, rx_attn_grads *G,
                           float *dx, float *d_cm_xprev_init, float *work);
 /* Decoding: queries q [T][C] at positions pos..pos+T-1 of one sequence
@@ -692,8 +707,10 @@ int rx_attn_backward_acts(const rx_attn_params *P, rx_attn_acts *S, const float 
 int rx_attn_decode(const rx_attn_params *P, const float *q, const float *k, const float *v,
                    int pos, int T, float *y);
 
-/* The time-mix group norm's eps, official RWKV-7's ln_x eps (RX_LN_EPS,
- * the LayerNorms', is public) */
-#define RX_GN_EPS 64e-5f
+/* ---- model.c ------------------------------------------------------------
+ * The default model context (RX_DEFAULT_*): what the standalone kernels
+ * (rx_block_forward_seq, rx_attn_forward_seq, rx_timemix_forward_seq, ...)
+ * run with; a model's kernels get its own (rx_model_create_ctx). */
+extern const rx_model_ctx rx_ctx_default;
 
 #endif /* RWKVX_INTERNAL_H */

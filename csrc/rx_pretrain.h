@@ -174,11 +174,26 @@ int rx_channelmix_backward(
     int B, int T);
 
 /* ====================================================================
- * LayerNorm over the C channels, eps RX_LN_EPS, biased variance; mean and
- * variance accumulate in double (docs/maths.md §LayerNorm). Every
- * LayerNorm of the model (ln0, ln1, ln2, ln_out) uses this eps.
+ * The model's numeric settings, named once: the defaults of rx_model_ctx
+ * (below), which every kernel of a model reads, in training and in
+ * inference. RX_DEFAULT_LN_EPS: every LayerNorm of the model (ln0, ln1,
+ * ln2, ln_out); RX_DEFAULT_GN_EPS: the time-mix group norm (ln_x),
+ * official RWKV-7's head_size * 1e-5 at head size 64; RX_DEFAULT_LN0: no
+ * embedding LayerNorm (a model made before it existed); RX_DEFAULT_L2WRAP:
+ * no L2Wrap.
  * ==================================================================== */
-#define RX_LN_EPS 1e-5f
+#define RX_DEFAULT_LN_EPS 1e-5
+#define RX_DEFAULT_GN_EPS 64e-5
+#define RX_DEFAULT_LN0 0
+#define RX_DEFAULT_L2WRAP 0.0
+
+/* ====================================================================
+ * LayerNorm over the C channels, eps RX_LN_EPS, biased variance; mean and
+ * variance accumulate in double (docs/maths.md §LayerNorm). A model's
+ * LayerNorms (ln0, ln1, ln2, ln_out) use its context's ln_eps, whose
+ * default this is.
+ * ==================================================================== */
+#define RX_LN_EPS ((float)RX_DEFAULT_LN_EPS)
 
 /* x, out: [B][T][C]; w, b: [C]. out may be x itself (in place). */
 int rx_layernorm_forward_seq(
@@ -414,6 +429,30 @@ int rx_pretrain_forward_batch(rx_ptmodel *m, const int *tokens, int B, int T,
 #define RX_PT_FLAGS_ALL RX_PT_LN0
 /* The flags the model was made with; -1 for NULL. */
 int rx_ptmodel_flags(const rx_ptmodel *m);
+
+/* The model context: the model's numeric settings beside rx_pt_config
+ * (whose layout stays the original's), which the model hands to every
+ * kernel it runs, training and inference alike (docs/maths.md). ln0 is
+ * RX_PT_LN0 as a field; l2wrap is rx_ptmodel_set_l2wrap's factor. */
+typedef struct {
+    double ln_eps;    /* every LayerNorm: ln0, ln1, ln2, ln_out; finite, > 0 */
+    double gn_eps;    /* the time-mix group norm ln_x; finite, > 0 */
+    int ln0;          /* 1: x0 = LayerNorm(emb[token]; ln0_w, ln0_b); 0: none */
+    double l2wrap;    /* L2Wrap factor of every backward; finite, >= 0 (0: off) */
+} rx_model_ctx;
+
+/* *ctx = the defaults (RX_DEFAULT_*). */
+void rx_model_ctx_default(rx_model_ctx *ctx);
+/* RX_OK when every field of ctx is in its range, RX_EINVAL for a NULL ctx,
+ * else RX_ECONFIG (rx_last_error names the field). */
+int rx_model_ctx_validate(const rx_model_ctx *ctx);
+/* rx_model_create with the settings of ctx (rx_model_create(pc, flags, ...)
+ * is this with the defaults and ln0 = flags & RX_PT_LN0). RX_ECONFIG on a
+ * ctx rx_model_ctx_validate rejects; otherwise as rx_model_create. */
+int rx_model_create_ctx(const rx_pt_config *pc, const rx_model_ctx *ctx, uint64_t seed,
+                        rx_ptmodel **out);
+/* *out = the model's context; RX_EINVAL on NULL. */
+int rx_ptmodel_ctx(const rx_ptmodel *m, rx_model_ctx *out);
 
 /* ---- model.c, head.c: bounded memory for long contexts and large
  * vocabularies (docs/maths.md §Recompute, §Chunked head) ---------------

@@ -340,7 +340,8 @@ static void tm_lerps(const rx_tm_params *P, const rx_tm_acts *A, const float *x,
     rx_shift_lerp_forward(6, mix, x, x_prev_init, xin, A->B, A->T, (size_t)P->c);
 }
 
-int rx_tm_forward_state(const rx_tm_params *P, const float *x, const float *x_prev_init,
+int rx_tm_forward_state(const rx_model_ctx *ctx,
+                        const rx_tm_params *P, const float *x, const float *x_prev_init,
                         const float *v_first_in, float *v_first_out, float *state,
                         rx_tm_acts *A, float *out) {
     const size_t B = A->B, T = A->T, BT = B * T, C = (size_t)P->c;
@@ -362,16 +363,18 @@ int rx_tm_forward_state(const rx_tm_params *P, const float *x, const float *x_pr
     rc = rx_wkv7_forward_cp(A->r, A->w, A->kmod, A->vmod, A->aw, A->bw, state, A->y, state,
                             A->wkv_cp, A->wkv_work, (int)B, (int)T, (int)H, (int)N);
     if (rc != RX_OK) return rc;
-    rx_rownorm_forward(A->y, P->ln_x_w, P->ln_x_b, A->z, NULL, NULL, BT * H, N, H, RX_GN_EPS);
+    rx_rownorm_forward(A->y, P->ln_x_w, P->ln_x_b, A->z, NULL, NULL, BT * H, N, H,
+                       (float)ctx->gn_eps);
 #pragma omp parallel for schedule(static) if (!rx_in_parallel() && BT * C >= RX_EW_MIN_PAR)
     for (size_t bt = 0; bt < BT; bt++) bonus_row(P, A, bt);
     return out ? rx_pgemm(0, 0, BT, C, C, A->zg, C, P->output_w, C, 0.0f, out, C) : RX_OK;
 }
 
-int rx_tm_forward_acts(const rx_tm_params *P, const float *x, const float *x_prev_init,
+int rx_tm_forward_acts(const rx_model_ctx *ctx,
+                       const rx_tm_params *P, const float *x, const float *x_prev_init,
                        const float *v_first_in, float *v_first_out, rx_tm_acts *A,
                        float *out) {
-    return rx_tm_forward_state(P, x, x_prev_init, v_first_in, v_first_out, NULL, A, out);
+    return rx_tm_forward_state(ctx, P, x, x_prev_init, v_first_in, v_first_out, NULL, A, out);
 }
 
 
@@ -499,7 +502,8 @@ size_t rx_tm_backward_work(const rx_tm_params *P, size_t BT) {
            rx_lines(BT * (size_t)P->n_head) + rx_lines(tm_part(BT, (size_t)P->c));
 }
 
-int rx_tm_backward_state(const rx_tm_params *P, const rx_tm_acts *A, const float *x,
+int rx_tm_backward_state(const rx_model_ctx *ctx,
+                         const rx_tm_params *P, const rx_tm_acts *A, const float *x,
                          const float *x_prev_init, const float *v_first, const float *dy,
                          rx_tm_grads *G, float *dx, float *d_xprev_init, float *d_v_first,
                          float *d_state, float *work) {
@@ -551,7 +555,7 @@ int rx_tm_backward_state(const rx_tm_params *P, const rx_tm_acts *A, const float
     }
 
     rc = rx_rownorm_backward(A->y, P->ln_x_w, S.dz, S.dyw, G->ln_x_w, G->ln_x_b, BT * H, N, H,
-                             RX_GN_EPS);
+                             (float)ctx->gn_eps);
     if (rc == RX_OK)
         rc = rx_wkv7_backward_cp(A->r, A->w, A->kmod, A->vmod, A->aw, A->bw, S.dyw, NULL,
                                  A->wkv_cp, A->wkv_work, S.dr, S.dw, S.dk, S.dv, S.da, S.db,
@@ -609,11 +613,12 @@ int rx_tm_backward_state(const rx_tm_params *P, const rx_tm_acts *A, const float
     return rc;
 }
 
-int rx_tm_backward_acts(const rx_tm_params *P, const rx_tm_acts *A, const float *x,
+int rx_tm_backward_acts(const rx_model_ctx *ctx,
+                        const rx_tm_params *P, const rx_tm_acts *A, const float *x,
                         const float *x_prev_init, const float *v_first, const float *dy,
                         rx_tm_grads *G, float *dx, float *d_xprev_init, float *d_v_first,
                         float *work) {
-    return rx_tm_backward_state(P, A, x, x_prev_init, v_first, dy, G, dx, d_xprev_init,
+    return rx_tm_backward_state(ctx, P, A, x, x_prev_init, v_first, dy, G, dx, d_xprev_init,
                                 d_v_first, NULL, work);
 }
 
@@ -656,7 +661,7 @@ int rx_timemix_forward_seq(const rx_tm_params *P, const float *x, const float *x
     rx_tm_acts A;
     rc = rx_tm_acts_alloc(&A, P, (size_t)B, (size_t)T);
     if (rc == RX_OK)
-        rc = rx_tm_forward_acts(P, x, x_prev_init, later ? v_first : NULL,
+        rc = rx_tm_forward_acts(&rx_ctx_default, P, x, x_prev_init, later ? v_first : NULL,
                                 later ? NULL : v_first, &A, out);
     rx_tm_acts_free(&A);
     return rc;
@@ -684,9 +689,11 @@ int rx_timemix_backward(const rx_tm_params *P, const float *x, const float *x_pr
     rx_tm_acts A;
     rc = rx_tm_acts_alloc(&A, P, (size_t)B, (size_t)T);
     if (rc == RX_OK)
-        rc = rx_tm_forward_acts(P, x, x_prev_init, later ? v_first : NULL, NULL, &A, NULL);
+        rc = rx_tm_forward_acts(&rx_ctx_default,
+                                P, x, x_prev_init, later ? v_first : NULL, NULL, &A, NULL);
     if (rc == RX_OK)
-        rc = rx_tm_backward_acts(P, &A, x, x_prev_init, v_first, dy, G, dx, d_xprev_init,
+        rc = rx_tm_backward_acts(&rx_ctx_default,
+                                 P, &A, x, x_prev_init, v_first, dy, G, dx, d_xprev_init,
                                  d_v_first, NULL);
     rx_tm_acts_free(&A);
     return rc;

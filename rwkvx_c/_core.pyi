@@ -2,7 +2,7 @@
 # every array is float32 (tokens / targets int32) and C-contiguous.
 # Each concern appends its section below.
 from collections.abc import Sequence
-from typing import Literal, overload
+from typing import Any, Literal, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -89,7 +89,7 @@ def attn_score_av_backward(q: F32, k: F32, v: F32, dy: F32, *, n_head: int, head
 
 # -- whole model (docs/maths.md, docs/layout.md) ----------------------------------------------
 CONFIG_FIELDS: tuple[str, ...]
-OPTION_FIELDS: dict[str, int]
+OPTION_FIELDS: dict[str, float]   # the model context's keys: ln0, ln_eps, gn_eps
 
 class RxPtModel:
     """RWKV-X model over two flat float32 arenas (params, grads)."""
@@ -99,7 +99,7 @@ class RxPtModel:
     recompute: bool                                   # activation recompute in the backward
     l2wrap: float                                     # RWKV-LM's L2Wrap factor, 0: off
     @property
-    def config(self) -> dict[str, int]: ...
+    def config(self) -> dict[str, Any]: ...   # sizes are ints, ln_eps and gn_eps floats
     @property
     def layers(self) -> str: ...                      # e.g. "RRARRAR"
     @property

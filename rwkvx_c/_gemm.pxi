@@ -1,17 +1,5 @@
 # GEMM and WKV7 kernel test/bench hooks (csrc/gemm.c, csrc/wkv7.c). Included by _core.pyx.
 
-cdef extern from "rx_internal.h" nogil:
-    int rx_sgemm(int ta, int tb, size_t M, size_t N, size_t K,
-                  const float *A, size_t lda, const float *B, size_t ldb,
-                  float beta, float *C, size_t ldc)
-    int rx_sgemm_use_kernel(const char *name)
-    int rx_bgemm(int ta, int tb, size_t M, size_t N, size_t K,
-                  const float *A, size_t lda, const float *B, size_t ldb,
-                  float beta, float *C, size_t ldc)
-    int rx_bgemm_use_kernel(const char *name)
-    const char *rx_wkv7_kernel(int head_size)
-    int rx_wkv7_use_kernel(const char *name)
-
 
 def _sgemm(a, b, ta=False, tb=False, out=None, beta=0.0):
     """rx_sgemm, the GEMM behind every projection (test and benchmark hook).

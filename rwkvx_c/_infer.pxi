@@ -1,15 +1,6 @@
 # Recurrent inference for generation (csrc/infer.c). Included by _core.pyx
 # after _model.pxi (it reads RxPtModel's C handle).
 
-cdef extern from "rx_pretrain.h" nogil:
-    ctypedef struct rx_infer_state:
-        pass
-    int rx_infer_create(rx_ptmodel *m, int max_len, rx_infer_state **out)
-    void rx_infer_free(rx_infer_state *s)
-    void rx_infer_reset(rx_infer_state *s)
-    int rx_infer_pos(const rx_infer_state *s)
-    int rx_infer_forward(rx_infer_state *s, const int *tokens, int T, float *logits)
-
 
 cdef class InferState:
     """InferState(model, max_len)

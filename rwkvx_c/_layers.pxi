@@ -12,7 +12,8 @@ cdef int _index(object v, str name) except? -1:
 
 
 def layernorm_forward(x, w, b):
-    """LayerNorm over the last axis, eps 1e-5, biased variance (docs/maths.md §LayerNorm).
+    """LayerNorm over the last axis, eps RX_LN_EPS (the default ln_eps,
+    OPTION_FIELDS["ln_eps"]), biased variance (docs/maths.md §LayerNorm).
 
     x : float32 (B, T, C); w, b : float32 (C,).
     Returns out (B, T, C).

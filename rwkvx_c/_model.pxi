@@ -4,44 +4,32 @@ from cpython.buffer cimport PyBUF_FORMAT, PyBUF_WRITABLE
 from libc.stdint cimport int64_t, uint64_t
 from libc.string cimport memcpy
 
-cdef extern from "rx_pretrain.h" nogil:
-    int rx_pretrain_forward_batch(rx_ptmodel *m, const int *tokens, int B, int T,
-                                  rx_pt_acts *acts)
-    int rx_pt_config_validate(const rx_pt_config *pc)
-    int rx_ptmodel_param_shape(const rx_ptmodel *m, int i, int *shape)
-    float *rx_ptmodel_param_arena(rx_ptmodel *m, int64_t *n)
-    float *rx_ptmodel_grad_arena(rx_ptmodel *m, int64_t *n)
-    const char *rx_ptmodel_layers(const rx_ptmodel *m)
-    int rx_ptmodel_enable_state(rx_ptmodel *m)
-    float *rx_ptmodel_state_arena(rx_ptmodel *m, int64_t *n)
-    float *rx_ptmodel_state_grad_arena(rx_ptmodel *m, int64_t *n)
-    int rx_ptmodel_set_frozen(rx_ptmodel *m, int frozen)
-    int rx_ptmodel_set_frozen_ranges(rx_ptmodel *m, const int64_t *ranges, int n)
-    int rx_ptmodel_frozen(const rx_ptmodel *m)
-    int rx_ptmodel_flags(const rx_ptmodel *m)
-    int rx_ptmodel_enable_lora(rx_ptmodel *m, int r, double alpha, const int *params, int n)
-    int rx_ptmodel_disable_lora(rx_ptmodel *m)
-    int rx_ptmodel_lora_count(const rx_ptmodel *m, int *r, double *alpha)
-    int rx_ptmodel_lora_adapter(const rx_ptmodel *m, int i, int *param, int64_t *a_off,
-                                int64_t *b_off)
-    float *rx_ptmodel_lora_arena(rx_ptmodel *m, int64_t *n)
-    float *rx_ptmodel_lora_grad_arena(rx_ptmodel *m, int64_t *n)
-    int RX_PT_LN0
-
 
 CONFIG_FIELDS = ("n_embd", "n_head", "head_size", "n_rwkv_layer", "n_attn_layer", "vocab_size",
                  "Dw", "Da", "Dg", "Dv", "ffn_dim", "chunk_size", "moba_top_k")
-# Config keys beyond the C struct (each a bit of rx_model_create's flags),
-# with their defaults: absent means the model as before them.
-OPTION_FIELDS = {"ln0": 0}
+# Config keys beyond the C struct: the model context's settings (rx_model_ctx),
+# each with its default from csrc/rx_pretrain.h (RX_DEFAULT_*), which is also
+# what its absence means: the model as before the key existed.
+OPTION_FIELDS = {"ln0": RX_DEFAULT_LN0, "ln_eps": RX_DEFAULT_LN_EPS, "gn_eps": RX_DEFAULT_GN_EPS}
 
 
-cdef int _pt_flags(dict config) except -1:
-    """The C flags of a config dict's optional keys (OPTION_FIELDS)."""
-    v = config.get("ln0", 0)
+cdef rx_model_ctx _pt_ctx(dict config) except *:
+    """The C model context of a config dict's optional keys (OPTION_FIELDS;
+    an absent key takes its default), each checked by name."""
+    cdef rx_model_ctx ctx
+    rx_model_ctx_default(&ctx)
+    v = config.get("ln0", RX_DEFAULT_LN0)
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v not in (0, 1):
         raise ValueError(f"config['ln0'] must be 0 or 1, got {v!r}")
-    return RX_PT_LN0 if v else 0
+    ctx.ln0 = v
+    for k in ("ln_eps", "gn_eps"):
+        v = config.get(k, OPTION_FIELDS[k])
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+            raise ValueError(f"config['{k}'] must be a number, got {type(v).__name__}")
+    ctx.ln_eps = config.get("ln_eps", ctx.ln_eps)
+    ctx.gn_eps = config.get("gn_eps", ctx.gn_eps)
+    _check_rc(rx_model_ctx_validate(&ctx), "config")   # the ranges, named
+    return ctx
 
 
 cdef rx_pt_config _pt_config(object config) except *:
@@ -86,7 +74,7 @@ def check_config(config):
     """Raises TypeError / ValueError naming the first bad field of a model
     config (the checks RxPtModel makes), allocating nothing."""
     _pt_config(config)
-    _pt_flags(config)
+    _pt_ctx(config)
 
 
 cdef class _ModelHandle:
@@ -152,8 +140,11 @@ A whole RWKV-X model (docs/maths.md §Whole model) with its parameters and grads
         config : dict with exactly the rx_pt_config fields (CONFIG_FIELDS):
                  n_embd, n_head, head_size, n_rwkv_layer, n_attn_layer,
                  vocab_size, Dw, Da, Dg, Dv, ffn_dim, chunk_size, moba_top_k;
-                 optionally ln0 (0 or 1, default 0: x0 = LayerNorm(emb[token])
-                 with params ln0_w, ln0_b right after emb)
+                 optionally the model context's keys (OPTION_FIELDS): ln0
+                 (0 or 1, default 0: x0 = LayerNorm(emb[token]) with params
+                 ln0_w, ln0_b right after emb), ln_eps (every LayerNorm's eps)
+                 and gn_eps (the time-mix group norm's), defaults
+                 RX_DEFAULT_LN_EPS and RX_DEFAULT_GN_EPS of rx_pretrain.h
         seed   : int in [0, 2**64)
         precision : "fp32", or "bf16": every projection GEMM multiplies
                  bf16-rounded operands with fp32 accumulation; parameters,
@@ -199,7 +190,7 @@ A whole RWKV-X model (docs/maths.md §Whole model) with its parameters and grads
             # a second __init__ would swap the arenas under live views and _acts
             raise RuntimeError("RxPtModel is already initialised; make a new one")
         cdef rx_pt_config c = _pt_config(config)
-        cdef int flags = _pt_flags(config)
+        cdef rx_model_ctx ctx = _pt_ctx(config)
         cdef int prec = _precision_code(precision)
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
             raise TypeError(f"seed must be an int, got {type(seed).__name__}")
@@ -212,14 +203,15 @@ A whole RWKV-X model (docs/maths.md §Whole model) with its parameters and grads
                      "choose a smaller model")
         h = _ModelHandle()
         with nogil:
-            rc = rx_model_create(&c, flags, s, &h.m)
+            rc = rx_model_create_ctx(&c, &ctx, s, &h.m)
         _check_rc(rc, "RxPtModel")
         self._h = h
         rx_ptmodel_set_precision(h.m, prec)
         self.recompute = recompute
         self.l2wrap = l2wrap
         self._config = {k: int(config[k]) for k in CONFIG_FIELDS}
-        self._config["ln0"] = 1 if rx_ptmodel_flags(h.m) & RX_PT_LN0 else 0
+        rx_ptmodel_ctx(h.m, &ctx)
+        self._config.update(ln0=ctx.ln0, ln_eps=ctx.ln_eps, gn_eps=ctx.gn_eps)
         self._layers = rx_ptmodel_layers(h.m).decode()
         cdef int64_t n
         cdef float *base = rx_ptmodel_param_arena(h.m, &n)
@@ -249,7 +241,7 @@ A whole RWKV-X model (docs/maths.md §Whole model) with its parameters and grads
 
     @property
     def config(self):
-        """The config dict (a copy)."""
+        """The config dict (a copy), every optional key (OPTION_FIELDS) with its value."""
         return dict(self._config)
 
     @property

@@ -2,14 +2,6 @@
 # Included by _core.pyx.
 from libc.stdint cimport int64_t
 
-cdef extern from "rx_pretrain.h" nogil:
-    int rx_adamw_step(float *params, const float *grads, float *m, float *v, size_t n,
-                      const int64_t *decay_ranges, int n_ranges,
-                      float lr, float beta1, float beta2, float eps, float weight_decay,
-                      float grad_scale, int64_t step)
-    int rx_grad_norm_l2(const float *g, size_t n, double *norm)
-    int rx_axpby(size_t n, float a, const float *x, float b, float *y)
-
 
 cdef object _flat_f32(object a, str name, bint writable):
     """A 1-D float32 C-contiguous array (writable when it is updated in place)."""

@@ -1,8 +1,11 @@
-# Cython declarations of the C API in csrc/rx_pretrain.h (docs/ is the contract).
+# Cython declarations of every C function, struct and constant the binding uses:
+# the C API of csrc/rx_pretrain.h (docs/ is the contract), then the internal
+# kernels of csrc/rx_internal.h that tests and benchmarks reach, then the
+# tokenizer's csrc/rx_tokenize.h. The .pxi files declare nothing of C.
 # The header's legacy section (the NULL / NaN / void forms) is left out: the
 # binding calls only the int-returning forms, which carry the RX_* code that
 # _check_rc turns into an exception.
-from libc.stdint cimport uint64_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
 
 cdef extern from "rx_pretrain.h" nogil:
     int RX_OK
@@ -208,3 +211,84 @@ cdef extern from "rx_pretrain.h" nogil:
     void rx_profile_enable(int on)
     int rx_profile_read(double *seconds, int n)
     const char *rx_profile_name(int i)
+
+    # the whole model beyond the above: batches, state tuning, freezing, LoRA, the context
+    int rx_pretrain_forward_batch(rx_ptmodel *m, const int *tokens, int B, int T,
+                                  rx_pt_acts *acts)
+    int rx_pt_config_validate(const rx_pt_config *pc)
+    int rx_ptmodel_param_shape(const rx_ptmodel *m, int i, int *shape)
+    float *rx_ptmodel_param_arena(rx_ptmodel *m, int64_t *n)
+    float *rx_ptmodel_grad_arena(rx_ptmodel *m, int64_t *n)
+    const char *rx_ptmodel_layers(const rx_ptmodel *m)
+    int rx_ptmodel_enable_state(rx_ptmodel *m)
+    float *rx_ptmodel_state_arena(rx_ptmodel *m, int64_t *n)
+    float *rx_ptmodel_state_grad_arena(rx_ptmodel *m, int64_t *n)
+    int rx_ptmodel_set_frozen(rx_ptmodel *m, int frozen)
+    int rx_ptmodel_set_frozen_ranges(rx_ptmodel *m, const int64_t *ranges, int n)
+    int rx_ptmodel_frozen(const rx_ptmodel *m)
+    int rx_ptmodel_flags(const rx_ptmodel *m)
+    int rx_ptmodel_enable_lora(rx_ptmodel *m, int r, double alpha, const int *params, int n)
+    int rx_ptmodel_disable_lora(rx_ptmodel *m)
+    int rx_ptmodel_lora_count(const rx_ptmodel *m, int *r, double *alpha)
+    int rx_ptmodel_lora_adapter(const rx_ptmodel *m, int i, int *param, int64_t *a_off,
+                                int64_t *b_off)
+    float *rx_ptmodel_lora_arena(rx_ptmodel *m, int64_t *n)
+    float *rx_ptmodel_lora_grad_arena(rx_ptmodel *m, int64_t *n)
+    int RX_PT_LN0
+
+    ctypedef struct rx_model_ctx:
+        double ln_eps
+        double gn_eps
+        int ln0
+        double l2wrap
+    double RX_DEFAULT_LN_EPS, RX_DEFAULT_GN_EPS, RX_DEFAULT_L2WRAP
+    int RX_DEFAULT_LN0
+    void rx_model_ctx_default(rx_model_ctx *ctx)
+    int rx_model_ctx_validate(const rx_model_ctx *ctx)
+    int rx_model_create_ctx(const rx_pt_config *pc, const rx_model_ctx *ctx, uint64_t seed,
+                            rx_ptmodel **out)
+    int rx_ptmodel_ctx(const rx_ptmodel *m, rx_model_ctx *out)
+
+    # recurrent inference (csrc/infer.c)
+    ctypedef struct rx_infer_state:
+        pass
+    int rx_infer_create(rx_ptmodel *m, int max_len, rx_infer_state **out)
+    void rx_infer_free(rx_infer_state *s)
+    void rx_infer_reset(rx_infer_state *s)
+    int rx_infer_pos(const rx_infer_state *s)
+    int rx_infer_forward(rx_infer_state *s, const int *tokens, int T, float *logits)
+
+    # AdamW and the global grad norm (csrc/optim.c)
+    int rx_adamw_step(float *params, const float *grads, float *m, float *v, size_t n,
+                      const int64_t *decay_ranges, int n_ranges,
+                      float lr, float beta1, float beta2, float eps, float weight_decay,
+                      float grad_scale, int64_t step)
+    int rx_grad_norm_l2(const float *g, size_t n, double *norm)
+    int rx_axpby(size_t n, float a, const float *x, float b, float *y)
+
+# internal kernels the tests and benchmarks reach (csrc/rx_internal.h)
+cdef extern from "rx_internal.h" nogil:
+    int rx_sgemm(int ta, int tb, size_t M, size_t N, size_t K,
+                  const float *A, size_t lda, const float *B, size_t ldb,
+                  float beta, float *C, size_t ldc)
+    int rx_sgemm_use_kernel(const char *name)
+    int rx_bgemm(int ta, int tb, size_t M, size_t N, size_t K,
+                  const float *A, size_t lda, const float *B, size_t ldb,
+                  float beta, float *C, size_t ldc)
+    int rx_bgemm_use_kernel(const char *name)
+    const char *rx_wkv7_kernel(int head_size)
+    int rx_wkv7_use_kernel(const char *name)
+
+# the byte-trie tokenizer (csrc/rx_tokenize.h)
+cdef extern from "rx_tokenize.h" nogil:
+    ctypedef struct rx_trie:
+        pass
+    rx_trie *rx_trie_build(const uint8_t *bytes, const int64_t *offsets, const int32_t *ids,
+                           int64_t n_tok, int32_t vocab, int *err)
+    void rx_trie_free(rx_trie *t)
+    int32_t rx_trie_max_len(const rx_trie *t)
+    int32_t rx_trie_token_len(const rx_trie *t, int32_t id)
+    int64_t rx_trie_encode(const rx_trie *t, const uint8_t *x, int64_t n, int final,
+                           int nthreads, int32_t *out, int32_t *scratch, int64_t *consumed)
+    int64_t rx_trie_encode_docs(const rx_trie *t, const uint8_t *x, const int64_t *offsets,
+                                int64_t n_doc, int nthreads, int32_t *out, int64_t *counts)

@@ -1,19 +1,6 @@
 # Greedy longest-match byte-trie tokenizer (csrc/tokenize.c). Included by _core.pyx.
 from libc.stdint cimport int32_t, int64_t, uint8_t
 
-cdef extern from "rx_tokenize.h" nogil:
-    ctypedef struct rx_trie:
-        pass
-    rx_trie *rx_trie_build(const uint8_t *bytes, const int64_t *offsets, const int32_t *ids,
-                           int64_t n_tok, int32_t vocab, int *err)
-    void rx_trie_free(rx_trie *t)
-    int32_t rx_trie_max_len(const rx_trie *t)
-    int32_t rx_trie_token_len(const rx_trie *t, int32_t id)
-    int64_t rx_trie_encode(const rx_trie *t, const uint8_t *x, int64_t n, int final,
-                           int nthreads, int32_t *out, int32_t *scratch, int64_t *consumed)
-    int64_t rx_trie_encode_docs(const rx_trie *t, const uint8_t *x, const int64_t *offsets,
-                                int64_t n_doc, int nthreads, int32_t *out, int64_t *counts)
-
 
 cdef const uint8_t[::1] _u8view(object data, str name):
     """A read-only byte view of bytes / bytearray / memoryview / uint8 array."""

@@ -7,9 +7,19 @@ worst ratio per label at the end of the run.
 
 token_batch: a random batch of tokens and targets with an ignored one.
 kernel_runs / kernel_fixture: which of a set of forced kernels (a
-`_core._*_use_kernel` hook) this CPU runs, and a fixture forcing each in turn."""
+`_core._*_use_kernel` hook) this CPU runs, and a fixture forcing each in turn.
+
+full_config: a model config with every optional key (ln0, ln_eps, gn_eps)
+resolved, which the float64 references take their settings from; LN_EPS,
+GN_EPS: the defaults a standalone kernel runs with, for its reference."""
 import numpy as np
 import pytest
+
+from rwkvx_c.model.config import ModelConfig
+
+full_config = ModelConfig.resolve
+LN_EPS = ModelConfig.default("ln_eps")
+GN_EPS = ModelConfig.default("gn_eps")
 
 FWD_TOL = 1e-5
 GRAD_TOL = 1e-4

@@ -4,7 +4,7 @@ import pytest
 
 import rwkvx_c as rx
 
-from checks import FWD_TOL, GRAD_TOL, assert_rel
+from checks import FWD_TOL, GRAD_TOL, LN_EPS, assert_rel
 from reference.attn import attn_block, attn_block_qk, attn_core, moba_gate_margin, moba_mask
 from reference.autograd import leaf
 
@@ -249,7 +249,7 @@ def test_block_matches_reference(case):
     x, dy = f32(rng, B, T, C), f32(rng, B, T, C)
     cm = f32(rng, B, C) if carry else None
     kw = dict(n_head=H, head_size=N, chunk_size=cs, moba_top_k=top_k)
-    q64, k64 = attn_block_qk(p, x, H, N)
+    q64, k64 = attn_block_qk(p, x, H, N, LN_EPS)
     assert moba_gate_margin(q64, k64, cs, top_k, H, N) > MIN_MARGIN
     if case.startswith("active") or case == "chunk_1":
         assert choosing(T, cs, top_k)
@@ -260,7 +260,7 @@ def test_block_matches_reference(case):
     P = {key: leaf(a) for key, a in p.items()}
     X = leaf(x)
     CM = leaf(cm) if carry else leaf(np.zeros((B, C)))
-    ref = attn_block(P, X, CM, H, N, cs, top_k)
+    ref = attn_block(P, X, CM, H, N, cs, top_k, LN_EPS)
     (ref * dy.astype(np.float64)).sum().backward()
     check(f"block[{case}] out", out, ref.value, FWD_TOL)
     check(f"block[{case}] dx", dx, X.grad, GRAD_TOL)

@@ -157,7 +157,8 @@ def test_two_ranks_match_one_process_and_resume(tmp_path):
     assert _losses(two)[0] == l2b  # the refused resume touched nothing
 
 
-CHAT = os.path.join(ROOT, "tests", "data", "chat.jsonl")
+# beside this file: ROOT is the installed package's folder when it is not an editable install
+CHAT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "chat.jsonl")
 
 
 @pytest.mark.parametrize("tune,data", [("state", CHAT), ("lora", None)])

@@ -20,10 +20,11 @@ data, work = sys.argv[1], sys.argv[2]
 HOSTILE = ["0", "-1", "1", "2", "nan", "inf", "-inf", "1e308", "1e-308", "-0",
            "99999999999999999999", "", "abc", "\udcff\udcfe", "3.5", "0x10", "\uff11",
            "/dev/null", os.path.join(data, "x"), data, " 2", "1_000"]   # data/x: not a folder
-TRAIN = ["--steps", "--time-budget", "--batch", "--seq-len", "--lr", "--warmup",
-         "--weight-decay", "--grad-clip", "--threads", "--seed", "--eval-every", "--eval-tokens",
-         "--save-every", "--init", "--preset", "--on-divergence", "--data", "--out",
-         "--cache-dir"]
+from rwkvx_c.model.config import ModelConfig
+from rwkvx_c.train.options import TrainOptions
+from rwkvx_c.util.registry import entries
+# every declared flag (rwkvx_c.util.registry), the model shape's too, and --out
+TRAIN = [e.flag for cls in (TrainOptions, ModelConfig) for e in entries(cls) if e.flag] + ["--out"]
 SAMPLE = ["--prompt", "--max-new-tokens", "--temperature", "--top-p", "--seed", "--threads"]
 base = ["train", "--preset", "tiny", "--data", data, "--batch", "2", "--seq-len", "16",
         "--steps", "2", "--time-budget", "0.02", "--eval-tokens", "32", "--no-progress",

@@ -13,6 +13,7 @@ import pytest
 
 import rwkvx_c as rx
 from rwkvx_c.interop import InteropError, export_model
+from rwkvx_c.model.config import ModelConfig
 
 gguf = pytest.importorskip("gguf") if os.environ.get("RWKVX_REQUIRE_INTEROP") != "1" \
     else __import__("gguf")
@@ -47,7 +48,7 @@ def test_fp32_read_back_exactly(tmp_path):
                       ("rwkv7.attention.gate_lora_rank", 40),
                       ("rwkv7.attention.head_count", 0), ("rwkv7.context_length", 1048576)):
         assert f[key] == want, key
-    assert abs(f["rwkv7.attention.layer_norm_epsilon"] - 1e-5) < 1e-12
+    assert abs(f["rwkv7.attention.layer_norm_epsilon"] - ModelConfig.default("ln_eps")) < 1e-12
     assert f["tokenizer.ggml.model"] == "rwkv"
     toks = f["tokenizer.ggml.tokens"]
     assert len(toks) == 256 and toks[97] == "a" and toks[10] == "\\n" and toks[200] == "\\xc8"
@@ -91,7 +92,7 @@ def test_bf16_keeps_small_tensors_f32(tmp_path):
 
 @pytest.mark.parametrize("change,word", [
     (dict(n_attn_layer=1), "attention"), (dict(ln0=0), "ln0"),
-    (dict(n_head=4, head_size=32), "head size 64"), (dict(vocab_size=300), "vocab 300")])
+    (dict(n_head=4, head_size=32), "head_size = 64"), (dict(vocab_size=300), "vocab 300")])
 def test_refusals(tmp_path, change, word):
     with pytest.raises(InteropError, match=word):
         export_model(rx.RxPtModel(dict(CFG, **change)), "gguf", str(tmp_path / "x.gguf"))

@@ -5,7 +5,7 @@ import pytest
 
 import rwkvx_c as rx
 
-from checks import FWD_TOL, GRAD_TOL, assert_rel, rand
+from checks import FWD_TOL, GRAD_TOL, LN_EPS, assert_rel, rand
 from reference.autograd import leaf
 from reference.layers import cross_entropy, embedding, head, layernorm
 
@@ -14,7 +14,7 @@ from reference.layers import cross_entropy, embedding, head, layernorm
 
 def check_layernorm(x, w, b, dy, label="layernorm"):
     xs, ws, bs = leaf(x), leaf(w), leaf(b)
-    out = layernorm(xs, ws, bs)
+    out = layernorm(xs, ws, bs, LN_EPS)
     (out * dy.astype(np.float64)).sum().backward()
     assert_rel(f"{label}_forward out", rx.layernorm_forward(x, w, b), out.value, FWD_TOL)
     dx, dw, db = rx.layernorm_backward(x, w, b, dy)

@@ -7,12 +7,13 @@ import pytest
 
 import rwkvx_c as rx
 
-from checks import FWD_TOL, GRAD_TOL, assert_rel
+from checks import FWD_TOL, GRAD_TOL, assert_rel, full_config
 from reference.model import init_params, leaves, model_forward, model_loss, param_specs
 
 # odd sizes: C = 15 = 3 heads of 5, vocab 23, ragged LoRA sizes
-ODD = dict(n_embd=15, n_head=3, head_size=5, n_rwkv_layer=3, n_attn_layer=0, vocab_size=23,
-           Dw=3, Da=5, Dg=7, Dv=2, ffn_dim=19, chunk_size=3, moba_top_k=0, ln0=1)
+ODD = full_config(dict(n_embd=15, n_head=3, head_size=5, n_rwkv_layer=3, n_attn_layer=0,
+                       vocab_size=23, Dw=3, Da=5, Dg=7, Dv=2, ffn_dim=19, chunk_size=3,
+                       moba_top_k=0, ln0=1))
 PATTERNS = {"rwkv_only": ODD, "hybrid": dict(ODD, n_attn_layer=1)}
 IGNORE = 4
 
@@ -146,9 +147,10 @@ def test_bad_ln0_value(bad):
 
 
 def test_presets_turn_ln0_on_and_old_checkpoints_keep_loading(tmp_path):
-    """A run saved before the ln0 key existed (no ln0 in its config or
-    options) resumes as an ln0 = 0 model, bit for bit, and samples."""
-    from rwkvx_c.run.checkpoint import read_checkpoint, save_checkpoint
+    """A run without ln0 is saved as one from before the ln0 key existed (no
+    ln0 in its config or options), and resumes as an ln0 = 0 model, bit for
+    bit, and samples."""
+    from rwkvx_c.run.checkpoint import read_checkpoint
     from rwkvx_c.sample import load_model
     from rwkvx_c.train import CHECKPOINT, PRESETS, Trainer, TrainOptions
 
@@ -166,10 +168,10 @@ def test_presets_turn_ln0_on_and_old_checkpoints_keep_loading(tmp_path):
     tr = Trainer(TrainOptions(**{**opts.to_dict(), "model": dict(small, ln0=0)}), out)
     tr.run()
     path = f"{out}/{CHECKPOINT}"
-    tensors, config, state = read_checkpoint(path)
-    del config["ln0"]
-    del state["options"]["model"]["ln0"]
-    save_checkpoint(path, tensors, config, state)   # as an older version wrote it
+    _, config, state = read_checkpoint(path)
+    # ln0 = 0 is what its absence means: the checkpoint stores no ln0 key (nor
+    # an eps at its default), as a version before ln0 wrote it and reads it
+    assert not {"ln0", "ln_eps", "gn_eps"} & (set(config) | set(state["options"]["model"]))
     assert "ln0_w" not in load_model(out).param_names
     more = Trainer.resume(out, steps=3)
     assert more.model.config["ln0"] == 0

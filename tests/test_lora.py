@@ -25,13 +25,14 @@ from rwkvx_c.sample import load_model
 from rwkvx_c.train import Trainer, TrainError, TrainOptions
 from rwkvx_c.train.finetune import init_adapters, merge_adapters
 
-from checks import FWD_TOL, GRAD_TOL, assert_rel, token_batch
+from checks import FWD_TOL, GRAD_TOL, assert_rel, full_config, token_batch
 from reference.autograd import Var
 from reference.lora import lora_params
 from reference.model import model_forward, model_loss
 
-CFG = dict(n_embd=15, n_head=3, head_size=5, n_rwkv_layer=3, n_attn_layer=0, vocab_size=19,
-           Dw=4, Da=3, Dg=5, Dv=3, ffn_dim=21, chunk_size=4, moba_top_k=1)
+CFG = full_config(dict(n_embd=15, n_head=3, head_size=5, n_rwkv_layer=3, n_attn_layer=0,
+                       vocab_size=19, Dw=4, Da=3, Dg=5, Dv=3, ffn_dim=21, chunk_size=4,
+                       moba_top_k=1))
 # one attention block; top-k 3 of T/chunk = 3 chunks: every chunk chosen, so
 # the reference's selection cannot flip on rounding
 HYB = dict(CFG, n_attn_layer=1, moba_top_k=3)

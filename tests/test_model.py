@@ -9,7 +9,7 @@ import pytest
 
 import rwkvx_c as rx
 
-from checks import FWD_TOL, GRAD_TOL, assert_rel
+from checks import FWD_TOL, GRAD_TOL, assert_rel, full_config
 from reference.model import (
     init_params,
     layer_order,
@@ -20,8 +20,10 @@ from reference.model import (
     param_specs,
 )
 
-BASE = dict(n_embd=16, n_head=2, head_size=8, n_rwkv_layer=3, n_attn_layer=0, vocab_size=23,
-            Dw=4, Da=4, Dg=6, Dv=3, ffn_dim=24, chunk_size=4, moba_top_k=1)
+# whole configs (ln0, ln_eps, gn_eps resolved): the references take them from it
+BASE = full_config(dict(n_embd=16, n_head=2, head_size=8, n_rwkv_layer=3, n_attn_layer=0,
+                        vocab_size=23, Dw=4, Da=4, Dg=6, Dv=3, ffn_dim=24, chunk_size=4,
+                        moba_top_k=1))
 PATTERNS = {
     "rwkv_only": dict(BASE),
     "3R1A": dict(BASE, n_attn_layer=1, moba_top_k=2),

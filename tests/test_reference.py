@@ -3,6 +3,7 @@ produce, for every reference function, on small float64 inputs."""
 import numpy as np
 import pytest
 
+from checks import LN_EPS
 from reference.autograd import Var, fd_grad, leaf
 from reference.layers import channelmix, cross_entropy, embedding, head, layernorm, token_shift
 from reference.wkv7 import wkv7
@@ -85,7 +86,7 @@ def test_token_shift_reference_gradients():
 def test_layernorm_reference_gradients():
     rng = np.random.default_rng(2)
     g = proj(rng, 2, 3, 5)
-    fd_check(lambda x, w, b: (layernorm(x, w, b) * g).sum(),
+    fd_check(lambda x, w, b: (layernorm(x, w, b, LN_EPS) * g).sum(),
              [rng.standard_normal((2, 3, 5)) + 3.0, rng.standard_normal(5), rng.standard_normal(5)])
 
 

@@ -2,6 +2,7 @@
 gradients by central finite differences where the selection is stable."""
 import numpy as np
 
+from checks import LN_EPS
 from reference.attn import attn_block, attn_block_qk, attn_core, moba_gate_margin, moba_mask
 from reference.autograd import fd_grad, leaf
 
@@ -75,17 +76,18 @@ def test_block_grads_fd():
             + (1.0 if n in ("ln1_w", "ln2_w") else 0.0) for n, s in shapes.items()]
     x, cm = rng.standard_normal((B, T, C)), rng.standard_normal((B, C))
     w = rng.standard_normal((B, T, C))
-    q64, k64 = attn_block_qk(dict(zip(names, vals)), x, H, N)
+    q64, k64 = attn_block_qk(dict(zip(names, vals)), x, H, N, LN_EPS)
     assert moba_gate_margin(q64, k64, cs, top_k, H, N) > 1e-3
     assert (np.tril(np.ones((T, T), bool)) & ~moba_mask(q64, k64, cs, top_k, H, N)).any()
 
     def f(*args):
         p = {n: leaf(a) for n, a in zip(names, args[:-2])}
-        y = attn_block(p, leaf(args[-2]), leaf(args[-1]), H, N, cs, top_k)
+        y = attn_block(p, leaf(args[-2]), leaf(args[-1]), H, N, cs, top_k, LN_EPS)
         return float((y.value * w).sum())
 
     leaves = [leaf(a) for a in vals + [x, cm]]
-    out = attn_block(dict(zip(names, leaves[:-2])), leaves[-2], leaves[-1], H, N, cs, top_k)
+    out = attn_block(dict(zip(names, leaves[:-2])), leaves[-2], leaves[-1], H, N, cs, top_k,
+                     LN_EPS)
     (out * w).sum().backward()
     inputs = vals + [x, cm]
     for i, lf in enumerate(leaves):

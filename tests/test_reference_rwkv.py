@@ -4,6 +4,7 @@ parameter, the input, both carries and v_first (in and out)."""
 import numpy as np
 import pytest
 
+from checks import GN_EPS, LN_EPS
 from reference.autograd import Var, fd_grad
 from reference.rwkv import block_param_shapes, rwkv_block, timemix, tm_param_shapes
 
@@ -34,9 +35,10 @@ def _loss(kind, lid, names, dy, dvf):
         a = {k: Var(v) for k, v in zip(names, arrs)}
         p = {k: v for k, v in a.items() if not k.startswith("@")}
         if kind == "tm":
-            out, vout = timemix(p, a["@x"], a["@xp1"], a.get("@vf"), H, N, lid)
+            out, vout = timemix(p, a["@x"], a["@xp1"], a.get("@vf"), H, N, lid, GN_EPS)
         else:
-            out, vout = rwkv_block(p, a["@x"], a["@xp1"], a["@xp2"], a.get("@vf"), H, N, lid)
+            out, vout = rwkv_block(p, a["@x"], a["@xp1"], a["@xp2"], a.get("@vf"), H, N, lid,
+                                       LN_EPS, GN_EPS)
         loss = (out * dy).sum()
         if lid == 0:
             loss = loss + (vout * dvf).sum()

@@ -13,7 +13,7 @@ import pytest
 
 import rwkvx_c as rx
 
-from checks import FWD_TOL, GRAD_TOL, assert_rel, rel_err
+from checks import FWD_TOL, GN_EPS, GRAD_TOL, LN_EPS, assert_rel, rel_err
 from reference.autograd import Var
 from reference.layers import channelmix as ref_channelmix
 from reference.rwkv import block_param_shapes, rwkv_block, timemix, tm_param_shapes
@@ -101,9 +101,9 @@ def reference(case, p, a):
     if kind == "cm":
         out, vout = ref_channelmix(P, X, XP1), None
     elif kind == "tm":
-        out, vout = timemix(P, X, XP1, VF, H, N, lid)
+        out, vout = timemix(P, X, XP1, VF, H, N, lid, GN_EPS)
     else:
-        out, vout = rwkv_block(P, X, XP1, XP2, VF, H, N, lid)
+        out, vout = rwkv_block(P, X, XP1, XP2, VF, H, N, lid, LN_EPS, GN_EPS)
     loss = (out * a["dy"]).sum()
     if a["dvf"] is not None:
         loss = loss + (vout * a["dvf"]).sum()

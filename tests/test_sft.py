@@ -194,7 +194,7 @@ def test_masked_loss_and_grads_equal_the_float64_reference(tmp_path):
     ref_head = masked_cross_entropy(logits.reshape(-1, cfg["vocab_size"]), tgt, trained).value
     assert_rel("sft.loss_from_logits", loss, ref_head, FWD_TOL)
     lv = leaves({n: v.copy() for n, v in m.params.items()})
-    ref = masked_model_loss(lv, cfg, x, tgt, trained)
+    ref = masked_model_loss(lv, m.config, x, tgt, trained)
     ref.backward()
     assert_rel("sft.loss", loss, ref.value, FWD_TOL)
     for n in m.param_names:

@@ -8,12 +8,13 @@ import pytest
 
 import rwkvx_c as rx
 
-from checks import FWD_TOL, GRAD_TOL, assert_rel, token_batch
+from checks import FWD_TOL, GRAD_TOL, assert_rel, full_config, token_batch
 from reference.autograd import Var
 from reference.model import leaves, model_forward, model_loss
 
-CFG = dict(n_embd=15, n_head=3, head_size=5, n_rwkv_layer=3, n_attn_layer=0, vocab_size=19,
-           Dw=4, Da=3, Dg=5, Dv=3, ffn_dim=21, chunk_size=4, moba_top_k=1)
+CFG = full_config(dict(n_embd=15, n_head=3, head_size=5, n_rwkv_layer=3, n_attn_layer=0,
+                       vocab_size=19, Dw=4, Da=3, Dg=5, Dv=3, ffn_dim=21, chunk_size=4,
+                       moba_top_k=1))
 T, B, IGNORE = 11, 3, 4
 
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import math
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, TypeVar
 
 from rwkvx_c.errors import RwkvxError
+from rwkvx_c.util.registry import KINDS
 
 T = TypeVar("T")
 
@@ -89,16 +89,15 @@ def checked(conv: Callable[[str], T], ok: Callable[[T], bool], what: str) -> Cal
     return parse
 
 
-positive_int = checked(int, lambda v: v >= 1, "a positive integer")
-nonneg_int = checked(int, lambda v: v >= 0, "an integer >= 0")
-positive_float = checked(float, lambda v: math.isfinite(v) and v > 0, "a positive number")
-nonneg_float = checked(float, lambda v: math.isfinite(v) and v >= 0, "a number >= 0")
-unit_float = checked(float, lambda v: 0 <= v <= 1, "a number in [0, 1]")
-
-# the value kinds of rwkvx_c.train.options fields, as argparse types
+# the value kinds of declared fields (rwkvx_c.util.registry), as argparse types
 ARG_TYPES: dict[str, Callable[[str], Any]] = {
-    "pos_int": positive_int, "nonneg_int": nonneg_int, "pos_float": positive_float,
-    "nonneg_float": nonneg_float, "unit_float": unit_float, "str": str, "paths": str}
+    name: checked(k.parse, k.ok, k.cli_what) for name, k in KINDS.items()
+    if k.type is not dict and k.type is not bool}
+positive_int = ARG_TYPES["pos_int"]
+nonneg_int = ARG_TYPES["nonneg_int"]
+positive_float = ARG_TYPES["pos_float"]
+nonneg_float = ARG_TYPES["nonneg_float"]
+unit_float = ARG_TYPES["unit_float"]
 
 
 def err(msg: str, code: int = EXIT_FAILURE) -> int:

@@ -6,7 +6,6 @@ import argparse
 import os
 import signal
 import sys
-from dataclasses import MISSING, fields
 from types import FrameType
 from typing import Any
 
@@ -16,8 +15,6 @@ from rwkvx_c.cli.common import (
     EXIT_INTERRUPTED,
     Subparsers,
     err,
-    nonneg_int,
-    positive_int,
 )
 from rwkvx_c.errors import TrainError
 from rwkvx_c.model.config import SHAPE_OPTIONS, ModelConfig
@@ -25,9 +22,10 @@ from rwkvx_c.run.plot import plot_log
 from rwkvx_c.run.rundir import RunDir, describe_entries
 from rwkvx_c.train.config_file import load_config
 from rwkvx_c.train.distributed import ProcessGroup, world
-from rwkvx_c.train.options import TrainOptions, flag_of
+from rwkvx_c.train.options import TrainOptions
 from rwkvx_c.train.progress import origin, progress_bar, progress_update, run_title, what_trains
 from rwkvx_c.train.trainer import Trainer
+from rwkvx_c.util.registry import Entry, entries
 
 __all__ = ["add_parser", "run"]
 
@@ -35,13 +33,13 @@ SAMPLE_PROMPT = "def "
 CHAT_PROMPT = "$'User: Hi\\n\\nAssistant:'"   # bash quoting: the newlines of RWKV's chat format
 
 
-def _help(f: Any) -> str:
-    """A field's help, with its default unless the help already says it; a
+def _help(e: Entry) -> str:
+    """An option's help, with its default unless the help already says it; a
     % escaped, as argparse formats help strings with %."""
-    h = f.metadata["help"].replace("%", "%%")
-    if "default" in h or f.default is MISSING:
+    h = e.help.replace("%", "%%")
+    if "default" in h or e.required:
         return h
-    return f"{h} (default: {f.default})"
+    return f"{h} (default: {e.default})"
 
 
 def add_parser(sub: Subparsers) -> None:
@@ -49,22 +47,20 @@ def add_parser(sub: Subparsers) -> None:
                        description="Train an RWKV-X model (bytes by default, or --tokenizer). "
                        "With no arguments: the default preset on the Python standard library's "
                        ".py files, for at most 9.5 minutes, into a new folder under ./runs/.")
-    for f in fields(TrainOptions):
-        m = f.metadata
-        if not m.get("cli"):
+    for e in entries(TrainOptions):
+        if e.flag is None:
             continue
-        flag = flag_of(f.name)
-        if m["kind"] == "flag":   # absent: None, so a resumed run keeps its own
-            t.add_argument(flag, dest=f.name, help=_help(f), action="store_true", default=None)
+        if e.kind == "flag":   # absent: None, so a resumed run keeps its own
+            t.add_argument(e.flag, dest=e.key, help=_help(e), action="store_true", default=None)
             continue
-        kw: dict[str, Any] = dict(dest=f.name, help=_help(f), metavar=m["metavar"])
-        if m["choices"]:
-            kw.update(choices=list(m["choices"]), metavar=None)
+        kw: dict[str, Any] = dict(dest=e.key, help=_help(e), metavar=e.metavar)
+        if e.choices:
+            kw.update(choices=list(e.choices), metavar=None)
         else:
-            kw["type"] = ARG_TYPES[m["kind"]]
-        if m["kind"] == "paths":
+            kw["type"] = ARG_TYPES[e.kind]
+        if e.kind == "paths":
             kw["nargs"] = "+"
-        t.add_argument(flag, **kw)
+        t.add_argument(e.flag, **kw)
     t.add_argument("--config", metavar="FILE", help="options from a TOML file (keys: the "
                    "options' names, the model's shape in a [model] table; every run saves its "
                    "own as RUN/config.toml); any flag overrides the file (default: none)")
@@ -77,7 +73,7 @@ def add_parser(sub: Subparsers) -> None:
     g = t.add_argument_group("model shape (each overrides the preset; stored in the checkpoint)")
     for o in SHAPE_OPTIONS:
         g.add_argument("--" + o.name.replace("_", "-"), dest=o.name, metavar=o.metavar,
-                       type=positive_int if o.least else nonneg_int,
+                       type=ARG_TYPES[o.kind],
                        help=o.help + ("" if "default" in o.help else " (default: the preset's)"))
 
 
@@ -85,8 +81,8 @@ def train_options(a: argparse.Namespace) -> dict[str, Any]:
     """The TrainOptions fields the flags and --config set (None: not given),
     the shape flags folded into `model`; TrainError for shape flags or
     --config with --resume."""
-    opts = {f.name: getattr(a, f.name) for f in fields(TrainOptions) if f.metadata.get("cli")}
-    file = {}
+    opts = {e.key: getattr(a, e.key) for e in entries(TrainOptions) if e.flag is not None}
+    file: dict[str, Any] = {}
     if a.config:
         if a.resume:
             raise TrainError("--resume continues with the run's own options; --config starts "

@@ -21,13 +21,13 @@ from rwkvx_c.data.tokenizers import parse_vocab_file, world_vocab_path
 from rwkvx_c.errors import InteropError, TokenizerError
 from rwkvx_c.interop.pth import DTYPES
 from rwkvx_c.interop.rwkv7 import HF_HOLDS_IT
+from rwkvx_c.model.config import ModelConfig, export_refusal
 from rwkvx_c.util.atomic import replace_with
 
 __all__ = ["gguf_refusal", "gguf_tensors", "gguf_vocab", "save_gguf"]
 
 ARCH = "rwkv7"
 CONTEXT_LENGTH = 1048576   # what the converter writes: RWKV has no context limit
-LN_EPS = 1e-5
 WORLD_EOT = 261   # "\n\n" in the World vocabulary: end of a chat turn
 # the lerps, stacked in the order llama.cpp's graph reads them
 _LERPS = ("x_r", "x_w", "x_k", "x_v", "x_a", "x_g")
@@ -47,21 +47,12 @@ def gguf_refusal(config: dict[str, int]) -> str | None:
     names the train flags that make a model it holds, and the format that
     holds this one."""
     c = config
-    if c["n_attn_layer"]:
-        why = (f"llama.cpp's rwkv7 holds no attention blocks and this model has "
-               f"{c['n_attn_layer']} (train with --n-attn-layer 0 for gguf)")
-    elif not c.get("ln0", 0):
-        why = "llama.cpp's rwkv7 needs ln0 (the embedding LayerNorm) and this model has none"
-    elif c["head_size"] != 64:
-        why = (f"llama.cpp's RWKV-7 kernels want head size 64; this model has {c['head_size']} "
-               "(train with --head-size 64 for gguf)")
-    elif c["vocab_size"] not in (256, WORLD_VOCAB):
+    why = export_refusal(c, "gguf", "llama.cpp's rwkv7")
+    if why is None and c["vocab_size"] not in (256, WORLD_VOCAB):
         why = (f"no tokenizer to put inside for vocab {c['vocab_size']} (256 bytes or the "
                f"{WORLD_VOCAB}-token World vocabulary: train with --tokenizer byte or world "
                "for gguf)")
-    else:
-        return None
-    return f"{why}; {HF_HOLDS_IT}"
+    return None if why is None else f"{why}; {HF_HOLDS_IT}"
 
 
 def _token_text(b: bytes) -> str:
@@ -175,7 +166,7 @@ def save_gguf(model: RxPtModel, path: str, dtype: str = "fp32") -> None:
         w.add_block_count(c["n_rwkv_layer"])
         w.add_feed_forward_length(c["ffn_dim"])
         w.add_head_count(0)   # the converter's value: required key, unused by rwkv7
-        w.add_layer_norm_eps(LN_EPS)
+        w.add_layer_norm_eps(ModelConfig.resolve(c)["ln_eps"])
         w.add_wkv_head_size(c["head_size"])
         w.add_decay_lora_rank(c["Dw"])
         w.add_iclr_lora_rank(c["Da"])

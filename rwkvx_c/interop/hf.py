@@ -40,12 +40,13 @@ from rwkvx_c.data.tokenizers import (
 from rwkvx_c.errors import InteropError, TokenizerError
 from rwkvx_c.interop.pth import DTYPES
 from rwkvx_c.interop.rwkv7 import from_rwkv7, linear_prefixes, to_rwkv7
+from rwkvx_c.model.config import ModelConfig, export_refusal
 from rwkvx_c.run.rundir import CHECKPOINT
 from rwkvx_c.util.atomic import replace_with, replacing
 
 __all__ = ["hf_refusal", "hf_config", "to_hf", "from_hf", "save_hf", "load_hf", "hf_tokenizer",
            "HF_WEIGHTS", "BYTE_MARK", "PEFT_FILES", "save_peft", "hf_modules", "BLOCK_NAMES",
-           "LAYER_NORM_EPS", "write_code", "write_folder"]
+           "write_code", "write_folder"]
 
 HF_WEIGHTS = "model.safetensors"
 HF_INDEX = "model.safetensors.index.json"
@@ -68,7 +69,6 @@ PEFT_FILES = ("adapter_config.json", "adapter_model.safetensors")
 BYTE_MARK = "rwkvx_c_tokenizer"
 HYBRID_TYPE = "rwkvx"   # config.json's model_type of rwkvx_c's own layout (hf_hybrid)
 _CODE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hf_code")
-LAYER_NORM_EPS = 1e-5   # docs/maths.md: every LayerNorm of the model
 
 # x070 name inside a block -> (HF name inside model.layers.i, kind): "same"
 # (identical array), "T" (transposed: x070 LoRA matrices are [in, out], HF
@@ -101,16 +101,7 @@ _TOP_BACK = {hf: x for x, hf in _TOP.items()}
 def hf_refusal(config: Mapping[str, int]) -> str | None:
     """Why the HF rwkv7 layout cannot hold a model of this config, or None
     (export_model then writes rwkvx_c's own layout, rwkvx_c.interop.hf_hybrid)."""
-    if config["n_attn_layer"]:
-        return (f"the Hugging Face rwkv7 layout holds no attention blocks and this model has "
-                f"{config['n_attn_layer']}")
-    if config["head_size"] != 64:
-        return (f"the Hugging Face rwkv7 layout (fla's kernels) wants head size 64; this model "
-                f"has {config['head_size']}")
-    if not config.get("ln0", 0):
-        return "the Hugging Face rwkv7 layout needs ln0 (the embedding LayerNorm) and this " \
-               "model has none"
-    return None
+    return export_refusal(config, "hf", "the Hugging Face rwkv7 layout")
 
 
 def hf_config(config: Mapping[str, int]) -> dict[str, Any]:
@@ -130,7 +121,8 @@ def hf_config(config: Mapping[str, int]) -> dict[str, Any]:
         "decay_low_rank_dim": config["Dw"], "a_low_rank_dim": config["Da"],
         "v_low_rank_dim": config["Dv"], "gate_low_rank_dim": config["Dg"],
         "value_dim": [C] * L, "hidden_act": "sqrelu", "norm_first": True, "norm_bias": True,
-        "norm_eps": LAYER_NORM_EPS, "attn": None, "tie_word_embeddings": False,
+        "norm_eps": ModelConfig.resolve(config)["ln_eps"], "attn": None,
+        "tie_word_embeddings": False,
         "use_cache": True, "fuse_norm": False, "fuse_cross_entropy": False,
         "attn_mode": "chunk", "torch_dtype": "float32",
         "bos_token_id": EOT_ID, "eos_token_id": EOT_ID, "pad_token_id": EOT_ID,
@@ -189,9 +181,11 @@ def _check_config(cfg: Mapping[str, Any], what: str) -> None:
     for key, want in checks:
         if key in cfg and cfg[key] != want:
             raise InteropError(f"{what}: {key} is {cfg[key]!r}; rwkvx_c's RWKV-7 has {want!r}")
-    eps = cfg.get("norm_eps", LAYER_NORM_EPS)
-    if not isinstance(eps, (int, float)) or abs(eps - LAYER_NORM_EPS) > 1e-12:
-        raise InteropError(f"{what}: norm_eps is {eps!r}; rwkvx_c's LayerNorms use 1e-05")
+    ln_eps = ModelConfig.default("ln_eps")
+    eps = cfg.get("norm_eps", ln_eps)
+    if not isinstance(eps, (int, float)) or abs(eps - ln_eps) > 1e-12:
+        raise InteropError(f"{what}: norm_eps is {eps!r}; rwkvx_c's LayerNorms use "
+                           f"{ln_eps!r}")
     C = cfg.get("hidden_size")
     if any(v != C for v in cfg.get("value_dim") or []):
         raise InteropError(f"{what}: value_dim {cfg['value_dim']} differs from hidden_size {C}")

@@ -23,7 +23,6 @@ from rwkvx_c.errors import InteropError, RwkvxError
 from rwkvx_c.interop.hf import (
     BLOCK_NAMES,
     HYBRID_TYPE,
-    LAYER_NORM_EPS,
     from_hf,
     hf_modules,
     hf_refusal,
@@ -32,13 +31,13 @@ from rwkvx_c.interop.hf import (
     write_folder,
 )
 from rwkvx_c.interop.rwkv7 import _export_pairs, _rwkvx_pairs
+from rwkvx_c.model.config import ModelConfig
 
 __all__ = ["HYBRID_CODE", "hybrid_config", "to_hybrid", "from_hybrid", "export_modules",
            "save_hybrid", "read_hf_folder"]
 
 # the modeling files every such folder holds (rwkvx_c/interop/hf_code/)
 HYBRID_CODE = ("configuration_rwkvx.py", "modeling_rwkvx.py")
-GROUP_NORM_EPS = 64e-5   # docs/maths.md: the time-mix GroupNorm
 
 # rwkv-x name inside an attention block -> (HF name inside model.layers.i, kind)
 _MOBA = {
@@ -62,6 +61,7 @@ def hybrid_config(config: Mapping[str, int], layers: str) -> dict[str, Any]:
     """config.json of a model of this config and block order (RxPtModel.layers,
     "R" and "A") in rwkvx_c's own layout, with the auto_map that points
     transformers at the folder's modeling files."""
+    eps = ModelConfig.resolve(config)   # the LayerNorm and GroupNorm epsilons
     return {
         "model_type": HYBRID_TYPE, "architectures": ["RwkvxForCausalLM"],
         "auto_map": {"AutoConfig": "configuration_rwkvx.RwkvxConfig",
@@ -76,7 +76,7 @@ def hybrid_config(config: Mapping[str, int], layers: str) -> dict[str, Any]:
         "a_low_rank_dim": config["Da"], "v_low_rank_dim": config["Dv"],
         "gate_low_rank_dim": config["Dg"], "moba_chunk_size": config["chunk_size"],
         "moba_top_k": config["moba_top_k"], "embed_norm": bool(config.get("ln0", 0)),
-        "norm_eps": LAYER_NORM_EPS, "group_norm_eps": GROUP_NORM_EPS,
+        "norm_eps": eps["ln_eps"], "group_norm_eps": eps["gn_eps"],
         "tie_word_embeddings": False, "use_cache": True, "torch_dtype": "float32",
         "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0,
     }
@@ -145,13 +145,15 @@ def from_hybrid(sd: Mapping[str, np.ndarray], cfg: Mapping[str, Any]) -> RxPtMod
     try:
         types = list(cfg["block_types"])
         C, N = int(cfg["hidden_size"]), int(cfg["head_dim"])
-        config = dict(
+        config: dict[str, Any] = dict(
             n_embd=C, head_size=N, n_head=C // N, n_rwkv_layer=types.count("rwkv"),
             n_attn_layer=types.count("moba"), vocab_size=int(cfg["vocab_size"]),
             ffn_dim=int(cfg["intermediate_size"]), Dw=int(cfg["decay_low_rank_dim"]),
             Da=int(cfg["a_low_rank_dim"]), Dg=int(cfg["gate_low_rank_dim"]),
             Dv=int(cfg["v_low_rank_dim"]), chunk_size=int(cfg["moba_chunk_size"]),
-            moba_top_k=int(cfg["moba_top_k"]), ln0=int(bool(cfg["embed_norm"])))
+            moba_top_k=int(cfg["moba_top_k"]), ln0=int(bool(cfg["embed_norm"])),
+            ln_eps=float(cfg.get("norm_eps", ModelConfig.default("ln_eps"))),
+            gn_eps=float(cfg.get("group_norm_eps", ModelConfig.default("gn_eps"))))
     except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
         raise InteropError(f"config.json of model_type {HYBRID_TYPE!r} lacks or garbles "
                            f"{e}") from None

@@ -26,6 +26,7 @@ from rwkvx_c.interop.hf_hybrid import export_modules, read_hf_folder, save_hybri
 from rwkvx_c.interop.pth import DTYPES, load_pth, save_pth
 from rwkvx_c.interop.rwkv7 import from_rwkv7, from_rwkvx, linear_prefixes, to_rwkv7, to_rwkvx
 from rwkvx_c.interop.source import STATE_KEY, read_run, read_source
+from rwkvx_c.model.config import ModelConfig
 from rwkvx_c.model.lora import A_SUFFIX, B_SUFFIX, run_alpha, without_adapters
 from rwkvx_c.run.rundir import RunDir, checkpoint_path, claim_output, describe_entries
 
@@ -146,7 +147,7 @@ def merge_run(path: str, out_dir: str, base: str | None = None) -> str:
     tok.save(out_dir)
     meta = {"imported_from": os.path.abspath(path), "format": "lora-merged", "step": 0,
             "tokenizer": tok.identity()}
-    return run.save_checkpoint(merged, config, meta)
+    return run.save_checkpoint(merged, ModelConfig.stored(config), meta)
 
 
 def _new_run(path: str, out_dir: str) -> RunDir:
@@ -222,4 +223,4 @@ def import_pth(path: str, out_dir: str) -> str:
         # official weights of this size use the World vocabulary: sample and
         # train --resume then tokenise with it (rwkvx_c.data.tokenizers.run_tokenizer)
         state["tokenizer"] = {"name": "world", "sha256": None}
-    return run.save_checkpoint(tensors, model.config, state)
+    return run.save_checkpoint(tensors, ModelConfig.stored(model.config), state)

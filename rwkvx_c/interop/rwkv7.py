@@ -21,6 +21,7 @@ import numpy as np
 from rwkvx_c import _core
 from rwkvx_c._core import RxPtModel
 from rwkvx_c.errors import InteropError
+from rwkvx_c.model.config import export_refusal
 from rwkvx_c.model.weights import load_params
 
 __all__ = ["to_rwkv7", "from_rwkv7", "rwkv7_config", "to_rwkvx", "from_rwkvx", "rwkvx_refusal",
@@ -113,24 +114,16 @@ def _export_pairs(model: RxPtModel, pairs: Sequence[tuple[str, str, str]]
 HF_HOLDS_IT = "--format hf holds this model (transformers, trust_remote_code=True)"
 
 
-def _require_ln0(model: RxPtModel, fmt: str) -> None:
-    if not model.config.get("ln0", 0):
-        raise InteropError(f"{fmt} needs ln0 (the embedding LayerNorm) and this model has "
-                           f"none (it predates ln0; the presets turn it on); {HF_HOLDS_IT}")
-
-
 def to_rwkv7(model: RxPtModel) -> dict[str, np.ndarray]:
     """The RWKV-LM x070 state dict of a model without attention blocks:
     float32 arrays under the official names and layouts (Linear weights
     [out, in], lerps and offsets (1, 1, C), r_k [H, N], head [V, C]).
     Layer 0 gets no v0/v1/v2 (it has none; loaders ignore them there)."""
     c = model.config
-    if c["n_attn_layer"]:
+    why = export_refusal(c, "rwkv7", "rwkv7 (x070)")
+    if why is not None:
         dense = "" if rwkvx_refusal(c) else ", and so does --format rwkvx (the rwkv-x package)"
-        raise InteropError(f"rwkv7 (x070) holds no attention blocks and this model has "
-                           f"{c['n_attn_layer']} (train with --n-attn-layer 0 for rwkv7); "
-                           f"{HF_HOLDS_IT}{dense}")
-    _require_ln0(model, "rwkv7 (x070)")
+        raise InteropError(f"{why}; {HF_HOLDS_IT}{dense}")
     return _export_pairs(model, _x070_pairs(c))
 
 
@@ -252,11 +245,9 @@ def rwkvx_refusal(config: Mapping[str, int]) -> str | None:
     attention blocks runs RWKV blocks in groups of n_rwkv // n_attn, dropping
     any remainder. Each reason names the train flags that make a model rwkv-x runs."""
     c = config
-    if not c.get("ln0", 0):
-        return "rwkv-x needs ln0 (the embedding LayerNorm) and this model has none"
-    if c["head_size"] != 64:
-        return (f"rwkv-x fixes the head size at 64; this model has {c['head_size']} "
-                "(train with --head-size 64 for rwkvx)")
+    why = export_refusal(c, "rwkvx", "rwkv-x")
+    if why is not None:
+        return why
     na, nr = c["n_attn_layer"], c["n_rwkv_layer"]
     if na == 0:
         return None

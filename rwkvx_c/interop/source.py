@@ -32,6 +32,7 @@ from rwkvx_c.interop.hf import hf_tokenizer
 from rwkvx_c.interop.hf_hybrid import read_hf_folder
 from rwkvx_c.interop.pth import load_pth
 from rwkvx_c.interop.rwkv7 import from_rwkv7, from_rwkvx
+from rwkvx_c.model.config import ModelConfig
 from rwkvx_c.model.lora import adapters_of, run_alpha, without_adapters
 from rwkvx_c.run.base import BASE_KEY, Record, check_base
 from rwkvx_c.run.checkpoint import STATE_KEY, Checkpoint, read_checkpoint
@@ -148,5 +149,5 @@ def _from_checkpoint(src: str, path: str, folder: str, base: str | None) -> Sour
     except TokenizerError as e:
         raise InteropError(f"--init-from {src}: {e}") from None
     spec = tok.name if tok.name in ("byte", "world") else os.path.join(folder, "tokenizer.json")
-    return Source(src, {"ln0": 0, **dict(config)}, weights, spec,
+    return Source(src, ModelConfig.resolve(config), weights, spec,
                   None if s0 is None else np.array(s0))

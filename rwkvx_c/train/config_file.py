@@ -70,17 +70,28 @@ def _nearest(key: str, valid: tuple[str, ...]) -> str:
 
 
 def save_config(path: str, options: TrainOptions) -> None:
-    """The options as TOML at path (atomically), None values left out."""
+    """The options as TOML at path (atomically), None values left out; a
+    value TOML cannot hold (a path whose bytes are not UTF-8) is a comment
+    saying so."""
     lines, tables = [], []
     for k, v in options.to_dict().items():
         if isinstance(v, Mapping):
             tables.append(f"\n[{k}]")
-            tables += [f"{mk} = {_toml(mv)}" for mk, mv in v.items() if mv is not None]
+            tables += [_line(mk, mv) for mk, mv in v.items() if mv is not None]
         elif v is not None:
-            lines.append(f"{k} = {_toml(v)}")
+            lines.append(_line(k, v))
     with replacing(path, "w") as f:
         f.write("# the resolved options of this run: rwkvx-c train --config THIS_FILE "
                 "trains it again\n" + "\n".join(lines + tables) + "\n")
+
+
+def _line(key: str, v: Any) -> str:
+    text = f"{key} = {_toml(v)}"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:   # TOML is UTF-8 text
+        return f"# {key}: not UTF-8, give it as a flag"
+    return text
 
 
 def _toml(v: Any) -> str:

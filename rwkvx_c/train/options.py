@@ -1,18 +1,19 @@
 """TrainOptions: everything that defines a run, its checks, how it resolves
 against a preset, and which options a resumed run may change.
 
-Each field carries what the command line needs to offer it (``flag``,
-``help``, ``metavar``, the kind of value), so ``rwkvx-c train``'s flags are
-derived from this one list; a field with ``cli=False`` is Python-only.
-None means "the preset's value" for the preset-driven fields.
+Each field is one declaration (``_opt``, rwkvx_c.util.registry.declare):
+its default, help, kind of value, flag, what its absence in an older
+checkpoint means and any further check. ``rwkvx-c train``'s flags, each
+value's check, the config-file schema (``schema``), resume's comparison
+(``saved_options``) and what a checkpoint stores (``TrainOptions.stored``)
+are derived from them; a field with ``cli=False`` is Python-only. None
+means "the preset's value" for the preset-driven fields.
 """
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass, field, fields
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, cast
-
-import numpy as np
 
 from rwkvx_c import _core
 from rwkvx_c.data.tokenizers import check_identity
@@ -25,9 +26,11 @@ from rwkvx_c.train.guard import ON_DIVERGENCE
 from rwkvx_c.train.objectives import OBJECTIVES
 from rwkvx_c.train.schedule import SCHEDULES
 from rwkvx_c.train.trackers import parse_trackers
+from rwkvx_c.util.registry import DEFAULT, Entry, entries, resolve, stored
+from rwkvx_c.util.registry import declare as _opt
 
 __all__ = ["TrainOptions", "auto_precision", "PRECISIONS", "TUNE_MODES", "DEFAULT_STEPS",
-           "saved_options", "apply_changes", "model_vocab", "flag_of", "new_run_hint"]
+           "saved_options", "apply_changes", "model_vocab", "flag_of", "new_run_hint", "schema"]
 
 PRECISIONS = ("fp32", "bf16", "auto")
 TUNE_MODES = ("full", "state", "lora")   # what trains (rwkvx_c.train.finetune)
@@ -51,14 +54,21 @@ def auto_precision() -> str:
     return "bf16" if _core.bf16_pays() else "fp32"
 
 
-def _opt(default: Any, help: str, *, kind: str = "str", flag: str | None = None,
-         metavar: str | None = None, choices: tuple[str, ...] | None = None,
-         cli: bool = True) -> Any:
-    """A TrainOptions field with its command-line description. kind:
-    "pos_int", "nonneg_int", "pos_float", "nonneg_float", "unit_float",
-    "str", "paths", "flag" (a switch, off by default)."""
-    return field(default=default, metadata=dict(help=help, kind=kind, flag=flag,
-                                                metavar=metavar, choices=choices, cli=cli))
+# A TrainOptions field: one declare() call (rwkvx_c.util.registry) with its
+# default, help and kind (a KINDS key: "pos_int", "nonneg_int", "pos_float",
+# "nonneg_float", "unit_float", "unit_open", "str", "names", "path", "paths",
+# "flag" (a switch, off by default), "config"), and as needed flag=, metavar=,
+# choices=, cli=False, absent= (what its absence in an older checkpoint
+# means), check= (a further check of a value); _opt is declare.
+
+
+def _max_threads(v: int) -> str | None:
+    return f"threads must be at most {_core.MAX_THREADS}, got {v}" \
+        if v > _core.MAX_THREADS else None
+
+
+def _seed_range(v: int) -> str | None:   # the C seed's range
+    return f"seed must be an integer in [0, 2**64), got {v!r}" if v >= 2 ** 64 else None
 
 
 def _preset_values(key: str) -> str:
@@ -84,11 +94,11 @@ class TrainOptions:
         "standard library's .py files)", kind="paths", metavar="PATH")
     val_data: str | list[str] | None = _opt(
         None, "validate on this corpus (any form --data takes) instead of a split of --data",
-        kind="paths", metavar="PATH")
+        kind="paths", metavar="PATH", absent=DEFAULT)
     val_fraction: float = _opt(DEFAULT_VAL_FRACTION, "the validation split of --data: its last "
                                "F of tokens when it is one file or a token file (a folder or "
                                "several files hold out whole files)", kind="unit_float",
-                               metavar="F")
+                               metavar="F", absent=DEFAULT)
     tokenizer: str = _opt("byte", "byte, world (the RWKV World vocabulary; needs "
                           "rwkvx_c[world]) or a tokenizer.json (needs rwkvx_c[hf]); a resumed "
                           "run keeps its own", metavar="byte|world|PATH")
@@ -105,7 +115,8 @@ class TrainOptions:
                              f"{_preset_values('batch')})", kind="pos_int", metavar="B")
     grad_accum: int = _opt(1, "gradient accumulation: each optimiser step sums the grads of N "
                            "micro-batches of --batch sequences (an effective batch of N x B; "
-                           "RWKV-LM's --accumulate_grad_batches)", kind="pos_int", metavar="N")
+                           "RWKV-LM's --accumulate_grad_batches)", kind="pos_int", metavar="N",
+                           absent=DEFAULT)
     seq_len: int | None = _opt(None, "tokens per sequence (default: the preset's: "
                                f"{_preset_values('seq_len')})", kind="pos_int", metavar="T")
     lr: float | None = _opt(None, f"peak learning rate (default: {STATE_LR:g} with --tune state, "
@@ -127,13 +138,14 @@ class TrainOptions:
                                metavar="X")
     grad_clip: float = _opt(1.0, "clip the global grad norm to X, 0 disables",
                             kind="nonneg_float", metavar="X")
-    beta1: float = _opt(0.9, "AdamW beta1", cli=False)
-    beta2: float = _opt(0.99, "AdamW beta2", cli=False)
-    adam_eps: float = _opt(1e-8, "AdamW epsilon", cli=False)
+    beta1: float = _opt(0.9, "AdamW beta1", kind="unit_open", cli=False)
+    beta2: float = _opt(0.99, "AdamW beta2", kind="unit_open", cli=False)
+    adam_eps: float = _opt(1e-8, "AdamW epsilon", kind="nonneg_float", cli=False)
     threads: int | None = _opt(None, "OpenMP threads (default: OMP_NUM_THREADS or every "
                                "core; under MPI each rank's share of its cores)",
-                               kind="pos_int", metavar="N")
-    seed: int = _opt(0, "seed of the init and the data order", kind="nonneg_int", metavar="S")
+                               kind="pos_int", metavar="N", check=_max_threads)
+    seed: int = _opt(0, "seed of the init and the data order", kind="nonneg_int", metavar="S",
+                    check=_seed_range)
     eval_every: int | None = _opt(None, "evaluate every K steps (default: 10 evaluations over "
                                   "the run)", kind="pos_int", metavar="K")
     eval_tokens: int = _opt(32768, "validation tokens per evaluation", kind="pos_int",
@@ -146,10 +158,11 @@ class TrainOptions:
                                   "larger pads it (default: the tokenizer's, or a token "
                                   "corpus's: its sidecar's vocab_size, else its largest id + 1; "
                                   "a resumed run keeps its own)", kind="pos_int", metavar="V")
-    model: dict[str, int] | None = _opt(None, "overrides of the preset's model config",
-                                        cli=False)
+    model: dict[str, Any] | None = _opt(None, "overrides of the preset's model config",
+                                        kind="config", cli=False)
     cache_dir: str | None = _opt(None, "where corpora are cached as token files (default: "
-                                 "$RWKVX_CACHE or ~/.cache/rwkvx_c)", metavar="DIR")
+                                 "$RWKVX_CACHE or ~/.cache/rwkvx_c)", kind="path",
+                                 metavar="DIR")
     precision: str = _opt("auto", "projection GEMMs in fp32, or bf16 with fp32 accumulation; "
                           "auto: bf16 where a bf16 step is faster (AMX, or a full-rate "
                           "AVX512-BF16 dot product as on Zen 5). A resumed run keeps its "
@@ -163,23 +176,25 @@ class TrainOptions:
                          kind="nonneg_float", metavar="X")
     keep_best: bool = _opt(False, "also keep best.safetensors, the checkpoint of the lowest "
                            "validation loss (export, sample and eval take it as a checkpoint)",
-                           kind="flag")
+                           kind="flag", absent=DEFAULT)
     keep_last: int | None = _opt(None, "also keep the K newest checkpoints as step snapshots "
-                                 "(checkpoint-STEP.safetensors)", kind="pos_int", metavar="K")
+                                 "(checkpoint-STEP.safetensors)", kind="pos_int", metavar="K",
+                                 absent=DEFAULT)
     early_stop: int | None = _opt(None, "stop after K evaluations without a lower validation "
-                                  "loss", kind="pos_int", metavar="K")
+                                  "loss", kind="pos_int", metavar="K", absent=DEFAULT)
     log_to: str | None = _opt(None, "also send every log row and evaluation, the options and "
                               "the loss plot to these trackers, a comma list of tensorboard, "
                               "wandb, mlflow (each needs its extra: rwkvx_c[tensorboard], ...); "
                               "WANDB_MODE=offline and MLFLOW_TRACKING_URI are honoured",
-                              metavar="T,T")
+                              metavar="T,T", absent=DEFAULT)
     on_divergence: str = _opt("stop", "when the loss blows up: stop, or reload the last "
                               "checkpoint and halve the learning rate (at most 3 times)",
                               choices=ON_DIVERGENCE)
 
     init_from: str | None = _opt(None, "start from these weights: a run folder, a "
                                  "checkpoint or an x070 / RWKV-X .pth (a new run at step 0; "
-                                 "shape and tokenizer from SRC)", metavar="SRC")
+                                 "shape and tokenizer from SRC)", kind="path",
+                                 metavar="SRC")
     tune: str = _opt("full", "what trains: every parameter, (state) one initial WKV "
                      "state per RWKV block, or (lora) LoRA adapters on the projections, "
                      "the rest frozen", choices=TUNE_MODES)
@@ -187,9 +202,9 @@ class TrainOptions:
                                    "--tune full, only these train (attn: RWKV-X's "
                                    "--only_train_moba): a comma list of ln, time (lerp, decay, "
                                    "gate vectors and their LoRAs), emb, head, attn",
-                                   metavar="G,G")
+                                   kind="names", metavar="G,G")
     freeze: str | None = _opt(None, "with --tune full, hold these groups fixed (as "
-                              "--train-parts)", metavar="G,G")
+                              "--train-parts)", kind="names", metavar="G,G")
     unfreeze_at: int | None = _opt(None, "the base-unfreeze: from step STEP on everything "
                                    "trains (a state tune's states too; a LoRA tune's "
                                    "adapters are merged into the base there); the parameters "
@@ -204,29 +219,29 @@ class TrainOptions:
                                     "att.value, att.output, ffn.key, ffn.value (RWKV blocks), "
                                     "attn.q, attn.k, attn.v, attn.o, attn.ffn.key, "
                                     "attn.ffn.value (attention blocks) (default: all but the "
-                                    "attn.ffn ones)", metavar="T,T")
+                                    "attn.ffn ones)", kind="names", metavar="T,T")
     objective: str = _opt("lm", "what a step minimises: lm (language modelling, SFT on chat "
                           "data), or on preference pairs ({prompt, chosen, rejected} .jsonl; "
                           "--batch counts sequences, two per pair) dpo (DPO's sigmoid loss), "
                           "ipo, or simpo (reference-free, on the mean log-probability per "
-                          "token; docs/finetune.md)", choices=OBJECTIVES)
+                          "token; docs/finetune.md)", choices=OBJECTIVES, absent=DEFAULT)
     dpo_beta: float = _opt(0.1, "with a preference objective, beta: the scale of the "
                            "log-probability ratios (SimPO's papers use 2 to 10)",
-                           kind="pos_float", metavar="X")
+                           kind="pos_float", metavar="X", absent=DEFAULT)
     ref_from: str | None = _opt(None, "with --objective dpo or ipo, the reference model: a "
                                 "run folder or checkpoint whose log-probabilities of every "
                                 "pair are computed once before the first step and kept in "
                                 "the run folder (default: the model before its first step, "
                                 "--init-from's weights; a LoRA tune's adapters off)",
-                                metavar="SRC")
+                                metavar="SRC", absent=DEFAULT)
     dpo_label_smoothing: float = _opt(0.0, "with --objective dpo or simpo, the chance eps "
                                       "that a pair's labels are swapped (cDPO): the loss is "
                                       "(1-eps) -log sig(z) + eps -log sig(-z)",
-                                      kind="unit_float", metavar="EPS")
+                                      kind="unit_float", metavar="EPS", absent=DEFAULT)
 
     base: str | None = _opt(None, "resume a fine-tune whose base (--init-from) moved: its path "
                             "now, checked against the content hash the run recorded",
-                            metavar="PATH")
+                            kind="path", metavar="PATH", absent=None)
 
     # options a resumed run may change without changing what it computes
     RESUMABLE = ("steps", "time_budget", "eval_every", "save_every", "threads", "cache_dir",
@@ -264,76 +279,17 @@ class TrainOptions:
         return cast("ResolvedOptions", o)
 
     def _check(self) -> None:
-        def pos(name: str, v: Any, integer: bool = True, allow_zero: bool = False) -> None:
-            ok = isinstance(v, (int, np.integer)) and not isinstance(v, bool) if integer \
-                else isinstance(v, (int, float)) and not isinstance(v, bool) and _finite(v)
-            if not ok or v < 0 or (v == 0 and not allow_zero):
-                kind = "an integer" if integer else "a number"
-                raise TrainError(f"{name} must be {kind} {'>= 0' if allow_zero else '> 0'}, "
-                                 f"got {v!r}")
-        if self.steps is not None:
-            pos("steps", self.steps)
-        if self.time_budget is not None:
-            pos("time_budget", self.time_budget, integer=False)
-        pos("batch", self.batch)
-        pos("seq_len", self.seq_len)
-        pos("grad_accum", self.grad_accum)
-        pos("lr", self.lr, integer=False)
-        pos("warmup_steps", self.warmup_steps, allow_zero=True)
-        pos("eval_tokens", self.eval_tokens)
-        pos("weight_decay", self.weight_decay, integer=False, allow_zero=True)
-        pos("grad_clip", self.grad_clip, integer=False, allow_zero=True)
-        pos("adam_eps", self.adam_eps, integer=False, allow_zero=True)
-        pos("l2wrap", self.l2wrap, integer=False, allow_zero=True)
-        pos("lora_r", self.lora_r)
-        pos("lora_alpha", self.lora_alpha, integer=False)
-        for k in ("train_parts", "freeze", "lora_targets"):
-            if getattr(self, k) is not None and not isinstance(getattr(self, k), str):
-                raise TrainError(f"{k} must be a comma list of names, got {getattr(self, k)!r}")
-        if not isinstance(self.grad_cp, (bool, np.bool_)):
-            raise TrainError(f"grad_cp must be true or false, got {self.grad_cp!r}")
-
-        def real(v: object) -> bool:
-            return isinstance(v, (int, float, np.floating)) and not isinstance(v, bool)
-        if self.min_lr_frac is None or not (real(self.min_lr_frac)
-                                            and 0.0 <= self.min_lr_frac <= 1.0):
-            raise TrainError(f"min_lr_frac must lie in [0, 1], got {self.min_lr_frac!r}")
-        for b in ("beta1", "beta2"):
-            if not (real(getattr(self, b)) and 0.0 <= getattr(self, b) < 1.0):
-                raise TrainError(f"{b} must lie in [0, 1), got {getattr(self, b)!r}")
-        if not (real(self.val_fraction) and 0.0 < self.val_fraction < 1.0):
-            raise TrainError(f"val_fraction must lie in (0, 1), got {self.val_fraction!r}")
-        if not isinstance(self.keep_best, (bool, np.bool_)):
-            raise TrainError(f"keep_best must be true or false, got {self.keep_best!r}")
-        for k in ("eval_every", "save_every", "threads", "vocab_size", "unfreeze_at",
-                  "keep_last", "early_stop"):
-            if getattr(self, k) is not None:
-                pos(k, getattr(self, k))
-        if not isinstance(self.seed, int) or not 0 <= self.seed < 2 ** 64:   # the C seed's range
-            raise TrainError(f"seed must be an integer in [0, 2**64), got {self.seed!r}")
+        if self.on_divergence is None:
+            self.on_divergence = "stop"
+        for e in entries(TrainOptions):   # each value by its declaration
+            why = e.problem(getattr(self, e.key))
+            if why is not None:
+                raise TrainError(why)
         if self.precision not in PRECISIONS[:2]:
             raise TrainError(f"precision must be {', '.join(PRECISIONS)}, got "
                              f"{self.precision!r}")
-        paths = [("data", p) for p in (self.data if isinstance(self.data, (list, tuple))
-                                       else [self.data])]
-        paths += [("val_data", p) for p in (self.val_data if isinstance(self.val_data,
-                                                                        (list, tuple))
-                                            else [self.val_data])]
-        for k, v in paths + [("cache_dir", self.cache_dir)]:
-            if v is not None and not isinstance(v, str):
-                raise TrainError(f"{k} must be a path, got {v!r}")
-        if self.on_divergence is None:
-            self.on_divergence = "stop"
-        if self.on_divergence not in ON_DIVERGENCE:
-            raise TrainError(f"unknown on_divergence {self.on_divergence!r}; choose one of "
-                             f"{', '.join(ON_DIVERGENCE)}")
-        if self.threads is not None and self.threads > _core.MAX_THREADS:
-            raise TrainError(f"threads must be at most {_core.MAX_THREADS}, got {self.threads}")
-        if self.schedule not in SCHEDULES:
-            raise TrainError(f"unknown schedule {self.schedule!r}; choose one of "
-                             f"{', '.join(SCHEDULES)}")
-        if self.tune not in TUNE_MODES:
-            raise TrainError(f"unknown tune {self.tune!r}; choose one of {', '.join(TUNE_MODES)}")
+        if not 0.0 < self.val_fraction < 1.0:
+            raise TrainError(f"val_fraction must lie in (0, 1), got {self.val_fraction!r}")
         if self.train_parts and self.freeze:
             raise TrainError("give --train-parts (what trains) or --freeze (what does not), "
                              "not both")
@@ -345,16 +301,8 @@ class TrainOptions:
             raise TrainError("--unfreeze-at unfreezes a frozen base: give it with --tune state, "
                              "--freeze or --train-parts (in a plain full run everything trains)")
         self._check_mode()
-        if self.log_to is not None and not isinstance(self.log_to, str):
-            raise TrainError(f"log_to must be a comma list of trackers, got {self.log_to!r}")
         parse_trackers(self.log_to)
-        if self.init not in SCHEMES:
-            raise TrainError(f"unknown init {self.init!r}; choose one of {', '.join(SCHEMES)}")
-        if self.objective not in OBJECTIVES:
-            raise TrainError(f"unknown objective {self.objective!r}; choose one of "
-                             f"{', '.join(OBJECTIVES)}")
-        pos("dpo_beta", self.dpo_beta, integer=False)
-        if not (real(self.dpo_label_smoothing) and 0.0 <= self.dpo_label_smoothing < 0.5):
+        if not self.dpo_label_smoothing < 0.5:
             raise TrainError(f"dpo_label_smoothing must lie in [0, 0.5), got "
                              f"{self.dpo_label_smoothing!r}")
         if self.dpo_label_smoothing and self.objective not in ("dpo", "simpo"):
@@ -363,7 +311,9 @@ class TrainOptions:
         if self.objective != "lm" and self.batch is not None and self.batch % 2:
             raise TrainError(f"--batch {self.batch} must be even with --objective "
                              f"{self.objective}: each pair is two sequences")
-        assert self.batch is not None and self.seq_len is not None   # pos() checked them
+        if self.objective != "lm" and self.grad_accum != 1:
+            raise TrainError(f"--grad-accum applies to --objective lm, not {self.objective}")
+        assert self.batch is not None and self.seq_len is not None   # resolved() set them
         if self.batch * self.seq_len > MAX_TOKENS_PER_STEP:
             raise TrainError(f"batch * seq_len exceeds {MAX_TOKENS_PER_STEP}")
 
@@ -382,6 +332,16 @@ class TrainOptions:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def stored(self) -> dict[str, Any]:
+        """What a checkpoint stores of these options: to_dict() without the
+        keys (options', and the model config's) whose value is what their
+        absence means, so a run that does not use a newer field loads in an
+        older version."""
+        d = stored(TrainOptions, self.to_dict())
+        if d.get("model") is not None:
+            d["model"] = ModelConfig.stored(d["model"])
+        return d
 
 
 _DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(TrainOptions)}
@@ -404,25 +364,36 @@ if TYPE_CHECKING:
         lr: float
         min_lr_frac: float
         warmup_steps: int
-        model: dict[str, int]
+        model: dict[str, Any]
 
 
 def saved_options(saved: object, path: str) -> TrainOptions:
     """The TrainOptions a checkpoint's state holds (TrainError if it holds none or bad ones)."""
     if not isinstance(saved, dict):
         raise TrainError(f"checkpoint {path} holds no training state")
-    # options added since the checkpoint was written take their defaults; a
-    # run saved before "auto" existed stored a resolved precision anyway
-    opts = TrainOptions(**{f.name: saved.get(f.name, f.default) for f in fields(TrainOptions)})
+    # options (and model keys) added since the checkpoint was written take
+    # what their absence means (ln0: 0, not the preset's); a run saved before
+    # "auto" existed stored a resolved precision anyway
+    values = resolve(TrainOptions, saved)
+    opts = TrainOptions(**{e.key: values[e.key] for e in entries(TrainOptions)})
+    if opts.model is None or isinstance(opts.model, dict):
+        opts.model = ModelConfig.resolve(opts.model or {})
     try:
         opts.resolved()
     except TrainError as e:
         raise TrainError(f"checkpoint {path} holds bad options: {e}") from None
     except (TypeError, ValueError, AttributeError) as e:
         raise TrainError(f"checkpoint {path} holds bad options ({e})") from None
-    # runs saved before the ln0 key existed had none: ln0 = 0, not the preset's
-    opts.model = {"ln0": 0, **(opts.model or {})}
     return opts
+
+
+def schema() -> Iterator[Entry]:
+    """Every setting of a run, for a config file: each TrainOptions entry
+    (key, type, default, check: Entry.problem), then each model-config field
+    as "model.KEY" (an override of the preset's model)."""
+    yield from entries(TrainOptions)
+    for e in entries(ModelConfig):
+        yield replace(e, key="model." + e.key)
 
 
 def apply_changes(opts: TrainOptions, changes: dict[str, Any], tokenizer: dict | None,
@@ -461,14 +432,6 @@ def apply_changes(opts: TrainOptions, changes: dict[str, Any], tokenizer: dict |
 def new_run_hint(out_dir: str) -> str:
     """What a refused resume says: a new run can start from the saved one's weights."""
     return f"to start a new run from its weights, use --init-from {out_dir}"
-
-
-def _finite(v: float) -> bool:
-    """math.isfinite, False (not OverflowError) for an int beyond float range."""
-    try:
-        return math.isfinite(v)
-    except OverflowError:
-        return False
 
 
 def model_vocab(opts: TrainOptions, tokenizer: Tokenizer, corpus: Corpus,

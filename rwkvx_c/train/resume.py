@@ -21,6 +21,7 @@ import numpy as np
 
 from rwkvx_c.errors import CheckpointError, TrainError
 from rwkvx_c.interop.source import base_weights
+from rwkvx_c.model.config import ModelConfig
 from rwkvx_c.run.base import BASE_KEY
 from rwkvx_c.run.rundir import RunDir
 from rwkvx_c.train.finetune import adapter_options
@@ -62,9 +63,10 @@ def read_saved(out_dir: str, group: ProcessGroup, changes: dict[str, Any]) -> Sa
         lora = state.get("lora")
         if isinstance(lora, dict):   # imported adapters (rwkvx-c import --base): they train on
             kw.update(adapter_options(kw, lora, path))
-        return Saved(TrainOptions(**{**kw, "model": dict(config)}), None, None, tensors)
+        return Saved(TrainOptions(**{**kw, "model": ModelConfig.resolve(config)}), None, None,
+                     tensors)
     opts = saved_options(saved, path)
-    config = {"ln0": 0, **config}   # as in saved_options
+    config = ModelConfig.resolve(config)   # as saved_options resolves opts.model
     apply_changes(opts, changes, state.get("tokenizer"), out_dir)
     if config != opts.model:
         raise TrainError(f"checkpoint {path} is inconsistent: its model config differs "

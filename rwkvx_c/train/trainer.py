@@ -33,6 +33,7 @@ from rwkvx_c.errors import (
     TrainError,
 )
 from rwkvx_c.interop.source import base_weights
+from rwkvx_c.model.config import ModelConfig
 from rwkvx_c.run.base import BASE_KEY
 from rwkvx_c.run.checkpoint import save_checkpoint
 from rwkvx_c.run.lock import RunLock
@@ -352,7 +353,7 @@ class Trainer:
                 "elapsed": self.train_seconds(), "tokens_seen": self.tokens_seen,
                 "sampler": (self.pref or self.sampler).state(), "warm_end": self._warm_end,
                 "next_eval_at": self._next_eval_at, "last_eval": self.last_eval,
-                "eval_seconds": self._eval_seconds, "options": self.opts.to_dict(),
+                "eval_seconds": self._eval_seconds, "options": self.opts.stored(),
                 "corpus": self.corpus.description, "tokenizer": self.tokenizer.identity(),
                 "world_size": self.group.size, "unfrozen": is_unfrozen(self.optim),
                 "lr_scale": self.lr_scale, "rollbacks": self.rollbacks,
@@ -379,7 +380,7 @@ class Trainer:
         tensors["optim.m"] = self.optim.m
         tensors["optim.v"] = self.optim.v
         tensors.update(trained_tensors(self.model))
-        save_checkpoint(path, tensors, self.model.config, self.state())
+        save_checkpoint(path, tensors, ModelConfig.stored(self.model.config), self.state())
         if self.run_dir is not None and path == self.run_dir.checkpoint:
             self.saved_step = self.step_count
             self.keeper.snapshot(self.run_dir, self.step_count)

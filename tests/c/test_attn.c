@@ -234,7 +234,7 @@ static void ref_ln(const double *x, const double *w, const double *b, double *o,
         for (size_t c = 0; c < C; c++) mu += x[r * C + c];
         mu /= C;
         for (size_t c = 0; c < C; c++) var += (x[r * C + c] - mu) * (x[r * C + c] - mu);
-        double rs = 1.0 / sqrt(var / C + 1e-5);
+        double rs = 1.0 / sqrt(var / C + RX_DEFAULT_LN_EPS);
         for (size_t c = 0; c < C; c++) o[r * C + c] = (x[r * C + c] - mu) * rs * w[c] + b[c];
     }
 }

@@ -222,7 +222,7 @@ static void test_layernorm(int B, int T, int C, double offset) {
         for (int c = 0; c < C; c++) mu += xr[c];
         mu /= C;
         for (int c = 0; c < C; c++) var += (xr[c] - mu) * (xr[c] - mu);
-        double rs = 1.0 / sqrt(var / C + 1e-5);
+        double rs = 1.0 / sqrt(var / C + RX_DEFAULT_LN_EPS);
         for (int c = 0; c < C; c++) {
             double xh = (xr[c] - mu) * rs;
             out_ref[r * C + c] = xh * w[c] + bb[c];

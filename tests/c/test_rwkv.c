@@ -147,7 +147,7 @@ static void tm_d(const double *th, const double *x, const double *xp, int layer,
                 }
             }
         }
-    norm_d(y, th + OFF[LNXW], th + OFF[LNXB], z, B * T * H, N, H, 64e-5);
+    norm_d(y, th + OFF[LNXW], th + OFF[LNXB], z, B * T * H, N, H, RX_DEFAULT_GN_EPS);
     for (int i = 0; i < B * T * H; i++) {
         double s = 0.0;
         for (int n = 0; n < N; n++) s += r[i * N + n] * k[i * N + n] * th[OFF[RK] + (i % H) * N + n];
@@ -171,10 +171,10 @@ static double loss_d(const double *th, int block, int layer, const double *dy,
     static double h[BTC], x1[BTC], t1[BTC], vf[BTC];
     const double *x = th + OFF[IX];
     if (block) {
-        norm_d(x, th + OFF[LN1W], th + OFF[LN1B], h, B * T, C, 1, 1e-5);
+        norm_d(x, th + OFF[LN1W], th + OFF[LN1B], h, B * T, C, 1, RX_DEFAULT_LN_EPS);
         tm_d(th, h, th + OFF[IXP1], layer, vf, t1);
         for (int i = 0; i < BTC; i++) x1[i] = x[i] + t1[i];
-        norm_d(x1, th + OFF[LN2W], th + OFF[LN2B], h, B * T, C, 1, 1e-5);
+        norm_d(x1, th + OFF[LN2W], th + OFF[LN2B], h, B * T, C, 1, RX_DEFAULT_LN_EPS);
         cm_d(th, h, th + OFF[IXP2], t1);
         for (int i = 0; i < BTC; i++) out[i] = x1[i] + t1[i];
     } else {

@@ -100,20 +100,21 @@ def attn_core(q, k, v, n_head, head_size, chunk_size, moba_top_k, mask=None):
     return p, y
 
 
-def attn_block(p, x, cm_xprev_init, n_head, head_size, chunk_size, moba_top_k, mask=None):
+def attn_block(p, x, cm_xprev_init, n_head, head_size, chunk_size, moba_top_k, ln_eps,
+               mask=None):
     """The whole attention block. p: dict of Vars with the docs/layout.md keys
     ('ln1_w', ..., 'cm.ffn_value_w'); x: (B, T, C); cm_xprev_init: (B, C) or
-    None. Returns out (B, T, C)."""
-    h1 = layernorm(x, p["ln1_w"], p["ln1_b"])
+    None; ln_eps: the LayerNorms' eps (the config's). Returns out (B, T, C)."""
+    h1 = layernorm(x, p["ln1_w"], p["ln1_b"], ln_eps)
     q, k, v = h1 @ p["receptance_w"], h1 @ p["key_w"], h1 @ p["value_w"]
     _, y = attn_core(q, k, v, n_head, head_size, chunk_size, moba_top_k, mask)
     x1 = x + y @ p["output_w"]
-    h2 = layernorm(x1, p["ln2_w"], p["ln2_b"])
+    h2 = layernorm(x1, p["ln2_w"], p["ln2_b"], ln_eps)
     cm = {name[3:]: p[name] for name in ("cm.ffn_x_k", "cm.ffn_key_w", "cm.ffn_value_w")}
     return x1 + channelmix(cm, h2, cm_xprev_init)
 
 
-def attn_block_qk(p, x, n_head, head_size):
+def attn_block_qk(p, x, n_head, head_size, ln_eps):
     """float64 q, k of the block (for moba_mask / moba_gate_margin)."""
-    h1 = layernorm(_val(x), _val(p["ln1_w"]), _val(p["ln1_b"]))
+    h1 = layernorm(_val(x), _val(p["ln1_w"]), _val(p["ln1_b"]), ln_eps)
     return (h1 @ _val(p["receptance_w"])).value, (h1 @ _val(p["key_w"])).value

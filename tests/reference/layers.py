@@ -14,8 +14,9 @@ def token_shift(x, x_prev_init=None):
     return concat([first, x[:, :T - 1]], axis=1) if T > 1 else first
 
 
-def layernorm(x, w, b, eps=1e-5):
-    """(x - mean) / sqrt(var + eps) * w + b over the last axis, biased variance."""
+def layernorm(x, w, b, eps):
+    """(x - mean) / sqrt(var + eps) * w + b over the last axis, biased variance;
+    eps: the model's (its config's ln_eps, or gn_eps for the group norm)."""
     mu = x.mean(-1, keepdims=True)
     d = x - mu
     var = d.square().mean(-1, keepdims=True)

@@ -1,6 +1,8 @@
 """Reference whole model (docs/maths.md, docs/layout.md): parameter names, order and shapes,
 the splitmix64 init, the layer order, and the forward and loss composed from
-the block references. Parameters are a dict name -> array (or autograd Var);
+the block references. A config here is a model's whole config
+(RxPtModel.config): ln0, ln_eps and gn_eps included, which the reference takes
+from it. Parameters are a dict name -> array (or autograd Var);
 tokens and targets are int arrays (T,) or (B, T)."""
 import numpy as np
 
@@ -8,9 +10,6 @@ from reference.attn import attn_block, attn_block_qk, moba_gate_margin
 from reference.autograd import Var
 from reference.layers import cross_entropy, embedding, head, layernorm
 from reference.rwkv import rwkv_block, tm_param_shapes
-
-CONFIG_FIELDS = ("n_embd", "n_head", "head_size", "n_rwkv_layer", "n_attn_layer", "vocab_size",
-                 "Dw", "Da", "Dg", "Dv", "ffn_dim", "chunk_size", "moba_top_k")
 
 _ATTN_FIELDS = ("receptance_w", "key_w", "value_w", "output_w")
 
@@ -34,7 +33,7 @@ def param_specs(config):
     lora = [config[d] for d in ("Dw", "Da", "Dg", "Dv")]
     cm = [("cm.ffn_x_k", (C,)), ("cm.ffn_key_w", (C, F)), ("cm.ffn_value_w", (F, C))]
     specs = [("emb", (V, C))]
-    if config.get("ln0", 0):
+    if config["ln0"]:
         specs += [("ln0_w", (C,)), ("ln0_b", (C,))]
     n_rwkv = 0
     for L, kind in enumerate(layer_order(config)):
@@ -106,9 +105,10 @@ def model_forward(params, config, tokens, block_inputs=None, state0=None):
     tok2 = tokens.reshape(1, -1) if tokens.ndim == 1 else tokens
     _B, T = tok2.shape
     H, N = config["n_head"], config["head_size"]
+    ln_eps, gn_eps = config["ln_eps"], config["gn_eps"]
     x = embedding(params["emb"], tok2)
-    if config.get("ln0", 0):
-        x = layernorm(x, params["ln0_w"], params["ln0_b"])
+    if config["ln0"]:
+        x = layernorm(x, params["ln0_w"], params["ln0_b"], ln_eps)
     v_first, r = None, 0
     for L, kind in enumerate(layer_order(config)):
         p = _sub(params, f"blocks.{L}.")
@@ -116,13 +116,13 @@ def model_forward(params, config, tokens, block_inputs=None, state0=None):
             block_inputs.append(x)
         if kind == "R":
             s0 = None if state0 is None else state0[r].reshape(1, H, N, N)
-            x, vf = rwkv_block(p, x, None, None, v_first, H, N, r, s0)
+            x, vf = rwkv_block(p, x, None, None, v_first, H, N, r, ln_eps, gn_eps, s0)
             if r == 0:
                 v_first = vf
             r += 1
         else:
-            x = attn_block(p, x, None, H, N, config["chunk_size"], config["moba_top_k"])
-    logits = head(layernorm(x, params["ln_out_w"], params["ln_out_b"]), params["head"])
+            x = attn_block(p, x, None, H, N, config["chunk_size"], config["moba_top_k"], ln_eps)
+    logits = head(layernorm(x, params["ln_out_w"], params["ln_out_b"], ln_eps), params["head"])
     return logits.reshape(T, config["vocab_size"]) if tokens.ndim == 1 else logits
 
 
@@ -142,7 +142,7 @@ def min_gate_margin(params, config, tokens):
     margin = np.inf
     for L, kind in enumerate(layer_order(config)):
         if kind == "A":
-            q, k = attn_block_qk(_sub(params, f"blocks.{L}."), xs[L], H, N)
+            q, k = attn_block_qk(_sub(params, f"blocks.{L}."), xs[L], H, N, config["ln_eps"])
             margin = min(margin, moba_gate_margin(q, k, config["chunk_size"],
                                                   config["moba_top_k"], H, N))
     return margin

@@ -12,7 +12,6 @@ from reference.layers import channelmix, layernorm, token_shift
 from reference.wkv7 import wkv7
 
 DECAY_SCALE = 0.6065306597126334   # e^{-1/2}
-GROUP_NORM_EPS = 64e-5
 KK_FLOOR = 1e-12
 
 _LAYOUT_MD = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir,
@@ -57,8 +56,9 @@ def block_param_shapes(C, Dw, Da, Dg, Dv, F, layer_id):
     return shapes
 
 
-def timemix(p, x, x_prev_init, v_first, n_head, head_size, layer_id, s_init=None):
-    """docs/maths.md §Time-mix. x: (B, T, C) Var (the ln1 output); x_prev_init (B, C) Var or
+def timemix(p, x, x_prev_init, v_first, n_head, head_size, layer_id, gn_eps, s_init=None):
+    """docs/maths.md §Time-mix. gn_eps: the group norm's eps (the config's).
+    x: (B, T, C) Var (the ln1 output); x_prev_init (B, C) Var or
     None; v_first (B, T, C) Var, read when layer_id > 0 (ignored at 0).
     Returns (out, v_first_out): layer 0 returns its own v, later layers
     return the v_first they were given. s_init: the WKV7 initial state
@@ -86,19 +86,22 @@ def timemix(p, x, x_prev_init, v_first, n_head, head_size, layer_id, s_init=None
         return z.reshape(B, T, H, N)
 
     y, _ = wkv7(heads(r), heads(w), heads(k), heads(v), kk * -1.0, kk * heads(a), s_init)
-    z = layernorm(y, p["ln_x_w"].reshape(H, N), p["ln_x_b"].reshape(H, N), eps=GROUP_NORM_EPS)
+    z = layernorm(y, p["ln_x_w"].reshape(H, N), p["ln_x_b"].reshape(H, N), eps=gn_eps)
     bonus = (heads(r) * heads(k) * p["r_k"].reshape(H, N)).sum(-1, keepdims=True)
     z = (z + bonus * heads(v)).reshape(B, T, C)
     return (z * g) @ p["output_w"], v_first
 
 
 def rwkv_block(p, x, tm_xprev_init, cm_xprev_init, v_first, n_head, head_size, layer_id,
-               s_init=None):
+               ln_eps, gn_eps, s_init=None):
     """docs/maths.md §Blocks: h1 = ln1(x); x1 = x + TM(h1); h2 = ln2(x1); out = x1 + CM(h2).
-    Carries are over h1 and h2. Returns (out, v_first_out) as timemix."""
+    Carries are over h1 and h2; ln_eps, gn_eps: the config's. Returns
+    (out, v_first_out) as timemix."""
     tm = {k[3:]: v for k, v in p.items() if k.startswith("tm.")}
     cm = {k[3:]: v for k, v in p.items() if k.startswith("cm.")}
-    h1 = layernorm(x, p["ln1_w"], p["ln1_b"])
-    att, v_first = timemix(tm, h1, tm_xprev_init, v_first, n_head, head_size, layer_id, s_init)
+    h1 = layernorm(x, p["ln1_w"], p["ln1_b"], ln_eps)
+    att, v_first = timemix(tm, h1, tm_xprev_init, v_first, n_head, head_size, layer_id, gn_eps,
+                           s_init)
     x1 = x + att
-    return x1 + channelmix(cm, layernorm(x1, p["ln2_w"], p["ln2_b"]), cm_xprev_init), v_first
+    return x1 + channelmix(cm, layernorm(x1, p["ln2_w"], p["ln2_b"], ln_eps), cm_xprev_init), \
+        v_first

@@ -27,7 +27,8 @@ class RwkvxConfig(PretrainedConfig):
                  decay_low_rank_dim: int = 16, a_low_rank_dim: int = 16,
                  v_low_rank_dim: int = 8, gate_low_rank_dim: int = 32,
                  moba_chunk_size: int = 32, moba_top_k: int = 2, embed_norm: bool = True,
-                 norm_eps: float = 1e-5, group_norm_eps: float = 64e-5, use_cache: bool = True,
+                 norm_eps: float | None = None, group_norm_eps: float | None = None,
+                 use_cache: bool = True,
                  bos_token_id: int = 0, eos_token_id: int = 0, pad_token_id: int = 0,
                  tie_word_embeddings: bool = False, **kwargs: Any) -> None:
         self.vocab_size = vocab_size
@@ -44,6 +45,8 @@ class RwkvxConfig(PretrainedConfig):
         self.moba_chunk_size = moba_chunk_size
         self.moba_top_k = moba_top_k
         self.embed_norm = embed_norm
+        # the export writes the model's own epsilons into config.json (no
+        # default here: they are rwkvx_c's, docs/maths.md)
         self.norm_eps = norm_eps
         self.group_norm_eps = group_norm_eps
         self.use_cache = use_cache
