@@ -15,6 +15,7 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "rx_internal.h"
 
@@ -57,6 +58,7 @@ struct rx_ptmodel {
     int n_frozen;
     double l2wrap;            /* L2Wrap factor of every backward (0: off) */
     rx_lora *lora;            /* LoRA adapters (rx_ptmodel_enable_lora), NULL: none */
+    rx_base *base;            /* the frozen base (base.c, rx_ptmodel_set_base), NULL: none */
     int lora_on;              /* the forward and backward apply them (0 once disabled) */
 };
 
@@ -299,13 +301,32 @@ static void init_params(rx_ptmodel *m, uint64_t seed) {
 
 /* ---- construction ------------------------------------------------------ */
 
+/* A zeroed arena of n floats: lazily mapped under RX_PT_NO_INIT (pages
+ * never written take no memory: a frozen base's slots), else allocated */
+static float *arena_new(size_t n, int flags) {
+    if (!(flags & RX_PT_NO_INIT)) return rx_fcalloc(n);
+    if (n > SIZE_MAX / sizeof(float)) return NULL;
+    void *p = mmap(NULL, n * sizeof(float), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                   -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+static void arena_free(float *p, size_t n, int flags) {
+    if (p && (flags & RX_PT_NO_INIT)) munmap(p, n * sizeof(float));
+    else free(p);
+}
+
+rx_base *rx_ptmodel_base_store(const rx_ptmodel *m) { return m->base; }
+
+void rx_ptmodel_attach_base(rx_ptmodel *m, rx_base *s) { m->base = s; }
+
 void rx_ptmodel_free(rx_ptmodel *m) {
     if (!m) return;
     free(m->layers);
     free(m->block_idx);
     free(m->tensors);
-    free(m->params);
-    free(m->grads);
+    arena_free(m->params, m->n_elems, m->flags);
+    arena_free(m->grads, m->n_elems, m->flags);
     free(m->rwkv);
     free(m->rwkv_g);
     free(m->attn);
@@ -314,6 +335,7 @@ void rx_ptmodel_free(rx_ptmodel *m) {
     free(m->g_state0);
     free(m->frozen);
     rx_lora_free(m->lora);
+    rx_base_free(m->base);
     free(m);
 }
 
@@ -362,14 +384,14 @@ int rx_model_create(const rx_pt_config *pc, int flags, uint64_t seed, rx_ptmodel
     add(&ly, "", "ln_out_b", D_C, D_NONE, INIT_BETA, &m->ln_out_b, &m->g_ln_out_b);
     add(&ly, "", "head", D_C, D_V, INIT_MAT, &m->head, &m->g_head);
 
-    m->params = rx_falloc(m->n_elems);
-    m->grads = rx_fcalloc(m->n_elems);
+    m->params = flags & RX_PT_NO_INIT ? arena_new(m->n_elems, flags) : rx_falloc(m->n_elems);
+    m->grads = arena_new(m->n_elems, flags);
     if (!m->params || !m->grads) goto fail;
     for (int i = 0; i < m->n_tensors; i++) {
         *ly.pp[i] = m->params + m->tensors[i].off;
         *ly.gp[i] = m->grads + m->tensors[i].off;
     }
-    init_params(m, seed);
+    if (!(flags & RX_PT_NO_INIT)) init_params(m, seed);
     free(ly.pp);
     free(ly.gp);
     *out = m;
@@ -482,7 +504,7 @@ const rx_attn_params *rx_ptmodel_attn(rx_ptmodel *m, int idx) {
 }
 
 void rx_ptmodel_zero_grad(rx_ptmodel *m) {
-    if (m) rx_fzero(m->grads, m->n_elems);
+    if (m) rx_base_zero_grads(m->base, m->grads, m->n_elems);
     if (m && m->g_state0) rx_fzero(m->g_state0, state_elems(m));
 }
 
@@ -844,9 +866,13 @@ static int forward_batch(rx_ptmodel *m, const int *tokens, int B, int T, rx_pt_a
 
 /* forward_batch with the projections in the model's precision */
 int rx_pretrain_forward_batch(rx_ptmodel *m, const int *tokens, int B, int T, rx_pt_acts *acts) {
+    if (m && m->base && !rx_base_loaded(m->base))
+        return rx_fail(RX_EINVAL, "rx_pretrain_forward_batch: the model's base is not filled");
     const int old = rx_gemm_set_precision(m ? m->precision : RX_PRECISION_FP32);
     const rx_lora *was = rx_gemm_set_lora(m && m->lora_on ? m->lora : NULL);
+    const rx_base *was_base = rx_gemm_set_base(m ? m->base : NULL);
     const int rc = forward_batch(m, tokens, B, T, acts);
+    rx_gemm_set_base(was_base);
     rx_gemm_set_lora(was);
     rx_gemm_set_precision(old);
     return rc;
@@ -975,7 +1001,9 @@ int rx_pretrain_backward_loss(rx_ptmodel *m, const rx_pt_acts *acts, const int *
     const rx_frozen was = rx_gemm_set_frozen(f);
     /* a recompute's forward and the dx and weight-grad products see the adapters */
     const rx_lora *was_lora = rx_gemm_set_lora(m && m->lora_on ? m->lora : NULL);
+    const rx_base *was_base = rx_gemm_set_base(m ? m->base : NULL);
     const int rc = backward_batch(m, acts, targets, B, T, ignore_index, loss);
+    rx_gemm_set_base(was_base);
     rx_gemm_set_lora(was_lora);
     rx_gemm_set_frozen(was);
     rx_gemm_set_precision(old);
@@ -1054,7 +1082,9 @@ static int loss_batch(rx_ptmodel *m, const rx_pt_acts *acts, const int *targets,
 int rx_pretrain_loss(rx_ptmodel *m, const rx_pt_acts *acts, const int *targets, int B, int T,
                      int ignore_index, double *loss) {
     const int old = rx_gemm_set_precision(m ? m->precision : RX_PRECISION_FP32);
+    const rx_base *was_base = rx_gemm_set_base(m ? m->base : NULL);
     const int rc = loss_batch(m, acts, targets, B, T, ignore_index, loss);
+    rx_gemm_set_base(was_base);
     rx_gemm_set_precision(old);
     return rc;
 }
