@@ -135,7 +135,7 @@ def test_base_gives_the_float32_models_bits(dtype, precision, recompute, chunked
 
 
 def test_a_q8_0_base_state_and_adapter_grads_match_the_float64_reference():
-    ref, m, names = _pair("q8_0")
+    ref, m, _ = _pair("q8_0")
     tokens, targets = token_batch(CFG["vocab_size"], B, T, 7, IGNORE)
     m.forward(tokens, return_logits=False)
     m.backward(targets, ignore_index=IGNORE)
@@ -168,7 +168,7 @@ def test_release_base_gives_the_decoded_float32_weights():
 
 def test_bad_base_requests_are_refused():
     m = rx.RxPtModel(CFG, seed=0, init=False)
-    with pytest.raises(ValueError, match="emb.*not a matrix the GEMMs read"):
+    with pytest.raises(ValueError, match=r"emb.*not a matrix the GEMMs read"):
         m.set_base("bf16", ["emb"])
     with pytest.raises(ValueError, match="base dtype must be one of"):
         m.set_base("q4", ["head"])
@@ -183,3 +183,103 @@ def test_bad_base_requests_are_refused():
     tokens, _ = token_batch(CFG["vocab_size"], 1, 4, 0, IGNORE)
     with pytest.raises(ValueError, match="base is not filled"):
         m.forward(tokens)
+
+
+# ---- the run: --base-dtype, a streamed .pth, the memory check, unfreeze, resume ----------
+
+def _bf16_pth(tmp_path, name="o.pth"):
+    pytest.importorskip("torch")
+    from test_interop import _official_dict
+
+    from rwkvx_c import interop
+    sd = _official_dict(np.random.default_rng(0), V=256, C=64, H=2, N=32, L=2, F=128, Dw=32,
+                        Da=32, Dv=32, Dg=32)
+    pth = str(tmp_path / name)
+    interop.save_pth(sd, pth, "bf16")
+    return pth
+
+
+def _tune_losses(tmp_path, pth, out, **kw):
+    from test_train import _opts
+
+    from rwkvx_c.interop.source import read_source
+    from rwkvx_c.train import Trainer
+    from rwkvx_c.train.finetune import from_source
+    src = read_source(pth)
+    opts = from_source(_opts(tmp_path, model=None, **kw), src.config, src.tokenizer, pth)
+    tr = Trainer(opts, str(tmp_path / out), _weights=src.weights)
+    rows = []
+    tr.run(on_step=rows.append)
+    return tr, [r["loss"] for r in rows if "loss" in r]
+
+
+@pytest.mark.parametrize("tune", ["state", "lora"])
+def test_a_bf16_pth_streams_into_a_bf16_base_with_the_float32_losses(tmp_path, tune):
+    from rwkvx_c.interop.rwkv7 import StreamedWeights
+    from rwkvx_c.interop.source import read_source
+    pth = _bf16_pth(tmp_path)
+    src = read_source(pth)
+    assert isinstance(src.weights, StreamedWeights) and src.dtype == "bf16"
+    tr32, want = _tune_losses(tmp_path, pth, "fp32", tune=tune, steps=3, base_dtype="fp32")
+    assert tr32.model.base_dtype is None
+    tr, got = _tune_losses(tmp_path, pth, "auto", tune=tune, steps=3)   # auto: bf16
+    assert tr.model.base_dtype == "bf16" and len(tr.model.base_names) == 12 + 14 + 1
+    assert got == want and got[-1] < got[0] + 1.0
+    # the bits of the file, copied: no rounding on the way
+    from rwkvx_c.interop.pth import PthTensors
+    raw = PthTensors(pth).raw("blocks.1.att.key.weight")
+    assert np.array_equal(tr.model.base_data("blocks.1.tm.key_w"), raw)
+    trq, q = _tune_losses(tmp_path, pth, "q8", tune=tune, steps=3, base_dtype="q8_0")
+    assert trq.model.base_dtype == "q8_0" and q != want and abs(q[0] - want[0]) < 1e-2
+
+
+def test_base_dtype_from_the_command_line_and_its_header(tmp_path, capsys):
+    from rwkvx_c.cli import main
+    from rwkvx_c.run.checkpoint import read_checkpoint
+    pth = _bf16_pth(tmp_path)
+    (tmp_path / "corpus.txt").write_text("the quick brown fox jumps over the lazy dog. " * 40)
+    args = ["train", "--init-from", pth, "--tune", "lora", "--data", str(tmp_path / "corpus.txt"),
+            "--cache-dir", str(tmp_path / "cache"), "--steps", "2", "--batch", "2", "--seq-len",
+            "16", "--eval-tokens", "32", "--threads", "1", "--no-progress"]
+    assert main(args + ["--base-dtype", "q8_0", "--out", str(tmp_path / "q")]) == 0
+    out = capsys.readouterr().out
+    assert "frozen base q8_0, 27 matrices in 0 MiB" in out and "params train" in out
+    # the checkpoint holds the decoded base: resume and export read it as before
+    ck, _, _ = read_checkpoint(str(tmp_path / "q" / "checkpoint.safetensors"))
+    assert np.any(ck["blocks.0.tm.key_w"])
+    with pytest.raises(SystemExit) as e:
+        main(args + ["--base-dtype", "fp16", "--out", str(tmp_path / "bad")])
+    assert e.value.code == 2 and "--base-dtype: invalid choice" in capsys.readouterr().err
+
+
+def test_a_state_tune_on_a_base_resumes_bit_exact_and_unfreezes(tmp_path):
+    from rwkvx_c.train import Trainer
+    pth = _bf16_pth(tmp_path)
+    _, want = _tune_losses(tmp_path, pth, "a", tune="state", steps=6, save_every=3,
+                           base_dtype="q8_0", unfreeze_at=5)
+    from test_train import _opts
+
+    from rwkvx_c.interop.source import read_source
+    from rwkvx_c.train.finetune import from_source
+    src = read_source(pth)
+    opts = from_source(_opts(tmp_path, model=None, tune="state", steps=6, save_every=3,
+                             base_dtype="q8_0", unfreeze_at=5), src.config, src.tokenizer, pth)
+    tr = Trainer(opts, str(tmp_path / "b"), _weights=src.weights)
+    tr.run(stop=lambda: tr.step_count >= 3)
+    assert tr.model.base_dtype == "q8_0"
+    r = Trainer.resume(str(tmp_path / "b"))
+    rows = []
+    r.run(on_step=rows.append)
+    assert [x["loss"] for x in rows if "loss" in x] == want[3:]
+    assert r.model.base_dtype is None   # unfrozen: float32, the dequantised values trained
+
+
+def test_a_pth_claiming_more_than_it_holds_is_one_line(tmp_path):
+    torch = pytest.importorskip("torch")
+    from rwkvx_c.errors import InteropError
+    from rwkvx_c.interop.source import read_source
+    pth = str(tmp_path / "huge.pth")
+    torch.save({"emb.weight": torch.zeros(1).expand(10**6, 10**6)}, pth)
+    with pytest.raises(InteropError, match=r"claims shape \(1000000, 1000000\) with strides "
+                       r"\(0, 0\) at offset 0 over a storage of 1 elements"):
+        read_source(pth)

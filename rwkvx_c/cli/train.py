@@ -130,7 +130,8 @@ def _start_run(a: argparse.Namespace, group: ProcessGroup) -> tuple[Trainer, str
     kw = {k: v for k, v in opts.items() if v is not None}
     if a.init_from:   # a fine-tune: the source's shape, tokenizer and weights
         src = group.on_root(read_source, a.init_from)
-        weights = dict(src.weights, **({STATE_KEY: src.state0} if src.state0 is not None else {}))
+        # a .pth's weights stay in its file until the model reads them
+        weights = src.weights if src.state0 is None else {**src.weights, STATE_KEY: src.state0}
         o = from_source(TrainOptions(**kw), src.config, src.tokenizer, a.init_from)
         return Trainer(o, out, progress=not a.no_progress, _weights=weights), out
     return Trainer(TrainOptions(**kw), out, progress=not a.no_progress), out
@@ -202,6 +203,9 @@ def _print_header(tr: Trainer, out: str, group: ProcessGroup, resumed: bool) -> 
              f"{group.size} ranks x {threads} threads per rank")
           + f", {m.precision} ({_core.gemm_kernel(m.precision)})"
           + (f", resumed at step {tr.step_count}" if resumed else ""), flush=True)
+    base = (f"frozen base {m.base_dtype}, {len(m.base_names)} matrices in "
+            f"{m.base_bytes / 2**20:,.0f} MiB" if m.base_dtype else "no frozen base")
+    print(f"  tune   {o.tune}: {tr.optim.m.size:,} params train; {base}", flush=True)
 
 
 def _print_summary(tr: Trainer, out: str, final: dict[str, Any], interrupted: bool) -> None:

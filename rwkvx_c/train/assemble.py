@@ -17,7 +17,7 @@ from rwkvx_c.model import memory
 from rwkvx_c.model.config import ModelConfig
 from rwkvx_c.model.init import init_model
 from rwkvx_c.model.weights import load_params
-from rwkvx_c.train.expand import place_weights
+from rwkvx_c.train.base import model_from_source
 from rwkvx_c.train.finetune import PartsAdamW, make_optimizer, restore_trained
 from rwkvx_c.train.optim import AdamW
 from rwkvx_c.train.options import model_vocab
@@ -60,6 +60,10 @@ def build_model(opts: ResolvedOptions, tokenizer: Tokenizer, corpus: Corpus,
     opts.vocab_size = opts.model["vocab_size"] = model_vocab(
         opts, tokenizer, corpus, fixed=weights is not None)
     cfg = dict(opts.model)
+    if weights is not None:   # a fine-tune: its own memory check, then its source's weights
+        model = model_from_source(opts, weights)
+        restore_trained(model, weights, "the source")
+        return model, make_optimizer(model, opts, ranks)
     try:
         ModelConfig.from_dict(cfg)
         memory.check(memory.param_bytes(memory.estimate_params(cfg)),
@@ -69,9 +73,7 @@ def build_model(opts: ResolvedOptions, tokenizer: Tokenizer, corpus: Corpus,
         memory.check_step(model, opts.batch, opts.seq_len)
     except (ConfigError, MemoryTooSmall) as e:
         raise TrainError(str(e)) from None
-    if weights is not None:
-        load_weights(model, place_weights(model, weights))
-    elif tensors is None:
+    if tensors is None:
         init_model(model, opts.init, seed=opts.seed)
     return model, make_optimizer(model, opts, ranks)
 

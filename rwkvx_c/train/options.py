@@ -24,10 +24,12 @@ from rwkvx_c.model.presets import PRESETS
 from rwkvx_c.train.guard import ON_DIVERGENCE
 from rwkvx_c.train.schedule import SCHEDULES
 
-__all__ = ["TrainOptions", "auto_precision", "PRECISIONS", "TUNE_MODES", "DEFAULT_STEPS",
+__all__ = ["TrainOptions", "auto_precision", "PRECISIONS", "BASE_DTYPES", "TUNE_MODES",
+            "DEFAULT_STEPS",
            "saved_options", "apply_changes", "model_vocab"]
 
 PRECISIONS = ("fp32", "bf16", "auto")
+BASE_DTYPES = ("auto", "fp32", "bf16", "q8_0")   # --base-dtype (docs/finetune.md §The frozen base)
 TUNE_MODES = ("full", "state", "lora")   # what trains (rwkvx_c.train.finetune)
 DEFAULT_STEPS = 1000      # a preset with neither steps nor a time budget
 MAX_TOKENS_PER_STEP = 2 ** 31 - 1   # B * T indexes int32 arrays in the C API
@@ -168,6 +170,11 @@ class TrainOptions:
                                     "attn.q, attn.k, attn.v, attn.o, attn.ffn.key, "
                                     "attn.ffn.value (attention blocks) (default: all but the "
                                     "attn.ffn ones)", metavar="T,T")
+    base_dtype: str = _opt("auto", "how the frozen matrices of a state or LoRA tune (or of "
+                           "--freeze / --train-parts) are held: fp32, bf16 (half the memory; "
+                           "exact for a bf16 source) or q8_0 (GGUF's 8-bit blocks, about a "
+                           "quarter); auto: bf16 when the --init-from source is bf16, else "
+                           "fp32", choices=BASE_DTYPES)
 
     # options a resumed run may change without changing what it computes
     RESUMABLE = ("steps", "time_budget", "eval_every", "save_every", "threads", "cache_dir",
@@ -239,6 +246,9 @@ class TrainOptions:
                 pos(k, getattr(self, k))
         if not isinstance(self.seed, int) or not 0 <= self.seed < 2 ** 64:   # the C seed's range
             raise TrainError(f"seed must be an integer in [0, 2**64), got {self.seed!r}")
+        if self.base_dtype not in BASE_DTYPES:
+            raise TrainError(f"base_dtype must be one of {', '.join(BASE_DTYPES)}, got "
+                             f"{self.base_dtype!r}")
         if self.precision not in PRECISIONS[:2]:
             raise TrainError(f"precision must be {', '.join(PRECISIONS)}, got "
                              f"{self.precision!r}")

@@ -284,6 +284,8 @@ class Trainer:
         t = time.perf_counter()
         self._check_saveable()
         tensors = dict(self.model.params)
+        # a frozen base's matrices are not in the arena: decoded for the file
+        tensors.update({n: self.model.base_tensor(n) for n in self.model.base_names})
         tensors["optim.m"] = self.optim.m
         tensors["optim.v"] = self.optim.v
         tensors.update(trained_tensors(self.model))
