@@ -289,6 +289,28 @@ const unsigned char *rx_base_data(const rx_base_mat *b, size_t *bytes) {
 
 /* ---- the GEMM's packing -------------------------------------------------- */
 
+/* n values of stored row `row` from element k0 into dst as float32 (exact);
+ * for Q8_0, k0 and n stay inside whole blocks or one block */
+static inline void decode_run(int dtype, const unsigned char *row, size_t k0, size_t n,
+                              float *dst) {
+    if (dtype == RX_BASE_Q8_0) {
+        for (size_t k = k0; k < k0 + n;) {
+            const unsigned char *blk = row + k / Q8_BLOCK * Q8_BYTES;
+            uint16_t dh;
+            memcpy(&dh, blk, 2);
+            const float d = f16_f32(dh);
+            const size_t e = (k / Q8_BLOCK + 1) * Q8_BLOCK < k0 + n ? (k / Q8_BLOCK + 1) * Q8_BLOCK
+                                                                    : k0 + n;
+            const int8_t *q = (const int8_t *)(blk + 2);
+            for (size_t i = k; i < e; i++) *dst++ = (float)q[i % Q8_BLOCK] * d;
+            k = e;
+        }
+        return;
+    }
+    const uint16_t *h = (const uint16_t *)(const void *)row + k0;
+    for (size_t i = 0; i < n; i++) dst[i] = bits_f32((uint32_t)h[i] << 16);
+}
+
 /* rx_sgemm's packed B sliver layout: op(B) rows [p0,p0+kc) x columns
  * [j0,j0+nc) as nr-column slivers, k-major, zero past nc; op(B) = W (tb 0)
  * or W^T (tb 1). Forward (W): a sliver column j is stored row j, read
@@ -297,19 +319,27 @@ void rx_base_pack_f32(const rx_base_mat *b, int tb, size_t p0, size_t kc, size_t
                       size_t nc, size_t nr, float *Bp) {
     const int dtype = b->dtype;
     const size_t rb = rx_base_row_bytes(dtype, b->in);
+    float run[256];   /* one decoded run of a row, k or j */
     for (size_t s = 0; s < nc; s += nr, Bp += nr * kc) {
         const size_t w = nc - s < nr ? nc - s : nr;
         if (!tb) {
             for (size_t j = 0; j < nr; j++) {
-                const unsigned char *row = j < w ? b->data + (j0 + s + j) * rb : NULL;
-                for (size_t p = 0; p < kc; p++)
-                    Bp[p * nr + j] = row ? row_at(dtype, row, p0 + p) : 0.0f;
+                if (j >= w) {
+                    for (size_t p = 0; p < kc; p++) Bp[p * nr + j] = 0.0f;
+                    continue;
+                }
+                const unsigned char *row = b->data + (j0 + s + j) * rb;
+                for (size_t q = 0; q < kc; q += 256) {
+                    const size_t n = kc - q < 256 ? kc - q : 256;
+                    decode_run(dtype, row, p0 + q, n, run);
+                    for (size_t p = 0; p < n; p++) Bp[(q + p) * nr + j] = run[p];
+                }
             }
         } else {
             for (size_t p = 0; p < kc; p++) {
-                const unsigned char *row = b->data + (p0 + p) * rb;
-                for (size_t j = 0; j < nr; j++)
-                    Bp[p * nr + j] = j < w ? row_at(dtype, row, j0 + s + j) : 0.0f;
+                float *dst = Bp + p * nr;
+                decode_run(dtype, b->data + (p0 + p) * rb, j0 + s, w, dst);
+                for (size_t j = w; j < nr; j++) dst[j] = 0.0f;
             }
         }
     }
@@ -329,23 +359,43 @@ static inline uint16_t operand_bf16(float x) {
 /* rx_bgemm's packed op(B): 16-column x 32-k blocks (bt_r x bt_k), block
  * (cb, kc) at bp + (cb * nkc + kc) * bt_r * bt_k, row q/2 holding the k pair
  * (q even, q odd) of its 16 columns interleaved; zero past N and K. Column
- * blocks [cb0,cb1) x k chunks [kc0,kc1). */
+ * blocks [cb0,cb1) x k chunks [kc0,kc1). A whole block decodes a run of 32
+ * k (forward: one Q8_0 block) or 16 j (dX) per row at a time. */
 void rx_base_pack_bf16(const rx_base_mat *b, int tb, size_t N, size_t K, size_t nkc,
                        size_t cb0, size_t cb1, size_t kc0, size_t kc1, size_t bt_r, size_t bt_k,
                        uint16_t *bp) {
     const int dtype = b->dtype;
     const size_t rb = rx_base_row_bytes(dtype, b->in);
+    float run[64];
     for (size_t cb = cb0; cb < cb1; cb++)
         for (size_t kc = kc0; kc < kc1; kc++) {
             uint16_t *dst = bp + (cb * nkc + kc) * bt_r * bt_k;
-            for (size_t c = 0; c < bt_r; c++) {
-                const size_t j = cb * bt_r + c;
+            const size_t j0 = cb * bt_r, k0 = kc * bt_k;
+            const size_t nj = j0 >= N ? 0 : N - j0 < bt_r ? N - j0 : bt_r;
+            const size_t nk = k0 >= K ? 0 : K - k0 < bt_k ? K - k0 : bt_k;
+            if (bt_r > 64 || bt_k > 64 || nj < bt_r || nk < bt_k) {   /* an edge block */
+                for (size_t c = 0; c < bt_r; c++)
+                    for (size_t q = 0; q < bt_k; q++) {
+                        const size_t j = j0 + c, k = k0 + q;
+                        float v = 0.0f;
+                        if (j < N && k < K)
+                            v = tb ? row_at(dtype, b->data + k * rb, j)
+                                   : row_at(dtype, b->data + j * rb, k);
+                        dst[q / 2 * bt_k + 2 * c + q % 2] = operand_bf16(v);
+                    }
+                continue;
+            }
+            if (!tb) {   /* column c is stored row j0 + c: its 32 k in one run */
+                for (size_t c = 0; c < bt_r; c++) {
+                    decode_run(dtype, b->data + (j0 + c) * rb, k0, bt_k, run);
+                    for (size_t q = 0; q < bt_k; q++)
+                        dst[q / 2 * bt_k + 2 * c + q % 2] = operand_bf16(run[q]);
+                }
+            } else {     /* k row q is stored row k0 + q: its 16 j in one run */
                 for (size_t q = 0; q < bt_k; q++) {
-                    const size_t k = kc * bt_k + q;
-                    float v = 0.0f;
-                    if (j < N && k < K)
-                        v = tb ? row_at(dtype, b->data + k * rb, j) : row_at(dtype, b->data + j * rb, k);
-                    dst[q / 2 * bt_k + 2 * c + q % 2] = operand_bf16(v);
+                    decode_run(dtype, b->data + (k0 + q) * rb, j0, bt_r, run);
+                    for (size_t c = 0; c < bt_r; c++)
+                        dst[q / 2 * bt_k + 2 * c + q % 2] = operand_bf16(run[c]);
                 }
             }
         }
