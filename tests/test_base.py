@@ -283,3 +283,22 @@ def test_a_pth_claiming_more_than_it_holds_is_one_line(tmp_path):
     with pytest.raises(InteropError, match=r"claims shape \(1000000, 1000000\) with strides "
                        r"\(0, 0\) at offset 0 over a storage of 1 elements"):
         read_source(pth)
+
+
+def test_the_rwkv_package_on_the_bf16_pth_gives_a_bf16_base_models_logits(tmp_path):
+    from test_interop import _RWKV, TOL, _need, _rel, _tool_logits
+    from test_train import _opts
+    _need("torch", "rwkv")
+    from rwkvx_c.interop.source import read_source
+    from rwkvx_c.train.base import model_from_source
+    from rwkvx_c.train.finetune import from_source
+    pth = _bf16_pth(tmp_path)
+    src = read_source(pth)
+    opts = from_source(_opts(tmp_path, model=None, tune="lora", precision="fp32"), src.config,
+                       src.tokenizer, pth).resolved()
+    model = model_from_source(opts, src.weights)
+    assert model.base_dtype == "bf16"
+    tokens = np.random.default_rng(5).integers(0, 256, 40).astype(np.int32)
+    ours = model.forward(tokens)
+    theirs = _tool_logits(_RWKV, pth, tokens, tmp_path)
+    assert _rel(ours, theirs) < TOL
