@@ -29,6 +29,14 @@
 #include <unistd.h>
 
 #include "rx_internal.h"
+#include "rx_simd.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
+#define RX_BASE_X86 1
+#define RX_BASE512 __attribute__((target("avx512f,avx512bw")))
+#define RX_BASE_BF16V __attribute__((target("avx512f,avx512bw,avx512bf16")))
+#endif
 
 #define Q8_BLOCK 32                 /* values per Q8_0 block */
 #define Q8_BYTES (2 + Q8_BLOCK)     /* its fp16 scale, then 32 int8 */
@@ -311,6 +319,89 @@ static inline void decode_run(int dtype, const unsigned char *row, size_t k0, si
     for (size_t i = 0; i < n; i++) dst[i] = bits_f32((uint32_t)h[i] << 16);
 }
 
+#ifdef RX_BASE_X86
+/* 16 words (32 bf16) with each subnormal half made a signed zero */
+RX_BASE512 static inline __m512i flush16(__m512i v) {
+    const __mmask32 sub = _mm512_testn_epi16_mask(v, _mm512_set1_epi16(0x7f80));
+    return _mm512_mask_mov_epi16(v, sub, _mm512_and_si512(v, _mm512_set1_epi16((short)0x8000)));
+}
+
+/* The forward sliver of 16 bf16 rows (columns j) over k [p0, p0+kc), as
+ * float32 k rows of 16: 16 k at a time, one transpose each */
+RX_BASE512 static void sliver_bf16_512(const uint16_t *const rows[16], size_t p0, size_t kc,
+                                        float *Bp) {
+    size_t p = 0;
+    for (; p + 16 <= kc; p += 16) {
+        __m512i v[16];
+        for (int j = 0; j < 16; j++)
+            v[j] = _mm512_slli_epi32(
+                _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(rows[j] + p0 + p))),
+                16);
+        rx_transpose16(v);
+        for (int q = 0; q < 16; q++) _mm512_storeu_si512(Bp + (p + q) * 16, v[q]);
+    }
+    for (; p < kc; p++) {
+        uint32_t *dst = (uint32_t *)(void *)(Bp + p * 16);
+        for (int j = 0; j < 16; j++) dst[j] = (uint32_t)rows[j][p0 + p] << 16;
+    }
+}
+
+/* A forward block of rx_bgemm's op(B) from a bf16 base: column c's 32 k
+ * are 64 bytes of its stored row; one transpose of the 16 runs */
+RX_BASE512 static void block_bf16_512(const unsigned char *const rows[16], uint16_t *dst) {
+    __m512i v[16];
+    for (int c = 0; c < 16; c++) v[c] = flush16(_mm512_loadu_si512(rows[c]));
+    rx_transpose16(v);
+    for (int p = 0; p < 16; p++) _mm512_storeu_si512(dst + p * 32, v[p]);
+}
+
+/* The same from a Q8_0 base: column c's 32 k are one block, q * d rounded
+ * by vcvtne2ps2bf16, the GEMM's own operand rounding */
+RX_BASE_BF16V static void block_q8_512(const unsigned char *const blks[16], uint16_t *dst) {
+    __m512i v[16];
+    for (int c = 0; c < 16; c++) {
+        uint16_t dh;
+        memcpy(&dh, blks[c], 2);
+        const __m512 d = _mm512_set1_ps(f16_f32(dh));
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(blks[c] + 2));
+        const __m512 x0 = _mm512_mul_ps(
+            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q))), d);
+        const __m512 x1 = _mm512_mul_ps(
+            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1))), d);
+        v[c] = (__m512i)_mm512_cvtne2ps_pbh(x1, x0);
+    }
+    rx_transpose16(v);
+    for (int p = 0; p < 16; p++) _mm512_storeu_si512(dst + p * 32, v[p]);
+}
+
+/* A dX block from a bf16 base: k pair p is stored rows 2p, 2p+1 at j0 */
+RX_BASE512 static void block_bf16_t_512(const unsigned char *data, size_t rb, size_t k0,
+                                         size_t j0, uint16_t *dst) {
+    for (int p = 0; p < 16; p++) {
+        const uint16_t *r0 = (const uint16_t *)(const void *)(data + (k0 + 2 * p) * rb) + j0;
+        const uint16_t *r1 = (const uint16_t *)(const void *)(data + (k0 + 2 * p + 1) * rb) + j0;
+        const __m512i lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)r0));
+        const __m512i hi = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)r1));
+        _mm512_storeu_si512(dst + p * 32, flush16(_mm512_or_si512(lo, _mm512_slli_epi32(hi, 16))));
+    }
+}
+
+/* 1 when the CPU runs the AVX-512 (BW) packers, 2 when also AVX512-BF16 */
+static int simd_level(void) {
+    static int level = -1;
+    int v = __atomic_load_n(&level, __ATOMIC_ACQUIRE);
+    if (v >= 0) return v;
+    unsigned a, b, c, d;
+    /* RWKVX_BASE_PORTABLE=1: the portable packers (tests on an AVX-512 CPU) */
+    const char *env = getenv("RWKVX_BASE_PORTABLE");
+    v = !(env && env[0] == '1') && __builtin_cpu_supports("avx512f") &&
+        __builtin_cpu_supports("avx512bw");
+    if (v && __get_cpuid_count(7, 1, &a, &b, &c, &d) && ((a >> 5) & 1)) v = 2;
+    __atomic_store_n(&level, v, __ATOMIC_RELEASE);
+    return v;
+}
+#endif
+
 /* rx_sgemm's packed B sliver layout: op(B) rows [p0,p0+kc) x columns
  * [j0,j0+nc) as nr-column slivers, k-major, zero past nc; op(B) = W (tb 0)
  * or W^T (tb 1). Forward (W): a sliver column j is stored row j, read
@@ -322,7 +413,22 @@ void rx_base_pack_f32(const rx_base_mat *b, int tb, size_t p0, size_t kc, size_t
     float run[256];   /* one decoded run of a row, k or j */
     for (size_t s = 0; s < nc; s += nr, Bp += nr * kc) {
         const size_t w = nc - s < nr ? nc - s : nr;
-        if (!tb) {
+        if (!tb && dtype == RX_BASE_BF16 && w == nr && nr <= 64) {
+            /* k-major over the sliver's nr stored rows: each Bp row written whole */
+            const uint16_t *rows[64];
+            for (size_t j = 0; j < nr; j++)
+                rows[j] = (const uint16_t *)(const void *)(b->data + (j0 + s + j) * rb) + p0;
+#ifdef RX_BASE_X86
+            if (nr == 16 && simd_level() >= 1) {
+                sliver_bf16_512(rows, 0, kc, Bp);
+                continue;
+            }
+#endif
+            for (size_t p = 0; p < kc; p++) {
+                uint32_t *dst = (uint32_t *)(void *)(Bp + p * nr);
+                for (size_t j = 0; j < nr; j++) dst[j] = (uint32_t)rows[j][p] << 16;
+            }
+        } else if (!tb) {
             for (size_t j = 0; j < nr; j++) {
                 if (j >= w) {
                     for (size_t p = 0; p < kc; p++) Bp[p * nr + j] = 0.0f;
@@ -356,6 +462,22 @@ static inline uint16_t operand_bf16(float x) {
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
+/* Two bf16 (a 32-bit word) as the GEMM's operand rounding leaves them:
+ * a subnormal becomes a signed zero (a stored bf16 is finite) */
+static inline uint32_t flush_pair(uint32_t v) {
+    const uint32_t lo = (v & 0x7f80u) ? 0xffffu : 0x8000u;
+    const uint32_t hi = (v & 0x7f800000u) ? 0xffff0000u : 0x80000000u;
+    return v & (lo | hi);
+}
+
+/* q * d (a Q8_0 value: finite, zero or at least 2^-24) rounded to bf16 as
+ * operand_bf16 rounds it, without its branches for NaN and subnormals */
+static inline uint16_t round_q8(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
 /* rx_bgemm's packed op(B): 16-column x 32-k blocks (bt_r x bt_k), block
  * (cb, kc) at bp + (cb * nkc + kc) * bt_r * bt_k, row q/2 holding the k pair
  * (q even, q odd) of its 16 columns interleaved; zero past N and K. Column
@@ -373,7 +495,7 @@ void rx_base_pack_bf16(const rx_base_mat *b, int tb, size_t N, size_t K, size_t 
             const size_t j0 = cb * bt_r, k0 = kc * bt_k;
             const size_t nj = j0 >= N ? 0 : N - j0 < bt_r ? N - j0 : bt_r;
             const size_t nk = k0 >= K ? 0 : K - k0 < bt_k ? K - k0 : bt_k;
-            if (bt_r > 64 || bt_k > 64 || nj < bt_r || nk < bt_k) {   /* an edge block */
+            if (bt_r > 64 || bt_k != 2 * bt_r || nj < bt_r || nk < bt_k) {   /* an edge block */
                 for (size_t c = 0; c < bt_r; c++)
                     for (size_t q = 0; q < bt_k; q++) {
                         const size_t j = j0 + c, k = k0 + q;
@@ -385,11 +507,52 @@ void rx_base_pack_bf16(const rx_base_mat *b, int tb, size_t N, size_t K, size_t 
                     }
                 continue;
             }
-            if (!tb) {   /* column c is stored row j0 + c: its 32 k in one run */
+            uint32_t *d32 = (uint32_t *)(void *)dst;   /* word (p, c): the k pair 2p, 2p+1 */
+#ifdef RX_BASE_X86
+            const int lv = bt_r == 16 ? simd_level() : 0;
+            if (lv >= 1 && !tb && dtype == RX_BASE_BF16) {
+                const unsigned char *rows[16];
+                for (int c = 0; c < 16; c++) rows[c] = b->data + (j0 + c) * rb + 2 * k0;
+                block_bf16_512(rows, dst);
+                continue;
+            }
+            if (lv >= 2 && !tb && dtype == RX_BASE_Q8_0) {
+                const unsigned char *blks[16];
+                for (int c = 0; c < 16; c++)
+                    blks[c] = b->data + (j0 + c) * rb + k0 / Q8_BLOCK * Q8_BYTES;
+                block_q8_512(blks, dst);
+                continue;
+            }
+            if (lv >= 1 && tb && dtype == RX_BASE_BF16) {
+                block_bf16_t_512(b->data, rb, k0, j0, dst);
+                continue;
+            }
+#endif
+            if (!tb && dtype == RX_BASE_BF16) {
+                /* column c's k pairs are its stored row's 32-bit words */
+                for (size_t c = 0; c < bt_r; c++) {
+                    const unsigned char *row = b->data + (j0 + c) * rb + 2 * k0;
+                    for (size_t p = 0; p < bt_k / 2; p++) {
+                        uint32_t v;
+                        memcpy(&v, row + 4 * p, 4);
+                        d32[p * bt_r + c] = flush_pair(v);
+                    }
+                }
+            } else if (!tb) {   /* column c: one Q8_0 block (k0 is a multiple of 32) */
                 for (size_t c = 0; c < bt_r; c++) {
                     decode_run(dtype, b->data + (j0 + c) * rb, k0, bt_k, run);
-                    for (size_t q = 0; q < bt_k; q++)
-                        dst[q / 2 * bt_k + 2 * c + q % 2] = operand_bf16(run[q]);
+                    for (size_t p = 0; p < bt_k / 2; p++)
+                        d32[p * bt_r + c] = (uint32_t)round_q8(run[2 * p]) |
+                                            (uint32_t)round_q8(run[2 * p + 1]) << 16;
+                }
+            } else if (dtype == RX_BASE_BF16) {   /* two stored rows make a k pair */
+                for (size_t p = 0; p < bt_k / 2; p++) {
+                    const uint16_t *r0 = (const uint16_t *)(const void *)(b->data +
+                                                                         (k0 + 2 * p) * rb) + j0;
+                    const uint16_t *r1 = (const uint16_t *)(const void *)(b->data +
+                                                                         (k0 + 2 * p + 1) * rb) + j0;
+                    for (size_t c = 0; c < bt_r; c++)
+                        d32[p * bt_r + c] = flush_pair((uint32_t)r0[c] | (uint32_t)r1[c] << 16);
                 }
             } else {     /* k row q is stored row k0 + q: its 16 j in one run */
                 for (size_t q = 0; q < bt_k; q++) {

@@ -134,6 +134,20 @@ def test_base_gives_the_float32_models_bits(dtype, precision, recompute, chunked
         assert np.array_equal(got[4], want[4])       # the adapters' grads
 
 
+def test_the_portable_packers_give_the_same_bits():
+    """The base's packing without AVX-512 (any x86-64 or other CPU): the
+    bit-exact test again in a process with RWKVX_BASE_PORTABLE=1."""
+    import os
+    import subprocess
+    import sys
+    here = os.path.dirname(os.path.abspath(__file__))
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                        os.path.join(here, "test_base.py"), "-k", "float32_models_bits"],
+                       env=dict(os.environ, RWKVX_BASE_PORTABLE="1"), capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:]
+
+
 def test_a_q8_0_base_state_and_adapter_grads_match_the_float64_reference():
     ref, m, _ = _pair("q8_0")
     tokens, targets = token_batch(CFG["vocab_size"], B, T, 7, IGNORE)
