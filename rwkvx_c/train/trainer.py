@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -284,12 +284,12 @@ class Trainer:
         t = time.perf_counter()
         self._check_saveable()
         tensors = dict(self.model.params)
-        # a frozen base's matrices are not in the arena: decoded for the file
-        tensors.update({n: self.model.base_tensor(n) for n in self.model.base_names})
         tensors["optim.m"] = self.optim.m
         tensors["optim.v"] = self.optim.v
         tensors.update(trained_tensors(self.model))
-        save_checkpoint(path, tensors, self.model.config, self.state())
+        # a frozen base's matrices are not in the arena: decoded for the
+        # file one at a time, as it is written
+        save_checkpoint(path, _Decoded(self.model, tensors), self.model.config, self.state())
         if self.run_dir is not None and path == self.run_dir.checkpoint:
             self.saved_step = self.step_count
         self._save_seconds = max(self._save_seconds or 0.0, time.perf_counter() - t)
@@ -559,3 +559,24 @@ def _take_lock(out_dir: str) -> RunLock:
         return RunDir(out_dir).lock()
     except RunLocked as e:
         raise TrainError(str(e)) from None
+
+
+class _Decoded(Mapping[str, np.ndarray]):
+    """tensors, with a frozen base's matrices decoded (float32) each time
+    one is asked for."""
+
+    def __init__(self, model: _core.RxPtModel, tensors: dict[str, np.ndarray]) -> None:
+        self._model, self._tensors = model, tensors
+        self._base = set(model.base_names)
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name in self._base:
+            return self._model.base_tensor(name)
+        return self._tensors[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._tensors)
+
+    def __len__(self) -> int:
+        return len(self._tensors)
+
