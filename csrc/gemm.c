@@ -448,7 +448,7 @@ tile_rows(size_t R, size_t K, const float *A, size_t rs, size_t cs, const float 
 /* Whether g is a tile this path takes: every size at most TILE_MAX, and
  * N over 32 (narrower, most of the four vectors would be idle). */
 static int tile_fits(const rx_gemm_op *g) {
-    return g->M <= TILE_MAX && g->N > 32 && g->N <= TILE_MAX && g->K <= TILE_MAX;
+    return !g->bq && g->M <= TILE_MAX && g->N > 32 && g->N <= TILE_MAX && g->K <= TILE_MAX;
 }
 
 RX_AVX512 static void tile_gemm(const rx_gemm_op *g) {
@@ -607,6 +607,13 @@ static void pack_b(const gemm_impl *im, int tb, const float *B, size_t ldb, size
             for (size_t j = 0; j < NR; j++)
                 dst[full * kc + j] = full + j < nc ? src[full + j] : 0.0f;
     }
+}
+
+/* pack_b of op g: from the frozen base's store when B is a base tensor */
+static void pack_op_b(const gemm_impl *im, const rx_gemm_op *g, size_t p0, size_t kc, size_t j0,
+                      size_t nc, float *Bp) {
+    if (g->bq) rx_base_pack_f32(g->bq, g->tb, p0, kc, j0, nc, NR, Bp);
+    else pack_b(im, g->tb, g->B, g->ldb, p0, kc, j0, nc, Bp);
 }
 
 /* op(A) rows [i0,i0+mc) x cols [p0,p0+kc) into slivers of the kernel's
@@ -793,7 +800,7 @@ static int sgemm_serial(const gemm_impl *im, const rx_gemm_op *g) {
         size_t nc = g->N - jc < im->nc ? g->N - jc : im->nc;
         for (size_t pc = 0; pc < g->K; pc += KC) {
             size_t kc = g->K - pc < KC ? g->K - pc : KC;
-            pack_b(im, g->tb, g->B, g->ldb, pc, kc, jc, nc, sc->bpack);
+            pack_op_b(im, g, pc, kc, jc, nc, sc->bpack);
             for (size_t ic = 0; ic < g->M; ic += MC)
                 sgemm_block(im, g, ic, g->M - ic < MC ? g->M - ic : MC, pc, kc, jc, nc,
                             sc->bpack, sc->apack, pc > 0 || g->beta != 0.0f);
@@ -823,7 +830,7 @@ static void pack_b_full(const gemm_impl *im, const rx_gemm_op *g, size_t j0, siz
                         float *Bf) {
     const size_t ncp = (nc + NR - 1) / NR * NR;
     for (size_t pc = 0; pc < g->K; pc += KC)
-        pack_b(im, g->tb, g->B, g->ldb, pc, g->K - pc < KC ? g->K - pc : KC, j0, nc, Bf + pc * ncp);
+        pack_op_b(im, g, pc, g->K - pc < KC ? g->K - pc : KC, j0, nc, Bf + pc * ncp);
 }
 
 /* Floats of packed op(B) a unit needs: its columns, padded to NR, over

@@ -630,8 +630,13 @@ static int bgemm_pass(const bgemm_impl *im, const rx_gemm_op *ops, size_t n) {
             size_t k = find_op(pl.pb, n + 1, w), u = w - pl.pb[k];
             size_t nkg = (o[k].nkc + pl.kc - 1) / pl.kc, nb = o[k].np / BT_R;
             size_t b0 = u / nkg * PACK_BCOLS, k0 = u % nkg * pl.kc;
-            im->pack_b(&o[k], b0, b0 + PACK_BCOLS < nb ? b0 + PACK_BCOLS : nb, k0,
-                       k0 + pl.kc < o[k].nkc ? k0 + pl.kc : o[k].nkc);
+            const size_t b1 = b0 + PACK_BCOLS < nb ? b0 + PACK_BCOLS : nb;
+            const size_t k1 = k0 + pl.kc < o[k].nkc ? k0 + pl.kc : o[k].nkc;
+            if (o[k].g->bq)   /* a frozen base tensor: from its store */
+                rx_base_pack_bf16(o[k].g->bq, o[k].g->tb, o[k].g->N, o[k].g->K, o[k].nkc, b0, b1,
+                                  k0, k1, BT_R, BT_K, o[k].bp);
+            else
+                im->pack_b(&o[k], b0, b1, k0, k1);
         }
 #ifdef RX_BF16_X86
         if (im->amx) amx_configure();
@@ -715,17 +720,28 @@ static int frozen_out(const float *c) {
     return 0;
 }
 
-/* The base products of a batch, less those of frozen tensors */
+/* The calling thread's frozen base (rx_gemm_set_base): NULL when none */
+static _Thread_local const rx_base *tl_base;
+
+const rx_base *rx_gemm_set_base(const rx_base *s) {
+    const rx_base *old = tl_base;
+    tl_base = s;
+    return old;
+}
+
+/* The base products of a batch, less those of frozen tensors; a product
+ * reading a base tensor packs its op(B) from the store (base.c) */
 static int pgemm_base(const rx_gemm_op *ops, size_t n) {
-    if (!tl_frozen.n) return rx_pgemm_run(ops, n);
+    if (!tl_frozen.n && !tl_base) return rx_pgemm_run(ops, n);
     /* a weight-grad product of a frozen tensor: its output lies in the grad
      * arena where nothing reads it, so it is not computed at all */
     rx_gemm_op live[16];
     size_t nl = 0;
     int rc = RX_OK;
     for (size_t i = 0; i < n && rc == RX_OK; i++) {
-        if (frozen_out(ops[i].C)) continue;
-        live[nl++] = ops[i];
+        if (frozen_out(ops[i].C) || rx_base_grad_slot(tl_base, ops[i].C)) continue;
+        live[nl] = ops[i];
+        live[nl++].bq = rx_base_find(tl_base, ops[i].B);
         if (nl == sizeof live / sizeof live[0]) rc = rx_pgemm_run(live, nl), nl = 0;
     }
     return rc == RX_OK && nl ? rx_pgemm_run(live, nl) : rc;

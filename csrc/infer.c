@@ -79,6 +79,10 @@ int rx_infer_create(rx_ptmodel *m, int max_len, rx_infer_state **out) {
     if (rx_ptmodel_lora_count(m, NULL, NULL))
         return rx_fail(RX_EINVAL, "%s: the model has LoRA adapters; merge them into its "
                        "weights first", fn);
+    /* the recurrent steps read the arena: a frozen base is not there */
+    if (rx_ptmodel_base_store(m))
+        return rx_fail(RX_EINVAL, "%s: the model holds a frozen base; release it "
+                       "(rx_ptmodel_base_release) first", fn);
     rx_infer_state *s = calloc(1, sizeof *s);
     if (!s) return rx_fail(RX_ENOMEM, "%s: out of memory", fn);
     s->m = m;

@@ -16,6 +16,7 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "rx_internal.h"
 
@@ -58,6 +59,7 @@ struct rx_ptmodel {
     int n_frozen;
     rx_model_ctx ctx;         /* numeric settings every kernel reads (eps, ln0, l2wrap) */
     rx_lora *lora;            /* LoRA adapters (rx_ptmodel_enable_lora), NULL: none */
+    rx_base *base;            /* the frozen base (base.c, rx_ptmodel_set_base), NULL: none */
     int lora_on;              /* the forward and backward apply them (0 once disabled) */
 };
 
@@ -300,13 +302,32 @@ static void init_params(rx_ptmodel *m, uint64_t seed) {
 
 /* ---- construction ------------------------------------------------------ */
 
+/* A zeroed arena of n floats: lazily mapped under RX_PT_NO_INIT (pages
+ * never written take no memory: a frozen base's slots), else allocated */
+static float *arena_new(size_t n, int flags) {
+    if (!(flags & RX_PT_NO_INIT)) return rx_fcalloc(n);
+    if (n > SIZE_MAX / sizeof(float)) return NULL;
+    void *p = mmap(NULL, n * sizeof(float), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                   -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+static void arena_free(float *p, size_t n, int flags) {
+    if (p && (flags & RX_PT_NO_INIT)) munmap(p, n * sizeof(float));
+    else free(p);
+}
+
+rx_base *rx_ptmodel_base_store(const rx_ptmodel *m) { return m->base; }
+
+void rx_ptmodel_attach_base(rx_ptmodel *m, rx_base *s) { m->base = s; }
+
 void rx_ptmodel_free(rx_ptmodel *m) {
     if (!m) return;
     free(m->layers);
     free(m->block_idx);
     free(m->tensors);
-    free(m->params);
-    free(m->grads);
+    arena_free(m->params, m->n_elems, m->flags);
+    arena_free(m->grads, m->n_elems, m->flags);
     free(m->rwkv);
     free(m->rwkv_g);
     free(m->attn);
@@ -315,6 +336,7 @@ void rx_ptmodel_free(rx_ptmodel *m) {
     free(m->g_state0);
     free(m->frozen);
     rx_lora_free(m->lora);
+    rx_base_free(m->base);
     free(m);
 }
 
@@ -349,8 +371,9 @@ int rx_ptmodel_ctx(const rx_ptmodel *m, rx_model_ctx *out) {
 }
 
 /* rx_model_create's body; unknown: flag bits of rx_model_create it does not know */
+/* create: RX_PT_NO_INIT or 0 (ln0 comes from ctx) */
 static int model_create(const char *fn, const rx_pt_config *pc, const rx_model_ctx *ctx,
-                        int unknown, uint64_t seed, rx_ptmodel **out) {
+                        int create, int unknown, uint64_t seed, rx_ptmodel **out) {
     if (!out) return rx_fail(RX_EINVAL, "%s: out is NULL", fn);
     *out = NULL;
     int rc = rx_pt_config_validate(pc);
@@ -358,7 +381,7 @@ static int model_create(const char *fn, const rx_pt_config *pc, const rx_model_c
     if (unknown) return rx_fail(RX_EINVAL, "%s: unknown flag bits 0x%x", fn, unknown);
     rc = rx_model_ctx_validate(ctx);
     if (rc != RX_OK) return rc;
-    const int flags = ctx->ln0 ? RX_PT_LN0 : 0;
+    const int flags = (ctx->ln0 ? RX_PT_LN0 : 0) | (create & RX_PT_NO_INIT);
     rx_ptmodel *m = calloc(1, sizeof *m);
     if (!m) return rx_fail(RX_ENOMEM, "%s: out of memory", fn);
     m->cfg = *pc;
@@ -397,14 +420,14 @@ static int model_create(const char *fn, const rx_pt_config *pc, const rx_model_c
     add(&ly, "", "ln_out_b", D_C, D_NONE, INIT_BETA, &m->ln_out_b, &m->g_ln_out_b);
     add(&ly, "", "head", D_C, D_V, INIT_MAT, &m->head, &m->g_head);
 
-    m->params = rx_falloc(m->n_elems);
-    m->grads = rx_fcalloc(m->n_elems);
+    m->params = flags & RX_PT_NO_INIT ? arena_new(m->n_elems, flags) : rx_falloc(m->n_elems);
+    m->grads = arena_new(m->n_elems, flags);
     if (!m->params || !m->grads) goto fail;
     for (int i = 0; i < m->n_tensors; i++) {
         *ly.pp[i] = m->params + m->tensors[i].off;
         *ly.gp[i] = m->grads + m->tensors[i].off;
     }
-    init_params(m, seed);
+    if (!(flags & RX_PT_NO_INIT)) init_params(m, seed);
     free(ly.pp);
     free(ly.gp);
     *out = m;
@@ -420,12 +443,14 @@ fail:
 int rx_model_create(const rx_pt_config *pc, int flags, uint64_t seed, rx_ptmodel **out) {
     rx_model_ctx ctx = rx_ctx_default;
     ctx.ln0 = (flags & RX_PT_LN0) != 0;
-    return model_create("rx_model_create", pc, &ctx, flags & ~RX_PT_FLAGS_ALL, seed, out);
+    return model_create("rx_model_create", pc, &ctx, flags, flags & ~RX_PT_FLAGS_ALL, seed,
+                        out);
 }
 
-int rx_model_create_ctx(const rx_pt_config *pc, const rx_model_ctx *ctx, uint64_t seed,
-                        rx_ptmodel **out) {
-    return model_create("rx_model_create_ctx", pc, ctx, 0, seed, out);
+int rx_model_create_ctx(const rx_pt_config *pc, const rx_model_ctx *ctx, int flags,
+                        uint64_t seed, rx_ptmodel **out) {
+    return model_create("rx_model_create_ctx", pc, ctx, flags, flags & ~RX_PT_NO_INIT, seed,
+                        out);
 }
 
 rx_ptmodel *rx_model_new_random_flags(const rx_pt_config *pc, int flags, uint64_t seed) {
@@ -528,7 +553,7 @@ const rx_attn_params *rx_ptmodel_attn(rx_ptmodel *m, int idx) {
 }
 
 void rx_ptmodel_zero_grad(rx_ptmodel *m) {
-    if (m) rx_fzero(m->grads, m->n_elems);
+    if (m) rx_base_zero_grads(m->base, m->grads, m->n_elems);
     if (m && m->g_state0) rx_fzero(m->g_state0, state_elems(m));
 }
 
@@ -891,9 +916,13 @@ static int forward_batch(rx_ptmodel *m, const int *tokens, int B, int T, rx_pt_a
 
 /* forward_batch with the projections in the model's precision */
 int rx_pretrain_forward_batch(rx_ptmodel *m, const int *tokens, int B, int T, rx_pt_acts *acts) {
+    if (m && m->base && !rx_base_loaded(m->base))
+        return rx_fail(RX_EINVAL, "rx_pretrain_forward_batch: the model's base is not filled");
     const int old = rx_gemm_set_precision(m ? m->precision : RX_PRECISION_FP32);
     const rx_lora *was = rx_gemm_set_lora(m && m->lora_on ? m->lora : NULL);
+    const rx_base *was_base = rx_gemm_set_base(m ? m->base : NULL);
     const int rc = forward_batch(m, tokens, B, T, acts);
+    rx_gemm_set_base(was_base);
     rx_gemm_set_lora(was);
     rx_gemm_set_precision(old);
     return rc;
@@ -1039,8 +1068,10 @@ int rx_pretrain_backward_loss(rx_ptmodel *m, const rx_pt_acts *acts, const int *
     const rx_frozen was = rx_gemm_set_frozen(f);
     /* a recompute's forward and the dx and weight-grad products see the adapters */
     const rx_lora *was_lora = rx_gemm_set_lora(m && m->lora_on ? m->lora : NULL);
+    const rx_base *was_base = rx_gemm_set_base(m ? m->base : NULL);
     const int rc = backward_batch("rx_pretrain_backward_loss", m, acts, targets, B, T,
                                   ignore_index, NULL, NULL, loss);
+    rx_gemm_set_base(was_base);
     rx_gemm_set_lora(was_lora);
     rx_gemm_set_frozen(was);
     rx_gemm_set_precision(old);
@@ -1057,9 +1088,11 @@ int rx_pretrain_backward_rows(rx_ptmodel *m, const rx_pt_acts *acts, const int *
     const rx_frozen f = {m ? m->grads : NULL, m ? m->frozen : NULL, m ? m->n_frozen : 0};
     const rx_frozen was = rx_gemm_set_frozen(f);
     const rx_lora *was_lora = rx_gemm_set_lora(m && m->lora_on ? m->lora : NULL);
+    const rx_base *was_base = rx_gemm_set_base(m ? m->base : NULL);
     double unused;
     const int rc = backward_batch(fn, m, acts, targets, B, T, ignore_index, weight, row_loss,
                                   &unused);
+    rx_gemm_set_base(was_base);
     rx_gemm_set_lora(was_lora);
     rx_gemm_set_frozen(was);
     rx_gemm_set_precision(old);
@@ -1145,8 +1178,10 @@ static int loss_batch(const char *fn, rx_ptmodel *m, const rx_pt_acts *acts, con
 int rx_pretrain_loss(rx_ptmodel *m, const rx_pt_acts *acts, const int *targets, int B, int T,
                      int ignore_index, double *loss) {
     const int old = rx_gemm_set_precision(m ? m->precision : RX_PRECISION_FP32);
+    const rx_base *was_base = rx_gemm_set_base(m ? m->base : NULL);
     const int rc = loss_batch("rx_pretrain_loss", m, acts, targets, B, T, ignore_index, NULL,
                               loss);
+    rx_gemm_set_base(was_base);
     rx_gemm_set_precision(old);
     return rc;
 }
@@ -1156,8 +1191,10 @@ int rx_pretrain_row_losses(rx_ptmodel *m, const rx_pt_acts *acts, const int *tar
     static const char *const fn = "rx_pretrain_row_losses";
     if (!row_loss) return rx_fail(RX_EINVAL, "%s: row_loss is NULL", fn);
     const int old = rx_gemm_set_precision(m ? m->precision : RX_PRECISION_FP32);
+    const rx_base *was_base = rx_gemm_set_base(m ? m->base : NULL);
     double unused;
     const int rc = loss_batch(fn, m, acts, targets, B, T, ignore_index, row_loss, &unused);
+    rx_gemm_set_base(was_base);
     rx_gemm_set_precision(old);
     return rc;
 }

@@ -274,6 +274,9 @@ typedef struct {
     float beta;
     float *C;
     size_t ldc;
+    /* set by rx_pgemm_batch alone: B is a frozen base tensor's arena slot,
+     * and op(B) is packed from this store instead (base.c); NULL: from B */
+    const struct rx_base_mat *bq;
 } rx_gemm_op;
 /* Independent GEMMs -- no op reads or writes another's C -- run in one
  * parallel region, balanced across threads as one pool of work. */
@@ -385,6 +388,60 @@ const rx_lora *rx_gemm_set_lora(const rx_lora *L);
  * of its weight-grad product. RX_OK, RX_ENOMEM, or RX_EINVAL for an adapted
  * weight read in a form other than these. */
 int rx_lora_apply(const rx_lora *L, const rx_gemm_op *ops, size_t n);
+
+/* ---- base.c ------------------------------------------------------------
+ * The frozen base (docs/layout.md §Frozen base): weight matrices that do
+ * not train, held as bf16 or GGUF Q8_0 rows of W^T [out][in], read by the
+ * projection GEMMs through their packing. A target is a weight's arena
+ * slot W [in][out], its grad slot GW and its tensor index. */
+typedef struct rx_base rx_base;
+typedef struct rx_base_mat rx_base_mat;
+typedef struct {
+    const float *W, *GW;
+    size_t in, out;
+    int param;
+} rx_base_target;
+/* t [n] in arena order -> *out: the store (unfilled), and the slots'
+ * float32 pages released; RX_OK or RX_ENOMEM. */
+int rx_base_create(int dtype, const rx_base_target *t, int n, rx_base **out);
+void rx_base_free(rx_base *s);
+int rx_base_dtype(const rx_base *s);
+size_t rx_base_bytes(const rx_base *s);
+int rx_base_count(const rx_base *s);
+size_t rx_base_row_bytes(int dtype, size_t in);
+const rx_base_mat *rx_base_at(const rx_base *s, int i);
+const rx_base_mat *rx_base_by_param(const rx_base *s, int param);
+int rx_base_param(const rx_base_mat *b);
+int rx_base_loaded(const rx_base *s);
+/* tensor i's values from src: W^T [out][in] (src_t) or W [in][out], as
+ * float32 (kind RX_BASE_FP32) or bf16 bits (RX_BASE_BF16); RX_OK, RX_ENOMEM */
+int rx_base_fill(rx_base *s, int i, const void *src, int kind, int src_t);
+/* W [in][out] decoded (exactly) into dst */
+void rx_base_read(const rx_base *s, const rx_base_mat *b, float *dst);
+/* the stored rows of b and their byte count */
+const unsigned char *rx_base_data(const rx_base_mat *b, size_t *bytes);
+/* every tensor decoded into its arena slot (the base-unfreeze) */
+int rx_base_materialise(rx_base *s);
+/* the tensor whose arena slot is W (NULL: none); whether C lies in a grad slot */
+const rx_base_mat *rx_base_find(const rx_base *s, const float *W);
+int rx_base_grad_slot(const rx_base *s, const float *C);
+/* grads [n] = 0 outside the base tensors' grad slots (never touched) */
+void rx_base_zero_grads(const rx_base *s, float *grads, size_t n);
+/* op(B) of a product reading b, packed as rx_sgemm packs B (nr-column
+ * slivers) or as rx_bgemm does (bt_r x bt_k blocks); see base.c */
+void rx_base_pack_f32(const rx_base_mat *b, int tb, size_t p0, size_t kc, size_t j0, size_t nc,
+                      size_t nr, float *Bp);
+void rx_base_pack_bf16(const rx_base_mat *b, int tb, size_t N, size_t K, size_t nkc, size_t cb0,
+                       size_t cb1, size_t kc0, size_t kc1, size_t bt_r, size_t bt_k,
+                       uint16_t *bp);
+/* The calling thread's base (NULL: none), returning the old one: the model
+ * sets it for the span of its forward and backward, and rx_pgemm(_batch)
+ * then packs every product reading a base tensor from the store and skips
+ * its weight-grad product. */
+const rx_base *rx_gemm_set_base(const rx_base *s);
+/* the model's base, NULL when none (model.c) */
+rx_base *rx_ptmodel_base_store(const rx_ptmodel *m);
+void rx_ptmodel_attach_base(rx_ptmodel *m, rx_base *s);
 
 /* ---- head.c ------------------------------------------------------------
  * L2Wrap's grad over rows of logits: dlogits[t][am_t] += coef *

@@ -426,7 +426,11 @@ int rx_pretrain_forward_batch(rx_ptmodel *m, const int *tokens, int B, int T,
  * eps RX_LN_EPS, with ln0_w, ln0_b [C] right after emb in the arenas (docs/maths.md,
  * docs/layout.md), as official RWKV-7's blocks.0.ln0. */
 #define RX_PT_LN0 1
-#define RX_PT_FLAGS_ALL RX_PT_LN0
+/* RX_PT_NO_INIT: the arenas start zero, mapped lazily (a page never written
+ * takes no memory), and no init runs: for a model whose weights come from
+ * elsewhere, a frozen base's above all (rx_ptmodel_set_base). */
+#define RX_PT_NO_INIT 2
+#define RX_PT_FLAGS_ALL (RX_PT_LN0 | RX_PT_NO_INIT)
 /* The flags the model was made with; -1 for NULL. */
 int rx_ptmodel_flags(const rx_ptmodel *m);
 
@@ -447,10 +451,11 @@ void rx_model_ctx_default(rx_model_ctx *ctx);
  * else RX_ECONFIG (rx_last_error names the field). */
 int rx_model_ctx_validate(const rx_model_ctx *ctx);
 /* rx_model_create with the settings of ctx (rx_model_create(pc, flags, ...)
- * is this with the defaults and ln0 = flags & RX_PT_LN0). RX_ECONFIG on a
- * ctx rx_model_ctx_validate rejects; otherwise as rx_model_create. */
-int rx_model_create_ctx(const rx_pt_config *pc, const rx_model_ctx *ctx, uint64_t seed,
-                        rx_ptmodel **out);
+ * is this with the defaults and ln0 = flags & RX_PT_LN0); flags: 0 or
+ * RX_PT_NO_INIT (ln0 is the context's). RX_ECONFIG on a ctx
+ * rx_model_ctx_validate rejects; otherwise as rx_model_create. */
+int rx_model_create_ctx(const rx_pt_config *pc, const rx_model_ctx *ctx, int flags,
+                        uint64_t seed, rx_ptmodel **out);
 /* *out = the model's context; RX_EINVAL on NULL. */
 int rx_ptmodel_ctx(const rx_ptmodel *m, rx_model_ctx *out);
 
@@ -595,6 +600,35 @@ int rx_ptmodel_lora_adapter(const rx_ptmodel *m, int i, int *param, int64_t *a_o
                             int64_t *b_off);
 float *rx_ptmodel_lora_arena(rx_ptmodel *m, int64_t *n);
 float *rx_ptmodel_lora_grad_arena(rx_ptmodel *m, int64_t *n);
+/* The frozen base (docs/layout.md §Frozen base): the matrices params [n]
+ * (distinct tensor indices of 2-D parameters other than emb, in any order)
+ * are held only in a store of dtype RX_BASE_BF16 (bfloat16) or RX_BASE_Q8_0
+ * (GGUF Q8_0 blocks of 32 along each row of W^T [out][in], which needs in %
+ * 32 == 0), read by the projection GEMMs; their arena slots and grad slots
+ * are released (address space only: they read zero) and must not be
+ * written. Nothing computes their weight grads; dX flows through them. The
+ * store starts unfilled: rx_ptmodel_base_fill each tensor from src, W^T
+ * [out][in] (transposed = 1, torch's orientation) or W [in][out], float32
+ * (kind RX_BASE_FP32) or bf16 bits (RX_BASE_BF16), encoded exactly as
+ * torch rounds to bf16 (nearest even) or as gguf quantizes. A forward
+ * before every tensor is filled is refused. rx_ptmodel_base_read decodes
+ * tensor param into dst [in][out] (exact); rx_ptmodel_base_data hands its
+ * stored bytes; rx_ptmodel_base_info the dtype (RX_BASE_NONE: no base),
+ * count and bytes; rx_ptmodel_base_param the tensor index of base tensor i
+ * (arena order). rx_ptmodel_base_release decodes every base tensor into its
+ * arena slot and frees the store: the model is plain float32 again (the
+ * base-unfreeze). RX_EINVAL on bad arguments, RX_ENOMEM. */
+#define RX_BASE_NONE 0
+#define RX_BASE_FP32 0
+#define RX_BASE_BF16 1
+#define RX_BASE_Q8_0 2
+int rx_ptmodel_set_base(rx_ptmodel *m, int dtype, const int *params, int n);
+int rx_ptmodel_base_fill(rx_ptmodel *m, int param, const void *src, int kind, int transposed);
+int rx_ptmodel_base_read(const rx_ptmodel *m, int param, float *dst);
+const void *rx_ptmodel_base_data(const rx_ptmodel *m, int param, int64_t *bytes);
+int rx_ptmodel_base_info(const rx_ptmodel *m, int *dtype, int *n, int64_t *bytes);
+int rx_ptmodel_base_param(const rx_ptmodel *m, int i);
+int rx_ptmodel_base_release(rx_ptmodel *m);
 /* Block kinds in model order, one 'R' (RWKV-7) or 'A' (attention) per
  * block, NUL-terminated: "RRARRAR" for n_rwkv = 5, n_attn = 2. */
 const char *rx_ptmodel_layers(const rx_ptmodel *m);

@@ -10,6 +10,9 @@ CONFIG_FIELDS = ("n_embd", "n_head", "head_size", "n_rwkv_layer", "n_attn_layer"
 # Config keys beyond the C struct: the model context's settings (rx_model_ctx),
 # each with its default from csrc/rx_pretrain.h (RX_DEFAULT_*), which is also
 # what its absence means: the model as before the key existed.
+# the frozen base's dtypes (rx_ptmodel_set_base), by name
+BASE_DTYPES = ("bf16", "q8_0")
+
 OPTION_FIELDS = {"ln0": RX_DEFAULT_LN0, "ln_eps": RX_DEFAULT_LN_EPS, "gn_eps": RX_DEFAULT_GN_EPS}
 
 
@@ -130,7 +133,7 @@ cdef int _precision_code(precision) except -1:
 
 
 cdef class RxPtModel:
-    """RxPtModel(config, seed=0, *, precision='fp32', recompute=False, l2wrap=0.0)
+    """RxPtModel(config, seed=0, *, precision='fp32', recompute=False, l2wrap=0.0, init=True)
 --
 
 A whole RWKV-X model (docs/maths.md §Whole model) with its parameters and grads in two
@@ -158,6 +161,9 @@ A whole RWKV-X model (docs/maths.md §Whole model) with its parameters and grads
         l2wrap : RWKV-LM's L2Wrap factor (0: off; RWKV-LM uses 1e-4): the
                  backward adds l2wrap * max logit / (B*T) to the grad of each
                  position's largest logit. Settable as m.l2wrap.
+        init   : False: no init, every parameter zero, and the arenas mapped
+                 lazily (a page never written takes no memory): for weights
+                 that come from elsewhere, and for a frozen base (set_base).
     A missing or unknown key, or a value breaking docs/maths.md §Whole model, is a ValueError
     naming it.
 
@@ -185,12 +191,14 @@ A whole RWKV-X model (docs/maths.md §Whole model) with its parameters and grads
     def __cinit__(self):
         self._acts = NULL
 
-    def __init__(self, config, seed=0, *, precision="fp32", recompute=False, l2wrap=0.0):
+    def __init__(self, config, seed=0, *, precision="fp32", recompute=False, l2wrap=0.0,
+                 init=True):
         if self._h is not None:
             # a second __init__ would swap the arenas under live views and _acts
             raise RuntimeError("RxPtModel is already initialised; make a new one")
         cdef rx_pt_config c = _pt_config(config)
         cdef rx_model_ctx ctx = _pt_ctx(config)
+        cdef int flags = 0 if init else RX_PT_NO_INIT
         cdef int prec = _precision_code(precision)
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
             raise TypeError(f"seed must be an int, got {type(seed).__name__}")
@@ -199,11 +207,13 @@ A whole RWKV-X model (docs/maths.md §Whole model) with its parameters and grads
         cdef uint64_t s = seed
         cdef int rc
         # the arenas are calloc'ed lazily and the init fills them: check first
-        _check_alloc(8 * _param_elems(config), "RxPtModel (parameters and grads)",
-                     "choose a smaller model")
+        # (without init the caller checks what it will write)
+        if init:
+            _check_alloc(8 * _param_elems(config), "RxPtModel (parameters and grads)",
+                         "choose a smaller model")
         h = _ModelHandle()
         with nogil:
-            rc = rx_model_create_ctx(&c, &ctx, s, &h.m)
+            rc = rx_model_create_ctx(&c, &ctx, flags, s, &h.m)
         _check_rc(rc, "RxPtModel")
         self._h = h
         rx_ptmodel_set_precision(h.m, prec)
@@ -404,6 +414,108 @@ A whole RWKV-X model (docs/maths.md §Whole model) with its parameters and grads
                 k = self._names[param] + key
                 self._lora[k] = self._lbuf[off:off + shp[0] * shp[1]].reshape(shp)
                 self._lora_g[k] = self._lgbuf[off:off + shp[0] * shp[1]].reshape(shp)
+
+    def set_base(self, dtype, names):
+        """Hold the matrices `names` (2-D parameters other than emb) only
+        in a frozen base of dtype "bf16" or "q8_0" (docs/layout.md §Frozen
+        base), read by the projection GEMMs: their params / grads views are
+        then address space only (they read zero, take no memory and must
+        not be written), nothing computes their weight grads, and dX flows
+        through them. Fill each with base_fill before a forward. Once per
+        model (release_base ends it)."""
+        if dtype not in BASE_DTYPES:
+            raise ValueError(f"base dtype must be one of {BASE_DTYPES}, got {dtype!r}")
+        idx = []
+        for n in names:
+            if n not in self._params:
+                raise ValueError(f"set_base: {n!r} is not a parameter")
+            idx.append(self._names.index(n))
+        cdef int[::1] iv = np.array(idx or [0], np.int32)
+        if self._busy:
+            raise RuntimeError("RxPtModel: set_base while a forward or backward runs")
+        cdef int code = RX_BASE_BF16 if dtype == "bf16" else RX_BASE_Q8_0
+        _check_rc(rx_ptmodel_set_base(self._h.m, code, &iv[0], len(idx)), "RxPtModel.set_base")
+
+    def base_fill(self, name, values, *, transposed=False):
+        """Encode base tensor `name` from values: float32, or uint16 bf16
+        bits, shaped as its param [in, out], or [out, in] with transposed
+        (torch's orientation, an official .pth tensor as it is). bf16 is
+        kept as it is or rounded to nearest even (torch's rounding); q8_0
+        quantized as gguf.quants.quantize(W^T, Q8_0) does."""
+        if name not in self._params or self._names.index(name) not in self._base_params():
+            raise ValueError(f"base_fill: {name!r} is not in the model's base")
+        want = self._params[name].shape[::-1] if transposed else self._params[name].shape
+        if not isinstance(values, np.ndarray) or values.dtype not in (np.float32, np.uint16):
+            raise TypeError("base_fill: values must be a float32 or uint16 (bf16 bits) array")
+        if values.shape != want:
+            raise ValueError(f"base_fill: {name} takes shape {want}, got {values.shape}")
+        v = np.ascontiguousarray(values)
+        cdef int kind = RX_BASE_BF16 if v.dtype == np.uint16 else 0
+        cdef int p = self._names.index(name)
+        cdef int tr = 1 if transposed else 0
+        cdef const unsigned char[::1] raw = v.reshape(-1).view(np.uint8)
+        cdef int rc
+        self._enter()
+        try:
+            with nogil:
+                rc = rx_ptmodel_base_fill(self._h.m, p, &raw[0], kind, tr)
+        finally:
+            self._busy = False
+        _check_rc(rc, "RxPtModel.base_fill")
+
+    cdef list _base_params(self):
+        cdef int n
+        rx_ptmodel_base_info(self._h.m, NULL, &n, NULL)
+        return [rx_ptmodel_base_param(self._h.m, i) for i in range(n)]
+
+    @property
+    def base_dtype(self):
+        """"bf16" or "q8_0" when the model holds a frozen base, else None."""
+        cdef int d
+        rx_ptmodel_base_info(self._h.m, &d, NULL, NULL)
+        return None if d == RX_BASE_NONE else ("bf16" if d == RX_BASE_BF16 else "q8_0")
+
+    @property
+    def base_names(self):
+        """The parameters held in the frozen base, in arena order ([] without)."""
+        return [self._names[p] for p in self._base_params()]
+
+    @property
+    def base_bytes(self):
+        """Bytes of the frozen base's store (0 without)."""
+        cdef int64_t b
+        rx_ptmodel_base_info(self._h.m, NULL, NULL, &b)
+        return int(b)
+
+    def base_tensor(self, name):
+        """Base tensor `name` decoded (exactly) into a new float32 [in, out] array."""
+        if name not in self._params or self._names.index(name) not in self._base_params():
+            raise ValueError(f"base_tensor: {name!r} is not in the model's base")
+        out = np.empty(self._params[name].shape, np.float32)
+        _check_rc(rx_ptmodel_base_read(self._h.m, self._names.index(name), _wptr(out)),
+                  "RxPtModel.base_tensor")
+        return out
+
+    def base_data(self, name):
+        """The stored bytes of base tensor `name` (a copy): bf16 [out, in]
+        as uint16, or q8_0 rows of W^T as uint8 [out, in / 32 * 34], the
+        bytes of gguf.quants.quantize(W^T, Q8_0)."""
+        if name not in self._params or self._names.index(name) not in self._base_params():
+            raise ValueError(f"base_data: {name!r} is not in the model's base")
+        cdef int64_t nb
+        cdef const unsigned char *p = <const unsigned char *>rx_ptmodel_base_data(
+            self._h.m, self._names.index(name), &nb)
+        raw = np.frombuffer(p[:nb], np.uint8).copy()
+        i, o = self._params[name].shape
+        return raw.view(np.uint16).reshape(o, i) if self.base_dtype == "bf16" else raw.reshape(o, -1)
+
+    def release_base(self):
+        """Decode every base tensor into its params view and drop the
+        store: the model holds float32 weights again (a q8_0 base's
+        dequantised values), as a base-unfreeze needs."""
+        if self._busy:
+            raise RuntimeError("RxPtModel: release_base while a forward or backward runs")
+        _check_rc(rx_ptmodel_base_release(self._h.m), "RxPtModel.release_base")
 
     def disable_lora(self):
         """Stop applying the adapters (their arrays stay valid, the model

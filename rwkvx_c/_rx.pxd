@@ -234,7 +234,20 @@ cdef extern from "rx_pretrain.h" nogil:
                                 int64_t *b_off)
     float *rx_ptmodel_lora_arena(rx_ptmodel *m, int64_t *n)
     float *rx_ptmodel_lora_grad_arena(rx_ptmodel *m, int64_t *n)
+    # the frozen base (csrc/base.c): matrices held as bf16 or Q8_0
+    int rx_ptmodel_set_base(rx_ptmodel *m, int dtype, const int *params, int n)
+    int rx_ptmodel_base_fill(rx_ptmodel *m, int param, const void *src, int kind,
+                             int transposed)
+    int rx_ptmodel_base_read(const rx_ptmodel *m, int param, float *dst)
+    const void *rx_ptmodel_base_data(const rx_ptmodel *m, int param, int64_t *bytes)
+    int rx_ptmodel_base_info(const rx_ptmodel *m, int *dtype, int *n, int64_t *bytes)
+    int rx_ptmodel_base_param(const rx_ptmodel *m, int i)
+    int rx_ptmodel_base_release(rx_ptmodel *m)
     int RX_PT_LN0
+    int RX_PT_NO_INIT
+    int RX_BASE_NONE
+    int RX_BASE_BF16
+    int RX_BASE_Q8_0
 
     ctypedef struct rx_model_ctx:
         double ln_eps
@@ -245,8 +258,8 @@ cdef extern from "rx_pretrain.h" nogil:
     int RX_DEFAULT_LN0
     void rx_model_ctx_default(rx_model_ctx *ctx)
     int rx_model_ctx_validate(const rx_model_ctx *ctx)
-    int rx_model_create_ctx(const rx_pt_config *pc, const rx_model_ctx *ctx, uint64_t seed,
-                            rx_ptmodel **out)
+    int rx_model_create_ctx(const rx_pt_config *pc, const rx_model_ctx *ctx, int flags,
+                            uint64_t seed, rx_ptmodel **out)
     int rx_ptmodel_ctx(const rx_ptmodel *m, rx_model_ctx *out)
 
     # recurrent inference (csrc/infer.c)

@@ -33,10 +33,12 @@ def program(tmp_path_factory):
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("acts", [[], ["1"], ["3", "37"], ["0", "0", "lora"],
                                   ["3", "37", "lora"], ["0", "0", "lora", "rows"],
-                                  ["3", "37", "base", "rows"], ["0", "0", "-", "accum"]],
+                                  ["3", "37", "base", "rows"], ["0", "0", "-", "accum"],
+                                  ["0", "0", "none", "bf16"], ["3", "37", "lora", "q8_0"]],
                          ids=["plain", "recompute", "recompute+chunked_head", "lora",
                               "lora+recompute+chunked_head", "lora+rows",
-                              "recompute+chunked_head+rows", "grad_accum"])
+                              "recompute+chunked_head+rows", "grad_accum", "bf16_base",
+                              "lora+q8_0_base+recompute+chunked_head"])
 def test_a_step_allocates_nothing(program, threads, acts):
     # recompute (RX_ACTS_RECOMPUTE = 1) and the chunked head (2; 37-row
     # chunks cut the 256 rows unevenly) with L2Wrap allocate nothing either,

@@ -200,6 +200,9 @@ def _print_header(tr: Trainer, out: str, group: ProcessGroup, resumed: bool) -> 
              f"{group.size} ranks x {threads} threads per rank")
           + f", {m.precision} ({_core.gemm_kernel(m.precision)})"
           + (f", resumed at step {tr.step_count}" if resumed else ""), flush=True)
+    base = (f"frozen base {m.base_dtype}, {len(m.base_names)} matrices in "
+            f"{m.base_bytes / 2**20:,.0f} MiB" if m.base_dtype else "no frozen base")
+    print(f"  tune   {o.tune}: {tr.optim.m.size:,} params train; {base}", flush=True)
 
 
 def _print_summary(tr: Trainer, out: str, final: dict[str, Any], interrupted: bool) -> None:

@@ -7,8 +7,10 @@ imported only here, when a .pth is read or written.
 """
 from __future__ import annotations
 
+import mmap
 import pickle
 import re
+import zipfile
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,7 +20,7 @@ from rwkvx_c.errors import InteropError
 from rwkvx_c.util.atomic import replacing
 from rwkvx_c.util.files import open_input
 
-__all__ = ["DTYPES", "load_pth", "save_pth"]
+__all__ = ["DTYPES", "load_pth", "save_pth", "PthTensors"]
 
 DTYPES = ("fp32", "bf16", "fp16")
 
@@ -94,3 +96,172 @@ def save_pth(sd: Mapping[str, np.ndarray], path: str, dtype: str = "fp32") -> No
         raise InteropError(f"cannot write {path}: {e.strerror or e}") from None
     except RuntimeError as e:   # torch's own writer failing
         raise InteropError(f"cannot write {path}: {str(e).splitlines()[0]}") from None
+
+
+# ---- streaming: tensor by tensor, without torch -----------------------------
+# A .pth is a zip: <prefix>/data.pkl (the pickled state dict) and one member
+# <prefix>/data/<key> per storage, its raw little-endian bytes, stored
+# uncompressed. The pickle refers to storages by persistent id
+# ("storage", <dtype class>, key, location, numel) and builds each tensor by
+# torch._utils._rebuild_tensor_v2(storage, offset, size, stride, ...): read
+# here by an unpickler that knows only those names, so nothing of the file
+# runs and no tensor is made until it is asked for.
+_STORAGE_DTYPES: dict[str, np.dtype[Any]] = {
+    "FloatStorage": np.dtype("<f4"), "BFloat16Storage": np.dtype("<u2"),
+    "HalfStorage": np.dtype("<f2")}
+_DTYPE_NAMES = {"FloatStorage": "fp32", "BFloat16Storage": "bf16", "HalfStorage": "fp16"}
+
+
+def _address(m: mmap.mmap) -> int:
+    """The address the mapping starts at."""
+    return int(np.frombuffer(m, np.uint8, count=1).__array_interface__["data"][0])
+
+
+class _Storage:
+    def __init__(self, cls: str, key: str, numel: int) -> None:
+        self.cls, self.key, self.numel = cls, key, numel
+
+
+class _TensorRef:
+    def __init__(self, storage: _Storage, offset: int, size: tuple[int, ...],
+                 stride: tuple[int, ...]) -> None:
+        self.storage, self.offset, self.size, self.stride = storage, offset, size, stride
+
+
+def _rebuild(storage: Any, offset: Any, size: Any, stride: Any, *rest: Any) -> _TensorRef:
+    if not isinstance(storage, _Storage):
+        raise pickle.UnpicklingError("a tensor without a storage")
+    return _TensorRef(storage, int(offset), tuple(int(s) for s in size),
+                      tuple(int(s) for s in stride))
+
+
+class _Unpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if module == "torch" and name in _STORAGE_DTYPES:
+            return name
+        if (module, name) == ("collections", "OrderedDict"):
+            from collections import OrderedDict
+            return OrderedDict
+        if module == "torch._utils" and name in ("_rebuild_tensor_v2", "_rebuild_tensor"):
+            return _rebuild
+        raise pickle.UnpicklingError(f"GLOBAL {module}.{name}")
+
+    def persistent_load(self, pid: Any) -> _Storage:
+        if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"
+                and pid[1] in _STORAGE_DTYPES):
+            raise pickle.UnpicklingError(f"Unsupported storage {pid!r}")
+        return _Storage(pid[1], str(pid[2]), int(pid[4]))
+
+
+class PthTensors:
+    """The tensors of a torch .pth state dict, read one at a time from the
+    file (memory-mapped), never all at once. names: in the file's order;
+    shape(name), dtype(name) ("bf16", "fp16", "fp32"); raw(name): the
+    tensor's own elements as stored (uint16 bits for bf16), a read-only
+    view of the mapped file; array(name): as float32 (a new array). Every
+    tensor's claimed shape and strides are checked against the bytes its
+    storage holds when the file is opened, before anything is allocated:
+    InteropError (one line) on a bad file."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        try:
+            with open_input(path, InteropError) as f:
+                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            zf = zipfile.ZipFile(path)
+            pkl = [n for n in zf.namelist() if n.endswith("/data.pkl") or n == "data.pkl"]
+            if len(pkl) != 1:
+                raise InteropError(f"{path} is not a torch .pth zip (no data.pkl)")
+            prefix = pkl[0][:-len("data.pkl")]
+            obj = _Unpickler(zf.open(pkl[0])).load()
+            self._members = {i.filename: i for i in zf.infolist()}
+            self._zip = zf
+        except FileNotFoundError:
+            raise InteropError(f"{path}: no such file") from None
+        except pickle.UnpicklingError as e:
+            code = re.match(r"GLOBAL ([\w.]+)", str(e))
+            if code:
+                raise InteropError(f"{path} holds Python code or objects ({code.group(1)}) "
+                                   "besides tensors and was not loaded") from None
+            raise InteropError(f"{path} is not a readable .pth state dict: {e}") from None
+        except InteropError:
+            raise
+        except Exception as e:  # noqa: BLE001 -- zip and pickle errors have many types
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise InteropError(f"{path} is not a readable .pth state dict: {first}") from None
+        if not isinstance(obj, dict) or not all(isinstance(v, _TensorRef) for v in obj.values()):
+            raise InteropError(f"{path} does not hold a flat dict of tensors")
+        self._refs: dict[str, _TensorRef] = dict(obj)
+        self._prefix = prefix
+        for k, t in self._refs.items():
+            self._check(k, t)
+
+    def _check(self, name: str, t: _TensorRef) -> None:
+        """The tensor must be dense and row-major inside its storage, and
+        the storage's member must hold its bytes, stored uncompressed."""
+        n = 1
+        for s in t.size:
+            if s < 0:
+                raise InteropError(f"{self.path}: tensor {name} claims shape {t.size}")
+            n *= s
+        want: list[int] = []
+        step = 1
+        for s in reversed(t.size):
+            want.insert(0, step)
+            step *= s
+        member = self._members.get(f"{self._prefix}data/{t.storage.key}")
+        item = _STORAGE_DTYPES[t.storage.cls].itemsize
+        dense = n <= 1 or all(st == w for st, w, s in zip(t.stride, want, t.size) if s > 1)
+        if (not dense or t.offset < 0 or t.offset + n > t.storage.numel or member is None
+                or member.compress_type != 0 or member.file_size < t.storage.numel * item):
+            raise InteropError(f"{self.path}: tensor {name} claims shape {t.size} with strides "
+                               f"{t.stride} at offset {t.offset} over a storage of "
+                               f"{t.storage.numel:,} elements"
+                               f"{'' if member is not None else ' that the file lacks'}; "
+                               "only dense tensors inside their storage are read")
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._refs)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self._refs[name].size
+
+    def dtype(self, name: str) -> str:
+        return _DTYPE_NAMES[self._refs[name].storage.cls]
+
+    def raw(self, name: str) -> np.ndarray:
+        t = self._refs[name]
+        info = self._members[f"{self._prefix}data/{t.storage.key}"]
+        # the local header: 30 bytes, then the name and extra fields
+        h = info.header_offset
+        start = h + 30 + int.from_bytes(self._map[h + 26:h + 28], "little") + \
+            int.from_bytes(self._map[h + 28:h + 30], "little")
+        dt = _STORAGE_DTYPES[t.storage.cls]
+        n = int(np.prod(t.size, dtype=np.int64))
+        a: np.ndarray = np.frombuffer(self._map, dt, count=n, offset=start + t.offset * dt.itemsize)
+        return a.reshape(t.size)
+
+    def release(self, name: str) -> None:
+        """Drop the mapped pages of tensor name from this process's memory
+        (they are read again from the file if asked for again)."""
+        r = self.raw(name)
+        start = r.__array_interface__["data"][0] - _address(self._map)
+        page = mmap.PAGESIZE
+        b, e = -(-start // page) * page, (start + r.nbytes) // page * page
+        if e > b:
+            self._map.madvise(mmap.MADV_DONTNEED, b, e - b)
+
+    def array(self, name: str) -> np.ndarray:
+        """The tensor as float32 (bf16 and fp16 converted exactly), refusing
+        non-finite values by name."""
+        r, d = self.raw(name), self.dtype(name)
+        a = (r.astype(np.uint32) << 16).view(np.float32) if d == "bf16" else r.astype(np.float32)
+        bad = a.size - int(np.isfinite(a).sum())
+        if bad:
+            raise InteropError(f"{self.path}: tensor {name} holds {bad:,} non-finite values (NaN "
+                               f"or inf) of {a.size:,}; the file was not imported")
+        return a
+
+    def close(self) -> None:
+        self._zip.close()

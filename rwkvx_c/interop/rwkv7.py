@@ -24,7 +24,8 @@ from rwkvx_c.errors import InteropError
 from rwkvx_c.model.config import export_refusal
 from rwkvx_c.model.weights import load_params
 
-__all__ = ["to_rwkv7", "from_rwkv7", "rwkv7_config", "to_rwkvx", "from_rwkvx", "rwkvx_refusal",
+__all__ = ["to_rwkv7", "from_rwkv7", "stream_rwkv7", "StreamedWeights",
+            "rwkv7_config", "to_rwkvx", "from_rwkvx", "rwkvx_refusal",
            "linear_prefixes"]
 
 # sizes a model imported from x070 gets for what x070 has no tensor for:
@@ -215,6 +216,72 @@ def from_rwkv7(sd: Mapping[str, np.ndarray]) -> RxPtModel:
     _fill(model, sd, _x070_pairs(config),
           optional=tuple(f"blocks.0.att.{v}" for v in _VRES))
     return model
+
+
+class StreamedWeights(Mapping[str, np.ndarray]):
+    """An x070 .pth's weights under our names, each read from the file and
+    converted (float32, our orientation) only when asked for: a source that
+    never holds the whole model. dtype: "bf16" when every matrix is bf16
+    in the file. raw_t(name): a matrix's bf16 bits as the file holds them,
+    torch's [out, in] (RxPtModel.base_fill(..., transposed=True) takes them
+    as they are), None unless bf16; release(name) drops its mapped pages."""
+
+    def __init__(self, pth: Any, config: Mapping[str, int]) -> None:
+        self._pth = pth
+        self.config = dict(config)
+        H, N = config["n_head"], config["head_size"]
+        self._pairs = {o: (t, k) for t, o, k in _x070_pairs(config)}
+        known = set(t for t, _ in self._pairs.values())
+        optional = {f"blocks.0.att.{v}" for v in _VRES}
+        extra = [k for k in pth.names if k not in known and k not in optional]
+        if extra:
+            raise InteropError(f"{extra[0]} is not a tensor of the RWKV-7 model rwkvx_c holds "
+                               f"({len(extra)} such; DeepEmbed and other variants are not "
+                               "supported)")
+        shapes = {n: tuple(a.shape) for n, a in _core.RxPtModel(dict(config), init=False)
+                  .params.items()}
+        for ours, (theirs, kind) in self._pairs.items():
+            if theirs not in pth.names:
+                raise InteropError(f"not an RWKV-7 (x070) state dict: {theirs} is missing")
+            want = shapes[ours]
+            want = want[::-1] if kind == "lin" else (1, 1) + want if kind == "vec" else \
+                (H, N) if kind == "heads" else want
+            if pth.shape(theirs) != want:
+                raise InteropError(f"{theirs} has shape {pth.shape(theirs)}, expected {want}")
+        self.dtype = "bf16" if all(pth.dtype(t) == "bf16" for t, k in self._pairs.values()
+                                   if k == "lin") else "fp32"
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        theirs, kind = self._pairs[name]
+        return _from_foreign(self._pth.array(theirs), kind)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._pairs)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._pairs
+
+    def __len__(self) -> int:
+        return len(self._pairs)
+
+    def raw_t(self, name: str) -> np.ndarray | None:
+        theirs, kind = self._pairs[name]
+        if kind != "lin" or self._pth.dtype(theirs) != "bf16":
+            return None
+        return self._pth.raw(theirs)
+
+    def release(self, name: str) -> None:
+        self._pth.release(self._pairs[name][0])
+
+
+def stream_rwkv7(pth: Any) -> StreamedWeights:
+    """The x070 weights of an open .pth (rwkvx_c.interop.pth.PthTensors),
+    every name and shape checked, nothing read yet; .config is the model's."""
+    shapes = {n: np.lib.stride_tricks.as_strided(np.zeros(1, np.uint8), pth.shape(n),
+                                                 (0,) * len(pth.shape(n)))
+              for n in pth.names}   # shape-only stand-ins for rwkv7_config
+    config = rwkv7_config(shapes)
+    return StreamedWeights(pth, config)
 
 
 # ---- RWKV-X (the rwkv-x pip package) ------------------------------------------------

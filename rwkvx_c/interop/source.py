@@ -19,6 +19,7 @@ export, eval) sees the whole model.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,8 +31,8 @@ from rwkvx_c.errors import CheckpointError, InteropError, RwkvxError, TokenizerE
 from rwkvx_c.interop.adapters import Adapters, is_adapter, peft_base, read_adapters
 from rwkvx_c.interop.hf import hf_tokenizer
 from rwkvx_c.interop.hf_hybrid import read_hf_folder
-from rwkvx_c.interop.pth import load_pth
-from rwkvx_c.interop.rwkv7 import from_rwkv7, from_rwkvx
+from rwkvx_c.interop.pth import PthTensors, load_pth
+from rwkvx_c.interop.rwkv7 import from_rwkv7, from_rwkvx, stream_rwkv7
 from rwkvx_c.model.config import ModelConfig
 from rwkvx_c.model.lora import adapters_of, run_alpha, without_adapters
 from rwkvx_c.run.base import BASE_KEY, Record, check_base
@@ -48,10 +49,11 @@ class Source:
     when the source names none (a .pth of another vocabulary size)."""
     path: str
     config: dict[str, int]
-    weights: dict[str, np.ndarray]
+    weights: Mapping[str, np.ndarray]   # an x070 .pth's: read tensor by tensor when asked
     tokenizer: str | None
     state0: np.ndarray | None
     adapters: Adapters | None = None   # LoRA adapters to train on, under our param names
+    dtype: str = "fp32"   # "bf16": every matrix of the source is bf16 (--base-dtype auto)
 
 
 def read_source(src: str, base: str | None = None, lora_alpha: float | None = None) -> Source:
@@ -84,6 +86,12 @@ def read_source(src: str, base: str | None = None, lora_alpha: float | None = No
     if not os.path.isfile(src):
         raise InteropError(f"--init-from {src}: no such file or folder")
     if src.endswith(".pth"):
+        pth = PthTensors(src)
+        if not any(k.startswith("rwkv.") for k in pth.names):   # x070: streamed
+            streamed = stream_rwkv7(pth)
+            tok = "world" if streamed.config["vocab_size"] == WORLD_VOCAB_SIZE else None
+            return Source(src, dict(streamed.config), streamed, tok, None, dtype=streamed.dtype)
+        pth.close()
         sd = load_pth(src)
         model = from_rwkvx(sd) if any(k.startswith("rwkv.") for k in sd) else from_rwkv7(sd)
         weights = {n: np.array(model.params[n]) for n in model.param_names}

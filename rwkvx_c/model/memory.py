@@ -166,13 +166,15 @@ def check(need: int, what: str, advice: str, available: int | None = None) -> No
                              f"available; {advice}")
 
 
-def check_step(model: RxPtModel, batch: int, seq_len: int) -> None:
+def check_step(model: RxPtModel, batch: int, seq_len: int, params: int | None = None) -> None:
     """Raises MemoryTooSmall when a training step of batch x seq_len tokens
-    (with the parameter copies of PARAM_COPIES) would not fit. The rough
+    (with params bytes of weights and what trains: by default the parameter
+    copies of PARAM_COPIES; a fine-tune's own figure, rwkvx_c.train.base)
+    would not fit. The rough
     bound decides when the machine is far from the limit; near it the
     activation bytes are measured on the model (acts_bytes_per_token)."""
-    params = param_bytes(model.n_params) + head_bytes(model.config["vocab_size"],
-                                                      batch * seq_len)
+    params = (param_bytes(model.n_params) if params is None else params) + \
+        head_bytes(model.config["vocab_size"], batch * seq_len)
     rough = ROUGH_MARGIN * rough_bytes_per_token(model.config, model.recompute)
     if fits(params + rough * batch * seq_len):
         return   # far from the limit: not worth the measuring steps

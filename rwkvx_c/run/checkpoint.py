@@ -75,8 +75,11 @@ def save_checkpoint(path: str, tensors: Mapping[str, np.ndarray], config: Mappin
     """Write tensors (ordered name -> float32 C-contiguous array) atomically to path.
 
     config and state are JSON-serialisable dicts stored in the metadata.
+    tensors is read twice, once for the header and once for the data, and
+    no array is kept between: a Mapping that makes each array when asked
+    (a frozen base's matrices, decoded) never holds them all at once.
     """
-    entries, arrays, off = {}, [], 0
+    entries, off = {}, 0
     crc = 0
     for name, a in tensors.items():
         if a.dtype != np.float32 or not a.flags.c_contiguous:
@@ -84,7 +87,6 @@ def save_checkpoint(path: str, tensors: Mapping[str, np.ndarray], config: Mappin
         nbytes = a.size * 4
         entries[name] = {"dtype": "F32", "shape": list(a.shape),
                          "data_offsets": [off, off + nbytes]}
-        arrays.append(a)
         crc = zlib.crc32(a.data.cast("B"), crc)
         off += nbytes
     meta = {"format": FORMAT, "version": VERSION, "config": json.dumps(config, sort_keys=True),
@@ -99,8 +101,8 @@ def save_checkpoint(path: str, tensors: Mapping[str, np.ndarray], config: Mappin
     with replacing(path) as f:
         f.write(prefix)
         f.write(header)
-        for a in arrays:
-            f.write(a.data.cast("B"))
+        for name in entries:
+            f.write(tensors[name].data.cast("B"))
 
 
 def read_checkpoint(path: str) -> Checkpoint:

@@ -22,6 +22,7 @@ from rwkvx_c.model.init import init_model
 from rwkvx_c.model.lora import A_SUFFIX, B_SUFFIX, adapters_of
 from rwkvx_c.model.weights import load_params
 from rwkvx_c.run.base import BASE_KEY, Record, identify
+from rwkvx_c.train.base import model_from_source
 from rwkvx_c.train.expand import place_weights
 from rwkvx_c.train.finetune import (
     PartsAdamW,
@@ -44,7 +45,7 @@ __all__ = ["load_data", "load_pairs", "build_model", "load_source", "load_weight
 
 
 def start_from_source(options: TrainOptions, group: ProcessGroup
-                      ) -> tuple[TrainOptions, dict[str, np.ndarray]]:
+                      ) -> tuple[TrainOptions, Mapping[str, np.ndarray]]:
     """A fine-tune's options and first weights from its --init-from source
     (rwkvx_c.interop.source, read by rank 0): the source's shape and
     tokenizer, its weights with a state-tuned source's initial states and a
@@ -55,15 +56,19 @@ def start_from_source(options: TrainOptions, group: ProcessGroup
     assert path is not None
     src = group.on_root(read_source, path, options.base)
     options = dataclasses.replace(options, base=None)   # the source's, not this run's
-    weights = dict(src.weights, **({STATE_KEY: src.state0} if src.state0 is not None else {}))
+    # a .pth's weights stay in its file until the model reads them (rwkvx_c.train.base)
+    weights: Mapping[str, np.ndarray] = src.weights
+    if src.state0 is not None:
+        weights = {**src.weights, STATE_KEY: src.state0}
     if src.adapters is not None:
         ads = src.adapters
+        pairs = {n + s: m for n, (A, B) in ads.pairs.items() for s, m in ((A_SUFFIX, A),
+                                                                           (B_SUFFIX, B))}
+        weights = {**weights, **pairs}
         asked = {f.name: getattr(options, f.name) for f in dataclasses.fields(options)
                  if getattr(options, f.name) != f.default}   # what the user set
         options = dataclasses.replace(options, **adapter_options(
             asked, {"r": ads.r, "alpha": ads.alpha, "targets": ads.targets}, path))
-        for name, (A, B) in ads.pairs.items():
-            weights[name + A_SUFFIX], weights[name + B_SUFFIX] = A, B
     return from_source(options, src.config, src.tokenizer, path), weights
 
 
@@ -141,6 +146,14 @@ def build_model(opts: ResolvedOptions, tokenizer: Tokenizer, corpus: Corpus,
     opts.vocab_size = opts.model["vocab_size"] = model_vocab(
         opts, tokenizer, corpus, fixed=weights is not None)
     cfg = dict(opts.model)
+    if weights is not None:   # a fine-tune: its own memory check, then its source's weights
+        model = model_from_source(opts, weights)
+        if adapters_of(weights) and (model.lora is None or set(adapters_of(model.lora))
+                                     != set(adapters_of(weights))):   # imported adapters
+            raise TrainError("the source's LoRA adapters are not the ones --tune lora "
+                             "--lora-targets makes; drop --lora-targets")
+        restore_trained(model, weights, "the source")
+        return model, make_optimizer(model, opts)
     try:
         ModelConfig.from_dict(cfg)
         memory.check(memory.param_bytes(memory.estimate_params(cfg)),
@@ -150,17 +163,9 @@ def build_model(opts: ResolvedOptions, tokenizer: Tokenizer, corpus: Corpus,
         memory.check_step(model, opts.batch, opts.seq_len)
     except (ConfigError, MemoryTooSmall) as e:
         raise TrainError(str(e)) from None
-    if weights is not None:
-        load_source(model, weights)
-    elif tensors is None:
+    if tensors is None:
         init_model(model, opts.init, seed=opts.seed)
-    optim = make_optimizer(model, opts)
-    if weights is not None and adapters_of(weights):   # imported adapters train on
-        if model.lora is None or set(adapters_of(model.lora)) != set(adapters_of(weights)):
-            raise TrainError("the source's LoRA adapters are not the ones --tune lora "
-                             "--lora-targets makes; drop --lora-targets")
-        restore_trained(model, weights, "the source")
-    return model, optim
+    return model, make_optimizer(model, opts)
 
 
 def load_source(model: _core.RxPtModel, weights: Mapping[str, np.ndarray]) -> None:

@@ -59,13 +59,14 @@ def expanded_config(source: Mapping[str, int], asked: Mapping[str, int]) -> dict
         raise TrainError(f"cannot add {k} attention blocks to the source: {e}") from None
 
 
-def place_weights(model: RxPtModel, weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+def place_weights(model: RxPtModel,
+                  weights: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]:
     """weights (a source's, by its parameter names) under `model`'s names.
     The same names pass through; when the model has attention blocks the
     source lacks, RWKV block i of the source is the model's i-th RWKV block
     and each attention block starts as the module doc says."""
     if all(n in weights for n in model.param_names):
-        return dict(weights)
+        return weights   # as it is: a streamed source stays unread
     rwkv = [L for L, kind in enumerate(model.layers) if kind == "R"]
     src_of = {L: i for i, L in enumerate(rwkv)}   # model block -> source RWKV block
     out: dict[str, np.ndarray] = {}

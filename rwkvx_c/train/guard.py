@@ -51,6 +51,7 @@ UNIFORM_SLACK_NATS = 1.0
 SPIKE_WINDOW = 20
 SPIKE_MIN_HISTORY = 5      # losses needed before a spike can be judged
 SPIKE_NATS = 1.0
+_BLOCK = 1 << 22           # elements per block of the finiteness check
 SPIKE_REL = 0.5
 SPIKE_PERSIST = 3          # spikes among the last SPIKE_SPAN steps that make a divergence
 SPIKE_SPAN = 5
@@ -137,5 +138,6 @@ class DivergenceGuard:
 
     def check_params(self, params: np.ndarray, step: int) -> None:
         """Raises Divergence when a parameter is not finite."""
-        if not np.isfinite(params).all():
+        # in blocks: no temporary as large as the model
+        if not all(np.isfinite(params[i:i + _BLOCK]).all() for i in range(0, params.size, _BLOCK)):
             raise Divergence(step, "a parameter is not finite")

@@ -29,10 +29,12 @@ from rwkvx_c.train.trackers import parse_trackers
 from rwkvx_c.util.registry import DEFAULT, Entry, entries, resolve, stored
 from rwkvx_c.util.registry import declare as _opt
 
-__all__ = ["TrainOptions", "auto_precision", "PRECISIONS", "TUNE_MODES", "DEFAULT_STEPS",
-           "saved_options", "apply_changes", "model_vocab", "flag_of", "new_run_hint", "schema"]
+__all__ = ["TrainOptions", "auto_precision", "PRECISIONS", "BASE_DTYPES", "TUNE_MODES",
+           "DEFAULT_STEPS", "saved_options", "apply_changes", "model_vocab", "flag_of",
+           "new_run_hint", "schema"]
 
 PRECISIONS = ("fp32", "bf16", "auto")
+BASE_DTYPES = ("auto", "fp32", "bf16", "q8_0")   # --base-dtype (docs/finetune.md §The frozen base)
 TUNE_MODES = ("full", "state", "lora")   # what trains (rwkvx_c.train.finetune)
 DEFAULT_STEPS = 1000      # a preset with neither steps nor a time budget
 # a state tune's defaults, RWKV-PEFT's (its demo-state-tuning.sh: --lr_init 1
@@ -242,6 +244,11 @@ class TrainOptions:
     base: str | None = _opt(None, "resume a fine-tune whose base (--init-from) moved: its path "
                             "now, checked against the content hash the run recorded",
                             kind="path", metavar="PATH", absent=None)
+    base_dtype: str = _opt("auto", "how the frozen matrices of a state or LoRA tune (or of "
+                           "--freeze / --train-parts) are held: fp32, bf16 (half the memory; "
+                           "exact for a bf16 source) or q8_0 (GGUF's 8-bit blocks, about a "
+                           "quarter); auto: bf16 when the --init-from source is bf16, else "
+                           "fp32", choices=BASE_DTYPES, absent=DEFAULT)
 
     # options a resumed run may change without changing what it computes
     RESUMABLE = ("steps", "time_budget", "eval_every", "save_every", "threads", "cache_dir",

@@ -49,6 +49,7 @@ from rwkvx_c.train.assemble import (
     name_base,
     start_from_source,
 )
+from rwkvx_c.train.base import Decoded
 from rwkvx_c.train.config_file import save_config
 from rwkvx_c.train.distributed import world
 from rwkvx_c.train.finetune import (
@@ -380,7 +381,10 @@ class Trainer:
         tensors["optim.m"] = self.optim.m
         tensors["optim.v"] = self.optim.v
         tensors.update(trained_tensors(self.model))
-        save_checkpoint(path, tensors, ModelConfig.stored(self.model.config), self.state())
+        # a frozen base's matrices are not in the arena: decoded for the
+        # file one at a time, as it is written
+        save_checkpoint(path, Decoded(self.model, tensors),
+                        ModelConfig.stored(self.model.config), self.state())
         if self.run_dir is not None and path == self.run_dir.checkpoint:
             self.saved_step = self.step_count
             self.keeper.snapshot(self.run_dir, self.step_count)

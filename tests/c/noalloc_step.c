@@ -16,6 +16,11 @@
  *   noalloc_step FLAGS HEAD_ROWS lora|base rows
  *                   -> a preference step: the per-position losses, then
  *                      the row-weighted backward
+ *   noalloc_step FLAGS HEAD_ROWS lora|none bf16|q8_0
+ *                   -> with every block projection and the head held in a
+ *                      frozen base of that dtype (base.c)
+ *   noalloc_step 0 0 - accum
+ *                   -> two micro-batches summed into one step (--grad-accum)
  */
 #define _GNU_SOURCE
 #include <stdint.h>
@@ -95,7 +100,36 @@ static int add_lora(rx_ptmodel *m) {
     return rc == RX_OK ? rx_ptmodel_set_frozen(m, 1) : rc;
 }
 
-/* argv: [RX_ACTS_* flags [head_rows [lora|base|- [rows|accum]]]]; with flags, L2Wrap on too */
+/* Every block projection and the head of m in a frozen base of dtype,
+ * filled with the values they had */
+static int add_base(rx_ptmodel *m, int dtype) {
+    int idx[65];
+    int n = block_projections(m, idx, 64);
+    for (int i = 0; i < rx_ptmodel_num_params(m); i++) {
+        const char *name;
+        rx_ptmodel_param(m, i, &name, NULL, NULL, NULL);
+        if (strcmp(name, "head") == 0) idx[n++] = i;
+    }
+    float *keep[65];
+    int rc = RX_OK;
+    for (int i = 0; i < n; i++) {
+        float *w;
+        int cnt;
+        rx_ptmodel_param(m, idx[i], NULL, &w, NULL, &cnt);
+        keep[i] = malloc((size_t)cnt * sizeof(float));
+        if (!keep[i]) return RX_ENOMEM;
+        memcpy(keep[i], w, (size_t)cnt * sizeof(float));
+    }
+    rc = rx_ptmodel_set_base(m, dtype, idx, n);
+    for (int i = 0; i < n; i++) {
+        if (rc == RX_OK) rc = rx_ptmodel_base_fill(m, idx[i], keep[i], RX_BASE_FP32, 0);
+        free(keep[i]);
+    }
+    return rc == RX_OK ? rx_ptmodel_set_frozen(m, 1) : rc;
+}
+
+/* argv: [RX_ACTS_* flags [head_rows [lora|base|none|- [rows|accum|bf16|q8_0]]]]; with flags,
+ * L2Wrap on too */
 int main(int argc, char **argv) {
     const int flags = argc > 1 ? atoi(argv[1]) : 0, head_rows = argc > 2 ? atoi(argv[2]) : 0;
     rows_mode = argc > 4 && strcmp(argv[4], "rows") == 0;
@@ -116,6 +150,8 @@ int main(int argc, char **argv) {
     if (rc == RX_OK) rc = rx_pt_acts_create_opts(m, B, T, flags, head_rows, &acts);
     if (rc == RX_OK && flags) rc = rx_ptmodel_set_l2wrap(m, 1e-4);
     if (rc == RX_OK && argc > 3 && strcmp(argv[3], "lora") == 0) rc = add_lora(m);
+    if (rc == RX_OK && argc > 4 && (strcmp(argv[4], "bf16") == 0 || strcmp(argv[4], "q8_0") == 0))
+        rc = add_base(m, strcmp(argv[4], "q8_0") == 0 ? RX_BASE_Q8_0 : RX_BASE_BF16);
     if (rc == RX_OK) rx_ptmodel_param_arena(m, &n);
     float *mom = calloc((size_t)n + 1, sizeof(float)), *vel = calloc((size_t)n + 1, sizeof(float));
     const int accum = argc > 4 && strcmp(argv[4], "accum") == 0;

@@ -65,7 +65,7 @@ int main(void) {
         rx_ptmodel *m = NULL;
         CHECK(rx_model_ctx_validate(&bad) == RX_ECONFIG, "bad ctx %d validated", i);
         CHECK(strstr(rx_last_error(), names[i]) != NULL, "ctx %d: %s", i, rx_last_error());
-        CHECK(rx_model_create_ctx(&CFG, &bad, 1, &m) == RX_ECONFIG && m == NULL,
+        CHECK(rx_model_create_ctx(&CFG, &bad, 0, 1, &m) == RX_ECONFIG && m == NULL,
               "bad ctx %d built a model", i);
     }
 
@@ -83,7 +83,7 @@ int main(void) {
     rx_ptmodel *a = NULL, *b = NULL, *c = NULL;
     ctx.ln0 = 1;
     CHECK(rx_model_create(&CFG, RX_PT_LN0, 5, &a) == RX_OK, "create");
-    CHECK(rx_model_create_ctx(&CFG, &ctx, 5, &b) == RX_OK, "create_ctx");
+    CHECK(rx_model_create_ctx(&CFG, &ctx, 0, 5, &b) == RX_OK, "create_ctx");
     rx_model_ctx got;
     CHECK(a && rx_ptmodel_ctx(a, &got) == RX_OK && got.ln0 == 1 &&
           got.ln_eps == RX_DEFAULT_LN_EPS && got.gn_eps == RX_DEFAULT_GN_EPS, "ctx of flags");
@@ -103,7 +103,7 @@ int main(void) {
     /* other eps: other logits, and inference reads the same context */
     ctx.ln_eps = 0.25;
     ctx.gn_eps = 3.0;
-    CHECK(rx_model_create_ctx(&CFG, &ctx, 5, &c) == RX_OK, "create_ctx eps");
+    CHECK(rx_model_create_ctx(&CFG, &ctx, 0, 5, &c) == RX_OK, "create_ctx eps");
     rx_infer_state *s = NULL;
     if (c && rx_infer_create(c, SEQ, &s) == RX_OK) {
         CHECK(run(c, tok, tgt, l_eps, &loss_eps) == RX_OK, "run eps");

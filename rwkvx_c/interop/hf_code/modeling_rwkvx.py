@@ -29,6 +29,13 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from .configuration_rwkvx import RwkvxConfig
 
+
+def _eps(v: float | None, key: str) -> float:
+    """A norm's epsilon from config.json, where rwkvx_c's export writes the model's own."""
+    if v is None:
+        raise ValueError(f"config.json lacks {key}: write the folder with rwkvx-c export")
+    return float(v)
+
 __all__ = ["RwkvxCache", "RwkvxModel", "RwkvxForCausalLM"]
 
 DECAY_SCALE = math.exp(-0.5)   # w = exp(-e^-1/2 sigmoid(...)), RWKV-7's decay range
@@ -106,7 +113,7 @@ class TimeMix(nn.Module):
         self.g_lora = LowRank(C, cfg.gate_low_rank_dim, nn.Sigmoid(), False)
         self.r_proj, self.k_proj, self.v_proj, self.o_proj = (
             nn.Linear(C, C, bias=False) for _ in range(4))
-        self.g_norm = nn.GroupNorm(self.H, C, eps=cfg.group_norm_eps)
+        self.g_norm = nn.GroupNorm(self.H, C, eps=_eps(cfg.group_norm_eps, "group_norm_eps"))
 
     def forward(self, x: torch.Tensor, last: torch.Tensor, S: torch.Tensor,
                 v_first: torch.Tensor | None
@@ -228,9 +235,9 @@ class Block(nn.Module):
         super().__init__()
         C = cfg.hidden_size
         self.kind = kind
-        self.attn_norm = nn.LayerNorm(C, eps=cfg.norm_eps)
+        self.attn_norm = nn.LayerNorm(C, eps=_eps(cfg.norm_eps, "norm_eps"))
         self.attn: nn.Module = TimeMix(cfg, layer_id) if kind == "rwkv" else MobaAttention(cfg)
-        self.ffn_norm = nn.LayerNorm(C, eps=cfg.norm_eps)
+        self.ffn_norm = nn.LayerNorm(C, eps=_eps(cfg.norm_eps, "norm_eps"))
         self.ffn = ChannelMix(cfg)
         self.cfg = cfg
 
@@ -285,7 +292,8 @@ class RwkvxModel(RwkvxPreTrainedModel):
         super().__init__(config)
         C = config.hidden_size
         self.embeddings = nn.Embedding(config.vocab_size, C)
-        self.pre_norm = nn.LayerNorm(C, eps=config.norm_eps) if config.embed_norm else None
+        self.pre_norm = nn.LayerNorm(C, eps=_eps(config.norm_eps, "norm_eps")) \
+            if config.embed_norm else None
         ids = []
         n_rwkv = 0
         for kind in config.block_types:
@@ -294,7 +302,7 @@ class RwkvxModel(RwkvxPreTrainedModel):
             ids.append(n_rwkv)
             n_rwkv += kind == "rwkv"
         self.layers = nn.ModuleList(Block(config, k, i) for k, i in zip(config.block_types, ids))
-        self.norm = nn.LayerNorm(C, eps=config.norm_eps)
+        self.norm = nn.LayerNorm(C, eps=_eps(config.norm_eps, "norm_eps"))
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:

@@ -1,0 +1,194 @@
+"""Fine-tuning the official RWKV-7 shapes on one CPU box: for the 0.4B, 1.5B,
+2.9B and 7.2B shapes (C 1024/24, 2048/24, 2560/32, 4096/32 blocks, head
+size 64, ffn 4C, the World vocabulary) and a frozen base of each dtype,
+the time from reading the source to the model (build), the first step,
+the peak RSS and the state and LoRA tokens/s at T 512, through the
+functions `rwkvx-c train --init-from` runs (read_source, from_source,
+Trainer).
+
+    python bench/bench_big.py --shape 1.5B --base-dtype bf16 [--tune state|lora|both]
+        [--precision bf16] [--seq-len 512] [--steps 3] [--threads N] [--work DIR]
+
+The source is an official-layout bf16 .pth with random weights, written
+once per shape into WORK (the names and layouts of
+tests/test_interop.py's _official_dict, generated tensor by tensor at a
+scale that keeps a deep model's activations finite). Each tune runs in a
+child process, so its peak RSS is its own; a row that the memory check
+refuses prints the check's line. Prints one markdown row per tune and one
+JSON line each, with the CPU. Needs torch (to write the .pth) and the
+World tokenizer (".[torch,world]"); the data is the repository's docs/.
+"""
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+import common  # noqa: E402,F401 -- an in-place build wins over an installed one
+
+# C, blocks, the RWKV-7 LoRA sizes of each official shape (rwkvx_c.model.config.lora_sizes)
+SHAPES = {"0.4B": (1024, 24), "1.5B": (2048, 24), "2.9B": (2560, 32), "7.2B": (4096, 32)}
+V, N = 65536, 64
+
+
+def cpu_name():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def official_pth(path, C, L):
+    """A random bf16 .pth in the x070 names and layouts, built one tensor
+    at a time (peak: the bf16 file's size plus one float32 tensor)."""
+    import torch
+
+    from rwkvx_c.model.config import lora_sizes
+    d = lora_sizes(C)
+    Dw, Da, Dv, Dg, F, H = d["Dw"], d["Da"], d["Dv"], d["Dg"], 4 * C, C // N
+    rng = np.random.default_rng(0)
+    sd = {}
+
+    def put(name, shape, s, shift=0.0):
+        a = ((rng.random(shape, dtype=np.float32) - 0.5) * s + shift).astype(np.float32)
+        sd[name] = torch.from_numpy(a).to(torch.bfloat16)
+
+    def lin(name, out, inp, s=1.0):   # a Linear [out, in] of about unit gain
+        put(name, (out, inp), s * 3.4 / np.sqrt(inp))
+
+    put("emb.weight", (V, C), 2.0)
+    put("blocks.0.ln0.weight", (C,), 0.2, 1.0)
+    put("blocks.0.ln0.bias", (C,), 0.2)
+    for i in range(L):
+        p, a = f"blocks.{i}.", f"blocks.{i}.att."
+        for ln in ("ln1", "ln2"):
+            put(p + ln + ".weight", (C,), 0.2, 1.0)
+            put(p + ln + ".bias", (C,), 0.2)
+        for x in ("x_r", "x_w", "x_k", "x_v", "x_a", "x_g", "a0", "k_k", "k_a"):
+            put(a + x, (1, 1, C), 1.0)
+        put(a + "w0", (1, 1, C), 2.0, -2.0)   # decays e^-e^(w) in a usual range
+        for nm, D in (("w", Dw), ("a", Da), ("v", Dv), ("g", Dg)):
+            if nm == "v" and i == 0:
+                continue
+            put(a + nm + "1", (C, D), 1.0 / np.sqrt(C))
+            put(a + nm + "2", (D, C), 1.0 / np.sqrt(D))
+        if i > 0:
+            put(a + "v0", (1, 1, C), 1.0)
+        put(a + "r_k", (H, N), 0.5)
+        for w in ("receptance", "key", "value"):
+            lin(a + w + ".weight", C, C)
+        lin(a + "output.weight", C, C, 0.3)
+        put(a + "ln_x.weight", (C,), 0.2, 1.0)
+        put(a + "ln_x.bias", (C,), 0.2)
+        put(p + "ffn.x_k", (1, 1, C), 1.0)
+        lin(p + "ffn.key.weight", F, C)
+        lin(p + "ffn.value.weight", C, F, 0.3)
+    put("ln_out.weight", (C,), 0.2, 1.0)
+    put("ln_out.bias", (C,), 0.2)
+    lin("head.weight", V, C, 0.3)
+    torch.save(sd, path)
+
+
+def child(a):
+    """One tune in this process: build, then steps; one JSON line."""
+    from rwkvx_c.errors import RwkvxError
+    from rwkvx_c.interop.source import read_source
+    from rwkvx_c.train import Trainer, TrainOptions
+    from rwkvx_c.train.finetune import from_source
+    t0 = time.perf_counter()
+    row = dict(shape=a.shape, base=a.base_dtype, tune=a.tune, precision=a.precision,
+               seq_len=a.seq_len)
+    try:
+        src = read_source(a.pth)
+        opts = TrainOptions(data=os.path.join(ROOT, "docs"), tokenizer="world", tune=a.tune,
+                            base_dtype=a.base_dtype, precision=a.precision, grad_cp=True,
+                            batch=1, seq_len=a.seq_len, steps=a.steps + 1, eval_tokens=a.seq_len,
+                            eval_every=10**6, save_every=10**6, lr=1e-4, warmup_steps=1,
+                            threads=a.threads, cache_dir=os.path.join(a.work, "cache"))
+        tr = Trainer(from_source(opts, src.config, src.tokenizer, a.pth),
+                     os.path.join(a.work, f"run-{a.shape}-{a.base_dtype}-{a.tune}"),
+                     _weights=src.weights)
+    except RwkvxError as e:
+        row.update(fits=False, why=str(e))
+        print(json.dumps(row))
+        return
+    row["build_s"] = time.perf_counter() - t0
+    times, first = [], None
+    for _ in range(a.steps):
+        t = time.perf_counter()
+        tr.step()
+        times.append(time.perf_counter() - t)
+        first = first or time.perf_counter() - t0
+    row.update(fits=True, first_step_s=round(first, 1),
+               tokens_per_s=round(a.seq_len / min(times[1:] or times), 1),
+               peak_rss_gib=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
+               base_gib=round(tr.model.base_bytes / 2**30, 2), trained=int(tr.optim.m.size),
+               build_s=round(row["build_s"], 1))
+    tr.close()
+    print(json.dumps(row))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shape", choices=list(SHAPES), required=True)
+    ap.add_argument("--base-dtype", choices=["fp32", "bf16", "q8_0"], required=True)
+    ap.add_argument("--tune", choices=["state", "lora", "both"], default="both")
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="bf16")
+    ap.add_argument("--seq-len", type=int, default=512)
+    ap.add_argument("--steps", type=int, default=3, help="timed steps (the fastest counts)")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "rwkvx_bench_big"))
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--pth", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.child:
+        return child(a)
+    os.makedirs(a.work, exist_ok=True)
+    pth = os.path.join(a.work, f"official-{a.shape}.pth")
+    if not os.path.exists(pth):
+        t = time.perf_counter()
+        official_pth(pth + ".tmp", *SHAPES[a.shape])
+        os.replace(pth + ".tmp", pth)
+        print(f"# wrote {pth} ({os.path.getsize(pth) / 2**30:.2f} GiB) in "
+              f"{time.perf_counter() - t:.0f} s", flush=True)
+    print(f"# CPU: {cpu_name()}, {os.cpu_count()} cores")
+    print("| shape | base | tune | precision | base GiB | build s | to first step s | "
+          "peak RSS GiB | tokens/s |")
+    for tune in (["state", "lora"] if a.tune == "both" else [a.tune]):
+        cmd = [sys.executable, __file__, "--child", "--pth", pth, "--shape", a.shape,
+               "--base-dtype", a.base_dtype, "--tune", tune, "--precision", a.precision,
+               "--seq-len", str(a.seq_len), "--steps", str(a.steps), "--work", a.work]
+        if a.threads:
+            cmd += ["--threads", str(a.threads)]
+        out = subprocess.run(cmd, capture_output=True, text=True)
+        lines = [x for x in out.stdout.splitlines() if x.startswith("{")]
+        if out.returncode or not lines:
+            print(f"| {a.shape} | {a.base_dtype} | {tune} | failed: "
+                  f"{(out.stderr.strip().splitlines() or ['?'])[-1]} |")
+            continue
+        r = json.loads(lines[-1])
+        if not r["fits"]:
+            print(f"| {a.shape} | {a.base_dtype} | {tune} | {a.precision} | does not fit: "
+                  f"{r['why']} |")
+        else:
+            print(f"| {a.shape} | {a.base_dtype} | {tune} | {a.precision} | {r['base_gib']} | "
+                  f"{r['build_s']} | {r['first_step_s']} | {r['peak_rss_gib']} | "
+                  f"{r['tokens_per_s']} |")
+        print(json.dumps(r), flush=True)
+
+
+if __name__ == "__main__":
+    main()

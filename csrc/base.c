@@ -1,0 +1,681 @@
+/* SPDX-License-Identifier: AGPL-3.0-or-later AND Apache-2.0
+ *
+ * base.c -- the frozen base: weight matrices that do not train, held only
+ * in a compact format the projection GEMM reads (docs/layout.md §Frozen
+ * base, docs/finetune.md §The frozen base).
+ *
+ *     bf16   W^T [out][in] as bfloat16, 2 bytes an element
+ *     q8_0   W^T [out][in] in GGUF Q8_0 blocks along in: per 32 values one
+ *            fp16 scale d, then 32 int8 q (34 bytes), value = q * d; the
+ *            bytes are those of gguf.quants.quantize(W^T, Q8_0)
+ *
+ * W^T is torch's [out][in] orientation: an official .pth tensor is copied
+ * in as it is. A base tensor keeps its place in the parameter arena, but
+ * only as address space: the model's arenas are mapped lazily
+ * (RX_PT_NO_INIT) and a base tensor's float32 pages are released here and
+ * never written again, so they take no memory. The products that read W
+ * are recognised by their B pointer (as lora.c recognises adapted weights):
+ * rx_pgemm_batch, while the model's base is set for the thread
+ * (rx_gemm_set_base), marks each such op, and the fp32 and bf16 GEMMs pack
+ * op(B) from the store instead of the arena (rx_base_pack_f32,
+ * rx_base_pack_bf16). Decoding is exact (a bf16 or q*d is a float32), so
+ * at fp32 precision the model computes bit for bit what a float32 model
+ * holding the decoded weights computes; the weight-grad product of a base
+ * tensor is never run (its grad is not kept), the dX products are.
+ */
+#include <math.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "rx_internal.h"
+#include "rx_simd.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
+#define RX_BASE_X86 1
+#define RX_BASE512 __attribute__((target("avx512f,avx512bw")))
+#define RX_BASE_BF16V __attribute__((target("avx512f,avx512bw,avx512bf16")))
+#endif
+
+#define Q8_BLOCK 32                 /* values per Q8_0 block */
+#define Q8_BYTES (2 + Q8_BLOCK)     /* its fp16 scale, then 32 int8 */
+
+struct rx_base_mat {
+    const float *W, *GW;   /* the arena slots: the keys of the products */
+    size_t in, out;
+    int param, loaded, dtype;
+    unsigned char *data;   /* [out] rows of rx_base_row_bytes(in) bytes */
+};
+
+struct rx_base {
+    int dtype, n;
+    size_t bytes;
+    rx_base_mat *mats;     /* [n] in arena order */
+    unsigned char *store;  /* every tensor's rows, one allocation */
+};
+
+/* ---- number formats ------------------------------------------------------ */
+
+static inline float bits_f32(uint32_t u) {
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+/* fp32 -> bf16, round to nearest even, NaN kept quiet (torch's and numpy's
+ * conversion: subnormals are kept, unlike the GEMM's operand rounding) */
+static inline uint16_t to_bf16(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+static inline float bf16_f32(uint16_t h) { return bits_f32((uint32_t)h << 16); }
+
+/* fp32 -> IEEE half, round to nearest even (numpy's astype(float16)) */
+static uint16_t to_f16(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    const uint32_t sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+    if (a >= 0x7f800000u) return (uint16_t)(sign | 0x7c00u | (a > 0x7f800000u ? 0x200u : 0));
+    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);   /* rounds past 65504 */
+    if (a < 0x38800000u) {   /* below 2^-14: a half subnormal (or zero) */
+        if (a < 0x33000000u) return (uint16_t)sign;   /* below half of 2^-24 */
+        const uint32_t e = a >> 23, m = (a & 0x7fffffu) | 0x800000u;
+        const uint32_t shift = 126 - e;   /* 14..24: m >> shift in units of 2^-24 */
+        uint32_t h = m >> shift;
+        const uint32_t rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (h & 1u))) h++;
+        return (uint16_t)(sign | h);
+    }
+    uint32_t h = ((a >> 13) - (112u << 10));   /* rebias 127 -> 15 */
+    const uint32_t rem = a & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++;
+    return (uint16_t)(sign | h);
+}
+
+static float f16_f32(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    if (e == 0) {
+        const float v = (float)m * 0x1p-24f;   /* exact */
+        return sign ? -v : v;
+    }
+    if (e == 31) return bits_f32(sign | 0x7f800000u | (m << 13));
+    return bits_f32(sign | ((e + 112u) << 23) | (m << 13));
+}
+
+size_t rx_base_row_bytes(int dtype, size_t in) {
+    return dtype == RX_BASE_Q8_0 ? in / Q8_BLOCK * Q8_BYTES : in * 2;
+}
+
+/* One row of n values into a Q8_0 row, as gguf's Q8_0.quantize_blocks
+ * (float32 throughout: d = amax / 127, id = 1 / d or 0, q = roundf(x id)) */
+static void q8_row(const float *x, size_t n, unsigned char *dst) {
+    for (size_t b = 0; b < n; b += Q8_BLOCK, dst += Q8_BYTES) {
+        float amax = 0.0f;
+        for (size_t i = 0; i < Q8_BLOCK; i++) amax = fmaxf(amax, fabsf(x[b + i]));
+        const float d = amax / 127.0f, id = d == 0.0f ? 0.0f : 1.0f / d;
+        const uint16_t dh = to_f16(d);
+        memcpy(dst, &dh, 2);
+        for (size_t i = 0; i < Q8_BLOCK; i++) {
+            const float q = roundf(x[b + i] * id);
+            dst[2 + i] = (unsigned char)(int8_t)q;
+        }
+    }
+}
+
+/* element k of a stored row: exact */
+static inline float row_at(int dtype, const unsigned char *row, size_t k) {
+    if (dtype == RX_BASE_Q8_0) {
+        const unsigned char *blk = row + k / Q8_BLOCK * Q8_BYTES;
+        uint16_t dh;
+        memcpy(&dh, blk, 2);
+        return (float)(int8_t)blk[2 + k % Q8_BLOCK] * f16_f32(dh);
+    }
+    uint16_t h;
+    memcpy(&h, row + 2 * k, 2);
+    return bf16_f32(h);
+}
+
+/* ---- the store ----------------------------------------------------------- */
+
+void rx_base_free(rx_base *s) {
+    if (!s) return;
+    free(s->store);
+    free(s->mats);
+    free(s);
+}
+
+/* Releases the whole pages inside [p, p + n floats): they read as zero and
+ * take no memory until written (anonymous private memory, which the lazy
+ * arenas are); a no-op where madvise cannot. */
+static void release_pages(float *p, size_t n) {
+    const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t b = ((uintptr_t)p + pg - 1) / pg * pg, e = (uintptr_t)(p + n) / pg * pg;
+    if (e > b) (void)madvise((void *)b, e - b, MADV_DONTNEED);
+}
+
+int rx_base_create(int dtype, const rx_base_target *t, int n, rx_base **out) {
+    static const char *const fn = "rx_ptmodel_set_base";
+    *out = NULL;
+    rx_base *s = calloc(1, sizeof *s);
+    if (!s) return rx_fail(RX_ENOMEM, "%s: out of memory", fn);
+    s->dtype = dtype;
+    s->n = n;
+    s->mats = calloc((size_t)n, sizeof *s->mats);
+    for (int i = 0; i < n; i++) s->bytes += t[i].out * rx_base_row_bytes(dtype, t[i].in);
+    s->store = s->mats ? rx_alloc(s->bytes, 1) : NULL;
+    if (!s->mats || !s->store) {
+        const size_t bytes = s->bytes;
+        rx_base_free(s);
+        return rx_fail(RX_ENOMEM, "%s: out of memory for a base of %zu bytes", fn, bytes);
+    }
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        rx_base_mat *b = &s->mats[i];
+        b->W = t[i].W;
+        b->GW = t[i].GW;
+        b->in = t[i].in;
+        b->out = t[i].out;
+        b->param = t[i].param;
+        b->dtype = dtype;
+        b->data = s->store + off;
+        off += b->out * rx_base_row_bytes(dtype, b->in);
+        release_pages((float *)t[i].W, b->in * b->out);
+        release_pages((float *)t[i].GW, b->in * b->out);
+    }
+    *out = s;
+    return RX_OK;
+}
+
+int rx_base_dtype(const rx_base *s) { return s ? s->dtype : RX_BASE_NONE; }
+
+size_t rx_base_bytes(const rx_base *s) { return s ? s->bytes : 0; }
+
+int rx_base_count(const rx_base *s) { return s ? s->n : 0; }
+
+const rx_base_mat *rx_base_by_param(const rx_base *s, int param) {
+    for (int i = 0; s && i < s->n; i++)
+        if (s->mats[i].param == param) return &s->mats[i];
+    return NULL;
+}
+
+const rx_base_mat *rx_base_at(const rx_base *s, int i) {
+    return s && i >= 0 && i < s->n ? &s->mats[i] : NULL;
+}
+
+int rx_base_param(const rx_base_mat *b) { return b->param; }
+
+int rx_base_loaded(const rx_base *s) {
+    for (int i = 0; s && i < s->n; i++)
+        if (!s->mats[i].loaded) return 0;
+    return 1;
+}
+
+/* the base tensor whose arena slot is W, or NULL */
+const rx_base_mat *rx_base_find(const rx_base *s, const float *W) {
+    for (int i = 0; s && i < s->n; i++)
+        if (s->mats[i].W == W) return &s->mats[i];
+    return NULL;
+}
+
+/* the base tensor whose grad slot C starts inside, or NULL */
+int rx_base_grad_slot(const rx_base *s, const float *C) {
+    for (int i = 0; s && i < s->n; i++) {
+        const rx_base_mat *b = &s->mats[i];
+        if (C >= b->GW && C < b->GW + b->in * b->out) return 1;
+    }
+    return 0;
+}
+
+void rx_base_zero_grads(const rx_base *s, float *grads, size_t n) {
+    size_t at = 0;
+    for (int i = 0; s && i < s->n; i++) {   /* in arena order */
+        const size_t b = (size_t)(s->mats[i].GW - grads);
+        if (b > at) rx_fzero(grads + at, b - at);
+        at = b + s->mats[i].in * s->mats[i].out;
+    }
+    if (n > at) rx_fzero(grads + at, n - at);
+}
+
+/* src: W^T [out][in] (src_t) or W [in][out], float32 or bf16 (RX_BASE_BF16
+ * as kind: uint16 bits) */
+int rx_base_fill(rx_base *s, int i, const void *src, int kind, int src_t) {
+    rx_base_mat *b = &s->mats[i];
+    const size_t rb = rx_base_row_bytes(s->dtype, b->in);
+    float *row = s->dtype == RX_BASE_Q8_0 || !src_t ? rx_falloc(b->in) : NULL;
+    if ((s->dtype == RX_BASE_Q8_0 || !src_t) && !row)
+        return rx_fail(RX_ENOMEM, "rx_ptmodel_base_fill: out of memory");
+    const float *f = src;
+    const uint16_t *h = src;
+    for (size_t j = 0; j < b->out; j++) {
+        unsigned char *dst = b->data + j * rb;
+        if (src_t && s->dtype == RX_BASE_BF16 && kind == RX_BASE_BF16) {
+            memcpy(dst, h + j * b->in, rb);   /* bf16 in, bf16 kept: a copy */
+            continue;
+        }
+        if (src_t && s->dtype == RX_BASE_BF16) {
+            uint16_t *d = (uint16_t *)(void *)dst;
+            for (size_t k = 0; k < b->in; k++) {
+                const uint16_t v = to_bf16(f[j * b->in + k]);
+                memcpy(d + k, &v, 2);
+            }
+            continue;
+        }
+        for (size_t k = 0; k < b->in; k++) {
+            const size_t e = src_t ? j * b->in + k : k * b->out + j;
+            row[k] = kind == RX_BASE_BF16 ? bf16_f32(h[e]) : f[e];
+        }
+        if (s->dtype == RX_BASE_Q8_0) {
+            q8_row(row, b->in, dst);
+        } else {
+            for (size_t k = 0; k < b->in; k++) {
+                const uint16_t v = to_bf16(row[k]);
+                memcpy(dst + 2 * k, &v, 2);
+            }
+        }
+    }
+    free(row);
+    b->loaded = 1;
+    return RX_OK;
+}
+
+/* W [in][out] decoded into dst */
+void rx_base_read(const rx_base *s, const rx_base_mat *b, float *dst) {
+    for (size_t j = 0; j < b->out; j++) {
+        const unsigned char *row = b->data + j * rx_base_row_bytes(s->dtype, b->in);
+        for (size_t k = 0; k < b->in; k++) dst[k * b->out + j] = row_at(s->dtype, row, k);
+    }
+}
+
+const unsigned char *rx_base_data(const rx_base_mat *b, size_t *bytes) {
+    if (bytes) *bytes = b->out * rx_base_row_bytes(b->dtype, b->in);
+    return b->data;
+}
+
+/* ---- the GEMM's packing -------------------------------------------------- */
+
+/* n values of stored row `row` from element k0 into dst as float32 (exact);
+ * for Q8_0, k0 and n stay inside whole blocks or one block */
+static inline void decode_run(int dtype, const unsigned char *row, size_t k0, size_t n,
+                              float *dst) {
+    if (dtype == RX_BASE_Q8_0) {
+        for (size_t k = k0; k < k0 + n;) {
+            const unsigned char *blk = row + k / Q8_BLOCK * Q8_BYTES;
+            uint16_t dh;
+            memcpy(&dh, blk, 2);
+            const float d = f16_f32(dh);
+            const size_t e = (k / Q8_BLOCK + 1) * Q8_BLOCK < k0 + n ? (k / Q8_BLOCK + 1) * Q8_BLOCK
+                                                                    : k0 + n;
+            const int8_t *q = (const int8_t *)(blk + 2);
+            for (size_t i = k; i < e; i++) *dst++ = (float)q[i % Q8_BLOCK] * d;
+            k = e;
+        }
+        return;
+    }
+    const uint16_t *h = (const uint16_t *)(const void *)row + k0;
+    for (size_t i = 0; i < n; i++) dst[i] = bits_f32((uint32_t)h[i] << 16);
+}
+
+#ifdef RX_BASE_X86
+/* 16 words (32 bf16) with each subnormal half made a signed zero */
+RX_BASE512 static inline __m512i flush16(__m512i v) {
+    const __mmask32 sub = _mm512_testn_epi16_mask(v, _mm512_set1_epi16(0x7f80));
+    return _mm512_mask_mov_epi16(v, sub, _mm512_and_si512(v, _mm512_set1_epi16((short)0x8000)));
+}
+
+/* The forward sliver of 16 bf16 rows (columns j) over k [p0, p0+kc), as
+ * float32 k rows of 16: 16 k at a time, one transpose each */
+RX_BASE512 static void sliver_bf16_512(const uint16_t *const rows[16], size_t p0, size_t kc,
+                                        float *Bp) {
+    size_t p = 0;
+    for (; p + 16 <= kc; p += 16) {
+        __m512i v[16];
+        for (int j = 0; j < 16; j++)
+            v[j] = _mm512_slli_epi32(
+                _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(rows[j] + p0 + p))),
+                16);
+        rx_transpose16(v);
+        for (int q = 0; q < 16; q++) _mm512_storeu_si512(Bp + (p + q) * 16, v[q]);
+    }
+    for (; p < kc; p++) {
+        uint32_t *dst = (uint32_t *)(void *)(Bp + p * 16);
+        for (int j = 0; j < 16; j++) dst[j] = (uint32_t)rows[j][p0 + p] << 16;
+    }
+}
+
+/* A forward block of rx_bgemm's op(B) from a bf16 base: column c's 32 k
+ * are 64 bytes of its stored row; one transpose of the 16 runs */
+RX_BASE512 static void block_bf16_512(const unsigned char *const rows[16], uint16_t *dst) {
+    __m512i v[16];
+    for (int c = 0; c < 16; c++) v[c] = flush16(_mm512_loadu_si512(rows[c]));
+    rx_transpose16(v);
+    for (int p = 0; p < 16; p++) _mm512_storeu_si512(dst + p * 32, v[p]);
+}
+
+/* The same from a Q8_0 base: column c's 32 k are one block, q * d rounded
+ * by vcvtne2ps2bf16, the GEMM's own operand rounding */
+RX_BASE_BF16V static void block_q8_512(const unsigned char *const blks[16], uint16_t *dst) {
+    __m512i v[16];
+    for (int c = 0; c < 16; c++) {
+        uint16_t dh;
+        memcpy(&dh, blks[c], 2);
+        const __m512 d = _mm512_set1_ps(f16_f32(dh));
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(blks[c] + 2));
+        const __m512 x0 = _mm512_mul_ps(
+            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q))), d);
+        const __m512 x1 = _mm512_mul_ps(
+            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1))), d);
+        v[c] = (__m512i)_mm512_cvtne2ps_pbh(x1, x0);
+    }
+    rx_transpose16(v);
+    for (int p = 0; p < 16; p++) _mm512_storeu_si512(dst + p * 32, v[p]);
+}
+
+/* A dX block from a bf16 base: k pair p is stored rows 2p, 2p+1 at j0 */
+RX_BASE512 static void block_bf16_t_512(const unsigned char *data, size_t rb, size_t k0,
+                                         size_t j0, uint16_t *dst) {
+    for (int p = 0; p < 16; p++) {
+        const uint16_t *r0 = (const uint16_t *)(const void *)(data + (k0 + 2 * p) * rb) + j0;
+        const uint16_t *r1 = (const uint16_t *)(const void *)(data + (k0 + 2 * p + 1) * rb) + j0;
+        const __m512i lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)r0));
+        const __m512i hi = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)r1));
+        _mm512_storeu_si512(dst + p * 32, flush16(_mm512_or_si512(lo, _mm512_slli_epi32(hi, 16))));
+    }
+}
+
+/* 1 when the CPU runs the AVX-512 (BW) packers, 2 when also AVX512-BF16 */
+static int simd_level(void) {
+    static int level = -1;
+    int v = __atomic_load_n(&level, __ATOMIC_ACQUIRE);
+    if (v >= 0) return v;
+    unsigned a, b, c, d;
+    /* RWKVX_BASE_PORTABLE=1: the portable packers (tests on an AVX-512 CPU) */
+    const char *env = getenv("RWKVX_BASE_PORTABLE");
+    v = !(env && env[0] == '1') && __builtin_cpu_supports("avx512f") &&
+        __builtin_cpu_supports("avx512bw");
+    if (v && __get_cpuid_count(7, 1, &a, &b, &c, &d) && ((a >> 5) & 1)) v = 2;
+    __atomic_store_n(&level, v, __ATOMIC_RELEASE);
+    return v;
+}
+#endif
+
+/* rx_sgemm's packed B sliver layout: op(B) rows [p0,p0+kc) x columns
+ * [j0,j0+nc) as nr-column slivers, k-major, zero past nc; op(B) = W (tb 0)
+ * or W^T (tb 1). Forward (W): a sliver column j is stored row j, read
+ * along k; dX (W^T): a k row is stored row k, read along j. */
+void rx_base_pack_f32(const rx_base_mat *b, int tb, size_t p0, size_t kc, size_t j0,
+                      size_t nc, size_t nr, float *Bp) {
+    const int dtype = b->dtype;
+    const size_t rb = rx_base_row_bytes(dtype, b->in);
+    float run[256];   /* one decoded run of a row, k or j */
+    for (size_t s = 0; s < nc; s += nr, Bp += nr * kc) {
+        const size_t w = nc - s < nr ? nc - s : nr;
+        if (!tb && dtype == RX_BASE_BF16 && w == nr && nr <= 64) {
+            /* k-major over the sliver's nr stored rows: each Bp row written whole */
+            const uint16_t *rows[64];
+            for (size_t j = 0; j < nr; j++)
+                rows[j] = (const uint16_t *)(const void *)(b->data + (j0 + s + j) * rb) + p0;
+#ifdef RX_BASE_X86
+            if (nr == 16 && simd_level() >= 1) {
+                sliver_bf16_512(rows, 0, kc, Bp);
+                continue;
+            }
+#endif
+            for (size_t p = 0; p < kc; p++) {
+                uint32_t *dst = (uint32_t *)(void *)(Bp + p * nr);
+                for (size_t j = 0; j < nr; j++) dst[j] = (uint32_t)rows[j][p] << 16;
+            }
+        } else if (!tb) {
+            for (size_t j = 0; j < nr; j++) {
+                if (j >= w) {
+                    for (size_t p = 0; p < kc; p++) Bp[p * nr + j] = 0.0f;
+                    continue;
+                }
+                const unsigned char *row = b->data + (j0 + s + j) * rb;
+                for (size_t q = 0; q < kc; q += 256) {
+                    const size_t n = kc - q < 256 ? kc - q : 256;
+                    decode_run(dtype, row, p0 + q, n, run);
+                    for (size_t p = 0; p < n; p++) Bp[(q + p) * nr + j] = run[p];
+                }
+            }
+        } else {
+            for (size_t p = 0; p < kc; p++) {
+                float *dst = Bp + p * nr;
+                decode_run(dtype, b->data + (p0 + p) * rb, j0 + s, w, dst);
+                for (size_t j = w; j < nr; j++) dst[j] = 0.0f;
+            }
+        }
+    }
+}
+
+/* the GEMM's bf16 operand rounding (gemm_bf16.c bf16_round): a base value
+ * is a bf16 or q*d; rounding it as a float32 gives what the float32 model
+ * holding the decoded weights would pack */
+static inline uint16_t operand_bf16(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+    if (!(u & 0x7f800000u)) return (uint16_t)((u >> 16) & 0x8000u);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* Two bf16 (a 32-bit word) as the GEMM's operand rounding leaves them:
+ * a subnormal becomes a signed zero (a stored bf16 is finite) */
+static inline uint32_t flush_pair(uint32_t v) {
+    const uint32_t lo = (v & 0x7f80u) ? 0xffffu : 0x8000u;
+    const uint32_t hi = (v & 0x7f800000u) ? 0xffff0000u : 0x80000000u;
+    return v & (lo | hi);
+}
+
+/* q * d (a Q8_0 value: finite, zero or at least 2^-24) rounded to bf16 as
+ * operand_bf16 rounds it, without its branches for NaN and subnormals */
+static inline uint16_t round_q8(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* rx_bgemm's packed op(B): 16-column x 32-k blocks (bt_r x bt_k), block
+ * (cb, kc) at bp + (cb * nkc + kc) * bt_r * bt_k, row q/2 holding the k pair
+ * (q even, q odd) of its 16 columns interleaved; zero past N and K. Column
+ * blocks [cb0,cb1) x k chunks [kc0,kc1). A whole block decodes a run of 32
+ * k (forward: one Q8_0 block) or 16 j (dX) per row at a time. */
+void rx_base_pack_bf16(const rx_base_mat *b, int tb, size_t N, size_t K, size_t nkc,
+                       size_t cb0, size_t cb1, size_t kc0, size_t kc1, size_t bt_r, size_t bt_k,
+                       uint16_t *bp) {
+    const int dtype = b->dtype;
+    const size_t rb = rx_base_row_bytes(dtype, b->in);
+    float run[64];
+    for (size_t cb = cb0; cb < cb1; cb++)
+        for (size_t kc = kc0; kc < kc1; kc++) {
+            uint16_t *dst = bp + (cb * nkc + kc) * bt_r * bt_k;
+            const size_t j0 = cb * bt_r, k0 = kc * bt_k;
+            const size_t nj = j0 >= N ? 0 : N - j0 < bt_r ? N - j0 : bt_r;
+            const size_t nk = k0 >= K ? 0 : K - k0 < bt_k ? K - k0 : bt_k;
+            if (bt_r > 64 || bt_k != 2 * bt_r || nj < bt_r || nk < bt_k) {   /* an edge block */
+                for (size_t c = 0; c < bt_r; c++)
+                    for (size_t q = 0; q < bt_k; q++) {
+                        const size_t j = j0 + c, k = k0 + q;
+                        float v = 0.0f;
+                        if (j < N && k < K)
+                            v = tb ? row_at(dtype, b->data + k * rb, j)
+                                   : row_at(dtype, b->data + j * rb, k);
+                        dst[q / 2 * bt_k + 2 * c + q % 2] = operand_bf16(v);
+                    }
+                continue;
+            }
+            uint32_t *d32 = (uint32_t *)(void *)dst;   /* word (p, c): the k pair 2p, 2p+1 */
+#ifdef RX_BASE_X86
+            const int lv = bt_r == 16 ? simd_level() : 0;
+            if (lv >= 1 && !tb && dtype == RX_BASE_BF16) {
+                const unsigned char *rows[16];
+                for (int c = 0; c < 16; c++) rows[c] = b->data + (j0 + c) * rb + 2 * k0;
+                block_bf16_512(rows, dst);
+                continue;
+            }
+            if (lv >= 2 && !tb && dtype == RX_BASE_Q8_0) {
+                const unsigned char *blks[16];
+                for (int c = 0; c < 16; c++)
+                    blks[c] = b->data + (j0 + c) * rb + k0 / Q8_BLOCK * Q8_BYTES;
+                block_q8_512(blks, dst);
+                continue;
+            }
+            if (lv >= 1 && tb && dtype == RX_BASE_BF16) {
+                block_bf16_t_512(b->data, rb, k0, j0, dst);
+                continue;
+            }
+#endif
+            if (!tb && dtype == RX_BASE_BF16) {
+                /* column c's k pairs are its stored row's 32-bit words */
+                for (size_t c = 0; c < bt_r; c++) {
+                    const unsigned char *row = b->data + (j0 + c) * rb + 2 * k0;
+                    for (size_t p = 0; p < bt_k / 2; p++) {
+                        uint32_t v;
+                        memcpy(&v, row + 4 * p, 4);
+                        d32[p * bt_r + c] = flush_pair(v);
+                    }
+                }
+            } else if (!tb) {   /* column c: one Q8_0 block (k0 is a multiple of 32) */
+                for (size_t c = 0; c < bt_r; c++) {
+                    decode_run(dtype, b->data + (j0 + c) * rb, k0, bt_k, run);
+                    for (size_t p = 0; p < bt_k / 2; p++)
+                        d32[p * bt_r + c] = (uint32_t)round_q8(run[2 * p]) |
+                                            (uint32_t)round_q8(run[2 * p + 1]) << 16;
+                }
+            } else if (dtype == RX_BASE_BF16) {   /* two stored rows make a k pair */
+                for (size_t p = 0; p < bt_k / 2; p++) {
+                    const uint16_t *r0 = (const uint16_t *)(const void *)(b->data +
+                                                                         (k0 + 2 * p) * rb) + j0;
+                    const uint16_t *r1 = (const uint16_t *)(const void *)(b->data +
+                                                                         (k0 + 2 * p + 1) * rb) + j0;
+                    for (size_t c = 0; c < bt_r; c++)
+                        d32[p * bt_r + c] = flush_pair((uint32_t)r0[c] | (uint32_t)r1[c] << 16);
+                }
+            } else {     /* k row q is stored row k0 + q: its 16 j in one run */
+                for (size_t q = 0; q < bt_k; q++) {
+                    decode_run(dtype, b->data + (k0 + q) * rb, j0, bt_r, run);
+                    for (size_t c = 0; c < bt_r; c++)
+                        dst[q / 2 * bt_k + 2 * c + q % 2] = operand_bf16(run[c]);
+                }
+            }
+        }
+}
+
+/* Every base tensor decoded into its arena slot, the store freed: the
+ * model holds float32 weights again (the base-unfreeze). */
+int rx_base_materialise(rx_base *s) {
+    for (int i = 0; s && i < s->n; i++) {
+        const rx_base_mat *b = &s->mats[i];
+        rx_base_read(s, b, (float *)b->W);
+    }
+    return RX_OK;
+}
+
+/* ---- the model's base (rx_pretrain.h) ------------------------------------ */
+
+int rx_ptmodel_set_base(rx_ptmodel *m, int dtype, const int *params, int n) {
+    static const char *const fn = "rx_ptmodel_set_base";
+    if (!m || !params) return rx_fail(RX_EINVAL, "%s: %s is NULL", fn, !m ? "model" : "params");
+    if (dtype != RX_BASE_BF16 && dtype != RX_BASE_Q8_0)
+        return rx_fail(RX_EINVAL, "%s: unknown dtype %d", fn, dtype);
+    if (n < 1) return rx_fail(RX_EINVAL, "%s: n = %d must be >= 1", fn, n);
+    if (rx_ptmodel_base_store(m)) return rx_fail(RX_EINVAL, "%s: the model has a base already", fn);
+    const int nt = rx_ptmodel_num_params(m);
+    /* in arena order: tensor indices ascending */
+    char *pick = calloc((size_t)nt, 1);
+    rx_base_target *t = calloc((size_t)n, sizeof *t);
+    int rc = pick && t ? RX_OK : rx_fail(RX_ENOMEM, "%s: out of memory", fn);
+    for (int i = 0; i < n && rc == RX_OK; i++) {
+        const int p = params[i];
+        int shape[2] = {0, 0};
+        const char *name = NULL;
+        if (p < 0 || p >= nt) {
+            rc = rx_fail(RX_EINVAL, "%s: tensor %d is outside [0, %d)", fn, p, nt);
+        } else if (pick[p]) {
+            rc = rx_fail(RX_EINVAL, "%s: tensor %d is named twice", fn, p);
+        } else if (rx_ptmodel_param(m, p, &name, NULL, NULL, NULL) != RX_OK ||
+                   rx_ptmodel_param_shape(m, p, shape) != 2 || !strcmp(name, "emb")) {
+            rc = rx_fail(RX_EINVAL, "%s: tensor %d (%s) is not a matrix the GEMMs read", fn, p,
+                         name ? name : "?");
+        } else if (dtype == RX_BASE_Q8_0 && shape[0] % Q8_BLOCK) {
+            rc = rx_fail(RX_EINVAL, "%s: %s [%d, %d]: Q8_0 needs its input size a multiple of "
+                         "%d", fn, name, shape[0], shape[1], Q8_BLOCK);
+        }
+        if (rc == RX_OK) pick[p] = 1;
+    }
+    int k = 0;
+    for (int p = 0; p < nt && rc == RX_OK; p++) {
+        if (!pick[p]) continue;
+        float *W, *GW;
+        int shape[2];
+        rx_ptmodel_param(m, p, NULL, &W, &GW, NULL);
+        rx_ptmodel_param_shape(m, p, shape);
+        t[k++] = (rx_base_target){W, GW, (size_t)shape[0], (size_t)shape[1], p};
+    }
+    rx_base *s = NULL;
+    if (rc == RX_OK) rc = rx_base_create(dtype, t, n, &s);
+    if (rc == RX_OK) rx_ptmodel_attach_base(m, s);
+    free(pick);
+    free(t);
+    return rc;
+}
+
+/* the base tensor param of m, or NULL through rx_fail naming fn */
+static const rx_base_mat *mat_of(const rx_ptmodel *m, int param, const char *fn) {
+    const rx_base *s = m ? rx_ptmodel_base_store(m) : NULL;
+    const rx_base_mat *b = rx_base_by_param(s, param);
+    if (!b) rx_fail(RX_EINVAL, "%s: tensor %d is not in the model's base", fn, param);
+    return b;
+}
+
+int rx_ptmodel_base_fill(rx_ptmodel *m, int param, const void *src, int kind, int transposed) {
+    static const char *const fn = "rx_ptmodel_base_fill";
+    const rx_base_mat *b = mat_of(m, param, fn);
+    if (!b) return RX_EINVAL;
+    if (!src || (kind != RX_BASE_FP32 && kind != RX_BASE_BF16))
+        return rx_fail(RX_EINVAL, "%s: src is NULL or kind %d unknown", fn, kind);
+    rx_base *s = rx_ptmodel_base_store(m);
+    return rx_base_fill(s, (int)(b - rx_base_at(s, 0)), src, kind, transposed != 0);
+}
+
+int rx_ptmodel_base_read(const rx_ptmodel *m, int param, float *dst) {
+    const rx_base_mat *b = mat_of(m, param, "rx_ptmodel_base_read");
+    if (!b || !dst) return b ? rx_fail(RX_EINVAL, "rx_ptmodel_base_read: dst is NULL") : RX_EINVAL;
+    rx_base_read(rx_ptmodel_base_store(m), b, dst);
+    return RX_OK;
+}
+
+const void *rx_ptmodel_base_data(const rx_ptmodel *m, int param, int64_t *bytes) {
+    const rx_base_mat *b = mat_of(m, param, "rx_ptmodel_base_data");
+    size_t nb = 0;
+    const void *p = b ? rx_base_data(b, &nb) : NULL;
+    if (bytes) *bytes = (int64_t)nb;
+    return p;
+}
+
+int rx_ptmodel_base_info(const rx_ptmodel *m, int *dtype, int *n, int64_t *bytes) {
+    const rx_base *s = m ? rx_ptmodel_base_store(m) : NULL;
+    if (dtype) *dtype = rx_base_dtype(s);
+    if (n) *n = rx_base_count(s);
+    if (bytes) *bytes = (int64_t)rx_base_bytes(s);
+    return RX_OK;
+}
+
+int rx_ptmodel_base_param(const rx_ptmodel *m, int i) {
+    const rx_base_mat *b = rx_base_at(m ? rx_ptmodel_base_store(m) : NULL, i);
+    return b ? rx_base_param(b)
+             : rx_fail(RX_EINVAL, "rx_ptmodel_base_param: index %d is outside the base", i);
+}
+
+int rx_ptmodel_base_release(rx_ptmodel *m) {
+    if (!m) return rx_fail(RX_EINVAL, "rx_ptmodel_base_release: model is NULL");
+    rx_base *s = rx_ptmodel_base_store(m);
+    if (!s) return RX_OK;
+    rx_base_materialise(s);
+    rx_ptmodel_attach_base(m, NULL);
+    rx_base_free(s);
+    return RX_OK;
+}

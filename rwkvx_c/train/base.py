@@ -1,0 +1,151 @@
+"""The frozen base of a fine-tune (docs/finetune.md §The frozen base).
+
+A matrix that does not train (every projection of a state or LoRA tune,
+the frozen groups of --freeze / --train-parts) is held only in the format
+its GEMM reads: bf16 or GGUF Q8_0 (RxPtModel.set_base), with no float32
+copy, no gradient and no AdamW moments. --base-dtype picks the format;
+"auto" is bf16 for a source whose matrices are bf16 (an official .pth),
+fp32 (the arena, as a full run) otherwise. The embedding and every vector
+stay float32.
+
+``model_from_source(opts, weights)`` is the one place a fine-tune's model
+is made from its source: the run's options (resolved, the model shape the
+source's) and the source's weights by parameter name, a Mapping read one
+tensor at a time (an x070 .pth is read from its file as it is asked for,
+rwkvx_c.interop.rwkv7.StreamedWeights). It checks that the tune fits in
+memory (what this mode keeps, tune_bytes) before it reads a tensor.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from rwkvx_c import _core
+from rwkvx_c.errors import ConfigError, MemoryTooSmall, TrainError
+from rwkvx_c.model import memory
+from rwkvx_c.model.lora import target_params
+from rwkvx_c.model.weights import load_params
+from rwkvx_c.train.expand import place_weights
+from rwkvx_c.train.finetune import parse_targets, trained_names
+
+if TYPE_CHECKING:
+    from rwkvx_c._core import RxPtModel
+    from rwkvx_c.train.options import ResolvedOptions
+
+__all__ = ["resolve_base_dtype", "base_names", "base_bytes", "tune_bytes", "model_from_source",
+           "Decoded"]
+
+Q8_BLOCK, Q8_BYTES = 32, 34   # GGUF Q8_0: 32 int8 and one fp16 scale
+
+
+def resolve_base_dtype(opts: ResolvedOptions, source_dtype: str) -> str:
+    """--base-dtype with "auto" decided: bf16 when the source's matrices
+    are bf16 and something is frozen, else fp32."""
+    if opts.base_dtype != "auto":
+        return opts.base_dtype
+    frozen = opts.tune != "full" or bool(opts.freeze) or bool(opts.train_parts)
+    return "bf16" if source_dtype == "bf16" and frozen else "fp32"
+
+
+def base_names(model: RxPtModel, opts: ResolvedOptions, dtype: str) -> list[str]:
+    """The matrices a base of dtype holds: every frozen 2-D parameter but
+    the embedding (whose rows are gathered, not multiplied); for q8_0 only
+    those whose input size is a multiple of 32 (the rest stay float32)."""
+    if dtype == "fp32":
+        return []
+    keep = set(trained_names(model, opts))
+    p = model.params
+    return [n for n in model.param_names if n not in keep and n != "emb" and p[n].ndim == 2
+            and (dtype != "q8_0" or p[n].shape[0] % Q8_BLOCK == 0)]
+
+
+def base_bytes(model: RxPtModel, names: list[str], dtype: str) -> int:
+    """Bytes of a base of dtype holding names."""
+    p = model.params
+    if dtype == "q8_0":
+        return sum(p[n].size // Q8_BLOCK * Q8_BYTES for n in names)
+    return sum(2 * p[n].size for n in names)
+
+
+def tune_bytes(model: RxPtModel, opts: ResolvedOptions, names: list[str], dtype: str) -> int:
+    """The peak bytes of a fine-tune's weights, the activations aside: the
+    base, every other parameter once in float32, and for what trains its
+    grads and AdamW's two moments (the states, the adapters, the trained
+    groups); while loading, the largest tensor twice more (read and
+    converted)."""
+    p = model.params
+    trained = sum(p[n].size for n in trained_names(model, opts))
+    c = model.config
+    if opts.tune == "state":
+        trained += c["n_rwkv_layer"] * c["n_head"] * c["head_size"] ** 2
+    if opts.tune == "lora":
+        trained += sum(opts.lora_r * (p[n].shape[0] + p[n].shape[1])
+                       for n in target_params(model.layers, parse_targets(opts.lora_targets)))
+    in_base = sum(p[n].size for n in names)
+    largest = max(a.size for a in p.values())
+    return (4 * (model.n_params - in_base) + base_bytes(model, names, dtype)
+            + 16 * trained + 8 * largest)
+
+
+def model_from_source(opts: ResolvedOptions, weights: Mapping[str, np.ndarray]) -> RxPtModel:
+    """The model of a fine-tune (opts resolved, opts.model the source's
+    shape) holding the source's weights (by parameter name; see the module
+    doc), its frozen matrices in a base of --base-dtype. TrainError when the
+    tune does not fit in memory, or on a missing or misshapen tensor."""
+    try:
+        model = _core.RxPtModel(dict(opts.model), seed=opts.seed, precision=opts.precision,
+                                recompute=bool(opts.grad_cp), l2wrap=opts.l2wrap, init=False)
+        dtype = resolve_base_dtype(opts, str(getattr(weights, "dtype", "fp32")))
+        names = base_names(model, opts, dtype)
+        # frozen while the step may be measured: no weight grad is written
+        # (make_optimizer sets what trains)
+        model.frozen = True
+        memory.check_step(model, opts.batch, opts.seq_len,
+                          params=tune_bytes(model, opts, names, dtype))
+    except (ConfigError, MemoryTooSmall, ValueError) as e:
+        raise TrainError(str(e)) from None
+    placed = place_weights(model, weights)
+    if not hasattr(weights, "raw_t"):   # in memory: every shape checked before a write
+        load_params(model, {n: placed[n] for n in model.param_names if n not in names},
+                    "the source", TrainError)
+    if names:
+        model.set_base(dtype, names)
+    for n in model.param_names:
+        raw = getattr(placed, "raw_t", None)
+        if n in names:
+            bits = raw(n) if raw is not None else None
+            if bits is not None:   # bf16 as the file holds it: [out, in]
+                model.base_fill(n, bits, transposed=True)
+            else:
+                model.base_fill(n, np.ascontiguousarray(placed[n], np.float32))
+        elif hasattr(weights, "raw_t"):
+            a = placed[n]
+            if a.shape != model.params[n].shape:
+                raise TrainError(f"the source: tensor {n} has shape {a.shape}, the model "
+                                 f"expects {model.params[n].shape}")
+            model.params[n][...] = a
+        if hasattr(placed, "release"):
+            placed.release(n)
+    return model
+
+
+class Decoded(Mapping[str, np.ndarray]):
+    """tensors, with a frozen base's matrices decoded (float32) each time
+    one is asked for."""
+
+    def __init__(self, model: _core.RxPtModel, tensors: dict[str, np.ndarray]) -> None:
+        self._model, self._tensors = model, tensors
+        self._base = set(model.base_names)
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name in self._base:
+            return self._model.base_tensor(name)
+        return self._tensors[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._tensors)
+
+    def __len__(self) -> int:
+        return len(self._tensors)

@@ -1,0 +1,318 @@
+"""The frozen base (docs/finetune.md §The frozen base, csrc/base.c): frozen
+matrices held as bf16 or GGUF Q8_0 only. Its bytes are gguf's and torch's;
+at either precision a base model computes bit for bit the logits and every
+gradient of the float32 model holding the decoded weights (bf16-rounded,
+or gguf's dequantize(quantize(W))), with state and LoRA tuning, recompute,
+the chunked head and any thread count; its state and adapter gradients
+match the float64 reference; the switch works from TrainOptions and the
+command line, and a bf16 .pth streams into a bf16 base."""
+import numpy as np
+import pytest
+
+import rwkvx_c as rx
+from rwkvx_c.model.lora import TARGETS, target_params
+
+from checks import GRAD_TOL, assert_rel, token_batch
+from reference.autograd import Var
+from reference.lora import lora_params
+from reference.model import model_loss
+
+gguf = pytest.importorskip("gguf")
+
+# every matrix's input size a multiple of 32 (Q8_0's block), one attention block
+CFG = dict(n_embd=64, n_head=2, head_size=32, n_rwkv_layer=2, n_attn_layer=1, vocab_size=37,
+           Dw=32, Da=32, Dg=32, Dv=32, ffn_dim=96, chunk_size=4, moba_top_k=3)
+B, T, IGNORE, R, ALPHA = 2, 12, 5, 4, 8.0
+
+
+def _bf16(a):
+    """float32 -> bf16 bits, round to nearest even (torch's .to(bfloat16))."""
+    u = a.astype(np.float32).view(np.uint32)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def _decoded(w, dtype):
+    """W [in, out] as a base of dtype holds it, decoded: bf16-rounded, or
+    gguf's dequantize(quantize(W^T, Q8_0)) transposed back."""
+    if dtype == "bf16":
+        return (_bf16(w).astype(np.uint32) << 16).view(np.float32)
+    q = gguf.quants.quantize(np.ascontiguousarray(w.T), gguf.GGMLQuantizationType.Q8_0)
+    return np.ascontiguousarray(gguf.quants.dequantize(q, gguf.GGMLQuantizationType.Q8_0).T)
+
+
+def _names(m):
+    return [n for n in m.param_names if n != "emb" and m.params[n].ndim == 2]
+
+
+def _pair(dtype, precision="fp32", recompute=False, seed=3):
+    """(float32 model holding the decoded weights, base model), both with
+    initial states and adapters on every projection (random, equal), the
+    base's ranges frozen in both."""
+    src = rx.RxPtModel(CFG, seed=seed)
+    # weights of the trained model's size: decay gates stay in range
+    for n in _names(src):
+        src.params[n][...] *= 0.5
+    names = _names(src)
+    ref = rx.RxPtModel(CFG, seed=seed, precision=precision, recompute=recompute)
+    ref.param_buffer[...] = src.param_buffer
+    for n in names:
+        ref.params[n][...] = _decoded(src.params[n], dtype)
+    m = rx.RxPtModel(CFG, seed=seed, precision=precision, recompute=recompute, init=False)
+    m.param_buffer[...] = src.param_buffer   # the base's slots are released below
+    m.set_base(dtype, names)
+    for n in names:
+        m.base_fill(n, src.params[n])
+    rng = np.random.default_rng(seed)
+    targets = target_params(ref.layers, tuple(TARGETS))
+    frozen = []
+    for n in names:
+        b = ref.params[n].__array_interface__["data"][0] - \
+            ref.param_buffer.__array_interface__["data"][0]
+        frozen.append([b // 4, b // 4 + ref.params[n].size])
+    s0 = rng.standard_normal((CFG["n_rwkv_layer"], 2, 32, 32)).astype(np.float32) * 0.1
+    ad = None
+    for x in (ref, m):
+        x.enable_state()
+        x.state[...] = s0
+        x.enable_lora(R, ALPHA, targets)
+        if ad is None:
+            ad = rng.standard_normal(x.lora_buffer.shape).astype(np.float32) * 0.05
+        x.lora_buffer[...] = ad
+        x.freeze_ranges(np.array(frozen, np.int64))
+    return ref, m, names
+
+
+def _run(m, chunked, threads=None):
+    tokens, targets = token_batch(CFG["vocab_size"], B, T, 7, IGNORE)
+    if threads is not None:
+        rx.set_num_threads(threads)
+    try:
+        logits = m.forward(tokens, return_logits=not chunked)
+        loss = m.backward(targets, ignore_index=IGNORE)
+    finally:
+        rx.set_num_threads(0)
+    grads = {n: m.grads[n].copy() for n in m.param_names}
+    return logits, loss, grads, m.state_grad.copy(), m.lora_grad_buffer.copy()
+
+
+def test_stored_bytes_are_gguf_q8_0_and_torch_bf16():
+    src = rx.RxPtModel(CFG, seed=1)
+    names = _names(src)
+    for dtype in ("bf16", "q8_0"):
+        m = rx.RxPtModel(CFG, seed=1, init=False)
+        m.set_base(dtype, names)
+        for n in names:
+            m.base_fill(n, src.params[n])
+        assert m.base_dtype == dtype and m.base_names == names
+        per = 2.0 if dtype == "bf16" else 34 / 32
+        assert m.base_bytes == sum(int(src.params[n].size * per) for n in names)
+        for n in names:
+            w = src.params[n]
+            want = _bf16(w.T) if dtype == "bf16" else gguf.quants.quantize(
+                np.ascontiguousarray(w.T), gguf.GGMLQuantizationType.Q8_0)
+            assert np.array_equal(m.base_data(n), want), n
+            assert np.array_equal(m.base_tensor(n), _decoded(w, dtype)), n
+            assert not np.any(m.params[n])   # the arena slot holds nothing
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "q8_0"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("recompute,chunked", [(False, False), (True, True)],
+                         ids=["plain", "recompute+chunked_head"])
+def test_base_gives_the_float32_models_bits(dtype, precision, recompute, chunked):
+    ref, m, names = _pair(dtype, precision, recompute)
+    want = _run(ref, chunked)
+    for threads in (1, 3):
+        got = _run(m, chunked, threads)
+        if not chunked:
+            assert np.array_equal(got[0], want[0])   # logits
+        assert got[1] == want[1]                     # loss
+        for n in m.param_names:
+            if n not in names:
+                assert np.array_equal(got[2][n], want[2][n]), n
+        assert np.array_equal(got[3], want[3])       # the states' grads
+        assert np.array_equal(got[4], want[4])       # the adapters' grads
+
+
+def test_the_portable_packers_give_the_same_bits():
+    """The base's packing without AVX-512 (any x86-64 or other CPU): the
+    bit-exact test again in a process with RWKVX_BASE_PORTABLE=1."""
+    import os
+    import subprocess
+    import sys
+    here = os.path.dirname(os.path.abspath(__file__))
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                        os.path.join(here, "test_base.py"), "-k", "float32_models_bits"],
+                       env=dict(os.environ, RWKVX_BASE_PORTABLE="1"), capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:]
+
+
+def test_a_q8_0_base_state_and_adapter_grads_match_the_float64_reference():
+    ref, m, _ = _pair("q8_0")
+    tokens, targets = token_batch(CFG["vocab_size"], B, T, 7, IGNORE)
+    m.forward(tokens, return_logits=False)
+    m.backward(targets, ignore_index=IGNORE)
+    params = {n: Var(np.array(ref.params[n], np.float64), requires_grad=False)
+              for n in ref.param_names}
+    ads = {}
+    for k in m.lora:
+        if k.endswith(".lora_A"):
+            p = k[:-len(".lora_A")]
+            ads[p] = tuple(Var(m.lora[p + s].astype(np.float64)) for s in (".lora_A", ".lora_B"))
+    s0 = Var(m.state.astype(np.float64))
+    loss = model_loss(lora_params(params, ads, R, ALPHA), CFG, tokens, targets, IGNORE,
+                      state0=s0)
+    loss.backward()
+    assert_rel("state0.grad", m.state_grad, s0.grad, GRAD_TOL)
+    for p, (a, b) in ads.items():
+        assert_rel(f"{p}.lora_A.grad", m.lora_grads[p + ".lora_A"], a.grad, GRAD_TOL)
+        assert_rel(f"{p}.lora_B.grad", m.lora_grads[p + ".lora_B"], b.grad, GRAD_TOL)
+
+
+def test_release_base_gives_the_decoded_float32_weights():
+    ref, m, names = _pair("q8_0")
+    want = _run(ref, False)
+    m.release_base()
+    assert m.base_dtype is None and m.base_names == [] and m.base_bytes == 0
+    for n in names:
+        assert np.array_equal(m.params[n], ref.params[n]), n
+    assert np.array_equal(_run(m, False)[0], want[0])
+
+
+def test_bad_base_requests_are_refused():
+    m = rx.RxPtModel(CFG, seed=0, init=False)
+    with pytest.raises(ValueError, match=r"emb.*not a matrix the GEMMs read"):
+        m.set_base("bf16", ["emb"])
+    with pytest.raises(ValueError, match="base dtype must be one of"):
+        m.set_base("q4", ["head"])
+    odd = rx.RxPtModel(dict(CFG, Dw=8), seed=0, init=False)
+    with pytest.raises(ValueError, match=r"Q8_0 needs its input size a multiple of 32"):
+        odd.set_base("q8_0", ["blocks.0.tm.w2"])
+    m.set_base("bf16", ["head"])
+    with pytest.raises(ValueError, match="has a base already"):
+        m.set_base("bf16", ["blocks.0.tm.key_w"])
+    with pytest.raises(ValueError, match="takes shape"):
+        m.base_fill("head", np.zeros((3, 3), np.float32))
+    tokens, _ = token_batch(CFG["vocab_size"], 1, 4, 0, IGNORE)
+    with pytest.raises(ValueError, match="base is not filled"):
+        m.forward(tokens)
+
+
+# ---- the run: --base-dtype, a streamed .pth, the memory check, unfreeze, resume ----------
+
+def _bf16_pth(tmp_path, name="o.pth"):
+    pytest.importorskip("torch")
+    from test_interop import _official_dict
+
+    from rwkvx_c import interop
+    sd = _official_dict(np.random.default_rng(0), V=256, C=64, H=2, N=32, L=2, F=128, Dw=32,
+                        Da=32, Dv=32, Dg=32)
+    pth = str(tmp_path / name)
+    interop.save_pth(sd, pth, "bf16")
+    return pth
+
+
+def _tune_losses(tmp_path, pth, out, **kw):
+    from test_train import _opts
+
+    from rwkvx_c.interop.source import read_source
+    from rwkvx_c.train import Trainer
+    from rwkvx_c.train.finetune import from_source
+    src = read_source(pth)
+    opts = from_source(_opts(tmp_path, model=None, **kw), src.config, src.tokenizer, pth)
+    tr = Trainer(opts, str(tmp_path / out), _weights=src.weights)
+    rows = []
+    tr.run(on_step=rows.append)
+    return tr, [r["loss"] for r in rows if "loss" in r]
+
+
+@pytest.mark.parametrize("tune", ["state", "lora"])
+def test_a_bf16_pth_streams_into_a_bf16_base_with_the_float32_losses(tmp_path, tune):
+    from rwkvx_c.interop.rwkv7 import StreamedWeights
+    from rwkvx_c.interop.source import read_source
+    pth = _bf16_pth(tmp_path)
+    src = read_source(pth)
+    assert isinstance(src.weights, StreamedWeights) and src.dtype == "bf16"
+    tr32, want = _tune_losses(tmp_path, pth, "fp32", tune=tune, steps=3, base_dtype="fp32")
+    assert tr32.model.base_dtype is None
+    tr, got = _tune_losses(tmp_path, pth, "auto", tune=tune, steps=3)   # auto: bf16
+    assert tr.model.base_dtype == "bf16" and len(tr.model.base_names) == 12 + 14 + 1
+    assert got == want and got[-1] < got[0] + 1.0
+    # the bits of the file, copied: no rounding on the way
+    from rwkvx_c.interop.pth import PthTensors
+    raw = PthTensors(pth).raw("blocks.1.att.key.weight")
+    assert np.array_equal(tr.model.base_data("blocks.1.tm.key_w"), raw)
+    trq, q = _tune_losses(tmp_path, pth, "q8", tune=tune, steps=3, base_dtype="q8_0")
+    assert trq.model.base_dtype == "q8_0" and q != want and abs(q[0] - want[0]) < 1e-2
+
+
+def test_base_dtype_from_the_command_line_and_its_header(tmp_path, capsys):
+    from rwkvx_c.cli import main
+    from rwkvx_c.run.checkpoint import read_checkpoint
+    pth = _bf16_pth(tmp_path)
+    (tmp_path / "corpus.txt").write_text("the quick brown fox jumps over the lazy dog. " * 40)
+    args = ["train", "--init-from", pth, "--tune", "lora", "--data", str(tmp_path / "corpus.txt"),
+            "--cache-dir", str(tmp_path / "cache"), "--steps", "2", "--batch", "2", "--seq-len",
+            "16", "--eval-tokens", "32", "--threads", "1", "--no-progress"]
+    assert main(args + ["--base-dtype", "q8_0", "--out", str(tmp_path / "q")]) == 0
+    out = capsys.readouterr().out
+    assert "frozen base q8_0, 27 matrices in 0 MiB" in out and "params train" in out
+    # the checkpoint holds the decoded base: resume and export read it as before
+    ck, _, _ = read_checkpoint(str(tmp_path / "q" / "checkpoint.safetensors"))
+    assert np.any(ck["blocks.0.tm.key_w"])
+    with pytest.raises(SystemExit) as e:
+        main(args + ["--base-dtype", "fp16", "--out", str(tmp_path / "bad")])
+    assert e.value.code == 2 and "--base-dtype: invalid choice" in capsys.readouterr().err
+
+
+def test_a_state_tune_on_a_base_resumes_bit_exact_and_unfreezes(tmp_path):
+    from rwkvx_c.train import Trainer
+    pth = _bf16_pth(tmp_path)
+    _, want = _tune_losses(tmp_path, pth, "a", tune="state", steps=6, save_every=3,
+                           base_dtype="q8_0", unfreeze_at=5)
+    from test_train import _opts
+
+    from rwkvx_c.interop.source import read_source
+    from rwkvx_c.train.finetune import from_source
+    src = read_source(pth)
+    opts = from_source(_opts(tmp_path, model=None, tune="state", steps=6, save_every=3,
+                             base_dtype="q8_0", unfreeze_at=5), src.config, src.tokenizer, pth)
+    tr = Trainer(opts, str(tmp_path / "b"), _weights=src.weights)
+    tr.run(stop=lambda: tr.step_count >= 3)
+    assert tr.model.base_dtype == "q8_0"
+    r = Trainer.resume(str(tmp_path / "b"))
+    rows = []
+    r.run(on_step=rows.append)
+    assert [x["loss"] for x in rows if "loss" in x] == want[3:]
+    assert r.model.base_dtype is None   # unfrozen: float32, the dequantised values trained
+
+
+def test_a_pth_claiming_more_than_it_holds_is_one_line(tmp_path):
+    torch = pytest.importorskip("torch")
+    from rwkvx_c.errors import InteropError
+    from rwkvx_c.interop.source import read_source
+    pth = str(tmp_path / "huge.pth")
+    torch.save({"emb.weight": torch.zeros(1).expand(10**6, 10**6)}, pth)
+    with pytest.raises(InteropError, match=r"claims shape \(1000000, 1000000\) with strides "
+                       r"\(0, 0\) at offset 0 over a storage of 1 elements"):
+        read_source(pth)
+
+
+def test_the_rwkv_package_on_the_bf16_pth_gives_a_bf16_base_models_logits(tmp_path):
+    from test_interop import _RWKV, TOL, _need, _rel, _tool_logits
+    from test_train import _opts
+    _need("torch", "rwkv")
+    from rwkvx_c.interop.source import read_source
+    from rwkvx_c.train.base import model_from_source
+    from rwkvx_c.train.finetune import from_source
+    pth = _bf16_pth(tmp_path)
+    src = read_source(pth)
+    opts = from_source(_opts(tmp_path, model=None, tune="lora", precision="fp32"), src.config,
+                       src.tokenizer, pth).resolved()
+    model = model_from_source(opts, src.weights)
+    assert model.base_dtype == "bf16"
+    tokens = np.random.default_rng(5).integers(0, 256, 40).astype(np.int32)
+    ours = model.forward(tokens)
+    theirs = _tool_logits(_RWKV, pth, tokens, tmp_path)
+    assert _rel(ours, theirs) < TOL
