@@ -6,6 +6,8 @@ or gguf's dequantize(quantize(W))), with state and LoRA tuning, recompute,
 the chunked head and any thread count; its state and adapter gradients
 match the float64 reference; the switch works from TrainOptions and the
 command line, and a bf16 .pth streams into a bf16 base."""
+import os
+
 import numpy as np
 import pytest
 
@@ -161,7 +163,7 @@ def test_a_q8_0_base_state_and_adapter_grads_match_the_float64_reference():
             p = k[:-len(".lora_A")]
             ads[p] = tuple(Var(m.lora[p + s].astype(np.float64)) for s in (".lora_A", ".lora_B"))
     s0 = Var(m.state.astype(np.float64))
-    loss = model_loss(lora_params(params, ads, R, ALPHA), CFG, tokens, targets, IGNORE,
+    loss = model_loss(lora_params(params, ads, R, ALPHA), m.config, tokens, targets, IGNORE,
                       state0=s0)
     loss.backward()
     assert_rel("state0.grad", m.state_grad, s0.grad, GRAD_TOL)
@@ -258,9 +260,9 @@ def test_base_dtype_from_the_command_line_and_its_header(tmp_path, capsys):
     assert main(args + ["--base-dtype", "q8_0", "--out", str(tmp_path / "q")]) == 0
     out = capsys.readouterr().out
     assert "frozen base q8_0, 27 matrices in 0 MiB" in out and "params train" in out
-    # the checkpoint holds the decoded base: resume and export read it as before
-    ck, _, _ = read_checkpoint(str(tmp_path / "q" / "checkpoint.safetensors"))
-    assert np.any(ck["blocks.0.tm.key_w"])
+    # the checkpoint holds what trains and names its base (docs/finetune.md)
+    ck, _, state = read_checkpoint(str(tmp_path / "q" / "checkpoint.safetensors"))
+    assert "blocks.0.tm.key_w" not in ck and state["base"]["path"] == os.path.abspath(pth)
     with pytest.raises(SystemExit) as e:
         main(args + ["--base-dtype", "fp16", "--out", str(tmp_path / "bad")])
     assert e.value.code == 2 and "--base-dtype: invalid choice" in capsys.readouterr().err

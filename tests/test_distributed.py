@@ -168,12 +168,13 @@ def test_fine_tunes_on_two_ranks_match_one_process(tmp_path, tune, data):
     (--train-parts ln): the ranks average what trains, and 20 steps give
     the one-process losses to float32 reduction noise."""
     base = str(tmp_path / "base")
-    r = _launch(1, ["--out", base, "--steps", "3"] + FAST, tmp_path)
+    r = _launch(1, ["--out", base, "--steps", "3", "--precision", "fp32"] + FAST, tmp_path)
     assert r.returncode == 0, r.stderr
     seq = ["--seq-len", "96"] if tune == "state" else []   # a prompt and its reply
     lr = "0.05" if tune == "state" else "0.01"
-    # fp32: the ranks' sums round apart by float32 ulps, which bf16 operands would
-    # turn into whole bf16 steps of a weight (--precision auto is bf16 on some CPUs)
+    # fp32 throughout: the ranks' sums round apart by float32 ulps, which bf16
+    # operands would turn into whole bf16 steps of a weight (--precision auto
+    # is bf16 on some CPUs)
     args = ["--init-from", base, "--tune", tune, "--steps", "20", "--lr", lr,
             "--precision", "fp32"] + FAST + seq
     if tune == "lora":

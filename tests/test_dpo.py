@@ -113,7 +113,7 @@ def test_weighted_backward_equals_the_float64_model_with_lora(kind, chunked):
     lv = leaves({n: v.copy() for n, v in m.params.items()})
     ad = {n: (Var(m.lora[n + ".lora_A"].astype(np.float64)),
               Var(m.lora[n + ".lora_B"].astype(np.float64))) for n in names}
-    ref = model_pair_loss(lv, cfg, x, np.where(trained, y, 0), trained, kind, beta, rc, rr,
+    ref = model_pair_loss(lv, m.config, x, np.where(trained, y, 0), trained, kind, beta, rc, rr,
                           n_tok[:P], n_tok[P:], adapters=ad, r=3, alpha=6.0)
     ref.backward()
     assert_rel(f"dpo.{kind}.loss", res.losses.mean(), ref.value, FWD_TOL)

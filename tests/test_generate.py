@@ -205,8 +205,11 @@ try:
 except RwkvxError as e:
     print("refused:", e)
 else:
-    print("done", len(out.encode("utf-8", "replace")) > 0,
-          resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10)
+    # VmHWM: this program's own peak (ru_maxrss starts at the parent's RSS,
+    # which a fork hands down and exec keeps)
+    with open("/proc/self/status") as f:
+        hwm = next(int(l.split()[1]) for l in f if l.startswith("VmHWM:"))
+    print("done", len(out.encode("utf-8", "replace")) > 0, hwm >> 10)
 """
 
 

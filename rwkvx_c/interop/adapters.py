@@ -25,7 +25,7 @@ from rwkvx_c._core import RxPtModel
 from rwkvx_c.errors import InteropError
 from rwkvx_c.interop.hf import PEFT_FILES, _need
 from rwkvx_c.interop.hf_hybrid import export_modules
-from rwkvx_c.interop.pth import load_pth
+from rwkvx_c.interop.pth import PthTensors, load_pth
 from rwkvx_c.interop.rwkv7 import linear_prefixes
 from rwkvx_c.model.lora import A_SUFFIX, B_SUFFIX, TARGETS, target_params
 
@@ -52,8 +52,13 @@ def is_adapter(path: str) -> bool:
     """Whether path is a PEFT adapter folder or an RWKV-PEFT LoRA .pth."""
     if os.path.isdir(path):
         return os.path.isfile(os.path.join(path, PEFT_FILES[0]))
-    return path.endswith(".pth") and os.path.isfile(path) and \
-        any(k.endswith(A_SUFFIX) for k in load_pth(path))
+    if not (path.endswith(".pth") and os.path.isfile(path)):
+        return False
+    pth = PthTensors(path)   # its names and shapes alone: no tensor is read
+    try:
+        return any(k.endswith(A_SUFFIX) for k in pth.names)
+    finally:
+        pth.close()
 
 
 def peft_base(folder: str) -> str | None:

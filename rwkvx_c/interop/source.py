@@ -109,7 +109,7 @@ def _from_hf(folder: str) -> Source:
 
 
 def base_weights(record: object, run: str, override: str | None,
-                 error: type[RwkvxError]) -> tuple[Record, dict[str, np.ndarray]]:
+                 error: type[RwkvxError]) -> tuple[Record, Mapping[str, np.ndarray]]:
     """(where the base is now, its weights by parameter name with a
     state-tuned base's states under STATE_KEY) of the run whose checkpoint
     holds record; error (one line) when the base is missing, changed or
@@ -119,9 +119,11 @@ def base_weights(record: object, run: str, override: str | None,
         src = read_source(now["path"])
     except InteropError as e:
         raise error(f"the base of {run}: {e}") from None
-    weights = dict(src.weights)
+    # as --init-from reads it: a .pth's weights stay in its file until the
+    # model reads them, and --base-dtype auto sees the source's dtype
+    weights: Mapping[str, np.ndarray] = src.weights
     if src.state0 is not None:
-        weights[STATE_KEY] = src.state0
+        weights = {**src.weights, STATE_KEY: src.state0}
     return now, weights
 
 

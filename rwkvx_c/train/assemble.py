@@ -148,12 +148,14 @@ def build_model(opts: ResolvedOptions, tokenizer: Tokenizer, corpus: Corpus,
     cfg = dict(opts.model)
     if weights is not None:   # a fine-tune: its own memory check, then its source's weights
         model = model_from_source(opts, weights)
-        if adapters_of(weights) and (model.lora is None or set(adapters_of(model.lora))
-                                     != set(adapters_of(weights))):   # imported adapters
-            raise TrainError("the source's LoRA adapters are not the ones --tune lora "
-                             "--lora-targets makes; drop --lora-targets")
-        restore_trained(model, weights, "the source")
-        return model, make_optimizer(model, opts)
+        restore_trained(model, weights, "the source")   # a state-tuned source's states
+        optim = make_optimizer(model, opts)
+        if adapters_of(weights):   # imported adapters (PEFT, RWKV-PEFT) train on
+            if model.lora is None or set(adapters_of(model.lora)) != set(adapters_of(weights)):
+                raise TrainError("the source's LoRA adapters are not the ones --tune lora "
+                                 "--lora-targets makes; drop --lora-targets")
+            restore_trained(model, weights, "the source")
+        return model, optim
     try:
         ModelConfig.from_dict(cfg)
         memory.check(memory.param_bytes(memory.estimate_params(cfg)),
