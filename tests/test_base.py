@@ -146,7 +146,7 @@ def test_the_portable_packers_give_the_same_bits():
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                         os.path.join(here, "test_base.py"), "-k", "float32_models_bits"],
                        env=dict(os.environ, RWKVX_BASE_PORTABLE="1"), capture_output=True,
-                       text=True, timeout=600)
+                       text=True, timeout=600, cwd=here)   # not the source tree's rwkvx_c
     assert r.returncode == 0, r.stdout[-2000:]
 
 

@@ -86,7 +86,8 @@ def test_readme_tiny_config_states_the_count_the_cli_prints(tmp_path, capsys):
     import re
 
     from rwkvx_c.cli import main
-    readme = Path(PKG).parent.joinpath("README.md").read_text()
+    # the checkout's README (the package may be installed elsewhere)
+    readme = Path(__file__).resolve().parent.parent.joinpath("README.md").read_text()
     stated = int(re.search(r"assert m\.n_params == ([\d_]+) +# what `train --preset tiny` "
                            r"prints", readme).group(1))
     data = tmp_path / "notes.txt"
