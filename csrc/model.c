@@ -307,8 +307,16 @@ static void init_params(rx_ptmodel *m, uint64_t seed) {
 static float *arena_new(size_t n, int flags) {
     if (!(flags & RX_PT_NO_INIT)) return rx_fcalloc(n);
     if (n > SIZE_MAX / sizeof(float)) return NULL;
-    void *p = mmap(NULL, n * sizeof(float), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                   -1, 0);
+#ifdef MAP_NORESERVE
+    /* no swap reserved for the whole arena up front: Linux's heuristic
+     * overcommit refuses a 7B model's 29 GB of address space otherwise, though
+     * only what trains is ever written */
+    const int lazy = MAP_NORESERVE;
+#else
+    const int lazy = 0;
+#endif
+    void *p = mmap(NULL, n * sizeof(float), PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | lazy, -1, 0);
     return p == MAP_FAILED ? NULL : p;
 }
 
