@@ -8,6 +8,7 @@ Trainer).
 
     python bench/bench_big.py --shape 1.5B --base-dtype bf16 [--tune state|lora|both]
         [--precision bf16] [--seq-len 512] [--steps 3] [--threads N] [--work DIR]
+        [--paired ROUNDS]
 
 The source is an official-layout bf16 .pth with random weights, written
 once per shape into WORK (the names and layouts of
@@ -17,6 +18,12 @@ child process, so its peak RSS is its own; a row that the memory check
 refuses prints the check's line. Prints one markdown row per tune and one
 JSON line each, with the CPU. Needs torch (to write the .pth) and the
 World tokenizer (".[torch,world]"); the data is the repository's docs/.
+
+--paired R builds the tune twice in one child, on the --base-dtype base and
+on a float32 base (the arena, as before the frozen base existed), and
+times their steps alternating for R rounds (each round one step of each,
+the order swapped every round, so both sample the same machine drift): it
+prints each round's tokens/s ratio and their median.
 """
 import argparse
 import json
@@ -102,25 +109,53 @@ def official_pth(path, C, L):
     torch.save(sd, path)
 
 
-def child(a):
-    """One tune in this process: build, then steps; one JSON line."""
-    from rwkvx_c.errors import RwkvxError
+def trainer(a, base_dtype):
+    """The tune of a's options on a base of base_dtype, as --init-from makes it."""
     from rwkvx_c.interop.source import read_source
     from rwkvx_c.train import Trainer, TrainOptions
     from rwkvx_c.train.finetune import from_source
+    src = read_source(a.pth)
+    opts = TrainOptions(data=os.path.join(ROOT, "docs"), tokenizer="world", tune=a.tune,
+                        base_dtype=base_dtype, precision=a.precision, grad_cp=True,
+                        batch=1, seq_len=a.seq_len, steps=max(a.steps, a.paired) + 2,
+                        eval_tokens=a.seq_len, eval_every=10**6, save_every=10**6, lr=1e-4,
+                        warmup_steps=1, threads=a.threads,
+                        cache_dir=os.path.join(a.work, "cache"))
+    return Trainer(from_source(opts, src.config, src.tokenizer, a.pth),
+                   os.path.join(a.work, f"run-{a.shape}-{base_dtype}-{a.tune}"),
+                   _weights=src.weights)
+
+
+def paired(a):
+    """a.paired rounds of one step on each base, alternating (module doc)."""
+    trs = {d: trainer(a, d) for d in (a.base_dtype, "fp32")}
+    for tr in trs.values():   # the first step allocates its scratch: not timed
+        tr.step()
+    ratios = []
+    for i in range(a.paired):
+        dt = {}
+        for d in (list(trs) if i % 2 == 0 else list(trs)[::-1]):
+            t = time.perf_counter()
+            trs[d].step()
+            dt[d] = time.perf_counter() - t
+        ratios.append(dt["fp32"] / dt[a.base_dtype])
+        print(json.dumps({"round": i + 1, **{f"{d}_s": round(v, 3) for d, v in dt.items()},
+                          "tokens_per_s_ratio": round(ratios[-1], 3)}), flush=True)
+    print(f"# {a.shape} {a.tune} at --precision {a.precision}: tokens/s on a {a.base_dtype} "
+          f"base over a float32 base, median of {a.paired} alternating rounds: "
+          f"{float(np.median(ratios)):.2f}x (CPU: {cpu_name()}, {os.cpu_count()} cores)")
+    for tr in trs.values():
+        tr.close()
+
+
+def child(a):
+    """One tune in this process: build, then steps; one JSON line."""
+    from rwkvx_c.errors import RwkvxError
     t0 = time.perf_counter()
     row = dict(shape=a.shape, base=a.base_dtype, tune=a.tune, precision=a.precision,
                seq_len=a.seq_len)
     try:
-        src = read_source(a.pth)
-        opts = TrainOptions(data=os.path.join(ROOT, "docs"), tokenizer="world", tune=a.tune,
-                            base_dtype=a.base_dtype, precision=a.precision, grad_cp=True,
-                            batch=1, seq_len=a.seq_len, steps=a.steps + 1, eval_tokens=a.seq_len,
-                            eval_every=10**6, save_every=10**6, lr=1e-4, warmup_steps=1,
-                            threads=a.threads, cache_dir=os.path.join(a.work, "cache"))
-        tr = Trainer(from_source(opts, src.config, src.tokenizer, a.pth),
-                     os.path.join(a.work, f"run-{a.shape}-{a.base_dtype}-{a.tune}"),
-                     _weights=src.weights)
+        tr = trainer(a, a.base_dtype)
     except RwkvxError as e:
         row.update(fits=False, why=str(e))
         print(json.dumps(row))
@@ -151,11 +186,13 @@ def main():
     ap.add_argument("--steps", type=int, default=3, help="timed steps (the fastest counts)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "rwkvx_bench_big"))
+    ap.add_argument("--paired", type=int, default=0, metavar="ROUNDS",
+                    help="alternate steps on this base and on a float32 base (one tune)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--pth", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
-        return child(a)
+        return paired(a) if a.paired else child(a)
     os.makedirs(a.work, exist_ok=True)
     pth = os.path.join(a.work, f"official-{a.shape}.pth")
     if not os.path.exists(pth):
@@ -170,9 +207,13 @@ def main():
     for tune in (["state", "lora"] if a.tune == "both" else [a.tune]):
         cmd = [sys.executable, __file__, "--child", "--pth", pth, "--shape", a.shape,
                "--base-dtype", a.base_dtype, "--tune", tune, "--precision", a.precision,
-               "--seq-len", str(a.seq_len), "--steps", str(a.steps), "--work", a.work]
+               "--seq-len", str(a.seq_len), "--steps", str(a.steps), "--work", a.work,
+               "--paired", str(a.paired)]
         if a.threads:
             cmd += ["--threads", str(a.threads)]
+        if a.paired:
+            subprocess.run(cmd, check=True)
+            continue
         out = subprocess.run(cmd, capture_output=True, text=True)
         lines = [x for x in out.stdout.splitlines() if x.startswith("{")]
         if out.returncode or not lines:

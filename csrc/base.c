@@ -45,6 +45,7 @@ struct rx_base_mat {
     const float *W, *GW;   /* the arena slots: the keys of the products */
     size_t in, out;
     int param, loaded, dtype;
+    int rows;              /* the embedding: its slot is [out][in], rows gathered */
     unsigned char *data;   /* [out] rows of rx_base_row_bytes(in) bytes */
 };
 
@@ -180,6 +181,7 @@ int rx_base_create(int dtype, const rx_base_target *t, int n, rx_base **out) {
         b->in = t[i].in;
         b->out = t[i].out;
         b->param = t[i].param;
+        b->rows = t[i].rows;
         b->dtype = dtype;
         b->data = s->store + off;
         off += b->out * rx_base_row_bytes(dtype, b->in);
@@ -282,9 +284,13 @@ int rx_base_fill(rx_base *s, int i, const void *src, int kind, int src_t) {
     return RX_OK;
 }
 
-/* W [in][out] decoded into dst */
+/* W [in][out] (a rows tensor: [out][in]) decoded into dst */
 void rx_base_read(const rx_base *s, const rx_base_mat *b, float *dst) {
     for (size_t j = 0; j < b->out; j++) {
+        if (b->rows) {
+            rx_base_row(b, j, dst + j * b->in);
+            continue;
+        }
         const unsigned char *row = b->data + j * rx_base_row_bytes(s->dtype, b->in);
         for (size_t k = 0; k < b->in; k++) dst[k * b->out + j] = row_at(s->dtype, row, k);
     }
@@ -317,6 +323,10 @@ static inline void decode_run(int dtype, const unsigned char *row, size_t k0, si
     }
     const uint16_t *h = (const uint16_t *)(const void *)row + k0;
     for (size_t i = 0; i < n; i++) dst[i] = bits_f32((uint32_t)h[i] << 16);
+}
+
+void rx_base_row(const rx_base_mat *b, size_t j, float *dst) {
+    decode_run(b->dtype, b->data + j * rx_base_row_bytes(b->dtype, b->in), 0, b->in, dst);
 }
 
 #ifdef RX_BASE_X86
@@ -597,12 +607,13 @@ int rx_ptmodel_set_base(rx_ptmodel *m, int dtype, const int *params, int n) {
         } else if (pick[p]) {
             rc = rx_fail(RX_EINVAL, "%s: tensor %d is named twice", fn, p);
         } else if (rx_ptmodel_param(m, p, &name, NULL, NULL, NULL) != RX_OK ||
-                   rx_ptmodel_param_shape(m, p, shape) != 2 || !strcmp(name, "emb")) {
-            rc = rx_fail(RX_EINVAL, "%s: tensor %d (%s) is not a matrix the GEMMs read", fn, p,
+                   rx_ptmodel_param_shape(m, p, shape) != 2) {
+            rc = rx_fail(RX_EINVAL, "%s: tensor %d (%s) is not a matrix", fn, p,
                          name ? name : "?");
-        } else if (dtype == RX_BASE_Q8_0 && shape[0] % Q8_BLOCK) {
-            rc = rx_fail(RX_EINVAL, "%s: %s [%d, %d]: Q8_0 needs its input size a multiple of "
-                         "%d", fn, name, shape[0], shape[1], Q8_BLOCK);
+        } else if (dtype == RX_BASE_Q8_0 && shape[!strcmp(name, "emb")] % Q8_BLOCK) {
+            rc = rx_fail(RX_EINVAL, "%s: %s [%d, %d]: Q8_0 needs its %s size a multiple of "
+                         "%d", fn, name, shape[0], shape[1],
+                         strcmp(name, "emb") ? "input" : "row", Q8_BLOCK);
         }
         if (rc == RX_OK) pick[p] = 1;
     }
@@ -611,9 +622,12 @@ int rx_ptmodel_set_base(rx_ptmodel *m, int dtype, const int *params, int n) {
         if (!pick[p]) continue;
         float *W, *GW;
         int shape[2];
-        rx_ptmodel_param(m, p, NULL, &W, &GW, NULL);
+        const char *name;
+        rx_ptmodel_param(m, p, &name, &W, &GW, NULL);
         rx_ptmodel_param_shape(m, p, shape);
-        t[k++] = (rx_base_target){W, GW, (size_t)shape[0], (size_t)shape[1], p};
+        /* the embedding [V][C] is gathered by rows: stored as it is, rows of C */
+        const int rows = !strcmp(name, "emb");
+        t[k++] = (rx_base_target){W, GW, (size_t)shape[rows], (size_t)shape[!rows], p, rows};
     }
     rx_base *s = NULL;
     if (rc == RX_OK) rc = rx_base_create(dtype, t, n, &s);
@@ -638,7 +652,7 @@ int rx_ptmodel_base_fill(rx_ptmodel *m, int param, const void *src, int kind, in
     if (!src || (kind != RX_BASE_FP32 && kind != RX_BASE_BF16))
         return rx_fail(RX_EINVAL, "%s: src is NULL or kind %d unknown", fn, kind);
     rx_base *s = rx_ptmodel_base_store(m);
-    return rx_base_fill(s, (int)(b - rx_base_at(s, 0)), src, kind, transposed != 0);
+    return rx_base_fill(s, (int)(b - rx_base_at(s, 0)), src, kind, transposed || b->rows);
 }
 
 int rx_ptmodel_base_read(const rx_ptmodel *m, int param, float *dst) {

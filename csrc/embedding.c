@@ -13,10 +13,12 @@
 
 #define EMB_MIN_SLICE 16 /* floats: one 64-byte line */
 
-/* emb: [vocab][C]; tokens: [T]; out: [T][C]. A token outside [0, vocab)
- * (vocab < 0: unknown, only negative ids caught), or a NULL emb or tokens,
+/* emb: [vocab][C] in float32, or b: the same rows in a frozen base (then
+ * emb is NULL); tokens: [T]; out: [T][C]. A token outside [0, vocab)
+ * (vocab < 0: unknown, only negative ids caught), or no emb or tokens,
  * yields NaN rows; returns how many rows those were. */
-static size_t gather(const float *emb, const int *tokens, int T, int C, int vocab, float *out) {
+static size_t gather(const float *emb, const rx_base_mat *b, const int *tokens, int T, int C,
+                     int vocab, float *out) {
     const size_t TT = (size_t)T, CC = (size_t)C;
     size_t bad = 0;
 #pragma omp parallel for schedule(static) reduction(+ : bad) \
@@ -25,14 +27,27 @@ static size_t gather(const float *emb, const int *tokens, int T, int C, int voca
         float *o = out + t * CC;
         /* one read: the id checked is the id gathered */
         const int tok = tokens ? __atomic_load_n(&tokens[t], __ATOMIC_RELAXED) : -1;
-        if (!emb || tok < 0 || (vocab >= 0 && tok >= vocab)) {
+        if ((!emb && !b) || tok < 0 || (vocab >= 0 && tok >= vocab)) {
             rx_fnan(o, CC);
             bad++;
             continue;
         }
-        memcpy(o, emb + (size_t)tok * CC, CC * sizeof(float));
+        if (b)
+            rx_base_row(b, (size_t)tok, o);
+        else
+            memcpy(o, emb + (size_t)tok * CC, CC * sizeof(float));
     }
     return bad;
+}
+
+/* gather()'s result as a code: the first bad id named (it may have changed since) */
+static int gathered(const char *fn, size_t bad, const int *tokens, int T, int vocab) {
+    if (bad == 0) return RX_OK;
+    for (int t = 0; t < T; t++)
+        if (tokens[t] < 0 || tokens[t] >= vocab)
+            return rx_fail(RX_EINVAL, "%s: token %d at position %d is outside [0, %d)", fn,
+                           tokens[t], t, vocab);
+    return rx_fail(RX_EINVAL, "%s: tokens changed while being read", fn);
 }
 
 int rx_embedding_gather(const float *emb, const int *tokens, int T, int C, int vocab,
@@ -48,17 +63,20 @@ int rx_embedding_gather(const float *emb, const int *tokens, int T, int C, int v
     RX_SPAN_ADD(&o, "out", out, (size_t)T * C);
     int rc = rx_spans_check(fn, &o, &in);
     if (rc != RX_OK) return rc;
-    if (gather(emb, tokens, T, C, vocab, out) == 0) return RX_OK;
-    /* find the first bad id for the message (it may have changed since) */
-    for (int t = 0; t < T; t++)
-        if (tokens[t] < 0 || tokens[t] >= vocab)
-            return rx_fail(RX_EINVAL, "%s: token %d at position %d is outside [0, %d)", fn,
-                           tokens[t], t, vocab);
-    return rx_fail(RX_EINVAL, "%s: tokens changed while being read", fn);
+    return gathered(fn, gather(emb, NULL, tokens, T, C, vocab, out), tokens, T, vocab);
+}
+
+/* the model's own call (model.c): b, T, C and vocab are the model's */
+int rx_embedding_gather_base(const rx_base_mat *b, const int *tokens, int T, int C, int vocab,
+                             float *out) {
+    static const char *const fn = "rx_embedding_gather";
+    if (!b || !tokens || !out)
+        return rx_fail(RX_EINVAL, "%s: %s is NULL", fn, !b ? "emb" : !tokens ? "tokens" : "out");
+    return gathered(fn, gather(NULL, b, tokens, T, C, vocab, out), tokens, T, vocab);
 }
 
 void rx_embedding_forward(const float *emb, const int *tokens, int T, int C, float *out) {
-    if (out && T >= 1 && C >= 1) gather(emb, tokens, T, C, -1, out);
+    if (out && T >= 1 && C >= 1) gather(emb, NULL, tokens, T, C, -1, out);
 }
 
 /* tokens: [T]; d_out: [T][C]; d_emb: [vocab][C], zeroed then scatter-added.

@@ -803,6 +803,15 @@ static int is_frozen(const rx_ptmodel *m, size_t off, size_t n) {
     return 0;
 }
 
+/* out [BT][C] = the embedding's rows of acts->tokens, from the arena or,
+ * when the embedding is in the frozen base, decoded from it */
+static int emb_gather(const rx_ptmodel *m, const rx_pt_acts *acts, int BT, float *out) {
+    const rx_base_mat *b = rx_base_find(m->base, m->emb);
+    const int V = m->cfg.vocab_size, C = m->cfg.n_embd;
+    return b ? rx_embedding_gather_base(b, acts->tokens, BT, C, V, out)
+             : rx_embedding_gather(m->emb, acts->tokens, BT, C, V, out);
+}
+
 /* The initial state of RWKV block i for each of the B sequences into s
  * [B][H][N][N] (a trainable state is one for all sequences) */
 static void broadcast_state(const rx_ptmodel *m, int i, int B, float *s) {
@@ -905,12 +914,12 @@ static int forward_batch(rx_ptmodel *m, const int *tokens, int B, int T, rx_pt_a
     int rc;
     if (m->ln0_w) {
         /* the raw rows go through scratch; the backward gathers them again */
-        rc = rx_embedding_gather(m->emb, acts->tokens, BT, C, V, acts->work);
+        rc = emb_gather(m, acts, BT, acts->work);
         if (rc == RX_OK)
             rx_rownorm_forward(acts->work, m->ln0_w, m->ln0_b, acts->block_in, NULL, NULL,
                                (size_t)BT, (size_t)C, 1, (float)m->ctx.ln_eps);
     } else {
-        rc = rx_embedding_gather(m->emb, acts->tokens, BT, C, V, acts->block_in);
+        rc = emb_gather(m, acts, BT, acts->block_in);
     }
     for (int L = 0; L < m->n_blocks && rc == RX_OK; L++)
         rc = block_forward(m, acts, L, acts->block_in + (size_t)(L + 1) * rowc);
@@ -1049,7 +1058,7 @@ static int backward_batch(const char *fn, rx_ptmodel *m, const rx_pt_acts *acts,
     }
     /* with emb (and ln0) frozen, nothing below is wanted */
     const size_t emb_off = (size_t)(m->emb - m->params), V_C = (size_t)V * (size_t)C;
-    const int emb_frozen = is_frozen(m, emb_off, V_C);
+    const int emb_frozen = is_frozen(m, emb_off, V_C) || rx_base_find(m->base, m->emb);
     if (emb_frozen && (!m->ln0_w || is_frozen(m, emb_off + V_C, 2 * (size_t)C))) {
         if (rc == RX_OK) *loss_out = loss;
         return rc;
@@ -1057,7 +1066,7 @@ static int backward_batch(const char *fn, rx_ptmodel *m, const rx_pt_acts *acts,
     if (rc == RX_OK && m->ln0_w) {
         /* dcur is the grad on ln0's output; the raw rows are gathered again
          * into the free dnext, and the grad on them overwrites dcur */
-        rc = rx_embedding_gather(m->emb, acts->tokens, BT, C, V, dnext);
+        rc = emb_gather(m, acts, BT, dnext);
         if (rc == RX_OK)
             rc = rx_layernorm_backward_eps(dnext, m->ln0_w, m->ln0_b, dcur, dcur, m->g_ln0_w,
                                            m->g_ln0_b, B, T, C, (float)m->ctx.ln_eps);

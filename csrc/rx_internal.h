@@ -400,6 +400,7 @@ typedef struct {
     const float *W, *GW;
     size_t in, out;
     int param;
+    int rows;   /* 1: the slot is [out][in] itself, rows gathered (the embedding) */
 } rx_base_target;
 /* t [n] in arena order -> *out: the store (unfilled), and the slots'
  * float32 pages released; RX_OK or RX_ENOMEM. */
@@ -414,10 +415,18 @@ const rx_base_mat *rx_base_by_param(const rx_base *s, int param);
 int rx_base_param(const rx_base_mat *b);
 int rx_base_loaded(const rx_base *s);
 /* tensor i's values from src: W^T [out][in] (src_t) or W [in][out], as
- * float32 (kind RX_BASE_FP32) or bf16 bits (RX_BASE_BF16); RX_OK, RX_ENOMEM */
+ * float32 (kind RX_BASE_FP32) or bf16 bits (RX_BASE_BF16); a rows tensor
+ * (the embedding) is [out][in] either way; RX_OK, RX_ENOMEM */
 int rx_base_fill(rx_base *s, int i, const void *src, int kind, int src_t);
-/* W [in][out] decoded (exactly) into dst */
+/* the tensor decoded (exactly) into dst in its arena layout: W [in][out],
+ * a rows tensor [out][in] */
 void rx_base_read(const rx_base *s, const rx_base_mat *b, float *dst);
+/* stored row j [in] of b decoded (exactly) into dst: an embedding's row */
+void rx_base_row(const rx_base_mat *b, size_t j, float *dst);
+/* rx_embedding_gather over an embedding held in a base (b a rows tensor
+ * [vocab][C]): the same checks, each row decoded (embedding.c) */
+int rx_embedding_gather_base(const rx_base_mat *b, const int *tokens, int T, int C, int vocab,
+                             float *out);
 /* the stored rows of b and their byte count */
 const unsigned char *rx_base_data(const rx_base_mat *b, size_t *bytes);
 /* every tensor decoded into its arena slot (the base-unfreeze) */

@@ -416,9 +416,10 @@ A whole RWKV-X model (docs/maths.md §Whole model) with its parameters and grads
                 self._lora_g[k] = self._lgbuf[off:off + shp[0] * shp[1]].reshape(shp)
 
     def set_base(self, dtype, names):
-        """Hold the matrices `names` (2-D parameters other than emb) only
-        in a frozen base of dtype "bf16" or "q8_0" (docs/layout.md §Frozen
-        base), read by the projection GEMMs: their params / grads views are
+        """Hold the matrices `names` (2-D parameters) only in a frozen base
+        of dtype "bf16" or "q8_0" (docs/layout.md §Frozen base), read by
+        the projection GEMMs (the embedding: its rows decoded as they are
+        gathered): their params / grads views are
         then address space only (they read zero, take no memory and must
         not be written), nothing computes their weight grads, and dX flows
         through them. Fill each with base_fill before a forward. Once per
@@ -439,12 +440,15 @@ A whole RWKV-X model (docs/maths.md §Whole model) with its parameters and grads
     def base_fill(self, name, values, *, transposed=False):
         """Encode base tensor `name` from values: float32, or uint16 bf16
         bits, shaped as its param [in, out], or [out, in] with transposed
-        (torch's orientation, an official .pth tensor as it is). bf16 is
+        (torch's orientation, an official .pth tensor as it is; the
+        embedding is [vocab, C] in both orientations). bf16 is
         kept as it is or rounded to nearest even (torch's rounding); q8_0
         quantized as gguf.quants.quantize(W^T, Q8_0) does."""
         if name not in self._params or self._names.index(name) not in self._base_params():
             raise ValueError(f"base_fill: {name!r} is not in the model's base")
-        want = self._params[name].shape[::-1] if transposed else self._params[name].shape
+        rows = name == "emb"   # gathered, not multiplied: the same in both orientations
+        want = self._params[name].shape[::-1] if transposed and not rows \
+            else self._params[name].shape
         if not isinstance(values, np.ndarray) or values.dtype not in (np.float32, np.uint16):
             raise TypeError("base_fill: values must be a float32 or uint16 (bf16 bits) array")
         if values.shape != want:
@@ -499,7 +503,8 @@ A whole RWKV-X model (docs/maths.md §Whole model) with its parameters and grads
     def base_data(self, name):
         """The stored bytes of base tensor `name` (a copy): bf16 [out, in]
         as uint16, or q8_0 rows of W^T as uint8 [out, in / 32 * 34], the
-        bytes of gguf.quants.quantize(W^T, Q8_0)."""
+        bytes of gguf.quants.quantize(W^T, Q8_0); the embedding's rows as
+        they are ([vocab, C], quantize(emb, Q8_0))."""
         if name not in self._params or self._names.index(name) not in self._base_params():
             raise ValueError(f"base_data: {name!r} is not in the model's base")
         cdef int64_t nb
@@ -507,6 +512,8 @@ A whole RWKV-X model (docs/maths.md §Whole model) with its parameters and grads
             self._h.m, self._names.index(name), &nb)
         raw = np.frombuffer(p[:nb], np.uint8).copy()
         i, o = self._params[name].shape
+        if name == "emb":
+            i, o = o, i
         return raw.view(np.uint16).reshape(o, i) if self.base_dtype == "bf16" else raw.reshape(o, -1)
 
     def release_base(self):

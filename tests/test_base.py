@@ -21,9 +21,10 @@ from reference.model import model_loss
 
 gguf = pytest.importorskip("gguf")
 
-# every matrix's input size a multiple of 32 (Q8_0's block), one attention block
+# every matrix's input size a multiple of 32 (Q8_0's block), one attention block; ln0,
+# whose backward gathers the embedding's rows again (from the base when it is there)
 CFG = dict(n_embd=64, n_head=2, head_size=32, n_rwkv_layer=2, n_attn_layer=1, vocab_size=37,
-           Dw=32, Da=32, Dg=32, Dv=32, ffn_dim=96, chunk_size=4, moba_top_k=3)
+           Dw=32, Da=32, Dg=32, Dv=32, ffn_dim=96, chunk_size=4, moba_top_k=3, ln0=1)
 B, T, IGNORE, R, ALPHA = 2, 12, 5, 4, 8.0
 
 
@@ -33,17 +34,27 @@ def _bf16(a):
     return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
 
 
-def _decoded(w, dtype):
-    """W [in, out] as a base of dtype holds it, decoded: bf16-rounded, or
-    gguf's dequantize(quantize(W^T, Q8_0)) transposed back."""
+def _stored(w, dtype, name):
+    """What a base of dtype stores of parameter name = w: the bits of
+    torch's bf16 or of gguf's Q8_0 of W^T [out, in], or of the embedding's
+    own rows [vocab, C]."""
+    rows = w if name == "emb" else np.ascontiguousarray(w.T)
+    return _bf16(rows) if dtype == "bf16" else gguf.quants.quantize(
+        rows, gguf.GGMLQuantizationType.Q8_0)
+
+
+def _decoded(w, dtype, name):
+    """w as a base of dtype holds it, decoded: bf16-rounded, or gguf's
+    dequantize(quantize(...)) of its stored rows, in w's layout."""
     if dtype == "bf16":
         return (_bf16(w).astype(np.uint32) << 16).view(np.float32)
-    q = gguf.quants.quantize(np.ascontiguousarray(w.T), gguf.GGMLQuantizationType.Q8_0)
-    return np.ascontiguousarray(gguf.quants.dequantize(q, gguf.GGMLQuantizationType.Q8_0).T)
+    d = gguf.quants.dequantize(_stored(w, dtype, name), gguf.GGMLQuantizationType.Q8_0)
+    return d if name == "emb" else np.ascontiguousarray(d.T)
 
 
 def _names(m):
-    return [n for n in m.param_names if n != "emb" and m.params[n].ndim == 2]
+    """every matrix: the projections and the embedding"""
+    return [n for n in m.param_names if m.params[n].ndim == 2]
 
 
 def _pair(dtype, precision="fp32", recompute=False, seed=3):
@@ -58,7 +69,7 @@ def _pair(dtype, precision="fp32", recompute=False, seed=3):
     ref = rx.RxPtModel(CFG, seed=seed, precision=precision, recompute=recompute)
     ref.param_buffer[...] = src.param_buffer
     for n in names:
-        ref.params[n][...] = _decoded(src.params[n], dtype)
+        ref.params[n][...] = _decoded(src.params[n], dtype, n)
     m = rx.RxPtModel(CFG, seed=seed, precision=precision, recompute=recompute, init=False)
     m.param_buffer[...] = src.param_buffer   # the base's slots are released below
     m.set_base(dtype, names)
@@ -110,10 +121,8 @@ def test_stored_bytes_are_gguf_q8_0_and_torch_bf16():
         assert m.base_bytes == sum(int(src.params[n].size * per) for n in names)
         for n in names:
             w = src.params[n]
-            want = _bf16(w.T) if dtype == "bf16" else gguf.quants.quantize(
-                np.ascontiguousarray(w.T), gguf.GGMLQuantizationType.Q8_0)
-            assert np.array_equal(m.base_data(n), want), n
-            assert np.array_equal(m.base_tensor(n), _decoded(w, dtype)), n
+            assert np.array_equal(m.base_data(n), _stored(w, dtype, n)), n
+            assert np.array_equal(m.base_tensor(n), _decoded(w, dtype, n)), n
             assert not np.any(m.params[n])   # the arena slot holds nothing
 
 
@@ -184,8 +193,11 @@ def test_release_base_gives_the_decoded_float32_weights():
 
 def test_bad_base_requests_are_refused():
     m = rx.RxPtModel(CFG, seed=0, init=False)
-    with pytest.raises(ValueError, match=r"emb.*not a matrix the GEMMs read"):
-        m.set_base("bf16", ["emb"])
+    with pytest.raises(ValueError, match=r"ln_out_w\) is not a matrix"):
+        m.set_base("bf16", ["ln_out_w"])
+    narrow = rx.RxPtModel(dict(CFG, n_embd=48, n_head=3, head_size=16), seed=0, init=False)
+    with pytest.raises(ValueError, match=r"emb \[37, 48\]: Q8_0 needs its row size a multiple"):
+        narrow.set_base("q8_0", ["emb"])
     with pytest.raises(ValueError, match="base dtype must be one of"):
         m.set_base("q4", ["head"])
     odd = rx.RxPtModel(dict(CFG, Dw=8), seed=0, init=False)
@@ -239,7 +251,7 @@ def test_a_bf16_pth_streams_into_a_bf16_base_with_the_float32_losses(tmp_path, t
     tr32, want = _tune_losses(tmp_path, pth, "fp32", tune=tune, steps=3, base_dtype="fp32")
     assert tr32.model.base_dtype is None
     tr, got = _tune_losses(tmp_path, pth, "auto", tune=tune, steps=3)   # auto: bf16
-    assert tr.model.base_dtype == "bf16" and len(tr.model.base_names) == 12 + 14 + 1
+    assert tr.model.base_dtype == "bf16" and len(tr.model.base_names) == 12 + 14 + 2   # blocks, head, emb
     assert got == want and got[-1] < got[0] + 1.0
     # the bits of the file, copied: no rounding on the way
     from rwkvx_c.interop.pth import PthTensors
@@ -259,7 +271,7 @@ def test_base_dtype_from_the_command_line_and_its_header(tmp_path, capsys):
             "16", "--eval-tokens", "32", "--threads", "1", "--no-progress"]
     assert main(args + ["--base-dtype", "q8_0", "--out", str(tmp_path / "q")]) == 0
     out = capsys.readouterr().out
-    assert "frozen base q8_0, 27 matrices in 0 MiB" in out and "params train" in out
+    assert "frozen base q8_0, 28 matrices in 0 MiB" in out and "params train" in out
     # the checkpoint holds what trains and names its base (docs/finetune.md)
     ck, _, state = read_checkpoint(str(tmp_path / "q" / "checkpoint.safetensors"))
     assert "blocks.0.tm.key_w" not in ck and state["base"]["path"] == os.path.abspath(pth)

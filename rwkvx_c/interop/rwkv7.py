@@ -223,8 +223,9 @@ class StreamedWeights(Mapping[str, np.ndarray]):
     converted (float32, our orientation) only when asked for: a source that
     never holds the whole model. dtype: "bf16" when every matrix is bf16
     in the file. raw_t(name): a matrix's bf16 bits as the file holds them,
-    torch's [out, in] (RxPtModel.base_fill(..., transposed=True) takes them
-    as they are), None unless bf16; release(name) drops its mapped pages."""
+    torch's [out, in] (the embedding's [vocab, C]; RxPtModel.base_fill(...,
+    transposed=True) takes them as they are), None unless bf16;
+    release(name) drops its mapped pages."""
 
     def __init__(self, pth: Any, config: Mapping[str, int]) -> None:
         self._pth = pth
@@ -266,7 +267,7 @@ class StreamedWeights(Mapping[str, np.ndarray]):
 
     def raw_t(self, name: str) -> np.ndarray | None:
         theirs, kind = self._pairs[name]
-        if kind != "lin" or self._pth.dtype(theirs) != "bf16":
+        if (kind != "lin" and name != "emb") or self._pth.dtype(theirs) != "bf16":
             return None
         return self._pth.raw(theirs)
 

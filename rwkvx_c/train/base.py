@@ -5,8 +5,9 @@ the frozen groups of --freeze / --train-parts) is held only in the format
 its GEMM reads: bf16 or GGUF Q8_0 (RxPtModel.set_base), with no float32
 copy, no gradient and no AdamW moments. --base-dtype picks the format;
 "auto" is bf16 for a source whose matrices are bf16 (an official .pth),
-fp32 (the arena, as a full run) otherwise. The embedding and every vector
-stay float32.
+fp32 (the arena, as a full run) otherwise. A frozen embedding is held the
+same way, by its rows (decoded as they are gathered); every vector stays
+float32.
 
 ``model_from_source(opts, weights)`` is the one place a fine-tune's model
 is made from its source: the run's options (resolved, the model shape the
@@ -50,15 +51,16 @@ def resolve_base_dtype(opts: ResolvedOptions, source_dtype: str) -> str:
 
 
 def base_names(model: RxPtModel, opts: ResolvedOptions, dtype: str) -> list[str]:
-    """The matrices a base of dtype holds: every frozen 2-D parameter but
-    the embedding (whose rows are gathered, not multiplied); for q8_0 only
-    those whose input size is a multiple of 32 (the rest stay float32)."""
+    """The matrices a base of dtype holds: every frozen 2-D parameter, the
+    embedding included (held by its rows, which are gathered); for q8_0
+    only those whose rows (W^T's, the embedding's own) are a multiple of
+    32 long (the rest stay float32)."""
     if dtype == "fp32":
         return []
     keep = set(trained_names(model, opts))
     p = model.params
-    return [n for n in model.param_names if n not in keep and n != "emb" and p[n].ndim == 2
-            and (dtype != "q8_0" or p[n].shape[0] % Q8_BLOCK == 0)]
+    return [n for n in model.param_names if n not in keep and p[n].ndim == 2
+            and (dtype != "q8_0" or p[n].shape[n == "emb"] % Q8_BLOCK == 0)]
 
 
 def base_bytes(model: RxPtModel, names: list[str], dtype: str) -> int:

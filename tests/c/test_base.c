@@ -2,7 +2,8 @@
  *
  * test_base.c -- the frozen base (csrc/base.c) through the C API, under the
  * sanitizers: bad requests refused, a forward before the base is filled
- * refused, the bf16 and Q8_0 stores decoding to what was put in (within
+ * refused, the bf16 and Q8_0 stores (the block projections and the
+ * embedding, whose rows are gathered) decoding to what was put in (within
  * bf16 rounding; Q8_0 within half a step of its scale and the scale's own
  * fp16 rounding), a base model's loss and initial-state grads equal to the
  * float32 model of the decoded weights under recompute and the chunked
@@ -79,13 +80,15 @@ int main(void) {
     for (int i = 0; i < B * T; i++) tgt[i] = (3 * i + 1) % CFG.vocab_size;
     rx_ptmodel *src = NULL;
     CHECK(rx_model_create(&CFG, RX_PT_LN0, 7, &src) == RX_OK, "create: %s", rx_last_error());
-    const int n = block_projections(src, idx, MAXP);
+    /* the embedding (tensor 0) and every block projection */
+    idx[0] = 0;
+    const int n = 1 + block_projections(src, idx + 1, MAXP - 1);
 
     /* refusals */
     rx_ptmodel *m = NULL;
     CHECK(rx_model_create(&CFG, RX_PT_LN0 | RX_PT_NO_INIT, 0, &m) == RX_OK, "create lazy");
-    const int emb = 0, twice[2] = {idx[0], idx[0]};
-    CHECK(rx_ptmodel_set_base(m, RX_BASE_BF16, &emb, 1) == RX_EINVAL, "emb refused");
+    const int ln0_w = 1, twice[2] = {idx[0], idx[0]};
+    CHECK(rx_ptmodel_set_base(m, RX_BASE_BF16, &ln0_w, 1) == RX_EINVAL, "a vector refused");
     CHECK(rx_ptmodel_set_base(m, 7, idx, n) == RX_EINVAL, "dtype refused");
     CHECK(rx_ptmodel_set_base(m, RX_BASE_BF16, twice, 2) == RX_EINVAL, "twice refused");
     CHECK(rx_ptmodel_set_base(m, RX_BASE_BF16, idx, 0) == RX_EINVAL, "none refused");
