@@ -148,7 +148,13 @@ class MappedTensors:
         """The tensor as float32 (bf16 and fp16 converted exactly), refusing
         non-finite values by name."""
         r, d = self.raw(name), self.dtype(name)
-        a = (r.astype(np.uint32) << 16).view(np.float32) if d == "bf16" else r.astype(np.float32)
+        if d == "bf16":   # widened in place: one float32 array, the largest tensor's peak
+            a = np.empty(r.shape, np.float32)
+            bits = a.view(np.uint32)
+            bits[...] = r
+            bits <<= 16
+        else:
+            a = r.astype(np.float32)
         bad = a.size - int(np.isfinite(a).sum())
         if bad:
             raise InteropError(f"{self.path}: tensor {name} holds {bad:,} non-finite values (NaN "

@@ -254,7 +254,9 @@ class StreamedWeights(Mapping[str, np.ndarray]):
 
     def __getitem__(self, name: str) -> np.ndarray:
         theirs, kind = self._pairs[name]
-        return _from_foreign(self._pth.array(theirs), kind)
+        a = self._pth.array(theirs)
+        self._pth.release(theirs)   # copied: its mapped pages need not wait for the model
+        return _from_foreign(a, kind)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._pairs)
