@@ -203,13 +203,13 @@ def test_bad_base_requests_are_refused():
 
 # ---- the run: --base-dtype, a streamed .pth, the memory check, unfreeze, resume ----------
 
-def _bf16_pth(tmp_path, name="o.pth"):
+def _bf16_pth(tmp_path, name="o.pth", **sizes):
     pytest.importorskip("torch")
     from test_interop import _official_dict
 
     from rwkvx_c import interop
-    sd = _official_dict(np.random.default_rng(0), V=256, C=64, H=2, N=32, L=2, F=128, Dw=32,
-                        Da=32, Dv=32, Dg=32)
+    sd = _official_dict(np.random.default_rng(0), **{**dict(V=256, C=64, H=2, N=32, L=2, F=128,
+                                                            Dw=32, Da=32, Dv=32, Dg=32), **sizes})
     pth = str(tmp_path / name)
     interop.save_pth(sd, pth, "bf16")
     return pth

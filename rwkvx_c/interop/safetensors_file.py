@@ -25,7 +25,7 @@ import contextlib
 import json
 import mmap
 import os
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -50,7 +50,7 @@ class _Entry:
         self.dtype, self.shape, self.begin = dtype, shape, begin
 
 
-def _ints(v: Any) -> bool:
+def _ints(v: Any) -> TypeGuard[list[int]]:
     return isinstance(v, list) and all(type(x) is int and x >= 0 for x in v)
 
 
@@ -132,8 +132,6 @@ class SafetensorsTensors(MappedTensors):
         e = self._entries[name]
         dt = ST_DTYPES[e.dtype][1]
         n = int(np.prod(e.shape, dtype=np.int64))
-        if n == 0:
-            return np.zeros(e.shape, dt)
         a: np.ndarray = np.frombuffer(self._map, dt, count=n, offset=self._data + e.begin)
         return a.reshape(e.shape)
 

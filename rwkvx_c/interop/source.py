@@ -137,6 +137,7 @@ def _from_hf(folder: str) -> Source:
     """An HF folder: the rwkv7 layout streamed, rwkvx_c's own (hybrid)
     layout read whole."""
     cfg = read_hf_config(folder)
+    weights: Mapping[str, np.ndarray]
     if cfg.get("model_type") == HYBRID_TYPE:
         model = read_hf_folder(folder)
         config, weights, dtype = model.config, {n: np.array(model.params[n]) for n in
