@@ -7,13 +7,15 @@ functions `rwkvx-c train --init-from` runs (read_source, from_source,
 Trainer).
 
     python bench/bench_big.py --shape 1.5B --base-dtype bf16 [--tune state|lora|both]
-        [--precision bf16] [--seq-len 512] [--steps 3] [--threads N] [--work DIR]
-        [--paired ROUNDS]
+        [--source pth|hf] [--precision bf16] [--seq-len 512] [--steps 3] [--threads N]
+        [--work DIR] [--paired ROUNDS]
 
 The source is an official-layout bf16 .pth with random weights, written
 once per shape into WORK (the names and layouts of
 tests/test_interop.py's _official_dict, generated tensor by tensor at a
-scale that keeps a deep model's activations finite). Each tune runs in a
+scale that keeps a deep model's activations finite); with --source hf the
+same weights as a bf16 Hugging Face rwkv7 folder (safetensors, streamed
+as the .pth is; needs safetensors). Each tune runs in a
 child process, so its peak RSS is its own; a row that the memory check
 refuses prints the check's line. Prints one markdown row per tune and one
 JSON line each, with the CPU. Needs torch (to write the .pth) and the
@@ -58,9 +60,9 @@ def cpu_name():
     return platform.processor() or platform.machine()
 
 
-def official_pth(path, C, L):
-    """A random bf16 .pth in the x070 names and layouts, built one tensor
-    at a time (peak: the bf16 file's size plus one float32 tensor)."""
+def official_tensors(C, L):
+    """Random bf16 torch tensors in the x070 names and layouts, built one
+    tensor at a time (peak: the bf16 model's size plus one float32 tensor)."""
     import torch
 
     from rwkvx_c.model.config import lora_sizes
@@ -106,7 +108,43 @@ def official_pth(path, C, L):
     put("ln_out.weight", (C,), 0.2, 1.0)
     put("ln_out.bias", (C,), 0.2)
     lin("head.weight", V, C, 0.3)
-    torch.save(sd, path)
+    return sd
+
+
+def official_pth(path, C, L):
+    """official_tensors as a .pth."""
+    import torch
+    torch.save(official_tensors(C, L), path)
+
+
+def official_hf(folder, C, L):
+    """official_tensors as a bf16 Hugging Face rwkv7 folder (config.json,
+    model.safetensors; no tokenizer files: 65,536 ids read as World)."""
+    from safetensors.torch import save_file
+
+    from rwkvx_c.interop import hf
+    from rwkvx_c.model.config import lora_sizes
+    sd = {}
+    for name, t in official_tensors(C, L).items():
+        theirs, kind = hf._hf_name(name)
+        sd[theirs] = t.T.contiguous() if kind == "T" else t.reshape(-1) if kind == "flat" else t
+    os.makedirs(folder, exist_ok=True)
+    save_file(sd, os.path.join(folder, hf.HF_WEIGHTS))
+    config = dict(n_embd=C, n_head=C // N, head_size=N, n_rwkv_layer=L, n_attn_layer=0,
+                  vocab_size=V, ffn_dim=4 * C, chunk_size=32, moba_top_k=2, ln0=1,
+                  **{k: lora_sizes(C)[k] for k in ("Dw", "Da", "Dv", "Dg")})
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(hf.hf_config(config), f)
+
+
+def peak_rss():
+    """This process's peak RSS in bytes: VmHWM, its own memory's high-water
+    mark (ru_maxrss also counts the forking parent's, which wrote the source)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def trainer(a, base_dtype):
@@ -114,14 +152,14 @@ def trainer(a, base_dtype):
     from rwkvx_c.interop.source import read_source
     from rwkvx_c.train import Trainer, TrainOptions
     from rwkvx_c.train.finetune import from_source
-    src = read_source(a.pth)
+    src = read_source(a.src)
     opts = TrainOptions(data=os.path.join(ROOT, "docs"), tokenizer="world", tune=a.tune,
                         base_dtype=base_dtype, precision=a.precision, grad_cp=True,
                         batch=1, seq_len=a.seq_len, steps=max(a.steps, a.paired) + 2,
                         eval_tokens=a.seq_len, eval_every=10**6, save_every=10**6, lr=1e-4,
                         warmup_steps=1, threads=a.threads,
                         cache_dir=os.path.join(a.work, "cache"))
-    return Trainer(from_source(opts, src.config, src.tokenizer, a.pth),
+    return Trainer(from_source(opts, src.config, src.tokenizer, a.src),
                    os.path.join(a.work, f"run-{a.shape}-{base_dtype}-{a.tune}"),
                    _weights=src.weights)
 
@@ -152,8 +190,8 @@ def child(a):
     """One tune in this process: build, then steps; one JSON line."""
     from rwkvx_c.errors import RwkvxError
     t0 = time.perf_counter()
-    row = dict(shape=a.shape, base=a.base_dtype, tune=a.tune, precision=a.precision,
-               seq_len=a.seq_len)
+    row = dict(shape=a.shape, source=a.source, base=a.base_dtype, tune=a.tune,
+               precision=a.precision, seq_len=a.seq_len)
     try:
         tr = trainer(a, a.base_dtype)
     except RwkvxError as e:
@@ -169,7 +207,7 @@ def child(a):
         first = first or time.perf_counter() - t0
     row.update(fits=True, first_step_s=round(first, 1),
                tokens_per_s=round(a.seq_len / min(times[1:] or times), 1),
-               peak_rss_gib=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
+               peak_rss_gib=round(peak_rss() / 2**30, 2),
                base_gib=round(tr.model.base_bytes / 2**30, 2), trained=int(tr.optim.m.size),
                build_s=round(row["build_s"], 1))
     tr.close()
@@ -189,23 +227,28 @@ def main():
     ap.add_argument("--paired", type=int, default=0, metavar="ROUNDS",
                     help="alternate steps on this base and on a float32 base (one tune)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--pth", help=argparse.SUPPRESS)
+    ap.add_argument("--source", choices=["pth", "hf"], default="pth",
+                    help="the random model as an x070 .pth or a Hugging Face folder")
+    ap.add_argument("--src", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
         return paired(a) if a.paired else child(a)
     os.makedirs(a.work, exist_ok=True)
-    pth = os.path.join(a.work, f"official-{a.shape}.pth")
-    if not os.path.exists(pth):
+    src = os.path.join(a.work, f"official-{a.shape}" + (".pth" if a.source == "pth" else "-hf"))
+    if not os.path.exists(src):
         t = time.perf_counter()
-        official_pth(pth + ".tmp", *SHAPES[a.shape])
-        os.replace(pth + ".tmp", pth)
-        print(f"# wrote {pth} ({os.path.getsize(pth) / 2**30:.2f} GiB) in "
-              f"{time.perf_counter() - t:.0f} s", flush=True)
+        (official_pth if a.source == "pth" else official_hf)(src + ".tmp", *SHAPES[a.shape])
+        os.replace(src + ".tmp", src)
+        size = os.path.getsize(src) if a.source == "pth" else \
+            os.path.getsize(os.path.join(src, "model.safetensors"))
+        print(f"# wrote {src} ({size / 2**30:.2f} GiB) in {time.perf_counter() - t:.0f} s",
+              flush=True)
     print(f"# CPU: {cpu_name()}, {os.cpu_count()} cores")
     print("| shape | base | tune | precision | base GiB | build s | to first step s | "
           "peak RSS GiB | tokens/s |")
     for tune in (["state", "lora"] if a.tune == "both" else [a.tune]):
-        cmd = [sys.executable, __file__, "--child", "--pth", pth, "--shape", a.shape,
+        cmd = [sys.executable, __file__, "--child", "--src", src, "--source", a.source,
+               "--shape", a.shape,
                "--base-dtype", a.base_dtype, "--tune", tune, "--precision", a.precision,
                "--seq-len", str(a.seq_len), "--steps", str(a.steps), "--work", a.work,
                "--paired", str(a.paired)]

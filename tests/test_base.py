@@ -215,13 +215,13 @@ def test_bad_base_requests_are_refused():
 
 # ---- the run: --base-dtype, a streamed .pth, the memory check, unfreeze, resume ----------
 
-def _bf16_pth(tmp_path, name="o.pth"):
+def _bf16_pth(tmp_path, name="o.pth", **sizes):
     pytest.importorskip("torch")
     from test_interop import _official_dict
 
     from rwkvx_c import interop
-    sd = _official_dict(np.random.default_rng(0), V=256, C=64, H=2, N=32, L=2, F=128, Dw=32,
-                        Da=32, Dv=32, Dg=32)
+    sd = _official_dict(np.random.default_rng(0), **{**dict(V=256, C=64, H=2, N=32, L=2, F=128,
+                                                            Dw=32, Da=32, Dv=32, Dg=32), **sizes})
     pth = str(tmp_path / name)
     interop.save_pth(sd, pth, "bf16")
     return pth
@@ -251,7 +251,8 @@ def test_a_bf16_pth_streams_into_a_bf16_base_with_the_float32_losses(tmp_path, t
     tr32, want = _tune_losses(tmp_path, pth, "fp32", tune=tune, steps=3, base_dtype="fp32")
     assert tr32.model.base_dtype is None
     tr, got = _tune_losses(tmp_path, pth, "auto", tune=tune, steps=3)   # auto: bf16
-    assert tr.model.base_dtype == "bf16" and len(tr.model.base_names) == 12 + 14 + 2   # blocks, head, emb
+    # the blocks' matrices, the head and the embedding
+    assert tr.model.base_dtype == "bf16" and len(tr.model.base_names) == 12 + 14 + 2
     assert got == want and got[-1] < got[0] + 1.0
     # the bits of the file, copied: no rounding on the way
     from rwkvx_c.interop.pth import PthTensors

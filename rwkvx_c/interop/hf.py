@@ -9,9 +9,11 @@ SGLang read), out and in:
 The HF names are a renaming of the x070 state dict (rwkvx_c.interop.rwkv7):
 this module translates names and layouts only, so export and import share
 every check the x070 door makes. The mapping and what is refused is
-docs/interop.md §hf. Files are safetensors, read and written with the
-``safetensors`` package over torch tensors (bf16 has no NumPy type): the
-extra ``hf-model``.
+docs/interop.md §hf. Files are safetensors: read tensor by tensor by
+rwkvx_c.interop.safetensors_file (HfAsX070 hands a folder to
+rwkvx_c.interop.rwkv7.stream_rwkv7 as x070 tensors, converted as each is
+read), written with the ``safetensors`` package over torch tensors (bf16
+has no NumPy type): the extra ``hf-model``.
 """
 from __future__ import annotations
 
@@ -40,13 +42,14 @@ from rwkvx_c.data.tokenizers import (
 from rwkvx_c.errors import InteropError, TokenizerError
 from rwkvx_c.interop.pth import DTYPES
 from rwkvx_c.interop.rwkv7 import from_rwkv7, linear_prefixes, to_rwkv7
+from rwkvx_c.interop.safetensors_file import SafetensorsTensors, ShardedTensors
 from rwkvx_c.model.config import ModelConfig, export_refusal
 from rwkvx_c.run.rundir import CHECKPOINT
 from rwkvx_c.util.atomic import replace_with, replacing
 
 __all__ = ["hf_refusal", "hf_config", "to_hf", "from_hf", "save_hf", "load_hf", "hf_tokenizer",
            "HF_WEIGHTS", "BYTE_MARK", "PEFT_FILES", "save_peft", "hf_modules", "BLOCK_NAMES",
-           "write_code", "write_folder"]
+           "write_code", "write_folder", "HfAsX070", "hf_tensors", "read_hf_config"]
 
 HF_WEIGHTS = "model.safetensors"
 HF_INDEX = "model.safetensors.index.json"
@@ -191,35 +194,93 @@ def _check_config(cfg: Mapping[str, Any], what: str) -> None:
         raise InteropError(f"{what}: value_dim {cfg['value_dim']} differs from hidden_size {C}")
 
 
+class _InMemory:
+    """A state dict in memory, read as HfAsX070 reads a file."""
+
+    def __init__(self, sd: Mapping[str, np.ndarray]) -> None:
+        self._sd, self.path = sd, "the state dict"
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._sd)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(np.shape(self._sd[name]))
+
+    def array(self, name: str) -> np.ndarray:
+        return np.asarray(self._sd[name])
+
+
+def _to_x070(a: np.ndarray, kind: str) -> np.ndarray:
+    return np.ascontiguousarray(a.T) if kind == "T" else a.reshape(1, 1, -1) \
+        if kind == "flat" else a
+
+
+class HfAsX070:
+    """The tensors of an HF rwkv7 state dict (SafetensorsTensors,
+    ShardedTensors) under the x070 names and layouts, each converted as it
+    is read, so stream_rwkv7 takes it as it takes a .pth: "same" tensors
+    (every Linear weight: [out, in] in both) pass their stored bits
+    through, the time-mix LoRA matrices ("T", small) come transposed, the
+    [C] vectors ("flat") as (1, 1, C). Every name, shape and config.json
+    key is checked when it is made (a tied head, no lm_head.weight and
+    tie_word_embeddings true, reads the embedding)."""
+
+    def __init__(self, tensors: Any, config: Mapping[str, Any] | None = None) -> None:
+        config = config or {}
+        _check_config(dict(config, model_type=config.get("model_type", "rwkv7")), "config.json")
+        self.path, self._t = tensors.path, tensors
+        self._names: dict[str, tuple[str, str]] = {}
+        for name in tensors.names:
+            x, kind = _x070_name(name)
+            shape = tensors.shape(name)
+            if kind == "T" and len(shape) != 2:
+                raise InteropError(f"{name} has shape {shape}, expected 2 dimensions")
+            if kind == "flat" and sum(d != 1 for d in shape) > 1:
+                raise InteropError(f"{name} has shape {shape}, expected a vector")
+            self._names[x] = (name, kind)
+        if "head.weight" not in self._names and config.get("tie_word_embeddings") \
+                and "emb.weight" in self._names:
+            self._names["head.weight"] = self._names["emb.weight"]
+        if "blocks.0.att.r_k" in self._names:
+            rk = self.shape("blocks.0.att.r_k")
+            if rk[-1:] != (64,):
+                raise InteropError(f"head size {rk[-1] if rk else rk}: the Hugging Face rwkv7 "
+                                   "layout wants 64")
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._names)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        hf, kind = self._names[name]
+        s = self._t.shape(hf)
+        return s[::-1] if kind == "T" else (1, 1, int(np.prod(s))) if kind == "flat" else s
+
+    def dtype(self, name: str) -> str:
+        return str(self._t.dtype(self._names[name][0]))
+
+    def raw(self, name: str) -> np.ndarray:
+        hf, kind = self._names[name]
+        return _to_x070(self._t.raw(hf), kind)
+
+    def array(self, name: str) -> np.ndarray:
+        hf, kind = self._names[name]
+        return _to_x070(self._t.array(hf), kind)
+
+    def release(self, name: str) -> None:
+        self._t.release(self._names[name][0])
+
+    def close(self) -> None:
+        self._t.close()
+
+
 def from_hf(sd: Mapping[str, np.ndarray], config: Mapping[str, Any] | None = None
             ) -> RxPtModel:
     """An RxPtModel holding an HF rwkv7 state dict (sizes from the shapes,
-    every tensor checked as an x070 import is). A tied head (no
-    lm_head.weight, tie_word_embeddings true) takes the embedding."""
-    config = config or {}
-    _check_config(dict(config, model_type=config.get("model_type", "rwkv7")), "config.json")
-    sd = dict(sd)
-    if "lm_head.weight" not in sd and config.get("tie_word_embeddings") \
-            and "model.embeddings.weight" in sd:
-        sd["lm_head.weight"] = sd["model.embeddings.weight"]
-    x070: dict[str, np.ndarray] = {}
-    for name, a in sd.items():
-        x, kind = _x070_name(name)
-        a = np.asarray(a)
-        if kind == "T":
-            if a.ndim != 2:
-                raise InteropError(f"{name} has shape {a.shape}, expected 2 dimensions")
-            a = np.ascontiguousarray(a.T)
-        elif kind == "flat":
-            if sum(d != 1 for d in a.shape) > 1:
-                raise InteropError(f"{name} has shape {a.shape}, expected a vector")
-            a = a.reshape(1, 1, -1)
-        x070[x] = a
-    if "blocks.0.att.r_k" in x070:
-        N = np.shape(x070["blocks.0.att.r_k"])[-1]
-        if N != 64:
-            raise InteropError(f"head size {N}: the Hugging Face rwkv7 layout wants 64")
-    return from_rwkv7(x070)
+    every tensor checked as an x070 import is; HfAsX070's checks)."""
+    view = HfAsX070(_InMemory(sd), config)
+    return from_rwkv7({x: view.array(x) for x in view.names})
 
 
 # ---- files ----------------------------------------------------------------------
@@ -390,11 +451,9 @@ def _write_byte_tokenizer(path: str) -> str:
     return eot
 
 
-def load_hf(folder: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """(float32 tensors under the HF names, config.json) of an HF folder:
-    model.safetensors, or the shards its index names; bf16, fp16 and fp32
-    converted exactly. No pickle: .bin weights are refused."""
-    torch, st = _need("reading a Hugging Face folder")
+def read_hf_config(folder: str) -> dict[str, Any]:
+    """config.json of an HF folder, checked as an rwkv7 model's unless it
+    is rwkvx_c's own layout (hf_hybrid checks that)."""
     cpath = os.path.join(folder, "config.json")
     try:
         with open(cpath, encoding="utf-8") as f:
@@ -406,44 +465,34 @@ def load_hf(folder: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         raise InteropError(f"{cpath} is not readable JSON: {e}") from None
     if not isinstance(config, dict):
         raise InteropError(f"{cpath} does not hold a JSON object")
-    if config.get("model_type") != HYBRID_TYPE:   # rwkvx_c's own layout: hf_hybrid checks it
+    if config.get("model_type") != HYBRID_TYPE:
         _check_config(config, cpath)
-    files = _weight_files(folder)
-    out: dict[str, np.ndarray] = {}
-    for path in files:
-        try:
-            part = st.load_file(path, device="cpu")
-        except Exception as e:  # noqa: BLE001 -- safetensors raises several types
-            raise InteropError(f"{path} is not a readable safetensors file: {e}") from None
-        for k, v in part.items():
-            if k in out:
-                raise InteropError(f"{k} appears in two shards of {folder}")
-            if not v.is_floating_point():
-                raise InteropError(f"{path}: tensor {k} has dtype {v.dtype}, expected floating "
-                                   "point")
-            out[k] = v.to(torch.float32).contiguous().numpy()
-    return out, config
+    return config
 
 
-def _weight_files(folder: str) -> list[str]:
+def hf_tensors(folder: str) -> SafetensorsTensors | ShardedTensors:
+    """The weights of an HF folder, opened (nothing read): model.safetensors,
+    or the shards its index names. No pickle: .bin weights are refused."""
     single, index = os.path.join(folder, HF_WEIGHTS), os.path.join(folder, HF_INDEX)
     if os.path.isfile(index):
-        try:
-            with open(index, encoding="utf-8") as f:
-                wm = json.load(f)["weight_map"]
-            names = sorted(set(wm.values()))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-            raise InteropError(f"{index} is not a safetensors index ({e})") from None
-        bad = [n for n in names if os.path.basename(n) != n or not n.endswith(".safetensors")]
-        if bad:
-            raise InteropError(f"{index} names {bad[0]!r}, not a .safetensors file in the folder")
-        return [os.path.join(folder, n) for n in names]
+        return ShardedTensors(index)
     if os.path.isfile(single):
-        return [single]
+        return SafetensorsTensors(single)
     if any(n.endswith(".bin") for n in os.listdir(folder)):
         raise InteropError(f"{folder} holds pickled .bin weights only; rwkvx_c reads "
                            "safetensors (no pickle)")
     raise InteropError(f"{folder} has neither {HF_WEIGHTS} nor {HF_INDEX}")
+
+
+def load_hf(folder: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """(float32 tensors under the HF names, config.json) of an HF folder
+    (hf_tensors): bf16, fp16 and fp32 converted exactly."""
+    config = read_hf_config(folder)
+    tensors = hf_tensors(folder)
+    try:
+        return {n: tensors.array(n) for n in tensors.names}, config
+    finally:
+        tensors.close()
 
 
 def hf_tokenizer(folder: str, vocab: int) -> Tokenizer:

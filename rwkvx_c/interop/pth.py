@@ -20,7 +20,7 @@ from rwkvx_c.errors import InteropError
 from rwkvx_c.util.atomic import replacing
 from rwkvx_c.util.files import open_input
 
-__all__ = ["DTYPES", "load_pth", "save_pth", "PthTensors"]
+__all__ = ["DTYPES", "load_pth", "save_pth", "PthTensors", "MappedTensors"]
 
 DTYPES = ("fp32", "bf16", "fp16")
 
@@ -117,6 +117,51 @@ def _address(m: mmap.mmap) -> int:
     return int(np.frombuffer(m, np.uint8, count=1).__array_interface__["data"][0])
 
 
+class MappedTensors:
+    """What every memory-mapped tensor file shares (a .pth here, a
+    safetensors file in rwkvx_c.interop.safetensors_file): a subclass sets
+    path and _map and gives names, shape, dtype and raw; this gives the
+    float32 copy and the release of a tensor's pages."""
+
+    path: str
+    _map: mmap.mmap
+
+    def dtype(self, name: str) -> str:
+        raise NotImplementedError
+
+    def raw(self, name: str) -> np.ndarray:
+        raise NotImplementedError
+
+    def release(self, name: str) -> None:
+        """Drop the mapped pages of tensor name from this process's memory
+        (they are read again from the file if asked for again)."""
+        r = self.raw(name)
+        if not r.nbytes:
+            return
+        start = r.__array_interface__["data"][0] - _address(self._map)
+        page = mmap.PAGESIZE
+        b, e = -(-start // page) * page, (start + r.nbytes) // page * page
+        if e > b:
+            self._map.madvise(mmap.MADV_DONTNEED, b, e - b)
+
+    def array(self, name: str) -> np.ndarray:
+        """The tensor as float32 (bf16 and fp16 converted exactly), refusing
+        non-finite values by name."""
+        r, d = self.raw(name), self.dtype(name)
+        if d == "bf16":   # widened in place: one float32 array, the largest tensor's peak
+            a = np.empty(r.shape, np.float32)
+            bits = a.view(np.uint32)
+            bits[...] = r
+            bits <<= 16
+        else:
+            a = r.astype(np.float32)
+        bad = a.size - int(np.isfinite(a).sum())
+        if bad:
+            raise InteropError(f"{self.path}: tensor {name} holds {bad:,} non-finite values (NaN "
+                               f"or inf) of {a.size:,}; the file was not imported")
+        return a
+
+
 class _Storage:
     def __init__(self, cls: str, key: str, numel: int) -> None:
         self.cls, self.key, self.numel = cls, key, numel
@@ -153,7 +198,7 @@ class _Unpickler(pickle.Unpickler):
         return _Storage(pid[1], str(pid[2]), int(pid[4]))
 
 
-class PthTensors:
+class PthTensors(MappedTensors):
     """The tensors of a torch .pth state dict, read one at a time from the
     file (memory-mapped), never all at once. names: in the file's order;
     shape(name), dtype(name) ("bf16", "fp16", "fp32"); raw(name): the
@@ -241,27 +286,6 @@ class PthTensors:
         n = int(np.prod(t.size, dtype=np.int64))
         a: np.ndarray = np.frombuffer(self._map, dt, count=n, offset=start + t.offset * dt.itemsize)
         return a.reshape(t.size)
-
-    def release(self, name: str) -> None:
-        """Drop the mapped pages of tensor name from this process's memory
-        (they are read again from the file if asked for again)."""
-        r = self.raw(name)
-        start = r.__array_interface__["data"][0] - _address(self._map)
-        page = mmap.PAGESIZE
-        b, e = -(-start // page) * page, (start + r.nbytes) // page * page
-        if e > b:
-            self._map.madvise(mmap.MADV_DONTNEED, b, e - b)
-
-    def array(self, name: str) -> np.ndarray:
-        """The tensor as float32 (bf16 and fp16 converted exactly), refusing
-        non-finite values by name."""
-        r, d = self.raw(name), self.dtype(name)
-        a = (r.astype(np.uint32) << 16).view(np.float32) if d == "bf16" else r.astype(np.float32)
-        bad = a.size - int(np.isfinite(a).sum())
-        if bad:
-            raise InteropError(f"{self.path}: tensor {name} holds {bad:,} non-finite values (NaN "
-                               f"or inf) of {a.size:,}; the file was not imported")
-        return a
 
     def close(self) -> None:
         self._zip.close()

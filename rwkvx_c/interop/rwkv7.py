@@ -219,9 +219,10 @@ def from_rwkv7(sd: Mapping[str, np.ndarray]) -> RxPtModel:
 
 
 class StreamedWeights(Mapping[str, np.ndarray]):
-    """An x070 .pth's weights under our names, each read from the file and
-    converted (float32, our orientation) only when asked for: a source that
-    never holds the whole model. dtype: "bf16" when every matrix is bf16
+    """An x070 state dict's weights under our names (a .pth, a .safetensors
+    file, or HF names read as x070 by rwkvx_c.interop.hf.HfAsX070), each
+    read from the file and converted (float32, our orientation) only when
+    asked for: a source that never holds the whole model. dtype: "bf16" when every matrix is bf16
     in the file. raw_t(name): a matrix's bf16 bits as the file holds them,
     torch's [out, in] (the embedding's [vocab, C]; RxPtModel.base_fill(...,
     transposed=True) takes them as they are), None unless bf16;
@@ -254,7 +255,9 @@ class StreamedWeights(Mapping[str, np.ndarray]):
 
     def __getitem__(self, name: str) -> np.ndarray:
         theirs, kind = self._pairs[name]
-        return _from_foreign(self._pth.array(theirs), kind)
+        a = self._pth.array(theirs)
+        self._pth.release(theirs)   # copied: its mapped pages need not wait for the model
+        return _from_foreign(a, kind)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._pairs)
@@ -276,8 +279,9 @@ class StreamedWeights(Mapping[str, np.ndarray]):
 
 
 def stream_rwkv7(pth: Any) -> StreamedWeights:
-    """The x070 weights of an open .pth (rwkvx_c.interop.pth.PthTensors),
-    every name and shape checked, nothing read yet; .config is the model's."""
+    """The x070 weights of an open tensor file (rwkvx_c.interop.pth.PthTensors,
+    safetensors_file.SafetensorsTensors, hf.HfAsX070: names, shape, dtype,
+    raw, array, release), every name and shape checked, nothing read yet; .config is the model's."""
     shapes = {n: np.lib.stride_tricks.as_strided(np.zeros(1, np.uint8), pth.shape(n),
                                                  (0,) * len(pth.shape(n)))
               for n in pth.names}   # shape-only stand-ins for rwkv7_config

@@ -1,9 +1,15 @@
 """The weights a fine-tune starts from (``rwkvx-c train --init-from SRC``):
-a run folder, a checkpoint file, an x070 / RWKV-X ``.pth`` or a Hugging
-Face rwkv7 folder read with the rules of ``rwkvx-c import``
-(rwkvx_c.interop.rwkv7, hf), or LoRA adapters on such a base (a PEFT
-folder or an RWKV-PEFT .pth, rwkvx_c.interop.adapters), which the tune
-trains on as they are.
+a run folder, a checkpoint file, an x070 / RWKV-X ``.pth``, a Hugging
+Face folder or a ``.safetensors`` file of x070 or HF rwkv7 names, read
+with the rules of ``rwkvx-c import`` (rwkvx_c.interop.rwkv7, hf), or LoRA
+adapters on such a base (a PEFT folder or an RWKV-PEFT .pth,
+rwkvx_c.interop.adapters), which the tune trains on as they are.
+
+An x070 .pth, an HF rwkv7 folder and such a .safetensors file stream:
+Source.weights reads each tensor from the mapped file when the model asks
+for it (rwkvx_c.interop.rwkv7.StreamedWeights), never a float32 copy of
+the whole model. RWKV-X .pth files, hybrid HF folders (rwkvx_c's own
+layout) and checkpoints are read whole.
 
 read_source returns the model config, the weights by parameter name, the
 tokenizer the source was trained with (when it says) and, for a
@@ -29,10 +35,11 @@ from rwkvx_c._core import RxPtModel
 from rwkvx_c.data.tokenizers import WORLD_VOCAB_SIZE, run_tokenizer
 from rwkvx_c.errors import CheckpointError, InteropError, RwkvxError, TokenizerError
 from rwkvx_c.interop.adapters import Adapters, is_adapter, peft_base, read_adapters
-from rwkvx_c.interop.hf import hf_tokenizer
+from rwkvx_c.interop.hf import HYBRID_TYPE, HfAsX070, hf_tensors, hf_tokenizer, read_hf_config
 from rwkvx_c.interop.hf_hybrid import read_hf_folder
 from rwkvx_c.interop.pth import PthTensors, load_pth
-from rwkvx_c.interop.rwkv7 import from_rwkv7, from_rwkvx, stream_rwkv7
+from rwkvx_c.interop.rwkv7 import StreamedWeights, from_rwkv7, from_rwkvx, stream_rwkv7
+from rwkvx_c.interop.safetensors_file import SafetensorsTensors
 from rwkvx_c.model.config import ModelConfig
 from rwkvx_c.model.lora import adapters_of, run_alpha, without_adapters
 from rwkvx_c.run.base import BASE_KEY, Record, check_base
@@ -49,7 +56,7 @@ class Source:
     when the source names none (a .pth of another vocabulary size)."""
     path: str
     config: dict[str, int]
-    weights: Mapping[str, np.ndarray]   # an x070 .pth's: read tensor by tensor when asked
+    weights: Mapping[str, np.ndarray]   # streamed sources': read tensor by tensor when asked
     tokenizer: str | None
     state0: np.ndarray | None
     adapters: Adapters | None = None   # LoRA adapters to train on, under our param names
@@ -88,24 +95,59 @@ def read_source(src: str, base: str | None = None, lora_alpha: float | None = No
     if src.endswith(".pth"):
         pth = PthTensors(src)
         if not any(k.startswith("rwkv.") for k in pth.names):   # x070: streamed
-            streamed = stream_rwkv7(pth)
-            tok = "world" if streamed.config["vocab_size"] == WORLD_VOCAB_SIZE else None
-            return Source(src, dict(streamed.config), streamed, tok, None, dtype=streamed.dtype)
+            return _streamed(src, stream_rwkv7(pth))
         pth.close()
         sd = load_pth(src)
         model = from_rwkvx(sd) if any(k.startswith("rwkv.") for k in sd) else from_rwkv7(sd)
         weights = {n: np.array(model.params[n]) for n in model.param_names}
         tok = "world" if model.config["vocab_size"] == WORLD_VOCAB_SIZE else None
         return Source(src, model.config, weights, tok, None)
+    if src.endswith(".safetensors"):
+        streamed = _stream_safetensors(src)
+        if streamed is not None:
+            return _streamed(src, streamed)
     return _from_checkpoint(src, src, os.path.dirname(os.path.abspath(src)), base)
 
 
+def _streamed(src: str, weights: StreamedWeights) -> Source:
+    """The Source of a file's streamed weights: World tokens at World's
+    vocabulary size, else no tokenizer named."""
+    tok = "world" if weights.config["vocab_size"] == WORLD_VOCAB_SIZE else None
+    return Source(src, dict(weights.config), weights, tok, None, dtype=weights.dtype)
+
+
+def _stream_safetensors(path: str) -> StreamedWeights | None:
+    """A .safetensors file of x070 names (emb.weight ...) or HF rwkv7 names
+    (model.embeddings.weight ..., sizes from the shapes), streamed; None
+    for any other file (a checkpoint, or not readable as safetensors: the
+    checkpoint reader then says what it is)."""
+    try:
+        st = SafetensorsTensors(path)
+    except InteropError:
+        return None
+    if "emb.weight" in st.names:
+        return stream_rwkv7(st)
+    if "model.embeddings.weight" in st.names:
+        return stream_rwkv7(HfAsX070(st))
+    st.close()
+    return None
+
+
 def _from_hf(folder: str) -> Source:
-    model = read_hf_folder(folder)
-    tok = hf_tokenizer(folder, model.config["vocab_size"])
+    """An HF folder: the rwkv7 layout streamed, rwkvx_c's own (hybrid)
+    layout read whole."""
+    cfg = read_hf_config(folder)
+    weights: Mapping[str, np.ndarray]
+    if cfg.get("model_type") == HYBRID_TYPE:
+        model = read_hf_folder(folder)
+        config, weights, dtype = model.config, {n: np.array(model.params[n]) for n in
+                                                model.param_names}, "fp32"
+    else:
+        streamed = stream_rwkv7(HfAsX070(hf_tensors(folder), cfg))
+        config, weights, dtype = dict(streamed.config), streamed, streamed.dtype
+    tok = hf_tokenizer(folder, config["vocab_size"])
     spec = tok.name if tok.name in ("byte", "world") else os.path.join(folder, "tokenizer.json")
-    return Source(folder, model.config, {n: np.array(model.params[n]) for n in
-                                         model.param_names}, spec, None)
+    return Source(folder, config, weights, spec, None, dtype=dtype)
 
 
 def base_weights(record: object, run: str, override: str | None,
