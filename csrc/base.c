@@ -10,7 +10,12 @@
  *            bytes are those of gguf.quants.quantize(W^T, Q8_0)
  *
  * W^T is torch's [out][in] orientation: an official .pth tensor is copied
- * in as it is. A base tensor keeps its place in the parameter arena, but
+ * in as it is. A bf16 base of a model that computes in bf16 is stored
+ * instead as the bf16 GEMM's own packed op(B) of each forward product
+ * (rx_base_create's packed): the forward reads it in place, and the dX
+ * product's packing is a transpose of whole 64-bit words (pack_t_packed),
+ * where rows cost a pack per product, about a quarter of a 1.5B LoRA
+ * step. A base tensor keeps its place in the parameter arena, but
  * only as address space: the model's arenas are mapped lazily
  * (RX_PT_NO_INIT) and a base tensor's float32 pages are released here and
  * never written again, so they take no memory. The products that read W
@@ -46,7 +51,9 @@ struct rx_base_mat {
     size_t in, out;
     int param, loaded, dtype;
     int rows;              /* the embedding: its slot is [out][in], rows gathered */
-    unsigned char *data;   /* [out] rows of rx_base_row_bytes(in) bytes */
+    int packed;            /* rx_bgemm's packed op(B) of W (below), else rows */
+    size_t np, nkc;        /* packed: out padded to RX_BT_BLK, in in RX_BT_K chunks */
+    unsigned char *data;   /* [out] rows of rx_base_row_bytes(in) bytes, or packed */
 };
 
 struct rx_base {
@@ -140,6 +147,20 @@ static inline float row_at(int dtype, const unsigned char *row, size_t k) {
     return bf16_f32(h);
 }
 
+/* the index of element (j, k) of W^T (j < np, k < nkc * RX_BT_K) in a
+ * packed store: block (j / 16, k / 32), its row of k pair k / 2 % 16,
+ * column j % 16's word, half k % 2 */
+static inline size_t pk_index(const rx_base_mat *b, size_t j, size_t k) {
+    return ((j / RX_BT_R) * b->nkc + k / RX_BT_K) * (RX_BT_R * RX_BT_K) +
+           k % RX_BT_K / 2 * RX_BT_K + 2 * (j % RX_BT_R) + k % 2;
+}
+
+/* element (j, k) of W^T [out][in]: exact */
+static inline float mat_at(const rx_base_mat *b, size_t j, size_t k) {
+    if (b->packed) return bf16_f32(((const uint16_t *)(const void *)b->data)[pk_index(b, j, k)]);
+    return row_at(b->dtype, b->data + j * rx_base_row_bytes(b->dtype, b->in), k);
+}
+
 /* ---- the store ----------------------------------------------------------- */
 
 void rx_base_free(rx_base *s) {
@@ -158,7 +179,12 @@ static void release_pages(float *p, size_t n) {
     if (e > b) (void)madvise((void *)b, e - b, MADV_DONTNEED);
 }
 
-int rx_base_create(int dtype, const rx_base_target *t, int n, rx_base **out) {
+/* bytes of a tensor's store */
+static size_t mat_bytes(const rx_base_mat *b) {
+    return b->packed ? b->np * b->nkc * RX_BT_K * 2 : b->out * rx_base_row_bytes(b->dtype, b->in);
+}
+
+int rx_base_create(int dtype, const rx_base_target *t, int n, int packed, rx_base **out) {
     static const char *const fn = "rx_ptmodel_set_base";
     *out = NULL;
     rx_base *s = calloc(1, sizeof *s);
@@ -166,7 +192,17 @@ int rx_base_create(int dtype, const rx_base_target *t, int n, rx_base **out) {
     s->dtype = dtype;
     s->n = n;
     s->mats = calloc((size_t)n, sizeof *s->mats);
-    for (int i = 0; i < n; i++) s->bytes += t[i].out * rx_base_row_bytes(dtype, t[i].in);
+    for (int i = 0; s->mats && i < n; i++) {
+        rx_base_mat *b = &s->mats[i];
+        b->in = t[i].in;
+        b->out = t[i].out;
+        b->dtype = dtype;
+        b->rows = t[i].rows;
+        b->packed = packed && dtype == RX_BASE_BF16 && !b->rows;
+        b->np = (b->out + RX_BT_BLK - 1) / RX_BT_BLK * RX_BT_BLK;
+        b->nkc = (b->in + RX_BT_K - 1) / RX_BT_K;
+        s->bytes += mat_bytes(b);
+    }
     s->store = s->mats ? rx_alloc(s->bytes, 1) : NULL;
     if (!s->mats || !s->store) {
         const size_t bytes = s->bytes;
@@ -178,13 +214,9 @@ int rx_base_create(int dtype, const rx_base_target *t, int n, rx_base **out) {
         rx_base_mat *b = &s->mats[i];
         b->W = t[i].W;
         b->GW = t[i].GW;
-        b->in = t[i].in;
-        b->out = t[i].out;
         b->param = t[i].param;
-        b->rows = t[i].rows;
-        b->dtype = dtype;
         b->data = s->store + off;
-        off += b->out * rx_base_row_bytes(dtype, b->in);
+        off += mat_bytes(b);
         release_pages((float *)t[i].W, b->in * b->out);
         release_pages((float *)t[i].GW, b->in * b->out);
     }
@@ -242,18 +274,36 @@ void rx_base_zero_grads(const rx_base *s, float *grads, size_t n) {
     if (n > at) rx_fzero(grads + at, n - at);
 }
 
+/* the bf16 GEMM's operand rounding of a stored bf16: a subnormal becomes
+ * a signed zero, anything else stays */
+static inline uint16_t operand_of_bf16(uint16_t h) {
+    return (h & 0x7f80u) ? h : (uint16_t)(h & 0x8000u);
+}
+
+/* row j of W^T (in bf16 values) into a packed store, as the GEMM reads it */
+static void place_row(const rx_base_mat *b, size_t j, const uint16_t *enc) {
+    uint16_t *d = (uint16_t *)(void *)b->data;
+    for (size_t k = 0; k < b->in; k++) d[pk_index(b, j, k)] = operand_of_bf16(enc[k]);
+}
+
 /* src: W^T [out][in] (src_t) or W [in][out], float32 or bf16 (RX_BASE_BF16
  * as kind: uint16 bits) */
 int rx_base_fill(rx_base *s, int i, const void *src, int kind, int src_t) {
     rx_base_mat *b = &s->mats[i];
     const size_t rb = rx_base_row_bytes(s->dtype, b->in);
     float *row = s->dtype == RX_BASE_Q8_0 || !src_t ? rx_falloc(b->in) : NULL;
-    if ((s->dtype == RX_BASE_Q8_0 || !src_t) && !row)
+    /* packed: each row encoded here, then placed (padding: zeros) */
+    uint16_t *enc = b->packed ? rx_alloc(b->in, sizeof *enc) : NULL;
+    if (((s->dtype == RX_BASE_Q8_0 || !src_t) && !row) || (b->packed && !enc)) {
+        free(row);
         return rx_fail(RX_ENOMEM, "rx_ptmodel_base_fill: out of memory");
+    }
+    if (b->packed) memset(b->data, 0, mat_bytes(b));
     const float *f = src;
     const uint16_t *h = src;
     for (size_t j = 0; j < b->out; j++) {
-        unsigned char *dst = b->data + j * rb;
+        if (j && b->packed) place_row(b, j - 1, enc);
+        unsigned char *dst = b->packed ? (unsigned char *)enc : b->data + j * rb;
         if (src_t && s->dtype == RX_BASE_BF16 && kind == RX_BASE_BF16) {
             memcpy(dst, h + j * b->in, rb);   /* bf16 in, bf16 kept: a copy */
             continue;
@@ -279,7 +329,9 @@ int rx_base_fill(rx_base *s, int i, const void *src, int kind, int src_t) {
             }
         }
     }
+    if (b->packed && b->out) place_row(b, b->out - 1, enc);
     free(row);
+    free(enc);
     b->loaded = 1;
     return RX_OK;
 }
@@ -291,14 +343,30 @@ void rx_base_read(const rx_base *s, const rx_base_mat *b, float *dst) {
             rx_base_row(b, j, dst + j * b->in);
             continue;
         }
-        const unsigned char *row = b->data + j * rx_base_row_bytes(s->dtype, b->in);
-        for (size_t k = 0; k < b->in; k++) dst[k * b->out + j] = row_at(s->dtype, row, k);
+        for (size_t k = 0; k < b->in; k++) dst[k * b->out + j] = mat_at(b, j, k);
     }
+    (void)s;
 }
 
 const unsigned char *rx_base_data(const rx_base_mat *b, size_t *bytes) {
-    if (bytes) *bytes = b->out * rx_base_row_bytes(b->dtype, b->in);
+    if (bytes) *bytes = mat_bytes(b);
     return b->data;
+}
+
+void rx_base_rows(const rx_base_mat *b, void *dst) {
+    if (!b->packed) {
+        memcpy(dst, b->data, mat_bytes(b));
+        return;
+    }
+    const uint16_t *d = (const uint16_t *)(const void *)b->data;
+    uint16_t *o = dst;
+    for (size_t j = 0; j < b->out; j++)
+        for (size_t k = 0; k < b->in; k++) o[j * b->in + k] = d[pk_index(b, j, k)];
+}
+
+const uint16_t *rx_base_packed(const rx_base_mat *b, size_t N, size_t K) {
+    return b && b->packed && N == b->out && K == b->in ? (const uint16_t *)(const void *)b->data
+                                                       : NULL;
 }
 
 /* ---- the GEMM's packing -------------------------------------------------- */
@@ -423,7 +491,13 @@ void rx_base_pack_f32(const rx_base_mat *b, int tb, size_t p0, size_t kc, size_t
     float run[256];   /* one decoded run of a row, k or j */
     for (size_t s = 0; s < nc; s += nr, Bp += nr * kc) {
         const size_t w = nc - s < nr ? nc - s : nr;
-        if (!tb && dtype == RX_BASE_BF16 && w == nr && nr <= 64) {
+        if (b->packed) {   /* read by element: the bf16 GEMM's layout, at fp32 precision */
+            for (size_t p = 0; p < kc; p++)
+                for (size_t j = 0; j < nr; j++)
+                    Bp[p * nr + j] = j >= w ? 0.0f
+                                   : tb     ? mat_at(b, p0 + p, j0 + s + j)
+                                            : mat_at(b, j0 + s + j, p0 + p);
+        } else if (!tb && dtype == RX_BASE_BF16 && w == nr && nr <= 64) {
             /* k-major over the sliver's nr stored rows: each Bp row written whole */
             const uint16_t *rows[64];
             for (size_t j = 0; j < nr; j++)
@@ -488,6 +562,78 @@ static inline uint16_t round_q8(float x) {
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
+/* (e0, e1, e2, e3) -> (e0, e2, e1, e3): 16-bit elements of a 64-bit word */
+static inline uint64_t swap_mid16(uint64_t x) {
+    return (x & 0xffff00000000ffffull) | (x >> 16 & 0x00000000ffff0000ull) |
+           (x << 16 & 0x0000ffff00000000ull);
+}
+
+#ifdef RX_BASE_X86
+/* pack_packed's 8 x 8 transpose of 64-bit words (rows of 64 bytes, RX_BT_K
+ * bf16 apart) with swap_mid16 on each word */
+RX_BASE512 static void transpose8_512(const uint16_t *src, uint16_t *dst) {
+    const __m512i mid = _mm512_broadcast_i32x4(
+        _mm_setr_epi8(0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15));
+    __m512i r[8], t[8], u[8];
+    for (int i = 0; i < 8; i++)
+        r[i] = _mm512_shuffle_epi8(_mm512_loadu_si512(src + i * RX_BT_K), mid);
+    for (int i = 0; i < 8; i += 2) {   /* t[i]: words 0, 2, 4, 6 of rows i, i+1; t[i+1]: odd */
+        t[i] = _mm512_unpacklo_epi64(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi64(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4)     /* 128-bit lanes 0, 2 (0x88) and 1, 3 (0xdd) */
+        for (int o = 0; o < 2; o++) {
+            u[i + 2 * o] = _mm512_shuffle_i64x2(t[i + o], t[i + o + 2], 0x88);
+            u[i + 2 * o + 1] = _mm512_shuffle_i64x2(t[i + o], t[i + o + 2], 0xdd);
+        }
+    /* u[0..3]: rows 0-3 of words {0,4}, {2,6}, {1,5}, {3,7}; u[4..7]: rows 4-7 */
+    static const int word[4][2] = {{0, 4}, {2, 6}, {1, 5}, {3, 7}};
+    for (int i = 0; i < 4; i++) {
+        _mm512_storeu_si512(dst + word[i][0] * RX_BT_K, _mm512_shuffle_i64x2(u[i], u[i + 4], 0x88));
+        _mm512_storeu_si512(dst + word[i][1] * RX_BT_K, _mm512_shuffle_i64x2(u[i], u[i + 4], 0xdd));
+    }
+}
+#endif
+
+/* rx_base_pack_bf16 from a packed store (whose layout is the GEMM's, so
+ * nkc and the blocks of op(B) are the store's, padding included).
+ * Forward: the store's blocks as they are (the GEMM normally reads them in
+ * place, rx_base_packed). dX, op(B) = W^T (N = in, K = out): block (cb,
+ * kc) holds in [16 cb, +16) x out [32 kc, +32); row q of it (out pair
+ * 32 kc + 2q, +1) is, in word pairs, word q % 8 of rows 8 (cb % 2) + [0, 8)
+ * of the store's block (out / 16, in / 32) with its middle halves swapped:
+ * an 8 x 8 transpose of 64-bit words per half. */
+static void pack_packed(const rx_base_mat *b, int tb, size_t nkc, size_t cb0, size_t cb1,
+                        size_t kc0, size_t kc1, uint16_t *bp) {
+    enum { E = RX_BT_R * RX_BT_K, W = RX_BT_K / 4 };   /* a block; 64-bit words a row */
+    const uint16_t *st = (const uint16_t *)(const void *)b->data;
+    for (size_t cb = cb0; cb < cb1; cb++)
+        for (size_t kc = kc0; kc < kc1; kc++) {
+            uint16_t *dst = bp + (cb * nkc + kc) * E;
+            if (!tb) {
+                memcpy(dst, st + (cb * b->nkc + kc) * E, E * sizeof *dst);
+                continue;
+            }
+            for (size_t h = 0; h < 2; h++) {   /* out [32 kc + 16 h, +16): store block */
+                const uint16_t *src = st + ((2 * kc + h) * b->nkc + cb / 2) * E +
+                                      cb % 2 * 8 * RX_BT_K;
+#ifdef RX_BASE_X86
+                if (simd_level() >= 1) {
+                    transpose8_512(src, dst + 8 * h * RX_BT_K);
+                    continue;
+                }
+#endif
+                for (size_t q = 0; q < 8; q++)
+                    for (size_t p = 0; p < W; p++) {
+                        uint64_t v;
+                        memcpy(&v, src + p * RX_BT_K + 4 * q, 8);
+                        v = swap_mid16(v);
+                        memcpy(dst + (8 * h + q) * RX_BT_K + 4 * p, &v, 8);
+                    }
+            }
+        }
+}
+
 /* rx_bgemm's packed op(B): 16-column x 32-k blocks (bt_r x bt_k), block
  * (cb, kc) at bp + (cb * nkc + kc) * bt_r * bt_k, row q/2 holding the k pair
  * (q even, q odd) of its 16 columns interleaved; zero past N and K. Column
@@ -499,20 +645,24 @@ void rx_base_pack_bf16(const rx_base_mat *b, int tb, size_t N, size_t K, size_t 
     const int dtype = b->dtype;
     const size_t rb = rx_base_row_bytes(dtype, b->in);
     float run[64];
+    /* a packed store serves the whole products it was made for */
+    if (b->packed && N == (tb ? b->in : b->out) && K == (tb ? b->out : b->in)) {
+        pack_packed(b, tb, nkc, cb0, cb1, kc0, kc1, bp);
+        return;
+    }
     for (size_t cb = cb0; cb < cb1; cb++)
         for (size_t kc = kc0; kc < kc1; kc++) {
             uint16_t *dst = bp + (cb * nkc + kc) * bt_r * bt_k;
             const size_t j0 = cb * bt_r, k0 = kc * bt_k;
             const size_t nj = j0 >= N ? 0 : N - j0 < bt_r ? N - j0 : bt_r;
             const size_t nk = k0 >= K ? 0 : K - k0 < bt_k ? K - k0 : bt_k;
-            if (bt_r > 64 || bt_k != 2 * bt_r || nj < bt_r || nk < bt_k) {   /* an edge block */
+            if (bt_r > 64 || bt_k != 2 * bt_r || nj < bt_r || nk < bt_k || b->packed) {
+                /* an edge block, or a packed store read by element */
                 for (size_t c = 0; c < bt_r; c++)
                     for (size_t q = 0; q < bt_k; q++) {
                         const size_t j = j0 + c, k = k0 + q;
                         float v = 0.0f;
-                        if (j < N && k < K)
-                            v = tb ? row_at(dtype, b->data + k * rb, j)
-                                   : row_at(dtype, b->data + j * rb, k);
+                        if (j < N && k < K) v = tb ? mat_at(b, k, j) : mat_at(b, j, k);
                         dst[q / 2 * bt_k + 2 * c + q % 2] = operand_bf16(v);
                     }
                 continue;
@@ -630,7 +780,9 @@ int rx_ptmodel_set_base(rx_ptmodel *m, int dtype, const int *params, int n) {
         t[k++] = (rx_base_target){W, GW, (size_t)shape[rows], (size_t)shape[!rows], p, rows};
     }
     rx_base *s = NULL;
-    if (rc == RX_OK) rc = rx_base_create(dtype, t, n, &s);
+    /* the bf16 GEMM's own layout when the model computes in bf16 */
+    const int packed = rx_ptmodel_precision(m) == RX_PRECISION_BF16;
+    if (rc == RX_OK) rc = rx_base_create(dtype, t, n, packed, &s);
     if (rc == RX_OK) rx_ptmodel_attach_base(m, s);
     free(pick);
     free(t);
@@ -668,6 +820,13 @@ const void *rx_ptmodel_base_data(const rx_ptmodel *m, int param, int64_t *bytes)
     const void *p = b ? rx_base_data(b, &nb) : NULL;
     if (bytes) *bytes = (int64_t)nb;
     return p;
+}
+
+int rx_ptmodel_base_rows(const rx_ptmodel *m, int param, void *dst) {
+    const rx_base_mat *b = mat_of(m, param, "rx_ptmodel_base_rows");
+    if (!b || !dst) return b ? rx_fail(RX_EINVAL, "rx_ptmodel_base_rows: dst is NULL") : RX_EINVAL;
+    rx_base_rows(b, dst);
+    return RX_OK;
 }
 
 int rx_ptmodel_base_info(const rx_ptmodel *m, int *dtype, int *n, int64_t *bytes) {

@@ -52,10 +52,10 @@
 #define RX_BF16_X86 1
 #endif
 
-#define BT_R 16              /* rows of a packed block (an AMX tile's rows) */
-#define BT_K 32              /* k values of a packed block row: 64 bytes */
+#define BT_R RX_BT_R         /* rows of a packed block (an AMX tile's rows): 16 */
+#define BT_K RX_BT_K         /* k values of a packed block row: 32, 64 bytes */
 #define BT_E (BT_R * BT_K)   /* bf16 elements of one packed block (1 KiB) */
-#define BLK 32               /* C block of one kernel call: 2x2 tiles */
+#define BLK RX_BT_BLK        /* C block of one kernel call: 2x2 tiles, 32 */
 #define PANEL 128            /* rows of op(A) a compute item packs and computes */
 /* op(B) packing task: PACK_BCOLS 16-column blocks x up to PACK_KC k chunks.
  * 256 columns make each row's read a 1 KiB run the prefetchers follow (64
@@ -100,6 +100,7 @@ typedef struct {
     const rx_gemm_op *g;
     size_t mp, np, nkc;   /* M, N padded to BLK; K in BT_K chunks */
     bf16 *bp;             /* [np/16][nkc][16][32]; op(A) is packed per panel */
+    int prepacked;        /* bp is a frozen base's store, read in place (never written) */
 } bop;
 
 static inline float opa(const rx_gemm_op *g, size_t i, size_t k) {
@@ -559,6 +560,7 @@ typedef struct {
 
 /* Packing tasks of op o with kc k chunks per task. */
 static size_t pack_tasks(const bop *o, size_t kc) {
+    if (o->prepacked) return 0;
     return (o->np / BT_R + PACK_BCOLS - 1) / PACK_BCOLS * ((o->nkc + kc - 1) / kc);
 }
 
@@ -584,7 +586,11 @@ static int bgemm_pass(const bgemm_impl *im, const rx_gemm_op *ops, size_t n) {
         o[k].mp = (g->M + BLK - 1) / BLK * BLK;
         o[k].np = (g->N + BLK - 1) / BLK * BLK;
         o[k].nkc = (g->K + BT_K - 1) / BT_K;
-        need += o[k].np * o[k].nkc * BT_K;
+        /* a frozen base stored in this layout: its forward product reads it in place */
+        const uint16_t *pre = g->bq && !g->tb ? rx_base_packed(g->bq, g->N, g->K) : NULL;
+        o[k].prepacked = pre != NULL;
+        o[k].bp = (bf16 *)(uintptr_t)pre;
+        if (!pre) need += o[k].np * o[k].nkc * BT_K;
         if (PANEL * o[k].nkc * BT_K > panel) panel = PANEL * o[k].nkc * BT_K;
         panels += (o[k].mp + PANEL - 1) / PANEL;
         total += (double)g->M * g->N * g->K;
@@ -616,6 +622,7 @@ static int bgemm_pass(const bgemm_impl *im, const rx_gemm_op *ops, size_t n) {
     if (!pack) return RX_ENOMEM;
     bf16 *p = pack;
     for (size_t k = 0; k < n; k++) {
+        if (o[k].prepacked) continue;
         o[k].bp = p;
         p += o[k].np * o[k].nkc * BT_K;
     }

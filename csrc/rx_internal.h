@@ -402,9 +402,26 @@ typedef struct {
     int param;
     int rows;   /* 1: the slot is [out][in] itself, rows gathered (the embedding) */
 } rx_base_target;
+/* rx_bgemm's packed op(B) (gemm_bf16.c): blocks of RX_BT_R columns x
+ * RX_BT_K k, row p of a block the k pair (2p, 2p+1) of its columns
+ * interleaved; N padded to RX_BT_BLK, K to RX_BT_K. A bf16 base may be
+ * stored in it (rx_base_create's packed). */
+#define RX_BT_R 16
+#define RX_BT_K 32
+#define RX_BT_BLK 32
 /* t [n] in arena order -> *out: the store (unfilled), and the slots'
- * float32 pages released; RX_OK or RX_ENOMEM. */
-int rx_base_create(int dtype, const rx_base_target *t, int n, rx_base **out);
+ * float32 pages released; RX_OK or RX_ENOMEM. packed (bf16 only): every
+ * projection stored as rx_bgemm's packed op(B) of its forward product
+ * (W [in][out]: K = in, N = out), which the bf16 GEMM then reads in place
+ * instead of packing, with subnormals as the GEMM's operand rounding
+ * leaves them (signed zeros); else rows of W^T [out][in]. */
+int rx_base_create(int dtype, const rx_base_target *t, int n, int packed, rx_base **out);
+/* b's store when it is rx_bgemm's packed op(B) of a forward product of
+ * N x K (b's out x in), else NULL */
+const uint16_t *rx_base_packed(const rx_base_mat *b, size_t N, size_t K);
+/* b's values as rows [out][in] (bf16 bits, or Q8_0 rows) into dst, which
+ * holds out * rx_base_row_bytes(in) bytes */
+void rx_base_rows(const rx_base_mat *b, void *dst);
 void rx_base_free(rx_base *s);
 int rx_base_dtype(const rx_base *s);
 size_t rx_base_bytes(const rx_base *s);

@@ -611,9 +611,19 @@ float *rx_ptmodel_lora_grad_arena(rx_ptmodel *m, int64_t *n);
  * [out][in] (transposed = 1, torch's orientation) or W [in][out], float32
  * (kind RX_BASE_FP32) or bf16 bits (RX_BASE_BF16), encoded exactly as
  * torch rounds to bf16 (nearest even) or as gguf quantizes. A forward
- * before every tensor is filled is refused. rx_ptmodel_base_read decodes
+ * before every tensor is filled is refused. The embedding (tensor "emb",
+ * [vocab][C]) may be in the base too: held by its rows as they are
+ * (Q8_0 blocks along C, which needs C % 32 == 0), decoded as they are
+ * gathered; it is [vocab][C] in both orientations. A bf16 base set while
+ * the model's precision is RX_PRECISION_BF16 is stored in the bf16 GEMM's
+ * packed layout (docs/layout.md §Frozen base), which its forward products
+ * read in place; a subnormal bf16 is then held as the GEMM reads it, a
+ * signed zero. rx_ptmodel_base_read decodes
  * tensor param into dst [in][out] (exact); rx_ptmodel_base_data hands its
- * stored bytes; rx_ptmodel_base_info the dtype (RX_BASE_NONE: no base),
+ * store (in its layout) and byte count; rx_ptmodel_base_rows writes its
+ * values as rows of W^T [out][in] into dst (bf16 bits, or the bytes of
+ * gguf's Q8_0 of W^T; the embedding's own rows), out * 2 * in bytes for
+ * bf16, out * in / 32 * 34 for Q8_0; rx_ptmodel_base_info the dtype (RX_BASE_NONE: no base),
  * count and bytes; rx_ptmodel_base_param the tensor index of base tensor i
  * (arena order). rx_ptmodel_base_release decodes every base tensor into its
  * arena slot and frees the store: the model is plain float32 again (the
@@ -626,6 +636,7 @@ int rx_ptmodel_set_base(rx_ptmodel *m, int dtype, const int *params, int n);
 int rx_ptmodel_base_fill(rx_ptmodel *m, int param, const void *src, int kind, int transposed);
 int rx_ptmodel_base_read(const rx_ptmodel *m, int param, float *dst);
 const void *rx_ptmodel_base_data(const rx_ptmodel *m, int param, int64_t *bytes);
+int rx_ptmodel_base_rows(const rx_ptmodel *m, int param, void *dst);
 int rx_ptmodel_base_info(const rx_ptmodel *m, int *dtype, int *n, int64_t *bytes);
 int rx_ptmodel_base_param(const rx_ptmodel *m, int i);
 int rx_ptmodel_base_release(rx_ptmodel *m);

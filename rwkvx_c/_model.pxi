@@ -507,14 +507,15 @@ A whole RWKV-X model (docs/maths.md §Whole model) with its parameters and grads
         they are ([vocab, C], quantize(emb, Q8_0))."""
         if name not in self._params or self._names.index(name) not in self._base_params():
             raise ValueError(f"base_data: {name!r} is not in the model's base")
-        cdef int64_t nb
-        cdef const unsigned char *p = <const unsigned char *>rx_ptmodel_base_data(
-            self._h.m, self._names.index(name), &nb)
-        raw = np.frombuffer(p[:nb], np.uint8).copy()
         i, o = self._params[name].shape
         if name == "emb":
             i, o = o, i
-        return raw.view(np.uint16).reshape(o, i) if self.base_dtype == "bf16" else raw.reshape(o, -1)
+        bf16 = self.base_dtype == "bf16"
+        out = np.empty((o, i) if bf16 else (o, i // 32 * 34), np.uint16 if bf16 else np.uint8)
+        cdef unsigned char[::1] raw = out.reshape(-1).view(np.uint8)
+        _check_rc(rx_ptmodel_base_rows(self._h.m, self._names.index(name), &raw[0]),
+                  "RxPtModel.base_data")
+        return out
 
     def release_base(self):
         """Decode every base tensor into its params view and drop the

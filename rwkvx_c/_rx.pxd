@@ -240,6 +240,7 @@ cdef extern from "rx_pretrain.h" nogil:
                              int transposed)
     int rx_ptmodel_base_read(const rx_ptmodel *m, int param, float *dst)
     const void *rx_ptmodel_base_data(const rx_ptmodel *m, int param, int64_t *bytes)
+    int rx_ptmodel_base_rows(const rx_ptmodel *m, int param, void *dst)
     int rx_ptmodel_base_info(const rx_ptmodel *m, int *dtype, int *n, int64_t *bytes)
     int rx_ptmodel_base_param(const rx_ptmodel *m, int i)
     int rx_ptmodel_base_release(rx_ptmodel *m)

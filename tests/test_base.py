@@ -108,17 +108,25 @@ def _run(m, chunked, threads=None):
     return logits, loss, grads, m.state_grad.copy(), m.lora_grad_buffer.copy()
 
 
-def test_stored_bytes_are_gguf_q8_0_and_torch_bf16():
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])   # bf16: the GEMM's packed layout
+def test_stored_bytes_are_gguf_q8_0_and_torch_bf16(precision):
     src = rx.RxPtModel(CFG, seed=1)
     names = _names(src)
     for dtype in ("bf16", "q8_0"):
-        m = rx.RxPtModel(CFG, seed=1, init=False)
+        m = rx.RxPtModel(CFG, seed=1, init=False, precision=precision)
         m.set_base(dtype, names)
         for n in names:
             m.base_fill(n, src.params[n])
         assert m.base_dtype == dtype and m.base_names == names
         per = 2.0 if dtype == "bf16" else 34 / 32
-        assert m.base_bytes == sum(int(src.params[n].size * per) for n in names)
+        if dtype == "bf16" and precision == "bf16":   # packed: in and out padded to 32
+            def up(d):
+                return -(-d // 32) * 32
+            size = {n: src.params[n].size if n == "emb" else
+                    up(src.params[n].shape[0]) * up(src.params[n].shape[1]) for n in names}
+        else:
+            size = {n: src.params[n].size for n in names}
+        assert m.base_bytes == sum(int(size[n] * per) for n in names)
         for n in names:
             w = src.params[n]
             assert np.array_equal(m.base_data(n), _stored(w, dtype, n)), n
@@ -145,6 +153,16 @@ def test_base_gives_the_float32_models_bits(dtype, precision, recompute, chunked
         assert np.array_equal(got[4], want[4])       # the adapters' grads
 
 
+def test_a_base_packed_for_bf16_read_at_fp32_gives_the_float32_bits():
+    """A bf16 base made at bf16 precision is stored in the bf16 GEMM's
+    layout; switched to fp32, the float32 GEMM reads it element by element."""
+    ref, m, _ = _pair("bf16", "bf16", recompute=True)
+    ref.precision = m.precision = "fp32"
+    want, got = _run(ref, True), _run(m, True, 2)
+    assert got[1] == want[1] and np.array_equal(got[3], want[3])
+    assert np.array_equal(got[4], want[4])
+
+
 def test_the_portable_packers_give_the_same_bits():
     """The base's packing without AVX-512 (any x86-64 or other CPU): the
     bit-exact test again in a process with RWKVX_BASE_PORTABLE=1."""
@@ -153,7 +171,7 @@ def test_the_portable_packers_give_the_same_bits():
     import sys
     here = os.path.dirname(os.path.abspath(__file__))
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                        os.path.join(here, "test_base.py"), "-k", "float32_models_bits"],
+                        os.path.join(here, "test_base.py"), "-k", "float32_bits or models_bits"],
                        env=dict(os.environ, RWKVX_BASE_PORTABLE="1"), capture_output=True,
                        text=True, timeout=600, cwd=here)   # not the source tree's rwkvx_c
     assert r.returncode == 0, r.stdout[-2000:]

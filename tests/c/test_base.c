@@ -7,7 +7,9 @@
  * bf16 rounding; Q8_0 within half a step of its scale and the scale's own
  * fp16 rounding), a base model's loss and initial-state grads equal to the
  * float32 model of the decoded weights under recompute and the chunked
- * head, inference refused while a base is held, and the release to float32.
+ * head (and at bf16 precision, the bf16 base then held in the GEMM's packed
+ * layout), inference refused while a base is held, and the release to
+ * float32.
  * Returns nonzero on any failure.
  */
 #include <math.h>
@@ -102,11 +104,17 @@ int main(void) {
     rx_pt_acts_free(a);
     rx_ptmodel_free(m);
 
-    for (int dtype = RX_BASE_BF16; dtype <= RX_BASE_Q8_0; dtype++) {
+    /* bf16 rows, Q8_0, and bf16 in the bf16 GEMM's packed layout (a base
+     * set at bf16 precision) */
+    for (int v = 0; v < 3; v++) {
+        const int dtype = v == 1 ? RX_BASE_Q8_0 : RX_BASE_BF16;
         rx_ptmodel *ref = NULL;
         m = NULL;
         CHECK(rx_model_create(&CFG, RX_PT_LN0 | RX_PT_NO_INIT, 0, &m) == RX_OK, "create");
         CHECK(rx_model_create(&CFG, RX_PT_LN0, 0, &ref) == RX_OK, "create ref");
+        if (v == 2)
+            CHECK(rx_ptmodel_set_precision(m, RX_PRECISION_BF16) == RX_OK &&
+                      rx_ptmodel_set_precision(ref, RX_PRECISION_BF16) == RX_OK, "bf16");
         make_pair(src, m, ref, dtype, idx, n);
         int dt, cnt;
         int64_t bytes;
