@@ -452,6 +452,31 @@ RX_BASE_BF16V static void block_q8_512(const unsigned char *const blks[16], uint
     for (int p = 0; p < 16; p++) _mm512_storeu_si512(dst + p * 32, v[p]);
 }
 
+/* A dX block from a Q8_0 base: k row q is stored row k0 + q, whose 16 j
+ * from j0 lie in one Q8_0 block; rows 2p, 2p+1 decoded (q * d, exact) and
+ * rounded as the GEMM rounds its operands, then interleaved into k pairs */
+RX_BASE_BF16V static void block_q8_t_512(const unsigned char *data, size_t rb, size_t k0,
+                                         size_t j0, uint16_t *dst) {
+    const size_t off = j0 / Q8_BLOCK * Q8_BYTES + 2 + j0 % Q8_BLOCK;
+    /* word 2c: row 2p's value c (cvtne2ps's word c), word 2c+1: row 2p+1's (word 16+c) */
+    const __m512i mix = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
+                                         24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1,
+                                         16, 0);
+    for (int p = 0; p < 16; p++) {
+        __m512 x[2];
+        for (int h = 0; h < 2; h++) {
+            const unsigned char *q = data + (k0 + 2 * (size_t)p + (size_t)h) * rb + off;
+            uint16_t dh;
+            memcpy(&dh, q - 2 - j0 % Q8_BLOCK, 2);
+            const __m128i v = _mm_loadu_si128((const __m128i *)(const void *)q);
+            x[h] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v)),
+                                 _mm512_set1_ps(f16_f32(dh)));
+        }
+        const __m512i w = (__m512i)_mm512_cvtne2ps_pbh(x[1], x[0]);
+        _mm512_storeu_si512(dst + p * 32, _mm512_permutexvar_epi16(mix, w));
+    }
+}
+
 /* A dX block from a bf16 base: k pair p is stored rows 2p, 2p+1 at j0 */
 RX_BASE512 static void block_bf16_t_512(const unsigned char *data, size_t rb, size_t k0,
                                          size_t j0, uint16_t *dst) {
@@ -685,6 +710,10 @@ void rx_base_pack_bf16(const rx_base_mat *b, int tb, size_t N, size_t K, size_t 
             }
             if (lv >= 1 && tb && dtype == RX_BASE_BF16) {
                 block_bf16_t_512(b->data, rb, k0, j0, dst);
+                continue;
+            }
+            if (lv >= 2 && tb && dtype == RX_BASE_Q8_0) {
+                block_q8_t_512(b->data, rb, k0, j0, dst);
                 continue;
             }
 #endif

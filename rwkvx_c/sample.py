@@ -30,7 +30,7 @@ from rwkvx_c.errors import (
     SampleError,
     TokenizerError,
 )
-from rwkvx_c.interop.source import read_run
+from rwkvx_c.interop.source import Layered, read_run
 from rwkvx_c.model import memory
 from rwkvx_c.model.config import ModelConfig
 from rwkvx_c.model.lora import adapters_of, run_alpha, without_adapters
@@ -68,10 +68,16 @@ def load_run(path: str, base: str | None = None) -> tuple[_core.RxPtModel, Token
                               f"fewer than its tokenizer's {tok.vocab_size}")
     try:
         ModelConfig.from_dict(config)
-        # the parameters and the file's copy of them, checked before either exists
-        memory.check(8 * memory.estimate_params(config), f"the model of {p}",
-                     "sample on a machine with more memory")
-        model = _core.RxPtModel(config)
+        # the parameters and the file's copy of them, checked before either
+        # exists; a checkpoint naming its base reads the base one tensor at
+        # a time (Layered): the model and its largest tensor, read and converted
+        params = memory.estimate_params(config)
+        largest = config["vocab_size"] * config["n_embd"]
+        need = 4 * params + 8 * largest if isinstance(tensors, Layered) else 8 * params
+        memory.check(need, f"the model of {p}", "sample on a machine with more memory")
+        # every parameter is written below; the grads, never written here,
+        # stay unmapped address space
+        model = _core.RxPtModel(config, init=False)
     except ConfigError as e:
         raise CheckpointError(f"checkpoint {p} holds an unusable model config ({e})") from None
     except MemoryTooSmall as e:

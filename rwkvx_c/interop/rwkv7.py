@@ -242,6 +242,7 @@ class StreamedWeights(Mapping[str, np.ndarray]):
                                "supported)")
         shapes = {n: tuple(a.shape) for n, a in _core.RxPtModel(dict(config), init=False)
                   .params.items()}
+        self._shapes = shapes
         for ours, (theirs, kind) in self._pairs.items():
             if theirs not in pth.names:
                 raise InteropError(f"not an RWKV-7 (x070) state dict: {theirs} is missing")
@@ -267,6 +268,10 @@ class StreamedWeights(Mapping[str, np.ndarray]):
 
     def __len__(self) -> int:
         return len(self._pairs)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """Parameter name's shape in our layout, without reading it."""
+        return self._shapes[name]
 
     def raw_t(self, name: str) -> np.ndarray | None:
         theirs, kind = self._pairs[name]

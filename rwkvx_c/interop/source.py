@@ -25,7 +25,7 @@ export, eval) sees the whole model.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,10 +43,10 @@ from rwkvx_c.interop.safetensors_file import SafetensorsTensors
 from rwkvx_c.model.config import ModelConfig
 from rwkvx_c.model.lora import adapters_of, run_alpha, without_adapters
 from rwkvx_c.run.base import BASE_KEY, Record, check_base
-from rwkvx_c.run.checkpoint import STATE_KEY, Checkpoint, read_checkpoint
+from rwkvx_c.run.checkpoint import STATE_KEY, read_checkpoint
 from rwkvx_c.run.rundir import RunDir
 
-__all__ = ["Source", "read_source", "read_run", "base_weights", "STATE_KEY"]
+__all__ = ["Source", "read_source", "read_run", "base_weights", "Layered", "STATE_KEY"]
 
 
 @dataclass
@@ -165,21 +165,53 @@ def base_weights(record: object, run: str, override: str | None,
     # model reads them, and --base-dtype auto sees the source's dtype
     weights: Mapping[str, np.ndarray] = src.weights
     if src.state0 is not None:
-        weights = {**src.weights, STATE_KEY: src.state0}
+        weights = Layered({STATE_KEY: src.state0}, src.weights)
     return now, weights
 
 
+class Layered(Mapping[str, np.ndarray]):
+    """A checkpoint's own tensors over its base's weights: a name the
+    checkpoint holds is its, any other the base's, read from the base only
+    when asked for (an x070 .pth or a safetensors base stays in its file),
+    so a reader taking one parameter at a time never holds the base twice.
+    shape(name) answers without reading."""
+
+    def __init__(self, own: Mapping[str, np.ndarray], base: Mapping[str, np.ndarray]) -> None:
+        self._own, self._base = own, base
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self._own[name] if name in self._own else self._base[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._own or name in self._base
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self._own
+        yield from (k for k in self._base if k not in self._own)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        if name in self._own:
+            return tuple(self._own[name].shape)
+        known = getattr(self._base, "shape", None)
+        return tuple(known(name)) if known is not None else tuple(self._base[name].shape)
+
+
 def read_run(path: str, base: str | None = None,
-             error: type[RwkvxError] = CheckpointError) -> Checkpoint:
+             error: type[RwkvxError] = CheckpointError
+             ) -> tuple[Mapping[str, np.ndarray], dict[str, Any], dict[str, Any]]:
     """(tensors, config, state) of the checkpoint at path with every
     parameter: a checkpoint that names its base (state[BASE_KEY]) has the
-    base's weights filled in under what it holds itself. base: where that
-    base lies now (--base PATH); error: as base_weights'."""
+    base's weights under what it holds itself (Layered: each read when
+    asked for). base: where that base lies now (--base PATH); error: as
+    base_weights'."""
     tensors, config, state = read_checkpoint(path)
     if state.get(BASE_KEY) is None:
         return tensors, config, state
     _, weights = base_weights(state[BASE_KEY], path, base, error)
-    return {**weights, **tensors}, config, state
+    return Layered(tensors, weights), config, state
 
 
 def _from_checkpoint(src: str, path: str, folder: str, base: str | None) -> Source:

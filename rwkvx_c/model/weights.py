@@ -31,13 +31,16 @@ def load_params(model: RxPtModel, tensors: Mapping[str, np.ndarray], what: str,
     (tensors the model has no parameter for are the caller's to judge).
     """
     names = model.param_names if names is None else names
+    # a mapping that reads its tensors when asked (a fine-tune's base) says
+    # their shapes without reading them
+    shape_of = getattr(tensors, "shape", None)
     for name in names:
         want = model.params[name].shape
-        t = tensors.get(name)
-        if t is None:
+        if name not in tensors:
             raise error(f"{what} lacks tensor {name} of shape {want}")
-        if t.shape != want:
-            raise error(f"{what}: tensor {name} has shape {t.shape}, the model expects {want}")
+        got = tuple(shape_of(name)) if shape_of is not None else tensors[name].shape
+        if got != want:
+            raise error(f"{what}: tensor {name} has shape {got}, the model expects {want}")
     for name in names:
         model.params[name][...] = tensors[name]
 
