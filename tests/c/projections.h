@@ -3,7 +3,8 @@
  * projections.h -- the tensor indices of a model's block projections
  * (receptance_w, key_w, value_w, output_w: the time-mix's and channel-mix's
  * key and value, the attention blocks' q/k/v/o), by their docs/layout.md
- * names: the targets the C programs put LoRA adapters on.
+ * names: the targets the C programs put LoRA adapters on, or hold in a
+ * frozen base; and one training step of such a model.
  */
 #ifndef RX_TEST_PROJECTIONS_H
 #define RX_TEST_PROJECTIONS_H
@@ -11,6 +12,7 @@
 #include <string.h>
 
 #include "rx_pretrain.h"
+#include "check.h"
 
 /* indices of m's block projections into idx [max]; returns the count */
 static int block_projections(rx_ptmodel *m, int *idx, int max) {
@@ -26,6 +28,19 @@ static int block_projections(rx_ptmodel *m, int *idx, int max) {
         }
     }
     return n;
+}
+
+/* forward + backward of B x T tokens with acts of RX_ACTS_* flags (any:
+ * a chunked head of 5 rows); the loss */
+static double train_step(rx_ptmodel *m, int B, int T, int flags, const int *tok, const int *tgt) {
+    rx_pt_acts *a = NULL;
+    double loss = -1.0;
+    CHECK(rx_pt_acts_create_opts(m, B, T, flags, flags ? 5 : 0, &a) == RX_OK, "acts");
+    CHECK(rx_pretrain_forward_batch(m, tok, B, T, a) == RX_OK, "forward: %s", rx_last_error());
+    CHECK(rx_pretrain_backward_loss(m, a, tgt, B, T, -1, &loss) == RX_OK, "backward: %s",
+          rx_last_error());
+    rx_pt_acts_free(a);
+    return loss;
 }
 
 #endif

@@ -29,18 +29,6 @@ static const rx_pt_config CFG = {
 };
 enum { B = 2, T = 9, MAXP = 64 };
 
-/* forward + backward with acts of these flags; the loss */
-static double step(rx_ptmodel *m, int flags, const int *tok, const int *tgt) {
-    rx_pt_acts *a = NULL;
-    double loss = -1.0;
-    CHECK(rx_pt_acts_create_opts(m, B, T, flags, flags ? 5 : 0, &a) == RX_OK, "acts");
-    CHECK(rx_pretrain_forward_batch(m, tok, B, T, a) == RX_OK, "forward: %s", rx_last_error());
-    CHECK(rx_pretrain_backward_loss(m, a, tgt, B, T, -1, &loss) == RX_OK, "backward: %s",
-          rx_last_error());
-    rx_pt_acts_free(a);
-    return loss;
-}
-
 /* m's block projections into a base of dtype, filled from src's values;
  * the decoded weights written into ref's arena; both frozen */
 static void make_pair(rx_ptmodel *src, rx_ptmodel *m, rx_ptmodel *ref, int dtype, int *idx,
@@ -122,12 +110,12 @@ int main(void) {
         CHECK(dt == dtype && cnt == n && bytes > 0, "info %d %d %lld", dt, cnt, (long long)bytes);
         int64_t ns;
         for (int flags = 0; flags <= 3; flags += 3) {
-            const double want = step(ref, flags, tok, tgt);
+            const double want = train_step(ref, B, T, flags, tok, tgt);
             const float *gref = rx_ptmodel_state_grad_arena(ref, &ns);
             float *keep = malloc((size_t)ns * sizeof(float));
             memcpy(keep, gref, (size_t)ns * sizeof(float));
-            CHECK(step(m, flags, tok, tgt) == want, "dtype %d flags %d: the float32 loss", dtype,
-                  flags);
+            CHECK(train_step(m, B, T, flags, tok, tgt) == want,
+                  "dtype %d flags %d: the float32 loss", dtype, flags);
             CHECK(!memcmp(rx_ptmodel_state_grad_arena(m, NULL), keep, (size_t)ns * sizeof(float)),
                   "dtype %d flags %d: the state grads", dtype, flags);
             free(keep);

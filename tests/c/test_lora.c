@@ -23,18 +23,6 @@ static const rx_pt_config CFG = {
 };
 enum { B = 2, T = 9, R = 3, MAXP = 64 };
 
-/* forward + backward with acts of these flags; the loss */
-static double step(rx_ptmodel *m, int flags, const int *tok, const int *tgt) {
-    rx_pt_acts *a = NULL;
-    double loss = -1.0;
-    CHECK(rx_pt_acts_create_opts(m, B, T, flags, flags ? 5 : 0, &a) == RX_OK, "acts");
-    CHECK(rx_pretrain_forward_batch(m, tok, B, T, a) == RX_OK, "forward: %s", rx_last_error());
-    CHECK(rx_pretrain_backward_loss(m, a, tgt, B, T, -1, &loss) == RX_OK, "backward: %s",
-          rx_last_error());
-    rx_pt_acts_free(a);
-    return loss;
-}
-
 int main(void) {
     rx_ptmodel *m = NULL;
     CHECK(rx_model_create(&CFG, RX_PT_LN0, 7, &m) == RX_OK, "create: %s", rx_last_error());
@@ -55,7 +43,7 @@ int main(void) {
     CHECK(rx_ptmodel_enable_lora(NULL, R, 1.0, idx, np) == RX_EINVAL, "NULL model");
     CHECK(rx_ptmodel_lora_count(m, NULL, NULL) == 0, "no adapters yet");
 
-    const double l0 = step(m, 0, tok, tgt);
+    const double l0 = train_step(m, B, T, 0, tok, tgt);
     CHECK(rx_ptmodel_enable_lora(m, R, 5.0, idx, np) == RX_OK, "enable: %s", rx_last_error());
     CHECK(rx_ptmodel_enable_lora(m, R, 5.0, idx, np) == RX_EINVAL, "enable twice");
     int r = 0;
@@ -68,13 +56,13 @@ int main(void) {
           a_off == 0 && b_off == R * 15, "adapter 0 at %lld, %lld", (long long)a_off,
           (long long)b_off);
     CHECK(rx_ptmodel_lora_adapter(m, np, NULL, NULL, NULL) == RX_EINVAL, "index out of range");
-    CHECK(step(m, 0, tok, tgt) == l0, "B = 0 changes the loss");
+    CHECK(train_step(m, B, T, 0, tok, tgt) == l0, "B = 0 changes the loss");
     for (int64_t e = 0; e < n; e++) A[e] = (float)((e * 37 % 11) - 5) * 0.05f;
     CHECK(rx_ptmodel_set_frozen(m, 1) == RX_OK, "freeze");
     int64_t ng = 0;
     float *g = rx_ptmodel_grad_arena(m, &ng);
     for (int64_t e = 0; e < ng; e++) g[e] = 123.0f;
-    const double l1 = step(m, 0, tok, tgt);
+    const double l1 = train_step(m, B, T, 0, tok, tgt);
     CHECK(l1 != l0, "the adapters change nothing");
     int untouched = 1;
     for (int i = 0; i < np; i++) {
@@ -91,20 +79,22 @@ int main(void) {
     for (int64_t e = 0; e < n; e++) nz += g1[e] != 0.0f;
     CHECK(nz > n / 2, "%d of %lld adapter grads nonzero", nz, (long long)n);
     /* recompute (1) and the chunked head (2): the same bits */
-    CHECK(step(m, 3, tok, tgt) == l1 && memcmp(g1, G, (size_t)n * sizeof(float)) == 0,
+    CHECK(train_step(m, B, T, 3, tok, tgt) == l1 &&
+              memcmp(g1, G, (size_t)n * sizeof(float)) == 0,
           "recompute and the chunked head change the adapter grads");
     rx_infer_state *s = NULL;
     CHECK(rx_infer_create(m, 8, &s) == RX_EINVAL && !s, "inference with adapters on");
     CHECK(rx_ptmodel_disable_lora(m) == RX_OK && rx_ptmodel_lora_count(m, NULL, NULL) == 0,
           "disable");
-    CHECK(step(m, 0, tok, tgt) == l0, "disabled adapters still act");
+    CHECK(train_step(m, B, T, 0, tok, tgt) == l0, "disabled adapters still act");
     CHECK(rx_infer_create(m, 8, &s) == RX_OK, "inference: %s", rx_last_error());
     rx_infer_free(s);
     /* the same adapters come back with their values; others are refused */
     CHECK(rx_ptmodel_enable_lora(m, R, 5.0, idx, np - 1) == RX_EINVAL, "fewer adapters back");
     CHECK(rx_ptmodel_enable_lora(m, R, 4.0, idx, np) == RX_EINVAL, "another alpha back");
     CHECK(rx_ptmodel_enable_lora(m, R, 5.0, idx, np) == RX_OK, "re-enable: %s", rx_last_error());
-    CHECK(rx_ptmodel_lora_count(m, NULL, NULL) == np && step(m, 0, tok, tgt) == l1,
+    CHECK(rx_ptmodel_lora_count(m, NULL, NULL) == np &&
+              train_step(m, B, T, 0, tok, tgt) == l1,
           "the re-enabled adapters act as before");
     rx_ptmodel_free(m);
     if (failures) fprintf(stderr, "%d failures\n", failures);
