@@ -245,7 +245,9 @@ def _bf16_pth(tmp_path, name="o.pth", **sizes):
     return pth
 
 
-def _tune_losses(tmp_path, pth, out, **kw):
+def _tune_losses(tmp_path, pth, out, weights=None, **kw):
+    """(trainer, losses) of a tune from pth; weights: instead of pth's own
+    (read_source's)."""
     from test_train import _opts
 
     from rwkvx_c.interop.source import read_source
@@ -253,10 +255,31 @@ def _tune_losses(tmp_path, pth, out, **kw):
     from rwkvx_c.train.finetune import from_source
     src = read_source(pth)
     opts = from_source(_opts(tmp_path, model=None, **kw), src.config, src.tokenizer, pth)
-    tr = Trainer(opts, str(tmp_path / out), _weights=src.weights)
+    tr = Trainer(opts, str(tmp_path / out), _weights=src.weights if weights is None else weights)
     rows = []
     tr.run(on_step=rows.append)
     return tr, [r["loss"] for r in rows if "loss" in r]
+
+
+def test_a_tune_from_a_base_naming_run_streams_that_base(tmp_path):
+    """--init-from a state run on a bf16 .pth: the next tune reads the base
+    from its file, bf16 bits as they are, never the whole model in float32;
+    it computes what the same tune on those weights in memory computes."""
+    from rwkvx_c.interop.pth import PthTensors
+    from rwkvx_c.interop.source import Layered, read_source
+    pth = _bf16_pth(tmp_path)
+    _tune_losses(tmp_path, pth, "a", tune="state", steps=2)
+    run = str(tmp_path / "a")
+    src = read_source(run)
+    assert isinstance(src.weights, Layered) and src.dtype == "bf16" and src.state0 is not None
+    assert not any(k.startswith("optim.") or k == "state0" for k in src.weights)
+    tr, got = _tune_losses(tmp_path, run, "b", tune="lora", steps=3)
+    assert tr.model.base_dtype == "bf16"
+    raw = PthTensors(pth).raw("blocks.1.att.key.weight")
+    assert np.array_equal(tr.model.base_data("blocks.1.tm.key_w"), raw)
+    _, want = _tune_losses(tmp_path, run, "c", weights=dict(src.weights), tune="lora", steps=3,
+                           base_dtype="bf16")
+    assert got == want
 
 
 @pytest.mark.parametrize("tune", ["state", "lora"])

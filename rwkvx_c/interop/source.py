@@ -25,7 +25,7 @@ export, eval) sees the whole model.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -174,20 +174,29 @@ class Layered(Mapping[str, np.ndarray]):
     checkpoint holds is its, any other the base's, read from the base only
     when asked for (an x070 .pth or a safetensors base stays in its file),
     so a reader taking one parameter at a time never holds the base twice.
-    shape(name) answers without reading."""
+    shape(name) answers without reading; raw_t and release pass a base
+    tensor's through (a fine-tune from such a run streams its base as the
+    base's own source would, rwkvx_c.train.base); dtype is the base's when
+    the checkpoint holds no matrix of its own. hide: names left out of both."""
 
-    def __init__(self, own: Mapping[str, np.ndarray], base: Mapping[str, np.ndarray]) -> None:
-        self._own, self._base = own, base
+    def __init__(self, own: Mapping[str, np.ndarray], base: Mapping[str, np.ndarray],
+                 hide: Callable[[str], bool] = lambda name: False) -> None:
+        self._own, self._base, self._hide = own, base, hide
+        self.dtype = "fp32" if any(np.ndim(v) == 2 for k, v in own.items() if not hide(k)) \
+            else str(getattr(base, "dtype", "fp32"))
 
     def __getitem__(self, name: str) -> np.ndarray:
+        if self._hide(name):
+            raise KeyError(name)
         return self._own[name] if name in self._own else self._base[name]
 
     def __contains__(self, name: object) -> bool:
-        return name in self._own or name in self._base
+        return isinstance(name, str) and not self._hide(name) and (
+            name in self._own or name in self._base)
 
     def __iter__(self) -> Iterator[str]:
-        yield from self._own
-        yield from (k for k in self._base if k not in self._own)
+        yield from (k for k in self._own if not self._hide(k))
+        yield from (k for k in self._base if k not in self._own and not self._hide(k))
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
@@ -197,6 +206,19 @@ class Layered(Mapping[str, np.ndarray]):
             return tuple(self._own[name].shape)
         known = getattr(self._base, "shape", None)
         return tuple(known(name)) if known is not None else tuple(self._base[name].shape)
+
+    def raw_t(self, name: str) -> np.ndarray | None:
+        raw = getattr(self._base, "raw_t", None)
+        return None if name in self._own or raw is None else raw(name)
+
+    def release(self, name: str) -> None:
+        drop = getattr(self._base, "release", None)
+        if name not in self._own and drop is not None:
+            drop(name)
+
+    def hiding(self, hide: Callable[[str], bool]) -> Layered:
+        """The same layers with the names hide picks left out."""
+        return Layered(self._own, self._base, hide)
 
 
 def read_run(path: str, base: str | None = None,
@@ -219,8 +241,14 @@ def _from_checkpoint(src: str, path: str, folder: str, base: str | None) -> Sour
         tensors, config, state = read_run(path, base)
     except CheckpointError as e:
         raise InteropError(f"--init-from {src}: {e}") from None
-    weights = {k: np.array(v) for k, v in tensors.items()
-               if not k.startswith("optim.") and k != STATE_KEY}
+    def run_only(k: str) -> bool:   # the run's optimiser state and states: not weights
+        return k.startswith("optim.") or k == STATE_KEY
+    weights: Mapping[str, np.ndarray]
+    if isinstance(tensors, Layered) and not adapters_of(tensors):
+        # its base stays in its file, streamed as that source would be
+        weights = tensors.hiding(run_only)
+    else:
+        weights = {k: np.array(v) for k, v in tensors.items() if not run_only(k)}
     if adapters_of(weights):   # a LoRA run starts the next tune merged
         try:
             weights = without_adapters(weights, run_alpha(state, path))
@@ -234,4 +262,5 @@ def _from_checkpoint(src: str, path: str, folder: str, base: str | None) -> Sour
         raise InteropError(f"--init-from {src}: {e}") from None
     spec = tok.name if tok.name in ("byte", "world") else os.path.join(folder, "tokenizer.json")
     return Source(src, ModelConfig.resolve(config), weights, spec,
-                  None if s0 is None else np.array(s0))
+                  None if s0 is None else np.array(s0),
+                  dtype=str(getattr(weights, "dtype", "fp32")))

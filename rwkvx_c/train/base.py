@@ -110,8 +110,8 @@ def model_from_source(opts: ResolvedOptions, weights: Mapping[str, np.ndarray]) 
         raise TrainError(str(e)) from None
     placed = place_weights(model, weights)
     if not hasattr(weights, "raw_t"):   # in memory: every shape checked before a write
-        load_params(model, {n: placed[n] for n in model.param_names if n not in names},
-                    "the source", TrainError)
+        rest = [n for n in model.param_names if n not in names]
+        load_params(model, {n: placed[n] for n in rest}, "the source", TrainError, names=rest)
     if names:
         model.set_base(dtype, names)
     for n in model.param_names:
