@@ -264,8 +264,10 @@ def test_a_large_bf16_folder_loads_within_the_models_size(tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("the quick brown fox jumps over the lazy dog. " * 40)
     env = dict(os.environ, OMP_NUM_THREADS="1")
+    # run from tmp_path: from the source tree a non-editable install's child
+    # would import the unbuilt rwkvx_c there
     p = subprocess.run([sys.executable, "-c", _CHILD, str(tmp_path / "big"), str(corpus)],
-                       capture_output=True, text=True, env=env)
+                       capture_output=True, text=True, env=env, cwd=str(tmp_path))
     assert p.returncode == 0, p.stderr
     r = json.loads(p.stdout.strip().splitlines()[-1])
     print(f"load growth {r['growth'] / 2**20:.0f} MiB: base {r['base'] / 2**20:.0f} MiB + "
