@@ -32,7 +32,8 @@ static int block_projections(rx_ptmodel *m, int *idx, int max) {
 
 /* forward + backward of B x T tokens with acts of RX_ACTS_* flags (any:
  * a chunked head of 5 rows); the loss */
-static inline double train_step(rx_ptmodel *m, int B, int T, int flags, const int *tok, const int *tgt) {
+static inline double train_step(rx_ptmodel *m, int B, int T, int flags, const int *tok,
+                                 const int *tgt) {
     rx_pt_acts *a = NULL;
     double loss = -1.0;
     CHECK(rx_pt_acts_create_opts(m, B, T, flags, flags ? 5 : 0, &a) == RX_OK, "acts");
