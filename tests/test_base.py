@@ -280,6 +280,14 @@ def test_a_tune_from_a_base_naming_run_streams_that_base(tmp_path):
     _, want = _tune_losses(tmp_path, run, "c", weights=dict(src.weights), tune="lora", steps=3,
                            base_dtype="bf16")
     assert got == want
+    # as the command line takes it: the run's states over its still unread weights
+    from test_train import _opts
+
+    from rwkvx_c.train.assemble import start_from_source
+    from rwkvx_c.train.distributed import ProcessGroup
+    _, w = start_from_source(_opts(tmp_path, model=None, init_from=run, tune="state"),
+                             ProcessGroup())
+    assert hasattr(w, "raw_t") and w.dtype == "bf16" and "state0" in w
 
 
 @pytest.mark.parametrize("tune", ["state", "lora"])

@@ -15,7 +15,7 @@ from rwkvx_c.data.preferences import Pairs, read_pairs, split_pairs
 from rwkvx_c.data.tokenizers import load as load_tokenizer
 from rwkvx_c.data.tokenizers import run_tokenizer
 from rwkvx_c.errors import ConfigError, DataError, MemoryTooSmall, TokenizerError, TrainError
-from rwkvx_c.interop.source import STATE_KEY, read_source
+from rwkvx_c.interop.source import STATE_KEY, Layered, read_source
 from rwkvx_c.model import memory
 from rwkvx_c.model.config import ModelConfig
 from rwkvx_c.model.init import init_model
@@ -58,8 +58,8 @@ def start_from_source(options: TrainOptions, group: ProcessGroup
     options = dataclasses.replace(options, base=None)   # the source's, not this run's
     # a .pth's weights stay in its file until the model reads them (rwkvx_c.train.base)
     weights: Mapping[str, np.ndarray] = src.weights
-    if src.state0 is not None:
-        weights = {**src.weights, STATE_KEY: src.state0}
+    if src.state0 is not None:   # over the weights, which stay unread
+        weights = Layered({STATE_KEY: src.state0}, src.weights)
     if src.adapters is not None:
         ads = src.adapters
         pairs = {n + s: m for n, (A, B) in ads.pairs.items() for s, m in ((A_SUFFIX, A),
