@@ -120,14 +120,23 @@ def _address(m: mmap.mmap) -> int:
 class MappedTensors:
     """What every memory-mapped tensor file shares (a .pth here, a
     safetensors file in rwkvx_c.interop.safetensors_file): a subclass sets
-    path and _map and gives names, shape, dtype and raw; this gives the
-    float32 copy and the release of a tensor's pages."""
+    path, _map and, once every tensor is checked, _meta (name -> shape and
+    dtype name, in the file's order), and gives raw; this gives names,
+    shape, dtype, the float32 copy and the release of a tensor's pages."""
 
     path: str
     _map: mmap.mmap
+    _meta: dict[str, tuple[tuple[int, ...], str]]
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._meta)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self._meta[name][0]
 
     def dtype(self, name: str) -> str:
-        raise NotImplementedError
+        return self._meta[name][1]
 
     def raw(self, name: str) -> np.ndarray:
         raise NotImplementedError
@@ -240,6 +249,7 @@ class PthTensors(MappedTensors):
         self._prefix = prefix
         for k, t in self._refs.items():
             self._check(k, t)
+        self._meta = {k: (t.size, _DTYPE_NAMES[t.storage.cls]) for k, t in self._refs.items()}
 
     def _check(self, name: str, t: _TensorRef) -> None:
         """The tensor must be dense and row-major inside its storage, and
@@ -264,16 +274,6 @@ class PthTensors(MappedTensors):
                                f"{t.storage.numel:,} elements"
                                f"{'' if member is not None else ' that the file lacks'}; "
                                "only dense tensors inside their storage are read")
-
-    @property
-    def names(self) -> list[str]:
-        return list(self._refs)
-
-    def shape(self, name: str) -> tuple[int, ...]:
-        return self._refs[name].size
-
-    def dtype(self, name: str) -> str:
-        return _DTYPE_NAMES[self._refs[name].storage.cls]
 
     def raw(self, name: str) -> np.ndarray:
         t = self._refs[name]

@@ -90,6 +90,7 @@ class SafetensorsTensors(MappedTensors):
         for (_, end, a), (begin, _, b) in zip(spans, spans[1:]):
             if begin < end:
                 raise InteropError(f"{path}: tensors {a} and {b} overlap")
+        self._meta = {k: (e.shape, ST_DTYPES[e.dtype][0]) for k, e in self._entries.items()}
 
     @staticmethod
     def _nbytes(e: _Entry) -> int:
@@ -117,16 +118,6 @@ class SafetensorsTensors(MappedTensors):
                                f"({want:,} bytes) at data_offsets {offs}; the file's data is "
                                f"{room:,} bytes")
         return entry
-
-    @property
-    def names(self) -> list[str]:
-        return list(self._entries)
-
-    def shape(self, name: str) -> tuple[int, ...]:
-        return self._entries[name].shape
-
-    def dtype(self, name: str) -> str:
-        return ST_DTYPES[self._entries[name].dtype][0]
 
     def raw(self, name: str) -> np.ndarray:
         e = self._entries[name]
