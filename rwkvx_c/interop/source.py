@@ -8,8 +8,10 @@ rwkvx_c.interop.adapters), which the tune trains on as they are.
 An x070 .pth, an HF rwkv7 folder and such a .safetensors file stream:
 Source.weights reads each tensor from the mapped file when the model asks
 for it (rwkvx_c.interop.rwkv7.StreamedWeights), never a float32 copy of
-the whole model. RWKV-X .pth files, hybrid HF folders (rwkvx_c's own
-layout) and checkpoints are read whole.
+the whole model; so does the base of a run whose checkpoint names it
+(Layered: the run's own tensors over it), unless the run holds LoRA
+adapters, which are merged into it. RWKV-X .pth files, hybrid HF folders
+(rwkvx_c's own layout) and other checkpoints are read whole.
 
 read_source returns the model config, the weights by parameter name, the
 tokenizer the source was trained with (when it says) and, for a
