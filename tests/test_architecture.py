@@ -149,10 +149,20 @@ def test_the_circle_check_can_fail():
         GRAPH.update(saved)
 
 
-@pytest.mark.parametrize("mod", sorted(MODULES))
+# the Cython sources: the extension module and the files it includes, held
+# to the same size as a module (an include is a module's worth of code)
+CYTHON = sorted(f for f in os.listdir(PKG) if f.endswith((".pyx", ".pxi")))
+
+
+@pytest.mark.parametrize("mod", sorted(MODULES) + CYTHON)
 def test_module_size(mod):
-    n = len(_source(MODULES[mod]).splitlines())
+    n = len(_source(MODULES.get(mod) or os.path.join(PKG, mod)).splitlines())
     assert n <= MAX_LINES, f"{mod} has {n} lines (at most {MAX_LINES})"
+
+
+def test_every_cython_file_is_sized():
+    """The size rule sees the extension module and its includes."""
+    assert "_core.pyx" in CYTHON and "_model.pxi" in CYTHON
 
 
 def test_one_exception_base():
