@@ -5,6 +5,7 @@ subprocess (they set process-wide torch state at import).
 
 Without torch / rwkv / rwkv-x these tests skip, unless RWKVX_REQUIRE_INTEROP=1
 (set by .ci/run), where a missing tool is a failure."""
+import dataclasses
 import importlib.util
 import os
 import subprocess
@@ -169,6 +170,34 @@ def test_export_refusals():
                          (dict(n_head=4, head_size=32), "head size")]:
         with pytest.raises(InteropError, match=word):
             interop.to_rwkvx(rx.RxPtModel(dict(hybrid, **change)))
+
+
+def test_every_export_format_is_one_row_of_the_table(tmp_path, monkeypatch):
+    """EXPORTS: each format its own writer, reached by its name alone (no
+    format falls through to another's); the formats the model fields'
+    export limits name are formats that hold a model; an unknown name is
+    refused before anything is written."""
+    from rwkvx_c.interop.runs import EXPORTS, FORMATS
+    from rwkvx_c.model.config import ModelConfig
+    from rwkvx_c.util.registry import entries
+    assert tuple(EXPORTS) == FORMATS and interop.FORMATS == FORMATS
+    assert len({id(f.write) for f in EXPORTS.values()}) == len(EXPORTS)
+    for name, f in EXPORTS.items():
+        assert f.name == name and callable(f.write) and f.says
+        assert f.holds in ("model", "state", "adapters"), name
+    limited = {fmt for e in entries(ModelConfig) for fmt in e.exports}
+    assert limited <= {n for n, f in EXPORTS.items() if f.holds == "model"}
+    seen = []
+    for name, f in EXPORTS.items():
+        monkeypatch.setitem(EXPORTS, name, dataclasses.replace(
+            f, write=lambda *a, n=name: seen.append(n)))
+    m = rx.RxPtModel(ODD)
+    for name in FORMATS:
+        interop.export_model(m, name, str(tmp_path / name), adapters=({}, 1.0))
+    assert seen == list(FORMATS)
+    with pytest.raises(InteropError, match="unknown format"):
+        interop.export_model(m, "onnx", str(tmp_path / "x"))
+    assert not (tmp_path / "x").exists()
 
 
 def test_rwkvx_layout():

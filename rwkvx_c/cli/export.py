@@ -6,32 +6,29 @@ import os
 
 from rwkvx_c.cli.common import Subparsers, add_base_flag, err
 from rwkvx_c.interop.pth import DTYPES
-from rwkvx_c.interop.runs import FORMATS, Adapters, export_model
+from rwkvx_c.interop.runs import EXPORTS, FORMATS, Adapters, export_model
 from rwkvx_c.model.lora import adapters_of, run_alpha
 from rwkvx_c.run.base import BASE_KEY, short
 from rwkvx_c.run.checkpoint import read_checkpoint, read_state
 from rwkvx_c.run.rundir import checkpoint_path
 from rwkvx_c.sample import load_run
+from rwkvx_c.util.words import listed
 
 __all__ = ["add_parser", "run"]
 
 
 def add_parser(sub: Subparsers) -> None:
+    says = "; ".join(f"{f.name}: {f.says}" for f in EXPORTS.values())
+    folders = " and ".join(f.name for f in EXPORTS.values() if f.folder)
     e = sub.add_parser("export", help="write a trained model for another tool",
-                       description="Write the model in DIR as an RWKV-LM x070 .pth (rwkv7: "
-                       "the rwkv package), an RWKV-X .pth (rwkvx: the rwkv-x package), a "
-                       "GGUF file (gguf: llama.cpp), a Hugging Face folder (hf: "
-                       "flash-linear-attention's rwkv7 layout, rwkv7-hf, transformers), or a "
-                       "state-tuned run's initial states (state: RWKV-PEFT's time_state file), "
-                       "or a LoRA run's adapters (lora: RWKV-PEFT's lora_A / lora_B names; peft: a "
-                       "Hugging Face PEFT adapter folder for the hf export); a LoRA "
-                       "run's model files hold its adapters merged. See docs/interop.md, "
+                       description=f"Write the model in DIR for another tool ({says}); a "
+                       "LoRA run's model files hold its adapters merged. See docs/interop.md, "
                        "docs/finetune.md.")
     e.add_argument("dir", metavar="DIR", help="run folder (or checkpoint file)")
     e.add_argument("--format", required=True, choices=list(FORMATS),
                    help="the file format (required)")
     e.add_argument("--out", required=True, metavar="FILE",
-                   help="the file to write (a folder for hf and peft) (required)")
+                   help=f"the file to write (a folder for {folders}) (required)")
     e.add_argument("--dtype", default="fp32", choices=list(DTYPES),
                    help="tensor type in the file (default: fp32)")
     add_base_flag(e)
@@ -52,11 +49,12 @@ def run(a: argparse.Namespace) -> int:
     # past --unfreeze-at a LoRA run's adapters live on in its base weights alone
     merged_base = opts.get("tune") == "lora" and bool(run_state.get("unfrozen"))
     adapters: Adapters | None = None
-    if a.format in ("lora", "peft"):   # load_run merged them: read them again
+    holds = EXPORTS[a.format].holds
+    if holds == "adapters":   # load_run merged them: read them again
         if merged_base:
             return err(f"the LoRA run in {a.dir} merged its adapters into the base at "
                        f"--unfreeze-at {opts.get('unfreeze_at')}; export the model instead "
-                       "(--format rwkv7, rwkvx, gguf or hf)")
+                       f"(--format {_formats('model')})")
         p = checkpoint_path(a.dir)
         tensors, _, state = read_checkpoint(p)
         ads = adapters_of(tensors)
@@ -64,20 +62,24 @@ def run(a: argparse.Namespace) -> int:
     export_model(model, a.format, a.out, a.dtype, inputs=inputs, tokenizer=tok,
                  adapters=adapters)
     print(f"rwkvx-c export: {a.out} ({a.format}, {a.dtype})")
-    if opts.get("tune") == "lora" and not merged_base and a.format not in ("lora", "peft",
-                                                                            "state"):
+    if opts.get("tune") == "lora" and not merged_base and holds == "model":
         base = run_state.get(BASE_KEY)
         into = "this model" if not base else \
             f"the original weights of its base, read again from {a.base or base['path']} " \
             f"({short(base)}, as the run recorded)"
         print(f"rwkvx-c export: the LoRA adapters are merged into {into}; "
-              "--format lora (or peft) writes them alone")
-    if a.format == "state":
+              f"--format {_formats('adapters')} writes them alone")
+    if holds == "state":
         print(f"rwkvx-c export: {_state_readers(model.config, a.dir)}")
-    if model.state is not None and a.format != "state":
+    if model.state is not None and holds != "state":
         print("rwkvx-c export: the model's trained initial states are not in this file; they "
               "travel separately: rwkvx-c export DIR --format state --out FILE")
     return 0
+
+
+def _formats(holds: str) -> str:
+    """'rwkv7, rwkvx, gguf or hf': the formats that hold `holds` (EXPORTS)."""
+    return listed(n for n, f in EXPORTS.items() if f.holds == holds)
 
 
 def _state_readers(config: dict[str, int], run_dir: str) -> str:

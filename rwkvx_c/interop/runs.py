@@ -4,7 +4,8 @@ foreign format, ``import_pth`` makes a run folder of a foreign .pth,
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -30,18 +31,58 @@ from rwkvx_c.model.config import ModelConfig
 from rwkvx_c.model.lora import A_SUFFIX, B_SUFFIX, run_alpha, without_adapters
 from rwkvx_c.run.rundir import RunDir, checkpoint_path, claim_output, describe_entries
 
-__all__ = ["FORMATS", "Adapters", "export_model", "import_pth", "import_adapters", "state_dict",
-           "lora_dict", "merge_run"]
-
-FORMATS = ("rwkv7", "rwkvx", "gguf", "hf", "state", "lora", "peft")
+__all__ = ["FORMATS", "EXPORTS", "ExportFormat", "Adapters", "export_model", "import_pth",
+           "import_adapters", "state_dict", "lora_dict", "merge_run"]
 
 Adapters = tuple[Mapping[str, tuple[np.ndarray, np.ndarray]], float]   # ({param: (A, B)}, alpha)
+# a format's writer: (model, out, dtype, tokenizer, adapters); adapters only
+# for a format that holds them (export_model refuses a model without them)
+Writer = Callable[[RxPtModel, str, str, Tokenizer, Adapters], None]
+
+
+@dataclass(frozen=True)
+class ExportFormat:
+    """One export format: its writer and what it can hold."""
+    name: str
+    write: Writer
+    holds: str        # "model" (the weights), "state" (the initial WKV states), "adapters" (LoRA)
+    says: str         # what it is and who reads it (the export command's help)
+    folder: tuple[str, ...] = ()   # the files it writes into the folder out; (): the file out
+
+
+def _hf(model: RxPtModel, out: str, dtype: str, tok: Tokenizer, _: Adapters) -> None:
+    # rwkv7-hf's layout when it holds the model, else rwkvx_c's own modeling code
+    save = save_hf if hf_refusal(model.config) is None else save_hybrid
+    save(model, tok, out, dtype)
+
+
+# every export format, by name: the one table export_model, the command's
+# choices and help, and the tests read
+EXPORTS = {f.name: f for f in (
+    ExportFormat("rwkv7", lambda m, out, dtype, _t, _a: save_pth(to_rwkv7(m), out, dtype),
+                 "model", "an RWKV-LM x070 .pth (the rwkv package)"),
+    ExportFormat("rwkvx", lambda m, out, dtype, _t, _a: save_pth(to_rwkvx(m), out, dtype),
+                 "model", "an RWKV-X .pth (the rwkv-x package)"),
+    ExportFormat("gguf", lambda m, out, dtype, _t, _a: save_gguf(m, out, dtype), "model",
+                 "a GGUF file (llama.cpp)"),
+    ExportFormat("hf", _hf, "model", "a Hugging Face folder (flash-linear-attention's rwkv7 "
+                 "layout, rwkv7-hf, transformers)", folder=HF_FILES),
+    ExportFormat("state", lambda m, out, _d, _t, _a: save_pth(state_dict(m), out, "fp32"),
+                 "state", "a state-tuned run's initial states (RWKV-PEFT's time_state file)"),
+    ExportFormat("lora", lambda m, out, dtype, _t, a: save_pth(lora_dict(m, *a), out, dtype),
+                 "adapters", "a LoRA run's adapters (RWKV-PEFT's lora_A / lora_B names)"),
+    ExportFormat("peft", lambda m, out, dtype, _t, a: save_peft(m, *a, out, dtype,
+                                                                 export_modules(m)),
+                 "adapters", "a Hugging Face PEFT adapter folder for the hf export",
+                 folder=PEFT_FILES),
+)}
+FORMATS = tuple(EXPORTS)
 
 
 def export_model(model: RxPtModel, fmt: str, out: str, dtype: str = "fp32", *,
                  inputs: Iterable[str] = (), tokenizer: Tokenizer | None = None,
                  adapters: Adapters | None = None) -> None:
-    """Writes model to the file out in format fmt (rwkv7, rwkvx or gguf; hf:
+    """Writes model to out in format fmt (EXPORTS: rwkv7, rwkvx or gguf; hf:
     the folder out, with tokenizer's files: rwkv7-hf's layout for a model it
     holds, rwkvx_c's own modeling code for any other) at dtype (fp32, bf16 or fp16),
     atomically; InteropError when the format cannot hold the model (nothing
@@ -50,38 +91,21 @@ def export_model(model: RxPtModel, fmt: str, out: str, dtype: str = "fp32", *,
     adapters (the model's base is not written) under RWKV-PEFT's names at
     dtype (lora_dict); "peft": the same as a Hugging Face PEFT adapter folder
     for the hf export's module names (save_peft). OutputError when out (for
-    hf: any file it writes there) is one of `inputs` (the model's run folder
+    a folder: any file it writes there) is one of `inputs` (the model's run folder
     or file) or a run folder's own file (rwkvx_c.run.rundir.claim_output).
 
     The model files hold the weights only: a state-tuned model's initial
     states travel in the state file beside them."""
     if dtype not in DTYPES:
         raise InteropError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
-    if fmt not in FORMATS:
+    if fmt not in EXPORTS:
         raise InteropError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
-    if fmt in ("hf", "peft"):   # a folder: each file it writes there
-        for name in HF_FILES if fmt == "hf" else PEFT_FILES:
-            claim_output(os.path.join(out, name), inputs)
-    else:
-        claim_output(out, inputs)
-    if fmt == "rwkv7":
-        save_pth(to_rwkv7(model), out, dtype)
-    elif fmt == "rwkvx":
-        save_pth(to_rwkvx(model), out, dtype)
-    elif fmt == "hf":   # rwkv7-hf's layout when it holds the model, else our own code
-        save = save_hf if hf_refusal(model.config) is None else save_hybrid
-        save(model, tokenizer or ByteTokenizer(), out, dtype)
-    elif fmt == "state":
-        save_pth(state_dict(model), out, "fp32")
-    elif fmt in ("lora", "peft"):
-        if adapters is None:
-            raise InteropError("the model has no LoRA adapters (train with --tune lora)")
-        if fmt == "lora":
-            save_pth(lora_dict(model, *adapters), out, dtype)
-        else:
-            save_peft(model, *adapters, out, dtype, export_modules(model))
-    else:
-        save_gguf(model, out, dtype)
+    f = EXPORTS[fmt]
+    for name in f.folder or (None,):   # a folder: each file it writes there
+        claim_output(out if name is None else os.path.join(out, name), inputs)
+    if f.holds == "adapters" and adapters is None:
+        raise InteropError("the model has no LoRA adapters (train with --tune lora)")
+    f.write(model, out, dtype, tokenizer or ByteTokenizer(), adapters or ({}, 0.0))
 
 
 def state_dict(model: RxPtModel) -> dict[str, np.ndarray]:
