@@ -208,7 +208,7 @@ def time_mix(p, x, v_first, layer_id, H, N, gn_eps, wkv=wkv7_chunked):
     else:
         v = v + (v_first - v) * torch.sigmoid(p["v0"] + (xv @ p["v1"]) @ p["v2"])
     kk = (k * p["k_k"]).view(B, T, H, N)
-    kk = kk / torch.clamp(kk.norm(dim=-1, keepdim=True), min=1e-12)
+    kk = kk / torch.clamp(kk.norm(dim=-1, keepdim=True), min=rx._core.KK_FLOOR)
     kk = kk.view(B, T, C)
     k = k * (1 + (a - 1) * p["k_a"])
     h4 = lambda t: t.view(B, T, H, N)  # noqa: E731

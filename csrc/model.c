@@ -350,8 +350,7 @@ void rx_ptmodel_free(rx_ptmodel *m) {
 
 /* ---- the model context -------------------------------------------------- */
 
-const rx_model_ctx rx_ctx_default = {RX_DEFAULT_LN_EPS, RX_DEFAULT_GN_EPS, RX_DEFAULT_LN0,
-                                     RX_DEFAULT_L2WRAP};
+const rx_model_ctx rx_ctx_default = RX_MODEL_CTX_DEFAULT;
 
 void rx_model_ctx_default(rx_model_ctx *ctx) {
     if (ctx) *ctx = rx_ctx_default;

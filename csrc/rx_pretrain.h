@@ -186,6 +186,10 @@ int rx_channelmix_backward(
 #define RX_DEFAULT_GN_EPS 64e-5
 #define RX_DEFAULT_LN0 0
 #define RX_DEFAULT_L2WRAP 0.0
+/* The floor of the time-mix key normalisation: each head's kk is divided by
+ * max(||kk||, RX_KK_FLOOR) (docs/maths.md §Time-mix), in training and in
+ * inference. A constant of the maths, not a setting. */
+#define RX_KK_FLOOR 1e-12f
 
 /* ====================================================================
  * LayerNorm over the C channels, eps RX_LN_EPS, biased variance; mean and
@@ -444,6 +448,10 @@ typedef struct {
     int ln0;          /* 1: x0 = LayerNorm(emb[token]; ln0_w, ln0_b); 0: none */
     double l2wrap;    /* L2Wrap factor of every backward; finite, >= 0 (0: off) */
 } rx_model_ctx;
+/* The defaults, field by field (rx_model_ctx_default's): a new field is added
+ * here by name, never by position. */
+#define RX_MODEL_CTX_DEFAULT {.ln_eps = RX_DEFAULT_LN_EPS, .gn_eps = RX_DEFAULT_GN_EPS, \
+                              .ln0 = RX_DEFAULT_LN0, .l2wrap = RX_DEFAULT_L2WRAP}
 
 /* *ctx = the defaults (RX_DEFAULT_*). */
 void rx_model_ctx_default(rx_model_ctx *ctx);

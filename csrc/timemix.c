@@ -15,7 +15,7 @@
 #include "rx_internal.h"
 
 #define TM_DECAY_SCALE 0.6065306597126334f /* e^{-1/2} */
-#define TM_KK_FLOOR 1e-12f                 /* floor of the kk L2 norm */
+#define TM_KK_FLOOR RX_KK_FLOOR               /* floor of the kk L2 norm (rx_pretrain.h) */
 
 enum { ACT_NONE, ACT_TANH, ACT_SIGMOID };
 

@@ -5,27 +5,55 @@
 
 CONFIG_FIELDS = ("n_embd", "n_head", "head_size", "n_rwkv_layer", "n_attn_layer", "vocab_size",
                  "Dw", "Da", "Dg", "Dv", "ffn_dim", "chunk_size", "moba_top_k")
-# Config keys beyond the C struct: the model context's settings (rx_model_ctx),
-# each with its default from csrc/rx_pretrain.h (RX_DEFAULT_*), which is also
-# what its absence means: the model as before the key existed.
-OPTION_FIELDS = {"ln0": RX_DEFAULT_LN0, "ln_eps": RX_DEFAULT_LN_EPS, "gn_eps": RX_DEFAULT_GN_EPS}
+# The model context (rx_model_ctx) by key, in a config's order: the keys a
+# config may hold beyond the C struct (rwkvx_c.model.config declares each,
+# c_route "ctx"), then the ones that are settings of the model object rather
+# than of its config (RxPtModel.l2wrap, a training option). Together they are
+# the C struct's fields, checked at import and by tests/test_registry.py.
+_CTX_KEYS = ("ln0", "ln_eps", "gn_eps")
+_CTX_SETTINGS = ("l2wrap",)
+
+
+cdef dict _ctx_dict(const rx_model_ctx *ctx):
+    """The context as {field: value} (Cython converts a struct to a dict of its fields)."""
+    return ctx[0]
+
+
+cdef dict _default_ctx():
+    cdef rx_model_ctx ctx
+    rx_model_ctx_default(&ctx)
+    got = _ctx_dict(&ctx)
+    if set(got) != set(_CTX_KEYS + _CTX_SETTINGS):   # the C struct gained or lost a field
+        raise ImportError(f"rx_model_ctx has the fields {sorted(got)}; the binding knows "
+                          f"{sorted(_CTX_KEYS + _CTX_SETTINGS)}")
+    return got
+
+
+# Config keys beyond the C struct, each with its default from csrc/rx_pretrain.h
+# (RX_DEFAULT_*, through rx_model_ctx_default), which is also what its absence
+# means: the model as before the key existed.
+OPTION_FIELDS = {k: _default_ctx()[k] for k in _CTX_KEYS}
+# the floor of the time-mix key normalisation (RX_KK_FLOOR, a float32): a
+# constant of the maths that the kernels, not a config, hold
+KK_FLOOR = RX_KK_FLOOR
 
 
 cdef rx_model_ctx _pt_ctx(dict config) except *:
     """The C model context of a config dict's optional keys (OPTION_FIELDS;
-    an absent key takes its default), each checked by name."""
-    cdef rx_model_ctx ctx
-    rx_model_ctx_default(&ctx)
-    v = config.get("ln0", RX_DEFAULT_LN0)
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v not in (0, 1):
-        raise ValueError(f"config['ln0'] must be 0 or 1, got {v!r}")
-    ctx.ln0 = v
-    for k in ("ln_eps", "gn_eps"):
-        v = config.get(k, OPTION_FIELDS[k])
-        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+    an absent key takes its default), each checked by name: of the C
+    field's type here, in its range by rx_model_ctx_validate."""
+    fields = _default_ctx()
+    for k in _CTX_KEYS:
+        v = config.get(k, fields[k])
+        if isinstance(fields[k], int):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                raise ValueError(f"config['{k}'] must be an int, got {type(v).__name__}")
+            if not _INT_MIN <= v <= _INT_MAX:
+                raise ValueError(f"config['{k}'] = {v} exceeds the C API's int range")
+        elif isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
             raise ValueError(f"config['{k}'] must be a number, got {type(v).__name__}")
-    ctx.ln_eps = config.get("ln_eps", ctx.ln_eps)
-    ctx.gn_eps = config.get("gn_eps", ctx.gn_eps)
+        fields[k] = v
+    cdef rx_model_ctx ctx = fields
     _check_rc(rx_model_ctx_validate(&ctx), "config")   # the ranges, named
     return ctx
 

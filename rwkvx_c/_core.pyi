@@ -89,7 +89,8 @@ def attn_score_av_backward(q: F32, k: F32, v: F32, dy: F32, *, n_head: int, head
 
 # -- whole model (docs/maths.md, docs/layout.md) ----------------------------------------------
 CONFIG_FIELDS: tuple[str, ...]
-OPTION_FIELDS: dict[str, float]   # the model context's keys: ln0, ln_eps, gn_eps
+OPTION_FIELDS: dict[str, float]   # the model context's keys a config may hold: their defaults
+KK_FLOOR: float   # the time-mix key normalisation's floor (RX_KK_FLOOR)
 BASE_DTYPES: tuple[str, ...]
 
 class RxPtModel:

@@ -115,7 +115,8 @@ cdef class _ModelCore:
         self.l2wrap = l2wrap
         self._config = {k: int(config[k]) for k in CONFIG_FIELDS}
         rx_ptmodel_ctx(h.m, &ctx)
-        self._config.update(ln0=ctx.ln0, ln_eps=ctx.ln_eps, gn_eps=ctx.gn_eps)
+        got = _ctx_dict(&ctx)
+        self._config.update({k: got[k] for k in _CTX_KEYS})
         self._layers = rx_ptmodel_layers(h.m).decode()
         cdef int64_t n
         cdef float *base = rx_ptmodel_param_arena(h.m, &n)

@@ -256,6 +256,7 @@ cdef extern from "rx_pretrain.h" nogil:
         int ln0
         double l2wrap
     double RX_DEFAULT_LN_EPS, RX_DEFAULT_GN_EPS, RX_DEFAULT_L2WRAP
+    float RX_KK_FLOOR
     int RX_DEFAULT_LN0
     void rx_model_ctx_default(rx_model_ctx *ctx)
     int rx_model_ctx_validate(const rx_model_ctx *ctx)

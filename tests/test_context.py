@@ -68,7 +68,7 @@ def test_bad_settings_are_refused_by_name(key, bad, word):
 
 
 def test_a_checkpoint_stores_the_eps_only_when_set(tmp_path):
-    small = {k: v for k, v in CFG.items() if k not in ("ln_eps", "gn_eps")}
+    small = {k: v for k, v in CFG.items() if k not in EPS}
     opts = dict(preset="tiny", data=corpus(str(tmp_path)), batch=2, seq_len=8, steps=1,
                 eval_tokens=16, warmup_steps=0, threads=1, cache_dir=str(tmp_path / "cache"),
                 model=dict(small, vocab_size=256))
@@ -78,7 +78,7 @@ def test_a_checkpoint_stores_the_eps_only_when_set(tmp_path):
         tr.run()
         _, config, state = read_checkpoint(str(tmp_path / out / CHECKPOINT))
         for stored in (config, state["options"]["model"]):
-            assert {k: stored[k] for k in ("ln_eps", "gn_eps") if k in stored} == model
+            assert {k: stored[k] for k in EPS if k in stored} == model
         back = Trainer.resume(str(tmp_path / out), steps=2)
         assert back.model.config == ModelConfig.resolve(config) == tr.model.config
         assert back.model.param_buffer.tobytes() == tr.model.param_buffer.tobytes()

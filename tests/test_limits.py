@@ -67,6 +67,21 @@ def test_param_count_agrees_with_the_trainer_estimate():
         assert _core._param_elems(cfg) == memory.estimate_params(cfg)
 
 
+def test_one_formula_counts_the_weights(monkeypatch):
+    """A full run's figure (PARAM_COPIES) and a fine-tune's (tune_bytes)
+    both come from memory.weight_bytes."""
+    from rwkvx_c.train import TrainOptions, base
+    assert memory.param_bytes(10) == 4 * memory.PARAM_COPIES * 10
+    calls = []
+    real = memory.weight_bytes
+    monkeypatch.setattr(memory, "weight_bytes", lambda *a: calls.append(a) or real(*a))
+    memory.param_bytes(10)
+    m = rx.RxPtModel(ModelConfig.preset("tiny").to_dict(), init=False)
+    opts = TrainOptions(preset="tiny", tune="state").resolved()
+    base.tune_bytes(m, opts, [], "fp32")
+    assert len(calls) == 2
+
+
 def test_a_model_too_big_is_refused_before_allocating(monkeypatch):
     monkeypatch.setattr(_core, "available_memory", lambda root="/": 1 << 30)
     cfg = dict(SMALL, n_embd=4096, n_head=64, head_size=64, ffn_dim=16384, n_rwkv_layer=24)

@@ -171,7 +171,7 @@ def test_presets_turn_ln0_on_and_old_checkpoints_keep_loading(tmp_path):
     _, config, state = read_checkpoint(path)
     # ln0 = 0 is what its absence means: the checkpoint stores no ln0 key (nor
     # an eps at its default), as a version before ln0 wrote it and reads it
-    assert not {"ln0", "ln_eps", "gn_eps"} & (set(config) | set(state["options"]["model"]))
+    assert not set(rx.OPTION_FIELDS) & (set(config) | set(state["options"]["model"]))
     assert "ln0_w" not in load_model(out).param_names
     more = Trainer.resume(out, steps=3)
     assert more.model.config["ln0"] == 0

@@ -107,6 +107,59 @@ def test_c_routes_are_the_bindings():
     assert [e.key for e in entries(ModelConfig) if e.required] == list(_core.CONFIG_FIELDS)
 
 
+def _header():
+    with open(os.path.join(ROOT, "csrc", "rx_pretrain.h"), encoding="utf-8") as f:
+        return f.read()
+
+
+def _c_struct(text, name):
+    """[(field, C type)] of `typedef struct { ... } name;` in C text."""
+    body = re.search(r"typedef struct \{([^}]*)\}\s*" + name + ";", text).group(1)
+    body = re.sub(r"/\*.*?\*/", "", body, flags=re.S)
+    return [(m.group(2), m.group(1)) for m in re.finditer(r"(\w+)\s+(\w+)\s*;", body)]
+
+
+def test_the_model_context_is_the_declared_one():
+    """rx_model_ctx (csrc/rx_pretrain.h), its defaults (RX_DEFAULT_*) and its
+    designated default initializer against the declaration: the ModelConfig
+    fields routed "ctx" (in order), then the model's settings that are
+    attributes (l2wrap); the binding's struct (_rx.pxd) field for field."""
+    h = _header()
+    fields = _c_struct(h, "rx_model_ctx")
+    declared = [e for e in entries(ModelConfig) if e.c_route == "ctx"]
+    assert sorted(k for k, _ in fields) == sorted([e.key for e in declared]
+                                                   + list(_core._CTX_SETTINGS))
+    assert list(_core._CTX_KEYS) == [e.key for e in declared] == list(_core.OPTION_FIELDS)
+    with open(os.path.join(ROOT, "rwkvx_c", "_rx.pxd"), encoding="utf-8") as f:
+        block = re.search(r"ctypedef struct rx_model_ctx:\n((?: {8}\S.*\n)+)", f.read()).group(1)
+    assert [tuple(line.split()[::-1]) for line in block.splitlines()] == fields
+    init = re.search(r"#define RX_MODEL_CTX_DEFAULT \{(.*?)\}", h, re.S).group(1)
+    pairs = re.findall(r"\.(\w+)\s*=\s*(\w+)", init)
+    assert pairs == [(k, "RX_DEFAULT_" + k.upper()) for k, _ in fields]
+    kinds = {"double": "pos_float", "int": "bit"}
+    for e in declared:
+        value = re.search(r"#define RX_DEFAULT_" + e.key.upper() + r" (\S+)", h).group(1)
+        assert float(value) == e.default == _core.OPTION_FIELDS[e.key], e.key
+        assert kinds[dict(fields)[e.key]] == e.kind, e.key
+
+
+def test_the_key_norm_floor_is_one_constant():
+    """RX_KK_FLOOR is the binding's KK_FLOOR; the float64 reference
+    (tests/reference/rwkv.py, written from docs/maths.md on its own) and the
+    hf export's modeling code (package data that runs without rwkvx_c) keep
+    their own literal, which must be the same number."""
+    import numpy as np
+
+    from reference import rwkv
+    h = _header()
+    assert float(re.search(r"#define RX_KK_FLOOR (\S+)f", h).group(1)) == 1e-12
+    path = os.path.join(ROOT, "rwkvx_c", "interop", "hf_code", "modeling_rwkvx.py")
+    with open(path, encoding="utf-8") as f:
+        hf = float(re.search(r"^KEY_NORM_FLOOR = (\S+)", f.read(), re.M).group(1))
+    for v in (rwkv.KK_FLOOR, hf):
+        assert np.float32(v) == np.float32(_core.KK_FLOOR)
+
+
 def test_absence_resolves_and_is_not_stored():
     """A field that declares its absence: a saved dict without it resolves to
     it; a value equal to it is not stored (an older version reads the run)."""

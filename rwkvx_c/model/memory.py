@@ -1,7 +1,8 @@
 """A run's peak memory, estimated before it allocates, against what is free.
 
-Peak = parameters x PARAM_COPIES (the parameters, their grads and AdamW's two
-moments, all float32, plus a checkpoint being read on resume) + the step's
+Peak = the weights (weight_bytes, the one formula of them: the parameters,
+the grads and AdamW's two moments of what trains, all float32, plus what is
+being read, a checkpoint on resume) + the step's
 activations, ~linear in B*T (far fewer per token under recompute, which
 keeps one block's intermediates instead of every block's) + the head's
 scratch (head_bytes: a fixed budget of rows, not B*T x vocab logits).
@@ -28,9 +29,11 @@ if TYPE_CHECKING:
 
 __all__ = ["MemoryTooSmall", "estimate_params", "param_bytes", "acts_bytes_per_token",
            "rough_bytes_per_token", "head_bytes", "available_bytes", "address_space_free", "fits",
-           "check", "check_step", "PARAM_COPIES", "HEADROOM"]
+           "check", "check_step", "weight_bytes", "PARAM_COPIES", "TRAINED_COPIES", "HEADROOM"]
 
-PARAM_COPIES = 7            # params, grads, AdamW m and v (4 x 4 B) + a checkpoint read (3 x 4 B)
+TRAINED_COPIES = 3          # a trained element's grad and AdamW's two moments (float32 each)
+CHECKPOINT_COPIES = 3       # a resumed run's checkpoint, read: parameters, AdamW's m and v
+PARAM_COPIES = 1 + TRAINED_COPIES + CHECKPOINT_COPIES   # a full run, per parameter
 VECTORS_PER_LAYER = 32      # an RWKV block has ~22 C-vectors (lerps, biases, norms); margin
 HEADROOM = 0.9              # refuse beyond 90% of MemAvailable: the OS, Python, NumPy need some
 ROUGH_MARGIN = 4            # rough_bytes_per_token x this bounds the measured figure
@@ -45,8 +48,18 @@ def estimate_params(cfg: dict) -> int:
             + cfg["n_attn_layer"] * per_block)
 
 
+def weight_bytes(held: int, trained: int, loading: int, base: int = 0) -> int:
+    """The peak bytes of a run's weights, the activations aside: `held`
+    float32 parameters, for each of the `trained` elements its grad and
+    AdamW's moments (TRAINED_COPIES), `loading` float32 elements being read
+    at the same time, and `base` bytes of a frozen base."""
+    return 4 * (held + TRAINED_COPIES * trained + loading) + base
+
+
 def param_bytes(n_params: int) -> int:
-    return 4 * PARAM_COPIES * n_params
+    """weight_bytes of a full run of n_params (PARAM_COPIES of each): every
+    parameter trains, and a resume reads its checkpoint."""
+    return weight_bytes(n_params, n_params, CHECKPOINT_COPIES * n_params)
 
 
 def _heap_in_use() -> int | None:

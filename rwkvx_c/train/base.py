@@ -87,8 +87,10 @@ def tune_bytes(model: RxPtModel, opts: ResolvedOptions, names: list[str], dtype:
                        for n in target_params(model.layers, parse_targets(opts.lora_targets)))
     in_base = sum(p[n].size for n in names)
     largest = max(a.size for a in p.values())
-    return (4 * (model.n_params - in_base) + base_bytes(model, names, dtype)
-            + 16 * trained + 8 * largest)
+    # what trains is held once more (the states and adapters live outside
+    # the arena); the largest tensor is read and converted while loading
+    return memory.weight_bytes(model.n_params - in_base + trained, trained, 2 * largest,
+                               base_bytes(model, names, dtype))
 
 
 def model_from_source(opts: ResolvedOptions, weights: Mapping[str, np.ndarray]) -> RxPtModel:
