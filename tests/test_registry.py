@@ -136,11 +136,22 @@ def test_the_model_context_is_the_declared_one():
     init = re.search(r"#define RX_MODEL_CTX_DEFAULT \{(.*?)\}", h, re.S).group(1)
     pairs = re.findall(r"\.(\w+)\s*=\s*(\w+)", init)
     assert pairs == [(k, "RX_DEFAULT_" + k.upper()) for k, _ in fields]
-    kinds = {"double": "pos_float", "int": "bit"}
+    kinds = {"double": float, "int": int}   # the C type of each kind's values
     for e in declared:
         value = re.search(r"#define RX_DEFAULT_" + e.key.upper() + r" (\S+)", h).group(1)
         assert float(value) == e.default == _core.OPTION_FIELDS[e.key], e.key
-        assert kinds[dict(fields)[e.key]] == e.kind, e.key
+        assert kinds[dict(fields)[e.key]] is KINDS[e.kind].type, e.key
+
+
+def test_the_hf_hybrid_config_holds_every_context_key():
+    """rwkvx_c's own hf layout writes each model-context key (a transformers
+    name for ln0 and the eps, its own name for any other)."""
+    from rwkvx_c.interop import hf_hybrid
+    cfg = ModelConfig.resolve(dict(SMALL))
+    out = hf_hybrid.hybrid_config(cfg, "RR")
+    for e in entries(ModelConfig):
+        if e.c_route == "ctx" and e.key not in hf_hybrid._CTX_NAMED:
+            assert out[e.key] == cfg[e.key], e.key
 
 
 def test_the_key_norm_floor_is_one_constant():

@@ -32,9 +32,21 @@ from rwkvx_c.interop.hf import (
 )
 from rwkvx_c.interop.rwkv7 import _export_pairs, _rwkvx_pairs
 from rwkvx_c.model.config import ModelConfig
+from rwkvx_c.util.registry import entries
 
 __all__ = ["HYBRID_CODE", "hybrid_config", "to_hybrid", "from_hybrid", "export_modules",
            "save_hybrid", "read_hf_folder"]
+
+# the model context's keys config.json holds under the names transformers'
+# configs use (ln0 as the bool embed_norm); every other one of them
+# (ModelConfig's fields routed "ctx") goes there under its own name
+_CTX_NAMED = ("ln0", "ln_eps", "gn_eps")
+
+
+def _ctx_own() -> list[str]:
+    """The model context's keys config.json holds under their own names."""
+    return [e.key for e in entries(ModelConfig) if e.c_route == "ctx" and e.key not in _CTX_NAMED]
+
 
 # the modeling files every such folder holds (rwkvx_c/interop/hf_code/)
 HYBRID_CODE = ("configuration_rwkvx.py", "modeling_rwkvx.py")
@@ -77,6 +89,7 @@ def hybrid_config(config: Mapping[str, int], layers: str) -> dict[str, Any]:
         "gate_low_rank_dim": config["Dg"], "moba_chunk_size": config["chunk_size"],
         "moba_top_k": config["moba_top_k"], "embed_norm": bool(config.get("ln0", 0)),
         "norm_eps": eps["ln_eps"], "group_norm_eps": eps["gn_eps"],
+        **{k: eps[k] for k in _ctx_own()},
         "tie_word_embeddings": False, "use_cache": True, "torch_dtype": "float32",
         "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0,
     }
@@ -153,7 +166,8 @@ def from_hybrid(sd: Mapping[str, np.ndarray], cfg: Mapping[str, Any]) -> RxPtMod
             Dv=int(cfg["v_low_rank_dim"]), chunk_size=int(cfg["moba_chunk_size"]),
             moba_top_k=int(cfg["moba_top_k"]), ln0=int(bool(cfg["embed_norm"])),
             ln_eps=float(cfg.get("norm_eps", ModelConfig.default("ln_eps"))),
-            gn_eps=float(cfg.get("group_norm_eps", ModelConfig.default("gn_eps"))))
+            gn_eps=float(cfg.get("group_norm_eps", ModelConfig.default("gn_eps"))),
+            **{k: cfg[k] for k in _ctx_own() if k in cfg})
     except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
         raise InteropError(f"config.json of model_type {HYBRID_TYPE!r} lacks or garbles "
                            f"{e}") from None
