@@ -114,6 +114,13 @@ def attn_block(p, x, cm_xprev_init, n_head, head_size, chunk_size, moba_top_k, l
     return x1 + channelmix(cm, h2, cm_xprev_init)
 
 
+def attn_block_of(p, x, config):
+    """attn_block of the model's config (a whole one: RxPtModel.config or
+    checks.full_config), its sizes and every setting the block reads."""
+    return attn_block(p, x, None, config["n_head"], config["head_size"], config["chunk_size"],
+                      config["moba_top_k"], config["ln_eps"])
+
+
 def attn_block_qk(p, x, n_head, head_size, ln_eps):
     """float64 q, k of the block (for moba_mask / moba_gate_margin)."""
     h1 = layernorm(_val(x), _val(p["ln1_w"]), _val(p["ln1_b"]), ln_eps)

@@ -6,7 +6,7 @@ from it. Parameters are a dict name -> array (or autograd Var);
 tokens and targets are int arrays (T,) or (B, T)."""
 import numpy as np
 
-from reference.attn import attn_block, attn_block_qk, moba_gate_margin
+from reference.attn import attn_block_of, attn_block_qk, moba_gate_margin
 from reference.autograd import Var
 from reference.layers import cross_entropy, embedding, head, layernorm
 from reference.rwkv import rwkv_block, tm_param_shapes
@@ -121,7 +121,7 @@ def model_forward(params, config, tokens, block_inputs=None, state0=None):
                 v_first = vf
             r += 1
         else:
-            x = attn_block(p, x, None, H, N, config["chunk_size"], config["moba_top_k"], ln_eps)
+            x = attn_block_of(p, x, config)
     logits = head(layernorm(x, params["ln_out_w"], params["ln_out_b"], ln_eps), params["head"])
     return logits.reshape(T, config["vocab_size"]) if tokens.ndim == 1 else logits
 
