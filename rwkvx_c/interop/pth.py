@@ -34,6 +34,23 @@ def _need_torch() -> Any:
     return torch
 
 
+def _unreadable(path: str, e: Exception) -> InteropError:
+    """The one-line error of a .pth either reader could not read: missing, a
+    pickle that would run code on load (torch's weights-only loader and
+    PthTensors' unpickler both name the global), or another error's first
+    line."""
+    if isinstance(e, FileNotFoundError):
+        return InteropError(f"{path}: no such file")
+    text = str(e).strip()
+    code = re.search(r"GLOBAL ([\w.]+)", text)
+    if isinstance(e, pickle.UnpicklingError) and code:
+        return InteropError(f"{path} holds Python code or objects ({code.group(1)}) besides "
+                            "tensors and was not loaded: a .pth state dict holds tensors only")
+    why = re.search(r"Unsupported[^\n]*", text)
+    first = why.group(0) if why else text.splitlines()[0] if text else type(e).__name__
+    return InteropError(f"{path} is not a readable .pth state dict: {first}")
+
+
 def load_pth(path: str) -> dict[str, np.ndarray]:
     """The tensors of a .pth state dict as float32 NumPy arrays (bf16, fp16
     and fp32 are converted exactly). Needs torch; loads weights only."""
@@ -41,24 +58,10 @@ def load_pth(path: str) -> dict[str, np.ndarray]:
     try:
         with open_input(path, InteropError) as f:
             obj = torch.load(f, map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise InteropError(f"{path}: no such file") from None
-    except pickle.UnpicklingError as e:
-        # torch's weights-only loader refused the pickle; its message (many
-        # lines, suggesting weights_only=False) names a global when the file
-        # would call code on load
-        code = re.search(r"GLOBAL ([\w.]+)", str(e))
-        if code:
-            raise InteropError(f"{path} holds Python code ({code.group(1)}) and was not "
-                               "loaded: a .pth state dict holds tensors only") from None
-        why = re.search(r"Unsupported[^\n]*", str(e))
-        raise InteropError(f"{path} is not a readable .pth state dict (not a pickle of "
-                           f"tensors{': ' + why.group(0) if why else ''})") from None
     except InteropError:
         raise
     except Exception as e:  # noqa: BLE001 -- pickle and zip errors have many types
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise InteropError(f"{path} is not a readable .pth state dict: {first}") from None
+        raise _unreadable(path, e) from None
     if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
         raise InteropError(f"{path} does not hold a flat dict of tensors")
     out = {}
@@ -230,19 +233,10 @@ class PthTensors(MappedTensors):
             obj = _Unpickler(zf.open(pkl[0])).load()
             self._members = {i.filename: i for i in zf.infolist()}
             self._zip = zf
-        except FileNotFoundError:
-            raise InteropError(f"{path}: no such file") from None
-        except pickle.UnpicklingError as e:
-            code = re.match(r"GLOBAL ([\w.]+)", str(e))
-            if code:
-                raise InteropError(f"{path} holds Python code or objects ({code.group(1)}) "
-                                   "besides tensors and was not loaded") from None
-            raise InteropError(f"{path} is not a readable .pth state dict: {e}") from None
         except InteropError:
             raise
         except Exception as e:  # noqa: BLE001 -- zip and pickle errors have many types
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise InteropError(f"{path} is not a readable .pth state dict: {first}") from None
+            raise _unreadable(path, e) from None
         if not isinstance(obj, dict) or not all(isinstance(v, _TensorRef) for v in obj.values()):
             raise InteropError(f"{path} does not hold a flat dict of tensors")
         self._refs: dict[str, _TensorRef] = dict(obj)
