@@ -15,7 +15,7 @@ from rwkvx_c.train.keep import save_best
 if TYPE_CHECKING:
     import numpy as np
 
-    from rwkvx_c.run.rundir import RunDir
+    from rwkvx_c.run.rundir import Row, RunDir
     from rwkvx_c.train.distributed import ProcessGroup
     from rwkvx_c.train.guard import DivergenceGuard
     from rwkvx_c.train.keep import Keeper
@@ -23,7 +23,6 @@ if TYPE_CHECKING:
 
 __all__ = ["run_loop", "train_step", "diverged"]
 
-Row = dict[str, Any]
 
 
 class Trainer(Protocol):

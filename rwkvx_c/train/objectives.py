@@ -31,7 +31,7 @@ from rwkvx_c.errors import CheckpointError, ConfigError, TrainError
 from rwkvx_c.model.lora import adapters_of, run_alpha, without_adapters
 from rwkvx_c.model.weights import load_params, load_states
 from rwkvx_c.run.checkpoint import STATE_KEY, read_checkpoint
-from rwkvx_c.run.rundir import REFERENCE, checkpoint_path
+from rwkvx_c.run.rundir import REFERENCE, Row, checkpoint_path
 from rwkvx_c.util.atomic import replace_with
 
 if TYPE_CHECKING:
@@ -45,7 +45,6 @@ REFERENCE_FREE = ("simpo",)
 LENGTH_NORMALISED = ("ipo", "simpo")   # on the mean log-probability per completion token
 REF_FILE = REFERENCE   # in the run folder: (n_pairs, 2) float64, the train pairs, then val
 
-Row = dict[str, Any]
 
 
 @dataclass

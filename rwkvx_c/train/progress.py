@@ -8,12 +8,11 @@ from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from rwkvx_c.run.plot import plot_log
-from rwkvx_c.run.rundir import RunDir
+from rwkvx_c.run.rundir import Row, RunDir
 from rwkvx_c.util.progress import make_progress
 
 __all__ = ["progress_bar", "progress_update", "watch", "origin", "what_trains", "run_title"]
 
-Row = dict[str, Any]
 
 
 class Trainer(Protocol):

@@ -19,7 +19,6 @@ from rwkvx_c.train.accumulate import GradAccumulator
 from rwkvx_c.train.finetune import PartsAdamW, unfreeze_due
 from rwkvx_c.train.guard import DivergenceGuard
 from rwkvx_c.train.keep import Keeper
-from rwkvx_c.train.loop import Row
 from rwkvx_c.train.objectives import PreferenceStep
 from rwkvx_c.train.optim import AdamW
 from rwkvx_c.train.validate import validation_loss
@@ -29,7 +28,7 @@ if TYPE_CHECKING:
     from rwkvx_c.data.tokenizers import Tokenizer
     from rwkvx_c.run.base import Record
     from rwkvx_c.run.lock import RunLock
-    from rwkvx_c.run.rundir import RunDir
+    from rwkvx_c.run.rundir import Row, RunDir
     from rwkvx_c.train.distributed import ProcessGroup
     from rwkvx_c.train.options import ResolvedOptions
     from rwkvx_c.train.trackers import Trackers

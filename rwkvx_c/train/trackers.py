@@ -31,6 +31,7 @@ from typing import Any, Protocol
 
 from rwkvx_c.errors import RwkvxWarning, TrainError
 from rwkvx_c.run.plot import plot_png
+from rwkvx_c.run.rundir import Row
 
 __all__ = ["TRACKERS", "Trackers", "open_trackers", "parse_trackers"]
 
@@ -44,7 +45,6 @@ SKIPPED = ("step", "world_size", "final")   # row keys that are no series
 PLOT_NAME = "loss_plot"       # the plot's image ("loss" is the training loss's series)
 MLFLOW_DB, MLFLOW_ARTIFACTS = "mlflow.db", "mlartifacts"   # in the run folder by default
 
-Row = dict[str, Any]
 
 
 def parse_trackers(spec: str | None) -> tuple[str, ...]:

@@ -35,7 +35,7 @@ from rwkvx_c.errors import (
     TrainError,
 )
 from rwkvx_c.run.lock import RunLock
-from rwkvx_c.run.rundir import RunDir
+from rwkvx_c.run.rundir import Row, RunDir
 from rwkvx_c.train.assemble import (
     build_model,
     load_data,
@@ -47,7 +47,7 @@ from rwkvx_c.train.config_file import save_config
 from rwkvx_c.train.distributed import world
 from rwkvx_c.train.guard import DivergenceGuard
 from rwkvx_c.train.keep import Keeper
-from rwkvx_c.train.loop import Row, run_loop
+from rwkvx_c.train.loop import run_loop
 from rwkvx_c.train.objectives import PreferenceStep
 from rwkvx_c.train.options import TrainOptions
 from rwkvx_c.train.progress import run_title, watch
