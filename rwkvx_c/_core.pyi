@@ -102,7 +102,7 @@ class RxPtModel:
     recompute: bool                                   # activation recompute in the backward
     l2wrap: float                                     # RWKV-LM's L2Wrap factor, 0: off
     @property
-    def config(self) -> dict[str, Any]: ...   # sizes are ints, ln_eps and gn_eps floats
+    def config(self) -> dict[str, Any]: ...   # sizes ints; OPTION_FIELDS' keys typed as defaults
     @property
     def layers(self) -> str: ...                      # e.g. "RRARRAR"
     @property

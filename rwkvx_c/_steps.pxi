@@ -14,11 +14,11 @@ A whole RWKV-X model (docs/maths.md §Whole model) with its parameters and grads
         config : dict with exactly the rx_pt_config fields (CONFIG_FIELDS):
                  n_embd, n_head, head_size, n_rwkv_layer, n_attn_layer,
                  vocab_size, Dw, Da, Dg, Dv, ffn_dim, chunk_size, moba_top_k;
-                 optionally the model context's keys (OPTION_FIELDS): ln0
-                 (0 or 1, default 0: x0 = LayerNorm(emb[token]) with params
-                 ln0_w, ln0_b right after emb), ln_eps (every LayerNorm's eps)
-                 and gn_eps (the time-mix group norm's), defaults
-                 RX_DEFAULT_LN_EPS and RX_DEFAULT_GN_EPS of rx_pretrain.h
+                 optionally the model context's keys (OPTION_FIELDS, with
+                 their defaults, RX_DEFAULT_* of rx_pretrain.h; each is
+                 described where rwkvx_c.model.config.ModelConfig declares
+                 it). ln0 = 1 adds x0 = LayerNorm(emb[token]) with params
+                 ln0_w, ln0_b right after emb.
         seed   : int in [0, 2**64)
         precision : "fp32", or "bf16": every projection GEMM multiplies
                  bf16-rounded operands with fp32 accumulation; parameters,
