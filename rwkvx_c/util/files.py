@@ -7,6 +7,11 @@ any of these. ``open_input`` opens without blocking, looks at what it
 opened (fstat: the thing itself, not the name, so a link swapped in
 between cannot fool it) and hands back a plain binary file only for a
 regular file; anything else is the caller's one-line error.
+``read_input`` reads such a file whole up to a bound (a file of known
+structure -- a config, a JSON sidecar -- has no business being larger), and
+``check_input`` checks a path that may name a folder (a run, a Hugging
+Face folder, a data folder) to be a folder or a regular file before any of
+it is read.
 """
 from __future__ import annotations
 
@@ -15,7 +20,7 @@ import os
 import stat
 from typing import IO
 
-__all__ = ["open_input"]
+__all__ = ["open_input", "read_input", "check_input"]
 
 
 def _kind(mode: int) -> str:
@@ -46,3 +51,29 @@ def open_input(path: str, error: type[Exception], what: str = "") -> IO[bytes]:
     except BaseException:
         os.close(fd)
         raise
+
+
+def read_input(path: str, error: type[Exception], what: str, limit: int) -> bytes:
+    """The bytes of the regular file at path (open_input's checks), error
+    (one line) when it holds more than `limit` bytes: read up to limit + 1,
+    never the whole of whatever the path names."""
+    with open_input(path, error, what) as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise error(f"{what} {path} is larger than {limit:,} bytes, more than such a file "
+                    "holds; name the right file")
+    return data
+
+
+def check_input(path: str, error: type[Exception], what: str) -> str:
+    """path when it names a folder or a regular file (a link to one is
+    fine); error (one line) for a FIFO, a device or a socket, which a read
+    would block on or never finish. A missing path passes: the caller
+    says what it needed."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return path
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise error(f"{what} {path} is {_kind(mode)}; name a regular file or a folder")
+    return path
