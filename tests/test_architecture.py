@@ -149,10 +149,20 @@ def test_the_circle_check_can_fail():
         GRAPH.update(saved)
 
 
-@pytest.mark.parametrize("mod", sorted(MODULES))
+# the Cython sources: the extension module and the files it includes, held
+# to the same size as a module (an include is a module's worth of code)
+CYTHON = sorted(f for f in os.listdir(PKG) if f.endswith((".pyx", ".pxi")))
+
+
+@pytest.mark.parametrize("mod", sorted(MODULES) + CYTHON)
 def test_module_size(mod):
-    n = len(_source(MODULES[mod]).splitlines())
+    n = len(_source(MODULES.get(mod) or os.path.join(PKG, mod)).splitlines())
     assert n <= MAX_LINES, f"{mod} has {n} lines (at most {MAX_LINES})"
+
+
+def test_every_cython_file_is_sized():
+    """The size rule sees the extension module and its includes."""
+    assert "_core.pyx" in CYTHON and "_model.pxi" in CYTHON
 
 
 def test_one_exception_base():
@@ -204,9 +214,15 @@ def test_public_names(mod):
 
 
 def test_run_folder_names_are_the_documented_ones():
+    """docs/training.md §The run folder's table is RUN_FILES, row for row,
+    and every name a run folder's checks use comes from it."""
     from rwkvx_c.run import RunDir
+    from rwkvx_c.run.rundir import RUN_FILES, SNAPSHOTS
     from rwkvx_c.train import CHECKPOINT, LOG
-    assert (CHECKPOINT, LOG) == ("checkpoint.safetensors", "log.jsonl")
+    doc = _source(os.path.join(os.path.dirname(PKG), "docs", "training.md"))
+    table = doc[doc.index("| file | holds |"):].split("\n\n")[0].splitlines()[2:]
+    rows = [tuple(c.strip() for c in r.strip("|").split("|")) for r in table]
+    assert rows == [(f"`{f.name}`", f.holds) for f in RUN_FILES]
+    assert CHECKPOINT in [f.name for f in RUN_FILES] and LOG in [f.name for f in RUN_FILES]
     names = [os.path.basename(p) for p in RunDir("x").own_files()]
-    assert names == ["checkpoint.safetensors", "log.jsonl", "tokenizer.json", "loss.png",
-                     "reference_logps.npy", ".lock", "best.safetensors", "config.toml"]
+    assert names == [f.name for f in RUN_FILES if f.name != SNAPSHOTS]

@@ -20,6 +20,7 @@ from rwkvx_c.data.chat import IGNORE, SEPARATOR
 from rwkvx_c.data.preferences import pair_segments, read_pairs
 from rwkvx_c.data.tokenizers import load as load_tokenizer
 from rwkvx_c.errors import DataError
+from rwkvx_c.run import RunDir
 from rwkvx_c.sample import load_model
 from rwkvx_c.train import Trainer, TrainError
 from rwkvx_c.train.objectives import REF_FILE, pair_logps, pair_loss
@@ -213,6 +214,7 @@ def test_dpo_lora_run_reports_trl_metrics_and_resumes_bit_exact(tmp_path):
         assert all(k in r for r in steps)
     assert any("eval_rewards/accuracies" in r for r in rows)
     assert os.path.exists(tmp_path / "d1" / REF_FILE)
+    assert RunDir(str(tmp_path / "d1")).foreign_entries() == []   # the reference is the run's
     tr2 = _dpo_run(tmp_path, base, "d2")
     tr2.run(stop=lambda: tr2.step_count >= 3)
     r = Trainer.resume(str(tmp_path / "d2"))

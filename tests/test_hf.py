@@ -15,7 +15,7 @@ from test_interop import _need, _rel
 import rwkvx_c as rx
 from rwkvx_c import interop
 from rwkvx_c.cli import main
-from rwkvx_c.interop import InteropError, hf
+from rwkvx_c.interop import InteropError, hf, hf_tokenizer
 from rwkvx_c.sample import load_run
 
 TOL = 1e-4   # max |logit diff| / max |logit|, fp32 on both sides (docs/interop.md)
@@ -172,7 +172,7 @@ def test_world_exports_carry_the_vocabulary_rwkv7_hfs_tokenizer_reads(tmp_path):
 
     from rwkvx_c.data.tokenizers import WorldTokenizer
     tok = WorldTokenizer()
-    hf._save_tokenizer(tok, str(tmp_path), 65536)
+    hf_tokenizer.save_tokenizer(tok, str(tmp_path), 65536)
     theirs = RWKV7Tokenizer.from_pretrained(str(tmp_path))
     text = "Hello world, 你好 — ok\n\nmore text 123 \x00 é"
     assert theirs(text, add_special_tokens=False)["input_ids"] == tok.encode(text).tolist()

@@ -8,13 +8,11 @@ import pytest
 from rwkvx_c.cli import main
 from rwkvx_c.errors import OutputError
 from rwkvx_c.run.rundir import (
-    BEST,
     CHECKPOINT,
-    CONFIG,
     LOCK,
-    LOG,
-    PLOT,
     REFERENCE,
+    RUN_FILES,
+    SNAPSHOTS,
     TOKENIZER,
     RunDir,
     claim_output,
@@ -43,8 +41,13 @@ def _refused(capsys, *argv):
     return err
 
 
+# every file a run owns (RUN_FILES), a snapshot by one of its names
+OWN = [f.name if f.name != SNAPSHOTS else os.path.basename(RunDir("x").snapshot(12))
+       for f in RUN_FILES]
+
+
 @pytest.mark.parametrize("fmt", ["gguf", "rwkv7"])
-@pytest.mark.parametrize("name", [CHECKPOINT, LOG, TOKENIZER, PLOT, REFERENCE, LOCK])
+@pytest.mark.parametrize("name", OWN)
 def test_export_never_writes_a_run_file(run, capsys, fmt, name):
     before = _digest(run)
     err = _refused(capsys, "export", run, "--format", fmt, "--out", os.path.join(run, name))
@@ -104,12 +107,22 @@ def test_tokenizer_train_refuses_its_corpus_and_a_run_tokenizer(run, capsys, tmp
 
 
 def test_own_files_are_what_claim_output_guards(run):
-    assert {os.path.basename(p) for p in RunDir(run).own_files()} == \
-        {CHECKPOINT, LOG, TOKENIZER, PLOT, REFERENCE, LOCK, BEST, CONFIG}
-    # --keep-best's, the saved options and --keep-last's snapshots are the run's too
-    for name in (BEST, CONFIG, "checkpoint-0000012.safetensors"):
+    assert [os.path.basename(p) for p in RunDir(run).own_files()] == \
+        [f.name for f in RUN_FILES if f.name != SNAPSHOTS] \
+        + [os.path.basename(p) for p in RunDir(run).snapshots()]
+    for name in OWN:   # with no input named: the folder's run alone forbids it
         with pytest.raises(OutputError, match="would destroy the run"):
             claim_output(os.path.join(run, name))
+
+
+def test_a_preference_runs_reference_is_its_own(tmp_path):
+    """The reference log-probabilities are the run's: never a foreign entry,
+    never an output's target."""
+    for name in (CHECKPOINT, REFERENCE):
+        (tmp_path / name).write_bytes(b"x")
+    assert RunDir(str(tmp_path)).foreign_entries() == []
+    with pytest.raises(OutputError, match="would destroy the run"):
+        claim_output(str(tmp_path / REFERENCE))
 
 
 def test_a_finished_run_leaves_no_lock(run, tmp_path):

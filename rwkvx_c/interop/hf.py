@@ -13,16 +13,14 @@ docs/interop.md §hf. Files are safetensors: read tensor by tensor by
 rwkvx_c.interop.safetensors_file (HfAsX070 hands a folder to
 rwkvx_c.interop.rwkv7.stream_rwkv7 as x070 tensors, converted as each is
 read), written with the ``safetensors`` package over torch tensors (bf16
-has no NumPy type): the extra ``hf-model``.
+has no NumPy type): the extra ``hf-model``. The tokenizer's files, written
+and read back, are rwkvx_c.interop.hf_tokenizer's.
 """
 from __future__ import annotations
 
-import contextlib
-import functools
 import json
 import os
 import re
-import shutil
 from collections.abc import Mapping
 from typing import Any
 
@@ -31,21 +29,24 @@ import numpy as np
 from rwkvx_c._core import RxPtModel
 from rwkvx_c.data.tokenizers import (
     WORLD_VOCAB,
-    WORLD_VOCAB_SIZE,
-    ByteTokenizer,
-    HFTokenizer,
     Tokenizer,
-    WorldTokenizer,
-    _byte_level_table,
-    world_vocab_path,
 )
-from rwkvx_c.errors import InteropError, TokenizerError
+from rwkvx_c.errors import InteropError
+from rwkvx_c.interop.hf_tokenizer import (
+    BYTE_MARK,
+    EOT_ID,
+    WORLD_CODE,
+    hf_tokenizer,
+    save_tokenizer,
+    write_code,
+    write_json,
+)
 from rwkvx_c.interop.pth import DTYPES
 from rwkvx_c.interop.rwkv7 import from_rwkv7, linear_prefixes, to_rwkv7
 from rwkvx_c.interop.safetensors_file import SafetensorsTensors, ShardedTensors
 from rwkvx_c.model.config import ModelConfig, export_refusal
 from rwkvx_c.run.rundir import CHECKPOINT
-from rwkvx_c.util.atomic import replace_with, replacing
+from rwkvx_c.util.atomic import replace_with
 
 __all__ = ["hf_refusal", "hf_config", "to_hf", "from_hf", "save_hf", "load_hf", "hf_tokenizer",
            "HF_WEIGHTS", "BYTE_MARK", "PEFT_FILES", "save_peft", "hf_modules", "BLOCK_NAMES",
@@ -56,22 +57,14 @@ HF_INDEX = "model.safetensors.index.json"
 # the entry points of rwkv7-hf's thin layout (package data under hf_code/, as
 # rwkv7-hf's converter writes them: subclasses of the installed package's)
 RWKV7_CODE = ("configuration_rwkv7.py", "modeling_rwkv7.py")
-WORLD_CODE = ("tokenization_rwkv7.py",)
 RWKV7_HF_MIN = "0.9.0"   # the oldest rwkv7-hf whose classes the entry points name
 # every file an export may write into its folder
 HF_FILES = ("config.json", HF_WEIGHTS, "tokenizer.json", "tokenizer_config.json",
             "special_tokens_map.json", WORLD_VOCAB, *RWKV7_CODE, *WORLD_CODE,
             "configuration_rwkvx.py", "modeling_rwkvx.py")
-# the end-of-text token every exported vocabulary declares: id 0, the separator
-# rwkvx_c trains between documents (rwkvx_c.data.chat.SEPARATOR)
-EOT_ID = 0
-WORLD_EOT, WORLD_PAD = "<|endoftext|>", "<|padding|>"   # rwkv7-hf's names for id 0
 # the files of a PEFT LoRA adapter folder (save_peft)
 PEFT_FILES = ("adapter_config.json", "adapter_model.safetensors")
-# tokenizer_config.json key saying the folder's tokenizer.json is rwkvx_c's byte vocabulary
-BYTE_MARK = "rwkvx_c_tokenizer"
 HYBRID_TYPE = "rwkvx"   # config.json's model_type of rwkvx_c's own layout (hf_hybrid)
-_CODE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hf_code")
 
 # x070 name inside a block -> (HF name inside model.layers.i, kind): "same"
 # (identical array), "T" (transposed: x070 LoRA matrices are [in, out], HF
@@ -324,16 +317,8 @@ def write_folder(sd: Mapping[str, np.ndarray], cfg: dict[str, Any], tokenizer: T
     cfg = dict(cfg, torch_dtype={"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[dtype])
     replace_with(os.path.join(out_dir, HF_WEIGHTS),
                  lambda tmp: st.save_file(tensors, tmp, metadata={"format": "pt"}))
-    _write_json(os.path.join(out_dir, "config.json"), cfg)
-    _save_tokenizer(tokenizer, out_dir, vocab)
-
-
-def write_code(names: tuple[str, ...], out_dir: str) -> None:
-    """Copies the modeling files `names` (package data, rwkvx_c/interop/hf_code/)
-    into out_dir, each atomically."""
-    for name in names:
-        replace_with(os.path.join(out_dir, name),
-                     functools.partial(shutil.copyfile, os.path.join(_CODE_DIR, name)))
+    write_json(os.path.join(out_dir, "config.json"), cfg)
+    save_tokenizer(tokenizer, out_dir, vocab)
 
 
 def hf_modules(model: RxPtModel) -> dict[str, str]:
@@ -379,76 +364,7 @@ def save_peft(model: RxPtModel, adapters: Mapping[str, tuple[np.ndarray, np.ndar
     os.makedirs(out_dir, exist_ok=True)
     replace_with(os.path.join(out_dir, PEFT_FILES[1]),
                  lambda tmp: st.save_file(tensors, tmp, metadata={"format": "pt"}))
-    _write_json(os.path.join(out_dir, PEFT_FILES[0]), cfg)
-
-
-def _write_json(path: str, obj: Any) -> None:
-    with replacing(path, "w") as f:
-        f.write(json.dumps(obj, indent=2) + "\n")
-
-
-def _save_tokenizer(tok: Tokenizer, out_dir: str, vocab: int) -> None:
-    """The tokenizer files AutoTokenizer.from_pretrained(DIR,
-    trust_remote_code=True) loads, each declaring id 0 its end-of-text
-    token (eos_token), so generate and lm-eval's generate_until stop there:
-    World, the vocabulary file rwkv7-hf's RWKV7Tokenizer reads and its entry
-    point (id 0 is its <|endoftext|>); bytes, a tokenizer.json whose byte 0
-    is a special token (PreTrainedTokenizerFast); a tokenizer.json run, its
-    own file with its id-0 token declared."""
-    tc: dict[str, Any] = {"model_max_length": 1 << 20, "clean_up_tokenization_spaces": False}
-    if tok.name == "world":
-        src = world_vocab_path()
-        dst = os.path.join(out_dir, os.path.basename(src))
-        replace_with(dst, lambda tmp: shutil.copyfile(src, tmp))
-        write_code(WORLD_CODE, out_dir)
-        tc.update(tokenizer_class="RWKV7Tokenizer", model_vocab_size=vocab,
-                  auto_map={"AutoTokenizer": ["tokenization_rwkv7.RWKV7Tokenizer", None]},
-                  eos_token=WORLD_EOT, pad_token=WORLD_PAD, errors="replace")
-    elif tok.name == "byte":
-        eot = _write_byte_tokenizer(os.path.join(out_dir, "tokenizer.json"))
-        tc.update(tokenizer_class="PreTrainedTokenizerFast", eos_token=eot, pad_token=eot,
-                  **{BYTE_MARK: "byte"})
-    else:
-        tok.save(out_dir)   # the run's own tokenizer.json
-        eot = _id0_token(os.path.join(out_dir, "tokenizer.json"))
-        tc.update(tokenizer_class="PreTrainedTokenizerFast", eos_token=eot, pad_token=eot)
-    _write_json(os.path.join(out_dir, "tokenizer_config.json"), tc)
-    _write_json(os.path.join(out_dir, "special_tokens_map.json"),
-                {"eos_token": tc["eos_token"], "pad_token": tc["pad_token"]})
-
-
-def _id0_token(path: str) -> str:
-    """The token string of id 0 in a tokenizer.json (a run's tokenizer
-    loaded it, so the package is there)."""
-    import tokenizers
-    text = tokenizers.Tokenizer.from_file(path).id_to_token(EOT_ID)
-    if text is None:
-        raise InteropError(f"{path} has no token of id {EOT_ID}, the end-of-text")
-    return str(text)
-
-
-def _write_byte_tokenizer(path: str) -> str:
-    """The byte vocabulary (id = byte value) as a tokenizer.json: a BPE with
-    no merges over the byte-level alphabet, so every byte is its own token.
-    The byte-level mapping is the normaliser, and byte 0, the end-of-text,
-    is a special token spelt as the NUL character itself and matched in the
-    raw text: only a NUL byte is id 0 (not the character byte-level BPE
-    spells byte 0 with), and it decodes back to NUL. Returns its text."""
-    try:
-        import tokenizers
-        from tokenizers import AddedToken, decoders, models, normalizers
-    except ImportError:
-        raise InteropError("the byte tokenizer's tokenizer.json needs the tokenizers "
-                           'package: pip install "rwkvx_c[hf]"') from None
-    eot = bytes([EOT_ID]).decode("latin-1")
-    vocab = {t: i for t, i in _byte_level_table().items() if i != EOT_ID}
-    vocab[eot] = EOT_ID
-    t = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    t.normalizer = normalizers.ByteLevel()
-    t.decoder = decoders.ByteLevel()
-    t.add_special_tokens([AddedToken(eot, special=True, normalized=False)])
-    replace_with(path, lambda tmp: t.save(tmp))
-    return eot
+    write_json(os.path.join(out_dir, PEFT_FILES[0]), cfg)
 
 
 def read_hf_config(folder: str) -> dict[str, Any]:
@@ -493,38 +409,3 @@ def load_hf(folder: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         return {n: tensors.array(n) for n in tensors.names}, config
     finally:
         tensors.close()
-
-
-def hf_tokenizer(folder: str, vocab: int) -> Tokenizer:
-    """The tokenizer of an HF folder: rwkvx_c's byte vocabulary (marked in
-    tokenizer_config.json), World for a 65,536-id model with the World
-    vocabulary file or without a tokenizer.json (fla-hub and rwkv7-hf World
-    models), else its tokenizer.json."""
-    tc: dict[str, Any] = {}
-    with contextlib.suppress(OSError, ValueError), \
-            open(os.path.join(folder, "tokenizer_config.json"), encoding="utf-8") as f:
-        tc = json.load(f)
-    tj = os.path.join(folder, "tokenizer.json")
-    tok: Tokenizer
-    world = vocab == WORLD_VOCAB_SIZE and os.path.isfile(os.path.join(folder, WORLD_VOCAB))
-    if isinstance(tc, dict) and tc.get(BYTE_MARK) == "byte":
-        tok = ByteTokenizer()
-    elif os.path.isfile(tj) and not world:
-        try:
-            tok = HFTokenizer(tj)
-        except TokenizerError as e:
-            raise InteropError(str(e)) from None
-    elif vocab == WORLD_VOCAB_SIZE:
-        try:
-            tok = WorldTokenizer()
-        except TokenizerError as e:
-            raise InteropError(str(e)) from None
-    elif vocab == 256:
-        tok = ByteTokenizer()
-    else:
-        raise InteropError(f"{folder} has no tokenizer.json and its {vocab}-id vocabulary is "
-                           "neither bytes nor World")
-    if tok.vocab_size > vocab:
-        raise InteropError(f"{folder}: its tokenizer has {tok.vocab_size} ids, more than the "
-                           f"model's {vocab}")
-    return tok

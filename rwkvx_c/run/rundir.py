@@ -1,16 +1,12 @@
 """The run folder: the one owner of its file names and of what happens to them.
 
-A run folder holds
-
-  - ``checkpoint.safetensors``: model, optimiser moments and run state
-    (rwkvx_c.run.checkpoint);
-  - ``log.jsonl``: one JSON row per step or evaluation, appended as the run
-    goes and cut back to the checkpoint's step when a run resumes (work
-    after the checkpoint is redone);
-  - ``tokenizer.json``: the run's tokenizer when it is a tokenizer.json
-    (byte and World runs need no file);
-  - ``loss.png``: the loss plot the command line draws at the end;
-  - ``.lock``: the lock a writing process holds (rwkvx_c.run.lock).
+A run folder holds the files of RUN_FILES, the one list of them: every
+check of a name (a run's own file, a foreign entry, what an output may not
+overwrite, what marks a run, what an input folder stands for) derives from
+it, and docs/training.md §The run folder's table is checked against it
+(tests/test_outputs.py). The log is appended as the run goes and cut back
+to the checkpoint's step when a run resumes (work after the checkpoint is
+redone).
 
 New runs without a name go under ``runs/`` of the working folder, named by
 their start time; ``RunDir.latest`` finds the newest one with a checkpoint.
@@ -24,6 +20,7 @@ import json
 import os
 import re
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -33,27 +30,56 @@ from rwkvx_c.run.checkpoint import Checkpoint, read_checkpoint, save_checkpoint
 from rwkvx_c.run.lock import LOCK_NAME, RunLock
 from rwkvx_c.util.atomic import replacing, sweep_orphans
 
-__all__ = ["RunDir", "CHECKPOINT", "BEST", "CONFIG", "LOG", "TOKENIZER", "PLOT", "REFERENCE",
-           "LOCK", "RUNS_ROOT",
+__all__ = ["RunDir", "RunFile", "RUN_FILES", "CHECKPOINT", "BEST", "CONFIG", "LOG", "TOKENIZER",
+           "PLOT", "REFERENCE", "LOCK", "RUNS_ROOT",
            "checkpoint_path", "claim_output", "describe_entries"]
 
 CHECKPOINT = "checkpoint.safetensors"
-CONFIG = "config.toml"             # the run's resolved options (rwkvx_c.train.config_file)
-BEST = "best.safetensors"          # --keep-best: the checkpoint of the lowest validation loss
-_SNAPSHOT = re.compile(r"^checkpoint-(\d+)\.safetensors$")   # --keep-last: step snapshots
+CONFIG = "config.toml"
+BEST = "best.safetensors"
 LOG = "log.jsonl"
 TOKENIZER = "tokenizer.json"
 PLOT = "loss.png"
-REFERENCE = "reference_logps.npy"   # a preference run's reference log-probabilities
+REFERENCE = "reference_logps.npy"
 LOCK = LOCK_NAME
+SNAPSHOTS = "checkpoint-STEP.safetensors"
+_SNAPSHOT = re.compile("^" + re.escape(SNAPSHOTS).replace("STEP", r"(\d+)") + "$")
 RUNS_ROOT = "runs"
 _STAMP = "%Y%m%d-%H%M%S"
 
 
+@dataclass(frozen=True)
+class RunFile:
+    """One file of a run folder: its name, what it holds (docs/training.md
+    §The run folder), and whether its presence says a run lives there."""
+    name: str
+    holds: str
+    marks_run: bool = False
+
+
+# every file a run owns, in the order RunDir.own_files gives them
+RUN_FILES = (
+    RunFile(CHECKPOINT, "model, optimiser moments and run state (rwkvx_c.run.checkpoint)",
+            marks_run=True),
+    RunFile(LOG, "one JSON row per step or evaluation", marks_run=True),
+    RunFile(TOKENIZER, "a copy of the run's tokenizer file, when it has one (byte and World "
+            "runs need none)"),
+    RunFile(PLOT, "the loss plot"),
+    RunFile(REFERENCE, "a preference run's reference log-probabilities"),
+    RunFile(LOCK, "the lock of the process writing the folder (rwkvx_c.run.lock)",
+            marks_run=True),
+    RunFile(BEST, "--keep-best: the checkpoint of the lowest validation loss"),
+    RunFile(CONFIG, "the run's resolved options (rwkvx_c.train.config_file)"),
+    RunFile(SNAPSHOTS, "--keep-last: the checkpoint of step STEP (7 digits)"),
+)
+_NAMES = frozenset(f.name for f in RUN_FILES if f.name != SNAPSHOTS)
+_MARKS = tuple(f.name for f in RUN_FILES if f.marks_run)
+
+
 def _own_name(name: str) -> bool:
-    """True for the name of a file a run folder's run owns."""
-    return name in (CHECKPOINT, BEST, CONFIG, LOG, TOKENIZER, PLOT, LOCK) \
-        or bool(_SNAPSHOT.match(name))
+    """True for the name of a file a run folder's run owns (RUN_FILES)."""
+    return name in _NAMES or bool(_SNAPSHOT.match(name))
+
 
 # one log row: JSON values by name
 Row = dict[str, Any]
@@ -110,7 +136,7 @@ class RunDir:
 
     def snapshot(self, step: int) -> str:
         """The --keep-last snapshot of the checkpoint of `step`."""
-        return self.file(f"checkpoint-{step:07d}.safetensors")
+        return self.file(SNAPSHOTS.replace("STEP", f"{step:07d}"))
 
     def snapshots(self) -> list[str]:
         """The step snapshots in the folder, oldest step first."""
@@ -123,8 +149,7 @@ class RunDir:
 
     def own_files(self) -> tuple[str, ...]:
         """Every file the folder's run owns (whether it exists or not), and its snapshots."""
-        return tuple(self.file(n) for n in (CHECKPOINT, LOG, TOKENIZER, PLOT, REFERENCE, LOCK,
-                                            BEST, CONFIG)) \
+        return tuple(self.file(f.name) for f in RUN_FILES if f.name in _NAMES) \
             + tuple(self.snapshots())
 
     # ------------------------------------------------------- the folder
@@ -157,8 +182,9 @@ class RunDir:
         return os.path.exists(self.checkpoint)
 
     def holds_run(self) -> bool:
-        """True when a run lives here: a checkpoint, a log or a lock."""
-        return any(os.path.lexists(self.file(n)) for n in (CHECKPOINT, LOG, LOCK))
+        """True when a run lives here: a file of RUN_FILES that marks one
+        (a checkpoint, a log or a lock)."""
+        return any(os.path.lexists(self.file(n)) for n in _MARKS)
 
     def foreign_entries(self) -> list[str]:
         """The entries of an existing folder that are not a run's (its own
@@ -232,9 +258,8 @@ def claim_output(out: str, inputs: Iterable[str] = (), flag: str = "--out") -> N
     the temporaries killed writes of it left (rwkvx_c.util.atomic).
 
     OutputError when out is a folder, one of `inputs` (a run folder among
-    them stands for its own files), or one of the own files of a folder
-    that holds a run (RunDir.own_files: checkpoint, log, tokenizer, plot,
-    lock), whichever path leads there (links included). The write itself
+    them stands for its own files), or one of the own files (RUN_FILES) of
+    a folder that holds a run, whichever path leads there (links included). The write itself
     then goes through the atomic path, so an unrelated file at out is
     replaced whole or not at all."""
     if os.path.isdir(out):

@@ -1,4 +1,6 @@
-"""The Trainer: set-up, the step, evaluation, the loop, checkpoints and rollback.
+"""The Trainer: set-up, resume, the log and the loop; its step and
+evaluation are rwkvx_c.train.stepping's, its checkpoints and rollback
+rwkvx_c.train.saving's.
 
     tr = Trainer(TrainOptions(preset="tiny", steps=200), out_dir="runs/demo")
     while not tr.done():
@@ -27,64 +29,40 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rwkvx_c import _core
-from rwkvx_c.data.sampler import IGNORE, BatchSampler, count_targets, eval_windows, target_bytes
+from rwkvx_c.data.sampler import BatchSampler, eval_windows, target_bytes
 from rwkvx_c.errors import (
     RunLocked,
     TrainError,
 )
-from rwkvx_c.interop.source import base_weights
-from rwkvx_c.model.config import ModelConfig
-from rwkvx_c.run.base import BASE_KEY
-from rwkvx_c.run.checkpoint import save_checkpoint
 from rwkvx_c.run.lock import RunLock
 from rwkvx_c.run.rundir import RunDir
-from rwkvx_c.train import schedule
-from rwkvx_c.train.accumulate import GradAccumulator
 from rwkvx_c.train.assemble import (
     build_model,
     load_data,
     load_pairs,
-    load_source,
-    load_weights,
     name_base,
     start_from_source,
 )
-from rwkvx_c.train.base import Decoded
 from rwkvx_c.train.config_file import save_config
 from rwkvx_c.train.distributed import world
-from rwkvx_c.train.finetune import (
-    PartsAdamW,
-    held_names,
-    is_unfrozen,
-    saved_params,
-    switched,
-    trained_tensors,
-    unfreeze_due,
-)
 from rwkvx_c.train.guard import DivergenceGuard
 from rwkvx_c.train.keep import Keeper
-from rwkvx_c.train.loop import run_loop
+from rwkvx_c.train.loop import Row, run_loop
 from rwkvx_c.train.objectives import PreferenceStep
-from rwkvx_c.train.optim import AdamW
-from rwkvx_c.train.options import TrainOptions, new_run_hint
+from rwkvx_c.train.options import TrainOptions
 from rwkvx_c.train.progress import run_title, watch
-from rwkvx_c.train.resume import read_saved, saved_counters
-from rwkvx_c.train.trackers import Trackers, open_trackers
-from rwkvx_c.train.validate import check_validation, validation_loss
+from rwkvx_c.train.resume import read_saved
+from rwkvx_c.train.saving import Saver
+from rwkvx_c.train.trackers import open_trackers
+from rwkvx_c.train.validate import check_validation
 
 if TYPE_CHECKING:
-    from rwkvx_c.data.pipeline import Corpus
-    from rwkvx_c.data.tokenizers import Tokenizer
     from rwkvx_c.train.distributed import ProcessGroup
-    from rwkvx_c.train.options import ResolvedOptions
-
-# one log row, or one evaluation: JSON values by name
-Row = dict[str, Any]
 
 __all__ = ["Trainer"]
 
 
-class Trainer:
+class Trainer(Saver):
     """A training run in out_dir: model, optimiser, data, schedule, log.
 
     Trainer(options, out_dir) starts a new run (out_dir must not hold a
@@ -97,31 +75,6 @@ class Trainer:
     see docs/distributed.md. While it lives (until close() or the end of
     run()) rank 0 holds the run folder's lock (rwkvx_c.run.lock).
     """
-
-    # set up by _setup and its helpers (on every rank)
-    opts: ResolvedOptions
-    out_dir: str | None           # None on ranks other than 0: they write nothing
-    run_dir: RunDir | None        # the same folder's files
-    tokenizer: Tokenizer
-    corpus: Corpus
-    model: _core.RxPtModel
-    optim: AdamW | PartsAdamW
-    guard: DivergenceGuard
-    sampler: BatchSampler
-    pref: PreferenceStep | None   # a preference objective's step (rwkvx_c.train.objectives)
-    val_x: np.ndarray
-    val_y: np.ndarray
-    val_bytes: int | None
-    last_eval: Row | None
-    saved_step: int | None
-    _eval_seconds: float | None
-    _save_seconds: float | None
-    _warm_end: float | None
-    _next_eval_at: float | None
-    _last_batch: tuple[np.ndarray, np.ndarray] | None
-    _accum: GradAccumulator | None
-    trackers: Trackers | None = None   # --log-to, on rank 0
-    _lock: RunLock | None
 
     def __init__(self, options: TrainOptions | None = None, out_dir: str | None = None, *,
                  group: ProcessGroup | None = None, progress: bool = False,
@@ -291,269 +244,6 @@ class Trainer:
             if lock is not None:
                 lock.release()
             raise
-
-    def _restore(self, state: dict[str, Any], tensors: Mapping[str, np.ndarray]) -> None:
-        # a different number of ranks sums the gradients in another order: not the same run
-        ranks = state.get("world_size", 1)
-        if ranks != self.group.size:
-            raise TrainError(f"the run was trained on {ranks} process(es) and this is "
-                             f"{self.group.size}; resume it with the same number "
-                             f"(mpiexec -n {ranks}), or {new_run_hint(self.out_dir or 'RUN')}")
-        if not self.corpus.described_as(state.get("corpus")):
-            raise TrainError(f"the corpus changed since the checkpoint: it was "
-                             f"{state.get('corpus')}, it is now {self.corpus.description}; "
-                             f"{new_run_hint(self.out_dir or 'RUN')}")
-        c = saved_counters(state)
-        self.keeper.restore(state.get("keeper"))
-        # the side of the base-unfreeze first: past it a LoRA run's checkpoint
-        # holds the merged base and no adapters, before it both
-        partial = state.get(BASE_KEY) is not None
-        if partial and is_unfrozen(self.optim) and not state.get("unfrozen"):
-            self._reload_base()   # a rollback to before the switch: the base as it began
-        self.optim = switched(self.model, self.optim, self.opts, bool(state.get("unfrozen")))
-        self._load_params(tensors, partial)
-        n = self.optim.m.size
-        for key, buf in (("optim.m", self.optim.m), ("optim.v", self.optim.v)):
-            if key not in tensors or tensors[key].shape != (n,):
-                raise TrainError(f"checkpoint lacks the optimiser state {key}")
-            buf[...] = tensors[key]
-        try:
-            (self.pref or self.sampler).set_state(state["sampler"])
-        except (TypeError, ValueError, KeyError, AttributeError, OverflowError) as e:
-            raise TrainError(f"the checkpoint holds a bad sampler state ({type(e).__name__}: "
-                             f"{e})") from None
-        self.optim.t, self.step_count = c["optim_t"], c["step"]
-        self.elapsed, self.tokens_seen = c["elapsed"], c["tokens_seen"]
-        self._warm_end, self._next_eval_at = c["warm_end"], c["next_eval_at"]
-        self.last_eval, self._eval_seconds = c["last_eval"], c["eval_seconds"]
-        self.lr_scale, self.rollbacks = c["lr_scale"], c["rollbacks"]
-        self.saved_step = self.step_count
-        if self.run_dir is not None:
-            self.run_dir.truncate_log(self.step_count)
-
-    def _load_params(self, tensors: Mapping[str, np.ndarray], partial: bool = False) -> None:
-        """The checkpoint's parameters into the model: every one, or (partial:
-        a checkpoint naming its base, which the model was built from) the
-        ones it holds, which must include every one that trains."""
-        load_weights(self.model, tensors,
-                     held_names(self.model, self.opts, tensors) if partial else None)
-
-    def _reload_base(self) -> None:
-        """The base's weights into the model again, as the run began."""
-        assert self.base is not None
-        _, weights = base_weights(self.base, str(self.out_dir), None, TrainError)
-        load_source(self.model, weights)
-
-    def _names_base(self) -> bool:
-        """True when the next checkpoint names the base instead of holding it."""
-        return self.base is not None and not is_unfrozen(self.optim)
-
-    def state(self) -> dict[str, Any]:
-        """The JSON-serialisable run state a checkpoint stores."""
-        return {"step": self.step_count, "optim_t": self.optim.t,
-                "elapsed": self.train_seconds(), "tokens_seen": self.tokens_seen,
-                "sampler": (self.pref or self.sampler).state(), "warm_end": self._warm_end,
-                "next_eval_at": self._next_eval_at, "last_eval": self.last_eval,
-                "eval_seconds": self._eval_seconds, "options": self.opts.stored(),
-                "corpus": self.corpus.description, "tokenizer": self.tokenizer.identity(),
-                "world_size": self.group.size, "unfrozen": is_unfrozen(self.optim),
-                "lr_scale": self.lr_scale, "rollbacks": self.rollbacks,
-                BASE_KEY: self.base if self._names_base() else None,
-                "keeper": self.keeper.state()}
-
-    def save(self, path: str | None = None) -> str | None:
-        """Write the checkpoint (params, AdamW moments, run state) atomically.
-
-        Defaults to out_dir/checkpoint.safetensors; returns the path (None on
-        ranks other than 0, which write nothing). A model with a non-finite
-        parameter or a loss above the uniform-guess bound (rwkvx_c.train.guard) is
-        never written: Divergence instead."""
-        if not self.group.is_root:
-            return None
-        if path is None:
-            if self.run_dir is None:
-                raise TrainError("save() needs a path when the trainer has no out_dir")
-            path = self.run_dir.checkpoint
-        t = time.perf_counter()
-        self._check_saveable()
-        tensors = saved_params(self.model, self.opts,
-                               self._base_names if self._names_base() else None)
-        tensors["optim.m"] = self.optim.m
-        tensors["optim.v"] = self.optim.v
-        tensors.update(trained_tensors(self.model))
-        # a frozen base's matrices are not in the arena: decoded for the
-        # file one at a time, as it is written
-        save_checkpoint(path, Decoded(self.model, tensors),
-                        ModelConfig.stored(self.model.config), self.state())
-        if self.run_dir is not None and path == self.run_dir.checkpoint:
-            self.saved_step = self.step_count
-            self.keeper.snapshot(self.run_dir, self.step_count)
-        self._save_seconds = max(self._save_seconds or 0.0, time.perf_counter() - t)
-        return path
-
-    def _check_saveable(self) -> None:
-        """Divergence unless the model as it is now (after its last update)
-        is finite and not worse than the uniform guess: on the validation
-        loss of this step when there is one, else on the loss of the last
-        training batch, recomputed (one forward)."""
-        self.guard.check_params(self.model.param_buffer, self.step_count)
-        if self.last_eval is not None and self.last_eval["step"] == self.step_count:
-            self.guard.check_eval(self.last_eval["val_loss"], self.step_count)
-        elif self._last_batch is not None:
-            x, y = self._last_batch   # its first micro-batch: the model's acts fit it
-            B = self.opts.batch
-            self.model.forward(x[:B], return_logits=False)
-            self.guard.check_eval(self.model.loss(y[:B], IGNORE), self.step_count)
-
-    # --------------------------------------------------------------- training
-    def train_seconds(self) -> float:
-        """Wall-clock seconds this run has trained, earlier sessions included."""
-        return self.elapsed + (time.perf_counter() - self._session_start)
-
-    def _budget_s(self) -> float | None:
-        return None if self.opts.time_budget is None else self.opts.time_budget * 60.0
-
-    def _time_budget_s(self) -> float:
-        """The budget of a run without a step count (resolved() gives it one)."""
-        budget = self._budget_s()
-        assert budget is not None, "a run without steps has a time budget"
-        return budget
-
-    def _reserve_s(self) -> float:
-        """Seconds kept back from a time budget for the final evaluation and save."""
-        tps = self.tokens_seen / max(self.train_seconds(), 1e-9) if self.tokens_seen else 0.0
-        return schedule.reserve_seconds(self._eval_seconds, self._save_seconds, self.val_x.size,
-                                        tps)
-
-    def progress(self) -> float:
-        """Fraction of the run done, in [0, 1]: by steps when steps are set,
-        else by the time budget."""
-        if self.opts.steps is not None:
-            return min(1.0, self.step_count / self.opts.steps)
-        budget = self._time_budget_s()
-        return min(1.0, self.train_seconds() / max(budget - self._reserve_s(), 1e-9))
-
-    def lr(self) -> float:
-        """Learning rate of the next step."""
-        o = self.opts
-        s = self.step_count + 1
-        if o.steps is not None:
-            p = schedule.step_progress(s, o.steps, o.warmup_steps)
-        else:
-            p = schedule.time_progress(self.train_seconds(), self._warm_end,
-                                       self._time_budget_s() - self._reserve_s())
-        return self.lr_scale * schedule.lr_at(s, p, lr=o.lr, warmup_steps=o.warmup_steps,
-                                              min_lr_frac=o.min_lr_frac, kind=o.schedule)
-
-    def done(self) -> bool:
-        """True once the step count or the time budget is used up (a run
-        takes at least one step). Rank 0's clock decides for every rank."""
-        return self.group.root_value(self._done())
-
-    def _done(self) -> bool:
-        if self.step_count == 0:
-            return False
-        if self.keeper.stop():
-            return True
-        if self.opts.steps is not None and self.step_count >= self.opts.steps:
-            return True
-        budget = self._budget_s()
-        if budget is not None:
-            per_step = self.train_seconds() / max(self.step_count, 1) if self.step_count else 0
-            wall = self.train_seconds()
-            return wall + per_step + self._reserve_s() >= budget
-        return False
-
-    def step(self) -> Row:
-        """One optimiser step. Returns {'step', 'loss', 'lr', 'tokens_per_s',
-        'grad_norm', 'elapsed'}."""
-        t = time.perf_counter()
-        lr = self.group.root_value(self.lr())
-        self.optim = unfreeze_due(self.model, self.optim, self.opts, self.step_count)
-        extra: Row = {}
-        share = None
-        if self.pref is not None:
-            loss, extra, n_tokens = self.pref.step(self.model)
-        else:
-            x, y = self.sampler.next()   # the step's batch: batch * grad_accum sequences
-            self._last_batch = (x, y)
-            loss = self._backward(x, y)
-            n_tokens = x.size
-            if self.corpus.train_mask is not None:
-                share = self._share(y)
-        loss = self.group.average_grads(self.optim.grad_buffers(), loss, share)
-        norm = self.optim.grad_norm()   # of what trains, judged before the update
-        self.guard.check_loss(loss, self.step_count + 1, norm)
-        self.optim.step(lr, norm)
-        self.step_count += 1
-        self.tokens_seen += n_tokens
-        if self.step_count == self.opts.warmup_steps:
-            self._warm_end = self.train_seconds()
-        dt = time.perf_counter() - t
-        return {"step": self.step_count, "loss": float(loss), "lr": lr,
-                "tokens_per_s": n_tokens / dt, "grad_norm": norm,
-                "elapsed": round(self.train_seconds(), 3), **extra}
-
-    def _backward(self, x: np.ndarray, y: np.ndarray) -> float:
-        """Forward and backward of this rank's rows of the step's batch: the
-        mean loss, its grads in the optimiser's buffers. With grad_accum N,
-        over N micro-batches of `batch` sequences, each split over the ranks
-        as one batch is (rwkvx_c.train.accumulate)."""
-        lo, hi = self._rows
-        if self.opts.grad_accum == 1:
-            self.model.forward(x[lo:hi], return_logits=False)
-            return self.model.backward(y[lo:hi], IGNORE)
-        if self._accum is None or self._accum.optim is not self.optim:
-            self._accum = GradAccumulator(self.optim)   # once, and again past an unfreeze
-        return self._accum.backward(self.model, x, y, self._rows, self.opts.batch,
-                                    self.corpus.train_mask is not None)
-
-    def _share(self, y: np.ndarray) -> float:
-        """This rank's share of the step's counted targets (a chat corpus's
-        ranks count different numbers: their grads are weighted by it)."""
-        lo, hi, b = *self._rows, self.opts.batch
-        mine = sum(count_targets(y[k * b + lo:k * b + hi]) for k in range(len(y) // b))
-        return mine / max(count_targets(y), 1)
-
-    def evaluate(self) -> Row:
-        """Mean validation loss over the fixed validation windows (up to
-        eval_tokens tokens), and bits per byte of text: the loss summed in
-        nats over every target token / (ln 2 * the UTF-8 bytes those tokens
-        decode to), comparable across tokenizers (None for token files of
-        unknown vocabulary).
-        Touches neither the parameters nor the training data stream."""
-        t = time.perf_counter()
-        if self.pref is not None:
-            row = self.pref.evaluate(self.model)
-            self._eval_seconds = max(self._eval_seconds or 0.0, time.perf_counter() - t)
-            self.last_eval = {"step": self.step_count, "val_loss": row["val_loss"],
-                              "val_bpb": None}
-            return row
-        val, bpb = validation_loss(self.model, self.val_x, self.val_y, self._rows, self.group,
-                                   self.val_bytes)
-        # the slowest evaluation so far: on a shared machine the next can be as slow
-        self._eval_seconds = max(self._eval_seconds or 0.0, time.perf_counter() - t)
-        self.last_eval = {"step": self.step_count, "val_loss": val, "val_bpb": bpb}
-        return {"val_loss": val, "val_bpb": bpb}
-
-    def eval_due(self) -> bool:
-        """True when the periodic evaluation falls on the step just taken
-        (rank 0's clock decides for every rank)."""
-        return self.group.root_value(self._eval_due())
-
-    def _eval_due(self) -> bool:
-        o = self.opts
-        by_steps = schedule.eval_due_by_steps(self.step_count, o.eval_every, o.steps)
-        if by_steps is not None:
-            return by_steps
-        due, self._next_eval_at = schedule.eval_due_by_time(
-            self.train_seconds(), self._next_eval_at, self._time_budget_s())
-        return due
-
-    def save_due(self, evaluated: bool) -> bool:
-        if self.opts.save_every is not None:
-            return self.step_count % self.opts.save_every == 0
-        return evaluated
 
     # ------------------------------------------------------------------- log
     def log(self, row: Row) -> None:
