@@ -5,7 +5,6 @@ export, becomes a LoRA run holding the same model that trains on from
 there (`import --base`, then `train --resume`; or `train --init-from`).
 Modules rwkvx_c does not adapt are refused by name."""
 import json
-import re
 import os
 
 import numpy as np

@@ -1,11 +1,14 @@
 """One line, never a traceback, for every expected failure of the surfaces
 hardened here: .pth reads and writes, tokenizer.json ids, .jsonl lines,
-BPE vocabulary sizes, sample lengths, non-finite weights and logits, and
+BPE vocabulary sizes, sample lengths, non-finite weights and logits,
 inputs that are FIFOs or devices (each risky case in a subprocess with a
-timeout; where memory is the point, under RLIMIT_AS)."""
+timeout; where memory is the point, under RLIMIT_AS); config files and the
+config.toml a run saves, preference options and datasets folders, numeric
+options that allocate, trackers' threads, and --base."""
 import contextlib
 import json
 import os
+import time
 
 import numpy as np
 import pytest
@@ -199,3 +202,239 @@ def test_a_huge_jsonl_line_is_refused_in_bounded_memory(tmp_path):
                "    print(e)\n", timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "a line longer than 64 MiB" in r.stdout
+
+
+# ------------------------------------------------- --config, a saved config
+
+
+def _refused(r, *words):
+    """r (a CompletedProcess) ended with status 1 and one error line holding words."""
+    err = no_traceback(r).strip()
+    assert r.returncode == 1 and len(err.splitlines()) == 1, err
+    for w in words:
+        assert w in err, err
+    return err
+
+
+@pytest.mark.parametrize("content,words", [
+    (b'preset = "tiny"\nsteps = \xff\n', ["not UTF-8"]),
+    (b"a = " + b"[" * 100_000 + b"]" * 100_000 + b"\n", ["nests", "too deeply"]),
+    (b'preset = ["tiny"]\n', ["preset must be one of", "list"]),
+    (b"steps = {a = 1}\n", ["steps must be an integer > 0"]),
+    (b'[model]\nn_embd = "x"\n', ["model.n_embd must be"]),
+    (b"x" * (2 << 20), ["larger than"]),
+])
+def test_config_content_is_one_line(tmp_path, content, words):
+    p = tmp_path / "c.toml"
+    p.write_bytes(content)
+    _refused(cli("train", "--config", str(p), cwd=str(tmp_path), timeout=60), *words)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "devzero"])
+def test_config_that_is_a_fifo_or_dev_zero(tmp_path, kind):
+    p = tmp_path / "c.toml"
+    if kind == "fifo":
+        os.mkfifo(p)
+    else:
+        os.symlink("/dev/zero", p)
+    _refused(cli("train", "--config", str(p), cwd=str(tmp_path), timeout=30), "not a file")
+
+
+def test_a_saved_config_without_its_non_utf8_data_path_refuses(tmp_path):
+    """A --data path that is not UTF-8 cannot be a TOML value: the saved
+    config names it in a comment, and training from that config refuses
+    until --data gives it (it used to train on the default corpus)."""
+    name = os.fsencode(str(tmp_path)) + b"/c\xff.txt"
+    with open(name, "wb") as f:
+        f.write(open(corpus(str(tmp_path)), "rb").read())
+    a = str(tmp_path / "a")
+    common = ["--preset", "tiny", "--batch", "2", "--seq-len", "16", "--steps", "1",
+              "--eval-tokens", "32", "--no-progress", "--threads", "2"]
+    r = cli("train", "--data", name, *common, "--out", a, cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    cfg = os.path.join(a, "config.toml")
+    assert "# data: not UTF-8, give it as a flag" in open(cfg, encoding="utf-8").read()
+    _refused(cli("train", "--config", cfg, "--out", str(tmp_path / "b"), cwd=str(tmp_path)),
+             "data is not UTF-8", "give it with --data")
+    assert not os.path.exists(tmp_path / "b" / CHECKPOINT)
+    r = cli("train", "--config", cfg, "--data", name, "--out", str(tmp_path / "c"),
+            cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+
+
+# -------------------------------------------------- preference options, data
+
+PAIRS = [{"prompt": "def f(", "chosen": " return self", "rejected": " import class"},
+         {"prompt": "for x in", "chosen": " self:", "rejected": " ) ("}] * 6
+PREF = ["--batch", "2", "--seq-len", "48", "--steps", "1", "--eval-tokens", "32",
+        "--no-progress", "--threads", "2"]
+
+
+@pytest.fixture(scope="module")
+def tunes(run, tmp_path_factory):
+    """A LoRA and a state run on `run` (each naming it as its base), and pairs."""
+    d = tmp_path_factory.mktemp("tunes")
+    data = corpus(str(d))
+    for tune in ("lora", "state"):
+        extra = ["--lora-r", "4"] if tune == "lora" else []
+        r = cli("train", "--init-from", run, "--tune", tune, *extra, "--data", data, "--batch",
+                "2", "--seq-len", "16", "--steps", "2", "--eval-tokens", "32", "--no-progress",
+                "--threads", "2", "--out", str(d / tune), cwd=str(d))
+        assert r.returncode == 0, r.stderr
+    with open(d / "pairs.jsonl", "w") as f:
+        f.write("\n".join(json.dumps(p) for p in PAIRS) + "\n")
+    return d
+
+
+@pytest.mark.parametrize("ref", ["lora", "state"])
+def test_ref_from_a_fine_tune_reads_its_base(run, tunes, ref):
+    """--ref-from a LoRA or a state run (whose checkpoints name their base):
+    the reference is that run's model, its base read under its tensors."""
+    from rwkvx_c.data.preferences import read_pairs
+    from rwkvx_c.data.tokenizers import load as load_tokenizer
+    from rwkvx_c.sample import load_model
+    from rwkvx_c.train.objectives import REF_FILE, pair_logps
+    d = tunes
+    out = d / f"dpo_{ref}"
+    r = cli("train", "--init-from", run, "--objective", "dpo", "--data", str(d / "pairs.jsonl"),
+            "--ref-from", str(d / ref), *PREF, "--val-data", str(d / "pairs.jsonl"),
+            "--out", str(out), cwd=str(d))
+    assert r.returncode == 0, r.stderr
+    got = np.load(out / REF_FILE)
+    pairs = read_pairs(str(d / "pairs.jsonl"), load_tokenizer("byte"), 48)
+    want = pair_logps(load_model(str(d / ref)), pairs, 1)
+    assert np.array_equal(got[:len(pairs)], want)
+
+
+@pytest.mark.parametrize("objective", ["simpo", "lm"])
+def test_ref_from_without_a_reference_objective_is_refused(tmp_path, objective):
+    from rwkvx_c.errors import TrainError
+    from rwkvx_c.train import TrainOptions
+    with pytest.raises(TrainError, match=f"--ref-from .* no effect with --objective {objective}"):
+        TrainOptions(objective=objective, ref_from="x").resolved()
+
+
+@pytest.mark.parametrize("state", ['{"_data_files": 5}', "[1]", '{"_data_files": []}',
+                                   '{"_data_files": [{"filename": 3}]}', "{nope",
+                                   '{"_data_files": [{"filename": "data-00000-of-00001.arrow"}],'
+                                   ' "_split": 7}'])
+def test_a_datasets_folder_with_a_malformed_state_json(tmp_path, capsys, state):
+    datasets = pytest.importorskip("datasets")
+    folder = tmp_path / "ds"
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": ["def f(x): return x"]
+                                                               * 50})}).save_to_disk(str(folder))
+    (folder / "train" / "state.json").write_text(state)
+    capsys.readouterr()
+    err = _one_line(capsys, ["train", "--data", str(folder), "--steps", "1", "--no-progress",
+                             "--out", str(tmp_path / "o")])
+    assert "datasets" in err
+
+
+# ------------------------------------------------------ numeric bounds
+
+
+@pytest.mark.parametrize("n", ["1000000000", str(2 ** 62)])
+def test_grad_accum_beyond_memory_is_one_line_before_allocation(tmp_path, n):
+    """It grew to 11.5 GB before it was killed (1e9), or ended in NumPy's
+    ValueError (2^62): the step's windows are checked against memory first."""
+    t0 = time.monotonic()
+    r = cli("train", "--preset", "tiny", "--data", corpus(str(tmp_path)), "--batch", "2",
+            "--seq-len", "16", "--steps", "1", "--grad-accum", n, "--no-progress",
+            "--threads", "2", "--out", str(tmp_path / "o"), cwd=str(tmp_path), timeout=120)
+    _refused(r, "lower --batch or --grad-accum")
+    assert time.monotonic() - t0 < 60
+
+
+# ------------------------------------------------------------- trackers
+
+
+def test_an_unwritable_tensorboard_folder_is_one_warning(tmp_path):
+    """RUN/tensorboard where nothing can be written (a link to /proc/self:
+    refused to root too): one warning, the run finishes, no traceback from
+    any thread."""
+    pytest.importorskip("tensorboard")
+    out = tmp_path / "o"
+    out.mkdir()
+    os.symlink("/proc/self", out / "tensorboard")
+    r = python("from rwkvx_c.train import Trainer, TrainOptions\n"
+               f"Trainer(TrainOptions(preset='tiny', data={corpus(str(tmp_path))!r}, batch=2, "
+               "seq_len=16, steps=2, eval_tokens=32, threads=2, log_to='tensorboard'), "
+               f"{str(out)!r}).run()\n", cwd=str(tmp_path))
+    err = no_traceback(r)
+    assert r.returncode == 0, err
+    assert err.count("tracker tensorboard failed") == 1, err
+
+
+def test_a_tracker_librarys_own_thread_failing_is_one_warning():
+    """A thread of a tracker's library (code under a tensorboard/ path)
+    ending in an exception is the tracker's warning line; another thread's
+    exception is Python's as before."""
+    r = python("import threading, warnings\n"
+               "from rwkvx_c.train.trackers import Trackers\n"
+               "t = Trackers([], '.', {})\n"
+               "from rwkvx_c.train import trackers\n"
+               "hook = trackers._quiet_threads(['tensorboard'])\n"
+               "code = compile('def run():\\n    raise OSError(30, \"Read-only\")\\n',\n"
+               "               '/x/site-packages/tensorboard/writer.py', 'exec')\n"
+               "ns = {}\n"
+               "exec(code, ns)\n"
+               "with warnings.catch_warnings(record=True) as w:\n"
+               "    warnings.simplefilter('always')\n"
+               "    th = threading.Thread(target=ns['run']); th.start(); th.join()\n"
+               "print('warned:', [str(x.message) for x in w])\n"
+               "def mine():\n"
+               "    raise KeyError('ours')\n"
+               "th = threading.Thread(target=mine); th.start(); th.join()\n")
+    assert "warned: ['tracker tensorboard failed (OSError" in r.stdout, r.stdout + r.stderr
+    assert "KeyError: 'ours'" in r.stderr and "Read-only" not in r.stderr
+
+
+# ----------------------------------------------------------------- --base
+
+
+@pytest.mark.parametrize("kind", ["fifo", "devzero"])
+def test_base_that_is_a_fifo_or_dev_zero(tunes, tmp_path, kind):
+    p = tmp_path / "base"
+    if kind == "fifo":
+        os.mkfifo(p)
+    else:
+        os.symlink("/dev/zero", p)
+    for cmd in ("sample", "export"):
+        extra = ["--format", "rwkv7", "--out", str(tmp_path / "x.pth")] if cmd == "export" else \
+            ["--max-new-tokens", "2"]
+        _refused(cli(cmd, str(tunes / "lora"), "--base", str(p), *extra, cwd=str(tmp_path),
+                     timeout=30), "--base", "name a regular file or a folder")
+
+
+def test_base_on_a_run_that_names_none_is_refused(run, tmp_path):
+    for argv in (["sample", run, "--base", "X", "--max-new-tokens", "2"],
+                 ["export", run, "--base", "/nonexistent", "--format", "rwkv7", "--out",
+                  str(tmp_path / "x.pth")]):
+        _refused(cli(*argv, cwd=str(tmp_path), timeout=60), "names no base", "leave --base out")
+    assert not os.path.exists(tmp_path / "x.pth")
+
+
+def test_a_base_trusted_on_size_and_mtime_says_so_and_export_rehashes(tunes, tmp_path):
+    """A base replaced by a same-size file with its mtime restored: sample
+    trusts it on the recorded sizes and mtimes and says so in one line;
+    export (which reads every weight anyway) hashes it again and refuses."""
+    lora = str(tunes / "lora")
+    from rwkvx_c.run.checkpoint import read_state
+    rec = read_state(os.path.join(lora, CHECKPOINT))["base"]
+    ck = os.path.join(rec["path"], CHECKPOINT)
+    saved = open(ck, "rb").read()
+    st = os.stat(ck)
+    try:
+        r = cli("sample", lora, "--max-new-tokens", "2", cwd=str(tmp_path))
+        assert r.returncode == 0 and b"taken as the one recorded" in r.stderr, r.stderr
+        flipped = bytearray(saved)
+        flipped[-1] ^= 1   # the last byte of the last tensor
+        with open(ck, "wb") as f:
+            f.write(flipped)
+        os.utime(ck, ns=(st.st_atime_ns, st.st_mtime_ns))
+        _refused(cli("export", lora, "--format", "rwkv7", "--out", str(tmp_path / "x.pth"),
+                     cwd=str(tmp_path)), "is not the base")
+    finally:
+        with open(ck, "wb") as f:
+            f.write(saved)
+        os.utime(ck, ns=(st.st_atime_ns, st.st_mtime_ns))

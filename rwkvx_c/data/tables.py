@@ -19,13 +19,12 @@ columns one conversation a row (rwkvx_c.data.chat).
 """
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from rwkvx_c.errors import DataError
-from rwkvx_c.util.files import read_input
+from rwkvx_c.util.files import read_json
 
 __all__ = ["TABLE_KINDS", "BATCH_ROWS", "HF_PREFIX", "table_rows", "table_columns",
            "datasets_files", "is_datasets_folder", "cached_dataset_files"]
@@ -35,7 +34,6 @@ BATCH_ROWS = 1024
 HF_PREFIX = "hf:"
 EXTRA = "pip install 'rwkvx_c[datasets]'"
 SPLIT = "train"
-MAX_JSON_BYTES = 1 << 24   # a save_to_disk folder's state.json, dataset_info.json: kilobytes
 
 
 def _pyarrow(what: str) -> Any:
@@ -155,10 +153,7 @@ def _arrow_files(ds: Any, what: str) -> list[str]:
 
 def _json_object(path: str) -> dict[str, Any]:
     """The JSON object in the file at path, read with a bound; DataError else."""
-    try:
-        value = json.loads(read_input(path, DataError, "datasets file", MAX_JSON_BYTES))
-    except (ValueError, RecursionError) as e:   # not UTF-8, not JSON, nested too deep
-        raise DataError(f"datasets file {path} is not JSON ({type(e).__name__})") from None
+    value = read_json(path, DataError, "datasets file")
     if not isinstance(value, dict):
         raise DataError(f"datasets file {path} holds a {type(value).__name__}, not an object")
     return value

@@ -17,7 +17,6 @@ key. docs/finetune.md §Adapters in."""
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import re
@@ -34,13 +33,12 @@ from rwkvx_c.interop.hf_hybrid import export_modules
 from rwkvx_c.interop.pth import PthTensors, load_pth
 from rwkvx_c.interop.rwkv7 import linear_prefixes
 from rwkvx_c.model.lora import A_SUFFIX, B_SUFFIX, TARGETS, target_params
-from rwkvx_c.util.files import read_input
+from rwkvx_c.util.files import read_json
 
 __all__ = ["Adapters", "is_adapter", "peft_base", "read_adapters"]
 
 _PEFT_PREFIX = "base_model.model."
 _RWKV_PEFT_META = ("lora_alpha", "lora_r")   # what rwkvx_c's lora export adds beside them
-MAX_CONFIG_BYTES = 1 << 20   # an adapter_config.json is ~1 KB
 
 
 @dataclass
@@ -72,11 +70,9 @@ def is_adapter(path: str) -> bool:
 def peft_base(folder: str) -> str | None:
     """The local base a PEFT folder's adapter_config.json names
     (base_model_name_or_path, relative to the folder), or None."""
-    with contextlib.suppress(OSError, ValueError, AttributeError, RecursionError,
-                             InteropError):
-        name = json.loads(read_input(os.path.join(folder, PEFT_FILES[0]), InteropError,
-                                     "the PEFT config", MAX_CONFIG_BYTES)
-                          ).get("base_model_name_or_path")
+    with contextlib.suppress(OSError, InteropError):
+        cfg = read_json(os.path.join(folder, PEFT_FILES[0]), InteropError, "the PEFT config")
+        name = cfg.get("base_model_name_or_path") if isinstance(cfg, dict) else None
         if isinstance(name, str) and name:
             path = os.path.join(folder, name)
             if os.path.isdir(path):
@@ -118,9 +114,9 @@ def _read_peft(folder: str, base: RxPtModel) -> tuple[dict[str, tuple[np.ndarray
                                                       float]:
     cpath = os.path.join(folder, PEFT_FILES[0])
     try:
-        cfg = json.loads(read_input(cpath, InteropError, "the PEFT config", MAX_CONFIG_BYTES))
-    except (OSError, ValueError, RecursionError) as e:
-        raise InteropError(f"{cpath} is not readable JSON: {e}") from None
+        cfg = read_json(cpath, InteropError, "the PEFT config")
+    except OSError as e:
+        raise InteropError(f"{cpath} is not readable: {e.strerror or e}") from None
     if not isinstance(cfg, dict):
         raise InteropError(f"{cpath} does not hold a JSON object")
     _check_peft_config(cfg, cpath)

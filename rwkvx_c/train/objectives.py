@@ -28,9 +28,9 @@ from rwkvx_c import _core
 from rwkvx_c.data.chat import IGNORE
 from rwkvx_c.data.preferences import Pairs, PairSampler
 from rwkvx_c.errors import CheckpointError, ConfigError, TrainError
+from rwkvx_c.interop.source import read_run
 from rwkvx_c.model.lora import adapters_of, run_alpha, without_adapters
 from rwkvx_c.model.weights import load_params, load_states
-from rwkvx_c.interop.source import read_run
 from rwkvx_c.run.checkpoint import STATE_KEY
 from rwkvx_c.run.rundir import REFERENCE, checkpoint_path
 from rwkvx_c.util.atomic import replace_with

@@ -16,11 +16,14 @@ it is read.
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import stat
 from typing import IO
 
-__all__ = ["open_input", "read_input", "check_input"]
+__all__ = ["open_input", "read_input", "read_json", "check_input", "MAX_JSON_BYTES"]
+
+MAX_JSON_BYTES = 1 << 24   # a config or index JSON file is kilobytes; a tokenizer.json is not one
 
 
 def _kind(mode: int) -> str:
@@ -63,6 +66,19 @@ def read_input(path: str, error: type[Exception], what: str, limit: int) -> byte
         raise error(f"{what} {path} is larger than {limit:,} bytes, more than such a file "
                     "holds; name the right file")
     return data
+
+
+def read_json(path: str, error: type[Exception], what: str,
+              limit: int = MAX_JSON_BYTES) -> object:
+    """The JSON value in the regular file at path, read with read_input's
+    bound; error (one line) when it is not UTF-8 JSON or nests deeper than
+    the parser goes. OSErrors of open pass through."""
+    data = read_input(path, error, what, limit)
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError) as e:   # UnicodeDecodeError is a ValueError
+        raise error(f"{what} {path} is not readable JSON: "
+                    f"{e if isinstance(e, ValueError) else 'nested too deeply'}") from None
 
 
 def check_input(path: str, error: type[Exception], what: str) -> str:
