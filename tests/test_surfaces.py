@@ -245,15 +245,15 @@ def test_a_saved_config_without_its_non_utf8_data_path_refuses(tmp_path):
     config names it in a comment, and training from that config refuses
     until --data gives it (it used to train on the default corpus)."""
     name = os.fsencode(str(tmp_path)) + b"/c\xff.txt"
-    with open(name, "wb") as f:
-        f.write(open(corpus(str(tmp_path)), "rb").read())
+    os.rename(corpus(str(tmp_path)), name)
     a = str(tmp_path / "a")
     common = ["--preset", "tiny", "--batch", "2", "--seq-len", "16", "--steps", "1",
               "--eval-tokens", "32", "--no-progress", "--threads", "2"]
     r = cli("train", "--data", name, *common, "--out", a, cwd=str(tmp_path))
     assert r.returncode == 0, r.stderr
     cfg = os.path.join(a, "config.toml")
-    assert "# data: not UTF-8, give it as a flag" in open(cfg, encoding="utf-8").read()
+    with open(cfg, encoding="utf-8") as f:
+        assert "# data: not UTF-8, give it as a flag" in f.read()
     _refused(cli("train", "--config", cfg, "--out", str(tmp_path / "b"), cwd=str(tmp_path)),
              "data is not UTF-8", "give it with --data")
     assert not os.path.exists(tmp_path / "b" / CHECKPOINT)
@@ -422,7 +422,8 @@ def test_a_base_trusted_on_size_and_mtime_says_so_and_export_rehashes(tunes, tmp
     from rwkvx_c.run.checkpoint import read_state
     rec = read_state(os.path.join(lora, CHECKPOINT))["base"]
     ck = os.path.join(rec["path"], CHECKPOINT)
-    saved = open(ck, "rb").read()
+    with open(ck, "rb") as f:
+        saved = f.read()
     st = os.stat(ck)
     try:
         r = cli("sample", lora, "--max-new-tokens", "2", cwd=str(tmp_path))

@@ -91,6 +91,7 @@ def _check_values(path: str, data: dict[str, Any]) -> None:
             e = decl.get(key)
             if e is None or (table == "" and key == "model"):
                 continue
+            why: str | None
             if isinstance(v, (dict, list)) and e.kind != "paths":
                 why = f"{key} must be {_what(e)}, got a TOML {type(v).__name__}"
             else:

@@ -285,7 +285,8 @@ class RwkvxPreTrainedModel(PreTrainedModel):
         those parameters freshly initialised, a model that computes nothing
         it was trained to."""
         info_asked = kwargs.pop("output_loading_info", False)
-        model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
+        loaded: Any = super().from_pretrained(*args, output_loading_info=True, **kwargs)
+        model, info = loaded
         missing = sorted(info.get("missing_keys") or ())
         if missing:
             raise ValueError(f"the weights lack {len(missing)} parameters the config describes "
