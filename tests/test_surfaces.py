@@ -345,6 +345,17 @@ def test_grad_accum_beyond_memory_is_one_line_before_allocation(tmp_path, n):
     assert time.monotonic() - t0 < 60
 
 
+def test_a_preference_seq_len_beyond_memory_is_one_line(run, tunes, tmp_path):
+    """The pairs' windows (P x 2 x --seq-len) are checked before they are
+    allocated: they were filled record by record until memory ran out."""
+    t0 = time.monotonic()
+    r = cli("train", "--init-from", run, "--objective", "dpo", "--data",
+            str(tunes / "pairs.jsonl"), "--batch", "2", "--seq-len", str(10 ** 9), "--steps", "1",
+            "--no-progress", "--out", str(tmp_path / "o"), cwd=str(tmp_path), timeout=120)
+    _refused(r, "preference pairs", "lower --seq-len")
+    assert time.monotonic() - t0 < 60
+
+
 # ------------------------------------------------------------- trackers
 
 
