@@ -105,13 +105,18 @@ def test_sample_on_a_file_that_is_not_a_checkpoint(tmp_path, capsys):
     assert "is not a checkpoint" in err and "corrupt" not in err
 
 
-@pytest.mark.parametrize("kind", ["fifo", "devzero"])
-def test_checkpoint_path_that_is_a_fifo_or_dev_zero(tmp_path, kind):
-    p = tmp_path / "checkpoint.safetensors"
+def _special(p, kind):
+    """p made a FIFO (kind "fifo": open blocks) or a link to /dev/zero (read never ends)."""
     if kind == "fifo":
         os.mkfifo(p)
     else:
         os.symlink("/dev/zero", p)
+    return str(p)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "devzero"])
+def test_checkpoint_path_that_is_a_fifo_or_dev_zero(tmp_path, kind):
+    p = _special(tmp_path / "checkpoint.safetensors", kind)
     for cmd in (["sample", str(p)], ["export", str(p), "--format", "gguf", "--out", "x.gguf"]):
         r = cli(*cmd, cwd=str(tmp_path), timeout=30)
         err = no_traceback(r)
@@ -232,12 +237,8 @@ def test_config_content_is_one_line(tmp_path, content, words):
 
 @pytest.mark.parametrize("kind", ["fifo", "devzero"])
 def test_config_that_is_a_fifo_or_dev_zero(tmp_path, kind):
-    p = tmp_path / "c.toml"
-    if kind == "fifo":
-        os.mkfifo(p)
-    else:
-        os.symlink("/dev/zero", p)
-    _refused(cli("train", "--config", str(p), cwd=str(tmp_path), timeout=30), "not a file")
+    p = _special(tmp_path / "c.toml", kind)
+    _refused(cli("train", "--config", p, cwd=str(tmp_path), timeout=30), "not a file")
 
 
 def test_a_saved_config_without_its_non_utf8_data_path_refuses(tmp_path):
@@ -260,6 +261,36 @@ def test_a_saved_config_without_its_non_utf8_data_path_refuses(tmp_path):
     r = cli("train", "--config", cfg, "--data", name, "--out", str(tmp_path / "c"),
             cwd=str(tmp_path))
     assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("kind", ["fifo", "devzero"])
+@pytest.mark.parametrize("flag", ["--data", "--val-data", "--tokenizer", "--init-from"])
+def test_paths_that_are_a_fifo_or_dev_zero(tmp_path, flag, kind):
+    p = _special(tmp_path / "x.jsonl", kind)
+    argv = ["train", "--data", corpus(str(tmp_path)), "--steps", "1", "--no-progress"]
+    argv = [p if a == argv[2] and flag == "--data" else a for a in argv]
+    if flag != "--data":
+        argv += [flag, p]
+    _refused(cli(*argv, "--out", str(tmp_path / "o"), cwd=str(tmp_path), timeout=30),
+             "name a regular file or a folder")
+
+
+def test_an_hf_folders_json_that_is_a_fifo(tmp_path):
+    """A FIFO as a Hugging Face folder's config.json, tokenizer_config.json
+    or safetensors index: refused or passed over, never waited on."""
+    from rwkvx_c.interop.safetensors_file import ShardedTensors
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    _special(folder / "config.json", "fifo")
+    _refused(cli("import", str(folder), "--out", str(tmp_path / "o"), cwd=str(tmp_path),
+                 timeout=30), "config.json", "not a file")
+    _special(folder / "model.safetensors.index.json", "fifo")
+    with pytest.raises(InteropError, match="not a file"):
+        ShardedTensors(str(folder / "model.safetensors.index.json"))
+    _special(folder / "tokenizer_config.json", "fifo")   # unread: no byte mark there
+    r = python("from rwkvx_c.interop.hf_tokenizer import hf_tokenizer\n"
+               f"print(hf_tokenizer({str(folder)!r}, 65536).name)\n", timeout=30)
+    assert r.returncode == 0 and r.stdout.strip() == "world", r.stderr
 
 
 # -------------------------------------------------- preference options, data
@@ -405,15 +436,11 @@ def test_a_tracker_librarys_own_thread_failing_is_one_warning():
 
 @pytest.mark.parametrize("kind", ["fifo", "devzero"])
 def test_base_that_is_a_fifo_or_dev_zero(tunes, tmp_path, kind):
-    p = tmp_path / "base"
-    if kind == "fifo":
-        os.mkfifo(p)
-    else:
-        os.symlink("/dev/zero", p)
+    p = _special(tmp_path / "base", kind)
     for cmd in ("sample", "export"):
         extra = ["--format", "rwkv7", "--out", str(tmp_path / "x.pth")] if cmd == "export" else \
             ["--max-new-tokens", "2"]
-        _refused(cli(cmd, str(tunes / "lora"), "--base", str(p), *extra, cwd=str(tmp_path),
+        _refused(cli(cmd, str(tunes / "lora"), "--base", p, *extra, cwd=str(tmp_path),
                      timeout=30), "--base", "name a regular file or a folder")
 
 
