@@ -361,6 +361,17 @@ def test_a_datasets_folder_with_a_malformed_state_json(tmp_path, capsys, state):
     assert "datasets" in err
 
 
+def test_an_alpaca_record_with_a_stray_prompt_key_is_one_line():
+    """Found by test_fuzz_preference_and_chat_records: an Alpaca record that
+    also holds "prompt" (and no "response") was read as the prompt format
+    and ended in KeyError."""
+    from rwkvx_c.data.chat import segments
+    rec = {"instruction": "Hi", "output": "Hello.", "prompt": {}}
+    assert segments(rec, "r") == [("User: Hi\n\nAssistant:", False), (" Hello.\n\n", True)]
+    with pytest.raises(DataError, match="assistant turn"):
+        segments(dict(rec, output=None), "r")
+
+
 # ------------------------------------------------------ numeric bounds
 
 
