@@ -42,23 +42,25 @@ __all__ = ["load_model", "load_run", "Sampling", "Session", "sample_token", "gen
            "checkpoint_path", "PROMPT_PIECE", "Chat", "CHAT_STOPS"]
 
 
-def load_model(path: str, base: str | None = None) -> _core.RxPtModel:
+def load_model(path: str, base: str | None = None, rehash: bool = False) -> _core.RxPtModel:
     """An RxPtModel holding the parameters of the checkpoint at path (a run
     folder or a .safetensors file): a LoRA run's with its adapters merged, a
     state run's with its initial states; a fine-tune whose checkpoint names
     its base rebuilt from that base (read again; base: where it lies now,
-    when it moved). Raises CheckpointError when it is missing, corrupt or
+    when it moved; rehash: hashed again even when its files look unchanged,
+    rwkvx_c.run.base). Raises CheckpointError when it is missing, corrupt or
     does not describe a model, or its base is missing or changed."""
-    return load_run(path, base)[0]
+    return load_run(path, base, rehash)[0]
 
 
-def load_run(path: str, base: str | None = None) -> tuple[_core.RxPtModel, Tokenizer]:
+def load_run(path: str, base: str | None = None, rehash: bool = False
+             ) -> tuple[_core.RxPtModel, Tokenizer]:
     """(model, tokenizer) of the checkpoint at path: the tokenizer the run
     was trained with (its identity is in the checkpoint; a tokenizer.json
-    lies beside it). base: as load_model's. CheckpointError when either
-    cannot be had."""
+    lies beside it). base, rehash: as load_model's. CheckpointError when
+    either cannot be had."""
     p = checkpoint_path(path)
-    tensors, config, state = read_run(p, base)
+    tensors, config, state = read_run(p, base, rehash=rehash)
     try:
         tok = run_tokenizer(os.path.dirname(os.path.abspath(p)), (state or {}).get("tokenizer"))
     except TokenizerError as e:

@@ -153,3 +153,71 @@ def test_peft_on_the_hybrid_export_and_back(tmp_path):
                  str(tmp_path / "back")]) == 0
     assert np.array_equal(load_model(str(tmp_path / "back")).param_buffer,
                           load_model(str(tmp_path / "lora")).param_buffer)
+
+
+def _contradicting(d, tmp_path, name, change):
+    """A copy of the peft export whose adapter_config.json `change` edits."""
+    src, out = d / "peft", tmp_path / name
+    out.mkdir()
+    cfg = json.loads((src / "adapter_config.json").read_text())
+    change(cfg)
+    (out / "adapter_config.json").write_text(json.dumps(cfg))
+    (out / "adapter_model.safetensors").write_bytes((src / "adapter_model.safetensors")
+                                                   .read_bytes())
+    return str(out)
+
+
+@pytest.mark.parametrize("name,change,msg", [
+    ("rank", lambda c: c.update(r=8), "r is 8 but the adapters have rank 4"),
+    ("one", lambda c: c.update(target_modules=c["target_modules"][:1]),
+     "target_modules leaves out"),
+    ("extra", lambda c: c["target_modules"].remove(c["target_modules"][-1]) or
+     c["target_modules"].append("lm_head"), "target_modules leaves out"),
+    ("none", lambda c: c.update(target_modules=None), "target_modules is None"),
+    ("layers", lambda c: c.update(layers_to_transform=[0]), "layers_to_transform"),
+    ("regex", lambda c: c.update(target_modules="(("), "no regular expression"),
+])
+def test_a_peft_folder_contradicting_itself_is_refused_naming_the_key(lora, tmp_path, capsys,
+                                                                     name, change, msg):
+    d, _ = lora
+    bad = _contradicting(d, tmp_path, name, change)
+    capsys.readouterr()
+    assert main(["import", bad, "--base", str(d / "base_hf"), "--out", str(tmp_path / "x")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert msg in err and len(err.splitlines()) == 1, err
+
+
+def test_a_peft_folder_naming_a_module_without_tensors_is_refused(lora, tmp_path, capsys):
+    """The folder holds adapters for fewer modules than its target_modules
+    names: peft would put fresh adapters there; rwkvx_c says so."""
+    import safetensors.torch
+    d, _ = lora
+    bad = tmp_path / "fewer"
+    bad.mkdir()
+    cfg = json.loads((d / "peft" / "adapter_config.json").read_text())
+    dropped = cfg["target_modules"][0]
+    t = safetensors.torch.load_file(str(d / "peft" / "adapter_model.safetensors"))
+    t = {k: v for k, v in t.items() if f".{dropped}.lora_" not in k}
+    (bad / "adapter_config.json").write_text(json.dumps(cfg))
+    safetensors.torch.save_file(t, str(bad / "adapter_model.safetensors"))
+    capsys.readouterr()
+    assert main(["import", str(bad), "--base", str(d / "base_hf"), "--out",
+                 str(tmp_path / "x")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert f"target_modules names {dropped}, which the folder holds no adapter" in err, err
+
+
+@pytest.mark.parametrize("targets", [["model.layers.0.attn.key", "value"], "all-linear",
+                                     r"model\.layers\.[01]\.(attn|ffn)\.key", ["key"]])
+def test_target_modules_match_as_peft_matches_them(targets):
+    """rwkvx_c reads target_modules as peft's check_target_module_exists does."""
+    peft = pytest.importorskip("peft")
+    from peft.tuners.tuners_utils import check_target_module_exists
+
+    from rwkvx_c.interop.adapters import _targeted
+    cfg = peft.LoraConfig(target_modules=targets)
+    ours = ".*" if targets == "all-linear" else targets
+    for m in ("model.layers.0.attn.key", "model.layers.1.attn.value", "model.layers.1.ffn.key",
+              "model.layers.10.attn.key", "model.layers.0.attn.output"):
+        want = bool(check_target_module_exists(cfg, m)) if targets != "all-linear" else True
+        assert _targeted(ours, m) == want, (targets, m)

@@ -260,3 +260,171 @@ def test_fuzz_token_sidecar(tmp_path):
     non-UTF-8 bytes give a one-line DataError (at the CLI: status 1, one
     line), and an accepted sidecar's vocabulary covers every token."""
     _run_worker(tmp_path, SIDECAR_WORKER, str(tmp_path))
+
+
+CONFIG_WORKER = r'''
+import datetime, math, os, random, sys, time, traceback
+from rwkvx_c.errors import RwkvxError
+from rwkvx_c.train.config_file import load_config
+from rwkvx_c.train.options import TrainOptions, schema
+rng = random.Random(49)
+work = sys.argv[1]
+ENTRIES = list(schema())   # every declared key: TrainOptions', then model.KEY
+GOOD = {"pos_int": lambda: rng.choice([1, 2, 3, 16, 2 ** 31, 2 ** 62, 2 ** 63 - 1]),
+        "nonneg_int": lambda: rng.choice([0, 1, 7, 2 ** 40]),
+        "pos_float": lambda: rng.choice([1e-9, 0.5, 3.0, 1e308]),
+        "nonneg_float": lambda: rng.choice([0.0, 0.25, 1e300]),
+        "unit_float": lambda: rng.choice([0.0, 0.5, 1.0]),
+        "unit_open": lambda: rng.choice([0.0, 0.5, 0.999]),
+        "bit": lambda: rng.choice([0, 1]),
+        "flag": lambda: rng.choice([True, False]),
+        "str": lambda: rng.choice(["", "x", "byte", "world", "stop", "\u00e9\u4e2d"]),
+        "names": lambda: rng.choice(["", "att.key", "att.key,ffn.value", "nope,,"]),
+        "path": lambda: rng.choice(["", "/dev/null", "nope", "."]),
+        "paths": lambda: rng.choice(["nope", ["a", "b"], "/dev/zero"]),
+        "config": lambda: {"n_embd": rng.choice([16, 0, -1, "x"])}}
+WRONG = [lambda: -1, lambda: 0, lambda: 2 ** 64, lambda: -2 ** 63, lambda: 1.5, lambda: -0.0,
+         lambda: math.inf, lambda: -math.inf, lambda: math.nan, lambda: True, lambda: "",
+         lambda: "\x00", lambda: "1", lambda: [], lambda: [1, "a"], lambda: [[[]]],
+         lambda: {}, lambda: {"a": {"b": 1}}, lambda: datetime.date(2020, 1, 1),
+         lambda: datetime.time(1, 2), lambda: datetime.datetime(2020, 1, 1, 1, 2, 3)]
+
+
+def toml(v):
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float):
+        return "nan" if math.isnan(v) else "inf" if v == math.inf else "-inf" \
+            if v == -math.inf else repr(v)
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, str):
+        return '"' + "".join(c if c.isalnum() or c in " ./,_-" else "\\u%04x" % ord(c)
+                             for c in v) + '"'
+    if isinstance(v, list):
+        return "[" + ", ".join(toml(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k} = {toml(x)}" for k, x in v.items()) + "}"
+    return v.isoformat()
+
+
+def case():
+    top, model = [], []
+    for e in rng.sample(ENTRIES, rng.randint(1, 5)):
+        if e.choices and rng.random() < 0.4:
+            v = rng.choice(e.choices)
+        else:
+            v = GOOD[e.kind]() if rng.random() < 0.5 else rng.choice(WRONG)()
+        key = e.key.split(".", 1)[-1]
+        (model if e.key.startswith("model.") else top).append(f"{key} = {toml(v)}")
+    text = "\n".join(top) + ("\n[model]\n" + "\n".join(model) if model else "") + "\n"
+    data = text.encode()
+    if rng.random() < 0.15:   # bytes mutated, cut or grown
+        b = bytearray(data)
+        for _ in range(rng.randint(1, 4)):
+            b[rng.randrange(len(b))] = rng.randrange(256)
+        data = bytes(b[:rng.randint(0, len(b))]) if rng.random() < 0.3 else bytes(b)
+    return data
+
+
+deadline = time.monotonic() + float(sys.argv[2])
+path = os.path.join(work, "c.toml")
+n = 0
+while time.monotonic() < deadline:
+    n += 1
+    data = case()
+    with open(path, "wb") as f:
+        f.write(data)
+    try:
+        TrainOptions(**load_config(path)).resolved()
+    except RwkvxError as e:
+        if "\n" in str(e).strip():
+            print("CASE", ascii(data), "not one line:", ascii(str(e))); sys.exit(3)
+    except BaseException:
+        print("CASE", ascii(data)); traceback.print_exc(); sys.exit(3)
+print("cases", n)
+'''
+
+
+def test_fuzz_config_file(tmp_path):
+    """Random config files over the schema's keys (rwkvx_c.train.options.schema):
+    values of each key's kind, of every wrong TOML type, and mutated bytes;
+    load_config and resolved() end in a value or one RwkvxError line."""
+    _run_worker(tmp_path, CONFIG_WORKER, str(tmp_path))
+
+
+RECORD_WORKER = r'''
+import json, os, random, sys, time, traceback
+from rwkvx_c.data.chat import segments
+from rwkvx_c.data.pipeline import load_corpus
+from rwkvx_c.data.preferences import pair_segments, read_pairs
+from rwkvx_c.data.tokenizers import load
+from rwkvx_c.errors import RwkvxError
+rng = random.Random(49)
+work = sys.argv[1]
+tok = load("byte")
+TEXT = ["", "hi", "a\n\n\nb", " \t", "\ud800"[:0] + "\u00e9", "x" * 300, "User: x", "\r\n"]
+def val(depth=0):
+    r = rng.random()
+    if r < 0.35 or depth > 2:
+        return rng.choice(TEXT + [None, 0, -1, 1.5, True, 2 ** 70])
+    if r < 0.65:
+        return [val(depth + 1) for _ in range(rng.randint(0, 3))]
+    return {rng.choice(KEYS): val(depth + 1) for _ in range(rng.randint(0, 3))}
+KEYS = ["messages", "conversations", "role", "content", "from", "value", "prompt", "response",
+        "system", "instruction", "input", "output", "history", "chosen", "rejected", "text",
+        "user", "assistant", "human", "gpt"]
+TEMPLATES = [
+    lambda: {"messages": [{"role": rng.choice(["system", "user", "assistant", "tool", 3]),
+                           "content": val(2)} for _ in range(rng.randint(0, 4))]},
+    lambda: {"conversations": [{"from": rng.choice(["human", "gpt", "system", "x"]),
+                                "value": val(2)} for _ in range(rng.randint(0, 4))]},
+    lambda: {"prompt": val(1), "response": val(1), **({"system": val(2)} if rng.random() < .3
+                                                      else {})},
+    lambda: {"instruction": val(1), "input": val(2), "output": val(1), "history": val(1)},
+    lambda: {"prompt": val(1), "chosen": val(1), "rejected": val(1)},
+    lambda: {"chosen": [{"role": "user", "content": val(2)},
+                        {"role": "assistant", "content": val(2)}],
+             "rejected": [{"role": "user", "content": val(2)},
+                          {"role": "assistant", "content": val(2)}]},
+    lambda: val(),
+]
+def record():
+    rec = rng.choice(TEMPLATES)()
+    if isinstance(rec, dict) and rng.random() < 0.2 and rec:
+        rec.pop(rng.choice(list(rec)))
+    return rec
+def call(f, *a):
+    try:
+        f(*a)
+    except RwkvxError as e:
+        if "\n" in str(e).strip():
+            raise AssertionError("not one line: " + ascii(str(e)))
+deadline = time.monotonic() + float(sys.argv[2])
+n = 0
+while time.monotonic() < deadline:
+    n += 1
+    recs = [record() for _ in range(rng.randint(1, 6))]
+    try:
+        for rec in recs:
+            call(segments, rec, "r")
+            call(pair_segments, rec, "r")
+        if n % 10 == 0:   # whole files: the readers of both, with their caches
+            path = os.path.join(work, "d%d.jsonl" % n)
+            with open(path, "w", encoding="utf-8") as f:
+                for rec in recs:
+                    f.write(json.dumps(rec) + "\n")
+            call(read_pairs, path, tok, 32)
+            call(lambda: load_corpus(path, seq_len=8, cache_dir=os.path.join(work, "cache")))
+    except BaseException:
+        print("CASE", ascii(recs)); traceback.print_exc(); sys.exit(3)
+print("cases", n)
+'''
+
+
+def test_fuzz_preference_and_chat_records(tmp_path):
+    """Random records in the four chat formats and both preference forms,
+    with wrong types, missing keys and nesting: the record readers and the
+    file readers (read_pairs, load_corpus) end in a value or one RwkvxError
+    line."""
+    _run_worker(tmp_path, RECORD_WORKER, str(tmp_path))

@@ -208,3 +208,27 @@ def test_the_hybrid_folder_imports_back_and_inits_a_run(hybrid, tmp_path):
     with pytest.raises(rx.interop.InteropError,
                        match=r"lacks tensor model\.layers\.2\.attn\.q_proj"):
         hf_hybrid.from_hybrid(sd, cfg)
+
+
+def test_a_config_describing_weights_the_export_lacks_is_refused(hybrid, tmp_path):
+    """A tampered config.json (one more attention block than the weights
+    hold) fails to load, naming a missing parameter, instead of a model
+    whose new block is uninitialised memory (NaN logits); a fresh model of
+    that config has every parameter set and finite logits."""
+    import shutil
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+    _, folder = hybrid
+    bad = tmp_path / "hf"
+    shutil.copytree(folder, bad)
+    cfg = json.loads((bad / "config.json").read_text())
+    cfg["block_types"].append("moba")
+    cfg["num_hidden_layers"] = len(cfg["block_types"])
+    (bad / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=r"the weights lack \d+ parameters .*model\.layers\.3\."):
+        _auto(bad)
+    torch.manual_seed(0)
+    fresh = AutoModelForCausalLM.from_config(
+        AutoConfig.from_pretrained(str(bad), trust_remote_code=True), trust_remote_code=True)
+    assert np.isfinite(_logits(fresh.eval(), [1, 2, 3])).all()

@@ -35,7 +35,8 @@ def add_parser(sub: Subparsers) -> None:
 
 
 def run(a: argparse.Namespace) -> int:
-    model, tok = load_run(a.dir, a.base)
+    # an export reads and writes every weight: one more pass hashing the base is cheap
+    model, tok = load_run(a.dir, a.base, rehash=True)
     if a.format == "gguf" and tok.name not in ("byte", "world"):
         # the GGUF holds its vocabulary, and llama.cpp's rwkv7 knows byte and World only
         return err(f"the run in {a.dir} uses a {tok.name} tokenizer; a GGUF export needs "

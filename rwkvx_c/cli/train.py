@@ -87,7 +87,7 @@ def train_options(a: argparse.Namespace) -> dict[str, Any]:
         if a.resume:
             raise TrainError("--resume continues with the run's own options; --config starts "
                              "a new run (give RESUME's changes as flags)")
-        file = load_config(a.config)
+        file = load_config(a.config, [k for k, v in opts.items() if v is not None])
         opts = {**file, **{k: v for k, v in opts.items() if v is not None}}
     for k in ("data", "val_data"):   # one path as a string, as TrainOptions takes it
         if getattr(a, k) and len(getattr(a, k)) == 1:

@@ -137,7 +137,7 @@ def _raw_turns(rec: dict, where: str) -> list[tuple[str, object]]:
                 raise DataError(f"{where}: " + unknown.format(i=i, v=v, names=", ".join(roles)))
             out.append((roles[v], m.get(text)))
         return out
-    if "prompt" in rec:
+    if "prompt" in rec and "response" in rec:   # the format is_chat_record matched
         pairs = [(rec["prompt"], rec["response"])]
     else:   # Alpaca: the input follows the instruction on the next line
         query = rec.get("input")

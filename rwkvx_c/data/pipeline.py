@@ -36,6 +36,7 @@ from rwkvx_c.data.formats import is_token_file, max_token, read_token_file
 from rwkvx_c.data.sources import STDLIB_LABEL, Source, source_files
 from rwkvx_c.data.tokenizers import ByteTokenizer
 from rwkvx_c.errors import DataError
+from rwkvx_c.util.files import check_input
 from rwkvx_c.util.words import counted
 
 if TYPE_CHECKING:
@@ -182,6 +183,7 @@ def load_corpus(path: DataPaths = None, *, seq_len: int = 256, val_fraction: flo
             raise DataError("a token file (.bin or binidx) must be the only --data path")
         if not os.path.exists(paths[0]):
             raise DataError(f"data path does not exist: {paths[0]}")
+        check_input(paths[0], DataError, "data path")
         return _token_file_corpus(paths[0], tok, val_fraction, min_len)
     files = source_files(paths)
     if paths is not None and len(paths) == 1 and tok.name == "byte" \

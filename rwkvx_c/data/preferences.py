@@ -32,6 +32,7 @@ from rwkvx_c.data.chat import IGNORE, SEPARATOR, normalise, segments
 from rwkvx_c.data.formats import read_jsonl
 from rwkvx_c.data.sources import source_files
 from rwkvx_c.errors import DataError
+from rwkvx_c.model import memory
 
 if TYPE_CHECKING:
     from rwkvx_c.data.tokenizers import Tokenizer
@@ -118,7 +119,8 @@ def read_pairs(paths: str | list[str] | None, tok: Tokenizer, seq_len: int) -> P
         raise DataError("preference tuning needs --data: .jsonl records with prompt, chosen "
                         "and rejected")
     files = source_files([paths] if isinstance(paths, str) else paths)
-    xs, ys, ns, wheres = [], [], [], []
+    seqs: list[tuple[list[int], list[int], list[int]]] = []   # prompt, chosen, rejected
+    wheres = []
     digest = hashlib.sha256()
     for _, path, kind in files:
         if kind not in ("jsonl", "jsonl.gz"):
@@ -130,29 +132,35 @@ def read_pairs(paths: str | list[str] | None, tok: Tokenizer, seq_len: int) -> P
             digest.update("\0".join(texts).encode("utf-8", "surrogatepass") + b"\1")
             ids = tok.encode_docs([t.encode("utf-8", "surrogatepass") for t in texts])
             prompt = [SEPARATOR] + [int(i) for part in ids[:len(pieces)] for i in part]
-            x = np.full((2, seq_len), SEPARATOR, np.int32)
-            y = np.full((2, seq_len), IGNORE, np.int32)
-            cnt = np.zeros(2, np.int64)
+            comps = []
             for j, which in enumerate(("chosen", "rejected")):
                 comp = [int(i) for i in ids[len(pieces) + j]]
                 if not comp:
                     raise DataError(f"{where}: the {which} completion encodes to no token")
-                seq = prompt + comp
-                if len(seq) - 1 > seq_len:
-                    raise DataError(f"{where}: the {which} sequence has {len(seq) - 1} "
-                                    f"targets, more than --seq-len {seq_len}; raise --seq-len "
-                                    "or shorten the record")
-                x[j, :len(seq) - 1] = seq[:-1]
-                y[j, len(prompt) - 1:len(seq) - 1] = comp
-                cnt[j] = len(comp)
-            xs.append(x)
-            ys.append(y)
-            ns.append(cnt)
+                if len(prompt) + len(comp) - 1 > seq_len:
+                    raise DataError(f"{where}: the {which} sequence has "
+                                    f"{len(prompt) + len(comp) - 1} targets, more than "
+                                    f"--seq-len {seq_len}; raise --seq-len or shorten the record")
+                comps.append(comp)
+            seqs.append((prompt, comps[0], comps[1]))
             wheres.append(where)
-    if not xs:
+    if not seqs:
         raise DataError("the preference data holds no record")
-    desc = f"{len(xs)} preference pairs, sha256 {digest.hexdigest()[:16]}"
-    return Pairs(np.stack(xs), np.stack(ys), np.stack(ns), wheres, desc)
+    # the windows (x, y int32 [P, 2, T]) are allocated once, checked first: a
+    # --seq-len far beyond the records would otherwise fill memory per record
+    memory.check(2 * 2 * 4 * len(seqs) * seq_len, f"the windows of {len(seqs):,} preference "
+                 f"pairs at --seq-len {seq_len:,}", "lower --seq-len")
+    x = np.full((len(seqs), 2, seq_len), SEPARATOR, np.int32)
+    y = np.full((len(seqs), 2, seq_len), IGNORE, np.int32)
+    counts = np.zeros((len(seqs), 2), np.int64)
+    for i, (prompt, *comps) in enumerate(seqs):
+        for j, comp in enumerate(comps):
+            seq = prompt + comp
+            x[i, j, :len(seq) - 1] = seq[:-1]
+            y[i, j, len(prompt) - 1:len(seq) - 1] = comp
+            counts[i, j] = len(comp)
+    desc = f"{len(seqs)} preference pairs, sha256 {digest.hexdigest()[:16]}"
+    return Pairs(x, y, counts, wheres, desc)
 
 
 def split_pairs(p: Pairs) -> tuple[Pairs, Pairs]:

@@ -20,6 +20,7 @@ import numpy as np
 
 from rwkvx_c.data.chat import IGNORE, SEPARATOR
 from rwkvx_c.errors import DataError
+from rwkvx_c.model import memory
 
 __all__ = ["BatchSampler", "eval_windows", "eval_starts", "IGNORE", "target_bytes",
            "count_targets", "conversation_starts"]
@@ -88,6 +89,10 @@ class BatchSampler:
         if len(tokens) < seq_len + 1:
             raise DataError(f"corpus split of {len(tokens)} tokens is shorter than "
                             f"seq_len + 1 = {seq_len + 1}")
+        # checked before the first draw: a batch (x --grad-accum) far beyond
+        # memory would grow until the process is killed
+        memory.check(memory.batch_bytes(batch, seq_len), f"a step's {batch:,} windows of "
+                     f"{seq_len + 1} tokens", "lower --batch or --grad-accum")
         self.tokens, self.batch, self.seq_len = tokens, int(batch), int(seq_len)
         self.mask = mask
         self.starts = conversation_starts(tokens, mask, self.seq_len) \

@@ -37,6 +37,7 @@ from rwkvx_c.data.tables import (
     is_datasets_folder,
 )
 from rwkvx_c.errors import DataError
+from rwkvx_c.util.files import check_input
 
 __all__ = ["Source", "BINARY_KINDS", "source_files", "stdlib_files", "text_files", "is_val_file",
            "kind_of",
@@ -134,6 +135,7 @@ def source_files(paths: Sequence[str | os.PathLike[str]] | None) -> list[Source]
         if not os.path.exists(path):
             raise DataError(f"data path does not exist: {path} (a dataset of the local "
                             f"Hugging Face cache is given as {HF_PREFIX}NAME)")
+        check_input(path, DataError, "data path")   # a FIFO or a device: never read
         if os.path.isdir(path):
             out += _folder_sources(path)
         else:   # the split must not depend on how the path is spelt

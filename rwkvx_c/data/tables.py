@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from rwkvx_c.errors import DataError
+from rwkvx_c.util.files import read_json
 
 __all__ = ["TABLE_KINDS", "BATCH_ROWS", "HF_PREFIX", "table_rows", "table_columns",
            "datasets_files", "is_datasets_folder", "cached_dataset_files"]
@@ -150,14 +151,48 @@ def _arrow_files(ds: Any, what: str) -> list[str]:
     return files
 
 
+def _json_object(path: str) -> dict[str, Any]:
+    """The JSON object in the file at path, read with a bound; DataError else."""
+    value = read_json(path, DataError, "datasets file")
+    if not isinstance(value, dict):
+        raise DataError(f"datasets file {path} holds a {type(value).__name__}, not an object")
+    return value
+
+
+def _check_saved(folder: str) -> None:
+    """The JSON files of a save_to_disk folder (of a DatasetDict: of its
+    train split) hold what datasets reads from them, checked first: the
+    library reads them without a bound and meets a wrong type with a
+    TypeError or KeyError."""
+    path = os.path.join(folder, "dataset_dict.json")
+    if os.path.lexists(path) and not os.path.lexists(os.path.join(folder, "state.json")):
+        splits = _json_object(path).get("splits")
+        if not isinstance(splits, list) or not all(isinstance(x, str) for x in splits):
+            raise DataError(f"datasets file {path}: 'splits' must be a list of names")
+        if SPLIT not in splits:
+            return   # _arrow_files names the splits there are
+        folder = os.path.join(folder, SPLIT)
+    _json_object(os.path.join(folder, "dataset_info.json"))
+    path = os.path.join(folder, "state.json")
+    files = _json_object(path).get("_data_files")
+    if not isinstance(files, list) or not files or not all(
+            isinstance(f, dict) and isinstance(f.get("filename"), str) for f in files):
+        raise DataError(f"datasets file {path}: '_data_files' must be a non-empty list "
+                        "of {'filename': NAME} objects")
+
+
 def datasets_files(folder: str) -> list[str]:
     """The arrow files, in order, of a datasets.save_to_disk folder (of a
     DatasetDict, its train split)."""
     ds = _datasets(f"the datasets folder {folder}")
+    _check_saved(folder)
     try:
         return _arrow_files(ds.load_from_disk(folder), f"datasets folder {folder}")
-    except (OSError, ValueError) as e:   # FileNotFoundError for a broken folder
-        raise DataError(f"cannot read datasets folder {folder}: {e}") from None
+    except (OSError, ValueError, TypeError, LookupError, AttributeError) as e:
+        # FileNotFoundError for a broken folder; the others for JSON whose
+        # fields past those _check_saved reads hold the wrong types
+        raise DataError(f"cannot read datasets folder {folder}: {type(e).__name__}: {e}") \
+            from None
 
 
 def cached_dataset_files(name: str) -> list[str]:

@@ -35,7 +35,7 @@ from rwkvx_c import _core
 from rwkvx_c.errors import TokenizerError
 from rwkvx_c.run.rundir import TOKENIZER, claim_output
 from rwkvx_c.util.atomic import replace_with, replacing
-from rwkvx_c.util.files import open_input
+from rwkvx_c.util.files import check_input, open_input
 
 __all__ = [
     "WORLD_VOCAB",
@@ -385,6 +385,7 @@ def load(spec: str = "byte") -> Tokenizer:
         return ByteTokenizer()
     if spec == "world":
         return WorldTokenizer()
+    check_input(spec, TokenizerError, "tokenizer")   # a FIFO or a device: never read
     if not os.path.isfile(spec):
         raise TokenizerError(f"unknown tokenizer {spec!r}: use byte, world or the path of "
                              "a tokenizer.json")

@@ -8,13 +8,18 @@ RWKV-X names), put on their base as a LoRA run that trains on:
 
 The adapters keep PEFT's shapes (A [r, in], B [out, r]) and scale alpha / r,
 which rwkvx_c's LoRA computes with (docs/maths.md §LoRA); a module rwkvx_c
-does not adapt is refused by name. docs/finetune.md §Adapters in."""
+does not adapt is refused by name. A PEFT folder must agree with itself as
+peft reads it: its config's r is its tensors' rank, and its target_modules
+(matched as peft matches them: a str is a regular expression over the whole
+module name, a list names modules or their last name parts) names exactly
+the modules it holds adapters for; a contradiction is refused naming the
+key. docs/finetune.md §Adapters in."""
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +33,7 @@ from rwkvx_c.interop.hf_hybrid import export_modules
 from rwkvx_c.interop.pth import PthTensors, load_pth
 from rwkvx_c.interop.rwkv7 import linear_prefixes
 from rwkvx_c.model.lora import A_SUFFIX, B_SUFFIX, TARGETS, target_params
+from rwkvx_c.util.files import read_json
 
 __all__ = ["Adapters", "is_adapter", "peft_base", "read_adapters"]
 
@@ -64,9 +70,9 @@ def is_adapter(path: str) -> bool:
 def peft_base(folder: str) -> str | None:
     """The local base a PEFT folder's adapter_config.json names
     (base_model_name_or_path, relative to the folder), or None."""
-    with contextlib.suppress(OSError, ValueError, AttributeError):
-        with open(os.path.join(folder, PEFT_FILES[0]), encoding="utf-8") as f:
-            name = json.load(f).get("base_model_name_or_path")
+    with contextlib.suppress(OSError, InteropError):
+        cfg = read_json(os.path.join(folder, PEFT_FILES[0]), InteropError, "the PEFT config")
+        name = cfg.get("base_model_name_or_path") if isinstance(cfg, dict) else None
         if isinstance(name, str) and name:
             path = os.path.join(folder, name)
             if os.path.isdir(path):
@@ -108,10 +114,9 @@ def _read_peft(folder: str, base: RxPtModel) -> tuple[dict[str, tuple[np.ndarray
                                                       float]:
     cpath = os.path.join(folder, PEFT_FILES[0])
     try:
-        with open(cpath, encoding="utf-8") as f:
-            cfg = json.load(f)
-    except (OSError, ValueError) as e:
-        raise InteropError(f"{cpath} is not readable JSON: {e}") from None
+        cfg = read_json(cpath, InteropError, "the PEFT config")
+    except OSError as e:
+        raise InteropError(f"{cpath} is not readable: {e.strerror or e}") from None
     if not isinstance(cfg, dict):
         raise InteropError(f"{cpath} does not hold a JSON object")
     _check_peft_config(cfg, cpath)
@@ -135,7 +140,50 @@ def _read_peft(folder: str, base: RxPtModel) -> tuple[dict[str, tuple[np.ndarray
             raise InteropError(f"{wpath}: {mod} is not a projection rwkvx_c adapts (it adapts "
                                f"{', '.join(sorted(TARGETS))} in every block)")
         found.setdefault(params[mod], {})[part] = a
-    return _pairs(found, wpath), alpha
+    pairs = _pairs(found, wpath)
+    _agree(cfg, cpath, params, pairs, r)
+    return pairs, alpha
+
+
+def _targeted(targets: str | list[str], module: str) -> bool:
+    """Whether peft puts an adapter on module for target_modules `targets`
+    (peft.tuners.tuners_utils.check_target_module_exists)."""
+    if isinstance(targets, str):
+        return re.fullmatch(targets, module) is not None
+    return module in targets or any(module.endswith("." + t) for t in targets)
+
+
+def _agree(cfg: Mapping[str, Any], what: str, params: Mapping[str, str],
+           pairs: Mapping[str, tuple[np.ndarray, np.ndarray]], r: int) -> None:
+    """Refuses a PEFT config that contradicts its tensors: r not their rank,
+    target_modules leaving out a module they adapt or naming an adaptable
+    one they hold nothing for (peft would load the first's tensors nowhere
+    and give the second a fresh adapter)."""
+    rank = next(iter(pairs.values()))[0].shape[0] if pairs else r
+    if rank != r:
+        raise InteropError(f"{what}: r is {r} but the adapters have rank {rank}; the scale "
+                           f"alpha / r needs the rank they were trained at")
+    targets = cfg.get("target_modules")
+    if targets == "all-linear":   # peft: every Linear but the output layer
+        targets = ".*"
+    if isinstance(targets, str):
+        try:
+            re.compile(targets)
+        except re.error as e:
+            raise InteropError(f"{what}: target_modules {targets!r} is no regular expression "
+                               f"({e})") from None
+    elif not isinstance(targets, list) or not targets or \
+            not all(isinstance(t, str) for t in targets):
+        raise InteropError(f"{what}: target_modules is {targets!r}; expected the adapted "
+                           "modules' names (a list, or a regular expression)")
+    for module, name in params.items():
+        held = name in pairs
+        if held and not _targeted(targets, module):
+            raise InteropError(f"{what}: target_modules leaves out {module}, which the folder "
+                               "holds an adapter for")
+        if not held and isinstance(targets, list) and _targeted(targets, module):
+            raise InteropError(f"{what}: target_modules names {module}, which the folder holds "
+                               "no adapter for")
 
 
 def _check_peft_config(cfg: Mapping[str, Any], what: str) -> None:
@@ -143,7 +191,8 @@ def _check_peft_config(cfg: Mapping[str, Any], what: str) -> None:
     if cfg.get("peft_type") != "LORA":
         raise InteropError(f"{what}: peft_type {cfg.get('peft_type')!r}; rwkvx_c reads LORA")
     for key, ok in (("fan_in_fan_out", False), ("use_dora", False), ("bias", "none"),
-                    ("modules_to_save", None), ("rank_pattern", {}), ("alpha_pattern", {})):
+                    ("modules_to_save", None), ("rank_pattern", {}), ("alpha_pattern", {}),
+                    ("layers_to_transform", None), ("exclude_modules", None)):
         v = cfg.get(key)
         if v and v != ok:
             raise InteropError(f"{what}: {key} is {v!r}; rwkvx_c's LoRA has {ok!r}")
@@ -151,6 +200,8 @@ def _check_peft_config(cfg: Mapping[str, Any], what: str) -> None:
         v = cfg.get(key)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf"):
             raise InteropError(f"{what}: {key} is {v!r}, expected a positive number")
+    if not float(cfg["r"]).is_integer():
+        raise InteropError(f"{what}: r is {cfg['r']!r}, expected an integer (the rank)")
 
 
 def _split_peft_key(key: str, what: str) -> tuple[str, str]:

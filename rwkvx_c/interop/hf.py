@@ -18,7 +18,6 @@ and read back, are rwkvx_c.interop.hf_tokenizer's.
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Mapping
@@ -47,6 +46,7 @@ from rwkvx_c.interop.safetensors_file import SafetensorsTensors, ShardedTensors
 from rwkvx_c.model.config import ModelConfig, export_refusal
 from rwkvx_c.run.rundir import CHECKPOINT
 from rwkvx_c.util.atomic import replace_with
+from rwkvx_c.util.files import read_json
 
 __all__ = ["hf_refusal", "hf_config", "to_hf", "from_hf", "save_hf", "load_hf", "hf_tokenizer",
            "HF_WEIGHTS", "BYTE_MARK", "PEFT_FILES", "save_peft", "hf_modules", "BLOCK_NAMES",
@@ -372,13 +372,12 @@ def read_hf_config(folder: str) -> dict[str, Any]:
     is rwkvx_c's own layout (hf_hybrid checks that)."""
     cpath = os.path.join(folder, "config.json")
     try:
-        with open(cpath, encoding="utf-8") as f:
-            config = json.load(f)
+        config = read_json(cpath, InteropError, "the model config")
     except FileNotFoundError:
         raise InteropError(f"{folder} has no config.json: not a Hugging Face model folder") \
             from None
-    except (OSError, ValueError) as e:
-        raise InteropError(f"{cpath} is not readable JSON: {e}") from None
+    except OSError as e:
+        raise InteropError(f"{cpath} is not readable: {e.strerror or e}") from None
     if not isinstance(config, dict):
         raise InteropError(f"{cpath} does not hold a JSON object")
     if config.get("model_type") != HYBRID_TYPE:

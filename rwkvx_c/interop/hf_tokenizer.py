@@ -27,6 +27,7 @@ from rwkvx_c.data.tokenizers import (
 )
 from rwkvx_c.errors import InteropError, TokenizerError
 from rwkvx_c.util.atomic import replace_with, replacing
+from rwkvx_c.util.files import read_json
 
 __all__ = ["EOT_ID", "BYTE_MARK", "WORLD_CODE", "write_code", "write_json", "save_tokenizer",
            "hf_tokenizer"]
@@ -123,10 +124,10 @@ def hf_tokenizer(folder: str, vocab: int) -> Tokenizer:
     tokenizer_config.json), World for a 65,536-id model with the World
     vocabulary file or without a tokenizer.json (fla-hub and rwkv7-hf World
     models), else its tokenizer.json."""
-    tc: dict[str, Any] = {}
-    with contextlib.suppress(OSError, ValueError), \
-            open(os.path.join(folder, "tokenizer_config.json"), encoding="utf-8") as f:
-        tc = json.load(f)
+    tc: object = {}
+    with contextlib.suppress(OSError, InteropError):   # without one: not the byte mark
+        tc = read_json(os.path.join(folder, "tokenizer_config.json"), InteropError,
+                       "the tokenizer config")
     tj = os.path.join(folder, "tokenizer.json")
     tok: Tokenizer
     world = vocab == WORLD_VOCAB_SIZE and os.path.isfile(os.path.join(folder, WORLD_VOCAB))

@@ -147,7 +147,7 @@ def merge_run(path: str, out_dir: str, base: str | None = None) -> str:
     the run's base lies now, when it moved (--base)."""
     src = checkpoint_path(path)
     try:
-        tensors, config, state = read_run(src, base)
+        tensors, config, state = read_run(src, base, rehash=True)   # merged: every weight read
         tok = run_tokenizer(os.path.dirname(os.path.abspath(src)), state.get("tokenizer"))
     except (CheckpointError, TokenizerError) as e:
         raise InteropError(str(e)) from None

@@ -31,7 +31,7 @@ import numpy as np
 
 from rwkvx_c.errors import InteropError
 from rwkvx_c.interop.pth import MappedTensors
-from rwkvx_c.util.files import open_input
+from rwkvx_c.util.files import open_input, read_json
 
 __all__ = ["SafetensorsTensors", "ShardedTensors", "ST_DTYPES"]
 
@@ -142,8 +142,8 @@ class ShardedTensors:
     def __init__(self, index: str) -> None:
         self.path = index
         try:
-            with open(index, encoding="utf-8") as f:
-                wm = json.load(f)["weight_map"]
+            found: Any = read_json(index, InteropError, "the safetensors index")
+            wm = found["weight_map"]
             files = sorted(set(wm.values()))
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             raise InteropError(f"{index} is not a safetensors index ({e})") from None

@@ -47,6 +47,7 @@ from rwkvx_c.model.lora import adapters_of, run_alpha, without_adapters
 from rwkvx_c.run.base import BASE_KEY, Record, check_base
 from rwkvx_c.run.checkpoint import STATE_KEY, read_checkpoint
 from rwkvx_c.run.rundir import RunDir
+from rwkvx_c.util.files import check_input
 
 __all__ = ["Source", "read_source", "read_run", "base_weights", "Layered", "STATE_KEY"]
 
@@ -73,6 +74,7 @@ def read_source(src: str, base: str | None = None, lora_alpha: float | None = No
     adapter_config.json names by default); for a checkpoint that names its
     base (rwkvx_c.run.base), base is where that base lies now (--base);
     lora_alpha: the alpha of an RWKV-PEFT file that does not record it."""
+    check_input(src, InteropError, "the source")
     if os.path.exists(src) and is_adapter(src):
         base = base or (peft_base(src) if os.path.isdir(src) else None)
         if base is None:
@@ -153,12 +155,14 @@ def _from_hf(folder: str) -> Source:
 
 
 def base_weights(record: object, run: str, override: str | None,
-                 error: type[RwkvxError]) -> tuple[Record, Mapping[str, np.ndarray]]:
+                 error: type[RwkvxError], rehash: bool = False
+                 ) -> tuple[Record, Mapping[str, np.ndarray]]:
     """(where the base is now, its weights by parameter name with a
     state-tuned base's states under STATE_KEY) of the run whose checkpoint
     holds record; error (one line) when the base is missing, changed or
-    unreadable (rwkvx_c.run.base.check_base)."""
-    now = check_base(record, run, override, error)
+    unreadable; rehash: hashed again whatever its files' sizes and mtimes
+    (rwkvx_c.run.base.check_base)."""
+    now = check_base(record, run, override, error, rehash)
     try:
         src = read_source(now["path"])
     except InteropError as e:
@@ -224,17 +228,20 @@ class Layered(Mapping[str, np.ndarray]):
 
 
 def read_run(path: str, base: str | None = None,
-             error: type[RwkvxError] = CheckpointError
+             error: type[RwkvxError] = CheckpointError, rehash: bool = False
              ) -> tuple[Mapping[str, np.ndarray], dict[str, Any], dict[str, Any]]:
     """(tensors, config, state) of the checkpoint at path with every
     parameter: a checkpoint that names its base (state[BASE_KEY]) has the
     base's weights under what it holds itself (Layered: each read when
-    asked for). base: where that base lies now (--base PATH); error: as
-    base_weights'."""
+    asked for). base: where that base lies now (--base PATH; error for a
+    checkpoint that names none); error, rehash: as base_weights'."""
     tensors, config, state = read_checkpoint(path)
     if state.get(BASE_KEY) is None:
+        if base is not None:   # given for nothing: the user thinks it is used
+            raise error(f"--base {base}: the checkpoint {path} holds all its weights and names "
+                        "no base; leave --base out")
         return tensors, config, state
-    _, weights = base_weights(state[BASE_KEY], path, base, error)
+    _, weights = base_weights(state[BASE_KEY], path, base, error, rehash)
     return Layered(tensors, weights), config, state
 
 

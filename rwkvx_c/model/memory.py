@@ -132,6 +132,19 @@ def head_bytes(vocab: int, tokens: int) -> int:
     return 8 * vocab * min(tokens, _core.head_chunk_rows(vocab))
 
 
+# a drawn window: its start (8 B), its NumPy view (~100 B of object), and
+# its tokens in four copies (read, int32, inputs, targets), 4 B each
+WINDOW_OBJECT_BYTES = 128
+WINDOW_TOKEN_COPIES = 4
+
+
+def batch_bytes(sequences: int, seq_len: int) -> int:
+    """Bytes of one step's drawn windows (rwkvx_c.data.sampler: the
+    batch x grad-accum windows of seq_len + 1 tokens every optimiser step
+    draws), before the model sees any."""
+    return sequences * (WINDOW_OBJECT_BYTES + 4 * WINDOW_TOKEN_COPIES * (seq_len + 1))
+
+
 def fits(need: int, available: int | None = None) -> bool:
     """True when need bytes fit in HEADROOM of the available memory (or
     when the available memory is unknown)."""

@@ -8,17 +8,24 @@ other folder, a Hugging Face model: its regular files in name order, each
 hashed with its name and size), computed in one streaming pass when the
 run starts. Beside it the checkpoint keeps each file's size and mtime_ns:
 a reader whose base still has them trusts the hash without reading the
-base again (the make / rsync rule); any other file at the path, or a base
-named anew (``--base PATH``), is hashed and must give the recorded hash.
+base again (the make / rsync rule), and says so in one warning line (a
+same-size file put there with its mtime restored would pass); any other
+file at the path, a base named anew (``--base PATH``), or a reader for
+which one more pass is cheap beside its own work (a resume, an export or
+merge that reads every weight: ``rehash``) hashes it, and it must give the
+recorded hash. The base is a regular file or a folder (a FIFO or a device
+is refused before it is opened: rwkvx_c.util.files.check_input).
 """
 from __future__ import annotations
 
 import hashlib
 import os
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
-from rwkvx_c.errors import RwkvxError
+from rwkvx_c.errors import RwkvxError, RwkvxWarning
+from rwkvx_c.util.files import check_input
 
 __all__ = ["BASE_KEY", "identify", "check_base", "short"]
 
@@ -75,12 +82,15 @@ def short(record: Mapping[str, Any]) -> str:
 
 
 def check_base(record: object, run: str, override: str | None,
-               error: type[RwkvxError]) -> Record:
+               error: type[RwkvxError], rehash: bool = False) -> Record:
     """The record of the base a run refers to (record: its checkpoint's),
     found at override (--base PATH) when given, else at the recorded path,
-    and checked to hold the recorded content; the record returned names
-    where it is now. error (one line naming the run, the base and --base)
-    when it is missing or its content differs."""
+    and checked to hold the recorded content (rehash: hashed again even
+    when its files' sizes and mtimes are the recorded ones; else such a
+    base is trusted, with a warning line saying so); the record returned
+    names where it is now. error (one line naming the run, the base and
+    --base) when it is missing, no regular file or folder, or its content
+    differs."""
     if not isinstance(record, dict) or not isinstance(record.get("path"), str) \
             or not isinstance(record.get("sha256"), str):
         raise error(f"{run} names its base badly ({record!r}); the checkpoint is damaged")
@@ -91,8 +101,12 @@ def check_base(record: object, run: str, override: str | None,
                         f"(it was {record['path']}) with --base PATH")
         raise error(f"the base {path} of {run} is missing (moved or deleted?); give its path "
                     "now with --base PATH")
+    check_input(path, error, "--base" if override else f"the base of {run}")
     try:
-        if path == record["path"] and _stats(path) == record.get("files"):
+        if not rehash and path == record["path"] and _stats(path) == record.get("files"):
+            warnings.warn(RwkvxWarning(
+                f"the base {path} of {run} is taken as the one recorded ({short(record)}) on "
+                "its files' sizes and modification times, not hashed again"), stacklevel=2)
             return dict(record)   # unchanged since it was hashed: no pass over it
         now = identify(path)
     except OSError as e:

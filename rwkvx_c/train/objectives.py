@@ -28,9 +28,10 @@ from rwkvx_c import _core
 from rwkvx_c.data.chat import IGNORE
 from rwkvx_c.data.preferences import Pairs, PairSampler
 from rwkvx_c.errors import CheckpointError, ConfigError, TrainError
+from rwkvx_c.interop.source import read_run
 from rwkvx_c.model.lora import adapters_of, run_alpha, without_adapters
 from rwkvx_c.model.weights import load_params, load_states
-from rwkvx_c.run.checkpoint import STATE_KEY, read_checkpoint
+from rwkvx_c.run.checkpoint import STATE_KEY
 from rwkvx_c.run.rundir import REFERENCE, Row, checkpoint_path
 from rwkvx_c.util.atomic import replace_with
 
@@ -161,11 +162,12 @@ def reference_logps(model: _core.RxPtModel, p: Pairs, pairs: int, tune: str) -> 
 def checkpoint_model(path: str, vocab: int) -> _core.RxPtModel:
     """The model of the run folder or checkpoint at path (--ref-from): a
     LoRA run's with its adapters merged, a state run's with its initial
-    states. TrainError for one that cannot be read or has another
+    states, a fine-tune's base (which its checkpoint names) read under what
+    it holds itself. TrainError for one that cannot be read or has another
     vocabulary than vocab."""
     p = checkpoint_path(path)
     try:
-        tensors, config, state = read_checkpoint(p)
+        tensors, config, state = read_run(p, None, TrainError)
         if adapters_of(tensors):
             tensors = without_adapters(tensors, run_alpha(state, p))
         model = _core.RxPtModel(config)

@@ -333,6 +333,9 @@ class TrainOptions:
                 if getattr(self, k) not in (None, _DEFAULTS[k]):
                     raise TrainError(f"{flag_of(k)} sets the adapters of --tune lora; it has no "
                                      f"effect with --tune {self.tune}")
+        if self.ref_from is not None and self.objective not in ("dpo", "ipo"):
+            raise TrainError(f"--ref-from names the reference of --objective dpo or ipo; it has "
+                             f"no effect with --objective {self.objective}")
         if self.init_from and self.init != _DEFAULTS["init"]:
             raise TrainError(f"--init {self.init} initialises a new model; --init-from "
                              f"{self.init_from}'s weights replace it: drop --init")

@@ -78,8 +78,9 @@ def read_saved(out_dir: str, group: ProcessGroup, changes: dict[str, Any]) -> Sa
         return Saved(opts, state, tensors, None)
     # where the base is now (its record updated when --base moved it), and its
     # weights; a --base of an earlier session is in the record already
+    # hashed again: one pass over the base is cheap beside the training it resumes
     record, weights = group.on_root(base_weights, state[BASE_KEY], out_dir,
-                                    changes.get("base"), TrainError)
+                                    changes.get("base"), TrainError, True)
     return Saved(opts, {**state, BASE_KEY: record}, tensors, weights)
 
 

@@ -7,9 +7,12 @@ Rank 0 alone tracks. A tracker never holds up a step: the rows go through a
 bounded queue to one worker thread, which opens the trackers and writes to
 them; a tracker that fails is dropped with a warning (RwkvxWarning) and the
 run goes on; a queue that fills up (a tracker slower than training) drops
-rows with a warning. Where each writes:
+rows with a warning. A library's own threads (W&B's, MLflow's) fail into
+the same one warning line, never a traceback (_quiet_threads); tensorboard's
+events are written by the worker itself, through tensorboard's record
+writer without its writer thread. Where each writes:
 
-  tensorboard  RUN/tensorboard/ (tensorboard's own event writer; no torch)
+  tensorboard  RUN/tensorboard/ (tensorboard's event file format; no torch)
   wandb        a W&B run in RUN/wandb/, project $WANDB_PROJECT or rwkvx_c;
                WANDB_MODE=offline is W&B's own offline mode
   mlflow       $MLFLOW_TRACKING_URI (a file store too, with MLflow's
@@ -23,6 +26,7 @@ import importlib.util
 import io
 import os
 import queue
+import socket
 import threading
 import time
 import warnings
@@ -99,24 +103,35 @@ class _TensorBoard:
         from tensorboard.compat.proto.event_pb2 import Event
         from tensorboard.compat.proto.summary_pb2 import Summary
         from tensorboard.plugins.hparams import summary_v2
-        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+        from tensorboard.summary.writer.record_writer import RecordWriter
         self._Event, self._Summary = Event, Summary
-        self.writer = EventFileWriter(os.path.join(run_dir, "tensorboard"))
+        # the event file EventFileWriter names, written here in the tracker's
+        # worker: EventFileWriter's own thread prints a traceback on a failed write
+        folder = os.path.join(run_dir, "tensorboard")
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, f"events.out.tfevents.{int(time.time()):010d}."
+                                    f"{socket.gethostname()}.{os.getpid()}.0")
+        self.writer = RecordWriter(open(path, "wb"))  # noqa: SIM115 -- closed by close()
+        self._add(Event(wall_time=time.time(), file_version="brain.Event:2"))
         hp = {k: v if isinstance(v, (bool, int, float, str)) else str(v)
               for k, v in _flat(config).items()}
-        self.writer.add_event(Event(wall_time=time.time(), summary=summary_v2.hparams_pb(
+        self._add(Event(wall_time=time.time(), summary=summary_v2.hparams_pb(
             hp, trial_id=run_name)))
+
+    def _add(self, event: Any) -> None:
+        self.writer.write(event.SerializeToString())
+        self.writer.flush()
 
     def scalars(self, step: int, values: Mapping[str, float]) -> None:
         S = self._Summary
-        self.writer.add_event(self._Event(wall_time=time.time(), step=step, summary=S(
+        self._add(self._Event(wall_time=time.time(), step=step, summary=S(
             value=[S.Value(tag=k, simple_value=v) for k, v in values.items()])))
 
     def image(self, name: str, png: bytes) -> None:
         w, h = _png_size(png)
         S = self._Summary
         img = S.Image(height=h, width=w, colorspace=4, encoded_image_string=png)
-        self.writer.add_event(self._Event(wall_time=time.time(), summary=S(
+        self._add(self._Event(wall_time=time.time(), summary=S(
             value=[S.Value(tag=name, image=img)])))
 
     def close(self) -> None:
@@ -195,6 +210,7 @@ class Trackers:
         self.backends: list[Backend] = []
         self._queue: queue.Queue[tuple[str, Any] | None] = queue.Queue(QUEUE_ROWS)
         self._dropped = False
+        self._hook = _quiet_threads(self.names)
         self._thread = threading.Thread(target=self._work, name="rwkvx_c-trackers",
                                         args=(run_dir, dict(config)), daemon=True)
         self._thread.start()
@@ -215,6 +231,8 @@ class Trackers:
         if self._thread.is_alive():
             _warn(f"the trackers ({', '.join(self.names)}) did not finish within "
                   f"{CLOSE_WAIT_S:g} s; what they had not written is lost")
+        elif threading.excepthook is self._hook:   # the trackers' threads are done
+            threading.excepthook = threading.__excepthook__
 
     def _put(self, item: tuple[str, Any]) -> None:
         try:
@@ -251,6 +269,28 @@ class Trackers:
         except Exception as e:  # noqa: BLE001 -- a tracker must never stop the run
             _failed(b.name, e)
             self.backends.remove(b)
+
+
+def _quiet_threads(names: Sequence[str]) -> Callable[[Any], None]:
+    """Installs (and returns) a threading.excepthook under which an
+    exception ending a thread of a tracker's library (one raised in its
+    code) is the tracker's one warning line, not a traceback on stderr;
+    any other thread's goes to the hook there was."""
+    before = threading.excepthook
+    packages = tuple(os.sep + TRACKERS[n][0] + os.sep for n in names)
+
+    def hook(args: Any) -> None:
+        tb, where = args.exc_traceback, None
+        while tb is not None:
+            f = tb.tb_frame.f_code.co_filename
+            where = next((p.strip(os.sep) for p in packages if p in f), where)
+            tb = tb.tb_next
+        if where is None or args.exc_value is None:
+            before(args)
+        else:
+            _failed(where, args.exc_value)
+    threading.excepthook = hook
+    return hook
 
 
 def _failed(name: str, e: BaseException) -> None:

@@ -277,11 +277,37 @@ class RwkvxPreTrainedModel(PreTrainedModel):
     def _supports_default_dynamic_cache(cls) -> bool:
         return False   # a recurrent state and a key cache, not a transformers KV cache
 
+    @classmethod
+    def from_pretrained(cls, *args: Any, **kwargs: Any) -> Any:
+        """The base class's, refusing (ValueError) weights that leave any
+        parameter of the config's model missing: a config.json that does not
+        describe its weights (a block too many in block_types) would get
+        those parameters freshly initialised, a model that computes nothing
+        it was trained to."""
+        info_asked = kwargs.pop("output_loading_info", False)
+        loaded: Any = super().from_pretrained(*args, output_loading_info=True, **kwargs)
+        model, info = loaded
+        missing = sorted(info.get("missing_keys") or ())
+        if missing:
+            raise ValueError(f"the weights lack {len(missing)} parameters the config describes "
+                             f"(the first: {missing[0]}); config.json does not match "
+                             "model.safetensors")
+        return (model, info) if info_asked else model
+
     def _init_weights(self, module: nn.Module) -> None:
+        """Every parameter of a fresh model, deterministically given torch's
+        seed: Linear and Embedding weights N(0, 0.02), norms' weights 1 and
+        biases 0, the time-mix's vectors 0 (their construction's values)."""
         if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, std=0.02)
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
+        if isinstance(module, (nn.LayerNorm, nn.GroupNorm)):
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
+        if isinstance(module, (TimeMix, ChannelMix, LowRank)):
+            for p in module.parameters(recurse=False):
+                nn.init.zeros_(p)
 
 
 class RwkvxModel(RwkvxPreTrainedModel):
