@@ -94,10 +94,10 @@ RX_BASE512 static void transpose8_512(const uint16_t *src, uint16_t *dst) {
 }
 #endif
 
-/* rx_base_pack_bf16 from a packed store (whose layout is the GEMM's, so
+/* pack_bf16 from a packed store (whose layout is the GEMM's, so
  * nkc and the blocks of op(B) are the store's, padding included).
  * Forward: the store's blocks as they are (the GEMM normally reads them in
- * place, rx_base_packed). dX, op(B) = W^T (N = in, K = out): block (cb,
+ * place, packed). dX, op(B) = W^T (N = in, K = out): block (cb,
  * kc) holds in [16 cb, +16) x out [32 kc, +32); row q of it (out pair
  * 32 kc + 2q, +1) is, in word pairs, word q % 8 of rows 8 (cb % 2) + [0, 8)
  * of the store's block (out / 16, in / 32) with its middle halves swapped:
@@ -167,7 +167,8 @@ static void pack_bf16(const void *src, int tb, size_t N, size_t K, size_t nkc, s
                     }
                 continue;
             }
-            if (ty->block_bf16(b->data, rb, tb, j0, k0, bt_r, bt_k, dst)) continue;
+            if (ty->block_bf16 && ty->block_bf16(b->data, rb, tb, j0, k0, bt_r, bt_k, dst))
+                continue;
             if (!tb) {   /* column c: its stored row's run of bt_k k */
                 for (size_t c = 0; c < bt_r; c++) {
                     ty->decode(b->data + (j0 + c) * rb, k0, bt_k, run);

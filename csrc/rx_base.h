@@ -104,8 +104,8 @@ typedef struct rx_base_type {
                        size_t nr, float *Bp);
     /* one whole bt_r x bt_k block of rx_bgemm's packed op(B) at columns j0,
      * k k0, as the GEMM rounds its operands: forward (tb 0) from stored rows
-     * j, dX (tb 1) from stored rows k; 0 when not handled (the packer then
-     * decodes and rounds the values itself) */
+     * j, dX (tb 1) from stored rows k; NULL, or 0 returned, where it has no
+     * faster way (the packer then decodes and rounds the values itself) */
     int (*block_bf16)(const unsigned char *data, size_t rb, int tb, size_t j0, size_t k0,
                       size_t bt_r, size_t bt_k, uint16_t *dst);
 } rx_base_type;

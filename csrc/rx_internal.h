@@ -448,7 +448,7 @@ void rx_base_zero_grads(const rx_base *s, float *grads, size_t n);
 /* the base as the GEMMs' B source: a product reading base tensor b has
  * its op(B) packed from the store (base_pack.c), bsrc_of = b */
 extern const rx_gemm_source rx_base_source;
-/* the model's base, NULL when none (model.c) */
+/* the model's base, NULL when none (model_layout.c) */
 rx_base *rx_ptmodel_base_store(const rx_ptmodel *m);
 void rx_ptmodel_attach_base(rx_ptmodel *m, rx_base *s);
 
@@ -615,7 +615,7 @@ int rx_cm_backward_acts(const rx_cm_params *P, const float *x, const float *x_pr
 /* ---- the time-mix schema ------------------------------------------------
  * The one list of the time-mix parameters (docs/layout.md §Parameters):
  * X(field, rows, cols, init, layer0) for each pointer of rx_tm_params and
- * rx_tm_grads, in their declaration order, which model.c checks at compile
+ * rx_tm_grads, in their declaration order, which model_layout.c checks at compile
  * time. rows and cols name a dimension (C, Dw, Da, Dg, Dv; cols NONE for a
  * vector), init the spec init rule (MAT, VEC, GAMMA, BETA), layer0 whether
  * RWKV block 0 has the field (the value residual only follows it). The

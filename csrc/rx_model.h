@@ -41,7 +41,7 @@ struct rx_ptmodel {
     int n_frozen;
     rx_model_ctx ctx;         /* numeric settings every kernel reads (eps, ln0, l2wrap) */
     rx_lora *lora;            /* LoRA adapters (rx_ptmodel_enable_lora), NULL: none */
-    rx_base *base;            /* the frozen base (base.c, rx_ptmodel_set_base), NULL: none */
+    rx_base *base;            /* the frozen base (base.c, model_base.c), NULL: none */
     int lora_on;              /* the forward and backward apply them (0 once disabled) */
 };
 

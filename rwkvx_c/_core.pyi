@@ -90,7 +90,8 @@ def attn_score_av_backward(q: F32, k: F32, v: F32, dy: F32, *, n_head: int, head
 # -- whole model (docs/maths.md, docs/layout.md) ----------------------------------------------
 CONFIG_FIELDS: tuple[str, ...]
 OPTION_FIELDS: dict[str, float]   # the model context's keys: ln0, ln_eps, gn_eps
-BASE_DTYPES: tuple[str, ...]
+BASE_DTYPES: tuple[str, ...]   # the frozen base's dtypes, from the C table (csrc/base_types.c)
+def base_dtype_block(dtype: str) -> tuple[int, int]: ...
 
 class RxPtModel:
     """RWKV-X model over two flat float32 arenas (params, grads)."""

@@ -10,8 +10,6 @@ CONFIG_FIELDS = ("n_embd", "n_head", "head_size", "n_rwkv_layer", "n_attn_layer"
 # Config keys beyond the C struct: the model context's settings (rx_model_ctx),
 # each with its default from csrc/rx_pretrain.h (RX_DEFAULT_*), which is also
 # what its absence means: the model as before the key existed.
-# the frozen base's dtypes (rx_ptmodel_set_base), by name
-BASE_DTYPES = ("bf16", "q8_0")
 
 OPTION_FIELDS = {"ln0": RX_DEFAULT_LN0, "ln_eps": RX_DEFAULT_LN_EPS, "gn_eps": RX_DEFAULT_GN_EPS}
 
@@ -434,7 +432,7 @@ A whole RWKV-X model (docs/maths.md §Whole model) with its parameters and grads
         cdef int[::1] iv = np.array(idx or [0], np.int32)
         if self._busy:
             raise RuntimeError("RxPtModel: set_base while a forward or backward runs")
-        cdef int code = RX_BASE_BF16 if dtype == "bf16" else RX_BASE_Q8_0
+        cdef int code = _BASE_DTYPE_IDS[dtype]
         _check_rc(rx_ptmodel_set_base(self._h.m, code, &iv[0], len(idx)), "RxPtModel.set_base")
 
     def base_fill(self, name, values, *, transposed=False):
@@ -477,7 +475,7 @@ A whole RWKV-X model (docs/maths.md §Whole model) with its parameters and grads
         """"bf16" or "q8_0" when the model holds a frozen base, else None."""
         cdef int d
         rx_ptmodel_base_info(self._h.m, &d, NULL, NULL)
-        return None if d == RX_BASE_NONE else ("bf16" if d == RX_BASE_BF16 else "q8_0")
+        return None if d == RX_BASE_NONE else _BASE_DTYPE_NAMES[d]
 
     @property
     def base_names(self):
@@ -510,12 +508,12 @@ A whole RWKV-X model (docs/maths.md §Whole model) with its parameters and grads
         i, o = self._params[name].shape
         if name == "emb":
             i, o = o, i
-        bf16 = self.base_dtype == "bf16"
-        out = np.empty((o, i) if bf16 else (o, i // 32 * 34), np.uint16 if bf16 else np.uint8)
+        per, nbytes = base_dtype_block(self.base_dtype)
+        out = np.empty((o, i // per * nbytes), np.uint8)
         cdef unsigned char[::1] raw = out.reshape(-1).view(np.uint8)
         _check_rc(rx_ptmodel_base_rows(self._h.m, self._names.index(name), &raw[0]),
                   "RxPtModel.base_data")
-        return out
+        return out.view(np.uint16) if (per, nbytes) == (1, 2) else out   # bf16 bits
 
     def release_base(self):
         """Decode every base tensor into its params view and drop the
