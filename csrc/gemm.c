@@ -28,7 +28,6 @@
  * the end (see "parallel batches" below), so a layer's projections cost
  * one fork/join and a slow core does not hold the others.
  */
-#include <pthread.h>
 #include <string.h>
 
 #include "rx_internal.h"
@@ -635,18 +634,13 @@ typedef struct {
     size_t k, jb, i0, i1, j0, j1;   /* op, column block, C tile */
 } gunit;
 
-/* Packing buffers live for the thread's lifetime: a training step calls the
- * GEMM hundreds of times and must not allocate in it. bfull holds op(B)
- * packed over all of K for one column block of a parallel unit, grown to the
- * largest block seen; bkey names what it holds (batch, op, column block)
- * so consecutive units of the same block skip the packing. units is the
- * thread's unit table, grown to the largest batch seen.
- *
- * The scratch is reached through a thread-local pointer and also registered
- * under a pthread key whose destructor frees it when the thread exits: a
- * caller that runs steps from many short-lived threads (or an OpenMP pool
- * that shrinks when the thread count drops) would otherwise leak a few MiB
- * per thread. */
+/* Packing buffers are the thread's own (rx_thread_buffer), kept for its
+ * lifetime: a training step calls the GEMM hundreds of times and must not
+ * allocate in it. bfull holds op(B) packed over all of K for one column
+ * block of a parallel unit, grown to the largest block seen; bkey names
+ * what it holds (batch, op, column block) so consecutive units of the same
+ * block skip the packing. units is the thread's unit table, grown to the
+ * largest batch seen. */
 typedef struct {
     float *apack, *bpack, *bfull;
     size_t bfull_n, bkey[3];
@@ -654,46 +648,16 @@ typedef struct {
     size_t units_n;
 } gemm_scratch;
 
-static _Thread_local gemm_scratch *tl;
-static pthread_key_t scratch_key;
-static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
-static int scratch_key_ok;
-
-static void scratch_free(void *p) {
-    gemm_scratch *s = p;
-    free(s->apack);
-    free(s->bpack);
-    free(s->bfull);
-    free(s->units);
-    free(s);
-}
-
-static void scratch_key_make(void) {
-    scratch_key_ok = pthread_key_create(&scratch_key, scratch_free) == 0;
-}
-
-/* The calling thread's scratch, created empty on first use; NULL when it
- * cannot be made (the callers then fail with RX_ENOMEM). */
-static gemm_scratch *scratch(void) {
-    if (tl) return tl;
-    pthread_once(&scratch_once, scratch_key_make);
-    if (!scratch_key_ok) return NULL;
-    gemm_scratch *s = calloc(1, sizeof *s);
-    if (!s) return NULL;
-    if (pthread_setspecific(scratch_key, s) != 0) {
-        free(s);
-        return NULL;
-    }
-    return tl = s;
-}
+/* the calling thread's views of its buffers */
+static _Thread_local gemm_scratch tl;
 
 /* The calling thread's scratch with its fixed-size packing buffers, the
  * only memory a GEMM on one thread needs; NULL on allocation failure. */
 static gemm_scratch *scratch_packs(void) {
-    gemm_scratch *sc = scratch();
-    if (sc && !sc->apack) sc->apack = rx_falloc((size_t)MC * KC + MR_MAX); /* + pack_an slack */
-    if (sc && !sc->bpack) sc->bpack = rx_falloc((size_t)KC * NC);
-    return sc && sc->apack && sc->bpack ? sc : NULL;
+    if (!tl.apack)   /* + pack_an slack */
+        tl.apack = rx_thread_buffer(RX_BUF_GEMM_A, ((size_t)MC * KC + MR_MAX) * sizeof(float));
+    if (!tl.bpack) tl.bpack = rx_thread_buffer(RX_BUF_GEMM_B, (size_t)KC * NC * sizeof(float));
+    return tl.apack && tl.bpack ? &tl : NULL;
 }
 
 int rx_gemm_reserve(void) {
@@ -810,15 +774,15 @@ static size_t unit_need(const rx_gemm_op *ops, const gunit *un) {
 /* The calling thread's scratch with apack and a bfull of at least `need`
  * floats; NULL when they cannot be allocated. */
 static gemm_scratch *scratch_bfull(size_t need) {
-    gemm_scratch *sc = scratch();
-    if (sc && !sc->apack) sc->apack = rx_falloc((size_t)MC * KC + MR_MAX);
-    if (sc && need > sc->bfull_n) {
-        free(sc->bfull);
-        sc->bfull = rx_falloc(need);
-        sc->bfull_n = sc->bfull ? need : 0;
-        sc->bkey[0] = 0;
+    if (!tl.apack)
+        tl.apack = rx_thread_buffer(RX_BUF_GEMM_A, ((size_t)MC * KC + MR_MAX) * sizeof(float));
+    if (need > tl.bfull_n) {
+        tl.bfull = need <= SIZE_MAX / sizeof(float)
+                       ? rx_thread_buffer(RX_BUF_GEMM_FULL, need * sizeof(float)) : NULL;
+        tl.bfull_n = tl.bfull ? need : 0;
+        tl.bkey[0] = 0;
     }
-    return sc && sc->apack && sc->bfull ? sc : NULL;
+    return tl.apack && tl.bfull ? &tl : NULL;
 }
 
 /* RX_ENOMEM when the thread's buffers cannot be allocated (the unit's C
@@ -879,8 +843,7 @@ static void unit_shape(const rx_gemm_op *g, size_t mr, int nt, double target, si
  * segment bounds, SIZE_MAX when the table cannot be allocated. */
 static size_t plan_units(const rx_gemm_op *ops, size_t nops, size_t mr, int nt,
                          double total, uint64_t *seg) {
-    gemm_scratch *sc = scratch();
-    if (!sc) return SIZE_MAX;
+    gemm_scratch *sc = &tl;
     const double target = total / (8.0 * nt);
     size_t nu = 0;
     for (int pass = 0; pass < 2; pass++) {
@@ -902,8 +865,7 @@ static size_t plan_units(const rx_gemm_op *ops, size_t nops, size_t mr, int nt,
         }
         if (!pass && nu > UINT32_MAX - 1) return 0; /* segments count in 32 bits */
         if (!pass && nu > sc->units_n) {
-            free(sc->units);
-            sc->units = malloc(nu * sizeof *sc->units);
+            sc->units = rx_thread_buffer(RX_BUF_GEMM_UNITS, nu * sizeof *sc->units);
             sc->units_n = sc->units ? nu : 0;
             if (!sc->units) return SIZE_MAX;
         }
@@ -926,7 +888,7 @@ static int sgemm_parallel(const gemm_impl *im, const rx_gemm_op *ops, size_t nop
             if (sgemm_serial(im, &ops[k]) != RX_OK) return RX_ENOMEM;
         return RX_OK;
     }
-    const gunit *units = tl->units;
+    const gunit *units = tl.units;
     /* Every thread sizes its packed-B buffer for the batch's widest unit
      * before it runs any: a thread may steal any unit, and which it steals
      * depends on the timing, so sizing by the units it happens to run would

@@ -258,10 +258,15 @@ enum {
     RX_BUF_NORM_PART,   /* rx_rownorm_backward's per-block dw/db partial sums */
     RX_BUF_WKV_PART,    /* a split WKV7 backward's per-row-tile column sums */
     RX_BUF_LORA,        /* the LoRA adapters' h = s x A^T and g = s dy B (lora.c) */
+    RX_BUF_GEMM_A,      /* rx_sgemm's packed op(A) block */
+    RX_BUF_GEMM_B,      /* rx_sgemm's packed op(B) panel */
+    RX_BUF_GEMM_FULL,   /* rx_sgemm's op(B) packed over all of K for a parallel unit */
+    RX_BUF_GEMM_UNITS,  /* rx_sgemm's table of a parallel batch's units */
     RX_BUF_N
 };
-/* Buffer `slot` of the calling thread, at least `bytes` long (contents
- * unspecified), grown to the largest request and freed when the thread exits; NULL when it cannot be allocated. */
+/* Buffer `slot` of the calling thread, at least `bytes` long, grown to the
+ * largest request (its contents then unspecified; kept otherwise) and freed
+ * when the thread exits; NULL when it cannot be allocated. */
 void *rx_thread_buffer(int slot, size_t bytes);
 /* 1 on AMD family 0x1A (Zen 5) and later: 512-bit FMA and vdpbf16ps on
  * full-width pipes (gemm.c's tile and gemm_bf16.c's precision policy). */
