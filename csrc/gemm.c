@@ -28,14 +28,12 @@
  * the end (see "parallel batches" below), so a layer's projections cost
  * one fork/join and a slow core does not hold the others.
  */
-#include <pthread.h>
 #include <string.h>
 
 #include "rx_internal.h"
 #include "rx_simd.h"
 
 #if defined(__x86_64__) || defined(__i386__)
-#include <cpuid.h>
 #include <immintrin.h>
 #define RX_X86 1
 #endif
@@ -448,7 +446,7 @@ tile_rows(size_t R, size_t K, const float *A, size_t rs, size_t cs, const float 
 /* Whether g is a tile this path takes: every size at most TILE_MAX, and
  * N over 32 (narrower, most of the four vectors would be idle). */
 static int tile_fits(const rx_gemm_op *g) {
-    return !g->bq && g->M <= TILE_MAX && g->N > 32 && g->N <= TILE_MAX && g->K <= TILE_MAX;
+    return !g->bsrc && g->M <= TILE_MAX && g->N > 32 && g->N <= TILE_MAX && g->K <= TILE_MAX;
 }
 
 RX_AVX512 static void tile_gemm(const rx_gemm_op *g) {
@@ -519,28 +517,10 @@ static int have_avx512(void) { return __builtin_cpu_supports("avx512f"); }
  * start-up would measure a shared or throttled core as often as the
  * kernel, and could pick differently from run to run. */
 static int is_intel(void) { return __builtin_cpu_is("intel"); }
-/* CPUID leaf 1's family: the base family plus, when that is 0xF, the
- * extended family. */
-static unsigned cpu_family(void) {
-    unsigned a, b, c, d;
-    if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
-    const unsigned base = (a >> 8) & 0xF;
-    return base == 0xF ? base + ((a >> 20) & 0xFF) : base;
-}
 static int have_avx2(void) {
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
 #endif
-
-/* Zen 4 (family 0x19) splits each 512-bit FMA over two 256-bit halves;
- * Zen 5 (0x1A) runs it, and vdpbf16ps, on full-width pipes. */
-int rx_cpu_zen5_or_later(void) {
-#ifdef RX_X86
-    return __builtin_cpu_is("amd") && cpu_family() >= 0x1A;
-#else
-    return 0;
-#endif
-}
 
 /* Set by rx_sgemm_use_kernel (tests); NULL: pick by CPU. */
 static const gemm_impl *forced_impl;
@@ -609,10 +589,10 @@ static void pack_b(const gemm_impl *im, int tb, const float *B, size_t ldb, size
     }
 }
 
-/* pack_b of op g: from the frozen base's store when B is a base tensor */
+/* pack_b of op g: by its source when B has one (a frozen base tensor) */
 static void pack_op_b(const gemm_impl *im, const rx_gemm_op *g, size_t p0, size_t kc, size_t j0,
                       size_t nc, float *Bp) {
-    if (g->bq) rx_base_pack_f32(g->bq, g->tb, p0, kc, j0, nc, NR, Bp);
+    if (g->bsrc) g->bsrc->pack_f32(g->bsrc_of, g->tb, p0, kc, j0, nc, NR, Bp);
     else pack_b(im, g->tb, g->B, g->ldb, p0, kc, j0, nc, Bp);
 }
 
@@ -654,79 +634,30 @@ typedef struct {
     size_t k, jb, i0, i1, j0, j1;   /* op, column block, C tile */
 } gunit;
 
-/* Packing buffers live for the thread's lifetime: a training step calls the
- * GEMM hundreds of times and must not allocate in it. bfull holds op(B)
- * packed over all of K for one column block of a parallel unit, grown to the
- * largest block seen; bkey names what it holds (batch, op, column block)
- * so consecutive units of the same block skip the packing. units is the
- * thread's unit table, grown to the largest batch seen.
- *
- * The scratch is reached through a thread-local pointer and also registered
- * under a pthread key whose destructor frees it when the thread exits: a
- * caller that runs steps from many short-lived threads (or an OpenMP pool
- * that shrinks when the thread count drops) would otherwise leak a few MiB
- * per thread. */
+/* Packing buffers are the thread's own (rx_thread_buffer), kept for its
+ * lifetime: a training step calls the GEMM hundreds of times and must not
+ * allocate in it. bfull holds op(B) packed over all of K for one column
+ * block of a parallel unit, grown to the largest block seen; bkey names
+ * what it holds (batch, op, column block) so consecutive units of the same
+ * block skip the packing. units is the thread's unit table, grown to the
+ * largest batch seen. */
 typedef struct {
     float *apack, *bpack, *bfull;
     size_t bfull_n, bkey[3];
     gunit *units;
     size_t units_n;
-    void *buf[RX_BUF_N];   /* rx_thread_buffer's buffers */
-    size_t buf_n[RX_BUF_N];
 } gemm_scratch;
 
-static _Thread_local gemm_scratch *tl;
-static pthread_key_t scratch_key;
-static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
-static int scratch_key_ok;
-
-static void scratch_free(void *p) {
-    gemm_scratch *s = p;
-    free(s->apack);
-    free(s->bpack);
-    free(s->bfull);
-    free(s->units);
-    for (int i = 0; i < RX_BUF_N; i++) free(s->buf[i]);
-    free(s);
-}
-
-static void scratch_key_make(void) {
-    scratch_key_ok = pthread_key_create(&scratch_key, scratch_free) == 0;
-}
-
-/* The calling thread's scratch, created empty on first use; NULL when it
- * cannot be made (the callers then fail with RX_ENOMEM). */
-static gemm_scratch *scratch(void) {
-    if (tl) return tl;
-    pthread_once(&scratch_once, scratch_key_make);
-    if (!scratch_key_ok) return NULL;
-    gemm_scratch *s = calloc(1, sizeof *s);
-    if (!s) return NULL;
-    if (pthread_setspecific(scratch_key, s) != 0) {
-        free(s);
-        return NULL;
-    }
-    return tl = s;
-}
-
-void *rx_thread_buffer(int slot, size_t bytes) {
-    gemm_scratch *s = scratch();
-    if (!s) return NULL;
-    if (bytes > s->buf_n[slot]) {
-        free(s->buf[slot]);
-        s->buf[slot] = rx_alloc(bytes, 1);
-        s->buf_n[slot] = s->buf[slot] ? bytes : 0;
-    }
-    return s->buf[slot];
-}
+/* the calling thread's views of its buffers */
+static _Thread_local gemm_scratch tl;
 
 /* The calling thread's scratch with its fixed-size packing buffers, the
  * only memory a GEMM on one thread needs; NULL on allocation failure. */
 static gemm_scratch *scratch_packs(void) {
-    gemm_scratch *sc = scratch();
-    if (sc && !sc->apack) sc->apack = rx_falloc((size_t)MC * KC + MR_MAX); /* + pack_an slack */
-    if (sc && !sc->bpack) sc->bpack = rx_falloc((size_t)KC * NC);
-    return sc && sc->apack && sc->bpack ? sc : NULL;
+    if (!tl.apack)   /* + pack_an slack */
+        tl.apack = rx_thread_buffer(RX_BUF_GEMM_A, ((size_t)MC * KC + MR_MAX) * sizeof(float));
+    if (!tl.bpack) tl.bpack = rx_thread_buffer(RX_BUF_GEMM_B, (size_t)KC * NC * sizeof(float));
+    return tl.apack && tl.bpack ? &tl : NULL;
 }
 
 int rx_gemm_reserve(void) {
@@ -843,15 +774,15 @@ static size_t unit_need(const rx_gemm_op *ops, const gunit *un) {
 /* The calling thread's scratch with apack and a bfull of at least `need`
  * floats; NULL when they cannot be allocated. */
 static gemm_scratch *scratch_bfull(size_t need) {
-    gemm_scratch *sc = scratch();
-    if (sc && !sc->apack) sc->apack = rx_falloc((size_t)MC * KC + MR_MAX);
-    if (sc && need > sc->bfull_n) {
-        free(sc->bfull);
-        sc->bfull = rx_falloc(need);
-        sc->bfull_n = sc->bfull ? need : 0;
-        sc->bkey[0] = 0;
+    if (!tl.apack)
+        tl.apack = rx_thread_buffer(RX_BUF_GEMM_A, ((size_t)MC * KC + MR_MAX) * sizeof(float));
+    if (need > tl.bfull_n) {
+        tl.bfull = need <= SIZE_MAX / sizeof(float)
+                       ? rx_thread_buffer(RX_BUF_GEMM_FULL, need * sizeof(float)) : NULL;
+        tl.bfull_n = tl.bfull ? need : 0;
+        tl.bkey[0] = 0;
     }
-    return sc && sc->apack && sc->bfull ? sc : NULL;
+    return tl.apack && tl.bfull ? &tl : NULL;
 }
 
 /* RX_ENOMEM when the thread's buffers cannot be allocated (the unit's C
@@ -912,8 +843,7 @@ static void unit_shape(const rx_gemm_op *g, size_t mr, int nt, double target, si
  * segment bounds, SIZE_MAX when the table cannot be allocated. */
 static size_t plan_units(const rx_gemm_op *ops, size_t nops, size_t mr, int nt,
                          double total, uint64_t *seg) {
-    gemm_scratch *sc = scratch();
-    if (!sc) return SIZE_MAX;
+    gemm_scratch *sc = &tl;
     const double target = total / (8.0 * nt);
     size_t nu = 0;
     for (int pass = 0; pass < 2; pass++) {
@@ -935,8 +865,7 @@ static size_t plan_units(const rx_gemm_op *ops, size_t nops, size_t mr, int nt,
         }
         if (!pass && nu > UINT32_MAX - 1) return 0; /* segments count in 32 bits */
         if (!pass && nu > sc->units_n) {
-            free(sc->units);
-            sc->units = malloc(nu * sizeof *sc->units);
+            sc->units = rx_thread_buffer(RX_BUF_GEMM_UNITS, nu * sizeof *sc->units);
             sc->units_n = sc->units ? nu : 0;
             if (!sc->units) return SIZE_MAX;
         }
@@ -959,7 +888,7 @@ static int sgemm_parallel(const gemm_impl *im, const rx_gemm_op *ops, size_t nop
             if (sgemm_serial(im, &ops[k]) != RX_OK) return RX_ENOMEM;
         return RX_OK;
     }
-    const gunit *units = tl->units;
+    const gunit *units = tl.units;
     /* Every thread sizes its packed-B buffer for the batch's widest unit
      * before it runs any: a thread may steal any unit, and which it steals
      * depends on the timing, so sizing by the units it happens to run would
@@ -986,99 +915,6 @@ static int sgemm_parallel(const gemm_impl *im, const rx_gemm_op *ops, size_t nop
                 fail |= run_unit(im, ops, &units[v], batch) != RX_OK;
     }
     return fail ? RX_ENOMEM : RX_OK;
-}
-
-/* ---- independence of a batch's ops ---------------------------------------
- *
- * A batch runs every op's packing and compute in one parallel region, and
- * a single op reads op(A) panel by panel while other panels' C rows are
- * already written: an output that shares memory with an input, or with
- * another op's output, gives a result that depends on the threads' timing.
- * So every batch checks this before it writes anything (its cost is a few
- * comparisons per pair of ops; the model's passes hold at most 16). */
-
-/* A row-major region: rows of cols floats, row r at byte p + r * ld. */
-typedef struct {
-    uintptr_t p;
-    size_t rows, cols, ld;   /* cols and ld in bytes */
-} region;
-
-static region mat_region(const float *p, size_t rows, size_t cols, size_t ld) {
-    region g = {(uintptr_t)p, rows, cols * sizeof(float), ld * sizeof(float)};
-    return g;
-}
-
-/* One past the last byte of g. */
-static uintptr_t region_end(region g) { return g.p + (g.rows - 1) * g.ld + g.cols; }
-
-/* Whether the bytes [s, e) meet row r of g, for any r. Only the rows whose
- * span can reach [s, e) are tried: at most 2 + (e - s) / ld of them. */
-static int bytes_meet(uintptr_t s, uintptr_t e, region g) {
-    if (e <= g.p || s >= region_end(g)) return 0;
-    if (g.rows == 1 || g.ld == 0) return 1;
-    size_t hi = (e - 1 - g.p) / g.ld, lo = 0;
-    if (hi > g.rows - 1) hi = g.rows - 1;
-    if (s > g.p && s - g.p >= g.cols) lo = (s - g.p - g.cols) / g.ld + 1;
-    for (size_t r = lo; r <= hi; r++) {
-        uintptr_t a = g.p + r * g.ld;
-        if (a < e && a + g.cols > s) return 1;
-    }
-    return 0;
-}
-
-/* Whether regions a and b share a byte: their extents first, then row by
- * row of the shorter (column-interleaved layouts share extents only). */
-static int regions_meet(region a, region b) {
-    if (region_end(a) <= b.p || region_end(b) <= a.p) return 0;
-    if (a.rows > b.rows) {
-        region t = a;
-        a = b;
-        b = t;
-    }
-    for (size_t r = 0; r < a.rows; r++)
-        if (bytes_meet(a.p + r * a.ld, a.p + r * a.ld + a.cols, b)) return 1;
-    return 0;
-}
-
-int rx_gemm_check_batch(const char *fn, const rx_gemm_op *ops, size_t n) {
-    for (size_t j = 0; j < n; j++) {
-        const rx_gemm_op *c = &ops[j];
-        if (c->M == 0 || c->N == 0) continue;
-        const region out = mat_region(c->C, c->M, c->N, c->ldc);
-        for (size_t k = 0; k < n; k++) {
-            const rx_gemm_op *g = &ops[k];
-            if (g->M == 0 || g->N == 0) continue;
-            const char *what = NULL;
-            if (g->K > 0 && regions_meet(out, g->ta ? mat_region(g->A, g->K, g->M, g->lda)
-                                                    : mat_region(g->A, g->M, g->K, g->lda)))
-                what = "input A";
-            else if (g->K > 0 && regions_meet(out, g->tb ? mat_region(g->B, g->N, g->K, g->ldb)
-                                                         : mat_region(g->B, g->K, g->N, g->ldb)))
-                what = "input B";
-            else if (k < j && regions_meet(out, mat_region(g->C, g->M, g->N, g->ldc)))
-                what = "output C";
-            if (what)
-                return rx_fail(RX_EINVAL, "%s: the output C of GEMM %zu of %zu overlaps the %s of "
-                               "GEMM %zu (outputs must not share memory with inputs or other "
-                               "outputs)", fn, j, n, what, k);
-        }
-    }
-    return RX_OK;
-}
-
-size_t rx_gemm_live_ops(const rx_gemm_op *ops, size_t n, rx_gemm_op *live) {
-    size_t nl = 0;
-    for (size_t k = 0; k < n; k++) {
-        const rx_gemm_op *g = &ops[k];
-        if (g->M == 0 || g->N == 0) continue;
-        if (g->K == 0) {
-            if (g->beta == 0.0f)
-                for (size_t i = 0; i < g->M; i++) memset(g->C + i * g->ldc, 0, g->N * sizeof(float));
-            continue;
-        }
-        live[nl++] = *g;
-    }
-    return nl;
 }
 
 int rx_sgemm_batch(const rx_gemm_op *ops, size_t n) {

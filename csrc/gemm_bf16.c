@@ -75,17 +75,9 @@ typedef uint16_t bf16;
 
 /* ---- rounding ------------------------------------------------------------ */
 
-/* fp32 -> bf16 as vcvtne2ps2bf16 converts (Intel SDM): round to nearest
- * even; NaN stays a (quiet) NaN; a subnormal input becomes a signed zero
- * (so the largest subnormals do not round up to the smallest normal). The
- * AVX-512 packers use that instruction, so every kernel sees the same bits. */
-static inline bf16 bf16_round(float x) {
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16)((u >> 16) | 0x40u);
-    if (!(u & 0x7f800000u)) return (bf16)((u >> 16) & 0x8000u);
-    return (bf16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
+/* fp32 -> bf16 as vcvtne2ps2bf16 converts (rx_bf16_operand): the AVX-512
+ * packers use that instruction, so every kernel sees the same bits. */
+static inline bf16 bf16_round(float x) { return rx_bf16_operand(x); }
 
 static inline float bf16_float(bf16 h) {
     uint32_t u = (uint32_t)h << 16;
@@ -586,8 +578,8 @@ static int bgemm_pass(const bgemm_impl *im, const rx_gemm_op *ops, size_t n) {
         o[k].mp = (g->M + BLK - 1) / BLK * BLK;
         o[k].np = (g->N + BLK - 1) / BLK * BLK;
         o[k].nkc = (g->K + BT_K - 1) / BT_K;
-        /* a frozen base stored in this layout: its forward product reads it in place */
-        const uint16_t *pre = g->bq && !g->tb ? rx_base_packed(g->bq, g->N, g->K) : NULL;
+        /* a source holding this layout: its forward product reads it in place */
+        const uint16_t *pre = g->bsrc && !g->tb ? g->bsrc->packed(g->bsrc_of, g->N, g->K) : NULL;
         o[k].prepacked = pre != NULL;
         o[k].bp = (bf16 *)(uintptr_t)pre;
         if (!pre) need += o[k].np * o[k].nkc * BT_K;
@@ -639,9 +631,9 @@ static int bgemm_pass(const bgemm_impl *im, const rx_gemm_op *ops, size_t n) {
             size_t b0 = u / nkg * PACK_BCOLS, k0 = u % nkg * pl.kc;
             const size_t b1 = b0 + PACK_BCOLS < nb ? b0 + PACK_BCOLS : nb;
             const size_t k1 = k0 + pl.kc < o[k].nkc ? k0 + pl.kc : o[k].nkc;
-            if (o[k].g->bq)   /* a frozen base tensor: from its store */
-                rx_base_pack_bf16(o[k].g->bq, o[k].g->tb, o[k].g->N, o[k].g->K, o[k].nkc, b0, b1,
-                                  k0, k1, BT_R, BT_K, o[k].bp);
+            if (o[k].g->bsrc)   /* a frozen base tensor: packed by its source */
+                o[k].g->bsrc->pack_bf16(o[k].g->bsrc_of, o[k].g->tb, o[k].g->N, o[k].g->K,
+                                        o[k].nkc, b0, b1, k0, k1, BT_R, BT_K, o[k].bp);
             else
                 im->pack_b(&o[k], b0, b1, k0, k1);
         }
@@ -683,85 +675,4 @@ int rx_bgemm(int ta, int tb, size_t M, size_t N, size_t K, const float *A, size_
              const float *B, size_t ldb, float beta, float *C, size_t ldc) {
     const rx_gemm_op g = {ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc};
     return rx_bgemm_batch(&g, 1);
-}
-
-/* ---- the projections' precision ------------------------------------------ */
-
-static _Thread_local int tl_precision = RX_PRECISION_FP32;
-
-int rx_gemm_set_precision(int precision) {
-    int old = tl_precision;
-    tl_precision = precision;
-    return old;
-}
-
-/* The calling thread's frozen spans (rx_gemm_set_frozen): none when n = 0 */
-static _Thread_local rx_frozen tl_frozen;
-
-rx_frozen rx_gemm_set_frozen(rx_frozen f) {
-    const rx_frozen old = tl_frozen;
-    tl_frozen = f;
-    return old;
-}
-
-int rx_pgemm_run(const rx_gemm_op *ops, size_t n) {
-    return tl_precision == RX_PRECISION_BF16 ? rx_bgemm_batch(ops, n) : rx_sgemm_batch(ops, n);
-}
-
-/* The calling thread's adapter table (rx_gemm_set_lora): NULL when none */
-static _Thread_local const rx_lora *tl_lora;
-
-const rx_lora *rx_gemm_set_lora(const rx_lora *L) {
-    const rx_lora *old = tl_lora;
-    tl_lora = L;
-    return old;
-}
-
-/* C lies in one of the frozen spans */
-static int frozen_out(const float *c) {
-    const rx_frozen *f = &tl_frozen;
-    if (c < f->base) return 0;
-    const int64_t off = (int64_t)(c - f->base);
-    for (int r = 0; r < f->n; r++)
-        if (off >= f->ranges[2 * r] && off < f->ranges[2 * r + 1]) return 1;
-    return 0;
-}
-
-/* The calling thread's frozen base (rx_gemm_set_base): NULL when none */
-static _Thread_local const rx_base *tl_base;
-
-const rx_base *rx_gemm_set_base(const rx_base *s) {
-    const rx_base *old = tl_base;
-    tl_base = s;
-    return old;
-}
-
-/* The base products of a batch, less those of frozen tensors; a product
- * reading a base tensor packs its op(B) from the store (base.c) */
-static int pgemm_base(const rx_gemm_op *ops, size_t n) {
-    if (!tl_frozen.n && !tl_base) return rx_pgemm_run(ops, n);
-    /* a weight-grad product of a frozen tensor: its output lies in the grad
-     * arena where nothing reads it, so it is not computed at all */
-    rx_gemm_op live[16];
-    size_t nl = 0;
-    int rc = RX_OK;
-    for (size_t i = 0; i < n && rc == RX_OK; i++) {
-        if (frozen_out(ops[i].C) || rx_base_grad_slot(tl_base, ops[i].C)) continue;
-        live[nl] = ops[i];
-        live[nl++].bq = rx_base_find(tl_base, ops[i].B);
-        if (nl == sizeof live / sizeof live[0]) rc = rx_pgemm_run(live, nl), nl = 0;
-    }
-    return rc == RX_OK && nl ? rx_pgemm_run(live, nl) : rc;
-}
-
-/* The base products, then the adapters' (lora.c) when the thread has any */
-int rx_pgemm_batch(const rx_gemm_op *ops, size_t n) {
-    const int rc = pgemm_base(ops, n);
-    return rc == RX_OK && tl_lora ? rx_lora_apply(tl_lora, ops, n) : rc;
-}
-
-int rx_pgemm(int ta, int tb, size_t M, size_t N, size_t K, const float *A, size_t lda,
-             const float *B, size_t ldb, float beta, float *C, size_t ldc) {
-    const rx_gemm_op g = {ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc};
-    return rx_pgemm_batch(&g, 1);
 }

@@ -188,8 +188,8 @@ static void scale(float *p, size_t n, float s) {
 }
 
 /* The adapter products of up to LORA_OPS base products ops[0..n), run
- * after those */
-static int apply_chunk(const rx_lora *L, const rx_gemm_op *ops, size_t n) {
+ * after those, on run */
+static int apply_chunk(const rx_lora *L, const rx_gemm_op *ops, size_t n, rx_gemm_runner run) {
     job jb[LORA_OPS];
     size_t nj = 0, need = 0;
     const size_t r = (size_t)L->r;
@@ -226,7 +226,7 @@ static int apply_chunk(const rx_lora *L, const rx_gemm_op *ops, size_t n) {
             p1[n1++] = (rx_gemm_op){0, 0, rows, r, a->out, j->dy, j->ldy, a->B, r, 0.0f, j->g, r};
         }
     }
-    int rc = rx_pgemm_run(p1, n1);
+    int rc = run(p1, n1);
     if (rc != RX_OK) return rc;
     for (size_t i = 0; i < nj; i++) {
         job *j = &jb[i];
@@ -251,12 +251,12 @@ static int apply_chunk(const rx_lora *L, const rx_gemm_op *ops, size_t n) {
                                     a->in};
         }
     }
-    return rx_pgemm_run(p2, n2);
+    return run(p2, n2);
 }
 
-int rx_lora_apply(const rx_lora *L, const rx_gemm_op *ops, size_t n) {
+int rx_lora_apply(const rx_lora *L, const rx_gemm_op *ops, size_t n, rx_gemm_runner run) {
     int rc = RX_OK;
     for (size_t b = 0; b < n && rc == RX_OK; b += LORA_OPS)
-        rc = apply_chunk(L, ops + b, n - b < LORA_OPS ? n - b : LORA_OPS);
+        rc = apply_chunk(L, ops + b, n - b < LORA_OPS ? n - b : LORA_OPS, run);
     return rc;
 }

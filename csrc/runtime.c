@@ -2,8 +2,10 @@
  *
  * runtime.c -- error reporting, thread control, shared by the Python and the
  * C front ends, the fixed row blocks' ordered sums (rx_block_sums), and the
- * per-kernel time accounting of the benchmarks.
+ * per-kernel time accounting of the benchmarks, and the model context's
+ * defaults and checks (rx_model_ctx), which every kernel reads.
  */
+#include <float.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <time.h>
@@ -188,3 +190,26 @@ int rx_profile_read(double *seconds, int n) {
 }
 
 const char *rx_profile_name(int i) { return i >= 0 && i < RX_PROF_N ? prof_names[i] : NULL; }
+
+/* ---- the model context: its defaults and checks --------------------------- */
+
+const rx_model_ctx rx_ctx_default = RX_MODEL_CTX_DEFAULT;
+
+void rx_model_ctx_default(rx_model_ctx *ctx) {
+    if (ctx) *ctx = rx_ctx_default;
+}
+
+int rx_model_ctx_validate(const rx_model_ctx *ctx) {
+    static const char *const fn = "rx_model_ctx_validate";
+    if (!ctx) return rx_fail(RX_EINVAL, "%s: ctx is NULL", fn);
+    /* an eps is rounded to float for the kernels: it must stay > 0 there */
+    if (!(isfinite(ctx->ln_eps) && (float)ctx->ln_eps > 0.0f && ctx->ln_eps <= FLT_MAX))
+        return rx_fail(RX_ECONFIG, "%s: ln_eps %g must be finite and > 0", fn, ctx->ln_eps);
+    if (!(isfinite(ctx->gn_eps) && (float)ctx->gn_eps > 0.0f && ctx->gn_eps <= FLT_MAX))
+        return rx_fail(RX_ECONFIG, "%s: gn_eps %g must be finite and > 0", fn, ctx->gn_eps);
+    if (ctx->ln0 != 0 && ctx->ln0 != 1)
+        return rx_fail(RX_ECONFIG, "%s: ln0 %d must be 0 or 1", fn, ctx->ln0);
+    if (!(isfinite(ctx->l2wrap) && ctx->l2wrap >= 0.0))
+        return rx_fail(RX_ECONFIG, "%s: l2wrap %g must be finite and >= 0", fn, ctx->l2wrap);
+    return RX_OK;
+}

@@ -250,6 +250,31 @@ enum { RX_PROF_OTHER, RX_PROF_GEMM, RX_PROF_WKV7, RX_PROF_ATTN, RX_PROF_NORM, RX
 void rx_prof_push(int slot);
 void rx_prof_pop(void);
 
+/* ---- cpu.c: per-thread scratch and CPU detection ----------------------- */
+/* The calling thread's scratch buffers, one per use, so that a training
+ * step allocates nothing once its first call has grown them: */
+enum {
+    RX_BUF_BF16_PACK,   /* rx_bgemm's packed operands */
+    RX_BUF_NORM_PART,   /* rx_rownorm_backward's per-block dw/db partial sums */
+    RX_BUF_WKV_PART,    /* a split WKV7 backward's per-row-tile column sums */
+    RX_BUF_LORA,        /* the LoRA adapters' h = s x A^T and g = s dy B (lora.c) */
+    RX_BUF_GEMM_A,      /* rx_sgemm's packed op(A) block */
+    RX_BUF_GEMM_B,      /* rx_sgemm's packed op(B) panel */
+    RX_BUF_GEMM_FULL,   /* rx_sgemm's op(B) packed over all of K for a parallel unit */
+    RX_BUF_GEMM_UNITS,  /* rx_sgemm's table of a parallel batch's units */
+    RX_BUF_N
+};
+/* Buffer `slot` of the calling thread, at least `bytes` long, grown to the
+ * largest request (its contents then unspecified; kept otherwise) and freed
+ * when the thread exits; NULL when it cannot be allocated. */
+void *rx_thread_buffer(int slot, size_t bytes);
+/* 1 on AMD family 0x1A (Zen 5) and later: 512-bit FMA and vdpbf16ps on
+ * full-width pipes (gemm.c's tile and gemm_bf16.c's precision policy). */
+int rx_cpu_zen5_or_later(void);
+/* 1 when the CPU runs the base's AVX-512 (BW) packers, 2 when also
+ * AVX512-BF16; 0 with RWKVX_BASE_PORTABLE=1 (the portable packers) */
+int rx_cpu_base_simd(void);
+
 /* ---- gemm.c ------------------------------------------------------------
  * C[M,N] = beta*C + op(A)[M,K] . op(B)[K,N], all row-major. op(A) is A
  * ([M,K], row stride lda) or, with ta, A^T for A stored [K,M]; likewise B.
@@ -275,9 +300,26 @@ typedef struct {
     float *C;
     size_t ldc;
     /* set by rx_pgemm_batch alone: B is a frozen base tensor's arena slot,
-     * and op(B) is packed from this store instead (base.c); NULL: from B */
-    const struct rx_base_mat *bq;
+     * and op(B) is packed by its owner instead (bsrc's functions on
+     * bsrc_of, base_pack.c); NULL: from B */
+    const struct rx_gemm_source *bsrc;
+    const void *bsrc_of;
 } rx_gemm_op;
+/* A B operand the GEMMs do not read as floats but have its owner pack (a
+ * frozen base tensor): the GEMMs call these on the op's bsrc_of and never
+ * name the owner. pack_f32: op(B) rows [p0,p0+kc) x cols [j0,j0+nc) as
+ * rx_sgemm's nr-column slivers; pack_bf16: column blocks [cb0,cb1) x k
+ * chunks [kc0,kc1) as rx_bgemm's bt_r x bt_k blocks; packed: the whole
+ * packed op(B) of a forward product of N x K when the owner holds it in
+ * that layout already (the bf16 GEMM then reads it in place), else NULL. */
+typedef struct rx_gemm_source {
+    void (*pack_f32)(const void *src, int tb, size_t p0, size_t kc, size_t j0, size_t nc,
+                     size_t nr, float *Bp);
+    void (*pack_bf16)(const void *src, int tb, size_t N, size_t K, size_t nkc, size_t cb0,
+                      size_t cb1, size_t kc0, size_t kc1, size_t bt_r, size_t bt_k,
+                      uint16_t *bp);
+    const uint16_t *(*packed)(const void *src, size_t N, size_t K);
+} rx_gemm_source;
 /* Independent GEMMs -- no op reads or writes another's C -- run in one
  * parallel region, balanced across threads as one pool of work. */
 int rx_sgemm_batch(const rx_gemm_op *ops, size_t n);
@@ -288,6 +330,12 @@ int rx_gemm_reserve(void);
 /* Multiply-adds below which a GEMM runs on one thread: under ~10 us of
  * work a fork/join costs more than it saves. */
 #define RX_GEMM_MIN_PAR 262144.0
+/* Test hook: force the named micro-kernel ("generic", "avx2-fma",
+ * "avx512f", "avx512f-12x32", "avx512f-8x32") for every later call, NULL to pick by CPU again. RX_EINVAL
+ * when the name is unknown or the CPU cannot run it. Not thread-safe
+ * against concurrent GEMMs. */
+int rx_sgemm_use_kernel(const char *name);
+/* ---- gemm_ops.c: what both GEMM batches share -------------------------- */
 /* ops[0..n) -> live: the ops with work to do, in order; returns their count.
  * An op with K = 0 and beta = 0 is done here (C = 0); any other with no
  * work (M, N or K zero) is dropped. Shared by the fp32 and bf16 batches. */
@@ -296,27 +344,6 @@ size_t rx_gemm_live_ops(const rx_gemm_op *ops, size_t n, rx_gemm_op *live);
  * another op's C; else RX_EINVAL through rx_fail, naming fn and the ops.
  * Every batch runs it first (see gemm.c, "independence"). */
 int rx_gemm_check_batch(const char *fn, const rx_gemm_op *ops, size_t n);
-/* The calling thread's scratch buffers, one per use, so that a training
- * step allocates nothing once its first call has grown them: */
-enum {
-    RX_BUF_BF16_PACK,   /* rx_bgemm's packed operands */
-    RX_BUF_NORM_PART,   /* rx_rownorm_backward's per-block dw/db partial sums */
-    RX_BUF_WKV_PART,    /* a split WKV7 backward's per-row-tile column sums */
-    RX_BUF_LORA,        /* the LoRA adapters' h = s x A^T and g = s dy B (lora.c) */
-    RX_BUF_N
-};
-/* Buffer `slot` of the calling thread, at least `bytes` long (contents
- * unspecified), grown to the largest request and freed with the thread's
- * GEMM scratch when the thread exits; NULL when it cannot be allocated. */
-void *rx_thread_buffer(int slot, size_t bytes);
-/* Test hook: force the named micro-kernel ("generic", "avx2-fma",
- * "avx512f", "avx512f-12x32", "avx512f-8x32") for every later call, NULL to pick by CPU again. RX_EINVAL
- * when the name is unknown or the CPU cannot run it. Not thread-safe
- * against concurrent GEMMs. */
-int rx_sgemm_use_kernel(const char *name);
-/* 1 on AMD family 0x1A (Zen 5) and later: 512-bit FMA and vdpbf16ps on
- * full-width pipes (gemm.c's tile and gemm_bf16.c's precision policy). */
-int rx_cpu_zen5_or_later(void);
 
 /* ---- gemm_bf16.c -------------------------------------------------------
  * rx_sgemm's contract on operands rounded to bf16 (nearest even, subnormal
@@ -326,34 +353,21 @@ int rx_bgemm(int ta, int tb, size_t M, size_t N, size_t K,
              const float *A, size_t lda, const float *B, size_t ldb,
              float beta, float *C, size_t ldc);
 int rx_bgemm_batch(const rx_gemm_op *ops, size_t n);
+/* The bf16 GEMM's operand rounding, fp32 -> bf16 as vcvtne2ps2bf16
+ * converts (Intel SDM): round to nearest even; NaN stays a (quiet) NaN; a
+ * subnormal input becomes a signed zero (so the largest subnormals do not
+ * round up to the smallest normal). The frozen base's packers round with
+ * it too. */
+static inline uint16_t rx_bf16_operand(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+    if (!(u & 0x7f800000u)) return (uint16_t)((u >> 16) & 0x8000u);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
 /* Test hook as rx_sgemm_use_kernel: "amx-bf16", "avx512-bf16",
  * "generic-bf16"; NULL picks by CPU (or RWKVX_BF16_KERNEL) again. */
 int rx_bgemm_use_kernel(const char *name);
-/* The projection GEMM: rx_sgemm(_batch) or rx_bgemm(_batch) by the calling
- * thread's projection precision (RX_PRECISION_*), which the model sets for
- * the span of its forward and backward and rx_gemm_set_precision returns to
- * what it was (the return value). Every projection calls these; attention's
- * score tiles call rx_sgemm and stay fp32. */
-int rx_gemm_set_precision(int precision);
-int rx_pgemm(int ta, int tb, size_t M, size_t N, size_t K,
-             const float *A, size_t lda, const float *B, size_t ldb,
-             float beta, float *C, size_t ldc);
-int rx_pgemm_batch(const rx_gemm_op *ops, size_t n);
-/* The calling thread's frozen spans: element ranges [begin, end) of base
- * (ranges [n][2]; n = 0: none), set by rx_gemm_set_frozen, which returns
- * the old ones: rx_pgemm(_batch) skips every product whose output C starts
- * inside one. A model with frozen tensors (rx_ptmodel_set_frozen_ranges)
- * sets their spans of its grad arena for the span of its backward: no
- * weight-grad GEMM of theirs runs, every dX GEMM does. */
-typedef struct {
-    const float *base;
-    const int64_t *ranges;
-    int n;
-} rx_frozen;
-rx_frozen rx_gemm_set_frozen(rx_frozen f);
-/* A batch of projection products in the calling thread's precision, with
- * neither frozen spans nor adapters: what lora.c runs its own products on. */
-int rx_pgemm_run(const rx_gemm_op *ops, size_t n);
 
 /* ---- lora.c ------------------------------------------------------------
  * LoRA adapters on projection weights (docs/maths.md §LoRA). A target is a
@@ -377,22 +391,21 @@ int rx_lora_count(const rx_lora *L, int *r, double *alpha);
 int rx_lora_adapter(const rx_lora *L, int i, int *param, int64_t *a_off, int64_t *b_off);
 float *rx_lora_arena(rx_lora *L, int64_t *n);
 float *rx_lora_grad_arena(rx_lora *L, int64_t *n);
-/* The calling thread's adapter table (NULL: none), returning the old one:
- * the model sets it for the span of its forward and backward, and
- * rx_pgemm(_batch) then runs rx_lora_apply after each batch's base
- * products. */
-const rx_lora *rx_gemm_set_lora(const rx_lora *L);
-/* The adapter products of base products ops[0..n), run after them:
+/* What the adapters run their own products on (the projection entry hands
+ * rx_pgemm_run: its precision, neither frozen spans nor adapters). */
+typedef int (*rx_gemm_runner)(const rx_gemm_op *ops, size_t n);
+/* The adapter products of base products ops[0..n), run after them on run:
  * y += s (x A^T) B^T after a forward product of an adapted W, dx += s (dy B) A
  * after its dx product, dB = s dy^T (x A^T) and dA = s (dy B)^T x in place
  * of its weight-grad product. RX_OK, RX_ENOMEM, or RX_EINVAL for an adapted
  * weight read in a form other than these. */
-int rx_lora_apply(const rx_lora *L, const rx_gemm_op *ops, size_t n);
+int rx_lora_apply(const rx_lora *L, const rx_gemm_op *ops, size_t n, rx_gemm_runner run);
 
 /* ---- base.c ------------------------------------------------------------
  * The frozen base (docs/layout.md §Frozen base): weight matrices that do
- * not train, held as bf16 or GGUF Q8_0 rows of W^T [out][in], read by the
- * projection GEMMs through their packing. A target is a weight's arena
+ * not train, held as rows of W^T [out][in] in one of the dtypes of
+ * rx_base_types (rx_base.h, base_types.c), read by the projection GEMMs
+ * through their packing (base_pack.c). A target is a weight's arena
  * slot W [in][out], its grad slot GW and its tensor index. */
 typedef struct rx_base rx_base;
 typedef struct rx_base_mat rx_base_mat;
@@ -416,17 +429,13 @@ typedef struct {
  * instead of packing, with subnormals as the GEMM's operand rounding
  * leaves them (signed zeros); else rows of W^T [out][in]. */
 int rx_base_create(int dtype, const rx_base_target *t, int n, int packed, rx_base **out);
-/* b's store when it is rx_bgemm's packed op(B) of a forward product of
- * N x K (b's out x in), else NULL */
-const uint16_t *rx_base_packed(const rx_base_mat *b, size_t N, size_t K);
-/* b's values as rows [out][in] (bf16 bits, or Q8_0 rows) into dst, which
- * holds out * rx_base_row_bytes(in) bytes */
+/* b's values as rows [out][in] (its dtype's stored rows) into dst, which
+ * holds out rows of its dtype's row bytes */
 void rx_base_rows(const rx_base_mat *b, void *dst);
 void rx_base_free(rx_base *s);
 int rx_base_dtype(const rx_base *s);
 size_t rx_base_bytes(const rx_base *s);
 int rx_base_count(const rx_base *s);
-size_t rx_base_row_bytes(int dtype, size_t in);
 const rx_base_mat *rx_base_at(const rx_base *s, int i);
 const rx_base_mat *rx_base_by_param(const rx_base *s, int param);
 int rx_base_param(const rx_base_mat *b);
@@ -453,21 +462,49 @@ const rx_base_mat *rx_base_find(const rx_base *s, const float *W);
 int rx_base_grad_slot(const rx_base *s, const float *C);
 /* grads [n] = 0 outside the base tensors' grad slots (never touched) */
 void rx_base_zero_grads(const rx_base *s, float *grads, size_t n);
-/* op(B) of a product reading b, packed as rx_sgemm packs B (nr-column
- * slivers) or as rx_bgemm does (bt_r x bt_k blocks); see base.c */
-void rx_base_pack_f32(const rx_base_mat *b, int tb, size_t p0, size_t kc, size_t j0, size_t nc,
-                      size_t nr, float *Bp);
-void rx_base_pack_bf16(const rx_base_mat *b, int tb, size_t N, size_t K, size_t nkc, size_t cb0,
-                       size_t cb1, size_t kc0, size_t kc1, size_t bt_r, size_t bt_k,
-                       uint16_t *bp);
+/* the base as the GEMMs' B source: a product reading base tensor b has
+ * its op(B) packed from the store (base_pack.c), bsrc_of = b */
+extern const rx_gemm_source rx_base_source;
+/* the model's base, NULL when none (model_layout.c) */
+rx_base *rx_ptmodel_base_store(const rx_ptmodel *m);
+void rx_ptmodel_attach_base(rx_ptmodel *m, rx_base *s);
+
+/* ---- proj.c: the projection entry -------------------------------------- */
+/* The projection GEMM: rx_sgemm(_batch) or rx_bgemm(_batch) by the calling
+ * thread's projection precision (RX_PRECISION_*), which the model sets for
+ * the span of its forward and backward and rx_gemm_set_precision returns to
+ * what it was (the return value). Every projection calls these; attention's
+ * score tiles call rx_sgemm and stay fp32. */
+int rx_gemm_set_precision(int precision);
+int rx_pgemm(int ta, int tb, size_t M, size_t N, size_t K,
+             const float *A, size_t lda, const float *B, size_t ldb,
+             float beta, float *C, size_t ldc);
+int rx_pgemm_batch(const rx_gemm_op *ops, size_t n);
+/* The calling thread's frozen spans: element ranges [begin, end) of base
+ * (ranges [n][2]; n = 0: none), set by rx_gemm_set_frozen, which returns
+ * the old ones: rx_pgemm(_batch) skips every product whose output C starts
+ * inside one. A model with frozen tensors (rx_ptmodel_set_frozen_ranges)
+ * sets their spans of its grad arena for the span of its backward: no
+ * weight-grad GEMM of theirs runs, every dX GEMM does. */
+typedef struct {
+    const float *base;
+    const int64_t *ranges;
+    int n;
+} rx_frozen;
+rx_frozen rx_gemm_set_frozen(rx_frozen f);
+/* A batch of projection products in the calling thread's precision, with
+ * neither frozen spans nor adapters: what lora.c runs its own products on. */
+int rx_pgemm_run(const rx_gemm_op *ops, size_t n);
+/* The calling thread's adapter table (NULL: none), returning the old one:
+ * the model sets it for the span of its forward and backward, and
+ * rx_pgemm(_batch) then runs rx_lora_apply after each batch's base
+ * products. */
+const rx_lora *rx_gemm_set_lora(const rx_lora *L);
 /* The calling thread's base (NULL: none), returning the old one: the model
  * sets it for the span of its forward and backward, and rx_pgemm(_batch)
  * then packs every product reading a base tensor from the store and skips
  * its weight-grad product. */
 const rx_base *rx_gemm_set_base(const rx_base *s);
-/* the model's base, NULL when none (model.c) */
-rx_base *rx_ptmodel_base_store(const rx_ptmodel *m);
-void rx_ptmodel_attach_base(rx_ptmodel *m, rx_base *s);
 
 /* ---- head.c ------------------------------------------------------------
  * L2Wrap's grad over rows of logits: dlogits[t][am_t] += coef *
@@ -595,7 +632,7 @@ int rx_cm_backward_acts(const rx_cm_params *P, const float *x, const float *x_pr
 /* ---- the time-mix schema ------------------------------------------------
  * The one list of the time-mix parameters (docs/layout.md §Parameters):
  * X(field, rows, cols, init, layer0) for each pointer of rx_tm_params and
- * rx_tm_grads, in their declaration order, which model.c checks at compile
+ * rx_tm_grads, in their declaration order, which model_layout.c checks at compile
  * time. rows and cols name a dimension (C, Dw, Da, Dg, Dv; cols NONE for a
  * vector), init the spec init rule (MAT, VEC, GAMMA, BETA), layer0 whether
  * RWKV block 0 has the field (the value residual only follows it). The
@@ -790,7 +827,7 @@ int rx_attn_backward_acts(const rx_model_ctx *ctx,
 int rx_attn_decode(const rx_attn_params *P, const float *q, const float *k, const float *v,
                    int pos, int T, float *y);
 
-/* ---- model.c ------------------------------------------------------------
+/* ---- runtime.c: the model context ----------------------------------------
  * The default model context (RX_DEFAULT_*): what the standalone kernels
  * (rx_block_forward_seq, rx_attn_forward_seq, rx_timemix_forward_seq, ...)
  * run with; a model's kernels get its own (rx_model_create_ctx). */

@@ -648,6 +648,14 @@ int rx_ptmodel_base_rows(const rx_ptmodel *m, int param, void *dst);
 int rx_ptmodel_base_info(const rx_ptmodel *m, int *dtype, int *n, int64_t *bytes);
 int rx_ptmodel_base_param(const rx_ptmodel *m, int i);
 int rx_ptmodel_base_release(rx_ptmodel *m);
+/* The frozen-base dtypes as data, so a binding lists them from the library
+ * instead of by name: dtype i in [0, rx_base_num_dtypes()) has a name
+ * ("bf16", "q8_0"), its RX_BASE_* id, and its block: a stored row of W^T is
+ * whole blocks of block_elems values in block_bytes bytes each (the row's
+ * size must be a multiple of block_elems). Outputs may be NULL. RX_EINVAL
+ * if i is out of range. */
+int rx_base_num_dtypes(void);
+int rx_base_dtype_info(int i, const char **name, int *id, int *block_elems, int *block_bytes);
 /* Block kinds in model order, one 'R' (RWKV-7) or 'A' (attention) per
  * block, NUL-terminated: "RRARRAR" for n_rwkv = 5, n_attn = 2. */
 const char *rx_ptmodel_layers(const rx_ptmodel *m);

@@ -18,6 +18,7 @@ _HERE = _os.path.dirname(_os.path.abspath(__file__))
 try:
     from rwkvx_c._core import (
         ALLOC_HEADROOM,
+        BASE_DTYPES,
         CONFIG_FIELDS,
         MAX_THREADS,
         OPTION_FIELDS,
@@ -31,6 +32,7 @@ try:
         attn_score_av_forward,
         available_memory,
         axpby,
+        base_dtype_block,
         bf16_hardware,
         bf16_pays,
         block_backward,
@@ -80,7 +82,7 @@ __version__ = "0.1.0"
 # typed in _core.pyi) and this module's; the layers above are subpackages
 __all__ = [
     "RxPtModel", "InferState", "ByteTrie", "CONFIG_FIELDS", "OPTION_FIELDS", "ALLOC_HEADROOM",
-    "MAX_THREADS", "check_config", "tm_fields", "tm_shapes",
+    "MAX_THREADS", "BASE_DTYPES", "base_dtype_block", "check_config", "tm_fields", "tm_shapes",
     "wkv7_forward", "wkv7_backward", "timemix_forward", "timemix_backward",
     "channelmix_forward", "channelmix_backward", "attn_forward", "attn_backward",
     "attn_score_av_forward", "attn_score_av_backward", "block_forward", "block_backward",

@@ -91,7 +91,8 @@ def attn_score_av_backward(q: F32, k: F32, v: F32, dy: F32, *, n_head: int, head
 CONFIG_FIELDS: tuple[str, ...]
 OPTION_FIELDS: dict[str, float]   # the model context's keys a config may hold: their defaults
 KK_FLOOR: float   # the time-mix key normalisation's floor (RX_KK_FLOOR)
-BASE_DTYPES: tuple[str, ...]
+BASE_DTYPES: tuple[str, ...]   # the frozen base's dtypes, from the C table (csrc/base_types.c)
+def base_dtype_block(dtype: str) -> tuple[int, int]: ...
 
 class RxPtModel:
     """RWKV-X model over two flat float32 arenas (params, grads)."""

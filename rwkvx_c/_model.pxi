@@ -6,8 +6,6 @@ from libc.stdint cimport int64_t, uint64_t
 from libc.string cimport memcpy
 
 
-# the frozen base's dtypes (rx_ptmodel_set_base), by name
-BASE_DTYPES = ("bf16", "q8_0")
 
 
 cdef class _ModelHandle:
@@ -329,7 +327,7 @@ cdef class _ModelCore:
         cdef int[::1] iv = np.array(idx or [0], np.int32)
         if self._busy:
             raise RuntimeError("RxPtModel: set_base while a forward or backward runs")
-        cdef int code = RX_BASE_BF16 if dtype == "bf16" else RX_BASE_Q8_0
+        cdef int code = _BASE_DTYPE_IDS[dtype]
         _check_rc(rx_ptmodel_set_base(self._h.m, code, &iv[0], len(idx)), "RxPtModel.set_base")
 
     def base_fill(self, name, values, *, transposed=False):
@@ -372,7 +370,7 @@ cdef class _ModelCore:
         """"bf16" or "q8_0" when the model holds a frozen base, else None."""
         cdef int d
         rx_ptmodel_base_info(self._h.m, &d, NULL, NULL)
-        return None if d == RX_BASE_NONE else ("bf16" if d == RX_BASE_BF16 else "q8_0")
+        return None if d == RX_BASE_NONE else _BASE_DTYPE_NAMES[d]
 
     @property
     def base_names(self):
@@ -405,12 +403,12 @@ cdef class _ModelCore:
         i, o = self._params[name].shape
         if name == "emb":
             i, o = o, i
-        bf16 = self.base_dtype == "bf16"
-        out = np.empty((o, i) if bf16 else (o, i // 32 * 34), np.uint16 if bf16 else np.uint8)
+        per, nbytes = base_dtype_block(self.base_dtype)
+        out = np.empty((o, i // per * nbytes), np.uint8)
         cdef unsigned char[::1] raw = out.reshape(-1).view(np.uint8)
         _check_rc(rx_ptmodel_base_rows(self._h.m, self._names.index(name), &raw[0]),
                   "RxPtModel.base_data")
-        return out
+        return out.view(np.uint16) if (per, nbytes) == (1, 2) else out   # bf16 bits
 
     def release_base(self):
         """Decode every base tensor into its params view and drop the

@@ -244,6 +244,8 @@ cdef extern from "rx_pretrain.h" nogil:
     int rx_ptmodel_base_info(const rx_ptmodel *m, int *dtype, int *n, int64_t *bytes)
     int rx_ptmodel_base_param(const rx_ptmodel *m, int i)
     int rx_ptmodel_base_release(rx_ptmodel *m)
+    int rx_base_num_dtypes()
+    int rx_base_dtype_info(int i, const char **name, int *id, int *block_elems, int *block_bytes)
     int RX_PT_LN0
     int RX_PT_NO_INIT
     int RX_BASE_NONE

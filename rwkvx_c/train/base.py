@@ -38,9 +38,6 @@ if TYPE_CHECKING:
 __all__ = ["resolve_base_dtype", "base_names", "base_bytes", "tune_bytes", "model_from_source",
            "Decoded"]
 
-Q8_BLOCK, Q8_BYTES = 32, 34   # GGUF Q8_0: 32 int8 and one fp16 scale
-
-
 def resolve_base_dtype(opts: ResolvedOptions, source_dtype: str) -> str:
     """--base-dtype with "auto" decided: bf16 when the source's matrices
     are bf16 and something is frozen, else fp32."""
@@ -52,23 +49,25 @@ def resolve_base_dtype(opts: ResolvedOptions, source_dtype: str) -> str:
 
 def base_names(model: RxPtModel, opts: ResolvedOptions, dtype: str) -> list[str]:
     """The matrices a base of dtype holds: every frozen 2-D parameter, the
-    embedding included (held by its rows, which are gathered); for q8_0
-    only those whose rows (W^T's, the embedding's own) are a multiple of
-    32 long (the rest stay float32)."""
+    embedding included (held by its rows, which are gathered), whose rows
+    (W^T's, the embedding's own) are whole blocks of the dtype (q8_0's: 32
+    values; the rest stay float32)."""
     if dtype == "fp32":
         return []
+    per, _ = _core.base_dtype_block(dtype)
     keep = set(trained_names(model, opts))
     p = model.params
     return [n for n in model.param_names if n not in keep and p[n].ndim == 2
-            and (dtype != "q8_0" or p[n].shape[n == "emb"] % Q8_BLOCK == 0)]
+            and p[n].shape[n == "emb"] % per == 0]
 
 
 def base_bytes(model: RxPtModel, names: list[str], dtype: str) -> int:
     """Bytes of a base of dtype holding names."""
+    if dtype == "fp32":   # no base
+        return 0
     p = model.params
-    if dtype == "q8_0":
-        return sum(p[n].size // Q8_BLOCK * Q8_BYTES for n in names)
-    return sum(2 * p[n].size for n in names)
+    per, nbytes = _core.base_dtype_block(dtype)
+    return sum(p[n].size // per * nbytes for n in names)
 
 
 def tune_bytes(model: RxPtModel, opts: ResolvedOptions, names: list[str], dtype: str) -> int:

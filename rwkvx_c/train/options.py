@@ -34,7 +34,8 @@ __all__ = ["TrainOptions", "auto_precision", "PRECISIONS", "BASE_DTYPES", "TUNE_
            "new_run_hint", "schema"]
 
 PRECISIONS = ("fp32", "bf16", "auto")
-BASE_DTYPES = ("auto", "fp32", "bf16", "q8_0")   # --base-dtype (docs/finetune.md §The frozen base)
+# --base-dtype (docs/finetune.md §The frozen base): the C table's dtypes
+BASE_DTYPES = ("auto", "fp32", *_core.BASE_DTYPES)
 TUNE_MODES = ("full", "state", "lora")   # what trains (rwkvx_c.train.finetune)
 DEFAULT_STEPS = 1000      # a preset with neither steps nor a time budget
 # a state tune's defaults, RWKV-PEFT's (its demo-state-tuning.sh: --lr_init 1

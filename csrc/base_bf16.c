@@ -1,0 +1,136 @@
+/* SPDX-License-Identifier: AGPL-3.0-or-later AND Apache-2.0
+ *
+ * base_bf16.c -- the bf16 frozen-base dtype's kernels (its row of
+ * rx_base_types, base_types.c): W^T [out][in] as bfloat16, 2 bytes a value,
+ * torch's rounding (round to nearest even). A bf16 is a float32's upper
+ * half, so every decode is a shift and a stored row is read in place.
+ */
+#include "rx_base.h"
+#include "rx_simd.h"
+
+void rx_bf16_from_float(const float *x, size_t n, unsigned char *dst) {
+    for (size_t k = 0; k < n; k++) {
+        const uint16_t v = to_bf16(x[k]);
+        memcpy(dst + 2 * k, &v, 2);
+    }
+}
+
+/* bf16 in, bf16 kept: a copy */
+void rx_bf16_from_bf16(const uint16_t *h, size_t n, unsigned char *dst) { memcpy(dst, h, 2 * n); }
+
+void rx_bf16_decode(const unsigned char *row, size_t k0, size_t n, float *dst) {
+    const uint16_t *h = (const uint16_t *)(const void *)row + k0;
+    for (size_t i = 0; i < n; i++) dst[i] = bits_f32((uint32_t)h[i] << 16);
+}
+
+#ifdef RX_BASE_X86
+/* 16 words (32 bf16) with each subnormal half made a signed zero */
+RX_BASE512 static inline __m512i flush16(__m512i v) {
+    const __mmask32 sub = _mm512_testn_epi16_mask(v, _mm512_set1_epi16(0x7f80));
+    return _mm512_mask_mov_epi16(v, sub, _mm512_and_si512(v, _mm512_set1_epi16((short)0x8000)));
+}
+
+/* The forward sliver of 16 bf16 rows (columns j) over k [p0, p0+kc), as
+ * float32 k rows of 16: 16 k at a time, one transpose each */
+RX_BASE512 static void sliver_bf16_512(const uint16_t *const rows[16], size_t p0, size_t kc,
+                                        float *Bp) {
+    size_t p = 0;
+    for (; p + 16 <= kc; p += 16) {
+        __m512i v[16];
+        for (int j = 0; j < 16; j++)
+            v[j] = _mm512_slli_epi32(
+                _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(rows[j] + p0 + p))),
+                16);
+        rx_transpose16(v);
+        for (int q = 0; q < 16; q++) _mm512_storeu_si512(Bp + (p + q) * 16, v[q]);
+    }
+    for (; p < kc; p++) {
+        uint32_t *dst = (uint32_t *)(void *)(Bp + p * 16);
+        for (int j = 0; j < 16; j++) dst[j] = (uint32_t)rows[j][p0 + p] << 16;
+    }
+}
+
+/* A forward block of rx_bgemm's op(B) from a bf16 base: column c's 32 k
+ * are 64 bytes of its stored row; one transpose of the 16 runs */
+RX_BASE512 static void block_bf16_512(const unsigned char *const rows[16], uint16_t *dst) {
+    __m512i v[16];
+    for (int c = 0; c < 16; c++) v[c] = flush16(_mm512_loadu_si512(rows[c]));
+    rx_transpose16(v);
+    for (int p = 0; p < 16; p++) _mm512_storeu_si512(dst + p * 32, v[p]);
+}
+
+/* A dX block from a bf16 base: k pair p is stored rows 2p, 2p+1 at j0 */
+RX_BASE512 static void block_bf16_t_512(const unsigned char *data, size_t rb, size_t k0,
+                                         size_t j0, uint16_t *dst) {
+    for (int p = 0; p < 16; p++) {
+        const uint16_t *r0 = (const uint16_t *)(const void *)(data + (k0 + 2 * p) * rb) + j0;
+        const uint16_t *r1 = (const uint16_t *)(const void *)(data + (k0 + 2 * p + 1) * rb) + j0;
+        const __m512i lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)r0));
+        const __m512i hi = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)r1));
+        _mm512_storeu_si512(dst + p * 32, flush16(_mm512_or_si512(lo, _mm512_slli_epi32(hi, 16))));
+    }
+}
+#endif
+
+/* k-major over the sliver's nr stored rows: each Bp row written whole */
+void rx_bf16_sliver_f32(const unsigned char *data, size_t rb, size_t j0, size_t p0, size_t kc,
+                        size_t nr, float *Bp) {
+    const uint16_t *rows[64];
+    for (size_t j = 0; j < nr; j++)
+        rows[j] = (const uint16_t *)(const void *)(data + (j0 + j) * rb) + p0;
+#ifdef RX_BASE_X86
+    if (nr == 16 && rx_cpu_base_simd() >= 1) {
+        sliver_bf16_512(rows, 0, kc, Bp);
+        return;
+    }
+#endif
+    for (size_t p = 0; p < kc; p++) {
+        uint32_t *dst = (uint32_t *)(void *)(Bp + p * nr);
+        for (size_t j = 0; j < nr; j++) dst[j] = (uint32_t)rows[j][p] << 16;
+    }
+}
+
+/* Two bf16 (a 32-bit word) as the GEMM's operand rounding leaves them:
+ * a subnormal becomes a signed zero (a stored bf16 is finite) */
+static inline uint32_t flush_pair(uint32_t v) {
+    const uint32_t lo = (v & 0x7f80u) ? 0xffffu : 0x8000u;
+    const uint32_t hi = (v & 0x7f800000u) ? 0xffff0000u : 0x80000000u;
+    return v & (lo | hi);
+}
+
+int rx_bf16_block_bf16(const unsigned char *data, size_t rb, int tb, size_t j0, size_t k0,
+                       size_t bt_r, size_t bt_k, uint16_t *dst) {
+    uint32_t *d32 = (uint32_t *)(void *)dst;   /* word (p, c): the k pair 2p, 2p+1 */
+#ifdef RX_BASE_X86
+    const int lv = bt_r == 16 ? rx_cpu_base_simd() : 0;
+    if (lv >= 1 && !tb) {
+        const unsigned char *rows[16];
+        for (int c = 0; c < 16; c++) rows[c] = data + (j0 + c) * rb + 2 * k0;
+        block_bf16_512(rows, dst);
+        return 1;
+    }
+    if (lv >= 1 && tb) {
+        block_bf16_t_512(data, rb, k0, j0, dst);
+        return 1;
+    }
+#endif
+    if (!tb) {
+        /* column c's k pairs are its stored row's 32-bit words */
+        for (size_t c = 0; c < bt_r; c++) {
+            const unsigned char *row = data + (j0 + c) * rb + 2 * k0;
+            for (size_t p = 0; p < bt_k / 2; p++) {
+                uint32_t v;
+                memcpy(&v, row + 4 * p, 4);
+                d32[p * bt_r + c] = flush_pair(v);
+            }
+        }
+        return 1;
+    }
+    for (size_t p = 0; p < bt_k / 2; p++) {   /* two stored rows make a k pair */
+        const uint16_t *r0 = (const uint16_t *)(const void *)(data + (k0 + 2 * p) * rb) + j0;
+        const uint16_t *r1 = (const uint16_t *)(const void *)(data + (k0 + 2 * p + 1) * rb) + j0;
+        for (size_t c = 0; c < bt_r; c++)
+            d32[p * bt_r + c] = flush_pair((uint32_t)r0[c] | (uint32_t)r1[c] << 16);
+    }
+    return 1;
+}

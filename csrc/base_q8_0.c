@@ -1,0 +1,127 @@
+/* SPDX-License-Identifier: AGPL-3.0-or-later AND Apache-2.0
+ *
+ * base_q8_0.c -- the q8_0 frozen-base dtype's kernels (its row of
+ * rx_base_types, base_types.c): W^T [out][in] in GGUF Q8_0 blocks along in,
+ * per RX_Q8_0_BLOCK values one fp16 scale d, then the int8 q
+ * (RX_Q8_0_BYTES bytes), value = q * d; the bytes are those of
+ * gguf.quants.quantize(W^T, Q8_0). q * d is exact in float32.
+ */
+#include <math.h>
+
+#include "rx_base.h"
+#include "rx_simd.h"
+
+#define Q8_BLOCK RX_Q8_0_BLOCK
+#define Q8_BYTES RX_Q8_0_BYTES
+
+/* One row of n values into a Q8_0 row, as gguf's Q8_0.quantize_blocks
+ * (float32 throughout: d = amax / 127, id = 1 / d or 0, q = roundf(x id)) */
+void rx_q8_0_from_float(const float *x, size_t n, unsigned char *dst) {
+    for (size_t b = 0; b < n; b += Q8_BLOCK, dst += Q8_BYTES) {
+        float amax = 0.0f;
+        for (size_t i = 0; i < Q8_BLOCK; i++) amax = fmaxf(amax, fabsf(x[b + i]));
+        const float d = amax / 127.0f, id = d == 0.0f ? 0.0f : 1.0f / d;
+        const uint16_t dh = to_f16(d);
+        memcpy(dst, &dh, 2);
+        for (size_t i = 0; i < Q8_BLOCK; i++) {
+            const float q = roundf(x[b + i] * id);
+            dst[2 + i] = (unsigned char)(int8_t)q;
+        }
+    }
+}
+
+void rx_q8_0_decode(const unsigned char *row, size_t k0, size_t n, float *dst) {
+    for (size_t k = k0; k < k0 + n;) {
+        const unsigned char *blk = row + k / Q8_BLOCK * Q8_BYTES;
+        uint16_t dh;
+        memcpy(&dh, blk, 2);
+        const float d = f16_f32(dh);
+        const size_t e = (k / Q8_BLOCK + 1) * Q8_BLOCK < k0 + n ? (k / Q8_BLOCK + 1) * Q8_BLOCK
+                                                                : k0 + n;
+        const int8_t *q = (const int8_t *)(blk + 2);
+        for (size_t i = k; i < e; i++) *dst++ = (float)q[i % Q8_BLOCK] * d;
+        k = e;
+    }
+}
+
+#ifdef RX_BASE_X86
+/* The same from a Q8_0 base: column c's 32 k are one block, q * d rounded
+ * by vcvtne2ps2bf16, the GEMM's own operand rounding */
+RX_BASE_BF16V static void block_q8_512(const unsigned char *const blks[16], uint16_t *dst) {
+    __m512i v[16];
+    for (int c = 0; c < 16; c++) {
+        uint16_t dh;
+        memcpy(&dh, blks[c], 2);
+        const __m512 d = _mm512_set1_ps(f16_f32(dh));
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(blks[c] + 2));
+        const __m512 x0 = _mm512_mul_ps(
+            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q))), d);
+        const __m512 x1 = _mm512_mul_ps(
+            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1))), d);
+        v[c] = (__m512i)_mm512_cvtne2ps_pbh(x1, x0);
+    }
+    rx_transpose16(v);
+    for (int p = 0; p < 16; p++) _mm512_storeu_si512(dst + p * 32, v[p]);
+}
+
+/* A dX block from a Q8_0 base: k row q is stored row k0 + q, whose 16 j
+ * from j0 lie in one Q8_0 block; rows 2p, 2p+1 decoded (q * d, exact) and
+ * rounded as the GEMM rounds its operands, then interleaved into k pairs */
+RX_BASE_BF16V static void block_q8_t_512(const unsigned char *data, size_t rb, size_t k0,
+                                         size_t j0, uint16_t *dst) {
+    const size_t off = j0 / Q8_BLOCK * Q8_BYTES + 2 + j0 % Q8_BLOCK;
+    /* word 2c: row 2p's value c (cvtne2ps's word c), word 2c+1: row 2p+1's (word 16+c) */
+    const __m512i mix = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
+                                         24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1,
+                                         16, 0);
+    for (int p = 0; p < 16; p++) {
+        __m512 x[2];
+        for (int h = 0; h < 2; h++) {
+            const unsigned char *q = data + (k0 + 2 * (size_t)p + (size_t)h) * rb + off;
+            uint16_t dh;
+            memcpy(&dh, q - 2 - j0 % Q8_BLOCK, 2);
+            const __m128i v = _mm_loadu_si128((const __m128i *)(const void *)q);
+            x[h] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v)),
+                                 _mm512_set1_ps(f16_f32(dh)));
+        }
+        const __m512i w = (__m512i)_mm512_cvtne2ps_pbh(x[1], x[0]);
+        _mm512_storeu_si512(dst + p * 32, _mm512_permutexvar_epi16(mix, w));
+    }
+}
+#endif
+
+/* q * d (a Q8_0 value: finite, zero or at least 2^-24) rounded to bf16 as
+ * operand_bf16 rounds it, without its branches for NaN and subnormals */
+static inline uint16_t round_q8(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+int rx_q8_0_block_bf16(const unsigned char *data, size_t rb, int tb, size_t j0, size_t k0,
+                       size_t bt_r, size_t bt_k, uint16_t *dst) {
+#ifdef RX_BASE_X86
+    const int lv = bt_r == 16 ? rx_cpu_base_simd() : 0;
+    if (lv >= 2 && !tb) {
+        const unsigned char *blks[16];
+        for (int c = 0; c < 16; c++) blks[c] = data + (j0 + c) * rb + k0 / Q8_BLOCK * Q8_BYTES;
+        block_q8_512(blks, dst);
+        return 1;
+    }
+    if (lv >= 2 && tb) {
+        block_q8_t_512(data, rb, k0, j0, dst);
+        return 1;
+    }
+#endif
+    if (tb) return 0;   /* k row q is stored row k0 + q: the packer's decode of its 16 j */
+    /* column c: one Q8_0 block (k0 is a multiple of 32) */
+    uint32_t *d32 = (uint32_t *)(void *)dst;   /* word (p, c): the k pair 2p, 2p+1 */
+    float run[64];
+    for (size_t c = 0; c < bt_r; c++) {
+        rx_q8_0_decode(data + (j0 + c) * rb, k0, bt_k, run);
+        for (size_t p = 0; p < bt_k / 2; p++)
+            d32[p * bt_r + c] = (uint32_t)round_q8(run[2 * p]) |
+                                (uint32_t)round_q8(run[2 * p + 1]) << 16;
+    }
+    return 1;
+}

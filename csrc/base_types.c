@@ -1,0 +1,38 @@
+/* SPDX-License-Identifier: AGPL-3.0-or-later AND Apache-2.0
+ *
+ * base_types.c -- the frozen-base dtypes: one row each, the only place the
+ * store, the GEMMs' packers and the binding learn what a dtype is (its
+ * name, block geometry and kernels, rx_base.h's rx_base_type). A new dtype
+ * is a base_<dtype>.c of kernels, an RX_BASE_* id in rx_pretrain.h and one
+ * row here (docs/architecture.md, "a new frozen-base dtype").
+ */
+#include "rx_base.h"
+
+/*   name    id            block: values, bytes          bf16_exact
+ *   from_float, from_bf16, decode, sliver_f32, block_bf16 */
+static const rx_base_type types[] = {
+    {"bf16", RX_BASE_BF16, 1, 2, 1,
+     rx_bf16_from_float, rx_bf16_from_bf16, rx_bf16_decode, rx_bf16_sliver_f32,
+     rx_bf16_block_bf16},
+    {"q8_0", RX_BASE_Q8_0, RX_Q8_0_BLOCK, RX_Q8_0_BYTES, 0,
+     rx_q8_0_from_float, NULL, rx_q8_0_decode, NULL, rx_q8_0_block_bf16},
+};
+#define N_TYPES ((int)(sizeof types / sizeof types[0]))
+
+const rx_base_type *rx_base_type_of(int id) {
+    for (int i = 0; i < N_TYPES; i++)
+        if (types[i].id == id) return &types[i];
+    return NULL;
+}
+
+int rx_base_num_dtypes(void) { return N_TYPES; }
+
+int rx_base_dtype_info(int i, const char **name, int *id, int *block_elems, int *block_bytes) {
+    if (i < 0 || i >= N_TYPES)
+        return rx_fail(RX_EINVAL, "rx_base_dtype_info: index %d is outside [0, %d)", i, N_TYPES);
+    if (name) *name = types[i].name;
+    if (id) *id = types[i].id;
+    if (block_elems) *block_elems = (int)types[i].blk_elems;
+    if (block_bytes) *block_bytes = (int)types[i].blk_bytes;
+    return RX_OK;
+}
