@@ -76,11 +76,13 @@ int rx_infer_create(rx_ptmodel *m, int max_len, rx_infer_state **out) {
     *out = NULL;
     if (!m) return rx_fail(RX_EINVAL, "%s: model is NULL", fn);
     if (max_len < 1) return rx_fail(RX_EINVAL, "%s: max_len = %d must be >= 1", fn, max_len);
-    /* the recurrent steps know no adapters: a tuned model runs merged */
+    /* the steps' projections run without the model's adapter table: a
+     * tuned model runs merged */
     if (rx_ptmodel_lora_count(m, NULL, NULL))
         return rx_fail(RX_EINVAL, "%s: the model has LoRA adapters; merge them into its "
                        "weights first", fn);
-    /* the recurrent steps read the arena: a frozen base is not there */
+    /* the embedding, the head and the steps read the arena: a frozen base
+     * is not there */
     if (rx_ptmodel_base_store(m))
         return rx_fail(RX_EINVAL, "%s: the model holds a frozen base; release it "
                        "(rx_ptmodel_base_release) first", fn);
