@@ -274,7 +274,7 @@ int rx_block_backward(const rx_block_params *P, const float *x,
     int rc = rx_seq_check(fn, B, T, P->tm.layer_id, v_first);
     if (rc != RX_OK) return rc;
     const int vres = P->tm.layer_id > 0;
-    const size_t BT = (size_t)B * T, C = (size_t)P->tm.c;
+    const size_t BT = (size_t)B * T;
     const block_io io = {x,  tm_xprev_init, cm_xprev_init,   v_first,  dy,
                          dx, d_tm_xprev_init, d_cm_xprev_init, d_v_first};
     rc = block_spans_check(fn, P, G, &io, B, T);
