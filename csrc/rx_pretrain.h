@@ -414,7 +414,8 @@ void rx_ptmodel_zero_grad(rx_ptmodel *m);
  * Extensions beyond the original API
  * ==================================================================== */
 
-/* ---- model.c: batches, validation and the arenas --------------------
+/* ---- model.c, model_layout.c, runtime.c: batches, the model context,
+ * validation and the arenas ------------------------------------------
  * A batch is B independent sequences of T tokens ([B][T] row-major); every
  * block kernel runs them together (OpenMP over B*H and over rows). The
  * single-sequence functions above are the B = 1 case. */
@@ -757,7 +758,7 @@ int rx_infer_pos(const rx_infer_state *s);
  * after RX_ENOMEM the state is undefined until rx_infer_reset. */
 int rx_infer_forward(rx_infer_state *s, const int *tokens, int T, float *logits);
 
-/* ---- gemm_bf16.c, model.c: bf16 mixed precision ----------------------
+/* ---- gemm_bf16.c, proj.c, model_layout.c: bf16 mixed precision -------
  * With RX_PRECISION_BF16 every projection GEMM of the model's forward and
  * backward -- time-mix R/K/V/O and its LoRAs, channel-mix key/value,
  * attention Q/K/V/O, the head -- multiplies operands rounded to bf16 (round
