@@ -546,30 +546,27 @@ static int attn_core_forward(const attn_dims *d, const float *q, const float *k,
     return fail ? attn_tiles_fail() : RX_OK;
 }
 
-/* Decoding (infer.c): queries q [T][C] at positions pos..pos+T-1 of one
+/* The decoding core: queries q [T][C] at positions pos..pos+T-1 of one
  * sequence against its keys and values k, v [pos+T][C], every earlier
  * position included; y [T][C]. Chunk means, gates and selection are the
- * forward's own code, so each query attends exactly the keys it attends
- * in training; its softmax runs over them with the same online tiles, one
- * query at a time. Serial: T is one token, or one prompt. */
-int rx_attn_decode(const rx_attn_params *P, const float *q, const float *k, const float *v,
-                   int pos, int T, float *y) {
+ * training core's own code, so each query attends exactly the keys it
+ * attends there; its softmax runs over them with the same online tiles,
+ * one query at a time. Serial: T is one token, or one chunk of a prompt.
+ * RX_OK or RX_ENOMEM. */
+static int attn_core_decode(const rx_attn_params *P, const float *q, const float *k,
+                            const float *v, size_t pos, size_t T, float *y) {
     attn_dims d;
-    static const char *const fn = "rx_attn_decode";
-    const char *nul = rx_first_null(RX_NULLS(q, k, v, y), RX_NAMES("q", "k", "v", "y"), 4);
-    if (nul) return rx_fail(RX_EINVAL, "%s: %s is NULL", fn, nul);
-    if (pos < 0 || T < 1 || (int64_t)pos + T > INT32_MAX)
-        return rx_fail(RX_EINVAL, "%s: pos = %d, T = %d out of range", fn, pos, T);
-    if (!attn_dims_init(P, 1, pos + T, &d)) return attn_params_fail(fn, P, 1, pos + T);
+    /* the caller checked P at (1, T), and pos + T against INT32_MAX */
+    attn_dims_init(P, 1, (int)(pos + T), &d);
     d.nt = 1;
-    const size_t H = d.H, N = d.N, C = d.C, L = d.T, nck = d.nck, kk = d.kk, p0 = (size_t)pos;
+    const size_t H = d.H, N = d.N, C = d.C, L = d.T, nck = d.nck, kk = d.kk, p0 = pos;
     attn_work w;
     memset(&w, 0, sizeof w);
     w.kmean = (double *)rx_alloc(kk ? H * nck * N : 0, sizeof(double));
     w.sel = (int *)rx_alloc(kk, sizeof(int));
     if (!w.kmean || !w.sel || attn_work_threads(&d, &w) != RX_OK) {
         attn_work_free(&w);
-        return rx_fail(RX_ENOMEM, "%s: out of memory", fn);
+        return rx_fail(RX_ENOMEM, "rx_attn_step: out of memory for the decoding scratch");
     }
     attn_tile tl = attn_tile_of(&d, &w);
     for (size_t i = 0; kk && i < H * nck; i++)
@@ -801,8 +798,6 @@ int rx_attn_score_av_backward(const rx_attn_params *P, const float *q, const flo
 
 /* ---- the block ------------------------------------------------------------- */
 
-/* x: [B][T][C] -> h1 = ln1(x), q, k, v, y = attention (w: selection, lse),
- * all [B][T][C] */
 /* x: [B][T][C] -> h1 = ln1(x), q, k, v = h1 . {receptance_w, key_w, value_w} */
 static int attn_qkv(const rx_model_ctx *ctx,
                     const rx_attn_params *P, const attn_dims *d, const float *x, float *h1,
@@ -813,13 +808,6 @@ static int attn_qkv(const rx_model_ctx *ctx,
                                {0, 0, BT, C, C, h1, C, P->key_w, C, 0.0f, k, C},
                                {0, 0, BT, C, C, h1, C, P->value_w, C, 0.0f, v, C}};
     return rx_pgemm_batch(qkv, 3);
-}
-
-static int attn_front(const rx_model_ctx *ctx,
-                      const rx_attn_params *P, const attn_dims *d, const float *x, float *h1,
-                      float *q, float *k, float *v, float *y, attn_work *w) {
-    int rc = attn_qkv(ctx, P, d, x, h1, q, k, v);
-    return rc == RX_OK ? attn_core_forward(d, q, k, v, w, y, NULL) : rc;
 }
 
 /* x, y: [B][T][C] -> x1 = x + y . output_w, h2 = ln2(x1) */
@@ -953,6 +941,35 @@ int rx_attn_forward_kept(const rx_model_ctx *ctx,
     return rc;
 }
 
+/* The block over x [B][T][C] (d: S's sizes), its queries at positions
+ * pos.. of their sequences: ln1 and q into S, the window's keys and values
+ * into rows pos.. of kc, vc [B][pos+T][C], the attention over every key up
+ * to each query -- at pos 0 the training core over the window's own keys,
+ * keeping selection and lse in S for the backward; after it (B = 1) the
+ * decoding core over the earlier keys in kc, vc too -- then the residual,
+ * ln2 and the channel mix from cm_xprev_init [B][C] (NULL: zero). out
+ * [B][T][C] or NULL (intermediates only). cm_next [B][C] (may be
+ * cm_xprev_init; NULL: not wanted) receives each sequence's last ln2 row,
+ * the next call's carry. The training forward is pos 0 with kc, vc = S's
+ * own k, v; every projection is an rx_pgemm. */
+static int attn_block_run(const rx_model_ctx *ctx, const rx_attn_params *P, const attn_dims *d,
+                          const float *x, const float *cm_xprev_init, float *cm_next,
+                          size_t pos, float *kc, float *vc, rx_attn_acts *S, float *out) {
+    const size_t BTC = d->B * d->T * d->C;
+    int rc = attn_qkv(ctx, P, d, x, S->h1, S->q, kc + pos * d->C, vc + pos * d->C);
+    if (rc == RX_OK)
+        rc = pos ? attn_core_decode(P, S->q, kc, vc, pos, d->T, S->y)
+                 : attn_core_forward(d, S->q, kc, vc, &S->w, S->y, NULL);
+    if (rc == RX_OK) rc = attn_residual(ctx, P, d, x, S->y, S->x1, S->h2);
+    if (rc == RX_OK)
+        rc = rx_cm_forward_acts(&P->cm, S->h2, cm_xprev_init, S->xk, S->hid, out, d->B, d->T);
+    if (rc != RX_OK) return rc;
+    if (out)
+        for (size_t i = 0; i < BTC; i++) out[i] += S->x1[i];
+    if (cm_next) rx_shift_carry(cm_next, S->h2, d->B, d->T, d->C);
+    return RX_OK;
+}
+
 /* x: [B][T][C]; cm_xprev_init: [B][C] or NULL; out: [B][T][C] or NULL
  * (intermediates only). P and S for the same sizes. */
 int rx_attn_forward_acts(const rx_model_ctx *ctx,
@@ -965,15 +982,23 @@ int rx_attn_forward_acts(const rx_model_ctx *ctx,
     if (!attn_block_ok(P, (int)S->B, (int)S->T, &d))
         return attn_params_fail(fn, P, (int)S->B, (int)S->T);
     if (attn_work_threads(&d, &S->w) != RX_OK) return rx_fail(RX_ENOMEM, "%s: out of memory", fn);
-    const size_t BTC = d.B * d.T * d.C;
-    int rc = attn_front(ctx, P, &d, x, S->h1, S->q, S->k, S->v, S->y, &S->w);
-    if (rc == RX_OK) rc = attn_residual(ctx, P, &d, x, S->y, S->x1, S->h2);
-    if (rc == RX_OK)
-        rc = rx_cm_forward_acts(&P->cm, S->h2, cm_xprev_init, S->xk, S->hid, out, d.B, d.T);
-    if (rc != RX_OK) return rc;
-    if (out)
-        for (size_t i = 0; i < BTC; i++) out[i] += S->x1[i];
-    return RX_OK;
+    return attn_block_run(ctx, P, &d, x, cm_xprev_init, NULL, 0, S->k, S->v, S, out);
+}
+
+/* x, out: [T][C] (S for B = 1 and T); kc, vc: [pos+T][C]; cm_carry: [C] */
+int rx_attn_step(const rx_model_ctx *ctx, const rx_attn_params *P, const float *x,
+                 float *cm_carry, float *kc, float *vc, int pos, rx_attn_acts *S, float *out) {
+    attn_dims d;
+    static const char *const fn = "rx_attn_step";
+    const char *nul = rx_first_null(RX_NULLS(S, x, kc, vc, out),
+                                    RX_NAMES("S", "x", "kc", "vc", "out"), 5);
+    if (nul) return rx_fail(RX_EINVAL, "%s: %s is NULL", fn, nul);
+    if (S->B != 1 || pos < 0 || (int64_t)pos + (int64_t)S->T > INT32_MAX)
+        return rx_fail(RX_EINVAL, "%s: B = %zu, pos = %d, T = %zu out of range", fn, S->B, pos,
+                       S->T);
+    if (!attn_block_ok(P, 1, (int)S->T, &d)) return attn_params_fail(fn, P, 1, (int)S->T);
+    if (attn_work_threads(&d, &S->w) != RX_OK) return rx_fail(RX_ENOMEM, "%s: out of memory", fn);
+    return attn_block_run(ctx, P, &d, x, cm_carry, cm_carry, (size_t)pos, kc, vc, S, out);
 }
 
 /* S from rx_attn_forward_acts on the same x and carry; dy, dx: [B][T][C];

@@ -125,6 +125,21 @@ int rx_block_forward_state(const rx_model_ctx *ctx, const rx_block_params *P, co
     return RX_OK;
 }
 
+/* x, out: [B][T][C] (T: S's); tm_carry, cm_carry: [B][C] or NULL; state:
+ * [B][H][N][N] or NULL */
+int rx_block_step(const rx_model_ctx *ctx, const rx_block_params *P, const float *x,
+                  float *tm_carry, float *cm_carry, const float *v_first_in, float *v_first_out,
+                  float *state, rx_block_acts *S, float *out) {
+    const size_t B = S->tm.B, T = S->tm.T, C = (size_t)P->tm.c;
+    int rc = rx_block_forward_state(ctx, P, x, tm_carry, cm_carry, v_first_in, v_first_out, state,
+                                    S, out);
+    if (rc != RX_OK) return rc;
+    /* read above as the carries in, so overwritten only now */
+    if (tm_carry) rx_shift_carry(tm_carry, S->h1, B, T, C);
+    if (cm_carry) rx_shift_carry(cm_carry, S->h2, B, T, C);
+    return RX_OK;
+}
+
 /* t | dx1 | then the channel-mix dxk | dh (and in the lean set h2 | xk |
  * hid after them), later the time-mix scratch */
 static size_t block_work(const rx_block_params *P, size_t BT, int lean) {

@@ -8,12 +8,13 @@
  *   RWKV-7 block: the WKV state [H][N][N] and the two token-shift carries
  *                 (the last token's ln1 and ln2 outputs, [C] each);
  *   attention block: every earlier position's key and value ([max_len][C]
- *                 each) and the channel-mix carry. A new query selects its
- *                 chunks from the cached keys with the training forward's
- *                 own selection and softmax code (rx_attn_decode in attn.c).
- * v_first is per token and needs no carry. The arithmetic is the training
- * forward's, kernel for kernel, so the logits match a full-sequence forward
- * to float32 rounding (tests/test_infer.py).
+ *                 each) and the channel-mix carry.
+ * v_first is per token and needs no carry. Each block advances through its
+ * step function (rx_block_step, rx_attn_step), the training forward's own
+ * code taking the model's context, so a call at position 0 gives the
+ * training forward's bits, and later calls its logits to float32 rounding
+ * (tests/test_infer.py). This file holds the state, the embedding (and
+ * ln0), the blocks in model order, ln_out and the head.
  *
  * The state reads the model's parameters live (through the public param
  * structs); it must not outlive the model.
@@ -75,11 +76,13 @@ int rx_infer_create(rx_ptmodel *m, int max_len, rx_infer_state **out) {
     *out = NULL;
     if (!m) return rx_fail(RX_EINVAL, "%s: model is NULL", fn);
     if (max_len < 1) return rx_fail(RX_EINVAL, "%s: max_len = %d must be >= 1", fn, max_len);
-    /* the recurrent steps know no adapters: a tuned model runs merged */
+    /* the steps' projections run without the model's adapter table: a
+     * tuned model runs merged */
     if (rx_ptmodel_lora_count(m, NULL, NULL))
         return rx_fail(RX_EINVAL, "%s: the model has LoRA adapters; merge them into its "
                        "weights first", fn);
-    /* the recurrent steps read the arena: a frozen base is not there */
+    /* the embedding, the head and the steps read the arena: a frozen base
+     * is not there */
     if (rx_ptmodel_base_store(m))
         return rx_fail(RX_EINVAL, "%s: the model holds a frozen base; release it "
                        "(rx_ptmodel_base_release) first", fn);
@@ -122,56 +125,57 @@ rx_infer_state *rx_infer_new(rx_ptmodel *m, int max_len) {
 
 int rx_infer_pos(const rx_infer_state *s) { return s ? s->pos : -1; }
 
-static void add_rows(float *x, const float *o, size_t n) {
-    for (size_t i = 0; i < n; i++) x[i] += o[i];
+/* Block acts for one call of T tokens: RWKV block 0's and the later RWKV
+ * blocks' (their layout has the value-residual buffers), one attention
+ * set; each shared by the blocks of its kind, which run one at a time */
+typedef struct {
+    rx_block_acts r[2];
+    rx_attn_acts *a;
+} step_acts;
+
+static void step_acts_free(step_acts *A) {
+    rx_block_acts_free(&A->r[0]);
+    rx_block_acts_free(&A->r[1]);
+    rx_attn_acts_free(A->a);
 }
 
-/* x [T][C] through RWKV block ri, carries and WKV state advanced. h, o:
- * scratch [T][C]; vf [T][C] v_first (written at layer 0, read later). */
-static int rwkv_step(rx_infer_state *s, int ri, float *x, float *h, float *o, float *vf,
-                     rx_tm_acts *A, size_t T) {
-    const rx_block_params *P = rx_ptmodel_rwkv(s->m, ri);
+static int step_acts_alloc(const rx_infer_state *s, size_t T, step_acts *A) {
+    memset(A, 0, sizeof *A);
+    const int nr = s->cfg.n_rwkv_layer;
+    int rc = RX_OK;
+    for (int i = 0; i < 2 && i < nr && rc == RX_OK; i++)
+        rc = rx_block_acts_alloc(&A->r[i], rx_ptmodel_rwkv(s->m, i), 1, T);
+    if (rc == RX_OK && s->cfg.n_attn_layer > 0 &&
+        !(A->a = rx_attn_acts_new(rx_ptmodel_attn(s->m, 0), 1, T)))
+        rc = RX_ENOMEM;
+    return rc;
+}
+
+/* x [T][C] through every block in model order, y [T][C] the other buffer;
+ * *out: which of the two holds the result. vf [T][C]: v_first. */
+static int blocks_forward(rx_infer_state *s, step_acts *A, float *x, float *y, float *vf,
+                          float **out) {
     const size_t C = (size_t)s->cfg.n_embd, N = (size_t)s->cfg.head_size;
-    float *tmc = s->tm_carry + (size_t)ri * C, *S = s->wkv + (size_t)ri * C * N;
-    rx_rownorm_forward(x, P->ln1_w, P->ln1_b, h, NULL, NULL, T, C, 1, (float)s->ctx.ln_eps);
-    int first = P->tm.layer_id == 0;
-    int rc = rx_tm_forward_state(&s->ctx,
-                                 &P->tm, h, tmc, first ? NULL : vf, first ? vf : NULL, S, A, o);
-    if (rc != RX_OK) return rc;
-    memcpy(tmc, h + (T - 1) * C, C * sizeof(float));
-    add_rows(x, o, T * C);
-    return RX_OK;
-}
-
-/* x [T][C] through attention block ai: keys and values appended to the
- * cache at pos. q, y: scratch [T][C]. */
-static int attn_step(rx_infer_state *s, int ai, float *x, float *h, float *o, float *q,
-                     float *y, size_t T) {
-    const rx_attn_params *P = rx_ptmodel_attn(s->m, ai);
-    const size_t C = (size_t)s->cfg.n_embd, L = (size_t)s->max_len, pos = (size_t)s->pos;
-    float *kc = s->kc + (size_t)ai * L * C, *vc = s->vc + (size_t)ai * L * C;
-    rx_rownorm_forward(x, P->ln1_w, P->ln1_b, h, NULL, NULL, T, C, 1, (float)s->ctx.ln_eps);
-    int rc = rx_sgemm(0, 0, T, C, C, h, C, P->receptance_w, C, 0.0f, q, C);
-    if (rc == RX_OK) rc = rx_sgemm(0, 0, T, C, C, h, C, P->key_w, C, 0.0f, kc + pos * C, C);
-    if (rc == RX_OK) rc = rx_sgemm(0, 0, T, C, C, h, C, P->value_w, C, 0.0f, vc + pos * C, C);
-    if (rc == RX_OK) rc = rx_attn_decode(P, q, kc, vc, (int)pos, (int)T, y);
-    if (rc == RX_OK) rc = rx_sgemm(0, 0, T, C, C, y, C, P->output_w, C, 0.0f, o, C);
-    if (rc != RX_OK) return rc;
-    add_rows(x, o, T * C);
-    return RX_OK;
-}
-
-/* The channel-mix half of block b (either kind): x += CM(ln2(x)). */
-static int cm_step(rx_infer_state *s, int b, const rx_cm_params *cm, const float *ln2_w,
-                   const float *ln2_b, float *x, float *h, float *o, size_t T) {
-    const size_t C = (size_t)s->cfg.n_embd;
-    float *cmc = s->cm_carry + (size_t)b * C;
-    rx_rownorm_forward(x, ln2_w, ln2_b, h, NULL, NULL, T, C, 1, (float)s->ctx.ln_eps);
-    int rc = rx_channelmix_forward_seq(cm, h, cmc, o, 1, (int)T);
-    if (rc != RX_OK) return rc;
-    memcpy(cmc, h + (T - 1) * C, C * sizeof(float));
-    add_rows(x, o, T * C);
-    return RX_OK;
+    const size_t L = (size_t)s->max_len;
+    int rc = RX_OK, ri = 0, ai = 0;
+    for (int b = 0; b < s->n_blocks && rc == RX_OK; b++) {
+        float *cmc = s->cm_carry + (size_t)b * C;
+        if (s->layers[b] == 'R') {
+            const size_t i = (size_t)ri++;
+            rc = rx_block_step(&s->ctx, rx_ptmodel_rwkv(s->m, (int)i), x, s->tm_carry + i * C,
+                               cmc, i ? vf : NULL, i ? NULL : vf, s->wkv + i * C * N,
+                               &A->r[i > 0], y);
+        } else {
+            const size_t i = (size_t)ai++;
+            rc = rx_attn_step(&s->ctx, rx_ptmodel_attn(s->m, (int)i), x, cmc,
+                              s->kc + i * L * C, s->vc + i * L * C, s->pos, A->a, y);
+        }
+        float *t = x;
+        x = y;
+        y = t;
+    }
+    *out = x;
+    return rc;
 }
 
 /* tokens [T], each in [0, vocab); logits [T][vocab] */
@@ -197,52 +201,34 @@ int rx_infer_forward(rx_infer_state *s, const int *tokens, int T, float *logits)
             return rx_fail(RX_EINVAL, "%s: token %d at position %zu is outside [0, %d)", fn, bad,
                            t, s->cfg.vocab_size);
         }
-    float *buf = rx_falloc(6 * TT * C);
-    if (!buf) {
+    float *buf = rx_falloc(3 * TT * C);
+    step_acts A;
+    int rc = step_acts_alloc(s, TT, &A);
+    if (rc != RX_OK || !buf) {
+        step_acts_free(&A);
+        free(buf);
         free(tok);
         return rx_fail(RX_ENOMEM, "%s: out of memory for T = %d", fn, T);
     }
-    float *x = buf, *h = x + TT * C, *o = h + TT * C, *vf = o + TT * C, *q = vf + TT * C;
-    float *y = q + TT * C;
-    /* time-mix intermediates: one set for layer 0, one shared by the later
-     * layers (their layout has the value-residual buffers) */
-    rx_tm_acts A[2];
-    memset(A, 0, sizeof A);
-    const int nr = s->cfg.n_rwkv_layer;
-    int rc = rx_tm_acts_alloc(&A[0], &rx_ptmodel_rwkv(s->m, 0)->tm, 1, TT);
-    if (rc == RX_OK && nr > 1) rc = rx_tm_acts_alloc(&A[1], &rx_ptmodel_rwkv(s->m, 1)->tm, 1, TT);
-    if (rc == RX_OK) {
-        if (s->ln0_w) {
-            rc = rx_embedding_gather(s->emb, tok, T, (int)C, (int)V, h);
-            rx_rownorm_forward(h, s->ln0_w, s->ln0_b, x, NULL, NULL, TT, C, 1,
-                               (float)s->ctx.ln_eps);
-        } else {
-            rc = rx_embedding_gather(s->emb, tok, T, (int)C, (int)V, x);
-        }
-        int ri = 0, ai = 0;
-        for (int b = 0; b < s->n_blocks && rc == RX_OK; b++) {
-            if (s->layers[b] == 'R') {
-                const rx_block_params *P = rx_ptmodel_rwkv(s->m, ri);
-                rc = rwkv_step(s, ri, x, h, o, vf, &A[ri > 0], TT);
-                ri++;
-                if (rc == RX_OK) rc = cm_step(s, b, &P->cm, P->ln2_w, P->ln2_b, x, h, o, TT);
-            } else {
-                const rx_attn_params *P = rx_ptmodel_attn(s->m, ai);
-                rc = attn_step(s, ai++, x, h, o, q, y, TT);
-                if (rc == RX_OK) rc = cm_step(s, b, &P->cm, P->ln2_w, P->ln2_b, x, h, o, TT);
-            }
-        }
+    float *x = buf, *y = x + TT * C, *vf = y + TT * C;
+    /* the projections in fp32 whatever the thread had set (rx_pretrain.h) */
+    const int old = rx_gemm_set_precision(RX_PRECISION_FP32);
+    if (s->ln0_w) {
+        rc = rx_embedding_gather(s->emb, tok, T, (int)C, (int)V, y);
+        rx_rownorm_forward(y, s->ln0_w, s->ln0_b, x, NULL, NULL, TT, C, 1, (float)s->ctx.ln_eps);
+    } else {
+        rc = rx_embedding_gather(s->emb, tok, T, (int)C, (int)V, x);
     }
+    if (rc == RX_OK) rc = blocks_forward(s, &A, x, y, vf, &x);
     if (rc == RX_OK) {
-        rx_rownorm_forward(x, s->ln_out_w, s->ln_out_b, h, NULL, NULL, TT, C, 1,
+        y = x == buf ? buf + TT * C : buf;
+        rx_rownorm_forward(x, s->ln_out_w, s->ln_out_b, y, NULL, NULL, TT, C, 1,
                            (float)s->ctx.ln_eps);
-        rc = rx_head_logits(h, s->head, T, (int)C, (int)V, logits);
+        rc = rx_head_logits(y, s->head, T, (int)C, (int)V, logits);
     }
-    if (rc == RX_OK) {
-        s->pos += T;
-    }
-    rx_tm_acts_free(&A[0]);
-    rx_tm_acts_free(&A[1]);
+    rx_gemm_set_precision(old);
+    if (rc == RX_OK) s->pos += T;
+    step_acts_free(&A);
     free(buf);
     free(tok);
     return rc;

@@ -809,11 +809,28 @@ int rx_attn_backward_acts(const rx_model_ctx *ctx,
                           const rx_attn_params *P, rx_attn_acts *S, const float *x,
                           const float *cm_xprev_init, const float *dy, rx_attn_grads *G,
                           float *dx, float *d_cm_xprev_init, float *work);
-/* Decoding: queries q [T][C] at positions pos..pos+T-1 of one sequence
- * against its keys and values k, v [pos+T][C]; y [T][C]. The forward's
- * selection and softmax kernels, one query at a time (infer.c). */
-int rx_attn_decode(const rx_attn_params *P, const float *q, const float *k, const float *v,
-                   int pos, int T, float *y);
+
+/* ---- block steps: block.c, attn.c, tokenshift.c --------------------------
+ * A block advanced over the next T tokens of its sequences from carried
+ * state, with the training forward's own functions (recurrent inference,
+ * infer.c, calls these in model order). Carries [B][C] (NULL: zero, not
+ * kept) hold each sequence's last ln1 / ln2 row before the call and are
+ * overwritten with those after it (rx_shift_carry). */
+void rx_shift_carry(float *carry, const float *x, size_t B, size_t T, size_t C);
+/* rx_block_forward_state (the training forward's: the WKV state advanced in
+ * place), then the carries; S for B, T. */
+int rx_block_step(const rx_model_ctx *ctx, const rx_block_params *P, const float *x,
+                  float *tm_carry, float *cm_carry, const float *v_first_in, float *v_first_out,
+                  float *state, rx_block_acts *S, float *out);
+/* One sequence (S for B = 1, T): the queries x [T][C] at positions
+ * pos..pos+T-1, whose keys and values go into rows pos.. of kc, vc
+ * [pos+T][C] after the earlier positions' (the cache); out [T][C]. The
+ * core of rx_attn_forward_acts, the training forward being pos 0 over its
+ * own keys: at pos 0 the training forward's bits (its tiled core), after
+ * it the decoding core, which selects with the same code and softmaxes one
+ * query at a time. Projections through rx_pgemm_batch / rx_pgemm. */
+int rx_attn_step(const rx_model_ctx *ctx, const rx_attn_params *P, const float *x,
+                 float *cm_carry, float *kc, float *vc, int pos, rx_attn_acts *S, float *out);
 
 /* ---- runtime.c: the model context ----------------------------------------
  * The default model context (RX_DEFAULT_*): what the standalone kernels

@@ -724,10 +724,12 @@ int rx_axpby(size_t n, float a, const float *x, float b, float *y);
  * prompt in one call, then one token per call. RWKV-7 blocks carry their
  * WKV state and both token-shift carries; attention blocks keep every
  * earlier key and value (up to max_len positions) and select chunks
- * exactly as the training forward does. The logits equal those of a
- * full-sequence rx_pretrain_forward over the same tokens to float32
- * rounding. The state reads the model's parameters live: free it before
- * the model. */
+ * exactly as the training forward does. Each block runs the training
+ * forward's own code, so the logits equal those of a full-sequence
+ * rx_pretrain_forward over the same tokens to float32 rounding, bit for
+ * bit for a call at position 0 (and, without attention, for every call);
+ * the projections are fp32. The state reads the model's parameters live:
+ * free it before the model. */
 typedef struct rx_infer_state rx_infer_state;
 /* *out: a fresh state of model m at position 0 (NULL on failure); max_len
  * bounds the attention cache. RX_EINVAL on NULL, max_len < 1 or a model

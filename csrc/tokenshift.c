@@ -5,6 +5,8 @@
  * Time-mix takes six lerps of the same x; they run as one pass over x (and,
  * backward, over the six grads), not six.
  */
+#include <string.h>
+
 #include "rx_internal.h"
 
 /* One token row, C columns: out = x + (xp - x) * mix; xp NULL: zero. */
@@ -84,4 +86,11 @@ void rx_shift_lerp_backward(int n, const float *const *mix, const float *x, cons
                            blk * rows + rows < BT ? blk * rows + rows : BT);
         if (part) rx_block_sums(part, nblk, stride, C, n, dmix, 0);
     }
+}
+
+/* x: [B][T][C] -> carry [B][C] = each sequence's last row, the x_prev of
+ * the token after it (recurrent inference continues from it) */
+void rx_shift_carry(float *carry, const float *x, size_t B, size_t T, size_t C) {
+    for (size_t b = 0; b < B; b++)
+        memcpy(carry + b * C, x + (b * T + T - 1) * C, C * sizeof(float));
 }

@@ -16,8 +16,10 @@ Recurrent state of one sequence for generation with an RxPtModel.
     and returns their logits, float32 (T, vocab_size): the prompt once, then
     one token per call. RWKV-7 blocks carry their WKV state and token-shift
     carries; attention blocks keep a key/value cache and apply the same MoBA
-    selection as training. The logits equal model.forward over the whole
-    sequence to float32 rounding.
+    selection as training. Every block runs the training forward's own
+    code: the logits equal model.forward over the whole sequence to float32
+    rounding, bit for bit for a call at position 0 (and, without attention,
+    for every call).
     """
     cdef rx_infer_state *s
     cdef RxPtModel model

@@ -52,6 +52,9 @@ def test_the_eps_reach_recurrent_inference():
     st = rx.InferState(m, max_len=T)
     steps = np.concatenate([st.forward(toks[t:t + 1]) for t in range(T)])
     assert_rel("ctx.infer", steps, full, FWD_TOL)
+    # the blocks step through the training forward's functions, which take
+    # the context: at position 0 the same bits
+    assert np.array_equal(rx.InferState(m, max_len=T).forward(toks), full)
     plain = rx.InferState(rx.RxPtModel(CFG, seed=3), max_len=T).forward(toks)
     assert np.max(np.abs(plain - full)) > 1e3 * FWD_TOL * np.max(np.abs(full))
 

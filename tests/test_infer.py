@@ -8,6 +8,8 @@ import pytest
 import rwkvx_c as rx
 from rwkvx_c.sample import generate, sample_token
 
+from checks import FWD_TOL, assert_rel
+
 # chunk 4, top_k 1: beyond position 8 every query selects among earlier chunks
 CFG = dict(n_embd=32, n_head=2, head_size=16, n_rwkv_layer=3, n_attn_layer=2, vocab_size=256,
            ffn_dim=48, Dw=8, Da=8, Dg=8, Dv=4, chunk_size=4, moba_top_k=1)
@@ -37,6 +39,40 @@ def test_step_by_step_equals_full_forward(seed):
     # the selection matters here: attending every chunk gives other logits
     dense = rx.RxPtModel(dict(CFG, moba_top_k=0), seed=seed).forward(toks)
     assert np.max(np.abs(dense - full)) > 1e-3
+
+
+# odd sizes, ln0, selection from position 6 on (chunk 3, top_k 1)
+ODD = dict(n_embd=15, n_head=3, head_size=5, n_rwkv_layer=4, n_attn_layer=2, vocab_size=23,
+           ffn_dim=19, Dw=3, Da=5, Dg=7, Dv=2, chunk_size=3, moba_top_k=1, ln0=1)
+PIECES = [1] * 9 + [4, 1, 7, 2, 11, 1, 5]   # 41 tokens: single steps, then chunks
+
+
+@pytest.mark.parametrize("cfg", [CFG, ODD, dict(ODD, n_attn_layer=0)],
+                         ids=["hybrid", "odd_ln0", "rwkv"])
+def test_inference_steps_through_the_training_forward(cfg):
+    """Each block advances through the training forward's own function
+    (rx_block_step, rx_attn_step in csrc/), so: a call at position 0 gives
+    the forward's logits bit for bit; RWKV blocks carry their state exactly,
+    at any split; attention after position 0 runs the decoding core, which
+    selects the same chunks with the same code and differs from the
+    training core only in the order its softmax sums a query's keys (one
+    query at a time against dense tiles merged by log-sum-exp), a few float32
+    roundings of the attention output, within the forward tolerance."""
+    m = rx.RxPtModel(cfg, seed=5)
+    T = sum(PIECES)
+    toks = np.random.default_rng(5).integers(0, cfg["vocab_size"], T).astype(np.int32)
+    full = m.forward(toks)
+    st = rx.InferState(m, max_len=T)
+    assert np.array_equal(st.forward(toks), full)
+    st.reset()
+    ends = np.cumsum(PIECES)
+    got = np.concatenate([st.forward(toks[e - n:e]) for n, e in zip(PIECES, ends)])
+    assert st.pos == T
+    assert np.array_equal(got[:1], full[:1])
+    if cfg["n_attn_layer"] == 0:
+        assert np.array_equal(got, full)
+    else:
+        assert_rel("infer.pieces", got, full, FWD_TOL)
 
 
 def test_rwkv_only_and_state_reset():

@@ -1,10 +1,12 @@
 /* Sanitizer test of csrc/infer.c: a random-init model (docs/layout.md §Parameters) run over T
  * tokens by rx_pretrain_forward and again by rx_infer_forward, one token per
- * call and then prompt + tail; the logits must agree. MoBA selection is
- * active (T > (top_k + 1) * chunk_size). Returns nonzero on failure. */
+ * call and then prompt + tail; the logits must agree (and equal bit for bit
+ * when the whole prompt is one call). MoBA selection is active (T > (top_k
+ * + 1) * chunk_size). Returns nonzero on failure. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "rx_pretrain.h"
 
@@ -46,6 +48,12 @@ int main(void) {
         fail |= 16;
     e = max_err(steps, acts->logits, (size_t)T * c.vocab_size, &scale);
     if (!(e <= 1e-5 * scale)) fail |= 32;
+    /* the prompt in one call at position 0: every block runs the training
+     * forward's own function, so the forward's bits */
+    rx_infer_reset(s);
+    if (rx_infer_forward(s, tokens, T, steps) != RX_OK ||
+        memcmp(steps, acts->logits, sizeof(float) * T * c.vocab_size) != 0)
+        fail |= 1024;
     /* past max_len, bad tokens, bad sizes: refused, state unchanged */
     if (rx_infer_forward(s, tokens, 1, steps) != RX_EINVAL) fail |= 64;
     int bad = c.vocab_size;
