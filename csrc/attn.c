@@ -553,21 +553,32 @@ static int attn_core_forward(const attn_dims *d, const float *q, const float *k,
  * attends there; its softmax runs over them with the same online tiles,
  * one query at a time. Serial: T is one token, or one chunk of a prompt.
  * RX_OK or RX_ENOMEM. */
+/* Decoding scratch for d (one thread): kmean, sel and the tile arrays */
+static int attn_decode_work(const attn_dims *d, attn_work *w) {
+    memset(w, 0, sizeof *w);
+    w->kmean = (double *)rx_alloc(d->kk ? d->H * d->nck * d->N : 0, sizeof(double));
+    w->sel = (int *)rx_alloc(d->kk, sizeof(int));
+    if (!w->kmean || !w->sel || attn_work_threads(d, w) != RX_OK) {
+        attn_work_free(w);
+        return rx_fail(RX_ENOMEM, "rx_attn_step: out of memory for the decoding scratch");
+    }
+    return RX_OK;
+}
+
+/* keep: scratch reserved for caches of up to keep_nck complete chunks
+ * (rx_attn_acts_reserve), used when it holds this call's; else the call's own */
 static int attn_core_decode(const rx_attn_params *P, const float *q, const float *k,
-                            const float *v, size_t pos, size_t T, float *y) {
+                            const float *v, size_t pos, size_t T, float *y,
+                            const attn_work *keep, size_t keep_nck) {
     attn_dims d;
     /* the caller checked P at (1, T), and pos + T against INT32_MAX */
     attn_dims_init(P, 1, (int)(pos + T), &d);
     d.nt = 1;
     const size_t H = d.H, N = d.N, C = d.C, L = d.T, nck = d.nck, kk = d.kk, p0 = pos;
     attn_work w;
-    memset(&w, 0, sizeof w);
-    w.kmean = (double *)rx_alloc(kk ? H * nck * N : 0, sizeof(double));
-    w.sel = (int *)rx_alloc(kk, sizeof(int));
-    if (!w.kmean || !w.sel || attn_work_threads(&d, &w) != RX_OK) {
-        attn_work_free(&w);
-        return rx_fail(RX_ENOMEM, "rx_attn_step: out of memory for the decoding scratch");
-    }
+    const int own = !keep->kmean || nck > keep_nck;
+    if (!own) w = *keep;
+    else if (attn_decode_work(&d, &w) != RX_OK) return RX_ENOMEM;
     attn_tile tl = attn_tile_of(&d, &w);
     for (size_t i = 0; kk && i < H * nck; i++)
         attn_chunk_mean(&d, k + i / nck * N, i % nck, w.kmean + i * N);
@@ -588,7 +599,7 @@ static int attn_core_decode(const rx_attn_params *P, const float *q, const float
                     n = attn_kend(&d, j, klo, t) - klo;
                     if (rx_sgemm(0, 1, 1, n, N, qt, N, hd.k + klo * C, C, 0.0f, tl.s,
                                  ATTN_TILE) != RX_OK) {
-                        attn_work_free(&w);
+                        if (own) attn_work_free(&w);
                         return RX_ENOMEM;
                     }
                     attn_online(&d, j, klo, n, 1, &tl);
@@ -598,7 +609,7 @@ static int attn_core_decode(const rx_attn_params *P, const float *q, const float
             const float inv = (float)(1.0 / tl.l[0]);
             for (size_t n = 0; n < N; n++) yt[n] *= inv;
         }
-    attn_work_free(&w);
+    if (own) attn_work_free(&w);
     return RX_OK;
 }
 
@@ -828,6 +839,8 @@ static int attn_residual(const rx_model_ctx *ctx,
 struct rx_attn_acts {
     size_t B, T;
     size_t T0;                                /* the T it was made for (rx_attn_acts_rows) */
+    attn_work dec;                            /* decoding scratch (rx_attn_acts_reserve) */
+    size_t dec_nck;                           /* complete chunks dec holds */
     float *h1, *q, *k, *v, *y, *x1, *h2, *xk; /* [BT][C] ln1 out, projections, attention
                                                * out, residual, ln2 out, CM lerp */
     float *hid;                               /* [BT][F] CM relu^2 (the backward recovers
@@ -839,6 +852,7 @@ struct rx_attn_acts {
 void rx_attn_acts_free(rx_attn_acts *S) {
     if (!S) return;
     attn_work_free(&S->w);
+    attn_work_free(&S->dec);
     free(S->mem);
     free(S);
 }
@@ -897,6 +911,22 @@ int rx_attn_acts_rows(rx_attn_acts *S, size_t T) {
         return rx_fail(RX_EINVAL, "rx_attn_acts_rows: T = %zu outside [1, %zu] (or S NULL, "
                        "or made for B > 1)", T, S ? S->T0 : 0);
     S->T = T;
+    return RX_OK;
+}
+
+/* the decoding core's scratch for caches of up to max_len positions */
+int rx_attn_acts_reserve(rx_attn_acts *S, const rx_attn_params *P, size_t max_len) {
+    attn_dims d;
+    if (!S || max_len > INT32_MAX || !attn_dims_init(P, 1, (int)max_len, &d))
+        return rx_fail(RX_EINVAL, "rx_attn_acts_reserve: S or P NULL, bad P, or max_len = %zu "
+                       "outside [1, INT32_MAX]", max_len);
+    d.nt = 1;
+    /* the most any cache up to max_len selects (top-k applies from top_k + 1 chunks) */
+    d.kk = P->moba_top_k > 0 ? (size_t)P->moba_top_k : 0;
+    attn_work_free(&S->dec);
+    S->dec_nck = 0;
+    if (attn_decode_work(&d, &S->dec) != RX_OK) return RX_ENOMEM;
+    S->dec_nck = d.nck;
     return RX_OK;
 }
 
@@ -969,7 +999,7 @@ static int attn_block_run(const rx_model_ctx *ctx, const rx_attn_params *P, cons
     const size_t BTC = d->B * d->T * d->C;
     int rc = attn_qkv(ctx, P, d, x, S->h1, S->q, kc + pos * d->C, vc + pos * d->C);
     if (rc == RX_OK)
-        rc = pos ? attn_core_decode(P, S->q, kc, vc, pos, d->T, S->y)
+        rc = pos ? attn_core_decode(P, S->q, kc, vc, pos, d->T, S->y, &S->dec, S->dec_nck)
                  : attn_core_forward(d, S->q, kc, vc, &S->w, S->y, NULL);
     if (rc == RX_OK) rc = attn_residual(ctx, P, d, x, S->y, S->x1, S->h2);
     if (rc == RX_OK)

@@ -139,6 +139,8 @@ static int gen_alloc(rx_gen *g) {
     }
     if (rc == RX_OK && na && !(g->a = rx_attn_acts_new(rx_ptmodel_attn(g->m, 0), 1, MT)))
         rc = RX_ENOMEM;
+    if (rc == RX_OK && na)
+        rc = rx_attn_acts_reserve(g->a, rx_ptmodel_attn(g->m, 0), (size_t)g->max_len);
     /* every model has its named tensors: only the buffers can be missing */
     if (rc != RX_OK || !g->pos || !g->tm_carry || !g->cm_carry || !g->wkv || !g->kc || !g->vc ||
         !g->x || !g->y || !g->vf || !g->wkv_work || !g->tok || !g->off || !g->seq || !g->slot ||

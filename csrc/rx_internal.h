@@ -895,6 +895,10 @@ int rx_attn_step(const rx_model_ctx *ctx, const rx_attn_params *P, const float *
  * and scratch, sized for T0, hold T's (a generation step's slot, without
  * an allocation per step). RX_EINVAL when T is outside [1, T0]. */
 int rx_attn_acts_rows(rx_attn_acts *S, size_t T);
+/* S's decoding core (rx_attn_step after position 0) given scratch for
+ * caches of up to max_len positions, so that such a step allocates
+ * nothing (without it each allocates its own). RX_OK, RX_EINVAL, RX_ENOMEM. */
+int rx_attn_acts_reserve(rx_attn_acts *S, const rx_attn_params *P, size_t max_len);
 
 /* ---- runtime.c: the model context ----------------------------------------
  * The default model context (RX_DEFAULT_*): what the standalone kernels
