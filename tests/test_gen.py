@@ -59,7 +59,7 @@ def _batched(g, seqs, plan=PLAN, slots=None):
 
 
 def _alone(m, seq, prompt, max_len=64):
-    g = rx.GenState(m, 1, max_len=max_len, max_tokens=32)
+    g = rx.GenState(m, 1, max_len=max_len, max_tokens=max(prompt, 32))
     parts = [g.step([0], [prompt], seq[:prompt], all_logits=True)]
     parts += [g.step([0], [1], seq[t:t + 1]) for t in range(prompt, len(seq))]
     return np.concatenate(parts)
@@ -190,3 +190,20 @@ def test_bad_arguments():
     assert all(g.pos(s) == 0 for s in range(3))
     out = np.empty((1, 256), np.float32)
     assert g.step(np.array([2]), np.array([2]), t, out=out) is out
+
+
+@pytest.mark.parametrize("cfg", [RWKV, HYB], ids=["rwkv", "hybrid"])
+def test_long_prompts_beside_decoding(cfg):
+    """Prompts long enough that the WKV's units run on the whole team (a
+    thread's group cut by rows), joining while a slot decodes."""
+    m = rx.RxPtModel(cfg, seed=10)
+    plan = [(1, 0, 40), (150, 2, 153), (90, 2, 92), (130, 5, 131)]
+    rng = np.random.default_rng(10)
+    seqs = [rng.integers(0, 256, n).astype(np.int32) for _, _, n in plan]
+    got = _batched(rx.GenState(m, 4, max_len=160, max_tokens=400), seqs, plan)
+    for k, s in enumerate(seqs):
+        assert np.array_equal(got[k], _alone(m, s, plan[k][0], max_len=160)), f"slot {k}"
+        if cfg["n_attn_layer"] == 0:
+            assert np.array_equal(got[k], m.forward(s)), f"slot {k}"
+        else:
+            assert_rel("gen.train", got[k], m.forward(s), FWD_TOL)
