@@ -838,7 +838,7 @@ static int attn_residual(const rx_model_ctx *ctx,
  * more than once per forward), the core's scratch allocated with them. */
 struct rx_attn_acts {
     size_t B, T;
-    size_t T0;                                /* the T it was made for (rx_attn_acts_rows) */
+    size_t T0;                                /* the T it was made for (rx_attn_step_seqs) */
     attn_work dec;                            /* decoding scratch (rx_attn_acts_reserve) */
     size_t dec_nck;                           /* complete chunks dec holds */
     float *h1, *q, *k, *v, *y, *x1, *h2, *xk; /* [BT][C] ln1 out, projections, attention
@@ -902,16 +902,6 @@ rx_attn_acts *rx_attn_acts_new(const rx_attn_params *P, size_t B, size_t T) {
 
 rx_attn_acts *rx_attn_acts_new_in(const rx_attn_params *P, size_t B, size_t T, float *mem) {
     return mem ? attn_acts_make(P, B, T, mem) : NULL;
-}
-
-/* Every buffer and the core's scratch (its chunk counts and top-k fall
- * with T) made for T0 hold a smaller T's in their leading floats */
-int rx_attn_acts_rows(rx_attn_acts *S, size_t T) {
-    if (!S || S->B != 1 || T < 1 || T > S->T0)
-        return rx_fail(RX_EINVAL, "rx_attn_acts_rows: T = %zu outside [1, %zu] (or S NULL, "
-                       "or made for B > 1)", T, S ? S->T0 : 0);
-    S->T = T;
-    return RX_OK;
 }
 
 /* the decoding core's scratch for caches of up to max_len positions */
@@ -1040,6 +1030,49 @@ int rx_attn_step(const rx_model_ctx *ctx, const rx_attn_params *P, const float *
     if (!attn_block_ok(P, 1, (int)S->T, &d)) return attn_params_fail(fn, P, 1, (int)S->T);
     if (attn_work_threads(&d, &S->w) != RX_OK) return rx_fail(RX_ENOMEM, "%s: out of memory", fn);
     return attn_block_run(ctx, P, &d, x, cm_carry, cm_carry, (size_t)pos, kc, vc, S, out);
+}
+
+/* x, out: [rows][C] laid out as sq says (S for B = 1 and T0 >= rows);
+ * cm_carry: [slots][C]; kc, vc: [slots][L][C]; pos: [slots]. The block of
+ * rx_attn_step over every sequence of a step at once: ln1, the q/k/v, output
+ * and channel-mix projections over all rows (one GEMM each), each
+ * sequence's keys and values into its cache at its position and its
+ * queries against that cache (the training core at position 0, else the
+ * decoding core), so each sequence gets rx_attn_step's bits. */
+int rx_attn_step_seqs(const rx_model_ctx *ctx, const rx_attn_params *P, const float *x,
+                      float *cm_carry, float *kc, float *vc, size_t L, const int *pos,
+                      const rx_seqs *sq, rx_attn_acts *S, float *out) {
+    attn_dims d;
+    static const char *const fn = "rx_attn_step_seqs";
+    const char *nul = rx_first_null(RX_NULLS(S, x, kc, vc, out, pos, sq, cm_carry),
+                                    RX_NAMES("S", "x", "kc", "vc", "out", "pos", "sq",
+                                             "cm_carry"), 8);
+    if (nul) return rx_fail(RX_EINVAL, "%s: %s is NULL", fn, nul);
+    const size_t rows = rx_seqs_rows(sq);
+    if (S->B != 1 || rows > S->T0 || !sq->off)
+        return rx_fail(RX_EINVAL, "%s: %zu rows for acts of B = %zu, T = %zu (or not ragged)",
+                       fn, rows, S->B, S->T0);
+    if (!attn_block_ok(P, 1, (int)rows, &d)) return attn_params_fail(fn, P, 1, (int)rows);
+    if (attn_work_threads(&d, &S->w) != RX_OK) return rx_fail(RX_ENOMEM, "%s: out of memory", fn);
+    const size_t C = d.C;
+    int rc = attn_qkv(ctx, P, &d, x, S->h1, S->q, S->k, S->v);
+    for (size_t b = 0; b < sq->B && rc == RX_OK; b++) {
+        const size_t s = (size_t)sq->slot[b], o = (size_t)sq->off[b];
+        const size_t T = (size_t)sq->off[b + 1] - o, p = (size_t)pos[s];
+        float *k = kc + s * L * C, *v = vc + s * L * C;
+        memcpy(k + p * C, S->k + o * C, T * C * sizeof(float));
+        memcpy(v + p * C, S->v + o * C, T * C * sizeof(float));
+        attn_dims db;
+        attn_dims_init(P, 1, (int)T, &db);
+        rc = p ? attn_core_decode(P, S->q + o * C, k, v, p, T, S->y + o * C, &S->dec, S->dec_nck)
+               : attn_core_forward(&db, S->q + o * C, k, v, &S->w, S->y + o * C, NULL);
+    }
+    if (rc == RX_OK) rc = attn_residual(ctx, P, &d, x, S->y, S->x1, S->h2);
+    if (rc == RX_OK) rc = rx_cm_forward_seqs(&P->cm, S->h2, cm_carry, S->xk, S->hid, out, sq);
+    if (rc != RX_OK) return rc;
+    for (size_t i = 0; i < rows * C; i++) out[i] += S->x1[i];
+    rx_shift_carry_seqs(cm_carry, S->h2, sq, C);
+    return RX_OK;
 }
 
 /* S from rx_attn_forward_acts on the same x and carry; dy, dx: [B][T][C];

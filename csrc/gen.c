@@ -10,12 +10,12 @@
  * so every projection of an RWKV block is one GEMM of M = sum(counts)
  * rows. The parts that belong to one sequence run per sequence over its
  * own rows: the token shift (its carry), the WKV recurrence (its state),
- * and an attention block (its key/value cache: rx_attn_step per slot).
- * Every block runs the training forward's own function (rx_block_step over
- * a ragged rx_seqs layout, rx_attn_step), the projections through the
- * projection entry with the model's precision, frozen base and adapter
- * table set as rx_pretrain_forward_batch sets them, the embedding gathered
- * from the arena or the frozen base.
+ * an attention block's core (its key/value cache). Every block runs the
+ * training forward's own functions over a ragged rx_seqs layout
+ * (rx_block_step; rx_attn_step_seqs, made of rx_attn_step's parts), the
+ * projections through the projection entry with the model's precision,
+ * frozen base and adapter table set as rx_pretrain_forward_batch sets
+ * them, the embedding gathered from the arena or the frozen base.
  *
  * State per slot (docs/layout.md §Generation state):
  *   RWKV block i:      WKV state [H][N][N], the ln1 and ln2 carries [C];
@@ -46,7 +46,7 @@ struct rx_gen {
     int *tok, *off, *seq, *slot;   /* [max_tokens], [n_slots+1], [max_tokens], [n_slots] */
     unsigned char *seen;       /* [n_slots] distinct-slot check */
     rx_block_acts r[2];        /* RWKV block 0's and the later blocks' (value residual) */
-    rx_attn_acts *a;           /* one attention set, reshaped per slot */
+    rx_attn_acts *a;           /* one attention set for every attention block */
 };
 
 void rx_gen_free(rx_gen *g) {
@@ -234,16 +234,11 @@ static int blocks_forward(rx_gen *g, const rx_seqs *sq, float *x, float *y, floa
                                g->tm_carry + i * S * C, cmc, i ? g->vf : NULL, i ? NULL : g->vf,
                                g->wkv + i * S * HNN, A, y);
         } else {
-            /* each slot against its own cache: the projections per slot */
+            /* the projections over all rows, each slot against its own cache */
             const size_t j = (size_t)ai++;
-            for (size_t k = 0; k < sq->B && rc == RX_OK; k++) {
-                const size_t s = (size_t)sq->slot[k], o = (size_t)sq->off[k];
-                rc = rx_attn_acts_rows(g->a, (size_t)sq->off[k + 1] - o);
-                if (rc == RX_OK)
-                    rc = rx_attn_step(&g->ctx, rx_ptmodel_attn(g->m, (int)j), x + o * C,
-                                      cmc + s * C, g->kc + (j * S + s) * L * C,
-                                      g->vc + (j * S + s) * L * C, g->pos[s], g->a, y + o * C);
-            }
+            rc = rx_attn_step_seqs(&g->ctx, rx_ptmodel_attn(g->m, (int)j), x, cmc,
+                                   g->kc + j * S * L * C, g->vc + j * S * L * C, L, g->pos, sq,
+                                   g->a, y);
         }
         float *t = x;
         x = y;

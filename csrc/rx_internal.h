@@ -903,10 +903,15 @@ int rx_block_step(const rx_model_ctx *ctx, const rx_block_params *P, const float
  * query at a time. Projections through rx_pgemm_batch / rx_pgemm. */
 int rx_attn_step(const rx_model_ctx *ctx, const rx_attn_params *P, const float *x,
                  float *cm_carry, float *kc, float *vc, int pos, rx_attn_acts *S, float *out);
-/* S (made for B = 1 and T0 tokens) set to take T <= T0 tokens: its buffers
- * and scratch, sized for T0, hold T's (a generation step's slot, without
- * an allocation per step). RX_EINVAL when T is outside [1, T0]. */
-int rx_attn_acts_rows(rx_attn_acts *S, size_t T);
+/* rx_attn_step over the sequences of a ragged step (sq: B sequences, its
+ * off, seq and slot set) at once: x, out [rows][C]; slot s's carry row
+ * cm_carry[s], cache kc, vc + s*L*C ([L][C] each) and position pos[s]
+ * (the caller checked pos[s] + its rows <= L); S made for B = 1 and at
+ * least rows tokens. Every projection is one GEMM over all rows; each
+ * sequence's bits are rx_attn_step's over its rows alone. */
+int rx_attn_step_seqs(const rx_model_ctx *ctx, const rx_attn_params *P, const float *x,
+                      float *cm_carry, float *kc, float *vc, size_t L, const int *pos,
+                      const rx_seqs *sq, rx_attn_acts *S, float *out);
 /* S's decoding core (rx_attn_step after position 0) given scratch for
  * caches of up to max_len positions, so that such a step allocates
  * nothing (without it each allocates its own). RX_OK, RX_EINVAL, RX_ENOMEM. */
