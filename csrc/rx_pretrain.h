@@ -755,8 +755,8 @@ int rx_infer_forward(rx_infer_state *s, const int *tokens, int T, float *logits)
  * cache of max_len positions and the channel-mix carry; a position),
  * advanced together: a step takes any n distinct slots, slot slots[i] by
  * counts[i] tokens (one to decode, or a chunk of a prompt), their rows
- * stacked so every RWKV block's projection is one GEMM of sum(counts)
- * rows; the token shift, WKV recurrence and attention run per slot. Every
+ * stacked so every projection is one GEMM of sum(counts) rows; the token
+ * shift, WKV recurrence and attention core run per slot. Every
  * block is the training forward's own function, the projections in the
  * model's precision with its frozen base (read in place) and LoRA adapters
  * (unmerged) as rx_pretrain_forward_batch applies them. A slot's logits
