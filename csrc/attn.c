@@ -553,21 +553,32 @@ static int attn_core_forward(const attn_dims *d, const float *q, const float *k,
  * attends there; its softmax runs over them with the same online tiles,
  * one query at a time. Serial: T is one token, or one chunk of a prompt.
  * RX_OK or RX_ENOMEM. */
+/* Decoding scratch for d (one thread): kmean, sel and the tile arrays */
+static int attn_decode_work(const attn_dims *d, attn_work *w) {
+    memset(w, 0, sizeof *w);
+    w->kmean = (double *)rx_alloc(d->kk ? d->H * d->nck * d->N : 0, sizeof(double));
+    w->sel = (int *)rx_alloc(d->kk, sizeof(int));
+    if (!w->kmean || !w->sel || attn_work_threads(d, w) != RX_OK) {
+        attn_work_free(w);
+        return rx_fail(RX_ENOMEM, "rx_attn_step: out of memory for the decoding scratch");
+    }
+    return RX_OK;
+}
+
+/* keep: scratch reserved for caches of up to keep_nck complete chunks
+ * (rx_attn_acts_reserve), used when it holds this call's; else the call's own */
 static int attn_core_decode(const rx_attn_params *P, const float *q, const float *k,
-                            const float *v, size_t pos, size_t T, float *y) {
+                            const float *v, size_t pos, size_t T, float *y,
+                            const attn_work *keep, size_t keep_nck) {
     attn_dims d;
     /* the caller checked P at (1, T), and pos + T against INT32_MAX */
     attn_dims_init(P, 1, (int)(pos + T), &d);
     d.nt = 1;
     const size_t H = d.H, N = d.N, C = d.C, L = d.T, nck = d.nck, kk = d.kk, p0 = pos;
     attn_work w;
-    memset(&w, 0, sizeof w);
-    w.kmean = (double *)rx_alloc(kk ? H * nck * N : 0, sizeof(double));
-    w.sel = (int *)rx_alloc(kk, sizeof(int));
-    if (!w.kmean || !w.sel || attn_work_threads(&d, &w) != RX_OK) {
-        attn_work_free(&w);
-        return rx_fail(RX_ENOMEM, "rx_attn_step: out of memory for the decoding scratch");
-    }
+    const int own = !keep->kmean || nck > keep_nck;
+    if (!own) w = *keep;
+    else if (attn_decode_work(&d, &w) != RX_OK) return RX_ENOMEM;
     attn_tile tl = attn_tile_of(&d, &w);
     for (size_t i = 0; kk && i < H * nck; i++)
         attn_chunk_mean(&d, k + i / nck * N, i % nck, w.kmean + i * N);
@@ -588,7 +599,7 @@ static int attn_core_decode(const rx_attn_params *P, const float *q, const float
                     n = attn_kend(&d, j, klo, t) - klo;
                     if (rx_sgemm(0, 1, 1, n, N, qt, N, hd.k + klo * C, C, 0.0f, tl.s,
                                  ATTN_TILE) != RX_OK) {
-                        attn_work_free(&w);
+                        if (own) attn_work_free(&w);
                         return RX_ENOMEM;
                     }
                     attn_online(&d, j, klo, n, 1, &tl);
@@ -598,7 +609,7 @@ static int attn_core_decode(const rx_attn_params *P, const float *q, const float
             const float inv = (float)(1.0 / tl.l[0]);
             for (size_t n = 0; n < N; n++) yt[n] *= inv;
         }
-    attn_work_free(&w);
+    if (own) attn_work_free(&w);
     return RX_OK;
 }
 
@@ -827,6 +838,9 @@ static int attn_residual(const rx_model_ctx *ctx,
  * more than once per forward), the core's scratch allocated with them. */
 struct rx_attn_acts {
     size_t B, T;
+    size_t T0;                                /* the T it was made for (rx_attn_step_seqs) */
+    attn_work dec;                            /* decoding scratch (rx_attn_acts_reserve) */
+    size_t dec_nck;                           /* complete chunks dec holds */
     float *h1, *q, *k, *v, *y, *x1, *h2, *xk; /* [BT][C] ln1 out, projections, attention
                                                * out, residual, ln2 out, CM lerp */
     float *hid;                               /* [BT][F] CM relu^2 (the backward recovers
@@ -838,6 +852,7 @@ struct rx_attn_acts {
 void rx_attn_acts_free(rx_attn_acts *S) {
     if (!S) return;
     attn_work_free(&S->w);
+    attn_work_free(&S->dec);
     free(S->mem);
     free(S);
 }
@@ -864,7 +879,7 @@ static rx_attn_acts *attn_acts_make(const rx_attn_params *P, size_t B, size_t T,
     rx_attn_acts *S = calloc(1, sizeof *S);
     if (!S) return NULL;
     S->B = B;
-    S->T = T;
+    S->T = S->T0 = T;
     S->mem = mem ? NULL : rx_falloc(n);
     const size_t rc = (B * T * d.C + 15) & ~(size_t)15;
     const size_t rf = (B * T * (size_t)P->cm.ffn_dim + 15) & ~(size_t)15;
@@ -887,6 +902,22 @@ rx_attn_acts *rx_attn_acts_new(const rx_attn_params *P, size_t B, size_t T) {
 
 rx_attn_acts *rx_attn_acts_new_in(const rx_attn_params *P, size_t B, size_t T, float *mem) {
     return mem ? attn_acts_make(P, B, T, mem) : NULL;
+}
+
+/* the decoding core's scratch for caches of up to max_len positions */
+int rx_attn_acts_reserve(rx_attn_acts *S, const rx_attn_params *P, size_t max_len) {
+    attn_dims d;
+    if (!S || max_len > INT32_MAX || !attn_dims_init(P, 1, (int)max_len, &d))
+        return rx_fail(RX_EINVAL, "rx_attn_acts_reserve: S or P NULL, bad P, or max_len = %zu "
+                       "outside [1, INT32_MAX]", max_len);
+    d.nt = 1;
+    /* the most any cache up to max_len selects (top-k applies from top_k + 1 chunks) */
+    d.kk = P->moba_top_k > 0 ? (size_t)P->moba_top_k : 0;
+    attn_work_free(&S->dec);
+    S->dec_nck = 0;
+    if (attn_decode_work(&d, &S->dec) != RX_OK) return RX_ENOMEM;
+    S->dec_nck = d.nck;
+    return RX_OK;
 }
 
 static int attn_block_ok(const rx_attn_params *P, int B, int T, attn_dims *d) {
@@ -958,7 +989,7 @@ static int attn_block_run(const rx_model_ctx *ctx, const rx_attn_params *P, cons
     const size_t BTC = d->B * d->T * d->C;
     int rc = attn_qkv(ctx, P, d, x, S->h1, S->q, kc + pos * d->C, vc + pos * d->C);
     if (rc == RX_OK)
-        rc = pos ? attn_core_decode(P, S->q, kc, vc, pos, d->T, S->y)
+        rc = pos ? attn_core_decode(P, S->q, kc, vc, pos, d->T, S->y, &S->dec, S->dec_nck)
                  : attn_core_forward(d, S->q, kc, vc, &S->w, S->y, NULL);
     if (rc == RX_OK) rc = attn_residual(ctx, P, d, x, S->y, S->x1, S->h2);
     if (rc == RX_OK)
@@ -999,6 +1030,49 @@ int rx_attn_step(const rx_model_ctx *ctx, const rx_attn_params *P, const float *
     if (!attn_block_ok(P, 1, (int)S->T, &d)) return attn_params_fail(fn, P, 1, (int)S->T);
     if (attn_work_threads(&d, &S->w) != RX_OK) return rx_fail(RX_ENOMEM, "%s: out of memory", fn);
     return attn_block_run(ctx, P, &d, x, cm_carry, cm_carry, (size_t)pos, kc, vc, S, out);
+}
+
+/* x, out: [rows][C] laid out as sq says (S for B = 1 and T0 >= rows);
+ * cm_carry: [slots][C]; kc, vc: [slots][L][C]; pos: [slots]. The block of
+ * rx_attn_step over every sequence of a step at once: ln1, the q/k/v, output
+ * and channel-mix projections over all rows (one GEMM each), each
+ * sequence's keys and values into its cache at its position and its
+ * queries against that cache (the training core at position 0, else the
+ * decoding core), so each sequence gets rx_attn_step's bits. */
+int rx_attn_step_seqs(const rx_model_ctx *ctx, const rx_attn_params *P, const float *x,
+                      float *cm_carry, float *kc, float *vc, size_t L, const int *pos,
+                      const rx_seqs *sq, rx_attn_acts *S, float *out) {
+    attn_dims d;
+    static const char *const fn = "rx_attn_step_seqs";
+    const char *nul = rx_first_null(RX_NULLS(S, x, kc, vc, out, pos, sq, cm_carry),
+                                    RX_NAMES("S", "x", "kc", "vc", "out", "pos", "sq",
+                                             "cm_carry"), 8);
+    if (nul) return rx_fail(RX_EINVAL, "%s: %s is NULL", fn, nul);
+    const size_t rows = rx_seqs_rows(sq);
+    if (S->B != 1 || rows > S->T0 || !sq->off)
+        return rx_fail(RX_EINVAL, "%s: %zu rows for acts of B = %zu, T = %zu (or not ragged)",
+                       fn, rows, S->B, S->T0);
+    if (!attn_block_ok(P, 1, (int)rows, &d)) return attn_params_fail(fn, P, 1, (int)rows);
+    if (attn_work_threads(&d, &S->w) != RX_OK) return rx_fail(RX_ENOMEM, "%s: out of memory", fn);
+    const size_t C = d.C;
+    int rc = attn_qkv(ctx, P, &d, x, S->h1, S->q, S->k, S->v);
+    for (size_t b = 0; b < sq->B && rc == RX_OK; b++) {
+        const size_t s = (size_t)sq->slot[b], o = (size_t)sq->off[b];
+        const size_t T = (size_t)sq->off[b + 1] - o, p = (size_t)pos[s];
+        float *k = kc + s * L * C, *v = vc + s * L * C;
+        memcpy(k + p * C, S->k + o * C, T * C * sizeof(float));
+        memcpy(v + p * C, S->v + o * C, T * C * sizeof(float));
+        attn_dims db;
+        attn_dims_init(P, 1, (int)T, &db);
+        rc = p ? attn_core_decode(P, S->q + o * C, k, v, p, T, S->y + o * C, &S->dec, S->dec_nck)
+               : attn_core_forward(&db, S->q + o * C, k, v, &S->w, S->y + o * C, NULL);
+    }
+    if (rc == RX_OK) rc = attn_residual(ctx, P, &d, x, S->y, S->x1, S->h2);
+    if (rc == RX_OK) rc = rx_cm_forward_seqs(&P->cm, S->h2, cm_carry, S->xk, S->hid, out, sq);
+    if (rc != RX_OK) return rc;
+    for (size_t i = 0; i < rows * C; i++) out[i] += S->x1[i];
+    rx_shift_carry_seqs(cm_carry, S->h2, sq, C);
+    return RX_OK;
 }
 
 /* S from rx_attn_forward_acts on the same x and carry; dy, dx: [B][T][C];

@@ -480,6 +480,73 @@ int rx_wkv7_forward_cp(const float *r, const float *w, const float *k, const flo
                         head_size);
 }
 
+/* Unit u = (sequence u / H, head u % H) of a step laid out as sq says:
+ * its first row and its row count */
+static void seqs_unit(const rx_seqs *sq, size_t H, size_t u, size_t *o, size_t *T) {
+    const size_t bi = u / H;
+    *o = sq->off ? (size_t)sq->off[bi] : bi * sq->T;
+    *T = sq->off ? (size_t)sq->off[bi + 1] - *o : sq->T;
+}
+
+/* Below this many state-row updates (rows * H * N, each N multiply-adds)
+ * a step's WKV runs on the calling thread: a decoding step of a few slots
+ * takes microseconds, less than waking the team (and far less on a busy
+ * machine, where a team member may not be running) */
+#define WKV_SEQS_MIN_PAR ((size_t)4096)
+
+/* r..b, y_out: [rows][H][N] laid out as sq says; state: [slots][H][N][N]
+ * (rx_internal.h); work: RX_WKV7_SEQS_WORK(B*H, N). Each (sequence, head)
+ * is a unit run in place by forward_head; as in wkv7_forward, each thread
+ * takes a contiguous group of units and runs them WKV_FWD_BLOCK steps at
+ * a time, unit after unit (their rows shared in L2). The groups split the
+ * rows, not the units, evenly: a prompt's units beside single tokens. */
+int rx_wkv7_forward_seqs(const float *r, const float *w, const float *k, const float *v,
+                         const float *a, const float *b, float *state, float *y_out,
+                         const rx_seqs *sq, int n_head, int head_size, float *work) {
+    int rc = wkv7_args("rx_wkv7_forward_seqs", r, w, k, v, a, b, 1, 1, n_head, head_size);
+    if (rc != RX_OK) return rc;
+    if (!state || !y_out || !sq || !work)
+        return rx_fail(RX_EINVAL, "rx_wkv7_forward_seqs: state, y_out, sq or work is NULL");
+    const size_t H = (size_t)n_head, N = (size_t)head_size, C = H * N, NN = N * N;
+    const size_t BH = sq->B * H, rows = rx_seqs_rows(sq);
+    const wkv_simd *fast = wkv7_simd(N);
+    int nt = rx_in_parallel() || rows * C < WKV_SEQS_MIN_PAR ? 1 : rx_max_threads();
+    if ((size_t)nt > BH) nt = (int)BH;
+    rx_prof_push(RX_PROF_WKV7);
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        const size_t p = (size_t)rx_thread_id(), n = (size_t)rx_team_size();
+        /* units [u0, u1): those whose first row (of rows * H in all) lies in
+         * this thread's share */
+        size_t u0 = 0, u1 = 0, at = 0, tmax = 0;
+        const size_t lo = rows * H * p / n, hi = rows * H * (p + 1) / n;
+        for (size_t u = 0; u < BH; u++) {
+            size_t o, T;
+            seqs_unit(sq, H, u, &o, &T);
+            if (at < lo) u0 = u + 1;
+            if (at < hi) u1 = u + 1;
+            at += T;
+        }
+        for (size_t u = u0; u < u1; u++) {
+            size_t o, T;
+            seqs_unit(sq, H, u, &o, &T);
+            if (T > tmax) tmax = T;
+        }
+        for (size_t t0 = 0; t0 < tmax; t0 += WKV_FWD_BLOCK)
+            for (size_t u = u0; u < u1; u++) {
+                size_t o, T;
+                seqs_unit(sq, H, u, &o, &T);
+                if (t0 >= T) continue;
+                const size_t t1 = t0 + WKV_FWD_BLOCK < T ? t0 + WKV_FWD_BLOCK : T, oc = o * C;
+                float *S = state + (rx_seqs_slot(sq, u / H) * H + u % H) * NN;
+                forward_head(r + oc, w + oc, k + oc, v + oc, a + oc, b + oc, y_out + oc, S,
+                             NULL, work + u * 2 * N, 0, u % H, 0, N, t0, t1, T, C, N, fast);
+            }
+    }
+    rx_prof_pop();
+    return RX_OK;
+}
+
 /* The column sums of a split backward: the outputs dr, dw, dk, da, db in
  * that order, and the extra tiles' scratch part [G-1][5][BH][T+1][N], whose
  * row t+1 holds a tile's sum for the output row of step t (row 0: the dr

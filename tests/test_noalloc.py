@@ -34,11 +34,12 @@ def program(tmp_path_factory):
 @pytest.mark.parametrize("acts", [[], ["1"], ["3", "37"], ["0", "0", "lora"],
                                   ["3", "37", "lora"], ["0", "0", "lora", "rows"],
                                   ["3", "37", "base", "rows"], ["0", "0", "-", "accum"],
-                                  ["0", "0", "none", "bf16"], ["3", "37", "lora", "q8_0"]],
+                                  ["0", "0", "none", "bf16"], ["3", "37", "lora", "q8_0"],
+                                  ["0", "0", "none", "gen"], ["0", "0", "lora", "gen"]],
                          ids=["plain", "recompute", "recompute+chunked_head", "lora",
                               "lora+recompute+chunked_head", "lora+rows",
                               "recompute+chunked_head+rows", "grad_accum", "bf16_base",
-                              "lora+q8_0_base+recompute+chunked_head"])
+                              "lora+q8_0_base+recompute+chunked_head", "gen", "lora+gen"])
 def test_a_step_allocates_nothing(program, threads, acts):
     # recompute (RX_ACTS_RECOMPUTE = 1) and the chunked head (2; 37-row
     # chunks cut the 256 rows unevenly) with L2Wrap allocate nothing either,

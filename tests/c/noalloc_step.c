@@ -21,6 +21,10 @@
  *                      frozen base of that dtype (base.c)
  *   noalloc_step 0 0 - accum
  *                   -> two micro-batches summed into one step (--grad-accum)
+ *   noalloc_step 0 0 lora|none gen
+ *                   -> batched generation (gen.c): a step of slots decoding
+ *                      beside a slot joining with its prompt, then a
+ *                      decoding step, after a first step of max_tokens rows
  */
 #define _GNU_SOURCE
 #include <stdint.h>
@@ -128,6 +132,23 @@ static int add_base(rx_ptmodel *m, int dtype) {
     return rc == RX_OK ? rx_ptmodel_set_frozen(m, 1) : rc;
 }
 
+/* Generation steps on m (rx_gen_step), timed by the caller's counting:
+ * *warm 1 runs the warm-up step of max_tokens rows */
+#define GEN_SLOTS 4
+#define GEN_TOKENS 48
+static int gen_steps(rx_gen *g, const int *tok, int warm) {
+    static float logits[GEN_TOKENS * 384];
+    static const int wslots[2] = {0, 1}, wcounts[2] = {40, 8};
+    static const int slots[3] = {1, 3, 0}, counts[3] = {1, 17, 1}, dslots[2] = {3, 0};
+    static const int ones[3] = {1, 1, 1};
+    if (warm) return rx_gen_step(g, 2, wslots, wcounts, tok, 1, logits);
+    int rc = rx_gen_reset(g, 3);
+    if (rc == RX_OK) rc = rx_gen_step(g, 3, slots, counts, tok, 0, logits);
+    if (rc == RX_OK) rc = rx_gen_step(g, 2, dslots, ones, tok + 5, 0, logits);
+    if (rc == RX_OK) rc = rx_gen_step(g, 3, slots, counts, tok + 9, 1, logits);
+    return rc;
+}
+
 /* argv: [RX_ACTS_* flags [head_rows [lora|base|none|- [rows|accum|bf16|q8_0]]]]; with flags,
  * L2Wrap on too */
 int main(int argc, char **argv) {
@@ -160,15 +181,19 @@ int main(int argc, char **argv) {
         fprintf(stderr, "set-up failed: %s\n", rx_last_error());
         return 2;
     }
+    rx_gen *g = NULL;
+    if (rc == RX_OK && argc > 4 && strcmp(argv[4], "gen") == 0)
+        rc = rx_gen_create(m, GEN_SLOTS, 2 * T, GEN_TOKENS, &g);
     const int precisions[2] = {RX_PRECISION_FP32, RX_PRECISION_BF16};
     const char *names[2] = {"fp32", "bf16"};
     int64_t t = 1;
     for (int i = 0; i < 2; i++) {
         rc = rx_ptmodel_set_precision(m, precisions[i]);
-        if (rc == RX_OK) rc = step(m, acts, tok, tgt, mom, vel, t++, acc);   /* grows the buffers */
+        /* the first grows the buffers */
+        if (rc == RX_OK) rc = g ? gen_steps(g, tok, 1) : step(m, acts, tok, tgt, mom, vel, t++, acc);
         __atomic_store_n(&count, 0, __ATOMIC_RELAXED);
         __atomic_store_n(&counting, 1, __ATOMIC_RELAXED);
-        if (rc == RX_OK) rc = step(m, acts, tok, tgt, mom, vel, t++, acc);
+        if (rc == RX_OK) rc = g ? gen_steps(g, tok, 0) : step(m, acts, tok, tgt, mom, vel, t++, acc);
         __atomic_store_n(&counting, 0, __ATOMIC_RELAXED);
         if (rc != RX_OK) {
             fprintf(stderr, "%s step failed: %s\n", names[i], rx_last_error());
@@ -179,6 +204,7 @@ int main(int argc, char **argv) {
     free(mom);
     free(vel);
     free(acc);
+    rx_gen_free(g);
     rx_pt_acts_free(acts);
     rx_ptmodel_free(m);
     return 0;
