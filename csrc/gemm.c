@@ -917,6 +917,190 @@ static int sgemm_parallel(const gemm_impl *im, const rx_gemm_op *ops, size_t nop
     return fail ? RX_ENOMEM : RX_OK;
 }
 
+/* ---- small M -----------------------------------------------------------
+ * Decoding multiplies a few rows (one per sequence) by every weight, so
+ * op(B) is read once per call and packing it (a KC x NC panel written
+ * then read back, far past L1) costs more memory traffic than the product.
+ * Up to small_m rows, op(B) is read in place instead: rows of an
+ * untransposed B are the k rows of R x 8V register tiles (R <= 6 rows of
+ * op(A) read in place too), and a transposed B or a source's B (a frozen
+ * base) is packed one NR-column sliver at a time into L1, where every row
+ * group uses it before the next. The columns are cut into SMALL_W-wide
+ * blocks the team shares. Each C element is still one FMA chain over each
+ * KC-deep block of k from zero, added to C in k order exactly as the
+ * packed kernels add it: the same bits as the packed path at any M, any
+ * block cut and any thread count, so a row's result depends on that row
+ * alone (batch invariance for generation) and training is unchanged. */
+#define SMALL_W 128   /* columns of one parallel unit: two KC x 64 L1 strips */
+/* Rows up to which a batch takes the small-M path, measured on Zen 3
+ * (docs/performance.md §Decode GEMM); 0 turns the path off (test hook). */
+#define SMALL_M 16
+static size_t small_m = SMALL_M;
+
+size_t rx_sgemm_small_m(size_t m) {
+    const size_t old = small_m;
+    small_m = m;
+    return old;
+}
+
+#ifdef RX_X86
+/* C[R, 8V] (+)= op(A)[R, kc] . B[kc, 8V], B's k rows ldb floats apart, as
+ * ukernel_avx2 sums (t from zero, one FMA per k, then C + t). R and V are
+ * constants at each use. */
+RX_AVX2 static inline __attribute__((always_inline)) void
+small_tile(size_t R, size_t V, size_t kc, const float *A, size_t rs, size_t cs, const float *B,
+           size_t ldb, float *C, size_t ldc, int acc) {
+    __m256 c[MR][4];
+#pragma GCC unroll 6
+    for (size_t i = 0; i < R; i++)
+#pragma GCC unroll 4
+        for (size_t v = 0; v < V; v++) c[i][v] = _mm256_setzero_ps();
+    for (size_t p = 0; p < kc; p++, A += cs, B += ldb) {
+        __m256 b[4];
+#pragma GCC unroll 4
+        for (size_t v = 0; v < V; v++) b[v] = _mm256_loadu_ps(B + 8 * v);
+#pragma GCC unroll 6
+        for (size_t i = 0; i < R; i++) {
+            const __m256 x = _mm256_broadcast_ss(A + i * rs);
+#pragma GCC unroll 4
+            for (size_t v = 0; v < V; v++) c[i][v] = _mm256_fmadd_ps(x, b[v], c[i][v]);
+        }
+    }
+#pragma GCC unroll 6
+    for (size_t i = 0; i < R; i++)
+#pragma GCC unroll 4
+        for (size_t v = 0; v < V; v++) {
+            float *ci = C + i * ldc + 8 * v;
+            _mm256_storeu_ps(ci, acc ? _mm256_add_ps(c[i][v], _mm256_loadu_ps(ci)) : c[i][v]);
+        }
+}
+
+/* small_tile for R = 1..MR rows: 32 columns at R <= 2 (V = 4 chains per
+ * row keep the FMA pipes busy), else 16 (V = 2, ukernel_avx2's 6 x 16). */
+RX_AVX2 static void small_rows(size_t R, int wide, size_t kc, const float *A, size_t rs,
+                               size_t cs, const float *B, size_t ldb, float *C, size_t ldc,
+                               int acc) {
+#define SMALL_CASE(r, v) small_tile(r, v, kc, A, rs, cs, B, ldb, C, ldc, acc); break
+    if (wide) switch (R) {
+        case 1: SMALL_CASE(1, 4);
+        default: SMALL_CASE(2, 4);
+        }
+    else switch (R) {
+        case 1: SMALL_CASE(1, 2);
+        case 2: SMALL_CASE(2, 2);
+        case 3: SMALL_CASE(3, 2);
+        case 4: SMALL_CASE(4, 2);
+        case 5: SMALL_CASE(5, 2);
+        default: SMALL_CASE(6, 2);
+        }
+#undef SMALL_CASE
+}
+
+/* Columns [j0, j1) of op g over k block [pc, pc+kc), B read in place
+ * (untransposed, no source): 32- then 16-column tiles, then single
+ * columns as scalar FMA chains in the same order. */
+RX_AVX2 static void small_inplace(const rx_gemm_op *g, size_t pc, size_t kc, size_t j0,
+                                  size_t j1, int acc) {
+    const size_t rs = g->ta ? 1 : g->lda, cs = g->ta ? g->lda : 1;
+    const float *A = g->A + pc * cs, *B = g->B + pc * g->ldb;
+    size_t j = j0;
+    /* one or two rows: 32-column tiles, four chains per row; more rows
+     * share each 16-column strip of B from L1 six at a time */
+    for (; g->M <= 2 && j1 - j >= 2 * NR; j += 2 * NR)
+        for (size_t i = 0; i < g->M; i += 2) {
+            const size_t R = g->M - i < 2 ? g->M - i : 2;
+            small_rows(R, 1, kc, A + i * rs, rs, cs, B + j, g->ldb, g->C + i * g->ldc + j,
+                       g->ldc, acc);
+        }
+    for (; j1 - j >= NR; j += NR)
+        for (size_t i = 0; i < g->M; i += MR) {
+            const size_t R = g->M - i < MR ? g->M - i : MR;
+            small_rows(R, 0, kc, A + i * rs, rs, cs, B + j, g->ldb, g->C + i * g->ldc + j,
+                       g->ldc, acc);
+        }
+    for (; j < j1; j++)
+        for (size_t i = 0; i < g->M; i++) {
+            float t = 0.0f;
+            for (size_t p = 0; p < kc; p++) t = fmaf(A[i * rs + p * cs], B[p * g->ldb + j], t);
+            float *c = g->C + i * g->ldc + j;
+            *c = acc ? t + *c : t;
+        }
+}
+
+/* Columns [j0, j1) of op g over k block [pc, pc+kc), op(B) packed one
+ * NR-column sliver at a time into Bp (KC * NR floats, L1) by pack_op_b. */
+RX_AVX2 static void small_packed(const gemm_impl *im, const rx_gemm_op *g, size_t pc, size_t kc,
+                                 size_t j0, size_t j1, int acc, float *Bp) {
+    const size_t rs = g->ta ? 1 : g->lda, cs = g->ta ? g->lda : 1;
+    const float *A = g->A + pc * cs;
+    float edge[MR * NR];
+    for (size_t j = j0; j < j1; j += NR) {
+        const size_t nr = j1 - j < NR ? j1 - j : NR;
+        pack_op_b(im, g, pc, kc, j, nr, Bp);
+        for (size_t i = 0; i < g->M; i += MR) {
+            const size_t R = g->M - i < MR ? g->M - i : MR;
+            float *c = g->C + i * g->ldc + j;
+            if (nr == NR) {
+                small_rows(R, 0, kc, A + i * rs, rs, cs, Bp, NR, c, g->ldc, acc);
+                continue;
+            }
+            small_rows(R, 0, kc, A + i * rs, rs, cs, Bp, NR, edge, NR, 0);
+            for (size_t r = 0; r < R; r++)
+                for (size_t q = 0; q < nr; q++)
+                    c[r * g->ldc + q] = acc ? edge[r * NR + q] + c[r * g->ldc + q]
+                                            : edge[r * NR + q];
+        }
+    }
+}
+
+/* Columns [j0, j1) of op g over all of K; RX_ENOMEM when a sliver needs
+ * packing and the thread's buffer cannot be allocated (C untouched). */
+static int small_unit(const gemm_impl *im, const rx_gemm_op *g, size_t j0, size_t j1) {
+    float *Bp = NULL;
+    if (g->tb || g->bsrc) {
+        gemm_scratch *sc = scratch_packs();
+        if (!sc) return RX_ENOMEM;
+        Bp = sc->apack;   /* MC * KC floats: room for a KC x NR sliver */
+    }
+    for (size_t pc = 0; pc < g->K; pc += KC) {
+        const size_t kc = g->K - pc < KC ? g->K - pc : KC;
+        const int acc = pc > 0 || g->beta != 0.0f;
+        if (Bp) small_packed(im, g, pc, kc, j0, j1, acc, Bp);
+        else small_inplace(g, pc, kc, j0, j1, acc);
+    }
+    return RX_OK;
+}
+
+/* A batch whose ops all have M <= small_m: units of SMALL_W columns of
+ * each op, shared by the team in turn (the cut never changes a bit). */
+static int sgemm_small(const gemm_impl *im, const rx_gemm_op *ops, size_t nops, int nt) {
+    size_t first[MAX_BATCH + 1];
+    first[0] = 0;
+    for (size_t k = 0; k < nops; k++)
+        first[k + 1] = first[k] + (ops[k].N + SMALL_W - 1) / SMALL_W;
+    const long nu = (long)first[nops];
+    int fail = 0;
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1) reduction(| : fail) if (nt > 1)
+    for (long u = 0; u < nu; u++) {
+        size_t k = 0;
+        while (first[k + 1] <= (size_t)u) k++;
+        const size_t j0 = ((size_t)u - first[k]) * SMALL_W;
+        const size_t j1 = j0 + SMALL_W < ops[k].N ? j0 + SMALL_W : ops[k].N;
+        fail |= small_unit(im, &ops[k], j0, j1) != RX_OK;
+    }
+    return fail ? RX_ENOMEM : RX_OK;
+}
+
+/* whether a batch takes the small-M path: an x86 SIMD kernel (they all
+ * give small_tile's bits) and every op at most small_m rows */
+static int small_batch(const gemm_impl *im, const rx_gemm_op *ops, size_t n) {
+    if (im == &impl_generic || !have_avx2()) return 0;
+    for (size_t k = 0; k < n; k++)
+        if (ops[k].M > small_m) return 0;
+    return n > 0;
+}
+#endif
+
 int rx_sgemm_batch(const rx_gemm_op *ops, size_t n) {
     const gemm_impl *im = pick_impl();
     int rc = rx_gemm_check_batch("rx_sgemm", ops, n);
@@ -930,6 +1114,12 @@ int rx_sgemm_batch(const rx_gemm_op *ops, size_t n) {
         int nt = rx_in_parallel() ? 1 : rx_max_threads();
         if (nt > MAX_THREADS) nt = MAX_THREADS;
         if (total < RX_GEMM_MIN_PAR) nt = 1;
+#ifdef RX_X86
+        if (small_batch(im, live, nl)) {
+            rc = sgemm_small(im, live, nl, nt);
+            continue;
+        }
+#endif
         if (nt <= 1)
             for (size_t k = 0; k < nl && rc == RX_OK; k++) rc = sgemm_serial(im, &live[k]);
         else if (nl)
