@@ -75,17 +75,9 @@ typedef uint16_t bf16;
 
 /* ---- rounding ------------------------------------------------------------ */
 
-/* fp32 -> bf16 as vcvtne2ps2bf16 converts (Intel SDM): round to nearest
- * even; NaN stays a (quiet) NaN; a subnormal input becomes a signed zero
- * (so the largest subnormals do not round up to the smallest normal). The
- * AVX-512 packers use that instruction, so every kernel sees the same bits. */
-static inline bf16 bf16_round(float x) {
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16)((u >> 16) | 0x40u);
-    if (!(u & 0x7f800000u)) return (bf16)((u >> 16) & 0x8000u);
-    return (bf16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
+/* fp32 -> bf16 as vcvtne2ps2bf16 converts (rx_bf16_operand): the AVX-512
+ * packers use that instruction, so every kernel sees the same bits. */
+static inline bf16 bf16_round(float x) { return rx_bf16_operand(x); }
 
 static inline float bf16_float(bf16 h) {
     uint32_t u = (uint32_t)h << 16;

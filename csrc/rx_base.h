@@ -67,16 +67,10 @@ static inline float f16_f32(uint16_t h) {
     return bits_f32(sign | ((e + 112u) << 23) | (m << 13));
 }
 
-/* the GEMM's bf16 operand rounding (gemm_bf16.c bf16_round): a base value
- * is a bf16 or q*d; rounding it as a float32 gives what the float32 model
+/* the GEMM's bf16 operand rounding (rx_bf16_operand): a base value is a
+ * bf16 or q*d; rounding it as a float32 gives what the float32 model
  * holding the decoded weights would pack */
-static inline uint16_t operand_bf16(float x) {
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
-    if (!(u & 0x7f800000u)) return (uint16_t)((u >> 16) & 0x8000u);
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
+static inline uint16_t operand_bf16(float x) { return rx_bf16_operand(x); }
 
 /* ---- the frozen-base dtype ------------------------------------------------
  * One row of rx_base_types (base_types.c) is everything the store and the

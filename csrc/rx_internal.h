@@ -357,6 +357,18 @@ int rx_bgemm(int ta, int tb, size_t M, size_t N, size_t K,
              const float *A, size_t lda, const float *B, size_t ldb,
              float beta, float *C, size_t ldc);
 int rx_bgemm_batch(const rx_gemm_op *ops, size_t n);
+/* The bf16 GEMM's operand rounding, fp32 -> bf16 as vcvtne2ps2bf16
+ * converts (Intel SDM): round to nearest even; NaN stays a (quiet) NaN; a
+ * subnormal input becomes a signed zero (so the largest subnormals do not
+ * round up to the smallest normal). The frozen base's packers round with
+ * it too. */
+static inline uint16_t rx_bf16_operand(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+    if (!(u & 0x7f800000u)) return (uint16_t)((u >> 16) & 0x8000u);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
 /* Test hook as rx_sgemm_use_kernel: "amx-bf16", "avx512-bf16",
  * "generic-bf16"; NULL picks by CPU (or RWKVX_BF16_KERNEL) again. */
 int rx_bgemm_use_kernel(const char *name);
