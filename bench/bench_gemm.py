@@ -34,10 +34,11 @@ which spares it the widening rx_bgemm's fp32 result pays).
 --decode times the decode shapes instead (docs/performance.md §Decode
 GEMM): M = 1..64 rows (one per decoding sequence) by each weight of a
 model of C = 768 (0.19B-like: C x C, C x 4C, 4C x C and the C x 65536
-head) and of C = 2048 (1.5B-like), rx_sgemm's small-M path and its packed
-path (the same bits) beside NumPy (sgemv at M = 1, sgemm above). Every
+head) and of C = 2048 (1.5B-like), rx_sgemm as it runs (the small-M path
+up to its bound of rows, 8) and forced onto its packed path (the same
+bits) beside NumPy (sgemv at M = 1, sgemm above). Every
 call reads B from memory, as a decode step does: each shape cycles through
-enough copies of B to overflow the L3. GB/s count B's bytes once per call,
+enough copies of B to overflow the L3. GB/s (of rx) count B's bytes once per call,
 beside a streaming read of a 512 MiB buffer on the same threads (torch's
 sum); the last lines give the 0.19B model's per-token ceiling, its
 streamed weight bytes over that bandwidth, in fp32 and bf16.
@@ -126,8 +127,9 @@ def weight_bytes_019b(width):
 
 
 def _decode_fn(lib, a, bs, out):
-    """One call of lib ("small", "packed": rx_sgemm; "numpy": sgemv at one
-    row, else sgemm) on the next copy of B in turn."""
+    """One call of lib ("rx": rx_sgemm as it runs, "packed": rx_sgemm with
+    the small-M path off, "numpy": sgemv at one row, else sgemm) on the
+    next copy of B in turn."""
     it = itertools.count()
     x, y = (a[0], out[0]) if a.shape[0] == 1 else (a, out)
 
@@ -141,8 +143,8 @@ def _decode_fn(lib, a, bs, out):
 
 
 def decode_main(args):
-    """GFLOP/s and B's GB/s of the decode shapes, rx small-M / rx packed /
-    NumPy, at each thread count, beside the streaming read."""
+    """GFLOP/s and B's GB/s of the decode shapes, rx as dispatched / rx
+    packed / NumPy, at each thread count, beside the streaming read."""
     rng = np.random.default_rng(0)
     print(common.blas_info(), "| rx kernel", rx.gemm_kernel("fp32"),
           "| median of %d rounds" % args.rounds)
@@ -152,7 +154,7 @@ def decode_main(args):
         print("streaming read, %d thread(s): %.1f GB/s" % (n, bw[n]))
     hdr = "%-6s %5s %6s %3s" % ("shape", "K", "N", "M")
     for _ in args.threads:
-        hdr += " | %3s %7s %7s %7s %6s %6s" % ("thr", "small", "packed", "numpy", "GB/s", "of bw")
+        hdr += " | %3s %7s %7s %7s %6s %6s" % ("thr", "rx", "packed", "numpy", "GB/s", "of bw")
     print(hdr + "   (GFLOP/s)")
     small = rx._core._sgemm_small_m(0)
     rx._core._sgemm_small_m(small)
@@ -168,18 +170,18 @@ def decode_main(args):
                 for n in args.threads:
                     rx.set_num_threads(n)
                     t = {}
-                    for lib in ("small", "packed", "numpy"):
+                    for lib in ("rx", "packed", "numpy"):
                         call = _decode_fn(lib, a, bs, out)
-                        rx._core._sgemm_small_m(small if lib == "small" else 0)
+                        rx._core._sgemm_small_m(small if lib == "rx" else 0)
                         with common.blas_threads(n):
                             t[lib] = statistics.median(
                                 common.best_time(call, repeat=3, min_time=0.05)
                                 for _ in range(args.rounds))
                     rx._core._sgemm_small_m(small)
                     fl = 2.0 * M * N * K / 1e9
-                    gbs = K * N * 4 / t["small"] / 1e9
+                    gbs = K * N * 4 / t["rx"] / 1e9
                     line += " | %3d %7.1f %7.1f %7.1f %6.1f %5.0f%%" % (
-                        n, fl / t["small"], fl / t["packed"], fl / t["numpy"], gbs,
+                        n, fl / t["rx"], fl / t["packed"], fl / t["numpy"], gbs,
                         100 * gbs / bw[n])
                 print(line, flush=True)
     for n in args.threads:
