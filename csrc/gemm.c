@@ -1095,7 +1095,14 @@ static int sgemm_small(const gemm_impl *im, const rx_gemm_op *ops, size_t nops, 
     }
     const long nu = (long)first[nops];
     int fail = 0;
-#pragma omp parallel for num_threads(nt) schedule(dynamic, 1) reduction(| : fail) if (nt > 1)
+    if (nt <= 1) {   /* no team to fork: the attention's tiles come here by thousands */
+        for (size_t k = 0; k < nops && !fail; k++)
+            for (size_t j0 = 0; j0 < ops[k].N && !fail; j0 += width[k])
+                fail = small_unit(im, &ops[k], j0, j0 + width[k] < ops[k].N ? j0 + width[k]
+                                                                           : ops[k].N) != RX_OK;
+        return fail ? RX_ENOMEM : RX_OK;
+    }
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1) reduction(| : fail)
     for (long u = 0; u < nu; u++) {
         size_t k = 0;
         while (first[k + 1] <= (size_t)u) k++;
