@@ -934,7 +934,7 @@ static int sgemm_parallel(const gemm_impl *im, const rx_gemm_op *ops, size_t nop
  * generation) and training is unchanged. */
 #define SMALL_T 4096  /* floats of a unit's row sums (16 KiB, half of L1) */
 /* Rows up to which a batch takes the small-M path: at 16 rows on Zen 3 the
- * packed path was as fast or faster, at 8 and fewer slower (docs/
+ * packed path was faster, at 8 and fewer mostly slower (docs/
  * performance.md §Decode GEMM). The test hook may raise it to SMALL_MAX,
  * the rows the row sums' buffer holds, or set 0 (the path off). */
 #define SMALL_M 8
