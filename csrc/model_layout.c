@@ -9,7 +9,6 @@
  * the same offset of a second arena, so an optimiser, a checkpoint or a
  * NumPy view sees the whole model as one flat vector.
  */
-#include <float.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
