@@ -4,6 +4,7 @@ shapes of the docs/training.md §Presets configurations S and M, forward and bac
     python bench/bench_gemm.py [--preset S M] [--threads 1 2] [--rows 512] [--cold]
                                [--kernel NAME [NAME ...]] [--rounds R] [--square 2048]
                                [--precision fp32|bf16]
+    python bench/bench_gemm.py --decode [--decode-c 768 2048] [--threads 1 2] [--rounds R]
 
 Each shape is M x N x K of C[M,N] = op(A)[M,K] . op(B)[K,N]; "dx" rows are
 grads through a weight (B transposed), "dW" rows weight grads (A transposed,
@@ -30,6 +31,18 @@ bf16 matmul (oneDNN; AMX where the CPU has it) on the same fp32 operands,
 their conversion to bf16 included as rx_bgemm's is (its result stays bf16,
 which spares it the widening rx_bgemm's fp32 result pays).
 
+--decode times the decode shapes instead (docs/performance.md §Decode
+GEMM): M = 1..64 rows (one per decoding sequence) by each weight of a
+model of C = 768 (0.19B-like: C x C, C x 4C, 4C x C and the C x 65536
+head) and of C = 2048 (1.5B-like), rx_sgemm as it runs (the small-M path
+up to its bound of rows, 8) and forced onto its packed path (the same
+bits) beside NumPy (sgemv at M = 1, sgemm above). Every
+call reads B from memory, as a decode step does: each shape cycles through
+enough copies of B to overflow the L3. GB/s (of rx) count B's bytes once per call,
+beside a streaming read of a 512 MiB buffer on the same threads (torch's
+sum); the last lines give the 0.19B model's per-token ceiling, its
+streamed weight bytes over that bandwidth, in fp32 and bf16.
+
 Each preset's total also says what share of the machine's peak it reached:
 one core's fp32 FMA (or, with --precision bf16, its fastest bf16
 instruction) peak measured by bench_peak.py in the same run, times the
@@ -37,6 +50,7 @@ threads.
 """
 import argparse
 import functools
+import itertools
 import os
 import statistics
 import sys
@@ -86,6 +100,98 @@ def cold_time(fn, flush, repeat, clock):
     return best
 
 
+DECODE_M = (1, 2, 4, 8, 16, 64)
+DECODE_C = (768, 2048)
+DECODE_V = 65536
+MODEL_019B = {"C": 768, "L": 12, "V": 65536, "lora": (64, 64, 32, 128)}
+L3_BYTES = 64 << 20   # B copies cycled per shape: past any L3 this runs on
+
+
+def stream_gbs(n, mib=512, repeat=5):
+    """GB/s of a streaming read of a mib MiB float32 buffer on n threads."""
+    import torch
+    torch.set_num_threads(n)
+    buf = torch.ones(mib << 18, dtype=torch.float32)
+    t = common.best_time(buf.sum, repeat=repeat, min_time=0.2)
+    return buf.numel() * 4 / t / 1e9
+
+
+def weight_bytes_019b(width):
+    """Bytes of weights one token streams through the 0.19B-like model:
+    per block r, k, v, o (C x C), the channel-mix (C x 4C, 4C x C) and the
+    time-mix LoRAs (C x D, D x C); the head (C x V)."""
+    m = MODEL_019B
+    C = m["C"]
+    per_block = 4 * C * C + 8 * C * C + sum(2 * C * d for d in m["lora"])
+    return width * (m["L"] * per_block + C * m["V"])
+
+
+def _decode_fn(lib, a, bs, out):
+    """One call of lib ("rx": rx_sgemm as it runs, "packed": rx_sgemm with
+    the small-M path off, "numpy": sgemv at one row, else sgemm) on the
+    next copy of B in turn."""
+    it = itertools.count()
+    x, y = (a[0], out[0]) if a.shape[0] == 1 else (a, out)
+
+    def call():
+        b = bs[next(it) % len(bs)]
+        if lib == "numpy":
+            np.matmul(x, b, out=y)
+        else:
+            rx._core._sgemm(a, b, out=out)
+    return call
+
+
+def decode_main(args):
+    """GFLOP/s and B's GB/s of the decode shapes, rx as dispatched / rx
+    packed / NumPy, at each thread count, beside the streaming read."""
+    rng = np.random.default_rng(0)
+    print(common.blas_info(), "| rx kernel", rx.gemm_kernel("fp32"),
+          "| median of %d rounds" % args.rounds)
+    bw = {}
+    for n in args.threads:
+        bw[n] = statistics.median(stream_gbs(n) for _ in range(args.rounds))
+        print("streaming read, %d thread(s): %.1f GB/s" % (n, bw[n]))
+    hdr = "%-6s %5s %6s %3s" % ("shape", "K", "N", "M")
+    for _ in args.threads:
+        hdr += " | %3s %7s %7s %7s %6s %6s" % ("thr", "rx", "packed", "numpy", "GB/s", "of bw")
+    print(hdr + "   (GFLOP/s)")
+    small = rx._core._sgemm_small_m(0)
+    rx._core._sgemm_small_m(small)
+    for C in args.decode_c:
+        for name, K, N in (("CxC", C, C), ("Cx4C", C, 4 * C), ("4CxC", 4 * C, C),
+                           ("head", C, DECODE_V)):
+            copies = max(1, -(-L3_BYTES // (K * N * 4)))
+            bs = [rng.standard_normal((K, N), dtype=np.float32) for _ in range(copies)]
+            for M in DECODE_M:
+                a = rng.standard_normal((M, K), dtype=np.float32)
+                out = np.empty((M, N), dtype=np.float32)
+                line = "%-6s %5d %6d %3d" % (name, K, N, M)
+                for n in args.threads:
+                    rx.set_num_threads(n)
+                    t = {}
+                    for lib in ("rx", "packed", "numpy"):
+                        call = _decode_fn(lib, a, bs, out)
+                        rx._core._sgemm_small_m(small if lib == "rx" else 0)
+                        with common.blas_threads(n):
+                            t[lib] = statistics.median(
+                                common.best_time(call, repeat=3, min_time=0.05)
+                                for _ in range(args.rounds))
+                    rx._core._sgemm_small_m(small)
+                    fl = 2.0 * M * N * K / 1e9
+                    gbs = K * N * 4 / t["rx"] / 1e9
+                    line += " | %3d %7.1f %7.1f %7.1f %6.1f %5.0f%%" % (
+                        n, fl / t["rx"], fl / t["packed"], fl / t["numpy"], gbs,
+                        100 * gbs / bw[n])
+                print(line, flush=True)
+    for n in args.threads:
+        print("0.19B-like model (C 768, 12 blocks, V 65536), %d thread(s): per-token ceiling "
+              "%.1f tokens/s fp32 (%.0f MB), %.1f bf16 (%.0f MB)"
+              % (n, bw[n] * 1e9 / weight_bytes_019b(4), weight_bytes_019b(4) / 1e6,
+                 bw[n] * 1e9 / weight_bytes_019b(2), weight_bytes_019b(2) / 1e6))
+    rx.set_num_threads(0)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--preset", nargs="+", default=["S", "M"], choices=sorted(common.PRESETS))
@@ -107,7 +213,14 @@ def main():
     ap.add_argument("--peer", default="numpy", choices=["numpy", "torch"],
                     help="the library beside rx: NumPy's float32 matmul, or (with "
                     "--precision bf16) PyTorch's bf16 matmul")
+    ap.add_argument("--decode", action="store_true",
+                    help="the decode shapes (M = 1..64 rows by each weight) instead")
+    ap.add_argument("--decode-c", nargs="+", type=int, default=list(DECODE_C),
+                    help="model widths C of --decode")
     args = ap.parse_args()
+    if args.decode:
+        decode_main(args)
+        return
     if args.peer == "torch" and args.precision != "bf16":
         ap.error("--peer torch compares bf16 matmuls: add --precision bf16")
     bf16 = args.precision == "bf16"

@@ -917,6 +917,212 @@ static int sgemm_parallel(const gemm_impl *im, const rx_gemm_op *ops, size_t nop
     return fail ? RX_ENOMEM : RX_OK;
 }
 
+/* ---- small M -----------------------------------------------------------
+ * Decoding multiplies a few rows (one per sequence) by every weight, so
+ * op(B) is read once per call and packing it (a KC x NC panel written
+ * then read back, far past L1) costs more memory traffic than the product.
+ * Up to small_m rows, op(B) is read in place instead: an untransposed B
+ * row by row (small_stream: a unit's columns of four k rows at a time
+ * into every row's partial sums, kept in L1), a transposed B or a
+ * source's B (a frozen base) packed one NR-column sliver at a time into
+ * L1, where R x 16 register tiles of up to six rows use it (small_packed).
+ * op(A) is read in place. The columns are cut into units the team shares.
+ * Each C element is still one FMA chain over each KC-deep block of k from
+ * zero, added to C in k order exactly as the packed kernels add it: the
+ * same bits as the packed path at any M, any cut and any thread count,
+ * so a row's result depends on that row alone (batch invariance for
+ * generation) and training is unchanged. */
+#define SMALL_T 4096  /* floats of a unit's row sums (16 KiB, half of L1) */
+/* Rows up to which a batch takes the small-M path: at 16 rows on Zen 3 the
+ * packed path was faster, at 8 and fewer mostly slower (docs/
+ * performance.md §Decode GEMM). The test hook may raise it to SMALL_MAX,
+ * the rows the row sums' buffer holds, or set 0 (the path off). */
+#define SMALL_M 8
+#define SMALL_MAX 16
+_Static_assert(SMALL_T / SMALL_MAX >= 8 * NR, "a unit: at least 8 slivers wide");
+static size_t small_m = SMALL_M;
+
+size_t rx_sgemm_small_m(size_t m) {
+    const size_t old = small_m;
+    small_m = m < SMALL_MAX ? m : SMALL_MAX;
+    return old;
+}
+
+#ifdef RX_X86
+/* C[R, NR] (+)= op(A)[R, kc] . Bp[kc][NR], Bp a packed sliver, summed as
+ * ukernel_avx2 sums (t from zero, one FMA per k, then C + t) with R <= MR
+ * rows read in place, R a constant at each use. */
+RX_AVX2 static inline __attribute__((always_inline)) void
+small_tile(size_t R, size_t kc, const float *A, size_t rs, size_t cs, const float *Bp, float *C,
+           size_t ldc, int acc) {
+    __m256 c[MR][2];
+#pragma GCC unroll 6
+    for (size_t i = 0; i < R; i++) c[i][0] = c[i][1] = _mm256_setzero_ps();
+    for (size_t p = 0; p < kc; p++, A += cs, Bp += NR) {
+        const __m256 b0 = _mm256_load_ps(Bp), b1 = _mm256_load_ps(Bp + 8);
+#pragma GCC unroll 6
+        for (size_t i = 0; i < R; i++) {
+            const __m256 x = _mm256_broadcast_ss(A + i * rs);
+            c[i][0] = _mm256_fmadd_ps(x, b0, c[i][0]);
+            c[i][1] = _mm256_fmadd_ps(x, b1, c[i][1]);
+        }
+    }
+#pragma GCC unroll 6
+    for (size_t i = 0; i < R; i++)
+        for (size_t v = 0; v < 2; v++) {
+            float *ci = C + i * ldc + 8 * v;
+            _mm256_storeu_ps(ci, acc ? _mm256_add_ps(c[i][v], _mm256_loadu_ps(ci)) : c[i][v]);
+        }
+}
+
+/* small_tile for R = 1..MR rows */
+RX_AVX2 static void small_rows(size_t R, size_t kc, const float *A, size_t rs, size_t cs,
+                               const float *Bp, float *C, size_t ldc, int acc) {
+    switch (R) {
+    case 1: small_tile(1, kc, A, rs, cs, Bp, C, ldc, acc); break;
+    case 2: small_tile(2, kc, A, rs, cs, Bp, C, ldc, acc); break;
+    case 3: small_tile(3, kc, A, rs, cs, Bp, C, ldc, acc); break;
+    case 4: small_tile(4, kc, A, rs, cs, Bp, C, ldc, acc); break;
+    case 5: small_tile(5, kc, A, rs, cs, Bp, C, ldc, acc); break;
+    default: small_tile(MR, kc, A, rs, cs, Bp, C, ldc, acc); break;
+    }
+}
+
+/* P (a constant) k steps of small_stream: t[i][0:W] += A[i][p..p+P) .
+ * B[p..p+P)[0:W], one FMA per k in order, each partial sum loaded and
+ * stored once per P steps. */
+RX_AVX2 static inline __attribute__((always_inline)) void
+small_steps(size_t P, size_t M, size_t W, const float *A, size_t rs, size_t cs, const float *B,
+            size_t ldb, float *t) {
+    const size_t W8 = W / 8 * 8;
+    for (size_t i = 0; i < M; i++) {
+        __m256 x[4];
+        float *ti = t + i * W;
+#pragma GCC unroll 4
+        for (size_t q = 0; q < P; q++) x[q] = _mm256_broadcast_ss(A + i * rs + q * cs);
+        for (size_t v = 0; v < W8; v += 8) {
+            __m256 c = _mm256_loadu_ps(ti + v);
+#pragma GCC unroll 4
+            for (size_t q = 0; q < P; q++)
+                c = _mm256_fmadd_ps(x[q], _mm256_loadu_ps(B + q * ldb + v), c);
+            _mm256_storeu_ps(ti + v, c);
+        }
+        for (size_t v = W8; v < W; v++)
+            for (size_t q = 0; q < P; q++) ti[v] = fmaf(A[i * rs + q * cs], B[q * ldb + v], ti[v]);
+    }
+}
+
+/* Columns [j0, j1) (at most SMALL_T / M of them) of op g over k block
+ * [pc, pc+kc), an untransposed B read in place row by row: four k rows of
+ * the unit's columns at a time, contiguous runs the prefetchers follow,
+ * multiplied into every row's partial sums t (in L1). The sums run from
+ * zero, one FMA per k in order, and are added to C last: the packed
+ * kernels' chain, element for element. */
+RX_AVX2 static void small_stream(const rx_gemm_op *g, size_t pc, size_t kc, size_t j0,
+                                 size_t j1, int acc) {
+    const size_t rs = g->ta ? 1 : g->lda, cs = g->ta ? g->lda : 1, ldb = g->ldb;
+    const size_t M = g->M, W = j1 - j0;
+    const float *A = g->A + pc * cs, *B = g->B + pc * ldb + j0;
+    float t[SMALL_T];
+    memset(t, 0, M * W * sizeof(float));
+    size_t p = 0;
+    for (; p + 4 <= kc; p += 4) small_steps(4, M, W, A + p * cs, rs, cs, B + p * ldb, ldb, t);
+    for (; p < kc; p++) small_steps(1, M, W, A + p * cs, rs, cs, B + p * ldb, ldb, t);
+    for (size_t i = 0; i < M; i++) {
+        float *c = g->C + i * g->ldc + j0;
+        const float *ti = t + i * W;
+        for (size_t v = 0; v < W; v++) c[v] = acc ? ti[v] + c[v] : ti[v];
+    }
+}
+
+/* Columns [j0, j1) of op g over k block [pc, pc+kc), op(B) packed one
+ * NR-column sliver at a time into Bp (KC * NR floats, L1) by pack_op_b. */
+RX_AVX2 static void small_packed(const gemm_impl *im, const rx_gemm_op *g, size_t pc, size_t kc,
+                                 size_t j0, size_t j1, int acc, float *Bp) {
+    const size_t rs = g->ta ? 1 : g->lda, cs = g->ta ? g->lda : 1;
+    const float *A = g->A + pc * cs;
+    float edge[MR * NR];
+    for (size_t j = j0; j < j1; j += NR) {
+        const size_t nr = j1 - j < NR ? j1 - j : NR;
+        pack_op_b(im, g, pc, kc, j, nr, Bp);
+        for (size_t i = 0; i < g->M; i += MR) {
+            const size_t R = g->M - i < MR ? g->M - i : MR;
+            float *c = g->C + i * g->ldc + j;
+            if (nr == NR) {
+                small_rows(R, kc, A + i * rs, rs, cs, Bp, c, g->ldc, acc);
+                continue;
+            }
+            small_rows(R, kc, A + i * rs, rs, cs, Bp, edge, NR, 0);
+            for (size_t r = 0; r < R; r++)
+                for (size_t q = 0; q < nr; q++)
+                    c[r * g->ldc + q] = acc ? edge[r * NR + q] + c[r * g->ldc + q]
+                                            : edge[r * NR + q];
+        }
+    }
+}
+
+/* Columns [j0, j1) of op g over all of K; RX_ENOMEM when a sliver needs
+ * packing and the thread's buffer cannot be allocated (C untouched). */
+static int small_unit(const gemm_impl *im, const rx_gemm_op *g, size_t j0, size_t j1) {
+    float *Bp = NULL;
+    if (g->tb || g->bsrc) {
+        gemm_scratch *sc = scratch_packs();
+        if (!sc) return RX_ENOMEM;
+        Bp = sc->apack;   /* MC * KC floats: room for a KC x NR sliver */
+    }
+    for (size_t pc = 0; pc < g->K; pc += KC) {
+        const size_t kc = g->K - pc < KC ? g->K - pc : KC;
+        const int acc = pc > 0 || g->beta != 0.0f;
+        if (Bp) small_packed(im, g, pc, kc, j0, j1, acc, Bp);
+        else small_stream(g, pc, kc, j0, j1, acc);
+    }
+    return RX_OK;
+}
+
+/* A batch whose ops all have M <= small_m: each op's columns cut into
+ * units as wide as its row sums fit in SMALL_T floats allow (long runs of
+ * each B row), in a multiple of nt units so the team shares them evenly;
+ * taken in turn. The cut changes no bit. */
+static int sgemm_small(const gemm_impl *im, const rx_gemm_op *ops, size_t nops, int nt) {
+    size_t first[MAX_BATCH + 1], width[MAX_BATCH];
+    first[0] = 0;
+    for (size_t k = 0; k < nops; k++) {
+        const size_t N = ops[k].N, wmax = SMALL_T / ops[k].M / 8 * 8;
+        size_t nb = (N + wmax - 1) / wmax;
+        nb = (nb + (size_t)nt - 1) / (size_t)nt * (size_t)nt;
+        width[k] = ((N + nb - 1) / nb + 7) / 8 * 8;
+        first[k + 1] = first[k] + (N + width[k] - 1) / width[k];
+    }
+    const long nu = (long)first[nops];
+    int fail = 0;
+    if (nt <= 1) {   /* no team to fork: the attention's tiles come here by thousands */
+        for (size_t k = 0; k < nops && !fail; k++)
+            for (size_t j0 = 0; j0 < ops[k].N && !fail; j0 += width[k])
+                fail = small_unit(im, &ops[k], j0, j0 + width[k] < ops[k].N ? j0 + width[k]
+                                                                           : ops[k].N) != RX_OK;
+        return fail ? RX_ENOMEM : RX_OK;
+    }
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1) reduction(| : fail)
+    for (long u = 0; u < nu; u++) {
+        size_t k = 0;
+        while (first[k + 1] <= (size_t)u) k++;
+        const size_t j0 = ((size_t)u - first[k]) * width[k];
+        const size_t j1 = j0 + width[k] < ops[k].N ? j0 + width[k] : ops[k].N;
+        fail |= small_unit(im, &ops[k], j0, j1) != RX_OK;
+    }
+    return fail ? RX_ENOMEM : RX_OK;
+}
+
+/* whether a batch takes the small-M path: an x86 SIMD kernel (they all
+ * give small_tile's bits) and every op at most small_m rows */
+static int small_batch(const gemm_impl *im, const rx_gemm_op *ops, size_t n) {
+    if (im == &impl_generic || !have_avx2()) return 0;
+    for (size_t k = 0; k < n; k++)
+        if (ops[k].M > small_m) return 0;
+    return n > 0;
+}
+#endif
+
 int rx_sgemm_batch(const rx_gemm_op *ops, size_t n) {
     const gemm_impl *im = pick_impl();
     int rc = rx_gemm_check_batch("rx_sgemm", ops, n);
@@ -930,6 +1136,12 @@ int rx_sgemm_batch(const rx_gemm_op *ops, size_t n) {
         int nt = rx_in_parallel() ? 1 : rx_max_threads();
         if (nt > MAX_THREADS) nt = MAX_THREADS;
         if (total < RX_GEMM_MIN_PAR) nt = 1;
+#ifdef RX_X86
+        if (small_batch(im, live, nl)) {
+            rc = sgemm_small(im, live, nl, nt);
+            continue;
+        }
+#endif
         if (nt <= 1)
             for (size_t k = 0; k < nl && rc == RX_OK; k++) rc = sgemm_serial(im, &live[k]);
         else if (nl)

@@ -362,6 +362,10 @@ int rx_gemm_reserve(void);
  * when the name is unknown or the CPU cannot run it. Not thread-safe
  * against concurrent GEMMs. */
 int rx_sgemm_use_kernel(const char *name);
+/* Test hook: batches whose ops all have at most m rows read op(B) in place
+ * (gemm.c "small M"; the same bits as the packed path); 0 turns that off.
+ * Returns the previous bound. Not thread-safe against concurrent GEMMs. */
+size_t rx_sgemm_small_m(size_t m);
 /* ---- gemm_ops.c: what both GEMM batches share -------------------------- */
 /* ops[0..n) -> live: the ops with work to do, in order; returns their count.
  * An op with K = 0 and beta = 0 is done here (C = 0); any other with no

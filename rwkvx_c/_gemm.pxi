@@ -1,33 +1,46 @@
 # GEMM and WKV7 kernel test/bench hooks (csrc/gemm.c, csrc/wkv7.c). Included by _core.pyx.
 
 
-def _sgemm(a, b, ta=False, tb=False, out=None, beta=0.0):
+def _sgemm(a, b, ta=False, tb=False, out=None, beta=0.0, m=None, n=None, k=None):
     """rx_sgemm, the GEMM behind every projection (test and benchmark hook).
 
     a    : float32 (M, K), or (K, M) with ta
     b    : float32 (K, N), or (N, K) with tb
     out  : None, or float32 (M, N) written in place
     beta : 0.0 (out = op(a).op(b)) or 1.0 (out += op(a).op(b); needs out)
+    m, n, k : None, or fewer rows, columns, depth than the arrays hold: the
+           product of their leading blocks, each array keeping its row
+           length as leading dimension
     Returns out, or a new (M, N) array when out is None.
     """
-    return _gemm(a, b, ta, tb, out, beta, False)
+    return _gemm(a, b, ta, tb, out, beta, False, m, n, k)
 
 
 def _bgemm(a, b, ta=False, tb=False, out=None, beta=0.0):
     """rx_bgemm, the bf16 projection GEMM: as _sgemm on a and b rounded to
     bf16 (nearest even), fp32 accumulation (test and benchmark hook)."""
-    return _gemm(a, b, ta, tb, out, beta, True)
+    return _gemm(a, b, ta, tb, out, beta, True, None, None, None)
 
 
-cdef object _gemm(a, b, ta, tb, out, beta, bint bf16):
+cdef size_t _within(object v, size_t full, str name) except? 0:
+    """v (None: full) after checking 0 < v <= full"""
+    if v is None:
+        return full
+    if not 0 < v <= full:
+        raise ValueError(f"{name} must be in [1, {full}], got {v!r}")
+    return v
+
+
+cdef object _gemm(a, b, ta, tb, out, beta, bint bf16, m, n, k):
     _arr(a, "a", np.float32, 2)
     _arr(b, "b", np.float32, 2)
-    cdef size_t M = a.shape[1] if ta else a.shape[0]
+    cdef size_t M = _within(m, a.shape[1] if ta else a.shape[0], "m")
     cdef size_t K = a.shape[0] if ta else a.shape[1]
     cdef size_t Kb = b.shape[1] if tb else b.shape[0]
-    cdef size_t N = b.shape[0] if tb else b.shape[1]
+    cdef size_t N = _within(n, b.shape[0] if tb else b.shape[1], "n")
     if Kb != K:
         raise ValueError(f"b has shape {b.shape}, inner dimension {Kb} != {K} of a")
+    K = _within(k, K, "k")
     if beta not in (0.0, 1.0):
         raise ValueError(f"beta must be 0.0 or 1.0, got {beta!r}")
     if out is None:
@@ -64,6 +77,12 @@ def _sgemm_use_kernel(name=None):
         return
     b = str(name).encode()
     _check_rc(rx_sgemm_use_kernel(b), "_sgemm_use_kernel")
+
+
+def _sgemm_small_m(size_t m):
+    """Batches of at most m rows read op(B) in place (csrc/gemm.c "small
+    M"); 0 turns that path off. Returns the previous bound (test hook)."""
+    return rx_sgemm_small_m(m)
 
 
 def _bgemm_use_kernel(name=None):

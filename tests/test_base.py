@@ -380,3 +380,32 @@ def test_the_rwkv_package_on_the_bf16_pth_gives_a_bf16_base_models_logits(tmp_pa
     ours = model.forward(tokens)
     theirs = _tool_logits(_RWKV, pth, tokens, tmp_path)
     assert _rel(ours, theirs) < TOL
+
+
+@pytest.mark.parametrize("dtype", [None, "bf16", "q8_0"])
+def test_decoding_reads_the_base_in_place_with_the_packed_bits(dtype):
+    """Forwards of 1, 4 and 8 rows (decoding's M) take the GEMM's small-M
+    path, which reads float32 weights in place and packs a base's B one
+    sliver at a time: the same logits, bit for bit, as the packed path, at
+    one and two threads (dtype None: no base)."""
+    src = rx.RxPtModel(CFG, seed=5)
+    m = rx.RxPtModel(CFG, seed=5, init=False)
+    m.param_buffer[...] = src.param_buffer
+    if dtype is not None:
+        m.set_base(dtype, _names(src))
+        for n in _names(src):
+            m.base_fill(n, src.params[n])
+    tokens = np.array([[3, 1, 4, 1, 5, 9, 2, 6]], np.int32)
+    small = rx._core._sgemm_small_m(0)
+    got = []
+    try:
+        for bound in (small, 0):
+            rx._core._sgemm_small_m(bound)
+            for threads in (1, 2):
+                rx.set_num_threads(threads)
+                got.append([m.forward(tokens[:, :t], return_logits=True) for t in (1, 4, 8)])
+    finally:
+        rx._core._sgemm_small_m(small)
+        rx.set_num_threads(0)
+    for g in got[1:]:
+        assert all(np.array_equal(x, y) for x, y in zip(g, got[0]))

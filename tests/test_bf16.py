@@ -131,6 +131,21 @@ def test_bgemm_independent_of_thread_count(kernel, restore_threads, M, N, K, ta)
     assert all(np.array_equal(outs[0], o) for o in outs[1:])
 
 
+@pytest.mark.parametrize("tb", [False, True])
+def test_bgemm_a_rows_product_does_not_depend_on_the_other_rows(kernel, restore_threads, tb):
+    # batch invariance for generation: decoding stacks one row per sequence
+    # (M = 1..64), and a row's bf16 product is the same bits alone or
+    # among others, at one and two threads
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((100, 300), dtype=np.float32)
+    b = rng.standard_normal((770, 300) if tb else (300, 770), dtype=np.float32)
+    for t in (1, 2):
+        rx.set_num_threads(t)
+        alone = _core._bgemm(a[33:34].copy(), b, False, tb)[0]
+        for m in (34, 40, 64, 100):
+            assert np.array_equal(_core._bgemm(a[:m].copy(), b, False, tb)[33], alone), m
+
+
 def test_kernel_names_and_hooks():
     assert rx.gemm_kernel() in ("generic", "avx2-fma", "avx512f", "avx512f-12x32", "avx512f-8x32")
     picked = rx.gemm_kernel("bf16")

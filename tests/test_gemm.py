@@ -173,3 +173,74 @@ def test_simd_kernels_bit_identical(M, N, K, ta, tb):
         _core._sgemm_use_kernel(None)
     for k, g in zip(SIMD[1:], got[1:]):
         assert np.array_equal(g, got[0]), k
+
+
+@pytest.fixture
+def small_m():
+    """Gives back the small-M bound a test changes."""
+    m = _core._sgemm_small_m(0)
+    _core._sgemm_small_m(m)
+    yield m
+    _core._sgemm_small_m(m)
+
+
+def _both_paths(a, b, ta, tb, c0, **blocks):
+    """(op(a).op(b), c0 + op(a).op(b)) by the small-M path, then by the
+    packed one (every shape these tests use has at most 16 rows)."""
+    got = []
+    for bound in (16, 0):
+        _core._sgemm_small_m(bound)
+        acc = c0.copy()
+        got.append((_core._sgemm(a, b, ta, tb, **blocks),
+                    _core._sgemm(a, b, ta, tb, out=acc, beta=1.0, **blocks)))
+    return got
+
+
+@pytest.mark.skipif(not SIMD, reason="the small-M path runs on the x86 SIMD kernels")
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("ta,tb", [(False, False), (False, True), (True, False), (True, True)])
+@pytest.mark.parametrize("M", [1, 2, 5, 7, 8, 16])
+@pytest.mark.parametrize("N,K", [(1, 1), (7, 3), (16, 256), (33, 257), (100, 513), (515, 40),
+                                 (1030, 300), (4100, 9)])
+def test_small_m_gives_the_packed_paths_bits(small_m, restore_threads, threads, M, N, K, ta,
+                                             tb):
+    # decoding's M = 1..16 rows read op(B) in place (gemm.c "small M"):
+    # each C element the packed kernels' FMA chain, so the same bits, for
+    # every kernel the CPU picks (the SIMD kernels share their bits)
+    rng = np.random.default_rng(M * 7919 + N * 31 + K + 2 * ta + tb)
+    a, b, ref = _operands(rng, M, N, K, ta, tb)
+    c0 = rng.standard_normal((M, N), dtype=np.float32)
+    rx.set_num_threads(threads)
+    (w, s), (pw, ps) = _both_paths(a, b, ta, tb, c0)
+    _close(w, ref)
+    _close(s, ref + c0)
+    assert np.array_equal(w, pw) and np.array_equal(s, ps)
+
+
+@pytest.mark.skipif(not SIMD, reason="the small-M path runs on the x86 SIMD kernels")
+@pytest.mark.parametrize("ta,tb", [(False, False), (False, True), (True, False), (True, True)])
+@pytest.mark.parametrize("M,N,K", [(1, 300, 70), (3, 17, 513), (9, 129, 64)])
+def test_small_m_leading_dimensions(small_m, M, N, K, ta, tb):
+    # the leading blocks of wider arrays: every operand's rows lie further
+    # apart than its columns
+    rng = np.random.default_rng(M + N + K + 2 * ta + tb)
+    a, b, _ = _operands(rng, M + 5, N + 11, K + 3, ta, tb)
+    c0 = rng.standard_normal((M, N), dtype=np.float32)
+    (w, s), (pw, ps) = _both_paths(a, b, ta, tb, c0, m=M, n=N, k=K)
+    ar = (a.T if ta else a)[:M, :K].astype(np.float64)
+    br = (b.T if tb else b)[:K, :N].astype(np.float64)
+    _close(w, ar @ br)
+    assert np.array_equal(w, pw) and np.array_equal(s, ps)
+
+
+@pytest.mark.skipif(not SIMD, reason="the small-M path runs on the x86 SIMD kernels")
+def test_a_rows_product_does_not_depend_on_the_other_rows(small_m):
+    # batch invariance: a row's result is the same bits alone, in a batch
+    # of 8 (small-M path) and in one of 40 (packed)
+    rng = np.random.default_rng(11)
+    a = rng.standard_normal((40, 300), dtype=np.float32)
+    b = rng.standard_normal((300, 770), dtype=np.float32)
+    _core._sgemm_small_m(8)
+    alone = _core._sgemm(a[3:4].copy(), b)
+    assert np.array_equal(_core._sgemm(a[:8].copy(), b)[3], alone[0])
+    assert np.array_equal(_core._sgemm(a, b)[3], alone[0])
