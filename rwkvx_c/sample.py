@@ -12,10 +12,9 @@ in bounded pieces (Session) and the multi-turn chat (Chat) are here.
 from __future__ import annotations
 
 import codecs
-import math
 import os
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -30,6 +29,8 @@ from rwkvx_c.errors import (
     SampleError,
     TokenizerError,
 )
+from rwkvx_c.generation.engine import MAX_POSITIONS, PROMPT_PIECE, cache_positions
+from rwkvx_c.generation.sampling import Penalties, Sampling, StopText, sample_token
 from rwkvx_c.interop.source import Layered, read_run
 from rwkvx_c.model import memory
 from rwkvx_c.model.config import ModelConfig
@@ -89,139 +90,6 @@ def load_run(path: str, base: str | None = None) -> tuple[_core.RxPtModel, Token
     return model, tok
 
 
-@dataclass(frozen=True)
-class Sampling:
-    """How each new token is drawn, checked on construction (SampleError).
-
-    temperature, top_k, top_p: softmax(logits / temperature) kept to the
-    top_k most likely tokens (0: all), then to the smallest set of the most
-    likely whose probability reaches top_p (1: all), renormalised;
-    temperature 0 picks the argmax. Before that, as the ``rwkv`` package's
-    PIPELINE.generate does: every id of token_ban gets logit -inf, and each
-    id already generated has its logit lowered by alpha_presence +
-    alpha_frequency * its count, where the counts decay by alpha_decay each
-    step and a token whose text lies in " \\t0123456789" counts 0. A
-    sampled id of token_stop ends the generation unwritten; so does the
-    text reaching one of `stop` (the text before it is written, the stop
-    string not).
-    """
-    temperature: float = 1.0
-    top_p: float = 0.9
-    top_k: int = 0
-    alpha_presence: float = 0.0
-    alpha_frequency: float = 0.0
-    alpha_decay: float = 0.996   # the rwkv package's default
-    token_ban: Sequence[int] = ()
-    token_stop: Sequence[int] = ()
-    stop: str | Sequence[str] = ()   # one string or several; held as a tuple
-
-    def __post_init__(self) -> None:
-        for name in ("temperature", "alpha_presence", "alpha_frequency"):
-            v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
-                raise SampleError(f"{name} must be a finite number >= 0, got {v!r}")
-        for name in ("top_p", "alpha_decay"):
-            v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and 0 <= v <= 1):
-                raise SampleError(f"{name} must be a number in [0, 1], got {v!r}")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
-            raise SampleError(f"top_k must be an integer >= 0, got {self.top_k!r}")
-        # one stop string may come alone, as in the OpenAI API; lists as tuples
-        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
-        if any(not isinstance(t, str) or not t for t in stop):
-            raise SampleError("a stop string must be non-empty text")
-        object.__setattr__(self, "stop", stop)
-        for name in ("token_ban", "token_stop"):
-            ids = tuple(getattr(self, name))
-            if any(isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t < 0
-                   for t in ids):
-                raise SampleError(f"{name} must hold token ids (integers >= 0)")
-            object.__setattr__(self, name, tuple(int(t) for t in ids))
-
-
-def sample_token(logits: np.ndarray, rng: np.random.Generator, temperature: float = 1.0,
-                 top_p: float = 1.0, top_k: int = 0) -> int:
-    """A token id drawn from logits (vocab,) as Sampling describes."""
-    logits = np.asarray(logits, dtype=np.float64)
-    if temperature <= 0:
-        return int(np.argmax(logits))
-    # shifted before the division: a tiny temperature sends the gaps to
-    # -inf (probability 0), never inf - inf = NaN
-    z = (logits - logits.max()) / temperature
-    p = np.exp(z)
-    p /= p.sum()
-    if top_p < 1.0 or 0 < top_k < len(p):
-        order = np.argsort(-p, kind="stable")
-        if 0 < top_k < len(p):
-            order = order[:top_k]
-        cum = np.cumsum(p[order]) / p[order].sum()
-        keep = order[: int(np.searchsorted(cum, top_p)) + 1] if top_p < 1.0 else order
-        q = np.zeros_like(p)
-        q[keep] = p[keep]
-        p = q / q.sum()
-    return int(rng.choice(len(p), p=p))
-
-
-class Penalties:
-    """The rwkv package's repetition penalties (Sampling): the decayed
-    count of every generated id, subtracted from its logit."""
-
-    WEIGHTLESS = " \t0123456789"   # a token whose text lies in this counts 0
-
-    def __init__(self, s: Sampling) -> None:
-        self.s = s
-        self.count: dict[int, float] = {}
-
-    def apply(self, logits: np.ndarray) -> np.ndarray:
-        if not (self.s.token_ban or self.count):
-            return logits
-        out = np.array(logits, dtype=np.float32)
-        if self.s.token_ban:
-            out[[t for t in self.s.token_ban if 0 <= t < len(out)]] = -np.inf
-        if self.count:
-            ids = np.fromiter(self.count, np.int64, len(self.count))
-            n = np.fromiter(self.count.values(), np.float64, len(self.count))
-            out[ids] -= (self.s.alpha_presence + n * self.s.alpha_frequency).astype(np.float32)
-        return out
-
-    def add(self, token: int, text: str) -> None:
-        for t in self.count:
-            self.count[t] *= self.s.alpha_decay
-        self.count[token] = self.count.get(token, 0.0) + (0.0 if text in self.WEIGHTLESS else 1.0)
-
-
-class StopText:
-    """Holds back generated text that may be the start of a stop string:
-    push() returns what can be written, and sets hit at a stop string."""
-
-    def __init__(self, stops: Sequence[str]) -> None:
-        self.stops = tuple(stops)
-        self.held = ""
-        self.hit = False
-
-    def push(self, text: str) -> str:
-        self.held += text
-        at = [i for i in (self.held.find(s) for s in self.stops) if i >= 0]
-        if at:
-            out, self.held, self.hit = self.held[:min(at)], "", True
-            return out
-        keep = max((k for s in self.stops for k in range(1, len(s))
-                    if self.held.endswith(s[:k])), default=0)
-        out = self.held[:len(self.held) - keep]
-        self.held = self.held[len(self.held) - keep:]
-        return out
-
-    def flush(self) -> str:
-        out, self.held = self.held, ""
-        return out
-
-
-# Prompt tokens per recurrent call: the state carries across calls, so a
-# long prompt costs the memory of one piece (the call's intermediates and
-# its [piece, vocab] logits), not of the whole prompt.
-PROMPT_PIECE = 512
-
-
 class Session:
     """One recurrent state of a model: text is fed into it (in pieces of at
     most PROMPT_PIECE tokens, fewer at a large vocabulary: the head's chunk
@@ -235,7 +103,7 @@ class Session:
         self.model = model
         self.tok = tokenizer or ByteTokenizer()
         self.attends = model.config["n_attn_layer"] > 0
-        self.max_positions = _cache_positions(model, max_positions, advice)
+        self.max_positions = cache_positions(model, max_positions, 1, advice)
         self.state = _core.InferState(model, max_len=self.max_positions)
         self.rng = np.random.Generator(np.random.PCG64(seed))
         self.piece = min(PROMPT_PIECE, _core.head_chunk_rows(model.config["vocab_size"]))
@@ -320,25 +188,6 @@ def generate(model: _core.RxPtModel, prompt: str | bytes, max_new_tokens: int = 
                       "shorten the prompt or lower --max-new-tokens")
     session.feed_ids(ids)
     yield from session.generate(max_new_tokens, s)
-
-
-MAX_POSITIONS = 2 ** 31 - 1   # positions are int32 in the C API
-
-
-def _cache_positions(model: _core.RxPtModel, n: int, advice: str) -> int:
-    """The positions an InferState must hold for n tokens, checked:
-    attention blocks keep every key and value (2 x n_attn_layer x n_embd
-    floats a position, allocated up front); RWKV-7 blocks carry a state of
-    fixed size, so a model without attention needs no cache at all."""
-    c = model.config
-    if c["n_attn_layer"] == 0:
-        return 1
-    if n > MAX_POSITIONS:
-        raise SampleError(f"{n:,} positions pass the {MAX_POSITIONS:,} a sequence of a model "
-                          f"with attention may hold; {advice}")
-    memory.check(2 * 4 * c["n_attn_layer"] * c["n_embd"] * n,
-                 f"the attention cache of {n:,} positions", advice)
-    return n
 
 
 def _finite(logits: np.ndarray, i: int) -> np.ndarray:
