@@ -110,7 +110,7 @@ def sample_rows(logits: np.ndarray, rngs: Sequence[np.random.Generator],
     """sample_token over each row of logits [R, V] with rngs[r] (one
     uniform draw a row when temperature > 0): the ids [R]."""
     x = np.asarray(logits, dtype=np.float64)
-    R, V = x.shape
+    V = x.shape[1]
     if temperature <= 0:
         return np.argmax(x, axis=1)
     p = np.exp((x - x.max(axis=1, keepdims=True)) / temperature)
