@@ -827,6 +827,7 @@ static int attn_residual(const rx_model_ctx *ctx,
  * more than once per forward), the core's scratch allocated with them. */
 struct rx_attn_acts {
     size_t B, T;
+    size_t T0;                                /* the T it was made for (rx_attn_acts_rows) */
     float *h1, *q, *k, *v, *y, *x1, *h2, *xk; /* [BT][C] ln1 out, projections, attention
                                                * out, residual, ln2 out, CM lerp */
     float *hid;                               /* [BT][F] CM relu^2 (the backward recovers
@@ -864,7 +865,7 @@ static rx_attn_acts *attn_acts_make(const rx_attn_params *P, size_t B, size_t T,
     rx_attn_acts *S = calloc(1, sizeof *S);
     if (!S) return NULL;
     S->B = B;
-    S->T = T;
+    S->T = S->T0 = T;
     S->mem = mem ? NULL : rx_falloc(n);
     const size_t rc = (B * T * d.C + 15) & ~(size_t)15;
     const size_t rf = (B * T * (size_t)P->cm.ffn_dim + 15) & ~(size_t)15;
@@ -887,6 +888,16 @@ rx_attn_acts *rx_attn_acts_new(const rx_attn_params *P, size_t B, size_t T) {
 
 rx_attn_acts *rx_attn_acts_new_in(const rx_attn_params *P, size_t B, size_t T, float *mem) {
     return mem ? attn_acts_make(P, B, T, mem) : NULL;
+}
+
+/* Every buffer and the core's scratch (its chunk counts and top-k fall
+ * with T) made for T0 hold a smaller T's in their leading floats */
+int rx_attn_acts_rows(rx_attn_acts *S, size_t T) {
+    if (!S || S->B != 1 || T < 1 || T > S->T0)
+        return rx_fail(RX_EINVAL, "rx_attn_acts_rows: T = %zu outside [1, %zu] (or S NULL, "
+                       "or made for B > 1)", T, S ? S->T0 : 0);
+    S->T = T;
+    return RX_OK;
 }
 
 static int attn_block_ok(const rx_attn_params *P, int B, int T, attn_dims *d) {

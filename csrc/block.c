@@ -108,7 +108,9 @@ int rx_block_forward_state(const rx_model_ctx *ctx, const rx_block_params *P, co
                            const float *tm_xprev_init, const float *cm_xprev_init,
                            const float *v_first_in, float *v_first_out, float *state,
                            rx_block_acts *S, float *out) {
-    const size_t B = S->tm.B, T = S->tm.T, BT = B * T, C = (size_t)P->tm.c;
+    const rx_seqs u = {S->tm.B, S->tm.T, NULL, NULL, NULL};
+    const rx_seqs *sq = S->tm.seqs ? S->tm.seqs : &u;
+    const size_t BT = rx_seqs_rows(sq), C = (size_t)P->tm.c;
     /* x1 holds TM(h1) until x is added (x + TM(h1), as an add commutes);
      * out holds CM(h2), then the block output */
     rx_rownorm_forward(x, P->ln1_w, P->ln1_b, S->h1, NULL, NULL, BT, C, 1, (float)ctx->ln_eps);
@@ -119,24 +121,27 @@ int rx_block_forward_state(const rx_model_ctx *ctx, const rx_block_params *P, co
     rx_rownorm_forward(S->x1, P->ln2_w, P->ln2_b, S->h2, NULL, NULL, BT, C, 1, (float)ctx->ln_eps);
     /* out NULL (a backward's recompute): no value projection, whose product
      * only the block output reads */
-    rc = rx_cm_forward_acts(&P->cm, S->h2, cm_xprev_init, S->xk, S->hid, out, B, T);
+    rc = rx_cm_forward_seqs(&P->cm, S->h2, cm_xprev_init, S->xk, S->hid, out, sq);
     if (rc != RX_OK) return rc;
     if (out) add_rows(out, S->x1, out, BT * C);
     return RX_OK;
 }
 
 /* x, out: [B][T][C] (T: S's); tm_carry, cm_carry: [B][C] or NULL; state:
- * [B][H][N][N] or NULL */
+ * [B][H][N][N] or NULL. A ragged step (S->tm.seqs): x, out [rows][C], the
+ * carries [slots][C] and state [slots][H][N][N], row slot[b] sequence b's. */
 int rx_block_step(const rx_model_ctx *ctx, const rx_block_params *P, const float *x,
                   float *tm_carry, float *cm_carry, const float *v_first_in, float *v_first_out,
                   float *state, rx_block_acts *S, float *out) {
-    const size_t B = S->tm.B, T = S->tm.T, C = (size_t)P->tm.c;
+    const rx_seqs u = {S->tm.B, S->tm.T, NULL, NULL, NULL};
+    const rx_seqs *sq = S->tm.seqs ? S->tm.seqs : &u;
+    const size_t C = (size_t)P->tm.c;
     int rc = rx_block_forward_state(ctx, P, x, tm_carry, cm_carry, v_first_in, v_first_out, state,
                                     S, out);
     if (rc != RX_OK) return rc;
     /* read above as the carries in, so overwritten only now */
-    if (tm_carry) rx_shift_carry(tm_carry, S->h1, B, T, C);
-    if (cm_carry) rx_shift_carry(cm_carry, S->h2, B, T, C);
+    if (tm_carry) rx_shift_carry_seqs(tm_carry, S->h1, sq, C);
+    if (cm_carry) rx_shift_carry_seqs(cm_carry, S->h2, sq, C);
     return RX_OK;
 }
 

@@ -47,8 +47,15 @@ void rx_cm_spans(const rx_cm_params *P, const rx_cm_grads *G, const char *pp, co
 
 int rx_cm_forward_acts(const rx_cm_params *P, const float *x, const float *x_prev_init,
                        float *xk, float *h, float *out, size_t B, size_t T) {
-    const size_t C = (size_t)P->c, F = (size_t)P->ffn_dim, BT = B * T, n = BT * F;
-    rx_shift_lerp_forward(1, &P->ffn_x_k, x, x_prev_init, &xk, B, T, C);
+    const rx_seqs sq = {B, T, NULL, NULL, NULL};
+    return rx_cm_forward_seqs(P, x, x_prev_init, xk, h, out, &sq);
+}
+
+/* x, xk, out: [rows][C]; h: [rows][F]; rows laid out as sq says */
+int rx_cm_forward_seqs(const rx_cm_params *P, const float *x, const float *x_prev_init,
+                       float *xk, float *h, float *out, const rx_seqs *sq) {
+    const size_t C = (size_t)P->c, F = (size_t)P->ffn_dim, BT = rx_seqs_rows(sq), n = BT * F;
+    rx_shift_lerp_seqs(1, &P->ffn_x_k, x, x_prev_init, &xk, sq, C);
     int rc = rx_pgemm(0, 0, BT, F, C, xk, C, P->ffn_key_w, F, 0.0f, h, F);
     if (rc != RX_OK) return rc;
 #pragma omp parallel for schedule(static) if (!rx_in_parallel() && n >= RX_EW_MIN_PAR)

@@ -291,6 +291,10 @@ rx_base *rx_ptmodel_base_store(const rx_ptmodel *m) { return m->base; }
 
 void rx_ptmodel_attach_base(rx_ptmodel *m, rx_base *s) { m->base = s; }
 
+rx_model_ends rx_ptmodel_ends(const rx_ptmodel *m) {
+    return (rx_model_ends){m->emb, m->ln0_w, m->ln0_b, m->ln_out_w, m->ln_out_b, m->head};
+}
+
 void rx_ptmodel_free(rx_ptmodel *m) {
     if (!m) return;
     free(m->layers);

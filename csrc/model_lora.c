@@ -99,3 +99,7 @@ float *rx_ptmodel_lora_arena(rx_ptmodel *m, int64_t *n) {
 float *rx_ptmodel_lora_grad_arena(rx_ptmodel *m, int64_t *n) {
     return rx_lora_grad_arena(m && m->lora_on ? m->lora : NULL, n);
 }
+
+const rx_lora *rx_ptmodel_lora_table(const rx_ptmodel *m) {
+    return m && m->lora_on ? m->lora : NULL;
+}

@@ -187,6 +187,33 @@ static inline const float *rx_shift_src(const float *x, const float *init,
     return init ? init + b * C : NULL;
 }
 
+/* The sequences a call's rows hold: B sequences of T rows each (off NULL:
+ * the training forward's batch), or a ragged step of batched generation
+ * (gen.c): sequence b is the rows [off[b], off[b+1]) (row r's sequence is
+ * seq[r]) and its carries and WKV state are those of slot slot[b]. */
+typedef struct {
+    size_t B, T;
+    const int *off, *seq, *slot;
+} rx_seqs;
+
+static inline size_t rx_seqs_rows(const rx_seqs *s) {
+    return s->off ? (size_t)s->off[s->B] : s->B * s->T;
+}
+
+/* The carry row of sequence b: init[slot[b]] in a ragged step, else init[b] */
+static inline size_t rx_seqs_slot(const rx_seqs *s, size_t b) {
+    return s->off ? (size_t)s->slot[b] : b;
+}
+
+/* rx_shift_src over rows r of x [rows][C] laid out as s says */
+static inline const float *rx_seqs_prev(const rx_seqs *s, const float *x, const float *init,
+                                        size_t r, size_t C) {
+    if (!s->off) return rx_shift_src(x, init, r / s->T, r % s->T, s->T, C);
+    const size_t b = (size_t)s->seq[r];
+    if (r > (size_t)s->off[b]) return x + (r - 1) * C;
+    return init ? init + (size_t)s->slot[b] * C : NULL;
+}
+
 /* ---- runtime.c: errors ---------------------------------------------------
  * The one way a C function reports a failure: return rx_fail(code, fmt, ...)
  * records the printf-formatted message for rx_last_error on the calling
@@ -455,7 +482,16 @@ void rx_base_zero_grads(const rx_base *s, float *grads, size_t n);
 extern const rx_gemm_source rx_base_source;
 /* the model's base, NULL when none (model_layout.c) */
 rx_base *rx_ptmodel_base_store(const rx_ptmodel *m);
+/* the model's adapter table as its forward sets it: NULL without adapters
+ * or once they are disabled (model_lora.c) */
+const rx_lora *rx_ptmodel_lora_table(const rx_ptmodel *m);
 void rx_ptmodel_attach_base(rx_ptmodel *m, rx_base *s);
+/* the tensors around the blocks (their arena slots; a frozen base's are
+ * found there by rx_base_find): ln0's NULL without it (model_layout.c) */
+typedef struct {
+    const float *emb, *ln0_w, *ln0_b, *ln_out_w, *ln_out_b, *head;
+} rx_model_ends;
+rx_model_ends rx_ptmodel_ends(const rx_ptmodel *m);
 
 /* ---- proj.c: the projection entry -------------------------------------- */
 /* The projection GEMM: rx_sgemm(_batch) or rx_bgemm(_batch) by the calling
@@ -537,6 +573,17 @@ int rx_wkv7_forward_cp(const float *r, const float *w, const float *k, const flo
                        const float *a, const float *b, const float *s_init, float *y_out,
                        float *s_final, float *cp, float *work, int B, int T, int n_head,
                        int head_size);
+/* The forward over the rows of a step laid out as sq says (rx_seqs): r..b,
+ * y_out [rows][H][N]; sequence b's state [H][N][N] at state +
+ * rx_seqs_slot(sq, b)*H*N*N enters as the state before its first row and
+ * is advanced in place; no checkpoints. The training forward's per-head
+ * kernel over each (sequence, head), so every head's bits are those of
+ * rx_wkv7_forward_cp over that sequence alone. work: RX_WKV7_SEQS_WORK(B*H,
+ * N) floats. */
+#define RX_WKV7_SEQS_WORK(BH, N) ((BH) * 2 * (N))
+int rx_wkv7_forward_seqs(const float *r, const float *w, const float *k, const float *v,
+                         const float *a, const float *b, float *state, float *y_out,
+                         const rx_seqs *sq, int n_head, int head_size, float *work);
 int rx_wkv7_backward_cp(const float *r, const float *w, const float *k, const float *v,
                         const float *a, const float *b, const float *dy, const float *s_init,
                         const float *cp, float *work, float *dr, float *dw, float *dk,
@@ -593,6 +640,11 @@ void rx_block_sums(const float *part, size_t nblk, size_t stride, size_t n, int 
  * at t = 0. */
 void rx_shift_lerp_forward(int n, const float *const *mix, const float *x, const float *init,
                            float *const *out, size_t B, size_t T, size_t C);
+/* The same over rows laid out as sq says (rx_seqs: the carries of a
+ * ragged step are init's rows slot[b]); rx_shift_lerp_forward is this
+ * with B sequences of T. */
+void rx_shift_lerp_seqs(int n, const float *const *mix, const float *x, const float *init,
+                        float *const *out, const rx_seqs *sq, size_t C);
 /* Their backward for the grads dout[i] on out[i]: writes dx [B][T][C], each
  * dmix[i] [C] and d_init [B][C] (NULL: not wanted). part: RX_SHIFT_PART
  * floats of scratch for threaded per-block sums, or NULL (one thread). */
@@ -612,6 +664,9 @@ void rx_cm_spans(const rx_cm_params *P, const rx_cm_grads *G, const char *pp, co
  * writes the other). */
 int rx_cm_forward_acts(const rx_cm_params *P, const float *x, const float *x_prev_init,
                        float *xk, float *h, float *out, size_t B, size_t T);
+/* rx_cm_forward_acts over rows laid out as sq says (its token shift's) */
+int rx_cm_forward_seqs(const rx_cm_params *P, const float *x, const float *x_prev_init,
+                       float *xk, float *h, float *out, const rx_seqs *sq);
 int rx_cm_backward_acts(const rx_cm_params *P, const float *x, const float *x_prev_init,
                         const float *xk, const float *h, const float *dy,
                         rx_cm_grads *G, float *dx, float *d_xprev_init, size_t B, size_t T,
@@ -655,6 +710,9 @@ typedef struct {
     float *tw, *ta, *tg, *tv;           /* [BT][D*] LoRA hiddens after activation */
     float *bonus;                       /* [BT][H] sum over the head of r*kmod*r_k */
     float *wkv_cp, *wkv_work;           /* rx_wkv7_forward_cp's checkpoints and scratch */
+    /* a ragged step's rows (gen.c): its WKV runs rx_wkv7_forward_seqs with
+     * wkv_work of RX_WKV7_SEQS_WORK floats; NULL: B sequences of T */
+    const rx_seqs *seqs;
     float *mem;
     int lean;                           /* rx_tm_acts_carve_lean: the lerps share buffers
                                          * that the backward overwrites, and makes them
@@ -817,6 +875,8 @@ int rx_attn_backward_acts(const rx_model_ctx *ctx,
  * kept) hold each sequence's last ln1 / ln2 row before the call and are
  * overwritten with those after it (rx_shift_carry). */
 void rx_shift_carry(float *carry, const float *x, size_t B, size_t T, size_t C);
+/* rx_shift_carry over rows laid out as sq says (carry rows rx_seqs_slot) */
+void rx_shift_carry_seqs(float *carry, const float *x, const rx_seqs *sq, size_t C);
 /* rx_block_forward_state (the training forward's: the WKV state advanced in
  * place), then the carries; S for B, T. */
 int rx_block_step(const rx_model_ctx *ctx, const rx_block_params *P, const float *x,
@@ -831,6 +891,10 @@ int rx_block_step(const rx_model_ctx *ctx, const rx_block_params *P, const float
  * query at a time. Projections through rx_pgemm_batch / rx_pgemm. */
 int rx_attn_step(const rx_model_ctx *ctx, const rx_attn_params *P, const float *x,
                  float *cm_carry, float *kc, float *vc, int pos, rx_attn_acts *S, float *out);
+/* S (made for B = 1 and T0 tokens) set to take T <= T0 tokens: its buffers
+ * and scratch, sized for T0, hold T's (a generation step's slot, without
+ * an allocation per step). RX_EINVAL when T is outside [1, T0]. */
+int rx_attn_acts_rows(rx_attn_acts *S, size_t T);
 
 /* ---- runtime.c: the model context ----------------------------------------
  * The default model context (RX_DEFAULT_*): what the standalone kernels

@@ -749,6 +749,49 @@ int rx_infer_pos(const rx_infer_state *s);
  * after RX_ENOMEM the state is undefined until rx_infer_reset. */
 int rx_infer_forward(rx_infer_state *s, const int *tokens, int T, float *logits);
 
+/* ---- gen.c: batched generation -----------------------------------------
+ * n_slots sequences of one model, each with its own carried state (RWKV
+ * blocks: WKV state and token-shift carries; attention blocks: a key/value
+ * cache of max_len positions and the channel-mix carry; a position),
+ * advanced together: a step takes any n distinct slots, slot slots[i] by
+ * counts[i] tokens (one to decode, or a chunk of a prompt), their rows
+ * stacked so every RWKV block's projection is one GEMM of sum(counts)
+ * rows; the token shift, WKV recurrence and attention run per slot. Every
+ * block is the training forward's own function, the projections in the
+ * model's precision with its frozen base (read in place) and LoRA adapters
+ * (unmerged) as rx_pretrain_forward_batch applies them. A slot's logits
+ * do not depend on the other slots of its step (bit for bit while a GEMM
+ * row's result depends on that row alone) and equal the training
+ * forward's over its sequence to float32 rounding (bit for bit without
+ * attention: docs/layout.md §Generation state). The state reads the
+ * model's parameters live: free it before the model. */
+typedef struct rx_gen rx_gen;
+/* A state for n_slots sequences over model m. max_len: positions each slot
+ * may reach (bounds the attention caches; ignored by a model without
+ * attention); max_tokens: the most tokens one step may advance in all
+ * (sizes every scratch buffer once: a step allocates nothing of its own).
+ * Every slot starts reset. RX_EINVAL on NULL or a size < 1, RX_ENOMEM. */
+int rx_gen_create(rx_ptmodel *m, int n_slots, int max_len, int max_tokens, rx_gen **out);
+void rx_gen_free(rx_gen *g);
+/* slot back to the model's start: position 0, zero carries, WKV states the
+ * state tune's initial states as they are now (rx_ptmodel_enable_state),
+ * else zero. RX_EINVAL on NULL or a bad slot. */
+int rx_gen_reset(rx_gen *g, int slot);
+/* dst's whole state (WKV, carries, cache up to its position, position) :=
+ * src's. RX_EINVAL on NULL or a bad slot. */
+int rx_gen_copy(rx_gen *g, int dst, int src);
+/* slot's position (tokens consumed since its reset); -1 for NULL or a bad slot */
+int rx_gen_pos(const rx_gen *g, int slot);
+/* slots, counts: [n], distinct slots in [0, n_slots), counts >= 1 with
+ * sum <= max_tokens; tokens: [sum counts], each slot's in order, each in
+ * [0, vocab). all = 0: logits [n][vocab], each slot's last token's; all =
+ * 1: [sum counts][vocab], every token's. RX_EINVAL on a bad argument, a
+ * base not filled, or a slot whose attention cache would pass max_len: no
+ * slot has moved then. After RX_ENOMEM the step's slots are undefined
+ * until reset. */
+int rx_gen_step(rx_gen *g, int n, const int *slots, const int *counts, const int *tokens,
+                int all, float *logits);
+
 /* ---- gemm_bf16.c, model.c: bf16 mixed precision ----------------------
  * With RX_PRECISION_BF16 every projection GEMM of the model's forward and
  * backward -- time-mix R/K/V/O and its LoRAs, channel-mix key/value,

@@ -337,14 +337,16 @@ static void tm_lerps(const rx_tm_params *P, const rx_tm_acts *A, const float *x,
                      const float *x_prev_init) {
     const float *mix[6] = {P->x_r, P->x_w, P->x_k, P->x_v, P->x_a, P->x_g};
     float *xin[6] = {A->xr, A->xw, A->xk, A->xv, A->xa, A->xg};
-    rx_shift_lerp_forward(6, mix, x, x_prev_init, xin, A->B, A->T, (size_t)P->c);
+    const rx_seqs u = {A->B, A->T, NULL, NULL, NULL};
+    rx_shift_lerp_seqs(6, mix, x, x_prev_init, xin, A->seqs ? A->seqs : &u, (size_t)P->c);
 }
 
 int rx_tm_forward_state(const rx_model_ctx *ctx,
                         const rx_tm_params *P, const float *x, const float *x_prev_init,
                         const float *v_first_in, float *v_first_out, float *state,
                         rx_tm_acts *A, float *out) {
-    const size_t B = A->B, T = A->T, BT = B * T, C = (size_t)P->c;
+    const size_t B = A->B, T = A->T, C = (size_t)P->c;
+    const size_t BT = A->seqs ? rx_seqs_rows(A->seqs) : B * T;
     const size_t H = (size_t)P->n_head, N = (size_t)P->head_size;
     tm_lerps(P, A, x, x_prev_init);
     const rx_gemm_op rkv[3] = {
@@ -360,8 +362,11 @@ int rx_tm_forward_state(const rx_model_ctx *ctx,
     for (size_t bt = 0; bt < BT; bt++)
         gates_row(P, A, bt * C, v_first_in ? v_first_in + bt * C : NULL,
                   v_first_out ? v_first_out + bt * C : NULL);
-    rc = rx_wkv7_forward_cp(A->r, A->w, A->kmod, A->vmod, A->aw, A->bw, state, A->y, state,
-                            A->wkv_cp, A->wkv_work, (int)B, (int)T, (int)H, (int)N);
+    rc = A->seqs ? rx_wkv7_forward_seqs(A->r, A->w, A->kmod, A->vmod, A->aw, A->bw, state, A->y,
+                                        A->seqs, (int)H, (int)N, A->wkv_work)
+                 : rx_wkv7_forward_cp(A->r, A->w, A->kmod, A->vmod, A->aw, A->bw, state, A->y,
+                                      state, A->wkv_cp, A->wkv_work, (int)B, (int)T, (int)H,
+                                      (int)N);
     if (rc != RX_OK) return rc;
     rx_rownorm_forward(A->y, P->ln_x_w, P->ln_x_b, A->z, NULL, NULL, BT * H, N, H,
                        (float)ctx->gn_eps);

@@ -18,14 +18,23 @@ RX_HOT static void lerp_row(const float *restrict x, const float *restrict xp,
         for (size_t c = 0; c < C; c++) out[c] = x[c] - x[c] * mix[c];
 }
 
+/* mix[n]: [C] each; x, out[n]: [rows][C] each, rows laid out as sq says;
+ * init: [B][C] (a ragged step's: [slots][C]) or NULL */
+void rx_shift_lerp_seqs(int n, const float *const *mix, const float *x, const float *init,
+                        float *const *out, const rx_seqs *sq, size_t C) {
+    const size_t rows = rx_seqs_rows(sq);
+#pragma omp parallel for schedule(static) if (!rx_in_parallel() && rows * C * n >= RX_EW_MIN_PAR)
+    for (size_t bt = 0; bt < rows; bt++) {
+        const float *xr = x + bt * C, *xp = rx_seqs_prev(sq, x, init, bt, C);
+        for (int i = 0; i < n; i++) lerp_row(xr, xp, mix[i], out[i] + bt * C, C);
+    }
+}
+
 /* mix[n]: [C] each; x: [B][T][C]; out[n]: [B][T][C] each; init: [B][C] or NULL */
 void rx_shift_lerp_forward(int n, const float *const *mix, const float *x, const float *init,
                            float *const *out, size_t B, size_t T, size_t C) {
-#pragma omp parallel for schedule(static) if (!rx_in_parallel() && B * T * C * n >= RX_EW_MIN_PAR)
-    for (size_t bt = 0; bt < B * T; bt++) {
-        const float *xr = x + bt * C, *xp = rx_shift_src(x, init, bt / T, bt % T, T, C);
-        for (int i = 0; i < n; i++) lerp_row(xr, xp, mix[i], out[i] + bt * C, C);
-    }
+    const rx_seqs sq = {B, T, NULL, NULL, NULL};
+    rx_shift_lerp_seqs(n, mix, x, init, out, &sq, C);
 }
 
 /* Token rows [r0, r1) of rx_shift_lerp_backward: writes their dx rows
@@ -93,4 +102,16 @@ void rx_shift_lerp_backward(int n, const float *const *mix, const float *x, cons
 void rx_shift_carry(float *carry, const float *x, size_t B, size_t T, size_t C) {
     for (size_t b = 0; b < B; b++)
         memcpy(carry + b * C, x + (b * T + T - 1) * C, C * sizeof(float));
+}
+
+/* carry [slots][C]: each sequence's last row of x [rows][C] (laid out as sq
+ * says) into its slot's row */
+void rx_shift_carry_seqs(float *carry, const float *x, const rx_seqs *sq, size_t C) {
+    if (!sq->off) {
+        rx_shift_carry(carry, x, sq->B, sq->T, C);
+        return;
+    }
+    for (size_t b = 0; b < sq->B; b++)
+        memcpy(carry + (size_t)sq->slot[b] * C, x + ((size_t)sq->off[b + 1] - 1) * C,
+               C * sizeof(float));
 }

@@ -480,6 +480,36 @@ int rx_wkv7_forward_cp(const float *r, const float *w, const float *k, const flo
                         head_size);
 }
 
+/* r..b, y_out: [rows][H][N] laid out as sq says; state: [slots][H][N][N]
+ * (rx_internal.h); work: RX_WKV7_SEQS_WORK(B*H, N). Each (sequence, head)
+ * is one unit: forward_head over its rows in place, its sa pair in work. */
+int rx_wkv7_forward_seqs(const float *r, const float *w, const float *k, const float *v,
+                         const float *a, const float *b, float *state, float *y_out,
+                         const rx_seqs *sq, int n_head, int head_size, float *work) {
+    int rc = wkv7_args("rx_wkv7_forward_seqs", r, w, k, v, a, b, 1, 1, n_head, head_size);
+    if (rc != RX_OK) return rc;
+    if (!state || !y_out || !sq || !work)
+        return rx_fail(RX_EINVAL, "rx_wkv7_forward_seqs: state, y_out, sq or work is NULL");
+    const size_t H = (size_t)n_head, N = (size_t)head_size, C = H * N, NN = N * N;
+    const size_t BH = sq->B * H;
+    const wkv_simd *fast = wkv7_simd(N);
+    rx_prof_push(RX_PROF_WKV7);
+    /* dynamic: a prompt's sequence may hold hundreds of rows beside
+     * sequences of one */
+#pragma omp parallel for schedule(dynamic, 1) if (!rx_in_parallel() && BH > 1)
+    for (size_t u = 0; u < BH; u++) {
+        const size_t bi = u / H, h = u % H;
+        const size_t o = sq->off ? (size_t)sq->off[bi] : bi * sq->T;
+        const size_t T = sq->off ? (size_t)sq->off[bi + 1] - o : sq->T;
+        float *S = state + (rx_seqs_slot(sq, bi) * H + h) * NN;
+        const size_t oc = o * C;
+        forward_head(r + oc, w + oc, k + oc, v + oc, a + oc, b + oc, y_out + oc, S, NULL,
+                     work + u * 2 * N, 0, h, 0, N, 0, T, T, C, N, fast);
+    }
+    rx_prof_pop();
+    return RX_OK;
+}
+
 /* The column sums of a split backward: the outputs dr, dw, dk, da, db in
  * that order, and the extra tiles' scratch part [G-1][5][BH][T+1][N], whose
  * row t+1 holds a tile's sum for the output row of step t (row 0: the dr

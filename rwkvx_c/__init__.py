@@ -23,6 +23,7 @@ try:
         MAX_THREADS,
         OPTION_FIELDS,
         ByteTrie,
+        GenState,
         InferState,
         RxPtModel,
         adamw_step,
@@ -81,8 +82,9 @@ __version__ = "0.1.0"
 # the names `from rwkvx_c import *` gives: the binding's (rwkvx_c._core,
 # typed in _core.pyi) and this module's; the layers above are subpackages
 __all__ = [
-    "RxPtModel", "InferState", "ByteTrie", "CONFIG_FIELDS", "OPTION_FIELDS", "ALLOC_HEADROOM",
-    "MAX_THREADS", "BASE_DTYPES", "base_dtype_block", "check_config", "tm_fields", "tm_shapes",
+    "RxPtModel", "InferState", "GenState", "ByteTrie", "CONFIG_FIELDS", "OPTION_FIELDS",
+    "ALLOC_HEADROOM", "MAX_THREADS", "BASE_DTYPES", "base_dtype_block", "check_config",
+    "tm_fields", "tm_shapes",
     "wkv7_forward", "wkv7_backward", "timemix_forward", "timemix_backward",
     "channelmix_forward", "channelmix_backward", "attn_forward", "attn_backward",
     "attn_score_av_forward", "attn_score_av_backward", "block_forward", "block_backward",

@@ -274,6 +274,17 @@ cdef extern from "rx_pretrain.h" nogil:
     int rx_infer_pos(const rx_infer_state *s)
     int rx_infer_forward(rx_infer_state *s, const int *tokens, int T, float *logits)
 
+    # batched generation (csrc/gen.c)
+    ctypedef struct rx_gen:
+        pass
+    int rx_gen_create(rx_ptmodel *m, int n_slots, int max_len, int max_tokens, rx_gen **out)
+    void rx_gen_free(rx_gen *g)
+    int rx_gen_reset(rx_gen *g, int slot)
+    int rx_gen_copy(rx_gen *g, int dst, int src)
+    int rx_gen_pos(const rx_gen *g, int slot)
+    int rx_gen_step(rx_gen *g, int n, const int *slots, const int *counts, const int *tokens,
+                    int all, float *logits)
+
     # AdamW and the global grad norm (csrc/optim.c)
     int rx_adamw_step(float *params, const float *grads, float *m, float *v, size_t n,
                       const int64_t *decay_ranges, int n_ranges,
