@@ -1,11 +1,12 @@
 """Text generation from a trained checkpoint.
 
 Generation is recurrent, as RWKV models are used: the prompt runs through
-the model once (``InferState.forward`` over all its tokens), then every new
-token costs one step. RWKV-7 blocks carry their WKV state and both
+the model once (in pieces), then every new token costs one step, in one
+slot of the batched engine (``GenState``, rwkvx_c.generation, which
+batches many sequences). RWKV-7 blocks carry their WKV state and both
 token-shift carries; attention blocks keep a key/value cache and apply the
-same MoBA chunk selection as training. The per-token step is C
-(csrc/infer.c); the sampling (temperature, top-k, top-p, the rwkv
+same MoBA chunk selection as training. The step is C
+(csrc/gen.c); the sampling (temperature, top-k, top-p, the rwkv
 package's repetition penalties, stop ids and strings), the feeding of text
 in bounded pieces (Session) and the multi-turn chat (Chat) are here.
 """
@@ -34,7 +35,7 @@ from rwkvx_c.generation.sampling import Penalties, Sampling, StopText, sample_to
 from rwkvx_c.interop.source import Layered, read_run
 from rwkvx_c.model import memory
 from rwkvx_c.model.config import ModelConfig
-from rwkvx_c.model.lora import adapters_of, run_alpha, without_adapters
+from rwkvx_c.model.lora import A_SUFFIX, B_SUFFIX, adapters_of, run_alpha, without_adapters
 from rwkvx_c.model.weights import load_params, load_states
 from rwkvx_c.run.checkpoint import STATE_KEY
 from rwkvx_c.run.rundir import checkpoint_path
@@ -43,20 +44,27 @@ __all__ = ["load_model", "load_run", "Sampling", "Session", "sample_token", "gen
            "checkpoint_path", "PROMPT_PIECE", "Chat", "CHAT_STOPS"]
 
 
-def load_model(path: str, base: str | None = None) -> _core.RxPtModel:
+def load_model(path: str, base: str | None = None, hold_base: bool = False
+               ) -> _core.RxPtModel:
     """An RxPtModel holding the parameters of the checkpoint at path (a run
     folder or a .safetensors file): a LoRA run's with its adapters merged, a
     state run's with its initial states; a fine-tune whose checkpoint names
     its base rebuilt from that base (read again; base: where it lies now,
-    when it moved). Raises CheckpointError when it is missing, corrupt or
-    does not describe a model, or its base is missing or changed."""
-    return load_run(path, base)[0]
+    when it moved). hold_base: as load_run's. Raises CheckpointError when it
+    is missing, corrupt or does not describe a model, or its base is missing
+    or changed."""
+    return load_run(path, base, hold_base)[0]
 
 
-def load_run(path: str, base: str | None = None) -> tuple[_core.RxPtModel, Tokenizer]:
+def load_run(path: str, base: str | None = None, hold_base: bool = False
+             ) -> tuple[_core.RxPtModel, Tokenizer]:
     """(model, tokenizer) of the checkpoint at path: the tokenizer the run
     was trained with (its identity is in the checkpoint; a tokenizer.json
-    lies beside it). base: as load_model's. CheckpointError when either
+    lies beside it). base: as load_model's. hold_base: a run that names its
+    base keeps that base as it trained on it (bf16 or Q8_0 rows read in
+    place, its LoRA adapters applied unmerged, its trained states the
+    start), for the batched engine (GenState) to generate from; else every
+    weight is float32 and the adapters merged. CheckpointError when either
     cannot be had."""
     p = checkpoint_path(path)
     tensors, config, state = read_run(p, base)
@@ -67,27 +75,83 @@ def load_run(path: str, base: str | None = None) -> tuple[_core.RxPtModel, Token
     if tok.name != "byte" and tok.vocab_size > config.get("vocab_size", 0):
         raise CheckpointError(f"checkpoint {p}: its model has {config.get('vocab_size')} ids, "
                               f"fewer than its tokenizer's {tok.vocab_size}")
+    held = hold_base and isinstance(tensors, Layered)
+    opts = (state or {}).get("options") or {}
     try:
         ModelConfig.from_dict(config)
-        # the parameters and the file's copy of them, checked before either
-        # exists; a checkpoint naming its base reads the base one tensor at
-        # a time (Layered): the model and its largest tensor, read and converted
-        params = memory.estimate_params(config)
-        largest = config["vocab_size"] * config["n_embd"]
-        need = 4 * params + 8 * largest if isinstance(tensors, Layered) else 8 * params
-        memory.check(need, f"the model of {p}", "sample on a machine with more memory")
+        precision = opts.get("precision") if held and opts.get("precision") in ("fp32", "bf16") \
+            else "fp32"
         # every parameter is written below; the grads, never written here,
         # stay unmapped address space
-        model = _core.RxPtModel(config, init=False)
+        model = _core.RxPtModel(config, init=False, precision=precision)
+        names, dtype = _held_base(model, tensors, opts) if held else ([], "fp32")
+        # the parameters (a held base's in its dtype) and, while reading, the
+        # largest tensor twice: checked before anything is read
+        in_base = sum(model.params[n].size for n in names)
+        per, nbytes = _core.base_dtype_block(dtype) if names else (1, 4)
+        largest = config["vocab_size"] * config["n_embd"]
+        need = 4 * (model.n_params - in_base) + in_base // per * nbytes + 8 * largest \
+            if isinstance(tensors, Layered) else 8 * model.n_params
+        memory.check(need, f"the model of {p}" + (f" (its base {dtype})" if names else ""),
+                     "sample on a machine with more memory")
     except ConfigError as e:
         raise CheckpointError(f"checkpoint {p} holds an unusable model config ({e})") from None
     except MemoryTooSmall as e:
         raise CheckpointError(str(e)) from None
-    if adapters_of(tensors):   # a LoRA run: the model it trained, merged
-        tensors = without_adapters(tensors, run_alpha(state, p))
-    load_params(model, tensors, f"checkpoint {p}")
+    if held:
+        _fill_held(model, tensors, names, dtype, run_alpha(state, p) if adapters_of(tensors)
+                   else None, f"checkpoint {p}")
+    else:
+        if adapters_of(tensors):   # a LoRA run: the model it trained, merged
+            tensors = without_adapters(tensors, run_alpha(state, p))
+        load_params(model, tensors, f"checkpoint {p}")
     load_states(model, tensors.get(STATE_KEY), f"checkpoint {p}")
     return model, tok
+
+
+def _held_base(model: _core.RxPtModel, tensors: Layered, opts: dict[str, Any]
+               ) -> tuple[list[str], str]:
+    """(the matrices a base-naming run's base holds, its dtype): the run's
+    --base-dtype ("auto": bf16 for a bf16 source), over every 2-D parameter
+    the checkpoint does not hold itself whose rows are whole blocks of it
+    (as rwkvx_c.train.base.base_names picks them)."""
+    dtype = str(opts.get("base_dtype") or "auto")
+    if dtype == "auto":
+        dtype = "bf16" if tensors.dtype == "bf16" else "fp32"
+    if dtype == "fp32":
+        return [], dtype
+    per, _ = _core.base_dtype_block(dtype)
+    p = model.params
+    return [n for n in model.param_names if not tensors.owns(n) and p[n].ndim == 2
+            and p[n].shape[n == "emb"] % per == 0], dtype
+
+
+def _fill_held(model: _core.RxPtModel, tensors: Layered, names: list[str], dtype: str,
+               alpha: float | None, what: str) -> None:
+    """model's weights from tensors, names in a base of dtype (each read
+    and released one at a time), the run's adapters unmerged."""
+    if names:
+        model.set_base(dtype, names)
+    held = set(names)
+    for n in model.param_names:
+        if n in held:
+            bits = tensors.raw_t(n)
+            if bits is not None:   # bf16 as the file holds it: [out, in]
+                model.base_fill(n, bits, transposed=True)
+            else:
+                model.base_fill(n, np.ascontiguousarray(tensors[n], np.float32))
+        else:
+            load_params(model, {n: tensors[n]}, what, names=[n])
+        tensors.release(n)
+    ads = adapters_of(tensors)
+    if ads:
+        assert alpha is not None
+        r = next(iter(ads.values()))[0].shape[0]
+        model.enable_lora(r, alpha, list(ads))
+        assert model.lora is not None
+        for name, (A, B) in ads.items():
+            model.lora[name + A_SUFFIX][...] = A
+            model.lora[name + B_SUFFIX][...] = B
 
 
 class Session:
@@ -104,12 +168,18 @@ class Session:
         self.tok = tokenizer or ByteTokenizer()
         self.attends = model.config["n_attn_layer"] > 0
         self.max_positions = cache_positions(model, max_positions, 1, advice)
-        self.state = _core.InferState(model, max_len=self.max_positions)
         self.rng = np.random.Generator(np.random.PCG64(seed))
         self.piece = min(PROMPT_PIECE, _core.head_chunk_rows(model.config["vocab_size"]))
+        # one slot of the batched engine: it reads a frozen base in place
+        self.state = _core.GenState(model, 1, max_len=self.max_positions, max_tokens=self.piece)
         self.logits: np.ndarray | None = None
         self.pending: int | None = None   # the last generated id, not yet fed
         self.generated = b""              # the bytes of the ids generate() fed
+
+    @property
+    def pos(self) -> int:
+        """Positions the state has read."""
+        return int(self.state.pos(0))
 
     def feed(self, text: str | bytes) -> None:
         """Run text (after the pending generated id) through the state."""
@@ -121,15 +191,16 @@ class Session:
         if self.pending is not None:
             ids = np.concatenate([np.array([self.pending], np.int32), ids])
             self.pending = None
-        if self.attends and self.state.pos + len(ids) > self.max_positions:
-            raise SampleError(f"the text reaches {self.state.pos + len(ids):,} positions, past "
+        if self.attends and self.pos + len(ids) > self.max_positions:
+            raise SampleError(f"the text reaches {self.pos + len(ids):,} positions, past "
                               f"the {self.max_positions:,} this model's attention cache holds; "
                               "raise --context or start again")
         for i in range(0, len(ids), self.piece):
-            self.logits = self.state.forward(ids[i:i + self.piece])[-1].copy()
+            piece = ids[i:i + self.piece]
+            self.logits = self.state.step([0], [len(piece)], piece)[-1].copy()
 
     def reset(self) -> None:
-        self.state.reset()
+        self.state.reset(0)
         self.logits, self.pending, self.generated = None, None, b""
 
     def generate(self, max_new_tokens: int, s: Sampling) -> Iterator[str]:
@@ -158,7 +229,7 @@ class Session:
             if i + 1 == max_new_tokens:
                 self.pending = t
                 break
-            logits = _finite(self.state.forward(np.array([t], dtype=np.int32))[-1], i + 1)
+            logits = _finite(self.state.step([0], [1], np.array([t], np.int32))[-1], i + 1)
             self.generated += raw
         tail = stops.push(dec.decode(b"", final=True)) + stops.flush()
         if tail and not stops.hit:
@@ -238,8 +309,8 @@ class Chat:
         st = self.session
         # a reply at its longest, and the turn's end after it, must fit the cache
         if st.attends and \
-                st.state.pos + self.max_new_tokens + TURN_END_TOKENS > st.max_positions:
-            raise SampleError(f"the conversation holds {st.state.pos:,} positions; a reply of "
+                st.pos + self.max_new_tokens + TURN_END_TOKENS > st.max_positions:
+            raise SampleError(f"the conversation holds {st.pos:,} positions; a reply of "
                               f"up to {self.max_new_tokens:,} tokens would pass the "
                               f"{st.max_positions:,} of --context: raise it or start again")
         reply = []

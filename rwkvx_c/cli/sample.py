@@ -108,9 +108,9 @@ def run(a: argparse.Namespace) -> int:
     if a.prompts is not None:
         out_path = a.out or completions_path(a.prompts)
         records = read_prompts(a.prompts, out_path)
-        model, tok = load_run(a.dir, a.base)
+        model, tok = load_run(a.dir, a.base, hold_base=True)
         return sample_file(model, tok, records, out_path, s, a)
-    model, tok = load_run(a.dir, a.base)
+    model, tok = load_run(a.dir, a.base, hold_base=True)
     if model.config["vocab_size"] < 256:
         return err(f"the model in {a.dir} is not byte-level (vocab {model.config['vocab_size']})")
     # the prompt's own bytes, also when they are not UTF-8 (argv decodes

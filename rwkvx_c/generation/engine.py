@@ -31,7 +31,6 @@ from rwkvx_c.generation.sampling import (
     log_probs,
     sample_rows,
 )
-from rwkvx_c.generation.slots import Slots, open_slots
 from rwkvx_c.model import memory
 
 __all__ = ["Request", "Completion", "STOP_REASONS", "run_requests", "generate",
@@ -129,15 +128,16 @@ def run_requests(model: _core.RxPtModel, requests: Sequence[Request], s: Samplin
     longest = max(len(r.ids) + (r.max_new_tokens or max_new_tokens) for r in requests)
     max_len = cache_positions(model, longest, B, "shorten the prompts, lower "
                               "--max-new-tokens or the batch")
-    slots = open_slots(model, B, max_len, piece + B)
+    slots = _core.GenState(model, B, max_len=max_len, max_tokens=piece + B)
     outs = [[Completion(i, j) for j in range(r.n)] for i, r in enumerate(requests)]
     _Scheduler(slots, requests, outs, s, max_new_tokens, seed, tok, piece, progress).run()
     return outs
 
 
 class _Scheduler:
-    def __init__(self, slots: Slots, requests: Sequence[Request], outs: list[list[Completion]],
-                 s: Sampling, max_new: int, seed: int, tok: Tokenizer, piece: int,
+    def __init__(self, slots: _core.GenState, requests: Sequence[Request],
+                 outs: list[list[Completion]], s: Sampling, max_new: int, seed: int,
+                 tok: Tokenizer, piece: int,
                  progress: Callable[[int], None] | None) -> None:
         self.g, self.reqs, self.outs, self.s = slots, requests, outs, s
         self.max_new, self.seed, self.tok, self.piece = max_new, seed, tok, piece
