@@ -82,7 +82,7 @@ def add_parser(sub: Subparsers) -> None:
     s.add_argument("--prompts", metavar="FILE",
                    help="a .jsonl file of prompts, one record {\"prompt\": TEXT, ...} a line, "
                    "sampled in batches; each record is written back with its \"completions\" "
-                   "to --out (instead of --prompt)")
+                   "to --out (instead of --prompt; default: none)")
     s.add_argument("--out", metavar="FILE", help="where --prompts' records go, replaced "
                    "atomically (default: FILE with .completions.jsonl for .jsonl)")
     s.add_argument("--num-samples", type=positive_int, default=1, metavar="N",
