@@ -6,9 +6,9 @@ slot of the batched engine (``GenState``, rwkvx_c.generation, which
 batches many sequences). RWKV-7 blocks carry their WKV state and both
 token-shift carries; attention blocks keep a key/value cache and apply the
 same MoBA chunk selection as training. The step is C
-(csrc/gen.c); the sampling (temperature, top-k, top-p, the rwkv
-package's repetition penalties, stop ids and strings), the feeding of text
-in bounded pieces (Session) and the multi-turn chat (Chat) are here.
+(csrc/gen.c), the draw rwkvx_c.generation.sampling's; loading a run, the
+feeding of text in bounded pieces (Session) and the multi-turn chat (Chat)
+are here.
 """
 from __future__ import annotations
 

@@ -8,6 +8,7 @@ import os
 
 import numpy as np
 import pytest
+from test_generate import HYBRID, RWKV, _save, bigram_model
 
 import rwkvx_c as rx
 from rwkvx_c.cli import main
@@ -15,8 +16,6 @@ from rwkvx_c.errors import SampleError
 from rwkvx_c.generation import STOP_REASONS, Request, Sampling, generate, run_requests
 from rwkvx_c.generation.sampling import TOP_CANDIDATES, sample_rows, sample_token
 from rwkvx_c.sample import load_run
-
-from test_generate import HYBRID, RWKV, _save, bigram_model
 
 PROMPTS = ["def f(", "hello", "", "x" * 40]
 HOT = Sampling(temperature=1.0, top_p=0.9, alpha_presence=0.2, alpha_frequency=0.3)
