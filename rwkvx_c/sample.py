@@ -75,16 +75,16 @@ def load_run(path: str, base: str | None = None, hold_base: bool = False
     if tok.name != "byte" and tok.vocab_size > config.get("vocab_size", 0):
         raise CheckpointError(f"checkpoint {p}: its model has {config.get('vocab_size')} ids, "
                               f"fewer than its tokenizer's {tok.vocab_size}")
-    held = hold_base and isinstance(tensors, Layered)
+    held = tensors if hold_base and isinstance(tensors, Layered) else None
     opts = (state or {}).get("options") or {}
     try:
         ModelConfig.from_dict(config)
-        precision = opts.get("precision") if held and opts.get("precision") in ("fp32", "bf16") \
-            else "fp32"
+        precision = str(opts.get("precision")) if held is not None and \
+            opts.get("precision") in ("fp32", "bf16") else "fp32"
         # every parameter is written below; the grads, never written here,
         # stay unmapped address space
         model = _core.RxPtModel(config, init=False, precision=precision)
-        names, dtype = _held_base(model, tensors, opts) if held else ([], "fp32")
+        names, dtype = _held_base(model, held, opts) if held is not None else ([], "fp32")
         # the parameters (a held base's in its dtype) and, while reading, the
         # largest tensor twice: checked before anything is read
         in_base = sum(model.params[n].size for n in names)
@@ -98,8 +98,8 @@ def load_run(path: str, base: str | None = None, hold_base: bool = False
         raise CheckpointError(f"checkpoint {p} holds an unusable model config ({e})") from None
     except MemoryTooSmall as e:
         raise CheckpointError(str(e)) from None
-    if held:
-        _fill_held(model, tensors, names, dtype, run_alpha(state, p) if adapters_of(tensors)
+    if held is not None:
+        _fill_held(model, held, names, dtype, run_alpha(state, p) if adapters_of(tensors)
                    else None, f"checkpoint {p}")
     else:
         if adapters_of(tensors):   # a LoRA run: the model it trained, merged

@@ -49,7 +49,7 @@ MAX_POSITIONS = 2 ** 31 - 1   # positions are int32 in the C API
 class Request:
     """One prompt (token ids) and how many samples of it to draw; stop and
     max_new_tokens: this request's own, over the call's (None: the call's)."""
-    ids: Sequence[int]
+    ids: Sequence[int] | np.ndarray
     n: int = 1
     max_new_tokens: int | None = None
     stop: Sequence[str] | None = None
@@ -219,7 +219,7 @@ class _Scheduler:
         s = self.s
         seqs = [self.seqs[k] for k in ready]
         x = self.pen.apply(raw, ready)
-        ids = sample_rows(x, [q.rng for q in seqs], s.temperature,   # type: ignore[union-attr]
+        ids = sample_rows(x, [q.rng for q in seqs if q is not None], s.temperature,
                           s.top_p, s.top_k)
         lps = log_probs(raw, ids)
         if not np.isfinite(raw).all():
@@ -268,7 +268,7 @@ def generate(model: _core.RxPtModel, prompts: str | bytes | Sequence[str | bytes
     sample index) and the model, not on batch_size."""
     tok = tokenizer or ByteTokenizer()
     one = isinstance(prompts, (str, bytes))
-    items = [prompts] if one else list(prompts)   # type: ignore[list-item]
+    items = [prompts] if one else list(prompts)
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise SampleError(f"n must be an integer >= 1, got {n!r}")
     reqs = []
