@@ -153,7 +153,7 @@ def test_cli_prompts_file(tmp_path, capsys):
     assert "go with --prompts" in capsys.readouterr().err
     src.write_text('{"text": "no prompt"}\n')
     assert main(args) != 0
-    assert 'line 1: a record must be an object with a "prompt"' in capsys.readouterr().err
+    assert 'p.jsonl:1: a record must be an object with a "prompt"' in capsys.readouterr().err
     assert json.loads(out.read_text().splitlines()[0])["id"] == 7   # untouched
 
 

@@ -21,6 +21,7 @@ from rwkvx_c.cli.common import (
     positive_int,
     unit_float,
 )
+from rwkvx_c.data.formats import jsonl_records
 from rwkvx_c.data.tokenizers import Tokenizer
 from rwkvx_c.errors import SampleError
 from rwkvx_c.generation import DEFAULT_BATCH, Request, run_requests
@@ -140,23 +141,16 @@ def read_prompts(path: str, out: str) -> list[dict[str, Any]]:
     if (os.path.exists(out) and os.path.exists(path) and os.path.samefile(out, path)) or \
             os.path.abspath(out) == os.path.abspath(path):
         raise SampleError(f"--out {out} is the prompts file itself; name another file")
+    out_recs = []
     try:
         with open_input(path, SampleError, "--prompts") as f:
-            lines = f.read().decode("utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
+            for i, rec in jsonl_records(path, f):
+                if not isinstance(rec, dict) or not isinstance(rec.get("prompt"), str):
+                    raise SampleError(f"--prompts {path}:{i}: a record must be an object with "
+                                      'a "prompt" string')
+                out_recs.append(rec)
+    except OSError as e:
         raise SampleError(f"--prompts {path}: {e}") from None
-    out_recs = []
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise SampleError(f"--prompts {path} line {i}: not JSON ({e.msg})") from None
-        if not isinstance(rec, dict) or not isinstance(rec.get("prompt"), str):
-            raise SampleError(f"--prompts {path} line {i}: a record must be an object with "
-                              'a "prompt" string')
-        out_recs.append(rec)
     if not out_recs:
         raise SampleError(f"--prompts {path} holds no prompt")
     return out_recs
