@@ -1,21 +1,21 @@
 """Text generation from a trained checkpoint.
 
 Generation is recurrent, as RWKV models are used: the prompt runs through
-the model once (``InferState.forward`` over all its tokens), then every new
-token costs one step. RWKV-7 blocks carry their WKV state and both
+the model once (in pieces), then every new token costs one step, in one
+slot of the batched engine (``GenState``, rwkvx_c.generation, which
+batches many sequences). RWKV-7 blocks carry their WKV state and both
 token-shift carries; attention blocks keep a key/value cache and apply the
-same MoBA chunk selection as training. The per-token step is C
-(csrc/infer.c); the sampling (temperature, top-k, top-p, the rwkv
-package's repetition penalties, stop ids and strings), the feeding of text
-in bounded pieces (Session) and the multi-turn chat (Chat) are here.
+same MoBA chunk selection as training. The step is C
+(csrc/gen.c), the draw rwkvx_c.generation.sampling's; loading a run, the
+feeding of text in bounded pieces (Session) and the multi-turn chat (Chat)
+are here.
 """
 from __future__ import annotations
 
 import codecs
-import math
 import os
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -30,10 +30,12 @@ from rwkvx_c.errors import (
     SampleError,
     TokenizerError,
 )
+from rwkvx_c.generation.engine import MAX_POSITIONS, PROMPT_PIECE, cache_positions
+from rwkvx_c.generation.sampling import Penalties, Sampling, StopText, sample_token
 from rwkvx_c.interop.source import Layered, read_run
 from rwkvx_c.model import memory
 from rwkvx_c.model.config import ModelConfig
-from rwkvx_c.model.lora import adapters_of, run_alpha, without_adapters
+from rwkvx_c.model.lora import A_SUFFIX, B_SUFFIX, adapters_of, run_alpha, without_adapters
 from rwkvx_c.model.weights import load_params, load_states
 from rwkvx_c.run.checkpoint import STATE_KEY
 from rwkvx_c.run.rundir import checkpoint_path
@@ -42,22 +44,28 @@ __all__ = ["load_model", "load_run", "Sampling", "Session", "sample_token", "gen
            "checkpoint_path", "PROMPT_PIECE", "Chat", "CHAT_STOPS"]
 
 
-def load_model(path: str, base: str | None = None, rehash: bool = False) -> _core.RxPtModel:
+def load_model(path: str, base: str | None = None, rehash: bool = False,
+               hold_base: bool = False) -> _core.RxPtModel:
     """An RxPtModel holding the parameters of the checkpoint at path (a run
     folder or a .safetensors file): a LoRA run's with its adapters merged, a
     state run's with its initial states; a fine-tune whose checkpoint names
     its base rebuilt from that base (read again; base: where it lies now,
     when it moved; rehash: hashed again even when its files look unchanged,
-    rwkvx_c.run.base). Raises CheckpointError when it is missing, corrupt or
-    does not describe a model, or its base is missing or changed."""
-    return load_run(path, base, rehash)[0]
+    rwkvx_c.run.base). hold_base: as load_run's. Raises CheckpointError when
+    it is missing, corrupt or does not describe a model, or its base is
+    missing or changed."""
+    return load_run(path, base, rehash, hold_base)[0]
 
 
-def load_run(path: str, base: str | None = None, rehash: bool = False
-             ) -> tuple[_core.RxPtModel, Tokenizer]:
+def load_run(path: str, base: str | None = None, rehash: bool = False,
+             hold_base: bool = False) -> tuple[_core.RxPtModel, Tokenizer]:
     """(model, tokenizer) of the checkpoint at path: the tokenizer the run
     was trained with (its identity is in the checkpoint; a tokenizer.json
-    lies beside it). base, rehash: as load_model's. CheckpointError when
+    lies beside it). base, rehash: as load_model's. hold_base: a run that
+    names its base keeps that base as it trained on it (bf16 or Q8_0 rows
+    read in place, its LoRA adapters applied unmerged, its trained states
+    the start), for the batched engine (GenState) to generate from; else
+    every weight is float32 and the adapters merged. CheckpointError when
     either cannot be had."""
     p = checkpoint_path(path)
     tensors, config, state = read_run(p, base, rehash=rehash)
@@ -68,160 +76,83 @@ def load_run(path: str, base: str | None = None, rehash: bool = False
     if tok.name != "byte" and tok.vocab_size > config.get("vocab_size", 0):
         raise CheckpointError(f"checkpoint {p}: its model has {config.get('vocab_size')} ids, "
                               f"fewer than its tokenizer's {tok.vocab_size}")
+    held = tensors if hold_base and isinstance(tensors, Layered) else None
+    opts = (state or {}).get("options") or {}
     try:
         ModelConfig.from_dict(config)
-        # the parameters and the file's copy of them, checked before either
-        # exists; a checkpoint naming its base reads the base one tensor at
-        # a time (Layered): the model and its largest tensor, read and converted
-        params = memory.estimate_params(config)
-        largest = config["vocab_size"] * config["n_embd"]
-        need = 4 * params + 8 * largest if isinstance(tensors, Layered) else 8 * params
-        memory.check(need, f"the model of {p}", "sample on a machine with more memory")
+        precision = str(opts.get("precision")) if held is not None and \
+            opts.get("precision") in ("fp32", "bf16") else "fp32"
         # every parameter is written below; the grads, never written here,
         # stay unmapped address space
-        model = _core.RxPtModel(config, init=False)
+        model = _core.RxPtModel(config, init=False, precision=precision)
+        names, dtype = _held_base(model, held, opts) if held is not None else ([], "fp32")
+        # the parameters (a held base's in its dtype) and, while reading, the
+        # largest tensor twice: checked before anything is read
+        in_base = sum(model.params[n].size for n in names)
+        per, nbytes = _core.base_dtype_block(dtype) if names else (1, 4)
+        largest = config["vocab_size"] * config["n_embd"]
+        need = 4 * (model.n_params - in_base) + in_base // per * nbytes + 8 * largest \
+            if isinstance(tensors, Layered) else 8 * model.n_params
+        memory.check(need, f"the model of {p}" + (f" (its base {dtype})" if names else ""),
+                     "sample on a machine with more memory")
     except ConfigError as e:
         raise CheckpointError(f"checkpoint {p} holds an unusable model config ({e})") from None
     except MemoryTooSmall as e:
         raise CheckpointError(str(e)) from None
-    if adapters_of(tensors):   # a LoRA run: the model it trained, merged
-        tensors = without_adapters(tensors, run_alpha(state, p))
-    load_params(model, tensors, f"checkpoint {p}")
+    if held is not None:
+        _fill_held(model, held, names, dtype, run_alpha(state, p) if adapters_of(tensors)
+                   else None, f"checkpoint {p}")
+    else:
+        if adapters_of(tensors):   # a LoRA run: the model it trained, merged
+            tensors = without_adapters(tensors, run_alpha(state, p))
+        load_params(model, tensors, f"checkpoint {p}")
     load_states(model, tensors.get(STATE_KEY), f"checkpoint {p}")
     return model, tok
 
 
-@dataclass(frozen=True)
-class Sampling:
-    """How each new token is drawn, checked on construction (SampleError).
-
-    temperature, top_k, top_p: softmax(logits / temperature) kept to the
-    top_k most likely tokens (0: all), then to the smallest set of the most
-    likely whose probability reaches top_p (1: all), renormalised;
-    temperature 0 picks the argmax. Before that, as the ``rwkv`` package's
-    PIPELINE.generate does: every id of token_ban gets logit -inf, and each
-    id already generated has its logit lowered by alpha_presence +
-    alpha_frequency * its count, where the counts decay by alpha_decay each
-    step and a token whose text lies in " \\t0123456789" counts 0. A
-    sampled id of token_stop ends the generation unwritten; so does the
-    text reaching one of `stop` (the text before it is written, the stop
-    string not).
-    """
-    temperature: float = 1.0
-    top_p: float = 0.9
-    top_k: int = 0
-    alpha_presence: float = 0.0
-    alpha_frequency: float = 0.0
-    alpha_decay: float = 0.996   # the rwkv package's default
-    token_ban: Sequence[int] = ()
-    token_stop: Sequence[int] = ()
-    stop: str | Sequence[str] = ()   # one string or several; held as a tuple
-
-    def __post_init__(self) -> None:
-        for name in ("temperature", "alpha_presence", "alpha_frequency"):
-            v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
-                raise SampleError(f"{name} must be a finite number >= 0, got {v!r}")
-        for name in ("top_p", "alpha_decay"):
-            v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and 0 <= v <= 1):
-                raise SampleError(f"{name} must be a number in [0, 1], got {v!r}")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
-            raise SampleError(f"top_k must be an integer >= 0, got {self.top_k!r}")
-        # one stop string may come alone, as in the OpenAI API; lists as tuples
-        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
-        if any(not isinstance(t, str) or not t for t in stop):
-            raise SampleError("a stop string must be non-empty text")
-        object.__setattr__(self, "stop", stop)
-        for name in ("token_ban", "token_stop"):
-            ids = tuple(getattr(self, name))
-            if any(isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t < 0
-                   for t in ids):
-                raise SampleError(f"{name} must hold token ids (integers >= 0)")
-            object.__setattr__(self, name, tuple(int(t) for t in ids))
+def _held_base(model: _core.RxPtModel, tensors: Layered, opts: dict[str, Any]
+               ) -> tuple[list[str], str]:
+    """(the matrices a base-naming run's base holds, its dtype): the run's
+    --base-dtype ("auto": bf16 for a bf16 source), over every 2-D parameter
+    the checkpoint does not hold itself whose rows are whole blocks of it
+    (as rwkvx_c.train.base.base_names picks them)."""
+    dtype = str(opts.get("base_dtype") or "auto")
+    if dtype == "auto":
+        dtype = "bf16" if tensors.dtype == "bf16" else "fp32"
+    if dtype == "fp32":
+        return [], dtype
+    per, _ = _core.base_dtype_block(dtype)
+    p = model.params
+    return [n for n in model.param_names if not tensors.owns(n) and p[n].ndim == 2
+            and p[n].shape[n == "emb"] % per == 0], dtype
 
 
-def sample_token(logits: np.ndarray, rng: np.random.Generator, temperature: float = 1.0,
-                 top_p: float = 1.0, top_k: int = 0) -> int:
-    """A token id drawn from logits (vocab,) as Sampling describes."""
-    logits = np.asarray(logits, dtype=np.float64)
-    if temperature <= 0:
-        return int(np.argmax(logits))
-    # shifted before the division: a tiny temperature sends the gaps to
-    # -inf (probability 0), never inf - inf = NaN
-    z = (logits - logits.max()) / temperature
-    p = np.exp(z)
-    p /= p.sum()
-    if top_p < 1.0 or 0 < top_k < len(p):
-        order = np.argsort(-p, kind="stable")
-        if 0 < top_k < len(p):
-            order = order[:top_k]
-        cum = np.cumsum(p[order]) / p[order].sum()
-        keep = order[: int(np.searchsorted(cum, top_p)) + 1] if top_p < 1.0 else order
-        q = np.zeros_like(p)
-        q[keep] = p[keep]
-        p = q / q.sum()
-    return int(rng.choice(len(p), p=p))
-
-
-class Penalties:
-    """The rwkv package's repetition penalties (Sampling): the decayed
-    count of every generated id, subtracted from its logit."""
-
-    WEIGHTLESS = " \t0123456789"   # a token whose text lies in this counts 0
-
-    def __init__(self, s: Sampling) -> None:
-        self.s = s
-        self.count: dict[int, float] = {}
-
-    def apply(self, logits: np.ndarray) -> np.ndarray:
-        if not (self.s.token_ban or self.count):
-            return logits
-        out = np.array(logits, dtype=np.float32)
-        if self.s.token_ban:
-            out[[t for t in self.s.token_ban if 0 <= t < len(out)]] = -np.inf
-        if self.count:
-            ids = np.fromiter(self.count, np.int64, len(self.count))
-            n = np.fromiter(self.count.values(), np.float64, len(self.count))
-            out[ids] -= (self.s.alpha_presence + n * self.s.alpha_frequency).astype(np.float32)
-        return out
-
-    def add(self, token: int, text: str) -> None:
-        for t in self.count:
-            self.count[t] *= self.s.alpha_decay
-        self.count[token] = self.count.get(token, 0.0) + (0.0 if text in self.WEIGHTLESS else 1.0)
-
-
-class StopText:
-    """Holds back generated text that may be the start of a stop string:
-    push() returns what can be written, and sets hit at a stop string."""
-
-    def __init__(self, stops: Sequence[str]) -> None:
-        self.stops = tuple(stops)
-        self.held = ""
-        self.hit = False
-
-    def push(self, text: str) -> str:
-        self.held += text
-        at = [i for i in (self.held.find(s) for s in self.stops) if i >= 0]
-        if at:
-            out, self.held, self.hit = self.held[:min(at)], "", True
-            return out
-        keep = max((k for s in self.stops for k in range(1, len(s))
-                    if self.held.endswith(s[:k])), default=0)
-        out = self.held[:len(self.held) - keep]
-        self.held = self.held[len(self.held) - keep:]
-        return out
-
-    def flush(self) -> str:
-        out, self.held = self.held, ""
-        return out
-
-
-# Prompt tokens per recurrent call: the state carries across calls, so a
-# long prompt costs the memory of one piece (the call's intermediates and
-# its [piece, vocab] logits), not of the whole prompt.
-PROMPT_PIECE = 512
+def _fill_held(model: _core.RxPtModel, tensors: Layered, names: list[str], dtype: str,
+               alpha: float | None, what: str) -> None:
+    """model's weights from tensors, names in a base of dtype (each read
+    and released one at a time), the run's adapters unmerged."""
+    if names:
+        model.set_base(dtype, names)
+    held = set(names)
+    for n in model.param_names:
+        if n in held:
+            bits = tensors.raw_t(n)
+            if bits is not None:   # bf16 as the file holds it: [out, in]
+                model.base_fill(n, bits, transposed=True)
+            else:
+                model.base_fill(n, np.ascontiguousarray(tensors[n], np.float32))
+        else:
+            load_params(model, {n: tensors[n]}, what, names=[n])
+        tensors.release(n)
+    ads = adapters_of(tensors)
+    if ads:
+        assert alpha is not None
+        r = next(iter(ads.values()))[0].shape[0]
+        model.enable_lora(r, alpha, list(ads))
+        assert model.lora is not None
+        for name, (A, B) in ads.items():
+            model.lora[name + A_SUFFIX][...] = A
+            model.lora[name + B_SUFFIX][...] = B
 
 
 class Session:
@@ -237,13 +168,19 @@ class Session:
         self.model = model
         self.tok = tokenizer or ByteTokenizer()
         self.attends = model.config["n_attn_layer"] > 0
-        self.max_positions = _cache_positions(model, max_positions, advice)
-        self.state = _core.InferState(model, max_len=self.max_positions)
+        self.max_positions = cache_positions(model, max_positions, 1, advice)
         self.rng = np.random.Generator(np.random.PCG64(seed))
         self.piece = min(PROMPT_PIECE, _core.head_chunk_rows(model.config["vocab_size"]))
+        # one slot of the batched engine: it reads a frozen base in place
+        self.state = _core.GenState(model, 1, max_len=self.max_positions, max_tokens=self.piece)
         self.logits: np.ndarray | None = None
         self.pending: int | None = None   # the last generated id, not yet fed
         self.generated = b""              # the bytes of the ids generate() fed
+
+    @property
+    def pos(self) -> int:
+        """Positions the state has read."""
+        return int(self.state.pos(0))
 
     def feed(self, text: str | bytes) -> None:
         """Run text (after the pending generated id) through the state."""
@@ -255,15 +192,16 @@ class Session:
         if self.pending is not None:
             ids = np.concatenate([np.array([self.pending], np.int32), ids])
             self.pending = None
-        if self.attends and self.state.pos + len(ids) > self.max_positions:
-            raise SampleError(f"the text reaches {self.state.pos + len(ids):,} positions, past "
+        if self.attends and self.pos + len(ids) > self.max_positions:
+            raise SampleError(f"the text reaches {self.pos + len(ids):,} positions, past "
                               f"the {self.max_positions:,} this model's attention cache holds; "
                               "raise --context or start again")
         for i in range(0, len(ids), self.piece):
-            self.logits = self.state.forward(ids[i:i + self.piece])[-1].copy()
+            piece = ids[i:i + self.piece]
+            self.logits = self.state.step([0], [len(piece)], piece)[-1].copy()
 
     def reset(self) -> None:
-        self.state.reset()
+        self.state.reset(0)
         self.logits, self.pending, self.generated = None, None, b""
 
     def generate(self, max_new_tokens: int, s: Sampling) -> Iterator[str]:
@@ -292,7 +230,7 @@ class Session:
             if i + 1 == max_new_tokens:
                 self.pending = t
                 break
-            logits = _finite(self.state.forward(np.array([t], dtype=np.int32))[-1], i + 1)
+            logits = _finite(self.state.step([0], [1], np.array([t], np.int32))[-1], i + 1)
             self.generated += raw
         tail = stops.push(dec.decode(b"", final=True)) + stops.flush()
         if tail and not stops.hit:
@@ -322,25 +260,6 @@ def generate(model: _core.RxPtModel, prompt: str | bytes, max_new_tokens: int = 
                       "shorten the prompt or lower --max-new-tokens")
     session.feed_ids(ids)
     yield from session.generate(max_new_tokens, s)
-
-
-MAX_POSITIONS = 2 ** 31 - 1   # positions are int32 in the C API
-
-
-def _cache_positions(model: _core.RxPtModel, n: int, advice: str) -> int:
-    """The positions an InferState must hold for n tokens, checked:
-    attention blocks keep every key and value (2 x n_attn_layer x n_embd
-    floats a position, allocated up front); RWKV-7 blocks carry a state of
-    fixed size, so a model without attention needs no cache at all."""
-    c = model.config
-    if c["n_attn_layer"] == 0:
-        return 1
-    if n > MAX_POSITIONS:
-        raise SampleError(f"{n:,} positions pass the {MAX_POSITIONS:,} a sequence of a model "
-                          f"with attention may hold; {advice}")
-    memory.check(2 * 4 * c["n_attn_layer"] * c["n_embd"] * n,
-                 f"the attention cache of {n:,} positions", advice)
-    return n
 
 
 def _finite(logits: np.ndarray, i: int) -> np.ndarray:
@@ -391,8 +310,8 @@ class Chat:
         st = self.session
         # a reply at its longest, and the turn's end after it, must fit the cache
         if st.attends and \
-                st.state.pos + self.max_new_tokens + TURN_END_TOKENS > st.max_positions:
-            raise SampleError(f"the conversation holds {st.state.pos:,} positions; a reply of "
+                st.pos + self.max_new_tokens + TURN_END_TOKENS > st.max_positions:
+            raise SampleError(f"the conversation holds {st.pos:,} positions; a reply of "
                               f"up to {self.max_new_tokens:,} tokens would pass the "
                               f"{st.max_positions:,} of --context: raise it or start again")
         reply = []

@@ -20,14 +20,16 @@ MAX_LINES = 600
 # each module's layer, by its path: a module may import its own layer's and
 # lower layers' modules, never a higher one's
 LAYERS = {
-    "cli": 6,
+    "cli": 7,
     # eval scores a trained run (sample.load_run) and serves the command line
-    "eval": 5,
-    "train": 4, "interop": 4, "sample": 4,
+    "eval": 6,
+    "train": 5, "interop": 5, "sample": 5,
+    # the batched engine sample, chat and eval sit on (it takes a model, never loads one)
+    "generation": 4,
     "data": 3,
     "model": 2, "run": 2,
     "util": 1, "errors": 1,
-    "_omp": 0, "_core": 0, "__init__": 0, "__main__": 7,
+    "_omp": 0, "_core": 0, "__init__": 0, "__main__": 8,
 }
 
 
@@ -196,6 +198,7 @@ PUBLIC = {
                 "gemm_kernel", "has_openmp", "LIBRARY_NAME", "__version__"],
     "rwkvx_c.train": ["Trainer", "TrainOptions", "TrainError", "PRESETS", "CHECKPOINT", "LOG"],
     "rwkvx_c.sample": ["load_model", "load_run", "generate", "sample_token"],
+    "rwkvx_c.generation": ["generate", "Completion", "Sampling", "STOP_REASONS"],
     "rwkvx_c.data": ["load_corpus", "Corpus", "DataError", "BatchSampler", "ByteTokenizer"],
     "rwkvx_c.interop": ["to_rwkv7", "from_rwkv7", "to_rwkvx", "from_rwkvx", "load_pth",
                         "save_pth", "export_model", "import_pth", "InteropError"],

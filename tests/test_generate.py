@@ -258,7 +258,7 @@ def test_chat_carries_the_state_of_the_rendered_conversation():
     fresh = Session(m, None, 4096)
     fresh.feed(want)
     assert np.allclose(chat.session.logits, fresh.logits, rtol=1e-4, atol=1e-4)
-    assert chat.session.state.pos == len(want)
+    assert chat.session.pos == len(want)
 
 
 def _read_until(fd, want, timeout=120):

@@ -38,7 +38,7 @@ def run(a: argparse.Namespace) -> int:
     bad = set_threads(a)
     if bad:
         return err(bad)
-    model, tok = load_run(a.dir, a.base)
+    model, tok = load_run(a.dir, a.base, hold_base=True)
     chat = Chat(model, tok, sampling_of(a), a.max_new_tokens, a.context, a.seed, a.system)
     out = sys.stdout
     while True:

@@ -1,10 +1,15 @@
-"""rwkvx-c sample: generate text from a run's checkpoint; the sampling
-options it shares with rwkvx-c chat."""
+"""rwkvx-c sample: generate text from a run's checkpoint, one prompt
+streamed (--prompt) or a file of them in batches (--prompts, the batched
+engine of rwkvx_c.generation); the sampling options it shares with
+rwkvx-c chat."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
+import time
+from typing import Any
 
 from rwkvx_c import _core
 from rwkvx_c.cli.common import (
@@ -16,7 +21,14 @@ from rwkvx_c.cli.common import (
     positive_int,
     unit_float,
 )
+from rwkvx_c.data.formats import jsonl_records
+from rwkvx_c.data.tokenizers import Tokenizer
+from rwkvx_c.errors import SampleError
+from rwkvx_c.generation import DEFAULT_BATCH, Request, run_requests
 from rwkvx_c.sample import Sampling, generate, load_run
+from rwkvx_c.util.atomic import replacing
+from rwkvx_c.util.files import open_input
+from rwkvx_c.util.progress import make_progress
 
 __all__ = ["add_parser", "run", "add_sampling_args", "sampling_of", "set_threads"]
 
@@ -68,6 +80,17 @@ def add_parser(sub: Subparsers) -> None:
     s.add_argument("dir", metavar="DIR", help="run folder (or checkpoint file)")
     s.add_argument("--prompt", default="", help="text to continue (default: empty, which "
                    "starts from a newline)")
+    s.add_argument("--prompts", metavar="FILE",
+                   help="a .jsonl file of prompts, one record {\"prompt\": TEXT, ...} a line, "
+                   "sampled in batches; each record is written back with its \"completions\" "
+                   "to --out (instead of --prompt; default: none)")
+    s.add_argument("--out", metavar="FILE", help="where --prompts' records go, replaced "
+                   "atomically (default: FILE with .completions.jsonl for .jsonl)")
+    s.add_argument("--num-samples", type=positive_int, default=1, metavar="N",
+                   help="completions of each prompt of --prompts (default: 1)")
+    s.add_argument("--batch-size", type=positive_int, default=DEFAULT_BATCH, metavar="B",
+                   help="sequences of --prompts generated at once "
+                   f"(default: {DEFAULT_BATCH})")
     s.add_argument("--max-new-tokens", type=positive_int, default=200, metavar="N",
                    help="tokens to generate (default: 200)")
     add_sampling_args(s, Sampling())
@@ -79,7 +102,16 @@ def run(a: argparse.Namespace) -> int:
     if bad:
         return err(bad)
     s = sampling_of(a)
-    model, tok = load_run(a.dir, a.base)
+    if a.prompts is None and (a.out is not None or a.num_samples != 1):
+        return err("--out and --num-samples go with --prompts")
+    if a.prompts is not None and a.prompt:
+        return err("give --prompt or --prompts, not both")
+    if a.prompts is not None:
+        out_path = a.out or completions_path(a.prompts)
+        records = read_prompts(a.prompts, out_path)
+        model, tok = load_run(a.dir, a.base, hold_base=True)
+        return sample_file(model, tok, records, out_path, s, a)
+    model, tok = load_run(a.dir, a.base, hold_base=True)
     if model.config["vocab_size"] < 256:
         return err(f"the model in {a.dir} is not byte-level (vocab {model.config['vocab_size']})")
     # the prompt's own bytes, also when they are not UTF-8 (argv decodes
@@ -93,4 +125,61 @@ def run(a: argparse.Namespace) -> int:
         out.flush()
     out.write(b"\n")
     out.flush()
+    return 0
+
+
+def completions_path(prompts: str) -> str:
+    """Where --prompts FILE's completions go by default."""
+    stem = prompts[:-len(".jsonl")] if prompts.endswith(".jsonl") else prompts
+    return stem + ".completions.jsonl"
+
+
+def read_prompts(path: str, out: str) -> list[dict[str, Any]]:
+    """The records of a --prompts file, each with a "prompt" string;
+    SampleError (one line) for a bad file or record, or an --out that is
+    the input itself."""
+    if (os.path.exists(out) and os.path.exists(path) and os.path.samefile(out, path)) or \
+            os.path.abspath(out) == os.path.abspath(path):
+        raise SampleError(f"--out {out} is the prompts file itself; name another file")
+    out_recs = []
+    try:
+        with open_input(path, SampleError, "--prompts") as f:
+            for i, rec in jsonl_records(path, f):
+                if not isinstance(rec, dict) or not isinstance(rec.get("prompt"), str):
+                    raise SampleError(f"--prompts {path}:{i}: a record must be an object with "
+                                      'a "prompt" string')
+                out_recs.append(rec)
+    except OSError as e:
+        raise SampleError(f"--prompts {path}: {e}") from None
+    if not out_recs:
+        raise SampleError(f"--prompts {path} holds no prompt")
+    return out_recs
+
+
+def sample_file(model: _core.RxPtModel, tok: Tokenizer, records: list[dict[str, Any]],
+                out_path: str, s: Sampling, a: argparse.Namespace) -> int:
+    """--prompts: every record's completions, in batches, written to out_path."""
+    reqs = [Request(tok.encode(r["prompt"]) if r["prompt"] else tok.encode("\n"), a.num_samples)
+            for r in records]
+    bar = make_progress(sum(r.n for r in reqs) * a.max_new_tokens, 0, "tok")
+    t0 = time.perf_counter()
+    done = [0]
+
+    def progress(k: int) -> None:
+        done[0] += k
+        bar.update(k)
+    try:
+        outs = run_requests(model, reqs, s, a.max_new_tokens, a.seed, tok, a.batch_size,
+                            progress)
+    finally:
+        bar.close()
+    dt = time.perf_counter() - t0
+    with replacing(out_path, "w") as f:
+        for rec, group in zip(records, outs):
+            rec = dict(rec, completions=[
+                {"text": c.text, "stop_reason": c.stop_reason, "token_ids": c.token_ids,
+                 "logprobs": c.logprobs} for c in group])
+            f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+    sys.stderr.write(f"{sum(len(g) for g in outs)} completions, {done[0]:,} tokens in "
+                     f"{dt:.1f} s ({done[0] / max(dt, 1e-9):,.1f} tokens/s) -> {out_path}\n")
     return 0

@@ -19,17 +19,14 @@ model needs no context window, so nothing is truncated or windowed.
 """
 from __future__ import annotations
 
-import codecs
 import os
 from typing import Any
 
-import numpy as np
-
-from rwkvx_c import _core
 from rwkvx_c._core import RxPtModel
 from rwkvx_c.data.tokenizers import Tokenizer
 from rwkvx_c.errors import EvalError
-from rwkvx_c.eval.metrics import continuation_score, tail_logits
+from rwkvx_c.eval.metrics import continuation_score
+from rwkvx_c.generation import Request, Sampling, run_requests
 from rwkvx_c.sample import load_run
 
 # nothing downloads at run time: datasets and the hub stay offline unless the user says otherwise
@@ -106,35 +103,27 @@ class RwkvxLM(TemplateLM):
 
     def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
         """Greedy continuation of each context until a stop string (gen_kwargs
-        "until") or max_gen_toks tokens; the text before the first stop."""
-        out = []
-        for req in _bar(requests, "generate_until", disable_tqdm):
+        "until") or max_gen_toks tokens; the text before the first stop. The
+        requests run together in the batched engine (rwkvx_c.generation)."""
+        reqs = []
+        for req in requests:
             ctx, kw = req.args
             kw = dict(kw or {})
             if kw.get("do_sample") and float(kw.get("temperature", 1.0)) > 0:
                 raise EvalError("RwkvxLM generates greedily only (do_sample is set)")
             until = kw.get("until") or []
-            until = [until] if isinstance(until, str) else list(until)
-            text = self._greedy(ctx, until, int(kw.get("max_gen_toks", self.max_gen_toks)))
-            out.append(text)
-            self.cache_hook.add_partial("generate_until", (ctx, req.args[1]), text)
-        return out
-
-    def _greedy(self, context: str, until: list[str], max_new: int) -> str:
-        ids = self.tok_encode(context) or [self._prefix]
-        state = _core.InferState(self.model, max_len=len(ids) + max(1, max_new))
-        logits = tail_logits(state, np.asarray(ids, np.int32), 1)[-1]
-        dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        text = ""
-        for i in range(max_new):
-            t = int(np.argmax(logits))
-            text += dec.decode(self.tok.decode([t]) if t < self.tok.vocab_size else b"")
-            cut = [text.index(s) for s in until if s and s in text]
-            if cut:
-                return text[:min(cut)]
-            if i + 1 < max_new:
-                logits = state.forward(np.array([t], dtype=np.int32))[-1]
-        return text + dec.decode(b"", final=True)
+            until = [until] if isinstance(until, str) else [u for u in until if u]
+            reqs.append(Request(self.tok_encode(ctx) or [self._prefix], 1,
+                                int(kw.get("max_gen_toks", self.max_gen_toks)), until))
+        bar = _bar([], "generate_until", disable_tqdm)
+        bar.reset(total=sum(r.max_new_tokens or 0 for r in reqs))
+        outs = run_requests(self.model, reqs, Sampling(temperature=0), self.max_gen_toks,
+                            tokenizer=self.tok, progress=bar.update)
+        bar.close()
+        texts = [group[0].text for group in outs]
+        for req, text in zip(requests, texts):
+            self.cache_hook.add_partial("generate_until", (req.args[0], req.args[1]), text)
+        return texts
 
 
 def _bar(items: list[Any], desc: str, disable: bool) -> Any:

@@ -207,6 +207,10 @@ class Layered(Mapping[str, np.ndarray]):
     def __len__(self) -> int:
         return sum(1 for _ in self)
 
+    def owns(self, name: str) -> bool:
+        """Whether the checkpoint holds name itself (not its base)."""
+        return name in self._own
+
     def shape(self, name: str) -> tuple[int, ...]:
         if name in self._own:
             return tuple(self._own[name].shape)

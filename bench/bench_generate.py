@@ -1,0 +1,220 @@
+"""Generation speed of rwkvx_c's batched engine beside llama.cpp and the
+rwkv package, on the same random model: prefill tokens/s (a 512-token
+prompt), batch-1 decode tokens/s, and decode throughput with 8 and 64
+sequences advancing together.
+
+    python bench/bench_generate.py [--shape 0.1B|0.4B|1.5B] [--threads N] [--work DIR]
+        [--engines rwkvx_c,llama.cpp,rwkv] [--decode 64]
+
+The model: an official-layout random .pth of the shape (bench_big's
+writer, bf16), imported as a run (`rwkvx-c import`), exported as float32
+GGUF (`rwkvx-c export --format gguf --dtype fp32`) for llama.cpp (through
+llama-cpp-python, which is not a dependency: its rows say "not installed"
+without it) and as a float32 x070 .pth (`--format rwkv7`) for the rwkv
+package (strategy "cpu fp32"). Each engine runs in a child process of its
+own. Batched decode: rwkvx_c advances B slots in one GenState.step;
+llama.cpp decodes one llama_batch holding one token of each of B sequences
+(n_seq_max B); the rwkv package's forward takes one sequence, so its
+batched rows are "n/a". Prints a markdown table and one JSON line per
+engine, with the CPU.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+SHAPES = {"0.1B": (768, 12), "0.4B": (1024, 24), "1.5B": (2048, 24)}
+PROMPT = 512
+BATCHES = (8, 64)
+
+
+def _tokens(n, seed=0):
+    return np.random.default_rng(seed).integers(1000, 60000, n).astype(np.int32)
+
+
+def _best(fn, repeat=3):
+    best = float("inf")
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def child_rwkvx(a):
+    import rwkvx_c as rx
+    from rwkvx_c.sample import load_model
+    model = load_model(a.run)
+    prompt = _tokens(PROMPT)
+    g = rx.GenState(model, max(BATCHES), max_len=PROMPT + a.decode + 1, max_tokens=PROMPT)
+
+    def prefill():
+        g.reset(0)
+        g.step([0], [PROMPT], prompt)
+    out = {"prefill": PROMPT / _best(prefill)}
+    for B in (1, *BATCHES):
+        slots = np.arange(B, dtype=np.int32)
+        ones = np.ones(B, np.int32)
+        for k in range(B):
+            g.reset(k)
+        t = time.perf_counter()
+        for i in range(a.decode):
+            g.step(slots, ones, _tokens(B, i))
+        out[f"decode{B}"] = B * a.decode / (time.perf_counter() - t)
+    return out
+
+
+def child_llama(a):
+    try:
+        import llama_cpp
+    except ImportError:
+        return {"note": "llama-cpp-python not installed"}
+    llm = llama_cpp.Llama(a.gguf, n_ctx=PROMPT + a.decode + 8, n_batch=PROMPT,
+                          n_threads=a.threads, n_threads_batch=a.threads, verbose=False)
+    prompt = [int(t) for t in _tokens(PROMPT)]
+
+    def prefill():
+        llm.reset()
+        llm.eval(prompt)
+    out = {"prefill": PROMPT / _best(prefill)}
+    llm.reset()
+    t = time.perf_counter()
+    for i in range(a.decode):
+        llm.eval([int(_tokens(1, i)[0])])
+    out["decode1"] = a.decode / (time.perf_counter() - t)
+    for B in BATCHES:
+        try:
+            out[f"decode{B}"] = _llama_batched(llama_cpp, a, B)
+        except (AttributeError, TypeError, ValueError, RuntimeError) as e:   # an API it lacks
+            out[f"decode{B}"] = f"n/a ({type(e).__name__}: {str(e)[:60]})"
+    return out
+
+
+def _llama_batched(llama_cpp, a, B):
+    """Tokens/s of B sequences decoded together: one llama_batch a step
+    holding one token of each sequence (seq_id b, position i)."""
+    llama_cpp.llama_backend_init()
+    mp = llama_cpp.llama_model_default_params()
+    model = llama_cpp.llama_load_model_from_file(a.gguf.encode(), mp)
+    cp = llama_cpp.llama_context_default_params()
+    cp.n_ctx = B * (a.decode + 8)
+    cp.n_batch = cp.n_ubatch = max(B, 8)
+    cp.n_seq_max = B
+    cp.n_threads = cp.n_threads_batch = a.threads
+    ctx = llama_cpp.llama_new_context_with_model(model, cp)
+    batch = llama_cpp.llama_batch_init(B, 0, 1)
+    try:
+        t = time.perf_counter()
+        for i in range(a.decode):
+            toks = _tokens(B, i)
+            batch.n_tokens = B
+            for b in range(B):
+                batch.token[b] = int(toks[b])
+                batch.pos[b] = i
+                batch.n_seq_id[b] = 1
+                batch.seq_id[b][0] = b
+                batch.logits[b] = 1
+            if llama_cpp.llama_decode(ctx, batch) != 0:
+                raise RuntimeError("llama_decode failed")
+        return B * a.decode / (time.perf_counter() - t)
+    finally:
+        llama_cpp.llama_batch_free(batch)
+        llama_cpp.llama_free(ctx)
+        llama_cpp.llama_free_model(model)
+
+
+def child_rwkv(a):
+    os.environ.setdefault("RWKV_JIT_ON", "0")
+    os.environ["RWKV_V7_ON"] = "1"   # the package reads x070 only with it
+    import torch
+    from rwkv.model import RWKV
+    torch.set_num_threads(a.threads)
+    model = RWKV(model=a.pth[:-len(".pth")], strategy="cpu fp32")
+    prompt = [int(t) for t in _tokens(PROMPT)]
+    with torch.no_grad():
+        out = {"prefill": PROMPT / _best(lambda: model.forward(prompt, None), repeat=2)}
+        _, state = model.forward(prompt[:8], None)
+        t = time.perf_counter()
+        for i in range(a.decode):
+            _, state = model.forward([int(_tokens(1, i)[0])], state)
+        out["decode1"] = a.decode / (time.perf_counter() - t)
+    for B in BATCHES:
+        out[f"decode{B}"] = "n/a (forward takes one sequence)"
+    return out
+
+
+CHILDREN = {"rwkvx_c": child_rwkvx, "llama.cpp": child_llama, "rwkv": child_rwkv}
+
+
+def _cli(*args):
+    subprocess.run([sys.executable, "-m", "rwkvx_c", *args], check=True, stdout=subprocess.DEVNULL)
+
+
+def prepare(a):
+    """The run, its GGUF and its .pth under a.work (made once)."""
+    from bench_big import official_pth
+    os.makedirs(a.work, exist_ok=True)
+    src = os.path.join(a.work, f"random-{a.shape}.pth")
+    if not os.path.exists(src):
+        official_pth(src + ".tmp.pth", *SHAPES[a.shape])
+        os.replace(src + ".tmp.pth", src)
+    run = os.path.join(a.work, f"run-{a.shape}")
+    if not os.path.isdir(run):
+        _cli("import", src, "--out", run)
+    gguf = os.path.join(a.work, f"model-{a.shape}-f32.gguf")
+    if not os.path.exists(gguf):
+        _cli("export", run, "--format", "gguf", "--dtype", "fp32", "--out", gguf)
+    pth = os.path.join(a.work, f"model-{a.shape}-f32.pth")
+    if not os.path.exists(pth):
+        _cli("export", run, "--format", "rwkv7", "--dtype", "fp32", "--out", pth)
+    return run, gguf, pth
+
+
+def _fmt(v):
+    return f"{v:,.1f}" if isinstance(v, float) else str(v)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", choices=list(SHAPES), default="0.1B")
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--work", default="/tmp/rwkvx_bench_generate")
+    ap.add_argument("--engines", default=",".join(CHILDREN))
+    ap.add_argument("--decode", type=int, default=64, help="decode steps timed")
+    ap.add_argument("--child", choices=list(CHILDREN), help=argparse.SUPPRESS)
+    for k in ("run", "gguf", "pth"):
+        ap.add_argument("--" + k, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.child:
+        print(json.dumps(CHILDREN[a.child](a)))
+        return
+    from bench_big import cpu_name
+    run, gguf, pth = prepare(a)
+    env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))
+    print(f"# CPU: {cpu_name()}, {os.cpu_count()} cores, {a.threads} threads; shape {a.shape}, "
+          f"float32 weights, {PROMPT}-token prompt, {a.decode} decode steps")
+    cols = ["prefill", "decode1"] + [f"decode{B}" for B in BATCHES]
+    print("| engine | prefill tok/s | decode B=1 tok/s | "
+          + " | ".join(f"decode B={B} tok/s" for B in BATCHES) + " |")
+    print("|---" * (len(cols) + 1) + "|")
+    for name in a.engines.split(","):
+        r = subprocess.run([sys.executable, __file__, "--child", name, "--run", run, "--gguf",
+                            gguf, "--pth", pth, "--threads", str(a.threads), "--decode",
+                            str(a.decode)], capture_output=True, text=True, env=env)
+        try:
+            res = json.loads(r.stdout.strip().splitlines()[-1])
+        except (IndexError, json.JSONDecodeError):
+            res = {"note": f"failed: {(r.stderr.strip().splitlines() or ['?'])[-1][:100]}"}
+        print(f"| {name} | " + " | ".join(_fmt(res.get(c, res.get('note', '-')))
+                                          for c in cols) + " |")
+        print(json.dumps({"engine": name, "shape": a.shape, **res}), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
