@@ -1,0 +1,141 @@
+/* SPDX-License-Identifier: AGPL-3.0-or-later AND Apache-2.0
+ *
+ * base_q4_0.c -- the q4_0 frozen-base dtype's kernels (its row of
+ * rx_base_types, base_types.c): W^T [out][in] in GGUF Q4_0 blocks along in,
+ * per RX_Q4_0_BLOCK values one fp16 scale d, then 16 bytes of 4-bit q
+ * (value i < 16 in byte i's low nibble, value 16 + i in its high nibble),
+ * value = (q - 8) * d; the bytes are those of gguf.quants.quantize(W^T,
+ * Q4_0). (q - 8) * d is exact in float32 (an 11-bit d times a 4-bit int).
+ * The decoders have an AVX2 form (bit-identical: the same exact products
+ * and the same rounding to bf16), picked at run time.
+ */
+#include <math.h>
+
+#include "rx_base.h"
+#include "rx_simd.h"
+
+#define Q4_BLOCK RX_Q4_0_BLOCK
+#define Q4_BYTES RX_Q4_0_BYTES
+#define Q4_HALF (RX_Q4_0_BLOCK / 2)
+
+/* gguf rounds x * id + 8.5 to float32 before truncating: no fused
+ * multiply-add may merge the two (GNU C contracts across statements) */
+#if defined(__GNUC__) && !defined(__clang__)
+#define RX_NO_CONTRACT __attribute__((optimize("fp-contract=off")))
+#else
+#define RX_NO_CONTRACT
+#endif
+
+/* numpy's trunc(t).astype(uint8).clip(0, 15) for t = x id + 8.5: t lies in
+ * (0, 16.5] for a finite id; NaN and infinities (an id of inf: a subnormal
+ * d) cast to 0 as numpy's x86 cast gives them */
+static inline unsigned char q4_of(float t) {
+    if (!isfinite(t)) return 0;
+    const unsigned char q = (unsigned char)(int)truncf(t);
+    return q > 15 ? 15 : q;
+}
+
+/* One row of n values into a Q4_0 row, as gguf's Q4_0.quantize_blocks
+ * (float32 throughout: the first value of largest magnitude m (a NaN
+ * first), d = m / -8, id = 1 / d or 0, q = trunc(x id + 8.5) clipped) */
+RX_NO_CONTRACT void rx_q4_0_from_float(const float *x, size_t n, unsigned char *dst) {
+    for (size_t b = 0; b < n; b += Q4_BLOCK, dst += Q4_BYTES) {
+        float m = x[b], amax = fabsf(x[b]);
+        for (size_t i = 1; i < Q4_BLOCK && !isnan(amax); i++)
+            if (fabsf(x[b + i]) > amax || isnan(x[b + i])) m = x[b + i], amax = fabsf(m);
+        const float d = m / -8.0f, id = d == 0.0f ? 0.0f : 1.0f / d;
+        const uint16_t dh = to_f16(d);
+        memcpy(dst, &dh, 2);
+        for (size_t i = 0; i < Q4_HALF; i++) {
+            const float lo = x[b + i] * id, hi = x[b + Q4_HALF + i] * id;
+            dst[2 + i] = (unsigned char)(q4_of(lo + 8.5f) | q4_of(hi + 8.5f) << 4);
+        }
+    }
+}
+
+#ifdef RX_BASE_X86
+#define RX_Q4_AVX2 __attribute__((target("avx2")))
+/* 16 values of a block: half h (0: bytes' low nibbles, 1: high) of the 16
+ * bytes qs, (q - 8) * d as the portable loop computes them */
+RX_Q4_AVX2 static void half_avx2(const unsigned char *qs, int h, float d, float *dst) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)(const void *)qs);
+    const __m128i q = _mm_and_si128(h ? _mm_srli_epi16(v, 4) : v, _mm_set1_epi8(0x0f));
+    const __m256i eight = _mm256_set1_epi32(8);
+    const __m256 dv = _mm256_set1_ps(d);
+    const __m256i q0 = _mm256_sub_epi32(_mm256_cvtepu8_epi32(q), eight);
+    const __m256i q1 = _mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128(q, 8)), eight);
+    _mm256_storeu_ps(dst, _mm256_mul_ps(_mm256_cvtepi32_ps(q0), dv));
+    _mm256_storeu_ps(dst + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(q1), dv));
+}
+
+/* AVX2 unless RWKVX_BASE_PORTABLE=1 (the portable loops, for tests) */
+static int q4_avx2(void) {
+    static int level = -1;
+    int v = __atomic_load_n(&level, __ATOMIC_ACQUIRE);
+    if (v >= 0) return v;
+    const char *env = getenv("RWKVX_BASE_PORTABLE");
+    v = !(env && env[0] == '1') && __builtin_cpu_supports("avx2");
+    __atomic_store_n(&level, v, __ATOMIC_RELEASE);
+    return v;
+}
+#endif
+
+void rx_q4_0_decode(const unsigned char *row, size_t k0, size_t n, float *dst) {
+    for (size_t k = k0; k < k0 + n;) {
+        const unsigned char *blk = row + k / Q4_BLOCK * Q4_BYTES;
+        uint16_t dh;
+        memcpy(&dh, blk, 2);
+        const float d = f16_f32(dh);
+        const size_t end = (k / Q4_BLOCK + 1) * Q4_BLOCK;
+        const size_t e = end < k0 + n ? end : k0 + n;
+#ifdef RX_BASE_X86
+        /* whole halves of the block: the AVX2 decoder's 16 at a time */
+        if (k % Q4_HALF == 0 && e - k >= Q4_HALF && q4_avx2()) {
+            for (; k + Q4_HALF <= e; k += Q4_HALF, dst += Q4_HALF)
+                half_avx2(blk + 2, (int)(k % Q4_BLOCK / Q4_HALF), d, dst);
+            continue;
+        }
+#endif
+        for (size_t i = k; i < e; i++) {
+            const size_t t = i % Q4_BLOCK;
+            const int q = t < Q4_HALF ? blk[2 + t] & 15 : blk[2 + t - Q4_HALF] >> 4;
+            *dst++ = (float)(q - 8) * d;
+        }
+        k = e;
+    }
+}
+
+/* (q - 8) * d (zero, infinite, NaN or at least 2^-24 in magnitude: never a
+ * float32 subnormal) rounded to bf16 as operand_bf16 rounds it, without its
+ * branch for subnormals */
+static inline uint16_t round_q4(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* rx_bgemm's packed block: forward, column c's 32 k are one Q4_0 block of
+ * stored row j0 + c (k0 is a multiple of 32); dX, k row q is stored row
+ * k0 + q, whose 16 j from j0 are one half of a block (j0 a multiple of
+ * 16). Each run is decoded (AVX2 where the CPU has it) and rounded as the
+ * GEMM rounds its operands, then interleaved into the k pairs. */
+int rx_q4_0_block_bf16(const unsigned char *data, size_t rb, int tb, size_t j0, size_t k0,
+                       size_t bt_r, size_t bt_k, uint16_t *dst) {
+    float run[64];
+    if (!tb) {
+        uint32_t *d32 = (uint32_t *)(void *)dst;   /* word (p, c): the k pair 2p, 2p+1 */
+        for (size_t c = 0; c < bt_r; c++) {
+            rx_q4_0_decode(data + (j0 + c) * rb, k0, bt_k, run);
+            for (size_t p = 0; p < bt_k / 2; p++)
+                d32[p * bt_r + c] = (uint32_t)round_q4(run[2 * p]) |
+                                    (uint32_t)round_q4(run[2 * p + 1]) << 16;
+        }
+        return 1;
+    }
+    for (size_t q = 0; q < bt_k; q++) {
+        rx_q4_0_decode(data + (k0 + q) * rb, j0, bt_r, run);
+        for (size_t c = 0; c < bt_r; c++) dst[q / 2 * bt_k + 2 * c + q % 2] = round_q4(run[c]);
+    }
+    return 1;
+}
