@@ -68,6 +68,66 @@ RX_Q4_AVX2 static void half_avx2(const unsigned char *qs, int h, float d, float 
     _mm256_storeu_ps(dst + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(q1), dv));
 }
 
+/* 16 decoded values (finite: not NaN, so round_q4's NaN branch is moot)
+ * rounded to bf16 as round_q4 rounds them, in order */
+RX_Q4_AVX2 static __m256i round16_avx2(const float *x) {
+    __m256i r[2];
+    for (int h = 0; h < 2; h++) {
+        const __m256i u = _mm256_castps_si256(_mm256_loadu_ps(x + 8 * h));
+        const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+        r[h] = _mm256_srli_epi32(
+            _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), odd), 16);
+    }
+    /* packus keeps 128-bit lanes: 0-3, 8-11 | 4-7, 12-15; the permute orders them */
+    return _mm256_permute4x64_epi64(_mm256_packus_epi32(r[0], r[1]), 0xd8);
+}
+
+/* rx_q4_0_block_bf16 for 16 x 32 blocks of a finite-scaled base: each run
+ * decoded and rounded in vectors; forward, column c's 16 k pairs stored
+ * apart (a transpose); dX, two rows' 16 values interleaved per k pair */
+RX_Q4_AVX2 static int block_avx2(const unsigned char *data, size_t rb, int tb, size_t j0,
+                                 size_t k0, uint16_t *dst) {
+    float run[2][32];
+    uint32_t w[16];
+    if (!tb) {
+        uint32_t *d32 = (uint32_t *)(void *)dst;   /* word (p, c): the k pair 2p, 2p+1 */
+        for (int c = 0; c < 16; c++) {
+            const unsigned char *blk = data + (j0 + (size_t)c) * rb + k0 / Q4_BLOCK * Q4_BYTES;
+            uint16_t dh;
+            memcpy(&dh, blk, 2);
+            const float d = f16_f32(dh);
+            if (!isfinite(d)) return 0;
+            half_avx2(blk + 2, 0, d, run[0]);
+            half_avx2(blk + 2, 1, d, run[0] + Q4_HALF);
+            _mm256_storeu_si256((__m256i *)(void *)w, round16_avx2(run[0]));
+            _mm256_storeu_si256((__m256i *)(void *)(w + 8), round16_avx2(run[0] + 16));
+            for (int p = 0; p < 16; p++) d32[p * 16 + c] = w[p];
+        }
+        return 1;
+    }
+    const size_t h = j0 % Q4_BLOCK / Q4_HALF, off = j0 / Q4_BLOCK * Q4_BYTES;
+    for (size_t p = 0; p < 16; p++) {
+        __m256i r[2];
+        for (size_t e = 0; e < 2; e++) {   /* rows k0 + 2p, k0 + 2p + 1 */
+            const unsigned char *blk = data + (k0 + 2 * p + e) * rb + off;
+            uint16_t dh;
+            memcpy(&dh, blk, 2);
+            const float d = f16_f32(dh);
+            if (!isfinite(d)) return 0;
+            half_avx2(blk + 2, (int)h, d, run[e]);
+            r[e] = round16_avx2(run[e]);
+        }
+        /* word c: row 2p's value c, then row 2p+1's */
+        const __m256i lo = _mm256_unpacklo_epi16(r[0], r[1]);
+        const __m256i hi = _mm256_unpackhi_epi16(r[0], r[1]);
+        _mm256_storeu_si256((__m256i *)(void *)(dst + p * 32),
+                            _mm256_permute2x128_si256(lo, hi, 0x20));
+        _mm256_storeu_si256((__m256i *)(void *)(dst + p * 32 + 16),
+                            _mm256_permute2x128_si256(lo, hi, 0x31));
+    }
+    return 1;
+}
+
 /* AVX2 unless RWKVX_BASE_PORTABLE=1 (the portable loops, for tests) */
 static int q4_avx2(void) {
     static int level = -1;
@@ -122,6 +182,10 @@ static inline uint16_t round_q4(float x) {
  * GEMM rounds its operands, then interleaved into the k pairs. */
 int rx_q4_0_block_bf16(const unsigned char *data, size_t rb, int tb, size_t j0, size_t k0,
                        size_t bt_r, size_t bt_k, uint16_t *dst) {
+#ifdef RX_BASE_X86
+    /* an infinite scale (a value past 2^19) takes the loops below */
+    if (bt_r == 16 && q4_avx2() && block_avx2(data, rb, tb, j0, k0, dst)) return 1;
+#endif
     float run[64];
     if (!tb) {
         uint32_t *d32 = (uint32_t *)(void *)dst;   /* word (p, c): the k pair 2p, 2p+1 */
