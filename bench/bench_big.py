@@ -215,9 +215,10 @@ def child(a):
 
 
 def main():
+    from rwkvx_c import BASE_DTYPES
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", choices=list(SHAPES), required=True)
-    ap.add_argument("--base-dtype", choices=["fp32", "bf16", "q8_0"], required=True)
+    ap.add_argument("--base-dtype", choices=["fp32", *BASE_DTYPES], required=True)
     ap.add_argument("--tune", choices=["state", "lora", "both"], default="both")
     ap.add_argument("--precision", choices=["fp32", "bf16"], default="bf16")
     ap.add_argument("--seq-len", type=int, default=512)

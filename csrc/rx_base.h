@@ -78,7 +78,7 @@ static inline uint16_t operand_bf16(float x) { return rx_bf16_operand(x); }
  * is whole blocks of blk_elems values in blk_bytes each (the input size must
  * be a multiple of blk_elems), and these kernels read and write it. */
 typedef struct rx_base_type {
-    const char *name;          /* "bf16", "q8_0": the binding's, the files' and the CLI's */
+    const char *name;          /* "bf16", "q8_0", "q4_0": the binding's, the files' and the CLI's */
     int id;                    /* RX_BASE_* (rx_pretrain.h) */
     size_t blk_elems, blk_bytes;
     /* every value is a bf16: a model computing in bf16 may store the
@@ -127,6 +127,15 @@ int rx_bf16_block_bf16(const unsigned char *data, size_t rb, int tb, size_t j0, 
 void rx_q8_0_from_float(const float *x, size_t n, unsigned char *dst);
 void rx_q8_0_decode(const unsigned char *row, size_t k0, size_t n, float *dst);
 int rx_q8_0_block_bf16(const unsigned char *data, size_t rb, int tb, size_t j0, size_t k0,
+                       size_t bt_r, size_t bt_k, uint16_t *dst);
+
+/* base_q4_0.c: GGUF Q4_0 rows, per block one fp16 scale d, then 16 bytes of
+ * two 4-bit q each (low nibbles: values 0..15, high: 16..31) */
+#define RX_Q4_0_BLOCK 32                       /* values per block */
+#define RX_Q4_0_BYTES (2 + RX_Q4_0_BLOCK / 2)  /* its fp16 scale, then 32 nibbles */
+void rx_q4_0_from_float(const float *x, size_t n, unsigned char *dst);
+void rx_q4_0_decode(const unsigned char *row, size_t k0, size_t n, float *dst);
+int rx_q4_0_block_bf16(const unsigned char *data, size_t rb, int tb, size_t j0, size_t k0,
                        size_t bt_r, size_t bt_k, uint16_t *dst);
 
 /* ---- a base tensor's store (base.c) --------------------------------------- */

@@ -1,5 +1,5 @@
 """The frozen base (docs/finetune.md §The frozen base, csrc/base.c): frozen
-matrices held as bf16 or GGUF Q8_0 only. Its bytes are gguf's and torch's;
+matrices held as bf16, GGUF Q8_0 or GGUF Q4_0 only. Its bytes are gguf's and torch's;
 at either precision a base model computes bit for bit the logits and every
 gradient of the float32 model holding the decoded weights (bf16-rounded,
 or gguf's dequantize(quantize(W))), with state and LoRA tuning, recompute,
@@ -34,13 +34,17 @@ def _bf16(a):
     return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
 
 
+# the block dtypes: gguf's own quantization of each
+QUANT = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0}
+BLOCKS = tuple(QUANT)
+
+
 def _stored(w, dtype, name):
     """What a base of dtype stores of parameter name = w: the bits of
-    torch's bf16 or of gguf's Q8_0 of W^T [out, in], or of the embedding's
-    own rows [vocab, C]."""
+    torch's bf16 or of gguf's quantization of W^T [out, in], or of the
+    embedding's own rows [vocab, C]."""
     rows = w if name == "emb" else np.ascontiguousarray(w.T)
-    return _bf16(rows) if dtype == "bf16" else gguf.quants.quantize(
-        rows, gguf.GGMLQuantizationType.Q8_0)
+    return _bf16(rows) if dtype == "bf16" else gguf.quants.quantize(rows, QUANT[dtype])
 
 
 def _decoded(w, dtype, name):
@@ -48,7 +52,7 @@ def _decoded(w, dtype, name):
     dequantize(quantize(...)) of its stored rows, in w's layout."""
     if dtype == "bf16":
         return (_bf16(w).astype(np.uint32) << 16).view(np.float32)
-    d = gguf.quants.dequantize(_stored(w, dtype, name), gguf.GGMLQuantizationType.Q8_0)
+    d = gguf.quants.dequantize(_stored(w, dtype, name), QUANT[dtype])
     return d if name == "emb" else np.ascontiguousarray(d.T)
 
 
@@ -109,16 +113,17 @@ def _run(m, chunked, threads=None):
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])   # bf16: the GEMM's packed layout
-def test_stored_bytes_are_gguf_q8_0_and_torch_bf16(precision):
+def test_stored_bytes_are_gguf_blocks_and_torch_bf16(precision):
     src = rx.RxPtModel(CFG, seed=1)
     names = _names(src)
-    for dtype in ("bf16", "q8_0"):
+    for dtype in ("bf16", *BLOCKS):
         m = rx.RxPtModel(CFG, seed=1, init=False, precision=precision)
         m.set_base(dtype, names)
         for n in names:
             m.base_fill(n, src.params[n])
         assert m.base_dtype == dtype and m.base_names == names
-        per = 2.0 if dtype == "bf16" else 34 / 32
+        values, nbytes = rx.base_dtype_block(dtype)
+        per = 2.0 if dtype == "bf16" else nbytes / values
         if dtype == "bf16" and precision == "bf16":   # packed: in and out padded to 32
             def up(d):
                 return -(-d // 32) * 32
@@ -134,7 +139,7 @@ def test_stored_bytes_are_gguf_q8_0_and_torch_bf16(precision):
             assert not np.any(m.params[n])   # the arena slot holds nothing
 
 
-@pytest.mark.parametrize("dtype", ["bf16", "q8_0"])
+@pytest.mark.parametrize("dtype", ["bf16", *BLOCKS])
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 @pytest.mark.parametrize("recompute,chunked", [(False, False), (True, True)],
                          ids=["plain", "recompute+chunked_head"])
@@ -177,8 +182,9 @@ def test_the_portable_packers_give_the_same_bits():
     assert r.returncode == 0, r.stdout[-2000:]
 
 
-def test_a_q8_0_base_state_and_adapter_grads_match_the_float64_reference():
-    ref, m, _ = _pair("q8_0")
+@pytest.mark.parametrize("dtype", BLOCKS)
+def test_a_block_base_state_and_adapter_grads_match_the_float64_reference(dtype):
+    ref, m, _ = _pair(dtype)
     tokens, targets = token_batch(CFG["vocab_size"], B, T, 7, IGNORE)
     m.forward(tokens, return_logits=False)
     m.backward(targets, ignore_index=IGNORE)
@@ -199,8 +205,9 @@ def test_a_q8_0_base_state_and_adapter_grads_match_the_float64_reference():
         assert_rel(f"{p}.lora_B.grad", m.lora_grads[p + ".lora_B"], b.grad, GRAD_TOL)
 
 
-def test_release_base_gives_the_decoded_float32_weights():
-    ref, m, names = _pair("q8_0")
+@pytest.mark.parametrize("dtype", BLOCKS)
+def test_release_base_gives_the_decoded_float32_weights(dtype):
+    ref, m, names = _pair(dtype)
     want = _run(ref, False)
     m.release_base()
     assert m.base_dtype is None and m.base_names == [] and m.base_bytes == 0
@@ -221,6 +228,8 @@ def test_bad_base_requests_are_refused():
     odd = rx.RxPtModel(dict(CFG, Dw=8), seed=0, init=False)
     with pytest.raises(ValueError, match=r"Q8_0 needs its input size a multiple of 32"):
         odd.set_base("q8_0", ["blocks.0.tm.w2"])
+    with pytest.raises(ValueError, match=r"Q4_0 needs its input size a multiple of 32"):
+        odd.set_base("q4_0", ["blocks.0.tm.w2"])
     m.set_base("bf16", ["head"])
     with pytest.raises(ValueError, match="has a base already"):
         m.set_base("bf16", ["blocks.0.tm.key_w"])

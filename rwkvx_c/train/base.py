@@ -2,7 +2,7 @@
 
 A matrix that does not train (every projection of a state or LoRA tune,
 the frozen groups of --freeze / --train-parts) is held only in the format
-its GEMM reads: bf16 or GGUF Q8_0 (RxPtModel.set_base), with no float32
+its GEMM reads: bf16, GGUF Q8_0 or Q4_0 (RxPtModel.set_base), with no float32
 copy, no gradient and no AdamW moments. --base-dtype picks the format;
 "auto" is bf16 for a source whose matrices are bf16 (an official .pth),
 fp32 (the arena, as a full run) otherwise. A frozen embedding is held the
@@ -50,7 +50,7 @@ def resolve_base_dtype(opts: ResolvedOptions, source_dtype: str) -> str:
 def base_names(model: RxPtModel, opts: ResolvedOptions, dtype: str) -> list[str]:
     """The matrices a base of dtype holds: every frozen 2-D parameter, the
     embedding included (held by its rows, which are gathered), whose rows
-    (W^T's, the embedding's own) are whole blocks of the dtype (q8_0's: 32
+    (W^T's, the embedding's own) are whole blocks of the dtype (q8_0's and q4_0's: 32
     values; the rest stay float32)."""
     if dtype == "fp32":
         return []

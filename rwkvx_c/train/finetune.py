@@ -288,7 +288,7 @@ def unfreeze(model: RxPtModel, optim: AdamW | PartsAdamW,
         return optim
     assert opts.unfreeze_at is not None
     drop = 0   # a LoRA tune's adapters: the piece make_optimizer put first
-    if model.base_dtype is not None:   # float32 again: a q8_0 base's dequantised values
+    if model.base_dtype is not None:   # float32 again: a quantised base's values
         model.release_base()
     if model.lora is not None:
         merge_adapters(model)

@@ -247,9 +247,10 @@ class TrainOptions:
                             kind="path", metavar="PATH", absent=None)
     base_dtype: str = _opt("auto", "how the frozen matrices of a state or LoRA tune (or of "
                            "--freeze / --train-parts) are held: fp32, bf16 (half the memory; "
-                           "exact for a bf16 source) or q8_0 (GGUF's 8-bit blocks, about a "
-                           "quarter); auto: bf16 when the --init-from source is bf16, else "
-                           "fp32", choices=BASE_DTYPES, absent=DEFAULT)
+                           "exact for a bf16 source), q8_0 (GGUF's 8-bit blocks, about a "
+                           "quarter) or q4_0 (GGUF's 4-bit blocks, about an eighth); auto: "
+                           "bf16 when the --init-from source is bf16, else fp32",
+                           choices=BASE_DTYPES, absent=DEFAULT)
 
     # options a resumed run may change without changing what it computes
     RESUMABLE = ("steps", "time_budget", "eval_every", "save_every", "threads", "cache_dir",

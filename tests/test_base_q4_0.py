@@ -1,0 +1,145 @@
+"""The q4_0 frozen base (docs/layout.md §Frozen base): its blocks are the
+bytes of gguf.quants.quantize(W^T, Q4_0) on every kind of row (random,
+zero, tiny, huge, subnormal, all equal, a negative or tied largest value),
+decoded as gguf dequantizes them, with the AVX2 decoders and the portable
+loops alike; a tune on it from TrainOptions, the command line and a config
+file trains, resumes bit for bit and exports as a q8_0 one does. The
+model's bits over it (both precisions, any thread count, state and LoRA)
+are tests/test_base.py's, parametrized over every block dtype."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from test_base import CFG, _bf16_pth, _tune_losses
+
+import rwkvx_c as rx
+from rwkvx_c.cli import main
+
+gguf = pytest.importorskip("gguf")
+Q4_0 = gguf.GGMLQuantizationType.Q4_0
+V, C = CFG["vocab_size"], CFG["n_embd"]   # the embedding: V rows of C / 32 blocks
+
+
+def _rows():
+    """V x C values, two blocks a row, each row a kind of block gguf treats
+    apart: the largest magnitude negative, tied with its negation, at the
+    extremes of float32 and of the fp16 scale, all equal, exact halves"""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((V, C)).astype(np.float32)
+    x[1] = 0.0
+    x[2] *= 1e-30                        # d underflows fp16 to zero
+    x[3] *= 1e-6                         # d an fp16 subnormal
+    x[4] = rng.standard_normal(C) * 3e37  # d overflows fp16 to inf
+    x[5, :32] = 3.4e38                   # the largest float32
+    x[6] = rng.standard_normal(C) * 1e-40  # float32 subnormals: id = 1 / d overflows
+    x[7] = 0.3
+    x[8] = -0.3
+    x[9, 5] = -40.0                      # the largest magnitude negative: d > 0
+    x[10, 3], x[10, 9] = 7.0, -7.0        # tied: the first one sets d's sign
+    x[10, 40], x[10, 33] = 7.0, -7.0
+    x[11] = np.arange(C) / 2 - 8.0       # exact halves: x / d + 8.5 lands on integers
+    x[12, :32] = np.float32(1e-45)       # the smallest subnormal
+    x[13] = -np.abs(x[13])
+    x[14] = np.abs(x[14]) + 1.0
+    return x
+
+
+def _base(x, precision="fp32"):
+    m = rx.RxPtModel(CFG, seed=0, init=False, precision=precision)
+    m.set_base("q4_0", ["emb"])
+    m.base_fill("emb", x)
+    return m
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_q4_0_blocks_are_ggufs_bytes_and_decode_as_gguf(precision):
+    x = _rows()
+    with np.errstate(all="ignore"):   # gguf's own overflow on the subnormal rows
+        want = gguf.quants.quantize(x, Q4_0)
+        dec = gguf.quants.dequantize(want, Q4_0)
+    m = _base(x, precision)
+    got = m.base_data("emb")
+    assert got.shape == (V, C // 32 * 18) and m.base_bytes == V * C // 32 * 18
+    for i in range(V):
+        assert np.array_equal(got[i], want[i]), i
+    assert np.array_equal(m.base_tensor("emb"), dec, equal_nan=True)
+    # a row of W^T too, whose blocks lie along in: the key projection's
+    w = np.random.default_rng(1).standard_normal((C, C)).astype(np.float32)
+    p = rx.RxPtModel(CFG, seed=0, init=False, precision=precision)
+    p.set_base("q4_0", ["blocks.0.tm.key_w"])
+    p.base_fill("blocks.0.tm.key_w", w, transposed=True)   # W^T [out, in] as given
+    assert np.array_equal(p.base_data("blocks.0.tm.key_w"), gguf.quants.quantize(w, Q4_0))
+    assert np.array_equal(p.base_tensor("blocks.0.tm.key_w"),
+                          np.ascontiguousarray(gguf.quants.dequantize(
+                              gguf.quants.quantize(w, Q4_0), Q4_0).T))
+
+
+def test_the_portable_q4_0_loops_give_the_same_bytes():
+    """The same in a process with RWKVX_BASE_PORTABLE=1: no AVX2 decoders."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                        os.path.join(here, "test_base_q4_0.py"), "-k", "ggufs_bytes"],
+                       env=dict(os.environ, RWKVX_BASE_PORTABLE="1"), capture_output=True,
+                       text=True, timeout=600, cwd=here)
+    assert r.returncode == 0, r.stdout[-2000:]
+
+
+def _falls(losses):
+    return len(losses) >= 4 and losses[-1] < losses[0]
+
+
+def test_a_q4_0_tune_from_trainoptions_the_command_line_and_a_config_file(tmp_path, capsys):
+    pth = _bf16_pth(tmp_path)
+    tr, losses = _tune_losses(tmp_path, pth, "opts", tune="lora", steps=6, lr=0.02,
+                              base_dtype="q4_0")
+    assert tr.model.base_dtype == "q4_0" and _falls(losses), losses
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the quick brown fox jumps over the lazy dog. " * 40)
+    common = ["--init-from", pth, "--tune", "lora", "--data", str(corpus), "--cache-dir",
+              str(tmp_path / "cache"), "--steps", "6", "--batch", "2", "--seq-len", "16",
+              "--eval-tokens", "32", "--lr", "0.02", "--threads", "2", "--no-progress"]
+    assert main(["train", *common, "--base-dtype", "q4_0", "--out", str(tmp_path / "c")]) == 0
+    assert "frozen base q4_0, 28 matrices" in capsys.readouterr().out
+    cfg = tmp_path / "run.toml"
+    cfg.write_text(f'init_from = "{pth}"\ntune = "lora"\nbase_dtype = "q4_0"\n'
+                   f'data = "{corpus}"\ncache_dir = "{tmp_path / "cache"}"\nsteps = 6\n'
+                   'batch = 2\nseq_len = 16\neval_tokens = 32\nlr = 0.02\nthreads = 2\n')
+    assert main(["train", "--config", str(cfg), "--out", str(tmp_path / "f"),
+                 "--no-progress"]) == 0
+    assert "frozen base q4_0, 28 matrices" in capsys.readouterr().out
+    import json
+    for run in ("c", "f"):
+        with open(tmp_path / run / "log.jsonl") as f:
+            rows = [json.loads(line) for line in f]
+        assert _falls([r["loss"] for r in rows if "loss" in r]), run
+
+
+def test_a_q4_0_lora_tune_resumes_bit_exact_and_exports(tmp_path, capsys):
+    from test_train import _opts
+
+    from rwkvx_c.interop.source import read_source
+    from rwkvx_c.train import Trainer
+    from rwkvx_c.train.finetune import from_source
+    pth = _bf16_pth(tmp_path)
+    _, want = _tune_losses(tmp_path, pth, "a", tune="lora", steps=6, save_every=3,
+                           base_dtype="q4_0")
+    src = read_source(pth)
+    opts = from_source(_opts(tmp_path, model=None, tune="lora", steps=6, save_every=3,
+                             base_dtype="q4_0"), src.config, src.tokenizer, pth)
+    tr = Trainer(opts, str(tmp_path / "b"), _weights=src.weights)
+    tr.run(stop=lambda: tr.step_count >= 3)
+    r = Trainer.resume(str(tmp_path / "b"))
+    assert r.model.base_dtype == "q4_0"
+    rows = []
+    r.run(on_step=rows.append)
+    assert [x["loss"] for x in rows if "loss" in x] == want[3:]
+    # the export merges into the source's own weights, whatever the base is held as
+    capsys.readouterr()
+    out = str(tmp_path / "m.pth")
+    assert main(["export", str(tmp_path / "a"), "--format", "rwkv7", "--out", out]) == 0
+    assert "merged into the original weights of its base" in capsys.readouterr().out
+    assert main(["export", str(tmp_path / "a"), "--format", "lora",
+                 "--out", str(tmp_path / "l.pth")]) == 0
+    assert os.path.getsize(out) > 0 and os.path.getsize(tmp_path / "l.pth") > 0
