@@ -15,6 +15,8 @@ import rwkvx_c
 import rwkvx_c.errors
 
 PKG = os.path.dirname(rwkvx_c.__file__)
+# the checkout: an installed package holds no .pyx/.pxi sources and no docs/
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAX_LINES = 600
 
 # each module's layer, by its path: a module may import its own layer's and
@@ -153,12 +155,13 @@ def test_the_circle_check_can_fail():
 
 # the Cython sources: the extension module and the files it includes, held
 # to the same size as a module (an include is a module's worth of code)
-CYTHON = sorted(f for f in os.listdir(PKG) if f.endswith((".pyx", ".pxi")))
+SOURCES = os.path.join(ROOT, "rwkvx_c")
+CYTHON = sorted(f for f in os.listdir(SOURCES) if f.endswith((".pyx", ".pxi")))
 
 
 @pytest.mark.parametrize("mod", sorted(MODULES) + CYTHON)
 def test_module_size(mod):
-    n = len(_source(MODULES.get(mod) or os.path.join(PKG, mod)).splitlines())
+    n = len(_source(MODULES.get(mod) or os.path.join(SOURCES, mod)).splitlines())
     assert n <= MAX_LINES, f"{mod} has {n} lines (at most {MAX_LINES})"
 
 
@@ -222,7 +225,7 @@ def test_run_folder_names_are_the_documented_ones():
     from rwkvx_c.run import RunDir
     from rwkvx_c.run.rundir import RUN_FILES, SNAPSHOTS
     from rwkvx_c.train import CHECKPOINT, LOG
-    doc = _source(os.path.join(os.path.dirname(PKG), "docs", "training.md"))
+    doc = _source(os.path.join(ROOT, "docs", "training.md"))
     table = doc[doc.index("| file | holds |"):].split("\n\n")[0].splitlines()[2:]
     rows = [tuple(c.strip() for c in r.strip("|").split("|")) for r in table]
     assert rows == [(f"`{f.name}`", f.holds) for f in RUN_FILES]
