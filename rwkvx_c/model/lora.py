@@ -6,10 +6,17 @@ An adapter on the weight P [in, out] (the arena's orientation, y = x P) is
 computes with P + (alpha / r) A^T B^T, which is PEFT's W + (alpha / r) B A
 in torch's [out, in]. The RxPtModel binding names its adapter views the
 same way (RxPtModel.lora), so a checkpoint stores them under these keys.
+
+The adapter kinds (``--adapter``, ADAPTERS: one declaration each) differ in
+their scale and their initialisation; each is a plain LoRA of some alpha
+to everything after training (merging, exports but PEFT's own), which
+``plain_alpha`` gives.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -17,10 +24,43 @@ import numpy as np
 from rwkvx_c.errors import CheckpointError
 
 __all__ = ["A_SUFFIX", "B_SUFFIX", "TARGETS", "DEFAULT_TARGETS", "target_params",
-           "adapters_of", "merge_into", "without_adapters", "ALPHA_OPTION", "run_alpha"]
+           "adapters_of", "merge_into", "without_adapters", "ALPHA_OPTION", "run_alpha", "run_adapter",
+           "AdapterKind", "ADAPTERS", "ADAPTER_KINDS", "scale", "plain_alpha"]
 
 A_SUFFIX, B_SUFFIX = ".lora_A", ".lora_B"
 ALPHA_OPTION = "lora_alpha"   # the run option that holds alpha (r is A's first dimension)
+KIND_OPTION = "adapter"       # the run option that holds the kind (absent: "lora")
+
+
+@dataclass(frozen=True)
+class AdapterKind:
+    """One adapter kind of --tune lora (docs/finetune.md §Adapter kinds)."""
+    name: str
+    says: str             # what it is (the --adapter help)
+    root_rank: bool       # the scale is alpha / sqrt(r) (rsLoRA), else alpha / r
+    peft: Mapping[str, Any]   # what its PEFT adapter_config.json sets beside LoRA's keys
+
+
+# every adapter kind, by name: the one table --adapter, the scale, the
+# exports and the tests read
+ADAPTERS = {k.name: k for k in (
+    AdapterKind("lora", "LoRA: A kaiming-uniform, B zero, scale alpha/r", False, {}),
+    AdapterKind("rslora", "rank-stabilised LoRA: LoRA's init, scale alpha/sqrt(r) (PEFT's "
+                "use_rslora)", True, {"use_rslora": True}),
+)}
+ADAPTER_KINDS = tuple(ADAPTERS)
+
+
+def scale(kind: str, r: int, alpha: float) -> float:
+    """The factor s of W + s B A for adapters of this kind, rank and alpha."""
+    return alpha / math.sqrt(r) if ADAPTERS[kind].root_rank else alpha / r
+
+
+def plain_alpha(kind: str, r: int, alpha: float) -> float:
+    """The alpha of the plain LoRA (scale alpha / r) that computes what
+    adapters of this kind, rank r and alpha compute: what the C core,
+    merging and the RWKV-PEFT file take."""
+    return alpha if not ADAPTERS[kind].root_rank else alpha * math.sqrt(r)
 
 # --lora-targets names -> (block kind, parameter name within the block)
 TARGETS = {
@@ -74,12 +114,23 @@ def without_adapters(tensors: Mapping[str, np.ndarray], alpha: float | None
 
 
 def run_alpha(state: Mapping[str, Any] | None, path: str) -> float:
-    """The adapters' alpha of a LoRA run's checkpoint (its options hold it);
-    CheckpointError when its run state does not say."""
-    a = ((state or {}).get("options") or {}).get(ALPHA_OPTION)
+    """The plain alpha (plain_alpha) of a LoRA run's checkpoint."""
+    kind, r, alpha = run_adapter(state, path)
+    return plain_alpha(kind, r, alpha)
+
+
+def run_adapter(state: Mapping[str, Any] | None, path: str) -> tuple[str, int, float]:
+    """(kind, r, alpha) of a LoRA run's checkpoint (its options hold them;
+    imported adapters: plain LoRA of their record's alpha); CheckpointError
+    when its run state does not say."""
+    opts = (state or {}).get("options") or {}
+    a, kind = opts.get(ALPHA_OPTION), opts.get(KIND_OPTION, "lora")
     if a is None:   # imported adapters (rwkvx-c import --base): their own record
         a = ((state or {}).get("lora") or {}).get("alpha")
     if isinstance(a, bool) or not isinstance(a, (int, float)) or not 0 < a < float("inf"):
         raise CheckpointError(f"checkpoint {path} holds LoRA adapters but no valid "
                               f"{ALPHA_OPTION} in its options ({a!r})")
-    return float(a)
+    if kind not in ADAPTERS:
+        raise CheckpointError(f"checkpoint {path} holds adapters of kind {kind!r}; this "
+                              f"version knows {', '.join(ADAPTER_KINDS)}")
+    return kind, int(opts.get("lora_r") or 1), float(a)

@@ -8,8 +8,9 @@ trains (``--tune``).
            frozen: AdamW holds moments for the states alone and the base
            weights are never written (docs/finetune.md)
     lora   only LoRA adapters A [r, in], B [out, r] on the projections
-           train (A PEFT's kaiming-uniform, B zero); the base is frozen
-           as in state (merge_adapters folds them in)
+           train (A PEFT's kaiming-uniform, B zero; --adapter picks the
+           kind, rwkvx_c.model.lora.ADAPTERS); the base is frozen as in
+           state (merge_adapters folds them in)
 
 The shape comes from the source: a shape option that disagrees is one
 TrainError (shape_conflicts is the one place that judges it).
@@ -35,6 +36,7 @@ from rwkvx_c.model.lora import (
     TARGETS,
     adapters_of,
     merge_into,
+    plain_alpha,
     target_params,
 )
 from rwkvx_c.model.weights import load_states
@@ -97,6 +99,9 @@ def adapter_options(asked: Mapping[str, Any], lora: Mapping[str, Any], what: str
     if asked.get("tune") not in (None, "lora"):
         raise TrainError(f"{what} holds LoRA adapters, which train on as --tune lora; drop "
                          f"--tune {asked['tune']}")
+    if asked.get("adapter") not in (None, "lora"):   # their scale is folded into their alpha
+        raise TrainError(f"{what} holds adapters that train on as plain LoRA of their own "
+                         f"scale; drop --adapter {asked['adapter']}")
     r, alpha, targets = int(lora["r"]), float(lora["alpha"]), str(lora["targets"])
     for k, v in (("lora_r", r), ("lora_alpha", alpha)):
         if asked.get(k) is not None and asked[k] != v:
@@ -350,7 +355,7 @@ def _enable_lora(model: RxPtModel, opts: TrainOptions, trained: set[str]) -> Non
     if both:
         raise TrainError(f"{both[0]} would train twice, under --train-parts and as a LoRA "
                          "target; drop one")
-    model.enable_lora(opts.lora_r, opts.lora_alpha, names)
+    model.enable_lora(opts.lora_r, plain_alpha(opts.adapter, opts.lora_r, opts.lora_alpha), names)
     init_adapters(model, opts.seed)
 
 

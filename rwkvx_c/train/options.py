@@ -21,6 +21,7 @@ from rwkvx_c.data.tokenizers import load as load_tokenizer
 from rwkvx_c.errors import ConfigError, TokenizerError, TrainError
 from rwkvx_c.model.config import ModelConfig
 from rwkvx_c.model.init import SCHEMES
+from rwkvx_c.model.lora import ADAPTER_KINDS, ADAPTERS
 from rwkvx_c.model.presets import PRESETS
 from rwkvx_c.train.guard import ON_DIVERGENCE
 from rwkvx_c.train.objectives import OBJECTIVES
@@ -217,6 +218,9 @@ class TrainOptions:
                        metavar="R")
     lora_alpha: float = _opt(32.0, "with --tune lora, the adapters' alpha: W + (alpha/r) B A",
                              kind="pos_float", metavar="X")
+    adapter: str = _opt("lora", "with --tune lora, the adapters' kind: " + "; ".join(
+        f"({k.name}) {k.says}" for k in ADAPTERS.values()), choices=ADAPTER_KINDS,
+        metavar="KIND", absent=DEFAULT)
     lora_targets: str | None = _opt(None, "with --tune lora, the projections that get "
                                     "adapters, a comma list of att.receptance, att.key, "
                                     "att.value, att.output, ffn.key, ffn.value (RWKV blocks), "
@@ -331,7 +335,7 @@ class TrainOptions:
         (a LoRA option off --tune lora, an init over --init-from's weights):
         a user who gives one expects it to do something."""
         if self.tune != "lora":
-            for k in ("lora_r", "lora_alpha", "lora_targets"):
+            for k in ("lora_r", "lora_alpha", "lora_targets", "adapter"):
                 if getattr(self, k) not in (None, _DEFAULTS[k]):
                     raise TrainError(f"{flag_of(k)} sets the adapters of --tune lora; it has no "
                                      f"effect with --tune {self.tune}")

@@ -1,0 +1,131 @@
+"""Adapter kinds of --tune lora (--adapter, docs/finetune.md §Adapter kinds):
+for each kind, the C core's forward and adapter grads against the float64
+reference of tests/reference/lora.py, a tune that resumes bit-exact, the
+merged model, the RWKV-PEFT file, and the PEFT folder judged by the peft
+package on the rwkv7-hf export of the base (within TOL of the largest logit)."""
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+from test_finetune import _base_run
+from test_interop import H64, TOL, _need, _rel
+from test_lora import ALPHA, CFG, HYB, IGNORE, R, _adapters, _data, _lora_run
+
+import rwkvx_c as rx
+from rwkvx_c.cli import main
+from rwkvx_c.cli import build_parser
+from rwkvx_c.interop.pth import load_pth
+from rwkvx_c.model.lora import ADAPTER_KINDS, ADAPTERS, TARGETS, plain_alpha, target_params
+from rwkvx_c.run.checkpoint import read_checkpoint
+from rwkvx_c.sample import load_model
+from rwkvx_c.train import Trainer, TrainError, TrainOptions
+
+from checks import FWD_TOL, GRAD_TOL, assert_rel
+from reference.autograd import Var
+from reference.lora import lora_params
+from reference.model import model_forward, model_loss
+
+
+def test_every_kind_is_declared_once_and_is_an_adapter_choice():
+    assert ADAPTER_KINDS == tuple(ADAPTERS) and ADAPTER_KINDS[0] == "lora"
+    args = build_parser().parse_args(["train", "--adapter", "rslora", "--out", "x"])
+    assert args.adapter == "rslora"
+
+
+@pytest.mark.parametrize("cfg", [CFG, HYB], ids=["rwkv", "hybrid"])
+def test_rslora_forward_and_grads_match_reference(cfg):
+    """rsLoRA's scale alpha / sqrt(r) reaches the C core as the plain alpha
+    alpha * sqrt(r): the reference computes with alpha / sqrt(r) itself."""
+    m = rx.RxPtModel(cfg, seed=3)
+    m.enable_lora(R, plain_alpha("rslora", R, ALPHA), target_params(m.layers, tuple(TARGETS)))
+    rng = np.random.default_rng(7)
+    for v in m.lora.values():
+        v[...] = rng.standard_normal(v.shape).astype(np.float32) * 0.2
+    tokens, targets = _data(6)
+    params = {k: Var(np.array(v, np.float64), requires_grad=False) for k, v in m.params.items()}
+    ads = _adapters(m, True)
+    eff = lora_params(params, ads, R, ALPHA, rs=True)
+    ref_logits = model_forward(eff, cfg, tokens).value
+    loss = model_loss(eff, cfg, tokens, targets, IGNORE)
+    loss.backward()
+    assert_rel("rslora.logits", m.forward(tokens), ref_logits, FWD_TOL)
+    m.freeze_ranges(np.array([[0, m.param_buffer.size]], np.int64))
+    got = m.backward(targets, ignore_index=IGNORE)
+    assert abs(got - loss.value) <= FWD_TOL * abs(loss.value)
+    for p, (a, b) in ads.items():
+        assert_rel(f"{p}.lora_A.grad", m.lora_grads[p + ".lora_A"], a.grad, GRAD_TOL)
+        assert_rel(f"{p}.lora_B.grad", m.lora_grads[p + ".lora_B"], b.grad, GRAD_TOL)
+
+
+def test_rslora_tune_resumes_bit_exact_and_merges(tmp_path):
+    base = _base_run(tmp_path)
+    tr = _lora_run(tmp_path, base, "rs", adapter="rslora", lora_alpha=8.0)
+    assert tr.model.lora_rank == (4, 8.0 * 2.0)   # r 4: the plain alpha alpha * sqrt(r)
+    rows = []
+    tr.run(on_step=rows.append)
+    ck, _, state = read_checkpoint(str(tmp_path / "rs" / "checkpoint.safetensors"))
+    assert state["options"]["adapter"] == "rslora"
+    tr2 = _lora_run(tmp_path, base, "rs2", adapter="rslora", lora_alpha=8.0)
+    tr2.run(stop=lambda: tr2.step_count >= 4)
+    r = Trainer.resume(str(tmp_path / "rs2"))
+    assert r.opts.adapter == "rslora"
+    again = []
+    r.run(on_step=again.append)
+    assert [x["loss"] for x in again if "loss" in x] == \
+        [x["loss"] for x in rows if "loss" in x][4:]
+    assert np.array_equal(r.model.lora_buffer, tr.model.lora_buffer)
+    tokens = np.arange(20, dtype=np.int32) % 256
+    assert _rel(load_model(str(tmp_path / "rs")).forward(tokens),
+                tr.model.forward(tokens)) <= FWD_TOL
+    # the RWKV-PEFT file holds the plain LoRA of the same scale
+    out = str(tmp_path / "rs.pth")
+    assert main(["export", str(tmp_path / "rs"), "--format", "lora", "--out", out]) == 0
+    assert load_pth(out)["lora_alpha"].tolist() == [16.0]
+
+
+def test_kind_options_refused_in_one_line(tmp_path):
+    with pytest.raises(TrainError, match="--adapter sets the adapters of --tune lora"):
+        TrainOptions(tune="state", adapter="rslora").resolved()
+    with pytest.raises(TrainError, match="unknown adapter 'nope'; choose one of " + ", ".join(ADAPTER_KINDS)):
+        TrainOptions(tune="lora", adapter="nope").resolved()
+
+
+@pytest.mark.parametrize("kind", ["rslora"])
+def test_peft_applies_the_exported_kind_onto_the_hf_export(tmp_path, kind):
+    """export --format peft of a tune of this kind, put on the hf export of
+    its base by peft, reproduces our logits within TOL."""
+    _need("torch", "safetensors", "transformers", "rwkv7_hf", "peft")
+    import torch
+    from peft import PeftModel
+    from rwkv7_hf import RWKV7ForCausalLM
+    base = _base_run(tmp_path, dict(H64, n_rwkv_layer=2))
+    tr = _lora_run(tmp_path, base, "run", steps=2, adapter=kind, lora_alpha=6.0)
+    tr.run()
+    rng = np.random.default_rng(1)
+    for k, v in tr.model.lora.items():
+        if k.endswith(".lora_B"):   # trained a little: B away from zero
+            v[...] = rng.standard_normal(v.shape).astype(np.float32) * 0.05
+    tr.save()
+    run = str(tmp_path / "run")
+    for fmt, src, out in (("hf", base, "base_hf"), ("peft", run, "peft")):
+        assert main(["export", src, "--format", fmt, "--out", str(tmp_path / out)]) == 0
+    with open(tmp_path / "peft" / "adapter_config.json") as f:
+        cfg = json.load(f)
+    for k, v in ADAPTERS[kind].peft.items():
+        assert cfg[k] == v, k
+    assert cfg["lora_alpha"] == 6.0 and cfg["r"] == 4
+    tokens = np.frombuffer(b"def f(x):\n    return x", np.uint8).astype(np.int32)
+    ours = tr.model.forward(tokens)
+    hf_base = RWKV7ForCausalLM.from_pretrained(str(tmp_path / "base_hf"),
+                                               torch_dtype=torch.float32)
+    peft = PeftModel.from_pretrained(hf_base, str(tmp_path / "peft"))
+    peft.eval()
+    with torch.no_grad():
+        theirs = peft(torch.from_numpy(tokens.astype(np.int64))[None]).logits[0].float().numpy()
+    err = _rel(theirs, ours)
+    print(f"peft ({kind}) on rwkv7-hf vs RxPtModel: {err:.2e}")
+    assert err <= TOL
+    assert math.isclose(float(np.abs(ours).max()), float(np.abs(theirs).max()), rel_tol=1e-3)
+    assert os.path.isfile(tmp_path / "peft" / "adapter_model.safetensors")
