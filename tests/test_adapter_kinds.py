@@ -14,8 +14,7 @@ from test_interop import H64, TOL, _need, _rel
 from test_lora import ALPHA, CFG, HYB, IGNORE, R, _adapters, _data, _lora_run
 
 import rwkvx_c as rx
-from rwkvx_c.cli import main
-from rwkvx_c.cli import build_parser
+from rwkvx_c.cli import build_parser, main
 from rwkvx_c.interop.pth import load_pth
 from rwkvx_c.model.lora import ADAPTER_KINDS, ADAPTERS, TARGETS, plain_alpha, target_params
 from rwkvx_c.run.checkpoint import read_checkpoint
@@ -29,7 +28,7 @@ from reference.model import model_forward, model_loss
 
 
 def test_every_kind_is_declared_once_and_is_an_adapter_choice():
-    assert ADAPTER_KINDS == tuple(ADAPTERS) and ADAPTER_KINDS[0] == "lora"
+    assert tuple(ADAPTERS) == ADAPTER_KINDS and ADAPTER_KINDS[0] == "lora"
     args = build_parser().parse_args(["train", "--adapter", "rslora", "--out", "x"])
     assert args.adapter == "rslora"
 
@@ -65,7 +64,7 @@ def test_rslora_tune_resumes_bit_exact_and_merges(tmp_path):
     assert tr.model.lora_rank == (4, 8.0 * 2.0)   # r 4: the plain alpha alpha * sqrt(r)
     rows = []
     tr.run(on_step=rows.append)
-    ck, _, state = read_checkpoint(str(tmp_path / "rs" / "checkpoint.safetensors"))
+    _, _, state = read_checkpoint(str(tmp_path / "rs" / "checkpoint.safetensors"))
     assert state["options"]["adapter"] == "rslora"
     tr2 = _lora_run(tmp_path, base, "rs2", adapter="rslora", lora_alpha=8.0)
     tr2.run(stop=lambda: tr2.step_count >= 4)
@@ -88,7 +87,8 @@ def test_rslora_tune_resumes_bit_exact_and_merges(tmp_path):
 def test_kind_options_refused_in_one_line(tmp_path):
     with pytest.raises(TrainError, match="--adapter sets the adapters of --tune lora"):
         TrainOptions(tune="state", adapter="rslora").resolved()
-    with pytest.raises(TrainError, match="unknown adapter 'nope'; choose one of " + ", ".join(ADAPTER_KINDS)):
+    choices = ", ".join(ADAPTER_KINDS)
+    with pytest.raises(TrainError, match=f"unknown adapter 'nope'; choose one of {choices}"):
         TrainOptions(tune="lora", adapter="nope").resolved()
 
 

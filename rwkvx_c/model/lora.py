@@ -24,8 +24,8 @@ import numpy as np
 from rwkvx_c.errors import CheckpointError
 
 __all__ = ["A_SUFFIX", "B_SUFFIX", "TARGETS", "DEFAULT_TARGETS", "target_params",
-           "adapters_of", "merge_into", "without_adapters", "ALPHA_OPTION", "run_alpha", "run_adapter",
-           "AdapterKind", "ADAPTERS", "ADAPTER_KINDS", "scale", "plain_alpha"]
+           "adapters_of", "merge_into", "without_adapters", "ALPHA_OPTION", "run_alpha",
+           "run_adapter", "AdapterKind", "ADAPTERS", "ADAPTER_KINDS", "scale", "plain_alpha"]
 
 A_SUFFIX, B_SUFFIX = ".lora_A", ".lora_B"
 ALPHA_OPTION = "lora_alpha"   # the run option that holds alpha (r is A's first dimension)
