@@ -84,6 +84,46 @@ def test_rslora_tune_resumes_bit_exact_and_merges(tmp_path):
     assert load_pth(out)["lora_alpha"].tolist() == [16.0]
 
 
+def test_pissa_init_is_the_principal_split_and_the_tune_resumes_bit_exact(tmp_path):
+    """PiSSA's A0, B0 are the top-r singular directions of W scaled as PEFT
+    does, the arena holds W - s B0 A0, so step 0 is the base model to
+    float32 rounding; the checkpoint holds A0, B0 beside A, B; a resume is
+    bit-exact; the merged model (over the original base) is the trained one."""
+    base = _base_run(tmp_path)
+    src, _, _ = read_checkpoint(base + "/checkpoint.safetensors")
+    tr = _lora_run(tmp_path, base, "pi", adapter="pissa", lora_alpha=8.0)
+    r, s = 4, 8.0 / 4
+    p = "blocks.1.tm.key_w"
+    W = src[p].astype(np.float64)
+    A0, B0 = (tr.model.lora[p + k].astype(np.float64) for k in (".lora_A", ".lora_B"))
+    u, sv, vt = np.linalg.svd(W.T)
+    assert np.allclose(np.abs(A0), np.abs(np.sqrt(sv[:r] / s)[:, None] * vt[:r]), atol=1e-5)
+    assert np.allclose(np.abs(B0), np.abs(u[:, :r] * np.sqrt(sv[:r] / s)), atol=1e-5)
+    assert np.allclose(tr.model.params[p] + s * A0.T @ B0.T, W, atol=1e-6)
+    rows = []
+    tr.run(on_step=rows.append)
+    ck, _, state = read_checkpoint(str(tmp_path / "pi" / "checkpoint.safetensors"))
+    assert state["options"]["adapter"] == "pissa" and p not in ck
+    assert np.array_equal(ck[p + ".lora_A0"], A0.astype(np.float32))
+    tr2 = _lora_run(tmp_path, base, "pi2", adapter="pissa", lora_alpha=8.0)
+    tr2.run(stop=lambda: tr2.step_count >= 4)
+    r2 = Trainer.resume(str(tmp_path / "pi2"))
+    again = []
+    r2.run(on_step=again.append)
+    assert [x["loss"] for x in again if "loss" in x] == \
+        [x["loss"] for x in rows if "loss" in x][4:]
+    assert np.array_equal(r2.model.lora_buffer, tr.model.lora_buffer)
+    tokens = np.arange(20, dtype=np.int32) % 256
+    assert _rel(load_model(str(tmp_path / "pi")).forward(tokens),
+                tr.model.forward(tokens)) <= FWD_TOL
+    out = str(tmp_path / "pi.pth")   # RWKV-PEFT's file: the converted LoRA, rank 2r
+    assert main(["export", str(tmp_path / "pi"), "--format", "lora", "--out", out]) == 0
+    sd = load_pth(out)
+    assert sd["lora_alpha"].tolist() == [16.0] and sd["lora_r"].tolist() == [8.0]
+    with pytest.raises(TrainError, match="--adapter pissa splits given weights"):
+        TrainOptions(tune="lora", adapter="pissa").resolved()
+
+
 def test_kind_options_refused_in_one_line(tmp_path):
     with pytest.raises(TrainError, match="--adapter sets the adapters of --tune lora"):
         TrainOptions(tune="state", adapter="rslora").resolved()
@@ -92,7 +132,7 @@ def test_kind_options_refused_in_one_line(tmp_path):
         TrainOptions(tune="lora", adapter="nope").resolved()
 
 
-@pytest.mark.parametrize("kind", ["rslora"])
+@pytest.mark.parametrize("kind", ["rslora", "pissa"])
 def test_peft_applies_the_exported_kind_onto_the_hf_export(tmp_path, kind):
     """export --format peft of a tune of this kind, put on the hf export of
     its base by peft, reproduces our logits within TOL."""
@@ -104,9 +144,8 @@ def test_peft_applies_the_exported_kind_onto_the_hf_export(tmp_path, kind):
     tr = _lora_run(tmp_path, base, "run", steps=2, adapter=kind, lora_alpha=6.0)
     tr.run()
     rng = np.random.default_rng(1)
-    for k, v in tr.model.lora.items():
-        if k.endswith(".lora_B"):   # trained a little: B away from zero
-            v[...] = rng.standard_normal(v.shape).astype(np.float32) * 0.05
+    for k, v in tr.model.lora.items():   # trained a little: away from the init
+        v[...] += rng.standard_normal(v.shape).astype(np.float32) * 0.05
     tr.save()
     run = str(tmp_path / "run")
     for fmt, src, out in (("hf", base, "base_hf"), ("peft", run, "peft")):
@@ -115,7 +154,9 @@ def test_peft_applies_the_exported_kind_onto_the_hf_export(tmp_path, kind):
         cfg = json.load(f)
     for k, v in ADAPTERS[kind].peft.items():
         assert cfg[k] == v, k
-    assert cfg["lora_alpha"] == 6.0 and cfg["r"] == 4
+    # PiSSA as PEFT converts it (path_initial_model_for_weight_conversion): rank 2r
+    twice = 2 if ADAPTERS[kind].principal else 1
+    assert cfg["lora_alpha"] == 6.0 * twice and cfg["r"] == 4 * twice
     tokens = np.frombuffer(b"def f(x):\n    return x", np.uint8).astype(np.int32)
     ours = tr.model.forward(tokens)
     hf_base = RWKV7ForCausalLM.from_pretrained(str(tmp_path / "base_hf"),
@@ -129,3 +170,23 @@ def test_peft_applies_the_exported_kind_onto_the_hf_export(tmp_path, kind):
     assert err <= TOL
     assert math.isclose(float(np.abs(ours).max()), float(np.abs(theirs).max()), rel_tol=1e-3)
     assert os.path.isfile(tmp_path / "peft" / "adapter_model.safetensors")
+    # our init is peft's init_lora_weights="pissa": the residual and s B0 A0
+    # to 1e-5 of the largest element of W, peft's float32 SVD and residual against our float64 ones
+    # (a few dozen float32 ulps; A0, B0 alone differ by each direction's sign)
+    if ADAPTERS[kind].principal:
+        from peft import LoraConfig, get_peft_model
+        from rwkvx_c.interop.hf import hf_modules
+        mods = hf_modules(tr.model)
+        fresh = RWKV7ForCausalLM.from_pretrained(str(tmp_path / "base_hf"),
+                                                 torch_dtype=torch.float32)
+        theirs = get_peft_model(fresh, LoraConfig(r=4, lora_alpha=6.0, init_lora_weights="pissa",
+                                                  target_modules=sorted(set(mods.values()))))
+        ck, _, _ = read_checkpoint(str(tmp_path / "run" / "checkpoint.safetensors"))
+        for p, mod in mods.items():
+            layer = theirs.base_model.model.get_submodule(mod)
+            res = layer.base_layer.weight.detach().numpy()
+            assert np.abs(res - tr.model.params[p].T).max() <= 1e-5 * np.abs(res).max(), p
+            ba = (layer.lora_B["default"].weight @ layer.lora_A["default"].weight).detach()
+            ours_ba = ck[p + ".lora_B0"].astype(np.float64) @ ck[p + ".lora_A0"]
+            err = 6.0 / 4 * np.abs(ba.numpy() - ours_ba).max()   # s (B A), as W's part
+            assert err <= 1e-5 * np.abs(res).max(), p

@@ -21,13 +21,18 @@ from typing import Any
 
 import numpy as np
 
+from threadpoolctl import threadpool_limits
+
 from rwkvx_c.errors import CheckpointError
 
 __all__ = ["A_SUFFIX", "B_SUFFIX", "TARGETS", "DEFAULT_TARGETS", "target_params",
            "adapters_of", "merge_into", "without_adapters", "ALPHA_OPTION", "run_alpha",
-           "run_adapter", "AdapterKind", "ADAPTERS", "ADAPTER_KINDS", "scale", "plain_alpha"]
+           "run_adapter", "AdapterKind", "ADAPTERS", "ADAPTER_KINDS", "scale", "plain_alpha",
+           "core_alpha", "principal_parts", "A0_SUFFIX", "B0_SUFFIX"]
 
 A_SUFFIX, B_SUFFIX = ".lora_A", ".lora_B"
+# a principal kind's initial adapters, which its base holds subtracted (checkpoints only)
+A0_SUFFIX, B0_SUFFIX = ".lora_A0", ".lora_B0"
 ALPHA_OPTION = "lora_alpha"   # the run option that holds alpha (r is A's first dimension)
 KIND_OPTION = "adapter"       # the run option that holds the kind (absent: "lora")
 
@@ -38,15 +43,19 @@ class AdapterKind:
     name: str
     says: str             # what it is (the --adapter help)
     root_rank: bool       # the scale is alpha / sqrt(r) (rsLoRA), else alpha / r
+    principal: bool       # A, B start as the top-r SVD of W, the base holds the rest (PiSSA)
     peft: Mapping[str, Any]   # what its PEFT adapter_config.json sets beside LoRA's keys
 
 
 # every adapter kind, by name: the one table --adapter, the scale, the
 # exports and the tests read
 ADAPTERS = {k.name: k for k in (
-    AdapterKind("lora", "LoRA: A kaiming-uniform, B zero, scale alpha/r", False, {}),
+    AdapterKind("lora", "LoRA: A kaiming-uniform, B zero, scale alpha/r", False, False, {}),
     AdapterKind("rslora", "rank-stabilised LoRA: LoRA's init, scale alpha/sqrt(r) (PEFT's "
-                "use_rslora)", True, {"use_rslora": True}),
+                "use_rslora)", True, False, {"use_rslora": True}),
+    AdapterKind("pissa", "PiSSA: A, B the principal r singular directions of W, the frozen "
+                "base the residual, scale alpha/r (PEFT's init_lora_weights pissa)", False,
+                True, {}),
 )}
 ADAPTER_KINDS = tuple(ADAPTERS)
 
@@ -56,11 +65,34 @@ def scale(kind: str, r: int, alpha: float) -> float:
     return alpha / math.sqrt(r) if ADAPTERS[kind].root_rank else alpha / r
 
 
-def plain_alpha(kind: str, r: int, alpha: float) -> float:
-    """The alpha of the plain LoRA (scale alpha / r) that computes what
-    adapters of this kind, rank r and alpha compute: what the C core,
-    merging and the RWKV-PEFT file take."""
+def core_alpha(kind: str, r: int, alpha: float) -> float:
+    """The alpha whose alpha / r is the kind's scale: what the C core takes
+    (RxPtModel.enable_lora) and merging into the weights the model holds."""
     return alpha if not ADAPTERS[kind].root_rank else alpha * math.sqrt(r)
+
+
+def plain_alpha(kind: str, r: int, alpha: float) -> float:
+    """The alpha of the plain LoRA that a checkpoint's adapters of this kind
+    (adapters_of) are on the original base: core_alpha, doubled for a
+    principal kind, whose adapters come with their initial ones (rank 2r,
+    the same scale)."""
+    return core_alpha(kind, r, alpha) * (2 if ADAPTERS[kind].principal else 1)
+
+
+def principal_parts(W: np.ndarray, r: int, s: float
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """PiSSA's split of W [in, out] (PEFT's pissa_init on torch's W^T = U S
+    V^T): A0 = sqrt(S_r / s) V_r^T [r, in], B0 = U_r sqrt(S_r / s) [out, r]
+    and the residual W - s A0^T B0^T [in, out], each float32; the SVD and
+    the residual in float64 on one BLAS thread, so the same W gives the
+    same bits in every process (MPI ranks, a resume)."""
+    with threadpool_limits(limits=1, user_api="blas"):
+        u, sv, vt = np.linalg.svd(np.asarray(W, np.float64).T, full_matrices=False)
+        root = np.sqrt(sv[:r] / s)
+        A0 = (root[:, None] * vt[:r]).astype(np.float32)
+        B0 = (u[:, :r] * root[None, :]).astype(np.float32)
+        res = np.asarray(W, np.float64) - s * (A0.astype(np.float64).T @ B0.astype(np.float64).T)
+    return A0, B0, res.astype(np.float32)
 
 # --lora-targets names -> (block kind, parameter name within the block)
 TARGETS = {
@@ -83,9 +115,21 @@ def target_params(layers: str, targets: tuple[str, ...]) -> list[str]:
 
 
 def adapters_of(tensors: Mapping[str, np.ndarray]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """{param: (A, B)} of every adapter among tensors (a checkpoint's)."""
-    return {k[:-len(A_SUFFIX)]: (tensors[k], tensors[k[:-len(A_SUFFIX)] + B_SUFFIX])
-            for k in tensors if k.endswith(A_SUFFIX) and k[:-len(A_SUFFIX)] + B_SUFFIX in tensors}
+    """{param: (A, B)} of every adapter among tensors (a checkpoint's), as
+    plain LoRA on the original base: a principal kind's with its initial
+    A0, B0 (the part its base held subtracted) appended as PEFT converts
+    PiSSA, A [A; A0] and B [B, -B0] (W + s (B A - B0 A0) at rank 2r)."""
+    out = {}
+    for k in tensors:
+        p = k[:-len(A_SUFFIX)]
+        if not k.endswith(A_SUFFIX) or p + B_SUFFIX not in tensors:
+            continue
+        A, B = tensors[k], tensors[p + B_SUFFIX]
+        if p + A0_SUFFIX in tensors:
+            A = np.concatenate([A, tensors[p + A0_SUFFIX]], axis=0)
+            B = np.concatenate([B, -np.asarray(tensors[p + B0_SUFFIX])], axis=1)
+        out[p] = (A, B)
+    return out
 
 
 def merge_into(params: MutableMapping[str, np.ndarray],
@@ -104,7 +148,8 @@ def without_adapters(tensors: Mapping[str, np.ndarray], alpha: float | None
     """A copy of tensors with the adapters folded into their weights and
     dropped (the merged model); unchanged when there are none."""
     ads = adapters_of(tensors)
-    out = {k: v for k, v in tensors.items() if not k.endswith((A_SUFFIX, B_SUFFIX))}
+    out = {k: v for k, v in tensors.items()
+           if not k.endswith((A_SUFFIX, B_SUFFIX, A0_SUFFIX, B0_SUFFIX))}
     if ads:
         assert alpha is not None, "adapters come with their alpha"
         for name in ads:

@@ -31,12 +31,17 @@ import numpy as np
 
 from rwkvx_c.errors import TrainError
 from rwkvx_c.model.lora import (
+    A0_SUFFIX,
     A_SUFFIX,
+    ADAPTERS,
+    B0_SUFFIX,
+    B_SUFFIX,
     DEFAULT_TARGETS,
     TARGETS,
     adapters_of,
+    core_alpha,
     merge_into,
-    plain_alpha,
+    principal_parts,
     target_params,
 )
 from rwkvx_c.model.weights import load_states
@@ -191,6 +196,8 @@ class PartsAdamW:
         self.pieces = list(pieces)
         self.starts = list(starts) if starts is not None else [0] * len(pieces)
         self.unfrozen = unfrozen
+        # a principal kind's initial adapters (init_principal): checkpoints hold them
+        self.initial: dict[str, np.ndarray] = {}
         self.m, self.v = np.zeros(n, np.float32), np.zeros(n, np.float32)
         self.subs: list[AdamW] = []
         off = 0
@@ -251,14 +258,17 @@ def make_optimizer(model: RxPtModel, opts: TrainOptions) -> AdamW | PartsAdamW:
         model.enable_state()
         assert model.state is not None and model.state_grad is not None
         pieces.insert(0, (model.state, model.state_grad, False))
+    initial: dict[str, np.ndarray] = {}
     if opts.tune == "lora":
-        _enable_lora(model, opts, set(names))
+        initial = _enable_lora(model, opts, set(names))
         assert model.lora_buffer is not None and model.lora_grad_buffer is not None
         # the adapters are matrices: the run's weight decay applies to them
         pieces.insert(0, (model.lora_buffer, model.lora_grad_buffer, True))
     if not pieces:
         raise TrainError("nothing trains: every group is frozen")
-    return PartsAdamW(pieces, opts)
+    out = PartsAdamW(pieces, opts)
+    out.initial = initial
+    return out
 
 
 def _frozen_ranges(model: RxPtModel, trained: list[str]) -> np.ndarray:
@@ -345,8 +355,10 @@ def _offset(view: np.ndarray, base: np.ndarray) -> int:
     return (view.__array_interface__["data"][0] - base.__array_interface__["data"][0]) // 4
 
 
-def _enable_lora(model: RxPtModel, opts: TrainOptions, trained: set[str]) -> None:
-    """The adapters of --lora-targets on model, initialised from the run's seed."""
+def _enable_lora(model: RxPtModel, opts: TrainOptions, trained: set[str]
+                 ) -> dict[str, np.ndarray]:
+    """The adapters of --lora-targets on model, initialised as their kind
+    does (from the run's seed); returns a principal kind's initial adapters."""
     names = target_params(model.layers, parse_targets(opts.lora_targets))
     if not names:
         raise TrainError(f"--lora-targets {opts.lora_targets} names no projection of this "
@@ -355,8 +367,31 @@ def _enable_lora(model: RxPtModel, opts: TrainOptions, trained: set[str]) -> Non
     if both:
         raise TrainError(f"{both[0]} would train twice, under --train-parts and as a LoRA "
                          "target; drop one")
-    model.enable_lora(opts.lora_r, plain_alpha(opts.adapter, opts.lora_r, opts.lora_alpha), names)
-    init_adapters(model, opts.seed)
+    model.enable_lora(opts.lora_r, core_alpha(opts.adapter, opts.lora_r, opts.lora_alpha), names)
+    if not ADAPTERS[opts.adapter].principal:
+        init_adapters(model, opts.seed)
+        return {}
+    return init_principal(model)
+
+
+def init_principal(model: RxPtModel) -> dict[str, np.ndarray]:
+    """PiSSA's init (principal_parts) of every adapter from the weight it
+    sits on as the model holds it (a frozen base's decoded values), the
+    weight replaced by the residual (re-encoded in the base's dtype).
+    Returns the initial adapters under A0_SUFFIX / B0_SUFFIX keys."""
+    assert model.lora is not None and model.lora_rank is not None
+    r, alpha = model.lora_rank
+    base, out = set(model.base_names), {}
+    for p, _ in adapters_of(model.lora).items():
+        W = model.base_tensor(p) if p in base else model.params[p]
+        A0, B0, res = principal_parts(W, r, alpha / r)
+        model.lora[p + A_SUFFIX][...], model.lora[p + B_SUFFIX][...] = A0, B0
+        out[p + A0_SUFFIX], out[p + B0_SUFFIX] = A0, B0
+        if p in base:
+            model.base_fill(p, res)
+        else:
+            model.params[p][...] = res
+    return out
 
 
 def init_adapters(model: RxPtModel, seed: int) -> None:
@@ -383,11 +418,15 @@ def merge_adapters(model: RxPtModel) -> None:
     model.disable_lora()
 
 
-def trained_tensors(model: RxPtModel) -> dict[str, np.ndarray]:
+def trained_tensors(model: RxPtModel, optim: AdamW | PartsAdamW | None = None
+                    ) -> dict[str, np.ndarray]:
     """What a checkpoint stores beside the parameters: the initial states
-    and the LoRA adapters when the model has them."""
+    and the LoRA adapters when the model has them (with a principal kind's
+    initial ones, optim's, while the adapters are on)."""
     out = {} if model.state is None else {STATE_KEY: model.state}
     out.update(model.lora or {})
+    if model.lora is not None and isinstance(optim, PartsAdamW):
+        out.update(optim.initial)
     return out
 
 

@@ -339,6 +339,9 @@ class TrainOptions:
                 if getattr(self, k) not in (None, _DEFAULTS[k]):
                     raise TrainError(f"{flag_of(k)} sets the adapters of --tune lora; it has no "
                                      f"effect with --tune {self.tune}")
+        if ADAPTERS[self.adapter].principal and self.tune == "lora" and not self.init_from:
+            raise TrainError(f"--adapter {self.adapter} splits given weights: give them with "
+                             "--init-from")
         if self.ref_from is not None and self.objective not in ("dpo", "ipo"):
             raise TrainError(f"--ref-from names the reference of --objective dpo or ipo; it has "
                              f"no effect with --objective {self.objective}")

@@ -123,7 +123,7 @@ class Saver(Stepper):
                                self._base_names if self._names_base() else None)
         tensors["optim.m"] = self.optim.m
         tensors["optim.v"] = self.optim.v
-        tensors.update(trained_tensors(self.model))
+        tensors.update(trained_tensors(self.model, self.optim))
         # a frozen base's matrices are not in the arena: decoded for the
         # file one at a time, as it is written
         save_checkpoint(path, Decoded(self.model, tensors),
