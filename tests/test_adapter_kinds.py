@@ -124,6 +124,38 @@ def test_pissa_init_is_the_principal_split_and_the_tune_resumes_bit_exact(tmp_pa
         TrainOptions(tune="lora", adapter="pissa").resolved()
 
 
+@pytest.mark.parametrize("dtype", ["bf16", "q8_0"])
+def test_pissa_residual_lives_in_a_quantised_base(tmp_path, dtype):
+    """With a bf16 / q8_0 base the residual is stored in the base's dtype:
+    the tune starts from Q(W - s B0 A0) + s B0 A0, off the base by the
+    rounding of the residual alone; --grad-cp trains it and a resume is
+    bit-exact."""
+    base = _base_run(tmp_path)
+    src, _, _ = read_checkpoint(base + "/checkpoint.safetensors")
+    kw = dict(adapter="pissa", lora_alpha=8.0, base_dtype=dtype, grad_cp=True)
+    tr = _lora_run(tmp_path, base, "q", **kw)
+    p = "blocks.0.cm.ffn_value_w"
+    assert p in tr.model.base_names
+    A0, B0 = (tr.model.lora[p + k].astype(np.float64) for k in (".lora_A", ".lora_B"))
+    res = tr.model.base_tensor(p).astype(np.float64)
+    W = src[p].astype(np.float64)
+    err = np.abs(res + 2.0 * A0.T @ B0.T - W).max()
+    # two roundings in the base's dtype: W as the base took it, then the
+    # residual (half a bf16 ulp, or half a q8_0 step of a block's largest)
+    u = 2.0 ** -8 if dtype == "bf16" else 1 / 254
+    assert 0 < err <= u * (np.abs(W).max() + np.abs(res).max())
+    rows = []
+    tr.run(on_step=rows.append)
+    tr2 = _lora_run(tmp_path, base, "q2", **kw)
+    tr2.run(stop=lambda: tr2.step_count >= 4)
+    r = Trainer.resume(str(tmp_path / "q2"))
+    again = []
+    r.run(on_step=again.append)
+    assert [x["loss"] for x in again if "loss" in x] == \
+        [x["loss"] for x in rows if "loss" in x][4:]
+    assert np.array_equal(r.model.lora_buffer, tr.model.lora_buffer)
+
+
 def test_kind_options_refused_in_one_line(tmp_path):
     with pytest.raises(TrainError, match="--adapter sets the adapters of --tune lora"):
         TrainOptions(tune="state", adapter="rslora").resolved()
