@@ -9,7 +9,7 @@ import os
 
 import numpy as np
 import pytest
-from test_finetune import _base_run
+from test_finetune import _base_run, _tune
 from test_interop import H64, TOL, _need, _rel
 from test_lora import ALPHA, CFG, HYB, IGNORE, R, _adapters, _data, _lora_run
 
@@ -20,6 +20,7 @@ from rwkvx_c.model.lora import ADAPTER_KINDS, ADAPTERS, TARGETS, plain_alpha, ta
 from rwkvx_c.run.checkpoint import read_checkpoint
 from rwkvx_c.sample import load_model
 from rwkvx_c.train import Trainer, TrainError, TrainOptions
+from rwkvx_c.train.finetune import lisa_blocks
 
 from checks import FWD_TOL, GRAD_TOL, assert_rel
 from reference.autograd import Var
@@ -124,7 +125,7 @@ def test_pissa_init_is_the_principal_split_and_the_tune_resumes_bit_exact(tmp_pa
         TrainOptions(tune="lora", adapter="pissa").resolved()
 
 
-@pytest.mark.parametrize("dtype", ["bf16", "q8_0"])
+@pytest.mark.parametrize("dtype", ["bf16", "q8_0", "q4_0"])
 def test_pissa_residual_lives_in_a_quantised_base(tmp_path, dtype):
     """With a bf16 / q8_0 base the residual is stored in the base's dtype:
     the tune starts from Q(W - s B0 A0) + s B0 A0, off the base by the
@@ -141,8 +142,8 @@ def test_pissa_residual_lives_in_a_quantised_base(tmp_path, dtype):
     W = src[p].astype(np.float64)
     err = np.abs(res + 2.0 * A0.T @ B0.T - W).max()
     # two roundings in the base's dtype: W as the base took it, then the
-    # residual (half a bf16 ulp, or half a q8_0 step of a block's largest)
-    u = 2.0 ** -8 if dtype == "bf16" else 1 / 254
+    # residual (half a bf16 ulp, or half a q8_0 / q4_0 step of a block's largest)
+    u = {"bf16": 2.0 ** -8, "q8_0": 1 / 254, "q4_0": 1 / 16}[dtype]
     assert 0 < err <= u * (np.abs(W).max() + np.abs(res).max())
     rows = []
     tr.run(on_step=rows.append)
@@ -154,6 +155,46 @@ def test_pissa_residual_lives_in_a_quantised_base(tmp_path, dtype):
     assert [x["loss"] for x in again if "loss" in x] == \
         [x["loss"] for x in rows if "loss" in x][4:]
     assert np.array_equal(r.model.lora_buffer, tr.model.lora_buffer)
+
+
+def test_lisa_trains_drawn_blocks_keeps_the_always_trained_moments_and_resumes(tmp_path):
+    """--lisa-layers 1 --lisa-interval 3 on a 2-block model: each period
+    trains one drawn block (the other bit-identical through it) beside the
+    embedding, head and final norms, whose AdamW moments carry over a switch
+    while the new block's start at zero; a resume at a period's end is
+    bit-exact."""
+    base = _base_run(tmp_path)
+    kw = dict(tune="full", steps=8, lr=1e-2, save_every=6, precision="fp32", lisa_layers=1,
+              lisa_interval=3)
+    tr = _tune(tmp_path, base, "li", **kw)
+    draws = [lisa_blocks(tr.opts, 2, p) for p in range(3)]
+    assert all(len(d) == 1 for d in draws)
+    seen, rows = [], []
+    for step in range(8):
+        before = {k: v.copy() for k, v in tr.model.params.items()}
+        rows.append(tr.step())
+        moved = {k.split(".")[1] for k, v in tr.model.params.items()
+                 if k.startswith("blocks.") and not np.array_equal(v, before[k])}
+        assert moved == {str(draws[step // 3][0])}, (step, moved)
+        assert not np.array_equal(tr.model.params["emb"], before["emb"])
+        seen.append(tr.optim.lisa_period)
+    assert seen == [0, 0, 0, 1, 1, 1, 2, 2]
+    n_always = sum(v.size for k, v in tr.model.params.items() if not k.startswith("blocks."))
+    assert np.any(tr.optim.m[:n_always])
+    tr.save()
+    tr2 = _tune(tmp_path, base, "li2", **kw)
+    tr2.run(stop=lambda: tr2.step_count >= 6)   # a checkpoint at a period's end
+    r = Trainer.resume(str(tmp_path / "li2"))
+    again = []
+    r.run(on_step=again.append)
+    assert [x["loss"] for x in again if "loss" in x] == [x["loss"] for x in rows][6:]
+    assert np.array_equal(r.model.param_buffer, tr.model.param_buffer)
+    with pytest.raises(TrainError, match="--lisa-layers is a schedule of a plain full tune"):
+        TrainOptions(tune="lora", lisa_layers=1).resolved()
+    with pytest.raises(TrainError, match="--lisa-interval sets the schedule of --lisa-layers"):
+        TrainOptions(lisa_interval=5).resolved()
+    with pytest.raises(TrainError, match="--lisa-layers 2: the model has 2 blocks"):
+        _tune(tmp_path, base, "li3", **dict(kw, lisa_layers=2))
 
 
 def test_kind_options_refused_in_one_line(tmp_path):
@@ -176,7 +217,7 @@ def test_peft_applies_the_exported_kind_onto_the_hf_export(tmp_path, kind):
     tr = _lora_run(tmp_path, base, "run", steps=2, adapter=kind, lora_alpha=6.0)
     tr.run()
     rng = np.random.default_rng(1)
-    for k, v in tr.model.lora.items():   # trained a little: away from the init
+    for v in tr.model.lora.values():   # trained a little: away from the init
         v[...] += rng.standard_normal(v.shape).astype(np.float32) * 0.05
     tr.save()
     run = str(tmp_path / "run")
@@ -207,6 +248,7 @@ def test_peft_applies_the_exported_kind_onto_the_hf_export(tmp_path, kind):
     # (a few dozen float32 ulps; A0, B0 alone differ by each direction's sign)
     if ADAPTERS[kind].principal:
         from peft import LoraConfig, get_peft_model
+
         from rwkvx_c.interop.hf import hf_modules
         mods = hf_modules(tr.model)
         fresh = RWKV7ForCausalLM.from_pretrained(str(tmp_path / "base_hf"),

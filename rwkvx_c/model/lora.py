@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
 from threadpoolctl import threadpool_limits
 
 from rwkvx_c.errors import CheckpointError

@@ -15,6 +15,10 @@ trains (``--tune``).
 The shape comes from the source: a shape option that disagrees is one
 TrainError (shape_conflicts is the one place that judges it).
 
+``--lisa-layers N`` (LISA, a schedule of a full tune): N blocks drawn
+every ``--lisa-interval`` steps train fully beside the embedding, head and
+final norms (lisa_due).
+
 ``--unfreeze-at STEP`` (the base-unfreeze): from run step STEP on, every
 parameter trains; ``unfreeze`` is the one switch (see its doc), and
 ``switched`` puts a run on the side of the switch its step or checkpoint
@@ -59,7 +63,7 @@ __all__ = ["TUNE_MODES", "PARTS", "part_of", "parse_parts", "trained_names", "Pa
            "STATE_KEY", "base_frozen", "saved_params", "held_names", "shape_conflicts",
            "from_source", "make_optimizer", "trained_tensors", "restore_trained",
            "adapter_options", "unfreeze", "unfreeze_due", "is_unfrozen", "switched",
-           "parse_targets", "init_adapters", "merge_adapters"]
+           "parse_targets", "init_adapters", "merge_adapters", "lisa_blocks", "lisa_due"]
 
 
 def shape_conflicts(src_config: Mapping[str, int], asked: Mapping[str, int]) -> list[str]:
@@ -198,6 +202,7 @@ class PartsAdamW:
         self.unfrozen = unfrozen
         # a principal kind's initial adapters (init_principal): checkpoints hold them
         self.initial: dict[str, np.ndarray] = {}
+        self.lisa_period = -1   # the LISA period it trains (_lisa_optimizer), else -1
         self.m, self.v = np.zeros(n, np.float32), np.zeros(n, np.float32)
         self.subs: list[AdamW] = []
         off = 0
@@ -245,6 +250,8 @@ def make_optimizer(model: RxPtModel, opts: TrainOptions) -> AdamW | PartsAdamW:
     the initial states with --train-parts' groups (state), or the LoRA
     adapters, made and initialised here, with --train-parts' groups (lora).
     Matrices (adapters too) get weight decay, vectors and states none."""
+    if opts.lisa_layers:
+        return _lisa_optimizer(model, opts, 0)
     names = trained_names(model, opts)
     if opts.tune == "full" and len(names) == len(model.param_names):
         model.freeze_ranges(np.zeros((0, 2), np.int64))
@@ -322,6 +329,56 @@ def unfreeze(model: RxPtModel, optim: AdamW | PartsAdamW,
     out.m[:n], out.v[:n] = optim.m[skip:], optim.v[skip:]
     out.t = optim.t
     return out
+
+
+def lisa_blocks(opts: TrainOptions, n_blocks: int, period: int) -> list[int]:
+    """The blocks LISA trains fully in period `period` (run steps period * K
+    + 1 to (period + 1) * K, K = --lisa-interval): --lisa-layers of the
+    n_blocks drawn uniformly without replacement from a generator of the
+    run's seed and the period, so every MPI rank and a resume draw the same."""
+    assert opts.lisa_layers is not None
+    rng = np.random.default_rng([opts.seed, 0x115A, period])
+    return sorted(int(i) for i in rng.choice(n_blocks, opts.lisa_layers, replace=False))
+
+
+def _lisa_optimizer(model: RxPtModel, opts: TrainOptions, steps: int,
+                    old: PartsAdamW | None = None) -> PartsAdamW:
+    """LISA's AdamW for the period of run step steps + 1: the embedding, head
+    and every parameter outside the blocks (pieces first) keep old's moments
+    and step count; the period's blocks join with zero moments and their own
+    step count, and every other block is frozen in C (no weight grads), as
+    LMFlow's LISATrainer keeps the optimiser state of the always-trained
+    groups and re-creates the rest at each switch."""
+    assert opts.lisa_layers is not None
+    n = len(model.layers)
+    if opts.lisa_layers >= n:
+        raise TrainError(f"--lisa-layers {opts.lisa_layers}: the model has {n} blocks; LISA "
+                         f"trains fewer (all of them is a plain full tune)")
+    period = steps // opts.lisa_interval
+    chosen = tuple(f"blocks.{i}." for i in lisa_blocks(opts, n, period))
+    always = [k for k in model.param_names if not k.startswith("blocks.")]
+    active = [k for k in model.param_names if k.startswith(chosen)]
+    model.freeze_ranges(_frozen_ranges(model, always + active))
+    pieces: list[Piece] = [(model.params[k], model.grads[k], model.params[k].ndim == 2)
+                           for k in always + active]
+    out = PartsAdamW(pieces, opts, [0] * len(always) + [period * opts.lisa_interval] * len(active))
+    out.lisa_period = period
+    if old is not None:
+        kept = sum(model.params[k].size for k in always)
+        out.m[:kept], out.v[:kept] = old.m[:kept], old.v[:kept]
+        out.t = old.t
+    return out
+
+
+def lisa_due(model: RxPtModel, optim: AdamW | PartsAdamW, opts: TrainOptions,
+             steps: int) -> AdamW | PartsAdamW:
+    """The optimiser for run step steps + 1 of a LISA run: a new one
+    (_lisa_optimizer) when that step begins another period, else optim;
+    optim itself without LISA."""
+    if not opts.lisa_layers or not isinstance(optim, PartsAdamW) or \
+            optim.lisa_period == steps // opts.lisa_interval:
+        return optim
+    return _lisa_optimizer(model, opts, steps, optim)
 
 
 def is_unfrozen(optim: AdamW | PartsAdamW) -> bool:

@@ -214,6 +214,12 @@ class TrainOptions:
                                    "adapters are merged into the base there); the parameters "
                                    "that were frozen start with zero AdamW moments",
                                    kind="pos_int", metavar="STEP")
+    lisa_layers: int | None = _opt(None, "LISA (layer-wise sampled full tuning): with --tune "
+                                   "full, only N blocks train at a time, drawn anew every "
+                                   "--lisa-interval steps, beside the embedding, head and "
+                                   "final norms", kind="pos_int", metavar="N", absent=DEFAULT)
+    lisa_interval: int = _opt(20, "with --lisa-layers, the steps between draws",
+                              kind="pos_int", metavar="K", absent=DEFAULT)
     lora_r: int = _opt(32, "with --tune lora, the adapters' rank r", kind="pos_int",
                        metavar="R")
     lora_alpha: float = _opt(32.0, "with --tune lora, the adapters' alpha: W + (alpha/r) B A",
@@ -339,6 +345,12 @@ class TrainOptions:
                 if getattr(self, k) not in (None, _DEFAULTS[k]):
                     raise TrainError(f"{flag_of(k)} sets the adapters of --tune lora; it has no "
                                      f"effect with --tune {self.tune}")
+        if self.lisa_layers is None and self.lisa_interval != _DEFAULTS["lisa_interval"]:
+            raise TrainError("--lisa-interval sets the schedule of --lisa-layers; give both")
+        if self.lisa_layers is not None and (self.tune != "full" or self.freeze
+                                             or self.train_parts or self.unfreeze_at):
+            raise TrainError("--lisa-layers is a schedule of a plain full tune (--tune full, "
+                             "no --freeze, --train-parts or --unfreeze-at)")
         if ADAPTERS[self.adapter].principal and self.tune == "lora" and not self.init_from:
             raise TrainError(f"--adapter {self.adapter} splits given weights: give them with "
                              "--init-from")
