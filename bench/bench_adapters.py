@@ -1,7 +1,7 @@
 """Held-out loss and wall-clock of each fine-tune kind after the same steps
 (docs/finetune.md §Adapter kinds): a tiny byte model (--preset tiny
 --n-attn-layer 0) pretrained on docs/, then tuned on tests/data/chat.jsonl
-(its last 20% held out) by each --adapter kind of --tune lora, --tune
+(its last 40% held out) by each --adapter kind of --tune lora, --tune
 state, full tuning and LISA, each in its own process, one after another.
 
     python bench/bench_adapters.py --steps 60 --out /tmp/adapters
@@ -44,8 +44,8 @@ def main():
     if not os.path.exists(os.path.join(base, "checkpoint.safetensors")):
         train(["--preset", "tiny", "--n-attn-layer", "0", "--data", os.path.join(ROOT, "docs"),
                "--steps", str(a.base_steps), "--batch", "8", "--seq-len", "64"], base, a.threads)
-    tune = ["--init-from", base, "--data", CHAT, "--val-fraction", "0.2", "--steps",
-            str(a.steps), "--batch", "4", "--seq-len", "128", "--eval-every", str(a.steps)]
+    tune = ["--init-from", base, "--data", CHAT, "--val-fraction", "0.4", "--steps",
+            str(a.steps), "--batch", "8", "--seq-len", "64", "--eval-every", str(a.steps)]
     lora = ["--tune", "lora", "--lora-r", "8", "--lora-alpha", "16", "--lr", "3e-3"]
     kinds = {"lora": lora, "rslora": lora + ["--adapter", "rslora"],
              "pissa": lora + ["--adapter", "pissa"],
