@@ -16,7 +16,14 @@ from test_lora import ALPHA, CFG, HYB, IGNORE, R, _adapters, _data, _lora_run
 import rwkvx_c as rx
 from rwkvx_c.cli import build_parser, main
 from rwkvx_c.interop.pth import load_pth
-from rwkvx_c.model.lora import ADAPTER_KINDS, ADAPTERS, TARGETS, plain_alpha, target_params
+from rwkvx_c.model.lora import (
+    ADAPTER_KINDS,
+    ADAPTERS,
+    TARGETS,
+    core_alpha,
+    plain_alpha,
+    target_params,
+)
 from rwkvx_c.run.checkpoint import read_checkpoint
 from rwkvx_c.sample import load_model
 from rwkvx_c.train import Trainer, TrainError, TrainOptions
@@ -191,6 +198,61 @@ def test_lisa_trains_drawn_blocks_keeps_the_always_trained_moments_and_resumes(t
         _tune(tmp_path, base, "li3", **dict(kw, lisa_layers=2))
 
 
+@pytest.mark.parametrize("cfg", [CFG, HYB], ids=["rwkv", "hybrid"])
+def test_miss_forward_and_block_grads_match_reference(cfg):
+    """MiSS adds fold_r(x) M (x's r-wide slices summed, times M [r, out]):
+    the reference computes that in float64 from the docs; the C core runs
+    it as LoRA with A the fixed fold and B = M^T, scale 1."""
+    m = rx.RxPtModel(cfg, seed=3)
+    m.enable_lora(R, core_alpha("miss", R, ALPHA), target_params(m.layers, tuple(TARGETS)))
+    rng = np.random.default_rng(8)
+    for k, v in m.lora.items():
+        v[...] = np.zeros(v.shape, np.float32) if k.endswith(".lora_A") else \
+            rng.standard_normal(v.shape).astype(np.float32) * 0.2
+        if k.endswith(".lora_A"):
+            v[np.arange(v.shape[1]) % R, np.arange(v.shape[1])] = 1.0
+    tokens, targets = _data(6)
+    params = {k: Var(np.array(v, np.float64), requires_grad=False) for k, v in m.params.items()}
+    blocks = {k[:-len(".lora_B")]: Var(m.lora[k].T.astype(np.float64))
+              for k in m.lora if k.endswith(".lora_B")}
+    eff = dict(params)
+    for p, M in blocks.items():   # W + P M, P [in, r] the fold: P[i, k] = 1 where i % r == k
+        n_in = m.params[p].shape[0]
+        P = (np.arange(n_in)[:, None] % R == np.arange(R)[None, :]).astype(np.float64)
+        eff[p] = params[p] + Var(P, requires_grad=False) @ M
+    ref = model_forward(eff, cfg, tokens).value
+    loss = model_loss(eff, cfg, tokens, targets, IGNORE)
+    loss.backward()
+    assert_rel("miss.logits", m.forward(tokens), ref, FWD_TOL)
+    m.freeze_ranges(np.array([[0, m.param_buffer.size]], np.int64))
+    m.backward(targets, ignore_index=IGNORE)
+    for p, M in blocks.items():
+        assert_rel(f"{p}.miss_block.grad", m.lora_grads[p + ".lora_B"].T, M.grad, GRAD_TOL)
+
+
+def test_miss_tune_trains_the_blocks_alone_and_resumes_bit_exact(tmp_path):
+    base = _base_run(tmp_path)
+    tr = _lora_run(tmp_path, base, "mi", adapter="miss")
+    assert tr.model.lora_rank == (4, 4.0)   # scale 1
+    A = {k: v.copy() for k, v in tr.model.lora.items() if k.endswith(".lora_A")}
+    assert tr.optim.m.size == sum(v.size for k, v in tr.model.lora.items()
+                                  if k.endswith(".lora_B"))
+    rows = []
+    tr.run(on_step=rows.append)
+    for k, v in A.items():
+        assert np.array_equal(tr.model.lora[k], v), k
+    assert np.any(tr.model.lora["blocks.0.tm.key_w.lora_B"])
+    r = _resumed(_lora_run(tmp_path, base, "mi2", adapter="miss"), rows, 4)
+    assert np.array_equal(r.model.lora_buffer, tr.model.lora_buffer)
+    tokens = np.arange(20, dtype=np.int32) % 256
+    assert _rel(load_model(str(tmp_path / "mi")).forward(tokens),
+                tr.model.forward(tokens)) <= FWD_TOL
+    with pytest.raises(TrainError, match="--adapter miss scales by 1"):
+        TrainOptions(tune="lora", adapter="miss", lora_alpha=8.0).resolved()
+    with pytest.raises(TrainError, match="--lora-r 5 does not divide"):
+        _lora_run(tmp_path, base, "mi3", adapter="miss", lora_r=5)
+
+
 def test_kind_options_refused_in_one_line(tmp_path):
     with pytest.raises(TrainError, match="--adapter sets the adapters of --tune lora"):
         TrainOptions(tune="state", adapter="rslora").resolved()
@@ -199,7 +261,7 @@ def test_kind_options_refused_in_one_line(tmp_path):
         TrainOptions(tune="lora", adapter="nope").resolved()
 
 
-@pytest.mark.parametrize("kind", ["rslora", "pissa"])
+@pytest.mark.parametrize("kind", ["rslora", "pissa", "miss"])
 def test_peft_applies_the_exported_kind_onto_the_hf_export(tmp_path, kind):
     """export --format peft of a tune of this kind, put on the hf export of
     its base by peft, reproduces our logits within TOL."""
@@ -208,11 +270,14 @@ def test_peft_applies_the_exported_kind_onto_the_hf_export(tmp_path, kind):
     from peft import PeftModel
     from rwkv7_hf import RWKV7ForCausalLM
     base = _base_run(tmp_path, dict(H64, n_rwkv_layer=2))
-    tr = _lora_run(tmp_path, base, "run", steps=2, adapter=kind, lora_alpha=6.0)
+    fold = ADAPTERS[kind].fold
+    tr = _lora_run(tmp_path, base, "run", steps=2, adapter=kind,
+                   **({} if fold else {"lora_alpha": 6.0}))
     tr.run()
     rng = np.random.default_rng(1)
-    for v in tr.model.lora.values():   # trained a little: away from the init
-        v[...] += rng.standard_normal(v.shape).astype(np.float32) * 0.05
+    for k, v in tr.model.lora.items():   # trained a little: away from the init
+        if not (fold and k.endswith(".lora_A")):   # MiSS's A is fixed
+            v[...] += rng.standard_normal(v.shape).astype(np.float32) * 0.05
     tr.save()
     run = str(tmp_path / "run")
     for fmt, src, out in (("hf", base, "base_hf"), ("peft", run, "peft")):
@@ -223,15 +288,18 @@ def test_peft_applies_the_exported_kind_onto_the_hf_export(tmp_path, kind):
         assert cfg[k] == v, k
     # PiSSA as PEFT converts it (path_initial_model_for_weight_conversion): rank 2r
     twice = 2 if ADAPTERS[kind].principal else 1
-    assert cfg["lora_alpha"] == 6.0 * twice and cfg["r"] == 4 * twice
+    assert cfg["r"] == 4 * twice and cfg.get("lora_alpha") == (None if fold else 6.0 * twice)
     tokens = np.frombuffer(b"def f(x):\n    return x", np.uint8).astype(np.int32)
     ours = tr.model.forward(tokens)
     hf_base = RWKV7ForCausalLM.from_pretrained(str(tmp_path / "base_hf"),
                                                torch_dtype=torch.float32)
+    ids = torch.from_numpy(tokens.astype(np.int64))[None]
+    with torch.no_grad():
+        assert _rel(hf_base(ids).logits[0].float().numpy(), ours) > 100 * TOL   # they matter
     peft = PeftModel.from_pretrained(hf_base, str(tmp_path / "peft"))
     peft.eval()
     with torch.no_grad():
-        theirs = peft(torch.from_numpy(tokens.astype(np.int64))[None]).logits[0].float().numpy()
+        theirs = peft(ids).logits[0].float().numpy()
     err = _rel(theirs, ours)
     print(f"peft ({kind}) on rwkv7-hf vs RxPtModel: {err:.2e}")
     assert err <= TOL

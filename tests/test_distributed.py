@@ -163,7 +163,7 @@ CHAT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "chat.js
 
 @pytest.mark.parametrize("tune,data,adapter", [
     ("state", CHAT, None), ("lora", None, "lora"), ("lora", None, "rslora"),
-    ("lora", None, "pissa"), ("full", None, "lisa")])
+    ("lora", None, "pissa"), ("lora", None, "miss"), ("full", None, "lisa")])
 def test_fine_tunes_on_two_ranks_match_one_process(tmp_path, tune, data, adapter):
     """--tune state (on chat data, whose rows count different numbers of
     assistant tokens on each rank), --tune lora of each adapter kind with a

@@ -352,18 +352,24 @@ def save_peft(model: RxPtModel, adapters: Mapping[str, tuple[np.ndarray, np.ndar
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise InteropError(f"{out_dir} is a file; --format peft writes a folder")
     td = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    fold = ADAPTERS[kind].fold   # MiSS: its block B^T [r, out] alone (A is the fixed fold)
     tensors, targets, r = {}, [], 0
     for ours, (A, B) in adapters.items():
         module = modules[ours]
         targets.append(module)
         r = A.shape[0]
-        for part, a in (("lora_A", A), ("lora_B", B)):
-            tensors[f"base_model.model.{module}.{part}.weight"] = torch.from_numpy(
+        parts = (("miss_block", np.ascontiguousarray(B.T)),) if fold else \
+            (("lora_A.weight", A), ("lora_B.weight", B))
+        for part, a in parts:
+            tensors[f"base_model.model.{module}.{part}"] = torch.from_numpy(
                 np.array(a, dtype=np.float32)).to(td)
-    cfg = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": r, "lora_alpha": alpha,
-           "target_modules": targets, "lora_dropout": 0.0, "bias": "none",
-           "fan_in_fan_out": False, "use_rslora": False, "inference_mode": True,
-           "base_model_name_or_path": None, "modules_to_save": None, **ADAPTERS[kind].peft}
+    cfg: dict[str, Any] = {"task_type": "CAUSAL_LM", "r": r, "target_modules": targets,
+                           "bias": "none", "inference_mode": True,
+                           "base_model_name_or_path": None, "modules_to_save": None}
+    cfg.update({"init_weights": True, "miss_dropout": 0.0} if fold else
+               {"peft_type": "LORA", "lora_alpha": alpha, "lora_dropout": 0.0,
+                "fan_in_fan_out": False, "use_rslora": False})
+    cfg.update(ADAPTERS[kind].peft)
     os.makedirs(out_dir, exist_ok=True)
     replace_with(os.path.join(out_dir, PEFT_FILES[1]),
                  lambda tmp: st.save_file(tensors, tmp, metadata={"format": "pt"}))

@@ -27,7 +27,7 @@ from rwkvx_c.errors import CheckpointError
 __all__ = ["A_SUFFIX", "B_SUFFIX", "TARGETS", "DEFAULT_TARGETS", "target_params",
            "adapters_of", "merge_into", "without_adapters", "ALPHA_OPTION", "run_alpha",
            "run_adapter", "AdapterKind", "ADAPTERS", "ADAPTER_KINDS", "scale", "plain_alpha",
-           "core_alpha", "principal_parts", "A0_SUFFIX", "B0_SUFFIX"]
+           "core_alpha", "principal_parts", "fold_matrix", "A0_SUFFIX", "B0_SUFFIX"]
 
 A_SUFFIX, B_SUFFIX = ".lora_A", ".lora_B"
 # a principal kind's initial adapters, which its base holds subtracted (checkpoints only)
@@ -44,6 +44,7 @@ class AdapterKind:
     root_rank: bool       # the scale is alpha / sqrt(r) (rsLoRA), else alpha / r
     principal: bool       # A, B start as the top-r SVD of W, the base holds the rest (PiSSA)
     peft: Mapping[str, Any]   # what its PEFT adapter_config.json sets beside LoRA's keys
+    fold: bool = False    # A fixed, x A^T sums x's r-wide slices, B alone trains, scale 1 (MiSS)
 
 
 # every adapter kind, by name: the one table --adapter, the scale, the
@@ -55,19 +56,24 @@ ADAPTERS = {k.name: k for k in (
     AdapterKind("pissa", "PiSSA: A, B the principal r singular directions of W, the frozen "
                 "base the residual, scale alpha/r (PEFT's init_lora_weights pissa)", False,
                 True, {}),
+    AdapterKind("miss", "MiSS: x's r-wide slices summed, times a trained [r, out] block "
+                "starting at zero (PEFT's MissConfig; --lora-alpha unused)", False, False,
+                {"peft_type": "MISS"}, fold=True),
 )}
 ADAPTER_KINDS = tuple(ADAPTERS)
 
 
 def scale(kind: str, r: int, alpha: float) -> float:
     """The factor s of W + s B A for adapters of this kind, rank and alpha."""
-    return alpha / math.sqrt(r) if ADAPTERS[kind].root_rank else alpha / r
+    k = ADAPTERS[kind]
+    return 1.0 if k.fold else alpha / math.sqrt(r) if k.root_rank else alpha / r
 
 
 def core_alpha(kind: str, r: int, alpha: float) -> float:
     """The alpha whose alpha / r is the kind's scale: what the C core takes
     (RxPtModel.enable_lora) and merging into the weights the model holds."""
-    return alpha if not ADAPTERS[kind].root_rank else alpha * math.sqrt(r)
+    k = ADAPTERS[kind]
+    return float(r) if k.fold else alpha * math.sqrt(r) if k.root_rank else alpha
 
 
 def plain_alpha(kind: str, r: int, alpha: float) -> float:
@@ -76,6 +82,12 @@ def plain_alpha(kind: str, r: int, alpha: float) -> float:
     principal kind, whose adapters come with their initial ones (rank 2r,
     the same scale)."""
     return core_alpha(kind, r, alpha) * (2 if ADAPTERS[kind].principal else 1)
+
+
+def fold_matrix(r: int, n_in: int) -> np.ndarray:
+    """MiSS's A [r, n_in]: A[k, i] = 1 where i % r == k, so x A^T sums x's
+    r-wide slices (PEFT's x.reshape(..., n_in / r, r).sum(-2))."""
+    return (np.arange(n_in)[None, :] % r == np.arange(r)[:, None]).astype(np.float32)
 
 
 def principal_parts(W: np.ndarray, r: int, s: float

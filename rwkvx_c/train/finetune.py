@@ -44,6 +44,7 @@ from rwkvx_c.model.lora import (
     TARGETS,
     adapters_of,
     core_alpha,
+    fold_matrix,
     merge_into,
     principal_parts,
     target_params,
@@ -203,6 +204,7 @@ class PartsAdamW:
         # a principal kind's initial adapters (init_principal): checkpoints hold them
         self.initial: dict[str, np.ndarray] = {}
         self.lisa_period = -1   # the LISA period it trains (_lisa_optimizer), else -1
+        self.adapter_pieces = 0   # the leading pieces that are a LoRA tune's adapters
         self.m, self.v = np.zeros(n, np.float32), np.zeros(n, np.float32)
         self.subs: list[AdamW] = []
         off = 0
@@ -269,12 +271,18 @@ def make_optimizer(model: RxPtModel, opts: TrainOptions) -> AdamW | PartsAdamW:
     if opts.tune == "lora":
         initial = _enable_lora(model, opts, set(names))
         assert model.lora_buffer is not None and model.lora_grad_buffer is not None
-        # the adapters are matrices: the run's weight decay applies to them
-        pieces.insert(0, (model.lora_buffer, model.lora_grad_buffer, True))
+        assert model.lora is not None and model.lora_grads is not None
+        # the adapters are matrices: the run's weight decay applies to them;
+        # a fold kind's A is fixed: its Bs train alone
+        ads = [(model.lora_buffer, model.lora_grad_buffer, True)] \
+            if not ADAPTERS[opts.adapter].fold else \
+            [(model.lora[k], model.lora_grads[k], True) for k in model.lora if k.endswith(B_SUFFIX)]
+        pieces[:0] = ads
     if not pieces:
         raise TrainError("nothing trains: every group is frozen")
     out = PartsAdamW(pieces, opts)
     out.initial = initial
+    out.adapter_pieces = len(ads) if opts.tune == "lora" else 0
     return out
 
 
@@ -309,12 +317,12 @@ def unfreeze(model: RxPtModel, optim: AdamW | PartsAdamW,
     if isinstance(optim, AdamW) or optim.unfrozen:
         return optim
     assert opts.unfreeze_at is not None
-    drop = 0   # a LoRA tune's adapters: the piece make_optimizer put first
+    drop = 0   # a LoRA tune's adapters: the pieces make_optimizer put first
     if model.base_dtype is not None:   # float32 again: a quantised base's values
         model.release_base()
     if model.lora is not None:
         merge_adapters(model)
-        drop = 1
+        drop = optim.adapter_pieces
     skip = sum(p.size for p, _, _ in optim.pieces[:drop])
     frozen = _frozen_ranges(model, trained_names(model, opts))
     model.freeze_ranges(np.zeros((0, 2), np.int64))
@@ -424,11 +432,23 @@ def _enable_lora(model: RxPtModel, opts: TrainOptions, trained: set[str]
     if both:
         raise TrainError(f"{both[0]} would train twice, under --train-parts and as a LoRA "
                          "target; drop one")
+    kind = ADAPTERS[opts.adapter]
+    if kind.fold:
+        bad = [n for n in names if model.params[n].shape[0] % opts.lora_r]
+        if bad:
+            raise TrainError(f"--adapter {kind.name} sums r-wide slices of a projection's "
+                             f"input: --lora-r {opts.lora_r} does not divide {bad[0]}'s "
+                             f"{model.params[bad[0]].shape[0]}")
     model.enable_lora(opts.lora_r, core_alpha(opts.adapter, opts.lora_r, opts.lora_alpha), names)
-    if not ADAPTERS[opts.adapter].principal:
-        init_adapters(model, opts.seed)
-        return {}
-    return init_principal(model)
+    if kind.principal:
+        return init_principal(model)
+    init_adapters(model, opts.seed)
+    if kind.fold:   # A the fixed fold, B zero: the tuned model starts as the base
+        assert model.lora is not None
+        for k, v in model.lora.items():
+            if k.endswith(A_SUFFIX):
+                v[...] = fold_matrix(*v.shape)
+    return {}
 
 
 def init_principal(model: RxPtModel) -> dict[str, np.ndarray]:

@@ -351,6 +351,9 @@ class TrainOptions:
                                              or self.train_parts or self.unfreeze_at):
             raise TrainError("--lisa-layers is a schedule of a plain full tune (--tune full, "
                              "no --freeze, --train-parts or --unfreeze-at)")
+        if ADAPTERS[self.adapter].fold and self.lora_alpha != _DEFAULTS["lora_alpha"]:
+            raise TrainError(f"--adapter {self.adapter} scales by 1: --lora-alpha has no effect "
+                             "with it")
         if ADAPTERS[self.adapter].principal and self.tune == "lora" and not self.init_from:
             raise TrainError(f"--adapter {self.adapter} splits given weights: give them with "
                              "--init-from")
