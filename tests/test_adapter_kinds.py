@@ -253,6 +253,17 @@ def test_miss_tune_trains_the_blocks_alone_and_resumes_bit_exact(tmp_path):
         _lora_run(tmp_path, base, "mi3", adapter="miss", lora_r=5)
 
 
+@pytest.mark.parametrize("kind", ["rslora", "pissa", "miss", "lisa"])
+def test_every_kind_trains_in_bf16_under_grad_cp(tmp_path, kind):
+    """bf16 projections with --grad-cp: the held-out loss falls."""
+    base = _base_run(tmp_path)
+    kw = dict(steps=6, precision="bf16", grad_cp=True, lr=1e-2)
+    tr = _tune(tmp_path, base, "b", tune="full", lisa_layers=1, lisa_interval=2, **kw) \
+        if kind == "lisa" else _lora_run(tmp_path, base, "b", adapter=kind, **kw)
+    val0 = tr.evaluate()["val_loss"]
+    assert tr.run()["val_loss"] < val0
+
+
 def test_kind_options_refused_in_one_line(tmp_path):
     with pytest.raises(TrainError, match="--adapter sets the adapters of --tune lora"):
         TrainOptions(tune="state", adapter="rslora").resolved()
