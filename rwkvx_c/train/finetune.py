@@ -442,12 +442,12 @@ def _enable_lora(model: RxPtModel, opts: TrainOptions, trained: set[str]
     model.enable_lora(opts.lora_r, core_alpha(opts.adapter, opts.lora_r, opts.lora_alpha), names)
     if kind.principal:
         return init_principal(model)
-    init_adapters(model, opts.seed)
-    if kind.fold:   # A the fixed fold, B zero: the tuned model starts as the base
-        assert model.lora is not None
-        for k, v in model.lora.items():
-            if k.endswith(A_SUFFIX):
-                v[...] = fold_matrix(*v.shape)
+    if not kind.fold:
+        init_adapters(model, opts.seed)
+        return {}
+    assert model.lora is not None   # A the fixed fold, B zero: the tune starts as the base
+    for k, v in model.lora.items():
+        v[...] = fold_matrix(*v.shape) if k.endswith(A_SUFFIX) else 0.0
     return {}
 
 
@@ -459,7 +459,7 @@ def init_principal(model: RxPtModel) -> dict[str, np.ndarray]:
     assert model.lora is not None and model.lora_rank is not None
     r, alpha = model.lora_rank
     base, out = set(model.base_names), {}
-    for p, _ in adapters_of(model.lora).items():
+    for p in adapters_of(model.lora):
         W = model.base_tensor(p) if p in base else model.params[p]
         A0, B0, res = principal_parts(W, r, alpha / r)
         model.lora[p + A_SUFFIX][...], model.lora[p + B_SUFFIX][...] = A0, B0
