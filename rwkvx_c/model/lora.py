@@ -86,7 +86,8 @@ def plain_alpha(kind: str, r: int, alpha: float) -> float:
 
 def fold_matrix(r: int, n_in: int) -> np.ndarray:
     """MiSS's A [r, n_in]: A[k, i] = 1 where i % r == k, so x A^T sums x's
-    r-wide slices (PEFT's x.reshape(..., n_in / r, r).sum(-2))."""
+    r-wide slices (PEFT's x.reshape(..., n_in / r, r).sum(-2), x padded
+    with zeros to a multiple of r)."""
     return (np.arange(n_in)[None, :] % r == np.arange(r)[:, None]).astype(np.float32)
 
 

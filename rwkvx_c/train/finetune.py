@@ -433,12 +433,6 @@ def _enable_lora(model: RxPtModel, opts: TrainOptions, trained: set[str]
         raise TrainError(f"{both[0]} would train twice, under --train-parts and as a LoRA "
                          "target; drop one")
     kind = ADAPTERS[opts.adapter]
-    if kind.fold:
-        bad = [n for n in names if model.params[n].shape[0] % opts.lora_r]
-        if bad:
-            raise TrainError(f"--adapter {kind.name} sums r-wide slices of a projection's "
-                             f"input: --lora-r {opts.lora_r} does not divide {bad[0]}'s "
-                             f"{model.params[bad[0]].shape[0]}")
     model.enable_lora(opts.lora_r, core_alpha(opts.adapter, opts.lora_r, opts.lora_alpha), names)
     if kind.principal:
         return init_principal(model)
