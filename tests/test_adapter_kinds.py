@@ -15,7 +15,9 @@ from test_lora import ALPHA, CFG, HYB, IGNORE, R, _adapters, _data, _lora_run
 
 import rwkvx_c as rx
 from rwkvx_c.cli import build_parser, main
+from rwkvx_c.errors import InteropError
 from rwkvx_c.interop.pth import load_pth
+from rwkvx_c.interop.source import read_source
 from rwkvx_c.model.lora import (
     ADAPTER_KINDS,
     ADAPTERS,
@@ -316,6 +318,13 @@ def test_peft_applies_the_exported_kind_onto_the_hf_export(tmp_path, kind):
     back = str(tmp_path / "back")
     assert main(["import", str(tmp_path / "peft"), "--base", base, "--out", back]) == 0
     assert _rel(load_model(back).forward(tokens), ours) <= FWD_TOL
+    if ADAPTERS[kind].principal:   # an unconverted PiSSA folder sits on a residual: refused
+        cfg["init_lora_weights"] = "pissa"
+        with open(tmp_path / "peft" / "adapter_config.json", "w") as f:
+            json.dump(cfg, f)
+        with pytest.raises(InteropError, match="init_lora_weights is 'pissa', whose adapters "
+                           "sit on a residual of the base"):
+            read_source(str(tmp_path / "peft"), base)
     assert math.isclose(float(np.abs(ours).max()), float(np.abs(theirs).max()), rel_tol=1e-3)
     assert os.path.isfile(tmp_path / "peft" / "adapter_model.safetensors")
     # our init is peft's init_lora_weights="pissa": the residual and s B0 A0

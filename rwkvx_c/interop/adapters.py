@@ -38,6 +38,8 @@ from rwkvx_c.util.files import read_json
 __all__ = ["Adapters", "is_adapter", "peft_base", "read_adapters"]
 
 _PEFT_PREFIX = "base_model.model."
+# PEFT inits that change the base weights the adapters then sit on
+_RESIDUAL_INITS = ("pissa", "corda", "olora", "loftq", "lora_ga")
 _RWKV_PEFT_META = ("lora_alpha", "lora_r")   # what rwkvx_c's lora export adds beside them
 
 
@@ -207,6 +209,11 @@ def _check_peft_config(cfg: Mapping[str, Any], what: str) -> None:
         v = cfg.get(key)
         if v and v != ok:
             raise InteropError(f"{what}: {key} is {v!r}; rwkvx_c's LoRA has {ok!r}")
+    init = str(cfg.get("init_lora_weights", "")).lower()
+    if init.startswith(_RESIDUAL_INITS):   # peft applies these to a residual of the base
+        raise InteropError(f"{what}: init_lora_weights is {cfg['init_lora_weights']!r}, whose "
+                           "adapters sit on a residual of the base; save it converted to LoRA "
+                           "(peft's path_initial_model_for_weight_conversion)")
     for key in ("r",) if cfg["peft_type"] == "MISS" else ("r", "lora_alpha"):
         v = cfg.get(key)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf"):
