@@ -29,7 +29,7 @@ from rwkvx_c.model.lora import (
 from rwkvx_c.run.checkpoint import read_checkpoint
 from rwkvx_c.sample import load_model
 from rwkvx_c.train import Trainer, TrainError, TrainOptions
-from rwkvx_c.train.finetune import lisa_blocks
+from rwkvx_c.train.finetune import lisa_blocks, unfreeze
 
 from checks import FWD_TOL, GRAD_TOL, assert_rel
 from reference.autograd import Var
@@ -136,6 +136,22 @@ def test_pissa_init_is_the_principal_split_and_the_tune_resumes_bit_exact(tmp_pa
     assert sd["lora_alpha"].tolist() == [16.0] and sd["lora_r"].tolist() == [8.0]
     with pytest.raises(TrainError, match="--adapter pissa splits given weights"):
         TrainOptions(tune="lora", adapter="pissa").resolved()
+
+
+def test_pissa_unfreeze_merges_into_the_residual(tmp_path):
+    """--unfreeze-at: the adapters fold into the residual the model holds
+    (a q8_0 base decoded first), the model the same across the switch."""
+    base = _base_run(tmp_path)
+    tr = _lora_run(tmp_path, base, "u", adapter="pissa", base_dtype="q8_0", unfreeze_at=5)
+    tr.run(stop=lambda: tr.step_count >= 4)
+    tokens = np.arange(20, dtype=np.int32) % 256
+    before = tr.model.forward(tokens)
+    tr.optim = unfreeze(tr.model, tr.optim, tr.opts)   # what step 5 begins with
+    assert tr.model.lora is None and tr.model.base_dtype is None
+    assert _rel(tr.model.forward(tokens), before) <= FWD_TOL
+    tr.run()
+    assert _rel(load_model(str(tmp_path / "u")).forward(tokens),
+                tr.model.forward(tokens)) <= FWD_TOL
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "q8_0", "q4_0"])
