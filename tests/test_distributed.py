@@ -161,24 +161,32 @@ def test_two_ranks_match_one_process_and_resume(tmp_path):
 CHAT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "chat.jsonl")
 
 
-@pytest.mark.parametrize("tune,data", [("state", CHAT), ("lora", None)])
-def test_fine_tunes_on_two_ranks_match_one_process(tmp_path, tune, data):
+@pytest.mark.parametrize("tune,data,adapter", [
+    ("state", CHAT, None), ("lora", None, "lora"), ("lora", None, "rslora"),
+    ("lora", None, "pissa"), ("lora", None, "miss"), ("full", None, "lisa")])
+def test_fine_tunes_on_two_ranks_match_one_process(tmp_path, tune, data, adapter):
     """--tune state (on chat data, whose rows count different numbers of
-    assistant tokens on each rank) and --tune lora with a trained group
-    (--train-parts ln): the ranks average what trains, and 20 steps give
-    the one-process losses to float32 reduction noise."""
+    assistant tokens on each rank), --tune lora of each adapter kind with a
+    trained group (--train-parts ln; PiSSA on a q8_0 base, whose residual
+    every rank computes alike) and LISA (every rank draws the same blocks):
+    the ranks average what trains, and 20 steps give the one-process losses
+    to float32 reduction noise."""
     base = str(tmp_path / "base")
     r = _launch(1, ["--out", base, "--steps", "3", "--precision", "fp32"] + FAST, tmp_path)
     assert r.returncode == 0, r.stderr
     seq = ["--seq-len", "96"] if tune == "state" else []   # a prompt and its reply
-    lr = "0.05" if tune == "state" else "0.01"
+    lr = {"state": "0.05", "lora": "0.01"}.get(tune, "0.003")
     # fp32 throughout: the ranks' sums round apart by float32 ulps, which bf16
     # operands would turn into whole bf16 steps of a weight (--precision auto
     # is bf16 on some CPUs)
     args = ["--init-from", base, "--tune", tune, "--steps", "20", "--lr", lr,
             "--precision", "fp32"] + FAST + seq
     if tune == "lora":
-        args += ["--train-parts", "ln", "--lora-r", "4"]
+        args += ["--train-parts", "ln", "--lora-r", "4", "--adapter", adapter]
+    if adapter == "pissa":
+        args += ["--base-dtype", "q8_0"]
+    if adapter == "lisa":
+        args += ["--lisa-layers", "1", "--lisa-interval", "5"]
     one, two = str(tmp_path / "one"), str(tmp_path / "two")
     r = _launch(1, ["--out", one] + args, tmp_path, data=data)
     assert r.returncode == 0, r.stderr

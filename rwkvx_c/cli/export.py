@@ -7,7 +7,7 @@ import os
 from rwkvx_c.cli.common import Subparsers, add_base_flag, err
 from rwkvx_c.interop.pth import DTYPES
 from rwkvx_c.interop.runs import EXPORTS, FORMATS, Adapters, export_model
-from rwkvx_c.model.lora import adapters_of, run_alpha
+from rwkvx_c.model.lora import ADAPTERS, adapters_of, plain_alpha, run_adapter
 from rwkvx_c.run.base import BASE_KEY, short
 from rwkvx_c.run.checkpoint import read_checkpoint, read_state
 from rwkvx_c.run.rundir import checkpoint_path
@@ -59,7 +59,11 @@ def run(a: argparse.Namespace) -> int:
         p = checkpoint_path(a.dir)
         tensors, _, state = read_checkpoint(p)
         ads = adapters_of(tensors)
-        adapters = (ads, run_alpha(state, p)) if ads else None
+        if ads:
+            kind, r, alpha = run_adapter(state, p)
+            if ADAPTERS[kind].principal:   # PEFT's converted form: plain LoRA at rank 2r
+                kind, alpha = "lora", plain_alpha(kind, r, alpha)
+            adapters = (ads, alpha, kind)
     export_model(model, a.format, a.out, a.dtype, inputs=inputs, tokenizer=tok,
                  adapters=adapters)
     print(f"rwkvx-c export: {a.out} ({a.format}, {a.dtype})")

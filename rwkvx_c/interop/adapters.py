@@ -32,12 +32,14 @@ from rwkvx_c.interop.hf import PEFT_FILES, _need
 from rwkvx_c.interop.hf_hybrid import export_modules
 from rwkvx_c.interop.pth import PthTensors, load_pth
 from rwkvx_c.interop.rwkv7 import linear_prefixes
-from rwkvx_c.model.lora import A_SUFFIX, B_SUFFIX, TARGETS, target_params
+from rwkvx_c.model.lora import A_SUFFIX, B_SUFFIX, TARGETS, fold_matrix, target_params
 from rwkvx_c.util.files import read_json
 
 __all__ = ["Adapters", "is_adapter", "peft_base", "read_adapters"]
 
 _PEFT_PREFIX = "base_model.model."
+# PEFT inits that change the base weights the adapters then sit on
+_RESIDUAL_INITS = ("pissa", "corda", "olora", "loftq", "lora_ga")
 _RWKV_PEFT_META = ("lora_alpha", "lora_r")   # what rwkvx_c's lora export adds beside them
 
 
@@ -120,7 +122,9 @@ def _read_peft(folder: str, base: RxPtModel) -> tuple[dict[str, tuple[np.ndarray
     if not isinstance(cfg, dict):
         raise InteropError(f"{cpath} does not hold a JSON object")
     _check_peft_config(cfg, cpath)
-    r, alpha = int(cfg["r"]), float(cfg["lora_alpha"])
+    miss = cfg["peft_type"] == "MISS"
+    r = int(cfg["r"])
+    alpha = float(r if miss else cfg["lora_alpha"])   # MiSS: scale 1
     if cfg.get("use_rslora"):   # scale alpha / sqrt(r): the same scale as alpha * sqrt(r) / r
         alpha *= math.sqrt(r)
     torch, st = _need("reading a PEFT adapter folder")
@@ -135,10 +139,14 @@ def _read_peft(folder: str, base: RxPtModel) -> tuple[dict[str, tuple[np.ndarray
     params = {mod: ours for ours, mod in export_modules(base).items()}
     found: dict[str, dict[str, np.ndarray]] = {}
     for key, a in tensors.items():
-        mod, part = _split_peft_key(key, wpath)
+        mod, part = _split_peft_key(key, wpath, miss)
         if mod not in params:
             raise InteropError(f"{wpath}: {mod} is not a projection rwkvx_c adapts (it adapts "
                                f"{', '.join(sorted(TARGETS))} in every block)")
+        if miss:   # its block M [r, out] is B^T beside the fixed fold A
+            part, a = "B", a.T
+            found.setdefault(params[mod], {})["A"] = \
+                fold_matrix(a.shape[1], base.params[params[mod]].shape[0])
         found.setdefault(params[mod], {})[part] = a
     pairs = _pairs(found, wpath)
     _agree(cfg, cpath, params, pairs, r)
@@ -187,16 +195,26 @@ def _agree(cfg: Mapping[str, Any], what: str, params: Mapping[str, str],
 
 
 def _check_peft_config(cfg: Mapping[str, Any], what: str) -> None:
-    """Refuses a PEFT config whose adapters compute something else than W + (alpha/r) B A."""
-    if cfg.get("peft_type") != "LORA":
-        raise InteropError(f"{what}: peft_type {cfg.get('peft_type')!r}; rwkvx_c reads LORA")
+    """Refuses a PEFT config whose adapters compute something else than W + (alpha/r) B A
+    (MISS: W + fold_r(x) M, MiSS's default form)."""
+    if cfg.get("peft_type") not in ("LORA", "MISS"):
+        raise InteropError(f"{what}: peft_type {cfg.get('peft_type')!r}; rwkvx_c reads LORA "
+                           "and MISS")
+    if cfg["peft_type"] == "MISS" and cfg.get("init_weights", True) is not True:
+        raise InteropError(f"{what}: init_weights is {cfg['init_weights']!r}; rwkvx_c reads "
+                           "MiSS's default form (true)")
     for key, ok in (("fan_in_fan_out", False), ("use_dora", False), ("bias", "none"),
                     ("modules_to_save", None), ("rank_pattern", {}), ("alpha_pattern", {}),
                     ("layers_to_transform", None), ("exclude_modules", None)):
         v = cfg.get(key)
         if v and v != ok:
             raise InteropError(f"{what}: {key} is {v!r}; rwkvx_c's LoRA has {ok!r}")
-    for key in ("r", "lora_alpha"):
+    init = str(cfg.get("init_lora_weights", "")).lower()
+    if init.startswith(_RESIDUAL_INITS):   # peft applies these to a residual of the base
+        raise InteropError(f"{what}: init_lora_weights is {cfg['init_lora_weights']!r}, whose "
+                           "adapters sit on a residual of the base; save it converted to LoRA "
+                           "(peft's path_initial_model_for_weight_conversion)")
+    for key in ("r",) if cfg["peft_type"] == "MISS" else ("r", "lora_alpha"):
         v = cfg.get(key)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf"):
             raise InteropError(f"{what}: {key} is {v!r}, expected a positive number")
@@ -204,14 +222,16 @@ def _check_peft_config(cfg: Mapping[str, Any], what: str) -> None:
         raise InteropError(f"{what}: r is {cfg['r']!r}, expected an integer (the rank)")
 
 
-def _split_peft_key(key: str, what: str) -> tuple[str, str]:
-    """'base_model.model.X.lora_A.weight' -> ('X', 'A')."""
-    for part in ("A", "B"):
-        tail = f".lora_{part}.weight"
+def _split_peft_key(key: str, what: str, miss: bool = False) -> tuple[str, str]:
+    """'base_model.model.X.lora_A.weight' -> ('X', 'A'); a MISS folder's
+    'base_model.model.X.miss_block' -> ('X', 'M')."""
+    for part, tail in ((("M", ".miss_block"),) if miss else
+                       (("A", ".lora_A.weight"), ("B", ".lora_B.weight"))):
         if key.startswith(_PEFT_PREFIX) and key.endswith(tail):
             return key[len(_PEFT_PREFIX):-len(tail)], part
-    raise InteropError(f"{what}: {key} is not a LoRA adapter tensor "
-                       "(base_model.model.<module>.lora_A.weight / lora_B.weight)")
+    raise InteropError(f"{what}: {key} is not a " + (
+        "MiSS tensor (base_model.model.<module>.miss_block)" if miss else
+        "LoRA adapter tensor (base_model.model.<module>.lora_A.weight / lora_B.weight)"))
 
 
 def _read_rwkv_peft(path: str, base: RxPtModel, alpha: float | None

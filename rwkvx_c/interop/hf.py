@@ -44,6 +44,7 @@ from rwkvx_c.interop.pth import DTYPES
 from rwkvx_c.interop.rwkv7 import from_rwkv7, linear_prefixes, to_rwkv7
 from rwkvx_c.interop.safetensors_file import SafetensorsTensors, ShardedTensors
 from rwkvx_c.model.config import ModelConfig, export_refusal
+from rwkvx_c.model.lora import ADAPTERS
 from rwkvx_c.run.rundir import CHECKPOINT
 from rwkvx_c.util.atomic import replace_with
 from rwkvx_c.util.files import read_json
@@ -329,7 +330,7 @@ def hf_modules(model: RxPtModel) -> dict[str, str]:
 
 def save_peft(model: RxPtModel, adapters: Mapping[str, tuple[np.ndarray, np.ndarray]],
               alpha: float, out_dir: str, dtype: str = "fp32",
-              modules: Mapping[str, str] | None = None) -> None:
+              modules: Mapping[str, str] | None = None, kind: str = "lora") -> None:
     """Writes a LoRA run's adapters as a Hugging Face PEFT adapter folder for
     the hf export of its base: adapter_config.json (LORA, r, lora_alpha,
     target_modules: the hf names of the adapted Linears) and
@@ -337,7 +338,9 @@ def save_peft(model: RxPtModel, adapters: Mapping[str, tuple[np.ndarray, np.ndar
     [r, in], '.lora_B.weight' [out, r]); PeftModel.from_pretrained puts them
     on RWKV7ForCausalLM (tests/test_lora.py). modules: {our matrix: module
     name} of the hf export (default: the rwkv7 layout's; a hybrid's come
-    from rwkvx_c.interop.hf_hybrid.export_modules)."""
+    from rwkvx_c.interop.hf_hybrid.export_modules). kind: the adapters'
+    (rwkvx_c.model.lora.ADAPTERS), whose PEFT keys the config sets
+    (rsLoRA: use_rslora, alpha its own)."""
     if dtype not in DTYPES:
         raise InteropError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
     if modules is None:
@@ -349,18 +352,24 @@ def save_peft(model: RxPtModel, adapters: Mapping[str, tuple[np.ndarray, np.ndar
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise InteropError(f"{out_dir} is a file; --format peft writes a folder")
     td = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    fold = ADAPTERS[kind].fold   # MiSS: its block B^T [r, out] alone (A is the fixed fold)
     tensors, targets, r = {}, [], 0
     for ours, (A, B) in adapters.items():
         module = modules[ours]
         targets.append(module)
         r = A.shape[0]
-        for part, a in (("lora_A", A), ("lora_B", B)):
-            tensors[f"base_model.model.{module}.{part}.weight"] = torch.from_numpy(
+        parts = (("miss_block", np.ascontiguousarray(B.T)),) if fold else \
+            (("lora_A.weight", A), ("lora_B.weight", B))
+        for part, a in parts:
+            tensors[f"base_model.model.{module}.{part}"] = torch.from_numpy(
                 np.array(a, dtype=np.float32)).to(td)
-    cfg = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": r, "lora_alpha": alpha,
-           "target_modules": targets, "lora_dropout": 0.0, "bias": "none",
-           "fan_in_fan_out": False, "use_rslora": False, "inference_mode": True,
-           "base_model_name_or_path": None, "modules_to_save": None}
+    cfg: dict[str, Any] = {"task_type": "CAUSAL_LM", "r": r, "target_modules": targets,
+                           "bias": "none", "inference_mode": True,
+                           "base_model_name_or_path": None, "modules_to_save": None}
+    cfg.update({"init_weights": True, "miss_dropout": 0.0} if fold else
+               {"peft_type": "LORA", "lora_alpha": alpha, "lora_dropout": 0.0,
+                "fan_in_fan_out": False, "use_rslora": False})
+    cfg.update(ADAPTERS[kind].peft)
     os.makedirs(out_dir, exist_ok=True)
     replace_with(os.path.join(out_dir, PEFT_FILES[1]),
                  lambda tmp: st.save_file(tensors, tmp, metadata={"format": "pt"}))

@@ -28,13 +28,15 @@ from rwkvx_c.interop.pth import DTYPES, load_pth, save_pth
 from rwkvx_c.interop.rwkv7 import from_rwkv7, from_rwkvx, linear_prefixes, to_rwkv7, to_rwkvx
 from rwkvx_c.interop.source import STATE_KEY, read_run, read_source
 from rwkvx_c.model.config import ModelConfig
-from rwkvx_c.model.lora import A_SUFFIX, B_SUFFIX, run_alpha, without_adapters
+from rwkvx_c.model.lora import A_SUFFIX, B_SUFFIX, plain_alpha, run_alpha, without_adapters
 from rwkvx_c.run.rundir import RunDir, checkpoint_path, claim_output, describe_entries
 
 __all__ = ["FORMATS", "EXPORTS", "ExportFormat", "Adapters", "export_model", "import_pth",
            "import_adapters", "state_dict", "lora_dict", "merge_run"]
 
-Adapters = tuple[Mapping[str, tuple[np.ndarray, np.ndarray]], float]   # ({param: (A, B)}, alpha)
+# ({param: (A, B)}, alpha, kind): a LoRA run's adapters, their kind's alpha and
+# kind (rwkvx_c.model.lora.ADAPTERS)
+Adapters = tuple[Mapping[str, tuple[np.ndarray, np.ndarray]], float, str]
 # a format's writer: (model, out, dtype, tokenizer, adapters); adapters only
 # for a format that holds them (export_model refuses a model without them)
 Writer = Callable[[RxPtModel, str, str, Tokenizer, Adapters], None]
@@ -71,8 +73,8 @@ EXPORTS = {f.name: f for f in (
                  "state", "a state-tuned run's initial states (RWKV-PEFT's time_state file)"),
     ExportFormat("lora", lambda m, out, dtype, _t, a: save_pth(lora_dict(m, *a), out, dtype),
                  "adapters", "a LoRA run's adapters (RWKV-PEFT's lora_A / lora_B names)"),
-    ExportFormat("peft", lambda m, out, dtype, _t, a: save_peft(m, *a, out, dtype,
-                                                                 export_modules(m)),
+    ExportFormat("peft", lambda m, out, dtype, _t, a: save_peft(m, a[0], a[1], out, dtype,
+                                                                 export_modules(m), a[2]),
                  "adapters", "a Hugging Face PEFT adapter folder for the hf export",
                  folder=PEFT_FILES),
 )}
@@ -105,7 +107,7 @@ def export_model(model: RxPtModel, fmt: str, out: str, dtype: str = "fp32", *,
         claim_output(out if name is None else os.path.join(out, name), inputs)
     if f.holds == "adapters" and adapters is None:
         raise InteropError("the model has no LoRA adapters (train with --tune lora)")
-    f.write(model, out, dtype, tokenizer or ByteTokenizer(), adapters or ({}, 0.0))
+    f.write(model, out, dtype, tokenizer or ByteTokenizer(), adapters or ({}, 0.0, "lora"))
 
 
 def state_dict(model: RxPtModel) -> dict[str, np.ndarray]:
@@ -120,20 +122,22 @@ def state_dict(model: RxPtModel) -> dict[str, np.ndarray]:
 
 
 def lora_dict(model: RxPtModel, adapters: Mapping[str, tuple[np.ndarray, np.ndarray]],
-              alpha: float) -> dict[str, np.ndarray]:
+              alpha: float, kind: str = "lora") -> dict[str, np.ndarray]:
     """RWKV-PEFT's LoRA file: '{module}.lora_A' [r, in] and '{module}.lora_B'
     [out, r] for each adapted Linear under the export's names (x070's
     "blocks.{i}.att.receptance", RWKV-X's "moba.{j}.att.key", ...), and
     one-element 'lora_alpha' and 'lora_r' recording the scale alpha / r (RWKV-PEFT's
     merge_lora.py takes alpha as an argument and reads r from the shapes,
-    and passes over keys holding "lora" that are not adapters)."""
+    and passes over keys holding "lora" that are not adapters). Adapters of
+    another kind are written as the plain LoRA that computes the same
+    (rwkvx_c.model.lora.plain_alpha: rsLoRA's alpha * sqrt(r))."""
     names = linear_prefixes(model)
     out: dict[str, np.ndarray] = {}
     for ours, (A, B) in adapters.items():
         out[names[ours] + A_SUFFIX] = np.array(A, dtype=np.float32)
         out[names[ours] + B_SUFFIX] = np.array(B, dtype=np.float32)
     r = next(iter(adapters.values()))[0].shape[0]
-    out["lora_alpha"] = np.array([alpha], dtype=np.float32)
+    out["lora_alpha"] = np.array([plain_alpha(kind, r, alpha)], dtype=np.float32)
     out["lora_r"] = np.array([r], dtype=np.float32)
     return out
 

@@ -8,11 +8,16 @@ trains (``--tune``).
            frozen: AdamW holds moments for the states alone and the base
            weights are never written (docs/finetune.md)
     lora   only LoRA adapters A [r, in], B [out, r] on the projections
-           train (A PEFT's kaiming-uniform, B zero); the base is frozen
-           as in state (merge_adapters folds them in)
+           train (A PEFT's kaiming-uniform, B zero; --adapter picks the
+           kind, rwkvx_c.model.lora.ADAPTERS); the base is frozen as in
+           state (merge_adapters folds them in)
 
 The shape comes from the source: a shape option that disagrees is one
 TrainError (shape_conflicts is the one place that judges it).
+
+``--lisa-layers N`` (LISA, a schedule of a full tune): N blocks drawn
+every ``--lisa-interval`` steps train fully beside the embedding, head and
+final norms (lisa_due).
 
 ``--unfreeze-at STEP`` (the base-unfreeze): from run step STEP on, every
 parameter trains; ``unfreeze`` is the one switch (see its doc), and
@@ -30,11 +35,18 @@ import numpy as np
 
 from rwkvx_c.errors import TrainError
 from rwkvx_c.model.lora import (
+    A0_SUFFIX,
     A_SUFFIX,
+    ADAPTERS,
+    B0_SUFFIX,
+    B_SUFFIX,
     DEFAULT_TARGETS,
     TARGETS,
     adapters_of,
+    core_alpha,
+    fold_matrix,
     merge_into,
+    principal_parts,
     target_params,
 )
 from rwkvx_c.model.weights import load_states
@@ -52,7 +64,7 @@ __all__ = ["TUNE_MODES", "PARTS", "part_of", "parse_parts", "trained_names", "Pa
            "STATE_KEY", "base_frozen", "saved_params", "held_names", "shape_conflicts",
            "from_source", "make_optimizer", "trained_tensors", "restore_trained",
            "adapter_options", "unfreeze", "unfreeze_due", "is_unfrozen", "switched",
-           "parse_targets", "init_adapters", "merge_adapters"]
+           "parse_targets", "init_adapters", "merge_adapters", "lisa_blocks", "lisa_due"]
 
 
 def shape_conflicts(src_config: Mapping[str, int], asked: Mapping[str, int]) -> list[str]:
@@ -97,6 +109,9 @@ def adapter_options(asked: Mapping[str, Any], lora: Mapping[str, Any], what: str
     if asked.get("tune") not in (None, "lora"):
         raise TrainError(f"{what} holds LoRA adapters, which train on as --tune lora; drop "
                          f"--tune {asked['tune']}")
+    if asked.get("adapter") not in (None, "lora"):   # their scale is folded into their alpha
+        raise TrainError(f"{what} holds adapters that train on as plain LoRA of their own "
+                         f"scale; drop --adapter {asked['adapter']}")
     r, alpha, targets = int(lora["r"]), float(lora["alpha"]), str(lora["targets"])
     for k, v in (("lora_r", r), ("lora_alpha", alpha)):
         if asked.get(k) is not None and asked[k] != v:
@@ -186,6 +201,10 @@ class PartsAdamW:
         self.pieces = list(pieces)
         self.starts = list(starts) if starts is not None else [0] * len(pieces)
         self.unfrozen = unfrozen
+        # a principal kind's initial adapters (init_principal): checkpoints hold them
+        self.initial: dict[str, np.ndarray] = {}
+        self.lisa_period = -1   # the LISA period it trains (_lisa_optimizer), else -1
+        self.adapter_pieces = 0   # the leading pieces that are a LoRA tune's adapters
         self.m, self.v = np.zeros(n, np.float32), np.zeros(n, np.float32)
         self.subs: list[AdamW] = []
         off = 0
@@ -233,6 +252,8 @@ def make_optimizer(model: RxPtModel, opts: TrainOptions) -> AdamW | PartsAdamW:
     the initial states with --train-parts' groups (state), or the LoRA
     adapters, made and initialised here, with --train-parts' groups (lora).
     Matrices (adapters too) get weight decay, vectors and states none."""
+    if opts.lisa_layers:
+        return _lisa_optimizer(model, opts, 0)
     names = trained_names(model, opts)
     if opts.tune == "full" and len(names) == len(model.param_names):
         model.freeze_ranges(np.zeros((0, 2), np.int64))
@@ -246,14 +267,23 @@ def make_optimizer(model: RxPtModel, opts: TrainOptions) -> AdamW | PartsAdamW:
         model.enable_state()
         assert model.state is not None and model.state_grad is not None
         pieces.insert(0, (model.state, model.state_grad, False))
+    initial: dict[str, np.ndarray] = {}
     if opts.tune == "lora":
-        _enable_lora(model, opts, set(names))
+        initial = _enable_lora(model, opts, set(names))
         assert model.lora_buffer is not None and model.lora_grad_buffer is not None
-        # the adapters are matrices: the run's weight decay applies to them
-        pieces.insert(0, (model.lora_buffer, model.lora_grad_buffer, True))
+        assert model.lora is not None and model.lora_grads is not None
+        # the adapters are matrices: the run's weight decay applies to them;
+        # a fold kind's A is fixed: its Bs train alone
+        ads = [(model.lora_buffer, model.lora_grad_buffer, True)] \
+            if not ADAPTERS[opts.adapter].fold else \
+            [(model.lora[k], model.lora_grads[k], True) for k in model.lora if k.endswith(B_SUFFIX)]
+        pieces[:0] = ads
     if not pieces:
         raise TrainError("nothing trains: every group is frozen")
-    return PartsAdamW(pieces, opts)
+    out = PartsAdamW(pieces, opts)
+    out.initial = initial
+    out.adapter_pieces = len(ads) if opts.tune == "lora" else 0
+    return out
 
 
 def _frozen_ranges(model: RxPtModel, trained: list[str]) -> np.ndarray:
@@ -287,12 +317,12 @@ def unfreeze(model: RxPtModel, optim: AdamW | PartsAdamW,
     if isinstance(optim, AdamW) or optim.unfrozen:
         return optim
     assert opts.unfreeze_at is not None
-    drop = 0   # a LoRA tune's adapters: the piece make_optimizer put first
+    drop = 0   # a LoRA tune's adapters: the pieces make_optimizer put first
     if model.base_dtype is not None:   # float32 again: a quantised base's values
         model.release_base()
     if model.lora is not None:
         merge_adapters(model)
-        drop = 1
+        drop = optim.adapter_pieces
     skip = sum(p.size for p, _, _ in optim.pieces[:drop])
     frozen = _frozen_ranges(model, trained_names(model, opts))
     model.freeze_ranges(np.zeros((0, 2), np.int64))
@@ -307,6 +337,56 @@ def unfreeze(model: RxPtModel, optim: AdamW | PartsAdamW,
     out.m[:n], out.v[:n] = optim.m[skip:], optim.v[skip:]
     out.t = optim.t
     return out
+
+
+def lisa_blocks(opts: TrainOptions, n_blocks: int, period: int) -> list[int]:
+    """The blocks LISA trains fully in period `period` (run steps period * K
+    + 1 to (period + 1) * K, K = --lisa-interval): --lisa-layers of the
+    n_blocks drawn uniformly without replacement from a generator of the
+    run's seed and the period, so every MPI rank and a resume draw the same."""
+    assert opts.lisa_layers is not None
+    rng = np.random.default_rng([opts.seed, 0x115A, period])
+    return sorted(int(i) for i in rng.choice(n_blocks, opts.lisa_layers, replace=False))
+
+
+def _lisa_optimizer(model: RxPtModel, opts: TrainOptions, steps: int,
+                    old: PartsAdamW | None = None) -> PartsAdamW:
+    """LISA's AdamW for the period of run step steps + 1: the embedding, head
+    and every parameter outside the blocks (pieces first) keep old's moments
+    and step count; the period's blocks join with zero moments and their own
+    step count, and every other block is frozen in C (no weight grads), as
+    LMFlow's LISATrainer keeps the optimiser state of the always-trained
+    groups and re-creates the rest at each switch."""
+    assert opts.lisa_layers is not None
+    n = len(model.layers)
+    if opts.lisa_layers >= n:
+        raise TrainError(f"--lisa-layers {opts.lisa_layers}: the model has {n} blocks; LISA "
+                         f"trains fewer (all of them is a plain full tune)")
+    period = steps // opts.lisa_interval
+    chosen = tuple(f"blocks.{i}." for i in lisa_blocks(opts, n, period))
+    always = [k for k in model.param_names if not k.startswith("blocks.")]
+    active = [k for k in model.param_names if k.startswith(chosen)]
+    model.freeze_ranges(_frozen_ranges(model, always + active))
+    pieces: list[Piece] = [(model.params[k], model.grads[k], model.params[k].ndim == 2)
+                           for k in always + active]
+    out = PartsAdamW(pieces, opts, [0] * len(always) + [period * opts.lisa_interval] * len(active))
+    out.lisa_period = period
+    if old is not None:
+        kept = sum(model.params[k].size for k in always)
+        out.m[:kept], out.v[:kept] = old.m[:kept], old.v[:kept]
+        out.t = old.t
+    return out
+
+
+def lisa_due(model: RxPtModel, optim: AdamW | PartsAdamW, opts: TrainOptions,
+             steps: int) -> AdamW | PartsAdamW:
+    """The optimiser for run step steps + 1 of a LISA run: a new one
+    (_lisa_optimizer) when that step begins another period, else optim;
+    optim itself without LISA."""
+    if not opts.lisa_layers or not isinstance(optim, PartsAdamW) or \
+            optim.lisa_period == steps // opts.lisa_interval:
+        return optim
+    return _lisa_optimizer(model, opts, steps, optim)
 
 
 def is_unfrozen(optim: AdamW | PartsAdamW) -> bool:
@@ -340,8 +420,10 @@ def _offset(view: np.ndarray, base: np.ndarray) -> int:
     return (view.__array_interface__["data"][0] - base.__array_interface__["data"][0]) // 4
 
 
-def _enable_lora(model: RxPtModel, opts: TrainOptions, trained: set[str]) -> None:
-    """The adapters of --lora-targets on model, initialised from the run's seed."""
+def _enable_lora(model: RxPtModel, opts: TrainOptions, trained: set[str]
+                 ) -> dict[str, np.ndarray]:
+    """The adapters of --lora-targets on model, initialised as their kind
+    does (from the run's seed); returns a principal kind's initial adapters."""
     names = target_params(model.layers, parse_targets(opts.lora_targets))
     if not names:
         raise TrainError(f"--lora-targets {opts.lora_targets} names no projection of this "
@@ -350,8 +432,37 @@ def _enable_lora(model: RxPtModel, opts: TrainOptions, trained: set[str]) -> Non
     if both:
         raise TrainError(f"{both[0]} would train twice, under --train-parts and as a LoRA "
                          "target; drop one")
-    model.enable_lora(opts.lora_r, opts.lora_alpha, names)
-    init_adapters(model, opts.seed)
+    kind = ADAPTERS[opts.adapter]
+    model.enable_lora(opts.lora_r, core_alpha(opts.adapter, opts.lora_r, opts.lora_alpha), names)
+    if kind.principal:
+        return init_principal(model)
+    if not kind.fold:
+        init_adapters(model, opts.seed)
+        return {}
+    assert model.lora is not None   # A the fixed fold, B zero: the tune starts as the base
+    for k, v in model.lora.items():
+        v[...] = fold_matrix(*v.shape) if k.endswith(A_SUFFIX) else 0.0
+    return {}
+
+
+def init_principal(model: RxPtModel) -> dict[str, np.ndarray]:
+    """PiSSA's init (principal_parts) of every adapter from the weight it
+    sits on as the model holds it (a frozen base's decoded values), the
+    weight replaced by the residual (re-encoded in the base's dtype).
+    Returns the initial adapters under A0_SUFFIX / B0_SUFFIX keys."""
+    assert model.lora is not None and model.lora_rank is not None
+    r, alpha = model.lora_rank
+    base, out = set(model.base_names), {}
+    for p in adapters_of(model.lora):
+        W = model.base_tensor(p) if p in base else model.params[p]
+        A0, B0, res = principal_parts(W, r, alpha / r)
+        model.lora[p + A_SUFFIX][...], model.lora[p + B_SUFFIX][...] = A0, B0
+        out[p + A0_SUFFIX], out[p + B0_SUFFIX] = A0, B0
+        if p in base:
+            model.base_fill(p, res)
+        else:
+            model.params[p][...] = res
+    return out
 
 
 def init_adapters(model: RxPtModel, seed: int) -> None:
@@ -378,11 +489,15 @@ def merge_adapters(model: RxPtModel) -> None:
     model.disable_lora()
 
 
-def trained_tensors(model: RxPtModel) -> dict[str, np.ndarray]:
+def trained_tensors(model: RxPtModel, optim: AdamW | PartsAdamW | None = None
+                    ) -> dict[str, np.ndarray]:
     """What a checkpoint stores beside the parameters: the initial states
-    and the LoRA adapters when the model has them."""
+    and the LoRA adapters when the model has them (with a principal kind's
+    initial ones, optim's, while the adapters are on)."""
     out = {} if model.state is None else {STATE_KEY: model.state}
     out.update(model.lora or {})
+    if model.lora is not None and isinstance(optim, PartsAdamW):
+        out.update(optim.initial)
     return out
 
 

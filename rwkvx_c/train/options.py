@@ -21,6 +21,7 @@ from rwkvx_c.data.tokenizers import load as load_tokenizer
 from rwkvx_c.errors import ConfigError, TokenizerError, TrainError
 from rwkvx_c.model.config import ModelConfig
 from rwkvx_c.model.init import SCHEMES
+from rwkvx_c.model.lora import ADAPTER_KINDS, ADAPTERS
 from rwkvx_c.model.presets import PRESETS
 from rwkvx_c.train.guard import ON_DIVERGENCE
 from rwkvx_c.train.objectives import OBJECTIVES
@@ -213,10 +214,19 @@ class TrainOptions:
                                    "adapters are merged into the base there); the parameters "
                                    "that were frozen start with zero AdamW moments",
                                    kind="pos_int", metavar="STEP")
+    lisa_layers: int | None = _opt(None, "LISA (layer-wise sampled full tuning): with --tune "
+                                   "full, only N blocks train at a time, drawn anew every "
+                                   "--lisa-interval steps, beside the embedding, head and "
+                                   "final norms", kind="pos_int", metavar="N", absent=DEFAULT)
+    lisa_interval: int = _opt(20, "with --lisa-layers, the steps between draws",
+                              kind="pos_int", metavar="K", absent=DEFAULT)
     lora_r: int = _opt(32, "with --tune lora, the adapters' rank r", kind="pos_int",
                        metavar="R")
     lora_alpha: float = _opt(32.0, "with --tune lora, the adapters' alpha: W + (alpha/r) B A",
                              kind="pos_float", metavar="X")
+    adapter: str = _opt("lora", "with --tune lora, the adapters' kind: " + "; ".join(
+        f"({k.name}) {k.says}" for k in ADAPTERS.values()), choices=ADAPTER_KINDS,
+        metavar="KIND", absent=DEFAULT)
     lora_targets: str | None = _opt(None, "with --tune lora, the projections that get "
                                     "adapters, a comma list of att.receptance, att.key, "
                                     "att.value, att.output, ffn.key, ffn.value (RWKV blocks), "
@@ -331,10 +341,22 @@ class TrainOptions:
         (a LoRA option off --tune lora, an init over --init-from's weights):
         a user who gives one expects it to do something."""
         if self.tune != "lora":
-            for k in ("lora_r", "lora_alpha", "lora_targets"):
+            for k in ("lora_r", "lora_alpha", "lora_targets", "adapter"):
                 if getattr(self, k) not in (None, _DEFAULTS[k]):
                     raise TrainError(f"{flag_of(k)} sets the adapters of --tune lora; it has no "
                                      f"effect with --tune {self.tune}")
+        if self.lisa_layers is None and self.lisa_interval != _DEFAULTS["lisa_interval"]:
+            raise TrainError("--lisa-interval sets the schedule of --lisa-layers; give both")
+        if self.lisa_layers is not None and (self.tune != "full" or self.freeze
+                                             or self.train_parts or self.unfreeze_at):
+            raise TrainError("--lisa-layers is a schedule of a plain full tune (--tune full, "
+                             "no --freeze, --train-parts or --unfreeze-at)")
+        if ADAPTERS[self.adapter].fold and self.lora_alpha != _DEFAULTS["lora_alpha"]:
+            raise TrainError(f"--adapter {self.adapter} scales by 1: --lora-alpha has no effect "
+                             "with it")
+        if ADAPTERS[self.adapter].principal and self.tune == "lora" and not self.init_from:
+            raise TrainError(f"--adapter {self.adapter} splits given weights: give them with "
+                             "--init-from")
         if self.ref_from is not None and self.objective not in ("dpo", "ipo"):
             raise TrainError(f"--ref-from names the reference of --objective dpo or ipo; it has "
                              f"no effect with --objective {self.objective}")

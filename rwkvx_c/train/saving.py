@@ -21,6 +21,7 @@ from rwkvx_c.train.base import Decoded
 from rwkvx_c.train.finetune import (
     held_names,
     is_unfrozen,
+    lisa_due,
     saved_params,
     switched,
     trained_tensors,
@@ -54,6 +55,8 @@ class Saver(Stepper):
         if partial and is_unfrozen(self.optim) and not state.get("unfrozen"):
             self._reload_base()   # a rollback to before the switch: the base as it began
         self.optim = switched(self.model, self.optim, self.opts, bool(state.get("unfrozen")))
+        # LISA: the optimiser of the period that took the checkpoint's last step
+        self.optim = lisa_due(self.model, self.optim, self.opts, max(c["step"] - 1, 0))
         self._load_params(tensors, partial)
         n = self.optim.m.size
         for key, buf in (("optim.m", self.optim.m), ("optim.v", self.optim.v)):
@@ -123,7 +126,7 @@ class Saver(Stepper):
                                self._base_names if self._names_base() else None)
         tensors["optim.m"] = self.optim.m
         tensors["optim.v"] = self.optim.v
-        tensors.update(trained_tensors(self.model))
+        tensors.update(trained_tensors(self.model, self.optim))
         # a frozen base's matrices are not in the arena: decoded for the
         # file one at a time, as it is written
         save_checkpoint(path, Decoded(self.model, tensors),

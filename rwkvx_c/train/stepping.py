@@ -16,7 +16,7 @@ from rwkvx_c import _core
 from rwkvx_c.data.sampler import IGNORE, BatchSampler, count_targets
 from rwkvx_c.train import schedule
 from rwkvx_c.train.accumulate import GradAccumulator
-from rwkvx_c.train.finetune import PartsAdamW, unfreeze_due
+from rwkvx_c.train.finetune import PartsAdamW, lisa_due, unfreeze_due
 from rwkvx_c.train.guard import DivergenceGuard
 from rwkvx_c.train.keep import Keeper
 from rwkvx_c.train.objectives import PreferenceStep
@@ -139,6 +139,7 @@ class Stepper:
         t = time.perf_counter()
         lr = self.group.root_value(self.lr())
         self.optim = unfreeze_due(self.model, self.optim, self.opts, self.step_count)
+        self.optim = lisa_due(self.model, self.optim, self.opts, self.step_count)
         extra: Row = {}
         share = None
         if self.pref is not None:
