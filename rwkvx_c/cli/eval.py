@@ -12,7 +12,7 @@ from typing import Any
 from rwkvx_c import _core
 from rwkvx_c.cli.common import (
     Subparsers,
-    add_base_flag,
+    add_run_flags,
     checked,
     err,
     nonneg_int,
@@ -67,7 +67,7 @@ def add_parser(sub: Subparsers) -> None:
         "See docs/training.md §Evaluation.")
     e.add_argument("dir", metavar="DIR", nargs="?", help="run folder (or checkpoint file); "
                    "or --model_args pretrained=DIR")
-    add_base_flag(e)
+    add_run_flags(e)
     e.add_argument("--data", nargs="+", metavar="PATH", help="corpus to score (files, folders, "
                    ".jsonl, token files; read as the trainer reads them) (default: none)")
     e.add_argument("--split", choices=["all", "val"], default="all",

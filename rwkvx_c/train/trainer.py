@@ -101,14 +101,15 @@ class Trainer(Saver):
                _state: dict[str, Any] | None, _tensors: Mapping[str, np.ndarray] | None,
                _weights: Mapping[str, np.ndarray] | None, progress: bool) -> None:
         options = options or TrainOptions()
-        if options.init_from and _state is None and _weights is None:
-            options, _weights = start_from_source(options, self.group)
-        self.opts = options.resolved()
         # every rank reads the run folder (its tokenizer); only rank 0 writes it
         self.out_dir = run_dir if self.group.is_root else None
         self.run_dir = RunDir(self.out_dir) if self.out_dir is not None else None
         self._t0 = time.perf_counter()
-        self._prepare_out_dir(_state is None, _weights is not None and not self.opts.init_from)
+        self._prepare_out_dir(_state is None, _weights is not None and not options.init_from)
+        self._pin = None   # a fine-tune's pin of its source run (rwkvx_c.run.base)
+        if options.init_from and _state is None and _weights is None:
+            options, _weights, self._pin = start_from_source(options, self.group, run_dir)
+        self.opts = options.resolved()
         threads = self.opts.threads if self.opts.threads is not None \
             else self.group.default_threads()
         if threads is not None:
@@ -170,7 +171,7 @@ class Trainer(Saver):
                    _weights: Mapping[str, np.ndarray] | None) -> None:
         """The base this run's checkpoints name instead of holding it (None:
         they hold every parameter), and the parameter names it has."""
-        self.base = name_base(self.opts, _state, _weights, self.group.is_root)
+        self.base = name_base(self.opts, _state, _weights, self.group.is_root, self._pin)
         self._base_names = frozenset(_weights or ())
 
     def _prepare_batches(self) -> None:
