@@ -61,6 +61,8 @@ def add_parser(sub: Subparsers) -> None:
             kw["type"] = ARG_TYPES[e.kind]
         if e.kind == "paths":
             kw["nargs"] = "+"
+        elif e.kind == "texts":   # repeatable: --sample-prompt A --sample-prompt B
+            kw["action"] = "append"
         t.add_argument(e.flag, **kw)
     t.add_argument("--config", metavar="FILE", help="options from a TOML file (keys: the "
                    "options' names, the model's shape in a [model] table; every run saves its "
@@ -184,7 +186,8 @@ def _print_header(tr: Trainer, out: str, group: ProcessGroup, resumed: bool) -> 
     """What the run is: data, tokens, model, what of it trains, training set-up."""
     o = tr.opts
     m = tr.model
-    stop_by = (f"{o.steps} steps" if o.steps is not None else "") + \
+    stop_by = (f"{o.steps} steps ({o.steps / tr.epoch_steps():.3g} epochs)"
+               if o.steps is not None else "") + \
         (" or " if o.steps is not None and o.time_budget else "") + \
         (f"{o.time_budget:g} min" if o.time_budget else "")
     threads = _core.get_num_threads()

@@ -20,6 +20,7 @@ run's losses bit for bit, on any thread count, when its schedule is by steps.
 """
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import time
@@ -54,7 +55,7 @@ from rwkvx_c.train.progress import run_title, watch
 from rwkvx_c.train.resume import read_saved
 from rwkvx_c.train.saving import Saver
 from rwkvx_c.train.trackers import open_trackers
-from rwkvx_c.train.validate import check_validation
+from rwkvx_c.train.validate import check_pair_validation, check_validation
 
 if TYPE_CHECKING:
     from rwkvx_c.train.distributed import ProcessGroup
@@ -115,6 +116,7 @@ class Trainer(Saver):
         if threads is not None:
             _core.set_num_threads(threads)
         self._load_data(run_dir, _state, progress)
+        self._steps_of_epochs(_state is None)
         self._build_model(_tensors, _weights)
         self._name_base(_state, _weights)
         self._prepare_batches()
@@ -161,6 +163,27 @@ class Trainer(Saver):
         self.pref = PreferenceStep(o.objective, o.dpo_beta, o.dpo_label_smoothing, train, val,
                                    o.batch, o.seed)
 
+    def epoch_steps(self) -> float:
+        """The steps one pass over the training split takes: its tokens over
+        a step's (batch x grad_accum x seq_len), or its pairs over a
+        preference step's (batch / 2)."""
+        o = self.opts
+        if self.pref is not None:
+            return len(self.pref.train) / (o.batch // 2)
+        return self.corpus.train.size / (o.batch * o.grad_accum * o.seq_len)
+
+    def _steps_of_epochs(self, new: bool) -> None:
+        """--epochs N: the run's steps, N passes over the training split
+        (a --steps given beside it must be that count)."""
+        o = self.opts
+        if o.epochs is None or not new:
+            return
+        steps = max(1, math.ceil(o.epochs * self.epoch_steps()))
+        if o.steps is not None and o.steps != steps:
+            raise TrainError(f"--epochs {o.epochs:g} is {steps} steps of this data; give "
+                             f"--epochs or --steps, not both")
+        o.steps = steps
+
     def _build_model(self, _tensors: Mapping[str, np.ndarray] | None,
                      _weights: Mapping[str, np.ndarray] | None) -> None:
         self.model, self.optim = build_model(self.opts, self.tokenizer, self.corpus, _tensors,
@@ -180,6 +203,9 @@ class Trainer(Saver):
         if self.pref is not None:   # no windows: the pairs' own batches
             self.val_x = self.val_y = self.pref.val.x
             self.val_bytes = None
+            if self.group.is_root:
+                check_pair_validation(len(self.pref.val), len(self.pref.val) +
+                                      len(self.pref.train))
             return
         # every rank draws the global batch and trains on its rows of it
         c = self.corpus   # a chat corpus's masks make its untrained targets IGNORE
@@ -253,6 +279,8 @@ class Trainer(Saver):
             self.run_dir.append_log([{**row, "world_size": self.group.size}])
         if self.trackers is not None:
             self.trackers.log(row)
+            if "samples" in row:
+                self.trackers.text(row["step"], row["samples"])
 
     def read_log(self) -> list[Row]:
         """The rows of out_dir/log.jsonl."""

@@ -20,9 +20,11 @@ if TYPE_CHECKING:
     from rwkvx_c import _core
     from rwkvx_c.train.distributed import ProcessGroup
 
-__all__ = ["validation_loss", "check_validation", "MIN_VAL_WINDOWS"]
+__all__ = ["validation_loss", "check_validation", "check_pair_validation", "MIN_VAL_WINDOWS",
+           "MIN_VAL_PAIRS"]
 
 MIN_VAL_WINDOWS = 4   # fewer validation windows than this (when more were asked): a warning
+MIN_VAL_PAIRS = 4     # fewer held-out preference pairs than this: a warning
 
 
 def check_validation(windows: int, eval_tokens: int, seq_len: int) -> None:
@@ -36,6 +38,14 @@ def check_validation(windows: int, eval_tokens: int, seq_len: int) -> None:
             "loss is noise; give --val-data, a larger --val-fraction or a shorter --seq-len"),
             stacklevel=3)
 
+
+def check_pair_validation(pairs: int, total: int) -> None:
+    """An RwkvxWarning when a preference run holds out fewer than
+    MIN_VAL_PAIRS pairs (of total): their loss and accuracy are noise."""
+    if pairs < MIN_VAL_PAIRS:
+        warnings.warn(RwkvxWarning(
+            f"the held-out preference set is only {counted(pairs, 'pair')} of {total}: its "
+            "loss and accuracy are noise; give more pairs"), stacklevel=3)
 
 
 def validation_loss(model: _core.RxPtModel, val_x: np.ndarray, val_y: np.ndarray,

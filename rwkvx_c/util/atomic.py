@@ -108,7 +108,7 @@ def publish(src: str, dst: str) -> None:
     except OSError:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
-        replace_with(dst, lambda t: (shutil.copyfile(src, t), shutil.copystat(src, t)))
+        replace_with(dst, lambda t: shutil.copy2(src, t))
 
 
 def _umask() -> int:

@@ -76,6 +76,7 @@ KINDS: dict[str, Kind] = {
                   "a comma list of names"),
     "path": Kind(str, lambda v: isinstance(v, str), "a path", str, "a path"),
     "paths": Kind(list, _paths, "a path or a list of paths", str, "a path"),
+    "texts": Kind(list, _paths, "a text or a list of texts", str, "a text"),
     "config": Kind(dict, lambda v: isinstance(v, dict), "a dict of config overrides", str,
                    "a dict"),
 }
