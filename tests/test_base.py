@@ -294,6 +294,7 @@ def test_a_tune_from_a_base_naming_run_streams_that_base(tmp_path):
 
     from rwkvx_c.train.assemble import start_from_source
     from rwkvx_c.train.distributed import ProcessGroup
+    os.makedirs(tmp_path / "d")
     _, w, pin = start_from_source(_opts(tmp_path, model=None, init_from=run, tune="state"),
                                   ProcessGroup(), str(tmp_path / "d"))
     assert os.path.samefile(pin["path"], os.path.join(run, "checkpoint.safetensors"))

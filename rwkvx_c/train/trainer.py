@@ -219,7 +219,8 @@ class Trainer(Saver):
         # val_bpb divides by the text bytes the validation targets decode to
         self.val_bytes = target_bytes(self.val_y, c.token_bytes, c.is_bytes)
         if self.group.is_root:
-            check_validation(len(self.val_x), opts.eval_tokens, opts.seq_len)
+            check_validation(len(self.val_x), opts.eval_tokens, opts.seq_len,
+                             opts.val_data is not None, aligned and c.val_mask is not None)
 
     def _reset_counters(self) -> None:
         """The run state of step 0 (a resume then restores the saved one)."""
