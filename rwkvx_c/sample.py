@@ -143,17 +143,20 @@ def load_any(path: str, base: str | None = None) -> tuple[_core.RxPtModel, Token
     if src.adapters is not None:
         raise CheckpointError(f"{path} holds LoRA adapters; put them on their base first: "
                               f"rwkvx-c import {path} --base BASE --out RUN")
-    if src.tokenizer is None:
-        raise CheckpointError(f"{path} names no tokenizer (vocabulary "
-                              f"{src.config['vocab_size']:,}); import it with a tokenizer: "
-                              f"rwkvx-c import {path} --out RUN")
+    # a source that names none: bytes, as --init-from's default --tokenizer, when they fit
+    spec = src.tokenizer or ("byte" if src.config["vocab_size"] == ByteTokenizer.vocab_size
+                             else None)
+    if spec is None:
+        raise CheckpointError(f"{path} names no tokenizer for its vocabulary of "
+                              f"{src.config['vocab_size']:,}; train from it with "
+                              f"--tokenizer PATH, or score a run made so")
     try:
         # every parameter in float32 and, while reading, the largest tensor twice
         memory.check(4 * memory.estimate_params(src.config)
                      + 8 * src.config["vocab_size"] * src.config["n_embd"],
                      f"the model of {path}", "evaluate on a machine with more memory")
         model = _core.RxPtModel(src.config, init=False)
-        tok = load_tokenizer(src.tokenizer)
+        tok = load_tokenizer(spec)
     except (ConfigError, MemoryTooSmall, TokenizerError) as e:
         raise CheckpointError(str(e)) from None
     load_params(model, src.weights, path, CheckpointError)
