@@ -47,6 +47,8 @@ def run(a: argparse.Namespace) -> int:
         except EOFError:
             out.write("\n")
             return 0
+        if not sys.stdin.isatty():   # a terminal echoes the typed line; a pipe does not
+            out.write(line + "\n")
         if not line.strip():
             continue
         out.write("Assistant:")

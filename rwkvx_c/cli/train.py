@@ -52,7 +52,8 @@ def add_parser(sub: Subparsers) -> None:
         if e.flag is None:
             continue
         if e.kind == "flag":   # absent: None, so a resumed run keeps its own
-            t.add_argument(e.flag, dest=e.key, help=_help(e), action="store_true", default=None)
+            t.add_argument(e.flag, *e.aliases, dest=e.key, help=_help(e), action="store_true",
+                           default=None)
             continue
         kw: dict[str, Any] = dict(dest=e.key, help=_help(e), metavar=e.metavar)
         if e.choices:
@@ -63,7 +64,7 @@ def add_parser(sub: Subparsers) -> None:
             kw["nargs"] = "+"
         elif e.kind == "texts":   # repeatable: --sample-prompt A --sample-prompt B
             kw["action"] = "append"
-        t.add_argument(e.flag, **kw)
+        t.add_argument(e.flag, *e.aliases, **kw)
     t.add_argument("--config", metavar="FILE", help="options from a TOML file (keys: the "
                    "options' names, the model's shape in a [model] table; every run saves its "
                    "own as RUN/config.toml); any flag overrides the file (default: none)")

@@ -132,7 +132,7 @@ class TrainOptions:
                             f"{_preset_values('lr')})", kind="pos_float", metavar="X")
     warmup_steps: int | None = _opt(None, "linear warmup steps (default: the preset's: "
                                     f"{_preset_values('warmup_steps')})", kind="nonneg_int",
-                                    flag="--warmup", metavar="N")
+                                    aliases=("--warmup",), metavar="N")
     min_lr_frac: float | None = _opt(None, "the schedule ends at this fraction of the peak "
                                      f"learning rate (default: {STATE_MIN_LR_FRAC:g} with --tune "
                                      f"state, RWKV-PEFT's; else {MIN_LR_FRAC:g})",
