@@ -109,3 +109,25 @@ def test_a_tune_recorded_before_pins_is_told_which_snapshot_holds_its_base(tmp_p
     assert np.array_equal(load_model(old, base=snap).forward(TOKENS), before)
     with pytest.raises(Exception, match="is not the base"):
         load_model(old, base=RunDir(parent).snapshot(1))
+
+
+def test_a_preference_run_pins_its_reference_run(tmp_path):
+    import json as _json
+    base = _base_run(tmp_path, RWKV)
+    ref = str(tmp_path / "ref")
+    _train(tmp_path, "--init-from", base, "--steps", "1", "--out", ref)
+    pairs = tmp_path / "pairs.jsonl"
+    with open(pairs, "w") as f:
+        for i in range(20):
+            f.write(_json.dumps({"prompt": f"Say {i}", "chosen": f"{i} {i}", "rejected": "no"})
+                    + "\n")
+    dpo = str(tmp_path / "dpo")
+    assert main(["train", "--init-from", base, "--tune", "lora", "--lora-r", "2", "--objective",
+                 "dpo", "--ref-from", ref, "--data", str(pairs), "--batch", "2", "--seq-len",
+                 "40", "--steps", "1", "--threads", "2", "--precision", "fp32", "--out",
+                 dpo]) == 0
+    pins = RunDir(dpo).pins()
+    assert len(pins) == 2 and any(os.path.samefile(p, os.path.join(ref, "checkpoint.safetensors"))
+                                  for p in pins)
+    shutil.rmtree(ref)
+    _resume(dpo, 2)

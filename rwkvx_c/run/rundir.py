@@ -73,10 +73,10 @@ RUN_FILES = (
     RunFile(BEST, "--keep-best: the checkpoint of the lowest validation loss"),
     RunFile(CONFIG, "the run's resolved options (rwkvx_c.train.config_file)"),
     RunFile(SNAPSHOTS, "--keep-last: the checkpoint of step STEP (7 digits)"),
-    RunFile(PINS, "a fine-tune's pin of a run checkpoint its base comes from (--init-from, "
-            "and that run's own base, down the chain), as it was when the tune started: a "
-            "hard link, else a copy; SHA: the first 16 hex digits of the SHA-256 the "
-            "checkpoint names it by"),
+    RunFile(PINS, "a fine-tune's pin of a run checkpoint it starts from (--init-from, and "
+            "that run's own base, down the chain; --ref-from), as it was when the tune "
+            "started: a hard link, else a copy; SHA: the first 16 hex digits of the SHA-256 "
+            "it is recorded by"),
 )
 _NAMES = frozenset(f.name for f in RUN_FILES if f.name not in (SNAPSHOTS, PINS))
 _MARKS = tuple(f.name for f in RUN_FILES if f.marks_run)

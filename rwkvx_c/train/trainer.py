@@ -35,6 +35,7 @@ from rwkvx_c.errors import (
     RunLocked,
     TrainError,
 )
+from rwkvx_c.run.base import pin_source
 from rwkvx_c.run.lock import RunLock
 from rwkvx_c.run.rundir import Row, RunDir
 from rwkvx_c.train.assemble import (
@@ -122,9 +123,14 @@ class Trainer(Saver):
         self._prepare_batches()
         self._reset_counters()
         if self.pref is not None:
-            # the reference's log-probabilities: made now (the weights of step 0) or read back
+            # the reference's log-probabilities: made now (the weights of step 0, or
+            # --ref-from's run as pinned now, rwkvx_c.run.base) or read back
+            ref = self.opts.ref_from
+            if ref and _state is None and self.run_dir is not None:
+                pinned = pin_source(ref, self.run_dir.path)
+                ref = pinned["path"] if pinned is not None else ref
             self.pref.set_reference(self.model, self.opts.tune, self.run_dir, _state is not None,
-                                    self.opts.ref_from)
+                                    ref)
         if _state is not None:
             self._restore(_state, _tensors or {})
         if self.run_dir is not None:   # rank 0 alone tracks and saves the options
