@@ -19,6 +19,7 @@ from rwkvx_c.cli.common import (
     checked,
     err,
     nonneg_int,
+    pick_checkpoint,
     positive_int,
     unit_float,
 )
@@ -177,9 +178,12 @@ def _apply_model_args(a: argparse.Namespace) -> str | None:
     when they contradict each other or the flags."""
     m = a.model_args
     if "pretrained" in m:
-        if a.dir and os.path.realpath(a.dir) != os.path.realpath(m["pretrained"]):
-            return f"DIR {a.dir} and pretrained={m['pretrained']} name different runs"
-        a.dir = m["pretrained"]
+        given = getattr(a, "given", None) or a.dir
+        if given and os.path.realpath(given) != os.path.realpath(m["pretrained"]):
+            return f"DIR {given} and pretrained={m['pretrained']} name different runs"
+        if not given:   # the run named here alone: its checkpoint picked as DIR's is
+            a.dir = m["pretrained"]
+            pick_checkpoint(a)
     if "dtype" in m:
         if m["dtype"] not in _DTYPES:
             return f"dtype={m['dtype']}: rwkvx-c eval computes in float32 or bfloat16"
