@@ -131,3 +131,22 @@ def test_a_preference_run_pins_its_reference_run(tmp_path):
                                   for p in pins)
     shutil.rmtree(ref)
     _resume(dpo, 2)
+
+
+def test_without_hard_links_the_pin_is_a_copy_with_the_sources_mtime(tmp_path, monkeypatch):
+    import rwkvx_c.util.atomic as atomic
+    base = _base_run(tmp_path, RWKV)
+
+    def no_link(src, dst):
+        raise OSError(18, "Invalid cross-device link")
+    monkeypatch.setattr(atomic.os, "link", no_link)
+    out = str(tmp_path / "st")
+    Trainer(_opts(tmp_path, model=None, init_from=base, tune="state", steps=1), out).run()
+    (pin,) = RunDir(out).pins()
+    ck = os.path.join(base, "checkpoint.safetensors")
+    assert not os.path.samefile(pin, ck)
+    assert os.stat(pin).st_mtime_ns == os.stat(ck).st_mtime_ns
+    before = load_model(out).forward(TOKENS)
+    monkeypatch.undo()
+    _resume(base, 5)
+    assert np.array_equal(load_model(out).forward(TOKENS), before)
