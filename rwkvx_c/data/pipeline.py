@@ -66,8 +66,8 @@ class Corpus:
         """True when `saved` (a checkpoint's) describes this corpus; a corpus
         of one file was "(1 files, ..." in runs saved before the singular."""
         old = self.description.replace(COMPRESSED, " bytes)")   # before compressed sizes were told
-        return saved in {d.replace("(1 file,", "(1 files,") if one else d
-                         for d in (self.description, old) for one in (False, True)}
+        return saved in tuple(d.replace("(1 file,", "(1 files,") if one else d
+                              for d in (self.description, old) for one in (False, True))
 
 
 # how a description ends when its files' sizes are compressed ones (tables, .jsonl.gz)
