@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -127,6 +128,12 @@ def _unchanged(record: Mapping[str, Any], path: str) -> bool:
     return path == record["path"] and _stats(path) == record.get("files")
 
 
+def _sha_ok(record: Mapping[str, Any]) -> bool:
+    """True when the record's hash is 64 hex digits: only then does it name
+    a pin (a tampered record never names a path outside the folder)."""
+    return re.fullmatch("[0-9a-f]{64}", str(record.get("sha256"))) is not None
+
+
 def _folder(run: str) -> str:
     return run if os.path.isdir(run) else os.path.dirname(os.path.abspath(run))
 
@@ -141,6 +148,8 @@ def _located(record: Mapping[str, Any], run: str) -> str:
             return path
     except OSError:
         pass
+    if not _sha_ok(record):
+        return path
     pin = RunDir(_folder(run)).pin(str(record["sha256"]))
     return pin if os.path.isfile(pin) else path
 
@@ -239,7 +248,8 @@ def _pin_chain(record: object, run: str, folder: str, base: str | None) -> None:
             and isinstance(record.get("path"), str):
         where = base or _located(record, run)
         ck = _checkpoint_of(where) if os.path.exists(where) else None
-        if ck is None or _one_file(record) is None or not (base or _unchanged(record, ck)):
+        if ck is None or _one_file(record) is None or not _sha_ok(record) \
+                or not (base or _unchanged(record, ck)):
             return
         base = None
         pin = RunDir(folder).pin(record["sha256"])
