@@ -23,25 +23,27 @@ import numpy as np
 from rwkvx_c import _core
 from rwkvx_c.data.chat import ROLES, normalise
 from rwkvx_c.data.tokenizers import ByteTokenizer, Tokenizer, run_tokenizer
+from rwkvx_c.data.tokenizers import load as load_tokenizer
 from rwkvx_c.errors import (
     CheckpointError,
     ConfigError,
+    InteropError,
     MemoryTooSmall,
     SampleError,
     TokenizerError,
 )
 from rwkvx_c.generation.engine import MAX_POSITIONS, PROMPT_PIECE, cache_positions
 from rwkvx_c.generation.sampling import Penalties, Sampling, StopText, sample_token
-from rwkvx_c.interop.source import Layered, read_run
+from rwkvx_c.interop.source import Layered, read_run, read_source
 from rwkvx_c.model import memory
 from rwkvx_c.model.config import ModelConfig
 from rwkvx_c.model.lora import A_SUFFIX, B_SUFFIX, adapters_of, run_alpha, without_adapters
 from rwkvx_c.model.weights import load_params, load_states
-from rwkvx_c.run.checkpoint import STATE_KEY
-from rwkvx_c.run.rundir import checkpoint_path
+from rwkvx_c.run.checkpoint import STATE_KEY, read_state
+from rwkvx_c.run.rundir import RunDir, checkpoint_path
 
-__all__ = ["load_model", "load_run", "Sampling", "Session", "sample_token", "generate",
-           "checkpoint_path", "PROMPT_PIECE", "Chat", "CHAT_STOPS"]
+__all__ = ["load_model", "load_run", "load_any", "is_run", "Sampling", "Session",
+           "sample_token", "generate", "checkpoint_path", "PROMPT_PIECE", "Chat", "CHAT_STOPS"]
 
 
 def load_model(path: str, base: str | None = None, rehash: bool = False,
@@ -107,6 +109,58 @@ def load_run(path: str, base: str | None = None, rehash: bool = False,
             tensors = without_adapters(tensors, run_alpha(state, p))
         load_params(model, tensors, f"checkpoint {p}")
     load_states(model, tensors.get(STATE_KEY), f"checkpoint {p}")
+    return model, tok
+
+
+def is_run(path: str) -> bool:
+    """True when path is a run folder with a checkpoint or a checkpoint
+    file (its header holds a run state); else it is another source
+    --init-from takes (a .pth, a Hugging Face folder, a .safetensors of
+    x070 or HF rwkv7 names)."""
+    if os.path.isdir(path):
+        return RunDir(path).has_checkpoint()
+    return not path.endswith(".pth") and (not path.endswith(".safetensors")
+                                          or bool(read_state(path)))
+
+
+def load_any(path: str, base: str | None = None) -> tuple[_core.RxPtModel, Tokenizer]:
+    """(model, tokenizer) of any source --init-from takes: a run or a
+    checkpoint (load_run), or a .pth, a Hugging Face folder or a
+    .safetensors of x070 / HF names, read as --init-from reads it
+    (rwkvx_c.interop.source.read_source) with the tokenizer it names.
+    CheckpointError (one line) when it cannot be had."""
+    if not os.path.exists(path):
+        raise CheckpointError(f"{path}: no such file or folder")
+    if is_run(path):
+        return load_run(path, base)
+    if base is not None:
+        raise CheckpointError(f"--base {base}: {path} is no run and names no base; leave "
+                              "--base out")
+    try:
+        src = read_source(path)
+    except InteropError as e:
+        raise CheckpointError(str(e).replace("--init-from ", "", 1)) from None
+    if src.adapters is not None:
+        raise CheckpointError(f"{path} holds LoRA adapters; put them on their base first: "
+                              f"rwkvx-c import {path} --base BASE --out RUN")
+    # a source that names none: bytes, as --init-from's default --tokenizer, when they fit
+    spec = src.tokenizer or ("byte" if src.config["vocab_size"] == ByteTokenizer.vocab_size
+                             else None)
+    if spec is None:
+        raise CheckpointError(f"{path} names no tokenizer for its vocabulary of "
+                              f"{src.config['vocab_size']:,}; train from it with "
+                              f"--tokenizer PATH, or score a run made so")
+    try:
+        # every parameter in float32 and, while reading, the largest tensor twice
+        memory.check(4 * memory.estimate_params(src.config)
+                     + 8 * src.config["vocab_size"] * src.config["n_embd"],
+                     f"the model of {path}", "evaluate on a machine with more memory")
+        model = _core.RxPtModel(src.config, init=False)
+        tok = load_tokenizer(spec)
+    except (ConfigError, MemoryTooSmall, TokenizerError) as e:
+        raise CheckpointError(str(e)) from None
+    load_params(model, src.weights, path, CheckpointError)
+    load_states(model, src.state0, path)
     return model, tok
 
 

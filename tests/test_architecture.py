@@ -223,7 +223,7 @@ def test_run_folder_names_are_the_documented_ones():
     """docs/training.md §The run folder's table is RUN_FILES, row for row,
     and every name a run folder's checks use comes from it."""
     from rwkvx_c.run import RunDir
-    from rwkvx_c.run.rundir import RUN_FILES, SNAPSHOTS
+    from rwkvx_c.run.rundir import PINS, RUN_FILES, SNAPSHOTS
     from rwkvx_c.train import CHECKPOINT, LOG
     doc = _source(os.path.join(ROOT, "docs", "training.md"))
     table = doc[doc.index("| file | holds |"):].split("\n\n")[0].splitlines()[2:]
@@ -231,4 +231,4 @@ def test_run_folder_names_are_the_documented_ones():
     assert rows == [(f"`{f.name}`", f.holds) for f in RUN_FILES]
     assert CHECKPOINT in [f.name for f in RUN_FILES] and LOG in [f.name for f in RUN_FILES]
     names = [os.path.basename(p) for p in RunDir("x").own_files()]
-    assert names == [f.name for f in RUN_FILES if f.name != SNAPSHOTS]
+    assert names == [f.name for f in RUN_FILES if f.name not in (SNAPSHOTS, PINS)]

@@ -294,8 +294,10 @@ def test_a_tune_from_a_base_naming_run_streams_that_base(tmp_path):
 
     from rwkvx_c.train.assemble import start_from_source
     from rwkvx_c.train.distributed import ProcessGroup
-    _, w = start_from_source(_opts(tmp_path, model=None, init_from=run, tune="state"),
-                             ProcessGroup())
+    os.makedirs(tmp_path / "d")
+    _, w, pin = start_from_source(_opts(tmp_path, model=None, init_from=run, tune="state"),
+                                  ProcessGroup(), str(tmp_path / "d"))
+    assert os.path.samefile(pin["path"], os.path.join(run, "checkpoint.safetensors"))
     assert hasattr(w, "raw_t") and w.dtype == "bf16" and "state0" in w
 
 
@@ -330,7 +332,7 @@ def test_base_dtype_from_the_command_line_and_its_header(tmp_path, capsys):
             "16", "--eval-tokens", "32", "--threads", "1", "--no-progress"]
     assert main(args + ["--base-dtype", "q8_0", "--out", str(tmp_path / "q")]) == 0
     out = capsys.readouterr().out
-    assert "frozen base q8_0, 28 matrices in 0 MiB" in out and "params train" in out
+    assert "frozen base q8_0, 28 matrices in 0 MiB" in out and "params;" in out
     # the checkpoint holds what trains and names its base (docs/finetune.md)
     ck, _, state = read_checkpoint(str(tmp_path / "q" / "checkpoint.safetensors"))
     assert "blocks.0.tm.key_w" not in ck and state["base"]["path"] == os.path.abspath(pth)

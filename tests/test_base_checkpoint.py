@@ -22,6 +22,7 @@ from rwkvx_c.cli import main
 from rwkvx_c.errors import CheckpointError
 from rwkvx_c.interop.source import read_source
 from rwkvx_c.run.checkpoint import read_checkpoint, save_checkpoint
+from rwkvx_c.run.rundir import RunDir
 from rwkvx_c.sample import load_model
 from rwkvx_c.train import Trainer
 from rwkvx_c.train.finetune import from_source, is_unfrozen
@@ -118,9 +119,11 @@ def _cli_state_run(tmp_path, base, out, steps=2, *extra):
 
 
 def test_a_moved_or_changed_base_is_refused_and_base_points_again(tmp_path, capsys):
+    """A base the run does not pin (a run recorded before pins; the same
+    rules hold for a .pth or Hugging Face base, which are never pinned)."""
     base = _base_run(tmp_path, RWKV)
     run = str(tmp_path / "st")
-    assert _cli_state_run(tmp_path, base, run) == 0
+    _tune(tmp_path, base, "st", tune="state", steps=2, lr=3e-2).run()
     want = load_model(run).forward(TOKENS)
     moved = str(tmp_path / "moved")
     shutil.move(base, moved)
@@ -172,7 +175,10 @@ def test_a_moved_or_changed_base_is_refused_and_base_points_again(tmp_path, caps
     assert _cli_state_run(tmp_path, run, str(tmp_path / "next"), 1) == 1
     assert "missing" in capsys.readouterr().err
     assert _cli_state_run(tmp_path, run, str(tmp_path / "next"), 1, "--base", base) == 0
-    assert read_checkpoint(str(tmp_path / "next" / CKPT))[2]["base"]["path"] == run
+    # the new run pins the run, and the run's base found at --base
+    rec = read_checkpoint(str(tmp_path / "next" / CKPT))[2]["base"]
+    assert os.path.samefile(rec["path"], os.path.join(run, CKPT))
+    assert len(RunDir(str(tmp_path / "next")).pins()) == 2
     # --base without --init-from, or on a run that names no base, is refused
     assert main(["train", "--out", str(tmp_path / "new"), "--base", base]) == 1
     assert "give it with --resume" in capsys.readouterr().err

@@ -256,6 +256,10 @@ def test_cli_trains_dpo_from_a_base(tmp_path, capsys):
           "--steps", "2", "--threads", "2", "--precision", "fp32", "--out", out])
     with open(os.path.join(out, "log.jsonl"), encoding="utf-8") as f:
         rows = [json.loads(line) for line in f]
+    # step 0: the source's baseline, the policy still the reference; no val_bpb
+    assert rows[0]["step"] == 0 and rows[0]["val_loss"] == pytest.approx(math.log(2))
+    assert "val_bpb" not in rows[0]
+    rows = [r for r in rows if "loss" in r]
     assert rows[0]["loss"] == pytest.approx(math.log(2)) and "rewards/accuracies" in rows[0]
     assert os.path.exists(os.path.join(out, REF_FILE))
 

@@ -282,6 +282,7 @@ GOOD = {"pos_int": lambda: rng.choice([1, 2, 3, 16, 2 ** 31, 2 ** 62, 2 ** 63 - 
         "names": lambda: rng.choice(["", "att.key", "att.key,ffn.value", "nope,,"]),
         "path": lambda: rng.choice(["", "/dev/null", "nope", "."]),
         "paths": lambda: rng.choice(["nope", ["a", "b"], "/dev/zero"]),
+        "texts": lambda: rng.choice(["def ", ["a", "\u00e9\u4e2d"], [""]]),
         "config": lambda: {"n_embd": rng.choice([16, 0, -1, "x"])}}
 WRONG = [lambda: -1, lambda: 0, lambda: 2 ** 64, lambda: -2 ** 63, lambda: 1.5, lambda: -0.0,
          lambda: math.inf, lambda: -math.inf, lambda: math.nan, lambda: True, lambda: "",

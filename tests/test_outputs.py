@@ -10,6 +10,7 @@ from rwkvx_c.errors import OutputError
 from rwkvx_c.run.rundir import (
     CHECKPOINT,
     LOCK,
+    PINS,
     REFERENCE,
     RUN_FILES,
     SNAPSHOTS,
@@ -41,9 +42,10 @@ def _refused(capsys, *argv):
     return err
 
 
-# every file a run owns (RUN_FILES), a snapshot by one of its names
-OWN = [f.name if f.name != SNAPSHOTS else os.path.basename(RunDir("x").snapshot(12))
-       for f in RUN_FILES]
+# every file a run owns (RUN_FILES), a snapshot and a pin by one of their names
+_NAMED = {SNAPSHOTS: os.path.basename(RunDir("x").snapshot(12)),
+          PINS: os.path.basename(RunDir("x").pin("0123456789abcdef" * 4))}
+OWN = [_NAMED.get(f.name, f.name) for f in RUN_FILES]
 
 
 @pytest.mark.parametrize("fmt", ["gguf", "rwkv7"])
@@ -108,7 +110,7 @@ def test_tokenizer_train_refuses_its_corpus_and_a_run_tokenizer(run, capsys, tmp
 
 def test_own_files_are_what_claim_output_guards(run):
     assert [os.path.basename(p) for p in RunDir(run).own_files()] == \
-        [f.name for f in RUN_FILES if f.name != SNAPSHOTS] \
+        [f.name for f in RUN_FILES if f.name not in _NAMED] \
         + [os.path.basename(p) for p in RunDir(run).snapshots()]
     for name in OWN:   # with no input named: the folder's run alone forbids it
         with pytest.raises(OutputError, match="would destroy the run"):

@@ -42,7 +42,10 @@ def _declared():
 def test_every_flag_comes_from_a_declaration():
     actions = _train_actions()
     declared = {e.flag: e for e in _declared() if e.flag}
-    assert set(actions) - TRAIN_OWN == set(declared)
+    aliases = {a: e for e in _declared() for a in e.aliases}   # further spellings of a flag
+    assert set(actions) - TRAIN_OWN == set(declared) | set(aliases)
+    for alias, e in aliases.items():
+        assert actions[alias] is actions[e.flag], alias
     for flag, e in declared.items():
         a = actions[flag]
         assert a.dest == (e.key if e in entries(TrainOptions) else e.flag[2:].replace("-", "_"))
@@ -85,7 +88,7 @@ def test_every_declared_check_reaches_train_options():
     that entry's message."""
     bad = {"pos_int": 0, "nonneg_int": -1, "pos_float": 0.0, "nonneg_float": -1.0,
            "unit_float": 2.0, "unit_open": 1.0, "flag": "yes", "str": 3, "names": 3,
-           "path": 3, "paths": [3], "config": 3}
+           "path": 3, "paths": [3], "texts": [3], "config": 3}
     for e in entries(TrainOptions):
         v = "no such choice" if e.choices else bad[e.kind]
         why = e.problem(v)

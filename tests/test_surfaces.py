@@ -470,7 +470,8 @@ def test_a_base_trusted_on_size_and_mtime_says_so_and_export_rehashes(tunes, tmp
     lora = str(tunes / "lora")
     from rwkvx_c.run.checkpoint import read_state
     rec = read_state(os.path.join(lora, CHECKPOINT))["base"]
-    ck = os.path.join(rec["path"], CHECKPOINT)
+    # the tune's pin of its source run (a folder base: its checkpoint)
+    ck = rec["path"] if os.path.isfile(rec["path"]) else os.path.join(rec["path"], CHECKPOINT)
     with open(ck, "rb") as f:
         saved = f.read()
     st = os.stat(ck)

@@ -103,7 +103,7 @@ def test_wandb_offline_and_mlflow_hold_the_same_series(tmp_path, monkeypatch, st
         uri = "file://" + str(tmp_path / "mlruns")
         monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
         monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
-    out, rows = _run(tmp_path, "wandb,mlflow")
+    out, rows = _run(tmp_path, "wandb,mlflow", sample_every=3, sample_prompt=["def "])
     history = _wandb_history(out)
     client = MlflowClient(tracking_uri=uri)
     (exp,) = [e for e in client.search_experiments() if e.name == "rwkvx_c"]
@@ -117,6 +117,10 @@ def test_wandb_offline_and_mlflow_hold_the_same_series(tmp_path, monkeypatch, st
         assert ml == want and wb == want, key
     assert any(h.get("loss_plot/_type") == "image-file" for h in history)
     assert "loss_plot.png" in [a.path for a in client.list_artifacts(run.info.run_id)]
+    # --sample-every's generations: an HTML panel by step, a text artifact per step
+    assert [h["_step"] for h in history if h.get("samples/_type") == "html-file"] == [0, 3, 6]
+    texts = [a.path for a in client.list_artifacts(run.info.run_id, "samples")]
+    assert texts == [f"samples/step-{s:07d}.txt" for s in (0, 3, 6)], texts
 
 
 def test_a_failing_tracker_is_a_warning_and_the_run_goes_on(tmp_path, monkeypatch):

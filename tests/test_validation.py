@@ -85,7 +85,8 @@ def test_keep_best_keeps_the_lowest_validation_checkpoint(tmp_path, base):
     tr = _overfit(tmp_path, base, "ft", keep_best=True)
     tr.run()
     out = str(tmp_path / "ft")
-    evals = [(r["step"], r["val_loss"]) for r in _log(out) if "val_loss" in r]
+    # step 0 is the source's baseline, no checkpoint: the keeper judges the trained steps
+    evals = [(r["step"], r["val_loss"]) for r in _log(out) if "val_loss" in r and r["step"]]
     best_step, best_loss = min(evals, key=lambda e: e[1])
     assert best_step < evals[-1][0], evals   # the run overfits: its last is not its best
     _, _, state = read_checkpoint(os.path.join(out, "best.safetensors"))
@@ -122,7 +123,7 @@ def test_keep_last_rotates_step_snapshots(tmp_path):
 def test_early_stop_ends_a_run_that_stops_improving(tmp_path, base):
     tr = _overfit(tmp_path, base, "es", early_stop=2, steps=200)
     tr.run()
-    evals = [r["val_loss"] for r in _log(str(tmp_path / "es")) if "val_loss" in r]
+    evals = [r["val_loss"] for r in _log(str(tmp_path / "es")) if "val_loss" in r and r["step"]]
     assert tr.step_count < 200
     k = int(np.argmin(evals))
     assert len(evals) - 1 - k == 2, evals   # two evaluations after the best, then the stop

@@ -30,7 +30,14 @@ from typing import TextIO
 
 from rwkvx_c import __version__
 from rwkvx_c.cli import chat, eval, export, import_, merge, sample, tokenizer, train
-from rwkvx_c.cli.common import EXIT_FAILURE, EXIT_INTERRUPTED, Parser, describe_error, err
+from rwkvx_c.cli.common import (
+    EXIT_FAILURE,
+    EXIT_INTERRUPTED,
+    Parser,
+    describe_error,
+    err,
+    pick_checkpoint,
+)
 from rwkvx_c.errors import RwkvxError, RwkvxWarning
 from rwkvx_c.train.distributed import abort_job
 
@@ -58,6 +65,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with warnings.catch_warnings():   # restores showwarning after the command
             warnings.showwarning = _show_warning
+            if hasattr(args, "checkpoint"):
+                pick_checkpoint(args)
             return run(args)
     except BrokenPipeError:
         # the reader went away (`| head`): silence the flush at exit too

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rwkvx_c.cli.common import Subparsers, add_base_flag, err, positive_int
+from rwkvx_c.cli.common import Subparsers, add_run_flags, err, positive_int
 from rwkvx_c.cli.sample import add_sampling_args, sampling_of, set_threads
 from rwkvx_c.sample import Chat, Sampling, load_run
 
@@ -31,7 +31,7 @@ def add_parser(sub: Subparsers) -> None:
                    help="most positions the conversation may reach with a model that has "
                    f"attention blocks (default: {CONTEXT}); without them it is unbounded")
     add_sampling_args(s, CHAT_DEFAULTS)
-    add_base_flag(s)
+    add_run_flags(s)
 
 
 def run(a: argparse.Namespace) -> int:
@@ -47,6 +47,8 @@ def run(a: argparse.Namespace) -> int:
         except EOFError:
             out.write("\n")
             return 0
+        if not sys.stdin.isatty():   # a terminal echoes the typed line; a pipe does not
+            out.write(line + "\n")
         if not line.strip():
             continue
         out.write("Assistant:")

@@ -5,30 +5,45 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, TypeVar
 
 from rwkvx_c.errors import RwkvxError
+from rwkvx_c.run.rundir import CHOICES, RunDir, checkpoint_path
 from rwkvx_c.util.registry import KINDS
 
 T = TypeVar("T")
 
 __all__ = ["Parser", "Subparsers", "checked", "positive_int", "nonneg_int", "positive_float",
            "nonneg_float", "unit_float", "ARG_TYPES", "err", "describe_error", "EXIT_USAGE",
-           "EXIT_FAILURE", "EXIT_INTERRUPTED", "add_base_flag"]
+           "EXIT_FAILURE", "EXIT_INTERRUPTED", "add_run_flags", "pick_checkpoint"]
 
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
 
-def add_base_flag(p: argparse.ArgumentParser) -> None:
-    """--base PATH: where a fine-tune's base lies now when it moved (its
-    checkpoint names the base instead of holding it: docs/finetune.md)."""
+def add_run_flags(p: argparse.ArgumentParser) -> None:
+    """The flags of a command that reads a run: --checkpoint, which of its
+    checkpoints, and --base PATH, where a fine-tune's base lies now when it
+    moved (its checkpoint names the base instead of holding it:
+    docs/finetune.md)."""
+    p.add_argument("--checkpoint", choices=CHOICES, help="which checkpoint of the run folder: "
+                   "its last, or best.safetensors (default: best when the run was trained with "
+                   "--keep-best, else last)")
     p.add_argument("--base", metavar="PATH", help="a fine-tune whose base (--init-from) moved: "
                    "its path now, checked against the content hash the run recorded (default: "
                    "the path the run recorded)")
+
+
+def pick_checkpoint(a: argparse.Namespace) -> None:
+    """a.dir, a run folder, as the checkpoint file the command reads
+    (rwkvx_c.run.rundir.checkpoint_path); any other source stays as given."""
+    d = getattr(a, "dir", None)
+    if d and (a.checkpoint is not None or (os.path.isdir(d) and RunDir(d).has_checkpoint())):
+        a.dir = checkpoint_path(d, a.checkpoint)
 
 
 class Parser(argparse.ArgumentParser):

@@ -3,19 +3,23 @@ byte of a corpus, RWKV-LM's LAMBADA, passkey retrieval, lm-eval tasks."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
 import sys
 from typing import Any
 
+import numpy as np
+
 from rwkvx_c import _core
 from rwkvx_c.cli.common import (
     Subparsers,
-    add_base_flag,
+    add_run_flags,
     checked,
     err,
     nonneg_int,
+    pick_checkpoint,
     positive_int,
     unit_float,
 )
@@ -27,7 +31,7 @@ from rwkvx_c.eval.preferences import base_model, score_preferences
 from rwkvx_c.interop.source import read_run
 from rwkvx_c.run.checkpoint import read_state
 from rwkvx_c.run.rundir import checkpoint_path
-from rwkvx_c.sample import load_model, load_run
+from rwkvx_c.sample import is_run, load_any
 from rwkvx_c.train.objectives import OBJECTIVES, REFERENCE_FREE
 from rwkvx_c.util.progress import make_progress
 from rwkvx_c.util.words import counted
@@ -65,9 +69,11 @@ def add_parser(sub: Subparsers) -> None:
         "--lambada: RWKV-LM's LAMBADA on a local .jsonl; --passkey: passkey retrieval over "
         "lengths and depths; --tasks: lm-evaluation-harness tasks (rwkvx_c[eval]). "
         "See docs/training.md §Evaluation.")
-    e.add_argument("dir", metavar="DIR", nargs="?", help="run folder (or checkpoint file); "
-                   "or --model_args pretrained=DIR")
-    add_base_flag(e)
+    e.add_argument("dir", metavar="DIR", nargs="?", help="run folder or checkpoint file, or "
+                   "any other source --init-from takes (an x070 / RWKV-X .pth, a Hugging Face "
+                   "folder, a .safetensors of x070 or HF names); or --model_args "
+                   "pretrained=DIR")
+    add_run_flags(e)
     e.add_argument("--data", nargs="+", metavar="PATH", help="corpus to score (files, folders, "
                    ".jsonl, token files; read as the trainer reads them) (default: none)")
     e.add_argument("--split", choices=["all", "val"], default="all",
@@ -172,9 +178,12 @@ def _apply_model_args(a: argparse.Namespace) -> str | None:
     when they contradict each other or the flags."""
     m = a.model_args
     if "pretrained" in m:
-        if a.dir and os.path.realpath(a.dir) != os.path.realpath(m["pretrained"]):
-            return f"DIR {a.dir} and pretrained={m['pretrained']} name different runs"
-        a.dir = m["pretrained"]
+        given = getattr(a, "given", None) or a.dir
+        if given and os.path.realpath(given) != os.path.realpath(m["pretrained"]):
+            return f"DIR {given} and pretrained={m['pretrained']} name different runs"
+        if not given:   # the run named here alone: its checkpoint picked as DIR's is
+            a.dir = m["pretrained"]
+            pick_checkpoint(a)
     if "dtype" in m:
         if m["dtype"] not in _DTYPES:
             return f"dtype={m['dtype']}: rwkvx-c eval computes in float32 or bfloat16"
@@ -206,9 +215,13 @@ def run(a: argparse.Namespace) -> int:
         return err("--include-path needs --tasks", 2)
     if a.threads:
         _core.set_num_threads(a.threads)
+    run = is_run(a.dir)
+    if own and not run:
+        return err(f"--split val without --data scores a run's own validation data; {a.dir} "
+                   "is no run: give --data", 2)
     ckpt = checkpoint_path(a.dir)
-    opts = read_state(ckpt).get("options") or {}
-    model, tok = load_run(a.dir, a.base)
+    opts = (read_state(ckpt).get("options") or {}) if run else {}
+    model, tok = load_any(a.dir, a.base)
     model.precision = a.precision
     out: dict[str, Any] = {}
     if a.data or own:
@@ -235,10 +248,23 @@ def run(a: argparse.Namespace) -> int:
 def _score_corpus(a: argparse.Namespace, model: _core.RxPtModel, tok: Any,
                   opts: dict[str, Any]) -> dict[str, Any]:
     T = a.seq_len or int(opts.get("seq_len") or 256)
-    data = opts.get("data") if not a.data else a.data if len(a.data) > 1 else a.data[0]
-    corpus = load_corpus(data, seq_len=T, tokenizer=tok,
-                         text_field=a.text_field or opts.get("text_field") or "text",
-                         cache_dir=opts.get("cache_dir"), progress=sys.stderr.isatty())
+    own = not a.data   # the run's own corpus, split as it was
+    data = opts.get("data") if own else a.data if len(a.data) > 1 else a.data[0]
+    kw: dict[str, Any] = dict(seq_len=T, tokenizer=tok, cache_dir=opts.get("cache_dir"),
+                              text_field=a.text_field or opts.get("text_field") or "text",
+                              progress=sys.stderr.isatty())
+    if own and opts.get("val_fraction") is not None:
+        kw["val_fraction"] = float(opts["val_fraction"])
+    val_data = opts.get("val_data") if own and a.split == "val" else None
+    if val_data is not None:   # the run validated on every token of its --val-data
+        v = load_corpus(val_data, **kw)
+        val = np.concatenate([v.train, v.val])
+        val_mask = None if v.train_mask is None or v.val_mask is None else \
+            np.concatenate([v.train_mask, v.val_mask])
+        corpus = dataclasses.replace(v, val=val, val_mask=val_mask,
+                                     description=f"validation {v.description}")
+    else:
+        corpus = load_corpus(data, **kw)
     if corpus.vocab_size > model.config["vocab_size"]:
         raise EvalError(f"the corpus has {corpus.vocab_size} token ids, the model "
                         f"{model.config['vocab_size']}")
@@ -274,7 +300,9 @@ def _preferences(a: argparse.Namespace, model: _core.RxPtModel, tok: Any,
     ref = None
     if kind not in REFERENCE_FREE:
         if a.ref_from:
-            ref = load_model(a.ref_from)
+            ref = load_any(a.ref_from)[0]
+        elif not is_run(a.dir):   # a source of weights alone: its own reference
+            ref = load_any(a.dir)[0]
         else:
             tensors, config, _ = read_run(checkpoint_path(a.dir), a.base, EvalError)
             ref = base_model(tensors, config, a.dir)

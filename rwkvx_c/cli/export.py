@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from rwkvx_c.cli.common import Subparsers, add_base_flag, err
+from rwkvx_c.cli.common import Subparsers, add_run_flags, err
 from rwkvx_c.interop.pth import DTYPES
 from rwkvx_c.interop.runs import EXPORTS, FORMATS, Adapters, export_model
 from rwkvx_c.model.lora import ADAPTERS, adapters_of, plain_alpha, run_adapter
@@ -31,7 +31,7 @@ def add_parser(sub: Subparsers) -> None:
                    help=f"the file to write (a folder for {folders}) (required)")
     e.add_argument("--dtype", default="fp32", choices=list(DTYPES),
                    help="tensor type in the file (default: fp32)")
-    add_base_flag(e)
+    add_run_flags(e)
 
 
 def run(a: argparse.Namespace) -> int:

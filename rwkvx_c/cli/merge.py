@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from rwkvx_c.cli.common import Subparsers, add_base_flag
+from rwkvx_c.cli.common import Subparsers, add_run_flags
 from rwkvx_c.interop.runs import merge_run
 
 __all__ = ["add_parser", "run"]
@@ -19,7 +19,7 @@ def add_parser(sub: Subparsers) -> None:
     m.add_argument("dir", metavar="RUN", help="the LoRA run's folder (or checkpoint file)")
     m.add_argument("--out", required=True, metavar="DIR", help="the run folder to make "
                    "(required)")
-    add_base_flag(m)
+    add_run_flags(m)
 
 
 def run(a: argparse.Namespace) -> int:

@@ -14,7 +14,7 @@ from typing import Any
 from rwkvx_c import _core
 from rwkvx_c.cli.common import (
     Subparsers,
-    add_base_flag,
+    add_run_flags,
     err,
     nonneg_float,
     nonneg_int,
@@ -94,7 +94,7 @@ def add_parser(sub: Subparsers) -> None:
     s.add_argument("--max-new-tokens", type=positive_int, default=200, metavar="N",
                    help="tokens to generate (default: 200)")
     add_sampling_args(s, Sampling())
-    add_base_flag(s)
+    add_run_flags(s)
 
 
 def run(a: argparse.Namespace) -> int:

@@ -22,6 +22,7 @@ from rwkvx_c.run.plot import plot_log
 from rwkvx_c.run.rundir import RunDir, describe_entries
 from rwkvx_c.train.config_file import load_config
 from rwkvx_c.train.distributed import ProcessGroup, world
+from rwkvx_c.train.finetune import is_unfrozen
 from rwkvx_c.train.options import TrainOptions
 from rwkvx_c.train.progress import origin, progress_bar, progress_update, run_title, what_trains
 from rwkvx_c.train.trainer import Trainer
@@ -51,7 +52,8 @@ def add_parser(sub: Subparsers) -> None:
         if e.flag is None:
             continue
         if e.kind == "flag":   # absent: None, so a resumed run keeps its own
-            t.add_argument(e.flag, dest=e.key, help=_help(e), action="store_true", default=None)
+            t.add_argument(e.flag, *e.aliases, dest=e.key, help=_help(e), action="store_true",
+                           default=None)
             continue
         kw: dict[str, Any] = dict(dest=e.key, help=_help(e), metavar=e.metavar)
         if e.choices:
@@ -60,7 +62,9 @@ def add_parser(sub: Subparsers) -> None:
             kw["type"] = ARG_TYPES[e.kind]
         if e.kind == "paths":
             kw["nargs"] = "+"
-        t.add_argument(e.flag, **kw)
+        elif e.kind == "texts":   # repeatable: --sample-prompt A --sample-prompt B
+            kw["action"] = "append"
+        t.add_argument(e.flag, *e.aliases, **kw)
     t.add_argument("--config", metavar="FILE", help="options from a TOML file (keys: the "
                    "options' names, the model's shape in a [model] table; every run saves its "
                    "own as RUN/config.toml); any flag overrides the file (default: none)")
@@ -183,7 +187,8 @@ def _print_header(tr: Trainer, out: str, group: ProcessGroup, resumed: bool) -> 
     """What the run is: data, tokens, model, what of it trains, training set-up."""
     o = tr.opts
     m = tr.model
-    stop_by = (f"{o.steps} steps" if o.steps is not None else "") + \
+    stop_by = (f"{o.steps} steps ({o.steps / tr.epoch_steps():.3g} epochs)"
+               if o.steps is not None else "") + \
         (" or " if o.steps is not None and o.time_budget else "") + \
         (f"{o.time_budget:g} min" if o.time_budget else "")
     threads = _core.get_num_threads()
@@ -194,15 +199,32 @@ def _print_header(tr: Trainer, out: str, group: ProcessGroup, resumed: bool) -> 
           f"  data   {tr.corpus.description}\n"
           f"  tokens {tr.tokenizer.identity()['name']}, vocab {tr.model.config['vocab_size']:,}\n"
           f"  model  {origin(o)}, layers {m.layers}, {m.n_params:,} params\n"
-          f"  trains {what_trains(o)}: {tr.optim.m.size:,} params\n"
-          f"  train  {batch}, lr {o.lr:g}, stop after {stop_by}, "
+          f"  trains {what_trains(o)}: {tr.optim.m.size:,} params{_frozen(tr)}", flush=True)
+    pins = RunDir(out).pins()
+    if pins:
+        print(f"  pins   {len(pins)} source run checkpoint(s) as they were when the tune "
+              f"started: {describe_entries([os.path.basename(p) for p in pins])}")
+    if o.objective != "lm":
+        print(f"  loss   {o.objective}, beta {o.dpo_beta:g}"
+              + (f", label smoothing {o.dpo_label_smoothing:g}" if o.dpo_label_smoothing else "")
+              + (f", reference {o.ref_from}" if o.ref_from else ""))
+    print(f"  train  {batch}, lr {o.lr:g}, stop after {stop_by}, "
           + (f"{threads} threads" if group.size == 1 else
              f"{group.size} ranks x {threads} threads per rank")
           + f", {m.precision} ({_core.gemm_kernel(m.precision)})"
           + (f", resumed at step {tr.step_count}" if resumed else ""), flush=True)
-    base = (f"frozen base {m.base_dtype}, {len(m.base_names)} matrices in "
-            f"{m.base_bytes / 2**20:,.0f} MiB" if m.base_dtype else "no frozen base")
-    print(f"  tune   {o.tune}: {tr.optim.m.size:,} params train; {base}", flush=True)
+
+
+def _frozen(tr: Trainer) -> str:
+    """What the header says of the frozen base: its dtype and size when it
+    is held apart from the parameters (bf16, q8_0, q4_0), 'fp32' when it
+    is frozen in place, nothing when everything trains."""
+    m = tr.model
+    if m.base_dtype:
+        return (f"; frozen base {m.base_dtype}, {len(m.base_names)} matrices in "
+                f"{m.base_bytes / 2**20:,.0f} MiB")
+    return "; the rest frozen, fp32" if tr.optim.m.size < m.n_params and \
+        not is_unfrozen(tr.optim) else ""
 
 
 def _print_summary(tr: Trainer, out: str, final: dict[str, Any], interrupted: bool) -> None:
@@ -215,12 +237,25 @@ def _print_summary(tr: Trainer, out: str, final: dict[str, Any], interrupted: bo
           + (f", val_bpb {bpb:.4f}" if bpb is not None else "")
           + f", {tr.tokens_seen:,} tokens in {tr.train_seconds():.0f} s"
           + (" (interrupted)" if interrupted else ""))
-    print(f"  checkpoint {run.checkpoint}\n"
-          f"  log        {run.log_path}")
+    last = tr.last_eval
+    print(f"  checkpoint {run.checkpoint}"
+          + (f" (step {last['step']}, val_loss {last['val_loss']:.4f})" if last else ""))
+    k = tr.keeper
+    if tr.opts.keep_best and k.best_loss is not None and os.path.isfile(run.best):
+        print(f"  best       {run.best} (step {k.best_step}, val_loss {k.best_loss:.4f}): "
+              "sample, chat, export, eval and --init-from take it; --checkpoint last the other")
+    print(f"  log        {run.log_path}")
     if plotted:
         print(f"  plot       {run.plot_path}")
     else:
         print("  plot       skipped: matplotlib is not installed (pip install 'rwkvx_c[train]')")
-    chat = tr.corpus.train_mask is not None
-    print(f"  sample     rwkvx-c sample {out} --prompt "
-          + (CHAT_PROMPT if chat else f"'{SAMPLE_PROMPT}'"))
+    print(f"  sample     rwkvx-c sample {out}{_sample_prompt(tr)}")
+
+
+def _sample_prompt(tr: Trainer) -> str:
+    """The summary's sample command's --prompt, as the run's data reads: a
+    chat turn after chat or preference data, 'def ' after the default
+    Python corpus, none (sample's empty prompt) after any other text."""
+    if tr.corpus.train_mask is not None or tr.pref is not None:
+        return f" --prompt {CHAT_PROMPT}"
+    return f" --prompt '{SAMPLE_PROMPT}'" if tr.opts.data is None else ""

@@ -65,7 +65,13 @@ class Corpus:
     def described_as(self, saved: object) -> bool:
         """True when `saved` (a checkpoint's) describes this corpus; a corpus
         of one file was "(1 files, ..." in runs saved before the singular."""
-        return saved in (self.description, self.description.replace("(1 file,", "(1 files,"))
+        old = self.description.replace(COMPRESSED, " bytes)")   # before compressed sizes were told
+        return saved in tuple(d.replace("(1 file,", "(1 files,") if one else d
+                              for d in (self.description, old) for one in (False, True))
+
+
+# how a description ends when its files' sizes are compressed ones (tables, .jsonl.gz)
+COMPRESSED = " bytes of compressed files)"
 
 
 def tail_split(tokens: np.ndarray, val_fraction: float, min_len: int,
@@ -95,8 +101,11 @@ def _describe(paths: list[str] | None, files: list[Source], tok: Tokenizer, trai
     if in_bytes:
         return (f"{what} ({counted(len(files), 'file')}, {len(train):,} train / {len(val):,} "
                 "val bytes)")
+    # a .parquet, .arrow or .jsonl.gz file's size is no count of its text's bytes
+    packed = any(kind != "text" for _, _, kind in files)
     return (f"{what} ({counted(len(files), 'file')}, {len(train):,} train / {len(val):,} val "
-            f"{tok.identity()['name']} tokens from {source_bytes:,} bytes)")
+            f"{tok.identity()['name']} tokens from {source_bytes:,}"
+            + (COMPRESSED if packed else " bytes)"))
 
 
 def _token_file_corpus(path: str, tok: Tokenizer, val_fraction: float, min_len: int) -> Corpus:

@@ -46,7 +46,7 @@ from rwkvx_c.model.config import ModelConfig
 from rwkvx_c.model.lora import adapters_of, run_alpha, without_adapters
 from rwkvx_c.run.base import BASE_KEY, Record, check_base
 from rwkvx_c.run.checkpoint import STATE_KEY, read_checkpoint
-from rwkvx_c.run.rundir import RunDir
+from rwkvx_c.run.rundir import RunDir, checkpoint_path
 from rwkvx_c.util.files import check_input
 
 __all__ = ["Source", "read_source", "read_run", "base_weights", "Layered", "STATE_KEY"]
@@ -66,14 +66,17 @@ class Source:
     dtype: str = "fp32"   # "bf16": every matrix of the source is bf16 (--base-dtype auto)
 
 
-def read_source(src: str, base: str | None = None, lora_alpha: float | None = None) -> Source:
+def read_source(src: str, base: str | None = None, lora_alpha: float | None = None,
+                pinned: str | None = None) -> Source:
     """The Source at src; InteropError (one line) when it is none of a run
     folder with a checkpoint, a checkpoint file, a .pth or a Hugging Face
     folder. An adapter at src (a PEFT folder, an RWKV-PEFT LoRA .pth) sits on
     base (any of those; for a PEFT folder, the local folder its
     adapter_config.json names by default); for a checkpoint that names its
     base (rwkvx_c.run.base), base is where that base lies now (--base);
-    lora_alpha: the alpha of an RWKV-PEFT file that does not record it."""
+    lora_alpha: the alpha of an RWKV-PEFT file that does not record it;
+    pinned: the pin of src's checkpoint (rwkvx_c.run.base.pin_source),
+    read in its place."""
     check_input(src, InteropError, "the source")
     if os.path.exists(src) and is_adapter(src):
         base = base or (peft_base(src) if os.path.isdir(src) else None)
@@ -93,7 +96,7 @@ def read_source(src: str, base: str | None = None, lora_alpha: float | None = No
             if os.path.isfile(os.path.join(src, "config.json")):
                 return _from_hf(src)
             raise InteropError(f"--init-from {src}: the folder holds no checkpoint")
-        return _from_checkpoint(src, run.checkpoint, src, base)
+        return _from_checkpoint(src, pinned or checkpoint_path(src), src, base)
     if not os.path.isfile(src):
         raise InteropError(f"--init-from {src}: no such file or folder")
     if src.endswith(".pth"):
@@ -110,7 +113,7 @@ def read_source(src: str, base: str | None = None, lora_alpha: float | None = No
         streamed = _stream_safetensors(src)
         if streamed is not None:
             return _streamed(src, streamed)
-    return _from_checkpoint(src, src, os.path.dirname(os.path.abspath(src)), base)
+    return _from_checkpoint(src, pinned or src, os.path.dirname(os.path.abspath(src)), base)
 
 
 def _streamed(src: str, weights: StreamedWeights) -> Source:

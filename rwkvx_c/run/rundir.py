@@ -25,14 +25,14 @@ from typing import Any
 
 import numpy as np
 
-from rwkvx_c.errors import OutputError
-from rwkvx_c.run.checkpoint import Checkpoint, read_checkpoint, save_checkpoint
+from rwkvx_c.errors import CheckpointError, OutputError
+from rwkvx_c.run.checkpoint import Checkpoint, read_checkpoint, read_state, save_checkpoint
 from rwkvx_c.run.lock import LOCK_NAME, RunLock
 from rwkvx_c.util.atomic import replacing, sweep_orphans
 
 __all__ = ["RunDir", "RunFile", "RUN_FILES", "CHECKPOINT", "BEST", "CONFIG", "LOG", "TOKENIZER",
-           "PLOT", "REFERENCE", "LOCK", "RUNS_ROOT",
-           "checkpoint_path", "claim_output", "describe_entries"]
+           "PLOT", "REFERENCE", "LOCK", "RUNS_ROOT", "SNAPSHOTS", "PINS",
+           "CHOICES", "checkpoint_path", "claim_output", "describe_entries"]
 
 CHECKPOINT = "checkpoint.safetensors"
 CONFIG = "config.toml"
@@ -44,6 +44,8 @@ REFERENCE = "reference_logps.npy"
 LOCK = LOCK_NAME
 SNAPSHOTS = "checkpoint-STEP.safetensors"
 _SNAPSHOT = re.compile("^" + re.escape(SNAPSHOTS).replace("STEP", r"(\d+)") + "$")
+PINS = "source-SHA.safetensors"
+_PIN = re.compile("^" + re.escape(PINS).replace("SHA", "[0-9a-f]{16}") + "$")
 RUNS_ROOT = "runs"
 _STAMP = "%Y%m%d-%H%M%S"
 
@@ -71,23 +73,44 @@ RUN_FILES = (
     RunFile(BEST, "--keep-best: the checkpoint of the lowest validation loss"),
     RunFile(CONFIG, "the run's resolved options (rwkvx_c.train.config_file)"),
     RunFile(SNAPSHOTS, "--keep-last: the checkpoint of step STEP (7 digits)"),
+    RunFile(PINS, "a fine-tune's pin of a run checkpoint it starts from (--init-from, and "
+            "that run's own base, down the chain; --ref-from), as it was when the tune "
+            "started: a hard link, else a copy; SHA: the first 16 hex digits of the SHA-256 "
+            "it is recorded by"),
 )
-_NAMES = frozenset(f.name for f in RUN_FILES if f.name != SNAPSHOTS)
+_NAMES = frozenset(f.name for f in RUN_FILES if f.name not in (SNAPSHOTS, PINS))
 _MARKS = tuple(f.name for f in RUN_FILES if f.marks_run)
 
 
 def _own_name(name: str) -> bool:
     """True for the name of a file a run folder's run owns (RUN_FILES)."""
-    return name in _NAMES or bool(_SNAPSHOT.match(name))
+    return name in _NAMES or bool(_SNAPSHOT.match(name)) or bool(_PIN.match(name))
 
 
 # one log row: JSON values by name
 Row = dict[str, Any]
 
 
-def checkpoint_path(path: str) -> str:
-    """The checkpoint file of a run folder, or `path` itself when it names a file."""
-    return os.path.join(path, CHECKPOINT) if os.path.isdir(path) else path
+CHOICES = ("last", "best")   # --checkpoint: which checkpoint of a run folder a reader takes
+
+
+def checkpoint_path(path: str, which: str | None = None) -> str:
+    """The checkpoint file a reader takes of a run folder, or `path` itself
+    when it names a file. which: "last" (checkpoint.safetensors), "best"
+    (best.safetensors; OutputError when the run kept none) or None: best
+    when the run keeps it (--keep-best in its last checkpoint's options)
+    and it is there, else last."""
+    if not os.path.isdir(path):
+        if which is not None:
+            raise CheckpointError(f"--checkpoint {which} picks a checkpoint of a run folder; "
+                              f"{path} is a file: drop --checkpoint or give the folder")
+        return path
+    run = RunDir(path)
+    if which == "best" and not os.path.isfile(run.best):
+        raise CheckpointError(f"{path} holds no {BEST}: it was not trained with --keep-best")
+    if which == "best" or (which is None and run.keeps_best()):
+        return run.best
+    return run.checkpoint
 
 
 class RunDir:
@@ -147,10 +170,23 @@ class RunDir:
         found = sorted((int(m.group(1)), n) for n in names if (m := _SNAPSHOT.match(n)))
         return [self.file(n) for _, n in found]
 
+    def pin(self, sha: str) -> str:
+        """The pin of the checkpoint whose SHA-256 is sha (rwkvx_c.run.base)."""
+        return self.file(PINS.replace("SHA", sha[:16]))
+
+    def pins(self) -> list[str]:
+        """The pins in the folder, by name."""
+        try:
+            names = os.listdir(self.path)
+        except OSError:
+            return []
+        return [self.file(n) for n in sorted(names) if _PIN.match(n)]
+
     def own_files(self) -> tuple[str, ...]:
-        """Every file the folder's run owns (whether it exists or not), and its snapshots."""
+        """Every file the folder's run owns (whether it exists or not), its
+        snapshots and its pins."""
         return tuple(self.file(f.name) for f in RUN_FILES if f.name in _NAMES) \
-            + tuple(self.snapshots())
+            + tuple(self.snapshots()) + tuple(self.pins())
 
     # ------------------------------------------------------- the folder
     @classmethod
@@ -180,6 +216,13 @@ class RunDir:
 
     def has_checkpoint(self) -> bool:
         return os.path.exists(self.checkpoint)
+
+    def keeps_best(self) -> bool:
+        """True when the run keeps best.safetensors (its last checkpoint's
+        options say --keep-best) and the file is there."""
+        opts = read_state(self.checkpoint).get("options") if self.has_checkpoint() else None
+        return isinstance(opts, dict) and opts.get("keep_best") is True \
+            and os.path.isfile(self.best)
 
     def holds_run(self) -> bool:
         """True when a run lives here: a file of RUN_FILES that marks one

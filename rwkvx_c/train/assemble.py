@@ -21,7 +21,7 @@ from rwkvx_c.model.config import ModelConfig
 from rwkvx_c.model.init import init_model
 from rwkvx_c.model.lora import A_SUFFIX, B_SUFFIX, adapters_of
 from rwkvx_c.model.weights import load_params
-from rwkvx_c.run.base import BASE_KEY, Record, identify
+from rwkvx_c.run.base import BASE_KEY, Record, identify, pin_source
 from rwkvx_c.train.base import model_from_source
 from rwkvx_c.train.expand import place_weights
 from rwkvx_c.train.finetune import (
@@ -44,17 +44,22 @@ __all__ = ["load_data", "load_pairs", "build_model", "load_source", "load_weight
            "start_from_source"]
 
 
-def start_from_source(options: TrainOptions, group: ProcessGroup
-                      ) -> tuple[TrainOptions, Mapping[str, np.ndarray]]:
-    """A fine-tune's options and first weights from its --init-from source
-    (rwkvx_c.interop.source, read by rank 0): the source's shape and
+def start_from_source(options: TrainOptions, group: ProcessGroup, out_dir: str | None
+                      ) -> tuple[TrainOptions, Mapping[str, np.ndarray], Record | None]:
+    """A fine-tune's options, first weights and pin from its --init-from
+    source (rwkvx_c.interop.source, read by rank 0): the source's shape and
     tokenizer, its weights with a state-tuned source's initial states and a
     PEFT / RWKV-PEFT source's adapters (which a LoRA tune trains on).
     options.base: where the source's own base lies now, when the source is
-    a fine-tune whose base moved."""
+    a fine-tune whose base moved. A tune whose checkpoints will name their
+    base (base_frozen) and whose source is a run checkpoint pins it in
+    out_dir first and reads the pin (rwkvx_c.run.base.pin_source); the
+    record of the pin is the third value (None: nothing pinned)."""
     path = options.init_from
     assert path is not None
-    src = group.on_root(read_source, path, options.base)
+    pin = group.on_root(pin_source, path, out_dir, options.base) \
+        if base_frozen(options) and out_dir is not None else None
+    src = group.on_root(read_source, path, options.base, pinned=pin and pin["path"])
     options = dataclasses.replace(options, base=None)   # the source's, not this run's
     # a .pth's weights stay in its file until the model reads them (rwkvx_c.train.base)
     weights: Mapping[str, np.ndarray] = src.weights
@@ -69,7 +74,7 @@ def start_from_source(options: TrainOptions, group: ProcessGroup
                  if getattr(options, f.name) != f.default}   # what the user set
         options = dataclasses.replace(options, **adapter_options(
             asked, {"r": ads.r, "alpha": ads.alpha, "targets": ads.targets}, path))
-    return from_source(options, src.config, src.tokenizer, path), weights
+    return from_source(options, src.config, src.tokenizer, path), weights, pin
 
 
 def _tokenizer(opts: ResolvedOptions, run_dir: str | None, out_dir: str | None,
@@ -186,11 +191,13 @@ def load_weights(model: _core.RxPtModel, tensors: Mapping[str, np.ndarray],
 
 
 def name_base(opts: ResolvedOptions, state: Mapping[str, Any] | None,
-              weights: Mapping[str, np.ndarray] | None, writes: bool) -> Record | None:
+              weights: Mapping[str, np.ndarray] | None, writes: bool,
+              pin: Record | None = None) -> Record | None:
     """The base a run's checkpoints name instead of holding it
     (rwkvx_c.run.base): a resumed run's as its checkpoint recorded it; a
-    fine-tune's with part of the model frozen, hashed once as it starts (by
-    the process that writes: writes); else None (they hold every parameter)."""
+    fine-tune's with part of the model frozen: its pin of a run source,
+    else the source hashed once as it starts (by the process that writes:
+    writes); else None (they hold every parameter)."""
     if state is not None:
         base: Record | None = state.get(BASE_KEY)
         return base
@@ -198,5 +205,5 @@ def name_base(opts: ResolvedOptions, state: Mapping[str, Any] | None,
         raise TrainError("--base names where a fine-tune's base lies now: give it with "
                          "--resume, or with --init-from a fine-tune whose base moved")
     if opts.init_from and weights is not None and base_frozen(opts) and writes:
-        return identify(opts.init_from)
+        return pin or identify(opts.init_from)
     return None

@@ -92,7 +92,7 @@ def _check_values(path: str, data: dict[str, Any]) -> None:
             if e is None or (table == "" and key == "model"):
                 continue
             why: str | None
-            if isinstance(v, (dict, list)) and e.kind != "paths":
+            if isinstance(v, (dict, list)) and e.kind not in ("paths", "texts"):
                 why = f"{key} must be {_what(e)}, got a TOML {type(v).__name__}"
             else:
                 why = e.problem(v)

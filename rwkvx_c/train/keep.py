@@ -9,15 +9,14 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import shutil
 from collections.abc import Callable
 from typing import Any
 
 from rwkvx_c.errors import TrainError
 from rwkvx_c.run.rundir import RunDir
-from rwkvx_c.util.atomic import replace_with, temp_path
+from rwkvx_c.util.atomic import publish
 
-__all__ = ["Keeper", "publish", "save_best"]
+__all__ = ["Keeper", "save_best"]
 
 def save_best(run: RunDir | None, saved_now: bool, save: Callable[[str], object]) -> None:
     """best.safetensors of a run folder (None: not kept) from the model as
@@ -80,19 +79,3 @@ class Keeper:
             raise TrainError(f"the checkpoint holds a bad keeper state {state!r}")
         self.best_loss = None if loss is None else float(loss)
         self.best_step, self.stale = step, stale
-
-
-def publish(src: str, dst: str) -> None:
-    """dst becomes a copy of the file src, atomically: a hard link where the
-    file system has them (src is replaced by rename, never written in
-    place, so the link keeps this version), else a copy."""
-    tmp = temp_path(dst)
-    try:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        os.link(src, tmp)
-        os.replace(tmp, dst)
-    except OSError:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        replace_with(dst, lambda t: shutil.copyfile(src, t))

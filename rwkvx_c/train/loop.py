@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from rwkvx_c.train.keep import Keeper
     from rwkvx_c.train.options import ResolvedOptions
 
-__all__ = ["run_loop", "train_step", "diverged"]
+__all__ = ["run_loop", "train_step", "before_first_step", "diverged"]
 
 
 
@@ -43,6 +43,8 @@ class Trainer(Protocol):
 
     def step(self) -> Row: ...
     def evaluate(self) -> Row: ...
+    def samples(self) -> Row: ...
+    def sample_due(self) -> bool: ...
     def done(self) -> bool: ...
     def eval_due(self) -> bool: ...
     def save_due(self, evaluated: bool) -> bool: ...
@@ -86,6 +88,8 @@ def diverged(self: Trainer, e: Divergence) -> None:
 
 def run_loop(self: Trainer, on_step: Callable[[Row], object] | None,
          stop: Callable[[], bool] | None) -> Row:
+    if self.step_count == 0 and self.last_eval is None:
+        before_first_step(self, on_step)
     while not self.done():
         if stop is not None and stop():
             break
@@ -112,6 +116,20 @@ def run_loop(self: Trainer, on_step: Callable[[Row], object] | None,
             save_best_step(self)
     return final
 
+def before_first_step(self: Trainer, on_step: Callable[[Row], object] | None) -> None:
+    """A fine-tune's (--init-from) baseline: the evaluation of its source
+    as step 0, logged and plotted as any (not a checkpoint: --keep-best and
+    --early-stop judge the trained steps); and --sample-every's
+    generations from the model as it starts."""
+    if self.opts.init_from:
+        row = {"step": 0, **self.evaluate(), "elapsed": round(self.train_seconds(), 3)}
+        self.log(row)
+        if on_step:
+            on_step(row)
+    if self.sample_due():
+        self.log(self.samples())
+
+
 def train_step(self: Trainer, on_step: Callable[[Row], object] | None) -> None:
     """One step of the loop: the step, its periodic evaluation, its log
     row and its checkpoint; a divergence rolls back or raises (_diverged)."""
@@ -137,6 +155,8 @@ def train_step(self: Trainer, on_step: Callable[[Row], object] | None) -> None:
             return
     if best and not self.guard.suspect():
         save_best_step(self)
+    if self.sample_due():
+        self.log(self.samples())
 
 def save_best_step(self: Trainer) -> None:
     """--keep-best: this step's model, the best so far (rwkvx_c.train.keep)."""

@@ -238,7 +238,7 @@ class PreferenceStep:
         idx = np.arange(len(self.val))
         both = np.concatenate([pol[:, 0], pol[:, 1]])
         row = metrics(self._loss(both, idx, self.val, ref), pol[:, 0], pol[:, 1], "eval_")
-        return {"val_loss": row.pop("eval_loss"), "val_bpb": None, **row}
+        return {"val_loss": row.pop("eval_loss"), **row}
 
     def set_reference(self, model: _core.RxPtModel, tune: str, run_dir: RunDir | None,
                       resumed: bool, ref_from: str | None = None) -> None:

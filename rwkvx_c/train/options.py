@@ -111,6 +111,11 @@ class TrainOptions:
     steps: int | None = _opt(None, "stop after N steps (learning-rate schedule by steps; "
                              f"default: {DEFAULT_STEPS} unless the preset has a time budget)",
                              kind="pos_int", metavar="N")
+    epochs: float | None = _opt(None, "stop after N passes over the training split (a "
+                                "fraction too): the steps they take, batch x grad_accum x "
+                                "seq_len tokens (a preference run's batch / 2 pairs) a step; "
+                                "not with --steps", kind="pos_float", metavar="N",
+                                absent=DEFAULT)
     time_budget: float | None = _opt(None, "stop so that the whole run, final evaluation and "
                                      "checkpoint included, takes at most MIN minutes "
                                      "(default: the default preset's 9.5)",
@@ -128,7 +133,7 @@ class TrainOptions:
                             f"{_preset_values('lr')})", kind="pos_float", metavar="X")
     warmup_steps: int | None = _opt(None, "linear warmup steps (default: the preset's: "
                                     f"{_preset_values('warmup_steps')})", kind="nonneg_int",
-                                    flag="--warmup", metavar="N")
+                                    aliases=("--warmup",), metavar="N")
     min_lr_frac: float | None = _opt(None, "the schedule ends at this fraction of the peak "
                                      f"learning rate (default: {STATE_MIN_LR_FRAC:g} with --tune "
                                      f"state, RWKV-PEFT's; else {MIN_LR_FRAC:g})",
@@ -178,6 +183,12 @@ class TrainOptions:
     l2wrap: float = _opt(0.0, "RWKV-LM's L2Wrap: push each position's largest logit towards 0 "
                          "with a grad of X * max_logit / (B*T); RWKV-LM uses 1e-4, 0 disables",
                          kind="nonneg_float", metavar="X")
+    sample_every: int | None = _opt(None, "every K steps, and before the first, generate "
+                                    "from each --sample-prompt (greedy, "
+                                    "rwkvx_c.generation.generate) into the log and the "
+                                    "trackers", kind="pos_int", metavar="K", absent=DEFAULT)
+    sample_prompt: list[str] | None = _opt(None, "a prompt of --sample-every (repeatable)",
+                                           kind="texts", metavar="TEXT", absent=DEFAULT)
     keep_best: bool = _opt(False, "also keep best.safetensors, the checkpoint of the lowest "
                            "validation loss (export, sample and eval take it as a checkpoint)",
                            kind="flag", absent=DEFAULT)
@@ -265,7 +276,7 @@ class TrainOptions:
     # options a resumed run may change without changing what it computes
     RESUMABLE = ("steps", "time_budget", "eval_every", "save_every", "threads", "cache_dir",
                  "on_divergence", "grad_cp", "base", "keep_best", "keep_last", "early_stop",
-                 "log_to")
+                 "log_to", "sample_every", "sample_prompt")
 
     def resolved(self) -> ResolvedOptions:
         """A copy with every preset default filled in and every value checked."""
@@ -282,7 +293,7 @@ class TrainOptions:
         for k in ("batch", "seq_len", "lr", "warmup_steps"):
             if getattr(o, k) is None:
                 setattr(o, k, p[k])
-        if o.steps is None and o.time_budget is None:
+        if o.steps is None and o.time_budget is None and o.epochs is None:
             o.time_budget = p.get("time_budget")
             if o.time_budget is None:
                 o.steps = DEFAULT_STEPS
@@ -320,6 +331,8 @@ class TrainOptions:
             raise TrainError("--unfreeze-at unfreezes a frozen base: give it with --tune state, "
                              "--freeze or --train-parts (in a plain full run everything trains)")
         self._check_mode()
+        if (self.sample_every is None) != (self.sample_prompt is None):
+            raise TrainError("--sample-every K and --sample-prompt TEXT go together: give both")
         parse_trackers(self.log_to)
         if not self.dpo_label_smoothing < 0.5:
             raise TrainError(f"dpo_label_smoothing must lie in [0, 0.5), got "

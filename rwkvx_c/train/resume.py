@@ -13,16 +13,17 @@ type and range, so a tampered or truncated state is one TrainError.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rwkvx_c.errors import CheckpointError, TrainError
+from rwkvx_c.errors import CheckpointError, RwkvxWarning, TrainError
 from rwkvx_c.interop.source import base_weights
 from rwkvx_c.model.config import ModelConfig
-from rwkvx_c.run.base import BASE_KEY
+from rwkvx_c.run.base import BASE_KEY, pinned_by
 from rwkvx_c.run.rundir import RunDir
 from rwkvx_c.train.finetune import adapter_options
 from rwkvx_c.train.options import TrainOptions, apply_changes, saved_options
@@ -66,6 +67,11 @@ def read_saved(out_dir: str, group: ProcessGroup, changes: dict[str, Any]) -> Sa
         return Saved(TrainOptions(**{**kw, "model": ModelConfig.resolve(config)}), None, None,
                      tensors)
     opts = saved_options(saved, path)
+    pins = pinned_by(out_dir) if group.is_root else 0
+    if pins:
+        warnings.warn(RwkvxWarning(
+            f"{pins} fine-tune(s) pin the checkpoint of step {state.get('step')} of {out_dir}: "
+            "they keep that version, and this run goes on from it"), stacklevel=2)
     config = ModelConfig.resolve(config)   # as saved_options resolves opts.model
     apply_changes(opts, changes, state.get("tokenizer"), out_dir)
     if config != opts.model:

@@ -14,6 +14,7 @@ import numpy as np
 
 from rwkvx_c import _core
 from rwkvx_c.data.sampler import IGNORE, BatchSampler, count_targets
+from rwkvx_c.generation import Sampling, generate
 from rwkvx_c.train import schedule
 from rwkvx_c.train.accumulate import GradAccumulator
 from rwkvx_c.train.finetune import PartsAdamW, lisa_due, unfreeze_due
@@ -33,7 +34,9 @@ if TYPE_CHECKING:
     from rwkvx_c.train.options import ResolvedOptions
     from rwkvx_c.train.trackers import Trackers
 
-__all__ = ["Stepper"]
+__all__ = ["Stepper", "SAMPLE_TOKENS"]
+
+SAMPLE_TOKENS = 64   # new tokens of each --sample-every generation
 
 
 class Stepper:
@@ -194,7 +197,7 @@ class Stepper:
         Touches neither the parameters nor the training data stream."""
         t = time.perf_counter()
         if self.pref is not None:
-            row = self.pref.evaluate(self.model)
+            row = self.pref.evaluate(self.model)   # no val_bpb: pairs have no bytes to count
             self._eval_seconds = max(self._eval_seconds or 0.0, time.perf_counter() - t)
             self.last_eval = {"step": self.step_count, "val_loss": row["val_loss"],
                               "val_bpb": None}
@@ -205,6 +208,23 @@ class Stepper:
         self._eval_seconds = max(self._eval_seconds or 0.0, time.perf_counter() - t)
         self.last_eval = {"step": self.step_count, "val_loss": val, "val_bpb": bpb}
         return {"val_loss": val, "val_bpb": bpb}
+
+    def samples(self) -> Row:
+        """--sample-every: the model's greedy continuation of each
+        --sample-prompt as it is now (rwkvx_c.generation.generate, the
+        batched engine), as a log row {'step', 'samples': [{'prompt',
+        'text'}]}; the training state is untouched."""
+        prompts = self.opts.sample_prompt or []
+        prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+        outs = generate(self.model, prompts, max_new_tokens=SAMPLE_TOKENS,
+                        sampling=Sampling(temperature=0.0), tokenizer=self.tokenizer)
+        return {"step": self.step_count,
+                "samples": [{"prompt": p, "text": c.text} for p, c in zip(prompts, outs)]}
+
+    def sample_due(self) -> bool:
+        """True when --sample-every falls on the step just taken (or step 0)."""
+        k = self.opts.sample_every
+        return k is not None and self.step_count % k == 0
 
     def eval_due(self) -> bool:
         """True when the periodic evaluation falls on the step just taken

@@ -22,6 +22,7 @@ writer without its writer thread. Where each writes:
 """
 from __future__ import annotations
 
+import html
 import importlib.util
 import io
 import os
@@ -47,6 +48,7 @@ QUEUE_ROWS = 10_000           # rows waiting for a slow tracker before any is dr
 CLOSE_WAIT_S = 60.0           # how long the end of a run waits for the trackers to finish
 SKIPPED = ("step", "world_size", "final")   # row keys that are no series
 PLOT_NAME = "loss_plot"       # the plot's image ("loss" is the training loss's series)
+SAMPLES_NAME = "samples"      # --sample-every's generations
 MLFLOW_DB, MLFLOW_ARTIFACTS = "mlflow.db", "mlartifacts"   # in the run folder by default
 
 
@@ -76,6 +78,7 @@ class Backend(Protocol):
 
     def scalars(self, step: int, values: Mapping[str, float]) -> None: ...
     def image(self, name: str, png: bytes) -> None: ...
+    def text(self, step: int, name: str, text: str) -> None: ...
     def close(self) -> None: ...
 
 
@@ -134,6 +137,10 @@ class _TensorBoard:
         self._add(self._Event(wall_time=time.time(), summary=S(
             value=[S.Value(tag=name, image=img)])))
 
+    def text(self, step: int, name: str, text: str) -> None:
+        from tensorboard.plugins.text.summary_v2 import text_pb
+        self._add(self._Event(wall_time=time.time(), step=step, summary=text_pb(name, text)))
+
     def close(self) -> None:
         self.writer.close()
 
@@ -153,6 +160,9 @@ class _WandB:
     def image(self, name: str, png: bytes) -> None:
         from PIL import Image
         self.run.log({name: self._wandb.Image(Image.open(io.BytesIO(png)))})
+
+    def text(self, step: int, name: str, text: str) -> None:
+        self.run.log({name: self._wandb.Html(f"<pre>{html.escape(text)}</pre>")}, step=step)
 
     def close(self) -> None:
         self.run.finish()
@@ -189,6 +199,9 @@ class _MLflow:
         from PIL import Image
         self.client.log_image(self.run_id, Image.open(io.BytesIO(png)), f"{name}.png")
 
+    def text(self, step: int, name: str, text: str) -> None:
+        self.client.log_text(self.run_id, text, f"{name}/step-{step:07d}.txt")
+
     def close(self) -> None:
         self.client.set_terminated(self.run_id)
 
@@ -219,6 +232,12 @@ class Trackers:
         """Queues one log row (a step's or an evaluation's) for every tracker."""
         if "step" in row and _series(row):
             self._put(("row", row))
+
+    def text(self, step: int, samples: Sequence[Mapping[str, str]]) -> None:
+        """Queues --sample-every's generations of a step, one text of every
+        prompt and its continuation, under SAMPLES_NAME."""
+        body = "\n\n".join(f"{s['prompt']}{s['text']}" for s in samples)
+        self._put(("text", (step, SAMPLES_NAME, body)))
 
     def close(self, rows: Sequence[Row] = (), title: str = "") -> None:
         """Sends the loss plot of the log `rows` (with matplotlib), ends every
@@ -264,6 +283,8 @@ class Trackers:
                 b.scalars(int(value["step"]), _series(value))
             elif kind == "image":
                 b.image(PLOT_NAME, value)
+            elif kind == "text":
+                b.text(*value)
             else:
                 b.close()
         except Exception as e:  # noqa: BLE001 -- a tracker must never stop the run

@@ -20,6 +20,7 @@ run's losses bit for bit, on any thread count, when its schedule is by steps.
 """
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import time
@@ -34,6 +35,7 @@ from rwkvx_c.errors import (
     RunLocked,
     TrainError,
 )
+from rwkvx_c.run.base import pin_source
 from rwkvx_c.run.lock import RunLock
 from rwkvx_c.run.rundir import Row, RunDir
 from rwkvx_c.train.assemble import (
@@ -54,7 +56,7 @@ from rwkvx_c.train.progress import run_title, watch
 from rwkvx_c.train.resume import read_saved
 from rwkvx_c.train.saving import Saver
 from rwkvx_c.train.trackers import open_trackers
-from rwkvx_c.train.validate import check_validation
+from rwkvx_c.train.validate import check_pair_validation, check_validation
 
 if TYPE_CHECKING:
     from rwkvx_c.train.distributed import ProcessGroup
@@ -101,27 +103,34 @@ class Trainer(Saver):
                _state: dict[str, Any] | None, _tensors: Mapping[str, np.ndarray] | None,
                _weights: Mapping[str, np.ndarray] | None, progress: bool) -> None:
         options = options or TrainOptions()
-        if options.init_from and _state is None and _weights is None:
-            options, _weights = start_from_source(options, self.group)
-        self.opts = options.resolved()
         # every rank reads the run folder (its tokenizer); only rank 0 writes it
         self.out_dir = run_dir if self.group.is_root else None
         self.run_dir = RunDir(self.out_dir) if self.out_dir is not None else None
         self._t0 = time.perf_counter()
-        self._prepare_out_dir(_state is None, _weights is not None and not self.opts.init_from)
+        self._prepare_out_dir(_state is None, _weights is not None and not options.init_from)
+        self._pin = None   # a fine-tune's pin of its source run (rwkvx_c.run.base)
+        if options.init_from and _state is None and _weights is None:
+            options, _weights, self._pin = start_from_source(options, self.group, run_dir)
+        self.opts = options.resolved()
         threads = self.opts.threads if self.opts.threads is not None \
             else self.group.default_threads()
         if threads is not None:
             _core.set_num_threads(threads)
         self._load_data(run_dir, _state, progress)
+        self._steps_of_epochs(_state is None)
         self._build_model(_tensors, _weights)
         self._name_base(_state, _weights)
         self._prepare_batches()
         self._reset_counters()
         if self.pref is not None:
-            # the reference's log-probabilities: made now (the weights of step 0) or read back
+            # the reference's log-probabilities: made now (the weights of step 0, or
+            # --ref-from's run as pinned now, rwkvx_c.run.base) or read back
+            ref = self.opts.ref_from
+            if ref and _state is None and self.run_dir is not None:
+                pinned = pin_source(ref, self.run_dir.path)
+                ref = pinned["path"] if pinned is not None else ref
             self.pref.set_reference(self.model, self.opts.tune, self.run_dir, _state is not None,
-                                    self.opts.ref_from)
+                                    ref)
         if _state is not None:
             self._restore(_state, _tensors or {})
         if self.run_dir is not None:   # rank 0 alone tracks and saves the options
@@ -160,6 +169,27 @@ class Trainer(Saver):
         self.pref = PreferenceStep(o.objective, o.dpo_beta, o.dpo_label_smoothing, train, val,
                                    o.batch, o.seed)
 
+    def epoch_steps(self) -> float:
+        """The steps one pass over the training split takes: its tokens over
+        a step's (batch x grad_accum x seq_len), or its pairs over a
+        preference step's (batch / 2)."""
+        o = self.opts
+        if self.pref is not None:
+            return len(self.pref.train) / (o.batch // 2)
+        return self.corpus.train.size / (o.batch * o.grad_accum * o.seq_len)
+
+    def _steps_of_epochs(self, new: bool) -> None:
+        """--epochs N: the run's steps, N passes over the training split
+        (a --steps given beside it must be that count)."""
+        o = self.opts
+        if o.epochs is None or not new:
+            return
+        steps = max(1, math.ceil(o.epochs * self.epoch_steps()))
+        if o.steps is not None and o.steps != steps:
+            raise TrainError(f"--epochs {o.epochs:g} is {steps} steps of this data; give "
+                             f"--epochs or --steps, not both")
+        o.steps = steps
+
     def _build_model(self, _tensors: Mapping[str, np.ndarray] | None,
                      _weights: Mapping[str, np.ndarray] | None) -> None:
         self.model, self.optim = build_model(self.opts, self.tokenizer, self.corpus, _tensors,
@@ -170,7 +200,7 @@ class Trainer(Saver):
                    _weights: Mapping[str, np.ndarray] | None) -> None:
         """The base this run's checkpoints name instead of holding it (None:
         they hold every parameter), and the parameter names it has."""
-        self.base = name_base(self.opts, _state, _weights, self.group.is_root)
+        self.base = name_base(self.opts, _state, _weights, self.group.is_root, self._pin)
         self._base_names = frozenset(_weights or ())
 
     def _prepare_batches(self) -> None:
@@ -179,6 +209,9 @@ class Trainer(Saver):
         if self.pref is not None:   # no windows: the pairs' own batches
             self.val_x = self.val_y = self.pref.val.x
             self.val_bytes = None
+            if self.group.is_root:
+                check_pair_validation(len(self.pref.val), len(self.pref.val) +
+                                      len(self.pref.train))
             return
         # every rank draws the global batch and trains on its rows of it
         c = self.corpus   # a chat corpus's masks make its untrained targets IGNORE
@@ -192,7 +225,8 @@ class Trainer(Saver):
         # val_bpb divides by the text bytes the validation targets decode to
         self.val_bytes = target_bytes(self.val_y, c.token_bytes, c.is_bytes)
         if self.group.is_root:
-            check_validation(len(self.val_x), opts.eval_tokens, opts.seq_len)
+            check_validation(len(self.val_x), opts.eval_tokens, opts.seq_len,
+                             opts.val_data is not None, aligned and c.val_mask is not None)
 
     def _reset_counters(self) -> None:
         """The run state of step 0 (a resume then restores the saved one)."""
@@ -252,6 +286,8 @@ class Trainer(Saver):
             self.run_dir.append_log([{**row, "world_size": self.group.size}])
         if self.trackers is not None:
             self.trackers.log(row)
+            if "samples" in row:
+                self.trackers.text(row["step"], row["samples"])
 
     def read_log(self) -> list[Row]:
         """The rows of out_dir/log.jsonl."""

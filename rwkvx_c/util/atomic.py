@@ -19,7 +19,7 @@ import shutil
 from collections.abc import Callable, Iterator
 from typing import IO, Any
 
-__all__ = ["replacing", "replace_with", "temp_path", "writer_pid", "sweep_orphans"]
+__all__ = ["replacing", "replace_with", "publish", "temp_path", "writer_pid", "sweep_orphans"]
 
 _TMP = re.compile(r"\.tmp(\d+)(\.[A-Za-z0-9]+)?$")
 
@@ -92,6 +92,23 @@ def replace_with(dest: str, write: Callable[[str], object], keep_ext: bool = Fal
         os.chmod(tmp, 0o666 & ~_umask())
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
+
+
+def publish(src: str, dst: str) -> None:
+    """dst becomes a copy of the file src, atomically: a hard link where the
+    file system has them (src is replaced by rename, never written in
+    place, so the link keeps this version), else a copy with src's
+    modification time (a copy is the same file to a size-and-mtime check)."""
+    tmp = temp_path(dst)
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        os.link(src, tmp)
+        os.replace(tmp, dst)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        replace_with(dst, lambda t: shutil.copy2(src, t))
 
 
 def _umask() -> int:

@@ -76,6 +76,7 @@ KINDS: dict[str, Kind] = {
                   "a comma list of names"),
     "path": Kind(str, lambda v: isinstance(v, str), "a path", str, "a path"),
     "paths": Kind(list, _paths, "a path or a list of paths", str, "a path"),
+    "texts": Kind(list, _paths, "a text or a list of texts", str, "a text"),
     "config": Kind(dict, lambda v: isinstance(v, dict), "a dict of config overrides", str,
                    "a dict"),
 }
@@ -97,7 +98,8 @@ def declare(default: Any, help: str, *, kind: str = "str", flag: str | None = No
             metavar: str | None = None, choices: tuple[str, ...] | None = None,
             cli: bool = True, absent: Any = SAME,
             check: Callable[[Any], str | None] | None = None, c_route: str | None = None,
-            exports: Mapping[str, Any] | tuple[str, ...] | None = None) -> Any:
+            exports: Mapping[str, Any] | tuple[str, ...] | None = None,
+            aliases: tuple[str, ...] = ()) -> Any:
     """A dataclass field with everything derived from it.
 
     default: the value when not given (REQUIRED: none; None: "unset", e.g.
@@ -113,12 +115,13 @@ def declare(default: Any, help: str, *, kind: str = "str", flag: str | None = No
     c_route: how the C core receives the value ("struct": rx_pt_config;
     "ctx": rx_model_ctx, the model context every kernel reads).
     exports: {format: the one value that format can hold}, or a tuple of the
-    formats that hold only the default."""
+    formats that hold only the default. aliases: further CLI spellings of
+    the flag (a shorter one users know); the config key stays the name."""
     if kind not in KINDS:
         raise ValueError(f"unknown kind {kind!r}")
     return field(default=default, metadata=dict(
         help=help, kind=kind, flag=flag, metavar=metavar, choices=choices, cli=cli,
-        absent=absent, check=check, c_route=c_route,
+        absent=absent, check=check, c_route=c_route, aliases=tuple(aliases),
         exports=dict.fromkeys(exports, default) if isinstance(exports, tuple) else
         dict(exports or {})))
 
@@ -138,6 +141,7 @@ class Entry:
     c_route: str | None
     exports: Mapping[str, Any]
     declares_absent: bool
+    aliases: tuple[str, ...] = ()   # further CLI spellings of flag
 
     @property
     def type(self) -> type:
@@ -173,7 +177,8 @@ def entries(cls: type) -> Iterator[Entry]:
                     absent=m["absent"] if own else f.default, help=m["help"], flag=flag,
                     metavar=m["metavar"], choices=m["choices"], check=m["check"],
                     c_route=m["c_route"], exports=m["exports"],
-                    declares_absent=m["absent"] is not SAME)
+                    declares_absent=m["absent"] is not SAME,
+                    aliases=m["aliases"] if m["cli"] else ())
 
 
 def resolve(cls: type, saved: Mapping[str, Any]) -> dict[str, Any]:
