@@ -185,3 +185,15 @@ def test_a_preference_run_refuses_a_template(tmp_path):
     from rwkvx_c.errors import TrainError
     with pytest.raises(TrainError, match="--chat-template"):
         TrainOptions(objective="dpo", chat_template="chatml").resolved()
+
+
+def test_eval_scores_a_chat_run_in_its_template(tmp_path, capsys):
+    """eval RUN --split val renders the run's chat data with its template:
+    the logged val_loss again."""
+    out = _train(tmp_path, "options", "chatml")
+    with open(os.path.join(out, "log.jsonl")) as f:
+        last = [r for r in map(json.loads, f) if "val_loss" in r][-1]
+    capsys.readouterr()
+    assert main(["eval", out, "--split", "val", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["data"]
+    assert got["loss"] == pytest.approx(last["val_loss"], rel=1e-6)

@@ -19,6 +19,7 @@ from rwkvx_c.cli.common import (
     positive_int,
     unit_float,
 )
+from rwkvx_c.data.chat import ChatFormat
 from rwkvx_c.data.pipeline import load_corpus
 from rwkvx_c.data.sampler import conversation_starts, eval_starts
 from rwkvx_c.errors import EvalError
@@ -27,7 +28,7 @@ from rwkvx_c.eval.preferences import base_model, score_preferences
 from rwkvx_c.interop.source import read_run
 from rwkvx_c.run.checkpoint import read_state
 from rwkvx_c.run.rundir import checkpoint_path
-from rwkvx_c.sample import load_model, load_run
+from rwkvx_c.sample import load_model, load_run, run_template
 from rwkvx_c.train.objectives import OBJECTIVES, REFERENCE_FREE
 from rwkvx_c.util.progress import make_progress
 from rwkvx_c.util.words import counted
@@ -236,9 +237,12 @@ def _score_corpus(a: argparse.Namespace, model: _core.RxPtModel, tok: Any,
                   opts: dict[str, Any]) -> dict[str, Any]:
     T = a.seq_len or int(opts.get("seq_len") or 256)
     data = opts.get("data") if not a.data else a.data if len(a.data) > 1 else a.data[0]
+    # chat records in the run's template, trained as it trained them
+    chat = ChatFormat(run_template(a.dir), bool(opts.get("train_on_inputs")))
     corpus = load_corpus(data, seq_len=T, tokenizer=tok,
                          text_field=a.text_field or opts.get("text_field") or "text",
-                         cache_dir=opts.get("cache_dir"), progress=sys.stderr.isatty())
+                         cache_dir=opts.get("cache_dir"), progress=sys.stderr.isatty(),
+                         chat=chat)
     if corpus.vocab_size > model.config["vocab_size"]:
         raise EvalError(f"the corpus has {corpus.vocab_size} token ids, the model "
                         f"{model.config['vocab_size']}")
