@@ -77,7 +77,7 @@ def _compile(source: str) -> Any:
         from jinja2.ext import loopcontrols
         from jinja2.sandbox import ImmutableSandboxedEnvironment
     except ImportError:
-        raise DataError('chat templates need jinja2: pip install "jinja2>=3.1"') from None
+        raise DataError('chat templates need jinja2: pip install "jinja2>=3.1.6"') from None
 
     def raise_exception(message: str) -> None:
         raise jinja2.exceptions.TemplateError(message)
