@@ -321,9 +321,14 @@ class Chat:
         of it again when it rewrites the transcript."""
         if text.startswith(self.transcript):
             self.session.feed(text[len(self.transcript):].encode("utf-8", "surrogatepass"))
+            self.transcript = text
         else:
-            self.session.reset()
-            self.session.feed(text.encode("utf-8", "surrogatepass"))
+            self._reread(text)
+
+    def _reread(self, text: str) -> None:
+        """The state from the start, fed text."""
+        self.session.reset()
+        self.session.feed(text.encode("utf-8", "surrogatepass"))
         self.transcript = text
 
     def say(self, text: str) -> Iterator[str]:
@@ -351,6 +356,5 @@ class Chat:
         if turn.startswith(fed):
             self.session.feed(turn[len(fed):])
             self.transcript = full
-        else:   # the state read part of a stop string the turn does not hold
-            self.transcript = ""
-            self._read(full)
+        else:   # the state read text the rendered turn does not hold (part of a stop string)
+            self._reread(full)

@@ -181,10 +181,18 @@ def test_chat_reads_the_conversation_as_the_template_renders_it(tmp_path):
                                                "assistant"]
 
 
-def test_a_preference_run_refuses_a_template(tmp_path):
+def test_a_template_without_chat_data_is_refused(tmp_path):
     from rwkvx_c.errors import TrainError
     with pytest.raises(TrainError, match="--chat-template"):
         TrainOptions(objective="dpo", chat_template="chatml").resolved()
+    text = tmp_path / "t.txt"
+    text.write_text("plain text " * 200)
+    for kw in ({"chat_template": "chatml"}, {"train_on_inputs": True}):
+        with pytest.raises(TrainError, match="plain text"):
+            Trainer(TrainOptions(preset="tiny", data=str(text), model=dict(RWKV_MODEL),
+                                 steps=1, seq_len=16, batch=2,
+                                 cache_dir=str(tmp_path / "cache"), **kw),
+                    str(tmp_path / "run"))
 
 
 def test_eval_scores_a_chat_run_in_its_template(tmp_path, capsys):

@@ -64,7 +64,7 @@ def test_a_request_joins_while_others_decode():
 def server(tmp_path_factory):
     run = _save(_model(), str(tmp_path_factory.mktemp("serve") / "run"))
     p = subprocess.Popen([sys.executable, "-m", "rwkvx_c", "serve", run, "--port", "0",
-                          "--slots", "4", "--threads", "1", "--model-name", "tiny"],
+                          "--slots", "8", "--threads", "1", "--model-name", "tiny"],
                          stderr=subprocess.PIPE, text=True)
     line = p.stderr.readline()
     if "http://" not in line:

@@ -21,16 +21,18 @@ conversation gives the same tokens and masks in any format. ShareGPT's
 ``human``/``gpt``/``system`` are the roles user/assistant/system; Alpaca's
 user turn is the instruction, then a newline and the input when there is
 one (LLaMA-Factory's convention), after ``history``'s [instruction,
-output] pairs as earlier turns. Turns are rendered as
+output] pairs as earlier turns. Turns are rendered with a chat template
+(rwkvx_c.data.templates, ChatFormat; --chat-template), by default RWKV's,
 ``System: Be terse.\\n\\nUser: Hi\\n\\nAssistant: Hello.\\n\\n``:
 each turn ``Role: content`` closed by a blank line, the content with its
 line ends made ``\\n``, runs of newlines made one and its ends stripped, as
 the ``rwkv`` package's API_DEMO_CHAT prepares a message (a blank line inside
 a turn would end it: generation stops at ``\\n\\n``). The loss is taken on
 each assistant turn's `` content\\n\\n`` (its text and its turn end), nothing
-else. The text is encoded in segments cut where an assistant turn's text
-begins and ends, as a chat encodes it: the prompt up to ``Assistant:`` in
-one piece, the reply as the model writes it.
+else (every token with --train-on-inputs). The text is encoded in segments
+cut where an assistant turn's text begins and ends, as a chat encodes it:
+the prompt up to ``Assistant:`` (the template's generation prompt) in one
+piece, the reply as the model writes it.
 
 Conversations are packed one after another, each followed by SEPARATOR
 (id 0, the end-of-text RWKV-LM packs documents with); neither the

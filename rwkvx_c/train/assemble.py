@@ -118,6 +118,9 @@ def load_data(opts: ResolvedOptions, run_dir: str | None, out_dir: str | None,
             corpus = _with_validation(corpus, opts, tokenizer, progress, chat)
     except OSError as e:
         raise TrainError(f"cannot prepare the corpus: {e}") from None
+    if corpus.train_mask is None and state is None and chat.identity() is not None:
+        raise TrainError("--chat-template and --train-on-inputs apply to chat records; "
+                         "this corpus is plain text")
     return tokenizer, corpus, chat
 
 
