@@ -278,6 +278,7 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError:
             raise ApiError(400, "bad Content-Length") from None
         if size > MAX_BODY:
+            self.close_connection = True   # its body is left unread
             raise ApiError(413, f"the request body passes {MAX_BODY} bytes")
         raw = self.rfile.read(size) if size > 0 else b""
         try:
@@ -292,6 +293,7 @@ class _Handler(BaseHTTPRequestHandler):
         path = self.path.rstrip("/")
         chat = path in ("/v1/chat/completions", "/chat/completions")
         if not chat and path not in ("/v1/completions", "/completions"):
+            self.close_connection = True   # its body is left unread
             self._error(ApiError(404, f"no such endpoint: POST {self.path}", kind="not_found"))
             return
         try:

@@ -205,3 +205,27 @@ def test_eval_scores_a_chat_run_in_its_template(tmp_path, capsys):
     assert main(["eval", out, "--split", "val", "--json"]) == 0
     got = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["data"]
     assert got["loss"] == pytest.approx(last["val_loss"], rel=1e-6)
+
+
+@pytest.mark.parametrize("name", ["rwkv", "chatml"])
+def test_the_world_export_renders_the_trained_tokens(tmp_path, name):
+    """The World vocabulary through rwkv7-hf's tokenizer: the ids a run
+    trains on (each piece encoded alone) are apply_chat_template's."""
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("rwkv7_hf")
+    from rwkvx_c.interop.hf_tokenizer import save_tokenizer
+    try:
+        tok = load_tokenizer("world")
+    except Exception as e:  # noqa: BLE001 -- no rwkv package: no World vocabulary
+        pytest.skip(str(e))
+    t = builtin(name)
+    save_tokenizer(tok, str(tmp_path), 65536, t.source)
+    hf = transformers.AutoTokenizer.from_pretrained(str(tmp_path), trust_remote_code=True)
+    trained = []
+    encode_chat(source_files([CHAT])[0], tok, lambda ids, m: trained.append(ids),
+                chat=ChatFormat(t))
+    msgs = [r.get("messages") for r in _records()]
+    pairs = [(m, ids) for m, ids in zip(msgs, trained) if m is not None]
+    assert len(pairs) >= 3
+    for m, ids in pairs:
+        assert _ids(hf.apply_chat_template(m, tokenize=True)) == [int(i) for i in ids[:-1]]
