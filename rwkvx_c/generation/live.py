@@ -7,11 +7,12 @@ free slot as soon as one is free (it joins while others decode), its prompt
 is read in pieces of at most PROMPT_PIECE tokens in the same steps as the
 others' single decoded tokens, and a finished (or cancelled) sequence frees
 its slot for the next in line. Each request has its own Sampling (drawn
-with sample_token and the rwkv package's penalties, Penalties) and its own
-random stream, so its tokens depend on its seed and the model, not on what
-shares its steps; the GenState step runs without the GIL, so the HTTP
-threads stay responsive while the model computes. Each request's text is
-delivered piece by piece through its own queue (LiveRequest.events).
+with the rwkv package's penalties, Penalties, the rows of one Sampling
+drawn together by sample_rows) and its own random stream, so its tokens
+depend on its seed and the model, not on what shares its steps; the
+GenState step runs without the GIL, so the HTTP threads stay responsive
+while the model computes. Each request's text is delivered piece by
+piece through its own queue (LiveRequest.events).
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from rwkvx_c import _core
 from rwkvx_c.data.tokenizers import Tokenizer
 from rwkvx_c.errors import SampleError
 from rwkvx_c.generation.engine import PROMPT_PIECE, Completion, _Seq, cache_positions
-from rwkvx_c.generation.sampling import Penalties, Sampling, sample_token
+from rwkvx_c.generation.sampling import Penalties, Sampling, sample_rows
 
 __all__ = ["LiveEngine", "LiveRequest"]
 
@@ -55,7 +56,8 @@ class _Active:
         rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([req.seed, 0, 0])))
         self.seq = _Seq(Completion(0, 0), req.max_new_tokens, req.sampling.stop, rng,
                         np.ascontiguousarray(req.ids, np.int32))
-        self.pen = Penalties(req.sampling)
+        s = req.sampling   # penalties kept only where they change a logit
+        self.pen = Penalties(s) if s.penalised or s.token_ban else None
 
 
 class LiveEngine:
@@ -157,31 +159,40 @@ class LiveEngine:
         tokens = np.concatenate([self._seq(k).todo[:c] for k, c in zip(moving, counts)])
         logits = self.g.step(moving, counts, tokens)
         self.peak = max(self.peak, len(moving))
+        if not np.isfinite(logits).all():
+            raise SampleError("the model's logits are not finite (NaN or inf): its weights do "
+                              "not make a usable model")
+        groups: dict[Sampling, list[tuple[int, np.ndarray]]] = {}
         for r, (k, c) in enumerate(zip(moving, counts)):
-            q = self._seq(k)
-            q.todo = q.todo[c:]
-            if not len(q.todo):
-                self._draw(k, logits[r])
+            a = self.slots[k]
+            assert a is not None
+            a.seq.todo = a.seq.todo[c:]
+            if not len(a.seq.todo):   # its prompt read, or its last token: it draws
+                x = logits[r] if a.pen is None else a.pen.apply(logits[r])
+                groups.setdefault(a.req.sampling, []).append((k, x))
+        for s, rows in groups.items():   # one vectorised draw per sampling
+            slots = [k for k, _ in rows]
+            ids = sample_rows(np.stack([x for _, x in rows]), [self._seq(k).rng for k in slots],
+                              s.temperature, s.top_p, s.top_k)
+            for k, t in zip(slots, ids.tolist()):
+                self._take(k, int(t))
 
     def _seq(self, k: int) -> _Seq:
         a = self.slots[k]
         assert a is not None
         return a.seq
 
-    def _draw(self, k: int, raw: np.ndarray) -> None:
-        """Sample slot k's next token from its logits and deliver its text."""
+    def _take(self, k: int, t: int) -> None:
+        """Slot k drew token t: deliver its text, end or go on."""
         a = self.slots[k]
         assert a is not None
         q, s = a.seq, a.req.sampling
-        if not np.isfinite(raw).all():
-            raise SampleError("the model's logits are not finite (NaN or inf): its weights do "
-                              "not make a usable model")
-        t = sample_token(a.pen.apply(raw), q.rng, s.temperature, s.top_p, s.top_k)
         q.out.token_ids.append(t)
         if t in s.token_stop:
             return self._finish(k, "stop_id")
         raw_t = self.tok.decode([t]) if t < self.tok.vocab_size else b""
-        a.pen.add(t, raw_t.decode("utf-8", "replace"))
+        if a.pen is not None:
+            a.pen.add(t, raw_t.decode("utf-8", "replace"))
         text = q.stops.push(q.dec.decode(raw_t))
         if text:
             q.parts.append(text)
