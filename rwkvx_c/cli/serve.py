@@ -45,7 +45,8 @@ def add_parser(sub: Subparsers) -> None:
                    help="the model id /v1/models lists (default: DIR's name)")
     s.add_argument("--threads", type=positive_int, metavar="N",
                    help="OpenMP threads (default: OMP_NUM_THREADS or every core)")
-    s.add_argument("--verbose", action="store_true", help="log every HTTP request to stderr (default: off)")
+    s.add_argument("--verbose", action="store_true",
+                   help="log every HTTP request to stderr (default: off)")
     add_base_flag(s)
 
 
