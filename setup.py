@@ -14,6 +14,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 
 import numpy as np
 from Cython.Build import cythonize
@@ -51,10 +53,49 @@ return n > 0 ? 0 : 1; }
 """
 
 
+def _say(msg):
+    """A progress line on stderr (pip shows it with -v: pip install -v .)."""
+    sys.stderr.write("rwkvx_c build: %s\n" % msg)
+    sys.stderr.flush()
+
+
+def _parallel_compile(compiler, jobs):
+    """compiler.compile, its files compiled `jobs` at a time, each one said
+    as it finishes ([k/N] name, seconds since the build began)."""
+    t0 = time.perf_counter()
+
+    def compile(sources, output_dir=None, macros=None, include_dirs=None, debug=0,
+                extra_preargs=None, extra_postargs=None, depends=None):
+        macros, objects, extra, pp_opts, build = compiler._setup_compile(
+            output_dir, macros, include_dirs, sources, depends, extra_postargs)
+        cc_args = compiler._get_cc_args(pp_opts, debug, extra_preargs)
+        # the largest first (the Cython module takes longest), so none is left alone at the end
+        todo = sorted(((obj, src, ext) for obj, (src, ext) in build.items()),
+                      key=lambda job: -os.path.getsize(job[1]))
+
+        def one(job):
+            obj, src, ext = job
+            compiler._compile(obj, src, ext, cc_args, extra, pp_opts)
+            return src
+        with ThreadPoolExecutor(max(1, jobs)) as pool:
+            done = [pool.submit(one, job) for job in todo]
+            for k, f in enumerate(as_completed(done), 1):
+                _say("[%d/%d] %s (%.0f s)" % (k, len(todo), os.path.basename(f.result()),
+                                             time.perf_counter() - t0))
+        return objects
+    return compile
+
+
 class BuildExt(build_ext):
-    """Detects OpenMP, then builds the extension and the standalone library."""
+    """Detects OpenMP, then builds the extension and the standalone library
+    (the C core compiled once for both, RWKVX_JOBS files at a time: default
+    every core), saying each file as it is done."""
 
     def build_extensions(self):
+        jobs = int(os.environ.get("RWKVX_JOBS") or os.cpu_count() or 1)
+        self.compiler.compile = _parallel_compile(self.compiler, jobs)
+        _say("compiling the C core and the extension (%d files, %d at a time)"
+             % (len(CSRC) + 1, jobs))
         cc = list(self.compiler.compiler_so[:1])
         # -fno-math-errno: nothing reads errno, and setting it keeps sqrtf a
         # scalar library call in loops that would otherwise vectorise.
@@ -82,9 +123,16 @@ class BuildExt(build_ext):
 
     def _build_shared_library(self, cflags, ldflags):
         pkg_dir = os.path.dirname(self.get_ext_fullpath("rwkvx_c._core"))
-        tmp = os.path.join(self.build_temp, "libcore")
-        objs = self.compiler.compile(CSRC, output_dir=tmp, include_dirs=["csrc"],
-                                     extra_postargs=cflags + ["-fPIC"])
+        # the extension's objects of csrc/ are the library's: the same flags,
+        # position-independent; compiled again only where symbols were hidden
+        objs = [self.compiler.object_filenames([s], output_dir=self.build_temp)[0]
+                for s in CSRC]
+        hidden = any("-fvisibility=hidden" in a for a in self.compiler.compiler_so)
+        if hidden or not all(os.path.exists(o) for o in objs):
+            _say("compiling the C core again for librwkvx_c.so")
+            objs = self.compiler.compile(CSRC, output_dir=os.path.join(self.build_temp, "libcore"),
+                                         include_dirs=["csrc"], extra_postargs=cflags + ["-fPIC"])
+        _say("linking librwkvx_c.so")
         lib = os.path.join(pkg_dir, "lib", "lib%s.so" % LIBNAME)
         os.makedirs(os.path.dirname(lib), exist_ok=True)
         self.compiler.link_shared_object(objs, lib, extra_postargs=ldflags + ["-lm"])
@@ -136,6 +184,7 @@ extensions = [
 if sys.platform == "win32":
     sys.exit("rwkvx_c builds on Linux and macOS (GCC or Clang)")
 
+_say("cythonizing rwkvx_c/_core.pyx (when it changed)")
 setup(
     ext_modules=cythonize(
         extensions,

@@ -28,6 +28,7 @@ __all__ = [
     "EvalError",
     "OutputError",
     "SampleError",
+    "ApiError",
     "RwkvxWarning",
 ]
 
@@ -100,6 +101,21 @@ class OutputError(RwkvxError, ValueError):
 class SampleError(RwkvxError, ValueError):
     """A generation that cannot run or went wrong (rwkvx_c.sample): more
     tokens than a sequence can hold, a model whose logits are not finite."""
+
+
+class ApiError(RwkvxError, ValueError):
+    """A request the HTTP server (rwkvx_c.server) refuses: its HTTP status,
+    the parameter at fault, and OpenAI's error type; body() is the answer."""
+
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.kind = status, message, param, kind
+
+    def body(self) -> dict[str, object]:
+        """OpenAI's error shape."""
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param,
+                          "code": None}}
 
 
 class RwkvxWarning(UserWarning):

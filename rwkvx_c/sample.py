@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 
 from rwkvx_c import _core
-from rwkvx_c.data.chat import ROLES, normalise
+from rwkvx_c.data.chat import normalise
+from rwkvx_c.data.templates import BUILTIN, DEFAULT_TEMPLATE, ChatTemplate, builtin
 from rwkvx_c.data.tokenizers import ByteTokenizer, Tokenizer, run_tokenizer
 from rwkvx_c.data.tokenizers import load as load_tokenizer
 from rwkvx_c.errors import (
@@ -43,7 +44,8 @@ from rwkvx_c.run.checkpoint import STATE_KEY, read_state
 from rwkvx_c.run.rundir import RunDir, checkpoint_path
 
 __all__ = ["load_model", "load_run", "load_any", "is_run", "Sampling", "Session",
-           "sample_token", "generate", "checkpoint_path", "PROMPT_PIECE", "Chat", "CHAT_STOPS"]
+           "sample_token", "generate", "checkpoint_path", "PROMPT_PIECE", "Chat", "CHAT_STOPS",
+           "run_template", "reply_stops"]
 
 
 def load_model(path: str, base: str | None = None, rehash: bool = False,
@@ -325,42 +327,70 @@ def _finite(logits: np.ndarray, i: int) -> np.ndarray:
     return logits
 
 
-# A reply ends at the blank line that closes a turn (the rendering of
-# rwkvx_c.data.chat trains the model to write it) or where it starts a
-# User: turn of its own.
+# A reply in RWKV's template ends at the blank line that closes a turn (the
+# rendering of rwkvx_c.data.chat trains the model to write it) or where it
+# starts a User: turn of its own; another template's at the text it writes
+# after a reply (ChatTemplate.stops).
 CHAT_STOPS = ("\n\n", "\nUser:")
 # what a reply's end adds past its generated ids (its last id re-read with
-# "\n\n"); Session.feed checks the bound exactly
+# the turn's end); Session.feed checks the bound exactly
 TURN_END_TOKENS = 3
 
 
+def run_template(path: str) -> ChatTemplate:
+    """The chat template the run at path trained with (its checkpoint keeps
+    it); RWKV's for a run from before templates, an imported model or a
+    run of plain text."""
+    return ChatTemplate.from_stored(read_state(checkpoint_path(path)).get("chat_template"))
+
+
+def reply_stops(template: ChatTemplate) -> tuple[str, ...]:
+    """The strings a reply in template stops at."""
+    return CHAT_STOPS if template.source == BUILTIN[DEFAULT_TEMPLATE] else template.stops
+
+
 class Chat:
-    """A conversation in the chat format of rwkvx_c.data.chat, one state
-    carried from turn to turn. say(text) feeds "User: TEXT\\n\\nAssistant:"
-    and yields the reply, stopped at CHAT_STOPS (and s.stop); the state then
-    holds the reply as the training data renders a turn, "REPLY\\n\\n" (the
-    text the model wrote, the stop string replaced by the turn's end), so
-    the next turn reads what a rendered conversation holds. context: the
-    positions a model with attention may reach (its key/value cache)."""
+    """A conversation rendered with a chat template (RWKV's by default,
+    rwkvx_c.data.templates), one state carried from turn to turn. say(text)
+    feeds what the template adds for the user's turn and the generation
+    prompt, and yields the reply, stopped at the template's end of a reply
+    (and s.stop); the state then holds the reply as the template renders
+    it (the text the model wrote, the stop string replaced by the turn's
+    end), so the next turn reads what a rendered conversation holds.
+    context: the positions a model with attention may reach (its
+    key/value cache)."""
 
     def __init__(self, model: _core.RxPtModel, tokenizer: Tokenizer | None, s: Sampling,
                  max_new_tokens: int, context: int, seed: int = 0,
-                 system: str | None = None) -> None:
+                 system: str | None = None, template: ChatTemplate | None = None) -> None:
         self.session = Session(model, tokenizer, context, seed, "lower --context")
-        self.s = replace(s, stop=tuple(s.stop) + CHAT_STOPS)
+        self.template = template or builtin()
+        self.s = replace(s, stop=tuple(s.stop) + reply_stops(self.template))
         self.max_new_tokens = max_new_tokens
-        self.transcript = b""   # every byte the state has read
-        if system and normalise(system):
-            self._read(f"{ROLES['system']}: {normalise(system)}\n\n".encode())
+        self.messages: list[dict[str, str]] = \
+            [{"role": "system", "content": system}] if system and normalise(system) else []
+        self.transcript = ""   # the text the state has read
 
-    def _read(self, text: bytes) -> None:
-        self.session.feed(text)
-        self.transcript += text
+    def _read(self, text: str) -> None:
+        """Bring the state to text: what it adds to the transcript, or all
+        of it again when it rewrites the transcript."""
+        if text.startswith(self.transcript):
+            self.session.feed(text[len(self.transcript):].encode("utf-8", "surrogatepass"))
+            self.transcript = text
+        else:
+            self._reread(text)
+
+    def _reread(self, text: str) -> None:
+        """The state from the start, fed text."""
+        self.session.reset()
+        self.session.feed(text.encode("utf-8", "surrogatepass"))
+        self.transcript = text
 
     def say(self, text: str) -> Iterator[str]:
         """Yield the reply to the user's text, piece by piece."""
-        self._read(f"{ROLES['user']}: {normalise(text)}\n\n{ROLES['assistant']}:".encode(
-            "utf-8", "surrogatepass"))
+        msgs = self.messages + [{"role": "user", "content": text}]
+        prompt = self.template.render(msgs, add_generation_prompt=True)
+        self._read(prompt)
         st = self.session
         # a reply at its longest, and the turn's end after it, must fit the cache
         if st.attends and \
@@ -372,12 +402,14 @@ class Chat:
         for piece in self.session.generate(self.max_new_tokens, self.s):
             reply.append(piece)
             yield piece
-        turn = "".join(reply).encode("utf-8", "surrogatepass") + b"\n\n"
+        self.messages = msgs + [{"role": "assistant", "content": "".join(reply)}]
+        full = self.template.render(self.messages)
         fed = self.session.generated
         self.session.pending = None   # the id that ended the reply, or one past it
+        turn = full[len(prompt):].encode("utf-8", "surrogatepass") \
+            if full.startswith(prompt) else b""
         if turn.startswith(fed):
             self.session.feed(turn[len(fed):])
-        else:   # the state read part of a stop string the turn does not hold
-            self.session.reset()
-            self.session.feed(self.transcript + turn)
-        self.transcript += turn
+            self.transcript = full
+        else:   # the state read text the rendered turn does not hold (part of a stop string)
+            self._reread(full)

@@ -23,8 +23,9 @@ MAX_LINES = 600
 # lower layers' modules, never a higher one's
 LAYERS = {
     "cli": 7,
-    # eval scores a trained run (sample.load_run) and serves the command line
-    "eval": 6,
+    # eval scores a trained run (sample.load_run) and serves the command line;
+    # server puts a loaded run behind HTTP (sample's chat stops, generation's engine)
+    "eval": 6, "server": 6,
     "train": 5, "interop": 5, "sample": 5,
     # the batched engine sample, chat and eval sit on (it takes a model, never loads one)
     "generation": 4,

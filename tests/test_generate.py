@@ -17,6 +17,7 @@ import pytest
 import rwkvx_c as rx
 import rwkvx_c.sample as smp
 from rwkvx_c.cli import main
+from rwkvx_c.data.chat import normalise
 from rwkvx_c.errors import SampleError
 from rwkvx_c.run.checkpoint import save_checkpoint
 from rwkvx_c.run.rundir import CHECKPOINT
@@ -237,9 +238,10 @@ def test_a_megabyte_prompt_under_a_4_gib_address_space(attn, n_embd, want):
 
 def test_chat_carries_the_state_of_the_rendered_conversation():
     """After each turn the state is that of a fresh state fed the whole
-    conversation as rendered (the reply, then the turn's end): through a
-    reply cut by max_new_tokens, and one cut by a stop string the state had
-    partly read (the state is then rebuilt from the transcript)."""
+    conversation as the chat template renders it (RWKV's: the reply as its
+    content, then the turn's end): through a reply cut by max_new_tokens,
+    and one cut by a stop string the state had partly read (the state is
+    then rebuilt from the rendered conversation)."""
     m = rx.RxPtModel(HYBRID, seed=3)
     probe = "".join(generate(m, "System: Be brief.\n\nUser: hello\n\nAssistant:", 30,
                              temperature=0))
@@ -252,9 +254,9 @@ def test_chat_carries_the_state_of_the_rendered_conversation():
     first = "".join(chat.say("hello"))
     assert first == probe[:10] and resets == [1]   # it had read two bytes of the stop
     second = "".join(chat.say("and then?"))
-    want = (f"System: Be brief.\n\nUser: hello\n\nAssistant:{first}\n\n"
-            f"User: and then?\n\nAssistant:{second}\n\n").encode()
-    assert chat.transcript == want
+    want = (f"System: Be brief.\n\nUser: hello\n\nAssistant: {normalise(first)}\n\n"
+            f"User: and then?\n\nAssistant: {normalise(second)}\n\n").encode()
+    assert chat.transcript.encode() == want
     fresh = Session(m, None, 4096)
     fresh.feed(want)
     assert np.allclose(chat.session.logits, fresh.logits, rtol=1e-4, atol=1e-4)

@@ -286,4 +286,4 @@ def test_without_pyarrow_a_table_is_one_line_naming_the_extra(tmp_path):
     last = r.stderr.splitlines()[-1]   # after the tokenising progress bar
     assert r.returncode == 1 and r.stderr.count("error") == 1, r.stderr
     assert last == (f"rwkvx-c: error: reading parquet file {p} needs pyarrow: "
-                    "pip install 'rwkvx_c[datasets]'")
+                    'pip install "rwkvx_c[datasets]"')

@@ -154,7 +154,7 @@ def test_a_missing_library_names_its_extra(tmp_path, monkeypatch):
     real = trk.importlib.util.find_spec
     monkeypatch.setattr(trk.importlib.util, "find_spec",
                         lambda n, *a: None if n == "wandb" else real(n, *a))
-    with pytest.raises(TrainError, match=r"pip install 'rwkvx_c\[wandb\]'"):
+    with pytest.raises(TrainError, match=r'pip install "rwkvx_c\[wandb\]"'):
         Trainer(_opts(tmp_path, log_to="wandb"), str(tmp_path / "x"))
     assert not (tmp_path / "x").exists()
     with pytest.raises(TrainError, match="unknown tracker 'neptune'"):

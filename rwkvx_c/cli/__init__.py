@@ -8,6 +8,7 @@
     rwkvx-c merge RUN --out DIR
     rwkvx-c eval DIR [--data PATH ...] [--lambada FILE] [--passkey] [--tasks TASK ...] [--json]
     rwkvx-c tokenizer train [DATA ...] --vocab-size N --out tok.json
+    rwkvx-c serve DIR [--host 127.0.0.1] [--port 8000] [--slots B] [...]
 
 Bad input is one line on stderr naming the problem and a non-zero exit
 status (2 for bad flags, 1 otherwise); no traceback, and an existing
@@ -29,7 +30,7 @@ from collections.abc import Callable, Sequence
 from typing import TextIO
 
 from rwkvx_c import __version__
-from rwkvx_c.cli import chat, eval, export, import_, merge, sample, tokenizer, train
+from rwkvx_c.cli import chat, eval, export, import_, merge, sample, serve, tokenizer, train
 from rwkvx_c.cli.common import (
     EXIT_FAILURE,
     EXIT_INTERRUPTED,
@@ -45,7 +46,7 @@ __all__ = ["main", "build_parser"]
 
 # subcommand name -> its module (add_parser, run)
 COMMANDS = {"train": train, "sample": sample, "chat": chat, "export": export, "import": import_,
-            "merge": merge, "tokenizer": tokenizer, "eval": eval}
+            "merge": merge, "tokenizer": tokenizer, "eval": eval, "serve": serve}
 
 
 def build_parser() -> argparse.ArgumentParser:

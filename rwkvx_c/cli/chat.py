@@ -1,5 +1,5 @@
 """rwkvx-c chat: a multi-turn conversation with a run in the terminal, in
-the chat format its chat data trains (rwkvx_c.sample.Chat)."""
+the chat template its chat data trained with (rwkvx_c.sample.Chat)."""
 from __future__ import annotations
 
 import argparse
@@ -7,7 +7,7 @@ import sys
 
 from rwkvx_c.cli.common import Subparsers, add_run_flags, err, positive_int
 from rwkvx_c.cli.sample import add_sampling_args, sampling_of, set_threads
-from rwkvx_c.sample import Chat, Sampling, load_run
+from rwkvx_c.sample import Chat, Sampling, load_run, run_template
 
 __all__ = ["add_parser", "run", "CHAT_DEFAULTS", "CONTEXT"]
 
@@ -19,12 +19,13 @@ CONTEXT = 16384   # positions of a model with attention (its key/value cache)
 
 def add_parser(sub: Subparsers) -> None:
     s = sub.add_parser("chat", help="talk with a trained run, turn by turn",
-                       description="A conversation with the checkpoint in DIR: each line you "
-                       "type is a User: turn, the reply an Assistant: turn stopped at the "
-                       "turn's end; the state carries from turn to turn. End with Ctrl-D.")
+                       description="A conversation with the checkpoint in DIR, in the chat "
+                       "template it trained with (--chat-template; RWKV's by default): each "
+                       "line you type is a user turn, the reply an assistant turn stopped at "
+                       "the turn's end; the state carries from turn to turn. End with Ctrl-D.")
     s.add_argument("dir", metavar="DIR", help="run folder (or checkpoint file)")
     s.add_argument("--system", metavar="TEXT",
-                   help="a System: turn the conversation starts with (default: none)")
+                   help="a system turn the conversation starts with (default: none)")
     s.add_argument("--max-new-tokens", type=positive_int, default=500, metavar="N",
                    help="most tokens of one reply (default: 500)")
     s.add_argument("--context", type=positive_int, default=CONTEXT, metavar="N",
@@ -39,7 +40,8 @@ def run(a: argparse.Namespace) -> int:
     if bad:
         return err(bad)
     model, tok = load_run(a.dir, a.base, hold_base=True)
-    chat = Chat(model, tok, sampling_of(a), a.max_new_tokens, a.context, a.seed, a.system)
+    chat = Chat(model, tok, sampling_of(a), a.max_new_tokens, a.context, a.seed, a.system,
+                run_template(a.dir))
     out = sys.stdout
     while True:
         try:

@@ -23,15 +23,17 @@ from rwkvx_c.cli.common import (
     positive_int,
     unit_float,
 )
+from rwkvx_c.data.chat import ChatFormat
 from rwkvx_c.data.pipeline import load_corpus
 from rwkvx_c.data.sampler import conversation_starts, eval_starts
+from rwkvx_c.data.templates import ChatTemplate
 from rwkvx_c.errors import EvalError
 from rwkvx_c.eval import metrics, passkey
 from rwkvx_c.eval.preferences import base_model, score_preferences
 from rwkvx_c.interop.source import read_run
 from rwkvx_c.run.checkpoint import read_state
 from rwkvx_c.run.rundir import checkpoint_path
-from rwkvx_c.sample import is_run, load_any
+from rwkvx_c.sample import is_run, load_any, run_template
 from rwkvx_c.train.objectives import OBJECTIVES, REFERENCE_FREE
 from rwkvx_c.util.progress import make_progress
 from rwkvx_c.util.words import counted
@@ -252,7 +254,11 @@ def _score_corpus(a: argparse.Namespace, model: _core.RxPtModel, tok: Any,
     data = opts.get("data") if own else a.data if len(a.data) > 1 else a.data[0]
     kw: dict[str, Any] = dict(seq_len=T, tokenizer=tok, cache_dir=opts.get("cache_dir"),
                               text_field=a.text_field or opts.get("text_field") or "text",
-                              progress=sys.stderr.isatty())
+                              progress=sys.stderr.isatty(),
+                              # chat records in the run's template, trained as it trained them
+                              chat=ChatFormat(run_template(a.dir) if is_run(a.dir)
+                                              else ChatTemplate.from_stored(None),
+                                              bool(opts.get("train_on_inputs"))))
     if own and opts.get("val_fraction") is not None:
         kw["val_fraction"] = float(opts["val_fraction"])
     val_data = opts.get("val_data") if own and a.split == "val" else None

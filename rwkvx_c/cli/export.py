@@ -11,7 +11,7 @@ from rwkvx_c.model.lora import ADAPTERS, adapters_of, plain_alpha, run_adapter
 from rwkvx_c.run.base import BASE_KEY, short
 from rwkvx_c.run.checkpoint import read_checkpoint, read_state
 from rwkvx_c.run.rundir import checkpoint_path
-from rwkvx_c.sample import load_run
+from rwkvx_c.sample import load_run, run_template
 from rwkvx_c.util.words import listed
 
 __all__ = ["add_parser", "run"]
@@ -65,7 +65,7 @@ def run(a: argparse.Namespace) -> int:
                 kind, alpha = "lora", plain_alpha(kind, r, alpha)
             adapters = (ads, alpha, kind)
     export_model(model, a.format, a.out, a.dtype, inputs=inputs, tokenizer=tok,
-                 adapters=adapters)
+                 adapters=adapters, chat_template=run_template(a.dir).source)
     print(f"rwkvx-c export: {a.out} ({a.format}, {a.dtype})")
     if opts.get("tune") == "lora" and not merged_base and holds == "model":
         base = run_state.get(BASE_KEY)

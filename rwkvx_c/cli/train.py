@@ -248,7 +248,7 @@ def _print_summary(tr: Trainer, out: str, final: dict[str, Any], interrupted: bo
     if plotted:
         print(f"  plot       {run.plot_path}")
     else:
-        print("  plot       skipped: matplotlib is not installed (pip install 'rwkvx_c[train]')")
+        print('  plot       skipped: matplotlib is not installed (pip install "rwkvx_c[train]")')
     print(f"  sample     rwkvx-c sample {out}{_sample_prompt(tr)}")
 
 

@@ -9,7 +9,8 @@ from those on first use. A chat corpus (rwkvx_c.data.chat) also writes
 and all.mask beside all.tok, so a later run reads its masks from the cache.
 CACHE is $RWKVX_CACHE, else $XDG_CACHE_HOME/rwkvx_c, else ~/.cache/rwkvx_c.
 KEY hashes the layout version, the tokenizer's identity (name + vocabulary
-SHA-256), the text field and every source file's path, size and
+SHA-256), the text field, a chat corpus's template and --train-on-inputs
+(when not the default) and every source file's path, size and
 modification time (size+mtime, not content: hashing a corpus of many GB on
 every start would cost as much as reading it); change any of them and the
 cache is rebuilt.
@@ -38,7 +39,7 @@ from typing import IO, TYPE_CHECKING, Any
 import numpy as np
 
 from rwkvx_c.data import formats
-from rwkvx_c.data.chat import encode_chat, is_chat_file
+from rwkvx_c.data.chat import ChatFormat, encode_chat, is_chat_file
 from rwkvx_c.data.formats import iter_documents, memmap
 from rwkvx_c.data.sources import Source, is_val_file
 from rwkvx_c.errors import DataError
@@ -169,8 +170,8 @@ def _encode_side(files: Sequence[Source], tok: Tokenizer, writer: _TokenWriter,
 
 
 def _encode_chat_side(files: Sequence[Source], tok: Tokenizer, writer: _TokenWriter,
-                      masks: _TokenWriter, progress: Callable[[int], object] | None
-                      ) -> tuple[list[int], int]:
+                      masks: _TokenWriter, progress: Callable[[int], object] | None,
+                      chat: ChatFormat) -> tuple[list[int], int]:
     """Encode the conversations of files into writer, their masks into
     masks. Returns each file's token count and the conversations."""
     counts, convs = [], 0
@@ -180,7 +181,7 @@ def _encode_chat_side(files: Sequence[Source], tok: Tokenizer, writer: _TokenWri
         masks.write(mask)
     for src in files:
         before = writer.n
-        convs += encode_chat(src, tok, write, progress)[0]
+        convs += encode_chat(src, tok, write, progress, chat)[0]
         counts.append(writer.n - before)
     return counts, convs
 
@@ -211,7 +212,7 @@ def _copy_spans(out: IO[bytes], spans: Sequence[tuple[str, int, int]], itemsize:
 
 
 def _build(d: str, files: Sequence[Source], tok: Tokenizer, text_field: str,
-           show_progress: bool) -> None:
+           show_progress: bool, chat_format: ChatFormat) -> None:
     """Write the cache folder d (see the module doc) via a temporary folder."""
     os.makedirs(os.path.dirname(d), exist_ok=True)
     tmp = f"{d}.tmp{os.getpid()}"
@@ -236,7 +237,7 @@ def _build(d: str, files: Sequence[Source], tok: Tokenizer, text_field: str,
             try:
                 if mw is not None:
                     n, c = _encode_chat_side([files[i] for i in side], tok, w, mw,
-                                             bar.update if bar else None)
+                                             bar.update if bar else None, chat_format)
                     convs += c
                 else:
                     n = _encode_side([files[i] for i in side], tok, w, text_field,
@@ -264,8 +265,12 @@ def _build(d: str, files: Sequence[Source], tok: Tokenizer, text_field: str,
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _cache_key(files: Sequence[Source], tok: Tokenizer, text_field: str) -> str:
-    h = hashlib.sha256(json.dumps([LAYOUT, tok.identity(), text_field]).encode())
+def _cache_key(files: Sequence[Source], tok: Tokenizer, text_field: str,
+               chat: ChatFormat) -> str:
+    head: list[object] = [LAYOUT, tok.identity(), text_field]
+    if chat.identity() is not None:   # the default keeps the keys it always had
+        head.append(chat.identity())
+    h = hashlib.sha256(json.dumps(head).encode())
     for rel, p, kind in files:
         st = os.stat(p)
         h.update(f"{os.path.abspath(p)}\0{rel}\0{kind}\0{st.st_size}\0{st.st_mtime_ns}\n"
@@ -274,13 +279,16 @@ def _cache_key(files: Sequence[Source], tok: Tokenizer, text_field: str) -> str:
 
 
 def cached_tokens(files: Sequence[Source], tok: Tokenizer, *, text_field: str,
-                  cache_dir: str | None, progress: bool) -> CachedTokens:
-    """The tokens of files encoded with tok, from the cache (built first when missing)."""
+                  cache_dir: str | None, progress: bool,
+                  chat: ChatFormat | None = None) -> CachedTokens:
+    """The tokens of files encoded with tok (chat records with chat's
+    template), from the cache (built first when missing)."""
     root = cache_dir or default_cache_dir()
+    chat = chat or ChatFormat()
     sweep_orphans(root, PREFIX)
-    d = os.path.join(root, PREFIX + _cache_key(files, tok, text_field))
+    d = os.path.join(root, PREFIX + _cache_key(files, tok, text_field, chat))
     if not os.path.exists(os.path.join(d, "meta.json")):
-        _build(d, files, tok, text_field, progress)
+        _build(d, files, tok, text_field, progress, chat)
     sweep_orphans(d)   # an all.tok a killed process was writing
     with open(os.path.join(d, "meta.json")) as f:
         meta = json.load(f)

@@ -21,16 +21,18 @@ conversation gives the same tokens and masks in any format. ShareGPT's
 ``human``/``gpt``/``system`` are the roles user/assistant/system; Alpaca's
 user turn is the instruction, then a newline and the input when there is
 one (LLaMA-Factory's convention), after ``history``'s [instruction,
-output] pairs as earlier turns. Turns are rendered as
+output] pairs as earlier turns. Turns are rendered with a chat template
+(rwkvx_c.data.templates, ChatFormat; --chat-template), by default RWKV's,
 ``System: Be terse.\\n\\nUser: Hi\\n\\nAssistant: Hello.\\n\\n``:
 each turn ``Role: content`` closed by a blank line, the content with its
 line ends made ``\\n``, runs of newlines made one and its ends stripped, as
 the ``rwkv`` package's API_DEMO_CHAT prepares a message (a blank line inside
 a turn would end it: generation stops at ``\\n\\n``). The loss is taken on
 each assistant turn's `` content\\n\\n`` (its text and its turn end), nothing
-else. The text is encoded in segments cut where an assistant turn's text
-begins and ends, as a chat encodes it: the prompt up to ``Assistant:`` in
-one piece, the reply as the model writes it.
+else (every token with --train-on-inputs). The text is encoded in segments
+cut where an assistant turn's text begins and ends, as a chat encodes it:
+the prompt up to ``Assistant:`` (the template's generation prompt) in one
+piece, the reply as the model writes it.
 
 Conversations are packed one after another, each followed by SEPARATOR
 (id 0, the end-of-text RWKV-LM packs documents with); neither the
@@ -40,6 +42,7 @@ conversation.
 """
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, NamedTuple
@@ -48,13 +51,14 @@ import numpy as np
 
 from rwkvx_c.data.formats import records
 from rwkvx_c.data.sources import Source
+from rwkvx_c.data.templates import BUILTIN, DEFAULT_TEMPLATE, ChatTemplate, builtin
 from rwkvx_c.errors import DataError
 
 if TYPE_CHECKING:
     from rwkvx_c.data.tokenizers import Tokenizer
 
 __all__ = ["SEPARATOR", "IGNORE", "ROLES", "Turn", "turns", "CHAT_COLUMNS", "is_chat_record",
-           "is_chat_file", "normalise", "segments", "render", "encode_chat"]
+           "is_chat_file", "normalise", "segments", "render", "encode_chat", "ChatFormat"]
 
 SEPARATOR = 0          # between conversations: the World vocabulary's end-of-text
 IGNORE = 2 ** 31 - 1   # the target id of a position the loss leaves out (never a token id)
@@ -70,7 +74,7 @@ class Turn(NamedTuple):
     """One turn of a conversation, the one record type every chat format is
     normalised to (``turns``) before it is rendered."""
     role: str      # "system", "user" or "assistant" (ROLES)
-    content: str   # as rendered: normalise()d, never empty
+    content: str   # as given (the template prepares it), never blank
 
 
 # (the key that marks a format, the other keys it needs) in the order they are tried
@@ -169,47 +173,60 @@ def turns(rec: object, where: str) -> list[Turn]:
     for i, (role, content) in enumerate(_raw_turns(rec, where)):
         if not isinstance(content, str) or not normalise(content):
             raise DataError(f"{where}: the {role} turn (message {i}) has no text content")
-        out.append(Turn(role, normalise(content)))
+        out.append(Turn(role, content))
     if not any(t.role == "assistant" for t in out):
         raise DataError(f"{where}: no assistant turn: nothing to train on")
     return out
 
 
-def segments(rec: object, where: str) -> Segments:
-    """The (text, trained) pieces of a chat record, in order; DataError
-    naming `where` (file:line) for a record that does not fit."""
-    out: Segments = []
-    prompt = ""
-    for role, content in turns(rec, where):
-        if role == "assistant":
-            out.append((prompt + "Assistant:", False))
-            out.append((" " + content + "\n\n", True))
-            prompt = ""
-        else:
-            prompt += f"{ROLES[role]}: {content}\n\n"
-    if prompt:   # turns after the last assistant turn: context with no target
-        out.append((prompt, False))
-    return out
+def segments(rec: object, where: str, template: ChatTemplate | None = None,
+             train_on_inputs: bool = False) -> Segments:
+    """The (text, trained) pieces of a chat record, in order, rendered with
+    template (RWKV's when None; rwkvx_c.data.templates); train_on_inputs:
+    every piece trained. DataError naming `where` (file:line) for a record
+    that does not fit."""
+    messages = [{"role": t.role, "content": t.content} for t in turns(rec, where)]
+    return (template or _rwkv()).segments(messages, where, train_on_inputs)
 
 
-def render(rec: object, where: str = "record") -> str:
+@functools.lru_cache(maxsize=1)
+def _rwkv() -> ChatTemplate:
+    return builtin()
+
+
+def render(rec: object, where: str = "record", template: ChatTemplate | None = None) -> str:
     """The text of a chat record as the model reads it."""
-    return "".join(text for text, _ in segments(rec, where))
+    return "".join(text for text, _ in segments(rec, where, template))
 
 
-def _chat_records(src: Source, progress: Callable[[int], object] | None
-                  ) -> Iterator[tuple[str, Segments]]:
+def _chat_records(src: Source, progress: Callable[[int], object] | None,
+                  chat: ChatFormat) -> Iterator[tuple[str, Segments]]:
     """(where, segments) of every record of src; progress(n) is called
     with the source bytes read."""
     for where, rec in records(src, progress, CHAT_COLUMNS):
-        yield where, segments(rec, where)
+        yield where, segments(rec, where, chat.template, chat.train_on_inputs)
+
+
+class ChatFormat(NamedTuple):
+    """How chat records become training tokens: the template (None: RWKV's)
+    and whether the prompt's tokens are trained too (--train-on-inputs)."""
+    template: ChatTemplate | None = None
+    train_on_inputs: bool = False
+
+    def identity(self) -> str | None:
+        """What a token cache keys on; None for the default format."""
+        if self.template is None or self.template.source == BUILTIN[DEFAULT_TEMPLATE]:
+            return "inputs" if self.train_on_inputs else None
+        return self.template.identity() + ("+inputs" if self.train_on_inputs else "")
 
 
 def encode_chat(src: Source, tok: Tokenizer, write: Callable[[np.ndarray, np.ndarray], None],
-                progress: Callable[[int], object] | None = None) -> tuple[int, int]:
-    """Encode every conversation of src with tok, calling write(ids, mask)
-    for each (the separator included; mask 1 on the trained tokens).
-    Returns (conversations, trained tokens)."""
+                progress: Callable[[int], object] | None = None,
+                chat: ChatFormat | None = None) -> tuple[int, int]:
+    """Encode every conversation of src with tok and chat's template,
+    calling write(ids, mask) for each (the separator included; mask 1 on
+    the trained tokens, never the first). Returns (conversations, trained
+    tokens)."""
     batch: list[tuple[str, Segments]] = []
     size = 0
     convs = trained = 0
@@ -222,6 +239,7 @@ def encode_chat(src: Source, tok: Tokenizer, write: Callable[[np.ndarray, np.nda
             parts = [np.asarray(next(ids), np.int64) for _ in segs]
             mask = np.concatenate([np.full(len(p), t, np.uint8) for p, (_, t) in
                                    zip(parts, segs)] + [np.zeros(1, np.uint8)])
+            mask[0] = 0   # predicted from the previous conversation's separator
             packed = np.concatenate(parts + [np.array([SEPARATOR], np.int64)])
             if not mask.any():   # an assistant turn no token encodes
                 raise DataError(f"{where}: its assistant turns encode to no token")
@@ -233,7 +251,7 @@ def encode_chat(src: Source, tok: Tokenizer, write: Callable[[np.ndarray, np.nda
             trained += int(mask.sum())
         batch, size = [], 0
 
-    for where, segs in _chat_records(src, progress):
+    for where, segs in _chat_records(src, progress, chat or ChatFormat()):
         batch.append((where, segs))
         size += sum(len(t) for t, _ in segs)
         if size >= BATCH_BYTES:

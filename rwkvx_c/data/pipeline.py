@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Union
 import numpy as np
 
 from rwkvx_c.data.cache import cached_tokens
+from rwkvx_c.data.chat import ChatFormat
 from rwkvx_c.data.formats import is_token_file, max_token, read_token_file
 from rwkvx_c.data.sources import STDLIB_LABEL, Source, source_files
 from rwkvx_c.data.tokenizers import ByteTokenizer
@@ -154,8 +155,9 @@ def _mapped_text_corpus(path: str, val_fraction: float, min_len: int) -> Corpus:
 
 def _cached_corpus(paths: list[str] | None, files: list[Source], tok: Tokenizer, *,
                    val_fraction: float, min_len: int, cache_dir: str | None, text_field: str,
-                   progress: bool) -> Corpus:
-    c = cached_tokens(files, tok, text_field=text_field, cache_dir=cache_dir, progress=progress)
+                   progress: bool, chat: ChatFormat) -> Corpus:
+    c = cached_tokens(files, tok, text_field=text_field, cache_dir=cache_dir, progress=progress,
+                      chat=chat)
     train, val, tmask, vmask = c.train, c.val, c.train_mask, c.val_mask
     if min(len(train), len(val)) < min_len:
         what = STDLIB_LABEL if paths is None else ", ".join(paths)
@@ -176,9 +178,11 @@ def _cached_corpus(paths: list[str] | None, files: list[Source], tok: Tokenizer,
 
 def load_corpus(path: DataPaths = None, *, seq_len: int = 256, val_fraction: float = 0.02,
                 cache_dir: str | None = None, tokenizer: Tokenizer | None = None,
-                text_field: str = "text", progress: bool = False) -> Corpus:
+                text_field: str = "text", progress: bool = False,
+                chat: ChatFormat | None = None) -> Corpus:
     """The corpus at `path` (None: the standard-library default; a list:
-    several paths, read in order) in tokenizer's ids (None: bytes); see the
+    several paths, read in order) in tokenizer's ids (None: bytes), chat
+    records rendered as chat says (RWKV's template by default); see the
     module doc. Raises DataError with a one-line reason for a missing path,
     an empty corpus, an unreadable file or a corpus too small for seq_len."""
     tok = tokenizer or ByteTokenizer()
@@ -199,4 +203,5 @@ def load_corpus(path: DataPaths = None, *, seq_len: int = 256, val_fraction: flo
             and not os.path.isdir(paths[0]) and files[0][2] == "text":
         return _mapped_text_corpus(paths[0], val_fraction, min_len)
     return _cached_corpus(paths, files, tok, val_fraction=val_fraction, min_len=min_len,
-                          cache_dir=cache_dir, text_field=text_field, progress=progress)
+                          cache_dir=cache_dir, text_field=text_field, progress=progress,
+                          chat=chat or ChatFormat())

@@ -32,7 +32,7 @@ __all__ = ["TABLE_KINDS", "BATCH_ROWS", "HF_PREFIX", "table_rows", "table_column
 TABLE_KINDS = ("parquet", "arrow")
 BATCH_ROWS = 1024
 HF_PREFIX = "hf:"
-EXTRA = "pip install 'rwkvx_c[datasets]'"
+EXTRA = 'pip install "rwkvx_c[datasets]"'
 SPLIT = "train"
 
 

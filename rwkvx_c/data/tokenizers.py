@@ -170,13 +170,13 @@ def world_vocab_path() -> str:
     spec = importlib.util.find_spec("rwkv")
     if spec is None or not spec.submodule_search_locations:
         raise TokenizerError("the World tokenizer reads its vocabulary from the rwkv package: "
-                             "pip install 'rwkvx_c[world]'")
+                             'pip install "rwkvx_c[world]"')
     for d in spec.submodule_search_locations:
         p = os.path.join(d, WORLD_VOCAB)
         if os.path.isfile(p):
             return p
     raise TokenizerError(f"the installed rwkv package has no {WORLD_VOCAB}: "
-                         "pip install -U 'rwkvx_c[world]'")
+                         'pip install -U "rwkvx_c[world]"')
 
 
 @functools.lru_cache(maxsize=4)
@@ -294,7 +294,7 @@ def _import_tokenizers() -> Any:
         import tokenizers
     except ImportError:
         raise TokenizerError("tokenizer.json files need the tokenizers package: "
-                             "pip install 'rwkvx_c[hf]'") from None
+                             'pip install "rwkvx_c[hf]"') from None
     return tokenizers
 
 

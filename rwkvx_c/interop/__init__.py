@@ -5,7 +5,7 @@ only through RxPtModel, its config dict and NumPy arrays.
 
     sd = to_rwkv7(model)              # {"emb.weight": ..., "blocks.0.ln0.weight": ...}
     model = from_rwkv7(sd)            # sizes derived from the shapes
-    save_pth(sd, "model.pth", "bf16") # needs torch (pip install "rwkvx_c[torch]")
+    save_pth(sd, "model.pth", "bf16") # torch's zip format, written without torch
     sd = load_pth("model.pth")        # bf16 / fp16 / fp32 in, float32 out
 """
 from rwkvx_c.errors import InteropError

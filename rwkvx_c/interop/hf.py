@@ -290,20 +290,22 @@ def _need(what: str) -> tuple[Any, Any]:
     return torch, safetensors.torch
 
 
-def save_hf(model: RxPtModel, tokenizer: Tokenizer, out_dir: str, dtype: str = "fp32") -> None:
+def save_hf(model: RxPtModel, tokenizer: Tokenizer, out_dir: str, dtype: str = "fp32",
+            chat_template: str | None = None) -> None:
     """Writes the HF folder out_dir: config.json, model.safetensors (dtype
     fp32, bf16 or fp16), rwkv7-hf's thin entry points and the tokenizer's
-    files; each file atomically. Refuses a model the layout cannot hold
-    before writing anything."""
+    files (with chat_template, when given); each file atomically. Refuses a
+    model the layout cannot hold before writing anything."""
     write_folder(to_hf(model), hf_config(model.config), tokenizer, out_dir, dtype,
-                 model.config["vocab_size"])
+                 model.config["vocab_size"], chat_template)
     write_code(RWKV7_CODE, out_dir)
 
 
 def write_folder(sd: Mapping[str, np.ndarray], cfg: dict[str, Any], tokenizer: Tokenizer,
-                 out_dir: str, dtype: str, vocab: int) -> None:
+                 out_dir: str, dtype: str, vocab: int, chat_template: str | None = None) -> None:
     """The files every HF export holds: the tensors sd as model.safetensors
-    at dtype, config.json cfg and the tokenizer's files."""
+    at dtype, config.json cfg and the tokenizer's files (chat_template in
+    its tokenizer_config.json)."""
     if dtype not in DTYPES:
         raise InteropError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
     torch, st = _need("the Hugging Face format")
@@ -319,7 +321,7 @@ def write_folder(sd: Mapping[str, np.ndarray], cfg: dict[str, Any], tokenizer: T
     replace_with(os.path.join(out_dir, HF_WEIGHTS),
                  lambda tmp: st.save_file(tensors, tmp, metadata={"format": "pt"}))
     write_json(os.path.join(out_dir, "config.json"), cfg)
-    save_tokenizer(tokenizer, out_dir, vocab)
+    save_tokenizer(tokenizer, out_dir, vocab, chat_template)
 
 
 def hf_modules(model: RxPtModel) -> dict[str, str]:

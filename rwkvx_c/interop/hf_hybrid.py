@@ -135,12 +135,13 @@ def export_modules(model: RxPtModel) -> dict[str, str]:
             for theirs, ours, kind in _rwkvx_pairs(model) if kind == "lin" and ours != "head"}
 
 
-def save_hybrid(model: RxPtModel, tokenizer: Tokenizer, out_dir: str, dtype: str = "fp32"
-                ) -> None:
+def save_hybrid(model: RxPtModel, tokenizer: Tokenizer, out_dir: str, dtype: str = "fp32",
+                chat_template: str | None = None) -> None:
     """Writes the folder out_dir: config.json, model.safetensors, the
-    modeling files and the tokenizer's files; each file atomically."""
+    modeling files and the tokenizer's files (with chat_template, when
+    given); each file atomically."""
     write_folder(to_hybrid(model), hybrid_config(model.config, model.layers), tokenizer,
-                 out_dir, dtype, model.config["vocab_size"])
+                 out_dir, dtype, model.config["vocab_size"], chat_template)
     write_code(HYBRID_CODE, out_dir)
 
 

@@ -55,15 +55,19 @@ def write_json(path: str, obj: Any) -> None:
         f.write(json.dumps(obj, indent=2) + "\n")
 
 
-def save_tokenizer(tok: Tokenizer, out_dir: str, vocab: int) -> None:
+def save_tokenizer(tok: Tokenizer, out_dir: str, vocab: int,
+                   chat_template: str | None = None) -> None:
     """The tokenizer files AutoTokenizer.from_pretrained(DIR,
     trust_remote_code=True) loads, each declaring id 0 its end-of-text
     token (eos_token), so generate and lm-eval's generate_until stop there:
     World, the vocabulary file rwkv7-hf's RWKV7Tokenizer reads and its entry
     point (id 0 is its <|endoftext|>); bytes, a tokenizer.json whose byte 0
     is a special token (PreTrainedTokenizerFast); a tokenizer.json run, its
-    own file with its id-0 token declared."""
+    own file with its id-0 token declared. chat_template: the Jinja
+    template apply_chat_template renders (the run's, rwkvx_c.data.templates)."""
     tc: dict[str, Any] = {"model_max_length": 1 << 20, "clean_up_tokenization_spaces": False}
+    if chat_template is not None:
+        tc["chat_template"] = chat_template
     if tok.name == "world":
         src = world_vocab_path()
         dst = os.path.join(out_dir, os.path.basename(src))

@@ -1,6 +1,8 @@
 """PyTorch .pth files: state dicts in as float32 NumPy arrays, out at a chosen
-dtype. torch is an optional extra (pip install "rwkvx_c[torch]"); it is
-imported only here, when a .pth is read or written.
+dtype, both without torch: a .pth is a zip of one pickle and one raw member
+per tensor, which this module reads (PthTensors, memory-mapped, tensor by
+tensor) and writes (save_pth) itself. torch is used only to read a file in
+torch's legacy pre-1.6 (non-zip) format, when it is installed.
 
     save_pth(sd, "model.pth", "bf16")  # round to nearest even
     sd = load_pth("model.pth")         # bf16 / fp16 / fp32 in, float32 out
@@ -10,9 +12,10 @@ from __future__ import annotations
 import mmap
 import pickle
 import re
+import struct
 import zipfile
 from collections.abc import Mapping
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
@@ -20,18 +23,11 @@ from rwkvx_c.errors import InteropError
 from rwkvx_c.util.atomic import replacing
 from rwkvx_c.util.files import open_input
 
-__all__ = ["DTYPES", "load_pth", "save_pth", "PthTensors", "MappedTensors"]
+__all__ = ["DTYPES", "load_pth", "save_pth", "PthTensors", "MappedTensors", "to_bf16_bits"]
 
 DTYPES = ("fp32", "bf16", "fp16")
-
-
-def _need_torch() -> Any:
-    try:
-        import torch
-    except ImportError:
-        raise InteropError('reading and writing .pth files needs PyTorch: '
-                           'pip install "rwkvx_c[torch]"') from None
-    return torch
+ARCHIVE = "archive"   # the folder torch.save names inside the zip for a file object
+ALIGN = 64            # torch.save starts each tensor's bytes at a multiple of 64
 
 
 def _unreadable(path: str, e: Exception) -> InteropError:
@@ -53,8 +49,39 @@ def _unreadable(path: str, e: Exception) -> InteropError:
 
 def load_pth(path: str) -> dict[str, np.ndarray]:
     """The tensors of a .pth state dict as float32 NumPy arrays (bf16, fp16
-    and fp32 are converted exactly). Needs torch; loads weights only."""
-    torch = _need_torch()
+    and fp32 are converted exactly), read by PthTensors without torch; a
+    file in torch's legacy non-zip format through torch, when installed.
+    Loads weights only: a pickle naming anything else is refused."""
+    try:
+        legacy = not zipfile.is_zipfile(path)
+    except OSError:
+        legacy = False   # PthTensors says why it cannot be read
+    if legacy and _legacy_pickle(path):
+        return _load_with_torch(path)
+    pth = PthTensors(path)
+    try:
+        return {k: pth.array(k) for k in pth.names}
+    finally:
+        pth.close()
+
+
+def _legacy_pickle(path: str) -> bool:
+    """True for a file in torch's pre-1.6 format: a pickle from its first byte."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(1) == b"\x80"
+    except OSError:
+        return False
+
+
+def _load_with_torch(path: str) -> dict[str, np.ndarray]:
+    try:
+        import torch
+    except ImportError:
+        raise InteropError(f"{path} is a .pth in torch's legacy (pre-1.6) format, which only "
+                           "torch reads: pip install torch --index-url "
+                           "https://download.pytorch.org/whl/cpu, or save it again with a "
+                           "recent torch") from None
     try:
         with open_input(path, InteropError) as f:
             obj = torch.load(f, map_location="cpu", weights_only=True)
@@ -77,28 +104,98 @@ def load_pth(path: str) -> dict[str, np.ndarray]:
     return out
 
 
-def _torch_dtype(torch: Any, dtype: str) -> Any:
-    if dtype not in DTYPES:
-        raise InteropError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
-    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+def to_bf16_bits(a: np.ndarray) -> np.ndarray:
+    """float32 to bfloat16 bits (uint16), rounded to nearest even as torch's
+    .to(torch.bfloat16) rounds; a NaN stays a (quiet) NaN."""
+    bits = np.ascontiguousarray(a, np.float32).view(np.uint32)
+    out = ((bits + (0x7FFF + ((bits >> 16) & 1))) >> 16).astype(np.uint16)
+    nan = np.isnan(a)
+    if nan.any():
+        out[nan] = ((bits[nan] >> 16) | 0x0040).astype(np.uint16)
+    return out
+
+
+# (numpy conversion, torch's storage class) of each dtype save_pth writes
+_WRITE = {"fp32": (lambda a: np.ascontiguousarray(a, "<f4"), "FloatStorage"),
+          "bf16": (to_bf16_bits, "BFloat16Storage"),
+          "fp16": (lambda a: np.ascontiguousarray(a, np.float32).astype("<f2"), "HalfStorage")}
 
 
 def save_pth(sd: Mapping[str, np.ndarray], path: str, dtype: str = "fp32") -> None:
     """Writes sd as a torch .pth state dict of dtype (fp32, bf16 or fp16;
-    round to nearest even), atomically."""
-    torch = _need_torch()
-    td = _torch_dtype(torch, dtype)
-    tensors = {k: torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32)).to(td)
-               for k, v in sd.items()}
+    round to nearest even), atomically, in the zip format torch.save writes
+    (torch.load(weights_only=True) reads it); no torch needed."""
+    if dtype not in DTYPES:
+        raise InteropError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    convert, storage = _WRITE[dtype]
     try:
-        # torch writes into our file object, so a failing write is the OSError
-        # it is (disk full, read-only folder), not torch's enforce-fail text
         with replacing(path) as f:
-            torch.save(tensors, f)
+            _write_zip(f, sd, convert, storage)
     except OSError as e:
         raise InteropError(f"cannot write {path}: {e.strerror or e}") from None
-    except RuntimeError as e:   # torch's own writer failing
-        raise InteropError(f"cannot write {path}: {str(e).splitlines()[0]}") from None
+
+
+def _pickle(sd: Mapping[str, np.ndarray], storage: str) -> bytes:
+    """data.pkl as torch.save writes it (protocol 2): an OrderedDict of
+    torch._utils._rebuild_tensor_v2(storage i, 0, shape, strides, False,
+    OrderedDict()), storage i the persistent id ("storage", torch.<storage>,
+    "i", "cpu", numel). Written opcode by opcode: the names are torch's,
+    which need not be importable here."""
+    P = pickle
+
+    def text(s: str) -> bytes:
+        b = s.encode("utf-8")
+        return P.BINUNICODE + struct.pack("<I", len(b)) + b
+
+    def integer(v: int) -> bytes:
+        return P.BININT + struct.pack("<i", v) if -2 ** 31 <= v < 2 ** 31 else \
+            P.LONG1 + bytes([8]) + struct.pack("<q", v)
+
+    def ints(vs: tuple[int, ...]) -> bytes:
+        return P.MARK + b"".join(integer(v) for v in vs) + P.TUPLE
+
+    odict = P.GLOBAL + b"collections\nOrderedDict\n" + P.EMPTY_TUPLE + P.REDUCE
+    out = [P.PROTO + bytes([2]), odict, P.MARK]
+    for i, (k, a) in enumerate(sd.items()):
+        shape = tuple(int(d) for d in np.shape(a))
+        strides: list[int] = []
+        step = 1
+        for d in reversed(shape):
+            strides.insert(0, step)
+            step *= d
+        pid = (P.MARK + text("storage") + P.GLOBAL + f"torch\n{storage}\n".encode()
+               + text(str(i)) + text("cpu") + integer(int(np.size(a))) + P.TUPLE)
+        out += [text(k), P.GLOBAL + b"torch._utils\n_rebuild_tensor_v2\n", P.MARK,
+                pid, P.BINPERSID, integer(0), ints(shape), ints(tuple(strides)), P.NEWFALSE,
+                odict, P.TUPLE, P.REDUCE]
+    out += [P.SETITEMS, P.STOP]
+    return b"".join(out)
+
+
+def _write_zip(f: IO[bytes], sd: Mapping[str, np.ndarray], convert: Any, storage: str) -> None:
+    """The zip of torch.save: ARCHIVE/data.pkl, ARCHIVE/byteorder, one
+    ARCHIVE/data/<i> per tensor (its raw little-endian bytes, stored
+    uncompressed and ALIGN-aligned as torch aligns them), ARCHIVE/version."""
+    with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as z:
+        def member(name: str, data: Any, nbytes: int) -> None:
+            info = zipfile.ZipInfo(f"{ARCHIVE}/{name}", date_time=(1980, 1, 1, 0, 0, 0))
+            info.compress_type = zipfile.ZIP_STORED
+            info.file_size = nbytes
+            # pad the local header's extra field so the bytes start aligned;
+            # a zip64 member gets a 20-byte extra of zipfile's own first
+            start = f.tell() + 30 + len(info.filename.encode()) + 4 + \
+                (20 if nbytes > 0x7FFFFFFF else 0)
+            pad = -start % ALIGN
+            info.extra = struct.pack("<HH", 0x4246, pad) + b"Z" * pad   # torch's "FB" field
+            with z.open(info, "w", force_zip64=nbytes > 0x7FFFFFFF) as w:
+                w.write(data)
+        member("data.pkl", _pickle(sd, storage), 0)
+        member("byteorder", b"little", 0)
+        for i, a in enumerate(sd.values()):
+            raw = convert(np.asarray(a))
+            member(f"data/{i}", np.ascontiguousarray(raw).reshape(-1).view(np.uint8),
+                   raw.nbytes)
+        member("version", b"3\n", 0)
 
 
 # ---- streaming: tensor by tensor, without torch -----------------------------
@@ -194,8 +291,8 @@ def _rebuild(storage: Any, offset: Any, size: Any, stride: Any, *rest: Any) -> _
 
 class _Unpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
-        if module == "torch" and name in _STORAGE_DTYPES:
-            return name
+        if module == "torch" and name.endswith("Storage") and name.isidentifier():
+            return name   # persistent_load names the ones it cannot read
         if (module, name) == ("collections", "OrderedDict"):
             from collections import OrderedDict
             return OrderedDict
@@ -204,9 +301,11 @@ class _Unpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"GLOBAL {module}.{name}")
 
     def persistent_load(self, pid: Any) -> _Storage:
-        if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"
-                and pid[1] in _STORAGE_DTYPES):
+        if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"):
             raise pickle.UnpicklingError(f"Unsupported storage {pid!r}")
+        if pid[1] not in _STORAGE_DTYPES:
+            raise pickle.UnpicklingError(f"Unsupported tensor type {pid[1]}: a state dict of "
+                                         "floating-point tensors (fp32, bf16, fp16) is read")
         return _Storage(pid[1], str(pid[2]), int(pid[4]))
 
 

@@ -3,6 +3,7 @@ foreign format, ``import_pth`` makes a run folder of a foreign .pth,
 ``merge_run`` a plain run folder of a LoRA run."""
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -52,10 +53,11 @@ class ExportFormat:
     folder: tuple[str, ...] = ()   # the files it writes into the folder out; (): the file out
 
 
-def _hf(model: RxPtModel, out: str, dtype: str, tok: Tokenizer, _: Adapters) -> None:
+def _hf(model: RxPtModel, out: str, dtype: str, tok: Tokenizer, _: Adapters,
+        chat_template: str | None = None) -> None:
     # rwkv7-hf's layout when it holds the model, else rwkvx_c's own modeling code
     save = save_hf if hf_refusal(model.config) is None else save_hybrid
-    save(model, tok, out, dtype)
+    save(model, tok, out, dtype, chat_template)
 
 
 # every export format, by name: the one table export_model, the command's
@@ -83,7 +85,7 @@ FORMATS = tuple(EXPORTS)
 
 def export_model(model: RxPtModel, fmt: str, out: str, dtype: str = "fp32", *,
                  inputs: Iterable[str] = (), tokenizer: Tokenizer | None = None,
-                 adapters: Adapters | None = None) -> None:
+                 adapters: Adapters | None = None, chat_template: str | None = None) -> None:
     """Writes model to out in format fmt (EXPORTS: rwkv7, rwkvx or gguf; hf:
     the folder out, with tokenizer's files: rwkv7-hf's layout for a model it
     holds, rwkvx_c's own modeling code for any other) at dtype (fp32, bf16 or fp16),
@@ -92,7 +94,9 @@ def export_model(model: RxPtModel, fmt: str, out: str, dtype: str = "fp32", *,
     alone, as RWKV-PEFT saves them (state_dict); "lora": a LoRA run's
     adapters (the model's base is not written) under RWKV-PEFT's names at
     dtype (lora_dict); "peft": the same as a Hugging Face PEFT adapter folder
-    for the hf export's module names (save_peft). OutputError when out (for
+    for the hf export's module names (save_peft). chat_template: the Jinja
+    template an hf export's tokenizer_config.json carries (the run's), so
+    apply_chat_template renders what the run trained on. OutputError when out (for
     a folder: any file it writes there) is one of `inputs` (the model's run folder
     or file) or a run folder's own file (rwkvx_c.run.rundir.claim_output).
 
@@ -107,7 +111,9 @@ def export_model(model: RxPtModel, fmt: str, out: str, dtype: str = "fp32", *,
         claim_output(out if name is None else os.path.join(out, name), inputs)
     if f.holds == "adapters" and adapters is None:
         raise InteropError("the model has no LoRA adapters (train with --tune lora)")
-    f.write(model, out, dtype, tokenizer or ByteTokenizer(), adapters or ({}, 0.0, "lora"))
+    # the template is tokenizer metadata only an HF folder holds
+    write = functools.partial(_hf, chat_template=chat_template) if f.write is _hf else f.write
+    write(model, out, dtype, tokenizer or ByteTokenizer(), adapters or ({}, 0.0, "lora"))
 
 
 def state_dict(model: RxPtModel) -> dict[str, np.ndarray]:

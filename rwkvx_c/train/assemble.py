@@ -10,8 +10,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rwkvx_c import _core
+from rwkvx_c.data.chat import ChatFormat
 from rwkvx_c.data.pipeline import Corpus, load_corpus
 from rwkvx_c.data.preferences import Pairs, read_pairs, split_pairs
+from rwkvx_c.data.templates import ChatTemplate, end_of_text, load_template
 from rwkvx_c.data.tokenizers import load as load_tokenizer
 from rwkvx_c.data.tokenizers import run_tokenizer
 from rwkvx_c.errors import ConfigError, DataError, MemoryTooSmall, TokenizerError, TrainError
@@ -40,8 +42,8 @@ if TYPE_CHECKING:
     from rwkvx_c.train.distributed import ProcessGroup
     from rwkvx_c.train.options import ResolvedOptions, TrainOptions
 
-__all__ = ["load_data", "load_pairs", "build_model", "load_source", "load_weights", "name_base",
-           "start_from_source"]
+__all__ = ["chat_format", "load_data", "load_pairs", "build_model", "load_source",
+           "load_weights", "name_base", "start_from_source"]
 
 
 def start_from_source(options: TrainOptions, group: ProcessGroup, out_dir: str | None
@@ -92,20 +94,39 @@ def _tokenizer(opts: ResolvedOptions, run_dir: str | None, out_dir: str | None,
     return tokenizer
 
 
+def chat_format(opts: ResolvedOptions, state: dict[str, Any] | None,
+                tokenizer: Tokenizer) -> ChatFormat:
+    """How the run renders chat records: a resumed run's stored template
+    (its text, so a moved template file does not matter), else
+    --chat-template's, with --train-on-inputs."""
+    try:
+        template = ChatTemplate.from_stored(state.get("chat_template")) if state is not None \
+            else load_template(opts.chat_template, opts.tokenizer, end_of_text(tokenizer))
+    except DataError as e:
+        raise TrainError(str(e)) from None
+    return ChatFormat(template, bool(opts.train_on_inputs))
+
+
 def load_data(opts: ResolvedOptions, run_dir: str | None, out_dir: str | None,
-              state: dict[str, Any] | None, progress: bool) -> tuple[Tokenizer, Corpus]:
-    """The tokenizer (a resumed run's own) and the corpus it reads; a new
-    run's tokenizer is saved into out_dir (rank 0) to travel with it."""
+              state: dict[str, Any] | None, progress: bool
+              ) -> tuple[Tokenizer, Corpus, ChatFormat]:
+    """The tokenizer (a resumed run's own), the corpus it reads and how its
+    chat records are rendered; a new run's tokenizer is saved into out_dir
+    (rank 0) to travel with it."""
     tokenizer = _tokenizer(opts, run_dir, out_dir, state)
+    chat = chat_format(opts, state, tokenizer)
     try:
         corpus = load_corpus(opts.data, seq_len=opts.seq_len, val_fraction=opts.val_fraction,
                              cache_dir=opts.cache_dir, tokenizer=tokenizer,
-                             text_field=opts.text_field, progress=progress)
+                             text_field=opts.text_field, progress=progress, chat=chat)
         if opts.val_data is not None:
-            corpus = _with_validation(corpus, opts, tokenizer, progress)
+            corpus = _with_validation(corpus, opts, tokenizer, progress, chat)
     except OSError as e:
         raise TrainError(f"cannot prepare the corpus: {e}") from None
-    return tokenizer, corpus
+    if corpus.train_mask is None and state is None and chat.identity() is not None:
+        raise TrainError("--chat-template and --train-on-inputs apply to chat records; "
+                         "this corpus is plain text")
+    return tokenizer, corpus, chat
 
 
 def load_pairs(opts: ResolvedOptions, run_dir: str | None, out_dir: str | None,
@@ -122,13 +143,13 @@ def load_pairs(opts: ResolvedOptions, run_dir: str | None, out_dir: str | None,
 
 
 def _with_validation(corpus: Corpus, opts: ResolvedOptions, tokenizer: Tokenizer,
-                     progress: bool) -> Corpus:
+                     progress: bool, chat: ChatFormat) -> Corpus:
     """corpus validated on --val-data: every token of that corpus (both of
     its splits, in order), read with the run's tokenizer."""
     try:
         v = load_corpus(opts.val_data, seq_len=opts.seq_len, val_fraction=opts.val_fraction,
                         cache_dir=opts.cache_dir, tokenizer=tokenizer,
-                        text_field=opts.text_field, progress=progress)
+                        text_field=opts.text_field, progress=progress, chat=chat)
     except DataError as e:
         raise DataError(f"--val-data: {e}") from None
     if (v.train_mask is None) != (corpus.train_mask is None):

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, cast
 
 from rwkvx_c import _core
+from rwkvx_c.data.templates import DEFAULT_TEMPLATE, TEMPLATE_CHOICES
 from rwkvx_c.data.tokenizers import check_identity
 from rwkvx_c.data.tokenizers import load as load_tokenizer
 from rwkvx_c.errors import ConfigError, TokenizerError, TrainError
@@ -103,6 +104,15 @@ class TrainOptions:
                                "F of tokens when it is one file or a token file (a folder or "
                                "several files hold out whole files)", kind="unit_float",
                                metavar="F", absent=DEFAULT)
+    chat_template: str = _opt(DEFAULT_TEMPLATE, "how chat records are rendered: rwkv (RWKV's "
+                              "User: / Assistant: turns), chatml, tokenizer (the chat_template "
+                              "of the tokenizer_config.json beside a --tokenizer tokenizer.json) "
+                              "or a Jinja file, tokenizer_config.json or folder holding one; "
+                              "sample, chat, serve and the HF export use the run's",
+                              metavar=TEMPLATE_CHOICES, absent=DEFAULT)
+    train_on_inputs: bool = _opt(False, "with chat data, train on every token of a "
+                                 "conversation, its prompts too, not only the assistant's "
+                                 "replies", kind="flag", absent=DEFAULT)
     tokenizer: str = _opt("byte", "byte, world (the RWKV World vocabulary; needs "
                           "rwkvx_c[world]) or a tokenizer.json (needs rwkvx_c[hf]); a resumed "
                           "run keeps its own", metavar="byte|world|PATH")
@@ -370,6 +380,11 @@ class TrainOptions:
         if ADAPTERS[self.adapter].principal and self.tune == "lora" and not self.init_from:
             raise TrainError(f"--adapter {self.adapter} splits given weights: give them with "
                              "--init-from")
+        if self.objective != "lm" and (self.train_on_inputs
+                                       or self.chat_template != DEFAULT_TEMPLATE):
+            raise TrainError(f"--chat-template and --train-on-inputs apply to chat data "
+                             f"(--objective lm); preference pairs are rendered in RWKV's "
+                             f"template, not with --objective {self.objective}")
         if self.ref_from is not None and self.objective not in ("dpo", "ipo"):
             raise TrainError(f"--ref-from names the reference of --objective dpo or ipo; it has "
                              f"no effect with --objective {self.objective}")

@@ -102,6 +102,7 @@ class Saver(Stepper):
                 "next_eval_at": self._next_eval_at, "last_eval": self.last_eval,
                 "eval_seconds": self._eval_seconds, "options": self.opts.stored(),
                 "corpus": self.corpus.description, "tokenizer": self.tokenizer.identity(),
+                "chat_template": self.chat_template.stored(),
                 "world_size": self.group.size, "unfrozen": is_unfrozen(self.optim),
                 "lr_scale": self.lr_scale, "rollbacks": self.rollbacks,
                 BASE_KEY: self.base if self._names_base() else None,

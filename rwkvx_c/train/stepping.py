@@ -26,6 +26,7 @@ from rwkvx_c.train.validate import validation_loss
 
 if TYPE_CHECKING:
     from rwkvx_c.data.pipeline import Corpus
+    from rwkvx_c.data.templates import ChatTemplate
     from rwkvx_c.data.tokenizers import Tokenizer
     from rwkvx_c.run.base import Record
     from rwkvx_c.run.lock import RunLock
@@ -48,6 +49,7 @@ class Stepper:
     out_dir: str | None           # None on ranks other than 0: they write nothing
     run_dir: RunDir | None        # the same folder's files
     tokenizer: Tokenizer
+    chat_template: ChatTemplate   # how chat records are rendered (stored in checkpoints)
     corpus: Corpus
     model: _core.RxPtModel
     optim: AdamW | PartsAdamW

@@ -69,7 +69,7 @@ def check_installed(names: Sequence[str]) -> None:
         module, extra = TRACKERS[n]
         if importlib.util.find_spec(module) is None:
             raise TrainError(f"--log-to {n} needs the {module} package: "
-                             f"pip install 'rwkvx_c[{extra}]'")
+                             f'pip install "rwkvx_c[{extra}]"')
 
 
 class Backend(Protocol):

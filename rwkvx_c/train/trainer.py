@@ -31,6 +31,7 @@ import numpy as np
 
 from rwkvx_c import _core
 from rwkvx_c.data.sampler import BatchSampler, eval_windows, target_bytes
+from rwkvx_c.data.templates import builtin
 from rwkvx_c.errors import (
     RunLocked,
     TrainError,
@@ -157,9 +158,11 @@ class Trainer(Saver):
     def _load_data(self, run_dir: str | None, _state: dict[str, Any] | None,
                    progress: bool) -> None:
         self.pref = None
+        self.chat_template = builtin()   # a preference run renders pairs in RWKV's
         if self.opts.objective == "lm":
-            self.tokenizer, self.corpus = load_data(self.opts, run_dir, self.out_dir, _state,
-                                                    progress)
+            self.tokenizer, self.corpus, chat = load_data(self.opts, run_dir, self.out_dir,
+                                                          _state, progress)
+            self.chat_template = chat.template or self.chat_template
             return
         if self.group.size > 1:
             raise TrainError(f"--objective {self.opts.objective} runs in one process")
