@@ -28,7 +28,7 @@ from rwkvx_c.interop.source import read_run
 from rwkvx_c.run.checkpoint import read_state
 from rwkvx_c.run.rundir import checkpoint_path
 from rwkvx_c.sample import load_model, load_run
-from rwkvx_c.train.objectives import OBJECTIVES, REFERENCE_FREE
+from rwkvx_c.train.objectives import PREFERENCES, REFERENCE_FREE
 from rwkvx_c.util.progress import make_progress
 from rwkvx_c.util.words import counted
 
@@ -270,7 +270,7 @@ def _score_corpus(a: argparse.Namespace, model: _core.RxPtModel, tok: Any,
 
 def _preferences(a: argparse.Namespace, model: _core.RxPtModel, tok: Any,
                  opts: dict[str, Any]) -> dict[str, Any]:
-    kind = str(opts.get("objective")) if opts.get("objective") in OBJECTIVES[1:] else "dpo"
+    kind = str(opts.get("objective")) if opts.get("objective") in PREFERENCES else "dpo"
     ref = None
     if kind not in REFERENCE_FREE:
         if a.ref_from:
