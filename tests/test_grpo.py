@@ -182,7 +182,7 @@ def test_prompt_records_of_each_form_render_as_sft_does(tmp_path):
                    str(tmp_path / "p.parquet"))
     t = read_prompts(str(tmp_path / "p.parquet"), tok)
     assert t.ids[0] == want and t.columns[1] == {"answer": "2"}
-    with pytest.raises(DataError, match="p2.jsonl:1: no prompt"):
+    with pytest.raises(DataError, match=r"p2\.jsonl:1: no prompt"):
         read_prompts(_write(tmp_path / "p2.jsonl", [{"question": "x"}]), tok)
 
 
@@ -231,8 +231,10 @@ def test_cli_and_config_file_train_grpo(tmp_path):
     text = cfg.read_text()
     assert 'loss_type = "bnpo"' in text and "epsilon_high = 0.28" in text
     assert main(["train", "--config", str(cfg), "--out", str(tmp_path / "cfg")]) == 0
-    logs = [[json.loads(x) for x in open(os.path.join(tmp_path, d, "log.jsonl"))]
-            for d in ("cli", "cfg")]
+    logs = []
+    for d in ("cli", "cfg"):
+        with open(os.path.join(tmp_path, d, "log.jsonl"), encoding="utf-8") as f:
+            logs.append([json.loads(x) for x in f])
     assert [r.get("loss") for r in logs[0]] == [r.get("loss") for r in logs[1]]
     assert main(["train", "--preset", "tiny", "--beta", "0.1", "--steps", "1",
                  "--out", str(tmp_path / "x")]) == 1   # a GRPO option off --objective grpo

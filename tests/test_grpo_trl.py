@@ -82,7 +82,8 @@ def test_grpo_logps_advantages_and_losses_equal_trl(tmp_path):
     corpus.write_bytes(TEXT * 200)
     base, run = str(tmp_path / "base"), str(tmp_path / "grpo")
     assert main(["train", "--preset", "tiny", "--n-attn-layer", "0", "--steps", "60",
-                 "--lr", "1e-2", "--seq-len", "32", "--batch", "2", "--eval-tokens", "64", "--threads", "2",
+                 "--lr", "1e-2", "--seq-len", "32", "--batch", "2", "--eval-tokens", "64",
+                 "--threads", "2",
                  "--warmup", "1", "--data", str(corpus), "--out", base, "--precision", "fp32",
                  "--cache-dir", str(tmp_path / "cache")]) == 0
     data = tmp_path / "prompts.jsonl"
@@ -94,7 +95,8 @@ def test_grpo_logps_advantages_and_losses_equal_trl(tmp_path):
     G, max_len, beta = 4, 8, 0.04
     common = ["--data", str(data), "--reward", f"{tmp_path / 'reward.py'}:digits",
               "--num-generations", str(G), "--batch", "8", "--max-completion-length",
-              str(max_len), "--stop", "\\n", "--temperature", "1.5", "--threads", "2", "--precision", "fp32", "--warmup", "0",
+              str(max_len), "--stop", "\\n", "--temperature", "1.5", "--threads", "2",
+              "--precision", "fp32", "--warmup", "0",
               "--beta", str(beta)]
     assert main(["train", "--init-from", base, "--tune", "lora", "--lora-r", "4",
                  "--objective", "grpo", "--steps", "3", "--lr", "3e-2", "--out", run,

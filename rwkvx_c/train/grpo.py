@@ -72,14 +72,15 @@ class Rollout:
     old: np.ndarray | None = None
 
     def state(self) -> dict[str, Any]:
-        return {"idx": self.idx.tolist(), "x": self.x.tolist(), "y": self.y.tolist(), "adv": self.adv.tolist(),
-                "n_items": self.n_items, "metrics": self.metrics,
+        return {"idx": self.idx.tolist(), "x": self.x.tolist(), "y": self.y.tolist(),
+                "adv": self.adv.tolist(), "n_items": self.n_items, "metrics": self.metrics,
                 "old": None if self.old is None else self.old.tolist()}
 
     @classmethod
     def from_state(cls, st: dict[str, Any]) -> Rollout:
         old = st["old"]
-        return cls(np.array(st["idx"], np.int64), np.array(st["x"], np.int32), np.array(st["y"], np.int32),
+        return cls(np.array(st["idx"], np.int64), np.array(st["x"], np.int32),
+                   np.array(st["y"], np.int32),
                    np.array(st["adv"], np.float64), float(st["n_items"]), dict(st["metrics"]),
                    None if old is None else np.array(old, np.float64))
 

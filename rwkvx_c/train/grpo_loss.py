@@ -56,7 +56,7 @@ def advantages(per_func: np.ndarray, weights: np.ndarray, G: int, scale: str) ->
     adv = rewards - mean
     if scale != "none":
         adv = adv / (std + STD_EPS)
-    zero = np.isclose(std, 0.0, rtol=1e-5, atol=1e-8)   # torch.isclose's tolerances
+    zero = np.isclose(std, 0.0)   # torch.isclose: the same default tolerances
     return Advantages(np.nan_to_num(adv, nan=0.0), rewards, zero)
 
 

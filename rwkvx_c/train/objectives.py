@@ -38,8 +38,8 @@ from rwkvx_c.util.atomic import replace_with
 if TYPE_CHECKING:
     from rwkvx_c.run.rundir import RunDir
 
-__all__ = ["OBJECTIVES", "PREFERENCES", "REFERENCE_FREE", "REF_FILE", "PairLoss", "pair_loss", "pair_logps",
-           "reference_logps", "PreferenceStep", "metrics"]
+__all__ = ["OBJECTIVES", "PREFERENCES", "REFERENCE_FREE", "REF_FILE", "PairLoss", "pair_loss",
+           "pair_logps", "reference_logps", "PreferenceStep", "metrics"]
 
 OBJECTIVES = ("lm", "dpo", "ipo", "simpo", "grpo")
 PREFERENCES = ("dpo", "ipo", "simpo")

@@ -128,7 +128,7 @@ def _user(spec: str) -> Reward:
             mod = importlib.import_module(where)
     except TrainError:
         raise
-    except Exception as e:   # the user's module: any failure is theirs, said in one line
+    except Exception as e:  # noqa: BLE001 -- the user's module: any failure, one line
         raise TrainError(f"--reward {spec}: cannot import {where} ({type(e).__name__}: {e})") \
             from None
     fn = getattr(mod, name, None)
@@ -204,7 +204,7 @@ def score(rewards: Sequence[Reward], prompts: list[Any], completions: list[Any],
                        **columns)
         except TrainError:
             raise
-        except Exception as e:   # the user's code: its failure stops the run in one line
+        except Exception as e:  # noqa: BLE001 -- the user's code: any failure, one line
             raise TrainError(f"reward {r.name} raised {type(e).__name__}: {e}") from None
         out[:, k] = _checked(r, got, n)
     return out
