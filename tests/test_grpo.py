@@ -249,3 +249,16 @@ def test_options_are_checked(tmp_path):
         _grpo(tmp_path, "kl", beta=0.1)
     with pytest.raises(TrainError, match="--epsilon applies to --objective grpo"):
         _opts(tmp_path, epsilon=0.3).resolved()
+
+
+@pytest.mark.parametrize("base_dtype", ["q8_0", "bf16"])
+def test_lora_over_a_frozen_base_rolls_out_and_trains_with_the_kl_term(tmp_path, base_dtype):
+    from test_finetune import _base_run
+    base = _base_run(tmp_path, model=dict(SMALL, n_attn_layer=0))
+    tr = _grpo(tmp_path, "lq", init_from=base, model=None, tune="lora", lora_r=4,
+               base_dtype=base_dtype, beta=0.1, steps=2, lr=1e-3)
+    assert tr.model.base_dtype == base_dtype
+    tr.run()
+    rows = [r for r in tr.read_log() if "reward" in r]
+    assert len(rows) == 2 and all(np.isfinite(r["kl"]) for r in rows)
+    assert rows[0]["kl"] == 0.0 and rows[1]["kl"] > 0.0   # the adapters start at zero
