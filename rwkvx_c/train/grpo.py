@@ -32,6 +32,7 @@ from rwkvx_c.data.chat import IGNORE, SEPARATOR
 from rwkvx_c.data.preferences import PairSampler
 from rwkvx_c.errors import SampleError, TrainError
 from rwkvx_c.generation import Request, Sampling, run_requests
+from rwkvx_c.train.distributed import ProcessGroup
 from rwkvx_c.train.grpo_loss import advantages, nanstd, token_loss
 from rwkvx_c.train.objectives import checkpoint_model
 from rwkvx_c.train.rewards import load_rewards, parse_weights, score
@@ -85,10 +86,9 @@ class Rollout:
                    None if old is None else np.array(old, np.float64))
 
 
-def _completion_metrics(comps: list[Any]) -> Row:
-    """TRL's completions/* metrics: lengths in tokens, the truncated share."""
-    lens = np.array([len(c.token_ids) for c in comps], np.float64)
-    cut = np.array([c.stop_reason == "length" for c in comps])
+def _completion_metrics(lens: np.ndarray, cut: np.ndarray) -> Row:
+    """TRL's completions/* metrics of the completions' lengths in tokens
+    and whether each was cut at the limit."""
     term = lens[~cut] if (~cut).any() else np.zeros(1)
     return {"completions/mean_length": float(lens.mean()),
             "completions/min_length": float(lens.min()),
@@ -103,8 +103,10 @@ class GRPOStep:
     """The training step and the evaluation of --objective grpo over the
     train and val prompts (see the module doc)."""
 
-    def __init__(self, o: ResolvedOptions, tok: Tokenizer, train: Prompts, val: Prompts) -> None:
+    def __init__(self, o: ResolvedOptions, tok: Tokenizer, train: Prompts, val: Prompts,
+                 group: ProcessGroup | None = None) -> None:
         self.o, self.tok, self.train, self.val = o, tok, train, val
+        self.group = group or ProcessGroup()
         self.G, self.B, self.accum = o.num_generations, o.batch, o.grad_accum
         if (self.B * self.accum) % self.G:
             raise TrainError(f"--batch {self.B} x --grad-accum {self.accum} completions a step "
@@ -120,7 +122,13 @@ class GRPOStep:
                                      token_stop=(SEPARATOR,), stop=stop_strings(o.stop))
         except SampleError as e:
             raise TrainError(str(e)) from None
-        self.sampler = PairSampler(len(train), self.B * self.accum // self.G, o.seed)
+        P = self.B * self.accum // self.G
+        if P % self.group.size:
+            raise TrainError(f"the {P} prompts of a step do not divide over "
+                             f"{self.group.size} processes: each rank samples whole groups")
+        # every rank draws the step's prompts and samples and trains on its share
+        self.lo, self.hi = self.group.split(P)
+        self.sampler = PairSampler(len(train), P, o.seed)
         self.n_rollouts, self.iteration = 0, 0
         self.rollout: Rollout | None = None
         self.ref: _core.RxPtModel | None = None
@@ -160,10 +168,12 @@ class GRPOStep:
 
     # -------------------------------------------------------------- rollout
     def generate(self, model: _core.RxPtModel, prompts: Prompts, idx: np.ndarray, n: int,
-                 sampling: Sampling, seed: int) -> tuple[list[Any], list[Any], np.ndarray]:
-        """n completions of each prompt idx[i]: (the engine's Completions,
-        what a reward sees of each, the (N, F) rewards)."""
-        reqs = [Request(prompts.ids[i], n) for i in idx]
+                 sampling: Sampling, seed: int, first: int = 0
+                 ) -> tuple[list[Any], list[Any], np.ndarray]:
+        """n completions of each prompt idx[i], seeded as the first + i'th
+        of the call: (the engine's Completions, what a reward sees of each,
+        the (N, F) rewards)."""
+        reqs = [Request(prompts.ids[i], n, stream=first + k) for k, i in enumerate(idx)]
         outs = run_requests(model, reqs, sampling, self.o.max_completion_length, seed, self.tok,
                             batch_size=min(len(reqs) * n, 64))
         comps = [c for group in outs for c in group]
@@ -181,10 +191,14 @@ class GRPOStep:
         idx = self.sampler.next_indices()
         seed = (self.o.seed << 32) + self.n_rollouts   # a stream per rollout, per completion
         self.n_rollouts += 1
-        comps, _, per_func = self.generate(model, self.train, idx, self.G, self.sampling, seed)
+        mine = idx[self.lo:self.hi]
+        comps, _, local = self.generate(model, self.train, mine, self.G, self.sampling, seed,
+                                        self.lo)
+        # the advantages of every rank's groups, from all the rewards, as one process has them
+        per_func = self.group.gather_rows(local)
         a = advantages(per_func, self.weights, self.G, self.o.scale_rewards)
         N = len(comps)
-        seqs = [self.train.ids[int(i)] for i in idx for _ in range(self.G)]
+        seqs = [self.train.ids[int(i)] for i in mine for _ in range(self.G)]
         T = max(len(p) + len(c.token_ids) - 1 for p, c in zip(seqs, comps))
         x = np.full((N, T), SEPARATOR, np.int32)
         y = np.full((N, T), IGNORE, np.int32)
@@ -202,8 +216,13 @@ class GRPOStep:
             m["reward"] = float(np.nanmean(a.rewards))
         m["reward_std"] = float(nanstd(a.rewards))
         m["frac_reward_zero_std"] = float(a.zero_std.mean())
-        m.update(_completion_metrics(comps))
-        return Rollout(idx, x, y, a.advantages, float((y != IGNORE).sum()), m)
+        lens = np.array([len(c.token_ids) for c in comps], np.float64)
+        cut = np.array([c.stop_reason == "length" for c in comps], np.float64)
+        m.update(_completion_metrics(self.group.gather_rows(lens),
+                                     self.group.gather_rows(cut) > 0))
+        n_items = self.group.sum_values(float((y != IGNORE).sum()))[0]
+        adv = a.advantages[self.lo * self.G:self.hi * self.G]
+        return Rollout(idx, x, y, adv, n_items, m)
 
     # ----------------------------------------------------------------- step
     def step(self, model: _core.RxPtModel, accum: GradAccumulator | None
@@ -220,9 +239,14 @@ class GRPOStep:
         if keep_old:
             r.old = np.zeros(r.x.shape, np.float64)
         loss, rows = 0.0, []
+        b = len(r.x) // self.accum   # this rank's completions of each micro-batch
+        # the ranks' grads are averaged: a loss normalised over all ranks' tokens is summed
+        ranks = self.group.size if self.o.loss_type in ("bnpo", "dapo") else 1
         for k in range(self.accum):
-            sl = slice(k * self.B, (k + 1) * self.B)
+            sl = slice(k * b, (k + 1) * b)
             x, y = np.ascontiguousarray(r.x[sl]), np.ascontiguousarray(r.y[sl])
+            mask = (y != IGNORE).astype(np.float64)
+            n_micro = self.group.sum_values(float(mask.sum()))[0]
             ref = self._ref_logps(model, x, y) if self.o.beta else None
             model.forward(x, return_logits=False)
             logp = -model.row_losses(y, IGNORE)
@@ -230,16 +254,15 @@ class GRPOStep:
                 assert r.old is not None
                 r.old[sl] = logp
             old = None if keep_old or r.old is None else r.old[sl]
-            res = token_loss(logp, (y != IGNORE).astype(np.float64), r.adv[sl],
-                             loss_type=self.o.loss_type, eps_low=self.eps_low,
-                             eps_high=self.eps_high, beta=self.o.beta, old=old, ref=ref,
-                             max_len=self.o.max_completion_length, accum=self.accum,
-                             n_items=r.n_items)
+            res = token_loss(logp, mask, r.adv[sl], loss_type=self.o.loss_type,
+                             eps_low=self.eps_low, eps_high=self.eps_high, beta=self.o.beta,
+                             old=old, ref=ref, max_len=self.o.max_completion_length,
+                             accum=self.accum, n_items=r.n_items, n_micro=n_micro)
             # the loss's grad on row t's log-probability enters as -weight on its cross-entropy
-            model.backward_rows(y, -res.grad, IGNORE)
+            model.backward_rows(y, -ranks * res.grad, IGNORE)
             if accum is not None:
                 accum.add(k, self.accum, 1.0)
-            loss += res.loss
+            loss += ranks * res.loss
             rows.append(res.metrics)
         self.iteration = (self.iteration + 1) % self.o.num_iterations
         if self.iteration == 0:   # used num_iterations times: the next step samples anew
@@ -285,4 +308,8 @@ class GRPOStep:
         self.n_rollouts, self.iteration = int(st["rollouts"]), int(st["iteration"])
         if not 0 <= self.iteration < self.o.num_iterations or self.n_rollouts < 0:
             raise ValueError(f"iteration {self.iteration}, rollouts {self.n_rollouts}")
+        if st.get("rollout") and self.group.size > 1:
+            # the checkpoint holds rank 0's share of the batch alone
+            raise ValueError("a run saved mid-way through --num-iterations resumes in one "
+                             "process only")
         self.rollout = Rollout.from_state(st["rollout"]) if st.get("rollout") else None

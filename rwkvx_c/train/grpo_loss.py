@@ -76,14 +76,16 @@ def _masked_mean(x: np.ndarray, mask: np.ndarray) -> float:
 def token_loss(logp: np.ndarray, mask: np.ndarray, adv: np.ndarray, *, loss_type: str,
                eps_low: float, eps_high: float, beta: float = 0.0,
                old: np.ndarray | None = None, ref: np.ndarray | None = None,
-               max_len: int = 0, accum: int = 1, n_items: float = 1.0) -> TokenLoss:
+               max_len: int = 0, accum: int = 1, n_items: float = 1.0,
+               n_micro: float | None = None) -> TokenLoss:
     """TRL's GRPO loss of a micro-batch of N completions: logp (N, T) the
     policy's log-probability of each completion token, mask (N, T) 1 on the
     tokens the loss takes, adv (N,), old (N, T) the log-probabilities the
     ratio divides by (None: logp itself, held constant: ratio 1), ref (N,
     T) the reference's (beta > 0). max_len: --max-completion-length
     (dr_grpo); accum: the micro-batches of the step; n_items: the masked
-    tokens of the whole step (dapo)."""
+    tokens of the whole step (dapo); n_micro: the masked tokens of the
+    micro-batch (bnpo; None: mask's own)."""
     logp = np.asarray(logp, np.float64)
     mask = np.asarray(mask, np.float64)
     A = np.asarray(adv, np.float64)[:, None]
@@ -108,7 +110,7 @@ def token_loss(logp: np.ndarray, mask: np.ndarray, adv: np.ndarray, *, loss_type
         per_seq = mask / np.maximum(mask.sum(axis=1, keepdims=True), 1.0)
         w = per_seq / N
     elif loss_type == "bnpo":
-        w = mask / max(mask.sum(), 1.0)
+        w = mask / max(mask.sum() if n_micro is None else n_micro, 1.0)
     elif loss_type == "dr_grpo":
         w = mask / (N * max_len)
     elif loss_type == "dapo":

@@ -156,14 +156,14 @@ class Trainer(Saver):
             self.tokenizer, self.corpus = load_data(self.opts, run_dir, self.out_dir, _state,
                                                     progress)
             return
-        if self.group.size > 1:
-            raise TrainError(f"--objective {self.opts.objective} runs in one process")
         o = self.opts   # the reference comes once the model is there (set_reference)
         if o.objective == "grpo":
             self.tokenizer, self.corpus, prompts, held = load_prompts(o, run_dir, self.out_dir,
                                                                       _state)
-            self.pref = GRPOStep(o, self.tokenizer, prompts, held)
+            self.pref = GRPOStep(o, self.tokenizer, prompts, held, self.group)
             return
+        if self.group.size > 1:
+            raise TrainError(f"--objective {self.opts.objective} runs in one process")
         self.tokenizer, self.corpus, train, val = load_pairs(self.opts, run_dir, self.out_dir,
                                                              _state)
         self.pref = PreferenceStep(o.objective, o.dpo_beta, o.dpo_label_smoothing, train, val,
