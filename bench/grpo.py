@@ -73,6 +73,7 @@ def main():
     ap.add_argument("--generations", type=int, default=8)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--name", default="rl", help="the GRPO run's folder in WORKDIR")
     a = ap.parse_args()
     work = a.work or tempfile.mkdtemp(prefix="grpo_bench_")
     os.makedirs(work, exist_ok=True)
@@ -84,17 +85,19 @@ def main():
           [{"prompt": f"{x}+{y}=", "answer": str(x + y)} for x, y in train[2000:]])
     test = write(os.path.join(work, "held.jsonl"),
                  [{"prompt": f"{x}+{y}=", "answer": str(x + y)} for x, y in held])
-    sft, rl = os.path.join(work, "sft"), os.path.join(work, "rl")
+    sft, rl = os.path.join(work, "sft"), os.path.join(work, a.name)
     tiny = {"n_attn_layer": 0}
     t0 = time.perf_counter()
-    Trainer(TrainOptions(preset="tiny", model=tiny, data=os.path.join(work, "sft.jsonl"),
-                         steps=a.sft_steps, batch=16, seq_len=64, lr=3e-3, warmup_steps=20,
-                         threads=a.threads, precision="fp32", eval_every=a.sft_steps),
-            sft).run()
+    if os.path.exists(os.path.join(sft, "checkpoint.safetensors")):
+        print(f"reusing the SFT run {sft}", flush=True)   # a second GRPO setting
+    else:
+        Trainer(TrainOptions(preset="tiny", model=tiny, data=os.path.join(work, "sft.jsonl"),
+                             steps=a.sft_steps, batch=16, seq_len=64, lr=3e-3, warmup_steps=20,
+                             threads=a.threads, precision="fp32", eval_every=a.sft_steps),
+                sft).run()
     t_sft = time.perf_counter() - t0
     before = exact_rate(sft, test, a.threads)
-    print(f"SFT {a.sft_steps} steps, {t_sft:.0f} s: held-out exact match {before:.3f}",
-          flush=True)
+    print(f"SFT: held-out exact match {before:.3f}", flush=True)
     t0 = time.perf_counter()
     tr = Trainer(TrainOptions(init_from=sft, objective="grpo", data=os.path.join(work,
                  "rl.jsonl"), reward=["exact"], num_generations=a.generations,

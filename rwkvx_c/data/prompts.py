@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from rwkvx_c.data.chat import SEPARATOR, segments
 from rwkvx_c.data.formats import records
-from rwkvx_c.data.preferences import VAL_FRACTION
+from rwkvx_c.data.preferences import held_out_start
 from rwkvx_c.data.sources import source_files
 from rwkvx_c.errors import DataError
 
@@ -119,9 +119,5 @@ def read_prompts(paths: str | list[str] | None, tok: Tokenizer) -> Prompts:
 
 def split_prompts(p: Prompts) -> tuple[Prompts, Prompts]:
     """(train, val): the last VAL_FRACTION of the prompts, at least one, are val."""
-    n = len(p)
-    if n < 2:
-        raise DataError(f"the prompt data has {n} record: too few for a training and a "
-                        "validation split (at least 2)")
-    k = n - max(1, int(n * VAL_FRACTION))
-    return p.subset(0, k), p.subset(k, n)
+    k = held_out_start(len(p), "prompt data")
+    return p.subset(0, k), p.subset(k, len(p))
