@@ -290,3 +290,19 @@ def test_two_ranks_match_one_process(tmp_path):
             a = np.array([r[key] for r in one])
             b = np.array([r[key] for r in two])
             assert np.abs(a - b).max() <= 1e-5 * np.abs(a).max(), (lt, key, a, b)
+
+
+def test_eval_rewards_scores_greedy_completions(tmp_path, capsys):
+    tr = _grpo(tmp_path, "ev", steps=1)
+    tr.run()
+    held = _write(tmp_path / "held.jsonl", _records(5, seed=9))
+    capsys.readouterr()
+    assert main(["eval", str(tmp_path / "ev"), "--rewards", held, "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)["rewards"]
+    assert r["n_prompts"] == 5 and 0 <= r["reward"] <= 2
+    assert set(r) >= {"rewards/numeric/mean", "rewards/spread/mean"}
+    assert main(["eval", str(tmp_path / "ev"), "--rewards", held, "--reward", "exact",
+                 "--json"]) == 0
+    assert set(json.loads(capsys.readouterr().out)["rewards"]) == \
+        {"reward", "rewards/exact/mean", "n_prompts"}
+    assert main(["eval", str(tmp_path / "ev"), "--reward", "exact"]) == 2

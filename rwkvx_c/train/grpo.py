@@ -22,6 +22,7 @@ from --ref-from's model (by default --init-from's).
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -35,7 +36,7 @@ from rwkvx_c.generation import Request, Sampling, run_requests
 from rwkvx_c.train.distributed import ProcessGroup
 from rwkvx_c.train.grpo_loss import advantages, nanstd, token_loss
 from rwkvx_c.train.objectives import checkpoint_model
-from rwkvx_c.train.rewards import load_rewards, parse_weights, score
+from rwkvx_c.train.rewards import Reward, load_rewards, parse_weights, score
 
 if TYPE_CHECKING:
     from rwkvx_c.data.prompts import Prompts
@@ -44,7 +45,7 @@ if TYPE_CHECKING:
     from rwkvx_c.train.accumulate import GradAccumulator
     from rwkvx_c.train.options import ResolvedOptions
 
-__all__ = ["GRPOStep", "Rollout", "stop_strings", "DEFAULT_STOP"]
+__all__ = ["GRPOStep", "Rollout", "stop_strings", "DEFAULT_STOP", "generate", "greedy_rewards"]
 
 DEFAULT_STOP = ("\n\n",)   # the chat format's turn end (rwkvx_c.data.chat)
 
@@ -97,6 +98,43 @@ def _completion_metrics(lens: np.ndarray, cut: np.ndarray) -> Row:
             "completions/mean_terminated_length": float(term.mean()),
             "completions/min_terminated_length": float(term.min()),
             "completions/max_terminated_length": float(term.max())}
+
+
+def generate(model: _core.RxPtModel, tok: Tokenizer, rewards: list[Reward], prompts: Prompts,
+             idx: np.ndarray, n: int, sampling: Sampling, max_len: int, seed: int,
+             first: int = 0) -> tuple[list[Any], list[Any], np.ndarray]:
+    """n completions of each prompt idx[i] of at most max_len tokens,
+    seeded as the first + i'th of the call: (the engine's Completions,
+    what a reward sees of each, the (N, F) rewards)."""
+    reqs = [Request(prompts.ids[i], n, stream=first + k) for k, i in enumerate(idx)]
+    outs = run_requests(model, reqs, sampling, max_len, seed, tok,
+                        batch_size=min(len(reqs) * n, 64))
+    comps = [c for group in outs for c in group]
+    rep = [int(i) for i in idx for _ in range(n)]
+    shown = [[{"role": "assistant", "content": c.text}]
+             if isinstance(prompts.prompts[i], list) else c.text for c, i in zip(comps, rep)]
+    cols = {k: [prompts.columns[i][k] for i in rep] for k in prompts.columns[0]}
+    per_func = score(rewards, [prompts.prompts[i] for i in rep], shown,
+                     [list(c.token_ids) for c in comps], cols)
+    return comps, shown, per_func
+
+
+def greedy_rewards(model: _core.RxPtModel, tok: Tokenizer, rewards: list[Reward],
+                   weights: np.ndarray, prompts: Prompts, max_len: int,
+                   stop: Sequence[str]) -> Row:
+    """The mean weighted reward of one greedy completion of each prompt
+    ("reward") and each function's ("rewards/NAME/mean")."""
+    greedy = Sampling(temperature=0.0, token_stop=(SEPARATOR,), stop=stop)
+    _, _, per_func = generate(model, tok, rewards, prompts, np.arange(len(prompts)), 1, greedy,
+                              max_len, 0)
+    row: Row = {}
+    with np.errstate(invalid="ignore"):
+        for k, r in enumerate(rewards):
+            row[f"rewards/{r.name}/mean"] = float(np.nanmean(per_func[:, k]))
+        total = np.nansum(per_func * weights[None, :], axis=1)
+        total[np.isnan(per_func).all(axis=1)] = np.nan
+        row["reward"] = float(np.nanmean(total))
+    return row
 
 
 class GRPOStep:
@@ -167,24 +205,6 @@ class GRPOStep:
             model.enable_lora(r, alpha, names)
 
     # -------------------------------------------------------------- rollout
-    def generate(self, model: _core.RxPtModel, prompts: Prompts, idx: np.ndarray, n: int,
-                 sampling: Sampling, seed: int, first: int = 0
-                 ) -> tuple[list[Any], list[Any], np.ndarray]:
-        """n completions of each prompt idx[i], seeded as the first + i'th
-        of the call: (the engine's Completions, what a reward sees of each,
-        the (N, F) rewards)."""
-        reqs = [Request(prompts.ids[i], n, stream=first + k) for k, i in enumerate(idx)]
-        outs = run_requests(model, reqs, sampling, self.o.max_completion_length, seed, self.tok,
-                            batch_size=min(len(reqs) * n, 64))
-        comps = [c for group in outs for c in group]
-        rep = [int(i) for i in idx for _ in range(n)]
-        shown = [[{"role": "assistant", "content": c.text}]
-                 if isinstance(prompts.prompts[i], list) else c.text for c, i in zip(comps, rep)]
-        cols = {k: [prompts.columns[i][k] for i in rep] for k in prompts.columns[0]}
-        per_func = score(self.rewards, [prompts.prompts[i] for i in rep], shown,
-                         [list(c.token_ids) for c in comps], cols)
-        return comps, shown, per_func
-
     def next_rollout(self, model: _core.RxPtModel) -> Rollout:
         """The next P prompts' completions, rewards and advantages (the
         step's batch; a step takes it from self.rollout when set)."""
@@ -192,8 +212,9 @@ class GRPOStep:
         seed = (self.o.seed << 32) + self.n_rollouts   # a stream per rollout, per completion
         self.n_rollouts += 1
         mine = idx[self.lo:self.hi]
-        comps, _, local = self.generate(model, self.train, mine, self.G, self.sampling, seed,
-                                        self.lo)
+        comps, _, local = generate(model, self.tok, self.rewards, self.train, mine, self.G,
+                                   self.sampling, self.o.max_completion_length, seed,
+                                   self.lo)
         # the advantages of every rank's groups, from all the rewards, as one process has them
         per_func = self.group.gather_rows(local)
         a = advantages(per_func, self.weights, self.G, self.o.scale_rewards)
@@ -281,16 +302,11 @@ class GRPOStep:
         """The mean reward of one greedy completion of each val prompt
         (eval_reward; val_loss is its negative, so that lower is better
         for --keep-best) and of each function."""
-        greedy = Sampling(temperature=0.0, token_stop=(SEPARATOR,), stop=self.sampling.stop)
-        _, _, per_func = self.generate(model, self.val, np.arange(len(self.val)), 1, greedy, 0)
-        row: Row = {}
-        with np.errstate(invalid="ignore"):
-            for k, r in enumerate(self.rewards):
-                row[f"eval_rewards/{r.name}/mean"] = float(np.nanmean(per_func[:, k]))
-            rewards = np.nansum(per_func * self.weights[None, :], axis=1)
-            rewards[np.isnan(per_func).all(axis=1)] = np.nan
-            mean = float(np.nanmean(rewards))
-        return {"val_loss": -mean, "val_bpb": None, "eval_reward": mean, **row}
+        row = greedy_rewards(model, self.tok, self.rewards, self.weights, self.val,
+                             self.o.max_completion_length, self.sampling.stop)
+        mean = row.pop("reward")
+        return {"val_loss": -mean, "val_bpb": None, "eval_reward": mean,
+                **{"eval_" + k: v for k, v in row.items()}}
 
     # ---------------------------------------------------------------- state
     def state(self) -> dict[str, Any]:
