@@ -1,13 +1,16 @@
 """GRPO measured (docs/finetune.md §GRPO): a verifiable task taught
 imperfectly by SFT, then GRPO with an exact-match reward.
 
-    python bench/grpo.py [WORKDIR] [--digits 2] [--sft-steps 300] [--steps 150]
-                         [--lr 3e-4] [--generations 8] [--batch 32] [--threads 2]
+    python bench/grpo.py [WORKDIR] [--digits 2] [--sft-steps 2500] [--steps 300]
+                         [--lr 1e-4] [--generations 16] [--batch 64] [--threads 2]
+                         [--name rl]
 
 The task: "a+b=" answered with the sum, a and b of --digits digits, as
 chat records (prompt, response). A tiny byte model (`--preset tiny
 --n-attn-layer 0`) learns it by SFT from scratch for --sft-steps steps
-(imperfectly); GRPO then trains every parameter from that run for
+(imperfectly; an SFT run already in WORKDIR is reused, so --name gives
+a second GRPO setting its own folder); GRPO then trains every parameter
+from that run for
 --steps steps with the built-in exact reward, --generations completions
 per prompt, --batch completions a step. The exact-match rate of one
 greedy completion of each of 200 held-out sums (none in either training
@@ -67,11 +70,11 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("work", nargs="?", default=None)
     ap.add_argument("--digits", type=int, default=2)
-    ap.add_argument("--sft-steps", type=int, default=300)
-    ap.add_argument("--steps", type=int, default=150)
-    ap.add_argument("--lr", type=float, default=3e-4)
-    ap.add_argument("--generations", type=int, default=8)
-    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--sft-steps", type=int, default=2500)
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--generations", type=int, default=16)
+    ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--name", default="rl", help="the GRPO run's folder in WORKDIR")
     a = ap.parse_args()
