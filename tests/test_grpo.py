@@ -18,6 +18,7 @@ from rwkvx_c.data.prompts import read_prompts
 from rwkvx_c.data.tokenizers import ByteTokenizer
 from rwkvx_c.errors import DataError
 from rwkvx_c.train import Trainer, TrainError
+from rwkvx_c.train.grpo import stop_strings
 from rwkvx_c.train.grpo_loss import LOSS_TYPES, advantages, token_loss
 from rwkvx_c.train.rewards import load_rewards, score
 
@@ -110,6 +111,11 @@ def test_token_loss_and_grad_equal_the_direct_sum_and_finite_differences(lt, bet
             assert got.grad[i, t] == pytest.approx(fd, abs=1e-7), (i, t)
     assert 0 < got.metrics["clip_ratio/region_mean"] < 1
     assert ("kl" in got.metrics) == bool(beta)
+
+
+def test_stop_strings_read_escapes_alone():
+    assert stop_strings(None) == ("\n\n",)
+    assert stop_strings(["\\n", "。", "a\\tb"]) == ("\n", "。", "a\tb")
 
 
 def test_on_policy_grad_is_the_advantage_weighted_logp_grad():

@@ -55,7 +55,9 @@ def stop_strings(given: str | list[str] | None) -> tuple[str, ...]:
     if given is None:
         return DEFAULT_STOP
     items = [given] if isinstance(given, str) else given
-    return tuple(s.encode("utf-8", "surrogatepass").decode("unicode_escape") for s in items)
+    # other characters pass as escapes of themselves, so only the user's escapes are read
+    return tuple(s.encode("latin-1", "backslashreplace").decode("unicode_escape")
+                 for s in items)
 
 
 @dataclass
