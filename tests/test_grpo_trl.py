@@ -12,6 +12,7 @@ RWKVX_REQUIRE_INTEROP=1, where that is a failure."""
 import json
 
 import numpy as np
+from test_dpo_trl import trained_base
 from test_interop import _need
 
 from rwkvx_c.cli import main
@@ -78,14 +79,9 @@ def _trl(policy_dir, ref_dir, tmp_path, inputs, prompt_ids, comp_ids, G, beta, m
 
 def test_grpo_logps_advantages_and_losses_equal_trl(tmp_path):
     _need("torch", "transformers", "rwkv7_hf", "trl", "datasets")
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_bytes(TEXT * 200)
-    base, run = str(tmp_path / "base"), str(tmp_path / "grpo")
-    assert main(["train", "--preset", "tiny", "--n-attn-layer", "0", "--steps", "60",
-                 "--lr", "1e-2", "--seq-len", "32", "--batch", "2", "--eval-tokens", "64",
-                 "--threads", "2",
-                 "--warmup", "1", "--data", str(corpus), "--out", base, "--precision", "fp32",
-                 "--cache-dir", str(tmp_path / "cache")]) == 0
+    # trained enough that its completions end at --stop at different lengths
+    base = trained_base(tmp_path, TEXT * 200, "--steps", "60", "--lr", "1e-2")
+    run = str(tmp_path / "grpo")
     data = tmp_path / "prompts.jsonl"
     rng = np.random.default_rng(0)
     recs = [{"prompt": f"{a}+{b}=", "answer": str(a + b)}
