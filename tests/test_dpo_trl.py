@@ -63,15 +63,22 @@ def _trl_batch_metrics(policy_dir, ref_dir, tmp_path, examples, beta):
     return out
 
 
-def test_dpo_logps_and_loss_equal_trl_on_the_hf_exports(tmp_path):
-    _need("torch", "transformers", "rwkv7_hf", "trl", "datasets")
+def trained_base(tmp_path, text, *flags):
+    """A tiny fp32 byte model trained on text in tmp_path/base (flags: more
+    of train's, e.g. --steps): the policy's base and the reference."""
     corpus = tmp_path / "corpus.txt"
-    corpus.write_bytes(TEXT * 300)
-    base, run = str(tmp_path / "base"), str(tmp_path / "dpo")
+    corpus.write_bytes(text)
+    base = str(tmp_path / "base")
     assert main(["train", "--preset", "tiny", "--n-attn-layer", "0", "--steps", "6",
                  "--seq-len", "32", "--batch", "2", "--eval-tokens", "64", "--threads", "2",
                  "--warmup", "1", "--data", str(corpus), "--out", base, "--precision", "fp32",
-                 "--cache-dir", str(tmp_path / "cache")]) == 0
+                 "--cache-dir", str(tmp_path / "cache"), *flags]) == 0
+    return base
+
+
+def test_dpo_logps_and_loss_equal_trl_on_the_hf_exports(tmp_path):
+    _need("torch", "transformers", "rwkv7_hf", "trl", "datasets")
+    base, run = trained_base(tmp_path, TEXT * 300), str(tmp_path / "dpo")
     data = tmp_path / "pairs.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in _pairs(24)))
     beta = 0.1

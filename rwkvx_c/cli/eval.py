@@ -30,11 +30,12 @@ from rwkvx_c.data.templates import ChatTemplate
 from rwkvx_c.errors import EvalError
 from rwkvx_c.eval import metrics, passkey
 from rwkvx_c.eval.preferences import base_model, score_preferences
+from rwkvx_c.eval.rewards import score_rewards
 from rwkvx_c.interop.source import read_run
 from rwkvx_c.run.checkpoint import read_state
 from rwkvx_c.run.rundir import checkpoint_path
 from rwkvx_c.sample import is_run, load_any, run_template
-from rwkvx_c.train.objectives import OBJECTIVES, REFERENCE_FREE
+from rwkvx_c.train.objectives import PREFERENCES, REFERENCE_FREE
 from rwkvx_c.util.progress import make_progress
 from rwkvx_c.util.words import counted
 
@@ -122,6 +123,11 @@ def add_parser(sub: Subparsers) -> None:
     e.add_argument("--preferences", metavar="FILE", help="preference pairs (.jsonl of prompt, "
                    "chosen, rejected): accuracy, margin and loss of the run's objective "
                    "(docs/finetune.md §Preference tuning) (default: none)")
+    e.add_argument("--rewards", metavar="FILE", help="prompt records (docs/finetune.md §GRPO): "
+                   "the mean reward of one greedy completion of each, by the run's --reward "
+                   "functions or --reward's (default: none)")
+    e.add_argument("--reward", nargs="+", metavar="SPEC", help="with --rewards, the reward "
+                   "functions, as train's --reward (default: the run's)")
     e.add_argument("--ref-from", metavar="SRC", help="with --preferences, the reference model's "
                    "run folder or checkpoint (default: a LoRA or state run's own base)")
     e.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
@@ -208,9 +214,11 @@ def run(a: argparse.Namespace) -> int:
         return err("give the run: DIR or --model_args pretrained=DIR", 2)
     a.tasks = [t for group in a.tasks for t in group] if a.tasks else None
     own = a.split == "val" and not a.data   # the run's own corpus and validation windows
-    if not (a.data or own or a.lambada or a.passkey or a.tasks or a.preferences):
+    if not (a.data or own or a.lambada or a.passkey or a.tasks or a.preferences or a.rewards):
         return err("nothing to evaluate: give --data, --split val, --lambada, --passkey, "
-                   "--tasks or --preferences", 2)
+                   "--tasks, --preferences or --rewards", 2)
+    if a.reward and not a.rewards:
+        return err("--reward needs --rewards", 2)
     if a.ref_from and not a.preferences:
         return err("--ref-from needs --preferences", 2)
     if a.include_path and not a.tasks:
@@ -238,6 +246,11 @@ def run(a: argparse.Namespace) -> int:
         _say(a, "lambada", out["lambada"])
     if a.preferences:
         out["preferences"] = _preferences(a, model, tok, opts)
+    if a.rewards:
+        out["rewards"] = score_rewards(model, tok, a.rewards, opts, a.reward)
+        if not a.json:
+            print(f"rewards: mean {out['rewards']['reward']:.4f} over "
+                  f"{out['rewards']['n_prompts']:,} prompts (greedy)")
     if a.passkey:
         out["passkey"] = _passkey(a, model, tok, ckpt)
     if a.tasks:
@@ -302,7 +315,7 @@ def _score_corpus(a: argparse.Namespace, model: _core.RxPtModel, tok: Any,
 
 def _preferences(a: argparse.Namespace, model: _core.RxPtModel, tok: Any,
                  opts: dict[str, Any]) -> dict[str, Any]:
-    kind = str(opts.get("objective")) if opts.get("objective") in OBJECTIVES[1:] else "dpo"
+    kind = str(opts.get("objective")) if opts.get("objective") in PREFERENCES else "dpo"
     ref = None
     if kind not in REFERENCE_FREE:
         if a.ref_from:

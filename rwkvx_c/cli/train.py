@@ -195,6 +195,10 @@ def _print_header(tr: Trainer, out: str, group: ProcessGroup, resumed: bool) -> 
     batch = f"batch {o.batch} x seq_len {o.seq_len}" if o.grad_accum == 1 else \
         (f"batch {o.batch} x {o.grad_accum} accumulated = {o.batch * o.grad_accum} x seq_len "
          f"{o.seq_len}")
+    if o.objective == "grpo":   # completions of at most max_completion_length, not windows
+        n = o.batch * o.grad_accum
+        batch = (f"{n // o.num_generations} prompts x {o.num_generations} completions of at "
+                 f"most {o.max_completion_length} tokens ({o.loss_type} loss)")
     print(f"rwkvx-c train: {out}\n"
           f"  data   {tr.corpus.description}\n"
           f"  tokens {tr.tokenizer.identity()['name']}, vocab {tr.model.config['vocab_size']:,}\n"

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from rwkvx_c.data.tokenizers import Tokenizer
 
 __all__ = ["Pairs", "is_preference_record", "pair_segments", "read_pairs", "split_pairs",
-           "PairSampler", "VAL_FRACTION"]
+           "PairSampler", "VAL_FRACTION", "held_out_start"]
 
 VAL_FRACTION = 0.05
 FIELDS = ("prompt", "chosen", "rejected")
@@ -163,13 +163,18 @@ def read_pairs(paths: str | list[str] | None, tok: Tokenizer, seq_len: int) -> P
     return Pairs(x, y, counts, wheres, desc)
 
 
+def held_out_start(n: int, what: str) -> int:
+    """Where the held-out last VAL_FRACTION (at least one) of n records
+    begins; DataError for fewer than 2 (`what`: "preference data", "pair")."""
+    if n < 2:
+        raise DataError(f"the {what} has {n}: too few for a training and a validation "
+                        "split (at least 2)")
+    return n - max(1, int(n * VAL_FRACTION))
+
+
 def split_pairs(p: Pairs) -> tuple[Pairs, Pairs]:
     """(train, val): the last VAL_FRACTION of the pairs, at least one, are val."""
-    n = len(p)
-    if n < 2:
-        raise DataError(f"the preference data has {n} pair: too few for a training and a "
-                        "validation split (at least 2)")
-    k = n - max(1, int(n * VAL_FRACTION))
+    k = held_out_start(len(p), "preference data")
     return (Pairs(p.x[:k], p.y[:k], p.n_tokens[:k], p.where[:k], p.description),
             Pairs(p.x[k:], p.y[k:], p.n_tokens[k:], p.where[k:], p.description))
 

@@ -48,11 +48,15 @@ MAX_POSITIONS = 2 ** 31 - 1   # positions are int32 in the C API
 @dataclass(frozen=True)
 class Request:
     """One prompt (token ids) and how many samples of it to draw; stop and
-    max_new_tokens: this request's own, over the call's (None: the call's)."""
+    max_new_tokens: this request's own, over the call's (None: the call's);
+    stream: the index its samples' random streams are seeded with (None:
+    its index in the call), so that a caller splitting its requests over
+    several calls (or processes) draws the same samples."""
     ids: Sequence[int] | np.ndarray
     n: int = 1
     max_new_tokens: int | None = None
     stop: Sequence[str] | None = None
+    stream: int | None = None
 
 
 @dataclass
@@ -150,7 +154,8 @@ class _Scheduler:
 
     def _seq(self, slot: int, i: int, j: int, todo: np.ndarray) -> _Seq:
         r = self.reqs[i]
-        rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([self.seed, i, j])))
+        k = i if r.stream is None else r.stream
+        rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([self.seed, k, j])))
         stops = tuple(self.s.stop) + tuple(r.stop or ())
         q = _Seq(self.outs[i][j], r.max_new_tokens or self.max_new, stops, rng, todo)
         self.g.reset(slot)

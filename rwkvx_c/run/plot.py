@@ -1,5 +1,6 @@
 """The run folder's loss.png: training loss and validation against steps
-(a preference objective's: its loss and rewards/accuracies), with the
+(a preference objective's: its loss and rewards/accuracies; GRPO's: its
+loss, reward and eval_reward), with the
 elapsed training time on a second axis above."""
 from __future__ import annotations
 
@@ -57,6 +58,7 @@ def draw(rows: Sequence[dict[str, Any]], title: str = "") -> Any:
     tr = [(r["step"], r["loss"]) for r in rows if "loss" in r and "step" in r]
     bpb = [(r["step"], r["val_bpb"]) for r in rows if r.get("val_bpb") is not None]
     vl = [(r["step"], r["val_loss"]) for r in rows if "val_loss" in r]
+    rew = [(r["step"], r["reward"]) for r in rows if "reward" in r]
     fig, ax = plt.subplots(figsize=FIGSIZE, dpi=DPI)
     handles = []
     if tr:
@@ -65,7 +67,8 @@ def draw(rows: Sequence[dict[str, Any]], title: str = "") -> Any:
         ax.plot(ts, loss, lw=0.6, alpha=0.35, color="tab:blue")
         k = max(1, len(loss) // SMOOTH_POINTS)
         sm = np.convolve(loss, np.ones(k) / k, mode="valid") if k > 1 else loss
-        handles += ax.plot(ts[k - 1:], sm, color="tab:blue", label="train loss (nats/token)")
+        handles += ax.plot(ts[k - 1:], sm, color="tab:blue",
+                           label="train loss" if rew else "train loss (nats/token)")
     acc = [(r["step"], r["rewards/accuracies"]) for r in rows if "rewards/accuracies" in r]
     if acc:   # a preference objective: its accuracy on the right, the loss in nats/pair
         right = ax.twinx()
@@ -73,6 +76,17 @@ def draw(rows: Sequence[dict[str, Any]], title: str = "") -> Any:
                               color="tab:green", label="rewards/accuracies")
         right.set_ylabel("preference accuracy")
         right.set_ylim(-0.02, 1.02)
+    elif rew:
+        # GRPO: the mean reward of the step's completions (TRL's "reward") and the
+        # held-out greedy one ("eval_reward") on the right
+        right = ax.twinx()
+        handles += right.plot([r[0] for r in rew], [r[1] for r in rew], lw=0.6, alpha=0.6,
+                              color="tab:green", label="reward")
+        ev = [(r["step"], r["eval_reward"]) for r in rows if "eval_reward" in r]
+        if ev:
+            handles += right.plot([r[0] for r in ev], [r[1] for r in ev], "o-",
+                                  color="tab:orange", label="eval_reward")
+        right.set_ylabel("reward")
     elif bpb:
         right = ax.twinx()
         handles += right.plot([r[0] for r in bpb], [r[1] for r in bpb], "o-",
@@ -83,7 +97,7 @@ def draw(rows: Sequence[dict[str, Any]], title: str = "") -> Any:
                            label="validation loss (nats/token)")
     _time_axis(ax, rows)
     ax.set_xlabel("step")
-    ax.set_ylabel("loss (nats / pair)" if acc else "loss (nats / token)")
+    ax.set_ylabel("loss (nats / pair)" if acc else "loss" if rew else "loss (nats / token)")
     ax.grid(alpha=0.3)
     if title:
         ax.set_title(title, fontsize=10)

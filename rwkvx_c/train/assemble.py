@@ -13,6 +13,7 @@ from rwkvx_c import _core
 from rwkvx_c.data.chat import ChatFormat
 from rwkvx_c.data.pipeline import Corpus, load_corpus
 from rwkvx_c.data.preferences import Pairs, read_pairs, split_pairs
+from rwkvx_c.data.prompts import Prompts, read_prompts, split_prompts
 from rwkvx_c.data.templates import ChatTemplate, end_of_text, load_template
 from rwkvx_c.data.tokenizers import load as load_tokenizer
 from rwkvx_c.data.tokenizers import run_tokenizer
@@ -139,6 +140,19 @@ def load_pairs(opts: ResolvedOptions, run_dir: str | None, out_dir: str | None,
     train, val = split_pairs(pairs)
     corpus = Corpus(train.x.reshape(-1), val.x.reshape(-1), pairs.vocab_size(),
                     tokenizer.name == "byte", pairs.description)
+    return tokenizer, corpus, train, val
+
+
+def load_prompts(opts: ResolvedOptions, run_dir: str | None, out_dir: str | None,
+                 state: dict[str, Any] | None) -> tuple[Tokenizer, Corpus, Prompts, Prompts]:
+    """The tokenizer, the prompt records of --objective grpo split into
+    train and val, and a Corpus of their tokens (rwkvx_c.data.prompts)."""
+    tokenizer = _tokenizer(opts, run_dir, out_dir, state)
+    prompts = read_prompts(opts.data, tokenizer)
+    train, val = split_prompts(prompts)
+    flat = np.array([i for ids in prompts.ids for i in ids], np.int32)
+    corpus = Corpus(flat, flat[:0], prompts.vocab_size(), tokenizer.name == "byte",
+                    prompts.description)
     return tokenizer, corpus, train, val
 
 

@@ -129,6 +129,10 @@ class ProcessGroup:
     def broadcast_(self, buf: np.ndarray) -> np.ndarray:
         return buf
 
+    def gather_rows(self, a: np.ndarray) -> np.ndarray:
+        """Every rank's rows of a, in rank order (each rank gets them all)."""
+        return a
+
     def root_value(self, value: T) -> T:
         return value
 
@@ -188,6 +192,9 @@ class MPIGroup(ProcessGroup):
     def broadcast_(self, buf: np.ndarray) -> np.ndarray:
         self.comm.Bcast(buf, root=0)
         return buf
+
+    def gather_rows(self, a: np.ndarray) -> np.ndarray:
+        return np.concatenate(self.comm.allgather(np.ascontiguousarray(a)))
 
     def root_value(self, value: T) -> T:
         return self.comm.bcast(value, root=0)

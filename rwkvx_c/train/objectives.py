@@ -38,10 +38,11 @@ from rwkvx_c.util.atomic import replace_with
 if TYPE_CHECKING:
     from rwkvx_c.run.rundir import RunDir
 
-__all__ = ["OBJECTIVES", "REFERENCE_FREE", "REF_FILE", "PairLoss", "pair_loss", "pair_logps",
-           "reference_logps", "PreferenceStep", "metrics"]
+__all__ = ["OBJECTIVES", "PREFERENCES", "REFERENCE_FREE", "REF_FILE", "PairLoss", "pair_loss",
+           "pair_logps", "reference_logps", "PreferenceStep", "metrics"]
 
-OBJECTIVES = ("lm", "dpo", "ipo", "simpo")
+OBJECTIVES = ("lm", "dpo", "ipo", "simpo", "grpo")
+PREFERENCES = ("dpo", "ipo", "simpo")
 REFERENCE_FREE = ("simpo",)
 LENGTH_NORMALISED = ("ipo", "simpo")   # on the mean log-probability per completion token
 REF_FILE = REFERENCE   # in the run folder: (n_pairs, 2) float64, the train pairs, then val

@@ -24,6 +24,7 @@ from rwkvx_c.model.config import ModelConfig
 from rwkvx_c.model.init import SCHEMES
 from rwkvx_c.model.lora import ADAPTER_KINDS, ADAPTERS
 from rwkvx_c.model.presets import PRESETS
+from rwkvx_c.train.grpo_loss import LOSS_TYPES, SCALE_REWARDS
 from rwkvx_c.train.guard import ON_DIVERGENCE
 from rwkvx_c.train.objectives import OBJECTIVES
 from rwkvx_c.train.schedule import SCHEDULES
@@ -258,7 +259,9 @@ class TrainOptions:
                           "data), or on preference pairs ({prompt, chosen, rejected} .jsonl; "
                           "--batch counts sequences, two per pair) dpo (DPO's sigmoid loss), "
                           "ipo, or simpo (reference-free, on the mean log-probability per "
-                          "token; docs/finetune.md)", choices=OBJECTIVES, absent=DEFAULT)
+                          "token), or grpo (rewards of sampled completions of prompt records; "
+                          "--batch counts completions; docs/finetune.md)", choices=OBJECTIVES,
+                          absent=DEFAULT)
     dpo_beta: float = _opt(0.1, "with a preference objective, beta: the scale of the "
                            "log-probability ratios (SimPO's papers use 2 to 10)",
                            kind="pos_float", metavar="X", absent=DEFAULT)
@@ -272,6 +275,49 @@ class TrainOptions:
                                       "that a pair's labels are swapped (cDPO): the loss is "
                                       "(1-eps) -log sig(z) + eps -log sig(-z)",
                                       kind="unit_float", metavar="EPS", absent=DEFAULT)
+    # --objective grpo (docs/finetune.md §GRPO): TRL GRPOConfig's names and defaults
+    reward: str | list[str] | None = _opt(
+        None, "with --objective grpo, the reward functions: module:function, file.py:function, "
+        "or a built-in: exact, numeric (against the records' answer), format:REGEX, "
+        "length:CACHE (DAPO's overlong penalty)", kind="paths", metavar="SPEC", absent=DEFAULT)
+    reward_weights: str | None = _opt(None, "with --objective grpo, each --reward's weight in "
+                                      "the summed reward (default: 1 each)", kind="names",
+                                      metavar="W,W", absent=DEFAULT)
+    num_generations: int = _opt(8, "with --objective grpo, the completions sampled per prompt "
+                                "(a group)", kind="pos_int", metavar="G", absent=DEFAULT)
+    max_completion_length: int = _opt(512, "with --objective grpo, the most tokens a "
+                                      "completion has", kind="pos_int", metavar="N",
+                                      absent=DEFAULT)
+    temperature: float = _opt(1.0, "with --objective grpo, the sampling temperature of the "
+                              "rollouts", kind="nonneg_float", metavar="X", absent=DEFAULT)
+    top_p: float = _opt(1.0, "with --objective grpo, the rollouts' nucleus (1: all tokens)",
+                        kind="unit_float", metavar="P", absent=DEFAULT)
+    top_k: int = _opt(0, "with --objective grpo, the rollouts' top-k (0: all tokens)",
+                      kind="nonneg_int", metavar="K", absent=DEFAULT)
+    stop: str | list[str] | None = _opt(None, "with --objective grpo, strings that end a "
+                                        "completion, with \\n escapes (default: the chat "
+                                        "turn end, a blank line)", kind="paths", metavar="S",
+                                        absent=DEFAULT)
+    loss_type: str = _opt("dapo", "with --objective grpo, how the token losses are averaged: "
+                          "grpo (per completion), bnpo (per micro-batch token), dr_grpo "
+                          "(over batch x --max-completion-length), dapo (per token of the step)",
+                          choices=LOSS_TYPES, absent=DEFAULT)
+    beta: float = _opt(0.0, "with --objective grpo, the weight of the KL to the reference "
+                       "(0: no reference)", kind="nonneg_float", metavar="X", absent=DEFAULT)
+    epsilon: float = _opt(0.2, "with --objective grpo, the ratio's clipping range below (and "
+                          "above without --epsilon-high)", kind="nonneg_float", metavar="X",
+                          absent=DEFAULT)
+    epsilon_high: float | None = _opt(None, "with --objective grpo, the ratio's clipping range "
+                                      "above (DAPO: 0.28)", kind="nonneg_float", metavar="X",
+                                      absent=DEFAULT)
+    num_iterations: int = _opt(1, "with --objective grpo, optimiser steps on each batch of "
+                               "completions", kind="pos_int", metavar="N", absent=DEFAULT)
+    scale_rewards: str = _opt("group", "with --objective grpo, what divides the advantages: "
+                              "the group's reward std, the batch's, or none",
+                              choices=SCALE_REWARDS, absent=DEFAULT)
+    mask_truncated_completions: bool = _opt(False, "with --objective grpo, leave the "
+                                            "completions cut at --max-completion-length out "
+                                            "of the loss", kind="flag", absent=DEFAULT)
 
     base: str | None = _opt(None, "resume a fine-tune whose base (--init-from) moved: its path "
                             "now, checked against the content hash the run recorded",
@@ -350,11 +396,14 @@ class TrainOptions:
         if self.dpo_label_smoothing and self.objective not in ("dpo", "simpo"):
             raise TrainError(f"--dpo-label-smoothing applies to --objective dpo or simpo, not "
                              f"{self.objective}")
-        if self.objective != "lm" and self.batch is not None and self.batch % 2:
+        pairs = self.objective not in ("lm", "grpo")
+        if pairs and self.batch is not None and self.batch % 2:
             raise TrainError(f"--batch {self.batch} must be even with --objective "
                              f"{self.objective}: each pair is two sequences")
-        if self.objective != "lm" and self.grad_accum != 1:
-            raise TrainError(f"--grad-accum applies to --objective lm, not {self.objective}")
+        if pairs and self.grad_accum != 1:
+            raise TrainError(f"--grad-accum applies to --objective lm or grpo, not "
+                             f"{self.objective}")
+        self._check_grpo()
         assert self.batch is not None and self.seq_len is not None   # resolved() set them
         if self.batch * self.seq_len > MAX_TOKENS_PER_STEP:
             raise TrainError(f"batch * seq_len exceeds {MAX_TOKENS_PER_STEP}")
@@ -385,12 +434,24 @@ class TrainOptions:
             raise TrainError(f"--chat-template and --train-on-inputs apply to chat data "
                              f"(--objective lm); preference pairs are rendered in RWKV's "
                              f"template, not with --objective {self.objective}")
-        if self.ref_from is not None and self.objective not in ("dpo", "ipo"):
-            raise TrainError(f"--ref-from names the reference of --objective dpo or ipo; it has "
-                             f"no effect with --objective {self.objective}")
+        if self.ref_from is not None and self.objective not in ("dpo", "ipo", "grpo"):
+            raise TrainError(f"--ref-from names the reference of --objective dpo, ipo or grpo; "
+                             f"it has no effect with --objective {self.objective}")
         if self.init_from and self.init != _DEFAULTS["init"]:
             raise TrainError(f"--init {self.init} initialises a new model; --init-from "
                              f"{self.init_from}'s weights replace it: drop --init")
+
+    def _check_grpo(self) -> None:
+        """A TrainError for a GRPO option given without --objective grpo (it
+        would do nothing), and --ref-from without the KL term it serves."""
+        if self.objective != "grpo":
+            for k in GRPO_KEYS:
+                if getattr(self, k) != _DEFAULTS[k]:
+                    raise TrainError(f"{flag_of(k)} applies to --objective grpo, not "
+                                     f"{self.objective}")
+        elif self.ref_from is not None and self.beta == 0.0:
+            raise TrainError("--ref-from names the reference of the KL term; give --beta > 0 "
+                             "with it")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -407,6 +468,9 @@ class TrainOptions:
 
 
 _DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(TrainOptions)}
+GRPO_KEYS = ("reward", "reward_weights", "num_generations", "max_completion_length",
+             "temperature", "top_p", "top_k", "stop", "loss_type", "beta", "epsilon",
+             "epsilon_high", "num_iterations", "scale_rewards", "mask_truncated_completions")
 
 
 def flag_of(name: str) -> str:

@@ -50,6 +50,8 @@ def progress_update(bar: Any, tr: Trainer) -> Callable[[Row], None]:
         if "rewards/accuracies" in row:   # a preference objective's (TRL's names)
             post["acc"] = f"{row['rewards/accuracies']:.2f}"
             post["margin"] = f"{row['rewards/margins']:.3f}"
+        if "reward" in row:   # GRPO's (TRL's names)
+            post["reward"] = f"{row['reward']:.3f}"
         if row.get("val_bpb") is not None:
             post["val_bpb"] = f"{row['val_bpb']:.3f}"
         elif "val_loss" in row:

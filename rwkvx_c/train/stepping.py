@@ -18,6 +18,7 @@ from rwkvx_c.generation import Sampling, generate
 from rwkvx_c.train import schedule
 from rwkvx_c.train.accumulate import GradAccumulator
 from rwkvx_c.train.finetune import PartsAdamW, lisa_due, unfreeze_due
+from rwkvx_c.train.grpo import GRPOStep
 from rwkvx_c.train.guard import DivergenceGuard
 from rwkvx_c.train.keep import Keeper
 from rwkvx_c.train.objectives import PreferenceStep
@@ -55,7 +56,7 @@ class Stepper:
     optim: AdamW | PartsAdamW
     guard: DivergenceGuard
     sampler: BatchSampler
-    pref: PreferenceStep | None   # a preference objective's step (rwkvx_c.train.objectives)
+    pref: PreferenceStep | GRPOStep | None   # a preference objective's or GRPO's step
     base: Record | None           # the base the checkpoints name (None: they hold it all)
     _base_names: frozenset[str]
     val_x: np.ndarray
@@ -147,7 +148,12 @@ class Stepper:
         self.optim = lisa_due(self.model, self.optim, self.opts, self.step_count)
         extra: Row = {}
         share = None
-        if self.pref is not None:
+        if isinstance(self.pref, GRPOStep):
+            if self.opts.grad_accum > 1 and (self._accum is None
+                                             or self._accum.optim is not self.optim):
+                self._accum = GradAccumulator(self.optim)   # once, and again past an unfreeze
+            loss, extra, n_tokens = self.pref.step(self.model, self._accum)
+        elif self.pref is not None:
             loss, extra, n_tokens = self.pref.step(self.model)
         else:
             x, y = self.sampler.next()   # the step's batch: batch * grad_accum sequences

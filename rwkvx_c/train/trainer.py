@@ -43,11 +43,13 @@ from rwkvx_c.train.assemble import (
     build_model,
     load_data,
     load_pairs,
+    load_prompts,
     name_base,
     start_from_source,
 )
 from rwkvx_c.train.config_file import save_config
 from rwkvx_c.train.distributed import world
+from rwkvx_c.train.grpo import GRPOStep
 from rwkvx_c.train.guard import DivergenceGuard
 from rwkvx_c.train.keep import Keeper
 from rwkvx_c.train.loop import run_loop
@@ -123,13 +125,15 @@ class Trainer(Saver):
         self._name_base(_state, _weights)
         self._prepare_batches()
         self._reset_counters()
-        if self.pref is not None:
-            # the reference's log-probabilities: made now (the weights of step 0, or
-            # --ref-from's run as pinned now, rwkvx_c.run.base) or read back
-            ref = self.opts.ref_from
-            if ref and _state is None and self.run_dir is not None:
-                pinned = pin_source(ref, self.run_dir.path)
-                ref = pinned["path"] if pinned is not None else ref
+        ref = self.opts.ref_from
+        if ref and _state is None and self.run_dir is not None and self.pref is not None:
+            # --ref-from's run as pinned now (rwkvx_c.run.base)
+            pinned = pin_source(ref, self.run_dir.path)
+            ref = pinned["path"] if pinned is not None else ref
+        if isinstance(self.pref, GRPOStep):
+            self.pref.set_reference(self.model, self.opts.tune, ref)
+        elif self.pref is not None:
+            # the reference's log-probabilities: made now (the weights of step 0) or read back
             self.pref.set_reference(self.model, self.opts.tune, self.run_dir, _state is not None,
                                     ref)
         if _state is not None:
@@ -164,11 +168,16 @@ class Trainer(Saver):
                                                           _state, progress)
             self.chat_template = chat.template or self.chat_template
             return
+        o = self.opts   # the reference comes once the model is there (set_reference)
+        if o.objective == "grpo":
+            self.tokenizer, self.corpus, prompts, held = load_prompts(o, run_dir, self.out_dir,
+                                                                      _state)
+            self.pref = GRPOStep(o, self.tokenizer, prompts, held, self.group)
+            return
         if self.group.size > 1:
             raise TrainError(f"--objective {self.opts.objective} runs in one process")
         self.tokenizer, self.corpus, train, val = load_pairs(self.opts, run_dir, self.out_dir,
                                                              _state)
-        o = self.opts   # the reference comes once the model is there (set_reference)
         self.pref = PreferenceStep(o.objective, o.dpo_beta, o.dpo_label_smoothing, train, val,
                                    o.batch, o.seed)
 
@@ -209,6 +218,10 @@ class Trainer(Saver):
     def _prepare_batches(self) -> None:
         """The training batch sampler, this rank's rows, and the validation windows."""
         opts = self.opts
+        if isinstance(self.pref, GRPOStep):   # no windows: the prompts' own batches
+            self.val_x = self.val_y = np.zeros((len(self.pref.val), 1), np.int32)
+            self.val_bytes = None
+            return
         if self.pref is not None:   # no windows: the pairs' own batches
             self.val_x = self.val_y = self.pref.val.x
             self.val_bytes = None
