@@ -14,7 +14,8 @@ from rwkvx_c._core import RxPtModel
 from rwkvx_c.data.tokenizers import WORLD_VOCAB_SIZE, ByteTokenizer, Tokenizer, run_tokenizer
 from rwkvx_c.data.tokenizers import load as load_tokenizer
 from rwkvx_c.errors import CheckpointError, InteropError, OutputError, TokenizerError
-from rwkvx_c.interop.gguf import save_gguf
+from rwkvx_c.interop.gguf import GGUF_DTYPES, save_gguf
+from rwkvx_c.interop.gguf_lora import save_gguf_lora
 from rwkvx_c.interop.hf import (
     HF_FILES,
     PEFT_FILES,
@@ -48,6 +49,7 @@ class ExportFormat:
     holds: str        # "model" (the weights), "state" (the initial WKV states), "adapters" (LoRA)
     says: str         # what it is and who reads it (the export command's help)
     folder: tuple[str, ...] = ()   # the files it writes into the folder out; (): the file out
+    dtypes: tuple[str, ...] = DTYPES   # the tensor types it writes
 
 
 def _hf(model: RxPtModel, out: str, dtype: str, tok: Tokenizer, _: Adapters) -> None:
@@ -64,7 +66,7 @@ EXPORTS = {f.name: f for f in (
     ExportFormat("rwkvx", lambda m, out, dtype, _t, _a: save_pth(to_rwkvx(m), out, dtype),
                  "model", "an RWKV-X .pth (the rwkv-x package)"),
     ExportFormat("gguf", lambda m, out, dtype, _t, _a: save_gguf(m, out, dtype), "model",
-                 "a GGUF file (llama.cpp)"),
+                 "a GGUF file (llama.cpp)", dtypes=GGUF_DTYPES),
     ExportFormat("hf", _hf, "model", "a Hugging Face folder (flash-linear-attention's rwkv7 "
                  "layout, rwkv7-hf, transformers)", folder=HF_FILES),
     ExportFormat("state", lambda m, out, _d, _t, _a: save_pth(state_dict(m), out, "fp32"),
@@ -75,6 +77,9 @@ EXPORTS = {f.name: f for f in (
                                                                  export_modules(m)),
                  "adapters", "a Hugging Face PEFT adapter folder for the hf export",
                  folder=PEFT_FILES),
+    ExportFormat("gguf-lora", lambda m, out, dtype, _t, a: save_gguf_lora(m, *a, out, dtype),
+                 "adapters", "a LoRA run's adapters as llama.cpp's adapter GGUF (--lora) for "
+                 "the gguf export"),
 )}
 FORMATS = tuple(EXPORTS)
 
@@ -84,23 +89,26 @@ def export_model(model: RxPtModel, fmt: str, out: str, dtype: str = "fp32", *,
                  adapters: Adapters | None = None) -> None:
     """Writes model to out in format fmt (EXPORTS: rwkv7, rwkvx or gguf; hf:
     the folder out, with tokenizer's files: rwkv7-hf's layout for a model it
-    holds, rwkvx_c's own modeling code for any other) at dtype (fp32, bf16 or fp16),
+    holds, rwkvx_c's own modeling code for any other) at dtype (fp32, bf16 or fp16;
+    gguf also q8_0, q4_0),
     atomically; InteropError when the format cannot hold the model (nothing
     is written then). fmt "state": the model's trained initial WKV states
     alone, as RWKV-PEFT saves them (state_dict); "lora": a LoRA run's
     adapters (the model's base is not written) under RWKV-PEFT's names at
     dtype (lora_dict); "peft": the same as a Hugging Face PEFT adapter folder
-    for the hf export's module names (save_peft). OutputError when out (for
+    for the hf export's module names (save_peft); "gguf-lora": the same as
+    llama.cpp's adapter GGUF (save_gguf_lora). OutputError when out (for
     a folder: any file it writes there) is one of `inputs` (the model's run folder
     or file) or a run folder's own file (rwkvx_c.run.rundir.claim_output).
 
     The model files hold the weights only: a state-tuned model's initial
     states travel in the state file beside them."""
-    if dtype not in DTYPES:
-        raise InteropError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
     if fmt not in EXPORTS:
         raise InteropError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
     f = EXPORTS[fmt]
+    if dtype not in f.dtypes:
+        raise InteropError(f"--format {fmt} writes no dtype {dtype!r}; choose one of "
+                           f"{', '.join(f.dtypes)}")
     for name in f.folder or (None,):   # a folder: each file it writes there
         claim_output(out if name is None else os.path.join(out, name), inputs)
     if f.holds == "adapters" and adapters is None:
