@@ -162,3 +162,56 @@ def test_what_is_not_an_rwkv7_gguf_is_one_line(tmp_path):
     with pytest.raises(InteropError, match=r"blk\.0\.time_mix_key\.weight holds a non-finite"):
         model, _ = _model(tmp_path, path, base_dtype="q8_0")
     assert model is None
+
+
+def test_the_command_line_round_trip(tmp_path, capsys):
+    """train --init-from a Q8_0 GGUF: a state run exports the file's blocks
+    back; a LoRA run's adapters go out as llama.cpp's adapter file."""
+    from rwkvx_c.cli import main
+    m = rx.RxPtModel(CFG, seed=10)
+    src = tmp_path / "m.gguf"
+    export_model(m, "gguf", str(src), "q8_0")
+    (tmp_path / "corpus.txt").write_text("the quick brown fox jumps over the lazy dog. " * 40)
+    args = ["train", "--init-from", str(src), "--data", str(tmp_path / "corpus.txt"),
+            "--cache-dir", str(tmp_path / "cache"), "--steps", "2", "--batch", "2", "--seq-len",
+            "16", "--eval-tokens", "32", "--threads", "1", "--no-progress"]
+    assert main(args + ["--tune", "state", "--out", str(tmp_path / "s")]) == 0
+    assert "frozen base q8_0, 24 matrices" in capsys.readouterr().out
+    out = tmp_path / "s.gguf"
+    assert main(["export", str(tmp_path / "s"), "--format", "gguf", "--dtype", "q8_0",
+                 "--out", str(out)]) == 0
+    ta, tb = _tensors(src), _tensors(out)
+    for name, t in ta.items():
+        assert np.array_equal(np.asarray(t.data), np.asarray(tb[name].data)), name
+    assert main(args + ["--tune", "lora", "--out", str(tmp_path / "l")]) == 0
+    assert main(["export", str(tmp_path / "l"), "--format", "gguf-lora",
+                 "--out", str(tmp_path / "l.gguf")]) == 0
+    names = set(_tensors(tmp_path / "l.gguf"))
+    assert "blk.1.time_mix_key.weight.lora_a" in names and len(names) == 2 * 6 * 2
+
+
+@pytest.mark.skipif(os.environ.get("RWKVX_SLOW") != "1",
+                    reason="15 s (the gguf reader parses 65536 strings); RWKVX_SLOW=1 runs it")
+def test_the_world_vocabulary_comes_from_the_metadata(tmp_path):
+    pytest.importorskip("rwkv")
+    m = rx.RxPtModel(dict(CFG, vocab_size=65536), seed=11)
+    path = tmp_path / "w.gguf"
+    export_model(m, "gguf", str(path), "q8_0")
+    src = read_source(str(path))
+    assert src.tokenizer == "world" and src.config["vocab_size"] == 65536
+    import rwkv
+    from rwkv.rwkv_tokenizer import TRIE_TOKENIZER  # the rwkv package's World tokenizer
+
+    from rwkvx_c.data.tokenizers import load
+    theirs = TRIE_TOKENIZER(os.path.join(os.path.dirname(rwkv.__file__),
+                                         "rwkv_vocab_v20230424.txt"))
+    text = "Hello, world! 你好 def f(x):\n\n    return x"
+    assert list(load(src.tokenizer).encode(text)) == theirs.encode(text)
+    # a token changed in the file: refused by id
+    r = gguf.GGUFReader(str(path), "r+")
+    f = r.fields["tokenizer.ggml.tokens"]
+    f.parts[f.data[300]][0] ^= 1
+    r.data.flush()
+    del r
+    with pytest.raises(InteropError, match="token 300 is"):
+        read_source(str(path))

@@ -26,7 +26,7 @@ from rwkvx_c.model.config import ModelConfig, export_refusal
 from rwkvx_c.util.atomic import replace_with
 
 __all__ = ["GGUF_DTYPES", "QUANTS", "STAND_INS", "need_gguf", "gguf_refusal", "gguf_pairs",
-           "gguf_tensors", "gguf_vocab", "save_gguf"]
+           "gguf_tensors", "gguf_vocab", "gguf_writer", "keeps_f32", "save_gguf"]
 
 ARCH = "rwkv7"
 CONTEXT_LENGTH = 1048576   # what the converter writes: RWKV has no context limit
@@ -172,11 +172,45 @@ def _held_blocks(model: RxPtModel, dtype: str) -> dict[str, np.ndarray]:
     return out
 
 
-def _keeps_f32(name: str, a: np.ndarray) -> bool:
+def keeps_f32(name: str, a: np.ndarray) -> bool:
     """The tensors the converter keeps in F32 at any file type: vectors,
     norms, biases, the decay LoRA and the fused lerps."""
     return (a.ndim == 1 or "norm" in name or name.endswith(".bias")
             or "time_mix_w1" in name or "time_mix_w2" in name or "lerp_fused" in name)
+
+
+def gguf_writer(path: str, config: dict[str, int], dtype: str) -> Any:
+    """A gguf.GGUFWriter at path holding the metadata and tokenizer of an
+    rwkv7 model of config whose large matrices are dtype (GGUF_DTYPES), as
+    the converter writes them; its tensors are the caller's."""
+    gguf = need_gguf()
+    c = config
+    texts, types = gguf_vocab(c["vocab_size"])
+    F = gguf.LlamaFileType
+    ftype = {"fp32": F.ALL_F32, "bf16": F.MOSTLY_BF16, "fp16": F.MOSTLY_F16,
+             "q8_0": F.MOSTLY_Q8_0, "q4_0": F.MOSTLY_Q4_0}[dtype]
+    w = gguf.GGUFWriter(path, ARCH)
+    w.add_name("rwkvx_c model")
+    w.add_file_type(int(ftype))
+    w.add_context_length(CONTEXT_LENGTH)
+    w.add_embedding_length(c["n_embd"])
+    w.add_block_count(c["n_rwkv_layer"])
+    w.add_feed_forward_length(c["ffn_dim"])
+    w.add_head_count(0)   # the converter's value: required key, unused by rwkv7
+    w.add_layer_norm_eps(ModelConfig.resolve(c)["ln_eps"])
+    w.add_wkv_head_size(c["head_size"])
+    w.add_decay_lora_rank(c["Dw"])
+    w.add_iclr_lora_rank(c["Da"])
+    w.add_value_residual_mix_lora_rank(c["Dv"])
+    w.add_gate_lora_rank(c["Dg"])
+    w.add_tokenizer_model("rwkv")
+    w.add_token_list(texts)
+    w.add_token_types(types)
+    if c["vocab_size"] == WORLD_VOCAB:   # the converter's World special tokens
+        w.add_bos_token_id(0)
+        w.add_eos_token_id(0)
+        w.add_eot_token_id(WORLD_EOT)
+    return w
 
 
 def save_gguf(model: RxPtModel, path: str, dtype: str = "fp32") -> None:
@@ -194,15 +228,11 @@ def save_gguf(model: RxPtModel, path: str, dtype: str = "fp32") -> None:
     held = _held_blocks(model, dtype)
     tensors = gguf_tensors(model, skip={ours for ours, theirs, _ in gguf_pairs(c)
                                         if theirs in held})
-    texts, types = gguf_vocab(c["vocab_size"])
     qtype = {"fp32": T.F32, "bf16": T.BF16, "fp16": T.F16, "q8_0": T.Q8_0,
              "q4_0": T.Q4_0}[dtype]
-    F = gguf.LlamaFileType
-    ftype = {"fp32": F.ALL_F32, "bf16": F.MOSTLY_BF16, "fp16": F.MOSTLY_F16,
-             "q8_0": F.MOSTLY_Q8_0, "q4_0": F.MOSTLY_Q4_0}[dtype]
 
     def add(w: Any, name: str, a: np.ndarray) -> None:
-        if qtype == T.F32 or _keeps_f32(name, a):
+        if qtype == T.F32 or keeps_f32(name, a):
             w.add_tensor(name, a)
             return
         try:
@@ -211,27 +241,7 @@ def save_gguf(model: RxPtModel, path: str, dtype: str = "fp32") -> None:
             w.add_tensor(name, gguf.quants.quantize(a, T.F16), raw_dtype=T.F16)
 
     def write(tmp: str) -> None:
-        w = gguf.GGUFWriter(tmp, ARCH)
-        w.add_name("rwkvx_c model")
-        w.add_file_type(int(ftype))
-        w.add_context_length(CONTEXT_LENGTH)
-        w.add_embedding_length(c["n_embd"])
-        w.add_block_count(c["n_rwkv_layer"])
-        w.add_feed_forward_length(c["ffn_dim"])
-        w.add_head_count(0)   # the converter's value: required key, unused by rwkv7
-        w.add_layer_norm_eps(ModelConfig.resolve(c)["ln_eps"])
-        w.add_wkv_head_size(c["head_size"])
-        w.add_decay_lora_rank(c["Dw"])
-        w.add_iclr_lora_rank(c["Da"])
-        w.add_value_residual_mix_lora_rank(c["Dv"])
-        w.add_gate_lora_rank(c["Dg"])
-        w.add_tokenizer_model("rwkv")
-        w.add_token_list(texts)
-        w.add_token_types(types)
-        if c["vocab_size"] == WORLD_VOCAB:   # the converter's World special tokens
-            w.add_bos_token_id(0)
-            w.add_eos_token_id(0)
-            w.add_eot_token_id(WORLD_EOT)
+        w = gguf_writer(tmp, c, dtype)
         for name, blocks in held.items():
             w.add_tensor(name, blocks, raw_dtype=qtype)
         for name, a in tensors.items():

@@ -109,7 +109,7 @@ class GgufWeights(Mapping[str, np.ndarray]):
             n_embd=C, n_head=C // N, head_size=N, n_rwkv_layer=L, n_attn_layer=0,
             vocab_size=int(emb.shape[1]), ffn_dim=F, Dw=ranks[0], Da=ranks[1], Dv=ranks[2],
             Dg=ranks[3], chunk_size=32, moba_top_k=2, ln0=1)
-        if eps != ModelConfig.default("ln_eps"):
+        if np.float32(eps) != np.float32(ModelConfig.default("ln_eps")):   # GGUF: a float32
             config["ln_eps"] = eps
         try:
             ModelConfig.from_dict(dict(config))
