@@ -17,7 +17,6 @@ package's). docs/interop.md has the tensor table.
 from __future__ import annotations
 
 import mmap
-from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -26,6 +25,7 @@ from rwkvx_c import _core
 from rwkvx_c.data.tokenizers import WORLD_VOCAB_SIZE
 from rwkvx_c.errors import InteropError
 from rwkvx_c.interop.gguf import ARCH, STAND_INS, gguf_pairs, gguf_vocab, need_gguf
+from rwkvx_c.interop.rwkv7 import PairedWeights
 from rwkvx_c.model.config import ModelConfig
 
 __all__ = ["GgufWeights", "ggml_dtype"]
@@ -47,7 +47,7 @@ def _field(r: Any, key: str, path: str) -> Any:
     return f.contents()
 
 
-class GgufWeights(Mapping[str, np.ndarray]):
+class GgufWeights(PairedWeights):
     """An rwkv7 GGUF's weights under our parameter names, each read when
     asked for (float32, our orientation; see the module doc). config: the
     model's; tokenizer: "byte" or "world"; types: each parameter's form in
@@ -174,19 +174,6 @@ class GgufWeights(Mapping[str, np.ndarray]):
         if how.startswith("lerp"):
             return np.ascontiguousarray(a.reshape(6, -1)[int(how[4:])])
         return a.reshape(self._shapes[name])
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._pairs)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._pairs
-
-    def __len__(self) -> int:
-        return len(self._pairs)
-
-    def shape(self, name: str) -> tuple[int, ...]:
-        """Parameter name's shape in our layout, without reading it."""
-        return self._shapes[name]
 
     def compact(self, name: str) -> bool:
         """Whether the file holds name in less than float32 (a base may hold it)."""
