@@ -215,3 +215,16 @@ def test_the_world_vocabulary_comes_from_the_metadata(tmp_path):
     del r
     with pytest.raises(InteropError, match="token 300 is"):
         read_source(str(path))
+
+
+def test_import_makes_a_float32_run_of_the_dequantised_tensors(tmp_path):
+    from rwkvx_c.interop.runs import import_pth
+    from rwkvx_c.run.checkpoint import read_checkpoint
+    m = rx.RxPtModel(CFG, seed=12)
+    path = tmp_path / "m.gguf"
+    export_model(m, "gguf", str(path), "q4_0")
+    tensors, _, state = read_checkpoint(import_pth(str(path), str(tmp_path / "run")))
+    src = read_source(str(path))
+    assert state["format"] == "gguf" and state["tokenizer"]["name"] == "byte"
+    for n in ("blocks.1.tm.key_w", "emb", "head", "blocks.0.tm.w1"):
+        assert np.array_equal(tensors[n], src.weights[n]), n

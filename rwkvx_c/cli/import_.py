@@ -16,8 +16,9 @@ __all__ = ["add_parser", "run"]
 def add_parser(sub: Subparsers) -> None:
     i = sub.add_parser("import", help="make a run folder from an RWKV-7 .pth",
                        description="Read an RWKV-LM x070 .pth (bf16, fp16 or fp32), or an "
-                       "RWKV-X one, or a Hugging Face rwkv7 folder (safetensors, sharded or "
-                       "not), into a new run folder that rwkvx-c sample runs and "
+                       "RWKV-X one, a Hugging Face rwkv7 folder (safetensors, sharded or "
+                       "not), or an rwkv7 GGUF (dequantized), into a new run folder that "
+                       "rwkvx-c sample runs and "
                        "rwkvx-c train --resume continues training from. With --base, FILE is "
                        "a LoRA adapter (a PEFT adapter folder written for the hf export, or "
                        "an RWKV-PEFT LoRA .pth) and the run is a LoRA run on BASE that "

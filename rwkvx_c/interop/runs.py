@@ -15,6 +15,7 @@ from rwkvx_c.data.tokenizers import WORLD_VOCAB_SIZE, ByteTokenizer, Tokenizer, 
 from rwkvx_c.data.tokenizers import load as load_tokenizer
 from rwkvx_c.errors import CheckpointError, InteropError, OutputError, TokenizerError
 from rwkvx_c.interop.gguf import GGUF_DTYPES, save_gguf
+from rwkvx_c.interop.gguf_in import GgufWeights
 from rwkvx_c.interop.gguf_lora import save_gguf_lora
 from rwkvx_c.interop.hf import (
     HF_FILES,
@@ -233,7 +234,8 @@ def import_pth(path: str, out_dir: str) -> str:
     or an RWKV-X checkpoint (names under rwkv. / moba.) -- as a checkpoint
     (weights only: `rwkvx-c sample` runs it, `rwkvx-c train --resume`
     starts a new run from it). A folder at path is a Hugging Face rwkv7
-    model (rwkvx_c.interop.hf), whose tokenizer comes along. Returns the
+    model (rwkvx_c.interop.hf), whose tokenizer comes along; so does a
+    .gguf's (rwkvx_c.interop.gguf_in: float32, gguf's dequantized values). Returns the
     checkpoint path; refuses a folder that already holds a checkpoint."""
     run = _new_run(path, out_dir)
     tok = None
@@ -241,6 +243,13 @@ def import_pth(path: str, out_dir: str) -> str:
         fmt = "hf"
         model = read_hf_folder(path)
         tok = hf_tokenizer(path, model.config["vocab_size"])
+    elif path.endswith(".gguf"):   # gguf's dequantized values, exactly
+        fmt = "gguf"
+        g = GgufWeights(path)
+        model = RxPtModel(g.config, init=False)
+        for n in model.param_names:
+            model.params[n][...] = g[n]
+        tok = load_tokenizer(g.tokenizer)
     else:
         sd = load_pth(path)
         fmt = "rwkvx" if any(k.startswith("rwkv.") for k in sd) else "rwkv7"
