@@ -24,7 +24,7 @@ def add_parser(sub: Subparsers) -> None:
                        "an RWKV-PEFT LoRA .pth) and the run is a LoRA run on BASE that "
                        "train --resume trains on. See docs/interop.md.")
     i.add_argument("file", metavar="FILE", help="x070 state dict or RWKV-X checkpoint (.pth), "
-                   "a Hugging Face folder, or (with --base) a LoRA adapter")
+                   "a Hugging Face folder, an rwkv7 .gguf, or (with --base) a LoRA adapter")
     i.add_argument("--out", required=True, metavar="DIR", help="the run folder to make "
                    "(required)")
     i.add_argument("--base", metavar="PATH", help="the model FILE's adapters sit on: a run "
