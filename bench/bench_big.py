@@ -15,7 +15,10 @@ once per shape into WORK (the names and layouts of
 tests/test_interop.py's _official_dict, generated tensor by tensor at a
 scale that keeps a deep model's activations finite); with --source hf the
 same weights as a bf16 Hugging Face rwkv7 folder (safetensors, streamed
-as the .pth is; needs safetensors). Each tune runs in a
+as the .pth is; needs safetensors); with --source gguf the same shapes and
+scales as llama.cpp's rwkv7 GGUF with Q8_0 matrices (official_gguf: drawn
+and quantized a tensor at a time; needs gguf), whose blocks a q8_0 base
+takes as they are. Each tune runs in a
 child process, so its peak RSS is its own; a row that the memory check
 refuses prints the check's line. Prints one markdown row per tune and one
 JSON line each, with the CPU. Needs torch (to write the .pth) and the
@@ -137,6 +140,81 @@ def official_hf(folder, C, L):
         json.dump(hf.hf_config(config), f)
 
 
+def _gguf_scale(name, shape, C):
+    """(scale, shift) of official_tensors' draw for a GGUF tensor of numpy
+    shape (a matrix [out, in])."""
+    last = name.rsplit(".", 2)[-2]
+    if name == "token_embd.weight":
+        return 2.0, 0.0
+    if "norm" in name or last in ("time_mix_ln", "time_mix_ln_x"):
+        return (0.2, 1.0) if name.endswith(".weight") else (0.2, 0.0)
+    if last == "time_mix_w0":
+        return 2.0, -2.0
+    if last == "time_mix_r_k":
+        return 0.5, 0.0
+    if len(shape) == 2 and last[-1] in "12":   # the time-mix LoRAs
+        return 1.0 / np.sqrt(shape[-1]), 0.0
+    if len(shape) == 2:   # a Linear of about unit gain, the outputs a third of it
+        small = last in ("time_mix_output", "channel_mix_value", "output")
+        return (0.3 if small else 1.0) * 3.4 / np.sqrt(shape[-1]), 0.0
+    return 1.0, 0.0
+
+
+def official_gguf(path, C, L, dtype="q8_0"):
+    """A random model of official_tensors' shapes and scales as llama.cpp's
+    rwkv7 GGUF, its matrices GGUF blocks of dtype (q8_0, q4_0), written a
+    tensor at a time (peak: one matrix's blocks), with the World vocabulary
+    inside."""
+    import gguf
+
+    from rwkvx_c.interop.gguf import STAND_INS, gguf_pairs, gguf_writer, keeps_f32
+    from rwkvx_c.model.config import lora_sizes
+    config = dict(n_embd=C, n_head=C // N, head_size=N, n_rwkv_layer=L, n_attn_layer=0,
+                  vocab_size=V, ffn_dim=4 * C, chunk_size=32, moba_top_k=2, ln0=1,
+                  **{k: lora_sizes(C)[k] for k in ("Dw", "Da", "Dv", "Dg")})
+    shapes = {n: a.shape for n, a in
+              __import__("rwkvx_c").RxPtModel(config, init=False).params.items()}
+    info = {}
+    for ours, theirs, how in gguf_pairs(config):
+        info[theirs] = (6, 1, 1, C) if how.startswith("lerp") else \
+            shapes[ours][::-1] if how == "t" else shapes[ours]
+    info.update({v: info[a] for v, a in STAND_INS.items()})
+    q = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0}[dtype]
+    per, nbytes = gguf.GGML_QUANT_SIZES[q]
+    w = gguf_writer(path, config, dtype)
+    kinds = {}
+    for name, shape in info.items():
+        f32 = keeps_f32(name, np.empty((0,) * len(shape)))
+        kinds[name] = f32
+        if f32:
+            w.add_tensor_info(name, shape, np.dtype(np.float32), 4 * int(np.prod(shape)))
+        else:
+            w.add_tensor_info(name, (shape[0], shape[1] // per * nbytes), np.dtype(np.uint8),
+                              shape[0] * shape[1] // per * nbytes, raw_dtype=q)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    rng = np.random.default_rng(0)
+    for name, shape in info.items():
+        s, shift = _gguf_scale(name, shape, C)
+        if kinds[name]:
+            a = ((rng.random(shape, dtype=np.float32) - 0.5) * s + shift).astype(np.float32)
+            w.write_tensor_data(a)
+            continue
+        # the blocks drawn directly (quantizing billions of floats takes an hour):
+        # values uniform over [-s/2, s/2] as the float32 draw's, quantized
+        blocks = np.empty((shape[0], shape[1] // per, nbytes), np.uint8)
+        levels = 127 if dtype == "q8_0" else 8
+        blocks[:, :, :2] = np.full(1, s / 2 / levels, np.float16).view(np.uint8)
+        if dtype == "q8_0":
+            blocks[:, :, 2:] = rng.integers(-127, 128, blocks[:, :, 2:].shape,
+                                            dtype=np.int8).view(np.uint8)
+        else:
+            blocks[:, :, 2:] = rng.integers(0, 256, blocks[:, :, 2:].shape, dtype=np.uint8)
+        w.write_tensor_data(blocks.reshape(shape[0], -1))
+    w.close()
+
+
 def peak_rss():
     """This process's peak RSS in bytes: VmHWM, its own memory's high-water
     mark (ru_maxrss also counts the forking parent's, which wrote the source)."""
@@ -228,20 +306,23 @@ def main():
     ap.add_argument("--paired", type=int, default=0, metavar="ROUNDS",
                     help="alternate steps on this base and on a float32 base (one tune)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--source", choices=["pth", "hf"], default="pth",
-                    help="the random model as an x070 .pth or a Hugging Face folder")
+    ap.add_argument("--source", choices=["pth", "hf", "gguf"], default="pth",
+                    help="the random model as an x070 .pth, a Hugging Face folder or a "
+                    "Q8_0 GGUF (llama.cpp's rwkv7)")
     ap.add_argument("--src", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
         return paired(a) if a.paired else child(a)
     os.makedirs(a.work, exist_ok=True)
-    src = os.path.join(a.work, f"official-{a.shape}" + (".pth" if a.source == "pth" else "-hf"))
+    src = os.path.join(a.work, f"official-{a.shape}" + {"pth": ".pth", "hf": "-hf",
+                                                        "gguf": "-Q8_0.gguf"}[a.source])
     if not os.path.exists(src):
         t = time.perf_counter()
-        (official_pth if a.source == "pth" else official_hf)(src + ".tmp", *SHAPES[a.shape])
+        {"pth": official_pth, "hf": official_hf, "gguf": official_gguf}[a.source](
+            src + ".tmp", *SHAPES[a.shape])
         os.replace(src + ".tmp", src)
-        size = os.path.getsize(src) if a.source == "pth" else \
-            os.path.getsize(os.path.join(src, "model.safetensors"))
+        size = os.path.getsize(os.path.join(src, "model.safetensors")) if a.source == "hf" \
+            else os.path.getsize(src)
         print(f"# wrote {src} ({size / 2**30:.2f} GiB) in {time.perf_counter() - t:.0f} s",
               flush=True)
     print(f"# CPU: {cpu_name()}, {os.cpu_count()} cores")

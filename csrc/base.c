@@ -164,10 +164,18 @@ static void place_row(const rx_base_mat *b, size_t j, const uint16_t *enc) {
 }
 
 /* src: W^T [out][in] (src_t) or W [in][out], float32 or bf16 (RX_BASE_BF16
- * as kind: uint16 bits) */
+ * as kind: uint16 bits); or, kind the store's block dtype, its stored rows
+ * of W^T (src_t) */
 int rx_base_fill(rx_base *s, int i, const void *src, int kind, int src_t) {
     rx_base_mat *b = &s->mats[i];
     const rx_base_type *ty = b->ty;
+    if (kind == s->dtype && kind != RX_BASE_BF16) {
+        /* a block dtype's own rows of W^T (a GGUF file's blocks): copied as
+         * they are, never decoded and quantized again */
+        memcpy(b->data, src, mat_bytes(b));
+        b->loaded = 1;
+        return RX_OK;
+    }
     const size_t rb = rx_base_type_row_bytes(ty, b->in);
     /* bf16 rows in W^T's orientation go straight in where the dtype can */
     const int direct = src_t && kind == RX_BASE_BF16 && ty->from_bf16;

@@ -82,9 +82,12 @@ int rx_ptmodel_base_fill(rx_ptmodel *m, int param, const void *src, int kind, in
     static const char *const fn = "rx_ptmodel_base_fill";
     const rx_base_mat *b = mat_of(m, param, fn);
     if (!b) return RX_EINVAL;
-    if (!src || (kind != RX_BASE_FP32 && kind != RX_BASE_BF16))
-        return rx_fail(RX_EINVAL, "%s: src is NULL or kind %d unknown", fn, kind);
     rx_base *s = rx_ptmodel_base_store(m);
+    const int own = kind == rx_base_dtype(s) && kind != RX_BASE_BF16;   /* stored rows */
+    if (!src || (kind != RX_BASE_FP32 && kind != RX_BASE_BF16 && !own))
+        return rx_fail(RX_EINVAL, "%s: src is NULL or kind %d unknown", fn, kind);
+    if (own && !transposed && !b->rows)
+        return rx_fail(RX_EINVAL, "%s: a block dtype's stored rows are W^T's (transposed)", fn);
     return rx_base_fill(s, (int)(b - rx_base_at(s, 0)), src, kind, transposed || b->rows);
 }
 

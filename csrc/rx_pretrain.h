@@ -619,7 +619,10 @@ float *rx_ptmodel_lora_grad_arena(rx_ptmodel *m, int64_t *n);
  * store starts unfilled: rx_ptmodel_base_fill each tensor from src, W^T
  * [out][in] (transposed = 1, torch's orientation) or W [in][out], float32
  * (kind RX_BASE_FP32) or bf16 bits (RX_BASE_BF16), encoded exactly as
- * torch rounds to bf16 (nearest even) or as gguf quantizes. A forward
+ * torch rounds to bf16 (nearest even) or as gguf quantizes; or, kind the
+ * store's block dtype (RX_BASE_Q8_0 / RX_BASE_Q4_0) and transposed = 1, its
+ * stored rows as rx_ptmodel_base_rows writes them (a GGUF file's blocks),
+ * copied as they are. A forward
  * before every tensor is filled is refused. The embedding (tensor "emb",
  * [vocab][C]) may be in the base too: held by its rows as they are
  * (Q8_0 / Q4_0 blocks along C, which needs C % 32 == 0), decoded as they are

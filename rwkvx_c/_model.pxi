@@ -336,18 +336,28 @@ cdef class _ModelCore:
         (torch's orientation, an official .pth tensor as it is; the
         embedding is [vocab, C] in both orientations). bf16 is
         kept as it is or rounded to nearest even (torch's rounding); q8_0 / q4_0
-        quantized as gguf.quants.quantize(W^T, Q8_0 / Q4_0) does."""
+        quantized as gguf.quants.quantize(W^T, Q8_0 / Q4_0) does. A q8_0 / q4_0
+        base also takes its own stored rows, uint8 as base_data gives them
+        (transposed: a GGUF file's blocks), copied as they are."""
         if name not in self._params or self._names.index(name) not in self._base_params():
             raise ValueError(f"base_fill: {name!r} is not in the model's base")
         rows = name == "emb"   # gathered, not multiplied: the same in both orientations
         want = self._params[name].shape[::-1] if transposed and not rows \
             else self._params[name].shape
-        if not isinstance(values, np.ndarray) or values.dtype not in (np.float32, np.uint16):
-            raise TypeError("base_fill: values must be a float32 or uint16 (bf16 bits) array")
+        per, nbytes = base_dtype_block(self.base_dtype)
+        own = isinstance(values, np.ndarray) and values.dtype == np.uint8 and per > 1
+        if own:   # stored rows: [out, in / per * nbytes]
+            if not transposed:
+                raise ValueError("base_fill: stored rows are W^T's: pass transposed=True")
+            want = (want[0], want[1] // per * nbytes)
+        elif not isinstance(values, np.ndarray) or values.dtype not in (np.float32, np.uint16):
+            raise TypeError("base_fill: values must be a float32 or uint16 (bf16 bits) array, "
+                            "or uint8 stored rows of a block base")
         if values.shape != want:
             raise ValueError(f"base_fill: {name} takes shape {want}, got {values.shape}")
         v = np.ascontiguousarray(values)
-        cdef int kind = RX_BASE_BF16 if v.dtype == np.uint16 else 0
+        cdef int kind = _BASE_DTYPE_IDS[self.base_dtype] if own else \
+            RX_BASE_BF16 if v.dtype == np.uint16 else 0
         cdef int p = self._names.index(name)
         cdef int tr = 1 if transposed else 0
         cdef const unsigned char[::1] raw = v.reshape(-1).view(np.uint8)

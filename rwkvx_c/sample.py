@@ -39,7 +39,7 @@ from rwkvx_c.interop.source import Layered, read_run, read_source
 from rwkvx_c.model import memory
 from rwkvx_c.model.config import ModelConfig
 from rwkvx_c.model.lora import A_SUFFIX, B_SUFFIX, adapters_of, run_alpha, without_adapters
-from rwkvx_c.model.weights import load_params, load_states
+from rwkvx_c.model.weights import auto_base_dtype, fill_base, load_params, load_states
 from rwkvx_c.run.checkpoint import STATE_KEY, read_state
 from rwkvx_c.run.rundir import RunDir, checkpoint_path
 
@@ -169,18 +169,19 @@ def load_any(path: str, base: str | None = None) -> tuple[_core.RxPtModel, Token
 def _held_base(model: _core.RxPtModel, tensors: Layered, opts: dict[str, Any]
                ) -> tuple[list[str], str]:
     """(the matrices a base-naming run's base holds, its dtype): the run's
-    --base-dtype ("auto": bf16 for a bf16 source), over every 2-D parameter
-    the checkpoint does not hold itself whose rows are whole blocks of it
-    (as rwkvx_c.train.base.base_names picks them)."""
+    --base-dtype ("auto": the source's form when a base holds it), over
+    every 2-D parameter the checkpoint does not hold itself whose rows are
+    whole blocks of it and that its source holds in less than float32
+    where it says (as rwkvx_c.train.base.base_names picks them)."""
     dtype = str(opts.get("base_dtype") or "auto")
     if dtype == "auto":
-        dtype = "bf16" if tensors.dtype == "bf16" else "fp32"
+        dtype = auto_base_dtype(tensors.dtype)
     if dtype == "fp32":
         return [], dtype
     per, _ = _core.base_dtype_block(dtype)
     p = model.params
     return [n for n in model.param_names if not tensors.owns(n) and p[n].ndim == 2
-            and p[n].shape[n == "emb"] % per == 0], dtype
+            and p[n].shape[n == "emb"] % per == 0 and tensors.compact(n)], dtype
 
 
 def _fill_held(model: _core.RxPtModel, tensors: Layered, names: list[str], dtype: str,
@@ -192,11 +193,7 @@ def _fill_held(model: _core.RxPtModel, tensors: Layered, names: list[str], dtype
     held = set(names)
     for n in model.param_names:
         if n in held:
-            bits = tensors.raw_t(n)
-            if bits is not None:   # bf16 as the file holds it: [out, in]
-                model.base_fill(n, bits, transposed=True)
-            else:
-                model.base_fill(n, np.ascontiguousarray(tensors[n], np.float32))
+            fill_base(model, tensors, n)
         else:
             load_params(model, {n: tensors[n]}, what, names=[n])
         tensors.release(n)

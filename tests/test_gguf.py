@@ -14,6 +14,7 @@ import pytest
 import rwkvx_c as rx
 from rwkvx_c.interop import InteropError, export_model
 from rwkvx_c.model.config import ModelConfig
+from rwkvx_c.model.lora import DEFAULT_TARGETS, adapters_of, merge_into, target_params
 
 gguf = pytest.importorskip("gguf") if os.environ.get("RWKVX_REQUIRE_INTEROP") != "1" \
     else __import__("gguf")
@@ -90,6 +91,28 @@ def test_bf16_keeps_small_tensors_f32(tmp_path):
         assert types[n] == "F32", n
 
 
+@pytest.mark.parametrize("dtype,ftype", [("q8_0", 7), ("q4_0", 2)])
+def test_block_types_are_ggufs_quantization(tmp_path, dtype, ftype):
+    m = rx.RxPtModel(CFG, seed=4)
+    path = tmp_path / "m.gguf"
+    export_model(m, "gguf", str(path), dtype)
+    r, f = _read(path)
+    assert f["general.file_type"] == ftype
+    t = {x.name: x for x in r.tensors}
+    Q = gguf.GGMLQuantizationType
+    q = Q.Q8_0 if dtype == "q8_0" else Q.Q4_0
+    key = m.params["blocks.1.tm.key_w"]
+    assert t["blk.1.time_mix_key.weight"].tensor_type == q
+    assert np.array_equal(np.asarray(t["blk.1.time_mix_key.weight"].data),
+                          gguf.quants.quantize(np.ascontiguousarray(key.T), q))
+    assert t["token_embd.weight"].tensor_type == q and t["output.weight"].tensor_type == q
+    # rows that are not whole blocks (a2's Da = 24): F16, as the converter falls back
+    assert t["blk.1.time_mix_a2.weight"].tensor_type == Q.F16
+    assert t["blk.1.time_mix_w1.weight"].tensor_type == Q.F32
+    with pytest.raises(InteropError, match="--format rwkv7 writes no dtype 'q8_0'"):
+        export_model(m, "rwkv7", str(tmp_path / "x.pth"), "q8_0")
+
+
 @pytest.mark.parametrize("change,word", [
     (dict(n_attn_layer=1), "attention"), (dict(ln0=0), "ln0"),
     (dict(n_head=4, head_size=32), "head_size = 64"), (dict(vocab_size=300), "vocab 300")])
@@ -104,30 +127,107 @@ import sys, numpy as np
 from llama_cpp import Llama
 toks = [int(t) for t in np.load(sys.argv[2])]
 llm = Llama(model_path=sys.argv[1], n_ctx=len(toks) + 8, n_batch=64, n_ubatch=64,
-            n_gpu_layers=0, logits_all=True, n_threads=1, verbose=False)
+            n_gpu_layers=0, logits_all=True, n_threads=1, verbose=False,
+            lora_path=sys.argv[4] if len(sys.argv) > 4 else None)
 llm.eval(toks)
 np.save(sys.argv[3], np.array(llm.scores[:llm.n_tokens, :], dtype=np.float32))
 """
+TOKENS = np.frombuffer(b"def f(x):\n    return x + 1\n", np.uint8).astype(np.int32)
+# One Q8_0 (or Q4_0) product in llama.cpp rounds its activations to Q8_0 blocks
+# (32 values, scale max|x| / 127): each value moves by at most half a step,
+# max|x| / 254 of its block, so a product is off by at most 1/254 of what the
+# block's largest value contributes. Along the model the rounded products
+# stack: per block the time-mix projections then its output, the channel-mix
+# key then its value (4), and the head: (4 L + 1) / 254 of the largest logit
+# bounds the error, 13 / 254 = 5.1e-2 at CFG's 3 blocks (docs/interop.md).
+Q8_TOL = (4 * CFG["n_rwkv_layer"] + 1) / 254
 
 
-@pytest.mark.parametrize("dtype,tol", [("fp32", 1e-4), ("bf16", 5e-2), ("fp16", 1e-2)])
-def test_llama_cpp_logits(tmp_path, dtype, tol):
+def _llama_logits(tmp_path, path, lora=None):
     py = os.environ.get("RWKVX_LLAMA_PYTHON")
     if not py:
         if importlib.util.find_spec("llama_cpp") is None:
             pytest.skip("llama.cpp's Python binding is not installed")
         py = sys.executable
+    np.save(tmp_path / "t.npy", TOKENS)
+    r = subprocess.run([py, "-c", _LLAMA, str(path), str(tmp_path / "t.npy"),
+                        str(tmp_path / "l.npy")] + ([str(lora)] if lora else []),
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return np.load(tmp_path / "l.npy")
+
+
+def _err(got, ref):
+    return float(np.abs(got - ref).max() / np.abs(ref).max())
+
+
+@pytest.mark.parametrize("dtype,tol", [("fp32", 1e-4), ("bf16", 5e-2), ("fp16", 1e-2),
+                                       ("q8_0", Q8_TOL), ("q4_0", Q8_TOL)])
+def test_llama_cpp_logits(tmp_path, dtype, tol):
+    """llama.cpp on our export against the float32 model of the file's
+    dequantised tensors (for fp32: the model itself)."""
     m = rx.RxPtModel(CFG, seed=5)
     path = tmp_path / "m.gguf"
     export_model(m, "gguf", str(path), dtype)
-    tokens = np.frombuffer(b"def f(x):\n    return x + 1\n", np.uint8).astype(np.int32)
-    np.save(tmp_path / "t.npy", tokens)
-    r = subprocess.run([py, "-c", _LLAMA, str(path), str(tmp_path / "t.npy"),
-                        str(tmp_path / "l.npy")], capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    got, ref = np.load(tmp_path / "l.npy"), m.forward(tokens)
-    err = float(np.abs(got - ref).max() / np.abs(ref).max())
+    got = _llama_logits(tmp_path, path)
+    from rwkvx_c.interop.gguf_in import GgufWeights
+    w = GgufWeights(str(path))
+    ref_model = rx.RxPtModel(w.config, init=False)
+    for n in ref_model.param_names:
+        ref_model.params[n][...] = w[n]
+    ref = ref_model.forward(TOKENS)
+    err = _err(got, ref)
     print(f"llama.cpp ({dtype}) vs RxPtModel: {err:.2e}")
+    assert err <= tol
+
+
+def _lora_model(seed=9, r=4, alpha=8.0):
+    m = rx.RxPtModel(CFG, seed=seed)
+    names = target_params(m.layers, DEFAULT_TARGETS)
+    m.enable_lora(r, alpha, names)
+    rng = np.random.default_rng(seed)
+    for v in m.lora.values():
+        v[...] = rng.normal(0, 0.05, v.shape).astype(np.float32)
+    return m, adapters_of(m.lora), alpha
+
+
+def test_gguf_lora_is_llama_cpps_adapter_file(tmp_path):
+    m, ads, alpha = _lora_model()
+    path = tmp_path / "a.gguf"
+    export_model(m, "gguf-lora", str(path), adapters=(ads, alpha))
+    r, f = _read(path)
+    assert f["general.type"] == "adapter" and f["general.architecture"] == "rwkv7"
+    assert f["adapter.type"] == "lora" and f["adapter.lora.alpha"] == alpha
+    t = {x.name: x for x in r.tensors}
+    assert len(t) == 2 * len(ads) == 2 * 6 * CFG["n_rwkv_layer"]
+    A, B = ads["blocks.1.tm.key_w"]
+    a, b = t["blk.1.time_mix_key.weight.lora_a"], t["blk.1.time_mix_key.weight.lora_b"]
+    assert tuple(int(d) for d in a.shape) == (128, 4) and tuple(int(d) for d in b.shape) == \
+        (4, 128)   # ggml [in, r] and [r, out]
+    assert np.array_equal(np.asarray(a.data), A) and np.array_equal(np.asarray(b.data), B)
+    with pytest.raises(InteropError, match=r"llama\.cpp applies no adapter to blocks\.0\.tm\.w1"):
+        export_model(m, "gguf-lora", str(tmp_path / "x.gguf"),
+                     adapters=({"blocks.0.tm.w1": (A[:, :128], B[:32])}, alpha))
+    with pytest.raises(InteropError, match="writes no dtype 'q8_0'"):
+        export_model(m, "gguf-lora", str(tmp_path / "x.gguf"), "q8_0", adapters=(ads, alpha))
+    assert not os.path.exists(tmp_path / "x.gguf")
+
+
+@pytest.mark.parametrize("dtype,tol", [("fp32", 1e-4), ("q8_0", Q8_TOL)])
+def test_llama_cpp_applies_our_gguf_lora_as_we_merge_it(tmp_path, dtype, tol):
+    m, ads, alpha = _lora_model()
+    base, lora = tmp_path / "base.gguf", tmp_path / "lora.gguf"
+    export_model(m, "gguf", str(base), dtype)   # the base's own weights: adapters aside
+    export_model(m, "gguf-lora", str(lora), adapters=(ads, alpha))
+    got = _llama_logits(tmp_path, base, lora)
+    from rwkvx_c.interop.gguf_in import GgufWeights
+    w = GgufWeights(str(base))
+    merged = rx.RxPtModel(w.config, init=False)
+    for n in merged.param_names:
+        merged.params[n][...] = w[n]
+    merge_into(merged.params, ads, alpha)
+    err = _err(got, merged.forward(TOKENS))
+    print(f"llama.cpp ({dtype} + gguf-lora) vs the merged RxPtModel: {err:.2e}")
     assert err <= tol
 
 

@@ -5,7 +5,7 @@ import argparse
 import os
 
 from rwkvx_c.cli.common import Subparsers, add_run_flags, err
-from rwkvx_c.interop.pth import DTYPES
+from rwkvx_c.interop.gguf import GGUF_DTYPES, QUANTS
 from rwkvx_c.interop.runs import EXPORTS, FORMATS, Adapters, export_model
 from rwkvx_c.model.lora import ADAPTERS, adapters_of, plain_alpha, run_adapter
 from rwkvx_c.run.base import BASE_KEY, short
@@ -29,15 +29,22 @@ def add_parser(sub: Subparsers) -> None:
                    help="the file format (required)")
     e.add_argument("--out", required=True, metavar="FILE",
                    help=f"the file to write (a folder for {folders}) (required)")
-    e.add_argument("--dtype", default="fp32", choices=list(DTYPES),
-                   help="tensor type in the file (default: fp32)")
+    e.add_argument("--dtype", default="fp32", choices=list(GGUF_DTYPES),
+                   help="tensor type of the file's matrices (default: fp32; q8_0 and q4_0, "
+                   "GGUF's blocks, for --format gguf: a frozen base of that type is "
+                   "written as it is)")
     add_run_flags(e)
 
 
 def run(a: argparse.Namespace) -> int:
+    run_state = read_state(checkpoint_path(a.dir))
+    opts = run_state.get("options") or {}
+    # a GGUF of blocks takes a frozen base's blocks as they are (its LoRA
+    # adapters, merged, make new matrices: those are quantized once)
+    hold = a.format == "gguf" and a.dtype in QUANTS and opts.get("tune") != "lora"
     # an export reads and writes every weight: one more pass hashing the base is cheap
-    model, tok = load_run(a.dir, a.base, rehash=True)
-    if a.format == "gguf" and tok.name not in ("byte", "world"):
+    model, tok = load_run(a.dir, a.base, rehash=True, hold_base=hold)
+    if a.format in ("gguf", "gguf-lora") and tok.name not in ("byte", "world"):
         # the GGUF holds its vocabulary, and llama.cpp's rwkv7 knows byte and World only
         return err(f"the run in {a.dir} uses a {tok.name} tokenizer; a GGUF export needs "
                    "the byte or the World tokenizer (train with --tokenizer byte or world); "
@@ -45,8 +52,6 @@ def run(a: argparse.Namespace) -> int:
     # the checkpoint and, beside it, the tokenizer.json load_run read
     inputs = [a.dir, os.path.dirname(os.path.abspath(a.dir))] if os.path.isfile(a.dir) \
         else [a.dir]
-    run_state = read_state(checkpoint_path(a.dir))
-    opts = run_state.get("options") or {}
     # past --unfreeze-at a LoRA run's adapters live on in its base weights alone
     merged_base = opts.get("tune") == "lora" and bool(run_state.get("unfrozen"))
     adapters: Adapters | None = None

@@ -16,14 +16,15 @@ __all__ = ["add_parser", "run"]
 def add_parser(sub: Subparsers) -> None:
     i = sub.add_parser("import", help="make a run folder from an RWKV-7 .pth",
                        description="Read an RWKV-LM x070 .pth (bf16, fp16 or fp32), or an "
-                       "RWKV-X one, or a Hugging Face rwkv7 folder (safetensors, sharded or "
-                       "not), into a new run folder that rwkvx-c sample runs and "
+                       "RWKV-X one, a Hugging Face rwkv7 folder (safetensors, sharded or "
+                       "not), or an rwkv7 GGUF (dequantized), into a new run folder that "
+                       "rwkvx-c sample runs and "
                        "rwkvx-c train --resume continues training from. With --base, FILE is "
                        "a LoRA adapter (a PEFT adapter folder written for the hf export, or "
                        "an RWKV-PEFT LoRA .pth) and the run is a LoRA run on BASE that "
                        "train --resume trains on. See docs/interop.md.")
     i.add_argument("file", metavar="FILE", help="x070 state dict or RWKV-X checkpoint (.pth), "
-                   "a Hugging Face folder, or (with --base) a LoRA adapter")
+                   "a Hugging Face folder, an rwkv7 .gguf, or (with --base) a LoRA adapter")
     i.add_argument("--out", required=True, metavar="DIR", help="the run folder to make "
                    "(required)")
     i.add_argument("--base", metavar="PATH", help="the model FILE's adapters sit on: a run "

@@ -11,6 +11,7 @@ installed `rwkv` package's vocabulary file; nothing is downloaded).
 """
 from __future__ import annotations
 
+from collections.abc import Container
 from typing import Any
 
 import numpy as np
@@ -24,16 +25,21 @@ from rwkvx_c.interop.rwkv7 import HF_HOLDS_IT
 from rwkvx_c.model.config import ModelConfig, export_refusal
 from rwkvx_c.util.atomic import replace_with
 
-__all__ = ["gguf_refusal", "gguf_tensors", "gguf_vocab", "save_gguf"]
+__all__ = ["GGUF_DTYPES", "QUANTS", "STAND_INS", "need_gguf", "gguf_refusal", "gguf_pairs",
+           "gguf_tensors", "gguf_vocab", "gguf_writer", "keeps_f32", "save_gguf"]
 
 ARCH = "rwkv7"
 CONTEXT_LENGTH = 1048576   # what the converter writes: RWKV has no context limit
 WORLD_EOT = 261   # "\n\n" in the World vocabulary: end of a chat turn
 # the lerps, stacked in the order llama.cpp's graph reads them
 _LERPS = ("x_r", "x_w", "x_k", "x_v", "x_a", "x_g")
+# the GGUF block types written and read as they are (a frozen base's dtypes)
+QUANTS = ("q8_0", "q4_0")
+# the tensor types of --format gguf: the model formats' and the block types
+GGUF_DTYPES = DTYPES + QUANTS
 
 
-def _need_gguf() -> Any:
+def need_gguf() -> Any:
     try:
         import gguf
     except ImportError:
@@ -76,7 +82,7 @@ def _world_tokens() -> list[bytes]:
 
 def gguf_vocab(vocab_size: int) -> tuple[list[str], list[int]]:
     """(token texts, token types) for tokenizer.ggml.tokens / token_type."""
-    gguf = _need_gguf()
+    gguf = need_gguf()
     normal, control, unused = (int(gguf.TokenType.NORMAL), int(gguf.TokenType.CONTROL),
                                int(gguf.TokenType.UNUSED))
     if vocab_size == 256:
@@ -88,102 +94,158 @@ def gguf_vocab(vocab_size: int) -> tuple[list[str], list[int]]:
     return texts + [f"[PAD{i}]" for i in range(pad)], types + [unused] * pad
 
 
-def gguf_tensors(model: RxPtModel) -> dict[str, np.ndarray]:
+def gguf_pairs(config: dict[str, int]) -> list[tuple[str, str, str]]:
+    """(our parameter, GGUF tensor, how) of every parameter of a model
+    llama.cpp's rwkv7 holds: "same" (the numpy array as it is), "t" (our
+    [in, out] matrix is the GGUF's numpy [out, in], llama.cpp's [in, out]
+    ggml dims, transposed), "lerpJ" (row J of the fused lerps)."""
+    pairs = [("emb", "token_embd.weight", "same"), ("ln0_w", "token_embd_norm.weight", "same"),
+             ("ln0_b", "token_embd_norm.bias", "same")]
+    for i in range(config["n_rwkv_layer"]):
+        b, tm, pre = f"blocks.{i}.", f"blocks.{i}.tm.", f"blk.{i}."
+        pairs += [(b + "ln1_w", pre + "attn_norm.weight", "same"),
+                  (b + "ln1_b", pre + "attn_norm.bias", "same"),
+                  (b + "ln2_w", pre + "attn_norm_2.weight", "same"),
+                  (b + "ln2_b", pre + "attn_norm_2.bias", "same")]
+        pairs += [(tm + x, pre + "time_mix_lerp_fused.weight", f"lerp{j}")
+                  for j, x in enumerate(_LERPS)]
+        for kind in ("w", "a", "v"):
+            if kind == "v" and i == 0:   # layer 0 has no value residual
+                continue
+            pairs += [(tm + kind + "0", pre + f"time_mix_{kind}0.weight", "same"),
+                      (tm + kind + "1", pre + f"time_mix_{kind}1.weight", "t"),
+                      (tm + kind + "2", pre + f"time_mix_{kind}2.weight", "t")]
+        pairs += [(tm + "g1", pre + "time_mix_g1.weight", "t"),
+                  (tm + "g2", pre + "time_mix_g2.weight", "t")]
+        pairs += [(tm + x, pre + f"time_mix_{x}.weight", "same") for x in ("k_k", "k_a", "r_k")]
+        pairs += [(tm + x + "_w", pre + f"time_mix_{x}.weight", "t")
+                  for x in ("receptance", "key", "value", "output")]
+        pairs += [(tm + "ln_x_w", pre + "time_mix_ln.weight", "same"),
+                  (tm + "ln_x_b", pre + "time_mix_ln.bias", "same"),
+                  (b + "cm.ffn_x_k", pre + "channel_mix_lerp_k.weight", "same"),
+                  (b + "cm.ffn_key_w", pre + "channel_mix_key.weight", "t"),
+                  (b + "cm.ffn_value_w", pre + "channel_mix_value.weight", "t")]
+    return pairs + [("ln_out_w", "output_norm.weight", "same"),
+                    ("ln_out_b", "output_norm.bias", "same"), ("head", "output.weight", "t")]
+
+
+# layer 0's value-residual stand-ins: the loader wants a0/a1/a2-shaped
+# tensors there, which the graph skips (the converter writes a copy of a*)
+STAND_INS = {f"blk.0.time_mix_v{j}.weight": f"blk.0.time_mix_a{j}.weight" for j in range(3)}
+
+
+def gguf_tensors(model: RxPtModel, skip: Container[str] = ()) -> dict[str, np.ndarray]:
     """GGUF tensor name -> float32 array in the shape given to the writer
-    (numpy order: a [out, in] matrix for llama.cpp's [in, out] ggml dims)."""
+    (numpy order: a [out, in] matrix for llama.cpp's [in, out] ggml dims),
+    a frozen base's matrices decoded; skip: our parameters left out."""
     why = gguf_refusal(model.config)
     if why:
         raise InteropError(why)
-    p = {k: np.asarray(v, dtype=np.float32) for k, v in model.params.items()}
-
-    def t(a: np.ndarray) -> np.ndarray:
-        return np.ascontiguousarray(a.T)
-
-    out = {"token_embd.weight": p["emb"].copy(), "token_embd_norm.weight": p["ln0_w"].copy(),
-           "token_embd_norm.bias": p["ln0_b"].copy()}
-    for i in range(model.config["n_rwkv_layer"]):
-        b, tm, pre = f"blocks.{i}.", f"blocks.{i}.tm.", f"blk.{i}."
-        v = "v" if i > 0 else "a"   # layer 0 has no value residual: the loader wants
-        #                             a0/a1/a2-shaped stand-ins, which the graph skips
-        out.update({
-            pre + "attn_norm.weight": p[b + "ln1_w"], pre + "attn_norm.bias": p[b + "ln1_b"],
-            pre + "attn_norm_2.weight": p[b + "ln2_w"], pre + "attn_norm_2.bias": p[b + "ln2_b"],
-            pre + "time_mix_lerp_fused.weight":
-                np.stack([p[tm + x] for x in _LERPS]).reshape(6, 1, 1, -1),
-            pre + "time_mix_w0.weight": p[tm + "w0"], pre + "time_mix_w1.weight": t(p[tm + "w1"]),
-            pre + "time_mix_w2.weight": t(p[tm + "w2"]),
-            pre + "time_mix_a0.weight": p[tm + "a0"], pre + "time_mix_a1.weight": t(p[tm + "a1"]),
-            pre + "time_mix_a2.weight": t(p[tm + "a2"]),
-            pre + "time_mix_v0.weight": p[tm + v + "0"],
-            pre + "time_mix_v1.weight": t(p[tm + v + "1"]),
-            pre + "time_mix_v2.weight": t(p[tm + v + "2"]),
-            pre + "time_mix_g1.weight": t(p[tm + "g1"]),
-            pre + "time_mix_g2.weight": t(p[tm + "g2"]),
-            pre + "time_mix_k_k.weight": p[tm + "k_k"], pre + "time_mix_k_a.weight": p[tm + "k_a"],
-            pre + "time_mix_r_k.weight": p[tm + "r_k"],
-            pre + "time_mix_receptance.weight": t(p[tm + "receptance_w"]),
-            pre + "time_mix_key.weight": t(p[tm + "key_w"]),
-            pre + "time_mix_value.weight": t(p[tm + "value_w"]),
-            pre + "time_mix_output.weight": t(p[tm + "output_w"]),
-            pre + "time_mix_ln.weight": p[tm + "ln_x_w"],
-            pre + "time_mix_ln.bias": p[tm + "ln_x_b"],
-            pre + "channel_mix_lerp_k.weight": p[b + "cm.ffn_x_k"],
-            pre + "channel_mix_key.weight": t(p[b + "cm.ffn_key_w"]),
-            pre + "channel_mix_value.weight": t(p[b + "cm.ffn_value_w"]),
-        })
-    out.update({"output_norm.weight": p["ln_out_w"], "output_norm.bias": p["ln_out_b"],
-                "output.weight": t(p["head"])})
+    base = set(model.base_names)
+    out: dict[str, np.ndarray] = {}
+    lerps: dict[str, list[np.ndarray]] = {}
+    for ours, theirs, how in gguf_pairs(model.config):
+        if ours in skip:
+            continue
+        a = model.base_tensor(ours) if ours in base else \
+            np.asarray(model.params[ours], dtype=np.float32)
+        if how.startswith("lerp"):
+            lerps.setdefault(theirs, []).append(a)
+        else:
+            out[theirs] = np.ascontiguousarray(a.T) if how == "t" else a
+    for name, rows in lerps.items():
+        out[name] = np.stack(rows).reshape(6, 1, 1, -1)
+    out.update({v: out[a] for v, a in STAND_INS.items() if a in out})
     return {k: np.array(v, dtype=np.float32) for k, v in out.items()}
 
 
-def _keeps_f32(name: str, a: np.ndarray) -> bool:
+def _held_blocks(model: RxPtModel, dtype: str) -> dict[str, np.ndarray]:
+    """GGUF tensor name -> the stored blocks (uint8 rows of W^T) of each
+    matrix a frozen base of dtype holds, when the model applies no
+    adapters over it: written as they are, never quantized twice."""
+    if model.base_dtype != dtype or dtype not in QUANTS or model.lora is not None:
+        return {}
+    base = set(model.base_names)
+    out = {theirs: model.base_data(ours) for ours, theirs, how in gguf_pairs(model.config)
+           if ours in base and (how == "t" or ours == "emb")}
+    out.update({v: out[a] for v, a in STAND_INS.items() if a in out})
+    return out
+
+
+def keeps_f32(name: str, a: np.ndarray) -> bool:
     """The tensors the converter keeps in F32 at any file type: vectors,
     norms, biases, the decay LoRA and the fused lerps."""
     return (a.ndim == 1 or "norm" in name or name.endswith(".bias")
             or "time_mix_w1" in name or "time_mix_w2" in name or "lerp_fused" in name)
 
 
+def gguf_writer(path: str, config: dict[str, int], dtype: str) -> Any:
+    """A gguf.GGUFWriter at path holding the metadata and tokenizer of an
+    rwkv7 model of config whose large matrices are dtype (GGUF_DTYPES), as
+    the converter writes them; its tensors are the caller's."""
+    gguf = need_gguf()
+    c = config
+    texts, types = gguf_vocab(c["vocab_size"])
+    F = gguf.LlamaFileType
+    ftype = {"fp32": F.ALL_F32, "bf16": F.MOSTLY_BF16, "fp16": F.MOSTLY_F16,
+             "q8_0": F.MOSTLY_Q8_0, "q4_0": F.MOSTLY_Q4_0}[dtype]
+    w = gguf.GGUFWriter(path, ARCH)
+    w.add_name("rwkvx_c model")
+    w.add_file_type(int(ftype))
+    w.add_context_length(CONTEXT_LENGTH)
+    w.add_embedding_length(c["n_embd"])
+    w.add_block_count(c["n_rwkv_layer"])
+    w.add_feed_forward_length(c["ffn_dim"])
+    w.add_head_count(0)   # the converter's value: required key, unused by rwkv7
+    w.add_layer_norm_eps(ModelConfig.resolve(c)["ln_eps"])
+    w.add_wkv_head_size(c["head_size"])
+    w.add_decay_lora_rank(c["Dw"])
+    w.add_iclr_lora_rank(c["Da"])
+    w.add_value_residual_mix_lora_rank(c["Dv"])
+    w.add_gate_lora_rank(c["Dg"])
+    w.add_tokenizer_model("rwkv")
+    w.add_token_list(texts)
+    w.add_token_types(types)
+    if c["vocab_size"] == WORLD_VOCAB:   # the converter's World special tokens
+        w.add_bos_token_id(0)
+        w.add_eos_token_id(0)
+        w.add_eot_token_id(WORLD_EOT)
+    return w
+
+
 def save_gguf(model: RxPtModel, path: str, dtype: str = "fp32") -> None:
     """Writes model as a llama.cpp rwkv7 GGUF at path, atomically; dtype
-    (fp32, bf16, fp16) applies to the large matrices, as the converter does."""
-    gguf = _need_gguf()
-    if dtype not in DTYPES:
-        raise InteropError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    (GGUF_DTYPES: fp32, bf16, fp16, q8_0, q4_0) applies to the large
+    matrices, as the converter does (a matrix whose rows are not whole
+    blocks falls back to F16, as there). A frozen base of dtype q8_0 / q4_0
+    under no adapters gives its blocks as they are; any other matrix is
+    quantized from float32 with gguf.quants.quantize."""
+    gguf = need_gguf()
+    if dtype not in GGUF_DTYPES:
+        raise InteropError(f"unknown dtype {dtype!r}; choose one of {', '.join(GGUF_DTYPES)}")
     c = model.config
-    tensors = gguf_tensors(model)
-    texts, types = gguf_vocab(c["vocab_size"])
-    qtype = {"fp32": gguf.GGMLQuantizationType.F32, "bf16": gguf.GGMLQuantizationType.BF16,
-             "fp16": gguf.GGMLQuantizationType.F16}[dtype]
-    ftype = {"fp32": gguf.LlamaFileType.ALL_F32, "bf16": gguf.LlamaFileType.MOSTLY_BF16,
-             "fp16": gguf.LlamaFileType.MOSTLY_F16}[dtype]
+    T = gguf.GGMLQuantizationType
+    held = _held_blocks(model, dtype)
+    tensors = gguf_tensors(model, skip={ours for ours, theirs, _ in gguf_pairs(c)
+                                        if theirs in held})
+    qtype = {"fp32": T.F32, "bf16": T.BF16, "fp16": T.F16, "q8_0": T.Q8_0,
+             "q4_0": T.Q4_0}[dtype]
+
+    def add(w: Any, name: str, a: np.ndarray) -> None:
+        if qtype == T.F32 or keeps_f32(name, a):
+            w.add_tensor(name, a)
+            return
+        try:
+            w.add_tensor(name, gguf.quants.quantize(a, qtype), raw_dtype=qtype)
+        except gguf.QuantError:   # rows not whole blocks: the converter's F16
+            w.add_tensor(name, gguf.quants.quantize(a, T.F16), raw_dtype=T.F16)
 
     def write(tmp: str) -> None:
-        w = gguf.GGUFWriter(tmp, ARCH)
-        w.add_name("rwkvx_c model")
-        w.add_file_type(int(ftype))
-        w.add_context_length(CONTEXT_LENGTH)
-        w.add_embedding_length(c["n_embd"])
-        w.add_block_count(c["n_rwkv_layer"])
-        w.add_feed_forward_length(c["ffn_dim"])
-        w.add_head_count(0)   # the converter's value: required key, unused by rwkv7
-        w.add_layer_norm_eps(ModelConfig.resolve(c)["ln_eps"])
-        w.add_wkv_head_size(c["head_size"])
-        w.add_decay_lora_rank(c["Dw"])
-        w.add_iclr_lora_rank(c["Da"])
-        w.add_value_residual_mix_lora_rank(c["Dv"])
-        w.add_gate_lora_rank(c["Dg"])
-        w.add_tokenizer_model("rwkv")
-        w.add_token_list(texts)
-        w.add_token_types(types)
-        if c["vocab_size"] == WORLD_VOCAB:   # the converter's World special tokens
-            w.add_bos_token_id(0)
-            w.add_eos_token_id(0)
-            w.add_eot_token_id(WORLD_EOT)
+        w = gguf_writer(tmp, c, dtype)
+        for name, blocks in held.items():
+            w.add_tensor(name, blocks, raw_dtype=qtype)
         for name, a in tensors.items():
-            if qtype == gguf.GGMLQuantizationType.F32 or _keeps_f32(name, a):
-                w.add_tensor(name, a)
-            else:
-                w.add_tensor(name, gguf.quants.quantize(a, qtype), raw_dtype=qtype)
+            add(w, name, a)
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_tensors_to_file()

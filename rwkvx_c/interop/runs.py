@@ -15,7 +15,9 @@ from rwkvx_c._core import RxPtModel
 from rwkvx_c.data.tokenizers import WORLD_VOCAB_SIZE, ByteTokenizer, Tokenizer, run_tokenizer
 from rwkvx_c.data.tokenizers import load as load_tokenizer
 from rwkvx_c.errors import CheckpointError, InteropError, OutputError, TokenizerError
-from rwkvx_c.interop.gguf import save_gguf
+from rwkvx_c.interop.gguf import GGUF_DTYPES, save_gguf
+from rwkvx_c.interop.gguf_in import GgufWeights
+from rwkvx_c.interop.gguf_lora import save_gguf_lora
 from rwkvx_c.interop.hf import (
     HF_FILES,
     PEFT_FILES,
@@ -51,6 +53,7 @@ class ExportFormat:
     holds: str        # "model" (the weights), "state" (the initial WKV states), "adapters" (LoRA)
     says: str         # what it is and who reads it (the export command's help)
     folder: tuple[str, ...] = ()   # the files it writes into the folder out; (): the file out
+    dtypes: tuple[str, ...] = DTYPES   # the tensor types it writes
 
 
 def _hf(model: RxPtModel, out: str, dtype: str, tok: Tokenizer, _: Adapters,
@@ -68,7 +71,7 @@ EXPORTS = {f.name: f for f in (
     ExportFormat("rwkvx", lambda m, out, dtype, _t, _a: save_pth(to_rwkvx(m), out, dtype),
                  "model", "an RWKV-X .pth (the rwkv-x package)"),
     ExportFormat("gguf", lambda m, out, dtype, _t, _a: save_gguf(m, out, dtype), "model",
-                 "a GGUF file (llama.cpp)"),
+                 "a GGUF file (llama.cpp)", dtypes=GGUF_DTYPES),
     ExportFormat("hf", _hf, "model", "a Hugging Face folder (flash-linear-attention's rwkv7 "
                  "layout, rwkv7-hf, transformers)", folder=HF_FILES),
     ExportFormat("state", lambda m, out, _d, _t, _a: save_pth(state_dict(m), out, "fp32"),
@@ -79,6 +82,10 @@ EXPORTS = {f.name: f for f in (
                                                                  export_modules(m), a[2]),
                  "adapters", "a Hugging Face PEFT adapter folder for the hf export",
                  folder=PEFT_FILES),
+    ExportFormat("gguf-lora", lambda m, out, dtype, _t, a: save_gguf_lora(
+                     m, a[0], plain_alpha(a[2], _rank(a[0]), a[1]), out, dtype),
+                 "adapters", "a LoRA run's adapters as llama.cpp's adapter GGUF (--lora) for "
+                 "the gguf export"),
 )}
 FORMATS = tuple(EXPORTS)
 
@@ -88,13 +95,15 @@ def export_model(model: RxPtModel, fmt: str, out: str, dtype: str = "fp32", *,
                  adapters: Adapters | None = None, chat_template: str | None = None) -> None:
     """Writes model to out in format fmt (EXPORTS: rwkv7, rwkvx or gguf; hf:
     the folder out, with tokenizer's files: rwkv7-hf's layout for a model it
-    holds, rwkvx_c's own modeling code for any other) at dtype (fp32, bf16 or fp16),
+    holds, rwkvx_c's own modeling code for any other) at dtype (fp32, bf16 or fp16;
+    gguf also q8_0, q4_0),
     atomically; InteropError when the format cannot hold the model (nothing
     is written then). fmt "state": the model's trained initial WKV states
     alone, as RWKV-PEFT saves them (state_dict); "lora": a LoRA run's
     adapters (the model's base is not written) under RWKV-PEFT's names at
     dtype (lora_dict); "peft": the same as a Hugging Face PEFT adapter folder
-    for the hf export's module names (save_peft). chat_template: the Jinja
+    for the hf export's module names (save_peft); "gguf-lora": the same as
+    llama.cpp's adapter GGUF (save_gguf_lora). chat_template: the Jinja
     template an hf export's tokenizer_config.json carries (the run's), so
     apply_chat_template renders what the run trained on. OutputError when out (for
     a folder: any file it writes there) is one of `inputs` (the model's run folder
@@ -102,11 +111,12 @@ def export_model(model: RxPtModel, fmt: str, out: str, dtype: str = "fp32", *,
 
     The model files hold the weights only: a state-tuned model's initial
     states travel in the state file beside them."""
-    if dtype not in DTYPES:
-        raise InteropError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
     if fmt not in EXPORTS:
         raise InteropError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
     f = EXPORTS[fmt]
+    if dtype not in f.dtypes:
+        raise InteropError(f"--format {fmt} writes no dtype {dtype!r}; choose one of "
+                           f"{', '.join(f.dtypes)}")
     for name in f.folder or (None,):   # a folder: each file it writes there
         claim_output(out if name is None else os.path.join(out, name), inputs)
     if f.holds == "adapters" and adapters is None:
@@ -127,6 +137,11 @@ def state_dict(model: RxPtModel) -> dict[str, np.ndarray]:
             for i, s in enumerate(model.state)}
 
 
+def _rank(adapters: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> int:
+    """The rank r of adapters (A [r, in] of any one)."""
+    return int(next(iter(adapters.values()))[0].shape[0])
+
+
 def lora_dict(model: RxPtModel, adapters: Mapping[str, tuple[np.ndarray, np.ndarray]],
               alpha: float, kind: str = "lora") -> dict[str, np.ndarray]:
     """RWKV-PEFT's LoRA file: '{module}.lora_A' [r, in] and '{module}.lora_B'
@@ -142,7 +157,7 @@ def lora_dict(model: RxPtModel, adapters: Mapping[str, tuple[np.ndarray, np.ndar
     for ours, (A, B) in adapters.items():
         out[names[ours] + A_SUFFIX] = np.array(A, dtype=np.float32)
         out[names[ours] + B_SUFFIX] = np.array(B, dtype=np.float32)
-    r = next(iter(adapters.values()))[0].shape[0]
+    r = _rank(adapters)
     out["lora_alpha"] = np.array([plain_alpha(kind, r, alpha)], dtype=np.float32)
     out["lora_r"] = np.array([r], dtype=np.float32)
     return out
@@ -235,7 +250,8 @@ def import_pth(path: str, out_dir: str) -> str:
     or an RWKV-X checkpoint (names under rwkv. / moba.) -- as a checkpoint
     (weights only: `rwkvx-c sample` runs it, `rwkvx-c train --resume`
     starts a new run from it). A folder at path is a Hugging Face rwkv7
-    model (rwkvx_c.interop.hf), whose tokenizer comes along. Returns the
+    model (rwkvx_c.interop.hf), whose tokenizer comes along; so does a
+    .gguf's (rwkvx_c.interop.gguf_in: float32, gguf's dequantized values). Returns the
     checkpoint path; refuses a folder that already holds a checkpoint."""
     run = _new_run(path, out_dir)
     tok = None
@@ -243,6 +259,13 @@ def import_pth(path: str, out_dir: str) -> str:
         fmt = "hf"
         model = read_hf_folder(path)
         tok = hf_tokenizer(path, model.config["vocab_size"])
+    elif path.endswith(".gguf"):   # gguf's dequantized values, exactly
+        fmt = "gguf"
+        g = GgufWeights(path)
+        model = RxPtModel(g.config, init=False)
+        for n in model.param_names:
+            model.params[n][...] = g[n]
+        tok = load_tokenizer(g.tokenizer)
     else:
         sd = load_pth(path)
         fmt = "rwkvx" if any(k.startswith("rwkv.") for k in sd) else "rwkv7"

@@ -24,7 +24,7 @@ from rwkvx_c.errors import InteropError
 from rwkvx_c.model.config import export_refusal
 from rwkvx_c.model.weights import load_params
 
-__all__ = ["to_rwkv7", "from_rwkv7", "stream_rwkv7", "StreamedWeights",
+__all__ = ["to_rwkv7", "from_rwkv7", "stream_rwkv7", "PairedWeights", "StreamedWeights",
             "rwkv7_config", "to_rwkvx", "from_rwkvx", "rwkvx_refusal",
            "linear_prefixes"]
 
@@ -218,7 +218,29 @@ def from_rwkv7(sd: Mapping[str, np.ndarray]) -> RxPtModel:
     return model
 
 
-class StreamedWeights(Mapping[str, np.ndarray]):
+class PairedWeights(Mapping[str, np.ndarray]):
+    """A file's weights under our parameter names, each read when asked for
+    (__getitem__, the subclass's): _pairs maps our name to where it lies in
+    the file, _shapes to its shape in our layout."""
+
+    _pairs: dict[str, tuple[str, str]]
+    _shapes: dict[str, tuple[int, ...]]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._pairs)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._pairs
+
+    def __len__(self) -> int:
+        return len(self._pairs)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """Parameter name's shape in our layout, without reading it."""
+        return self._shapes[name]
+
+
+class StreamedWeights(PairedWeights):
     """An x070 state dict's weights under our names (a .pth, a .safetensors
     file, or HF names read as x070 by rwkvx_c.interop.hf.HfAsX070), each
     read from the file and converted (float32, our orientation) only when
@@ -259,19 +281,6 @@ class StreamedWeights(Mapping[str, np.ndarray]):
         a = self._pth.array(theirs)
         self._pth.release(theirs)   # copied: its mapped pages need not wait for the model
         return _from_foreign(a, kind)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._pairs)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._pairs
-
-    def __len__(self) -> int:
-        return len(self._pairs)
-
-    def shape(self, name: str) -> tuple[int, ...]:
-        """Parameter name's shape in our layout, without reading it."""
-        return self._shapes[name]
 
     def raw_t(self, name: str) -> np.ndarray | None:
         theirs, kind = self._pairs[name]

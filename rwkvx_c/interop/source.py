@@ -1,11 +1,12 @@
 """The weights a fine-tune starts from (``rwkvx-c train --init-from SRC``):
 a run folder, a checkpoint file, an x070 / RWKV-X ``.pth``, a Hugging
-Face folder or a ``.safetensors`` file of x070 or HF rwkv7 names, read
+Face folder, a ``.safetensors`` file of x070 or HF rwkv7 names or an
+RWKV-7 ``.gguf`` (rwkvx_c.interop.gguf_in), read
 with the rules of ``rwkvx-c import`` (rwkvx_c.interop.rwkv7, hf), or LoRA
 adapters on such a base (a PEFT folder or an RWKV-PEFT .pth,
 rwkvx_c.interop.adapters), which the tune trains on as they are.
 
-An x070 .pth, an HF rwkv7 folder and such a .safetensors file stream:
+An x070 .pth, an HF rwkv7 folder, such a .safetensors file and a GGUF stream:
 Source.weights reads each tensor from the mapped file when the model asks
 for it (rwkvx_c.interop.rwkv7.StreamedWeights), never a float32 copy of
 the whole model; so does the base of a run whose checkpoint names it
@@ -37,6 +38,7 @@ from rwkvx_c._core import RxPtModel
 from rwkvx_c.data.tokenizers import WORLD_VOCAB_SIZE, run_tokenizer
 from rwkvx_c.errors import CheckpointError, InteropError, RwkvxError, TokenizerError
 from rwkvx_c.interop.adapters import Adapters, is_adapter, peft_base, read_adapters
+from rwkvx_c.interop.gguf_in import GgufWeights
 from rwkvx_c.interop.hf import HYBRID_TYPE, HfAsX070, hf_tensors, hf_tokenizer, read_hf_config
 from rwkvx_c.interop.hf_hybrid import read_hf_folder
 from rwkvx_c.interop.pth import PthTensors, load_pth
@@ -109,6 +111,9 @@ def read_source(src: str, base: str | None = None, lora_alpha: float | None = No
         weights = {n: np.array(model.params[n]) for n in model.param_names}
         tok = "world" if model.config["vocab_size"] == WORLD_VOCAB_SIZE else None
         return Source(src, model.config, weights, tok, None)
+    if src.endswith(".gguf"):   # streamed: its blocks go into the base as they are
+        g = GgufWeights(src)
+        return Source(src, g.config, g, g.tokenizer, None, dtype=g.dtype)
     if src.endswith(".safetensors"):
         streamed = _stream_safetensors(src)
         if streamed is not None:
@@ -183,8 +188,8 @@ class Layered(Mapping[str, np.ndarray]):
     checkpoint holds is its, any other the base's, read from the base only
     when asked for (an x070 .pth or a safetensors base stays in its file),
     so a reader taking one parameter at a time never holds the base twice.
-    shape(name) answers without reading; raw_t and release pass a base
-    tensor's through (a fine-tune from such a run streams its base as the
+    shape(name) answers without reading; raw_t, raw_blocks, compact and
+    release pass a base tensor's through (a fine-tune from such a run streams its base as the
     base's own source would, rwkvx_c.train.base); dtype is the base's when
     the checkpoint holds no matrix of its own. hide: names left out of both."""
 
@@ -223,6 +228,14 @@ class Layered(Mapping[str, np.ndarray]):
     def raw_t(self, name: str) -> np.ndarray | None:
         raw = getattr(self._base, "raw_t", None)
         return None if name in self._own or raw is None else raw(name)
+
+    def raw_blocks(self, name: str) -> tuple[str, np.ndarray] | None:
+        raw = getattr(self._base, "raw_blocks", None)
+        return None if name in self._own or raw is None else raw(name)
+
+    def compact(self, name: str) -> bool:
+        small = getattr(self._base, "compact", None)
+        return name not in self._own and (small is None or small(name))
 
     def release(self, name: str) -> None:
         drop = getattr(self._base, "release", None)

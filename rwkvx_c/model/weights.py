@@ -17,7 +17,7 @@ from rwkvx_c.errors import CheckpointError, RwkvxError
 if TYPE_CHECKING:
     from rwkvx_c._core import RxPtModel
 
-__all__ = ["load_params", "load_states"]
+__all__ = ["load_params", "load_states", "auto_base_dtype", "fill_base"]
 
 
 def load_params(model: RxPtModel, tensors: Mapping[str, np.ndarray], what: str,
@@ -58,3 +58,29 @@ def load_states(model: RxPtModel, states: np.ndarray | None, what: str,
         raise error(f"{what}: the initial states have shape {states.shape}, the model's are "
                     f"{model.state.shape}")
     model.state[...] = states
+
+
+def auto_base_dtype(source_dtype: str) -> str:
+    """--base-dtype auto's base for a source whose matrices are of
+    source_dtype: that form when a base holds it (bf16, q8_0, q4_0), else
+    fp32 (no base)."""
+    from rwkvx_c._core import BASE_DTYPES
+    return source_dtype if source_dtype in BASE_DTYPES else "fp32"
+
+
+def fill_base(model: RxPtModel, tensors: Mapping[str, np.ndarray], name: str) -> None:
+    """Base tensor name of model from tensors: a GGUF's blocks of the base's
+    own dtype (tensors.raw_blocks) or bf16 bits (tensors.raw_t), [out, in]
+    as the file holds them, copied in as they are; else its float32 values,
+    encoded once."""
+    blocks = getattr(tensors, "raw_blocks", None)
+    own = blocks(name) if blocks is not None else None
+    if own is not None and own[0] == model.base_dtype:
+        model.base_fill(name, own[1], transposed=True)
+        return
+    raw = getattr(tensors, "raw_t", None)
+    bits = raw(name) if raw is not None else None
+    if bits is not None:
+        model.base_fill(name, bits, transposed=True)
+    else:
+        model.base_fill(name, np.ascontiguousarray(tensors[name], np.float32))

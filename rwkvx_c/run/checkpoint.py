@@ -43,6 +43,7 @@ moment leaves either the old checkpoint or the new one, never a torn file.
 from __future__ import annotations
 
 import json
+import os
 import struct
 import zlib
 from collections.abc import Mapping
@@ -124,8 +125,10 @@ def read_checkpoint(path: str) -> Checkpoint:
 def read_state(path: str) -> dict[str, Any]:
     """The run state of the checkpoint at path from its header alone (the
     tensors unread): what a reader wants before it loads the model, such as
-    the run's options. {} when the header is unreadable; read_checkpoint
-    then says why."""
+    the run's options. {} when the header is unreadable or path no regular
+    file (a FIFO would block the read); read_checkpoint then says why."""
+    if not os.path.isfile(path):
+        return {}
     try:
         with open(path, "rb") as f:
             (hlen,) = struct.unpack("<Q", f.read(8))

@@ -4,8 +4,12 @@ A matrix that does not train (every projection of a state or LoRA tune,
 the frozen groups of --freeze / --train-parts) is held only in the format
 its GEMM reads: bf16, GGUF Q8_0 or Q4_0 (RxPtModel.set_base), with no float32
 copy, no gradient and no AdamW moments. --base-dtype picks the format;
-"auto" is bf16 for a source whose matrices are bf16 (an official .pth),
-fp32 (the arena, as a full run) otherwise. A frozen embedding is held the
+"auto" is the source's own form when a base holds it: bf16 for a source
+whose matrices are bf16 (an official .pth), a GGUF's bf16, q8_0 or q4_0
+(its blocks copied in as they are; rwkvx_c.interop.gguf_in); fp32 (the
+arena, as a full run) otherwise. A GGUF matrix in another form is
+converted once into the base, with one line saying so, and one the file
+holds in float32 stays float32. A frozen embedding is held the
 same way, by its rows (decoded as they are gathered); every vector stays
 float32.
 
@@ -18,16 +22,17 @@ memory (what this mode keeps, tune_bytes) before it reads a tensor.
 """
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from rwkvx_c import _core
-from rwkvx_c.errors import ConfigError, MemoryTooSmall, TrainError
+from rwkvx_c.errors import ConfigError, MemoryTooSmall, RwkvxWarning, TrainError
 from rwkvx_c.model import memory
 from rwkvx_c.model.lora import target_params
-from rwkvx_c.model.weights import load_params
+from rwkvx_c.model.weights import auto_base_dtype, fill_base, load_params
 from rwkvx_c.train.expand import place_weights
 from rwkvx_c.train.finetune import parse_targets, trained_names
 
@@ -39,26 +44,29 @@ __all__ = ["resolve_base_dtype", "base_names", "base_bytes", "tune_bytes", "mode
            "Decoded"]
 
 def resolve_base_dtype(opts: ResolvedOptions, source_dtype: str) -> str:
-    """--base-dtype with "auto" decided: bf16 when the source's matrices
-    are bf16 and something is frozen, else fp32."""
+    """--base-dtype with "auto" decided: the source's form (bf16, q8_0,
+    q4_0) when a base holds it and something is frozen, else fp32."""
     if opts.base_dtype != "auto":
         return opts.base_dtype
     frozen = opts.tune != "full" or bool(opts.freeze) or bool(opts.train_parts)
-    return "bf16" if source_dtype == "bf16" and frozen else "fp32"
+    return auto_base_dtype(source_dtype) if frozen else "fp32"
 
 
-def base_names(model: RxPtModel, opts: ResolvedOptions, dtype: str) -> list[str]:
+def base_names(model: RxPtModel, opts: ResolvedOptions, dtype: str,
+               weights: Mapping[str, np.ndarray] | None = None) -> list[str]:
     """The matrices a base of dtype holds: every frozen 2-D parameter, the
     embedding included (held by its rows, which are gathered), whose rows
     (W^T's, the embedding's own) are whole blocks of the dtype (q8_0's and q4_0's: 32
-    values; the rest stay float32)."""
+    values; the rest stay float32), and that the source (weights) holds in
+    less than float32 where it says (a GGUF's compact)."""
     if dtype == "fp32":
         return []
     per, _ = _core.base_dtype_block(dtype)
     keep = set(trained_names(model, opts))
     p = model.params
+    compact = getattr(weights, "compact", lambda name: True)
     return [n for n in model.param_names if n not in keep and p[n].ndim == 2
-            and p[n].shape[n == "emb"] % per == 0]
+            and p[n].shape[n == "emb"] % per == 0 and compact(n)]
 
 
 def base_bytes(model: RxPtModel, names: list[str], dtype: str) -> int:
@@ -101,7 +109,7 @@ def model_from_source(opts: ResolvedOptions, weights: Mapping[str, np.ndarray]) 
         model = _core.RxPtModel(dict(opts.model), seed=opts.seed, precision=opts.precision,
                                 recompute=bool(opts.grad_cp), l2wrap=opts.l2wrap, init=False)
         dtype = resolve_base_dtype(opts, str(getattr(weights, "dtype", "fp32")))
-        names = base_names(model, opts, dtype)
+        names = base_names(model, opts, dtype, weights)
         # frozen while the step may be measured: no weight grad is written
         # (make_optimizer sets what trains)
         model.frozen = True
@@ -115,14 +123,10 @@ def model_from_source(opts: ResolvedOptions, weights: Mapping[str, np.ndarray]) 
         load_params(model, {n: placed[n] for n in rest}, "the source", TrainError, names=rest)
     if names:
         model.set_base(dtype, names)
+        _say_converted(weights, names, dtype)
     for n in model.param_names:
-        raw = getattr(placed, "raw_t", None)
         if n in names:
-            bits = raw(n) if raw is not None else None
-            if bits is not None:   # bf16 as the file holds it: [out, in]
-                model.base_fill(n, bits, transposed=True)
-            else:
-                model.base_fill(n, np.ascontiguousarray(placed[n], np.float32))
+            fill_base(model, placed, n)
         elif hasattr(weights, "raw_t"):
             a = placed[n]
             if a.shape != model.params[n].shape:
@@ -132,6 +136,22 @@ def model_from_source(opts: ResolvedOptions, weights: Mapping[str, np.ndarray]) 
         if hasattr(placed, "release"):
             placed.release(n)
     return model
+
+
+def _say_converted(weights: Mapping[str, np.ndarray], names: list[str], dtype: str) -> None:
+    """One line when a source that names its matrices' forms (a GGUF)
+    holds some of the base's in another form: each is decoded exactly and
+    encoded once into the base."""
+    types: dict[str, str] | None = getattr(weights, "types", None)
+    if types is None:
+        return
+    other = sorted({types[n] for n in names if types[n] != dtype})
+    count = sum(types[n] != dtype for n in names)
+    if count:
+        warnings.warn(RwkvxWarning(
+            f"{getattr(weights, 'path', 'the source')}: {count} of its {len(names)} base "
+            f"matrices are {', '.join(other)}, not {dtype}: each converted once into the "
+            f"{dtype} base"), stacklevel=2)
 
 
 class Decoded(Mapping[str, np.ndarray]):
