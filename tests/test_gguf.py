@@ -209,7 +209,8 @@ def test_gguf_lora_is_llama_cpps_adapter_file(tmp_path):
         export_model(m, "gguf-lora", str(tmp_path / "x.gguf"),
                      adapters=({"blocks.0.tm.w1": (A[:, :128], B[:32])}, alpha, "lora"))
     with pytest.raises(InteropError, match="writes no dtype 'q8_0'"):
-        export_model(m, "gguf-lora", str(tmp_path / "x.gguf"), "q8_0", adapters=(ads, alpha, "lora"))
+        export_model(m, "gguf-lora", str(tmp_path / "x.gguf"), "q8_0",
+                     adapters=(ads, alpha, "lora"))
     assert not os.path.exists(tmp_path / "x.gguf")
 
 
