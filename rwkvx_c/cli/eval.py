@@ -23,7 +23,7 @@ from rwkvx_c.data.pipeline import load_corpus
 from rwkvx_c.data.sampler import conversation_starts, eval_starts
 from rwkvx_c.errors import EvalError
 from rwkvx_c.eval import metrics, passkey
-from rwkvx_c.eval.preferences import base_model, score_preferences
+from rwkvx_c.eval.preferences import OWN_BASE, base_model, score_preferences, tuned
 from rwkvx_c.interop.source import read_run
 from rwkvx_c.run.checkpoint import read_state
 from rwkvx_c.run.rundir import checkpoint_path
@@ -79,8 +79,8 @@ def add_parser(sub: Subparsers) -> None:
                    help="with --split val: validation tokens (default: the run's eval_tokens)")
     e.add_argument("--batch", "--batch_size", "--batch-size", type=_batch, default=8,
                    metavar="B", help="windows per forward call (default: 8; fewer when the "
-                   "logits would pass 64 MiB); lm-eval's auto is the default; lm-eval "
-                   "requests run one at a time on the recurrent state")
+                   "logits would pass 64 MiB); lm-eval's auto is the default; lm-eval's "
+                   "requests, LAMBADA and passkey run in the batched engine")
     e.add_argument("--text-field", metavar="NAME",
                    help="the text field of .jsonl records (default: the run's)")
     e.add_argument("--lambada", metavar="FILE",
@@ -208,7 +208,8 @@ def run(a: argparse.Namespace) -> int:
         _core.set_num_threads(a.threads)
     ckpt = checkpoint_path(a.dir)
     opts = read_state(ckpt).get("options") or {}
-    model, tok = load_run(a.dir, a.base)
+    # a run on a frozen base holds it as it trained (read in place, never float32)
+    model, tok = load_run(a.dir, a.base, hold_base=True)
     model.precision = a.precision
     out: dict[str, Any] = {}
     if a.data or own:
@@ -271,14 +272,17 @@ def _score_corpus(a: argparse.Namespace, model: _core.RxPtModel, tok: Any,
 def _preferences(a: argparse.Namespace, model: _core.RxPtModel, tok: Any,
                  opts: dict[str, Any]) -> dict[str, Any]:
     kind = str(opts.get("objective")) if opts.get("objective") in OBJECTIVES[1:] else "dpo"
-    ref = None
+    ref: _core.RxPtModel | str | None = None
     if kind not in REFERENCE_FREE:
         if a.ref_from:
-            ref = load_model(a.ref_from)
-        else:
+            ref = load_model(a.ref_from, hold_base=True)
+            ref.precision = a.precision
+        elif tuned(model):   # the policy's own base, the one model held
+            ref = OWN_BASE
+        else:   # a checkpoint holding its adapters merged: the weights it holds without them
             tensors, config, _ = read_run(checkpoint_path(a.dir), a.base, EvalError)
             ref = base_model(tensors, config, a.dir)
-        ref.precision = a.precision
+            ref.precision = a.precision
     r = score_preferences(model, ref, tok, a.preferences,
                           seq_len=a.seq_len or int(opts.get("seq_len") or 256), kind=kind,
                           beta=float(opts.get("dpo_beta") or 0.1), batch=a.batch)

@@ -35,8 +35,10 @@ def add_parser(sub: Subparsers) -> None:
 
 
 def run(a: argparse.Namespace) -> int:
-    # an export reads and writes every weight: one more pass hashing the base is cheap
-    model, tok = load_run(a.dir, a.base, rehash=True)
+    # an export reads and writes every weight: one more pass hashing the base is cheap;
+    # a state export writes no weight: a frozen base is held as it trained, never float32
+    model, tok = load_run(a.dir, a.base, rehash=True,
+                          hold_base=EXPORTS[a.format].holds == "state")
     if a.format == "gguf" and tok.name not in ("byte", "world"):
         # the GGUF holds its vocabulary, and llama.cpp's rwkv7 knows byte and World only
         return err(f"the run in {a.dir} uses a {tok.name} tokenizer; a GGUF export needs "

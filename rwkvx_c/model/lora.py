@@ -9,15 +9,20 @@ same way (RxPtModel.lora), so a checkpoint stores them under these keys.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping, MutableMapping
-from typing import Any
+from collections.abc import Iterator, Mapping, MutableMapping
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from rwkvx_c.errors import CheckpointError
 
+if TYPE_CHECKING:
+    from rwkvx_c._core import RxPtModel
+
 __all__ = ["A_SUFFIX", "B_SUFFIX", "TARGETS", "DEFAULT_TARGETS", "target_params",
-           "adapters_of", "merge_into", "without_adapters", "ALPHA_OPTION", "run_alpha"]
+           "adapters_of", "merge_into", "without_adapters", "ALPHA_OPTION", "run_alpha",
+           "adapters_off"]
 
 A_SUFFIX, B_SUFFIX = ".lora_A", ".lora_B"
 ALPHA_OPTION = "lora_alpha"   # the run option that holds alpha (r is A's first dimension)
@@ -83,3 +88,20 @@ def run_alpha(state: Mapping[str, Any] | None, path: str) -> float:
         raise CheckpointError(f"checkpoint {path} holds LoRA adapters but no valid "
                               f"{ALPHA_OPTION} in its options ({a!r})")
     return float(a)
+
+
+@contextmanager
+def adapters_off(model: RxPtModel) -> Iterator[None]:
+    """model without its LoRA adapters for the span (its base, bit for bit:
+    the adapters are applied unmerged), the same adapters on again after."""
+    lora = model.lora
+    if not lora:
+        yield
+        return
+    r, alpha = model.lora_rank or (0, 0.0)
+    names = list(dict.fromkeys(k.rsplit(".lora_", 1)[0] for k in lora))
+    model.disable_lora()
+    try:
+        yield
+    finally:
+        model.enable_lora(r, alpha, names)
