@@ -948,6 +948,8 @@ size_t rx_sgemm_small_m(size_t m) {
     return old;
 }
 
+size_t rx_gemm_small_bound(void) { return small_m; }
+
 #ifdef RX_X86
 /* C[R, NR] (+)= op(A)[R, kc] . Bp[kc][NR], Bp a packed sliver, summed as
  * ukernel_avx2 sums (t from zero, one FMA per k, then C + t) with R <= MR

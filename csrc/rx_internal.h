@@ -363,9 +363,12 @@ int rx_gemm_reserve(void);
  * against concurrent GEMMs. */
 int rx_sgemm_use_kernel(const char *name);
 /* Test hook: batches whose ops all have at most m rows read op(B) in place
- * (gemm.c "small M"; the same bits as the packed path); 0 turns that off.
- * Returns the previous bound. Not thread-safe against concurrent GEMMs. */
+ * (gemm.c and gemm_bf16.c "small M"; the same bits as the packed path), in
+ * both the fp32 and the bf16 GEMM; 0 turns that off. Returns the previous
+ * bound. Not thread-safe against concurrent GEMMs. */
 size_t rx_sgemm_small_m(size_t m);
+/* The small-M bound rx_sgemm_small_m set (8 unless a test changed it). */
+size_t rx_gemm_small_bound(void);
 /* ---- gemm_ops.c: what both GEMM batches share -------------------------- */
 /* ops[0..n) -> live: the ops with work to do, in order; returns their count.
  * An op with K = 0 and beta = 0 is done here (C = 0); any other with no
