@@ -20,7 +20,7 @@ import rwkvx_c as rx
 from rwkvx_c import _core
 from rwkvx_c.train import Trainer, TrainError, TrainOptions
 
-from checks import kernel_fixture, kernel_runs
+from checks import kernel_fixture, kernel_runs, small_and_packed
 
 U = 2.0 ** -24
 KERNELS = ("generic-bf16", "avx512-bf16", "amx-bf16")
@@ -146,25 +146,8 @@ def test_bgemm_a_rows_product_does_not_depend_on_the_other_rows(kernel, restore_
             assert np.array_equal(_core._bgemm(a[:m].copy(), b, False, tb)[33], alone), m
 
 
-@pytest.fixture
-def small_m():
-    """Gives back the small-M bound a test changes."""
-    m = _core._sgemm_small_m(0)
-    _core._sgemm_small_m(m)
-    yield m
-    _core._sgemm_small_m(m)
-
-
 def _both_paths(a, b, ta, tb, c0, **blocks):
-    """(op(a).op(b), c0 + op(a).op(b)) by the small-M path (gemm_bf16.c,
-    M <= 8 on AVX2 with the generic kernel), then by the packed one."""
-    got = []
-    for bound in (8, 0):
-        _core._sgemm_small_m(bound)
-        acc = c0.copy()
-        got.append((_core._bgemm(a, b, ta, tb, **blocks),
-                    _core._bgemm(a, b, ta, tb, out=acc, beta=1.0, **blocks)))
-    return got
+    return small_and_packed(_core._bgemm, 8, a, b, ta, tb, c0, **blocks)
 
 
 @pytest.mark.parametrize("threads", [1, 2])

@@ -58,7 +58,7 @@ def test_a_pair_scores_the_same_alone_and_in_any_batch(cfg):
             assert got == (0.0, True)
             continue
         lp, greedy = _forward_score(m, *p)
-        assert got[0] == pytest.approx(lp, rel=1e-5, abs=1e-4)
+        assert got[0] == pytest.approx(lp, rel=1e-5, abs=1e-4) and got[1] == greedy
     # the one-sequence recurrent state (rx_infer), which scored them before
     st = rx.InferState(m, max_len=128)
     for ctx, cont in pairs[:4]:
@@ -111,6 +111,15 @@ def _decoded_load_run(loads):
     return f
 
 
+def _spy_memory(monkeypatch):
+    """The lines of every memory check made from now on."""
+    seen = []
+    real = memory.check
+    monkeypatch.setattr(memory, "check", lambda need, what, advice:
+                        seen.append(what) or real(need, what, advice))
+    return seen
+
+
 def _eval_json(capsys, argv):
     capsys.readouterr()
     assert main(argv + ["--json"]) == 0
@@ -140,12 +149,9 @@ def test_eval_of_a_base_holding_run_holds_its_base(runs, tmp_path, capsys, monke
                 "--passkey-lengths", "64", "--passkey-depths", "0,1", "--passkey-trials", "2",
                 "--plot", str(tmp_path / "p.png"), "--preferences", str(prefs),
                 "--seq-len", "64", "--tasks", "rx_mc", "--include-path", str(tasks)]
-        seen = []
-        real = memory.check
-        monkeypatch.setattr(memory, "check", lambda need, what, advice:
-                            seen.append(what) or real(need, what, advice))
+        seen = _spy_memory(monkeypatch)
         held = _eval_json(capsys, argv)
-        monkeypatch.setattr(memory, "check", real)
+        monkeypatch.undo()
         assert any("(its base q8_0)" in w for w in seen), seen
         loads: list = []
         monkeypatch.setattr(cli_eval, "load_run", _decoded_load_run(loads))
@@ -162,10 +168,7 @@ def test_eval_of_a_base_holding_run_holds_its_base(runs, tmp_path, capsys, monke
 
 def test_a_state_export_holds_the_base(runs, tmp_path, monkeypatch):
     import torch
-    seen = []
-    real = memory.check
-    monkeypatch.setattr(memory, "check", lambda need, what, advice:
-                        seen.append(what) or real(need, what, advice))
+    seen = _spy_memory(monkeypatch)
     assert main(["export", str(runs / "state"), "--format", "state", "--out",
                  str(tmp_path / "held.pth")]) == 0
     assert any("(its base q8_0)" in w for w in seen), seen
