@@ -62,6 +62,7 @@ class RwkvxLM(TemplateLM):
         super().__init__()
         if pretrained is not None:
             model, tokenizer = load_run(str(pretrained), hold_base=True)
+            model.precision = "fp32"   # as rwkvx-c eval's default (a held base stays as it is)
         if model is None or tokenizer is None:
             raise EvalError("RwkvxLM needs pretrained=RUN, or model and tokenizer")
         self.model, self.tok = model, tokenizer
