@@ -933,20 +933,8 @@ static int sgemm_parallel(const gemm_impl *im, const rx_gemm_op *ops, size_t nop
  * so a row's result depends on that row alone (batch invariance for
  * generation) and training is unchanged. */
 #define SMALL_T 4096  /* floats of a unit's row sums (16 KiB, half of L1) */
-/* Rows up to which a batch takes the small-M path: at 16 rows on Zen 3 the
- * packed path was faster, at 8 and fewer mostly slower (docs/
- * performance.md §Decode GEMM). The test hook may raise it to SMALL_MAX,
- * the rows the row sums' buffer holds, or set 0 (the path off). */
-#define SMALL_M 8
-#define SMALL_MAX 16
-_Static_assert(SMALL_T / SMALL_MAX >= 8 * NR, "a unit: at least 8 slivers wide");
-static size_t small_m = SMALL_M;
-
-size_t rx_sgemm_small_m(size_t m) {
-    const size_t old = small_m;
-    small_m = m < SMALL_MAX ? m : SMALL_MAX;
-    return old;
-}
+/* the rows up to which a batch comes here: rx_gemm_small_bound (gemm_ops.c) */
+_Static_assert(SMALL_T / RX_GEMM_SMALL_MAX >= 8 * NR, "a unit: at least 8 slivers wide");
 
 #ifdef RX_X86
 /* C[R, NR] (+)= op(A)[R, kc] . Bp[kc][NR], Bp a packed sliver, summed as
@@ -1117,6 +1105,7 @@ static int sgemm_small(const gemm_impl *im, const rx_gemm_op *ops, size_t nops, 
  * give small_tile's bits) and every op at most small_m rows */
 static int small_batch(const gemm_impl *im, const rx_gemm_op *ops, size_t n) {
     if (im == &impl_generic || !have_avx2()) return 0;
+    const size_t small_m = rx_gemm_small_bound();
     for (size_t k = 0; k < n; k++)
         if (ops[k].M > small_m) return 0;
     return n > 0;

@@ -655,6 +655,158 @@ static int bgemm_pass(const bgemm_impl *im, const rx_gemm_op *ops, size_t n) {
     return RX_OK;
 }
 
+/* ---- small M -------------------------------------------------------------
+ * Decoding multiplies a few rows (one per sequence) by every weight: the
+ * packed path would round all of op(B) into its buffer first and compute
+ * 32-row blocks to keep M rows. Up to the small-M bound (rx_sgemm_small_m,
+ * 8 rows) a batch runs here instead, where kernel_generic is the kernel and
+ * the CPU has AVX2: op(A)'s M rows rounded once; op(B) one 16-column block
+ * (all of K) at a time, read in place from a store in the packed layout (a
+ * bf16 base at bf16 precision), else packed by the packed path's own packer
+ * (the source's for a base) into the thread's block buffer (K / 16 KiB).
+ * Each C element is summed as kernel_generic sums it: per range of KCB k
+ * chunks from zero, per k pair the odd product then the even one, each
+ * product exact (bf16 x bf16 fits fp32) and each addition rounded -- a
+ * multiply then an add, never fused (target avx2 without fma), as a fused
+ * one would round products below 2^-126 differently -- and the range's sum
+ * added to C (written: the first range with beta 0), as store_block does.
+ * So the bits are the packed path's at any M, thread count and column cut.
+ * The AVX-512 and AMX kernels sum in their hardware's order: their batches
+ * keep the packed path. */
+#ifdef RX_BF16_X86
+#define RX_BF16_AVX2 __attribute__((target("avx2")))
+
+/* 8 columns (half h of a 16-column block) of R rows: C[R][nc] (+)= ar[R][K]
+ * . bp[nkc blocks], ar the rows rounded (kp floats a row, zero past K); R a
+ * constant at each use */
+RX_BF16_AVX2 static inline __attribute__((always_inline)) void
+small_half(size_t R, const float *ar, size_t kp, const bf16 *bp, size_t nkc, size_t h, float *C,
+           size_t ldc, size_t nc, int beta_nz) {
+    const __m256i hi = _mm256_set1_epi32((int)0xffff0000u);
+    for (size_t kb = 0; kb < nkc; kb += KCB) {
+        const size_t ke = kb + KCB < nkc ? kb + KCB : nkc;
+        __m256 s[8];
+        for (size_t i = 0; i < R; i++) s[i] = _mm256_setzero_ps();
+        for (size_t kc = kb; kc < ke; kc++) {
+            const bf16 *blk = bp + kc * BT_E + 16 * h;
+            const float *a = ar + kc * BT_K;
+            for (size_t p = 0; p < BT_K / 2; p++) {
+                /* a word per column: its even k in the low half, odd in the high */
+                const __m256i w = _mm256_loadu_si256((const __m256i *)(const void *)(blk + p * BT_K));
+                const __m256 ev = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+                const __m256 od = _mm256_castsi256_ps(_mm256_and_si256(w, hi));
+                for (size_t i = 0; i < R; i++) {
+                    s[i] = _mm256_add_ps(s[i], _mm256_mul_ps(_mm256_broadcast_ss(a + i * kp + 2 * p + 1), od));
+                    s[i] = _mm256_add_ps(s[i], _mm256_mul_ps(_mm256_broadcast_ss(a + i * kp + 2 * p), ev));
+                }
+            }
+        }
+        const int acc = kb > 0 || beta_nz;
+        for (size_t i = 0; i < R; i++) {
+            float t[8];
+            _mm256_storeu_ps(t, s[i]);
+            float *c = C + i * ldc;
+            for (size_t j = 0; j < nc; j++) c[j] = acc ? c[j] + t[j] : t[j];
+        }
+    }
+}
+
+RX_BF16_AVX2 static void small_block(size_t R, const float *ar, size_t kp, const bf16 *bp,
+                                     size_t nkc, size_t h, float *C, size_t ldc, size_t nc,
+                                     int beta_nz) {
+    switch (R) {
+    case 1: small_half(1, ar, kp, bp, nkc, h, C, ldc, nc, beta_nz); break;
+    case 2: small_half(2, ar, kp, bp, nkc, h, C, ldc, nc, beta_nz); break;
+    case 3: small_half(3, ar, kp, bp, nkc, h, C, ldc, nc, beta_nz); break;
+    case 4: small_half(4, ar, kp, bp, nkc, h, C, ldc, nc, beta_nz); break;
+    case 5: small_half(5, ar, kp, bp, nkc, h, C, ldc, nc, beta_nz); break;
+    case 6: small_half(6, ar, kp, bp, nkc, h, C, ldc, nc, beta_nz); break;
+    case 7: small_half(7, ar, kp, bp, nkc, h, C, ldc, nc, beta_nz); break;
+    default: small_half(8, ar, kp, bp, nkc, h, C, ldc, nc, beta_nz); break;
+    }
+}
+
+/* Column block cb (16 columns, all of K) of op o into C; scratch: the
+ * thread's block buffer (nkc blocks) when op(B) is not in place */
+static void small_unit(const bgemm_impl *im, const bop *o, const float *ar, size_t cb,
+                       bf16 *scratch) {
+    const rx_gemm_op *g = o->g;
+    const size_t E = o->nkc * BT_E;
+    const bf16 *bp = o->bp ? o->bp + cb * E : scratch;
+    if (!o->bp) {
+        /* the packers write block (cb, kc) at bp + (cb * nkc + kc) * BT_E: a
+         * base address one column block stride below the scratch puts them in it */
+        bf16 *at = (bf16 *)(uintptr_t)((uintptr_t)scratch - cb * E * sizeof(bf16));
+        if (g->bsrc)
+            g->bsrc->pack_bf16(g->bsrc_of, g->tb, g->N, g->K, o->nkc, cb, cb + 1, 0, o->nkc,
+                               BT_R, BT_K, at);
+        else {
+            bop ob = *o;
+            ob.bp = at;
+            im->pack_b(&ob, cb, cb + 1, 0, o->nkc);
+        }
+    }
+    const size_t kp = o->nkc * BT_K;
+    for (size_t h = 0; h < 2 && 16 * cb + 8 * h < g->N; h++) {
+        const size_t j0 = 16 * cb + 8 * h, nc = g->N - j0 < 8 ? g->N - j0 : 8;
+        small_block(g->M, ar, kp, bp, o->nkc, h, g->C + j0, g->ldc, nc, g->beta != 0.0f);
+    }
+}
+
+/* whether the batch takes the small-M path */
+static int small_bbatch(const bgemm_impl *im, const rx_gemm_op *ops, size_t n) {
+    if (im != &bimpl_generic || !__builtin_cpu_supports("avx2")) return 0;
+    const size_t bound = rx_gemm_small_bound();
+    for (size_t k = 0; k < n; k++)
+        if (ops[k].M > bound || ops[k].M > 8) return 0;
+    return n > 0;
+}
+
+/* The small-M batch (n <= MAX_OPS live ops); RX_ENOMEM when its buffer
+ * cannot be had */
+static int bgemm_small(const bgemm_impl *im, const rx_gemm_op *ops, size_t n) {
+    bop o[MAX_OPS];
+    size_t first[MAX_OPS + 1], arow[MAX_OPS + 1], maxe = 0;
+    double total = 0.0;
+    first[0] = arow[0] = 0;
+    for (size_t k = 0; k < n; k++) {
+        const rx_gemm_op *g = &ops[k];
+        o[k].g = g;
+        o[k].nkc = (g->K + BT_K - 1) / BT_K;
+        o[k].mp = o[k].np = 0;
+        const uint16_t *pre = g->bsrc && !g->tb ? g->bsrc->packed(g->bsrc_of, g->N, g->K) : NULL;
+        o[k].prepacked = pre != NULL;
+        o[k].bp = (bf16 *)(uintptr_t)pre;
+        if (!pre && o[k].nkc * BT_E > maxe) maxe = o[k].nkc * BT_E;
+        first[k + 1] = first[k] + (g->N + BT_R - 1) / BT_R;
+        arow[k + 1] = arow[k] + g->M * o[k].nkc * BT_K;
+        total += (double)g->M * g->N * g->K;
+    }
+    int nt = rx_in_parallel() || total < RX_GEMM_MIN_PAR ? 1 : rx_max_threads();
+    /* the rounded rows of every op, then a block buffer per thread */
+    const size_t bytes = arow[n] * sizeof(float) + (size_t)nt * maxe * sizeof(bf16);
+    float *ar = rx_thread_buffer(RX_BUF_BF16_PACK, bytes);
+    if (!ar) return RX_ENOMEM;
+    bf16 *blocks = (bf16 *)(void *)(ar + arow[n]);
+    for (size_t k = 0; k < n; k++) {
+        const rx_gemm_op *g = &ops[k];
+        const size_t kp = o[k].nkc * BT_K;
+        for (size_t i = 0; i < g->M; i++)
+            for (size_t q = 0; q < kp; q++)
+                ar[arow[k] + i * kp + q] = q < g->K ? bf16_float(bf16_round(opa(g, i, q))) : 0.0f;
+    }
+    const long nu = (long)first[n];
+    (void)nt; /* read only by the OpenMP pragma */
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+    for (long u = 0; u < nu; u++) {
+        size_t k = find_op(first, n + 1, (size_t)u);
+        small_unit(im, &o[k], ar + arow[k], (size_t)u - first[k],
+                   blocks + (size_t)rx_thread_id() * maxe);
+    }
+    return RX_OK;
+}
+#endif
+
 int rx_bgemm_batch(const rx_gemm_op *ops, size_t n) {
     const bgemm_impl *im = pick_bimpl();
     int rc = rx_gemm_check_batch("rx_bgemm", ops, n);
@@ -663,6 +815,12 @@ int rx_bgemm_batch(const rx_gemm_op *ops, size_t n) {
     for (size_t b = 0; b < n && rc == RX_OK; b += MAX_OPS) {
         rx_gemm_op live[MAX_OPS];
         const size_t nl = rx_gemm_live_ops(ops + b, n - b < MAX_OPS ? n - b : MAX_OPS, live);
+#ifdef RX_BF16_X86
+        if (small_bbatch(im, live, nl)) {
+            rc = bgemm_small(im, live, nl);
+            continue;
+        }
+#endif
         if (nl) rc = bgemm_pass(im, live, nl);
     }
     rx_prof_pop();

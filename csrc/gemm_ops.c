@@ -97,3 +97,15 @@ size_t rx_gemm_live_ops(const rx_gemm_op *ops, size_t n, rx_gemm_op *live) {
     }
     return nl;
 }
+
+/* The small-M bound both GEMMs read (gemm.c, gemm_bf16.c "small M"), here
+ * below them so that neither calls the other */
+static size_t small_m = RX_GEMM_SMALL_M;
+
+size_t rx_sgemm_small_m(size_t m) {
+    const size_t old = small_m;
+    small_m = m < RX_GEMM_SMALL_MAX ? m : RX_GEMM_SMALL_MAX;
+    return old;
+}
+
+size_t rx_gemm_small_bound(void) { return small_m; }

@@ -363,9 +363,19 @@ int rx_gemm_reserve(void);
  * against concurrent GEMMs. */
 int rx_sgemm_use_kernel(const char *name);
 /* Test hook: batches whose ops all have at most m rows read op(B) in place
- * (gemm.c "small M"; the same bits as the packed path); 0 turns that off.
- * Returns the previous bound. Not thread-safe against concurrent GEMMs. */
+ * (gemm.c and gemm_bf16.c "small M"; the same bits as the packed path), in
+ * both the fp32 and the bf16 GEMM; 0 turns that off. Returns the previous
+ * bound. Not thread-safe against concurrent GEMMs. */
 size_t rx_sgemm_small_m(size_t m);
+/* The small-M bound rx_sgemm_small_m set (RX_GEMM_SMALL_M unless a test
+ * changed it; gemm_ops.c). Rows up to which a batch takes the small-M
+ * path: at 16 rows on Zen 3 the packed path was faster, at 8 and fewer
+ * mostly slower (docs/performance.md §Decode GEMM); the hook may raise it
+ * to RX_GEMM_SMALL_MAX, the rows gemm.c's row sums' buffer holds, or set 0
+ * (the paths off). */
+#define RX_GEMM_SMALL_M 8
+#define RX_GEMM_SMALL_MAX 16
+size_t rx_gemm_small_bound(void);
 /* ---- gemm_ops.c: what both GEMM batches share -------------------------- */
 /* ops[0..n) -> live: the ops with work to do, in order; returns their count.
  * An op with K = 0 and beta = 0 is done here (C = 0); any other with no

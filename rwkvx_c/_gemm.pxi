@@ -16,10 +16,10 @@ def _sgemm(a, b, ta=False, tb=False, out=None, beta=0.0, m=None, n=None, k=None)
     return _gemm(a, b, ta, tb, out, beta, False, m, n, k)
 
 
-def _bgemm(a, b, ta=False, tb=False, out=None, beta=0.0):
+def _bgemm(a, b, ta=False, tb=False, out=None, beta=0.0, m=None, n=None, k=None):
     """rx_bgemm, the bf16 projection GEMM: as _sgemm on a and b rounded to
     bf16 (nearest even), fp32 accumulation (test and benchmark hook)."""
-    return _gemm(a, b, ta, tb, out, beta, True, None, None, None)
+    return _gemm(a, b, ta, tb, out, beta, True, m, n, k)
 
 
 cdef size_t _within(object v, size_t full, str name) except? 0:

@@ -125,16 +125,17 @@ def is_run(path: str) -> bool:
                                           or bool(read_state(path)))
 
 
-def load_any(path: str, base: str | None = None) -> tuple[_core.RxPtModel, Tokenizer]:
+def load_any(path: str, base: str | None = None, hold_base: bool = False
+             ) -> tuple[_core.RxPtModel, Tokenizer]:
     """(model, tokenizer) of any source --init-from takes: a run or a
     checkpoint (load_run), or a .pth, a Hugging Face folder or a
     .safetensors of x070 / HF names, read as --init-from reads it
     (rwkvx_c.interop.source.read_source) with the tokenizer it names.
-    CheckpointError (one line) when it cannot be had."""
+    hold_base: as load_run's, for a run. CheckpointError (one line) when it cannot be had."""
     if not os.path.exists(path):
         raise CheckpointError(f"{path}: no such file or folder")
     if is_run(path):
-        return load_run(path, base)
+        return load_run(path, base, hold_base=hold_base)
     if base is not None:
         raise CheckpointError(f"--base {base}: {path} is no run and names no base; leave "
                               "--base out")

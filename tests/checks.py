@@ -84,3 +84,15 @@ def kernel_fixture(use_kernel, names, what):
         yield request.param
         use_kernel(None)
     return forced
+
+
+def small_and_packed(gemm, bound, a, b, ta, tb, c0, **blocks):
+    """(op(a).op(b), c0 + op(a).op(b)) by gemm (_core._sgemm or _bgemm)
+    with the small-M bound at `bound`, then with the small-M path off."""
+    from rwkvx_c import _core
+    got = []
+    for m in (bound, 0):
+        _core._sgemm_small_m(m)
+        acc = c0.copy()
+        got.append((gemm(a, b, ta, tb, **blocks), gemm(a, b, ta, tb, out=acc, beta=1.0, **blocks)))
+    return got

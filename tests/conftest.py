@@ -15,6 +15,15 @@ def restore_threads():
     rx.set_num_threads(n)
 
 
+@pytest.fixture
+def small_m():
+    """Gives back the small-M bound a test changes (both GEMMs')."""
+    m = rx._core._sgemm_small_m(0)
+    rx._core._sgemm_small_m(m)
+    yield m
+    rx._core._sgemm_small_m(m)
+
+
 def pytest_addoption(parser):
     parser.addoption("--rx-errors", action="store_true",
                      help="print max|err|/max|ref| per compared tensor")

@@ -136,6 +136,10 @@ def test_pissa_init_is_the_principal_split_and_the_tune_resumes_bit_exact(tmp_pa
     assert sd["lora_alpha"].tolist() == [16.0] and sd["lora_r"].tolist() == [8.0]
     with pytest.raises(TrainError, match="--adapter pissa splits given weights"):
         TrainOptions(tune="lora", adapter="pissa").resolved()
+    # GRPO's KL reference is not the residual the base holds (adapters off)
+    with pytest.raises(TrainError, match="--adapter pissa with --beta > 0 needs --ref-from"):
+        TrainOptions(tune="lora", adapter="pissa", init_from=str(tmp_path), objective="grpo",
+                     beta=0.04).resolved()
 
 
 def test_pissa_unfreeze_merges_into_the_residual(tmp_path):

@@ -20,7 +20,7 @@ import rwkvx_c as rx
 from rwkvx_c import _core
 from rwkvx_c.train import Trainer, TrainError, TrainOptions
 
-from checks import kernel_fixture, kernel_runs
+from checks import kernel_fixture, kernel_runs, small_and_packed
 
 U = 2.0 ** -24
 KERNELS = ("generic-bf16", "avx512-bf16", "amx-bf16")
@@ -144,6 +144,54 @@ def test_bgemm_a_rows_product_does_not_depend_on_the_other_rows(kernel, restore_
         alone = _core._bgemm(a[33:34].copy(), b, False, tb)[0]
         for m in (34, 40, 64, 100):
             assert np.array_equal(_core._bgemm(a[:m].copy(), b, False, tb)[33], alone), m
+
+
+def _both_paths(a, b, ta, tb, c0, **blocks):
+    return small_and_packed(_core._bgemm, 8, a, b, ta, tb, c0, **blocks)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("ta,tb", [(False, False), (False, True), (True, False), (True, True)])
+@pytest.mark.parametrize("M", [1, 2, 3, 5, 7, 8])
+@pytest.mark.parametrize("N,K", [(1, 1), (7, 3), (16, 256), (33, 257), (100, 513), (515, 40),
+                                 (1030, 300), (23, 700)])
+def test_small_m_gives_the_packed_paths_bits(small_m, restore_threads, threads, M, N, K, ta,
+                                             tb):
+    # decoding's M = 1..8 rows read op(B) a 16-column block at a time and
+    # sum each C element in kernel_generic's order: the same bits (the
+    # AVX-512 and AMX kernels keep the packed path)
+    rng = np.random.default_rng(M * 7919 + N * 31 + K + 2 * ta + tb)
+    a, b, ref, mag = _operands(rng, M, N, K, ta, tb)
+    c0 = rng.standard_normal((M, N), dtype=np.float32)
+    rx.set_num_threads(threads)
+    (w, s), (pw, ps) = _both_paths(a, b, ta, tb, c0)
+    assert np.all(np.abs(w - ref) <= (K + 2) * U * mag + 1e-30)
+    assert np.array_equal(w, pw) and np.array_equal(s, ps)
+
+
+@pytest.mark.parametrize("ta,tb", [(False, False), (False, True), (True, False), (True, True)])
+@pytest.mark.parametrize("M,N,K", [(1, 300, 70), (3, 17, 513), (8, 129, 64)])
+def test_small_m_leading_dimensions(small_m, M, N, K, ta, tb):
+    # the leading blocks of wider arrays: every operand's rows lie further
+    # apart than its columns
+    rng = np.random.default_rng(M + N + K + 2 * ta + tb)
+    a, b, _, _ = _operands(rng, M + 5, N + 11, K + 3, ta, tb)
+    c0 = rng.standard_normal((M, N), dtype=np.float32)
+    (w, s), (pw, ps) = _both_paths(a, b, ta, tb, c0, m=M, n=N, k=K)
+    A = bf16((a.T if ta else a)[:M, :K]).astype(np.float64)
+    B = bf16((b.T if tb else b)[:K, :N]).astype(np.float64)
+    assert np.all(np.abs(w - A @ B) <= (K + 2) * U * (np.abs(A) @ np.abs(B)) + 1e-30)
+    assert np.array_equal(w, pw) and np.array_equal(s, ps)
+
+
+def test_small_m_rounds_as_the_packed_path(small_m):
+    # ties, subnormals (to signed zero), infinities: the operands' rounding
+    # is the packed path's
+    a = np.array([[1 + 2 ** -8, 1 + 3 * 2 ** -8, 1e-40, -1e-40, np.inf, 3.0]], np.float32)
+    b = np.array([[1.0, 2.0], [-1.0, 1 + 2 ** -8], [1e30, 1.0], [1.0, 2.0], [0.5, 0.0],
+                  [1e-39, 7.0]], np.float32)
+    (w, s), (pw, ps) = _both_paths(a, b, False, False, np.ones((1, 2), np.float32))
+    assert np.array_equal(w, pw, equal_nan=True) and np.array_equal(s, ps, equal_nan=True)
 
 
 def test_kernel_names_and_hooks():

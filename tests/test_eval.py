@@ -148,22 +148,20 @@ def test_passkey_grid_table_and_heat_map(run, tmp_path, capsys):
 
 
 def test_passkey_counts_a_trial_when_every_answer_token_is_greedy(run, monkeypatch):
-    """A stand-in for the model's logits: right answers at depth 0 only."""
+    """A stand-in for the model's scores: right answers at depth 0 only."""
     from rwkvx_c.eval import passkey as pk
     model, tok = load_run(str(run / "run"))
 
-    def fake(state, seq, k):
-        """Logits (k, 256) of the answer's positions: seq is the prompt and
-        the answer but its last token ("."); right only when the key comes
+    def fake(model, pairs, progress=None):
+        """Each trial (prompt, answer) right only when the key comes
         before the filler (depth 0)."""
-        text = tok.decode(seq)
-        knows = text.index(b"pass key is") < text.index(b"grass")
-        out = np.zeros((k, 256), np.float32)
-        for i, t in enumerate(seq[len(seq) - k + 1:].tolist() + [ord(".")]):
-            out[i, t if knows else ord("x")] = 1
+        out = []
+        for prompt, _ in pairs:
+            text = tok.decode(prompt)
+            out.append((0.0, text.index(b"pass key is") < text.index(b"grass")))
         return out
 
-    monkeypatch.setattr(pk, "tail_logits", fake)
+    monkeypatch.setattr(pk, "score_continuations", fake)
     grid = passkey_grid(model, tok, lengths=[600], depths=[0.0, 1.0], trials=3)
     assert grid["acc"] == [[1.0, 0.0]]
     assert format_table(grid).splitlines()[1].split() == ["600", "1.00", "0.00"]

@@ -8,7 +8,7 @@ import pytest
 import rwkvx_c as rx
 from rwkvx_c import _core
 
-from checks import kernel_runs
+from checks import kernel_runs, small_and_packed
 
 KERNELS = [k for k in ("generic", "avx2-fma", "avx512f", "avx512f-12x32", "avx512f-8x32")
            if kernel_runs(_core._sgemm_use_kernel, k)]
@@ -175,25 +175,8 @@ def test_simd_kernels_bit_identical(M, N, K, ta, tb):
         assert np.array_equal(g, got[0]), k
 
 
-@pytest.fixture
-def small_m():
-    """Gives back the small-M bound a test changes."""
-    m = _core._sgemm_small_m(0)
-    _core._sgemm_small_m(m)
-    yield m
-    _core._sgemm_small_m(m)
-
-
 def _both_paths(a, b, ta, tb, c0, **blocks):
-    """(op(a).op(b), c0 + op(a).op(b)) by the small-M path, then by the
-    packed one (every shape these tests use has at most 16 rows)."""
-    got = []
-    for bound in (16, 0):
-        _core._sgemm_small_m(bound)
-        acc = c0.copy()
-        got.append((_core._sgemm(a, b, ta, tb, **blocks),
-                    _core._sgemm(a, b, ta, tb, out=acc, beta=1.0, **blocks)))
-    return got
+    return small_and_packed(_core._sgemm, 16, a, b, ta, tb, c0, **blocks)
 
 
 @pytest.mark.skipif(not SIMD, reason="the small-M path runs on the x86 SIMD kernels")

@@ -109,7 +109,7 @@ def test_lora_unmerged():
         assert_rel("gen.lora_merged", got[k], m.forward(s), FWD_TOL)
 
 
-@pytest.mark.parametrize("dtype", ["bf16", "q8_0"])
+@pytest.mark.parametrize("dtype", ["bf16", "q8_0", "q4_0"])
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_frozen_base(dtype, precision):
     src = rx.RxPtModel(HYB, seed=4)

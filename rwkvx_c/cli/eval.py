@@ -29,9 +29,10 @@ from rwkvx_c.data.sampler import conversation_starts, eval_starts
 from rwkvx_c.data.templates import ChatTemplate
 from rwkvx_c.errors import EvalError
 from rwkvx_c.eval import metrics, passkey
-from rwkvx_c.eval.preferences import base_model, score_preferences
+from rwkvx_c.eval.preferences import OWN_BASE, base_model, score_preferences, tuned
 from rwkvx_c.eval.rewards import score_rewards
 from rwkvx_c.interop.source import read_run
+from rwkvx_c.model.lora import ADAPTERS
 from rwkvx_c.run.checkpoint import read_state
 from rwkvx_c.run.rundir import checkpoint_path
 from rwkvx_c.sample import is_run, load_any, run_template
@@ -88,8 +89,8 @@ def add_parser(sub: Subparsers) -> None:
                    help="with --split val: validation tokens (default: the run's eval_tokens)")
     e.add_argument("--batch", "--batch_size", "--batch-size", type=_batch, default=8,
                    metavar="B", help="windows per forward call (default: 8; fewer when the "
-                   "logits would pass 64 MiB); lm-eval's auto is the default; lm-eval "
-                   "requests run one at a time on the recurrent state")
+                   "logits would pass 64 MiB); lm-eval's auto is the default; lm-eval's "
+                   "requests, LAMBADA and passkey run in the batched engine")
     e.add_argument("--text-field", metavar="NAME",
                    help="the text field of .jsonl records (default: the run's)")
     e.add_argument("--lambada", metavar="FILE",
@@ -231,7 +232,8 @@ def run(a: argparse.Namespace) -> int:
                    "is no run: give --data", 2)
     ckpt = checkpoint_path(a.dir)
     opts = (read_state(ckpt).get("options") or {}) if run else {}
-    model, tok = load_any(a.dir, a.base)
+    # a run on a frozen base holds it as it trained (read in place, never float32)
+    model, tok = load_any(a.dir, a.base, hold_base=True)
     model.precision = a.precision
     out: dict[str, Any] = {}
     if a.data or own:
@@ -316,16 +318,23 @@ def _score_corpus(a: argparse.Namespace, model: _core.RxPtModel, tok: Any,
 def _preferences(a: argparse.Namespace, model: _core.RxPtModel, tok: Any,
                  opts: dict[str, Any]) -> dict[str, Any]:
     kind = str(opts.get("objective")) if opts.get("objective") in PREFERENCES else "dpo"
-    ref = None
+    ref: _core.RxPtModel | str | None = None
     if kind not in REFERENCE_FREE:
         if a.ref_from:
-            ref = load_any(a.ref_from)[0]
+            ref = load_any(a.ref_from, hold_base=True)[0]
+            ref.precision = a.precision
         elif not is_run(a.dir):   # a source of weights alone: its own reference
             ref = load_any(a.dir)[0]
-        else:
+        elif ADAPTERS[str(opts.get("adapter") or "lora")].principal:
+            # its base holds the residual: adapters off is not the model it started from
+            raise EvalError(f"{a.dir}'s adapters ({opts['adapter']}) start from its base's "
+                            "principal part; give --ref-from (the run's --init-from source)")
+        elif tuned(model):   # the policy's own base, the one model held
+            ref = OWN_BASE
+        else:   # a checkpoint holding its adapters merged: the weights it holds without them
             tensors, config, _ = read_run(checkpoint_path(a.dir), a.base, EvalError)
             ref = base_model(tensors, config, a.dir)
-        ref.precision = a.precision
+            ref.precision = a.precision
     r = score_preferences(model, ref, tok, a.preferences,
                           seq_len=a.seq_len or int(opts.get("seq_len") or 256), kind=kind,
                           beta=float(opts.get("dpo_beta") or 0.1), batch=a.batch)

@@ -42,6 +42,8 @@ def run(a: argparse.Namespace) -> int:
     # a GGUF of blocks takes a frozen base's blocks as they are (its LoRA
     # adapters, merged, make new matrices: those are quantized once)
     hold = a.format == "gguf" and a.dtype in QUANTS and opts.get("tune") != "lora"
+    # a state export writes no weight: a frozen base is held as it trained, never float32
+    hold = hold or EXPORTS[a.format].holds == "state"
     # an export reads and writes every weight: one more pass hashing the base is cheap
     model, tok = load_run(a.dir, a.base, rehash=True, hold_base=hold)
     if a.format in ("gguf", "gguf-lora") and tok.name not in ("byte", "world"):

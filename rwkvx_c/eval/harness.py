@@ -10,8 +10,10 @@ Importing this module registers the model under the name ``rwkvx_c``, so
 works from Python; lm-eval 0.4's command line has no plugin route for
 models, which is what ``rwkvx-c eval RUN --tasks`` is for.
 
-Each request is one recurrent pass: the context, then the continuation,
-whose log-probabilities are read from the same pass. Texts are encoded as
+Each loglikelihood request is one recurrent pass: the context, then the
+continuation, whose log-probabilities are read from the same pass; the
+requests run together in the batched engine
+(rwkvx_c.generation.score), a context shared by several read once. Texts are encoded as
 lm-eval's own ``hf`` model encodes them (lm_eval.api.model.TemplateLM:
 trailing context spaces move to the continuation, an empty context becomes
 the prefix token), so the two models score the same tokens; a recurrent
@@ -25,8 +27,8 @@ from typing import Any
 from rwkvx_c._core import RxPtModel
 from rwkvx_c.data.tokenizers import Tokenizer
 from rwkvx_c.errors import EvalError
-from rwkvx_c.eval.metrics import continuation_score
 from rwkvx_c.generation import Request, Sampling, run_requests
+from rwkvx_c.generation.score import score_continuations
 from rwkvx_c.sample import load_run
 
 # nothing downloads at run time: datasets and the hub stay offline unless the user says otherwise
@@ -59,7 +61,8 @@ class RwkvxLM(TemplateLM):
                  max_gen_toks: int = DEFAULT_MAX_GEN_TOKS, **_: Any) -> None:
         super().__init__()
         if pretrained is not None:
-            model, tokenizer = load_run(str(pretrained))
+            model, tokenizer = load_run(str(pretrained), hold_base=True)
+            model.precision = "fp32"   # as rwkvx-c eval's default (a held base stays as it is)
         if model is None or tokenizer is None:
             raise EvalError("RwkvxLM needs pretrained=RUN, or model and tokenizer")
         self.model, self.tok = model, tokenizer
@@ -82,22 +85,27 @@ class RwkvxLM(TemplateLM):
 
     def _loglikelihood_tokens(self, requests: list[Any], disable_tqdm: bool = False,
                               **kwargs: Any) -> list[tuple[float, bool]]:
-        out = []
-        for (ctx, cont), ctx_enc, cont_enc in _bar(requests, "loglikelihood", disable_tqdm):
-            res = continuation_score(self.model, ctx_enc, cont_enc)
-            out.append(res)
+        """Every request at once in the batched engine (score_continuations)."""
+        bar = _bar([], "loglikelihood", disable_tqdm)
+        bar.reset(total=len(requests))
+        out = score_continuations(self.model, [(c, d) for _, c, d in requests],
+                                  progress=bar.update)
+        bar.close()
+        for ((ctx, cont), _, _), res in zip(requests, out):
             self.cache_hook.add_partial("loglikelihood", (ctx, cont), res)
         return out
 
     def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False
                               ) -> list[float]:
         """log p(text) from the prefix token, every token predicted once."""
-        out = []
-        for req in _bar(requests, "loglikelihood_rolling", disable_tqdm):
-            (text,) = req.args
-            toks = self.tok_encode(text)
-            lp = continuation_score(self.model, [self._prefix], toks)[0] if toks else 0.0
-            out.append(lp)
+        texts = [req.args[0] for req in requests]
+        bar = _bar([], "loglikelihood_rolling", disable_tqdm)
+        bar.reset(total=len(texts))
+        out = [lp for lp, _ in score_continuations(
+            self.model, [([self._prefix], self.tok_encode(t)) for t in texts],
+            progress=bar.update)]
+        bar.close()
+        for text, lp in zip(texts, out):
             self.cache_hook.add_partial("loglikelihood_rolling", (text,), lp)
         return out
 

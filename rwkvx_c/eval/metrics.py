@@ -24,13 +24,11 @@ from rwkvx_c._core import RxPtModel
 from rwkvx_c.data.sampler import IGNORE, count_targets, target_bytes
 from rwkvx_c.data.tokenizers import Tokenizer
 from rwkvx_c.errors import DataError
+from rwkvx_c.generation.score import LOGIT_BYTES, score_continuations
 
-__all__ = ["consecutive_starts", "score_windows", "lambada", "read_lambada", "tail_logits",
-           "LOGIT_BYTES"]
+__all__ = ["consecutive_starts", "score_windows", "lambada", "read_lambada",
+           "continuation_score", "LOGIT_BYTES"]
 
-# the most logits one forward call materialises (B * T * vocab floats): the
-# memory an evaluation holds beyond the model, whatever the corpus's size
-LOGIT_BYTES = 64 << 20
 
 
 def consecutive_starts(n_tokens: int, seq_len: int) -> np.ndarray:
@@ -105,39 +103,11 @@ def score_windows(model: RxPtModel, tokens: np.ndarray, seq_len: int,
             "bytes": nbytes or None, "windows": len(starts)}
 
 
-def tail_logits(state: _core.InferState, tokens: np.ndarray, k: int,
-                chunk: int = 1024) -> np.ndarray:
-    """Runs tokens through state in chunks and returns the logits (k, V) of
-    the last k positions: a long prompt never materialises (T, V) logits."""
-    tokens = np.ascontiguousarray(tokens, dtype=np.int32)
-    n = len(tokens)
-    keep_from = n - k
-    out = []
-    for a in range(0, n, chunk):
-        lg = state.forward(tokens[a:a + chunk])
-        if a + len(lg) > keep_from:
-            out.append(lg[max(0, keep_from - a):])
-    return np.concatenate(out) if out else np.zeros((0, 0), np.float32)
-
-
-def _log_softmax(logits: np.ndarray) -> np.ndarray:
-    z = logits.astype(np.float64)
-    z -= z.max(axis=-1, keepdims=True)
-    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
-
-
 def continuation_score(model: RxPtModel, context: Sequence[int], continuation: Sequence[int]
                        ) -> tuple[float, bool]:
     """(log p(continuation | context) in nats, whether every continuation
-    token is the argmax), one recurrent pass over context + continuation."""
-    cont = np.asarray(continuation, dtype=np.int32)
-    seq = np.concatenate([np.asarray(context, dtype=np.int32), cont])
-    state = _core.InferState(model, max_len=max(1, len(seq)))
-    logits = tail_logits(state, seq[:-1], len(cont))
-    lp = _log_softmax(logits)
-    score = float(lp[np.arange(len(cont)), cont].sum())
-    greedy = bool(np.all(np.argmax(logits, axis=-1) == cont))
-    return score, greedy
+    token is the argmax): one pair of score_continuations."""
+    return score_continuations(model, [(context, continuation)])[0]
 
 
 def read_lambada(path: str) -> list[tuple[str, str]]:
@@ -172,12 +142,9 @@ def lambada(model: RxPtModel, tok: Tokenizer, path: str, prefix: int = 0,
     the greedy choice, perplexity is exp(-mean over documents of the
     target's log-likelihood)."""
     docs = read_lambada(path)
-    total, correct = 0.0, 0
-    for ctx, word in docs:
-        lp, greedy = continuation_score(model, [prefix] + tok.encode(ctx).tolist(),
-                                        tok.encode(word).tolist())
-        total += lp
-        correct += greedy
-        if progress is not None:
-            progress(1)
+    scores = score_continuations(model, [([prefix] + tok.encode(ctx).tolist(),
+                                          tok.encode(word).tolist()) for ctx, word in docs],
+                                 progress=progress)
+    total = sum(lp for lp, _ in scores)
+    correct = sum(greedy for _, greedy in scores)
     return {"acc": correct / len(docs), "ppl": math.exp(-total / len(docs)), "docs": len(docs)}

@@ -16,11 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from rwkvx_c import _core
 from rwkvx_c._core import RxPtModel
 from rwkvx_c.data.tokenizers import Tokenizer
 from rwkvx_c.errors import EvalError
-from rwkvx_c.eval.metrics import tail_logits
+from rwkvx_c.generation.score import score_continuations
 from rwkvx_c.util.atomic import replace_with
 
 __all__ = ["passkey_grid", "passkey_prompt", "format_table", "heatmap", "DEFAULT_LENGTHS",
@@ -61,20 +60,14 @@ def passkey_grid(model: RxPtModel, tok: Tokenizer, lengths: Sequence[int] = DEFA
     keys = np.random.Generator(np.random.PCG64(seed)).integers(10000, 100000, size=trials)
     acc, sizes = [], []
     for length in lengths:
-        row = []
-        for depth in depths:
-            hits = 0
-            for key in keys.tolist():
-                prompt, answer = passkey_prompt(tok, int(length), float(depth), key)
-                seq = np.concatenate([prompt, answer])
-                state = _core.InferState(model, max_len=len(seq))
-                logits = tail_logits(state, seq[:-1], len(answer))
-                hits += bool(np.all(np.argmax(logits, axis=-1) == answer))
-                if progress is not None:
-                    progress(1)
-            row.append(hits / trials)
-        acc.append(row)
-        sizes.append(len(prompt))
+        # every trial of a length at once, in the batched engine
+        trials_of = [passkey_prompt(tok, int(length), float(d), k) for d in depths
+                     for k in keys.tolist()]
+        hits = [greedy for _, greedy in score_continuations(model, trials_of,
+                                                             progress=progress)]
+        acc.append([sum(hits[j * trials:(j + 1) * trials]) / trials
+                    for j in range(len(depths))])
+        sizes.append(len(trials_of[-1][0]))
     return {"lengths": [int(n) for n in lengths], "depths": [float(d) for d in depths],
             "acc": acc, "tokens": sizes, "trials": trials}
 

@@ -15,19 +15,24 @@ to everything after training (merging, exports but PEFT's own), which
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Iterator, Mapping, MutableMapping
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from threadpoolctl import threadpool_limits
 
 from rwkvx_c.errors import CheckpointError
 
+if TYPE_CHECKING:
+    from rwkvx_c._core import RxPtModel
+
 __all__ = ["A_SUFFIX", "B_SUFFIX", "TARGETS", "DEFAULT_TARGETS", "target_params",
            "adapters_of", "merge_into", "without_adapters", "ALPHA_OPTION", "run_alpha",
            "run_adapter", "AdapterKind", "ADAPTERS", "ADAPTER_KINDS", "scale", "plain_alpha",
-           "core_alpha", "principal_parts", "fold_matrix", "A0_SUFFIX", "B0_SUFFIX"]
+           "core_alpha", "principal_parts", "fold_matrix", "A0_SUFFIX", "B0_SUFFIX",
+           "adapters_off"]
 
 A_SUFFIX, B_SUFFIX = ".lora_A", ".lora_B"
 # a principal kind's initial adapters, which its base holds subtracted (checkpoints only)
@@ -191,3 +196,20 @@ def run_adapter(state: Mapping[str, Any] | None, path: str) -> tuple[str, int, f
         raise CheckpointError(f"checkpoint {path} holds adapters of kind {kind!r}; this "
                               f"version knows {', '.join(ADAPTER_KINDS)}")
     return kind, int(opts.get("lora_r") or 1), float(a)
+
+
+@contextmanager
+def adapters_off(model: RxPtModel) -> Iterator[None]:
+    """model without its LoRA adapters for the span (its base, bit for bit:
+    the adapters are applied unmerged), the same adapters on again after."""
+    lora = model.lora
+    if not lora:
+        yield
+        return
+    r, alpha = model.lora_rank or (0, 0.0)
+    names = list(dict.fromkeys(k.rsplit(".lora_", 1)[0] for k in lora))
+    model.disable_lora()
+    try:
+        yield
+    finally:
+        model.enable_lora(r, alpha, names)

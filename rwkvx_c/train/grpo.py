@@ -33,6 +33,7 @@ from rwkvx_c.data.chat import IGNORE, SEPARATOR
 from rwkvx_c.data.preferences import PairSampler
 from rwkvx_c.errors import SampleError, TrainError
 from rwkvx_c.generation import Request, Sampling, run_requests
+from rwkvx_c.model.lora import adapters_off
 from rwkvx_c.train.distributed import ProcessGroup
 from rwkvx_c.train.grpo_loss import advantages, nanstd, token_loss
 from rwkvx_c.train.objectives import checkpoint_model
@@ -195,16 +196,10 @@ class GRPOStep:
         if self.ref is not None:
             self.ref.forward(x, return_logits=False)
             return -self.ref.row_losses(y, IGNORE)
-        lora = model.lora
-        assert lora is not None and model.lora_rank is not None
-        r, alpha = model.lora_rank
-        names = list(dict.fromkeys(k.rsplit(".lora_", 1)[0] for k in lora))
-        model.disable_lora()
-        try:
+        assert model.lora_rank is not None
+        with adapters_off(model):
             model.forward(x, return_logits=False)
             return -model.row_losses(y, IGNORE)
-        finally:
-            model.enable_lora(r, alpha, names)
 
     # -------------------------------------------------------------- rollout
     def next_rollout(self, model: _core.RxPtModel) -> Rollout:

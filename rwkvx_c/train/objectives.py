@@ -29,7 +29,7 @@ from rwkvx_c.data.chat import IGNORE
 from rwkvx_c.data.preferences import Pairs, PairSampler
 from rwkvx_c.errors import CheckpointError, ConfigError, TrainError
 from rwkvx_c.interop.source import read_run
-from rwkvx_c.model.lora import adapters_of, run_alpha, without_adapters
+from rwkvx_c.model.lora import adapters_of, adapters_off, run_alpha, without_adapters
 from rwkvx_c.model.weights import load_params, load_states
 from rwkvx_c.run.checkpoint import STATE_KEY
 from rwkvx_c.run.rundir import REFERENCE, Row, checkpoint_path
@@ -148,15 +148,9 @@ def reference_logps(model: _core.RxPtModel, p: Pairs, pairs: int, tune: str) -> 
     call (tune "lora": the base, bit for bit, and back on after it); any
     other tune, model as it is (before the first step: the --init-from
     weights, a state tune's the states it starts from)."""
-    lora = model.lora
-    if tune == "lora" and lora:
-        r, alpha = model.lora_rank or (0, 0.0)
-        names = list(dict.fromkeys(k.rsplit(".lora_", 1)[0] for k in lora))
-        model.disable_lora()
-        try:
+    if tune == "lora":
+        with adapters_off(model):
             return pair_logps(model, p, pairs)
-        finally:
-            model.enable_lora(r, alpha, names)
     return pair_logps(model, p, pairs)
 
 

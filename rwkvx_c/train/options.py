@@ -452,6 +452,11 @@ class TrainOptions:
         elif self.ref_from is not None and self.beta == 0.0:
             raise TrainError("--ref-from names the reference of the KL term; give --beta > 0 "
                              "with it")
+        elif (self.beta > 0.0 and self.tune == "lora" and self.ref_from is None
+              and ADAPTERS[self.adapter].principal):
+            # its base holds the residual: adapters off is not the model it started from
+            raise TrainError(f"--adapter {self.adapter} with --beta > 0 needs --ref-from (the "
+                             f"--init-from source): its adapters off leave the residual")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
