@@ -94,8 +94,10 @@ def test_export_and_import_with_no_torch(tmp_path):
         f"assert main(['import', {str(tmp_path / 'm.pth')!r}, '--out',"
         f" {str(tmp_path / 'imp')!r}]) == 0\n"
         "assert 'torch' not in [m for m in sys.modules if sys.modules[m] is not None]\n")
+    # run outside the checkout: the package as installed, not its source tree
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       timeout=600, env=dict(os.environ, PYTHONWARNINGS="ignore"))
+                       timeout=600, env=dict(os.environ, PYTHONWARNINGS="ignore"),
+                       cwd=str(tmp_path))
     assert r.returncode == 0, r.stderr[-2000:]
     torch = pytest.importorskip("torch")
     assert torch.load(str(tmp_path / "m.pth"), weights_only=True)["emb.weight"].dtype == \

@@ -20,6 +20,7 @@ import rwkvx_c.model.memory as memory
 from rwkvx_c.cli import main
 from rwkvx_c.errors import SampleError
 from rwkvx_c.generation.score import score_continuations
+from rwkvx_c.run.rundir import checkpoint_path
 from rwkvx_c.sample import load_run
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "chat.jsonl")
@@ -154,10 +155,10 @@ def test_eval_of_a_base_holding_run_holds_its_base(runs, tmp_path, capsys, monke
         monkeypatch.undo()
         assert any("(its base q8_0)" in w for w in seen), seen
         loads: list = []
-        monkeypatch.setattr(cli_eval, "load_run", _decoded_load_run(loads))
+        monkeypatch.setattr(cli_eval, "load_any", _decoded_load_run(loads))
         decoded = _eval_json(capsys, argv)
         monkeypatch.undo()
-        assert loads == [(str(runs / tune), "q8_0")]
+        assert loads == [(checkpoint_path(str(runs / tune)), "q8_0")]   # the run's checkpoint
         for what in ("data", "lambada", "preferences"):
             for k, v in decoded[what].items():
                 if isinstance(v, float):
@@ -176,6 +177,6 @@ def test_a_state_export_holds_the_base(runs, tmp_path, monkeypatch):
     monkeypatch.setattr(cli_export, "load_run", _decoded_load_run(loads))
     assert main(["export", str(runs / "state"), "--format", "state", "--out",
                  str(tmp_path / "f32.pth")]) == 0
-    assert loads == [(str(runs / "state"), "q8_0")]
+    assert loads == [(checkpoint_path(str(runs / "state")), "q8_0")]
     a, b = (torch.load(tmp_path / f, weights_only=True) for f in ("held.pth", "f32.pth"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

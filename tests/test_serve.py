@@ -62,10 +62,12 @@ def test_a_request_joins_while_others_decode():
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    run = _save(_model(), str(tmp_path_factory.mktemp("serve") / "run"))
+    where = tmp_path_factory.mktemp("serve")
+    run = _save(_model(), str(where / "run"))
+    # run outside the checkout: the package as installed, not its source tree
     p = subprocess.Popen([sys.executable, "-m", "rwkvx_c", "serve", run, "--port", "0",
                           "--slots", "8", "--threads", "1", "--model-name", "tiny"],
-                         stderr=subprocess.PIPE, text=True)
+                         stderr=subprocess.PIPE, text=True, cwd=str(where))
     line = p.stderr.readline()
     if "http://" not in line:
         p.kill()
