@@ -368,3 +368,27 @@ def test_peft_applies_the_exported_kind_onto_the_hf_export(tmp_path, kind):
             ours_ba = ck[p + ".lora_B0"].astype(np.float64) @ ck[p + ".lora_A0"]
             err = 6.0 / 4 * np.abs(ba.numpy() - ours_ba).max()   # s (B A), as W's part
             assert err <= 1e-5 * np.abs(res).max(), p
+
+
+@pytest.mark.parametrize("tune,flags,kw", [
+    ("lora", ["--adapter", "rslora"], dict(adapter="rslora")),
+    ("full", ["--lisa-layers", "1", "--lisa-interval", "1"], dict(lisa_layers=1, lisa_interval=1)),
+])
+def test_kind_options_from_the_cli_python_and_a_config_file(tmp_path, tune, flags, kw):
+    from test_train import _corpus
+    base = _base_run(tmp_path)
+    data = _corpus(tmp_path)
+    common = dict(data=data, batch=2, seq_len=24, steps=2, eval_tokens=96, threads=2,
+                  cache_dir=str(tmp_path / "cache"))
+    argv = ["train", "--init-from", base, "--tune", tune, *flags, "--data", data, "--batch", "2",
+            "--seq-len", "24", "--steps", "2", "--eval-tokens", "96", "--threads", "2",
+            "--cache-dir", common["cache_dir"]]
+    assert main([*argv, "--out", str(tmp_path / "cli")]) == 0
+    assert main(["train", "--config", str(tmp_path / "cli" / "config.toml"),
+                 "--out", str(tmp_path / "cfg")]) == 0
+    Trainer(TrainOptions(init_from=base, tune=tune, **kw, **common), str(tmp_path / "py")).run()
+    losses = []
+    for d in ("cli", "cfg", "py"):
+        with open(tmp_path / d / "log.jsonl", encoding="utf-8") as f:
+            losses.append([json.loads(x).get("loss") for x in f])
+    assert losses[0] == losses[1] == losses[2] and any(v is not None for v in losses[0])
