@@ -15,7 +15,7 @@ depend on what else shares its batch.
 from __future__ import annotations
 
 import codecs
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -111,6 +111,25 @@ def cache_positions(model: _core.RxPtModel, n: int, slots: int, advice: str) -> 
     return n
 
 
+def plan_step(todo: Mapping[int, np.ndarray], piece: int, budget: int
+              ) -> tuple[list[int], list[int], np.ndarray]:
+    """(slots, counts, tokens) of one GenState step over todo ({slot: the
+    tokens it has still to read}): the decoding slots (one token each) first,
+    then prompt pieces of at most piece tokens while the step's budget holds
+    them; a piece is never cut shorter to fit, so a prompt's pieces are the
+    same whatever shares the step."""
+    moving: list[int] = []
+    counts: list[int] = []
+    used = 0
+    for k in sorted(todo, key=lambda k: len(todo[k]) > 1):
+        c = min(len(todo[k]), piece)
+        if used + c <= budget:
+            moving.append(k)
+            counts.append(c)
+            used += c
+    return moving, counts, np.concatenate([todo[k][:c] for k, c in zip(moving, counts)])
+
+
 def run_requests(model: _core.RxPtModel, requests: Sequence[Request], s: Sampling,
                  max_new_tokens: int, seed: int = 0, tokenizer: Tokenizer | None = None,
                  batch_size: int = DEFAULT_BATCH,
@@ -183,25 +202,11 @@ class _Scheduler:
                 self.queue.pop(0)
 
     def run(self) -> None:
-        budget = self.g.max_tokens
         while self.queue or any(q is not None for q in self.seqs):
             self._admit()
-            moving: list[int] = []
-            counts: list[int] = []
-            used = 0
-            # the decoding slots (one token each) first, then prompt pieces
-            # while they fit; a piece is never cut shorter to fit, so a
-            # prompt's pieces are the same whatever shares the step
-            order = sorted((k for k, q in enumerate(self.seqs) if q is not None and len(q.todo)),
-                           key=lambda k: len(self.seqs[k].todo) > 1)  # type: ignore[union-attr]
-            for k in order:
-                c = min(len(self.seqs[k].todo), self.piece)  # type: ignore[union-attr]
-                if used + c <= budget:
-                    moving.append(k)
-                    counts.append(c)
-                    used += c
-            tokens = np.concatenate([self.seqs[k].todo[:c]  # type: ignore[union-attr]
-                                     for k, c in zip(moving, counts)])
+            moving, counts, tokens = plan_step(
+                {k: q.todo for k, q in enumerate(self.seqs) if q is not None and len(q.todo)},
+                self.piece, self.g.max_tokens)
             logits = self.g.step(moving, counts, tokens)
             ready: list[int] = []
             rows: list[int] = []

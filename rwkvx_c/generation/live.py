@@ -26,7 +26,13 @@ import numpy as np
 from rwkvx_c import _core
 from rwkvx_c.data.tokenizers import Tokenizer
 from rwkvx_c.errors import SampleError
-from rwkvx_c.generation.engine import PROMPT_PIECE, Completion, _Seq, cache_positions
+from rwkvx_c.generation.engine import (
+    PROMPT_PIECE,
+    Completion,
+    _Seq,
+    cache_positions,
+    plan_step,
+)
 from rwkvx_c.generation.sampling import Penalties, Sampling, sample_rows
 
 __all__ = ["LiveEngine", "LiveRequest"]
@@ -148,15 +154,8 @@ class LiveEngine:
         live = [k for k, a in enumerate(self.slots) if a is not None]
         if not live:
             return
-        order = sorted(live, key=lambda k: len(self._seq(k).todo) > 1)
-        moving, counts, used = [], [], 0
-        for k in order:
-            c = min(len(self._seq(k).todo), self.piece)
-            if used + c <= self.g.max_tokens:
-                moving.append(k)
-                counts.append(c)
-                used += c
-        tokens = np.concatenate([self._seq(k).todo[:c] for k, c in zip(moving, counts)])
+        moving, counts, tokens = plan_step({k: self._seq(k).todo for k in live}, self.piece,
+                                           self.g.max_tokens)
         logits = self.g.step(moving, counts, tokens)
         self.peak = max(self.peak, len(moving))
         if not np.isfinite(logits).all():
