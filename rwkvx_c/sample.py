@@ -175,8 +175,8 @@ def _held_base(model: _core.RxPtModel, tensors: Layered, opts: dict[str, Any]
     whole blocks of it and that its source holds in less than float32
     where it says (as rwkvx_c.train.base.base_names picks them)."""
     dtype = str(opts.get("base_dtype") or "auto")
-    if dtype == "auto":
-        dtype = auto_base_dtype(tensors.dtype)
+    if dtype == "auto":   # as the run resolved it: the base's own form (it froze something)
+        dtype = auto_base_dtype(tensors.base_dtype)
     if dtype == "fp32":
         return [], dtype
     per, _ = _core.base_dtype_block(dtype)

@@ -188,6 +188,12 @@ def test_the_command_line_round_trip(tmp_path, capsys):
                  "--out", str(tmp_path / "l.gguf")]) == 0
     names = set(_tensors(tmp_path / "l.gguf"))
     assert "blk.1.time_mix_key.weight.lora_a" in names and len(names) == 2 * 6 * 2
+    # the default --base-dtype (auto) trained over the file's Q8_0 blocks, and
+    # sampling holds that base again, its adapters unmerged (not a float32 model)
+    from rwkvx_c.sample import load_run
+    held, _ = load_run(str(tmp_path / "l"), hold_base=True)
+    assert held.base_dtype == "q8_0" and "emb" in held.base_names
+    assert held.lora_rank is not None
 
 
 @pytest.mark.skipif(os.environ.get("RWKVX_SLOW") != "1",

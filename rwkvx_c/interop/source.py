@@ -215,6 +215,12 @@ class Layered(Mapping[str, np.ndarray]):
     def __len__(self) -> int:
         return sum(1 for _ in self)
 
+    @property
+    def base_dtype(self) -> str:
+        """The form of the base's matrices (rwkvx_c.model.weights), whatever
+        the checkpoint holds itself."""
+        return str(getattr(self._base, "dtype", "fp32"))
+
     def owns(self, name: str) -> bool:
         """Whether the checkpoint holds name itself (not its base)."""
         return name in self._own
