@@ -1,5 +1,6 @@
 """Fine-tuning the official RWKV-7 shapes on one CPU box: for the 0.4B, 1.5B,
-2.9B and 7.2B shapes (C 1024/24, 2048/24, 2560/32, 4096/32 blocks, head
+2.9B, 7.2B and 13.3B shapes (C 1024/24, 2048/24, 2560/32, 4096/32, 4096/61
+blocks (13.3B's block count from its parameter count), head
 size 64, ffn 4C, the World vocabulary) and a frozen base of each dtype,
 the time from reading the source to the model (build), the first step,
 the peak RSS and the state and LoRA tokens/s at T 512, through the
@@ -48,7 +49,8 @@ sys.path.insert(0, HERE)
 import common  # noqa: E402,F401 -- an in-place build wins over an installed one
 
 # C, blocks, the RWKV-7 LoRA sizes of each official shape (rwkvx_c.model.config.lora_sizes)
-SHAPES = {"0.4B": (1024, 24), "1.5B": (2048, 24), "2.9B": (2560, 32), "7.2B": (4096, 32)}
+SHAPES = {"0.4B": (1024, 24), "1.5B": (2048, 24), "2.9B": (2560, 32), "7.2B": (4096, 32),
+          "13.3B": (4096, 61)}
 V, N = 65536, 64
 
 
