@@ -344,6 +344,40 @@ def test_acts_per_token_predicts_a_large_batch():
         pytest.skip("no mallinfo2")
 
 
+_TWIN_PROBE = """
+import rwkvx_c as rx
+from rwkvx_c.model import memory as memcheck
+if memcheck._heap_in_use() is None:
+    print("no mallinfo2")
+    raise SystemExit(0)
+cfg, recompute, frozen = %r
+m = rx.RxPtModel(cfg, recompute=recompute, init=False)
+m.frozen = frozen
+twin = memcheck._twin_bytes_per_token(m)
+own = memcheck._measured_bytes_per_token(m)
+assert abs(twin - own) <= 0.02 * own, (twin, own)
+"""
+
+
+@pytest.mark.parametrize("attn", [0, 2])
+@pytest.mark.parametrize("recompute", [False, True])
+@pytest.mark.parametrize("frozen", [False, True])
+def test_a_deep_models_bytes_per_token_come_from_shallow_twins(attn, recompute, frozen):
+    """A model deeper than TWIN_BLOCKS is measured on twins of two and three
+    blocks (a 7B model's own measuring steps would take minutes): their
+    extrapolation is the deep model's own figure to 2%, pure and hybrid,
+    with and without recompute, trained or frozen. In a fresh process, as a
+    run measures: malloc's thresholds depend on what the process freed."""
+    # widths whose buffers are kilobytes a token: at SMALL's, malloc's
+    # rounding is a tenth of the figure
+    deep = dict(SMALL, n_embd=256, n_head=4, head_size=64, ffn_dim=1024, Dw=32, Da=32, Dg=32,
+                Dv=32, chunk_size=32, n_rwkv_layer=memcheck.TWIN_BLOCKS + 3, n_attn_layer=attn)
+    r = python(_TWIN_PROBE % ((deep, recompute, frozen),))
+    assert r.returncode == 0, r.stderr
+    if "no mallinfo2" in r.stdout:
+        pytest.skip("no mallinfo2")
+
+
 def test_memory_check_names_size_and_flag(tmp_path, monkeypatch):
     monkeypatch.setattr(memcheck, "available_bytes", lambda: 64 << 20)
     with pytest.raises(TrainError, match=r"GiB.*--batch or --seq-len"):

@@ -84,17 +84,69 @@ MEASURE_TOKENS = 64   # the smaller of the two measured sequence lengths (at lea
 
 def acts_bytes_per_token(model: RxPtModel, fallback: int | None = None) -> int:
     """Heap bytes one more token of B*T costs a training step of `model`
-    (in its recompute mode, with the trainer's chunked head), the head's
-    scratch (head_bytes) aside.
+    (in its recompute mode, precision and frozen setting, with the trainer's
+    chunked head), the head's scratch (head_bytes) aside.
 
     Runs forward and backward at two small sequence lengths and divides the
     heap difference (the activation buffers the model keeps) by the token
-    difference. Without glibc's mallinfo2, returns `fallback` or a bound
-    from the config."""
+    difference. A model of more than TWIN_BLOCKS blocks is measured on
+    shallow twins instead (_twin_bytes_per_token): at 7B those steps would
+    cost minutes, more than the step they guard. Without glibc's
+    mallinfo2, returns `fallback` or a bound from the config."""
     c = model.config
     rough = ROUGH_MARGIN * rough_bytes_per_token(c, model.recompute)
     if _heap_in_use() is None:
         return fallback if fallback is not None else rough
+    if c["n_rwkv_layer"] + c["n_attn_layer"] > TWIN_BLOCKS:
+        per = _twin_bytes_per_token(model)
+    else:
+        per = _measured_bytes_per_token(model)
+    if per is None:
+        return fallback if fallback is not None else rough
+    return per
+
+
+# Blocks above which acts_bytes_per_token measures shallow twins; a twin's
+# vocabulary: the per-token figure holds no [tokens, vocab] buffer (the head's
+# scratch is head_bytes, counted apart), so a small one does not change it.
+TWIN_BLOCKS = 4
+TWIN_VOCAB = 256
+
+
+def _twin_bytes_per_token(model: RxPtModel) -> int | None:
+    """acts_bytes_per_token of model from twins with its widths, precision,
+    recompute and frozen setting and a TWIN_VOCAB vocabulary: from the
+    second RWKV block on each keeps its own buffers per token, and so does
+    each attention block after the first (the first two RWKV blocks share
+    what the value residual adds, the first attention block what every
+    attention block reuses), so with m(R, A) a twin of R RWKV and A
+    attention blocks the figure for L RWKV and A attention blocks is
+    m(2, 0) + (L - 2) (m(3, 0) - m(2, 0)) + [m(2, 1) - m(2, 0)] +
+    (A - 1) (m(2, 2) - m(2, 1)), the bracket when A >= 1 (L >= 3 here: the
+    model has more than TWIN_BLOCKS blocks and A <= L)."""
+    c = dict(model.config)
+    L, A = c["n_rwkv_layer"], c["n_attn_layer"]
+
+    def twin(rwkv: int, attn: int) -> int | None:
+        cfg = {**c, "n_rwkv_layer": rwkv, "n_attn_layer": attn, "vocab_size": TWIN_VOCAB}
+        m = _core.RxPtModel(cfg, init=False, precision=model.precision,
+                            recompute=model.recompute)
+        m.frozen = model.frozen
+        return _measured_bytes_per_token(m)
+
+    two, three = twin(2, 0), twin(3, 0)
+    first = twin(2, 1) if A else two
+    more = twin(2, 2) if A > 1 else first
+    if two is None or three is None or first is None or more is None:
+        return None
+    return two + (L - 2) * max(three - two, 0) + max(first - two, 0) + \
+        (A - 1 if A else 0) * max(more - first, 0)
+
+
+def _measured_bytes_per_token(model: RxPtModel) -> int | None:
+    """acts_bytes_per_token measured on model itself; None when the heap
+    did not grow (nothing to measure)."""
+    c = model.config
     # At a few tokens each buffer is a few KiB, and whether malloc serves it
     # from the heap or from page-rounded mmap (its threshold moves with what
     # the process freed before) shifts the figure by 10-20%; at
@@ -115,7 +167,7 @@ def acts_bytes_per_token(model: RxPtModel, fallback: int | None = None) -> int:
     head = head_bytes(c["vocab_size"], 2 * t1) - head_bytes(c["vocab_size"], t1)
     grown = [used[i + 1] - used[i] - head for i in (1, 3, 5)]
     if min(grown) <= 0:
-        return fallback if fallback is not None else rough
+        return None
     return min(grown) // t1
 
 
