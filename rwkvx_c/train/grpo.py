@@ -10,7 +10,8 @@ a resumed run draws the same ones), the rewards score them and their
 group advantages are computed (rwkvx_c.train.grpo_loss). Then
 --grad-accum micro-batches of --batch completions each: one forward over
 prompt + completion, each completion token's log-probability (the
-cross-entropy of RxPtModel.row_losses), TRL's loss and its grad on those
+cross-entropy of RxPtModel.row_losses, of the logits divided by
+--temperature as TRL's), TRL's loss and its grad on those
 log-probabilities, and one backward that takes that grad in through each
 token's cross-entropy (RxPtModel.backward_rows): the exact gradient of
 the loss through the model. With --num-iterations > 1 the first pass's
@@ -156,6 +157,9 @@ class GRPOStep:
         self.rewards = load_rewards(o.reward if isinstance(o.reward, list) or o.reward is None
                                     else [o.reward], o.max_completion_length)
         self.weights = parse_weights(o.reward_weights, len(self.rewards))
+        if o.temperature <= 0.0:
+            raise TrainError("--objective grpo samples at --temperature > 0: at 0 every "
+                             "completion of a group is the same greedy one")
         self.eps_low = o.epsilon
         self.eps_high = o.epsilon if o.epsilon_high is None else o.epsilon_high
         try:
@@ -195,11 +199,11 @@ class GRPOStep:
     def _ref_logps(self, model: _core.RxPtModel, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         if self.ref is not None:
             self.ref.forward(x, return_logits=False)
-            return -self.ref.row_losses(y, IGNORE)
+            return -self.ref.row_losses(y, IGNORE, temperature=self.o.temperature)
         assert model.lora_rank is not None
         with adapters_off(model):
             model.forward(x, return_logits=False)
-            return -model.row_losses(y, IGNORE)
+            return -model.row_losses(y, IGNORE, temperature=self.o.temperature)
 
     # -------------------------------------------------------------- rollout
     def next_rollout(self, model: _core.RxPtModel) -> Rollout:
@@ -267,7 +271,7 @@ class GRPOStep:
             n_micro = self.group.sum_values(float(mask.sum()))[0]
             ref = self._ref_logps(model, x, y) if self.o.beta else None
             model.forward(x, return_logits=False)
-            logp = -model.row_losses(y, IGNORE)
+            logp = -model.row_losses(y, IGNORE, temperature=self.o.temperature)
             if keep_old:
                 assert r.old is not None
                 r.old[sl] = logp
@@ -277,7 +281,7 @@ class GRPOStep:
                              old=old, ref=ref, max_len=self.o.max_completion_length,
                              accum=self.accum, n_items=r.n_items, n_micro=n_micro)
             # the loss's grad on row t's log-probability enters as -weight on its cross-entropy
-            model.backward_rows(y, -ranks * res.grad, IGNORE)
+            model.backward_rows(y, -ranks * res.grad, IGNORE, temperature=self.o.temperature)
             if accum is not None:
                 accum.add(k, self.accum, 1.0)
             loss += ranks * res.loss
