@@ -8,6 +8,7 @@ micro-batches giving one batch's loss; the log-probabilities and grads at
 a sampling temperature (TRL's logits / temperature)."""
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -19,6 +20,7 @@ from rwkvx_c.data.chat import IGNORE, SEPARATOR
 from rwkvx_c.data.prompts import read_prompts
 from rwkvx_c.data.tokenizers import ByteTokenizer
 from rwkvx_c.errors import DataError
+from rwkvx_c.run import RunDir
 from rwkvx_c.train import Trainer, TrainError
 from rwkvx_c.train.grpo import stop_strings
 from rwkvx_c.train.grpo_loss import LOSS_TYPES, advantages, token_loss
@@ -306,6 +308,30 @@ def test_lora_over_a_frozen_base_rolls_out_and_trains_with_the_kl_term(tmp_path,
     rows = [r for r in tr.read_log() if "reward" in r]
     assert len(rows) == 2 and all(np.isfinite(r["kl"]) for r in rows)
     assert rows[0]["kl"] == 0.0 and rows[1]["kl"] > 0.0   # the adapters start at zero
+
+
+@pytest.mark.parametrize("full", [False, True])
+def test_a_resumed_run_reads_the_pinned_reference_not_the_source(tmp_path, full):
+    # --ref-from's run (or, for a full tune, --init-from's as the reference)
+    # is pinned as the run starts: resumed after the source is gone, the
+    # run goes on as one that never stopped
+    from test_finetune import _base_run
+    base = _base_run(tmp_path, model=dict(SMALL, n_attn_layer=0))
+    kw = dict(init_from=base, model=None) if full else dict(ref_from=base)
+    a = _grpo(tmp_path, "a", beta=0.1, steps=4, lr=1e-3, **kw)
+    a.run()
+    rows = [r for r in a.read_log() if "reward" in r]
+    assert all(r["kl"] > 0.0 for r in rows[1:])   # the reference is read
+    b = _grpo(tmp_path, "b", beta=0.1, steps=4, lr=1e-3, **kw)
+    b.run(stop=lambda: b.step_count == 2)
+    assert len(RunDir(str(tmp_path / "b")).pins()) == 1
+    shutil.rmtree(base)
+    Trainer.resume(str(tmp_path / "b"), steps=4).run()
+    rb = [r for r in Trainer.resume(str(tmp_path / "b"), steps=4).read_log() if "reward" in r]
+    assert [(r["loss"], r["kl"]) for r in rb] == [(r["loss"], r["kl"]) for r in rows]
+    os.remove(RunDir(str(tmp_path / "b")).pins()[0])
+    with pytest.raises(TrainError, match=r"the pin of the reference .* is missing"):
+        Trainer.resume(str(tmp_path / "b"), steps=5)
 
 
 def test_two_ranks_match_one_process(tmp_path):
