@@ -68,10 +68,12 @@ void rx_head_backward(const float *x, const float *head, const float *dlogits,
     rx_fnan_apart(d_head, (size_t)C * (size_t)vocab, &in);
 }
 
-/* One row: returns -log softmax(l)[target]; if d is not NULL writes
- * d = (softmax(l) - onehot(target)) * scale. l, d: [V]. One exp per logit
- * (rx_expf, vectorised): e = exp(l - max) is summed in eight double lanes
- * and, scaled by 1/sum, is the softmax.
+/* One row: returns -log softmax(k l)[target]; if d is not NULL writes its
+ * grad on l, d = (softmax(k l) - onehot(target)) * scale * k. l, d: [V];
+ * k > 0 the inverse of a sampling temperature (docs/maths.md §GRPO), 1 for
+ * the plain loss, whose products by k then leave every bit as it was. One
+ * exp per logit (rx_expf, vectorised): e = exp(k (l - max)) is summed in
+ * eight double lanes and, scaled by 1/sum, is the softmax.
  *
  * The loss is formed as log(sum) + (max - l[target]), never as
  * max + log(sum) - l[target]: with logits near 3e38 the latter loses
@@ -111,7 +113,7 @@ RX_HOT static size_t first_argmax(const float *restrict l, size_t V) {
 }
 
 RX_HOT static double ce_row(const float *restrict l, size_t V, size_t target,
-                            float *restrict d, double scale) {
+                            float *restrict d, double scale, float k) {
     const size_t am = first_argmax(l, V);
     const float m = l[am];
     /* acc sums every e but the maximum's own 1, so small terms are not
@@ -123,7 +125,7 @@ RX_HOT static double ce_row(const float *restrict l, size_t V, size_t target,
     size_t v = 0;
     for (; v + CE_LANES <= V; v += CE_LANES) {
         float e[CE_LANES];
-        for (size_t j = 0; j < CE_LANES; j++) e[j] = rx_expf(l[v + j] - m);
+        for (size_t j = 0; j < CE_LANES; j++) e[j] = rx_expf(k * (l[v + j] - m));
         if (d)
             for (size_t j = 0; j < CE_LANES; j++) d[v + j] = e[j];
         if (v == amb) {
@@ -133,7 +135,7 @@ RX_HOT static double ce_row(const float *restrict l, size_t V, size_t target,
         for (size_t j = 0; j < CE_LANES; j++) acc[j] += (double)e[j];
     }
     for (; v < V; v++) {
-        float e = rx_expf(l[v] - m);
+        float e = rx_expf(k * (l[v] - m));
         if (d) d[v] = e;
         acc[0] += v == am ? 0.0f : e;
     }
@@ -141,16 +143,17 @@ RX_HOT static double ce_row(const float *restrict l, size_t V, size_t target,
     for (size_t j = 0; j < CE_LANES; j++) tail += acc[j];
     const double s = 1.0 + tail;
     if (d) {
-        const float f = (float)(scale / s);
+        const double sk = scale * (double)k;
+        const float f = (float)(sk / s);
         for (v = 0; v < V; v++) d[v] *= f;
-        d[target] = (float)((double)d[target] - scale);
+        d[target] = (float)((double)d[target] - sk);
     }
     if (tail < CE_TINY_TAIL) {
         tail = 0.0;
         for (v = 0; v < V; v++)
-            if (v != am) tail += exp((double)l[v] - (double)m);
+            if (v != am) tail += exp((double)k * ((double)l[v] - (double)m));
     }
-    double loss = log1p(tail) + ((double)m - (double)l[target]);
+    double loss = log1p(tail) + (double)k * ((double)m - (double)l[target]);
     return V > 1 && loss < DBL_TRUE_MIN ? DBL_TRUE_MIN : loss;
 }
 
@@ -180,7 +183,7 @@ static int count_targets(const char *fn, const int *targets, size_t T, int vocab
  * scaled by w[t] instead of 1/n_valid; row_loss [T] (or NULL) gets each
  * row's loss, 0 for an ignored one. */
 static int cross_entropy(const char *fn, const float *logits, const int *targets, int T,
-                         int vocab, int ignore_index, const double *w, float *dlogits,
+                         int vocab, int ignore_index, const double *w, float k, float *dlogits,
                          double *row_loss, double *loss_out) {
     if (!logits || !targets || !loss_out)
         return rx_fail(RX_EINVAL, "%s: %s is NULL", fn,
@@ -227,7 +230,7 @@ static int cross_entropy(const char *fn, const float *logits, const int *targets
             if (!ce_valid(y, ignore_index))
                 rx_fzero(d, V);
             else if (y >= 0 && y < vocab)
-                l = ce_row(logits + t * V, V, (size_t)y, d, w ? w[t] : scale);
+                l = ce_row(logits + t * V, V, (size_t)y, d, w ? w[t] : scale, k);
             else
                 bad = 1;
             if (row_loss) row_loss[t] = l;
@@ -248,7 +251,7 @@ int rx_cross_entropy(const float *logits, const int *targets, int T, int vocab,
                      int ignore_index, float *dlogits, double *loss) {
     rx_prof_push(RX_PROF_CE);
     int rc = cross_entropy("rx_cross_entropy", logits, targets, T, vocab, ignore_index, NULL,
-                           dlogits, NULL, loss);
+                           1.0f, dlogits, NULL, loss);
     rx_prof_pop();
     return rc;
 }
@@ -258,13 +261,21 @@ int rx_cross_entropy(const float *logits, const int *targets, int T, int vocab,
 int rx_cross_entropy_rows(const float *logits, const int *targets, int T, int vocab,
                           int ignore_index, const double *weight, float *dlogits,
                           double *row_loss) {
+    return rx_cross_entropy_rows_k(logits, targets, T, vocab, ignore_index, weight, 1.0f,
+                                   dlogits, row_loss);
+}
+
+/* logits, dlogits: [T][vocab]; targets, weight, row_loss: [T] */
+int rx_cross_entropy_rows_k(const float *logits, const int *targets, int T, int vocab,
+                            int ignore_index, const double *weight, float k, float *dlogits,
+                            double *row_loss) {
     static const char *const fn = "rx_cross_entropy_rows";
     if (!row_loss) return rx_fail(RX_EINVAL, "%s: row_loss is NULL", fn);
     if (dlogits && !weight)
         return rx_fail(RX_EINVAL, "%s: dlogits needs the row weights (weight is NULL)", fn);
     double mean;
     rx_prof_push(RX_PROF_CE);
-    int rc = cross_entropy(fn, logits, targets, T, vocab, ignore_index, weight, dlogits,
+    int rc = cross_entropy(fn, logits, targets, T, vocab, ignore_index, weight, k, dlogits,
                            row_loss, &mean);
     rx_prof_pop();
     return rc;
@@ -335,8 +346,8 @@ void rx_l2wrap_rows(const float *logits, float *dlogits, size_t rows, size_t V, 
  * alone). w, row_loss [T] (or NULL) as cross_entropy's. */
 static int head_loss(const char *fn, const float *x, const float *head, const int *targets,
                      int T, int C, int vocab, int ignore_index, double l2wrap,
-                     const double *w, int rows, float *scratch, float *dx, float *d_head,
-                     double *row_loss, double *loss_out) {
+                     const double *w, float k, int rows, float *scratch, float *dx,
+                     float *d_head, double *row_loss, double *loss_out) {
     if (!x || !head || !targets || !scratch || !loss_out)
         return rx_fail(RX_EINVAL, "%s: %s is NULL", fn,
                        !x ? "x" : !head ? "head" : !targets ? "targets" : !scratch ? "scratch"
@@ -390,7 +401,7 @@ static int head_loss(const char *fn, const float *x, const float *head, const in
                 if (!ce_valid(y, ignore_index))
                     rx_fzero(d, V);
                 else if (y >= 0 && y < vocab)
-                    lt = ce_row(l, V, (size_t)y, d, w ? w[t] : scale);
+                    lt = ce_row(l, V, (size_t)y, d, w ? w[t] : scale, k);
                 else
                     bad = 1;
                 if (row_loss) row_loss[t] = lt;
@@ -421,7 +432,7 @@ int rx_head_loss(const float *x, const float *head, const int *targets, int T, i
                  float *dx, float *d_head, double *loss) {
     rx_prof_push(RX_PROF_CE);
     int rc = head_loss("rx_head_loss", x, head, targets, T, C, vocab, ignore_index, l2wrap,
-                       NULL, rows, scratch, dx, d_head, NULL, loss);
+                       NULL, 1.0f, rows, scratch, dx, d_head, NULL, loss);
     rx_prof_pop();
     return rc;
 }
@@ -429,13 +440,22 @@ int rx_head_loss(const float *x, const float *head, const int *targets, int T, i
 int rx_head_loss_rows(const float *x, const float *head, const int *targets, int T, int C,
                       int vocab, int ignore_index, double l2wrap, const double *weight,
                       int rows, float *scratch, float *dx, float *d_head, double *row_loss) {
+    return rx_head_loss_rows_k(x, head, targets, T, C, vocab, ignore_index, l2wrap, weight, 1.0f,
+                               rows, scratch, dx, d_head, row_loss);
+}
+
+/* x, dx: [T][C]; head, d_head: [C][vocab]; targets, weight, row_loss: [T] */
+int rx_head_loss_rows_k(const float *x, const float *head, const int *targets, int T, int C,
+                        int vocab, int ignore_index, double l2wrap, const double *weight,
+                        float k, int rows, float *scratch, float *dx, float *d_head,
+                        double *row_loss) {
     static const char *const fn = "rx_head_loss_rows";
     if (!row_loss) return rx_fail(RX_EINVAL, "%s: row_loss is NULL", fn);
     if (dx && !weight)
         return rx_fail(RX_EINVAL, "%s: dx needs the row weights (weight is NULL)", fn);
     double mean;
     rx_prof_push(RX_PROF_CE);
-    int rc = head_loss(fn, x, head, targets, T, C, vocab, ignore_index, l2wrap, weight, rows,
+    int rc = head_loss(fn, x, head, targets, T, C, vocab, ignore_index, l2wrap, weight, k, rows,
                        scratch, dx, d_head, row_loss, &mean);
     rx_prof_pop();
     return rc;

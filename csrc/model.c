@@ -416,10 +416,11 @@ static int check_loss_call(const char *fn, const rx_ptmodel *m, const rx_pt_acts
 /* targets: [B][T]; returns the mean loss over the valid positions of the
  * batch and writes the grads of that mean into the grad arena. With w
  * [B][T] (the rows form, fn names it) the grads are those of
- * sum_t w[t] * loss[t] instead, and row_loss [B][T] gets each loss[t]. */
+ * sum_t w[t] * loss[t] instead, and row_loss [B][T] gets each loss[t], of
+ * the logits times k (rx_cross_entropy_rows_k; 1 in the mean form). */
 static int backward_batch(const char *fn, rx_ptmodel *m, const rx_pt_acts *acts,
                           const int *targets, int B, int T, int ignore_index, const double *w,
-                          double *row_loss, double *loss_out) {
+                          float k, double *row_loss, double *loss_out) {
     int rc = check_loss_call(fn, m, acts, targets, loss_out, B, T);
     if (rc != RX_OK) return rc;
     const int V = m->cfg.vocab_size, C = m->cfg.n_embd, BT = B * T;
@@ -440,8 +441,8 @@ static int backward_batch(const char *fn, rx_ptmodel *m, const rx_pt_acts *acts,
      * NaN grads still go through, as the grads of this call */
     double loss;
     if (w && acts->logits) {
-        rc = rx_cross_entropy_rows(acts->logits, targets, BT, V, ignore_index, w, acts->dlogits,
-                                   row_loss);
+        rc = rx_cross_entropy_rows_k(acts->logits, targets, BT, V, ignore_index, w, k,
+                                     acts->dlogits, row_loss);
         loss = 0.0;
         if (rc == RX_OK)
             rx_l2wrap_rows(acts->logits, acts->dlogits, (size_t)BT, (size_t)V,
@@ -449,8 +450,9 @@ static int backward_batch(const char *fn, rx_ptmodel *m, const rx_pt_acts *acts,
         if (rc == RX_OK)
             rc = rx_head_grads(acts->lnout, m->head, acts->dlogits, BT, C, V, dnext, m->g_head);
     } else if (w) {
-        rc = rx_head_loss_rows(acts->lnout, m->head, targets, BT, C, V, ignore_index, m->ctx.l2wrap,
-                               w, acts->head_rows, acts->dlogits, dnext, m->g_head, row_loss);
+        rc = rx_head_loss_rows_k(acts->lnout, m->head, targets, BT, C, V, ignore_index,
+                                 m->ctx.l2wrap, w, k, acts->head_rows, acts->dlogits, dnext,
+                                 m->g_head, row_loss);
         loss = 0.0;
     } else if (acts->logits) {
         rc = rx_cross_entropy(acts->logits, targets, BT, V, ignore_index, acts->dlogits, &loss);
@@ -535,7 +537,7 @@ int rx_pretrain_backward_loss(rx_ptmodel *m, const rx_pt_acts *acts, const int *
     const rx_lora *was_lora = rx_gemm_set_lora(m && m->lora_on ? m->lora : NULL);
     const rx_base *was_base = rx_gemm_set_base(m ? m->base : NULL);
     const int rc = backward_batch("rx_pretrain_backward_loss", m, acts, targets, B, T,
-                                  ignore_index, NULL, NULL, loss);
+                                  ignore_index, NULL, 1.0f, NULL, loss);
     rx_gemm_set_base(was_base);
     rx_gemm_set_lora(was_lora);
     rx_gemm_set_frozen(was);
@@ -543,19 +545,41 @@ int rx_pretrain_backward_loss(rx_ptmodel *m, const rx_pt_acts *acts, const int *
     return rc;
 }
 
+/* k = 1 / temperature, or 0 (RX_EINVAL through rx_fail) for a temperature
+ * that is not finite and > 0 or whose inverse is not a finite float */
+static float inverse_temperature(const char *fn, double temperature) {
+    const float k = (float)(1.0 / temperature);
+    if (!(temperature > 0.0) || isinf(temperature) || !(k > 0.0f) || isinf(k)) {
+        rx_fail(RX_EINVAL, "%s: temperature = %g must be finite and > 0 (and its inverse a "
+                "finite float)", fn, temperature);
+        return 0.0f;
+    }
+    return k;
+}
+
 /* targets, weight, row_loss: [B][T]; backward_batch's rows form */
 int rx_pretrain_backward_rows(rx_ptmodel *m, const rx_pt_acts *acts, const int *targets, int B,
                               int T, int ignore_index, const double *weight, double *row_loss) {
+    return rx_pretrain_backward_rows_temp(m, acts, targets, B, T, ignore_index, 1.0, weight,
+                                          row_loss);
+}
+
+/* targets, weight, row_loss: [B][T] */
+int rx_pretrain_backward_rows_temp(rx_ptmodel *m, const rx_pt_acts *acts, const int *targets,
+                                   int B, int T, int ignore_index, double temperature,
+                                   const double *weight, double *row_loss) {
     static const char *const fn = "rx_pretrain_backward_rows";
     if (!weight || !row_loss)
         return rx_fail(RX_EINVAL, "%s: %s is NULL", fn, !weight ? "weight" : "row_loss");
+    const float k = inverse_temperature(fn, temperature);
+    if (k == 0.0f) return RX_EINVAL;
     const int old = rx_gemm_set_precision(m ? m->precision : RX_PRECISION_FP32);
     const rx_frozen f = {m ? m->grads : NULL, m ? m->frozen : NULL, m ? m->n_frozen : 0};
     const rx_frozen was = rx_gemm_set_frozen(f);
     const rx_lora *was_lora = rx_gemm_set_lora(m && m->lora_on ? m->lora : NULL);
     const rx_base *was_base = rx_gemm_set_base(m ? m->base : NULL);
     double unused;
-    const int rc = backward_batch(fn, m, acts, targets, B, T, ignore_index, weight, row_loss,
+    const int rc = backward_batch(fn, m, acts, targets, B, T, ignore_index, weight, k, row_loss,
                                   &unused);
     rx_gemm_set_base(was_base);
     rx_gemm_set_lora(was_lora);
@@ -579,19 +603,22 @@ double rx_pretrain_backward(rx_ptmodel *m, const rx_pt_acts *acts, const int *ta
 }
 
 /* the checks of backward_batch, then the loss alone (row_loss [B][T] not
- * NULL: each position's loss instead, as rx_pretrain_row_losses) */
+ * NULL: each position's loss of the logits times k instead, as
+ * rx_pretrain_row_losses_temp) */
 static int loss_batch(const char *fn, rx_ptmodel *m, const rx_pt_acts *acts, const int *targets,
-                      int B, int T, int ignore_index, double *row_loss, double *loss) {
+                      int B, int T, int ignore_index, float k, double *row_loss,
+                      double *loss) {
     int rc = check_loss_call(fn, m, acts, targets, loss, B, T);
     if (rc != RX_OK) return rc;
     if (acts->saved->lnout_stale && (rc = lnout_forward(m, acts)) != RX_OK) return rc;
     const int V = m->cfg.vocab_size, C = m->cfg.n_embd, BT = B * T;
     if (row_loss && acts->logits)
-        return rx_cross_entropy_rows(acts->logits, targets, BT, V, ignore_index, NULL, NULL,
-                                     row_loss);
+        return rx_cross_entropy_rows_k(acts->logits, targets, BT, V, ignore_index, NULL, k, NULL,
+                                       row_loss);
     if (row_loss)
-        return rx_head_loss_rows(acts->lnout, m->head, targets, BT, C, V, ignore_index, 0.0,
-                                 NULL, acts->head_rows, acts->dlogits, NULL, NULL, row_loss);
+        return rx_head_loss_rows_k(acts->lnout, m->head, targets, BT, C, V, ignore_index, 0.0,
+                                   NULL, k, acts->head_rows, acts->dlogits, NULL, NULL,
+                                   row_loss);
     if (acts->logits)
         return rx_cross_entropy(acts->logits, targets, BT, V, ignore_index, NULL, loss);
     return rx_head_loss(acts->lnout, m->head, targets, BT, C, V, ignore_index, 0.0,
@@ -602,8 +629,8 @@ int rx_pretrain_loss(rx_ptmodel *m, const rx_pt_acts *acts, const int *targets, 
                      int ignore_index, double *loss) {
     const int old = rx_gemm_set_precision(m ? m->precision : RX_PRECISION_FP32);
     const rx_base *was_base = rx_gemm_set_base(m ? m->base : NULL);
-    const int rc = loss_batch("rx_pretrain_loss", m, acts, targets, B, T, ignore_index, NULL,
-                              loss);
+    const int rc = loss_batch("rx_pretrain_loss", m, acts, targets, B, T, ignore_index, 1.0f,
+                              NULL, loss);
     rx_gemm_set_base(was_base);
     rx_gemm_set_precision(old);
     return rc;
@@ -611,12 +638,21 @@ int rx_pretrain_loss(rx_ptmodel *m, const rx_pt_acts *acts, const int *targets, 
 
 int rx_pretrain_row_losses(rx_ptmodel *m, const rx_pt_acts *acts, const int *targets, int B,
                            int T, int ignore_index, double *row_loss) {
+    return rx_pretrain_row_losses_temp(m, acts, targets, B, T, ignore_index, 1.0, row_loss);
+}
+
+/* targets, row_loss: [B][T] */
+int rx_pretrain_row_losses_temp(rx_ptmodel *m, const rx_pt_acts *acts, const int *targets,
+                                int B, int T, int ignore_index, double temperature,
+                                double *row_loss) {
     static const char *const fn = "rx_pretrain_row_losses";
     if (!row_loss) return rx_fail(RX_EINVAL, "%s: row_loss is NULL", fn);
+    const float k = inverse_temperature(fn, temperature);
+    if (k == 0.0f) return RX_EINVAL;
     const int old = rx_gemm_set_precision(m ? m->precision : RX_PRECISION_FP32);
     const rx_base *was_base = rx_gemm_set_base(m ? m->base : NULL);
     double unused;
-    const int rc = loss_batch(fn, m, acts, targets, B, T, ignore_index, row_loss, &unused);
+    const int rc = loss_batch(fn, m, acts, targets, B, T, ignore_index, k, row_loss, &unused);
     rx_gemm_set_base(was_base);
     rx_gemm_set_precision(old);
     return rc;

@@ -560,6 +560,18 @@ const rx_base *rx_gemm_set_base(const rx_base *s);
  * L2Wrap's grad over rows of logits: dlogits[t][am_t] += coef *
  * logits[t][am_t], am_t the first argmax of row t (coef 0: nothing). */
 void rx_l2wrap_rows(const float *logits, float *dlogits, size_t rows, size_t V, double coef);
+/* rx_cross_entropy_rows and rx_head_loss_rows of the logits times k > 0,
+ * the inverse of a sampling temperature (docs/maths.md §GRPO): each row's
+ * loss is -log softmax(k l)[target] and its grad on l is k times the
+ * cross-entropy's of k l (the L2Wrap term reads l itself). k = 1: the
+ * public forms' bits. */
+int rx_cross_entropy_rows_k(const float *logits, const int *targets, int T, int vocab,
+                            int ignore_index, const double *weight, float k, float *dlogits,
+                            double *row_loss);
+int rx_head_loss_rows_k(const float *x, const float *head, const int *targets, int T, int C,
+                        int vocab, int ignore_index, double l2wrap, const double *weight,
+                        float k, int rows, float *scratch, float *dx, float *d_head,
+                        double *row_loss);
 
 /* ---- layernorm.c -------------------------------------------------------
  * Row normalisation shared by LayerNorm (period 1) and the time-mix group

@@ -507,6 +507,18 @@ int rx_pretrain_row_losses(rx_ptmodel *m, const rx_pt_acts *acts, const int *tar
                            int T, int ignore_index, double *row_loss);
 int rx_pretrain_backward_rows(rx_ptmodel *m, const rx_pt_acts *acts, const int *targets, int B,
                               int T, int ignore_index, const double *weight, double *row_loss);
+/* The same of the logits divided by temperature (GRPO's log-probabilities
+ * of completions sampled at that temperature, docs/maths.md §GRPO):
+ * row_loss[t] = -log softmax(logits[t] / temperature)[targets[t]] and its
+ * grads (the L2Wrap term reads the logits themselves). temperature 1: the
+ * forms above, bit for bit. RX_EINVAL, too, for a temperature that is not
+ * finite and > 0 (or whose inverse is not a finite float). */
+int rx_pretrain_row_losses_temp(rx_ptmodel *m, const rx_pt_acts *acts, const int *targets,
+                                int B, int T, int ignore_index, double temperature,
+                                double *row_loss);
+int rx_pretrain_backward_rows_temp(rx_ptmodel *m, const rx_pt_acts *acts, const int *targets,
+                                   int B, int T, int ignore_index, double temperature,
+                                   const double *weight, double *row_loss);
 /* L2Wrap (RWKV-LM's; docs/maths.md §L2Wrap): every later backward adds
  * factor * max_v logits[t][v] / (B*T) to the grad of the first largest
  * logit of each of the B*T positions (ignored ones too); the loss is

@@ -190,6 +190,13 @@ cdef extern from "rx_pretrain.h" nogil:
     int rx_pretrain_backward_rows(rx_ptmodel *m, const rx_pt_acts *acts, const int *targets,
                                   int B, int T, int ignore_index, const double *weight,
                                   double *row_loss)
+    int rx_pretrain_row_losses_temp(rx_ptmodel *m, const rx_pt_acts *acts, const int *targets,
+                                    int B, int T, int ignore_index, double temperature,
+                                    double *row_loss)
+    int rx_pretrain_backward_rows_temp(rx_ptmodel *m, const rx_pt_acts *acts,
+                                       const int *targets, int B, int T, int ignore_index,
+                                       double temperature, const double *weight,
+                                       double *row_loss)
     int rx_ptmodel_set_l2wrap(rx_ptmodel *m, double factor)
     double rx_ptmodel_l2wrap(const rx_ptmodel *m)
     int rx_head_loss(const float *x, const float *head, const int *targets, int T, int C,

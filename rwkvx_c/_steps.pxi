@@ -189,12 +189,13 @@ A whole RWKV-X model (docs/maths.md §Whole model) with its parameters and grads
                              f"{shape}")
         return out
 
-    def row_losses(self, targets, int ignore_index=-1, out=None):
+    def row_losses(self, targets, int ignore_index=-1, out=None, double temperature=1.0):
         """Each position's cross-entropy of the last forward against targets
         (0.0 where the target is ignore_index), without any grad: a
         sequence's summed log-probability is minus the sum of its row
         (docs/maths.md §Preference tuning). Arguments as loss(); out: a
-        float64 array shaped as targets to write into. Returns it."""
+        float64 array shaped as targets to write into; temperature: of the
+        logits divided by it (docs/maths.md §GRPO). Returns it."""
         targets = self._rows_targets(targets, "row_losses", ignore_index)
         out = self._f64_out(out, "out", targets.shape)
         cdef double[::1] ov = out.reshape(-1)
@@ -203,18 +204,20 @@ A whole RWKV-X model (docs/maths.md §Whole model) with its parameters and grads
         self._enter()
         try:
             with nogil:
-                rc = rx_pretrain_row_losses(self._h.m, self._acts, ptgt, B, T, ignore_index,
-                                            &ov[0])
+                rc = rx_pretrain_row_losses_temp(self._h.m, self._acts, ptgt, B, T,
+                                                 ignore_index, temperature, &ov[0])
         finally:
             self._busy = False
         _check_rc(rc, "RxPtModel.row_losses")
         return out
 
-    def backward_rows(self, targets, weight, int ignore_index=-1, out=None):
+    def backward_rows(self, targets, weight, int ignore_index=-1, out=None,
+                      double temperature=1.0):
         """The backward of sum_t weight[t] * row_loss[t]: each position's
         cross-entropy grad scaled by its weight (a float64 array shaped as
         targets) instead of the mean's 1/n. Overwrites grads / grad_buffer
-        as backward() does and returns row_losses (into out when given)."""
+        as backward() does and returns row_losses (into out when given),
+        both of the logits divided by temperature as row_losses'."""
         targets = self._rows_targets(targets, "backward_rows", ignore_index)
         if not isinstance(weight, np.ndarray) or weight.dtype != np.float64 \
                 or weight.shape != targets.shape:
@@ -228,8 +231,8 @@ A whole RWKV-X model (docs/maths.md §Whole model) with its parameters and grads
         self._enter()
         try:
             with nogil:
-                rc = rx_pretrain_backward_rows(self._h.m, self._acts, ptgt, B, T, ignore_index,
-                                               &wv[0], &ov[0])
+                rc = rx_pretrain_backward_rows_temp(self._h.m, self._acts, ptgt, B, T,
+                                                    ignore_index, temperature, &wv[0], &ov[0])
         finally:
             self._busy = False
         _check_rc(rc, "RxPtModel.backward_rows")

@@ -4,19 +4,23 @@ and finite differences; the reward functions' contract (built-ins, user
 functions, one line naming a function that fails); prompt records of
 each form and a parquet table; runs from Python, the command line and a
 config file; bit-exact resume mid --num-iterations; --grad-accum's
-micro-batches giving one batch's loss."""
+micro-batches giving one batch's loss; the log-probabilities and grads at
+a sampling temperature (TRL's logits / temperature)."""
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
 from test_train import SMALL, _opts
 
+import rwkvx_c as rx
 from rwkvx_c.cli import main
-from rwkvx_c.data.chat import SEPARATOR
+from rwkvx_c.data.chat import IGNORE, SEPARATOR
 from rwkvx_c.data.prompts import read_prompts
 from rwkvx_c.data.tokenizers import ByteTokenizer
 from rwkvx_c.errors import DataError
+from rwkvx_c.run import RunDir
 from rwkvx_c.train import Trainer, TrainError
 from rwkvx_c.train.grpo import stop_strings
 from rwkvx_c.train.grpo_loss import LOSS_TYPES, advantages, token_loss
@@ -111,6 +115,40 @@ def test_token_loss_and_grad_equal_the_direct_sum_and_finite_differences(lt, bet
             assert got.grad[i, t] == pytest.approx(fd, abs=1e-7), (i, t)
     assert 0 < got.metrics["clip_ratio/region_mean"] < 1
     assert ("kl" in got.metrics) == bool(beta)
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_row_losses_and_grads_at_a_temperature_are_those_of_the_logits_over_it(chunked):
+    # logits / temp are the logits of the head / temp: the same row losses and
+    # grads (the head's times 1 / temp), up to the rounding of head / temp
+    temp = 0.7
+    cfg = dict(SMALL, vocab_size=97, n_attn_layer=0)
+    m, s = rx.RxPtModel(cfg, seed=2), rx.RxPtModel(cfg, seed=2)
+    s.params["head"][...] = m.params["head"] / np.float32(temp)
+    rng = np.random.default_rng(1)
+    x = rng.integers(1, 97, (2, 13)).astype(np.int32)
+    y = np.where(rng.random((2, 13)) < 0.6, rng.integers(0, 97, (2, 13)), IGNORE).astype(np.int32)
+    w = np.where(y != IGNORE, rng.normal(size=y.shape), 0.0)
+    logits = m.forward(x, return_logits=True)
+    z = logits.astype(np.float64) / temp
+    z -= z.max(-1, keepdims=True)
+    lsm = z - np.log(np.exp(z).sum(-1, keepdims=True))
+    picked = np.take_along_axis(lsm, np.where(y != IGNORE, y, 0)[..., None], -1)[..., 0]
+    direct = np.where(y != IGNORE, -picked, 0.0)
+    m.forward(x, return_logits=not chunked)
+    rl = m.row_losses(y, IGNORE, temperature=temp)
+    np.testing.assert_allclose(rl, direct, rtol=1e-5, atol=1e-6)
+    assert not np.allclose(rl, m.row_losses(y, IGNORE), rtol=1e-3)   # the temperature tells
+    assert np.array_equal(m.backward_rows(y, w, IGNORE, temperature=temp), rl)
+    s.forward(x, return_logits=not chunked)
+    np.testing.assert_allclose(s.backward_rows(y, w, IGNORE), rl, rtol=1e-5, atol=1e-6)
+    for n in m.param_names:
+        want = s.grads[n] / temp if n == "head" else s.grads[n]
+        np.testing.assert_allclose(m.grads[n], want, rtol=2e-4,
+                                   atol=2e-6 * float(np.abs(want).max()), err_msg=n)
+    for bad in (0.0, -1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="temperature"):
+            m.row_losses(y, IGNORE, temperature=bad)
 
 
 def test_stop_strings_read_escapes_alone():
@@ -253,6 +291,8 @@ def test_options_are_checked(tmp_path):
         _grpo(tmp_path, "rf", ref_from=str(tmp_path))
     with pytest.raises(TrainError, match="--beta > 0 needs a reference"):
         _grpo(tmp_path, "kl", beta=0.1)
+    with pytest.raises(TrainError, match="--temperature > 0"):
+        _grpo(tmp_path, "t0", temperature=0.0)
     with pytest.raises(TrainError, match="--epsilon applies to --objective grpo"):
         _opts(tmp_path, epsilon=0.3).resolved()
 
@@ -268,6 +308,30 @@ def test_lora_over_a_frozen_base_rolls_out_and_trains_with_the_kl_term(tmp_path,
     rows = [r for r in tr.read_log() if "reward" in r]
     assert len(rows) == 2 and all(np.isfinite(r["kl"]) for r in rows)
     assert rows[0]["kl"] == 0.0 and rows[1]["kl"] > 0.0   # the adapters start at zero
+
+
+@pytest.mark.parametrize("full", [False, True])
+def test_a_resumed_run_reads_the_pinned_reference_not_the_source(tmp_path, full):
+    # --ref-from's run (or, for a full tune, --init-from's as the reference)
+    # is pinned as the run starts: resumed after the source is gone, the
+    # run goes on as one that never stopped
+    from test_finetune import _base_run
+    base = _base_run(tmp_path, model=dict(SMALL, n_attn_layer=0))
+    kw = dict(init_from=base, model=None) if full else dict(ref_from=base)
+    a = _grpo(tmp_path, "a", beta=0.1, steps=4, lr=1e-3, **kw)
+    a.run()
+    rows = [r for r in a.read_log() if "reward" in r]
+    assert all(r["kl"] > 0.0 for r in rows[1:])   # the reference is read
+    b = _grpo(tmp_path, "b", beta=0.1, steps=4, lr=1e-3, **kw)
+    b.run(stop=lambda: b.step_count == 2)
+    assert len(RunDir(str(tmp_path / "b")).pins()) == 1
+    shutil.rmtree(base)
+    Trainer.resume(str(tmp_path / "b"), steps=4).run()
+    rb = [r for r in Trainer.resume(str(tmp_path / "b"), steps=4).read_log() if "reward" in r]
+    assert [(r["loss"], r["kl"]) for r in rb] == [(r["loss"], r["kl"]) for r in rows]
+    os.remove(RunDir(str(tmp_path / "b")).pins()[0])
+    with pytest.raises(TrainError, match=r"the pin of the reference .* is missing"):
+        Trainer.resume(str(tmp_path / "b"), steps=5)
 
 
 def test_two_ranks_match_one_process(tmp_path):

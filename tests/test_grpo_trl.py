@@ -4,8 +4,9 @@ log-probabilities, the group advantages and the loss of each loss_type
 rwkvx_c computes equal those of TRL's GRPOTrainer (its scoring,
 advantages and _compute_loss fed the same prompts, completions and reward
 function, not re-sampled) with the rwkv7-hf exports of the policy (the
-LoRA run, merged) and the reference (the base), within 1e-4, with and
-without the KL term.
+LoRA run, merged) and the reference (the base), within 1e-4, with the KL
+term, at the run's sampling temperature (1.5: both divide the logits by
+it) and at 1.
 
 Without torch / transformers / rwkv7-hf / trl these tests skip, unless
 RWKVX_REQUIRE_INTEROP=1, where that is a failure."""
@@ -30,9 +31,10 @@ def digits(prompts, completions, completion_ids, answer, **kw):
 """
 
 
-def _trl(policy_dir, ref_dir, tmp_path, inputs, prompt_ids, comp_ids, G, beta, max_len):
+def _trl(policy_dir, ref_dir, tmp_path, inputs, prompt_ids, comp_ids, G, beta, max_len, temp):
     """TRL's advantages, per-token log-probabilities and loss per loss_type
-    of the completions comp_ids of prompt_ids (each repeated G times)."""
+    of the completions comp_ids of prompt_ids (each repeated G times),
+    sampled at temperature temp."""
     import importlib.util
 
     import torch
@@ -51,7 +53,7 @@ def _trl(policy_dir, ref_dir, tmp_path, inputs, prompt_ids, comp_ids, G, beta, m
     N = len(comp_ids)
     args = GRPOConfig(output_dir=str(tmp_path / "trl"), report_to=[], use_cpu=True, bf16=False,
                       per_device_train_batch_size=N, per_device_eval_batch_size=N,
-                      num_generations=G, max_completion_length=max_len)
+                      num_generations=G, max_completion_length=max_len, temperature=temp)
     tr = GRPOTrainer(model=policy, reward_funcs=[mod.digits], args=args,
                      train_dataset=Dataset.from_list(inputs), processing_class=tok)
     if beta:   # set after: TRL would load its own reference from the policy's path
@@ -88,10 +90,10 @@ def test_grpo_logps_advantages_and_losses_equal_trl(tmp_path):
             for a, b in rng.integers(0, 5, (12, 2))]
     data.write_text("".join(json.dumps(r) + "\n" for r in recs))
     (tmp_path / "reward.py").write_text(REWARD)
-    G, max_len, beta = 4, 8, 0.04
+    G, max_len, beta, temp = 4, 8, 0.04, 1.5
     common = ["--data", str(data), "--reward", f"{tmp_path / 'reward.py'}:digits",
               "--num-generations", str(G), "--batch", "8", "--max-completion-length",
-              str(max_len), "--stop", "\\n", "--temperature", "1.5", "--threads", "2",
+              str(max_len), "--stop", "\\n", "--temperature", str(temp), "--threads", "2",
               "--precision", "fp32", "--warmup", "0",
               "--beta", str(beta)]
     assert main(["train", "--init-from", base, "--tune", "lora", "--lora-r", "4",
@@ -102,16 +104,21 @@ def test_grpo_logps_advantages_and_losses_equal_trl(tmp_path):
     r = g.next_rollout(tr.model)   # the batch of step 4: the step below takes it
     g.rollout = r
     x, y = r.x, r.y
-    tr.model.forward(x, return_logits=False)
-    logp = -tr.model.row_losses(y, IGNORE)
-    ref = g._ref_logps(tr.model, x, y)
     mask = (y != IGNORE).astype(np.float64)
-    assert np.abs((logp - ref) * mask).max() > 1e-3   # the LoRA tune has moved off its base
-    ours = {lt: token_loss(logp, mask, r.adv, loss_type=lt, eps_low=0.2, eps_high=0.2,
-                           beta=beta, ref=ref, max_len=max_len, n_items=mask.sum()).loss
-            for lt in LOSS_TYPES}
+    logp, ours = {}, {}
+    for t in (temp, 1.0):   # the run's temperature, and TRL's default
+        g.o.temperature = t
+        tr.model.forward(x, return_logits=False)
+        logp[t] = -tr.model.row_losses(y, IGNORE, temperature=t)
+        ref = g._ref_logps(tr.model, x, y)
+        assert np.abs((logp[t] - ref) * mask).max() > 1e-3   # the LoRA tune has moved off its base
+        ours[t] = {lt: token_loss(logp[t], mask, r.adv, loss_type=lt, eps_low=0.2, eps_high=0.2,
+                                  beta=beta, ref=ref, max_len=max_len, n_items=mask.sum()).loss
+                   for lt in LOSS_TYPES}
+    assert np.abs((logp[temp] - logp[1.0]) * mask).max() > 1e-2   # the temperature tells
+    g.o.temperature = temp
     row = tr.step()
-    assert abs(row["loss"] - ours["dapo"]) <= 1e-12 * max(1.0, abs(ours["dapo"]))
+    assert abs(row["loss"] - ours[temp]["dapo"]) <= 1e-12 * max(1.0, abs(ours[temp]["dapo"]))
     tr.close()
     pol_dir, ref_dir = tmp_path / "pol_hf", tmp_path / "ref_hf"
     assert main(["export", run, "--format", "hf", "--out", str(pol_dir)]) == 0
@@ -125,13 +132,14 @@ def test_grpo_logps_advantages_and_losses_equal_trl(tmp_path):
     assert len({len(c) for c in comp_ids}) > 1      # the aggregations differ
     inputs = [{"prompt": recs[i]["prompt"], "answer": recs[i]["answer"]}
               for i in r.idx for _ in range(G)]
-    adv, tlogp, losses = _trl(pol_dir, ref_dir, tmp_path, inputs, prompt_ids, comp_ids, G,
-                              beta, max_len)
-    print("advantages", np.round(r.adv, 5), "TRL", np.round(adv, 5))
-    assert np.abs(adv - r.adv).max() <= TOL
-    for k in range(len(x)):
-        mine = logp[k, y[k] != IGNORE]
-        assert np.abs(tlogp[k, :len(mine)] - mine).max() <= TOL, k
-    for lt in LOSS_TYPES:
-        print(f"{lt}: rwkvx_c {ours[lt]:.7f}, TRL {losses[lt]:.7f}")
-        assert abs(ours[lt] - losses[lt]) <= TOL, lt
+    for t in (temp, 1.0):
+        adv, tlogp, losses = _trl(pol_dir, ref_dir, tmp_path, inputs, prompt_ids, comp_ids, G,
+                                  beta, max_len, t)
+        print(f"temperature {t}: advantages", np.round(r.adv, 5), "TRL", np.round(adv, 5))
+        assert np.abs(adv - r.adv).max() <= TOL
+        for k in range(len(x)):
+            mine = logp[t][k, y[k] != IGNORE]
+            assert np.abs(tlogp[k, :len(mine)] - mine).max() <= TOL, (t, k)
+        for lt in LOSS_TYPES:
+            print(f"{lt}: rwkvx_c {ours[t][lt]:.7f}, TRL {losses[lt]:.7f}")
+            assert abs(ours[t][lt] - losses[lt]) <= TOL, (t, lt)

@@ -10,17 +10,22 @@ a resumed run draws the same ones), the rewards score them and their
 group advantages are computed (rwkvx_c.train.grpo_loss). Then
 --grad-accum micro-batches of --batch completions each: one forward over
 prompt + completion, each completion token's log-probability (the
-cross-entropy of RxPtModel.row_losses), TRL's loss and its grad on those
+cross-entropy of RxPtModel.row_losses, of the logits divided by
+--temperature as TRL's), TRL's loss and its grad on those
 log-probabilities, and one backward that takes that grad in through each
 token's cross-entropy (RxPtModel.backward_rows): the exact gradient of
 the loss through the model. With --num-iterations > 1 the first pass's
 log-probabilities are kept as the old policy's, which the ratio divides
 by on the later passes. With --beta > 0 the reference's log-probabilities
 come from the same model with its LoRA adapters off (--tune lora), else
-from --ref-from's model (by default --init-from's).
+from --ref-from's model (by default --init-from's), a run's checkpoint as
+pinned in the run folder when the run started (rwkvx_c.run.base), which
+a resumed run reads again.
 """
 from __future__ import annotations
 
+import os
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,6 +39,8 @@ from rwkvx_c.data.preferences import PairSampler
 from rwkvx_c.errors import SampleError, TrainError
 from rwkvx_c.generation import Request, Sampling, run_requests
 from rwkvx_c.model.lora import adapters_off
+from rwkvx_c.run.base import pin_source
+from rwkvx_c.run.rundir import RunDir
 from rwkvx_c.train.distributed import ProcessGroup
 from rwkvx_c.train.grpo_loss import advantages, nanstd, token_loss
 from rwkvx_c.train.objectives import checkpoint_model
@@ -42,6 +49,7 @@ from rwkvx_c.train.rewards import Reward, load_rewards, parse_weights, score
 if TYPE_CHECKING:
     from rwkvx_c.data.prompts import Prompts
     from rwkvx_c.data.tokenizers import Tokenizer
+    from rwkvx_c.run.base import Record
     from rwkvx_c.run.rundir import Row
     from rwkvx_c.train.accumulate import GradAccumulator
     from rwkvx_c.train.options import ResolvedOptions
@@ -156,6 +164,9 @@ class GRPOStep:
         self.rewards = load_rewards(o.reward if isinstance(o.reward, list) or o.reward is None
                                     else [o.reward], o.max_completion_length)
         self.weights = parse_weights(o.reward_weights, len(self.rewards))
+        if o.temperature <= 0.0:
+            raise TrainError("--objective grpo samples at --temperature > 0: at 0 every "
+                             "completion of a group is the same greedy one")
         self.eps_low = o.epsilon
         self.eps_high = o.epsilon if o.epsilon_high is None else o.epsilon_high
         try:
@@ -173,16 +184,46 @@ class GRPOStep:
         self.n_rollouts, self.iteration = 0, 0
         self.rollout: Rollout | None = None
         self.ref: _core.RxPtModel | None = None
+        self.ref_record: Record | None = None   # the reference's pin, kept in the state
         self.lora_ref = False
         self.last_times = (0.0, 0.0)   # the last step's rollout and update seconds
 
     # ------------------------------------------------------------ reference
-    def set_reference(self, model: _core.RxPtModel, tune: str, ref_from: str | None) -> None:
-        """The reference of the KL term (--beta > 0): --ref-from's model;
-        else a LoRA tune's model with its adapters off; else --init-from's."""
+    def reference_source(self, tune: str) -> str | None:
+        """Where the reference of the KL term (--beta > 0) comes from:
+        --ref-from; else --init-from, but for a LoRA tune (its adapters
+        off); None without the KL term."""
+        if self.o.beta == 0.0:
+            return None
+        return self.o.ref_from or (None if tune == "lora" else self.o.init_from)
+
+    def pin_reference(self, run_dir: str | None, state: dict[str, Any] | None) -> str | None:
+        """The path the reference is read from: a new run (state None)
+        pins a run checkpoint source in its folder run_dir (None: no
+        folder, the source itself); a resumed one (state: its saved one)
+        reads that pin again, in run_dir wherever the folder now is,
+        whatever became of the source (a .pth or Hugging Face source, never
+        pinned, is read where it is)."""
+        src = self.reference_source(self.o.tune)
+        if src is None or run_dir is None:
+            return src
+        rec = pin_source(src, run_dir) if state is None else state.get("ref")
+        if rec is not None and state is not None:
+            sha = str(rec.get("sha256"))
+            pin = RunDir(run_dir).pin(sha) if re.fullmatch("[0-9a-f]{64}", sha) else ""
+            if not os.path.isfile(pin):
+                raise TrainError(f"{run_dir}: the pin of the reference ({src} as the run "
+                                 f"started, sha256 {sha[:16]}) is missing from the run folder")
+            rec = {**rec, "path": os.path.abspath(pin)}
+        self.ref_record = rec
+        return src if rec is None else str(rec["path"])
+
+    def set_reference(self, model: _core.RxPtModel, tune: str, src: str | None) -> None:
+        """The reference of the KL term (--beta > 0): src's model (the
+        reference_source, or its pin); else a LoRA tune's model with its
+        adapters off."""
         if self.o.beta == 0.0:
             return
-        src = ref_from or (None if tune == "lora" else self.o.init_from)
         if src is None and tune != "lora":
             raise TrainError("--beta > 0 needs a reference: give --ref-from (a model trained "
                              "from scratch has no --init-from to compare with)")
@@ -195,11 +236,11 @@ class GRPOStep:
     def _ref_logps(self, model: _core.RxPtModel, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         if self.ref is not None:
             self.ref.forward(x, return_logits=False)
-            return -self.ref.row_losses(y, IGNORE)
+            return -self.ref.row_losses(y, IGNORE, temperature=self.o.temperature)
         assert model.lora_rank is not None
         with adapters_off(model):
             model.forward(x, return_logits=False)
-            return -model.row_losses(y, IGNORE)
+            return -model.row_losses(y, IGNORE, temperature=self.o.temperature)
 
     # -------------------------------------------------------------- rollout
     def next_rollout(self, model: _core.RxPtModel) -> Rollout:
@@ -267,7 +308,7 @@ class GRPOStep:
             n_micro = self.group.sum_values(float(mask.sum()))[0]
             ref = self._ref_logps(model, x, y) if self.o.beta else None
             model.forward(x, return_logits=False)
-            logp = -model.row_losses(y, IGNORE)
+            logp = -model.row_losses(y, IGNORE, temperature=self.o.temperature)
             if keep_old:
                 assert r.old is not None
                 r.old[sl] = logp
@@ -277,7 +318,7 @@ class GRPOStep:
                              old=old, ref=ref, max_len=self.o.max_completion_length,
                              accum=self.accum, n_items=r.n_items, n_micro=n_micro)
             # the loss's grad on row t's log-probability enters as -weight on its cross-entropy
-            model.backward_rows(y, -ranks * res.grad, IGNORE)
+            model.backward_rows(y, -ranks * res.grad, IGNORE, temperature=self.o.temperature)
             if accum is not None:
                 accum.add(k, self.accum, 1.0)
             loss += ranks * res.loss
@@ -314,6 +355,8 @@ class GRPOStep:
                               "iteration": self.iteration}
         if self.rollout is not None:
             st["rollout"] = self.rollout.state()
+        if self.ref_record is not None:
+            st["ref"] = self.ref_record
         return st
 
     def set_state(self, st: dict[str, Any]) -> None:

@@ -126,13 +126,15 @@ class Trainer(Saver):
         self._prepare_batches()
         self._reset_counters()
         ref = self.opts.ref_from
-        if ref and _state is None and self.run_dir is not None and self.pref is not None:
-            # --ref-from's run as pinned now (rwkvx_c.run.base)
-            pinned = pin_source(ref, self.run_dir.path)
-            ref = pinned["path"] if pinned is not None else ref
-        if isinstance(self.pref, GRPOStep):
-            self.pref.set_reference(self.model, self.opts.tune, ref)
+        if isinstance(self.pref, GRPOStep):   # its pin made now or read again
+            saved = None if _state is None else _state["sampler"]
+            self.pref.set_reference(self.model, self.opts.tune, self.pref.pin_reference(
+                None if self.run_dir is None and _state is None else run_dir, saved))
         elif self.pref is not None:
+            if ref and _state is None and self.run_dir is not None:
+                # --ref-from's run as pinned now (rwkvx_c.run.base)
+                pinned = pin_source(ref, self.run_dir.path)
+                ref = pinned["path"] if pinned is not None else ref
             # the reference's log-probabilities: made now (the weights of step 0) or read back
             self.pref.set_reference(self.model, self.opts.tune, self.run_dir, _state is not None,
                                     ref)
