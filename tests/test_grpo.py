@@ -262,7 +262,7 @@ def test_grad_accum_splits_the_batch_into_micro_batches(tmp_path):
     two.close()
 
 
-def test_cli_and_config_file_train_grpo(tmp_path):
+def test_cli_and_config_file_train_grpo(tmp_path, capsys):
     (tmp_path / "rw.py").write_text(REWARD)
     data = _write(tmp_path / "p.jsonl", _records(20))
     args = ["--preset", "tiny", "--n-attn-layer", "0", "--objective", "grpo", "--data", data,
@@ -271,6 +271,8 @@ def test_cli_and_config_file_train_grpo(tmp_path):
             "--loss-type", "bnpo", "--epsilon-high", "0.28", "--scale-rewards", "batch",
             "--mask-truncated-completions", "--steps", "2", "--threads", "2"]
     assert main(["train", *args, "--out", str(tmp_path / "cli")]) == 0
+    # the header names GRPO's own beta and clipping, not the preference objectives'
+    assert "  loss   grpo, beta 0, epsilon 0.2, epsilon_high 0.28\n" in capsys.readouterr().out
     cfg = tmp_path / "cli" / "config.toml"
     text = cfg.read_text()
     assert 'loss_type = "bnpo"' in text and "epsilon_high = 0.28" in text

@@ -208,7 +208,11 @@ def _print_header(tr: Trainer, out: str, group: ProcessGroup, resumed: bool) -> 
     if pins:
         print(f"  pins   {len(pins)} source run checkpoint(s) as they were when the tune "
               f"started: {describe_entries([os.path.basename(p) for p in pins])}")
-    if o.objective != "lm":
+    if o.objective == "grpo":   # its own beta (the KL's weight), TRL's clipping range
+        print(f"  loss   grpo, beta {o.beta:g}, epsilon {o.epsilon:g}"
+              + (f", epsilon_high {o.epsilon_high:g}" if o.epsilon_high is not None else "")
+              + (f", reference {o.ref_from}" if o.ref_from else ""))
+    elif o.objective != "lm":
         print(f"  loss   {o.objective}, beta {o.dpo_beta:g}"
               + (f", label smoothing {o.dpo_label_smoothing:g}" if o.dpo_label_smoothing else "")
               + (f", reference {o.ref_from}" if o.ref_from else ""))
