@@ -273,7 +273,7 @@ def test_miss_tune_trains_the_blocks_alone_and_resumes_bit_exact(tmp_path):
         TrainOptions(tune="lora", adapter="miss", lora_alpha=8.0).resolved()
 
 
-@pytest.mark.parametrize("kind", ["rslora", "pissa", "miss", "lisa"])
+@pytest.mark.parametrize("kind", ["rslora", "pissa", "miss", "dora", "lisa"])
 def test_every_kind_trains_in_bf16_under_grad_cp(tmp_path, kind):
     """bf16 projections with --grad-cp: the held-out loss falls."""
     base = _base_run(tmp_path)
@@ -292,7 +292,7 @@ def test_kind_options_refused_in_one_line(tmp_path):
         TrainOptions(tune="lora", adapter="nope").resolved()
 
 
-@pytest.mark.parametrize("kind", ["rslora", "pissa", "miss"])
+@pytest.mark.parametrize("kind", ["rslora", "pissa", "miss", "dora"])
 def test_peft_applies_the_exported_kind_onto_the_hf_export(tmp_path, kind):
     """export --format peft of a tune of this kind, put on the hf export of
     its base by peft, reproduces our logits within TOL."""
@@ -372,6 +372,7 @@ def test_peft_applies_the_exported_kind_onto_the_hf_export(tmp_path, kind):
 
 @pytest.mark.parametrize("tune,flags,kw", [
     ("lora", ["--adapter", "rslora"], dict(adapter="rslora")),
+    ("lora", ["--adapter", "dora"], dict(adapter="dora")),
     ("full", ["--lisa-layers", "1", "--lisa-interval", "1"], dict(lisa_layers=1, lisa_interval=1)),
 ])
 def test_kind_options_from_the_cli_python_and_a_config_file(tmp_path, tune, flags, kw):

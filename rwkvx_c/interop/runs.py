@@ -35,6 +35,7 @@ from rwkvx_c.model.lora import (
     A_SUFFIX,
     ADAPTERS,
     B_SUFFIX,
+    M_SUFFIX,
     plain_alpha,
     run_alpha,
     without_adapters,
@@ -250,12 +251,14 @@ def import_adapters(path: str, base: str, out_dir: str, lora_alpha: float | None
     tensors = dict(src.weights)
     for name, (A, B) in ads.pairs.items():
         tensors[name + A_SUFFIX], tensors[name + B_SUFFIX] = A, B
+    for name, M in ads.magnitudes.items():
+        tensors[name + M_SUFFIX] = M
     if src.state0 is not None:
         tensors[STATE_KEY] = src.state0
     state: dict[str, Any] = {
         "imported_from": os.path.abspath(path), "imported_base": os.path.abspath(base),
         "format": "peft" if os.path.isdir(path) else "rwkv-peft", "step": 0,
-        "lora": {"r": ads.r, "alpha": ads.alpha, "targets": ads.targets}}
+        "lora": ads.record()}
     if src.tokenizer is not None:
         tok = load_tokenizer(src.tokenizer)
         run.create()

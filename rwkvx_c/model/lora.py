@@ -206,12 +206,13 @@ def run_alpha(state: Mapping[str, Any] | None, path: str) -> float:
 
 def run_adapter(state: Mapping[str, Any] | None, path: str) -> tuple[str, int, float]:
     """(kind, r, alpha) of a LoRA run's checkpoint (its options hold them;
-    imported adapters: plain LoRA of their record's alpha); CheckpointError
+    imported adapters: their record's kind and alpha); CheckpointError
     when its run state does not say."""
     opts = (state or {}).get("options") or {}
     a, kind = opts.get(ALPHA_OPTION), opts.get(KIND_OPTION, "lora")
     if a is None:   # imported adapters (rwkvx-c import --base): their own record
-        a = ((state or {}).get("lora") or {}).get("alpha")
+        record = (state or {}).get("lora") or {}
+        a, kind = record.get("alpha"), record.get("kind", "lora")
     if isinstance(a, bool) or not isinstance(a, (int, float)) or not 0 < a < float("inf"):
         raise CheckpointError(f"checkpoint {path} holds LoRA adapters but no valid "
                               f"{ALPHA_OPTION} in its options ({a!r})")

@@ -111,8 +111,9 @@ def adapter_options(asked: Mapping[str, Any], lora: Mapping[str, Any], what: str
     if asked.get("tune") not in (None, "lora"):
         raise TrainError(f"{what} holds LoRA adapters, which train on as --tune lora; drop "
                          f"--tune {asked['tune']}")
-    if asked.get("adapter") not in (None, "lora"):   # their scale is folded into their alpha
-        raise TrainError(f"{what} holds adapters that train on as plain LoRA of their own "
+    kind = str(lora.get("kind") or "lora")   # dora: magnitudes beside A, B
+    if asked.get("adapter") not in (None, kind):   # their scale is folded into their alpha
+        raise TrainError(f"{what} holds adapters that train on as {kind} of their own "
                          f"scale; drop --adapter {asked['adapter']}")
     r, alpha, targets = int(lora["r"]), float(lora["alpha"]), str(lora["targets"])
     for k, v in (("lora_r", r), ("lora_alpha", alpha)):
@@ -122,7 +123,8 @@ def adapter_options(asked: Mapping[str, Any], lora: Mapping[str, Any], what: str
     t = asked.get("lora_targets")
     if t is not None and set(parse_targets(t)) != set(targets.split(",")):
         raise TrainError(f"{what} adapts {targets}; drop --lora-targets {t}")
-    return {"tune": "lora", "lora_r": r, "lora_alpha": alpha, "lora_targets": targets}
+    return {"tune": "lora", "lora_r": r, "lora_alpha": alpha, "lora_targets": targets,
+            **({"adapter": kind} if kind != "lora" else {})}
 
 
 # --train-parts / --freeze groups: parameter names by what they are
