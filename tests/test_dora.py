@@ -176,3 +176,48 @@ def test_dora_tune_starts_as_its_base_resumes_bit_exact_and_merges(tmp_path, cap
         err = capsys.readouterr().err.strip()
         assert not out.exists() and len(err.splitlines()) == 1, err
         assert f"--format {fmt} cannot hold DoRA's magnitude vectors; --format peft" in err
+
+
+def test_a_peft_dora_folder_imports_and_trains_on_as_dora(tmp_path):
+    """Our --format peft folder of a DoRA tune, put back on its base by
+    import (then trained on by --resume) and by --init-from --base: DoRA
+    tunes with the folder's magnitudes, the model the one we trained."""
+    from test_train import _corpus
+    base = _base_run(tmp_path)
+    tr = _lora_run(tmp_path, base, "do", adapter="dora", steps=2)
+    tr.run()
+    peft, cont, init = (str(tmp_path / d) for d in ("peft", "cont", "init"))
+    assert main(["export", str(tmp_path / "do"), "--format", "peft", "--out", peft]) == 0
+    tokens = np.arange(20, dtype=np.int32) % 256
+    ours = tr.model.forward(tokens)
+    assert main(["import", peft, "--base", base, "--out", cont]) == 0
+    assert _rel(load_model(cont).forward(tokens), ours) <= FWD_TOL
+    data = ["--data", _corpus(tmp_path), "--cache-dir", str(tmp_path / "cache"), "--batch", "2",
+            "--seq-len", "16", "--eval-tokens", "32", "--threads", "2", "--no-progress"]
+    assert main(["train", "--resume", "--out", cont, "--steps", "2", *data]) == 0
+    assert main(["train", "--init-from", peft, "--base", base, "--out", init, "--steps", "1",
+                 "--lr", "1e-9", *data]) == 0
+    for run, within in ((cont, 1e-2), (init, 1e-6)):   # init: one step at lr 1e-9
+        ck, _, state = read_checkpoint(run + "/checkpoint.safetensors")
+        assert state["options"]["adapter"] == "dora", run
+        for k, v in tr.model.lora.items():
+            assert ck[k].shape == v.shape and np.abs(ck[k] - v).max() < within, (run, k)
+
+
+def test_dora_on_a_q8_0_base_samples_held_as_it_trained(tmp_path):
+    """A DoRA tune on a Q8_0 base: the run held as it trained (rows in
+    Q8_0, adapters and magnitudes unmerged) is the trained model, and greedy
+    generation (the batched engine's step, which takes the norms itself) picks
+    the forward's argmax at every new token."""
+    from rwkvx_c.sample import generate, load_run
+    base = _base_run(tmp_path)
+    tr = _lora_run(tmp_path, base, "q", adapter="dora", base_dtype="q8_0", steps=4)
+    tr.run()
+    held, tok = load_run(str(tmp_path / "q"), hold_base=True)
+    assert held.base_names and any(k.endswith(M_SUFFIX) for k in held.lora)
+    text = "".join(generate(held, "def f(x):", max_new_tokens=8, temperature=0.0, tokenizer=tok))
+    ids = np.array(tok.encode("def f(x):" + text), np.int32)
+    n = len(tok.encode("def f(x):"))
+    logits = held.forward(ids)
+    assert np.array_equal(np.argmax(logits[n - 1:-1], axis=-1), ids[n:])
+    assert _rel(logits, tr.model.forward(ids)) <= FWD_TOL
