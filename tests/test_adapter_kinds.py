@@ -142,11 +142,13 @@ def test_pissa_init_is_the_principal_split_and_the_tune_resumes_bit_exact(tmp_pa
                      beta=0.04).resolved()
 
 
-def test_pissa_unfreeze_merges_into_the_residual(tmp_path):
-    """--unfreeze-at: the adapters fold into the residual the model holds
-    (a q8_0 base decoded first), the model the same across the switch."""
+@pytest.mark.parametrize("kind", ["pissa", "dora"])
+def test_unfreeze_merges_into_what_the_model_holds(tmp_path, kind):
+    """--unfreeze-at: the adapters fold into the weights the model holds
+    (PiSSA's residual; DoRA's magnitudes applied; a q8_0 base decoded
+    first), the model the same across the switch."""
     base = _base_run(tmp_path)
-    tr = _lora_run(tmp_path, base, "u", adapter="pissa", base_dtype="q8_0", unfreeze_at=5)
+    tr = _lora_run(tmp_path, base, "u", adapter=kind, base_dtype="q8_0", unfreeze_at=5)
     tr.run(stop=lambda: tr.step_count >= 4)
     tokens = np.arange(20, dtype=np.int32) % 256
     before = tr.model.forward(tokens)

@@ -169,9 +169,9 @@ def test_fine_tunes_on_two_ranks_match_one_process(tmp_path, tune, data, adapter
     """--tune state (on chat data, whose rows count different numbers of
     assistant tokens on each rank), --tune lora of each adapter kind with a
     trained group (--train-parts ln; PiSSA and DoRA on a q8_0 base, whose
-    residual and column norms every rank computes alike) and LISA (every rank draws the same blocks):
-    the ranks average what trains, and 20 steps give the one-process losses
-    to float32 reduction noise."""
+    residual and column norms every rank computes alike) and LISA (every
+    rank draws the same blocks): the ranks average what trains, and 20
+    steps give the one-process losses to float32 reduction noise."""
     base = str(tmp_path / "base")
     r = _launch(1, ["--out", base, "--steps", "3", "--precision", "fp32"] + FAST, tmp_path)
     assert r.returncode == 0, r.stderr

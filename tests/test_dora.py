@@ -116,7 +116,7 @@ def test_dora_reference_grads_match_finite_differences():
 def test_dora_over_a_frozen_base_reads_the_base_values(dtype):
     """A base held in dtype: the norms are those of its decoded values, and
     the forward and grads equal a float32 model holding those values."""
-    from test_base import CFG as cfg   # an attention block too; sizes multiples of 32
+    from test_base import CFG as cfg  # an attention block too; sizes multiples of 32
     held = rx.RxPtModel(cfg, seed=5, init=False)
     src = rx.RxPtModel(cfg, seed=5)
     held.param_buffer[...] = src.param_buffer
@@ -221,3 +221,13 @@ def test_dora_on_a_q8_0_base_samples_held_as_it_trained(tmp_path):
     logits = held.forward(ids)
     assert np.array_equal(np.argmax(logits[n - 1:-1], axis=-1), ids[n:])
     assert _rel(logits, tr.model.forward(ids)) <= FWD_TOL
+
+
+def test_the_batched_engine_takes_the_norms_itself():
+    """A fresh DoRA model's first GenState step (no forward before it to
+    compute the norms) gives the forward's logits."""
+    m = _dora_model(CFG)
+    state = rx.GenState(m, 1, max_len=32, max_tokens=16)
+    tokens = np.arange(9, dtype=np.int32) % CFG["vocab_size"]
+    first = state.step([0], [9], tokens)[-1].copy()
+    assert_rel("gen.logits", first, m.forward(tokens)[-1], FWD_TOL)

@@ -12,7 +12,6 @@ from rwkvx_c.run.base import BASE_KEY, short
 from rwkvx_c.run.checkpoint import read_checkpoint, read_state
 from rwkvx_c.run.rundir import checkpoint_path
 from rwkvx_c.sample import load_run, run_template
-from rwkvx_c.util.words import listed
 
 __all__ = ["add_parser", "run"]
 

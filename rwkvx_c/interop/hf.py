@@ -362,7 +362,8 @@ def save_peft(model: RxPtModel, adapters: Mapping[str, tuple[np.ndarray, np.ndar
         module = modules[ours]
         targets.append(module)
         r = A.shape[0]
-        parts = (("miss_block", np.ascontiguousarray(B.T)),) if fold else \
+        parts: tuple[tuple[str, np.ndarray], ...] = \
+            (("miss_block", np.ascontiguousarray(B.T)),) if fold else \
             (("lora_A.weight", A), ("lora_B.weight", B))
         if magnitudes:
             parts += (("lora_magnitude_vector", magnitudes[ours]),)

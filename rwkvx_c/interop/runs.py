@@ -40,8 +40,8 @@ from rwkvx_c.model.lora import (
     run_alpha,
     without_adapters,
 )
-from rwkvx_c.util.words import listed
 from rwkvx_c.run.rundir import RunDir, checkpoint_path, claim_output, describe_entries
+from rwkvx_c.util.words import listed
 
 __all__ = ["FORMATS", "EXPORTS", "ExportFormat", "Adapters", "export_model", "formats_holding",
            "import_pth",
@@ -133,9 +133,9 @@ def export_model(model: RxPtModel, fmt: str, out: str, dtype: str = "fp32", *,
     if f.holds == "adapters" and adapters is None:
         raise InteropError("the model has no LoRA adapters (train with --tune lora)")
     if f.holds == "adapters" and fmt != "peft" and adapters and ADAPTERS[adapters[2]].dora:
-        raise InteropError(f"--format {fmt} cannot hold DoRA's magnitude vectors; --format peft "
-                           f"holds DoRA adapters (use_dora), --format {formats_holding('model')} the "
-                           "merged model")
+        raise InteropError(f"--format {fmt} cannot hold DoRA's magnitude vectors; --format "
+                           f"peft holds DoRA adapters (use_dora), --format "
+                           f"{formats_holding('model')} the merged model")
     # the template is tokenizer metadata only an HF folder holds
     write = functools.partial(_hf, chat_template=chat_template) if f.write is _hf else f.write
     write(model, out, dtype, tokenizer or ByteTokenizer(), adapters or ({}, 0.0, "lora", {}))
