@@ -41,7 +41,6 @@
 #include <math.h>
 #include <string.h>
 
-#include "rx_base.h"
 #include "rx_internal.h"
 
 typedef struct {
@@ -301,21 +300,13 @@ static int apply_chunk(const rx_lora *L, const rx_gemm_op *ops, size_t n, rx_gem
 
 /* ---- DoRA ------------------------------------------------------------------ */
 
-/* stored row o of base tensor b (column o of W) decoded into dst [in] */
-static void base_column(const rx_base_mat *b, size_t o, float *dst) {
-    if (!b->packed) {
-        rx_base_row(b, o, dst);
-        return;
-    }
-    for (size_t i = 0; i < b->in; i++) dst[i] = rx_base_at_jk(b, o, i);
-}
-
 /* Every adapter's norm[o] = ||W[:, o] + s (A^T B^T)[:, o]|| over in (the
- * squares summed in double) and c = M / norm, W read from base when it
- * holds it. D^T = B A [out][in] is one fp32 GEMM in a scratch that grows
- * once; a base's rows are decoded one at a time into each thread's row
- * scratch, so a quantised base is never expanded whole. */
-int rx_lora_prepare(rx_lora *L, const rx_base *base) {
+ * squares summed in double) and c = M / norm, W read through cols where
+ * it is held outside the arena (src: a frozen base). D^T = B A [out][in]
+ * is one fp32 GEMM in a scratch that grows once; a held W's columns are
+ * decoded one at a time into each thread's row scratch, so a quantised
+ * base is never expanded whole. */
+int rx_lora_prepare(rx_lora *L, const rx_weight_columns *cols, const void *src) {
     if (!L || !L->dora) return RX_OK;
     const size_t r = (size_t)L->r;
     for (int k = 0; k < L->n; k++) {
@@ -326,7 +317,7 @@ int rx_lora_prepare(rx_lora *L, const rx_base *base) {
         const rx_gemm_op op = {0, 0, out, in, r, a->B, r, a->A, in, 0.0f, DT, in};
         int rc = rx_sgemm_batch(&op, 1);
         if (rc != RX_OK) return rc;
-        const rx_base_mat *b = rx_base_find(base, a->W);
+        const void *b = src ? cols->find(src, a->W) : NULL;
         const double s = L->s;
         int nomem = 0;
 #pragma omp parallel for schedule(static) reduction(| : nomem)
@@ -336,7 +327,7 @@ int rx_lora_prepare(rx_lora *L, const rx_base *base) {
                 nomem = 1;
                 continue;
             }
-            if (b) base_column(b, o, w);
+            if (b) cols->column(b, o, w);
             double acc = 0.0;
             for (size_t i = 0; i < in; i++) {
                 const double v = (double)(b ? w[i] : a->W[i * out + o]) + s * DT[o * in + i];

@@ -379,6 +379,10 @@ static int forward_batch(rx_ptmodel *m, const int *tokens, int B, int T, rx_pt_a
     return RX_OK;
 }
 
+int rx_ptmodel_lora_prepare(rx_ptmodel *m) {
+    return m && m->lora_on ? rx_lora_prepare(m->lora, &rx_base_columns, m->base) : RX_OK;
+}
+
 /* forward_batch with the projections in the model's precision */
 int rx_pretrain_forward_batch(rx_ptmodel *m, const int *tokens, int B, int T, rx_pt_acts *acts) {
     if (m && m->base && !rx_base_loaded(m->base))

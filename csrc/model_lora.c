@@ -120,12 +120,8 @@ int rx_ptmodel_lora_norms(rx_ptmodel *m, int i, float *out) {
                        "is NULL", i, n);
     if (m->base && !rx_base_loaded(m->base))
         return rx_fail(RX_EINVAL, "rx_ptmodel_lora_norms: the model's base is not filled");
-    const int rc = rx_lora_prepare(m->lora, m->base);
+    const int rc = rx_lora_prepare(m->lora, &rx_base_columns, m->base);
     return rc == RX_OK ? rx_lora_norms(m->lora, i, out) : rc;
-}
-
-int rx_ptmodel_lora_prepare(rx_ptmodel *m) {
-    return m && m->lora_on ? rx_lora_prepare(m->lora, m->base) : RX_OK;
 }
 
 float *rx_ptmodel_lora_arena(rx_ptmodel *m, int64_t *n) {

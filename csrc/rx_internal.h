@@ -417,7 +417,6 @@ int rx_bgemm_use_kernel(const char *name);
  * weight W [in][out] of the parameter arena with its grad GW (the pointers
  * the projections' products are recognised by) and its tensor index. */
 typedef struct rx_lora rx_lora;
-typedef struct rx_base rx_base;   /* base.c's store, below */
 typedef struct {
     const float *W, *GW;
     size_t in, out;
@@ -436,14 +435,23 @@ int rx_lora_count(const rx_lora *L, int *r, double *alpha);
 int rx_lora_adapter(const rx_lora *L, int i, int *param, int64_t *a_off, int64_t *b_off);
 float *rx_lora_arena(rx_lora *L, int64_t *n);
 float *rx_lora_grad_arena(rx_lora *L, int64_t *n);
+/* Where DoRA's norms read a weight held outside the arena: find, the
+ * holder in src of the weight whose arena slot is W (NULL: the arena's
+ * float32 W); column, its column o [in] decoded into dst (exactly). The
+ * frozen base's is rx_base_columns (base.c), src the rx_base. */
+typedef struct {
+    const void *(*find)(const void *src, const float *W);
+    void (*column)(const void *held, size_t o, float *dst);
+} rx_weight_columns;
 /* DoRA: adapter i's magnitude offset in the arena (-1: not DoRA); its
  * column norms of W + s A^T B^T as last prepared into out [out] (RX_EINVAL:
  * not DoRA); rx_lora_prepare: every adapter's norms and scales M / norm
- * from the arena now, W read from base where it holds W (RX_OK for plain
- * LoRA or NULL; RX_ENOMEM) -- before each forward and backward. */
+ * from the arena now, W read through cols where src holds it (src NULL:
+ * none) (RX_OK for plain LoRA or NULL; RX_ENOMEM) -- before each forward
+ * and backward. */
 int64_t rx_lora_magnitude(const rx_lora *L, int i);
 int rx_lora_norms(const rx_lora *L, int i, float *out);
-int rx_lora_prepare(rx_lora *L, const rx_base *base);
+int rx_lora_prepare(rx_lora *L, const rx_weight_columns *cols, const void *src);
 /* What the adapters run their own products on (the projection entry hands
  * rx_pgemm_run: its precision, neither frozen spans nor adapters). */
 typedef int (*rx_gemm_runner)(const rx_gemm_op *ops, size_t n);
@@ -520,12 +528,16 @@ void rx_base_zero_grads(const rx_base *s, float *grads, size_t n);
 /* the base as the GEMMs' B source: a product reading base tensor b has
  * its op(B) packed from the store (base_pack.c), bsrc_of = b */
 extern const rx_gemm_source rx_base_source;
+/* the base as where DoRA's norms read its weights (rx_lora_prepare): a
+ * base tensor's stored row o of W^T, column o of W */
+extern const rx_weight_columns rx_base_columns;
 /* the model's base, NULL when none (model_layout.c) */
 rx_base *rx_ptmodel_base_store(const rx_ptmodel *m);
 /* the model's adapter table as its forward sets it: NULL without adapters
  * or once they are disabled (model_lora.c) */
 const rx_lora *rx_ptmodel_lora_table(const rx_ptmodel *m);
-/* rx_lora_prepare of the model's adapters on its base (RX_OK without) */
+/* rx_lora_prepare of the model's adapters on its base (RX_OK without;
+ * model.c) */
 int rx_ptmodel_lora_prepare(rx_ptmodel *m);
 void rx_ptmodel_attach_base(rx_ptmodel *m, rx_base *s);
 /* the tensors around the blocks (their arena slots; a frozen base's are
