@@ -307,6 +307,7 @@ static int apply_chunk(const rx_lora *L, const rx_gemm_op *ops, size_t n, rx_gem
  * decoded one at a time into each thread's row scratch, so a quantised
  * base is never expanded whole. */
 int rx_lora_prepare(rx_lora *L, const rx_weight_columns *cols, const void *src) {
+    enum { NB = 16 };
     if (!L || !L->dora) return RX_OK;
     const size_t r = (size_t)L->r;
     for (int k = 0; k < L->n; k++) {
@@ -320,21 +321,27 @@ int rx_lora_prepare(rx_lora *L, const rx_weight_columns *cols, const void *src) 
         const void *b = src ? cols->find(src, a->W) : NULL;
         const double s = L->s;
         int nomem = 0;
+        /* columns in blocks of NB: a float32 W is read a cache line of a row at a time */
 #pragma omp parallel for schedule(static) reduction(| : nomem)
-        for (size_t o = 0; o < out; o++) {
-            float *w = b ? rx_thread_buffer(RX_BUF_DORA_ROW, in * sizeof(float)) : NULL;
+        for (size_t o0 = 0; o0 < out; o0 += NB) {
+            const size_t nb = out - o0 < NB ? out - o0 : NB;
+            float *w = b ? rx_thread_buffer(RX_BUF_DORA_ROW, NB * in * sizeof(float)) : NULL;
             if (b && !w) {
                 nomem = 1;
                 continue;
             }
-            if (b) cols->column(b, o, w);
-            double acc = 0.0;
-            for (size_t i = 0; i < in; i++) {
-                const double v = (double)(b ? w[i] : a->W[i * out + o]) + s * DT[o * in + i];
-                acc += v * v;
+            for (size_t k = 0; b && k < nb; k++) cols->column(b, o0 + k, w + k * in);
+            double acc[NB] = {0};
+            for (size_t i = 0; i < in; i++)
+                for (size_t k = 0; k < nb; k++) {
+                    const double v = (double)(b ? w[k * in + i] : a->W[i * out + o0 + k]) +
+                                     s * DT[(o0 + k) * in + i];
+                    acc[k] += v * v;
+                }
+            for (size_t k = 0; k < nb; k++) {
+                a->norm[o0 + k] = (float)sqrt(acc[k]);
+                a->c[o0 + k] = a->M[o0 + k] / a->norm[o0 + k];
             }
-            a->norm[o] = (float)sqrt(acc);
-            a->c[o] = a->M[o] / a->norm[o];
         }
         if (nomem) return rx_fail(RX_ENOMEM, "rx_lora_prepare: out of memory for a base row");
     }
