@@ -338,9 +338,9 @@ int rx_lora_prepare(rx_lora *L, const rx_weight_columns *cols, const void *src) 
                                      s * DT[(o0 + k) * in + i];
                     acc[k] += v * v;
                 }
-            for (size_t k = 0; k < nb; k++) {
+            for (size_t k = 0; k < nb; k++) {   /* a zero column has no direction: c 0 */
                 a->norm[o0 + k] = (float)sqrt(acc[k]);
-                a->c[o0 + k] = a->M[o0 + k] / a->norm[o0 + k];
+                a->c[o0 + k] = a->norm[o0 + k] > 0.0f ? a->M[o0 + k] / a->norm[o0 + k] : 0.0f;
             }
         }
         if (nomem) return rx_fail(RX_ENOMEM, "rx_lora_prepare: out of memory for a base row");
@@ -364,8 +364,8 @@ static void scale_columns(const float *z, size_t ldz, float beta, float *y, size
             y[t * ldy + o] = (beta != 0.0f ? beta * y[t * ldy + o] : 0.0f) + c[o] * z[t * ldz + o];
 }
 
-/* dM[o] = sum_t dy[t][o] z[t][o] / norm[o], the sum in double over t in
- * order (columns in blocks of 16 across threads: the same bits at any
+/* dM[o] = sum_t dy[t][o] z[t][o] / norm[o] (0 for a zero column), the sum
+ * in double over t in order (columns in blocks of 16 across threads: the same bits at any
  * thread count) */
 static void magnitude_grad(const adapter *a, const float *dy, size_t ldy, const float *z,
                            size_t rows) {
@@ -378,7 +378,8 @@ static void magnitude_grad(const adapter *a, const float *dy, size_t ldy, const 
         for (size_t t = 0; t < rows; t++)
             for (size_t o = o0; o < o1; o++)
                 acc[o - o0] += (double)dy[t * ldy + o] * z[t * out + o];
-        for (size_t o = o0; o < o1; o++) a->dM[o] = (float)(acc[o - o0] / a->norm[o]);
+        for (size_t o = o0; o < o1; o++)
+            a->dM[o] = a->norm[o] > 0.0f ? (float)(acc[o - o0] / a->norm[o]) : 0.0f;
     }
 }
 

@@ -231,3 +231,25 @@ def test_the_batched_engine_takes_the_norms_itself():
     tokens = np.arange(9, dtype=np.int32) % CFG["vocab_size"]
     first = state.step([0], [9], tokens)[-1].copy()
     assert_rel("gen.logits", first, m.forward(tokens)[-1], FWD_TOL)
+
+
+def test_a_zero_column_is_refused_at_init_and_never_divides():
+    """A weight with a zero column has no direction there: a DoRA tune is
+    refused in one line; the core itself scales such a column by 0 and gives
+    its magnitude a zero grad, never 0 / 0."""
+    from rwkvx_c.train import TrainError, TrainOptions
+    from rwkvx_c.train.finetune import make_optimizer
+    m = rx.RxPtModel(CFG, seed=3)
+    m.params["blocks.1.tm.output_w"][:, 4] = 0.0
+    with pytest.raises(TrainError, match=r"--adapter dora: blocks\.1\.tm\.output_w has a zero "
+                                         r"column \(output 4\)"):
+        make_optimizer(m, TrainOptions(tune="lora", adapter="dora", lora_r=R).resolved())
+    m = _dora_model(CFG)
+    p = "blocks.1.tm.output_w"
+    m.params[p][:, 4] = 0.0
+    m.lora[p + ".lora_B"][4] = 0.0
+    tokens, targets = _data(6)
+    assert np.all(np.isfinite(m.forward(tokens)))
+    m.freeze_ranges(np.array([[0, m.param_buffer.size]], np.int64))
+    assert np.isfinite(m.backward(targets, ignore_index=IGNORE))
+    assert np.all(np.isfinite(m.lora_grad_buffer)) and m.lora_grads[p + M_SUFFIX][4] == 0.0

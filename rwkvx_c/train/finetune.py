@@ -458,6 +458,11 @@ def _enable_lora(model: RxPtModel, opts: TrainOptions, trained: set[str]
             for k, v in model.lora.items():
                 if k.endswith(M_SUFFIX):
                     v[...] = model.lora_norms(k[:-len(M_SUFFIX)])
+                    if not np.all(v > 0):
+                        raise TrainError(f"--adapter dora: {k[:-len(M_SUFFIX)]} has a zero "
+                                         f"column (output {int(np.argmin(v))}), which has no "
+                                         "direction to scale; train the base first or choose "
+                                         "another --adapter")
         return {}
     assert model.lora is not None   # A the fixed fold, B zero: the tune starts as the base
     for k, v in model.lora.items():
