@@ -48,7 +48,7 @@ def main():
             str(a.steps), "--batch", "8", "--seq-len", "64", "--eval-every", str(a.steps)]
     lora = ["--tune", "lora", "--lora-r", "8", "--lora-alpha", "16", "--lr", "3e-3"]
     kinds = {"lora": lora, "rslora": lora + ["--adapter", "rslora"],
-             "pissa": lora + ["--adapter", "pissa"],
+             "pissa": lora + ["--adapter", "pissa"], "dora": lora + ["--adapter", "dora"],
              "state": ["--tune", "state"], "full": ["--lr", "3e-4"],
              "lisa": ["--lr", "3e-4", "--lisa-layers", "1", "--lisa-interval", "10"]}
     print(f"| kind | held-out loss after {a.steps} steps | wall-clock (s) |")

@@ -242,6 +242,23 @@ void rx_base_row(const rx_base_mat *b, size_t j, float *dst) {
     b->ty->decode(b->data + j * rx_base_type_row_bytes(b->ty, b->in), 0, b->in, dst);
 }
 
+/* rx_base_columns: a base tensor's column o of W, stored row o of W^T,
+ * packed or in rows */
+static const void *columns_find(const void *src, const float *W) {
+    return rx_base_find(src, W);
+}
+
+static void columns_read(const void *held, size_t o, float *dst) {
+    const rx_base_mat *b = held;
+    if (!b->packed) {
+        rx_base_row(b, o, dst);
+        return;
+    }
+    for (size_t i = 0; i < b->in; i++) dst[i] = rx_base_at_jk(b, o, i);
+}
+
+const rx_weight_columns rx_base_columns = {columns_find, columns_read};
+
 /* Every base tensor decoded into its arena slot, the store freed: the
  * model holds float32 weights again (the base-unfreeze). */
 int rx_base_materialise(rx_base *s) {

@@ -290,6 +290,7 @@ int rx_gen_step(rx_gen *g, int n, const int *slots, const int *counts, const int
     if (base && !rx_base_loaded(base))
         return rx_fail(RX_EINVAL, "%s: the model's base is not filled", fn);
     int rc = step_args(g, n, slots, counts, tokens);
+    if (rc == RX_OK) rc = rx_ptmodel_lora_prepare(g->m);   /* DoRA's norms, as a forward's */
     if (rc != RX_OK) return rc;
     const rx_seqs sq = {(size_t)n, 0, g->off, g->seq, g->slot};
     /* the model's tables for the span of the step, as its forward sets them */

@@ -379,14 +379,20 @@ static int forward_batch(rx_ptmodel *m, const int *tokens, int B, int T, rx_pt_a
     return RX_OK;
 }
 
+int rx_ptmodel_lora_prepare(rx_ptmodel *m) {
+    return m && m->lora_on ? rx_lora_prepare(m->lora, &rx_base_columns, m->base) : RX_OK;
+}
+
 /* forward_batch with the projections in the model's precision */
 int rx_pretrain_forward_batch(rx_ptmodel *m, const int *tokens, int B, int T, rx_pt_acts *acts) {
     if (m && m->base && !rx_base_loaded(m->base))
         return rx_fail(RX_EINVAL, "rx_pretrain_forward_batch: the model's base is not filled");
+    int rc = rx_ptmodel_lora_prepare(m);   /* DoRA's norms of this step's adapters */
+    if (rc != RX_OK) return rc;
     const int old = rx_gemm_set_precision(m ? m->precision : RX_PRECISION_FP32);
     const rx_lora *was = rx_gemm_set_lora(m && m->lora_on ? m->lora : NULL);
     const rx_base *was_base = rx_gemm_set_base(m ? m->base : NULL);
-    const int rc = forward_batch(m, tokens, B, T, acts);
+    rc = forward_batch(m, tokens, B, T, acts);
     rx_gemm_set_base(was_base);
     rx_gemm_set_lora(was);
     rx_gemm_set_precision(old);
@@ -530,6 +536,8 @@ static int backward_batch(const char *fn, rx_ptmodel *m, const rx_pt_acts *acts,
 /* backward_batch with the projections in the model's precision */
 int rx_pretrain_backward_loss(rx_ptmodel *m, const rx_pt_acts *acts, const int *targets, int B,
                               int T, int ignore_index, double *loss) {
+    const int prc = rx_ptmodel_lora_prepare(m);   /* the forward's DoRA norms, again */
+    if (prc != RX_OK) return prc;
     const int old = rx_gemm_set_precision(m ? m->precision : RX_PRECISION_FP32);
     const rx_frozen f = {m ? m->grads : NULL, m ? m->frozen : NULL, m ? m->n_frozen : 0};
     const rx_frozen was = rx_gemm_set_frozen(f);
@@ -573,6 +581,8 @@ int rx_pretrain_backward_rows_temp(rx_ptmodel *m, const rx_pt_acts *acts, const 
         return rx_fail(RX_EINVAL, "%s: %s is NULL", fn, !weight ? "weight" : "row_loss");
     const float k = inverse_temperature(fn, temperature);
     if (k == 0.0f) return RX_EINVAL;
+    const int prc = rx_ptmodel_lora_prepare(m);   /* the forward's DoRA norms, again */
+    if (prc != RX_OK) return prc;
     const int old = rx_gemm_set_precision(m ? m->precision : RX_PRECISION_FP32);
     const rx_frozen f = {m ? m->grads : NULL, m ? m->frozen : NULL, m ? m->n_frozen : 0};
     const rx_frozen was = rx_gemm_set_frozen(f);

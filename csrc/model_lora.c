@@ -22,11 +22,13 @@ static int adaptable(const rx_tensor *t) {
     return 0;
 }
 
-/* L holds r, alpha and one adapter on each of params [n], in that order */
-static int same_adapters(const rx_lora *L, int r, double alpha, const int *params, int n) {
+/* L holds r, alpha and one adapter (DoRA or not) on each of params [n], in that order */
+static int same_adapters(const rx_lora *L, int r, double alpha, int dora, const int *params,
+                         int n) {
     int lr;
     double la;
     if (rx_lora_count(L, &lr, &la) != n || lr != r || la != alpha) return 0;
+    if ((rx_lora_magnitude(L, 0) >= 0) != (dora != 0)) return 0;
     for (int i = 0; i < n; i++) {
         int p;
         int64_t a, b;
@@ -35,14 +37,25 @@ static int same_adapters(const rx_lora *L, int r, double alpha, const int *param
     return 1;
 }
 
+static int enable(rx_ptmodel *m, int r, double alpha, int dora, const int *params, int n);
+
 int rx_ptmodel_enable_lora(rx_ptmodel *m, int r, double alpha, const int *params, int n) {
+    return enable(m, r, alpha, 0, params, n);
+}
+
+int rx_ptmodel_enable_dora(rx_ptmodel *m, int r, double alpha, const int *params, int n) {
+    return enable(m, r, alpha, 1, params, n);
+}
+
+/* rx_ptmodel_enable_lora, the adapters DoRA's when dora */
+static int enable(rx_ptmodel *m, int r, double alpha, int dora, const int *params, int n) {
     static const char *const fn = "rx_ptmodel_enable_lora";
     if (!m || !params) return rx_fail(RX_EINVAL, "%s: %s is NULL", fn, !m ? "model" : "params");
     if (m->lora) {
         /* a disabled model takes the very same adapters back, in their old
          * arena (a rollback across a LoRA run's base-unfreeze); anything
          * else would move the binding's views under its feet */
-        if (!m->lora_on && same_adapters(m->lora, r, alpha, params, n)) {
+        if (!m->lora_on && same_adapters(m->lora, r, alpha, dora, params, n)) {
             m->lora_on = 1;
             return RX_OK;
         }
@@ -67,7 +80,7 @@ int rx_ptmodel_enable_lora(rx_ptmodel *m, int r, double alpha, const int *params
         t[i] = (rx_lora_target){m->params + x->off, m->grads + x->off, (size_t)x->shape[0],
                                 (size_t)x->shape[1], p};
     }
-    if (rc == RX_OK) rc = rx_lora_create(r, alpha, t, n, &m->lora);
+    if (rc == RX_OK) rc = rx_lora_create(r, alpha, dora, t, n, &m->lora);
     m->lora_on = rc == RX_OK;
     free(t);
     return rc;
@@ -90,6 +103,25 @@ int rx_ptmodel_lora_adapter(const rx_ptmodel *m, int i, int *param, int64_t *a_o
     if (i < 0 || i >= n)
         return rx_fail(RX_EINVAL, "rx_ptmodel_lora_adapter: index %d is outside [0, %d)", i, n);
     return rx_lora_adapter(m->lora, i, param, a_off, b_off);
+}
+
+int rx_ptmodel_lora_magnitude(const rx_ptmodel *m, int i, int64_t *m_off) {
+    const int n = rx_ptmodel_lora_count(m, NULL, NULL);
+    if (i < 0 || i >= n)
+        return rx_fail(RX_EINVAL, "rx_ptmodel_lora_magnitude: index %d is outside [0, %d)", i, n);
+    if (m_off) *m_off = rx_lora_magnitude(m->lora, i);
+    return RX_OK;
+}
+
+int rx_ptmodel_lora_norms(rx_ptmodel *m, int i, float *out) {
+    const int n = rx_ptmodel_lora_count(m, NULL, NULL);
+    if (i < 0 || i >= n || !out)
+        return rx_fail(RX_EINVAL, "rx_ptmodel_lora_norms: index %d is outside [0, %d) or out "
+                       "is NULL", i, n);
+    if (m->base && !rx_base_loaded(m->base))
+        return rx_fail(RX_EINVAL, "rx_ptmodel_lora_norms: the model's base is not filled");
+    const int rc = rx_lora_prepare(m->lora, &rx_base_columns, m->base);
+    return rc == RX_OK ? rx_lora_norms(m->lora, i, out) : rc;
 }
 
 float *rx_ptmodel_lora_arena(rx_ptmodel *m, int64_t *n) {

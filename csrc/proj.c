@@ -86,8 +86,8 @@ static int pgemm_base(const rx_gemm_op *ops, size_t n) {
 
 /* The base products, then the adapters' (lora.c) when the thread has any */
 int rx_pgemm_batch(const rx_gemm_op *ops, size_t n) {
-    const int rc = pgemm_base(ops, n);
-    return rc == RX_OK && tl_lora ? rx_lora_apply(tl_lora, ops, n, rx_pgemm_run) : rc;
+    return tl_lora ? rx_lora_apply(tl_lora, ops, n, pgemm_base, rx_pgemm_run)
+                   : pgemm_base(ops, n);
 }
 
 int rx_pgemm(int ta, int tb, size_t M, size_t N, size_t K, const float *A, size_t lda,

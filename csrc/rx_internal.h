@@ -285,6 +285,8 @@ enum {
     RX_BUF_NORM_PART,   /* rx_rownorm_backward's per-block dw/db partial sums */
     RX_BUF_WKV_PART,    /* a split WKV7 backward's per-row-tile column sums */
     RX_BUF_LORA,        /* the LoRA adapters' h = s x A^T and g = s dy B (lora.c) */
+    RX_BUF_DORA,        /* DoRA's D^T = B A, and its dz = c dy and z (lora.c) */
+    RX_BUF_DORA_ROW,    /* DoRA's column of a frozen base's W, decoded (lora.c) */
     RX_BUF_GEMM_A,      /* rx_sgemm's packed op(A) block */
     RX_BUF_GEMM_B,      /* rx_sgemm's packed op(B) panel */
     RX_BUF_GEMM_FULL,   /* rx_sgemm's op(B) packed over all of K for a parallel unit */
@@ -420,10 +422,11 @@ typedef struct {
     size_t in, out;
     int param;
 } rx_lora_target;
-/* t [n] (n >= 1, r >= 1) -> *out: adapters A [r][in], B [out][r], zero, in
- * target order in one arena and its grad arena (docs/layout.md §Adapters);
- * RX_OK or RX_ENOMEM. */
-int rx_lora_create(int r, double alpha, const rx_lora_target *t, int n, rx_lora **out);
+/* t [n] (n >= 1, r >= 1) -> *out: adapters A [r][in], B [out][r] (dora:
+ * and a magnitude M [out]), zero, in target order in one arena and its grad
+ * arena (docs/layout.md §Adapters); RX_OK or RX_ENOMEM. */
+int rx_lora_create(int r, double alpha, int dora, const rx_lora_target *t, int n,
+                   rx_lora **out);
 void rx_lora_free(rx_lora *L);
 /* The adapter count (0 for NULL), *r and *alpha (may be NULL). */
 int rx_lora_count(const rx_lora *L, int *r, double *alpha);
@@ -432,15 +435,34 @@ int rx_lora_count(const rx_lora *L, int *r, double *alpha);
 int rx_lora_adapter(const rx_lora *L, int i, int *param, int64_t *a_off, int64_t *b_off);
 float *rx_lora_arena(rx_lora *L, int64_t *n);
 float *rx_lora_grad_arena(rx_lora *L, int64_t *n);
+/* Where DoRA's norms read a weight held outside the arena: find, the
+ * holder in src of the weight whose arena slot is W (NULL: the arena's
+ * float32 W); column, its column o [in] decoded into dst (exactly). The
+ * frozen base's is rx_base_columns (base.c), src the rx_base. */
+typedef struct {
+    const void *(*find)(const void *src, const float *W);
+    void (*column)(const void *held, size_t o, float *dst);
+} rx_weight_columns;
+/* DoRA: adapter i's magnitude offset in the arena (-1: not DoRA); its
+ * column norms of W + s A^T B^T as last prepared into out [out] (RX_EINVAL:
+ * not DoRA); rx_lora_prepare: every adapter's norms and scales M / norm
+ * from the arena now, W read through cols where src holds it (src NULL:
+ * none) (RX_OK for plain LoRA or NULL; RX_ENOMEM) -- before each forward
+ * and backward. */
+int64_t rx_lora_magnitude(const rx_lora *L, int i);
+int rx_lora_norms(const rx_lora *L, int i, float *out);
+int rx_lora_prepare(rx_lora *L, const rx_weight_columns *cols, const void *src);
 /* What the adapters run their own products on (the projection entry hands
  * rx_pgemm_run: its precision, neither frozen spans nor adapters). */
 typedef int (*rx_gemm_runner)(const rx_gemm_op *ops, size_t n);
-/* The adapter products of base products ops[0..n), run after them on run:
+/* The base products ops[0..n) on base, then their adapter products on run:
  * y += s (x A^T) B^T after a forward product of an adapted W, dx += s (dy B) A
  * after its dx product, dB = s dy^T (x A^T) and dA = s (dy B)^T x in place
- * of its weight-grad product. RX_OK, RX_ENOMEM, or RX_EINVAL for an adapted
- * weight read in a form other than these. */
-int rx_lora_apply(const rx_lora *L, const rx_gemm_op *ops, size_t n, rx_gemm_runner run);
+ * of its weight-grad product; DoRA's per-column scale around them (lora.c).
+ * RX_OK, RX_ENOMEM, or RX_EINVAL for an adapted weight read in a form
+ * other than these. */
+int rx_lora_apply(const rx_lora *L, const rx_gemm_op *ops, size_t n, rx_gemm_runner base,
+                  rx_gemm_runner run);
 
 /* ---- base.c ------------------------------------------------------------
  * The frozen base (docs/layout.md §Frozen base): weight matrices that do
@@ -506,11 +528,17 @@ void rx_base_zero_grads(const rx_base *s, float *grads, size_t n);
 /* the base as the GEMMs' B source: a product reading base tensor b has
  * its op(B) packed from the store (base_pack.c), bsrc_of = b */
 extern const rx_gemm_source rx_base_source;
+/* the base as where DoRA's norms read its weights (rx_lora_prepare): a
+ * base tensor's stored row o of W^T, column o of W */
+extern const rx_weight_columns rx_base_columns;
 /* the model's base, NULL when none (model_layout.c) */
 rx_base *rx_ptmodel_base_store(const rx_ptmodel *m);
 /* the model's adapter table as its forward sets it: NULL without adapters
  * or once they are disabled (model_lora.c) */
 const rx_lora *rx_ptmodel_lora_table(const rx_ptmodel *m);
+/* rx_lora_prepare of the model's adapters on its base (RX_OK without;
+ * model.c) */
+int rx_ptmodel_lora_prepare(rx_ptmodel *m);
 void rx_ptmodel_attach_base(rx_ptmodel *m, rx_base *s);
 /* the tensors around the blocks (their arena slots; a frozen base's are
  * found there by rx_base_find): ln0's NULL without it (model_layout.c) */

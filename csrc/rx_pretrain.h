@@ -621,6 +621,20 @@ int rx_ptmodel_lora_adapter(const rx_ptmodel *m, int i, int *param, int64_t *a_o
                             int64_t *b_off);
 float *rx_ptmodel_lora_arena(rx_ptmodel *m, int64_t *n);
 float *rx_ptmodel_lora_grad_arena(rx_ptmodel *m, int64_t *n);
+/* DoRA (docs/maths.md §DoRA): rx_ptmodel_enable_lora's adapters, each with
+ * a magnitude M [out] after its B in the arena (zero until set), the
+ * adapted product y = (M / n) (x W + s (x A^T) B^T) column by column, n the
+ * norms of W_eff's columns over in, held constant in the backward (peft's
+ * detached norm); the backward writes dA, dB from dy scaled by M / n and
+ * dM = sum over rows of dy (x W_eff) / n. rx_ptmodel_enable_dora: as
+ * rx_ptmodel_enable_lora. rx_ptmodel_lora_magnitude: adapter i's M element
+ * offset in the arena, -1 for plain LoRA adapters (RX_EINVAL when i is out
+ * of range). rx_ptmodel_lora_norms: adapter i's n [out] from the arena
+ * now, into out (RX_EINVAL: i out of range, not DoRA, the base unfilled;
+ * RX_ENOMEM). */
+int rx_ptmodel_enable_dora(rx_ptmodel *m, int r, double alpha, const int *params, int n);
+int rx_ptmodel_lora_magnitude(const rx_ptmodel *m, int i, int64_t *m_off);
+int rx_ptmodel_lora_norms(rx_ptmodel *m, int i, float *out);
 /* The frozen base (docs/layout.md §Frozen base): the matrices params [n]
  * (distinct tensor indices of 2-D parameters other than emb, in any order)
  * are held only in a store of dtype RX_BASE_BF16 (bfloat16), RX_BASE_Q8_0 or

@@ -270,7 +270,7 @@ cdef class _ModelCore:
         cdef int rc = rx_ptmodel_set_frozen_ranges(self._h.m, &rv[0, 0], <int>r.shape[0])
         _check_rc(rc, "RxPtModel.freeze_ranges")
 
-    def enable_lora(self, r, alpha, names):
+    def enable_lora(self, r, alpha, names, dora=False):
         """LoRA adapters (docs/maths.md §LoRA) on the block projections
         `names` (param names: a block's receptance_w, key_w, value_w,
         output_w, ffn_key_w or ffn_value_w), A [r, in] and B [out, r] zero
@@ -278,7 +278,9 @@ cdef class _ModelCore:
         in the arena's [in, out] orientation without forming it, and the
         backward writes lora_grads. Once per model, except that a model
         whose adapters were disabled takes the same r, alpha and names back
-        (their arrays as disable_lora left them)."""
+        (their arrays as disable_lora left them). dora: DoRA's adapters
+        (docs/maths.md §DoRA), each with a magnitude '{param}.lora_magnitude'
+        [out] after its B, zero until set (lora_norms gives W_eff's norms)."""
         if isinstance(r, bool) or not isinstance(r, (int, np.integer)) or not 1 <= r <= _INT_MAX:
             raise ValueError(f"r must be an int >= 1, got {r!r}")
         idx = []
@@ -290,9 +292,12 @@ cdef class _ModelCore:
         cdef int rc
         if self._busy:
             raise RuntimeError("RxPtModel: enable_lora while a forward or backward runs")
-        rc = rx_ptmodel_enable_lora(self._h.m, <int>r, <double>float(alpha), &iv[0], len(idx))
+        if dora:
+            rc = rx_ptmodel_enable_dora(self._h.m, <int>r, <double>float(alpha), &iv[0], len(idx))
+        else:
+            rc = rx_ptmodel_enable_lora(self._h.m, <int>r, <double>float(alpha), &iv[0], len(idx))
         _check_rc(rc, "RxPtModel.enable_lora")
-        cdef int64_t n_el, a_off, b_off
+        cdef int64_t n_el, a_off, b_off, m_off
         cdef int param
         cdef float *p = rx_ptmodel_lora_arena(self._h.m, &n_el)
         self._lbuf = _arena_view(self._h, p, n_el)
@@ -301,12 +306,31 @@ cdef class _ModelCore:
         self._lora_r, self._lora_alpha = int(r), float(alpha)
         for i in range(len(idx)):
             rx_ptmodel_lora_adapter(self._h.m, i, &param, &a_off, &b_off)
+            rx_ptmodel_lora_magnitude(self._h.m, i, &m_off)
             w = self._params[self._names[param]]
             for key, off, shp in ((".lora_A", a_off, (r, w.shape[0])),
-                                  (".lora_B", b_off, (w.shape[1], r))):
+                                  (".lora_B", b_off, (w.shape[1], r)),
+                                  (".lora_magnitude", m_off, (w.shape[1], 1))):
+                if off < 0:
+                    continue
                 k = self._names[param] + key
                 self._lora[k] = self._lbuf[off:off + shp[0] * shp[1]].reshape(shp)
                 self._lora_g[k] = self._lgbuf[off:off + shp[0] * shp[1]].reshape(shp)
+                if key == ".lora_magnitude":
+                    self._lora[k], self._lora_g[k] = self._lora[k][:, 0], self._lora_g[k][:, 0]
+
+    def lora_norms(self, name):
+        """DoRA's column norms [out] of W + s A^T B^T over in for the adapter
+        on parameter `name`, from the adapters and the base now."""
+        keys = [k[:-len(".lora_A")] for k in (self._lora or {}) if k.endswith(".lora_A")]
+        if name not in keys:
+            raise ValueError(f"lora_norms: {name!r} has no adapter")
+        out = np.empty(self._params[name].shape[1], np.float32)
+        cdef float[::1] ov = out
+        if self._busy:
+            raise RuntimeError("RxPtModel: lora_norms while a forward or backward runs")
+        _check_rc(rx_ptmodel_lora_norms(self._h.m, keys.index(name), &ov[0]), "RxPtModel.lora_norms")
+        return out
 
     def set_base(self, dtype, names):
         """Hold the matrices `names` (2-D parameters) only in a frozen base
@@ -439,9 +463,9 @@ cdef class _ModelCore:
 
     @property
     def lora(self):
-        """dict '{param}.lora_A' [r, in] / '{param}.lora_B' [out, r] ->
-        writable float32 views of the adapters, in adapter order; None
-        without adapters."""
+        """dict '{param}.lora_A' [r, in] / '{param}.lora_B' [out, r] (DoRA:
+        and '{param}.lora_magnitude' [out]) -> writable float32 views of the
+        adapters, in adapter order; None without adapters."""
         return None if self._lora is None else dict(self._lora)
 
     @property
@@ -451,7 +475,8 @@ cdef class _ModelCore:
 
     @property
     def lora_buffer(self):
-        """1-D float32 view of every adapter (A then B each, in lora's order); None without."""
+        """1-D float32 view of every adapter (A, B, DoRA's magnitude each, in lora's
+        order); None without."""
         return self._lbuf
 
     @property

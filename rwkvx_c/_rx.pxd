@@ -241,6 +241,9 @@ cdef extern from "rx_pretrain.h" nogil:
                                 int64_t *b_off)
     float *rx_ptmodel_lora_arena(rx_ptmodel *m, int64_t *n)
     float *rx_ptmodel_lora_grad_arena(rx_ptmodel *m, int64_t *n)
+    int rx_ptmodel_enable_dora(rx_ptmodel *m, int r, double alpha, const int *params, int n)
+    int rx_ptmodel_lora_magnitude(const rx_ptmodel *m, int i, int64_t *m_off)
+    int rx_ptmodel_lora_norms(rx_ptmodel *m, int i, float *out)
     # the frozen base (csrc/base.c): matrices held as bf16 or Q8_0
     int rx_ptmodel_set_base(rx_ptmodel *m, int dtype, const int *params, int n)
     int rx_ptmodel_base_fill(rx_ptmodel *m, int param, const void *src, int kind,

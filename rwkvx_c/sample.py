@@ -38,7 +38,15 @@ from rwkvx_c.generation.sampling import Penalties, Sampling, StopText, sample_to
 from rwkvx_c.interop.source import Layered, read_run, read_source
 from rwkvx_c.model import memory
 from rwkvx_c.model.config import ModelConfig
-from rwkvx_c.model.lora import A_SUFFIX, B_SUFFIX, adapters_of, run_alpha, without_adapters
+from rwkvx_c.model.lora import (
+    A_SUFFIX,
+    B_SUFFIX,
+    M_SUFFIX,
+    adapters_of,
+    magnitudes_of,
+    run_alpha,
+    without_adapters,
+)
 from rwkvx_c.model.weights import auto_base_dtype, fill_base, load_params, load_states
 from rwkvx_c.run.checkpoint import STATE_KEY, read_state
 from rwkvx_c.run.rundir import RunDir, checkpoint_path
@@ -202,11 +210,14 @@ def _fill_held(model: _core.RxPtModel, tensors: Layered, names: list[str], dtype
     if ads:
         assert alpha is not None
         r = next(iter(ads.values()))[0].shape[0]
-        model.enable_lora(r, alpha, list(ads))
+        mags = magnitudes_of(tensors)
+        model.enable_lora(r, alpha, list(ads), dora=bool(mags))
         assert model.lora is not None
         for name, (A, B) in ads.items():
             model.lora[name + A_SUFFIX][...] = A
             model.lora[name + B_SUFFIX][...] = B
+            if mags:
+                model.lora[name + M_SUFFIX][...] = mags[name]
 
 
 class Session:

@@ -142,11 +142,13 @@ def test_pissa_init_is_the_principal_split_and_the_tune_resumes_bit_exact(tmp_pa
                      beta=0.04).resolved()
 
 
-def test_pissa_unfreeze_merges_into_the_residual(tmp_path):
-    """--unfreeze-at: the adapters fold into the residual the model holds
-    (a q8_0 base decoded first), the model the same across the switch."""
+@pytest.mark.parametrize("kind", ["pissa", "dora"])
+def test_unfreeze_merges_into_what_the_model_holds(tmp_path, kind):
+    """--unfreeze-at: the adapters fold into the weights the model holds
+    (PiSSA's residual; DoRA's magnitudes applied; a q8_0 base decoded
+    first), the model the same across the switch."""
     base = _base_run(tmp_path)
-    tr = _lora_run(tmp_path, base, "u", adapter="pissa", base_dtype="q8_0", unfreeze_at=5)
+    tr = _lora_run(tmp_path, base, "u", adapter=kind, base_dtype="q8_0", unfreeze_at=5)
     tr.run(stop=lambda: tr.step_count >= 4)
     tokens = np.arange(20, dtype=np.int32) % 256
     before = tr.model.forward(tokens)
@@ -273,7 +275,7 @@ def test_miss_tune_trains_the_blocks_alone_and_resumes_bit_exact(tmp_path):
         TrainOptions(tune="lora", adapter="miss", lora_alpha=8.0).resolved()
 
 
-@pytest.mark.parametrize("kind", ["rslora", "pissa", "miss", "lisa"])
+@pytest.mark.parametrize("kind", ["rslora", "pissa", "miss", "dora", "lisa"])
 def test_every_kind_trains_in_bf16_under_grad_cp(tmp_path, kind):
     """bf16 projections with --grad-cp: the held-out loss falls."""
     base = _base_run(tmp_path)
@@ -292,7 +294,7 @@ def test_kind_options_refused_in_one_line(tmp_path):
         TrainOptions(tune="lora", adapter="nope").resolved()
 
 
-@pytest.mark.parametrize("kind", ["rslora", "pissa", "miss"])
+@pytest.mark.parametrize("kind", ["rslora", "pissa", "miss", "dora"])
 def test_peft_applies_the_exported_kind_onto_the_hf_export(tmp_path, kind):
     """export --format peft of a tune of this kind, put on the hf export of
     its base by peft, reproduces our logits within TOL."""
@@ -372,6 +374,7 @@ def test_peft_applies_the_exported_kind_onto_the_hf_export(tmp_path, kind):
 
 @pytest.mark.parametrize("tune,flags,kw", [
     ("lora", ["--adapter", "rslora"], dict(adapter="rslora")),
+    ("lora", ["--adapter", "dora"], dict(adapter="dora")),
     ("full", ["--lisa-layers", "1", "--lisa-interval", "1"], dict(lisa_layers=1, lisa_interval=1)),
 ])
 def test_kind_options_from_the_cli_python_and_a_config_file(tmp_path, tune, flags, kw):

@@ -163,14 +163,15 @@ CHAT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "chat.js
 
 @pytest.mark.parametrize("tune,data,adapter", [
     ("state", CHAT, None), ("lora", None, "lora"), ("lora", None, "rslora"),
-    ("lora", None, "pissa"), ("lora", None, "miss"), ("full", None, "lisa")])
+    ("lora", None, "pissa"), ("lora", None, "miss"), ("lora", None, "dora"),
+    ("full", None, "lisa")])
 def test_fine_tunes_on_two_ranks_match_one_process(tmp_path, tune, data, adapter):
     """--tune state (on chat data, whose rows count different numbers of
     assistant tokens on each rank), --tune lora of each adapter kind with a
-    trained group (--train-parts ln; PiSSA on a q8_0 base, whose residual
-    every rank computes alike) and LISA (every rank draws the same blocks):
-    the ranks average what trains, and 20 steps give the one-process losses
-    to float32 reduction noise."""
+    trained group (--train-parts ln; PiSSA and DoRA on a q8_0 base, whose
+    residual and column norms every rank computes alike) and LISA (every
+    rank draws the same blocks): the ranks average what trains, and 20
+    steps give the one-process losses to float32 reduction noise."""
     base = str(tmp_path / "base")
     r = _launch(1, ["--out", base, "--steps", "3", "--precision", "fp32"] + FAST, tmp_path)
     assert r.returncode == 0, r.stderr
@@ -183,7 +184,7 @@ def test_fine_tunes_on_two_ranks_match_one_process(tmp_path, tune, data, adapter
             "--precision", "fp32"] + FAST + seq
     if tune == "lora":
         args += ["--train-parts", "ln", "--lora-r", "4", "--adapter", adapter]
-    if adapter == "pissa":
+    if adapter in ("pissa", "dora"):
         args += ["--base-dtype", "q8_0"]
     if adapter == "lisa":
         args += ["--lisa-layers", "1", "--lisa-interval", "5"]

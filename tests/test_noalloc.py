@@ -35,15 +35,18 @@ def program(tmp_path_factory):
                                   ["3", "37", "lora"], ["0", "0", "lora", "rows"],
                                   ["3", "37", "base", "rows"], ["0", "0", "-", "accum"],
                                   ["0", "0", "none", "bf16"], ["3", "37", "lora", "q8_0"],
-                                  ["0", "0", "none", "gen"], ["0", "0", "lora", "gen"]],
+                                  ["0", "0", "none", "gen"], ["0", "0", "lora", "gen"],
+                                  ["0", "0", "dora"], ["3", "37", "dora", "q8_0"],
+                                  ["0", "0", "dora", "gen"]],
                          ids=["plain", "recompute", "recompute+chunked_head", "lora",
                               "lora+recompute+chunked_head", "lora+rows",
                               "recompute+chunked_head+rows", "grad_accum", "bf16_base",
-                              "lora+q8_0_base+recompute+chunked_head", "gen", "lora+gen"])
+                              "lora+q8_0_base+recompute+chunked_head", "gen", "lora+gen", "dora",
+                              "dora+q8_0_base+recompute+chunked_head", "dora+gen"])
 def test_a_step_allocates_nothing(program, threads, acts):
     # recompute (RX_ACTS_RECOMPUTE = 1) and the chunked head (2; 37-row
     # chunks cut the 256 rows unevenly) with L2Wrap allocate nothing either,
-    # nor a LoRA tune's step (adapters on every projection, the base frozen),
+    # nor a LoRA or DoRA tune's step (adapters on every projection, the base frozen),
     # nor a preference step (per-position losses, then the row-weighted backward)
     out = subprocess.run([program, *acts], env=dict(os.environ, OMP_NUM_THREADS=str(threads)),
                          capture_output=True, text=True, timeout=120)

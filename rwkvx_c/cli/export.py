@@ -6,13 +6,12 @@ import os
 
 from rwkvx_c.cli.common import Subparsers, add_run_flags, err
 from rwkvx_c.interop.gguf import GGUF_DTYPES, QUANTS
-from rwkvx_c.interop.runs import EXPORTS, FORMATS, Adapters, export_model
-from rwkvx_c.model.lora import ADAPTERS, adapters_of, plain_alpha, run_adapter
+from rwkvx_c.interop.runs import EXPORTS, FORMATS, Adapters, export_model, formats_holding
+from rwkvx_c.model.lora import ADAPTERS, adapters_of, magnitudes_of, plain_alpha, run_adapter
 from rwkvx_c.run.base import BASE_KEY, short
 from rwkvx_c.run.checkpoint import read_checkpoint, read_state
 from rwkvx_c.run.rundir import checkpoint_path
 from rwkvx_c.sample import load_run, run_template
-from rwkvx_c.util.words import listed
 
 __all__ = ["add_parser", "run"]
 
@@ -62,7 +61,7 @@ def run(a: argparse.Namespace) -> int:
         if merged_base:
             return err(f"the LoRA run in {a.dir} merged its adapters into the base at "
                        f"--unfreeze-at {opts.get('unfreeze_at')}; export the model instead "
-                       f"(--format {_formats('model')})")
+                       f"(--format {formats_holding('model')})")
         p = checkpoint_path(a.dir)
         tensors, _, state = read_checkpoint(p)
         ads = adapters_of(tensors)
@@ -70,7 +69,7 @@ def run(a: argparse.Namespace) -> int:
             kind, r, alpha = run_adapter(state, p)
             if ADAPTERS[kind].principal:   # PEFT's converted form: plain LoRA at rank 2r
                 kind, alpha = "lora", plain_alpha(kind, r, alpha)
-            adapters = (ads, alpha, kind)
+            adapters = (ads, alpha, kind, magnitudes_of(tensors))
     export_model(model, a.format, a.out, a.dtype, inputs=inputs, tokenizer=tok,
                  adapters=adapters, chat_template=run_template(a.dir).source)
     print(f"rwkvx-c export: {a.out} ({a.format}, {a.dtype})")
@@ -80,18 +79,13 @@ def run(a: argparse.Namespace) -> int:
             f"the original weights of its base, read again from {a.base or base['path']} " \
             f"({short(base)}, as the run recorded)"
         print(f"rwkvx-c export: the LoRA adapters are merged into {into}; "
-              f"--format {_formats('adapters')} writes them alone")
+              f"--format {formats_holding('adapters')} writes them alone")
     if holds == "state":
         print(f"rwkvx-c export: {_state_readers(model.config, a.dir)}")
     if model.state is not None and holds != "state":
         print("rwkvx-c export: the model's trained initial states are not in this file; they "
               "travel separately: rwkvx-c export DIR --format state --out FILE")
     return 0
-
-
-def _formats(holds: str) -> str:
-    """'rwkv7, rwkvx, gguf or hf': the formats that hold `holds` (EXPORTS)."""
-    return listed(n for n, f in EXPORTS.items() if f.holds == holds)
 
 
 def _state_readers(config: dict[str, int], run_dir: str) -> str:

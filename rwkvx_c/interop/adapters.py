@@ -21,7 +21,7 @@ import math
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -46,10 +46,21 @@ _RWKV_PEFT_META = ("lora_alpha", "lora_r")   # what rwkvx_c's lora export adds b
 @dataclass
 class Adapters:
     """LoRA adapters for a base model: {our param name: (A [r, in], B [out, r])},
-    alpha (the scale is alpha / r), the --lora-targets names they cover."""
+    alpha (the scale is alpha / r), the --lora-targets names they cover, and
+    DoRA's magnitudes {our param name: M [out]} (a PEFT folder of use_dora)."""
     pairs: dict[str, tuple[np.ndarray, np.ndarray]]
     alpha: float
     targets: str
+    magnitudes: dict[str, np.ndarray] = field(default_factory=dict)
+
+    @property
+    def kind(self) -> str:
+        """Their kind (rwkvx_c.model.lora.ADAPTERS): dora or plain lora."""
+        return "dora" if self.magnitudes else "lora"
+
+    def record(self) -> dict[str, Any]:
+        """r, alpha, targets and kind: what fixes the tune that trains them on."""
+        return {"r": self.r, "alpha": self.alpha, "targets": self.targets, "kind": self.kind}
 
     @property
     def r(self) -> int:
@@ -86,8 +97,9 @@ def read_adapters(path: str, base: RxPtModel, alpha: float | None = None) -> Ada
     """The adapters at path (a PEFT folder or an RWKV-PEFT .pth) under the
     parameter names of base. alpha: for a .pth that does not record it
     (RWKV-PEFT's own files; merge_lora.py takes it as an argument)."""
+    mags: dict[str, np.ndarray] = {}
     if os.path.isdir(path):
-        pairs, alpha = _read_peft(path, base)
+        pairs, alpha, mags = _read_peft(path, base)
     else:
         pairs, alpha = _read_rwkv_peft(path, base, alpha)
     if not pairs:
@@ -104,7 +116,11 @@ def read_adapters(path: str, base: RxPtModel, alpha: float | None = None) -> Ada
                                f"{B.shape}; its projection wants ({r}, {n_in}) and ({n_out}, {r})")
         if not (np.all(np.isfinite(A)) and np.all(np.isfinite(B))):
             raise InteropError(f"{path}: the adapter of {name} holds NaN or inf")
-    return Adapters(pairs, float(alpha), _targets_of(path, base, pairs))
+        if mags and (name not in mags or mags[name].shape != (n_out,)
+                     or not np.all(np.isfinite(mags[name]))):
+            raise InteropError(f"{path}: the DoRA adapter of {name} wants a finite "
+                               f"lora_magnitude_vector of shape ({n_out},)")
+    return Adapters(pairs, float(alpha), _targets_of(path, base, pairs), mags)
 
 
 def _module_params(base: RxPtModel) -> dict[str, str]:
@@ -112,8 +128,8 @@ def _module_params(base: RxPtModel) -> dict[str, str]:
     return {mod: ours for ours, mod in linear_prefixes(base).items()}
 
 
-def _read_peft(folder: str, base: RxPtModel) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]],
-                                                      float]:
+def _read_peft(folder: str, base: RxPtModel
+               ) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], float, dict[str, np.ndarray]]:
     cpath = os.path.join(folder, PEFT_FILES[0])
     try:
         cfg = read_json(cpath, InteropError, "the PEFT config")
@@ -138,8 +154,9 @@ def _read_peft(folder: str, base: RxPtModel) -> tuple[dict[str, tuple[np.ndarray
         raise InteropError(f"{wpath} is not a readable safetensors file: {e}") from None
     params = {mod: ours for ours, mod in export_modules(base).items()}
     found: dict[str, dict[str, np.ndarray]] = {}
+    mags: dict[str, np.ndarray] = {}
     for key, a in tensors.items():
-        mod, part = _split_peft_key(key, wpath, miss)
+        mod, part = _split_peft_key(key, wpath, miss, bool(cfg.get("use_dora")))
         if mod not in params:
             raise InteropError(f"{wpath}: {mod} is not a projection rwkvx_c adapts (it adapts "
                                f"{', '.join(sorted(TARGETS))} in every block)")
@@ -147,10 +164,13 @@ def _read_peft(folder: str, base: RxPtModel) -> tuple[dict[str, tuple[np.ndarray
             part, a = "B", a.T
             found.setdefault(params[mod], {})["A"] = \
                 fold_matrix(a.shape[1], base.params[params[mod]].shape[0])
-        found.setdefault(params[mod], {})[part] = a
+        if part == "magnitude":
+            mags[params[mod]] = np.ascontiguousarray(a.reshape(-1), dtype=np.float32)
+        else:
+            found.setdefault(params[mod], {})[part] = a
     pairs = _pairs(found, wpath)
     _agree(cfg, cpath, params, pairs, r)
-    return pairs, alpha
+    return pairs, alpha, mags
 
 
 def _targeted(targets: str | list[str], module: str) -> bool:
@@ -203,7 +223,7 @@ def _check_peft_config(cfg: Mapping[str, Any], what: str) -> None:
     if cfg["peft_type"] == "MISS" and cfg.get("init_weights", True) is not True:
         raise InteropError(f"{what}: init_weights is {cfg['init_weights']!r}; rwkvx_c reads "
                            "MiSS's default form (true)")
-    for key, ok in (("fan_in_fan_out", False), ("use_dora", False), ("bias", "none"),
+    for key, ok in (("fan_in_fan_out", False), ("bias", "none"),
                     ("modules_to_save", None), ("rank_pattern", {}), ("alpha_pattern", {}),
                     ("layers_to_transform", None), ("exclude_modules", None)):
         v = cfg.get(key)
@@ -222,11 +242,15 @@ def _check_peft_config(cfg: Mapping[str, Any], what: str) -> None:
         raise InteropError(f"{what}: r is {cfg['r']!r}, expected an integer (the rank)")
 
 
-def _split_peft_key(key: str, what: str, miss: bool = False) -> tuple[str, str]:
+def _split_peft_key(key: str, what: str, miss: bool = False, dora: bool = False
+                    ) -> tuple[str, str]:
     """'base_model.model.X.lora_A.weight' -> ('X', 'A'); a MISS folder's
-    'base_model.model.X.miss_block' -> ('X', 'M')."""
-    for part, tail in ((("M", ".miss_block"),) if miss else
-                       (("A", ".lora_A.weight"), ("B", ".lora_B.weight"))):
+    'base_model.model.X.miss_block' -> ('X', 'M'); a DoRA folder's
+    'base_model.model.X.lora_magnitude_vector' -> ('X', 'magnitude')."""
+    tails = (("M", ".miss_block"),) if miss else \
+        (("A", ".lora_A.weight"), ("B", ".lora_B.weight")) + \
+        ((("magnitude", ".lora_magnitude_vector"),) if dora else ())
+    for part, tail in tails:
         if key.startswith(_PEFT_PREFIX) and key.endswith(tail):
             return key[len(_PEFT_PREFIX):-len(tail)], part
     raise InteropError(f"{what}: {key} is not a " + (

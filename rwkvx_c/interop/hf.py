@@ -332,7 +332,8 @@ def hf_modules(model: RxPtModel) -> dict[str, str]:
 
 def save_peft(model: RxPtModel, adapters: Mapping[str, tuple[np.ndarray, np.ndarray]],
               alpha: float, out_dir: str, dtype: str = "fp32",
-              modules: Mapping[str, str] | None = None, kind: str = "lora") -> None:
+              modules: Mapping[str, str] | None = None, kind: str = "lora",
+              magnitudes: Mapping[str, np.ndarray] | None = None) -> None:
     """Writes a LoRA run's adapters as a Hugging Face PEFT adapter folder for
     the hf export of its base: adapter_config.json (LORA, r, lora_alpha,
     target_modules: the hf names of the adapted Linears) and
@@ -342,7 +343,8 @@ def save_peft(model: RxPtModel, adapters: Mapping[str, tuple[np.ndarray, np.ndar
     name} of the hf export (default: the rwkv7 layout's; a hybrid's come
     from rwkvx_c.interop.hf_hybrid.export_modules). kind: the adapters'
     (rwkvx_c.model.lora.ADAPTERS), whose PEFT keys the config sets
-    (rsLoRA: use_rslora, alpha its own)."""
+    (rsLoRA: use_rslora, alpha its own); magnitudes: DoRA's {our matrix:
+    M [out]}, written as '.lora_magnitude_vector' [out] (use_dora)."""
     if dtype not in DTYPES:
         raise InteropError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
     if modules is None:
@@ -360,8 +362,11 @@ def save_peft(model: RxPtModel, adapters: Mapping[str, tuple[np.ndarray, np.ndar
         module = modules[ours]
         targets.append(module)
         r = A.shape[0]
-        parts = (("miss_block", np.ascontiguousarray(B.T)),) if fold else \
+        parts: tuple[tuple[str, np.ndarray], ...] = \
+            (("miss_block", np.ascontiguousarray(B.T)),) if fold else \
             (("lora_A.weight", A), ("lora_B.weight", B))
+        if magnitudes:
+            parts += (("lora_magnitude_vector", magnitudes[ours]),)
         for part, a in parts:
             tensors[f"base_model.model.{module}.{part}"] = torch.from_numpy(
                 np.array(a, dtype=np.float32)).to(td)

@@ -31,15 +31,26 @@ from rwkvx_c.interop.pth import DTYPES, load_pth, save_pth
 from rwkvx_c.interop.rwkv7 import from_rwkv7, from_rwkvx, linear_prefixes, to_rwkv7, to_rwkvx
 from rwkvx_c.interop.source import STATE_KEY, read_run, read_source
 from rwkvx_c.model.config import ModelConfig
-from rwkvx_c.model.lora import A_SUFFIX, B_SUFFIX, plain_alpha, run_alpha, without_adapters
+from rwkvx_c.model.lora import (
+    A_SUFFIX,
+    ADAPTERS,
+    B_SUFFIX,
+    M_SUFFIX,
+    plain_alpha,
+    run_alpha,
+    without_adapters,
+)
 from rwkvx_c.run.rundir import RunDir, checkpoint_path, claim_output, describe_entries
+from rwkvx_c.util.words import listed
 
-__all__ = ["FORMATS", "EXPORTS", "ExportFormat", "Adapters", "export_model", "import_pth",
+__all__ = ["FORMATS", "EXPORTS", "ExportFormat", "Adapters", "export_model", "formats_holding",
+           "import_pth",
            "import_adapters", "state_dict", "lora_dict", "merge_run"]
 
-# ({param: (A, B)}, alpha, kind): a LoRA run's adapters, their kind's alpha and
-# kind (rwkvx_c.model.lora.ADAPTERS)
-Adapters = tuple[Mapping[str, tuple[np.ndarray, np.ndarray]], float, str]
+# ({param: (A, B)}, alpha, kind, {param: M}): a LoRA run's adapters, their
+# kind's alpha and kind (rwkvx_c.model.lora.ADAPTERS), DoRA's magnitudes
+Adapters = tuple[Mapping[str, tuple[np.ndarray, np.ndarray]], float, str,
+                 Mapping[str, np.ndarray]]
 # a format's writer: (model, out, dtype, tokenizer, adapters); adapters only
 # for a format that holds them (export_model refuses a model without them)
 Writer = Callable[[RxPtModel, str, str, Tokenizer, Adapters], None]
@@ -76,10 +87,10 @@ EXPORTS = {f.name: f for f in (
                  "layout, rwkv7-hf, transformers)", folder=HF_FILES),
     ExportFormat("state", lambda m, out, _d, _t, _a: save_pth(state_dict(m), out, "fp32"),
                  "state", "a state-tuned run's initial states (RWKV-PEFT's time_state file)"),
-    ExportFormat("lora", lambda m, out, dtype, _t, a: save_pth(lora_dict(m, *a), out, dtype),
+    ExportFormat("lora", lambda m, out, dtype, _t, a: save_pth(lora_dict(m, *a[:3]), out, dtype),
                  "adapters", "a LoRA run's adapters (RWKV-PEFT's lora_A / lora_B names)"),
     ExportFormat("peft", lambda m, out, dtype, _t, a: save_peft(m, a[0], a[1], out, dtype,
-                                                                 export_modules(m), a[2]),
+                                                                 export_modules(m), a[2], a[3]),
                  "adapters", "a Hugging Face PEFT adapter folder for the hf export",
                  folder=PEFT_FILES),
     ExportFormat("gguf-lora", lambda m, out, dtype, _t, a: save_gguf_lora(
@@ -121,9 +132,18 @@ def export_model(model: RxPtModel, fmt: str, out: str, dtype: str = "fp32", *,
         claim_output(out if name is None else os.path.join(out, name), inputs)
     if f.holds == "adapters" and adapters is None:
         raise InteropError("the model has no LoRA adapters (train with --tune lora)")
+    if f.holds == "adapters" and fmt != "peft" and adapters and ADAPTERS[adapters[2]].dora:
+        raise InteropError(f"--format {fmt} cannot hold DoRA's magnitude vectors; --format "
+                           f"peft holds DoRA adapters (use_dora), --format "
+                           f"{formats_holding('model')} the merged model")
     # the template is tokenizer metadata only an HF folder holds
     write = functools.partial(_hf, chat_template=chat_template) if f.write is _hf else f.write
-    write(model, out, dtype, tokenizer or ByteTokenizer(), adapters or ({}, 0.0, "lora"))
+    write(model, out, dtype, tokenizer or ByteTokenizer(), adapters or ({}, 0.0, "lora", {}))
+
+
+def formats_holding(holds: str) -> str:
+    """'rwkv7, rwkvx, gguf or hf': the formats that hold `holds` (EXPORTS)."""
+    return listed(n for n, f in EXPORTS.items() if f.holds == holds)
 
 
 def state_dict(model: RxPtModel) -> dict[str, np.ndarray]:
@@ -231,12 +251,14 @@ def import_adapters(path: str, base: str, out_dir: str, lora_alpha: float | None
     tensors = dict(src.weights)
     for name, (A, B) in ads.pairs.items():
         tensors[name + A_SUFFIX], tensors[name + B_SUFFIX] = A, B
+    for name, M in ads.magnitudes.items():
+        tensors[name + M_SUFFIX] = M
     if src.state0 is not None:
         tensors[STATE_KEY] = src.state0
     state: dict[str, Any] = {
         "imported_from": os.path.abspath(path), "imported_base": os.path.abspath(base),
         "format": "peft" if os.path.isdir(path) else "rwkv-peft", "step": 0,
-        "lora": {"r": ads.r, "alpha": ads.alpha, "targets": ads.targets}}
+        "lora": ads.record()}
     if src.tokenizer is not None:
         tok = load_tokenizer(src.tokenizer)
         run.create()

@@ -10,7 +10,8 @@ same way (RxPtModel.lora), so a checkpoint stores them under these keys.
 The adapter kinds (``--adapter``, ADAPTERS: one declaration each) differ in
 their scale and their initialisation; each is a plain LoRA of some alpha
 to everything after training (merging, exports but PEFT's own), which
-``plain_alpha`` gives.
+``plain_alpha`` gives, except DoRA, whose magnitudes ``P.lora_magnitude``
+[out] rescale the columns of the adapted weight (merging applies them).
 """
 from __future__ import annotations
 
@@ -32,11 +33,12 @@ __all__ = ["A_SUFFIX", "B_SUFFIX", "TARGETS", "DEFAULT_TARGETS", "target_params"
            "adapters_of", "merge_into", "without_adapters", "ALPHA_OPTION", "run_alpha",
            "run_adapter", "AdapterKind", "ADAPTERS", "ADAPTER_KINDS", "scale", "plain_alpha",
            "core_alpha", "principal_parts", "fold_matrix", "A0_SUFFIX", "B0_SUFFIX",
-           "adapters_off"]
+           "adapters_off", "M_SUFFIX", "magnitudes_of", "dora_merged"]
 
 A_SUFFIX, B_SUFFIX = ".lora_A", ".lora_B"
 # a principal kind's initial adapters, which its base holds subtracted (checkpoints only)
 A0_SUFFIX, B0_SUFFIX = ".lora_A0", ".lora_B0"
+M_SUFFIX = ".lora_magnitude"   # DoRA's magnitude [out] of P's columns
 ALPHA_OPTION = "lora_alpha"   # the run option that holds alpha (r is A's first dimension)
 KIND_OPTION = "adapter"       # the run option that holds the kind (absent: "lora")
 
@@ -50,6 +52,7 @@ class AdapterKind:
     principal: bool       # A, B start as the top-r SVD of W, the base holds the rest (PiSSA)
     peft: Mapping[str, Any]   # what its PEFT adapter_config.json sets beside LoRA's keys
     fold: bool = False    # A fixed, x A^T sums x's r-wide slices, B alone trains, scale 1 (MiSS)
+    dora: bool = False    # W_eff's columns scaled to trained magnitudes M / ||W_eff|| (DoRA)
 
 
 # every adapter kind, by name: the one table --adapter, the scale, the
@@ -64,6 +67,9 @@ ADAPTERS = {k.name: k for k in (
     AdapterKind("miss", "MiSS: x's r-wide slices summed, times a trained [r, out] block "
                 "starting at zero (PEFT's MissConfig; --lora-alpha unused)", False, False,
                 {"peft_type": "MISS"}, fold=True),
+    AdapterKind("dora", "DoRA: LoRA's A, B and scale alpha/r, each output column of W + "
+                "s A^T B^T rescaled to a trained magnitude starting at its norm (PEFT's "
+                "use_dora)", False, False, {"use_dora": True}, dora=True),
 )}
 ADAPTER_KINDS = tuple(ADAPTERS)
 
@@ -149,15 +155,32 @@ def adapters_of(tensors: Mapping[str, np.ndarray]) -> dict[str, tuple[np.ndarray
     return out
 
 
+def magnitudes_of(tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """{param: M [out]} of every DoRA adapter among tensors."""
+    return {k[:-len(M_SUFFIX)]: np.asarray(tensors[k]).reshape(-1) for k in tensors
+            if k.endswith(M_SUFFIX)}
+
+
+def dora_merged(W: np.ndarray, A: np.ndarray, B: np.ndarray, s: float,
+                M: np.ndarray | None) -> np.ndarray:
+    """W + s A^T B^T [in, out] in float64, each column o then scaled to
+    M[o] / its norm over in when M is given (DoRA, docs/maths.md §DoRA)."""
+    eff = np.asarray(W, np.float64) + s * (A.astype(np.float64).T @ B.astype(np.float64).T)
+    if M is not None:
+        eff *= np.asarray(M, np.float64)[None, :] / np.linalg.norm(eff, axis=0)[None, :]
+    return eff
+
+
 def merge_into(params: MutableMapping[str, np.ndarray],
-               adapters: Mapping[str, tuple[np.ndarray, np.ndarray]], alpha: float) -> None:
-    """params[P] = P + (alpha / r) A^T B^T for every adapter, in float64 then
-    rounded once to float32 (in place for arrays that are views)."""
+               adapters: Mapping[str, tuple[np.ndarray, np.ndarray]], alpha: float,
+               magnitudes: Mapping[str, np.ndarray] | None = None) -> None:
+    """params[P] = P + (alpha / r) A^T B^T for every adapter (DoRA's with
+    magnitudes: dora_merged), in float64 then rounded once to float32 (in
+    place for arrays that are views)."""
     for name, (A, B) in adapters.items():
-        r = A.shape[0]
-        w = np.asarray(params[name], dtype=np.float64)
-        merged = w + (alpha / r) * (A.astype(np.float64).T @ B.astype(np.float64).T)
-        params[name][...] = merged.astype(np.float32)
+        M = (magnitudes or {}).get(name)
+        params[name][...] = dora_merged(params[name], A, B, alpha / A.shape[0],
+                                        M).astype(np.float32)
 
 
 def without_adapters(tensors: Mapping[str, np.ndarray], alpha: float | None
@@ -166,12 +189,12 @@ def without_adapters(tensors: Mapping[str, np.ndarray], alpha: float | None
     dropped (the merged model); unchanged when there are none."""
     ads = adapters_of(tensors)
     out = {k: v for k, v in tensors.items()
-           if not k.endswith((A_SUFFIX, B_SUFFIX, A0_SUFFIX, B0_SUFFIX))}
+           if not k.endswith((A_SUFFIX, B_SUFFIX, A0_SUFFIX, B0_SUFFIX, M_SUFFIX))}
     if ads:
         assert alpha is not None, "adapters come with their alpha"
         for name in ads:
             out[name] = np.array(out[name], dtype=np.float32)
-        merge_into(out, ads, alpha)
+        merge_into(out, ads, alpha, magnitudes_of(tensors))
     return out
 
 
@@ -183,12 +206,13 @@ def run_alpha(state: Mapping[str, Any] | None, path: str) -> float:
 
 def run_adapter(state: Mapping[str, Any] | None, path: str) -> tuple[str, int, float]:
     """(kind, r, alpha) of a LoRA run's checkpoint (its options hold them;
-    imported adapters: plain LoRA of their record's alpha); CheckpointError
+    imported adapters: their record's kind and alpha); CheckpointError
     when its run state does not say."""
     opts = (state or {}).get("options") or {}
     a, kind = opts.get(ALPHA_OPTION), opts.get(KIND_OPTION, "lora")
     if a is None:   # imported adapters (rwkvx-c import --base): their own record
-        a = ((state or {}).get("lora") or {}).get("alpha")
+        record = (state or {}).get("lora") or {}
+        a, kind = record.get("alpha"), record.get("kind", "lora")
     if isinstance(a, bool) or not isinstance(a, (int, float)) or not 0 < a < float("inf"):
         raise CheckpointError(f"checkpoint {path} holds LoRA adapters but no valid "
                               f"{ALPHA_OPTION} in its options ({a!r})")
@@ -208,8 +232,9 @@ def adapters_off(model: RxPtModel) -> Iterator[None]:
         return
     r, alpha = model.lora_rank or (0, 0.0)
     names = list(dict.fromkeys(k.rsplit(".lora_", 1)[0] for k in lora))
+    dora = any(k.endswith(M_SUFFIX) for k in lora)
     model.disable_lora()
     try:
         yield
     finally:
-        model.enable_lora(r, alpha, names)
+        model.enable_lora(r, alpha, names, dora=dora)

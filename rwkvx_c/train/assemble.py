@@ -22,7 +22,7 @@ from rwkvx_c.interop.source import STATE_KEY, Layered, read_source
 from rwkvx_c.model import memory
 from rwkvx_c.model.config import ModelConfig
 from rwkvx_c.model.init import init_model
-from rwkvx_c.model.lora import A_SUFFIX, B_SUFFIX, adapters_of
+from rwkvx_c.model.lora import A_SUFFIX, B_SUFFIX, M_SUFFIX, adapters_of
 from rwkvx_c.model.weights import load_params
 from rwkvx_c.run.base import BASE_KEY, Record, identify, pin_source
 from rwkvx_c.train.base import model_from_source
@@ -72,11 +72,11 @@ def start_from_source(options: TrainOptions, group: ProcessGroup, out_dir: str |
         ads = src.adapters
         pairs = {n + s: m for n, (A, B) in ads.pairs.items() for s, m in ((A_SUFFIX, A),
                                                                            (B_SUFFIX, B))}
+        pairs.update({n + M_SUFFIX: M for n, M in ads.magnitudes.items()})
         weights = {**weights, **pairs}
         asked = {f.name: getattr(options, f.name) for f in dataclasses.fields(options)
                  if getattr(options, f.name) != f.default}   # what the user set
-        options = dataclasses.replace(options, **adapter_options(
-            asked, {"r": ads.r, "alpha": ads.alpha, "targets": ads.targets}, path))
+        options = dataclasses.replace(options, **adapter_options(asked, ads.record(), path))
     return from_source(options, src.config, src.tokenizer, path), weights, pin
 
 

@@ -41,10 +41,12 @@ from rwkvx_c.model.lora import (
     B0_SUFFIX,
     B_SUFFIX,
     DEFAULT_TARGETS,
+    M_SUFFIX,
     TARGETS,
     adapters_of,
     core_alpha,
     fold_matrix,
+    magnitudes_of,
     merge_into,
     principal_parts,
     target_params,
@@ -109,8 +111,9 @@ def adapter_options(asked: Mapping[str, Any], lora: Mapping[str, Any], what: str
     if asked.get("tune") not in (None, "lora"):
         raise TrainError(f"{what} holds LoRA adapters, which train on as --tune lora; drop "
                          f"--tune {asked['tune']}")
-    if asked.get("adapter") not in (None, "lora"):   # their scale is folded into their alpha
-        raise TrainError(f"{what} holds adapters that train on as plain LoRA of their own "
+    kind = str(lora.get("kind") or "lora")   # dora: magnitudes beside A, B
+    if asked.get("adapter") not in (None, kind):   # their scale is folded into their alpha
+        raise TrainError(f"{what} holds adapters that train on as {kind} of their own "
                          f"scale; drop --adapter {asked['adapter']}")
     r, alpha, targets = int(lora["r"]), float(lora["alpha"]), str(lora["targets"])
     for k, v in (("lora_r", r), ("lora_alpha", alpha)):
@@ -120,7 +123,8 @@ def adapter_options(asked: Mapping[str, Any], lora: Mapping[str, Any], what: str
     t = asked.get("lora_targets")
     if t is not None and set(parse_targets(t)) != set(targets.split(",")):
         raise TrainError(f"{what} adapts {targets}; drop --lora-targets {t}")
-    return {"tune": "lora", "lora_r": r, "lora_alpha": alpha, "lora_targets": targets}
+    return {"tune": "lora", "lora_r": r, "lora_alpha": alpha, "lora_targets": targets,
+            **({"adapter": kind} if kind != "lora" else {})}
 
 
 # --train-parts / --freeze groups: parameter names by what they are
@@ -272,9 +276,9 @@ def make_optimizer(model: RxPtModel, opts: TrainOptions) -> AdamW | PartsAdamW:
         initial = _enable_lora(model, opts, set(names))
         assert model.lora_buffer is not None and model.lora_grad_buffer is not None
         assert model.lora is not None and model.lora_grads is not None
-        # the adapters are matrices: the run's weight decay applies to them;
-        # a fold kind's A is fixed: its Bs train alone
-        ads = [(model.lora_buffer, model.lora_grad_buffer, True)] \
+        # the adapters are matrices: the run's weight decay applies to them
+        # (not to DoRA's magnitude vectors); a fold kind's A is fixed: its Bs train alone
+        ads = [(model.lora_buffer, model.lora_grad_buffer, _matrix_ranges(model))] \
             if not ADAPTERS[opts.adapter].fold else \
             [(model.lora[k], model.lora_grads[k], True) for k in model.lora if k.endswith(B_SUFFIX)]
         pieces[:0] = ads
@@ -284,6 +288,16 @@ def make_optimizer(model: RxPtModel, opts: TrainOptions) -> AdamW | PartsAdamW:
     out.initial = initial
     out.adapter_pieces = len(ads) if opts.tune == "lora" else 0
     return out
+
+
+def _matrix_ranges(model: RxPtModel) -> bool | np.ndarray:
+    """The weight-decayed part of the adapters' arena: all of it (True), or
+    for DoRA the (R, 2) [begin, end) ranges of its A and B matrices."""
+    assert model.lora is not None and model.lora_buffer is not None
+    if not any(k.endswith(M_SUFFIX) for k in model.lora):
+        return True
+    return np.array([[_offset(v, model.lora_buffer), _offset(v, model.lora_buffer) + v.size]
+                     for k, v in model.lora.items() if not k.endswith(M_SUFFIX)], np.int64)
 
 
 def _frozen_ranges(model: RxPtModel, trained: list[str]) -> np.ndarray:
@@ -433,11 +447,22 @@ def _enable_lora(model: RxPtModel, opts: TrainOptions, trained: set[str]
         raise TrainError(f"{both[0]} would train twice, under --train-parts and as a LoRA "
                          "target; drop one")
     kind = ADAPTERS[opts.adapter]
-    model.enable_lora(opts.lora_r, core_alpha(opts.adapter, opts.lora_r, opts.lora_alpha), names)
+    model.enable_lora(opts.lora_r, core_alpha(opts.adapter, opts.lora_r, opts.lora_alpha), names,
+                      dora=kind.dora)
     if kind.principal:
         return init_principal(model)
     if not kind.fold:
         init_adapters(model, opts.seed)
+        if kind.dora:   # M = ||W||'s columns (B is zero): the tune starts as the base
+            assert model.lora is not None
+            for k, v in model.lora.items():
+                if k.endswith(M_SUFFIX):
+                    v[...] = model.lora_norms(k[:-len(M_SUFFIX)])
+                    if not np.all(v > 0):
+                        raise TrainError(f"--adapter dora: {k[:-len(M_SUFFIX)]} has a zero "
+                                         f"column (output {int(np.argmin(v))}), which has no "
+                                         "direction to scale; train the base first or choose "
+                                         "another --adapter")
         return {}
     assert model.lora is not None   # A the fixed fold, B zero: the tune starts as the base
     for k, v in model.lora.items():
@@ -485,7 +510,8 @@ def merge_adapters(model: RxPtModel) -> None:
     merged one, with no adapters. No-op without adapters."""
     if model.lora is None or model.lora_rank is None:
         return
-    merge_into(model.params, adapters_of(model.lora), model.lora_rank[1])
+    merge_into(model.params, adapters_of(model.lora), model.lora_rank[1],
+               magnitudes_of(model.lora))
     model.disable_lora()
 
 

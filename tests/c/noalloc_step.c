@@ -10,18 +10,18 @@
  *   noalloc_step    -> prints "allocations fp32 N" and "allocations bf16 N"
  *                      for one forward + backward + grad norm + AdamW step
  *                      after a warm-up step of the same precision
- *   noalloc_step FLAGS HEAD_ROWS lora
- *                   -> the same with LoRA adapters on every projection and
- *                      the base frozen (a LoRA tune's step)
+ *   noalloc_step FLAGS HEAD_ROWS lora|dora
+ *                   -> the same with LoRA (or DoRA) adapters on every
+ *                      projection and the base frozen (a LoRA tune's step)
  *   noalloc_step FLAGS HEAD_ROWS lora|base rows
  *                   -> a preference step: the per-position losses, then
  *                      the row-weighted backward
- *   noalloc_step FLAGS HEAD_ROWS lora|none bf16|q8_0
+ *   noalloc_step FLAGS HEAD_ROWS lora|dora|none bf16|q8_0
  *                   -> with every block projection and the head held in a
  *                      frozen base of that dtype (base.c)
  *   noalloc_step 0 0 - accum
  *                   -> two micro-batches summed into one step (--grad-accum)
- *   noalloc_step 0 0 lora|none gen
+ *   noalloc_step 0 0 lora|dora|none gen
  *                   -> batched generation (gen.c): a step of slots decoding
  *                      beside a slot joining with its prompt, then a
  *                      decoding step, after a first step of max_tokens rows
@@ -94,10 +94,13 @@ static int step(rx_ptmodel *m, rx_pt_acts *acts, const int *tok, const int *tgt,
     return rc;
 }
 
-/* LoRA adapters of rank 8 on every block projection of m, A nonzero, the base frozen */
-static int add_lora(rx_ptmodel *m) {
+/* LoRA (dora: DoRA) adapters of rank 8 on every block projection of m, A
+ * nonzero, the base frozen */
+static int add_lora(rx_ptmodel *m, int dora) {
     int idx[64];
-    const int rc = rx_ptmodel_enable_lora(m, 8, 16.0, idx, block_projections(m, idx, 64));
+    const int n = block_projections(m, idx, 64);
+    const int rc = dora ? rx_ptmodel_enable_dora(m, 8, 16.0, idx, n)
+                        : rx_ptmodel_enable_lora(m, 8, 16.0, idx, n);
     int64_t na = 0;
     float *a = rc == RX_OK ? rx_ptmodel_lora_arena(m, &na) : NULL;
     for (int64_t i = 0; i < na; i++) a[i] = (float)((i * 37) % 11 - 5) * 0.01f;
@@ -149,7 +152,7 @@ static int gen_steps(rx_gen *g, const int *tok, int warm) {
     return rc;
 }
 
-/* argv: [RX_ACTS_* flags [head_rows [lora|base|none|- [rows|accum|bf16|q8_0]]]]; with flags,
+/* argv: [RX_ACTS_* flags [head_rows [lora|dora|base|none|- [rows|accum|bf16|q8_0]]]]; with flags,
  * L2Wrap on too */
 int main(int argc, char **argv) {
     const int flags = argc > 1 ? atoi(argv[1]) : 0, head_rows = argc > 2 ? atoi(argv[2]) : 0;
@@ -170,7 +173,8 @@ int main(int argc, char **argv) {
     int rc = rx_model_create(&cfg, 0, 0, &m);
     if (rc == RX_OK) rc = rx_pt_acts_create_opts(m, B, T, flags, head_rows, &acts);
     if (rc == RX_OK && flags) rc = rx_ptmodel_set_l2wrap(m, 1e-4);
-    if (rc == RX_OK && argc > 3 && strcmp(argv[3], "lora") == 0) rc = add_lora(m);
+    if (rc == RX_OK && argc > 3 && (strcmp(argv[3], "lora") == 0 || strcmp(argv[3], "dora") == 0))
+        rc = add_lora(m, strcmp(argv[3], "dora") == 0);
     if (rc == RX_OK && argc > 4 && (strcmp(argv[4], "bf16") == 0 || strcmp(argv[4], "q8_0") == 0))
         rc = add_base(m, strcmp(argv[4], "q8_0") == 0 ? RX_BASE_Q8_0 : RX_BASE_BF16);
     if (rc == RX_OK) rx_ptmodel_param_arena(m, &n);
