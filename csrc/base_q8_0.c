@@ -88,7 +88,42 @@ RX_BASE_BF16V static void block_q8_t_512(const unsigned char *data, size_t rb, s
         _mm512_storeu_si512(dst + p * 32, _mm512_permutexvar_epi16(mix, w));
     }
 }
+
+/* rx_q8_0_sliver_f32 for whole blocks: each of them one block of each of
+ * the 16 rows, transposed and scaled by rx_sliver_q32 */
+RX_BASE_AVX2 static void sliver_q8_avx2(const unsigned char *data, size_t rb, size_t j0,
+                                        size_t p0, size_t kc, float *Bp) {
+    for (size_t p = 0; p < kc; p += Q8_BLOCK, Bp += Q8_BLOCK * 16) {
+        const unsigned char *blk = data + j0 * rb + (p0 + p) / Q8_BLOCK * Q8_BYTES;
+        __m256i q[16];
+        uint16_t dh[16];
+        for (int j = 0; j < 16; j++, blk += rb) {
+            /* the row 64 on (the GEMM's next group of slivers, the
+             * sliver after next): 16 to 64 short runs at once are too many
+             * streams for the hardware's prefetchers (a block's start lies
+             * in each 64-byte line) */
+            _mm_prefetch((const char *)(blk + 64 * rb), _MM_HINT_T0);
+            memcpy(&dh[j], blk, 2);
+            q[j] = _mm256_loadu_si256((const __m256i *)(const void *)(blk + 2));
+        }
+        rx_sliver_q32(q, dh, Bp);
+    }
+}
 #endif
+
+/* AVX2 where the CPU has it and the sliver is 16 rows of whole blocks;
+ * else 0: the packer decodes row by row (the same bits) */
+int rx_q8_0_sliver_f32(const unsigned char *data, size_t rb, size_t j0, size_t p0, size_t kc,
+                       size_t nr, float *Bp) {
+#ifdef RX_BASE_X86
+    if (nr == 16 && p0 % Q8_BLOCK == 0 && kc % Q8_BLOCK == 0 && rx_cpu_base_avx2()) {
+        sliver_q8_avx2(data, rb, j0, p0, kc, Bp);
+        return 1;
+    }
+#endif
+    (void)data, (void)rb, (void)j0, (void)p0, (void)kc, (void)nr, (void)Bp;
+    return 0;
+}
 
 /* q * d (a Q8_0 value: finite, zero or at least 2^-24) rounded to bf16 as
  * operand_bf16 rounds it, without its branches for NaN and subnormals */

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: AGPL-3.0-or-later AND Apache-2.0
  *
- * rx_simd.h -- AVX-512 helpers shared by the GEMMs (gemm.c, gemm_bf16.c).
+ * rx_simd.h -- SIMD helpers shared by the GEMMs (gemm.c, gemm_bf16.c) and
+ * the frozen base's decoders (base_<dtype>.c).
  * Each carries its own target attribute, so it inlines into any caller
  * compiled for a superset (the runtime dispatch picks those callers only
  * on CPUs that have it).
@@ -41,6 +42,45 @@ __attribute__((target("avx512f"))) static inline void rx_transpose16(__m512i r[1
 /* Lanes of a 16-wide access inside [0, n - from) */
 static inline __mmask16 rx_lanes(size_t from, size_t n) {
     return from >= n ? 0 : n - from >= 16 ? 0xffff : (__mmask16)((1u << (n - from)) - 1u);
+}
+
+/* The forward sliver of 16 stored rows over one 32-value block of an int8
+ * quantised dtype (Q8_0's q, Q4_0's q - 8): r[j] row j's 32 q (k 0..15 in
+ * the low 128-bit lane, 16..31 in the high), dh[j] its fp16 scale; out k
+ * rows of 16 float32 q * d, k-major, at Bp [32][16]. q * d is exact (an
+ * 8-bit q times an 11-bit d; vcvtph2ps's d is f16_f32's, a signalling NaN
+ * quieted as the product quiets it), so these are the scalar decoder's
+ * bits (tests/test_base_sliver.py): a byte transpose first (each of its
+ * four unpack stages rotates the 8-bit (register, byte) index left by one,
+ * per lane: register k then holds column k's 16 rows), then each k row's
+ * bytes widened and scaled. */
+__attribute__((target("avx2,f16c"))) static inline void
+rx_sliver_q32(__m256i r[16], const uint16_t dh[16], float *Bp) {
+    const __m256 d0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)dh));
+    const __m256 d1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(dh + 8)));
+    /* unrolled whole: the 16 rows stay in registers */
+#pragma GCC unroll 4
+    for (int s = 0; s < 4; s++) {
+        __m256i t[16];
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) {
+            t[2 * i] = _mm256_unpacklo_epi8(r[i], r[i + 8]);
+            t[2 * i + 1] = _mm256_unpackhi_epi8(r[i], r[i + 8]);
+        }
+#pragma GCC unroll 16
+        for (int i = 0; i < 16; i++) r[i] = t[i];
+    }
+#pragma GCC unroll 16
+    for (int k = 0; k < 16; k++)
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {   /* k (low lane) and k + 16 (high) */
+            const __m128i x = h ? _mm256_extracti128_si256(r[k], 1) : _mm256_castsi256_si128(r[k]);
+            const __m256i lo = _mm256_cvtepi8_epi32(x);
+            const __m256i hi = _mm256_cvtepi8_epi32(_mm_unpackhi_epi64(x, x));
+            float *dst = Bp + (size_t)(k + 16 * h) * 16;
+            _mm256_storeu_ps(dst, _mm256_mul_ps(_mm256_cvtepi32_ps(lo), d0));
+            _mm256_storeu_ps(dst + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(hi), d1));
+        }
 }
 #endif
 
