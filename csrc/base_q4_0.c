@@ -128,31 +128,19 @@ RX_BASE_AVX2 static int block_avx2(const unsigned char *data, size_t rb, int tb,
     return 1;
 }
 
-/* rx_q4_0_sliver_f32 for whole blocks: each block's 16 bytes of each of
- * the 16 rows as 32 q - 8 (low nibbles k 0..15, high 16..31: the two
- * lanes), transposed and scaled by rx_sliver_q32 */
+/* a Q4_0 block's 16 bytes as its 32 q - 8 (low nibbles: values 0..15, the
+ * low lane; high nibbles: 16..31, the high lane) */
+RX_BASE_AVX2 static inline __m256i q4_bytes(const unsigned char *q) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)(const void *)q), low = _mm_set1_epi8(0x0f);
+    return _mm256_sub_epi8(
+        _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), low), _mm_and_si128(v, low)),
+        _mm256_set1_epi8(8));
+}
+
+/* rx_sliver_q32 over Q4_0 rows (its AVX2 frame: the loader inlines) */
 RX_BASE_AVX2 static void sliver_q4_avx2(const unsigned char *data, size_t rb, size_t j0,
                                         size_t p0, size_t kc, float *Bp) {
-    const __m128i low = _mm_set1_epi8(0x0f);
-    const __m256i eight = _mm256_set1_epi8(8);
-    for (size_t p = 0; p < kc; p += Q4_BLOCK, Bp += Q4_BLOCK * 16) {
-        const unsigned char *blk = data + j0 * rb + (p0 + p) / Q4_BLOCK * Q4_BYTES;
-        __m256i q[16];
-        uint16_t dh[16];
-        for (int j = 0; j < 16; j++, blk += rb) {
-            /* the row 64 on (the GEMM's next group of slivers, the
-             * sliver after next): 16 to 64 short runs at once are too many
-             * streams for the hardware's prefetchers (a block's start lies
-             * in each 64-byte line) */
-            _mm_prefetch((const char *)(blk + 64 * rb), _MM_HINT_T0);
-            memcpy(&dh[j], blk, 2);
-            const __m128i v = _mm_loadu_si128((const __m128i *)(const void *)(blk + 2));
-            q[j] = _mm256_sub_epi8(_mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), low),
-                                                    _mm_and_si128(v, low)),
-                                   eight);
-        }
-        rx_sliver_q32(q, dh, Bp);
-    }
+    rx_sliver_q32(data, rb, j0, p0, kc, Q4_BYTES, q4_bytes, Bp);
 }
 #endif
 

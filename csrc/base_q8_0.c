@@ -89,25 +89,15 @@ RX_BASE_BF16V static void block_q8_t_512(const unsigned char *data, size_t rb, s
     }
 }
 
-/* rx_q8_0_sliver_f32 for whole blocks: each of them one block of each of
- * the 16 rows, transposed and scaled by rx_sliver_q32 */
+/* a Q8_0 block's q: its 32 int8 as they are */
+RX_BASE_AVX2 static inline __m256i q8_bytes(const unsigned char *q) {
+    return _mm256_loadu_si256((const __m256i *)(const void *)q);
+}
+
+/* rx_sliver_q32 over Q8_0 rows (its AVX2 frame: the loader inlines) */
 RX_BASE_AVX2 static void sliver_q8_avx2(const unsigned char *data, size_t rb, size_t j0,
                                         size_t p0, size_t kc, float *Bp) {
-    for (size_t p = 0; p < kc; p += Q8_BLOCK, Bp += Q8_BLOCK * 16) {
-        const unsigned char *blk = data + j0 * rb + (p0 + p) / Q8_BLOCK * Q8_BYTES;
-        __m256i q[16];
-        uint16_t dh[16];
-        for (int j = 0; j < 16; j++, blk += rb) {
-            /* the row 64 on (the GEMM's next group of slivers, the
-             * sliver after next): 16 to 64 short runs at once are too many
-             * streams for the hardware's prefetchers (a block's start lies
-             * in each 64-byte line) */
-            _mm_prefetch((const char *)(blk + 64 * rb), _MM_HINT_T0);
-            memcpy(&dh[j], blk, 2);
-            q[j] = _mm256_loadu_si256((const __m256i *)(const void *)(blk + 2));
-        }
-        rx_sliver_q32(q, dh, Bp);
-    }
+    rx_sliver_q32(data, rb, j0, p0, kc, Q8_BYTES, q8_bytes, Bp);
 }
 #endif
 

@@ -55,7 +55,7 @@ static inline __mmask16 rx_lanes(size_t from, size_t n) {
  * per lane: register k then holds column k's 16 rows), then each k row's
  * bytes widened and scaled. */
 __attribute__((target("avx2,f16c"))) static inline void
-rx_sliver_q32(__m256i r[16], const uint16_t dh[16], float *Bp) {
+rx_sliver_q32_block(__m256i r[16], const uint16_t dh[16], float *Bp) {
     const __m256 d0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)dh));
     const __m256 d1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(dh + 8)));
     /* unrolled whole: the 16 rows stay in registers */
@@ -81,6 +81,30 @@ rx_sliver_q32(__m256i r[16], const uint16_t dh[16], float *Bp) {
             _mm256_storeu_ps(dst, _mm256_mul_ps(_mm256_cvtepi32_ps(lo), d0));
             _mm256_storeu_ps(dst + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(hi), d1));
         }
+}
+
+/* The forward sliver of the 16 stored rows [j0, j0+16) of rb bytes over k
+ * [p0, p0+kc) (whole 32-value blocks) of a dtype whose block is its fp16
+ * scale, then its q in blk_bytes - 2 bytes, load(q) reading them as 32
+ * int8 (lanes as rx_sliver_q32_block takes them; a constant, inlined) */
+__attribute__((target("avx2,f16c"), always_inline)) static inline void
+rx_sliver_q32(const unsigned char *data, size_t rb, size_t j0, size_t p0, size_t kc,
+              size_t blk_bytes, __m256i (*load)(const unsigned char *q), float *Bp) {
+    for (size_t p = 0; p < kc; p += 32, Bp += 32 * 16) {
+        const unsigned char *blk = data + j0 * rb + (p0 + p) / 32 * blk_bytes;
+        __m256i q[16];
+        uint16_t dh[16];
+        for (int j = 0; j < 16; j++, blk += rb) {
+            /* the row 64 on (the GEMM's next group of slivers, the
+             * sliver after next): 16 to 64 short runs at once are too many
+             * streams for the hardware's prefetchers (a block's start lies
+             * in each 64-byte line) */
+            _mm_prefetch((const char *)(blk + 64 * rb), _MM_HINT_T0);
+            memcpy(&dh[j], blk, 2);
+            q[j] = load(blk + 2);
+        }
+        rx_sliver_q32_block(q, dh, Bp);
+    }
 }
 #endif
 

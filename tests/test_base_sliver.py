@@ -10,15 +10,13 @@ chunk (256), units of two threads starting half a sliver in; scales of
 every kind (subnormal halves, zero, the largest, negative), bf16 values
 of every kind but NaN and infinity. The same in a
 process with RWKVX_BASE_PORTABLE=1 (the scalar decoders only)."""
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
 import rwkvx_c as rx
 from rwkvx_c import _core
+
+from checks import portable_run
 
 K = 11 * 32   # 11 blocks: a KC chunk of 256, then 96
 
@@ -95,9 +93,4 @@ def test_the_hook_refuses_rows_of_another_shape():
 def test_the_scalar_decoders_give_the_same_bits():
     """The products again in a process with RWKVX_BASE_PORTABLE=1: no AVX2
     sliver kernels (any x86-64 or other CPU)."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                        os.path.join(here, "test_base_sliver.py"), "-k", "decoded_weights"],
-                       env=dict(os.environ, RWKVX_BASE_PORTABLE="1"), capture_output=True,
-                       text=True, timeout=600, cwd=here)
-    assert r.returncode == 0, r.stdout[-2000:]
+    portable_run("test_base_sliver.py", "decoded_weights")
