@@ -50,37 +50,46 @@ static inline __mmask16 rx_lanes(size_t from, size_t n) {
  * rows of 16 float32 q * d, k-major, at Bp [32][16]. q * d is exact (an
  * 8-bit q times an 11-bit d; vcvtph2ps's d is f16_f32's, a signalling NaN
  * quieted as the product quiets it), so these are the scalar decoder's
- * bits (tests/test_base_sliver.py): a byte transpose first (each of its
- * four unpack stages rotates the 8-bit (register, byte) index left by one,
- * per lane: register k then holds column k's 16 rows), then each k row's
- * bytes widened and scaled. */
+ * bits (tests/test_base_sliver.py). Each half of the rows is byte
+ * transposed per lane: three unpack stages of rows i and i + 4, each
+ * rotating the 7-bit (register, byte) index left by one, leave in register
+ * m the 8 rows' bytes of k = 2m (bytes 0..7) and 2m + 1 (8..15), +16 in
+ * the high lane; each run of 8 is then widened, converted and scaled.
+ * (Eight registers a half, not sixteen: no spills, fewer shuffles.) */
 __attribute__((target("avx2,f16c"))) static inline void
 rx_sliver_q32_block(__m256i r[16], const uint16_t dh[16], float *Bp) {
     const __m256 d0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)dh));
     const __m256 d1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(dh + 8)));
-    /* unrolled whole: the 16 rows stay in registers */
-#pragma GCC unroll 4
-    for (int s = 0; s < 4; s++) {
-        __m256i t[16];
-#pragma GCC unroll 8
-        for (int i = 0; i < 8; i++) {
-            t[2 * i] = _mm256_unpacklo_epi8(r[i], r[i + 8]);
-            t[2 * i + 1] = _mm256_unpackhi_epi8(r[i], r[i + 8]);
-        }
-#pragma GCC unroll 16
-        for (int i = 0; i < 16; i++) r[i] = t[i];
-    }
-#pragma GCC unroll 16
-    for (int k = 0; k < 16; k++)
 #pragma GCC unroll 2
-        for (int h = 0; h < 2; h++) {   /* k (low lane) and k + 16 (high) */
-            const __m128i x = h ? _mm256_extracti128_si256(r[k], 1) : _mm256_castsi256_si128(r[k]);
-            const __m256i lo = _mm256_cvtepi8_epi32(x);
-            const __m256i hi = _mm256_cvtepi8_epi32(_mm_unpackhi_epi64(x, x));
-            float *dst = Bp + (size_t)(k + 16 * h) * 16;
-            _mm256_storeu_ps(dst, _mm256_mul_ps(_mm256_cvtepi32_ps(lo), d0));
-            _mm256_storeu_ps(dst + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(hi), d1));
+    for (int h = 0; h < 2; h++) {   /* rows 8h..8h+7: Bp's columns 8h.. */
+        __m256i v[8];
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) v[i] = r[8 * h + i];
+#pragma GCC unroll 3
+        for (int s = 0; s < 3; s++) {
+            __m256i t[8];
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++) {
+                t[2 * i] = _mm256_unpacklo_epi8(v[i], v[i + 4]);
+                t[2 * i + 1] = _mm256_unpackhi_epi8(v[i], v[i + 4]);
+            }
+#pragma GCC unroll 8
+            for (int i = 0; i < 8; i++) v[i] = t[i];
         }
+        const __m256 d = h ? d1 : d0;
+#pragma GCC unroll 8
+        for (int m = 0; m < 8; m++)
+#pragma GCC unroll 2
+            for (int l = 0; l < 2; l++) {   /* k = 2m + 16 l, then k + 1 */
+                const __m128i x =
+                    l ? _mm256_extracti128_si256(v[m], 1) : _mm256_castsi256_si128(v[m]);
+                const __m256i q0 = _mm256_cvtepi8_epi32(x);
+                const __m256i q1 = _mm256_cvtepi8_epi32(_mm_unpackhi_epi64(x, x));
+                float *dst = Bp + (size_t)(2 * m + 16 * l) * 16 + 8 * h;
+                _mm256_storeu_ps(dst, _mm256_mul_ps(_mm256_cvtepi32_ps(q0), d));
+                _mm256_storeu_ps(dst + 16, _mm256_mul_ps(_mm256_cvtepi32_ps(q1), d));
+            }
+    }
 }
 
 /* The forward sliver of the 16 stored rows [j0, j0+16) of rb bytes over k
