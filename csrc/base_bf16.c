@@ -50,6 +50,47 @@ RX_BASE512 static void sliver_bf16_512(const uint16_t *const rows[16], size_t p0
     }
 }
 
+/* The forward sliver of 16 bf16 rows on AVX2, 16 k at a time: each half
+ * of the rows (8 x 16 words, k 0..7 in the low lane, 8..15 in the high)
+ * transposed per lane by three unpack stages (each rotates the 6-bit
+ * (register, word) index left by one: register k then holds k's 8 rows,
+ * k + 8's in the high lane), each word then made a float32's upper half */
+RX_BASE_AVX2 static void sliver_bf16_avx2(const uint16_t *const rows[16], size_t kc, float *Bp) {
+    const __m256i zero = _mm256_setzero_si256();
+    size_t p = 0;
+    for (; p + 16 <= kc; p += 16)
+        for (int h = 0; h < 2; h++) {   /* rows 8h..8h+7: Bp columns 8h.. */
+            __m256i r[8];
+            for (int j = 0; j < 8; j++)
+                r[j] = _mm256_loadu_si256((const __m256i *)(const void *)(rows[8 * h + j] + p));
+#pragma GCC unroll 3
+            for (int s = 0; s < 3; s++) {
+                __m256i t[8];
+#pragma GCC unroll 4
+                for (int i = 0; i < 4; i++) {
+                    t[2 * i] = _mm256_unpacklo_epi16(r[i], r[i + 4]);
+                    t[2 * i + 1] = _mm256_unpackhi_epi16(r[i], r[i + 4]);
+                }
+#pragma GCC unroll 8
+                for (int i = 0; i < 8; i++) r[i] = t[i];
+            }
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++) {   /* (0, word) pairs: rows 0-3, 4-7 per lane */
+                const __m256i lo = _mm256_unpacklo_epi16(zero, r[k]);
+                const __m256i hi = _mm256_unpackhi_epi16(zero, r[k]);
+                float *dst = Bp + (p + (size_t)k) * 16 + 8 * h;
+                _mm256_storeu_si256((__m256i *)(void *)dst,
+                                    _mm256_permute2x128_si256(lo, hi, 0x20));
+                _mm256_storeu_si256((__m256i *)(void *)(dst + 8 * 16),
+                                    _mm256_permute2x128_si256(lo, hi, 0x31));
+            }
+        }
+    for (; p < kc; p++) {
+        uint32_t *dst = (uint32_t *)(void *)(Bp + p * 16);
+        for (size_t j = 0; j < 16; j++) dst[j] = (uint32_t)rows[j][p] << 16;
+    }
+}
+
 /* A forward block of rx_bgemm's op(B) from a bf16 base: column c's 32 k
  * are 64 bytes of its stored row; one transpose of the 16 runs */
 RX_BASE512 static void block_bf16_512(const unsigned char *const rows[16], uint16_t *dst) {
@@ -73,21 +114,26 @@ RX_BASE512 static void block_bf16_t_512(const unsigned char *data, size_t rb, si
 #endif
 
 /* k-major over the sliver's nr stored rows: each Bp row written whole */
-void rx_bf16_sliver_f32(const unsigned char *data, size_t rb, size_t j0, size_t p0, size_t kc,
-                        size_t nr, float *Bp) {
+int rx_bf16_sliver_f32(const unsigned char *data, size_t rb, size_t j0, size_t p0, size_t kc,
+                       size_t nr, float *Bp) {
     const uint16_t *rows[64];
     for (size_t j = 0; j < nr; j++)
         rows[j] = (const uint16_t *)(const void *)(data + (j0 + j) * rb) + p0;
 #ifdef RX_BASE_X86
     if (nr == 16 && rx_cpu_base_simd() >= 1) {
         sliver_bf16_512(rows, 0, kc, Bp);
-        return;
+        return 1;
+    }
+    if (nr == 16 && rx_cpu_base_avx2()) {
+        sliver_bf16_avx2(rows, kc, Bp);
+        return 1;
     }
 #endif
     for (size_t p = 0; p < kc; p++) {
         uint32_t *dst = (uint32_t *)(void *)(Bp + p * nr);
         for (size_t j = 0; j < nr; j++) dst[j] = (uint32_t)rows[j][p] << 16;
     }
+    return 1;
 }
 
 /* Two bf16 (a 32-bit word) as the GEMM's operand rounding leaves them:

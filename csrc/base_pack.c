@@ -36,8 +36,9 @@ static void pack_f32(const void *src, int tb, size_t p0, size_t kc, size_t j0, s
                     Bp[p * nr + j] = j >= w ? 0.0f
                                    : tb     ? rx_base_at_jk(b, p0 + p, j0 + s + j)
                                             : rx_base_at_jk(b, j0 + s + j, p0 + p);
-        } else if (!tb && ty->sliver_f32 && w == nr && nr <= 64) {
-            ty->sliver_f32(b->data, rb, j0 + s, p0, kc, nr, Bp);
+        } else if (!tb && ty->sliver_f32 && w == nr && nr <= 64 &&
+                   ty->sliver_f32(b->data, rb, j0 + s, p0, kc, nr, Bp)) {
+            continue;
         } else if (!tb) {
             for (size_t j = 0; j < nr; j++) {
                 if (j >= w) {
@@ -186,3 +187,18 @@ static void pack_bf16(const void *src, int tb, size_t N, size_t K, size_t nkc, s
 }
 
 const rx_gemm_source rx_base_source = {pack_f32, pack_bf16, packed};
+
+int rx_base_sgemm(int dtype, const void *rows, size_t M, size_t N, size_t K, const float *A,
+                  float *C) {
+    const rx_base_type *ty = rx_base_type_of(dtype);
+    if (!ty || K % ty->blk_elems)
+        return rx_fail(RX_EINVAL, "rx_base_sgemm: dtype %d, K %zu: not a dtype, or K not whole "
+                       "blocks", dtype, K);
+    const rx_base_mat b = {.in = K, .out = N, .loaded = 1, .ty = ty,
+                           .data = (unsigned char *)(uintptr_t)rows};
+    /* B: the rows, for the overlap check only (ldb 0: one row's extent) */
+    rx_gemm_op g = {0, 0, M, N, K, A, K, rows, 0, 0.0f, C, N};
+    g.bsrc = &rx_base_source;
+    g.bsrc_of = &b;
+    return rx_sgemm_batch(&g, 1);
+}

@@ -54,10 +54,9 @@ RX_NO_CONTRACT void rx_q4_0_from_float(const float *x, size_t n, unsigned char *
 }
 
 #ifdef RX_BASE_X86
-#define RX_Q4_AVX2 __attribute__((target("avx2")))
 /* 16 values of a block: half h (0: bytes' low nibbles, 1: high) of the 16
  * bytes qs, (q - 8) * d as the portable loop computes them */
-RX_Q4_AVX2 static void half_avx2(const unsigned char *qs, int h, float d, float *dst) {
+RX_BASE_AVX2 static void half_avx2(const unsigned char *qs, int h, float d, float *dst) {
     const __m128i v = _mm_loadu_si128((const __m128i *)(const void *)qs);
     const __m128i q = _mm_and_si128(h ? _mm_srli_epi16(v, 4) : v, _mm_set1_epi8(0x0f));
     const __m256i eight = _mm256_set1_epi32(8);
@@ -71,7 +70,7 @@ RX_Q4_AVX2 static void half_avx2(const unsigned char *qs, int h, float d, float 
 /* 16 decoded values (finite, zero or at least 2^-24 in magnitude: never a
  * float32 subnormal or NaN) rounded to bf16 as operand_bf16 rounds them,
  * in order */
-RX_Q4_AVX2 static __m256i round16_avx2(const float *x) {
+RX_BASE_AVX2 static __m256i round16_avx2(const float *x) {
     __m256i r[2];
     for (int h = 0; h < 2; h++) {
         const __m256i u = _mm256_castps_si256(_mm256_loadu_ps(x + 8 * h));
@@ -86,7 +85,7 @@ RX_Q4_AVX2 static __m256i round16_avx2(const float *x) {
 /* rx_q4_0_block_bf16 for 16 x 32 blocks of a finite-scaled base: each run
  * decoded and rounded in vectors; forward, column c's 16 k pairs stored
  * apart (a transpose); dX, two rows' 16 values interleaved per k pair */
-RX_Q4_AVX2 static int block_avx2(const unsigned char *data, size_t rb, int tb, size_t j0,
+RX_BASE_AVX2 static int block_avx2(const unsigned char *data, size_t rb, int tb, size_t j0,
                                  size_t k0, uint16_t *dst) {
     float run[2][32];
     uint32_t w[16];
@@ -129,15 +128,19 @@ RX_Q4_AVX2 static int block_avx2(const unsigned char *data, size_t rb, int tb, s
     return 1;
 }
 
-/* AVX2 unless RWKVX_BASE_PORTABLE=1 (the portable loops, for tests) */
-static int q4_avx2(void) {
-    static int level = -1;
-    int v = __atomic_load_n(&level, __ATOMIC_ACQUIRE);
-    if (v >= 0) return v;
-    const char *env = getenv("RWKVX_BASE_PORTABLE");
-    v = !(env && env[0] == '1') && __builtin_cpu_supports("avx2");
-    __atomic_store_n(&level, v, __ATOMIC_RELEASE);
-    return v;
+/* a Q4_0 block's 16 bytes as its 32 q - 8 (low nibbles: values 0..15, the
+ * low lane; high nibbles: 16..31, the high lane) */
+RX_BASE_AVX2 static inline __m256i q4_bytes(const unsigned char *q) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)(const void *)q), low = _mm_set1_epi8(0x0f);
+    return _mm256_sub_epi8(
+        _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), low), _mm_and_si128(v, low)),
+        _mm256_set1_epi8(8));
+}
+
+/* rx_sliver_q32 over Q4_0 rows (its AVX2 frame: the loader inlines) */
+RX_BASE_AVX2 static void sliver_q4_avx2(const unsigned char *data, size_t rb, size_t j0,
+                                        size_t p0, size_t kc, float *Bp) {
+    rx_sliver_q32(data, rb, j0, p0, kc, Q4_BYTES, q4_bytes, Bp);
 }
 #endif
 
@@ -151,7 +154,7 @@ void rx_q4_0_decode(const unsigned char *row, size_t k0, size_t n, float *dst) {
         const size_t e = end < k0 + n ? end : k0 + n;
 #ifdef RX_BASE_X86
         /* whole halves of the block: the AVX2 decoder's 16 at a time */
-        if (k % Q4_HALF == 0 && e - k >= Q4_HALF && q4_avx2()) {
+        if (k % Q4_HALF == 0 && e - k >= Q4_HALF && rx_cpu_base_avx2()) {
             for (; k + Q4_HALF <= e; k += Q4_HALF, dst += Q4_HALF)
                 half_avx2(blk + 2, (int)(k % Q4_BLOCK / Q4_HALF), d, dst);
             continue;
@@ -166,6 +169,20 @@ void rx_q4_0_decode(const unsigned char *row, size_t k0, size_t n, float *dst) {
     }
 }
 
+/* AVX2 where the CPU has it and the sliver is 16 rows of whole blocks;
+ * else 0: the packer decodes row by row (the same bits) */
+int rx_q4_0_sliver_f32(const unsigned char *data, size_t rb, size_t j0, size_t p0, size_t kc,
+                       size_t nr, float *Bp) {
+#ifdef RX_BASE_X86
+    if (nr == 16 && p0 % Q4_BLOCK == 0 && kc % Q4_BLOCK == 0 && rx_cpu_base_avx2()) {
+        sliver_q4_avx2(data, rb, j0, p0, kc, Bp);
+        return 1;
+    }
+#endif
+    (void)data, (void)rb, (void)j0, (void)p0, (void)kc, (void)nr, (void)Bp;
+    return 0;
+}
+
 /* rx_bgemm's packed block: forward, column c's 32 k are one Q4_0 block of
  * stored row j0 + c (k0 is a multiple of 32); dX, k row q is stored row
  * k0 + q, whose 16 j from j0 are one half of a block (j0 a multiple of
@@ -175,7 +192,7 @@ int rx_q4_0_block_bf16(const unsigned char *data, size_t rb, int tb, size_t j0, 
                        size_t bt_r, size_t bt_k, uint16_t *dst) {
 #ifdef RX_BASE_X86
     /* an infinite scale (a value past 2^19) takes the packer's loops */
-    if (bt_r == 16 && q4_avx2() && block_avx2(data, rb, tb, j0, k0, dst)) return 1;
+    if (bt_r == 16 && rx_cpu_base_avx2() && block_avx2(data, rb, tb, j0, k0, dst)) return 1;
 #endif
     (void)data, (void)rb, (void)tb, (void)j0, (void)k0, (void)bt_r, (void)bt_k, (void)dst;
     return 0;   /* the packer's own loops: decode, then the GEMM's operand rounding */

@@ -88,7 +88,32 @@ RX_BASE_BF16V static void block_q8_t_512(const unsigned char *data, size_t rb, s
         _mm512_storeu_si512(dst + p * 32, _mm512_permutexvar_epi16(mix, w));
     }
 }
+
+/* a Q8_0 block's q: its 32 int8 as they are */
+RX_BASE_AVX2 static inline __m256i q8_bytes(const unsigned char *q) {
+    return _mm256_loadu_si256((const __m256i *)(const void *)q);
+}
+
+/* rx_sliver_q32 over Q8_0 rows (its AVX2 frame: the loader inlines) */
+RX_BASE_AVX2 static void sliver_q8_avx2(const unsigned char *data, size_t rb, size_t j0,
+                                        size_t p0, size_t kc, float *Bp) {
+    rx_sliver_q32(data, rb, j0, p0, kc, Q8_BYTES, q8_bytes, Bp);
+}
 #endif
+
+/* AVX2 where the CPU has it and the sliver is 16 rows of whole blocks;
+ * else 0: the packer decodes row by row (the same bits) */
+int rx_q8_0_sliver_f32(const unsigned char *data, size_t rb, size_t j0, size_t p0, size_t kc,
+                       size_t nr, float *Bp) {
+#ifdef RX_BASE_X86
+    if (nr == 16 && p0 % Q8_BLOCK == 0 && kc % Q8_BLOCK == 0 && rx_cpu_base_avx2()) {
+        sliver_q8_avx2(data, rb, j0, p0, kc, Bp);
+        return 1;
+    }
+#endif
+    (void)data, (void)rb, (void)j0, (void)p0, (void)kc, (void)nr, (void)Bp;
+    return 0;
+}
 
 /* q * d (a Q8_0 value: finite, zero or at least 2^-24) rounded to bf16 as
  * operand_bf16 rounds it, without its branches for NaN and subnormals */

@@ -104,3 +104,18 @@ int rx_cpu_base_simd(void) {
     return 0;
 #endif
 }
+
+int rx_cpu_base_avx2(void) {
+#ifdef RX_CPU_X86
+    static int level = -1;
+    int v = __atomic_load_n(&level, __ATOMIC_ACQUIRE);
+    if (v >= 0) return v;
+    const char *env = getenv("RWKVX_BASE_PORTABLE");
+    v = !(env && env[0] == '1') && __builtin_cpu_supports("avx2") &&
+        __builtin_cpu_supports("f16c");
+    __atomic_store_n(&level, v, __ATOMIC_RELEASE);
+    return v;
+#else
+    return 0;
+#endif
+}

@@ -1023,46 +1023,115 @@ RX_AVX2 static void small_stream(const rx_gemm_op *g, size_t pc, size_t kc, size
     }
 }
 
-/* Columns [j0, j1) of op g over k block [pc, pc+kc), op(B) packed one
- * NR-column sliver at a time into Bp (KC * NR floats, L1) by pack_op_b. */
-RX_AVX2 static void small_packed(const gemm_impl *im, const rx_gemm_op *g, size_t pc, size_t kc,
-                                 size_t j0, size_t j1, int acc, float *Bp) {
+/* Columns [j0, j1) of op g over all of K, op(B) packed one NR-column
+ * sliver of one KC-deep block at a time into Bp (KC * NR floats, L1) by
+ * pack_op_b: a sliver's blocks in turn (each of its C elements summed in
+ * k order as ever), so its B rows, a base's stored rows above all, are
+ * read whole, from start to end, before the next sliver's. */
+RX_AVX2 static void small_packed(const gemm_impl *im, const rx_gemm_op *g, size_t j0, size_t j1,
+                                 float *Bp) {
     const size_t rs = g->ta ? 1 : g->lda, cs = g->ta ? g->lda : 1;
-    const float *A = g->A + pc * cs;
     float edge[MR * NR];
     for (size_t j = j0; j < j1; j += NR) {
         const size_t nr = j1 - j < NR ? j1 - j : NR;
-        pack_op_b(im, g, pc, kc, j, nr, Bp);
-        for (size_t i = 0; i < g->M; i += MR) {
-            const size_t R = g->M - i < MR ? g->M - i : MR;
-            float *c = g->C + i * g->ldc + j;
-            if (nr == NR) {
-                small_rows(R, kc, A + i * rs, rs, cs, Bp, c, g->ldc, acc);
-                continue;
+        for (size_t pc = 0; pc < g->K; pc += KC) {
+            const size_t kc = g->K - pc < KC ? g->K - pc : KC;
+            const int acc = pc > 0 || g->beta != 0.0f;
+            const float *A = g->A + pc * cs;
+            pack_op_b(im, g, pc, kc, j, nr, Bp);
+            for (size_t i = 0; i < g->M; i += MR) {
+                const size_t R = g->M - i < MR ? g->M - i : MR;
+                float *c = g->C + i * g->ldc + j;
+                if (nr == NR) {
+                    small_rows(R, kc, A + i * rs, rs, cs, Bp, c, g->ldc, acc);
+                    continue;
+                }
+                small_rows(R, kc, A + i * rs, rs, cs, Bp, edge, NR, 0);
+                for (size_t r = 0; r < R; r++)
+                    for (size_t q = 0; q < nr; q++)
+                        c[r * g->ldc + q] = acc ? edge[r * NR + q] + c[r * g->ldc + q]
+                                                : edge[r * NR + q];
             }
-            small_rows(R, kc, A + i * rs, rs, cs, Bp, edge, NR, 0);
-            for (size_t r = 0; r < R; r++)
-                for (size_t q = 0; q < nr; q++)
-                    c[r * g->ldc + q] = acc ? edge[r * NR + q] + c[r * g->ldc + q]
-                                            : edge[r * NR + q];
         }
     }
+}
+
+/* One or two rows give a 16-column sliver's tile two or four FMA chains,
+ * too few to cover the FMA's latency: small_group packs G slivers side by
+ * side (G R >= 4: eight chains), SMALL_PK k of them at a time (G x 64 x
+ * 16 floats, 16 KiB at G 4, in L1), the accumulators kept in registers
+ * across the packs of a KC block, so each chain is still one FMA per k in
+ * order from zero, added to C at the block's end. */
+#define SMALL_PK 64
+_Static_assert(KC % SMALL_PK == 0 && SMALL_PK % 32 == 0, "a pack: whole blocks of a base");
+
+/* C[R, G NR] at columns j (+)= op(A)[R, kc] . op(B) over k block [pc,
+ * pc+kc) of op g, R = g->M (1 or 2) and G constants at each use */
+RX_AVX2 static inline __attribute__((always_inline)) void
+small_group(size_t R, size_t G, const gemm_impl *im, const rx_gemm_op *g, size_t pc, size_t kc,
+            size_t j, int acc, float *Bp) {
+    const size_t rs = g->ta ? 1 : g->lda, cs = g->ta ? g->lda : 1;
+    __m256 c[2][8];
+#pragma GCC unroll 8
+    for (size_t v = 0; v < 2 * G; v++) c[0][v] = c[1][v] = _mm256_setzero_ps();
+    for (size_t p = 0; p < kc; p += SMALL_PK) {
+        const size_t pk = kc - p < SMALL_PK ? kc - p : SMALL_PK;
+        pack_op_b(im, g, pc + p, pk, j, G * NR, Bp);
+        const float *A = g->A + (pc + p) * cs;
+        for (size_t q = 0; q < pk; q++, A += cs) {
+            __m256 x[2];
+#pragma GCC unroll 2
+            for (size_t i = 0; i < R; i++) x[i] = _mm256_broadcast_ss(A + i * rs);
+#pragma GCC unroll 4
+            for (size_t s = 0; s < G; s++) {
+                const float *b = Bp + (s * pk + q) * NR;
+                const __m256 b0 = _mm256_load_ps(b), b1 = _mm256_load_ps(b + 8);
+#pragma GCC unroll 2
+                for (size_t i = 0; i < R; i++) {
+                    c[i][2 * s] = _mm256_fmadd_ps(x[i], b0, c[i][2 * s]);
+                    c[i][2 * s + 1] = _mm256_fmadd_ps(x[i], b1, c[i][2 * s + 1]);
+                }
+            }
+        }
+    }
+#pragma GCC unroll 2
+    for (size_t i = 0; i < R; i++)
+#pragma GCC unroll 8
+        for (size_t v = 0; v < 2 * G; v++) {
+            float *ci = g->C + i * g->ldc + j + 8 * v;
+            _mm256_storeu_ps(ci, acc ? _mm256_add_ps(c[i][v], _mm256_loadu_ps(ci)) : c[i][v]);
+        }
+}
+
+/* Columns [j0, j1) of op g over all of K, g->M <= 2: whole groups of G
+ * slivers by small_group, the rest by small_packed */
+RX_AVX2 static void small_grouped(const gemm_impl *im, const rx_gemm_op *g, size_t j0, size_t j1,
+                                  float *Bp) {
+    const size_t G = g->M == 1 ? 4 : 2, w = G * NR;
+    for (; j0 + w <= j1; j0 += w)
+        for (size_t pc = 0; pc < g->K; pc += KC) {
+            const size_t kc = g->K - pc < KC ? g->K - pc : KC;
+            const int acc = pc > 0 || g->beta != 0.0f;
+            if (g->M == 1) small_group(1, 4, im, g, pc, kc, j0, acc, Bp);
+            else small_group(2, 2, im, g, pc, kc, j0, acc, Bp);
+        }
+    if (j0 < j1) small_packed(im, g, j0, j1, Bp);
 }
 
 /* Columns [j0, j1) of op g over all of K; RX_ENOMEM when a sliver needs
  * packing and the thread's buffer cannot be allocated (C untouched). */
 static int small_unit(const gemm_impl *im, const rx_gemm_op *g, size_t j0, size_t j1) {
-    float *Bp = NULL;
     if (g->tb || g->bsrc) {
         gemm_scratch *sc = scratch_packs();
         if (!sc) return RX_ENOMEM;
-        Bp = sc->apack;   /* MC * KC floats: room for a KC x NR sliver */
+        /* MC * KC floats: room for a KC x NR sliver or 4 x SMALL_PK x NR */
+        if (g->M <= 2) small_grouped(im, g, j0, j1, sc->apack);
+        else small_packed(im, g, j0, j1, sc->apack);
+        return RX_OK;
     }
     for (size_t pc = 0; pc < g->K; pc += KC) {
         const size_t kc = g->K - pc < KC ? g->K - pc : KC;
-        const int acc = pc > 0 || g->beta != 0.0f;
-        if (Bp) small_packed(im, g, pc, kc, j0, j1, acc, Bp);
-        else small_stream(g, pc, kc, j0, j1, acc);
+        small_stream(g, pc, kc, j0, j1, pc > 0 || g->beta != 0.0f);
     }
     return RX_OK;
 }

@@ -13,6 +13,7 @@
 #if defined(__x86_64__) && defined(__GNUC__)
 #define RX_BASE_X86 1
 #define RX_BASE512 __attribute__((target("avx512f,avx512bw")))
+#define RX_BASE_AVX2 __attribute__((target("avx2,f16c")))   /* rx_cpu_base_avx2 */
 #define RX_BASE_BF16V __attribute__((target("avx512f,avx512bw,avx512bf16")))
 #endif
 
@@ -92,10 +93,11 @@ typedef struct rx_base_type {
     /* n values of a stored row from element k0 into dst as float32, exact;
      * k0 and n stay inside whole blocks or one block */
     void (*decode)(const unsigned char *row, size_t k0, size_t n, float *dst);
-    /* rx_sgemm's forward sliver (NULL: by decode): the nr stored rows
-     * [j0, j0+nr) of rb bytes, k [p0, p0+kc), k-major into Bp [kc][nr] */
-    void (*sliver_f32)(const unsigned char *data, size_t rb, size_t j0, size_t p0, size_t kc,
-                       size_t nr, float *Bp);
+    /* rx_sgemm's forward sliver: the nr stored rows [j0, j0+nr) of rb
+     * bytes, k [p0, p0+kc), k-major into Bp [kc][nr]; NULL, or 0 returned,
+     * where it has no faster way (the packer then decodes row by row) */
+    int (*sliver_f32)(const unsigned char *data, size_t rb, size_t j0, size_t p0, size_t kc,
+                      size_t nr, float *Bp);
     /* one whole bt_r x bt_k block of rx_bgemm's packed op(B) at columns j0,
      * k k0, as the GEMM rounds its operands: forward (tb 0) from stored rows
      * j, dX (tb 1) from stored rows k; NULL, or 0 returned, where it has no
@@ -116,8 +118,8 @@ static inline size_t rx_base_type_row_bytes(const rx_base_type *ty, size_t in) {
 void rx_bf16_from_float(const float *x, size_t n, unsigned char *dst);
 void rx_bf16_from_bf16(const uint16_t *h, size_t n, unsigned char *dst);
 void rx_bf16_decode(const unsigned char *row, size_t k0, size_t n, float *dst);
-void rx_bf16_sliver_f32(const unsigned char *data, size_t rb, size_t j0, size_t p0, size_t kc,
-                        size_t nr, float *Bp);
+int rx_bf16_sliver_f32(const unsigned char *data, size_t rb, size_t j0, size_t p0, size_t kc,
+                       size_t nr, float *Bp);
 int rx_bf16_block_bf16(const unsigned char *data, size_t rb, int tb, size_t j0, size_t k0,
                        size_t bt_r, size_t bt_k, uint16_t *dst);
 
@@ -126,6 +128,8 @@ int rx_bf16_block_bf16(const unsigned char *data, size_t rb, int tb, size_t j0, 
 #define RX_Q8_0_BYTES (2 + RX_Q8_0_BLOCK)  /* its fp16 scale, then 32 int8 */
 void rx_q8_0_from_float(const float *x, size_t n, unsigned char *dst);
 void rx_q8_0_decode(const unsigned char *row, size_t k0, size_t n, float *dst);
+int rx_q8_0_sliver_f32(const unsigned char *data, size_t rb, size_t j0, size_t p0, size_t kc,
+                       size_t nr, float *Bp);
 int rx_q8_0_block_bf16(const unsigned char *data, size_t rb, int tb, size_t j0, size_t k0,
                        size_t bt_r, size_t bt_k, uint16_t *dst);
 
@@ -135,6 +139,8 @@ int rx_q8_0_block_bf16(const unsigned char *data, size_t rb, int tb, size_t j0, 
 #define RX_Q4_0_BYTES (2 + RX_Q4_0_BLOCK / 2)  /* its fp16 scale, then 32 nibbles */
 void rx_q4_0_from_float(const float *x, size_t n, unsigned char *dst);
 void rx_q4_0_decode(const unsigned char *row, size_t k0, size_t n, float *dst);
+int rx_q4_0_sliver_f32(const unsigned char *data, size_t rb, size_t j0, size_t p0, size_t kc,
+                       size_t nr, float *Bp);
 int rx_q4_0_block_bf16(const unsigned char *data, size_t rb, int tb, size_t j0, size_t k0,
                        size_t bt_r, size_t bt_k, uint16_t *dst);
 

@@ -303,6 +303,9 @@ int rx_cpu_zen5_or_later(void);
 /* 1 when the CPU runs the base's AVX-512 (BW) packers, 2 when also
  * AVX512-BF16; 0 with RWKVX_BASE_PORTABLE=1 (the portable packers) */
 int rx_cpu_base_simd(void);
+/* 1 when the CPU runs the base's AVX2 decoders (AVX2 and F16C), 0 without
+ * them or with RWKVX_BASE_PORTABLE=1 (the portable loops) */
+int rx_cpu_base_avx2(void);
 
 /* ---- gemm.c ------------------------------------------------------------
  * C[M,N] = beta*C + op(A)[M,K] . op(B)[K,N], all row-major. op(A) is A
@@ -531,6 +534,12 @@ extern const rx_gemm_source rx_base_source;
 /* the base as where DoRA's norms read its weights (rx_lora_prepare): a
  * base tensor's stored row o of W^T, column o of W */
 extern const rx_weight_columns rx_base_columns;
+/* C [M][N] = A [M][K] . W, W^T [N][K] held as N stored rows of base dtype
+ * (RX_BASE_*) at rows, through rx_sgemm_batch packing op(B) from them as a
+ * model's forward does (a test hook for the base's packers); RX_EINVAL for
+ * an unknown dtype or K not whole blocks, RX_ENOMEM */
+int rx_base_sgemm(int dtype, const void *rows, size_t M, size_t N, size_t K, const float *A,
+                  float *C);
 /* the model's base, NULL when none (model_layout.c) */
 rx_base *rx_ptmodel_base_store(const rx_ptmodel *m);
 /* the model's adapter table as its forward sets it: NULL without adapters

@@ -85,6 +85,31 @@ def _sgemm_small_m(size_t m):
     return rx_sgemm_small_m(m)
 
 
+def _base_sgemm(dtype, rows, a):
+    """a . W through rx_sgemm reading W from a frozen base (test hook): W^T
+    [N, K] held as the stored rows of the base dtype named dtype, uint8 [N,
+    K / block values * block bytes]; a float32 [M, K]. op(B) is packed
+    from the rows by the dtype's kernels as a model's forward packs it.
+    Returns the float32 [M, N] product."""
+    _arr(a, "a", np.float32, 2)
+    _arr(rows, "rows", np.uint8, 2)
+    elems, nbytes = base_dtype_block(dtype)
+    cdef size_t M = a.shape[0], K = a.shape[1], N = rows.shape[0]
+    if K % elems or rows.shape[1] != K // elems * nbytes:
+        raise ValueError(f"rows of {dtype} for K = {K} take {K // elems * nbytes} bytes of "
+                         f"whole {elems}-value blocks; got shape {rows.shape}")
+    out = _empty(M, N)
+    cdef int code = _BASE_DTYPE_IDS[dtype]
+    cdef const unsigned char[:, ::1] raw = rows
+    cdef const float *pa = _ptr(a)
+    cdef float *pc = _wptr(out)
+    cdef int rc
+    with nogil:
+        rc = rx_base_sgemm(code, &raw[0, 0], M, N, K, pa, pc)
+    _check_rc(rc, "_base_sgemm")
+    return out
+
+
 def _bgemm_use_kernel(name=None):
     """Force the bf16 GEMM kernel ("amx-bf16", "avx512-bf16",
     "generic-bf16") for later calls; None picks by CPU again (test hook).

@@ -315,6 +315,8 @@ cdef extern from "rx_internal.h" nogil:
                   const float *A, size_t lda, const float *B, size_t ldb,
                   float beta, float *C, size_t ldc)
     int rx_bgemm_use_kernel(const char *name)
+    int rx_base_sgemm(int dtype, const void *rows, size_t M, size_t N, size_t K, const float *A,
+                      float *C)
     const char *rx_wkv7_kernel(int head_size)
     int rx_wkv7_use_kernel(const char *name)
 

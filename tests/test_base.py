@@ -14,7 +14,7 @@ import pytest
 import rwkvx_c as rx
 from rwkvx_c.model.lora import TARGETS, target_params
 
-from checks import GRAD_TOL, assert_rel, token_batch
+from checks import GRAD_TOL, assert_rel, portable_run, token_batch
 from reference.autograd import Var
 from reference.lora import lora_params
 from reference.model import model_loss
@@ -169,17 +169,9 @@ def test_a_base_packed_for_bf16_read_at_fp32_gives_the_float32_bits():
 
 
 def test_the_portable_packers_give_the_same_bits():
-    """The base's packing without AVX-512 (any x86-64 or other CPU): the
-    bit-exact test again in a process with RWKVX_BASE_PORTABLE=1."""
-    import os
-    import subprocess
-    import sys
-    here = os.path.dirname(os.path.abspath(__file__))
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                        os.path.join(here, "test_base.py"), "-k", "float32_bits or models_bits"],
-                       env=dict(os.environ, RWKVX_BASE_PORTABLE="1"), capture_output=True,
-                       text=True, timeout=600, cwd=here)   # not the source tree's rwkvx_c
-    assert r.returncode == 0, r.stdout[-2000:]
+    """The base's packing without AVX-512 or AVX2 (any x86-64 or other
+    CPU): the bit-exact test again in a process with RWKVX_BASE_PORTABLE=1."""
+    portable_run("test_base.py", "float32_bits or models_bits")
 
 
 @pytest.mark.parametrize("dtype", BLOCKS)

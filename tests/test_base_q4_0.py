@@ -7,8 +7,6 @@ file trains, resumes bit for bit and exports as a q8_0 one does. The
 model's bits over it (both precisions, any thread count, state and LoRA)
 are tests/test_base.py's, parametrized over every block dtype."""
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -16,6 +14,8 @@ from test_base import CFG, _bf16_pth, _tune_losses
 
 import rwkvx_c as rx
 from rwkvx_c.cli import main
+
+from checks import portable_run
 
 gguf = pytest.importorskip("gguf")
 Q4_0 = gguf.GGMLQuantizationType.Q4_0
@@ -78,12 +78,7 @@ def test_q4_0_blocks_are_ggufs_bytes_and_decode_as_gguf(precision):
 
 def test_the_portable_q4_0_loops_give_the_same_bytes():
     """The same in a process with RWKVX_BASE_PORTABLE=1: no AVX2 decoders."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                        os.path.join(here, "test_base_q4_0.py"), "-k", "ggufs_bytes"],
-                       env=dict(os.environ, RWKVX_BASE_PORTABLE="1"), capture_output=True,
-                       text=True, timeout=600, cwd=here)
-    assert r.returncode == 0, r.stdout[-2000:]
+    portable_run("test_base_q4_0.py", "ggufs_bytes")
 
 
 def _falls(losses):
