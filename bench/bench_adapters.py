@@ -49,6 +49,8 @@ def main():
     lora = ["--tune", "lora", "--lora-r", "8", "--lora-alpha", "16", "--lr", "3e-3"]
     kinds = {"lora": lora, "rslora": lora + ["--adapter", "rslora"],
              "pissa": lora + ["--adapter", "pissa"], "dora": lora + ["--adapter", "dora"],
+             # MiSS's scale is 1: it takes no --lora-alpha
+             "miss": ["--tune", "lora", "--lora-r", "8", "--lr", "3e-3", "--adapter", "miss"],
              "state": ["--tune", "state"], "full": ["--lr", "3e-4"],
              "lisa": ["--lr", "3e-4", "--lisa-layers", "1", "--lisa-interval", "10"]}
     print(f"| kind | held-out loss after {a.steps} steps | wall-clock (s) |")
