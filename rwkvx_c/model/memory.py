@@ -28,7 +28,8 @@ if TYPE_CHECKING:
     from rwkvx_c._core import RxPtModel
 
 __all__ = ["MemoryTooSmall", "estimate_params", "param_bytes", "acts_bytes_per_token",
-           "rough_bytes_per_token", "head_bytes", "available_bytes", "address_space_free", "fits",
+           "acts_bytes", "rough_bytes_per_token", "head_bytes", "available_bytes",
+           "address_space_free", "fits",
            "check", "check_step", "weight_bytes", "PARAM_COPIES", "TRAINED_COPIES", "HEADROOM"]
 
 TRAINED_COPIES = 3          # a trained element's grad and AdamW's two moments (float32 each)
@@ -84,68 +85,83 @@ MEASURE_TOKENS = 64   # the smaller of the two measured sequence lengths (at lea
 
 def acts_bytes_per_token(model: RxPtModel, fallback: int | None = None) -> int:
     """Heap bytes one more token of B*T costs a training step of `model`
-    (in its recompute mode, precision and frozen setting, with the trainer's
-    chunked head), the head's scratch (head_bytes) aside.
+    (acts_bytes' first figure)."""
+    return acts_bytes(model, fallback)[0]
+
+
+def acts_bytes(model: RxPtModel, fallback: int | None = None) -> tuple[int, int]:
+    """(bytes per token, bytes per sequence) of a training step's heap for
+    `model` (in its recompute mode, precision and frozen setting, with the
+    trainer's chunked head), the head's scratch (head_bytes) aside: a step
+    of B sequences of T tokens keeps about B*T*first + B*second. The second
+    is what a sequence holds whatever its length (the WKV recurrence's
+    chunk scratch, [heads][chunk + 1][N][N] floats a block: megabytes a
+    sequence at 1B and more, so a batch of short sequences costs far more a
+    token than one long one).
 
     Runs forward and backward at two small sequence lengths and divides the
     heap difference (the activation buffers the model keeps) by the token
-    difference. A model of more than TWIN_BLOCKS blocks is measured on
-    shallow twins instead (_twin_bytes_per_token): at 7B those steps would
-    cost minutes, more than the step they guard. Without glibc's
-    mallinfo2, returns `fallback` or a bound from the config."""
+    difference, and at two sequences of t tokens against one of 2t. A model
+    of more than TWIN_BLOCKS blocks is measured on shallow twins instead
+    (_twin_bytes): at 7B those steps would cost minutes, more than the step
+    they guard. Without glibc's mallinfo2, returns (`fallback` or a bound
+    from the config, 0)."""
     c = model.config
     rough = ROUGH_MARGIN * rough_bytes_per_token(c, model.recompute)
     if _heap_in_use() is None:
-        return fallback if fallback is not None else rough
+        return (fallback if fallback is not None else rough), 0
     if c["n_rwkv_layer"] + c["n_attn_layer"] > TWIN_BLOCKS:
-        per = _twin_bytes_per_token(model)
+        got = _twin_bytes(model)
     else:
-        per = _measured_bytes_per_token(model)
-    if per is None:
-        return fallback if fallback is not None else rough
-    return per
+        got = _measured_bytes(model)
+    if got is None:
+        return (fallback if fallback is not None else rough), 0
+    return got
 
 
-# Blocks above which acts_bytes_per_token measures shallow twins; a twin's
-# vocabulary: the per-token figure holds no [tokens, vocab] buffer (the head's
-# scratch is head_bytes, counted apart), so a small one does not change it.
+# Blocks above which acts_bytes measures shallow twins; a twin's vocabulary:
+# the figures hold no [tokens, vocab] buffer (the head's scratch is
+# head_bytes, counted apart), so a small one does not change them.
 TWIN_BLOCKS = 4
 TWIN_VOCAB = 256
 
 
-def _twin_bytes_per_token(model: RxPtModel) -> int | None:
-    """acts_bytes_per_token of model from twins with its widths, precision,
+def _twin_bytes(model: RxPtModel) -> tuple[int, int] | None:
+    """acts_bytes of model from twins with its widths, precision,
     recompute and frozen setting and a TWIN_VOCAB vocabulary: from the
-    second RWKV block on each keeps its own buffers per token, and so does
-    each attention block after the first (the first two RWKV blocks share
-    what the value residual adds, the first attention block what every
-    attention block reuses), so with m(R, A) a twin of R RWKV and A
-    attention blocks the figure for L RWKV and A attention blocks is
-    m(2, 0) + (L - 2) (m(3, 0) - m(2, 0)) + [m(2, 1) - m(2, 0)] +
+    second RWKV block on each keeps its own buffers per token and per
+    sequence, and so does each attention block after the first (the first
+    two RWKV blocks share what the value residual adds, the first attention
+    block what every attention block reuses), so with m(R, A) a twin of R
+    RWKV and A attention blocks each figure for L RWKV and A attention
+    blocks is m(2, 0) + (L - 2) (m(3, 0) - m(2, 0)) + [m(2, 1) - m(2, 0)] +
     (A - 1) (m(2, 2) - m(2, 1)), the bracket when A >= 1 (L >= 3 here: the
     model has more than TWIN_BLOCKS blocks and A <= L)."""
     c = dict(model.config)
     L, A = c["n_rwkv_layer"], c["n_attn_layer"]
 
-    def twin(rwkv: int, attn: int) -> int | None:
+    def twin(rwkv: int, attn: int) -> tuple[int, int] | None:
         cfg = {**c, "n_rwkv_layer": rwkv, "n_attn_layer": attn, "vocab_size": TWIN_VOCAB}
         m = _core.RxPtModel(cfg, init=False, precision=model.precision,
                             recompute=model.recompute)
         m.frozen = model.frozen
-        return _measured_bytes_per_token(m)
+        return _measured_bytes(m)
 
     two, three = twin(2, 0), twin(3, 0)
     first = twin(2, 1) if A else two
     more = twin(2, 2) if A > 1 else first
     if two is None or three is None or first is None or more is None:
         return None
-    return two + (L - 2) * max(three - two, 0) + max(first - two, 0) + \
-        (A - 1 if A else 0) * max(more - first, 0)
+    def deep(i: int) -> int:
+        return two[i] + (L - 2) * max(three[i] - two[i], 0) + max(first[i] - two[i], 0) + \
+            (A - 1 if A else 0) * max(more[i] - first[i], 0)
+
+    return deep(0), deep(1)
 
 
-def _measured_bytes_per_token(model: RxPtModel) -> int | None:
-    """acts_bytes_per_token measured on model itself; None when the heap
-    did not grow (nothing to measure)."""
+def _measured_bytes(model: RxPtModel) -> tuple[int, int] | None:
+    """acts_bytes measured on model itself; None when the heap did not grow
+    with the tokens (nothing to measure)."""
     c = model.config
     # At a few tokens each buffer is a few KiB, and whether malloc serves it
     # from the heap or from page-rounded mmap (its threshold moves with what
@@ -156,10 +172,12 @@ def _measured_bytes_per_token(model: RxPtModel) -> int | None:
     used = []
     # the first steps only warm up: they make what stays whatever the batch
     # (the threads' GEMM scratch, malloc's arenas). Each later t1 -> 2*t1
-    # step measures; a one-time allocation (a thread's first scratch) can
-    # only add to one of them, so the smallest is the per-token figure.
-    for T in (2 * t1, t1, 2 * t1, t1, 2 * t1, t1, 2 * t1):
-        x = np.zeros((1, T), dtype=np.int32)
+    # step measures a token's bytes, each 1 x 2*t1 -> 2 x t1 step (the same
+    # tokens) a sequence's; a one-time allocation (a thread's first
+    # scratch) can only add to one of them, so the smallest is the figure.
+    shapes = [(1, 2 * t1), (1, t1)] * 3 + [(1, 2 * t1), (2, t1)] * 2
+    for B, T in shapes:
+        x = np.zeros((B, T), dtype=np.int32)
         model.forward(x, return_logits=False)
         model.backward(x)
         used.append(_heap_in_use() or 0)
@@ -168,7 +186,8 @@ def _measured_bytes_per_token(model: RxPtModel) -> int | None:
     grown = [used[i + 1] - used[i] - head for i in (1, 3, 5)]
     if min(grown) <= 0:
         return None
-    return min(grown) // t1
+    per_seq = min(used[i + 1] - used[i] for i in (6, 8))
+    return min(grown) // t1, max(per_seq, 0)
 
 
 def rough_bytes_per_token(cfg: dict, recompute: bool = False) -> int:
@@ -250,13 +269,14 @@ def check_step(model: RxPtModel, batch: int, seq_len: int, params: int | None = 
     copies of PARAM_COPIES; a fine-tune's own figure, rwkvx_c.train.base)
     would not fit. The rough
     bound decides when the machine is far from the limit; near it the
-    activation bytes are measured on the model (acts_bytes_per_token)."""
+    activation bytes are measured on the model (acts_bytes)."""
     params = (param_bytes(model.n_params) if params is None else params) + \
         head_bytes(model.config["vocab_size"], batch * seq_len)
     rough = ROUGH_MARGIN * rough_bytes_per_token(model.config, model.recompute)
     if fits(params + rough * batch * seq_len):
         return   # far from the limit: not worth the measuring steps
-    per_tok = acts_bytes_per_token(model)
+    per_tok, per_seq = acts_bytes(model)
     advice = "lower --batch or --seq-len" + ("" if model.recompute else ", or add --grad-cp")
-    check(params + per_tok * batch * seq_len, f"a step of batch {batch} x seq_len {seq_len} "
-          f"({per_tok:,} bytes of activations per token)", advice)
+    check(params + per_tok * batch * seq_len + per_seq * batch,
+          f"a step of batch {batch} x seq_len {seq_len} ({per_tok:,} bytes of activations "
+          f"per token and {per_seq:,} per sequence)", advice)
