@@ -95,9 +95,9 @@ def acts_bytes(model: RxPtModel, fallback: int | None = None) -> tuple[int, int]
     trainer's chunked head), the head's scratch (head_bytes) aside: a step
     of B sequences of T tokens keeps about B*T*first + B*second. The second
     is what a sequence holds whatever its length (the WKV recurrence's
-    chunk scratch, [heads][chunk + 1][N][N] floats a block: megabytes a
-    sequence at 1B and more, so a batch of short sequences costs far more a
-    token than one long one).
+    chunk scratch, [heads][65][N][N] floats a block: 34 MB a block at the
+    1.5B shape, so a batch of short sequences costs far more a token than
+    one long one).
 
     Runs forward and backward at two small sequence lengths and divides the
     heap difference (the activation buffers the model keeps) by the token
