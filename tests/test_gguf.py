@@ -194,7 +194,7 @@ def _lora_model(seed=9, r=4, alpha=8.0):
 def test_gguf_lora_is_llama_cpps_adapter_file(tmp_path):
     m, ads, alpha = _lora_model()
     path = tmp_path / "a.gguf"
-    export_model(m, "gguf-lora", str(path), adapters=(ads, alpha, "lora", {}))
+    export_model(m, "gguf-lora", str(path), adapters=(ads, alpha, "lora", {}, ()))
     r, f = _read(path)
     assert f["general.type"] == "adapter" and f["general.architecture"] == "rwkv7"
     assert f["adapter.type"] == "lora" and f["adapter.lora.alpha"] == alpha
@@ -207,10 +207,10 @@ def test_gguf_lora_is_llama_cpps_adapter_file(tmp_path):
     assert np.array_equal(np.asarray(a.data), A) and np.array_equal(np.asarray(b.data), B)
     with pytest.raises(InteropError, match=r"llama\.cpp applies no adapter to blocks\.0\.tm\.w1"):
         export_model(m, "gguf-lora", str(tmp_path / "x.gguf"),
-                     adapters=({"blocks.0.tm.w1": (A[:, :128], B[:32])}, alpha, "lora", {}))
+                     adapters=({"blocks.0.tm.w1": (A[:, :128], B[:32])}, alpha, "lora", {}, ()))
     with pytest.raises(InteropError, match="writes no dtype 'q8_0'"):
         export_model(m, "gguf-lora", str(tmp_path / "x.gguf"), "q8_0",
-                     adapters=(ads, alpha, "lora", {}))
+                     adapters=(ads, alpha, "lora", {}, ()))
     assert not os.path.exists(tmp_path / "x.gguf")
 
 
@@ -219,7 +219,7 @@ def test_llama_cpp_applies_our_gguf_lora_as_we_merge_it(tmp_path, dtype, tol):
     m, ads, alpha = _lora_model()
     base, lora = tmp_path / "base.gguf", tmp_path / "lora.gguf"
     export_model(m, "gguf", str(base), dtype)   # the base's own weights: adapters aside
-    export_model(m, "gguf-lora", str(lora), adapters=(ads, alpha, "lora", {}))
+    export_model(m, "gguf-lora", str(lora), adapters=(ads, alpha, "lora", {}, ()))
     got = _llama_logits(tmp_path, base, lora)
     from rwkvx_c.interop.gguf_in import GgufWeights
     w = GgufWeights(str(base))

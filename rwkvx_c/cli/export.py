@@ -12,6 +12,7 @@ from rwkvx_c.run.base import BASE_KEY, short
 from rwkvx_c.run.checkpoint import read_checkpoint, read_state
 from rwkvx_c.run.rundir import checkpoint_path
 from rwkvx_c.sample import load_run, run_template
+from rwkvx_c.train.finetune import parse_parts, part_of
 
 __all__ = ["add_parser", "run"]
 
@@ -69,7 +70,10 @@ def run(a: argparse.Namespace) -> int:
             kind, r, alpha = run_adapter(state, p)
             if ADAPTERS[kind].principal:   # PEFT's converted form: plain LoRA at rank 2r
                 kind, alpha = "lora", plain_alpha(kind, r, alpha)
-            adapters = (ads, alpha, kind, magnitudes_of(tensors))
+            # the groups it trained beside them (--train-parts): RWKV-PEFT's file holds them too
+            groups = parse_parts(opts.get("train_parts"), "--train-parts")
+            parts = [n for n in model.param_names if part_of(n, model.layers) in groups]
+            adapters = (ads, alpha, kind, magnitudes_of(tensors), parts)
     export_model(model, a.format, a.out, a.dtype, inputs=inputs, tokenizer=tok,
                  adapters=adapters, chat_template=run_template(a.dir).source)
     print(f"rwkvx-c export: {a.out} ({a.format}, {a.dtype})")

@@ -1,7 +1,8 @@
 """LoRA adapters in: a Hugging Face PEFT adapter folder written for the hf
 export of a model (adapter_config.json, adapter_model.safetensors), or an
-RWKV-PEFT LoRA .pth (``{module}.lora_A`` / ``.lora_B`` under x070 or
-RWKV-X names), put on their base as a LoRA run that trains on:
+RWKV-PEFT .pth (``{module}.lora_A`` / ``.lora_B``, or MiSS's
+``{module}.disha``, under x070 or RWKV-X names, with the parts it trained
+beside them), put on their base as a LoRA run that trains on:
 
     ads = read_adapters("peft_dir/", base_model)   # {param: (A, B)}, alpha, targets
     import_adapters("peft_dir/", "base/", "runs/lora")   # rwkvx-c import --base
@@ -31,7 +32,7 @@ from rwkvx_c.errors import InteropError
 from rwkvx_c.interop.hf import PEFT_FILES, _need
 from rwkvx_c.interop.hf_hybrid import export_modules
 from rwkvx_c.interop.pth import PthTensors, load_pth
-from rwkvx_c.interop.rwkv7 import linear_prefixes
+from rwkvx_c.interop.rwkv7 import linear_prefixes, parts_in
 from rwkvx_c.model.lora import A_SUFFIX, B_SUFFIX, TARGETS, fold_matrix, target_params
 from rwkvx_c.util.files import read_json
 
@@ -41,26 +42,35 @@ _PEFT_PREFIX = "base_model.model."
 # PEFT inits that change the base weights the adapters then sit on
 _RESIDUAL_INITS = ("pissa", "corda", "olora", "loftq", "lora_ga")
 _RWKV_PEFT_META = ("lora_alpha", "lora_r")   # what rwkvx_c's lora export adds beside them
+DISHA_SUFFIX = ".disha"   # RWKV-PEFT's MiSS (DiSHA, "bone" mode) block [r, out]
+# peft's MiSS forms: the default (a [r, out] block), mini (a [r, mini_r]
+# block repeated across out: the default form of a repeated block) and bat
+# (blocks of W times [r, r] blocks: a change that depends on the base)
+_MISS_FORMS = (True, "mini")
 
 
 @dataclass
 class Adapters:
     """LoRA adapters for a base model: {our param name: (A [r, in], B [out, r])},
-    alpha (the scale is alpha / r), the --lora-targets names they cover, and
-    DoRA's magnitudes {our param name: M [out]} (a PEFT folder of use_dora)."""
+    alpha (the kind's, rwkvx_c.model.lora.scale), the --lora-targets names
+    they cover, their kind (rwkvx_c.model.lora.ADAPTERS: lora, dora or
+    miss), DoRA's magnitudes {our param name: M [out]} (a PEFT folder of
+    use_dora), and the parts an RWKV-PEFT file trained beside them {our
+    param name: tensor}, which replace the base's."""
     pairs: dict[str, tuple[np.ndarray, np.ndarray]]
     alpha: float
     targets: str
     magnitudes: dict[str, np.ndarray] = field(default_factory=dict)
+    kind: str = "lora"
+    parts: dict[str, np.ndarray] = field(default_factory=dict)
 
-    @property
-    def kind(self) -> str:
-        """Their kind (rwkvx_c.model.lora.ADAPTERS): dora or plain lora."""
-        return "dora" if self.magnitudes else "lora"
+    part_groups: str = ""   # --train-parts' groups of the parts ("ln,time"; "": none)
 
     def record(self) -> dict[str, Any]:
-        """r, alpha, targets and kind: what fixes the tune that trains them on."""
-        return {"r": self.r, "alpha": self.alpha, "targets": self.targets, "kind": self.kind}
+        """r, alpha, targets, kind and the parts' groups: what fixes the tune
+        that trains them on."""
+        return {"r": self.r, "alpha": self.alpha, "targets": self.targets, "kind": self.kind,
+                "parts": self.part_groups}
 
     @property
     def r(self) -> int:
@@ -68,14 +78,14 @@ class Adapters:
 
 
 def is_adapter(path: str) -> bool:
-    """Whether path is a PEFT adapter folder or an RWKV-PEFT LoRA .pth."""
+    """Whether path is a PEFT adapter folder or an RWKV-PEFT adapter .pth."""
     if os.path.isdir(path):
         return os.path.isfile(os.path.join(path, PEFT_FILES[0]))
     if not (path.endswith(".pth") and os.path.isfile(path)):
         return False
     pth = PthTensors(path)   # its names and shapes alone: no tensor is read
     try:
-        return any(k.endswith(A_SUFFIX) for k in pth.names)
+        return any(k.endswith((A_SUFFIX, DISHA_SUFFIX)) for k in pth.names)
     finally:
         pth.close()
 
@@ -98,10 +108,11 @@ def read_adapters(path: str, base: RxPtModel, alpha: float | None = None) -> Ada
     parameter names of base. alpha: for a .pth that does not record it
     (RWKV-PEFT's own files; merge_lora.py takes it as an argument)."""
     mags: dict[str, np.ndarray] = {}
+    parts: dict[str, np.ndarray] = {}
     if os.path.isdir(path):
-        pairs, alpha, mags = _read_peft(path, base)
+        pairs, alpha, kind, mags = _read_peft(path, base)
     else:
-        pairs, alpha = _read_rwkv_peft(path, base, alpha)
+        pairs, alpha, kind, parts = _read_rwkv_peft(path, base, alpha)
     if not pairs:
         raise InteropError(f"{path} holds no LoRA adapters")
     ranks = {A.shape[0] for A, _ in pairs.values()}
@@ -120,7 +131,11 @@ def read_adapters(path: str, base: RxPtModel, alpha: float | None = None) -> Ada
                      or not np.all(np.isfinite(mags[name]))):
             raise InteropError(f"{path}: the DoRA adapter of {name} wants a finite "
                                f"lora_magnitude_vector of shape ({n_out},)")
-    return Adapters(pairs, float(alpha), _targets_of(path, base, pairs), mags)
+    # the groups --train-parts names (a lazy import: rwkvx_c.train reads sources)
+    from rwkvx_c.train.finetune import part_of
+    groups = sorted({part_of(n, base.layers) or "?" for n in parts})
+    return Adapters(pairs, float(alpha), _targets_of(path, base, pairs), mags, kind, parts,
+                    ",".join(groups))
 
 
 def _module_params(base: RxPtModel) -> dict[str, str]:
@@ -129,7 +144,8 @@ def _module_params(base: RxPtModel) -> dict[str, str]:
 
 
 def _read_peft(folder: str, base: RxPtModel
-               ) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], float, dict[str, np.ndarray]]:
+               ) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], float, str,
+                          dict[str, np.ndarray]]:
     cpath = os.path.join(folder, PEFT_FILES[0])
     try:
         cfg = read_json(cpath, InteropError, "the PEFT config")
@@ -140,7 +156,8 @@ def _read_peft(folder: str, base: RxPtModel
     _check_peft_config(cfg, cpath)
     miss = cfg["peft_type"] == "MISS"
     r = int(cfg["r"])
-    alpha = float(r if miss else cfg["lora_alpha"])   # MiSS: scale 1
+    alpha = float(r if miss else cfg["lora_alpha"])   # MiSS: scale 1, its alpha unused
+    mini = int(cfg.get("mini_r") or 0) if miss and cfg.get("init_weights") == "mini" else 0
     if cfg.get("use_rslora"):   # scale alpha / sqrt(r): the same scale as alpha * sqrt(r) / r
         alpha *= math.sqrt(r)
     torch, st = _need("reading a PEFT adapter folder")
@@ -161,7 +178,7 @@ def _read_peft(folder: str, base: RxPtModel
             raise InteropError(f"{wpath}: {mod} is not a projection rwkvx_c adapts (it adapts "
                                f"{', '.join(sorted(TARGETS))} in every block)")
         if miss:   # its block M [r, out] is B^T beside the fixed fold A
-            part, a = "B", a.T
+            part, a = "B", _miss_block(a, mini, base.params[params[mod]].shape[1], key)
             found.setdefault(params[mod], {})["A"] = \
                 fold_matrix(a.shape[1], base.params[params[mod]].shape[0])
         if part == "magnitude":
@@ -170,7 +187,18 @@ def _read_peft(folder: str, base: RxPtModel
             found.setdefault(params[mod], {})[part] = a
     pairs = _pairs(found, wpath)
     _agree(cfg, cpath, params, pairs, r)
-    return pairs, alpha, mags
+    return pairs, alpha, "miss" if miss else "dora" if mags else "lora", mags
+
+
+def _miss_block(M: np.ndarray, mini: int, n_out: int, key: str) -> np.ndarray:
+    """B [out, r] of a MiSS block M: [r, out], or mini's [r, mini_r], which
+    peft repeats across out (miss_block.repeat(1, out / mini_r)): the same
+    function as the default form's block of those repeats."""
+    want = (M.shape[0], mini or n_out)
+    if M.ndim != 2 or M.shape != want:
+        raise InteropError(f"{key} has shape {M.shape}; MiSS's {'mini ' if mini else ''}"
+                           f"block on this projection is {want}")
+    return np.tile(M, (1, n_out // mini)).T if mini else M.T
 
 
 def _targeted(targets: str | list[str], module: str) -> bool:
@@ -220,9 +248,15 @@ def _check_peft_config(cfg: Mapping[str, Any], what: str) -> None:
     if cfg.get("peft_type") not in ("LORA", "MISS"):
         raise InteropError(f"{what}: peft_type {cfg.get('peft_type')!r}; rwkvx_c reads LORA "
                            "and MISS")
-    if cfg["peft_type"] == "MISS" and cfg.get("init_weights", True) is not True:
-        raise InteropError(f"{what}: init_weights is {cfg['init_weights']!r}; rwkvx_c reads "
-                           "MiSS's default form (true)")
+    if cfg["peft_type"] == "MISS" and cfg.get("init_weights", True) not in _MISS_FORMS:
+        raise InteropError(f"{what}: init_weights is {cfg['init_weights']!r}, whose change "
+                           "depends on the base weights; rwkvx_c tunes MiSS's default and mini "
+                           "forms: merge it with peft (merge_and_unload) and import the merged "
+                           "model")
+    if cfg["peft_type"] == "MISS" and cfg.get("init_weights") == "mini":
+        v = cfg.get("mini_r")
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise InteropError(f"{what}: mini_r is {v!r}, expected a positive integer")
     for key, ok in (("fan_in_fan_out", False), ("bias", "none"),
                     ("modules_to_save", None), ("rank_pattern", {}), ("alpha_pattern", {}),
                     ("layers_to_transform", None), ("exclude_modules", None)):
@@ -259,20 +293,45 @@ def _split_peft_key(key: str, what: str, miss: bool = False, dora: bool = False
 
 
 def _read_rwkv_peft(path: str, base: RxPtModel, alpha: float | None
-                    ) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], float]:
+                    ) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], float, str,
+                               dict[str, np.ndarray]]:
+    """An RWKV-PEFT file: LoRA's lora_A / lora_B or MiSS's disha [r, out]
+    (its "bone" mode) on each adapted Linear, and the parameters it trained
+    beside them (its train_parts, "ln" by default), under the base's names."""
     sd = load_pth(path)
     params = _module_params(base)
+    read = parts_in(base, sd, path)
+    parts = dict(read.values())
     found: dict[str, dict[str, np.ndarray]] = {}
+    kinds = set()
     for key, a in sd.items():
-        if key in _RWKV_PEFT_META:
+        if key in _RWKV_PEFT_META or key in read:
             continue
-        part = "A" if key.endswith(A_SUFFIX) else "B" if key.endswith(B_SUFFIX) else None
-        mod = key[:-len(A_SUFFIX)] if part else key
+        part = "A" if key.endswith(A_SUFFIX) else "B" if key.endswith(B_SUFFIX) else \
+            "M" if key.endswith(DISHA_SUFFIX) else None
+        mod = key[:key.rindex(".")] if part else key
         if part is None or mod not in params:
-            raise InteropError(f"{path}: {key} is not a LoRA adapter of a projection rwkvx_c "
-                               f"adapts ({', '.join(sorted(TARGETS))} in every block)")
+            raise InteropError(f"{path}: {key} is neither a parameter of the base nor an "
+                               "adapter of a projection rwkvx_c adapts "
+                               f"({', '.join(sorted(TARGETS))} in every block)")
+        kinds.add("miss" if part == "M" else "lora")
+        if part == "M":   # MiSS's block M [r, out] is B^T beside the fixed fold A
+            n_in, n_out = base.params[params[mod]].shape
+            if a.ndim == 3:
+                raise InteropError(f"{path}: {key} is a DiSHA block of RWKV-PEFT's bat mode "
+                                   "([in/r, r, r]), whose change depends on the base weights; "
+                                   "rwkvx_c tunes its bone mode: merge it with RWKV-PEFT's "
+                                   "merge_disha.py and import the merged .pth")
+            part, a = "B", _miss_block(a, 0, n_out, key)
+            found.setdefault(params[mod], {})["A"] = fold_matrix(a.shape[1], n_in)
         found.setdefault(params[mod], {})[part] = a
-    if "lora_alpha" in sd:
+    if len(kinds) > 1:
+        raise InteropError(f"{path} holds both LoRA (lora_A / lora_B) and MiSS (disha) "
+                           "adapters; rwkvx_c tunes one kind at a time")
+    kind = kinds.pop() if kinds else "lora"
+    if kind == "miss":   # scale 1: alpha is r, whatever the file says
+        alpha = float(next(iter(found.values()))["B"].shape[1])
+    elif "lora_alpha" in sd:
         recorded = float(np.asarray(sd["lora_alpha"]).reshape(-1)[0])
         if alpha is not None and alpha != recorded:
             raise InteropError(f"{path} records lora_alpha {recorded:g}; --lora-alpha {alpha:g} "
@@ -281,7 +340,7 @@ def _read_rwkv_peft(path: str, base: RxPtModel, alpha: float | None
     if alpha is None:
         raise InteropError(f"{path} does not record its alpha (RWKV-PEFT passes it to "
                            "merge_lora.py): give it with --lora-alpha")
-    return _pairs(found, path), alpha
+    return _pairs(found, path), alpha, kind, parts
 
 
 def _pairs(found: Mapping[str, Mapping[str, np.ndarray]], what: str

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +15,7 @@ from rwkvx_c._core import RxPtModel
 from rwkvx_c.data.tokenizers import WORLD_VOCAB_SIZE, ByteTokenizer, Tokenizer, run_tokenizer
 from rwkvx_c.data.tokenizers import load as load_tokenizer
 from rwkvx_c.errors import CheckpointError, InteropError, OutputError, TokenizerError
+from rwkvx_c.interop.adapters import DISHA_SUFFIX
 from rwkvx_c.interop.gguf import GGUF_DTYPES, save_gguf
 from rwkvx_c.interop.gguf_in import GgufWeights
 from rwkvx_c.interop.gguf_lora import save_gguf_lora
@@ -28,7 +29,14 @@ from rwkvx_c.interop.hf import (
 )
 from rwkvx_c.interop.hf_hybrid import export_modules, read_hf_folder, save_hybrid
 from rwkvx_c.interop.pth import DTYPES, load_pth, save_pth
-from rwkvx_c.interop.rwkv7 import from_rwkv7, from_rwkvx, linear_prefixes, to_rwkv7, to_rwkvx
+from rwkvx_c.interop.rwkv7 import (
+    from_rwkv7,
+    from_rwkvx,
+    linear_prefixes,
+    parts_out,
+    to_rwkv7,
+    to_rwkvx,
+)
 from rwkvx_c.interop.source import STATE_KEY, read_run, read_source
 from rwkvx_c.model.config import ModelConfig
 from rwkvx_c.model.lora import (
@@ -47,10 +55,11 @@ __all__ = ["FORMATS", "EXPORTS", "ExportFormat", "Adapters", "export_model", "fo
            "import_pth",
            "import_adapters", "state_dict", "lora_dict", "merge_run"]
 
-# ({param: (A, B)}, alpha, kind, {param: M}): a LoRA run's adapters, their
-# kind's alpha and kind (rwkvx_c.model.lora.ADAPTERS), DoRA's magnitudes
+# ({param: (A, B)}, alpha, kind, {param: M}, parts): a LoRA run's adapters,
+# their kind's alpha and kind (rwkvx_c.model.lora.ADAPTERS), DoRA's
+# magnitudes, and the parameters it trained beside them (--train-parts)
 Adapters = tuple[Mapping[str, tuple[np.ndarray, np.ndarray]], float, str,
-                 Mapping[str, np.ndarray]]
+                 Mapping[str, np.ndarray], Sequence[str]]
 # a format's writer: (model, out, dtype, tokenizer, adapters); adapters only
 # for a format that holds them (export_model refuses a model without them)
 Writer = Callable[[RxPtModel, str, str, Tokenizer, Adapters], None]
@@ -87,8 +96,10 @@ EXPORTS = {f.name: f for f in (
                  "layout, rwkv7-hf, transformers)", folder=HF_FILES),
     ExportFormat("state", lambda m, out, _d, _t, _a: save_pth(state_dict(m), out, "fp32"),
                  "state", "a state-tuned run's initial states (RWKV-PEFT's time_state file)"),
-    ExportFormat("lora", lambda m, out, dtype, _t, a: save_pth(lora_dict(m, *a[:3]), out, dtype),
-                 "adapters", "a LoRA run's adapters (RWKV-PEFT's lora_A / lora_B names)"),
+    ExportFormat("lora", lambda m, out, dtype, _t, a: save_pth(lora_dict(m, *a[:3], a[4]), out,
+                                                                dtype),
+                 "adapters", "a LoRA run's adapters and the parts it trained beside them "
+                 "(RWKV-PEFT's file: lora_A / lora_B, MiSS's disha)"),
     ExportFormat("peft", lambda m, out, dtype, _t, a: save_peft(m, a[0], a[1], out, dtype,
                                                                  export_modules(m), a[2], a[3]),
                  "adapters", "a Hugging Face PEFT adapter folder for the hf export",
@@ -136,9 +147,14 @@ def export_model(model: RxPtModel, fmt: str, out: str, dtype: str = "fp32", *,
         raise InteropError(f"--format {fmt} cannot hold DoRA's magnitude vectors; --format "
                            f"peft holds DoRA adapters (use_dora), --format "
                            f"{formats_holding('model')} the merged model")
+    if f.holds == "adapters" and fmt != "lora" and adapters and adapters[4]:
+        raise InteropError(f"--format {fmt} holds adapters alone, and the run also trained "
+                           f"{adapters[4][0]} and {len(adapters[4]) - 1} more (--train-parts); "
+                           "--format lora holds both (RWKV-PEFT's file), --format "
+                           f"{formats_holding('model')} the merged model")
     # the template is tokenizer metadata only an HF folder holds
     write = functools.partial(_hf, chat_template=chat_template) if f.write is _hf else f.write
-    write(model, out, dtype, tokenizer or ByteTokenizer(), adapters or ({}, 0.0, "lora", {}))
+    write(model, out, dtype, tokenizer or ByteTokenizer(), adapters or ({}, 0.0, "lora", {}, ()))
 
 
 def formats_holding(holds: str) -> str:
@@ -163,17 +179,26 @@ def _rank(adapters: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> int:
 
 
 def lora_dict(model: RxPtModel, adapters: Mapping[str, tuple[np.ndarray, np.ndarray]],
-              alpha: float, kind: str = "lora") -> dict[str, np.ndarray]:
-    """RWKV-PEFT's LoRA file: '{module}.lora_A' [r, in] and '{module}.lora_B'
-    [out, r] for each adapted Linear under the export's names (x070's
-    "blocks.{i}.att.receptance", RWKV-X's "moba.{j}.att.key", ...), and
-    one-element 'lora_alpha' and 'lora_r' recording the scale alpha / r (RWKV-PEFT's
-    merge_lora.py takes alpha as an argument and reads r from the shapes,
-    and passes over keys holding "lora" that are not adapters). Adapters of
+              alpha: float, kind: str = "lora", parts: Sequence[str] = ()
+              ) -> dict[str, np.ndarray]:
+    """RWKV-PEFT's adapter file under the export's names (x070's
+    "blocks.{i}.att.receptance", RWKV-X's "moba.{j}.att.key", ...):
+    '{module}.lora_A' [r, in] and '{module}.lora_B' [out, r] for each
+    adapted Linear, with one-element 'lora_alpha' and 'lora_r' recording the
+    scale alpha / r (RWKV-PEFT's merge_lora.py takes alpha as an argument,
+    reads r from the shapes, and passes over keys holding "lora" that are
+    not adapters); MiSS as RWKV-PEFT's DiSHA of "bone" mode, its block
+    '{module}.disha' [r, out] alone (scale 1, r from the shape:
+    merge_disha.py); and the parameters `parts` (our names) that the run
+    trained beside them, as RWKV-PEFT saves its train_parts. Adapters of
     another kind are written as the plain LoRA that computes the same
     (rwkvx_c.model.lora.plain_alpha: rsLoRA's alpha * sqrt(r))."""
     names = linear_prefixes(model)
-    out: dict[str, np.ndarray] = {}
+    out = parts_out(model, parts)
+    if ADAPTERS[kind].fold:
+        for ours, (_, B) in adapters.items():
+            out[names[ours] + DISHA_SUFFIX] = np.array(B.T, dtype=np.float32)
+        return out
     for ours, (A, B) in adapters.items():
         out[names[ours] + A_SUFFIX] = np.array(A, dtype=np.float32)
         out[names[ours] + B_SUFFIX] = np.array(B, dtype=np.float32)
@@ -248,7 +273,7 @@ def import_adapters(path: str, base: str, out_dir: str, lora_alpha: float | None
     src = read_source(path, base, lora_alpha)
     ads = src.adapters
     assert ads is not None   # read_source refuses a path without adapters
-    tensors = dict(src.weights)
+    tensors = {**src.weights, **ads.parts}   # the parts it trained replace the base's
     for name, (A, B) in ads.pairs.items():
         tensors[name + A_SUFFIX], tensors[name + B_SUFFIX] = A, B
     for name, M in ads.magnitudes.items():

@@ -406,11 +406,44 @@ def from_rwkvx(sd: Mapping[str, np.ndarray]) -> RxPtModel:
     return model
 
 
+def _named_pairs(model: RxPtModel) -> list[tuple[str, str, str]]:
+    """Every (export name, our name, layout) of model: x070's without
+    attention blocks, RWKV-X's rwkv. / moba. names with them."""
+    return _rwkvx_pairs(model) if model.config["n_attn_layer"] else _x070_pairs(model.config)
+
+
+def parts_out(model: RxPtModel, names: Sequence[str]) -> dict[str, np.ndarray]:
+    """The parameters `names` of model under the export's names and layouts
+    (the trained parts RWKV-PEFT saves beside its adapters)."""
+    wanted = set(names)
+    return _export_pairs(model, [p for p in _named_pairs(model) if p[1] in wanted])
+
+
+def parts_in(model: RxPtModel, sd: Mapping[str, np.ndarray], what: str
+             ) -> dict[str, tuple[str, np.ndarray]]:
+    """{export name: (our name, float32 tensor)} of those tensors of sd that
+    are model parameters under the export's names (checked against their
+    shapes); the other names are the caller's."""
+    H, N = model.config["n_head"], model.config["head_size"]
+    out = {}
+    for theirs, ours, kind in _named_pairs(model):
+        if theirs not in sd:
+            continue
+        a = np.asarray(sd[theirs])
+        want = model.params[ours].shape
+        want = want[::-1] if kind == "lin" else (1, 1) + want if kind == "vec" else \
+            (H, N) if kind == "heads" else want
+        if a.shape != want or not np.issubdtype(a.dtype, np.floating):
+            raise InteropError(f"{what}: {theirs} has shape {a.shape} and dtype {a.dtype}; "
+                               f"the base's wants {want} of floating point")
+        out[theirs] = ours, _from_foreign(a.astype(np.float32, copy=False), kind)
+    return out
+
+
 def linear_prefixes(model: RxPtModel) -> dict[str, str]:
     """{our matrix name: its module's name} for every Linear weight of the
     model in the export's naming (x070 without attention blocks, RWKV-X's
     rwkv. / moba. names with them): "blocks.0.tm.key_w" -> "blocks.0.att.key",
     the prefix RWKV-PEFT hangs "lora_A" / "lora_B" on."""
-    pairs = _rwkvx_pairs(model) if model.config["n_attn_layer"] else _x070_pairs(model.config)
-    return {ours: theirs[:-len(".weight")] for theirs, ours, kind in pairs
+    return {ours: theirs[:-len(".weight")] for theirs, ours, kind in _named_pairs(model)
             if kind == "lin" and ours != "head"}

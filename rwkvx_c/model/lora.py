@@ -209,17 +209,20 @@ def run_adapter(state: Mapping[str, Any] | None, path: str) -> tuple[str, int, f
     imported adapters: their record's kind and alpha); CheckpointError
     when its run state does not say."""
     opts = (state or {}).get("options") or {}
-    a, kind = opts.get(ALPHA_OPTION), opts.get(KIND_OPTION, "lora")
+    a, kind, r = opts.get(ALPHA_OPTION), opts.get(KIND_OPTION, "lora"), opts.get("lora_r")
     if a is None:   # imported adapters (rwkvx-c import --base): their own record
         record = (state or {}).get("lora") or {}
-        a, kind = record.get("alpha"), record.get("kind", "lora")
+        a, kind, r = record.get("alpha"), record.get("kind", "lora"), record.get("r")
     if isinstance(a, bool) or not isinstance(a, (int, float)) or not 0 < a < float("inf"):
         raise CheckpointError(f"checkpoint {path} holds LoRA adapters but no valid "
                               f"{ALPHA_OPTION} in its options ({a!r})")
     if kind not in ADAPTERS:
         raise CheckpointError(f"checkpoint {path} holds adapters of kind {kind!r}; this "
                               f"version knows {', '.join(ADAPTER_KINDS)}")
-    return kind, int(opts.get("lora_r") or 1), float(a)
+    if isinstance(r, bool) or not isinstance(r, int) or r < 1:
+        raise CheckpointError(f"checkpoint {path} holds LoRA adapters but no valid rank "
+                              f"lora_r ({r!r})")
+    return kind, r, float(a)
 
 
 @contextmanager

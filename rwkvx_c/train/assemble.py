@@ -73,7 +73,7 @@ def start_from_source(options: TrainOptions, group: ProcessGroup, out_dir: str |
         pairs = {n + s: m for n, (A, B) in ads.pairs.items() for s, m in ((A_SUFFIX, A),
                                                                            (B_SUFFIX, B))}
         pairs.update({n + M_SUFFIX: M for n, M in ads.magnitudes.items()})
-        weights = {**weights, **pairs}
+        weights = {**weights, **ads.parts, **pairs}   # the parts it trained replace the base's
         asked = {f.name: getattr(options, f.name) for f in dataclasses.fields(options)
                  if getattr(options, f.name) != f.default}   # what the user set
         options = dataclasses.replace(options, **adapter_options(asked, ads.record(), path))

@@ -105,26 +105,37 @@ def from_source(options: TrainOptions, config: Mapping[str, int], tokenizer: str
 def adapter_options(asked: Mapping[str, Any], lora: Mapping[str, Any], what: str
                     ) -> dict[str, Any]:
     """The options of a tune that trains on given adapters (a PEFT folder, an
-    RWKV-PEFT file: rwkvx_c.interop.adapters): --tune lora with their rank,
-    alpha and targets, which they fix as a source fixes the model shape
-    (asked: the options given, None where not; a different one is refused)."""
+    RWKV-PEFT file: rwkvx_c.interop.adapters): --tune lora with their kind,
+    rank, alpha and targets, which they fix as a source fixes the model
+    shape, and --train-parts the groups an RWKV-PEFT file trained beside
+    them unless asked otherwise (asked: the options given, None where not;
+    a different one is refused)."""
     if asked.get("tune") not in (None, "lora"):
         raise TrainError(f"{what} holds LoRA adapters, which train on as --tune lora; drop "
                          f"--tune {asked['tune']}")
-    kind = str(lora.get("kind") or "lora")   # dora: magnitudes beside A, B
+    kind = str(lora.get("kind") or "lora")
     if asked.get("adapter") not in (None, kind):   # their scale is folded into their alpha
         raise TrainError(f"{what} holds adapters that train on as {kind} of their own "
                          f"scale; drop --adapter {asked['adapter']}")
     r, alpha, targets = int(lora["r"]), float(lora["alpha"]), str(lora["targets"])
-    for k, v in (("lora_r", r), ("lora_alpha", alpha)):
+    fold = kind in ADAPTERS and ADAPTERS[kind].fold   # MiSS: scale 1, no alpha
+    fixed = {"lora_r": r} if fold else {"lora_r": r, "lora_alpha": alpha}
+    for k, v in fixed.items():
         if asked.get(k) is not None and asked[k] != v:
             raise TrainError(f"{what} fixes {k} at {v:g}; drop --{k.replace('_', '-')} "
                              f"{asked[k]:g}")
     t = asked.get("lora_targets")
     if t is not None and set(parse_targets(t)) != set(targets.split(",")):
         raise TrainError(f"{what} adapts {targets}; drop --lora-targets {t}")
-    return {"tune": "lora", "lora_r": r, "lora_alpha": alpha, "lora_targets": targets,
-            **({"adapter": kind} if kind != "lora" else {})}
+    parts, asked_parts = lora.get("parts") or None, asked.get("train_parts")
+    if parts and asked_parts is not None and \
+            not set(parts.split(",")) <= set(parse_parts(asked_parts, "--train-parts")):
+        # a part left frozen would be named by the run's base and lost
+        raise TrainError(f"{what} trained {parts} beside its adapters, which train on with "
+                         f"them; --train-parts {asked_parts} leaves some out")
+    return {"tune": "lora", **fixed, "lora_targets": targets,
+            **({"adapter": kind} if kind != "lora" else {}),
+            **({"train_parts": parts} if parts and asked_parts is None else {})}
 
 
 # --train-parts / --freeze groups: parameter names by what they are
