@@ -24,6 +24,7 @@
  * holding the decoded weights computes; the weight-grad product of a base
  * tensor is never run (its grad is not kept), the dX products are.
  */
+#include <stdatomic.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -34,7 +35,14 @@ struct rx_base {
     size_t bytes;
     rx_base_mat *mats;     /* [n] in arena order */
     unsigned char *store;  /* every tensor's rows, one allocation */
+    uint64_t version;      /* unique to this store's contents: new at creation and every fill */
 };
+
+/* versions are drawn from one counter, so no two stores' contents (nor one
+ * store's before and after a fill) share one */
+static _Atomic uint64_t versions;
+
+static uint64_t new_version(void) { return atomic_fetch_add(&versions, 1) + 1; }
 
 /* ---- the store ----------------------------------------------------------- */
 
@@ -68,6 +76,7 @@ int rx_base_create(int dtype, const rx_base_target *t, int n, int packed, rx_bas
     if (!s) return rx_fail(RX_ENOMEM, "%s: out of memory", fn);
     s->dtype = dtype;
     s->n = n;
+    s->version = new_version();
     s->mats = calloc((size_t)n, sizeof *s->mats);
     for (int i = 0; s->mats && i < n; i++) {
         rx_base_mat *b = &s->mats[i];
@@ -174,6 +183,7 @@ int rx_base_fill(rx_base *s, int i, const void *src, int kind, int src_t) {
          * they are, never decoded and quantized again */
         memcpy(b->data, src, mat_bytes(b));
         b->loaded = 1;
+        s->version = new_version();
         return RX_OK;
     }
     const size_t rb = rx_base_type_row_bytes(ty, b->in);
@@ -207,6 +217,7 @@ int rx_base_fill(rx_base *s, int i, const void *src, int kind, int src_t) {
     free(row);
     free(enc);
     b->loaded = 1;
+    s->version = new_version();
     return RX_OK;
 }
 
@@ -257,7 +268,9 @@ static void columns_read(const void *held, size_t o, float *dst) {
     for (size_t i = 0; i < b->in; i++) dst[i] = rx_base_at_jk(b, o, i);
 }
 
-const rx_weight_columns rx_base_columns = {columns_find, columns_read};
+static uint64_t columns_version(const void *src) { return ((const rx_base *)src)->version; }
+
+const rx_weight_columns rx_base_columns = {columns_find, columns_read, columns_version};
 
 /* Every base tensor decoded into its arena slot, the store freed: the
  * model holds float32 weights again (the base-unfreeze). */

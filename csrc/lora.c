@@ -60,6 +60,13 @@ struct rx_lora {
     float *arena, *grads;  /* [n_elems] each: per adapter A [r][in], B [out][r], DoRA's M [out] */
     float *scales;         /* DoRA: per adapter norm [out] then c [out] */
     adapter *ad;
+    /* DoRA: every adapter's A, B as the kept norms read them ([sum r (in +
+     * out)]), and the source of W and its version then; kept: the norms
+     * hold for those (rx_lora_prepare) */
+    float *seen;
+    const void *seen_src;
+    uint64_t seen_version;
+    int kept;
 };
 
 /* ---- the adapters' arena (rx_internal.h) -------------------------------- */
@@ -70,6 +77,7 @@ void rx_lora_free(rx_lora *L) {
     free(L->grads);
     free(L->ad);
     free(L->scales);
+    free(L->seen);
     free(L);
 }
 
@@ -93,15 +101,19 @@ int rx_lora_create(int r, double alpha, int dora, const rx_lora_target *t, int n
     L->alpha = alpha;
     L->s = (float)(alpha / r);
     L->ad = calloc((size_t)n, sizeof *L->ad);
-    size_t outs = 0;
+    size_t outs = 0, ab = 0;
     for (int i = 0; i < n; i++) {
         L->n_elems += (size_t)r * (t[i].in + t[i].out) + (L->dora ? t[i].out : 0);
         outs += t[i].out;
+        ab += (size_t)r * (t[i].in + t[i].out);
     }
     L->arena = rx_fcalloc(L->n_elems);
     L->grads = rx_fcalloc(L->n_elems);
-    if (L->dora) L->scales = rx_fcalloc(2 * outs);
-    if (!L->ad || !L->arena || !L->grads || (L->dora && !L->scales)) {
+    if (L->dora) {
+        L->scales = rx_fcalloc(2 * outs);
+        L->seen = rx_falloc(ab);
+    }
+    if (!L->ad || !L->arena || !L->grads || (L->dora && (!L->scales || !L->seen))) {
         rx_lora_free(L);
         return rx_fail(RX_ENOMEM, "%s: out of memory for %d adapters", fn, n);
     }
@@ -300,15 +312,60 @@ static int apply_chunk(const rx_lora *L, const rx_gemm_op *ops, size_t n, rx_gem
 
 /* ---- DoRA ------------------------------------------------------------------ */
 
+/* Whether the kept norms hold for the arena's A, B now and W in src:
+ * each adapter's A and B (contiguous, A [r][in] then B [out][r]) bit for
+ * bit those the norms read, and src the same at the same version (a held
+ * base changes only by a fill). A float32 W in the arena is never kept:
+ * its NumPy view can be written unseen. */
+static int norms_hold(const rx_lora *L, const rx_weight_columns *cols, const void *src) {
+    if (!L->kept || !src || src != L->seen_src || cols->version(src) != L->seen_version)
+        return 0;
+    const float *seen = L->seen;
+    for (int k = 0; k < L->n; k++) {
+        const size_t n = (size_t)L->r * (L->ad[k].in + L->ad[k].out);
+        if (memcmp(seen, L->ad[k].A, n * sizeof(float))) return 0;
+        seen += n;
+    }
+    return 1;
+}
+
+/* c = M / norm for every adapter (a zero column has no direction: c 0) */
+static void magnitudes_over_norms(rx_lora *L) {
+    for (int k = 0; k < L->n; k++) {
+        adapter *a = &L->ad[k];
+        for (size_t o = 0; o < a->out; o++)
+            a->c[o] = a->norm[o] > 0.0f ? a->M[o] / a->norm[o] : 0.0f;
+    }
+}
+
 /* Every adapter's norm[o] = ||W[:, o] + s (A^T B^T)[:, o]|| over in (the
  * squares summed in double) and c = M / norm, W read through cols where
  * it is held outside the arena (src: a frozen base). D^T = B A [out][in]
  * is one fp32 GEMM in a scratch that grows once; a held W's columns are
  * decoded one at a time into each thread's row scratch, so a quantised
- * base is never expanded whole. */
+ * base is never expanded whole. The norms are the forward's, the
+ * backward's and every generation step's: kept while they hold
+ * (norms_hold), they cost r * in * out multiply-adds per adapter once per
+ * change of A or B, not per call. */
+static int compute_norms(rx_lora *L, const rx_weight_columns *cols, const void *src);
+
 int rx_lora_prepare(rx_lora *L, const rx_weight_columns *cols, const void *src) {
-    enum { NB = 16 };
     if (!L || !L->dora) return RX_OK;
+    if (norms_hold(L, cols, src)) {
+        magnitudes_over_norms(L);   /* M trains: only c moves */
+        return RX_OK;
+    }
+    rx_prof_push(RX_PROF_DORA);
+    const int rc = compute_norms(L, cols, src);
+    rx_prof_pop();
+    return rc;
+}
+
+/* rx_lora_prepare's norms taken again */
+static int compute_norms(rx_lora *L, const rx_weight_columns *cols, const void *src) {
+    enum { NB = 16 };
+    L->kept = 0;
+    int all_held = src != NULL;
     const size_t r = (size_t)L->r;
     for (int k = 0; k < L->n; k++) {
         adapter *a = &L->ad[k];
@@ -319,6 +376,7 @@ int rx_lora_prepare(rx_lora *L, const rx_weight_columns *cols, const void *src) 
         int rc = rx_sgemm_batch(&op, 1);
         if (rc != RX_OK) return rc;
         const void *b = src ? cols->find(src, a->W) : NULL;
+        all_held &= b != NULL;
         const double s = L->s;
         int nomem = 0;
         /* columns in blocks of NB: a float32 W is read a cache line of a row at a time */
@@ -338,12 +396,21 @@ int rx_lora_prepare(rx_lora *L, const rx_weight_columns *cols, const void *src) 
                                      s * DT[(o0 + k) * in + i];
                     acc[k] += v * v;
                 }
-            for (size_t k = 0; k < nb; k++) {   /* a zero column has no direction: c 0 */
-                a->norm[o0 + k] = (float)sqrt(acc[k]);
-                a->c[o0 + k] = a->norm[o0 + k] > 0.0f ? a->M[o0 + k] / a->norm[o0 + k] : 0.0f;
-            }
+            for (size_t k = 0; k < nb; k++) a->norm[o0 + k] = (float)sqrt(acc[k]);
         }
         if (nomem) return rx_fail(RX_ENOMEM, "rx_lora_prepare: out of memory for a base row");
+    }
+    magnitudes_over_norms(L);
+    if (all_held) {   /* what these norms read, to keep them while it stays */
+        float *seen = L->seen;
+        for (int k = 0; k < L->n; k++) {
+            const size_t n = r * (L->ad[k].in + L->ad[k].out);
+            memcpy(seen, L->ad[k].A, n * sizeof(float));
+            seen += n;
+        }
+        L->seen_src = src;
+        L->seen_version = cols->version(src);
+        L->kept = 1;
     }
     return RX_OK;
 }

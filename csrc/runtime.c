@@ -131,7 +131,7 @@ int rx_has_openmp(void) { return 0; }
  * core's tile GEMMs are attention time at any thread count). */
 static const char *const prof_names[RX_PROF_N] = {
     "other (elementwise, glue)", "gemm", "wkv7", "attention core", "norms",
-    "cross-entropy"};
+    "cross-entropy", "dora norms"};
 static _Thread_local int prof_on, prof_depth, prof_cur;
 static _Thread_local int prof_stack[16];
 static _Thread_local double prof_acc[RX_PROF_N], prof_t;

@@ -273,7 +273,7 @@ void rx_fnan_apart(float *out, size_t n, const rx_spans *in);
  * A kernel brackets its work with rx_prof_push(slot) / rx_prof_pop(); time
  * outside every bracket is RX_PROF_OTHER. No-ops unless profiling is on. */
 enum { RX_PROF_OTHER, RX_PROF_GEMM, RX_PROF_WKV7, RX_PROF_ATTN, RX_PROF_NORM, RX_PROF_CE,
-       RX_PROF_N };
+       RX_PROF_DORA, RX_PROF_N };
 void rx_prof_push(int slot);
 void rx_prof_pop(void);
 
@@ -440,18 +440,23 @@ float *rx_lora_arena(rx_lora *L, int64_t *n);
 float *rx_lora_grad_arena(rx_lora *L, int64_t *n);
 /* Where DoRA's norms read a weight held outside the arena: find, the
  * holder in src of the weight whose arena slot is W (NULL: the arena's
- * float32 W); column, its column o [in] decoded into dst (exactly). The
- * frozen base's is rx_base_columns (base.c), src the rx_base. */
+ * float32 W); column, its column o [in] decoded into dst (exactly);
+ * version, a number that changes whenever src's contents do (and that no
+ * other src shares). The frozen base's is rx_base_columns (base.c), src
+ * the rx_base. */
 typedef struct {
     const void *(*find)(const void *src, const float *W);
     void (*column)(const void *held, size_t o, float *dst);
+    uint64_t (*version)(const void *src);
 } rx_weight_columns;
 /* DoRA: adapter i's magnitude offset in the arena (-1: not DoRA); its
  * column norms of W + s A^T B^T as last prepared into out [out] (RX_EINVAL:
  * not DoRA); rx_lora_prepare: every adapter's norms and scales M / norm
  * from the arena now, W read through cols where src holds it (src NULL:
  * none) (RX_OK for plain LoRA or NULL; RX_ENOMEM) -- before each forward
- * and backward. */
+ * and backward. When src holds every adapted W, the norms are kept from
+ * the last prepare while A, B (bit for bit) and src's version are those
+ * it read: only M / norm is taken again. */
 int64_t rx_lora_magnitude(const rx_lora *L, int i);
 int rx_lora_norms(const rx_lora *L, int i, float *out);
 int rx_lora_prepare(rx_lora *L, const rx_weight_columns *cols, const void *src);

@@ -12,7 +12,8 @@ def profile_enable(on=True):
 def profile():
     """Seconds of self time per kernel since profile_enable(True): dict
     slot name -> seconds ('gemm', 'wkv7', 'attention core', 'norms',
-    'cross-entropy', and 'other (elementwise, glue)' for the rest)."""
+    'cross-entropy', 'dora norms' (DoRA's column norms), and 'other
+    (elementwise, glue)' for the rest)."""
     cdef double secs[32]
     cdef int n = rx_profile_read(secs, 32)
     return {rx_profile_name(i).decode(): secs[i] for i in range(min(n, 32))}

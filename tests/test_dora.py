@@ -223,6 +223,66 @@ def test_dora_on_a_q8_0_base_samples_held_as_it_trained(tmp_path):
     assert _rel(logits, tr.model.forward(ids)) <= FWD_TOL
 
 
+def test_norms_over_a_held_base_are_kept_while_what_they_read_stays():
+    """Over a held base the column norms are taken once and kept while the
+    adapters' A, B (bit for bit) and the base's contents stay: a forward,
+    backward or generation step then takes no norms (the profile's "dora
+    norms" slot stays empty); one changed bit of a B, a refilled base
+    tensor or a new magnitude gives the results of a float32 model that
+    takes every norm afresh. A float32 W (its NumPy view can be written
+    unseen) is never kept."""
+    from test_base import CFG as cfg
+    names = target_params(rx.RxPtModel(cfg, seed=5, init=False).layers, tuple(TARGETS))
+    src = rx.RxPtModel(cfg, seed=5)
+    held = rx.RxPtModel(cfg, seed=5, init=False)
+    held.param_buffer[...] = src.param_buffer
+    held.set_base("q8_0", names)
+    for n in names:
+        held.base_fill(n, src.params[n])
+    flat = rx.RxPtModel(cfg, seed=5)
+    flat.param_buffer[...] = src.param_buffer
+    for n in names:
+        flat.params[n][...] = held.base_tensor(n)
+    rng = np.random.default_rng(4)
+    for mdl in (held, flat):
+        mdl.enable_lora(R, ALPHA, names, dora=True)
+    for k, v in held.lora.items():
+        v[...] = flat.lora[k][...] = rng.standard_normal(v.shape).astype(np.float32) * 0.2 + \
+            (1.0 if k.endswith(M_SUFFIX) else 0.0)
+    tokens = (np.arange(2 * 9, dtype=np.int32) % 37).reshape(2, 9)
+
+    def norms_taken(mdl, run):
+        rx.profile_enable(True)
+        try:
+            out = run(mdl)
+            return rx.profile()["dora norms"] > 0.0, out
+        finally:
+            rx.profile_enable(False)
+
+    def same(what):
+        taken, ours = norms_taken(held, lambda mdl: mdl.forward(tokens))
+        assert_rel(f"{what}.logits", ours, flat.forward(tokens), FWD_TOL)
+        return taken
+
+    assert same("first")   # nothing kept yet for these adapters
+    taken, _ = norms_taken(held, lambda mdl: (mdl.forward(tokens), mdl.backward(
+        tokens, ignore_index=-1), rx.GenState(mdl, 1, max_len=16, max_tokens=9).step(
+            [0], [9], tokens[0])))
+    assert not taken   # kept through the forward, backward and generation steps
+    assert norms_taken(flat, lambda mdl: mdl.forward(tokens))[0]   # a float32 W: always taken
+    b = names[1] + ".lora_B"
+    for mdl in (held, flat):
+        mdl.lora[b][0, 0] = np.nextafter(mdl.lora[b][0, 0], np.float32(np.inf))
+    assert same("one bit of B")
+    for mdl in (held, flat):
+        mdl.lora[names[0] + M_SUFFIX][...] *= 1.5
+    assert not same("new magnitudes")   # c = M / n moves, the norms stay
+    w = src.params[names[2]] * 1.25
+    held.base_fill(names[2], w)
+    flat.params[names[2]][...] = held.base_tensor(names[2])
+    assert same("refilled base")
+
+
 def test_the_batched_engine_takes_the_norms_itself():
     """A fresh DoRA model's first GenState step (no forward before it to
     compute the norms) gives the forward's logits."""

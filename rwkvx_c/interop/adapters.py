@@ -34,6 +34,7 @@ from rwkvx_c.interop.hf_hybrid import export_modules
 from rwkvx_c.interop.pth import PthTensors, load_pth
 from rwkvx_c.interop.rwkv7 import linear_prefixes, parts_in
 from rwkvx_c.model.lora import A_SUFFIX, B_SUFFIX, TARGETS, fold_matrix, target_params
+from rwkvx_c.model.parts import part_of
 from rwkvx_c.util.files import read_json
 
 __all__ = ["Adapters", "is_adapter", "peft_base", "read_adapters"]
@@ -131,8 +132,6 @@ def read_adapters(path: str, base: RxPtModel, alpha: float | None = None) -> Ada
                      or not np.all(np.isfinite(mags[name]))):
             raise InteropError(f"{path}: the DoRA adapter of {name} wants a finite "
                                f"lora_magnitude_vector of shape ({n_out},)")
-    # the groups --train-parts names (a lazy import: rwkvx_c.train reads sources)
-    from rwkvx_c.train.finetune import part_of
     groups = sorted({part_of(n, base.layers) or "?" for n in parts})
     return Adapters(pairs, float(alpha), _targets_of(path, base, pairs), mags, kind, parts,
                     ",".join(groups))

@@ -51,6 +51,7 @@ from rwkvx_c.model.lora import (
     principal_parts,
     target_params,
 )
+from rwkvx_c.model.parts import PARTS, part_of
 from rwkvx_c.model.weights import load_states
 from rwkvx_c.run.checkpoint import STATE_KEY
 from rwkvx_c.train.expand import ATTN_FIELDS, expanded_config
@@ -59,8 +60,6 @@ from rwkvx_c.train.options import TUNE_MODES, TrainOptions
 
 if TYPE_CHECKING:
     from rwkvx_c._core import RxPtModel
-
-PARTS = ("ln", "time", "emb", "head", "attn")
 
 __all__ = ["TUNE_MODES", "PARTS", "part_of", "parse_parts", "trained_names", "PartsAdamW",
            "STATE_KEY", "base_frozen", "saved_params", "held_names", "shape_conflicts",
@@ -136,24 +135,6 @@ def adapter_options(asked: Mapping[str, Any], lora: Mapping[str, Any], what: str
     return {"tune": "lora", **fixed, "lora_targets": targets,
             **({"adapter": kind} if kind != "lora" else {}),
             **({"train_parts": parts} if parts and asked_parts is None else {})}
-
-
-# --train-parts / --freeze groups: parameter names by what they are
-_TIME = ("x_r", "x_w", "x_k", "x_v", "x_a", "x_g", "w0", "w1", "w2", "a0", "a1", "a2", "v0",
-         "v1", "v2", "g1", "g2", "k_k", "k_a", "r_k", "ffn_x_k")
-
-
-def part_of(name: str, layers: str) -> str | None:
-    """The group of parameter `name` (ln, time, emb, head, attn), or None
-    for the projection matrices of the RWKV blocks, which no group names."""
-    if name in ("emb", "head"):
-        return name
-    last = name.rsplit(".", 1)[-1]
-    if name.startswith("blocks.") and layers[int(name.split(".")[1])] == "A":
-        return "attn"
-    if last.startswith("ln"):
-        return "ln"
-    return "time" if last in _TIME else None
 
 
 def parse_parts(spec: str | None, flag: str) -> tuple[str, ...]:
