@@ -193,7 +193,7 @@ def test_every_export_format_is_one_row_of_the_table(tmp_path, monkeypatch):
             f, write=lambda *a, n=name: seen.append(n)))
     m = rx.RxPtModel(ODD)
     for name in FORMATS:
-        interop.export_model(m, name, str(tmp_path / name), adapters=({}, 1.0, "lora", {}))
+        interop.export_model(m, name, str(tmp_path / name), adapters=({}, 1.0, "lora", {}, ()))
     assert seen == list(FORMATS)
     with pytest.raises(InteropError, match="unknown format"):
         interop.export_model(m, "onnx", str(tmp_path / "x"))

@@ -186,3 +186,57 @@ def test_peft_miss_forms(runs, tmp_path, form):
             plain = pm(ids).logits[0].numpy()
     assert _rel(theirs, ours) <= TOL
     assert _rel(plain, ours) > 100 * TOL   # the blocks matter
+
+
+def _pissa_files(d, tmp_path, r=R):
+    """An RWKV-PEFT PiSSA checkpoint and its init_pissa.pth on two targets of
+    every block of the base's x070 export, and the merged x070 dict by
+    merge_pissa.py's rule W - B0 A0 + B A (float64)."""
+    sd = load_pth(str(d / "base.pth"))
+    rng = np.random.default_rng(5)
+    ck, init, merged = {}, {}, dict(sd)
+    for i in range(2):
+        for mod in (f"blocks.{i}.att.key", f"blocks.{i}.ffn.value"):
+            W = sd[mod + ".weight"].astype(np.float64)
+            A, A0 = (rng.standard_normal((r, W.shape[1])).astype(np.float32) * 0.1
+                     for _ in range(2))
+            B, B0 = (rng.standard_normal((W.shape[0], r)).astype(np.float32) * 0.1
+                     for _ in range(2))
+            ck[mod + ".lora_A"], ck[mod + ".lora_B"] = A, B
+            init[mod + ".init_lora_A"], init[mod + ".init_lora_B"] = A0, B0
+            merged[mod + ".weight"] = (W - B0.astype(np.float64) @ A0 + B.astype(np.float64) @ A
+                                       ).astype(np.float32)
+    save_pth(ck, str(tmp_path / "rwkv-0.pth"))
+    save_pth(init, str(tmp_path / "init_pissa.pth"))
+    save_pth(merged, str(tmp_path / "merged.pth"))
+    return tmp_path / "rwkv-0.pth", tmp_path / "init_pissa.pth", tmp_path / "merged.pth"
+
+
+def test_an_rwkv_peft_pissa_checkpoint_comes_in_with_its_init(runs, tmp_path, capsys):
+    """import --lora-init: RWKV-PEFT's PiSSA checkpoint (scale 1) and its
+    initial adapters become the plain LoRA of rank 2r that computes
+    merge_pissa.py's model on the original base."""
+    d = runs[0]
+    ck, init, merged = _pissa_files(d, tmp_path)
+    out = str(tmp_path / "run")
+    assert main(["import", str(ck), "--base", str(d / "base.pth"), "--lora-init", str(init),
+                 "--out", out]) == 0
+    assert main(["import", str(merged), "--out", str(tmp_path / "ref")]) == 0
+    ours = load_model(out).forward(TOKENS)
+    assert _rel(ours, load_model(str(tmp_path / "ref")).forward(TOKENS)) <= FWD_TOL
+    _, _, state = read_checkpoint(os.path.join(out, "checkpoint.safetensors"))
+    assert (state["lora"]["r"], state["lora"]["alpha"]) == (2 * R, 2.0 * R)   # scale 1
+    capsys.readouterr()
+    for extra, says in ((["--lora-alpha", "8"], "scales by 1; drop --lora-alpha"),
+                        ([], "init_lora_B is missing")):
+        if not extra:
+            sd = load_pth(str(init))
+            sd.pop("blocks.1.ffn.value.init_lora_B")
+            save_pth(sd, str(init))
+        assert main(["import", str(ck), "--base", str(d / "base.pth"), "--lora-init",
+                     str(init), "--out", str(tmp_path / f"bad{len(extra)}"), *extra]) != 0
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and says in err[0], err
+    assert main(["import", str(d / "base.pth"), "--lora-init", str(init), "--out",
+                 str(tmp_path / "bad")]) == 2
+    assert "--lora-init belongs to LoRA adapters" in capsys.readouterr().err

@@ -32,6 +32,9 @@ def add_parser(sub: Subparsers) -> None:
                    "folder, the local folder its adapter_config.json names)")
     i.add_argument("--lora-alpha", type=positive_float, metavar="A", help="the adapters' "
                    "alpha, for an RWKV-PEFT .pth that does not record it (default: the file's)")
+    i.add_argument("--lora-init", metavar="FILE", help="for an RWKV-PEFT PiSSA checkpoint: "
+                   "its init_pissa.pth, the initial adapters its base held subtracted "
+                   "(default: none; FILE's lora_A / lora_B are then plain LoRA)")
 
 
 def run(a: argparse.Namespace) -> int:
@@ -40,9 +43,10 @@ def run(a: argparse.Namespace) -> int:
         if base is None:
             return err(f"{a.file} holds LoRA adapters and names no local base; give the model "
                        "they sit on with --base", 2)
-        ckpt = import_adapters(a.file, base, a.out, a.lora_alpha)
-    elif a.lora_alpha is not None:
-        return err("--lora-alpha is the alpha of LoRA adapters; FILE holds none", 2)
+        ckpt = import_adapters(a.file, base, a.out, a.lora_alpha, a.lora_init)
+    elif a.lora_alpha is not None or a.lora_init is not None:
+        flag = "--lora-alpha" if a.lora_alpha is not None else "--lora-init"
+        return err(f"{flag} belongs to LoRA adapters; FILE holds none", 2)
     else:
         ckpt = import_pth(a.file, a.out)
     print(f"rwkvx-c import: {ckpt}\n  sample     rwkvx-c sample {a.out} --prompt 'Hello'\n"

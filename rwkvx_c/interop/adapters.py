@@ -35,7 +35,7 @@ from rwkvx_c.interop.pth import PthTensors, load_pth
 from rwkvx_c.interop.rwkv7 import linear_prefixes, parts_in
 from rwkvx_c.model.lora import A_SUFFIX, B_SUFFIX, TARGETS, fold_matrix, target_params
 from rwkvx_c.model.parts import part_of
-from rwkvx_c.util.files import read_json
+from rwkvx_c.util.files import check_input, read_json
 
 __all__ = ["Adapters", "is_adapter", "peft_base", "read_adapters"]
 
@@ -104,16 +104,25 @@ def peft_base(folder: str) -> str | None:
     return None
 
 
-def read_adapters(path: str, base: RxPtModel, alpha: float | None = None) -> Adapters:
+def read_adapters(path: str, base: RxPtModel, alpha: float | None = None,
+                  init: str | None = None) -> Adapters:
     """The adapters at path (a PEFT folder or an RWKV-PEFT .pth) under the
     parameter names of base. alpha: for a .pth that does not record it
-    (RWKV-PEFT's own files; merge_lora.py takes it as an argument)."""
+    (RWKV-PEFT's own files; merge_lora.py takes it as an argument). init:
+    an RWKV-PEFT PiSSA checkpoint's init_pissa.pth (_with_pissa_init)."""
     mags: dict[str, np.ndarray] = {}
     parts: dict[str, np.ndarray] = {}
     if os.path.isdir(path):
         pairs, alpha, kind, mags = _read_peft(path, base)
     else:
-        pairs, alpha, kind, parts = _read_rwkv_peft(path, base, alpha)
+        if init is not None and alpha is not None:
+            raise InteropError(f"{path}: an RWKV-PEFT PiSSA checkpoint (--lora-init) scales "
+                               "by 1; drop --lora-alpha")
+        pairs, read_alpha, kind, parts = _read_rwkv_peft(path, base, alpha, init is None)
+        if init is not None:
+            pairs, read_alpha = _with_pissa_init(path, pairs, kind, read_alpha, init, base)
+        assert read_alpha is not None   # _read_rwkv_peft refuses a file without one
+        alpha = read_alpha
     if not pairs:
         raise InteropError(f"{path} holds no LoRA adapters")
     ranks = {A.shape[0] for A, _ in pairs.values()}
@@ -291,12 +300,14 @@ def _split_peft_key(key: str, what: str, miss: bool = False, dora: bool = False
         "LoRA adapter tensor (base_model.model.<module>.lora_A.weight / lora_B.weight)"))
 
 
-def _read_rwkv_peft(path: str, base: RxPtModel, alpha: float | None
-                    ) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], float, str,
+def _read_rwkv_peft(path: str, base: RxPtModel, alpha: float | None, need_alpha: bool = True
+                    ) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], float | None, str,
                                dict[str, np.ndarray]]:
     """An RWKV-PEFT file: LoRA's lora_A / lora_B or MiSS's disha [r, out]
     (its "bone" mode) on each adapted Linear, and the parameters it trained
-    beside them (its train_parts, "ln" by default), under the base's names."""
+    beside them (its train_parts, "ln" by default), under the base's names.
+    The alpha is the file's record or the given one (None: neither, where
+    not need_alpha)."""
     sd = load_pth(path)
     params = _module_params(base)
     read = parts_in(base, sd, path)
@@ -336,10 +347,46 @@ def _read_rwkv_peft(path: str, base: RxPtModel, alpha: float | None
             raise InteropError(f"{path} records lora_alpha {recorded:g}; --lora-alpha {alpha:g} "
                                "contradicts it")
         alpha = recorded
-    if alpha is None:
+    if alpha is None and need_alpha:
         raise InteropError(f"{path} does not record its alpha (RWKV-PEFT passes it to "
                            "merge_lora.py): give it with --lora-alpha")
     return _pairs(found, path), alpha, kind, parts
+
+
+def _with_pissa_init(path: str, pairs: dict[str, tuple[np.ndarray, np.ndarray]], kind: str,
+                     alpha: float | None, init: str, base: RxPtModel
+                     ) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], float]:
+    """An RWKV-PEFT PiSSA checkpoint (lora_A, lora_B at scale 1 on a base
+    that held its initial adapters subtracted) with those initial adapters
+    (init: '{module}.init_lora_A' / '.init_lora_B', its init_pissa.pth) as
+    the plain LoRA that computes the same on the original base, as PEFT
+    converts PiSSA: A [A; A0], B [B, -B0] at rank 2r and scale 1
+    (merge_pissa.py's W - B0 A0 + B A). Returns (pairs, alpha)."""
+    if kind != "lora" or alpha is not None:
+        raise InteropError(f"{path}: --lora-init goes with an RWKV-PEFT PiSSA checkpoint, "
+                           "whose adapters are lora_A / lora_B at scale 1 (no lora_alpha "
+                           "record, no --lora-alpha)")
+    check_input(init, InteropError, "--lora-init")
+    sd = load_pth(init)
+    params = _module_params(base)
+    names = {ours: mod for mod, ours in params.items()}
+    wanted = {names[p] + t for p in pairs for t in (".init_lora_A", ".init_lora_B")}
+    if set(sd) != wanted:
+        odd = sorted(set(sd) ^ wanted)[0]
+        raise InteropError(f"{init}: {odd} " + ("is not an initial adapter of one of "
+                           f"{path}'s" if odd in sd else "is missing, the initial adapter of "
+                           f"one of {path}'s") + " (RWKV-PEFT's init_pissa.pth holds "
+                           "{module}.init_lora_A / .init_lora_B for each)")
+    out = {}
+    for p, (A, B) in pairs.items():
+        A0, B0 = (np.asarray(sd[names[p] + t], dtype=np.float32)
+                  for t in (".init_lora_A", ".init_lora_B"))
+        if A0.shape != A.shape or B0.shape != B.shape:
+            raise InteropError(f"{init}: the initial adapter of {names[p]} has shapes "
+                               f"{A0.shape}, {B0.shape}; {path}'s has {A.shape}, {B.shape}")
+        out[p] = (np.concatenate([A, A0]), np.concatenate([B, -B0], axis=1))
+    r = next(iter(out.values()))[0].shape[0]
+    return out, float(r)   # scale 1 at rank 2r
 
 
 def _pairs(found: Mapping[str, Mapping[str, np.ndarray]], what: str

@@ -260,17 +260,18 @@ def _new_run(path: str, out_dir: str) -> RunDir:
     return run
 
 
-def import_adapters(path: str, base: str, out_dir: str, lora_alpha: float | None = None
-                    ) -> str:
+def import_adapters(path: str, base: str, out_dir: str, lora_alpha: float | None = None,
+                    lora_init: str | None = None) -> str:
     """A LoRA run folder out_dir of the adapters at path (a PEFT folder or an
     RWKV-PEFT LoRA .pth, rwkvx_c.interop.adapters) on the model at base (a
     run folder, checkpoint, .pth or Hugging Face folder): base weights,
     adapters apart, and the adapters' r, alpha and targets in its state, so
     `rwkvx-c train --resume --out DIR` trains them on. Returns the
-    checkpoint path."""
+    checkpoint path. lora_init: an RWKV-PEFT PiSSA checkpoint's initial
+    adapters (its init_pissa.pth)."""
     run = _new_run(path, out_dir)
-    claim_output(run.checkpoint, [base])
-    src = read_source(path, base, lora_alpha)
+    claim_output(run.checkpoint, [base] + ([lora_init] if lora_init else []))
+    src = read_source(path, base, lora_alpha, lora_init=lora_init)
     ads = src.adapters
     assert ads is not None   # read_source refuses a path without adapters
     tensors = {**src.weights, **ads.parts}   # the parts it trained replace the base's

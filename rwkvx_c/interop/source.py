@@ -69,7 +69,7 @@ class Source:
 
 
 def read_source(src: str, base: str | None = None, lora_alpha: float | None = None,
-                pinned: str | None = None) -> Source:
+                pinned: str | None = None, lora_init: str | None = None) -> Source:
     """The Source at src; InteropError (one line) when it is none of a run
     folder with a checkpoint, a checkpoint file, a .pth or a Hugging Face
     folder. An adapter at src (a PEFT folder, an RWKV-PEFT LoRA .pth) sits on
@@ -78,8 +78,12 @@ def read_source(src: str, base: str | None = None, lora_alpha: float | None = No
     base (rwkvx_c.run.base), base is where that base lies now (--base);
     lora_alpha: the alpha of an RWKV-PEFT file that does not record it;
     pinned: the pin of src's checkpoint (rwkvx_c.run.base.pin_source),
-    read in its place."""
+    read in its place; lora_init: an RWKV-PEFT PiSSA checkpoint's initial
+    adapters (rwkvx_c.interop.adapters.read_adapters)."""
     check_input(src, InteropError, "the source")
+    if lora_init is not None and not (os.path.isfile(src) and is_adapter(src)):
+        raise InteropError(f"--lora-init belongs to an RWKV-PEFT PiSSA checkpoint; {src} is "
+                           "none")
     if os.path.exists(src) and is_adapter(src):
         base = base or (peft_base(src) if os.path.isdir(src) else None)
         if base is None:
@@ -89,7 +93,7 @@ def read_source(src: str, base: str | None = None, lora_alpha: float | None = No
         if s.adapters is not None:
             raise InteropError(f"the base {base} holds adapters itself")
         model = RxPtModel(s.config)
-        s.adapters = read_adapters(src, model, lora_alpha)
+        s.adapters = read_adapters(src, model, lora_alpha, lora_init)
         s.path = src
         return s
     if os.path.isdir(src):
