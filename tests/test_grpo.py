@@ -312,6 +312,27 @@ def test_lora_over_a_frozen_base_rolls_out_and_trains_with_the_kl_term(tmp_path,
     assert rows[0]["kl"] == 0.0 and rows[1]["kl"] > 0.0   # the adapters start at zero
 
 
+@pytest.mark.parametrize("source", [False, True])
+def test_the_memory_check_measures_a_prompt_and_its_completion(tmp_path, monkeypatch, source):
+    """The step's memory check is asked for sequences of the longest prompt
+    plus --max-completion-length tokens (what an update runs), not --seq-len,
+    for a new model and a fine-tune of a source alike."""
+    from rwkvx_c.model import memory
+    asked = []
+    real = memory.check_step
+    monkeypatch.setattr(memory, "check_step",
+                        lambda m, b, t, *a, **k: (asked.append((b, t)), real(m, b, t, *a, **k)))
+    kw = {}
+    if source:
+        from test_finetune import _base_run
+        kw = dict(init_from=_base_run(tmp_path, model=dict(SMALL, n_attn_layer=0)), model=None,
+                  tune="lora", lora_r=4)
+        asked.clear()
+    tr = _grpo(tmp_path, "mem", seq_len=4096, max_completion_length=6, **kw)
+    longest = max(tr.pref.train.longest(), tr.pref.val.longest())
+    assert asked == [(4, longest + 6)]
+
+
 @pytest.mark.parametrize("full", [False, True])
 def test_a_resumed_run_reads_the_pinned_reference_not_the_source(tmp_path, full):
     # --ref-from's run (or, for a full tune, --init-from's as the reference)

@@ -178,16 +178,18 @@ def _with_validation(corpus: Corpus, opts: ResolvedOptions, tokenizer: Tokenizer
 
 def build_model(opts: ResolvedOptions, tokenizer: Tokenizer, corpus: Corpus,
                 tensors: Mapping[str, np.ndarray] | None,
-                weights: Mapping[str, np.ndarray] | None
+                weights: Mapping[str, np.ndarray] | None, step_len: int | None = None
                 ) -> tuple[_core.RxPtModel, AdamW | PartsAdamW]:
     """The model, its first weights (imported or --init-from: weights; a
     resume: none here, the checkpoint's come later; else initialised) and
-    the optimiser over what trains (--tune). Sets opts' vocabulary."""
+    the optimiser over what trains (--tune). Sets opts' vocabulary.
+    step_len: the tokens of a step's longest sequence, which the memory
+    check measures (default --seq-len)."""
     opts.vocab_size = opts.model["vocab_size"] = model_vocab(
         opts, tokenizer, corpus, fixed=weights is not None)
     cfg = dict(opts.model)
     if weights is not None:   # a fine-tune: its own memory check, then its source's weights
-        model = model_from_source(opts, weights)
+        model = model_from_source(opts, weights, step_len)
         restore_trained(model, weights, "the source")   # a state-tuned source's states
         optim = make_optimizer(model, opts)
         if adapters_of(weights):   # imported adapters (PEFT, RWKV-PEFT) train on
@@ -202,7 +204,7 @@ def build_model(opts: ResolvedOptions, tokenizer: Tokenizer, corpus: Corpus,
                      "the model with its optimiser state", "choose a smaller --preset")
         model = _core.RxPtModel(cfg, seed=opts.seed, precision=opts.precision,
                                 recompute=bool(opts.grad_cp), l2wrap=opts.l2wrap)
-        memory.check_step(model, opts.batch, opts.seq_len)
+        memory.check_step(model, opts.batch, step_len or opts.seq_len)
     except (ConfigError, MemoryTooSmall) as e:
         raise TrainError(str(e)) from None
     if tensors is None:

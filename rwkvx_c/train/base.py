@@ -100,7 +100,8 @@ def tune_bytes(model: RxPtModel, opts: ResolvedOptions, names: list[str], dtype:
                                base_bytes(model, names, dtype))
 
 
-def model_from_source(opts: ResolvedOptions, weights: Mapping[str, np.ndarray]) -> RxPtModel:
+def model_from_source(opts: ResolvedOptions, weights: Mapping[str, np.ndarray],
+                      step_len: int | None = None) -> RxPtModel:
     """The model of a fine-tune (opts resolved, opts.model the source's
     shape) holding the source's weights (by parameter name; see the module
     doc), its frozen matrices in a base of --base-dtype. TrainError when the
@@ -113,7 +114,7 @@ def model_from_source(opts: ResolvedOptions, weights: Mapping[str, np.ndarray]) 
         # frozen while the step may be measured: no weight grad is written
         # (make_optimizer sets what trains)
         model.frozen = True
-        memory.check_step(model, opts.batch, opts.seq_len,
+        memory.check_step(model, opts.batch, step_len or opts.seq_len,
                           params=tune_bytes(model, opts, names, dtype))
     except (ConfigError, MemoryTooSmall, ValueError) as e:
         raise TrainError(str(e)) from None

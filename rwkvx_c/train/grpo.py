@@ -188,6 +188,12 @@ class GRPOStep:
         self.lora_ref = False
         self.last_times = (0.0, 0.0)   # the last step's rollout and update seconds
 
+    def step_len(self) -> int:
+        """The tokens of an update's longest sequence: the longest prompt
+        and a completion of --max-completion-length."""
+        return max(self.train.longest(), self.val.longest() if len(self.val) else 0) + \
+            self.o.max_completion_length
+
     # ------------------------------------------------------------ reference
     def reference_source(self, tune: str) -> str | None:
         """Where the reference of the KL term (--beta > 0) comes from:

@@ -206,8 +206,10 @@ class Trainer(Saver):
 
     def _build_model(self, _tensors: Mapping[str, np.ndarray] | None,
                      _weights: Mapping[str, np.ndarray] | None) -> None:
+        # a GRPO update's sequences are a prompt and its completion, whatever --seq-len
+        step_len = self.pref.step_len() if isinstance(self.pref, GRPOStep) else None
         self.model, self.optim = build_model(self.opts, self.tokenizer, self.corpus, _tensors,
-                                             _weights)
+                                             _weights, step_len)
         self.guard = DivergenceGuard(self.opts.model["vocab_size"], self.pref is None)
 
     def _name_base(self, _state: dict[str, Any] | None,
