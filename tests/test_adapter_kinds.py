@@ -375,6 +375,7 @@ def test_peft_applies_the_exported_kind_onto_the_hf_export(tmp_path, kind):
 @pytest.mark.parametrize("tune,flags,kw", [
     ("lora", ["--adapter", "rslora"], dict(adapter="rslora")),
     ("lora", ["--adapter", "dora"], dict(adapter="dora")),
+    ("lora", ["--train-parts", "state"], dict(train_parts="state")),
     ("full", ["--lisa-layers", "1", "--lisa-interval", "1"], dict(lisa_layers=1, lisa_interval=1)),
 ])
 def test_kind_options_from_the_cli_python_and_a_config_file(tmp_path, tune, flags, kw):

@@ -168,7 +168,7 @@ CHAT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "chat.js
 def test_fine_tunes_on_two_ranks_match_one_process(tmp_path, tune, data, adapter):
     """--tune state (on chat data, whose rows count different numbers of
     assistant tokens on each rank), --tune lora of each adapter kind with a
-    trained group (--train-parts ln; PiSSA and DoRA on a q8_0 base, whose
+    trained group (--train-parts ln, MiSS's with the states; PiSSA and DoRA on a q8_0 base, whose
     residual and column norms every rank computes alike) and LISA (every
     rank draws the same blocks): the ranks average what trains, and 20
     steps give the one-process losses to float32 reduction noise."""
@@ -183,7 +183,9 @@ def test_fine_tunes_on_two_ranks_match_one_process(tmp_path, tune, data, adapter
     args = ["--init-from", base, "--tune", tune, "--steps", "20", "--lr", lr,
             "--precision", "fp32"] + FAST + seq
     if tune == "lora":
-        args += ["--train-parts", "ln", "--lora-r", "4", "--adapter", adapter]
+        # MiSS with the states too: RWKV-PEFT's state tuning beside its DiSHA
+        parts = "ln,state" if adapter == "miss" else "ln"
+        args += ["--train-parts", parts, "--lora-r", "4", "--adapter", adapter]
     if adapter in ("pissa", "dora"):
         args += ["--base-dtype", "q8_0"]
     if adapter == "lisa":

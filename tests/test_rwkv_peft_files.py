@@ -52,6 +52,38 @@ def runs(tmp_path_factory):
     return d, base, miss, ln
 
 
+def test_a_lora_tune_trains_the_states_beside_its_adapters_as_rwkv_peft_does(runs, tmp_path):
+    """--tune lora --train-parts state: the initial WKV states train with
+    the adapters (RWKV-PEFT's state tuning beside its PEFT), resume bit-exact,
+    and travel in the lora export as '{block}.att.time_state', which comes
+    back in as the same model training the same parts."""
+    d, base, _, _ = runs
+    tr = _lora_run(tmp_path, base, "ls", steps=4, train_parts="state", lr=1e-2)
+    rows = []
+    tr.run(on_step=rows.append)
+    assert tr.model.state is not None and np.abs(tr.model.state).max() > 0   # they moved
+    again = _lora_run(tmp_path, base, "ls2", steps=4, train_parts="state", lr=1e-2)
+    again.run(stop=lambda: again.step_count >= 2)
+    r = Trainer.resume(str(tmp_path / "ls2"))
+    more = []
+    r.run(on_step=more.append)
+    assert [x["loss"] for x in more if "loss" in x] == [x["loss"] for x in rows if "loss" in x][2:]
+    out = tmp_path / "ls.pth"
+    assert main(["export", str(tmp_path / "ls"), "--format", "lora", "--out", str(out)]) == 0
+    sd = load_pth(str(out))
+    for i, s in enumerate(tr.model.state):
+        assert np.array_equal(sd[f"blocks.{i}.att.time_state"], s)
+    back = str(tmp_path / "back")
+    assert main(["import", str(out), "--base", str(d / "base.pth"), "--out", back]) == 0
+    assert _rel(load_model(back).forward(TOKENS), tr.model.forward(TOKENS)) <= FWD_TOL
+    _, _, state = read_checkpoint(os.path.join(back, "checkpoint.safetensors"))
+    assert state["lora"]["parts"] == "state"
+    for kw in (dict(tune="full", train_parts="state"), dict(tune="state", train_parts="state"),
+               dict(tune="full", freeze="state")):
+        with pytest.raises(TrainError, match="the state group"):
+            _opts(tmp_path, **kw).resolved()
+
+
 def test_miss_goes_out_as_disha_blocks_that_merge_by_rwkv_peft_rule(runs):
     """export --format lora of a MiSS run writes '{module}.disha' [r, out]
     alone; merged by RWKV-PEFT's bone rule W[o, i] += disha[i % r, o] (its

@@ -8,11 +8,12 @@ from rwkvx_c.cli.common import Subparsers, add_run_flags, err
 from rwkvx_c.interop.gguf import GGUF_DTYPES, QUANTS
 from rwkvx_c.interop.runs import EXPORTS, FORMATS, Adapters, export_model, formats_holding
 from rwkvx_c.model.lora import ADAPTERS, adapters_of, magnitudes_of, plain_alpha, run_adapter
+from rwkvx_c.model.parts import STATES, part_of
 from rwkvx_c.run.base import BASE_KEY, short
-from rwkvx_c.run.checkpoint import read_checkpoint, read_state
+from rwkvx_c.run.checkpoint import STATE_KEY, read_checkpoint, read_state
 from rwkvx_c.run.rundir import checkpoint_path
 from rwkvx_c.sample import load_run, run_template
-from rwkvx_c.train.finetune import parse_parts, part_of
+from rwkvx_c.train.finetune import parse_parts
 
 __all__ = ["add_parser", "run"]
 
@@ -72,7 +73,8 @@ def run(a: argparse.Namespace) -> int:
                 kind, alpha = "lora", plain_alpha(kind, r, alpha)
             # the groups it trained beside them (--train-parts): RWKV-PEFT's file holds them too
             groups = parse_parts(opts.get("train_parts"), "--train-parts")
-            parts = [n for n in model.param_names if part_of(n, model.layers) in groups]
+            parts = [n for n in model.param_names if part_of(n, model.layers) in groups] + \
+                ([STATE_KEY] if STATES in groups and model.state is not None else [])
             adapters = (ads, alpha, kind, magnitudes_of(tensors), parts)
     export_model(model, a.format, a.out, a.dtype, inputs=inputs, tokenizer=tok,
                  adapters=adapters, chat_template=run_template(a.dir).source)

@@ -32,9 +32,10 @@ from rwkvx_c.errors import InteropError
 from rwkvx_c.interop.hf import PEFT_FILES, _need
 from rwkvx_c.interop.hf_hybrid import export_modules
 from rwkvx_c.interop.pth import PthTensors, load_pth
-from rwkvx_c.interop.rwkv7 import linear_prefixes, parts_in
+from rwkvx_c.interop.rwkv7 import linear_prefixes, parts_in, states_in
 from rwkvx_c.model.lora import A_SUFFIX, B_SUFFIX, TARGETS, fold_matrix, target_params
-from rwkvx_c.model.parts import part_of
+from rwkvx_c.model.parts import STATES, part_of
+from rwkvx_c.run.checkpoint import STATE_KEY
 from rwkvx_c.util.files import check_input, read_json
 
 __all__ = ["Adapters", "is_adapter", "peft_base", "read_adapters"]
@@ -141,7 +142,8 @@ def read_adapters(path: str, base: RxPtModel, alpha: float | None = None,
                      or not np.all(np.isfinite(mags[name]))):
             raise InteropError(f"{path}: the DoRA adapter of {name} wants a finite "
                                f"lora_magnitude_vector of shape ({n_out},)")
-    groups = sorted({part_of(n, base.layers) or "?" for n in parts})
+    groups = sorted({STATES if n == STATE_KEY else part_of(n, base.layers) or "?"
+                     for n in parts})
     return Adapters(pairs, float(alpha), _targets_of(path, base, pairs), mags, kind, parts,
                     ",".join(groups))
 
@@ -312,6 +314,10 @@ def _read_rwkv_peft(path: str, base: RxPtModel, alpha: float | None, need_alpha:
     params = _module_params(base)
     read = parts_in(base, sd, path)
     parts = dict(read.values())
+    states = states_in(base, sd, path)   # RWKV-PEFT's time_state (a state tune beside them)
+    if states is not None:
+        parts[STATE_KEY] = states
+        read.update({n: (STATE_KEY, states) for n in sd if n.endswith(".att.time_state")})
     found: dict[str, dict[str, np.ndarray]] = {}
     kinds = set()
     for key, a in sd.items():

@@ -34,6 +34,7 @@ from rwkvx_c.interop.rwkv7 import (
     from_rwkvx,
     linear_prefixes,
     parts_out,
+    states_out,
     to_rwkv7,
     to_rwkvx,
 )
@@ -189,12 +190,15 @@ def lora_dict(model: RxPtModel, adapters: Mapping[str, tuple[np.ndarray, np.ndar
     reads r from the shapes, and passes over keys holding "lora" that are
     not adapters); MiSS as RWKV-PEFT's DiSHA of "bone" mode, its block
     '{module}.disha' [r, out] alone (scale 1, r from the shape:
-    merge_disha.py); and the parameters `parts` (our names) that the run
-    trained beside them, as RWKV-PEFT saves its train_parts. Adapters of
+    merge_disha.py); and the parameters `parts` (our names; STATE_KEY: the
+    initial states, as '{block}.att.time_state') that the run trained
+    beside them, as RWKV-PEFT saves its train_parts. Adapters of
     another kind are written as the plain LoRA that computes the same
     (rwkvx_c.model.lora.plain_alpha: rsLoRA's alpha * sqrt(r))."""
     names = linear_prefixes(model)
-    out = parts_out(model, parts)
+    out = parts_out(model, [p for p in parts if p != STATE_KEY])
+    if STATE_KEY in parts:   # RWKV-PEFT's time_state beside its adapters
+        out.update(states_out(model))
     if ADAPTERS[kind].fold:
         for ours, (_, B) in adapters.items():
             out[names[ours] + DISHA_SUFFIX] = np.array(B.T, dtype=np.float32)
@@ -279,7 +283,7 @@ def import_adapters(path: str, base: str, out_dir: str, lora_alpha: float | None
         tensors[name + A_SUFFIX], tensors[name + B_SUFFIX] = A, B
     for name, M in ads.magnitudes.items():
         tensors[name + M_SUFFIX] = M
-    if src.state0 is not None:
+    if src.state0 is not None and STATE_KEY not in ads.parts:   # the file's states win
         tensors[STATE_KEY] = src.state0
     state: dict[str, Any] = {
         "imported_from": os.path.abspath(path), "imported_base": os.path.abspath(base),

@@ -440,6 +440,41 @@ def parts_in(model: RxPtModel, sd: Mapping[str, np.ndarray], what: str
     return out
 
 
+def _state_names(model: RxPtModel) -> list[str]:
+    """The export's name of each RWKV block's initial state (RWKV-PEFT's
+    time_state; RWKV-X's rwkv. names in a hybrid, blocks counted among the
+    RWKV ones)."""
+    pre = "rwkv." if model.config["n_attn_layer"] else ""
+    return [f"{pre}blocks.{i}.att.time_state" for i in range(model.config["n_rwkv_layer"])]
+
+
+def states_out(model: RxPtModel) -> dict[str, np.ndarray]:
+    """The model's initial states (it must hold them) under the export's
+    names, float32 [H, N, N] each (state[h][v][k], RWKV-PEFT's layout)."""
+    assert model.state is not None
+    return {n: np.array(s, dtype=np.float32) for n, s in zip(_state_names(model), model.state)}
+
+
+def states_in(model: RxPtModel, sd: Mapping[str, np.ndarray], what: str) -> np.ndarray | None:
+    """The initial states [n_rwkv, H, N, N] that sd holds under the export's
+    names (all of them or none), float32; None when it holds none."""
+    names = _state_names(model)
+    held = [n for n in names if n in sd]
+    if not held:
+        return None
+    if len(held) != len(names):
+        missing = next(n for n in names if n not in sd)
+        raise InteropError(f"{what} holds initial states for some RWKV blocks and not "
+                           f"{missing}")
+    want = (model.config["n_head"], model.config["head_size"], model.config["head_size"])
+    for n in names:
+        a = np.asarray(sd[n])
+        if a.shape != want or not np.issubdtype(a.dtype, np.floating):
+            raise InteropError(f"{what}: {n} has shape {a.shape} and dtype {a.dtype}; an "
+                               f"initial state is {want} of floating point")
+    return np.stack([np.asarray(sd[n], dtype=np.float32) for n in names])
+
+
 def linear_prefixes(model: RxPtModel) -> dict[str, str]:
     """{our matrix name: its module's name} for every Linear weight of the
     model in the export's naming (x070 without attention blocks, RWKV-X's

@@ -1,10 +1,13 @@
 """The groups of parameters --train-parts and --freeze name (docs/finetune.md
-§Groups): ln, time, emb, head and attn, each parameter's by its name."""
+§Groups): ln, time, emb, head and attn, each parameter's by its name; and
+state, the initial WKV states a LoRA tune may train beside its adapters
+(no parameter is of that group)."""
 from __future__ import annotations
 
-__all__ = ["PARTS", "part_of"]
+__all__ = ["PARTS", "STATES", "part_of"]
 
-PARTS = ("ln", "time", "emb", "head", "attn")
+PARTS = ("ln", "time", "emb", "head", "attn", "state")
+STATES = "state"   # the group of the initial WKV states
 
 # the time-mix and channel-mix parameters that are not projections
 _TIME = ("x_r", "x_w", "x_k", "x_v", "x_a", "x_g", "w0", "w1", "w2", "a0", "a1", "a2", "v0",

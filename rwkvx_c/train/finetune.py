@@ -51,7 +51,7 @@ from rwkvx_c.model.lora import (
     principal_parts,
     target_params,
 )
-from rwkvx_c.model.parts import PARTS, part_of
+from rwkvx_c.model.parts import PARTS, STATES, part_of
 from rwkvx_c.model.weights import load_states
 from rwkvx_c.run.checkpoint import STATE_KEY
 from rwkvx_c.train.expand import ATTN_FIELDS, expanded_config
@@ -259,7 +259,7 @@ def make_optimizer(model: RxPtModel, opts: TrainOptions) -> AdamW | PartsAdamW:
     model.freeze_ranges(_frozen_ranges(model, names))
     pieces: list[Piece] = [(model.params[n], model.grads[n], model.params[n].ndim == 2)
                            for n in names]
-    if opts.tune == "state":
+    if opts.tune == "state" or STATES in parse_parts(opts.train_parts, "--train-parts"):
         model.enable_state()
         assert model.state is not None and model.state_grad is not None
         pieces.insert(0, (model.state, model.state_grad, False))

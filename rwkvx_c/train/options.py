@@ -23,6 +23,7 @@ from rwkvx_c.errors import ConfigError, TokenizerError, TrainError
 from rwkvx_c.model.config import ModelConfig
 from rwkvx_c.model.init import SCHEMES
 from rwkvx_c.model.lora import ADAPTER_KINDS, ADAPTERS
+from rwkvx_c.model.parts import STATES
 from rwkvx_c.model.presets import PRESETS
 from rwkvx_c.train.grpo_loss import LOSS_TYPES, SCALE_REWARDS
 from rwkvx_c.train.guard import ON_DIVERGENCE
@@ -227,7 +228,8 @@ class TrainOptions:
     train_parts: str | None = _opt(None, "with --tune state or lora, these groups train too; with "
                                    "--tune full, only these train (attn: RWKV-X's "
                                    "--only_train_moba): a comma list of ln, time (lerp, decay, "
-                                   "gate vectors and their LoRAs), emb, head, attn",
+                                   "gate vectors and their LoRAs), emb, head, attn, state "
+                                   "(--tune lora: the initial WKV states)",
                                    kind="names", metavar="G,G")
     freeze: str | None = _opt(None, "with --tune full, hold these groups fixed (as "
                               "--train-parts)", kind="names", metavar="G,G")
@@ -379,6 +381,11 @@ class TrainOptions:
         if self.train_parts and self.freeze:
             raise TrainError("give --train-parts (what trains) or --freeze (what does not), "
                              "not both")
+        if STATES in (self.freeze or "") or (STATES in (self.train_parts or "") and
+                                             self.tune != "lora"):   # no other group holds it
+            raise TrainError("the state group (the initial WKV states) trains beside a LoRA "
+                             "tune's adapters (--tune lora --train-parts state); --tune state "
+                             "trains them alone")
         if self.freeze and self.tune != "full":
             raise TrainError(f"--freeze holds groups of --tune full fixed; --tune {self.tune} "
                              "freezes the whole base already")
