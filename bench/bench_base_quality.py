@@ -10,26 +10,11 @@ Prints a Markdown table: each dtype's held-out loss after the steps, its
 difference from the bf16 base's, the base's bytes per weight, and the
 wall-clock of the whole train command."""
 import argparse
-import json
 import os
-import subprocess
-import sys
-import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CHAT = os.path.join(ROOT, "tests", "data", "chat.jsonl")
-COMMON = ["--precision", "fp32", "--no-progress", "--seed", "1"]
+from bench_adapters import CHAT, ROOT, train  # one train command, its held-out loss, its time
+
 DTYPES = {"bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}   # bytes per weight
-
-
-def train(args, out, threads):
-    t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "rwkvx_c", "train", "--out", out, "--threads",
-                    str(threads)] + COMMON + args, check=True, stdout=subprocess.DEVNULL)
-    wall = time.perf_counter() - t0
-    with open(os.path.join(out, "log.jsonl")) as f:
-        rows = [json.loads(line) for line in f]
-    return [r["val_loss"] for r in rows if "val_loss" in r][-1], wall
 
 
 def main():

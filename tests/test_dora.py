@@ -112,10 +112,10 @@ def test_dora_reference_grads_match_finite_differences():
             assert abs(fd - v.grad[idx]) <= 1e-6 + 1e-5 * abs(fd), (i, idx, fd, v.grad[idx])
 
 
-@pytest.mark.parametrize("dtype", ["bf16", "q8_0", "q4_0"])
-def test_dora_over_a_frozen_base_reads_the_base_values(dtype):
-    """A base held in dtype: the norms are those of its decoded values, and
-    the forward and grads equal a float32 model holding those values."""
+def _held_and_flat(dtype):
+    """(held, flat, src, names): a model whose projections a base holds in
+    dtype, a float32 model holding the base's decoded values, the model
+    they were made from and the projections, DoRA adapters on both."""
     from test_base import CFG as cfg  # an attention block too; sizes multiples of 32
     held = rx.RxPtModel(cfg, seed=5, init=False)
     src = rx.RxPtModel(cfg, seed=5)
@@ -128,9 +128,17 @@ def test_dora_over_a_frozen_base_reads_the_base_values(dtype):
     flat.param_buffer[...] = src.param_buffer
     for n in names:
         flat.params[n][...] = held.base_tensor(n)
-    rng = np.random.default_rng(2)
     for mdl in (held, flat):
         mdl.enable_lora(R, ALPHA, names, dora=True)
+    return held, flat, src, names
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "q8_0", "q4_0"])
+def test_dora_over_a_frozen_base_reads_the_base_values(dtype):
+    """A base held in dtype: the norms are those of its decoded values, and
+    the forward and grads equal a float32 model holding those values."""
+    held, flat, _, _ = _held_and_flat(dtype)
+    rng = np.random.default_rng(2)
     for k, v in held.lora.items():
         if not k.endswith(M_SUFFIX):
             v[...] = rng.standard_normal(v.shape).astype(np.float32) * 0.2
@@ -231,21 +239,8 @@ def test_norms_over_a_held_base_are_kept_while_what_they_read_stays():
     tensor or a new magnitude gives the results of a float32 model that
     takes every norm afresh. A float32 W (its NumPy view can be written
     unseen) is never kept."""
-    from test_base import CFG as cfg
-    names = target_params(rx.RxPtModel(cfg, seed=5, init=False).layers, tuple(TARGETS))
-    src = rx.RxPtModel(cfg, seed=5)
-    held = rx.RxPtModel(cfg, seed=5, init=False)
-    held.param_buffer[...] = src.param_buffer
-    held.set_base("q8_0", names)
-    for n in names:
-        held.base_fill(n, src.params[n])
-    flat = rx.RxPtModel(cfg, seed=5)
-    flat.param_buffer[...] = src.param_buffer
-    for n in names:
-        flat.params[n][...] = held.base_tensor(n)
+    held, flat, src, names = _held_and_flat("q8_0")
     rng = np.random.default_rng(4)
-    for mdl in (held, flat):
-        mdl.enable_lora(R, ALPHA, names, dora=True)
     for k, v in held.lora.items():
         v[...] = flat.lora[k][...] = rng.standard_normal(v.shape).astype(np.float32) * 0.2 + \
             (1.0 if k.endswith(M_SUFFIX) else 0.0)
