@@ -742,7 +742,8 @@ static int sgemm_serial(const gemm_impl *im, const rx_gemm_op *g) {
 
 /* ---- parallel batches -------------------------------------------------
  * A batch of independent GEMMs runs in one parallel region. Thread t owns
- * rows [t*M/nt, (t+1)*M/nt) of every op, cut into units of at most MC rows
+ * rows [t*M/nt, (t+1)*M/nt) of every op (of an op with few rows,
+ * by_columns: its t-th part of the column blocks), cut into units of at most MC rows
  * within column blocks of at most UNIT_W columns: the threads share op(B)
  * (one fetch from memory serves both), each reads only its own rows of
  * op(A), and each packs a column block of op(B) once (bfull, all of K)
@@ -838,6 +839,13 @@ static void unit_shape(const rx_gemm_op *g, size_t mr, int nt, double target, si
     }
 }
 
+/* Whether the team shares op g by columns rather than rows: g has fewer
+ * rows than columns and they fit one unit (a decode step of many
+ * sequences: M = 64 rows by a weight's thousands of columns). Shared by
+ * rows, every thread would pack (for a frozen base: decode) all of op(B)
+ * for its few rows; by columns, each packs its own part once. */
+static int by_columns(const rx_gemm_op *g) { return g->M <= MC && g->M < g->N; }
+
 /* Fills the calling thread's unit table (thread part by thread part) and
  * seg; returns the count, 0 when the units would not fit the 32-bit
  * segment bounds, SIZE_MAX when the table cannot be allocated. */
@@ -856,7 +864,13 @@ static size_t plan_units(const rx_gemm_op *ops, size_t nops, size_t mr, int nt,
                 unit_shape(g, mr, nt, target, &R, &W);
                 size_t r0 = mb * t / nt * mr, r1 = mb * (t + 1) / nt * mr;
                 if (r1 > g->M) r1 = g->M;
-                for (size_t j0 = 0, jb = 0; j0 < g->N; j0 += W, jb++)
+                const size_t nbj = (g->N + W - 1) / W;
+                size_t jb0 = 0, jb1 = nbj;   /* by rows: every column block */
+                if (by_columns(g)) {
+                    r0 = 0, r1 = g->M;
+                    jb0 = nbj * t / nt, jb1 = nbj * (t + 1) / nt;
+                }
+                for (size_t jb = jb0, j0 = jb0 * W; jb < jb1; j0 += W, jb++)
                     for (size_t i0 = r0; i0 < r1; i0 += R, nu++)
                         if (pass)
                             sc->units[nu] = (gunit){k, jb, i0, i0 + R < r1 ? i0 + R : r1, j0,
