@@ -35,24 +35,39 @@ static int block_params_fail(const char *fn, const rx_block_params *P) {
                    P->tm.head_size, P->cm.c);
 }
 
-size_t rx_block_acts_floats(const rx_block_params *P, size_t B, size_t T) {
-    const size_t BT = B * T, C = (size_t)P->tm.c, F = (size_t)P->cm.ffn_dim;
-    return rx_tm_acts_floats(&P->tm, B, T) + 4 * rx_lines(BT * C) + rx_lines(BT * F);
+/* the time-mix's floats; shared: less its WKV scratch (rx_tm_acts_floats_shared) */
+static size_t tm_floats(const rx_block_params *P, size_t B, size_t T, int shared) {
+    return (shared ? rx_tm_acts_floats_shared : rx_tm_acts_floats)(&P->tm, B, T);
 }
 
-/* the time-mix's buffers, then h1 | x1 | h2 | xk | hid, each a whole number
- * of 64-byte lines; owns nothing */
-void rx_block_acts_carve(rx_block_acts *S, const rx_block_params *P, size_t B, size_t T,
-                         float *mem) {
+static size_t block_acts_floats(const rx_block_params *P, size_t B, size_t T, int shared) {
+    const size_t BT = B * T, C = (size_t)P->tm.c, F = (size_t)P->cm.ffn_dim;
+    return tm_floats(P, B, T, shared) + 4 * rx_lines(BT * C) + rx_lines(BT * F);
+}
+
+size_t rx_block_acts_floats(const rx_block_params *P, size_t B, size_t T) {
+    return block_acts_floats(P, B, T, 0);
+}
+
+/* the time-mix's buffers (its WKV scratch wkv_work when not NULL), then
+ * h1 | x1 | h2 | xk | hid, each a whole number of 64-byte lines; owns
+ * nothing */
+static void block_acts_carve(rx_block_acts *S, const rx_block_params *P, size_t B, size_t T,
+                             float *mem, float *wkv_work) {
     const size_t BT = B * T, C = (size_t)P->tm.c;
     memset(S, 0, sizeof *S);
-    rx_tm_acts_carve(&S->tm, &P->tm, B, T, mem);
+    rx_tm_acts_carve_shared(&S->tm, &P->tm, B, T, mem, wkv_work);
     const size_t rc_ = rx_lines(BT * C);
-    S->h1 = mem + rx_tm_acts_floats(&P->tm, B, T);
+    S->h1 = mem + tm_floats(P, B, T, wkv_work != NULL);
     S->x1 = S->h1 + rc_;
     S->h2 = S->x1 + rc_;
     S->xk = S->h2 + rc_;
     S->hid = S->xk + rc_;
+}
+
+void rx_block_acts_carve(rx_block_acts *S, const rx_block_params *P, size_t B, size_t T,
+                         float *mem) {
+    block_acts_carve(S, P, B, T, mem, NULL);
 }
 
 /* The lean set: the time-mix's lean buffers, then h1 | x1 in mem; h2 | xk |
@@ -80,13 +95,24 @@ void rx_block_acts_carve_lean(rx_block_acts *S, const rx_block_params *P, size_t
     S->hid = rx_carve(&p, BT * F);
 }
 
-int rx_block_acts_alloc(rx_block_acts *S, const rx_block_params *P, size_t B, size_t T) {
+/* rx_block_acts_alloc, with the caller's WKV scratch when wkv_work is not NULL */
+static int block_acts_alloc(rx_block_acts *S, const rx_block_params *P, size_t B, size_t T,
+                            float *wkv_work) {
     memset(S, 0, sizeof *S);
-    float *mem = rx_falloc(rx_block_acts_floats(P, B, T));
+    float *mem = rx_falloc(block_acts_floats(P, B, T, wkv_work != NULL));
     if (!mem) return rx_fail(RX_ENOMEM, "rx_block_acts_alloc: out of memory");
-    rx_block_acts_carve(S, P, B, T, mem);
+    block_acts_carve(S, P, B, T, mem, wkv_work);
     S->mem = mem;
     return RX_OK;
+}
+
+int rx_block_acts_alloc(rx_block_acts *S, const rx_block_params *P, size_t B, size_t T) {
+    return block_acts_alloc(S, P, B, T, NULL);
+}
+
+int rx_block_acts_alloc_shared(rx_block_acts *S, const rx_block_params *P, size_t B, size_t T,
+                               float *wkv_work) {
+    return block_acts_alloc(S, P, B, T, wkv_work);
 }
 
 void rx_block_acts_free(rx_block_acts *S) {

@@ -132,9 +132,8 @@ static int gen_alloc(rx_gen *g) {
     g->seen = rx_alloc(S, 1);
     int rc = RX_OK;
     for (int i = 0; i < 2 && i < (int)nr && rc == RX_OK; i++) {
-        rc = rx_block_acts_alloc(&g->r[i], rx_ptmodel_rwkv(g->m, i), 1, MT);
         /* a ragged step's WKV runs in place: its scratch is the sa pairs */
-        g->r[i].tm.wkv_work = g->wkv_work;
+        rc = rx_block_acts_alloc_shared(&g->r[i], rx_ptmodel_rwkv(g->m, i), 1, MT, g->wkv_work);
         g->r[i].tm.wkv_cp = NULL;
     }
     if (rc == RX_OK && na && !(g->a = rx_attn_acts_new(rx_ptmodel_attn(g->m, 0), 1, MT)))

@@ -32,6 +32,8 @@ struct rx_pt_saved {
     rx_attn_acts **attn;   /* [na] */
     float *work;           /* scratch for any block's backward: the largest
                             * rx_block_work or RX_ATTN_WORK */
+    float *wkv_work;       /* the RWKV blocks' one WKV chunk scratch (the largest
+                            * RX_WKV7_WORK; recompute: the lean set's own) */
     float *s, *ds;         /* [B][H][N][N] each when the model has initial states:
                             * one block's broadcast state (advanced in place by
                             * its forward), and the grad on it per sequence */
@@ -69,6 +71,7 @@ static void saved_free(struct rx_pt_saved *s) {
     free(s->rwkv);
     free(s->attn);
     free(s->work);
+    free(s->wkv_work);
     free(s->s);
     free(s->ds);
     free(s->shared);
@@ -126,8 +129,23 @@ static struct rx_pt_saved *saved_new(const rx_ptmodel *m, size_t B, size_t T, in
             return NULL;
         }
     }
+    /* Every set's WKV scratch is this one: the forward and the backward of
+     * the recurrence each write it before reading it (the backward starts
+     * from the checkpoints, kept per block), and the blocks run one at a
+     * time, so one block's does not outlive its call (and a set of its own
+     * is 34 MB a block and sequence at C = 2048) */
+    size_t nwkv = 0;
+    for (int i = 0; i < m->cfg.n_rwkv_layer && !recompute; i++) {
+        const rx_tm_params *P = &m->rwkv[i].tm;
+        const size_t w = RX_WKV7_WORK(B * (size_t)P->n_head, (size_t)P->head_size);
+        if (w > nwkv) nwkv = w;
+    }
+    if (nwkv && !(s->wkv_work = rx_falloc(nwkv))) {
+        saved_free(s);
+        return NULL;
+    }
     for (; s->n < n; s->n++)
-        if (rx_block_acts_alloc(&s->rwkv[s->n], recompute ? shape_of : &m->rwkv[s->n], B, T) !=
+        if (rx_block_acts_alloc_shared(&s->rwkv[s->n], &m->rwkv[s->n], B, T, s->wkv_work) !=
             RX_OK) {
             s->n++;   /* a partial allocation is freed with the rest */
             saved_free(s);

@@ -812,6 +812,16 @@ int rx_tm_acts_alloc(rx_tm_acts *A, const rx_tm_params *P, size_t B, size_t T);
  * (64-byte aligned), which A does not own (A->mem NULL). */
 size_t rx_tm_acts_floats(const rx_tm_params *P, size_t B, size_t T);
 void rx_tm_acts_carve(rx_tm_acts *A, const rx_tm_params *P, size_t B, size_t T, float *mem);
+/* The same less the WKV scratch: rx_tm_acts_floats_shared floats of mem,
+ * and wkv_work the caller's (RX_WKV7_WORK(B*H, N) floats; a ragged step's
+ * RX_WKV7_SEQS_WORK). The WKV forward and backward each write that scratch
+ * before reading it, and nothing reads it between calls, so sets that
+ * never run at once (the blocks of one model step) may share one. A NULL
+ * wkv_work carves the set's own from rx_tm_acts_floats floats, as
+ * rx_tm_acts_carve. */
+size_t rx_tm_acts_floats_shared(const rx_tm_params *P, size_t B, size_t T);
+void rx_tm_acts_carve_shared(rx_tm_acts *A, const rx_tm_params *P, size_t B, size_t T,
+                             float *mem, float *wkv_work);
 /* The lean set of recompute (docs/maths.md §Recompute): the six lerps share
  * buffers with kmod, wsig, aw, bw, y and z, so the backward makes them again
  * after reading those, which leaves A holding no forward (the model runs the
@@ -871,6 +881,10 @@ int rx_block_acts_alloc(rx_block_acts *S, const rx_block_params *P, size_t B, si
 size_t rx_block_acts_floats(const rx_block_params *P, size_t B, size_t T);
 void rx_block_acts_carve(rx_block_acts *S, const rx_block_params *P, size_t B, size_t T,
                          float *mem);
+/* rx_block_acts_alloc less the WKV scratch, which is wkv_work, the caller's
+ * (rx_tm_acts_carve_shared): the blocks of a model step share one. */
+int rx_block_acts_alloc_shared(rx_block_acts *S, const rx_block_params *P, size_t B, size_t T,
+                               float *wkv_work);
 /* The lean set of recompute: rx_block_acts_floats_lean floats of mem, and
  * h2, xk, hid in work, the scratch of rx_block_work_lean floats that the
  * backward of this set then takes (so between the forward and the backward

@@ -70,7 +70,8 @@ int rx_tm_grads_ok(const rx_tm_params *P, const rx_tm_grads *G) {
  * and the backward makes again (z*g, the same product) in its own. */
 #define TM_LERPS 6
 
-static size_t tm_acts_floats(const rx_tm_params *P, size_t B, size_t T, int lean) {
+/* own_work: the set holds its own WKV scratch (else the caller's, shared) */
+static size_t tm_acts_floats(const rx_tm_params *P, size_t B, size_t T, int lean, int own_work) {
     const size_t BT = B * T, C = (size_t)P->c, H = (size_t)P->n_head, N = (size_t)P->head_size;
     const int vres = P->layer_id > 0;
     const size_t Dv = vres ? (size_t)P->Dv : 0;
@@ -79,19 +80,24 @@ static size_t tm_acts_floats(const rx_tm_params *P, size_t B, size_t T, int lean
                rx_lines(BT * C) +
            rx_lines(BT * (size_t)P->Dw) + rx_lines(BT * (size_t)P->Da) +
            rx_lines(BT * (size_t)P->Dg) + rx_lines(BT * Dv) + rx_lines(BT * H) +
-           rx_lines(RX_WKV7_CP(B * H, T, N)) + rx_lines(RX_WKV7_WORK(B * H, N));
+           rx_lines(RX_WKV7_CP(B * H, T, N)) + (own_work ? rx_lines(RX_WKV7_WORK(B * H, N)) : 0);
 }
 
 size_t rx_tm_acts_floats(const rx_tm_params *P, size_t B, size_t T) {
-    return tm_acts_floats(P, B, T, 0);
+    return tm_acts_floats(P, B, T, 0, 1);
 }
 
 size_t rx_tm_acts_floats_lean(const rx_tm_params *P, size_t B, size_t T) {
-    return tm_acts_floats(P, B, T, 1);
+    return tm_acts_floats(P, B, T, 1, 1);
 }
 
+size_t rx_tm_acts_floats_shared(const rx_tm_params *P, size_t B, size_t T) {
+    return tm_acts_floats(P, B, T, 0, 0);
+}
+
+/* wkv_work: the caller's WKV scratch, or NULL to carve the set's own */
 static void tm_acts_carve(rx_tm_acts *A, const rx_tm_params *P, size_t B, size_t T, float *mem,
-                          int lean) {
+                          int lean, float *wkv_work) {
     const size_t BT = B * T, C = (size_t)P->c, H = (size_t)P->n_head, N = (size_t)P->head_size;
     const int vres = P->layer_id > 0;
     const size_t Dv = vres ? (size_t)P->Dv : 0;
@@ -124,16 +130,21 @@ static void tm_acts_carve(rx_tm_acts *A, const rx_tm_params *P, size_t B, size_t
     A->tv = vres ? rx_carve(&p, BT * Dv) : NULL;
     A->bonus = rx_carve(&p, BT * H);
     A->wkv_cp = rx_carve(&p, RX_WKV7_CP(B * H, T, N));
-    A->wkv_work = rx_carve(&p, RX_WKV7_WORK(B * H, N));
+    A->wkv_work = wkv_work ? wkv_work : rx_carve(&p, RX_WKV7_WORK(B * H, N));
 }
 
 void rx_tm_acts_carve(rx_tm_acts *A, const rx_tm_params *P, size_t B, size_t T, float *mem) {
-    tm_acts_carve(A, P, B, T, mem, 0);
+    tm_acts_carve(A, P, B, T, mem, 0, NULL);
+}
+
+void rx_tm_acts_carve_shared(rx_tm_acts *A, const rx_tm_params *P, size_t B, size_t T,
+                             float *mem, float *wkv_work) {
+    tm_acts_carve(A, P, B, T, mem, 0, wkv_work);
 }
 
 void rx_tm_acts_carve_lean(rx_tm_acts *A, const rx_tm_params *P, size_t B, size_t T,
                            float *mem) {
-    tm_acts_carve(A, P, B, T, mem, 1);
+    tm_acts_carve(A, P, B, T, mem, 1, NULL);
 }
 
 int rx_tm_acts_alloc(rx_tm_acts *A, const rx_tm_params *P, size_t B, size_t T) {

@@ -357,6 +357,35 @@ def test_acts_bytes_predict_a_large_batch(cfg, batch, seq_len, seq_share):
         pytest.skip("no mallinfo2")
 
 
+_SHARED_PROBE = """
+import rwkvx_c as rx
+from rwkvx_c.model import memory as memcheck
+if memcheck._heap_in_use() is None:
+    print("no mallinfo2")
+    raise SystemExit(0)
+cfg, recompute = %r
+N = cfg["head_size"]
+one = 4 * cfg["n_head"] * ((64 + 1) * N * N + (64 + 4) * N)   # RX_WKV7_WORK, one sequence
+per_seq = memcheck._measured_bytes(rx.RxPtModel(cfg, recompute=recompute, init=False))[1]
+assert 0.9 * one <= per_seq <= 1.5 * one, (per_seq, one)
+"""
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_the_blocks_of_a_step_share_one_wkv_scratch(recompute):
+    """The WKV recurrence's chunk scratch ([heads][65][N][N] floats a
+    sequence) is the step's, one for every RWKV block (each block's forward
+    and backward write it before reading it): a second sequence costs one
+    block's scratch, not one a block (four blocks here, with and without
+    recompute; before the blocks shared it, 4x without). In a fresh process,
+    as the run measures."""
+    cfg = dict(WIDE, n_rwkv_layer=memcheck.TWIN_BLOCKS, n_attn_layer=0)
+    r = python(_SHARED_PROBE % ((cfg, recompute),))
+    assert r.returncode == 0, r.stderr
+    if "no mallinfo2" in r.stdout:
+        pytest.skip("no mallinfo2")
+
+
 _TWIN_PROBE = """
 import rwkvx_c as rx
 from rwkvx_c.model import memory as memcheck

@@ -94,10 +94,11 @@ def acts_bytes(model: RxPtModel, fallback: int | None = None) -> tuple[int, int]
     `model` (in its recompute mode, precision and frozen setting, with the
     trainer's chunked head), the head's scratch (head_bytes) aside: a step
     of B sequences of T tokens keeps about B*T*first + B*second. The second
-    is what a sequence holds whatever its length (the WKV recurrence's
-    chunk scratch, [heads][65][N][N] floats a block: 34 MB a block at the
-    1.5B shape, so a batch of short sequences costs far more a token than
-    one long one).
+    is what a sequence holds whatever its length: the WKV recurrence's
+    chunk scratch, [heads][65][N][N] floats, one for the whole step (every
+    RWKV block runs in it in turn): 34 MB at the 1.5B shape, 68 MB at
+    C 4096, whatever the depth, so a batch of short sequences costs more a
+    token than one long one.
 
     Runs forward and backward at two small sequence lengths and divides the
     heap difference (the activation buffers the model keeps) by the token
@@ -129,14 +130,19 @@ TWIN_VOCAB = 256
 def _twin_bytes(model: RxPtModel) -> tuple[int, int] | None:
     """acts_bytes of model from twins with its widths, precision,
     recompute and frozen setting and a TWIN_VOCAB vocabulary: from the
-    second RWKV block on each keeps its own buffers per token and per
-    sequence, and so does each attention block after the first (the first
-    two RWKV blocks share what the value residual adds, the first attention
-    block what every attention block reuses), so with m(R, A) a twin of R
-    RWKV and A attention blocks each figure for L RWKV and A attention
-    blocks is m(2, 0) + (L - 2) (m(3, 0) - m(2, 0)) + [m(2, 1) - m(2, 0)] +
+    second RWKV block on each keeps its own buffers per token, and so does
+    each attention block after the first (the first two RWKV blocks share
+    what the value residual adds, the first attention block what every
+    attention block reuses), so with m(R, A) a twin of R RWKV and A
+    attention blocks each figure for L RWKV and A attention blocks is
+    m(2, 0) + (L - 2) (m(3, 0) - m(2, 0)) + [m(2, 1) - m(2, 0)] +
     (A - 1) (m(2, 2) - m(2, 1)), the bracket when A >= 1 (L >= 3 here: the
-    model has more than TWIN_BLOCKS blocks and A <= L)."""
+    model has more than TWIN_BLOCKS blocks and A <= L). Per sequence a
+    block adds nothing (the WKV chunk scratch is the step's, shared by the
+    blocks; the checkpoints grow with the tokens): there m(3, 0) - m(2, 0)
+    measures malloc's noise of a few KiB either way (a negative difference
+    counts 0), so the second figure stays the shallow twin's, the one
+    scratch, at any depth."""
     c = dict(model.config)
     L, A = c["n_rwkv_layer"], c["n_attn_layer"]
 
