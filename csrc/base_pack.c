@@ -186,7 +186,16 @@ static void pack_bf16(const void *src, int tb, size_t N, size_t K, size_t nkc, s
         }
 }
 
-const rx_gemm_source rx_base_source = {pack_f32, pack_bf16, packed};
+/* rx_gemm_source's small_f32 by the dtype's kernel: a forward product
+ * (op(B) = W, its columns b's stored rows) of op(A) read in place */
+static size_t small_f32(const void *src, const rx_gemm_op *g, size_t j0, size_t j1, size_t kcb) {
+    const rx_base_mat *b = src;
+    if (b->packed || g->tb || g->ta || !b->ty->small_f32) return 0;
+    return b->ty->small_f32(b->data, rx_base_type_row_bytes(b->ty, b->in), g->M, g->A, g->lda,
+                            g->K, kcb, j0, j1, g->beta != 0.0f, g->C, g->ldc);
+}
+
+const rx_gemm_source rx_base_source = {pack_f32, pack_bf16, packed, small_f32};
 
 int rx_base_sgemm(int dtype, const void *rows, size_t M, size_t N, size_t K, const float *A,
                   float *C) {

@@ -343,7 +343,11 @@ typedef struct {
  * rx_sgemm's nr-column slivers; pack_bf16: column blocks [cb0,cb1) x k
  * chunks [kc0,kc1) as rx_bgemm's bt_r x bt_k blocks; packed: the whole
  * packed op(B) of a forward product of N x K when the owner holds it in
- * that layout already (the bf16 GEMM then reads it in place), else NULL. */
+ * that layout already (the bf16 GEMM then reads it in place), else NULL;
+ * small_f32: rx_sgemm's small-M product of op g's columns [j0, j1) over all
+ * of K, summed as its kernels sum (one FMA chain from zero per kcb-deep
+ * block of k, added to C in k order), without packing op(B): returns the
+ * columns from j0 it wrote (0: it has no faster way for g). */
 typedef struct rx_gemm_source {
     void (*pack_f32)(const void *src, int tb, size_t p0, size_t kc, size_t j0, size_t nc,
                      size_t nr, float *Bp);
@@ -351,6 +355,7 @@ typedef struct rx_gemm_source {
                       size_t cb1, size_t kc0, size_t kc1, size_t bt_r, size_t bt_k,
                       uint16_t *bp);
     const uint16_t *(*packed)(const void *src, size_t N, size_t K);
+    size_t (*small_f32)(const void *src, const rx_gemm_op *g, size_t j0, size_t j1, size_t kcb);
 } rx_gemm_source;
 /* Independent GEMMs -- no op reads or writes another's C -- run in one
  * parallel region, balanced across threads as one pool of work. */
