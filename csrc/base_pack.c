@@ -198,7 +198,7 @@ static size_t small_f32(const void *src, const rx_gemm_op *g, size_t j0, size_t 
 const rx_gemm_source rx_base_source = {pack_f32, pack_bf16, packed, small_f32};
 
 int rx_base_sgemm(int dtype, const void *rows, size_t M, size_t N, size_t K, const float *A,
-                  float *C) {
+                  float *C, int fast) {
     const rx_base_type *ty = rx_base_type_of(dtype);
     if (!ty || K % ty->blk_elems)
         return rx_fail(RX_EINVAL, "rx_base_sgemm: dtype %d, K %zu: not a dtype, or K not whole "
@@ -209,5 +209,9 @@ int rx_base_sgemm(int dtype, const void *rows, size_t M, size_t N, size_t K, con
     rx_gemm_op g = {0, 0, M, N, K, A, K, rows, 0, 0.0f, C, N};
     g.bsrc = &rx_base_source;
     g.bsrc_of = &b;
-    return rx_sgemm_batch(&g, 1);
+    if (!fast) return rx_sgemm_batch(&g, 1);
+    if (!rx_base_fast_ok(&b, &g))
+        return rx_fail(RX_EINVAL, "rx_base_sgemm: the fast decode takes a Q8_0 or Q4_0 base of "
+                       "K <= 16384; got dtype %d, K %zu", dtype, K);
+    return rx_base_fast_sgemm(&b, &g);
 }

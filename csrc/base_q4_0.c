@@ -19,12 +19,7 @@
 #define Q4_HALF (RX_Q4_0_BLOCK / 2)
 
 /* gguf rounds x * id + 8.5 to float32 before truncating: no fused
- * multiply-add may merge the two (GNU C contracts across statements) */
-#if defined(__GNUC__) && !defined(__clang__)
-#define RX_NO_CONTRACT __attribute__((optimize("fp-contract=off")))
-#else
-#define RX_NO_CONTRACT
-#endif
+ * multiply-add may merge the two (RX_NO_CONTRACT) */
 
 /* numpy's trunc(t).astype(uint8).clip(0, 15) for t = x id + 8.5: t lies in
  * (0, 16.5] for a finite id; NaN and infinities (an id of inf: a subnormal

@@ -17,6 +17,15 @@
 #define RX_BASE_BF16V __attribute__((target("avx512f,avx512bw,avx512bf16")))
 #endif
 
+/* a function whose float32 products must each round before an addition:
+ * GNU C would otherwise contract them into fused multiply-adds across
+ * statements */
+#if defined(__GNUC__) && !defined(__clang__)
+#define RX_NO_CONTRACT __attribute__((optimize("fp-contract=off")))
+#else
+#define RX_NO_CONTRACT
+#endif
+
 /* ---- number formats (exact) --------------------------------------------- */
 
 static inline float bits_f32(uint32_t u) {
