@@ -1,13 +1,13 @@
 /* SPDX-License-Identifier: AGPL-3.0-or-later AND Apache-2.0
  *
  * base_fast.c -- the fast decode's products over a Q8_0 or Q4_0 frozen base
- * (rx_gemm_set_fast, docs/generation.md §Fast decode): each row of the
+ * (rx_gemm_set_fast, docs/training.md §Fast decode): each row of the
  * activations quantised alone to Q8_0-like blocks, integer dot products
  * with the stored blocks, as llama.cpp's vec_dot_type does. Not the exact
  * path's arithmetic (that one multiplies the float32 activations by the
  * decoded weights), but still a function of each row alone, whatever the
  * batch, the column cut or the thread count. For row i, column j, block b
- * of 32 k (docs/generation.md §Fast decode; tests/test_base_fast.py holds its
+ * of 32 k (docs/training.md §Fast decode; tests/test_base_fast.py holds its
  * float64 reference):
  *
  *     amax = max |x[i, 32b .. 32b+31]|       (NaN if one is NaN)

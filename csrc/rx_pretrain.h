@@ -830,7 +830,7 @@ int rx_gen_pos(const rx_gen *g, int slot);
  * until reset. */
 int rx_gen_step(rx_gen *g, int n, const int *slots, const int *counts, const int *tokens,
                 int all, float *logits);
-/* The fast decode (docs/generation.md §Fast decode), on = 1 (0: the exact
+/* The fast decode (docs/training.md §Fast decode), on = 1 (0: the exact
  * path, the default): every later step multiplies the products over a Q8_0
  * or Q4_0 frozen base by each row's activations quantised to 32-value int8
  * blocks, in integer dot products (csrc/base_fast.c), as llama.cpp does. A

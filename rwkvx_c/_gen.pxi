@@ -42,7 +42,7 @@ Recurrent state of n_slots sequences of one RxPtModel, advanced together.
                      quantised to int8 blocks, as llama.cpp does: faster,
                      still independent of the other slots, no longer the
                      training forward's to float32 rounding
-                     (docs/generation.md §Fast decode); also a property
+                     (docs/training.md §Fast decode); also a property
 
     step(slots, counts, tokens) advances slot slots[i] by counts[i] tokens,
     taken in order from tokens (int32, sum(counts) of them): one token per

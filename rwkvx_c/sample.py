@@ -316,7 +316,7 @@ def generate(model: _core.RxPtModel, prompt: str | bytes, max_new_tokens: int = 
     fields of Sampling (top_k, alpha_presence, alpha_frequency, alpha_decay,
     token_ban, token_stop, stop), as the rwkv package's PIPELINE_ARGS
     names them. fast_decode: the products over a Q8_0 or Q4_0 base in
-    integer dot products (GenState's; docs/generation.md §Fast decode).
+    integer dot products (GenState's; docs/training.md §Fast decode).
     """
     s = Sampling(temperature=temperature, top_p=top_p, **sampling)
     tok = tokenizer or ByteTokenizer()

@@ -96,7 +96,7 @@ def add_parser(sub: Subparsers) -> None:
     s.add_argument("--fast-decode", action="store_true",
                    help="multiply a Q8_0 or Q4_0 base by int8-quantised activations, as "
                    "llama.cpp does: faster, logits no longer the training forward's "
-                   "(docs/generation.md; default: the exact path)")
+                   "(docs/training.md; default: the exact path)")
     add_sampling_args(s, Sampling())
     add_run_flags(s)
 

@@ -137,7 +137,7 @@ def run_requests(model: _core.RxPtModel, requests: Sequence[Request], s: Samplin
                  fast_decode: bool = False) -> list[list[Completion]]:
     """Every request's samples (a list per request, by sample index), drawn
     with s in up to batch_size slots at once. progress(k): k new tokens.
-    fast_decode: GenState's (docs/generation.md §Fast decode)."""
+    fast_decode: GenState's (docs/training.md §Fast decode)."""
     tok = tokenizer or ByteTokenizer()
     if max_new_tokens < 1 or batch_size < 1:
         raise SampleError("max_new_tokens and batch_size must be at least 1")
@@ -281,7 +281,7 @@ def generate(model: _core.RxPtModel, prompts: str | bytes | Sequence[str | bytes
     bytes. A sample's text depends on (seed, its prompt's index, its
     sample index) and the model, not on batch_size. fast_decode: the
     products over a Q8_0 or Q4_0 base in integer dot products, faster and
-    no longer the training forward's logits (docs/generation.md §Fast
+    no longer the training forward's logits (docs/training.md §Fast
     decode); still independent of batch_size."""
     tok = tokenizer or ByteTokenizer()
     one = isinstance(prompts, (str, bytes))
