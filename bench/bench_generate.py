@@ -4,7 +4,8 @@ prompt), batch-1 decode tokens/s, and decode throughput with 8 and 64
 sequences advancing together.
 
     python bench/bench_generate.py [--shape 0.1B|0.4B|1.5B] [--threads N] [--work DIR]
-        [--engines rwkvx_c,llama.cpp,rwkv] [--formats fp32,q8_0] [--decode 64] [--repeat 2]
+        [--engines rwkvx_c,rwkvx_c-fast,llama.cpp,rwkv] [--formats fp32,q8_0] [--decode 64]
+        [--repeat 2]
 
 The model: an official-layout random .pth of the shape (bench_big's
 writer, bf16), imported as a run (`rwkvx-c import`), exported as float32
@@ -14,7 +15,10 @@ without it) and as a float32 x070 .pth (`--format rwkv7`) for the rwkv
 package (strategy "cpu fp32"). Q8_0 against Q8_0: the run's Q8_0 GGUF
 export (`--dtype q8_0`) for llama.cpp, and for rwkvx_c a one-step state
 tune `--init-from` that file, whose frozen base holds the file's blocks as
-they are (the rwkv package has no Q8_0). Each engine runs in a child
+they are (the rwkv package has no Q8_0); "rwkvx_c-fast" is the same run
+with GenState's fast_decode (int8 activations in integer dot products, as
+llama.cpp's Q8_0 path; a float32 model has no base: the row is left out).
+Each engine runs in a child
 process of its own, --repeat times; a column is the best of them.
 Batched decode: rwkvx_c advances B slots in one GenState.step;
 llama.cpp decodes one llama_batch holding one token of each of B sequences
@@ -56,7 +60,8 @@ def child_rwkvx(a):
     from rwkvx_c.sample import load_model
     model = load_model(a.run, hold_base=True)   # a Q8_0 base read in place
     prompt = _tokens(PROMPT)
-    g = rx.GenState(model, max(BATCHES), max_len=PROMPT + a.decode + 1, max_tokens=PROMPT)
+    g = rx.GenState(model, max(BATCHES), max_len=PROMPT + a.decode + 1, max_tokens=PROMPT,
+                    fast_decode=a.fast)
 
     def prefill():
         g.reset(0)
@@ -153,7 +158,8 @@ def child_rwkv(a):
     return out
 
 
-CHILDREN = {"rwkvx_c": child_rwkvx, "llama.cpp": child_llama, "rwkv": child_rwkv}
+CHILDREN = {"rwkvx_c": child_rwkvx, "rwkvx_c-fast": child_rwkvx, "llama.cpp": child_llama,
+            "rwkv": child_rwkv}
 
 
 def _cli(*args):
@@ -205,6 +211,7 @@ def main():
     ap.add_argument("--decode", type=int, default=64, help="decode steps timed")
     ap.add_argument("--repeat", type=int, default=2, help="child runs per engine (best kept)")
     ap.add_argument("--child", choices=list(CHILDREN), help=argparse.SUPPRESS)
+    ap.add_argument("--fast", action="store_true", help=argparse.SUPPRESS)
     for k in ("run", "gguf", "pth"):
         ap.add_argument("--" + k, help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -223,8 +230,8 @@ def main():
     for fmt in a.formats.split(","):
         run, gguf, pth = made[fmt]
         for name in a.engines.split(","):
-            if name == "rwkv" and pth is None:
-                continue   # the rwkv package reads no Q8_0
+            if (name == "rwkv" and pth is None) or (name == "rwkvx_c-fast" and fmt == "fp32"):
+                continue   # the rwkv package reads no Q8_0; a float32 model has no base
             res: dict = {}
             for _ in range(a.repeat):
                 res = _best_of(res, _child(a, name, run, gguf, pth, env))
@@ -237,7 +244,8 @@ def main():
 def _child(a, name, run, gguf, pth, env):
     r = subprocess.run([sys.executable, __file__, "--child", name, "--run", run, "--gguf",
                         gguf, "--pth", str(pth), "--threads", str(a.threads), "--decode",
-                        str(a.decode)], capture_output=True, text=True, env=env)
+                        str(a.decode)] + (["--fast"] if name == "rwkvx_c-fast" else []),
+                       capture_output=True, text=True, env=env)
     try:
         return json.loads(r.stdout.strip().splitlines()[-1])
     except (IndexError, json.JSONDecodeError):

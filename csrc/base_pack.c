@@ -186,10 +186,19 @@ static void pack_bf16(const void *src, int tb, size_t N, size_t K, size_t nkc, s
         }
 }
 
-const rx_gemm_source rx_base_source = {pack_f32, pack_bf16, packed};
+/* rx_gemm_source's small_f32 by the dtype's kernel: a forward product
+ * (op(B) = W, its columns b's stored rows) of op(A) read in place */
+static size_t small_f32(const void *src, const rx_gemm_op *g, size_t j0, size_t j1, size_t kcb) {
+    const rx_base_mat *b = src;
+    if (b->packed || g->tb || g->ta || !b->ty->small_f32) return 0;
+    return b->ty->small_f32(b->data, rx_base_type_row_bytes(b->ty, b->in), g->M, g->A, g->lda,
+                            g->K, kcb, j0, j1, g->beta != 0.0f, g->C, g->ldc);
+}
+
+const rx_gemm_source rx_base_source = {pack_f32, pack_bf16, packed, small_f32};
 
 int rx_base_sgemm(int dtype, const void *rows, size_t M, size_t N, size_t K, const float *A,
-                  float *C) {
+                  float *C, int fast) {
     const rx_base_type *ty = rx_base_type_of(dtype);
     if (!ty || K % ty->blk_elems)
         return rx_fail(RX_EINVAL, "rx_base_sgemm: dtype %d, K %zu: not a dtype, or K not whole "
@@ -200,5 +209,9 @@ int rx_base_sgemm(int dtype, const void *rows, size_t M, size_t N, size_t K, con
     rx_gemm_op g = {0, 0, M, N, K, A, K, rows, 0, 0.0f, C, N};
     g.bsrc = &rx_base_source;
     g.bsrc_of = &b;
-    return rx_sgemm_batch(&g, 1);
+    if (!fast) return rx_sgemm_batch(&g, 1);
+    if (!rx_base_fast_ok(&b, &g))
+        return rx_fail(RX_EINVAL, "rx_base_sgemm: the fast decode takes a Q8_0 or Q4_0 base of "
+                       "K <= 16384; got dtype %d, K %zu", dtype, K);
+    return rx_base_fast_sgemm(&b, &g);
 }

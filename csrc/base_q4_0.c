@@ -19,12 +19,7 @@
 #define Q4_HALF (RX_Q4_0_BLOCK / 2)
 
 /* gguf rounds x * id + 8.5 to float32 before truncating: no fused
- * multiply-add may merge the two (GNU C contracts across statements) */
-#if defined(__GNUC__) && !defined(__clang__)
-#define RX_NO_CONTRACT __attribute__((optimize("fp-contract=off")))
-#else
-#define RX_NO_CONTRACT
-#endif
+ * multiply-add may merge the two (RX_NO_CONTRACT) */
 
 /* numpy's trunc(t).astype(uint8).clip(0, 15) for t = x id + 8.5: t lies in
  * (0, 16.5] for a finite id; NaN and infinities (an id of inf: a subnormal
@@ -137,6 +132,13 @@ RX_BASE_AVX2 static inline __m256i q4_bytes(const unsigned char *q) {
         _mm256_set1_epi8(8));
 }
 
+/* rx_small_q32 over Q4_0 rows (its AVX2 frame: the loader inlines) */
+__attribute__((target("avx2,fma,f16c"))) static size_t
+small_q4_avx2(const unsigned char *data, size_t rb, size_t M, const float *A, size_t lda,
+             size_t K, size_t kcb, size_t j0, size_t j1, int acc0, float *C, size_t ldc) {
+    return rx_small_q32(data, rb, Q4_BYTES, q4_bytes, M, A, lda, K, kcb, j0, j1, acc0, C, ldc);
+}
+
 /* rx_sliver_q32 over Q4_0 rows (its AVX2 frame: the loader inlines) */
 RX_BASE_AVX2 static void sliver_q4_avx2(const unsigned char *data, size_t rb, size_t j0,
                                         size_t p0, size_t kc, float *Bp) {
@@ -196,4 +198,17 @@ int rx_q4_0_block_bf16(const unsigned char *data, size_t rb, int tb, size_t j0, 
 #endif
     (void)data, (void)rb, (void)tb, (void)j0, (void)k0, (void)bt_r, (void)bt_k, (void)dst;
     return 0;   /* the packer's own loops: decode, then the GEMM's operand rounding */
+}
+
+/* AVX2 with FMA where the CPU has them; else 0: the GEMM packs slivers */
+size_t rx_q4_0_small_f32(const unsigned char *data, size_t rb, size_t M, const float *A,
+                        size_t lda, size_t K, size_t kcb, size_t j0, size_t j1, int acc0,
+                        float *C, size_t ldc) {
+#ifdef RX_BASE_X86
+    if (rx_cpu_base_avx2() && __builtin_cpu_supports("fma"))
+        return small_q4_avx2(data, rb, M, A, lda, K, kcb, j0, j1, acc0, C, ldc);
+#endif
+    (void)data, (void)rb, (void)M, (void)A, (void)lda, (void)K, (void)kcb, (void)j0, (void)j1;
+    (void)acc0, (void)C, (void)ldc;
+    return 0;
 }

@@ -94,6 +94,13 @@ RX_BASE_AVX2 static inline __m256i q8_bytes(const unsigned char *q) {
     return _mm256_loadu_si256((const __m256i *)(const void *)q);
 }
 
+/* rx_small_q32 over Q8_0 rows (its AVX2 frame: the loader inlines) */
+__attribute__((target("avx2,fma,f16c"))) static size_t
+small_q8_avx2(const unsigned char *data, size_t rb, size_t M, const float *A, size_t lda,
+             size_t K, size_t kcb, size_t j0, size_t j1, int acc0, float *C, size_t ldc) {
+    return rx_small_q32(data, rb, Q8_BYTES, q8_bytes, M, A, lda, K, kcb, j0, j1, acc0, C, ldc);
+}
+
 /* rx_sliver_q32 over Q8_0 rows (its AVX2 frame: the loader inlines) */
 RX_BASE_AVX2 static void sliver_q8_avx2(const unsigned char *data, size_t rb, size_t j0,
                                         size_t p0, size_t kc, float *Bp) {
@@ -149,4 +156,17 @@ int rx_q8_0_block_bf16(const unsigned char *data, size_t rb, int tb, size_t j0, 
                                 (uint32_t)round_q8(run[2 * p + 1]) << 16;
     }
     return 1;
+}
+
+/* AVX2 with FMA where the CPU has them; else 0: the GEMM packs slivers */
+size_t rx_q8_0_small_f32(const unsigned char *data, size_t rb, size_t M, const float *A,
+                        size_t lda, size_t K, size_t kcb, size_t j0, size_t j1, int acc0,
+                        float *C, size_t ldc) {
+#ifdef RX_BASE_X86
+    if (rx_cpu_base_avx2() && __builtin_cpu_supports("fma"))
+        return small_q8_avx2(data, rb, M, A, lda, K, kcb, j0, j1, acc0, C, ldc);
+#endif
+    (void)data, (void)rb, (void)M, (void)A, (void)lda, (void)K, (void)kcb, (void)j0, (void)j1;
+    (void)acc0, (void)C, (void)ldc;
+    return 0;
 }

@@ -9,17 +9,17 @@
 #include "rx_base.h"
 
 /*   name    id            block: values, bytes          bf16_exact
- *   from_float, from_bf16, decode, sliver_f32, block_bf16 */
+ *   from_float, from_bf16, decode, sliver_f32, block_bf16, small_f32 */
 static const rx_base_type types[] = {
     {"bf16", RX_BASE_BF16, 1, 2, 1,
      rx_bf16_from_float, rx_bf16_from_bf16, rx_bf16_decode, rx_bf16_sliver_f32,
-     rx_bf16_block_bf16},
+     rx_bf16_block_bf16, NULL},
     {"q8_0", RX_BASE_Q8_0, RX_Q8_0_BLOCK, RX_Q8_0_BYTES, 0,
      rx_q8_0_from_float, NULL, rx_q8_0_decode, rx_q8_0_sliver_f32,
-     rx_q8_0_block_bf16},
+     rx_q8_0_block_bf16, rx_q8_0_small_f32},
     {"q4_0", RX_BASE_Q4_0, RX_Q4_0_BLOCK, RX_Q4_0_BYTES, 0,
      rx_q4_0_from_float, NULL, rx_q4_0_decode, rx_q4_0_sliver_f32,
-     rx_q4_0_block_bf16},
+     rx_q4_0_block_bf16, rx_q4_0_small_f32},
 };
 #define N_TYPES ((int)(sizeof types / sizeof types[0]))
 

@@ -1135,6 +1135,9 @@ RX_AVX2 static void small_grouped(const gemm_impl *im, const rx_gemm_op *g, size
 /* Columns [j0, j1) of op g over all of K; RX_ENOMEM when a sliver needs
  * packing and the thread's buffer cannot be allocated (C untouched). */
 static int small_unit(const gemm_impl *im, const rx_gemm_op *g, size_t j0, size_t j1) {
+    /* a source's own small-M product (a Q8_0 or Q4_0 base's), else packed */
+    if (g->bsrc && g->bsrc->small_f32) j0 += g->bsrc->small_f32(g->bsrc_of, g, j0, j1, KC);
+    if (j0 >= j1) return RX_OK;
     if (g->tb || g->bsrc) {
         gemm_scratch *sc = scratch_packs();
         if (!sc) return RX_ENOMEM;

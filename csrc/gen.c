@@ -35,6 +35,7 @@ struct rx_gen {
     rx_model_ends e;           /* embedding, ln0, ln_out, head (arena slots) */
     const char *layers;        /* block kinds in model order */
     int n_blocks, n_slots, max_len, max_tokens;
+    int fast;                  /* rx_gen_set_fast */
     int *pos;                  /* [n_slots] */
     float *tm_carry;           /* [n_rwkv][n_slots][C] last ln1 output */
     float *cm_carry;           /* [n_blocks][n_slots][C] last ln2 output */
@@ -109,6 +110,13 @@ int rx_gen_copy(rx_gen *g, int dst, int src) {
 }
 
 int rx_gen_pos(const rx_gen *g, int slot) { return slot_ok(g, slot) ? g->pos[slot] : -1; }
+
+int rx_gen_set_fast(rx_gen *g, int on) {
+    if (!g || (on != 0 && on != 1))
+        return rx_fail(RX_EINVAL, "rx_gen_set_fast: %s", g ? "on must be 0 or 1" : "state is NULL");
+    g->fast = on;
+    return RX_OK;
+}
 
 /* Every buffer of g for its sizes; RX_OK or RX_ENOMEM */
 static int gen_alloc(rx_gen *g) {
@@ -296,7 +304,9 @@ int rx_gen_step(rx_gen *g, int n, const int *slots, const int *counts, const int
     const int old = rx_gemm_set_precision(rx_ptmodel_precision(g->m));
     const rx_lora *was = rx_gemm_set_lora(rx_ptmodel_lora_table(g->m));
     const rx_base *was_base = rx_gemm_set_base(base);
+    const int was_fast = rx_gemm_set_fast(g->fast);
     rc = step_run(g, &sq, all, logits);
+    rx_gemm_set_fast(was_fast);
     rx_gemm_set_base(was_base);
     rx_gemm_set_lora(was);
     rx_gemm_set_precision(old);

@@ -8,6 +8,8 @@
  *     frozen     weight-grad products that are not run (rx_gemm_set_frozen)
  *     base       products whose op(B) a frozen base store packs
  *                (rx_gemm_set_base, base_pack.c's rx_base_source)
+ *     fast       those over a Q8_0 or Q4_0 base run as integer products
+ *                instead (rx_gemm_set_fast, base_fast.c)
  *     lora       adapter products after the base ones (rx_gemm_set_lora,
  *                lora.c, handed rx_pgemm_run to run them on)
  *
@@ -64,8 +66,18 @@ const rx_base *rx_gemm_set_base(const rx_base *s) {
     return old;
 }
 
+/* The calling thread's fast decode (rx_gemm_set_fast): 0 off */
+static _Thread_local int tl_fast;
+
+int rx_gemm_set_fast(int on) {
+    const int old = tl_fast;
+    tl_fast = on;
+    return old;
+}
+
 /* The base products of a batch, less those of frozen tensors; a product
- * reading a base tensor has its op(B) packed from the store (base_pack.c) */
+ * reading a base tensor has its op(B) packed from the store (base_pack.c),
+ * or with the fast decode on, runs as its integer product (base_fast.c) */
 static int pgemm_base(const rx_gemm_op *ops, size_t n) {
     if (!tl_frozen.n && !tl_base) return rx_pgemm_run(ops, n);
     /* a weight-grad product of a frozen tensor: its output lies in the grad
@@ -78,6 +90,10 @@ static int pgemm_base(const rx_gemm_op *ops, size_t n) {
         live[nl] = ops[i];
         live[nl].bsrc_of = rx_base_find(tl_base, ops[i].B);
         live[nl].bsrc = live[nl].bsrc_of ? &rx_base_source : NULL;
+        if (tl_fast && live[nl].bsrc_of && rx_base_fast_ok(live[nl].bsrc_of, &live[nl])) {
+            rc = rx_base_fast_sgemm(live[nl].bsrc_of, &live[nl]);
+            continue;
+        }
         nl++;
         if (nl == sizeof live / sizeof live[0]) rc = rx_pgemm_run(live, nl), nl = 0;
     }

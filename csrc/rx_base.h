@@ -17,6 +17,15 @@
 #define RX_BASE_BF16V __attribute__((target("avx512f,avx512bw,avx512bf16")))
 #endif
 
+/* a function whose float32 products must each round before an addition:
+ * GNU C would otherwise contract them into fused multiply-adds across
+ * statements */
+#if defined(__GNUC__) && !defined(__clang__)
+#define RX_NO_CONTRACT __attribute__((optimize("fp-contract=off")))
+#else
+#define RX_NO_CONTRACT
+#endif
+
 /* ---- number formats (exact) --------------------------------------------- */
 
 static inline float bits_f32(uint32_t u) {
@@ -104,6 +113,14 @@ typedef struct rx_base_type {
      * faster way (the packer then decodes and rounds the values itself) */
     int (*block_bf16)(const unsigned char *data, size_t rb, int tb, size_t j0, size_t k0,
                       size_t bt_r, size_t bt_k, uint16_t *dst);
+    /* rx_sgemm's small-M forward product straight from the stored rows
+     * (rx_gemm_source's small_f32): C[M][j0, j1) (+)= A[M][K] (row stride
+     * lda) . W[K][j0, j1), each C element summed as the GEMM's kernels sum
+     * it; returns the columns from j0 it wrote (0: no faster way); NULL
+     * where the dtype has none */
+    size_t (*small_f32)(const unsigned char *data, size_t rb, size_t M, const float *A,
+                        size_t lda, size_t K, size_t kcb, size_t j0, size_t j1, int acc0,
+                        float *C, size_t ldc);
 } rx_base_type;
 
 /* the row of dtype id (RX_BASE_*), NULL when it is none */
@@ -132,6 +149,9 @@ int rx_q8_0_sliver_f32(const unsigned char *data, size_t rb, size_t j0, size_t p
                        size_t nr, float *Bp);
 int rx_q8_0_block_bf16(const unsigned char *data, size_t rb, int tb, size_t j0, size_t k0,
                        size_t bt_r, size_t bt_k, uint16_t *dst);
+size_t rx_q8_0_small_f32(const unsigned char *data, size_t rb, size_t M, const float *A,
+                        size_t lda, size_t K, size_t kcb, size_t j0, size_t j1, int acc0,
+                        float *C, size_t ldc);
 
 /* base_q4_0.c: GGUF Q4_0 rows, per block one fp16 scale d, then 16 bytes of
  * two 4-bit q each (low nibbles: values 0..15, high: 16..31) */
@@ -143,6 +163,9 @@ int rx_q4_0_sliver_f32(const unsigned char *data, size_t rb, size_t j0, size_t p
                        size_t nr, float *Bp);
 int rx_q4_0_block_bf16(const unsigned char *data, size_t rb, int tb, size_t j0, size_t k0,
                        size_t bt_r, size_t bt_k, uint16_t *dst);
+size_t rx_q4_0_small_f32(const unsigned char *data, size_t rb, size_t M, const float *A,
+                        size_t lda, size_t K, size_t kcb, size_t j0, size_t j1, int acc0,
+                        float *C, size_t ldc);
 
 /* ---- a base tensor's store (base.c) --------------------------------------- */
 

@@ -343,7 +343,11 @@ typedef struct {
  * rx_sgemm's nr-column slivers; pack_bf16: column blocks [cb0,cb1) x k
  * chunks [kc0,kc1) as rx_bgemm's bt_r x bt_k blocks; packed: the whole
  * packed op(B) of a forward product of N x K when the owner holds it in
- * that layout already (the bf16 GEMM then reads it in place), else NULL. */
+ * that layout already (the bf16 GEMM then reads it in place), else NULL;
+ * small_f32: rx_sgemm's small-M product of op g's columns [j0, j1) over all
+ * of K, summed as its kernels sum (one FMA chain from zero per kcb-deep
+ * block of k, added to C in k order), without packing op(B): returns the
+ * columns from j0 it wrote (0: it has no faster way for g). */
 typedef struct rx_gemm_source {
     void (*pack_f32)(const void *src, int tb, size_t p0, size_t kc, size_t j0, size_t nc,
                      size_t nr, float *Bp);
@@ -351,6 +355,7 @@ typedef struct rx_gemm_source {
                       size_t cb1, size_t kc0, size_t kc1, size_t bt_r, size_t bt_k,
                       uint16_t *bp);
     const uint16_t *(*packed)(const void *src, size_t N, size_t K);
+    size_t (*small_f32)(const void *src, const rx_gemm_op *g, size_t j0, size_t j1, size_t kcb);
 } rx_gemm_source;
 /* Independent GEMMs -- no op reads or writes another's C -- run in one
  * parallel region, balanced across threads as one pool of work. */
@@ -541,10 +546,18 @@ extern const rx_gemm_source rx_base_source;
 extern const rx_weight_columns rx_base_columns;
 /* C [M][N] = A [M][K] . W, W^T [N][K] held as N stored rows of base dtype
  * (RX_BASE_*) at rows, through rx_sgemm_batch packing op(B) from them as a
- * model's forward does (a test hook for the base's packers); RX_EINVAL for
- * an unknown dtype or K not whole blocks, RX_ENOMEM */
+ * model's forward does (a test hook for the base's packers), or fast: through
+ * the fast decode's product (base_fast.c); RX_EINVAL for an unknown dtype or
+ * K not whole blocks (fast: a dtype or K it does not take), RX_ENOMEM */
 int rx_base_sgemm(int dtype, const void *rows, size_t M, size_t N, size_t K, const float *A,
-                  float *C);
+                  float *C, int fast);
+/* base_fast.c: the fast decode's product (rx_gemm_set_fast) of op g over
+ * base tensor src: whether it takes g (a forward product, op(A) and op(B)
+ * untransposed, over a Q8_0 or Q4_0 tensor's rows, K whole blocks of at
+ * most 16384), and g computed, each row's activations quantised alone
+ * (RX_OK: it allocates nothing) */
+int rx_base_fast_ok(const void *src, const rx_gemm_op *g);
+int rx_base_fast_sgemm(const void *src, const rx_gemm_op *g);
 /* the model's base, NULL when none (model_layout.c) */
 rx_base *rx_ptmodel_base_store(const rx_ptmodel *m);
 /* the model's adapter table as its forward sets it: NULL without adapters
@@ -597,6 +610,11 @@ const rx_lora *rx_gemm_set_lora(const rx_lora *L);
  * then packs every product reading a base tensor from the store and skips
  * its weight-grad product. */
 const rx_base *rx_gemm_set_base(const rx_base *s);
+/* The calling thread's fast decode (0 off, 1 on), returning the old
+ * setting: while on, rx_pgemm(_batch) runs every product over a Q8_0 or
+ * Q4_0 base tensor that rx_base_fast_ok takes as rx_base_fast_sgemm, at any
+ * number of rows and in either precision (rx_gen_set_fast) */
+int rx_gemm_set_fast(int on);
 
 /* ---- head.c ------------------------------------------------------------
  * L2Wrap's grad over rows of logits: dlogits[t][am_t] += coef *

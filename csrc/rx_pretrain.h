@@ -830,6 +830,14 @@ int rx_gen_pos(const rx_gen *g, int slot);
  * until reset. */
 int rx_gen_step(rx_gen *g, int n, const int *slots, const int *counts, const int *tokens,
                 int all, float *logits);
+/* The fast decode (docs/training.md §Fast decode), on = 1 (0: the exact
+ * path, the default): every later step multiplies the products over a Q8_0
+ * or Q4_0 frozen base by each row's activations quantised to 32-value int8
+ * blocks, in integer dot products (csrc/base_fast.c), as llama.cpp does. A
+ * slot's logits still do not depend on the other slots of its step, but
+ * are no longer the training forward's to float32 rounding. A model
+ * without such a base computes as ever. RX_EINVAL on NULL or on not 0/1. */
+int rx_gen_set_fast(rx_gen *g, int on);
 
 /* ---- gemm_bf16.c, proj.c, model_layout.c: bf16 mixed precision -------
  * With RX_PRECISION_BF16 every projection GEMM of the model's forward and

@@ -44,6 +44,25 @@ static inline __mmask16 rx_lanes(size_t from, size_t n) {
     return from >= n ? 0 : n - from >= 16 ? 0xffff : (__mmask16)((1u << (n - from)) - 1u);
 }
 
+/* The byte transpose of 8 rows of 32 bytes, per 128-bit lane: three unpack
+ * stages of rows i and i + 4, each rotating the 7-bit (register, byte)
+ * index left by one, leave in register m the 8 rows' bytes 2m (bytes 0..7
+ * of it) and 2m + 1 (8..15), +16 in the high lane. */
+__attribute__((target("avx2"), always_inline)) static inline void
+rx_transpose8_bytes(__m256i v[8]) {
+#pragma GCC unroll 3
+    for (int s = 0; s < 3; s++) {
+        __m256i t[8];
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) {
+            t[2 * i] = _mm256_unpacklo_epi8(v[i], v[i + 4]);
+            t[2 * i + 1] = _mm256_unpackhi_epi8(v[i], v[i + 4]);
+        }
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) v[i] = t[i];
+    }
+}
+
 /* The forward sliver of 16 stored rows over one 32-value block of an int8
  * quantised dtype (Q8_0's q, Q4_0's q - 8): r[j] row j's 32 q (k 0..15 in
  * the low 128-bit lane, 16..31 in the high), dh[j] its fp16 scale; out k
@@ -51,10 +70,9 @@ static inline __mmask16 rx_lanes(size_t from, size_t n) {
  * 8-bit q times an 11-bit d; vcvtph2ps's d is f16_f32's, a signalling NaN
  * quieted as the product quiets it), so these are the scalar decoder's
  * bits (tests/test_base_sliver.py). Each half of the rows is byte
- * transposed per lane: three unpack stages of rows i and i + 4, each
- * rotating the 7-bit (register, byte) index left by one, leave in register
- * m the 8 rows' bytes of k = 2m (bytes 0..7) and 2m + 1 (8..15), +16 in
- * the high lane; each run of 8 is then widened, converted and scaled.
+ * transposed per lane (rx_transpose8_bytes: register m holds the 8 rows'
+ * k = 2m and 2m + 1, +16 in the high lane); each run of 8 is then widened,
+ * converted and scaled.
  * (Eight registers a half, not sixteen: no spills, fewer shuffles.) */
 __attribute__((target("avx2,f16c"))) static inline void
 rx_sliver_q32_block(__m256i r[16], const uint16_t dh[16], float *Bp) {
@@ -65,17 +83,7 @@ rx_sliver_q32_block(__m256i r[16], const uint16_t dh[16], float *Bp) {
         __m256i v[8];
 #pragma GCC unroll 8
         for (int i = 0; i < 8; i++) v[i] = r[8 * h + i];
-#pragma GCC unroll 3
-        for (int s = 0; s < 3; s++) {
-            __m256i t[8];
-#pragma GCC unroll 4
-            for (int i = 0; i < 4; i++) {
-                t[2 * i] = _mm256_unpacklo_epi8(v[i], v[i + 4]);
-                t[2 * i + 1] = _mm256_unpackhi_epi8(v[i], v[i + 4]);
-            }
-#pragma GCC unroll 8
-            for (int i = 0; i < 8; i++) v[i] = t[i];
-        }
+        rx_transpose8_bytes(v);
         const __m256 d = h ? d1 : d0;
 #pragma GCC unroll 8
         for (int m = 0; m < 8; m++)
@@ -114,6 +122,133 @@ rx_sliver_q32(const unsigned char *data, size_t rb, size_t j0, size_t p0, size_t
         }
         rx_sliver_q32_block(q, dh, Bp);
     }
+}
+
+/* ---- small M over a q32 dtype's stored rows (decoding) ----------------------
+ * C[M][j, j+8V) (+)= A[M][K] . W^T[j, j+8V)^T for M <= 4 rows, W^T's rows of
+ * rb bytes in 32-value blocks of blk_bytes (its fp16 scale d, then its q,
+ * load(q) their 32 int8 as rx_sliver_q32_block takes them). Summed as every
+ * rx_sgemm kernel sums: each C element one FMA chain from zero over each
+ * kcb-deep block of k, in k order, then added to C (stored, in the first
+ * block without acc0): the packed path's bits. What makes it cheaper than a
+ * sliver packed then multiplied: per 8 rows and block the 8 x 32 bytes are
+ * transposed in registers (rx_transpose8_bytes) into a
+ * 256-byte L1 buffer T, never widened to floats there; each k then reads its
+ * 8 rows' bytes back (vpmovsxbd), converts them and multiplies by the rows'
+ * scales (q * d, exact, the sliver's value) just before its FMAs, so a
+ * weight costs five vector instructions (load, widen, convert, scale, FMA)
+ * and no float store, against the sliver's eight. V groups of 8 columns side
+ * by side give M V FMA chains (4 at M 1, V 4: with V's scales and the
+ * broadcasts that fills the 16 registers; V 8 spilled and was no faster).
+ * From 5 rows the packed sliver, whose decode the rows share, is as fast
+ * (768 x 3072, one thread, Zen 3). */
+#define RX_SMALLQ_MAXM 4
+
+/* offset in a block's transposed bytes of k's 8 rows (register m = k % 16 /
+ * 2 holds k = 2m and 2m + 1 in bytes 0..15, +16 in bytes 16..31) */
+#define RX_SMALLQ_OFF(k) ((k) % 16 / 2 * 32 + (k) / 16 * 16 + (k) % 2 * 8)
+
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void
+rx_small_q32_group(size_t M, size_t V, const unsigned char *data, size_t rb, size_t blk_bytes,
+                   __m256i (*load)(const unsigned char *q), const float *A, size_t lda,
+                   size_t K, size_t kcb, size_t j, size_t j1, int acc0, float *C,
+                   size_t ldc) {
+    /* the next group's rows (up to j1), one contiguous run of memory,
+     * prefetched a slice a block step: 8 V rows stepping along k at once
+     * are more streams than the hardware prefetchers follow */
+    const size_t nj = j + 16 * V <= j1 ? 8 * V : j + 8 * V < j1 ? j1 - j - 8 * V : 0;
+    const char *pf = (const char *)data + (j + 8 * V) * rb;
+    const size_t pf_step = (nj * rb / (K / 32) + 63) / 64 * 64;
+    const char *pf_end = pf + nj * rb;
+    /* + 16: each k's 8 bytes are read as 16 (a load vpmovsxbd takes in place) */
+    _Alignas(32) unsigned char T[4 * 256 + 16];
+    _Alignas(32) float D[4][8];
+    for (size_t pc = 0; pc < K; pc += kcb) {
+        const size_t kc = K - pc < kcb ? K - pc : kcb;
+        __m256 c[8];   /* row i, columns 8v..: c[i V + v] */
+#pragma GCC unroll 8
+        for (size_t u = 0; u < M * V; u++) c[u] = _mm256_setzero_ps();
+        for (size_t p = pc; p < pc + kc; p += 32) {
+#pragma GCC unroll 4
+            for (size_t v = 0; v < V; v++) {
+                const unsigned char *blk = data + (j + 8 * v) * rb + p / 32 * blk_bytes;
+                __m256i r[8];
+                uint16_t dh[8];
+#pragma GCC unroll 8
+                for (int i = 0; i < 8; i++) {
+                    memcpy(&dh[i], blk + i * rb, 2);
+                    r[i] = load(blk + i * rb + 2);
+                }
+                rx_transpose8_bytes(r);
+#pragma GCC unroll 8
+                for (int m = 0; m < 8; m++)
+                    _mm256_store_si256((__m256i *)(void *)(T + 256 * v + 32 * m), r[m]);
+                /* d: vcvtph2ps, f16_f32's value (as rx_sliver_q32_block) */
+                _mm256_store_ps(D[v], _mm256_cvtph_ps(
+                                          _mm_loadu_si128((const __m128i *)(const void *)dh)));
+            }
+            for (const char *e = pf + pf_step; pf < e && pf < pf_end; pf += 64)
+                _mm_prefetch(pf, _MM_HINT_T0);
+            /* T read back from memory, not kept in registers: a load per k
+             * is cheaper than the shuffles that would pick its bytes */
+            __asm__ volatile("" ::: "memory");
+            const float *a = A + p;
+#pragma GCC unroll 32
+            for (size_t k = 0; k < 32; k++) {
+#pragma GCC unroll 4
+                for (size_t v = 0; v < V; v++) {
+                    const __m128i q = _mm_loadu_si128(
+                        (const __m128i *)(const void *)(T + 256 * v + RX_SMALLQ_OFF(k)));
+                    const __m256 w = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)),
+                                                   _mm256_load_ps(D[v]));
+#pragma GCC unroll 8
+                    for (size_t i = 0; i < M; i++)
+                        c[i * V + v] = _mm256_fmadd_ps(_mm256_broadcast_ss(a + i * lda + k), w,
+                                                       c[i * V + v]);
+                }
+            }
+        }
+        const int acc = pc > 0 || acc0;
+#pragma GCC unroll 8
+        for (size_t i = 0; i < M; i++)
+#pragma GCC unroll 4
+            for (size_t v = 0; v < V; v++) {
+                float *ci = C + i * ldc + j + 8 * v;
+                _mm256_storeu_ps(ci, acc ? _mm256_add_ps(c[i * V + v], _mm256_loadu_ps(ci))
+                                         : c[i * V + v]);
+            }
+    }
+}
+
+/* rx_small_q32_group over columns [j0, j1) of the forward product C[M][N]
+ * (+)= A[M][K] . op(B), op(B) = W stored as rows of W^T: groups of 8V
+ * columns (V by M: M V <= 8 chains), then groups of 8; returns the columns
+ * done from j0 (a multiple of 8: the rest is the caller's), 0 when M is
+ * past RX_SMALLQ_MAXM */
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline size_t
+rx_small_q32(const unsigned char *data, size_t rb, size_t blk_bytes,
+             __m256i (*load)(const unsigned char *q), size_t M, const float *A, size_t lda,
+             size_t K, size_t kcb, size_t j0, size_t j1, int acc0, float *C, size_t ldc) {
+    size_t j = j0;
+    if (M < 1 || M > RX_SMALLQ_MAXM || kcb % 32 || K % 32) return 0;
+#define RX_SMALLQ_CASE(m, vv)                                                                \
+    case m:                                                                                  \
+        for (; j + 8 * (vv) <= j1; j += 8 * (vv))                                            \
+            rx_small_q32_group(m, vv, data, rb, blk_bytes, load, A, lda, K, kcb, j, j1, acc0, \
+                               C, ldc);                                                        \
+        for (; (vv) > 1 && j + 8 <= j1; j += 8)                                              \
+            rx_small_q32_group(m, 1, data, rb, blk_bytes, load, A, lda, K, kcb, j, j1, acc0, \
+                               C, ldc);                                                        \
+        break;
+    switch (M) {
+        RX_SMALLQ_CASE(1, 4)
+        RX_SMALLQ_CASE(2, 2)
+        RX_SMALLQ_CASE(3, 2)
+        RX_SMALLQ_CASE(4, 2)
+        default: break;
+    }
+#undef RX_SMALLQ_CASE
+    return j - j0;
 }
 #endif
 

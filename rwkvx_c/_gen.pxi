@@ -29,7 +29,7 @@ cdef class GenState:
 
 Recurrent state of n_slots sequences of one RxPtModel, advanced together.
 
-    GenState(model, n_slots, max_len=4096, max_tokens=512)
+    GenState(model, n_slots, max_len=4096, max_tokens=512, fast_decode=False)
         model      : the RxPtModel (kept alive; its current parameters,
                      precision, frozen base and LoRA adapters are used)
         n_slots    : sequences held
@@ -37,6 +37,12 @@ Recurrent state of n_slots sequences of one RxPtModel, advanced together.
                      key/value cache; a model without attention ignores it)
         max_tokens : most tokens one step advances in all (sizes the
                      scratch once: a step allocates nothing)
+        fast_decode: the products over a Q8_0 or Q4_0 frozen base in
+                     integer dot products of each row's activations
+                     quantised to int8 blocks, as llama.cpp does: faster,
+                     still independent of the other slots, no longer the
+                     training forward's to float32 rounding
+                     (docs/training.md §Fast decode); also a property
 
     step(slots, counts, tokens) advances slot slots[i] by counts[i] tokens,
     taken in order from tokens (int32, sum(counts) of them): one token per
@@ -54,11 +60,13 @@ Recurrent state of n_slots sequences of one RxPtModel, advanced together.
     cdef public int n_slots, max_len, max_tokens, vocab_size
     cdef int n_attn
     cdef bint _busy     # a step runs (the GIL is released): a second caller is refused
+    cdef bint _fast     # fast_decode
 
     def __cinit__(self):
         self.g = NULL
 
-    def __init__(self, RxPtModel model, n_slots, max_len=4096, max_tokens=512):
+    def __init__(self, RxPtModel model, n_slots, max_len=4096, max_tokens=512,
+                 fast_decode=False):
         cdef int S = _size(n_slots, "n_slots")
         cdef int L = _size(max_len, "max_len")
         cdef int MT = _size(max_tokens, "max_tokens")
@@ -70,6 +78,7 @@ Recurrent state of n_slots sequences of one RxPtModel, advanced together.
         with nogil:
             rc = rx_gen_create(model._h.m, S, L, MT, &self.g)
         _check_rc(rc, "GenState")
+        self.fast_decode = fast_decode
 
     def __dealloc__(self):
         if self.g != NULL:
@@ -99,6 +108,20 @@ Recurrent state of n_slots sequences of one RxPtModel, advanced together.
         cdef int d = self._slot(dst, "dst"), s = self._slot(src, "src")
         self._idle("copy")
         _check_rc(rx_gen_copy(self.g, d, s), "GenState.copy")
+
+    @property
+    def fast_decode(self):
+        """Whether steps take the fast decode (see the class); settable
+        between steps."""
+        return self._fast
+
+    @fast_decode.setter
+    def fast_decode(self, on):
+        if not isinstance(on, (bool, int)) or on not in (0, 1):
+            raise TypeError(f"fast_decode must be a bool; got {on!r}")
+        self._idle("set fast_decode")
+        _check_rc(rx_gen_set_fast(self.g, 1 if on else 0), "GenState.fast_decode")
+        self._fast = bool(on)
 
     def pos(self, slot):
         """Tokens slot has consumed since its reset."""

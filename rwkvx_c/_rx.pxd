@@ -295,6 +295,7 @@ cdef extern from "rx_pretrain.h" nogil:
     int rx_gen_pos(const rx_gen *g, int slot)
     int rx_gen_step(rx_gen *g, int n, const int *slots, const int *counts, const int *tokens,
                     int all, float *logits)
+    int rx_gen_set_fast(rx_gen *g, int on)
 
     # AdamW and the global grad norm (csrc/optim.c)
     int rx_adamw_step(float *params, const float *grads, float *m, float *v, size_t n,
@@ -316,7 +317,7 @@ cdef extern from "rx_internal.h" nogil:
                   float beta, float *C, size_t ldc)
     int rx_bgemm_use_kernel(const char *name)
     int rx_base_sgemm(int dtype, const void *rows, size_t M, size_t N, size_t K, const float *A,
-                      float *C)
+                      float *C, int fast)
     const char *rx_wkv7_kernel(int head_size)
     int rx_wkv7_use_kernel(const char *name)
 

@@ -229,7 +229,8 @@ class Session:
     a model without attention carries a state of fixed size and has no bound."""
 
     def __init__(self, model: _core.RxPtModel, tokenizer: Tokenizer | None = None,
-                 max_positions: int = 1, seed: int = 0, advice: str = "lower --context") -> None:
+                 max_positions: int = 1, seed: int = 0, advice: str = "lower --context",
+                 fast_decode: bool = False) -> None:
         self.model = model
         self.tok = tokenizer or ByteTokenizer()
         self.attends = model.config["n_attn_layer"] > 0
@@ -237,7 +238,8 @@ class Session:
         self.rng = np.random.Generator(np.random.PCG64(seed))
         self.piece = min(PROMPT_PIECE, _core.head_chunk_rows(model.config["vocab_size"]))
         # one slot of the batched engine: it reads a frozen base in place
-        self.state = _core.GenState(model, 1, max_len=self.max_positions, max_tokens=self.piece)
+        self.state = _core.GenState(model, 1, max_len=self.max_positions, max_tokens=self.piece,
+                                    fast_decode=fast_decode)
         self.logits: np.ndarray | None = None
         self.pending: int | None = None   # the last generated id, not yet fed
         self.generated = b""              # the bytes of the ids generate() fed
@@ -304,7 +306,8 @@ class Session:
 
 def generate(model: _core.RxPtModel, prompt: str | bytes, max_new_tokens: int = 200,
              temperature: float = 1.0, top_p: float = 0.9, seed: int = 0,
-             tokenizer: Tokenizer | None = None, **sampling: Any) -> Iterator[str]:
+             tokenizer: Tokenizer | None = None, fast_decode: bool = False,
+             **sampling: Any) -> Iterator[str]:
     """Yield the decoded text of each new token after `prompt` (str or bytes).
 
     The prompt runs through the recurrent state in pieces (Session); each
@@ -312,7 +315,8 @@ def generate(model: _core.RxPtModel, prompt: str | bytes, max_new_tokens: int = 
     tokenizer: the run's (load_run); None means bytes. sampling: the other
     fields of Sampling (top_k, alpha_presence, alpha_frequency, alpha_decay,
     token_ban, token_stop, stop), as the rwkv package's PIPELINE_ARGS
-    names them.
+    names them. fast_decode: the products over a Q8_0 or Q4_0 base in
+    integer dot products (GenState's; docs/training.md §Fast decode).
     """
     s = Sampling(temperature=temperature, top_p=top_p, **sampling)
     tok = tokenizer or ByteTokenizer()
@@ -322,7 +326,7 @@ def generate(model: _core.RxPtModel, prompt: str | bytes, max_new_tokens: int = 
                           f"{MAX_POSITIONS:,} positions a sequence of a model with attention "
                           "may hold; lower --max-new-tokens")
     session = Session(model, tok, len(ids) + max(max_new_tokens, 1), seed,
-                      "shorten the prompt or lower --max-new-tokens")
+                      "shorten the prompt or lower --max-new-tokens", fast_decode)
     session.feed_ids(ids)
     yield from session.generate(max_new_tokens, s)
 

@@ -112,16 +112,52 @@ def test_lora_unmerged():
 @pytest.mark.parametrize("dtype", ["bf16", "q8_0", "q4_0"])
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_frozen_base(dtype, precision):
-    src = rx.RxPtModel(HYB, seed=4)
     # Q8_0 blocks of 32 along each matrix's input (the embedding's rows)
+    _check(_based(dtype, precision), HYB)
+
+
+def _based(dtype, precision="fp32", cfg=HYB):
+    """cfg's model with every matrix whose input is whole 32-value blocks
+    in a frozen base of dtype"""
+    src = rx.RxPtModel(cfg, seed=4)
     names = [n for n in src.param_names if src.params[n].ndim == 2 and
              src.params[n].shape[n == "emb"] % 32 == 0]
-    m = rx.RxPtModel(HYB, seed=4, init=False, precision=precision)
+    m = rx.RxPtModel(cfg, seed=4, init=False, precision=precision)
     m.param_buffer[...] = src.param_buffer
     m.set_base(dtype, names)
     for n in names:
         m.base_fill(n, src.params[n])
-    _check(m, HYB)
+    return m
+
+
+@pytest.mark.parametrize("cfg", [RWKV, HYB], ids=["rwkv", "hybrid"])
+@pytest.mark.parametrize("dtype", ["q8_0", "q4_0"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_fast_decode(dtype, precision, cfg):
+    # the fast decode: each slot's logits are its own alone (bit for bit),
+    # near the exact path's, and not them (the integer products ran)
+    m = _based(dtype, precision, cfg)
+    seqs = _seqs(cfg)
+    exact = _batched(rx.GenState(m, 4, max_len=64, max_tokens=32), seqs)
+    g = rx.GenState(m, 6, max_len=64, max_tokens=32, fast_decode=True)
+    assert g.fast_decode
+    got = _batched(g, seqs, slots=[4, 0, 5, 2])
+    for k, s in enumerate(seqs):
+        a = rx.GenState(m, 1, max_len=64, max_tokens=32, fast_decode=True)
+        parts = [a.step([0], [PLAN[k][0]], s[:PLAN[k][0]], all_logits=True)]
+        parts += [a.step([0], [1], s[t:t + 1]) for t in range(PLAN[k][0], len(s))]
+        assert np.array_equal(got[k], np.concatenate(parts)), f"slot {k}"
+        assert not np.array_equal(got[k], exact[k])
+        # int8 activations: about 1% of a logit's range at a step, which the
+        # recurrence carries on (the hybrid's top-1 chunk choice may flip)
+        rms = np.sqrt(np.mean((got[k] - exact[k]) ** 2) / np.mean(exact[k] ** 2))
+        assert cfg is HYB or rms < 0.05, rms
+    g.fast_decode = False
+    for slot in range(6):
+        g.reset(slot)
+    assert np.array_equal(_batched(g, seqs, slots=[4, 0, 5, 2])[0], exact[0])
+    with pytest.raises(TypeError, match="fast_decode"):
+        g.fast_decode = "yes"
 
 
 def test_bf16_precision():

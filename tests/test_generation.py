@@ -2,7 +2,7 @@
 §Sampling): a sequence's tokens do not depend on the batch, stop reasons,
 log-probabilities, n samples forking one prompt, slots refilled mid-way,
 the vectorised draw against the one-sequence one, `sample --prompts`, and
-a base-holding run kept as it trained."""
+a base-holding run kept as it trained (and its fast decode)."""
 import json
 import os
 
@@ -188,3 +188,15 @@ def test_a_lora_run_holds_its_base_as_trained(tmp_path, capsys):
         memory.check = real
     assert any("(its base q8_0)" in w for w in seen)
     assert main(["sample", lora, "--prompt", "User:", "--max-new-tokens", "3"]) == 0
+    # the fast decode (int8 activations over the Q8_0 base): the same
+    # tokens at any batch and in the streaming generate, near the exact path
+    from rwkvx_c.sample import generate as stream
+    greedy = Sampling(temperature=0)
+    fast = [generate(held, ["User: hi", "x"] * 2, max_new_tokens=8, sampling=greedy,
+                     tokenizer=tok, batch_size=b, fast_decode=True) for b in (1, 4)]
+    assert [c.token_ids for c in fast[0]] == [c.token_ids for c in fast[1]]
+    assert fast[0][0].text == "".join(stream(held, "User: hi", 8, temperature=0, tokenizer=tok,
+                                             fast_decode=True))
+    assert np.allclose(fast[0][0].logprobs[:1], a.logprobs[:1], atol=0.05)
+    assert main(["sample", lora, "--prompt", "User:", "--max-new-tokens", "3",
+                 "--fast-decode"]) == 0

@@ -93,6 +93,10 @@ def add_parser(sub: Subparsers) -> None:
                    f"(default: {DEFAULT_BATCH})")
     s.add_argument("--max-new-tokens", type=positive_int, default=200, metavar="N",
                    help="tokens to generate (default: 200)")
+    s.add_argument("--fast-decode", action="store_true",
+                   help="multiply a Q8_0 or Q4_0 base by int8-quantised activations, as "
+                   "llama.cpp does: faster, logits no longer the training forward's "
+                   "(docs/training.md; default: the exact path)")
     add_sampling_args(s, Sampling())
     add_run_flags(s)
 
@@ -120,7 +124,7 @@ def run(a: argparse.Namespace) -> int:
     out = sys.stdout.buffer
     out.write(prompt)
     for text in generate(model, prompt, a.max_new_tokens, tokenizer=tok, seed=a.seed,
-                         **vars(s)):
+                         fast_decode=a.fast_decode, **vars(s)):
         out.write(text.encode("utf-8", "surrogateescape"))
         out.flush()
     out.write(b"\n")
@@ -170,7 +174,7 @@ def sample_file(model: _core.RxPtModel, tok: Tokenizer, records: list[dict[str, 
         bar.update(k)
     try:
         outs = run_requests(model, reqs, s, a.max_new_tokens, a.seed, tok, a.batch_size,
-                            progress)
+                            progress, a.fast_decode)
     finally:
         bar.close()
     dt = time.perf_counter() - t0

@@ -133,9 +133,11 @@ def plan_step(todo: Mapping[int, np.ndarray], piece: int, budget: int
 def run_requests(model: _core.RxPtModel, requests: Sequence[Request], s: Sampling,
                  max_new_tokens: int, seed: int = 0, tokenizer: Tokenizer | None = None,
                  batch_size: int = DEFAULT_BATCH,
-                 progress: Callable[[int], None] | None = None) -> list[list[Completion]]:
+                 progress: Callable[[int], None] | None = None,
+                 fast_decode: bool = False) -> list[list[Completion]]:
     """Every request's samples (a list per request, by sample index), drawn
-    with s in up to batch_size slots at once. progress(k): k new tokens."""
+    with s in up to batch_size slots at once. progress(k): k new tokens.
+    fast_decode: GenState's (docs/training.md §Fast decode)."""
     tok = tokenizer or ByteTokenizer()
     if max_new_tokens < 1 or batch_size < 1:
         raise SampleError("max_new_tokens and batch_size must be at least 1")
@@ -151,7 +153,8 @@ def run_requests(model: _core.RxPtModel, requests: Sequence[Request], s: Samplin
     longest = max(len(r.ids) + (r.max_new_tokens or max_new_tokens) for r in requests)
     max_len = cache_positions(model, longest, B, "shorten the prompts, lower "
                               "--max-new-tokens or the batch")
-    slots = _core.GenState(model, B, max_len=max_len, max_tokens=piece + B)
+    slots = _core.GenState(model, B, max_len=max_len, max_tokens=piece + B,
+                           fast_decode=fast_decode)
     outs = [[Completion(i, j) for j in range(r.n)] for i, r in enumerate(requests)]
     _Scheduler(slots, requests, outs, s, max_new_tokens, seed, tok, piece, progress).run()
     return outs
@@ -269,13 +272,17 @@ def generate(model: _core.RxPtModel, prompts: str | bytes | Sequence[str | bytes
              n: int = 1, max_new_tokens: int = 200, sampling: Sampling | None = None,
              seed: int = 0, tokenizer: Tokenizer | None = None,
              batch_size: int = DEFAULT_BATCH,
-             progress: Callable[[int], None] | None = None) -> list[Completion]:
+             progress: Callable[[int], None] | None = None,
+             fast_decode: bool = False) -> list[Completion]:
     """n samples of each prompt (one str or bytes, or a list of them), drawn
     in batches of up to batch_size sequences: the Completions in order of
     prompt, then sample. An empty prompt starts from a newline. sampling:
     Sampling() when None; tokenizer: the run's (load_run), None means
     bytes. A sample's text depends on (seed, its prompt's index, its
-    sample index) and the model, not on batch_size."""
+    sample index) and the model, not on batch_size. fast_decode: the
+    products over a Q8_0 or Q4_0 base in integer dot products, faster and
+    no longer the training forward's logits (docs/training.md §Fast
+    decode); still independent of batch_size."""
     tok = tokenizer or ByteTokenizer()
     one = isinstance(prompts, (str, bytes))
     items = [prompts] if one else list(prompts)
@@ -287,5 +294,5 @@ def generate(model: _core.RxPtModel, prompts: str | bytes | Sequence[str | bytes
             raise SampleError(f"a prompt must be str or bytes, got {type(p).__name__}")
         reqs.append(Request(tok.encode(p) if len(p) else tok.encode("\n"), n))
     out = run_requests(model, reqs, sampling or Sampling(), max_new_tokens, seed, tok,
-                       batch_size, progress)
+                       batch_size, progress, fast_decode)
     return [c for group in out for c in group]
