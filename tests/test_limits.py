@@ -79,7 +79,33 @@ def test_one_formula_counts_the_weights(monkeypatch):
     m = rx.RxPtModel(ModelConfig.preset("tiny").to_dict(), init=False)
     opts = TrainOptions(preset="tiny", tune="state").resolved()
     base.tune_bytes(m, opts, [], "fp32")
-    assert len(calls) == 2
+    assert len(calls) == 3   # a fine-tune's held weights and its loading
+
+
+def test_loading_and_the_step_peak_apart(monkeypatch):
+    """A fine-tune's loading bytes (gone before the first step) and its
+    step's buffers are not held at once: the check takes the larger on top
+    of the held weights; a GGUF's blocks of the base's own dtype are copied
+    in, so the largest tensor the loading counts is one converted."""
+    from rwkvx_c.train import TrainOptions, base
+    m = rx.RxPtModel(ModelConfig.preset("tiny").to_dict(), init=False)
+    gib = 1 << 30
+    monkeypatch.setattr(memory, "acts_bytes", lambda model: (gib // 200, 0))   # 0.5 GiB at T 100
+    need = gib // 10 + gib   # the weights and the loading: more than the step's 0.5 GiB
+    for room, fits in ((need + gib // 20, True), (need - gib // 20, False)):
+        monkeypatch.setattr(memory, "available_bytes", lambda r=room: int(r / memory.HEADROOM))
+        try:
+            memory.check_step(m, 1, 100, params=gib // 10, loading=gib)
+            assert fits   # the sum, 1.6 GiB, would not have
+        except memory.MemoryTooSmall:
+            assert not fits
+    opts = TrainOptions(preset="tiny", tune="lora").resolved()
+    names = [n for n in m.param_names if m.params[n].ndim == 2]
+    largest = max(m.params[n].size for n in m.param_names)
+    _, loading = base.tune_bytes(m, opts, names, "q8_0")
+    assert loading == 4 * 2 * largest
+    _, loading = base.tune_bytes(m, opts, names, "q8_0", raw=frozenset(names))
+    assert loading == 4 * 2 * max(m.params[n].size for n in m.param_names if n not in names)
 
 
 def test_a_model_too_big_is_refused_before_allocating(monkeypatch):

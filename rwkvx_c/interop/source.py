@@ -192,8 +192,8 @@ class Layered(Mapping[str, np.ndarray]):
     checkpoint holds is its, any other the base's, read from the base only
     when asked for (an x070 .pth or a safetensors base stays in its file),
     so a reader taking one parameter at a time never holds the base twice.
-    shape(name) answers without reading; raw_t, raw_blocks, compact and
-    release pass a base tensor's through (a fine-tune from such a run streams its base as the
+    shape(name) answers without reading; raw_t, raw_blocks, types, compact
+    and release pass a base tensor's through (a fine-tune from such a run streams its base as the
     base's own source would, rwkvx_c.train.base); dtype is the base's when
     the checkpoint holds no matrix of its own. hide: names left out of both."""
 
@@ -228,6 +228,12 @@ class Layered(Mapping[str, np.ndarray]):
     def owns(self, name: str) -> bool:
         """Whether the checkpoint holds name itself (not its base)."""
         return name in self._own
+
+    @property
+    def types(self) -> dict[str, str]:
+        """A GGUF base's tensor types (rwkvx_c.interop.gguf_in) of the names
+        the checkpoint does not hold itself; {} for any other base."""
+        return {n: t for n, t in getattr(self._base, "types", {}).items() if n not in self._own}
 
     def shape(self, name: str) -> tuple[int, ...]:
         if name in self._own:

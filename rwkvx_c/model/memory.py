@@ -269,20 +269,23 @@ def check(need: int, what: str, advice: str, available: int | None = None) -> No
                              f"available; {advice}")
 
 
-def check_step(model: RxPtModel, batch: int, seq_len: int, params: int | None = None) -> None:
+def check_step(model: RxPtModel, batch: int, seq_len: int, params: int | None = None,
+               loading: int = 0) -> None:
     """Raises MemoryTooSmall when a training step of batch x seq_len tokens
     (with params bytes of weights and what trains: by default the parameter
     copies of PARAM_COPIES; a fine-tune's own figure, rwkvx_c.train.base)
-    would not fit. The rough
+    would not fit. loading: bytes held only while the weights are read
+    (a fine-tune's tensors in conversion), gone before the step's buffers
+    exist: the peak is the larger of the two on top of params. The rough
     bound decides when the machine is far from the limit; near it the
     activation bytes are measured on the model (acts_bytes)."""
-    params = (param_bytes(model.n_params) if params is None else params) + \
-        head_bytes(model.config["vocab_size"], batch * seq_len)
+    params = param_bytes(model.n_params) if params is None else params
+    head = head_bytes(model.config["vocab_size"], batch * seq_len)
     rough = ROUGH_MARGIN * rough_bytes_per_token(model.config, model.recompute)
-    if fits(params + rough * batch * seq_len):
+    if fits(params + max(loading, head + rough * batch * seq_len)):
         return   # far from the limit: not worth the measuring steps
     per_tok, per_seq = acts_bytes(model)
     advice = "lower --batch or --seq-len" + ("" if model.recompute else ", or add --grad-cp")
-    check(params + per_tok * batch * seq_len + per_seq * batch,
+    check(params + max(loading, head + per_tok * batch * seq_len + per_seq * batch),
           f"a step of batch {batch} x seq_len {seq_len} ({per_tok:,} bytes of activations "
           f"per token and {per_seq:,} per sequence)", advice)

@@ -78,12 +78,15 @@ def base_bytes(model: RxPtModel, names: list[str], dtype: str) -> int:
     return sum(p[n].size // per * nbytes for n in names)
 
 
-def tune_bytes(model: RxPtModel, opts: ResolvedOptions, names: list[str], dtype: str) -> int:
-    """The peak bytes of a fine-tune's weights, the activations aside: the
-    base, every other parameter once in float32, and for what trains its
-    grads and AdamW's two moments (the states, the adapters, the trained
-    groups); while loading, the largest tensor twice more (read and
-    converted)."""
+def tune_bytes(model: RxPtModel, opts: ResolvedOptions, names: list[str], dtype: str,
+               raw: frozenset[str] = frozenset()) -> tuple[int, int]:
+    """(held, loading): the bytes of a fine-tune's weights, the activations
+    aside: the base, every other parameter once in float32, and for what
+    trains its grads and AdamW's two moments (the states, the adapters,
+    the trained groups); and those held only while loading, the largest
+    tensor converted twice (read and converted; raw: the base tensors the
+    source holds in the base's own blocks, copied as they are), gone
+    before the first step."""
     p = model.params
     trained = sum(p[n].size for n in trained_names(model, opts))
     c = model.config
@@ -93,11 +96,12 @@ def tune_bytes(model: RxPtModel, opts: ResolvedOptions, names: list[str], dtype:
         trained += sum(opts.lora_r * (p[n].shape[0] + p[n].shape[1])
                        for n in target_params(model.layers, parse_targets(opts.lora_targets)))
     in_base = sum(p[n].size for n in names)
-    largest = max(a.size for a in p.values())
+    largest = max((a.size for n, a in p.items() if n not in raw), default=0)
     # what trains is held once more (the states and adapters live outside
     # the arena); the largest tensor is read and converted while loading
-    return memory.weight_bytes(model.n_params - in_base + trained, trained, 2 * largest,
-                               base_bytes(model, names, dtype))
+    return (memory.weight_bytes(model.n_params - in_base + trained, trained, 0,
+                                base_bytes(model, names, dtype)),
+            memory.weight_bytes(0, 0, 2 * largest))
 
 
 def model_from_source(opts: ResolvedOptions, weights: Mapping[str, np.ndarray],
@@ -114,8 +118,11 @@ def model_from_source(opts: ResolvedOptions, weights: Mapping[str, np.ndarray],
         # frozen while the step may be measured: no weight grad is written
         # (make_optimizer sets what trains)
         model.frozen = True
-        memory.check_step(model, opts.batch, step_len or opts.seq_len,
-                          params=tune_bytes(model, opts, names, dtype))
+        # a GGUF's blocks of the base's own dtype are copied in, never converted
+        types = getattr(weights, "types", {})
+        raw = frozenset(n for n in names if types.get(n) == dtype)
+        held, loading = tune_bytes(model, opts, names, dtype, raw)
+        memory.check_step(model, opts.batch, step_len or opts.seq_len, held, loading)
     except (ConfigError, MemoryTooSmall, ValueError) as e:
         raise TrainError(str(e)) from None
     placed = place_weights(model, weights)
