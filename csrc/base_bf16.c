@@ -63,17 +63,7 @@ RX_BASE_AVX2 static void sliver_bf16_avx2(const uint16_t *const rows[16], size_t
             __m256i r[8];
             for (int j = 0; j < 8; j++)
                 r[j] = _mm256_loadu_si256((const __m256i *)(const void *)(rows[8 * h + j] + p));
-#pragma GCC unroll 3
-            for (int s = 0; s < 3; s++) {
-                __m256i t[8];
-#pragma GCC unroll 4
-                for (int i = 0; i < 4; i++) {
-                    t[2 * i] = _mm256_unpacklo_epi16(r[i], r[i + 4]);
-                    t[2 * i + 1] = _mm256_unpackhi_epi16(r[i], r[i + 4]);
-                }
-#pragma GCC unroll 8
-                for (int i = 0; i < 8; i++) r[i] = t[i];
-            }
+            rx_transpose8_lanes(r, 1);
 #pragma GCC unroll 8
             for (int k = 0; k < 8; k++) {   /* (0, word) pairs: rows 0-3, 4-7 per lane */
                 const __m256i lo = _mm256_unpacklo_epi16(zero, r[k]);

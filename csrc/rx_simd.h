@@ -44,19 +44,23 @@ static inline __mmask16 rx_lanes(size_t from, size_t n) {
     return from >= n ? 0 : n - from >= 16 ? 0xffff : (__mmask16)((1u << (n - from)) - 1u);
 }
 
-/* The byte transpose of 8 rows of 32 bytes, per 128-bit lane: three unpack
- * stages of rows i and i + 4, each rotating the 7-bit (register, byte)
- * index left by one, leave in register m the 8 rows' bytes 2m (bytes 0..7
- * of it) and 2m + 1 (8..15), +16 in the high lane. */
+/* The transpose of 8 rows per 128-bit lane, of bytes (words 0: 32 bytes a
+ * row) or of 16-bit words (words 1: 16 a row): three unpack stages of rows
+ * i and i + 4, each rotating the (register, element) index left by one,
+ * leave in register m the 8 rows' bytes 2m (bytes 0..7 of it) and 2m + 1
+ * (8..15), +16 in the high lane; or their words m, +8 in the high lane.
+ * words is a constant at each use. */
 __attribute__((target("avx2"), always_inline)) static inline void
-rx_transpose8_bytes(__m256i v[8]) {
+rx_transpose8_lanes(__m256i v[8], int words) {
 #pragma GCC unroll 3
     for (int s = 0; s < 3; s++) {
         __m256i t[8];
 #pragma GCC unroll 4
         for (int i = 0; i < 4; i++) {
-            t[2 * i] = _mm256_unpacklo_epi8(v[i], v[i + 4]);
-            t[2 * i + 1] = _mm256_unpackhi_epi8(v[i], v[i + 4]);
+            t[2 * i] = words ? _mm256_unpacklo_epi16(v[i], v[i + 4])
+                             : _mm256_unpacklo_epi8(v[i], v[i + 4]);
+            t[2 * i + 1] = words ? _mm256_unpackhi_epi16(v[i], v[i + 4])
+                                 : _mm256_unpackhi_epi8(v[i], v[i + 4]);
         }
 #pragma GCC unroll 8
         for (int i = 0; i < 8; i++) v[i] = t[i];
@@ -70,7 +74,7 @@ rx_transpose8_bytes(__m256i v[8]) {
  * 8-bit q times an 11-bit d; vcvtph2ps's d is f16_f32's, a signalling NaN
  * quieted as the product quiets it), so these are the scalar decoder's
  * bits (tests/test_base_sliver.py). Each half of the rows is byte
- * transposed per lane (rx_transpose8_bytes: register m holds the 8 rows'
+ * transposed per lane (rx_transpose8_lanes: register m holds the 8 rows'
  * k = 2m and 2m + 1, +16 in the high lane); each run of 8 is then widened,
  * converted and scaled.
  * (Eight registers a half, not sixteen: no spills, fewer shuffles.) */
@@ -83,7 +87,7 @@ rx_sliver_q32_block(__m256i r[16], const uint16_t dh[16], float *Bp) {
         __m256i v[8];
 #pragma GCC unroll 8
         for (int i = 0; i < 8; i++) v[i] = r[8 * h + i];
-        rx_transpose8_bytes(v);
+        rx_transpose8_lanes(v, 0);
         const __m256 d = h ? d1 : d0;
 #pragma GCC unroll 8
         for (int m = 0; m < 8; m++)
@@ -132,7 +136,7 @@ rx_sliver_q32(const unsigned char *data, size_t rb, size_t j0, size_t p0, size_t
  * kcb-deep block of k, in k order, then added to C (stored, in the first
  * block without acc0): the packed path's bits. What makes it cheaper than a
  * sliver packed then multiplied: per 8 rows and block the 8 x 32 bytes are
- * transposed in registers (rx_transpose8_bytes) into a
+ * transposed in registers (rx_transpose8_lanes) into a
  * 256-byte L1 buffer T, never widened to floats there; each k then reads its
  * 8 rows' bytes back (vpmovsxbd), converts them and multiplies by the rows'
  * scales (q * d, exact, the sliver's value) just before its FMAs, so a
@@ -179,7 +183,7 @@ rx_small_q32_group(size_t M, size_t V, const unsigned char *data, size_t rb, siz
                     memcpy(&dh[i], blk + i * rb, 2);
                     r[i] = load(blk + i * rb + 2);
                 }
-                rx_transpose8_bytes(r);
+                rx_transpose8_lanes(r, 0);
 #pragma GCC unroll 8
                 for (int m = 0; m < 8; m++)
                     _mm256_store_si256((__m256i *)(void *)(T + 256 * v + 32 * m), r[m]);
