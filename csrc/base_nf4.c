@@ -6,8 +6,9 @@
  * blocksize 64) along in: per RX_NF4_BLOCK values one float32 absmax, then
  * 32 bytes of 4-bit codes q (value 2i in byte i's high nibble, 2i + 1 in
  * its low nibble, bitsandbytes' packing), value = level[q] * absmax in
- * float32, the product bitsandbytes' dequantize_4bit computes. No AVX2
- * form yet: the packers decode row by row through rx_nf4_decode.
+ * float32, the product bitsandbytes' dequantize_4bit computes. It has no
+ * vector form (its row's sliver_f32 and block_bf16 are NULL): the GEMMs'
+ * packers decode row by row through rx_nf4_decode.
  */
 #include <math.h>
 

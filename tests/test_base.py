@@ -149,7 +149,12 @@ def test_stored_bytes_are_gguf_blocks_and_torch_bf16(precision):
 @pytest.mark.parametrize("recompute,chunked", [(False, False), (True, True)],
                          ids=["plain", "recompute+chunked_head"])
 def test_base_gives_the_float32_models_bits(dtype, precision, recompute, chunked):
-    ref, m, names = _pair(dtype, precision, recompute)
+    _assert_same_bits(*_pair(dtype, precision, recompute), chunked)
+
+
+def _assert_same_bits(ref, m, names, chunked):
+    """m (over a base) gives ref's logits, loss and gradients bit for bit
+    at 1 and 3 threads"""
     want = _run(ref, chunked)
     for threads in (1, 3):
         got = _run(m, chunked, threads)
@@ -265,6 +270,24 @@ def _tune_losses(tmp_path, pth, out, weights=None, **kw):
     rows = []
     tr.run(on_step=rows.append)
     return tr, [r["loss"] for r in rows if "loss" in r]
+
+
+def _resumed_losses(tmp_path, pth, out, **kw):
+    """(trainer, losses) of a tune from pth run to step 3, then resumed from
+    its checkpoint to its end (save_every=3 in kw): the resumed run's"""
+    from test_train import _opts
+
+    from rwkvx_c.interop.source import read_source
+    from rwkvx_c.train import Trainer
+    from rwkvx_c.train.finetune import from_source
+    src = read_source(pth)
+    opts = from_source(_opts(tmp_path, model=None, **kw), src.config, src.tokenizer, pth)
+    tr = Trainer(opts, str(tmp_path / out), _weights=src.weights)
+    tr.run(stop=lambda: tr.step_count >= 3)
+    r = Trainer.resume(str(tmp_path / out))
+    rows = []
+    r.run(on_step=rows.append)
+    return r, [x["loss"] for x in rows if "loss" in x]
 
 
 def test_a_tune_from_a_base_naming_run_streams_that_base(tmp_path):

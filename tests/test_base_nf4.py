@@ -12,7 +12,7 @@ import json
 
 import numpy as np
 import pytest
-from test_base import CFG, _bf16_pth, _pair, _run, _tune_losses
+from test_base import CFG, _assert_same_bits, _bf16_pth, _pair, _resumed_losses, _tune_losses
 
 import rwkvx_c as rx
 from rwkvx_c.cli import main
@@ -113,17 +113,7 @@ def test_nf4_blocks_are_bitsandbytes_own():
 def test_an_nf4_base_gives_the_float32_models_bits(precision, recompute, chunked):
     ref, m, names = _pair("nf4", precision, recompute, cfg=CFG64)
     assert len(names) == len([n for n in m.param_names if m.params[n].ndim == 2])
-    want = _run(ref, chunked)
-    for threads in (1, 3):
-        got = _run(m, chunked, threads)
-        if not chunked:
-            assert np.array_equal(got[0], want[0])   # logits
-        assert got[1] == want[1]                     # loss
-        for n in m.param_names:
-            if n not in names:
-                assert np.array_equal(got[2][n], want[2][n]), n
-        assert np.array_equal(got[3], want[3])       # the states' grads
-        assert np.array_equal(got[4], want[4])       # the adapters' grads
+    _assert_same_bits(ref, m, names, chunked)
     m.release_base()
     for n in names:
         assert np.array_equal(m.params[n], ref.params[n]), n
@@ -152,25 +142,12 @@ def _falls(losses):
 
 
 def test_an_nf4_lora_tune_trains_resumes_bit_exact_and_exports(tmp_path, capsys):
-    from test_train import _opts
-
-    from rwkvx_c.interop.source import read_source
-    from rwkvx_c.train import Trainer
-    from rwkvx_c.train.finetune import from_source
     pth = _bf16_pth(tmp_path, H=1, N=64, Dw=64, Da=64, Dv=64, Dg=64)   # gguf: heads of 64
-    tr, want = _tune_losses(tmp_path, pth, "a", tune="lora", steps=6, save_every=3, lr=0.02,
-                            base_dtype="nf4")
+    kw = dict(tune="lora", steps=6, save_every=3, lr=0.02, base_dtype="nf4")
+    tr, want = _tune_losses(tmp_path, pth, "a", **kw)
     assert tr.model.base_dtype == "nf4" and _falls(want), want
-    src = read_source(pth)
-    opts = from_source(_opts(tmp_path, model=None, tune="lora", steps=6, save_every=3,
-                             lr=0.02, base_dtype="nf4"), src.config, src.tokenizer, pth)
-    b = Trainer(opts, str(tmp_path / "b"), _weights=src.weights)
-    b.run(stop=lambda: b.step_count >= 3)
-    r = Trainer.resume(str(tmp_path / "b"))
-    assert r.model.base_dtype == "nf4"
-    rows = []
-    r.run(on_step=rows.append)
-    assert [x["loss"] for x in rows if "loss" in x] == want[3:]
+    r, got = _resumed_losses(tmp_path, pth, "b", **kw)
+    assert r.model.base_dtype == "nf4" and got == want[3:]
     capsys.readouterr()
     # no GGUF type holds NF4: an export merges into the source's own weights
     for fmt, ext in (("rwkv7", "pth"), ("gguf", "gguf")):
