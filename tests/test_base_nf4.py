@@ -18,6 +18,7 @@ import rwkvx_c as rx
 from rwkvx_c.cli import main
 from rwkvx_c.errors import RwkvxWarning
 
+from checks import portable_run
 from reference import nf4
 
 # every matrix's input size a multiple of 64 (NF4's block): the whole model in the base
@@ -83,6 +84,12 @@ def test_nf4_blocks_are_the_references_bytes_and_decode_exactly(precision):
     # its own stored rows go back in as they are
     p.base_fill("blocks.0.tm.key_w", nf4.quantize(w), transposed=True)
     assert np.array_equal(p.base_data("blocks.0.tm.key_w"), nf4.quantize(w))
+
+
+def test_the_portable_nf4_decoder_gives_the_same_bits():
+    """The bytes and the model's bits again in a process with
+    RWKVX_BASE_PORTABLE=1: the decoder's scalar loop, not its AVX2 form."""
+    portable_run("test_base_nf4.py", "references_bytes or float32_models_bits")
 
 
 def test_nf4_blocks_are_bitsandbytes_own():
