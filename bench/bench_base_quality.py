@@ -1,20 +1,29 @@
 """Held-out loss of the same LoRA tune over each frozen-base dtype
-(docs/finetune.md §Which base dtype): a byte model pretrained on docs/,
+(docs/finetune.md §The frozen base, "Which 4-bit form"): a byte model pretrained on docs/,
 then tuned on tests/data/chat.jsonl (its last 40% held out) with --tune
-lora over a base held in bf16, q8_0 and q4_0, each in its own process, one
-after another, the same seed and steps.
+lora over a base held in bf16, q8_0, q4_0 and nf4, each in its own process, one
+after another, the same seed (--seed: the tune's, the pretraining's
+stays 1) and steps.
 
     python bench/bench_base_quality.py --out /tmp/basequality
 
 Prints a Markdown table: each dtype's held-out loss after the steps, its
 difference from the bf16 base's, the base's bytes per weight, and the
-wall-clock of the whole train command."""
+wall-clock of the whole train command; then the held-out loss of the
+quantized base itself (step 0, before the adapters move: no seed in it)
+and the relative error ||W' - W|| / ||W|| of its decoded matrices, over the
+matrices every dtype holds (input sizes a multiple of 64: NF4's block)."""
 import argparse
+import json
 import os
 
+import numpy as np
 from bench_adapters import CHAT, ROOT, train  # one train command, its held-out loss, its time
 
-DTYPES = {"bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}   # bytes per weight
+import rwkvx_c as rx
+from rwkvx_c.interop import read_source
+
+DTYPES = {"bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32, "nf4": 36 / 64}   # bytes per weight
 
 
 def main():
@@ -23,6 +32,7 @@ def main():
     ap.add_argument("--base-steps", type=int, default=600)
     ap.add_argument("--n-embd", type=int, default=256)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=1, help="the tune's seed (LoRA init, batches)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     base = os.path.join(a.out, "base")
@@ -32,16 +42,41 @@ def main():
                "--batch", "8", "--seq-len", "128", "--lr", "2e-3"], base, a.threads)
     tune = ["--init-from", base, "--data", CHAT, "--val-fraction", "0.4", "--steps",
             str(a.steps), "--batch", "8", "--seq-len", "64", "--eval-every", str(a.steps),
-            "--tune", "lora", "--lora-r", "8", "--lora-alpha", "16", "--lr", "3e-3"]
+            "--tune", "lora", "--lora-r", "8", "--lora-alpha", "16", "--lr", "3e-3",
+            "--seed", str(a.seed)]
     print(f"| base dtype | bytes / weight | held-out loss after {a.steps} steps | "
           "against bf16 | wall-clock (s) |")
     print("|---|---|---|---|---|")
     ref = None
     for dtype, per in DTYPES.items():
-        v, wall = train(tune + ["--base-dtype", dtype], os.path.join(a.out, dtype), a.threads)
+        run = dtype if a.seed == 1 else f"{dtype}-seed{a.seed}"
+        v, wall = train(tune + ["--base-dtype", dtype], os.path.join(a.out, run), a.threads)
         ref = v if ref is None else ref
         print(f"| {dtype} | {per:.3f} | {v:.4f} | {100 * (v - ref) / ref:+.2f}% | {wall:.1f} |",
               flush=True)
+    print("\n| base dtype | held-out loss at step 0 | relative weight error |\n|---|---|---|")
+    src = read_source(base)
+    for dtype in DTYPES:
+        run = dtype if a.seed == 1 else f"{dtype}-seed{a.seed}"
+        with open(os.path.join(a.out, run, "log.jsonl")) as f:
+            v0 = next(r["val_loss"] for r in map(json.loads, f) if r.get("step") == 0)
+        print(f"| {dtype} | {v0:.4f} | {weight_error(src, dtype):.4f} |", flush=True)
+
+
+def weight_error(src, dtype):
+    """||W' - W|| / ||W|| over the source's matrices whose rows are whole
+    blocks of 64, W' as a base of dtype decodes them"""
+    m = rx.RxPtModel(src.config, init=False)
+    names = [n for n in m.param_names if m.params[n].ndim == 2
+             and m.params[n].shape[n == "emb"] % 64 == 0]
+    m.set_base(dtype, names)
+    err = tot = 0.0
+    for n in names:
+        w = np.asarray(src.weights[n], np.float32)
+        m.base_fill(n, w)
+        err += float(np.sum((m.base_tensor(n).astype(np.float64) - w) ** 2))
+        tot += float(np.sum(w.astype(np.float64) ** 2))
+    return (err / tot) ** 0.5
 
 
 if __name__ == "__main__":

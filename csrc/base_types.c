@@ -20,6 +20,8 @@ static const rx_base_type types[] = {
     {"q4_0", RX_BASE_Q4_0, RX_Q4_0_BLOCK, RX_Q4_0_BYTES, 0,
      rx_q4_0_from_float, NULL, rx_q4_0_decode, rx_q4_0_sliver_f32,
      rx_q4_0_block_bf16, rx_q4_0_small_f32},
+    {"nf4", RX_BASE_NF4, RX_NF4_BLOCK, RX_NF4_BYTES, 0,
+     rx_nf4_from_float, NULL, rx_nf4_decode, NULL, NULL, NULL},
 };
 #define N_TYPES ((int)(sizeof types / sizeof types[0]))
 

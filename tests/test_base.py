@@ -15,6 +15,7 @@ import rwkvx_c as rx
 from rwkvx_c.model.lora import TARGETS, target_params
 
 from checks import GRAD_TOL, assert_rel, portable_run, token_batch
+from reference import nf4
 from reference.autograd import Var
 from reference.lora import lora_params
 from reference.model import model_loss
@@ -44,6 +45,8 @@ def _stored(w, dtype, name):
     torch's bf16 or of gguf's quantization of W^T [out, in], or of the
     embedding's own rows [vocab, C]."""
     rows = w if name == "emb" else np.ascontiguousarray(w.T)
+    if dtype == "nf4":   # no GGUF type: tests/reference/nf4.py, from its definition
+        return nf4.quantize(rows)
     return _bf16(rows) if dtype == "bf16" else gguf.quants.quantize(rows, QUANT[dtype])
 
 
@@ -52,7 +55,8 @@ def _decoded(w, dtype, name):
     dequantize(quantize(...)) of its stored rows, in w's layout."""
     if dtype == "bf16":
         return (_bf16(w).astype(np.uint32) << 16).view(np.float32)
-    d = gguf.quants.dequantize(_stored(w, dtype, name), QUANT[dtype])
+    d = nf4.dequantize(_stored(w, dtype, name)) if dtype == "nf4" else \
+        gguf.quants.dequantize(_stored(w, dtype, name), QUANT[dtype])
     return d if name == "emb" else np.ascontiguousarray(d.T)
 
 
@@ -61,20 +65,20 @@ def _names(m):
     return [n for n in m.param_names if m.params[n].ndim == 2]
 
 
-def _pair(dtype, precision="fp32", recompute=False, seed=3):
-    """(float32 model holding the decoded weights, base model), both with
-    initial states and adapters on every projection (random, equal), the
-    base's ranges frozen in both."""
-    src = rx.RxPtModel(CFG, seed=seed)
+def _pair(dtype, precision="fp32", recompute=False, seed=3, cfg=CFG):
+    """(float32 model holding the decoded weights, base model) of shape
+    cfg, both with initial states and adapters on every projection (random,
+    equal), the base's ranges frozen in both."""
+    src = rx.RxPtModel(cfg, seed=seed)
     # weights of the trained model's size: decay gates stay in range
     for n in _names(src):
         src.params[n][...] *= 0.5
     names = _names(src)
-    ref = rx.RxPtModel(CFG, seed=seed, precision=precision, recompute=recompute)
+    ref = rx.RxPtModel(cfg, seed=seed, precision=precision, recompute=recompute)
     ref.param_buffer[...] = src.param_buffer
     for n in names:
         ref.params[n][...] = _decoded(src.params[n], dtype, n)
-    m = rx.RxPtModel(CFG, seed=seed, precision=precision, recompute=recompute, init=False)
+    m = rx.RxPtModel(cfg, seed=seed, precision=precision, recompute=recompute, init=False)
     m.param_buffer[...] = src.param_buffer   # the base's slots are released below
     m.set_base(dtype, names)
     for n in names:
@@ -86,7 +90,8 @@ def _pair(dtype, precision="fp32", recompute=False, seed=3):
         b = ref.params[n].__array_interface__["data"][0] - \
             ref.param_buffer.__array_interface__["data"][0]
         frozen.append([b // 4, b // 4 + ref.params[n].size])
-    s0 = rng.standard_normal((CFG["n_rwkv_layer"], 2, 32, 32)).astype(np.float32) * 0.1
+    s0 = rng.standard_normal((cfg["n_rwkv_layer"], cfg["n_head"], cfg["head_size"],
+                              cfg["head_size"])).astype(np.float32) * 0.1
     ad = None
     for x in (ref, m):
         x.enable_state()
@@ -144,7 +149,12 @@ def test_stored_bytes_are_gguf_blocks_and_torch_bf16(precision):
 @pytest.mark.parametrize("recompute,chunked", [(False, False), (True, True)],
                          ids=["plain", "recompute+chunked_head"])
 def test_base_gives_the_float32_models_bits(dtype, precision, recompute, chunked):
-    ref, m, names = _pair(dtype, precision, recompute)
+    _assert_same_bits(*_pair(dtype, precision, recompute), chunked)
+
+
+def _assert_same_bits(ref, m, names, chunked):
+    """m (over a base) gives ref's logits, loss and gradients bit for bit
+    at 1 and 3 threads"""
     want = _run(ref, chunked)
     for threads in (1, 3):
         got = _run(m, chunked, threads)
@@ -260,6 +270,24 @@ def _tune_losses(tmp_path, pth, out, weights=None, **kw):
     rows = []
     tr.run(on_step=rows.append)
     return tr, [r["loss"] for r in rows if "loss" in r]
+
+
+def _resumed_losses(tmp_path, pth, out, **kw):
+    """(trainer, losses) of a tune from pth run to step 3, then resumed from
+    its checkpoint to its end (save_every=3 in kw): the resumed run's"""
+    from test_train import _opts
+
+    from rwkvx_c.interop.source import read_source
+    from rwkvx_c.train import Trainer
+    from rwkvx_c.train.finetune import from_source
+    src = read_source(pth)
+    opts = from_source(_opts(tmp_path, model=None, **kw), src.config, src.tokenizer, pth)
+    tr = Trainer(opts, str(tmp_path / out), _weights=src.weights)
+    tr.run(stop=lambda: tr.step_count >= 3)
+    r = Trainer.resume(str(tmp_path / out))
+    rows = []
+    r.run(on_step=rows.append)
+    return r, [x["loss"] for x in rows if "loss" in x]
 
 
 def test_a_tune_from_a_base_naming_run_streams_that_base(tmp_path):

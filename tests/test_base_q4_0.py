@@ -10,7 +10,7 @@ import os
 
 import numpy as np
 import pytest
-from test_base import CFG, _bf16_pth, _tune_losses
+from test_base import CFG, _bf16_pth, _resumed_losses, _tune_losses
 
 import rwkvx_c as rx
 from rwkvx_c.cli import main
@@ -112,24 +112,11 @@ def test_a_q4_0_tune_from_trainoptions_the_command_line_and_a_config_file(tmp_pa
 
 
 def test_a_q4_0_lora_tune_resumes_bit_exact_and_exports(tmp_path, capsys):
-    from test_train import _opts
-
-    from rwkvx_c.interop.source import read_source
-    from rwkvx_c.train import Trainer
-    from rwkvx_c.train.finetune import from_source
     pth = _bf16_pth(tmp_path)
-    _, want = _tune_losses(tmp_path, pth, "a", tune="lora", steps=6, save_every=3,
-                           base_dtype="q4_0")
-    src = read_source(pth)
-    opts = from_source(_opts(tmp_path, model=None, tune="lora", steps=6, save_every=3,
-                             base_dtype="q4_0"), src.config, src.tokenizer, pth)
-    tr = Trainer(opts, str(tmp_path / "b"), _weights=src.weights)
-    tr.run(stop=lambda: tr.step_count >= 3)
-    r = Trainer.resume(str(tmp_path / "b"))
-    assert r.model.base_dtype == "q4_0"
-    rows = []
-    r.run(on_step=rows.append)
-    assert [x["loss"] for x in rows if "loss" in x] == want[3:]
+    kw = dict(tune="lora", steps=6, save_every=3, base_dtype="q4_0")
+    _, want = _tune_losses(tmp_path, pth, "a", **kw)
+    r, got = _resumed_losses(tmp_path, pth, "b", **kw)
+    assert r.model.base_dtype == "q4_0" and got == want[3:]
     # the export merges into the source's own weights, whatever the base is held as
     capsys.readouterr()
     out = str(tmp_path / "m.pth")
