@@ -327,9 +327,8 @@ class TrainOptions:
     base_dtype: str = _opt("auto", "how the frozen matrices of a state or LoRA tune (or of "
                            "--freeze / --train-parts) are held: fp32, bf16 (half the memory; "
                            "exact for a bf16 source), q8_0 (GGUF's 8-bit blocks, about a "
-                           "quarter), q4_0 (GGUF's 4-bit blocks, about an eighth) or nf4 "
-                           "(QLoRA's 4-bit NormalFloat blocks of 64, about an eighth); auto: "
-                           "bf16 when the --init-from source is bf16, else fp32",
+                           "quarter), q4_0 (GGUF's 4-bit blocks, an eighth) or nf4 (QLoRA's "
+                           "4-bit NormalFloat, an eighth); auto: the --init-from source's form",
                            choices=BASE_DTYPES, absent=DEFAULT)
 
     # options a resumed run may change without changing what it computes
