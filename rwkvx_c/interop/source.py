@@ -230,10 +230,12 @@ class Layered(Mapping[str, np.ndarray]):
         return name in self._own
 
     @property
-    def types(self) -> dict[str, str]:
+    def types(self) -> dict[str, str] | None:
         """A GGUF base's tensor types (rwkvx_c.interop.gguf_in) of the names
-        the checkpoint does not hold itself; {} for any other base."""
-        return {n: t for n, t in getattr(self._base, "types", {}).items() if n not in self._own}
+        the checkpoint does not hold itself; None for any other base (its
+        tensors name no form)."""
+        types = getattr(self._base, "types", None)
+        return None if types is None else {n: t for n, t in types.items() if n not in self._own}
 
     def shape(self, name: str) -> tuple[int, ...]:
         if name in self._own:

@@ -119,7 +119,7 @@ def model_from_source(opts: ResolvedOptions, weights: Mapping[str, np.ndarray],
         # (make_optimizer sets what trains)
         model.frozen = True
         # a GGUF's blocks of the base's own dtype are copied in, never converted
-        types = getattr(weights, "types", {})
+        types = getattr(weights, "types", None) or {}
         raw = frozenset(n for n in names if types.get(n) == dtype)
         held, loading = tune_bytes(model, opts, names, dtype, raw)
         memory.check_step(model, opts.batch, step_len or opts.seq_len, held, loading)
