@@ -351,7 +351,14 @@ def test_acts_bytes_predict_a_large_batch(cfg, batch, seq_len, seq_share):
     chunk scratch) is a fifth of it and more at batch 8. In a fresh process:
     malloc's mmap threshold and arenas depend on what the process allocated
     before."""
-    r = python(_ACTS_PROBE % ((cfg, batch, seq_len, seq_share),))
+    _heap_probe(_ACTS_PROBE, (cfg, batch, seq_len, seq_share))
+
+
+def _heap_probe(src, args):
+    """Runs the probe src % (args,) in a fresh process (malloc's mmap
+    threshold and arenas depend on what the process allocated before); a
+    skip where glibc has no mallinfo2 to read the heap with."""
+    r = python(src % (args,))
     assert r.returncode == 0, r.stderr
     if "no mallinfo2" in r.stdout:
         pytest.skip("no mallinfo2")
@@ -380,10 +387,7 @@ def test_the_blocks_of_a_step_share_one_wkv_scratch(recompute):
     recompute; before the blocks shared it, 4x without). In a fresh process,
     as the run measures."""
     cfg = dict(WIDE, n_rwkv_layer=memcheck.TWIN_BLOCKS, n_attn_layer=0)
-    r = python(_SHARED_PROBE % ((cfg, recompute),))
-    assert r.returncode == 0, r.stderr
-    if "no mallinfo2" in r.stdout:
-        pytest.skip("no mallinfo2")
+    _heap_probe(_SHARED_PROBE, (cfg, recompute))
 
 
 _TWIN_PROBE = """
@@ -412,10 +416,7 @@ def test_a_deep_models_bytes_per_token_come_from_shallow_twins(attn, recompute, 
     with and without recompute, trained or frozen. In a fresh process, as a
     run measures: malloc's thresholds depend on what the process freed."""
     deep = dict(WIDE, n_rwkv_layer=memcheck.TWIN_BLOCKS + 3, n_attn_layer=attn)
-    r = python(_TWIN_PROBE % ((deep, recompute, frozen),))
-    assert r.returncode == 0, r.stderr
-    if "no mallinfo2" in r.stdout:
-        pytest.skip("no mallinfo2")
+    _heap_probe(_TWIN_PROBE, (deep, recompute, frozen))
 
 
 def test_memory_check_names_size_and_flag(tmp_path, monkeypatch):
