@@ -170,8 +170,7 @@ def state_dict(model: RxPtModel) -> dict[str, np.ndarray]:
     (tests/test_finetune.py runs it). InteropError without states."""
     if model.state is None:
         raise InteropError("the model has no trained initial states (train with --tune state)")
-    return {f"blocks.{i}.att.time_state": np.array(s, dtype=np.float32)
-            for i, s in enumerate(model.state)}
+    return states_out(model, prefixed=False)
 
 
 def _rank(adapters: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> int:

@@ -440,19 +440,21 @@ def parts_in(model: RxPtModel, sd: Mapping[str, np.ndarray], what: str
     return out
 
 
-def _state_names(model: RxPtModel) -> list[str]:
+def _state_names(model: RxPtModel, prefixed: bool = True) -> list[str]:
     """The export's name of each RWKV block's initial state (RWKV-PEFT's
-    time_state; RWKV-X's rwkv. names in a hybrid, blocks counted among the
-    RWKV ones)."""
-    pre = "rwkv." if model.config["n_attn_layer"] else ""
+    time_state; prefixed: RWKV-X's rwkv. names in a hybrid, blocks counted
+    among the RWKV ones)."""
+    pre = "rwkv." if prefixed and model.config["n_attn_layer"] else ""
     return [f"{pre}blocks.{i}.att.time_state" for i in range(model.config["n_rwkv_layer"])]
 
 
-def states_out(model: RxPtModel) -> dict[str, np.ndarray]:
+def states_out(model: RxPtModel, prefixed: bool = True) -> dict[str, np.ndarray]:
     """The model's initial states (it must hold them) under the export's
-    names, float32 [H, N, N] each (state[h][v][k], RWKV-PEFT's layout)."""
+    names, float32 [H, N, N] each (state[h][v][k], RWKV-PEFT's layout);
+    not prefixed: blocks.{i} in a hybrid too (the state file's names)."""
     assert model.state is not None
-    return {n: np.array(s, dtype=np.float32) for n, s in zip(_state_names(model), model.state)}
+    return {n: np.array(s, dtype=np.float32)
+            for n, s in zip(_state_names(model, prefixed), model.state)}
 
 
 def states_in(model: RxPtModel, sd: Mapping[str, np.ndarray], what: str) -> np.ndarray | None:
