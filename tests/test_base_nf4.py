@@ -173,9 +173,14 @@ def test_nf4_from_the_command_line(tmp_path, capsys):
                  "--no-progress", "--base-dtype", "nf4", "--out", str(tmp_path / "c")]) == 0
     # Dw = 32: the decay LoRAs' w2 stay float32, every other matrix is held
     assert "frozen base nf4, " in capsys.readouterr().out
-    with open(tmp_path / "c" / "log.jsonl") as f:
-        rows = [json.loads(line) for line in f]
-    assert _falls([r["loss"] for r in rows if "loss" in r])
+    # and from the run's saved config: the same tune, the same losses
+    assert main(["train", "--config", str(tmp_path / "c" / "config.toml"),
+                 "--out", str(tmp_path / "cfg")]) == 0
+    losses = []
+    for run in ("c", "cfg"):
+        with open(tmp_path / run / "log.jsonl") as f:
+            losses.append([r["loss"] for r in map(json.loads, f) if "loss" in r])
+    assert _falls(losses[0]) and losses[0] == losses[1]
 
 
 def test_a_gguf_source_is_converted_once_into_an_nf4_base(tmp_path):

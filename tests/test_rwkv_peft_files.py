@@ -258,6 +258,9 @@ def test_an_rwkv_peft_pissa_checkpoint_comes_in_with_its_init(runs, tmp_path, ca
     assert _rel(ours, load_model(str(tmp_path / "ref")).forward(TOKENS)) <= FWD_TOL
     _, _, state = read_checkpoint(os.path.join(out, "checkpoint.safetensors"))
     assert (state["lora"]["r"], state["lora"]["alpha"]) == (2 * R, 2.0 * R)   # scale 1
+    # from Python: the source the import reads
+    ads = read_source(str(ck), str(d / "base.pth"), lora_init=str(init)).adapters
+    assert ads is not None and ads.record() == state["lora"]
     capsys.readouterr()
     for extra, says in ((["--lora-alpha", "8"], "scales by 1; drop --lora-alpha"),
                         ([], "init_lora_B is missing")):

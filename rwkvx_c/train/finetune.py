@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from rwkvx_c import _core
 from rwkvx_c.errors import TrainError
 from rwkvx_c.model.lora import (
     A0_SUFFIX,
@@ -71,9 +72,12 @@ __all__ = ["TUNE_MODES", "PARTS", "part_of", "parse_parts", "trained_names", "Pa
 def shape_conflicts(src_config: Mapping[str, int], asked: Mapping[str, int]) -> list[str]:
     """'field: asked X, the source has Y' for every asked shape value the
     source's config does not have (adding attention blocks to a pure RWKV-7
-    source is an expansion, rwkvx_c.train.expand, judged before this)."""
-    return [f"{k}: asked {v}, the source has {src_config.get(k)}"
-            for k, v in asked.items() if src_config.get(k) != v]
+    source is an expansion, rwkvx_c.train.expand, judged before this). A
+    model-context field the source's config leaves out (a .pth records no
+    eps) has the C core's default, which a run's saved config spells out."""
+    have = {**_core.OPTION_FIELDS, **src_config}
+    return [f"{k}: asked {v}, the source has {have.get(k)}"
+            for k, v in asked.items() if have.get(k) != v]
 
 
 def from_source(options: TrainOptions, config: Mapping[str, int], tokenizer: str | None,
