@@ -89,7 +89,8 @@ int rx_base_create(int dtype, const rx_base_target *t, int n, int packed, rx_bas
         b->nkc = (b->in + RX_BT_K - 1) / RX_BT_K;
         s->bytes += mat_bytes(b);
     }
-    s->store = s->mats ? rx_alloc(s->bytes, 1) : NULL;
+    /* every byte is written once the base is filled: huge pages pay */
+    s->store = s->mats ? rx_alloc_huge(s->bytes) : NULL;
     if (!s->mats || !s->store) {
         const size_t bytes = s->bytes;
         rx_base_free(s);

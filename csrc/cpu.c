@@ -5,6 +5,7 @@
  * GEMMs, the norms, the WKV kernel, the adapters and the base's packers.
  */
 #include <pthread.h>
+#include <sys/mman.h>
 
 #include "rx_internal.h"
 
@@ -62,6 +63,26 @@ void *rx_thread_buffer(int slot, size_t bytes) {
         s->buf_n[slot] = s->buf[slot] ? bytes : 0;
     }
     return s->buf[slot];
+}
+
+/* ---- huge pages ----------------------------------------------------------- */
+
+void rx_advise_huge(void *p, size_t bytes) {
+#ifdef MADV_HUGEPAGE
+    if (p && bytes >= RX_HUGE_PAGE) (void)madvise(p, bytes, MADV_HUGEPAGE);
+#else
+    (void)p;
+    (void)bytes;
+#endif
+}
+
+void *rx_alloc_huge(size_t bytes) {
+    if (bytes < RX_HUGE_PAGE) return rx_alloc(bytes, 1);
+    const size_t whole = (bytes + RX_HUGE_PAGE - 1) / RX_HUGE_PAGE * RX_HUGE_PAGE;
+    if (whole < bytes) return NULL;
+    void *p = aligned_alloc(RX_HUGE_PAGE, whole);
+    rx_advise_huge(p, whole);
+    return p;
 }
 
 /* ---- CPU detection -------------------------------------------------------- */

@@ -264,8 +264,9 @@ static void init_params(rx_ptmodel *m, uint64_t seed) {
 /* ---- construction ------------------------------------------------------ */
 
 /* A zeroed arena of n floats: lazily mapped under RX_PT_NO_INIT (pages
- * never written take no memory: a frozen base's slots), else allocated */
-static float *arena_new(size_t n, int flags) {
+ * never written take no memory: a frozen base's slots), else allocated;
+ * dense: on huge pages (every float will be written) */
+static float *arena_new(size_t n, int flags, int dense) {
     if (!(flags & RX_PT_NO_INIT)) return rx_fcalloc(n);
     if (n > SIZE_MAX / sizeof(float)) return NULL;
 #ifdef MAP_NORESERVE
@@ -278,8 +279,13 @@ static float *arena_new(size_t n, int flags) {
 #endif
     void *p = mmap(NULL, n * sizeof(float), PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | lazy, -1, 0);
-    return p == MAP_FAILED ? NULL : p;
+    if (p == MAP_FAILED) return NULL;
+    if (dense) rx_advise_huge(p, n * sizeof(float));
+    return p;
 }
+
+/* bytes of n floats; SIZE_MAX (an allocation that fails) past size_t */
+static size_t n_bytes(size_t n) { return n > SIZE_MAX / sizeof(float) ? SIZE_MAX : n * sizeof(float); }
 
 static void arena_free(float *p, size_t n, int flags) {
     if (p && (flags & RX_PT_NO_INIT)) munmap(p, n * sizeof(float));
@@ -322,7 +328,8 @@ int rx_ptmodel_ctx(const rx_ptmodel *m, rx_model_ctx *out) {
 }
 
 /* rx_model_create's body; unknown: flag bits of rx_model_create it does not know */
-/* create: RX_PT_NO_INIT or 0 (ln0 comes from ctx) */
+/* create: RX_PT_NO_INIT, with or without RX_PT_DENSE, or 0 (ln0 comes
+ * from ctx) */
 static int model_create(const char *fn, const rx_pt_config *pc, const rx_model_ctx *ctx,
                         int create, int unknown, uint64_t seed, rx_ptmodel **out) {
     if (!out) return rx_fail(RX_EINVAL, "%s: out is NULL", fn);
@@ -332,7 +339,9 @@ static int model_create(const char *fn, const rx_pt_config *pc, const rx_model_c
     if (unknown) return rx_fail(RX_EINVAL, "%s: unknown flag bits 0x%x", fn, unknown);
     rc = rx_model_ctx_validate(ctx);
     if (rc != RX_OK) return rc;
-    const int flags = (ctx->ln0 ? RX_PT_LN0 : 0) | (create & RX_PT_NO_INIT);
+    if ((create & RX_PT_DENSE) && !(create & RX_PT_NO_INIT))
+        return rx_fail(RX_EINVAL, "%s: RX_PT_DENSE is a flag of an RX_PT_NO_INIT model", fn);
+    const int flags = (ctx->ln0 ? RX_PT_LN0 : 0) | (create & (RX_PT_NO_INIT | RX_PT_DENSE));
     rx_ptmodel *m = calloc(1, sizeof *m);
     if (!m) return rx_fail(RX_ENOMEM, "%s: out of memory", fn);
     m->cfg = *pc;
@@ -371,8 +380,11 @@ static int model_create(const char *fn, const rx_pt_config *pc, const rx_model_c
     add(&ly, "", "ln_out_b", D_C, D_NONE, INIT_BETA, &m->ln_out_b, &m->g_ln_out_b);
     add(&ly, "", "head", D_C, D_V, INIT_MAT, &m->head, &m->g_head);
 
-    m->params = flags & RX_PT_NO_INIT ? arena_new(m->n_elems, flags) : rx_falloc(m->n_elems);
-    m->grads = arena_new(m->n_elems, flags);
+    /* the params on huge pages where every one is written: by the init,
+     * or by a dense caller */
+    m->params = !(flags & RX_PT_NO_INIT)           ? rx_alloc_huge(n_bytes(m->n_elems))
+                : arena_new(m->n_elems, flags, (flags & RX_PT_DENSE) != 0);
+    m->grads = arena_new(m->n_elems, flags, 0);
     if (!m->params || !m->grads) goto fail;
     for (int i = 0; i < m->n_tensors; i++) {
         *ly.pp[i] = m->params + m->tensors[i].off;
@@ -400,7 +412,8 @@ int rx_model_create(const rx_pt_config *pc, int flags, uint64_t seed, rx_ptmodel
 
 int rx_model_create_ctx(const rx_pt_config *pc, const rx_model_ctx *ctx, int flags,
                         uint64_t seed, rx_ptmodel **out) {
-    return model_create("rx_model_create_ctx", pc, ctx, flags, flags & ~RX_PT_NO_INIT, seed,
+    return model_create("rx_model_create_ctx", pc, ctx, flags,
+                        flags & ~(RX_PT_NO_INIT | RX_PT_DENSE), seed,
                         out);
 }
 

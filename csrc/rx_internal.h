@@ -277,7 +277,20 @@ enum { RX_PROF_OTHER, RX_PROF_GEMM, RX_PROF_WKV7, RX_PROF_ATTN, RX_PROF_NORM, RX
 void rx_prof_push(int slot);
 void rx_prof_pop(void);
 
-/* ---- cpu.c: per-thread scratch and CPU detection ----------------------- */
+/* ---- cpu.c: per-thread scratch, huge pages and CPU detection ------------ */
+/* Memory a GEMM streams whole (a parameter arena, a frozen base's store)
+ * on transparent huge pages where the kernel gives them on request (its
+ * "madvise" mode, a common default): a decode step reads every weight
+ * once, and 4 KiB pages' TLB misses cost about a fifth of the read rate
+ * (docs/performance.md, "Huge pages"). Only for memory whose every byte is
+ * written: a huge page takes its 2 MiB at the first write to any of it. */
+#define RX_HUGE_PAGE ((size_t)2 << 20)
+/* [p, p + bytes) asked for huge pages before its first write; a no-op
+ * where the system has no such request */
+void rx_advise_huge(void *p, size_t bytes);
+/* rx_alloc(bytes, 1), from RX_HUGE_PAGE bytes up aligned to RX_HUGE_PAGE
+ * (whole huge pages) and advised; freed by free() */
+void *rx_alloc_huge(size_t bytes);
 /* The calling thread's scratch buffers, one per use, so that a training
  * step allocates nothing once its first call has grown them: */
 enum {

@@ -435,7 +435,15 @@ int rx_pretrain_forward_batch(rx_ptmodel *m, const int *tokens, int B, int T,
  * takes no memory), and no init runs: for a model whose weights come from
  * elsewhere, a frozen base's above all (rx_ptmodel_set_base). */
 #define RX_PT_NO_INIT 2
-#define RX_PT_FLAGS_ALL (RX_PT_LN0 | RX_PT_NO_INIT)
+/* RX_PT_DENSE, with RX_PT_NO_INIT: the caller writes every parameter (a
+ * whole model read from a file, no frozen base), so the lazily mapped
+ * parameter arena asks for transparent huge pages, which a decode step's
+ * read of every weight streams faster (a model made with init always
+ * does). Without it a lazy arena keeps 4 KiB pages: a frozen base's slots
+ * are never written, and a huge page would take 2 MiB at a small
+ * tensor's first write. */
+#define RX_PT_DENSE 4
+#define RX_PT_FLAGS_ALL (RX_PT_LN0 | RX_PT_NO_INIT | RX_PT_DENSE)
 /* The flags the model was made with; -1 for NULL. */
 int rx_ptmodel_flags(const rx_ptmodel *m);
 

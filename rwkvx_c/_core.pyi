@@ -98,7 +98,7 @@ class RxPtModel:
     """RWKV-X model over two flat float32 arenas (params, grads)."""
     def __init__(self, config: dict[str, int], seed: int = ..., *,
                  precision: str = ..., recompute: bool = ..., l2wrap: float = ...,
-                 init: bool = ...) -> None: ...
+                 init: bool = ..., dense: bool = ...) -> None: ...
     precision: str                                    # "fp32" or "bf16"
     recompute: bool                                   # activation recompute in the backward
     l2wrap: float                                     # RWKV-LM's L2Wrap factor, 0: off

@@ -84,13 +84,15 @@ cdef class _ModelCore:
         self._acts = NULL
 
     def __init__(self, config, seed=0, *, precision="fp32", recompute=False, l2wrap=0.0,
-                 init=True):
+                 init=True, dense=False):
         if self._h is not None:
             # a second __init__ would swap the arenas under live views and _acts
             raise RuntimeError("RxPtModel is already initialised; make a new one")
         cdef rx_pt_config c = _pt_config(config)
         cdef rx_model_ctx ctx = _pt_ctx(config)
-        cdef int flags = 0 if init else RX_PT_NO_INIT
+        # dense (init False): the caller writes every parameter, so the
+        # arena is on huge pages (as a model with init always is)
+        cdef int flags = 0 if init else RX_PT_NO_INIT | (RX_PT_DENSE if dense else 0)
         cdef int prec = _precision_code(precision)
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
             raise TypeError(f"seed must be an int, got {type(seed).__name__}")

@@ -258,6 +258,7 @@ cdef extern from "rx_pretrain.h" nogil:
     int rx_base_dtype_info(int i, const char **name, int *id, int *block_elems, int *block_bytes)
     int RX_PT_LN0
     int RX_PT_NO_INIT
+    int RX_PT_DENSE
     int RX_BASE_NONE
     int RX_BASE_BF16
     int RX_BASE_Q8_0

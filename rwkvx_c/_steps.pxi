@@ -4,7 +4,8 @@
 
 
 cdef class RxPtModel(_ModelCore):
-    """RxPtModel(config, seed=0, *, precision='fp32', recompute=False, l2wrap=0.0, init=True)
+    """RxPtModel(config, seed=0, *, precision='fp32', recompute=False, l2wrap=0.0, init=True,
+                dense=False)
 --
 
 A whole RWKV-X model (docs/maths.md §Whole model) with its parameters and grads in two
@@ -35,6 +36,10 @@ A whole RWKV-X model (docs/maths.md §Whole model) with its parameters and grads
         init   : False: no init, every parameter zero, and the arenas mapped
                  lazily (a page never written takes no memory): for weights
                  that come from elsewhere, and for a frozen base (set_base).
+        dense  : with init False, the caller writes every parameter (a whole
+                 model read from a file, no frozen base): the parameters sit
+                 on transparent huge pages, which decoding reads faster (a
+                 model made with init always does).
     A missing or unknown key, or a value breaking docs/maths.md §Whole model, is a ValueError
     naming it.
 

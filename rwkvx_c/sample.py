@@ -94,9 +94,10 @@ def load_run(path: str, base: str | None = None, rehash: bool = False,
         ModelConfig.from_dict(config)
         precision = str(opts.get("precision")) if held is not None and \
             opts.get("precision") in ("fp32", "bf16") else "fp32"
-        # every parameter is written below; the grads, never written here,
-        # stay unmapped address space
-        model = _core.RxPtModel(config, init=False, precision=precision)
+        # every parameter is written below (dense: on huge pages, unless a
+        # base will hold some); the grads, never written here, stay unmapped
+        # address space
+        model = _core.RxPtModel(config, init=False, precision=precision, dense=held is None)
         names, dtype = _held_base(model, held, opts) if held is not None else ([], "fp32")
         # the parameters (a held base's in its dtype) and, while reading, the
         # largest tensor twice: checked before anything is read
@@ -166,7 +167,7 @@ def load_any(path: str, base: str | None = None, hold_base: bool = False
         memory.check(4 * memory.estimate_params(src.config)
                      + 8 * src.config["vocab_size"] * src.config["n_embd"],
                      f"the model of {path}", "evaluate on a machine with more memory")
-        model = _core.RxPtModel(src.config, init=False)
+        model = _core.RxPtModel(src.config, init=False, dense=True)
         tok = load_tokenizer(spec)
     except (ConfigError, MemoryTooSmall, TokenizerError) as e:
         raise CheckpointError(str(e)) from None

@@ -399,9 +399,21 @@ static void test_ln0_flag(uint64_t seed) {
     rx_ptmodel_free(ln0);
 }
 
+/* RX_PT_DENSE: a flag of an RX_PT_NO_INIT model only, kept in its flags
+ * (the huge pages it asks for: tests/test_hugepages.py) */
+static void test_dense_flag(uint64_t seed) {
+    rx_ptmodel *m = NULL;
+    CHECK(rx_model_create(&BASE, RX_PT_DENSE, seed, &m) == RX_EINVAL && m == NULL,
+          "RX_PT_DENSE with an init accepted");
+    CHECK(rx_model_create(&BASE, RX_PT_NO_INIT | RX_PT_DENSE, seed, &m) == RX_OK, "dense model");
+    CHECK(rx_ptmodel_flags(m) == (RX_PT_NO_INIT | RX_PT_DENSE), "flags %d", rx_ptmodel_flags(m));
+    rx_ptmodel_free(m);
+}
+
 int main(void) {
     test_configs();
     test_ln0_flag(7);
+    test_dense_flag(7);
     const uint64_t seed = 0x0123456789ABCDEFull;
     rx_ptmodel *m = NULL;
     CHECK(rx_model_create(&BASE, 0, seed, &m) == RX_OK, "model");
