@@ -81,6 +81,94 @@ RX_BASE_AVX2 static void sliver_bf16_avx2(const uint16_t *const rows[16], size_t
     }
 }
 
+/* ---- small M (decoding) ------------------------------------------------
+ * C[M][j, j+8V) (+)= A[M][K] . W^T[j, j+8V)^T for M <= RX_SMALLQ_MAXM rows
+ * read in place from W^T's bf16 rows, rx_small_q32's scheme (rx_simd.h)
+ * 16 k a step: per 8 rows the 8 x 32 bytes are transposed as words
+ * (rx_transpose8_lanes) and widened to float32 as the sliver widens them
+ * (a word under 16 zero bits: the decode's exact value) into an L1 buffer
+ * T, which each k's FMAs then read; the packed sliver (16 rows, written
+ * and read back whole) costs two more stores and loads a weight. Each C
+ * element is one FMA chain from zero over each kcb-deep block of k, in k
+ * order, then added to C (stored in the first block without acc0): the
+ * packed path's bits. */
+#define SMALL_STEP 16   /* k a step: 32 bytes of a row */
+
+__attribute__((target("avx2,fma"), always_inline)) static inline void
+small_bf16_group(size_t M, size_t V, const unsigned char *data, size_t rb, const float *A,
+                 size_t lda, size_t K, size_t kcb, size_t j, size_t j1, int acc0, float *C,
+                 size_t ldc) {
+    /* the next group's rows (up to j1), prefetched a slice a step, as
+     * rx_small_q32_group does */
+    const size_t nj = j + 16 * V <= j1 ? 8 * V : j + 8 * V < j1 ? j1 - j - 8 * V : 0;
+    const char *pf = (const char *)data + (j + 8 * V) * rb;
+    const size_t pf_step = (nj * rb / (K / SMALL_STEP) + 63) / 64 * 64;
+    const char *pf_end = pf + nj * rb;
+    const __m256i zero = _mm256_setzero_si256();
+    _Alignas(32) float T[4][SMALL_STEP][8];   /* group v, k, row */
+    for (size_t pc = 0; pc < K; pc += kcb) {
+        const size_t kc = K - pc < kcb ? K - pc : kcb;
+        __m256 c[8];   /* row i, columns 8v..: c[i V + v] */
+#pragma GCC unroll 8
+        for (size_t u = 0; u < M * V; u++) c[u] = _mm256_setzero_ps();
+        for (size_t p = pc; p < pc + kc; p += SMALL_STEP) {
+#pragma GCC unroll 4
+            for (size_t v = 0; v < V; v++) {
+                const unsigned char *r0 = data + (j + 8 * v) * rb + 2 * p;
+                __m256i r[8];
+#pragma GCC unroll 8
+                for (int i = 0; i < 8; i++)
+                    r[i] = _mm256_loadu_si256((const __m256i *)(const void *)(r0 + i * rb));
+                rx_transpose8_lanes(r, 1);
+#pragma GCC unroll 8
+                for (int m = 0; m < 8; m++) {   /* k = m and m + 8: rows 0-3, 4-7 a lane */
+                    const __m256i lo = _mm256_unpacklo_epi16(zero, r[m]);
+                    const __m256i hi = _mm256_unpackhi_epi16(zero, r[m]);
+                    _mm256_store_si256((__m256i *)(void *)T[v][m],
+                                       _mm256_permute2x128_si256(lo, hi, 0x20));
+                    _mm256_store_si256((__m256i *)(void *)T[v][m + 8],
+                                       _mm256_permute2x128_si256(lo, hi, 0x31));
+                }
+            }
+            for (const char *e = pf + pf_step; pf < e && pf < pf_end; pf += 64)
+                _mm_prefetch(pf, _MM_HINT_T0);
+            const float *a = A + p;
+#pragma GCC unroll 16
+            for (size_t k = 0; k < SMALL_STEP; k++)
+#pragma GCC unroll 4
+                for (size_t v = 0; v < V; v++) {
+                    const __m256 w = _mm256_load_ps(T[v][k]);
+#pragma GCC unroll 8
+                    for (size_t i = 0; i < M; i++)
+                        c[i * V + v] = _mm256_fmadd_ps(_mm256_broadcast_ss(a + i * lda + k), w,
+                                                       c[i * V + v]);
+                }
+        }
+        const int acc = pc > 0 || acc0;
+#pragma GCC unroll 8
+        for (size_t i = 0; i < M; i++)
+#pragma GCC unroll 4
+            for (size_t v = 0; v < V; v++) {
+                float *ci = C + i * ldc + j + 8 * v;
+                _mm256_storeu_ps(ci, acc ? _mm256_add_ps(c[i * V + v], _mm256_loadu_ps(ci))
+                                         : c[i * V + v]);
+            }
+    }
+}
+
+/* small_bf16_group over columns [j0, j1): the columns done from j0 (a
+ * multiple of 8), 0 past RX_SMALLQ_MAXM rows or a K not of whole steps */
+__attribute__((target("avx2,fma"))) static size_t
+small_bf16_avx2(const unsigned char *data, size_t rb, size_t M, const float *A, size_t lda,
+                size_t K, size_t kcb, size_t j0, size_t j1, int acc0, float *C, size_t ldc) {
+    size_t j = j0;
+    if (M < 1 || M > RX_SMALLQ_MAXM || kcb % SMALL_STEP || K % SMALL_STEP) return 0;
+#define SMALL_GROUP(m, vv) small_bf16_group(m, vv, data, rb, A, lda, K, kcb, j, j1, acc0, C, ldc)
+    RX_SMALL_BY_M(M, j, j1, SMALL_GROUP);
+#undef SMALL_GROUP
+    return j - j0;
+}
+
 /* A forward block of rx_bgemm's op(B) from a bf16 base: column c's 32 k
  * are 64 bytes of its stored row; one transpose of the 16 runs */
 RX_BASE512 static void block_bf16_512(const unsigned char *const rows[16], uint16_t *dst) {
@@ -169,4 +257,17 @@ int rx_bf16_block_bf16(const unsigned char *data, size_t rb, int tb, size_t j0, 
             d32[p * bt_r + c] = flush_pair((uint32_t)r0[c] | (uint32_t)r1[c] << 16);
     }
     return 1;
+}
+
+/* AVX2 with FMA where the CPU has them; else 0: the GEMM packs slivers */
+size_t rx_bf16_small_f32(const unsigned char *data, size_t rb, size_t M, const float *A,
+                         size_t lda, size_t K, size_t kcb, size_t j0, size_t j1, int acc0,
+                         float *C, size_t ldc) {
+#ifdef RX_BASE_X86
+    if (rx_cpu_base_avx2() && __builtin_cpu_supports("fma"))
+        return small_bf16_avx2(data, rb, M, A, lda, K, kcb, j0, j1, acc0, C, ldc);
+#endif
+    (void)data, (void)rb, (void)M, (void)A, (void)lda, (void)K, (void)kcb, (void)j0, (void)j1;
+    (void)acc0, (void)C, (void)ldc;
+    return 0;
 }

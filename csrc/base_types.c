@@ -13,7 +13,7 @@
 static const rx_base_type types[] = {
     {"bf16", RX_BASE_BF16, 1, 2, 1,
      rx_bf16_from_float, rx_bf16_from_bf16, rx_bf16_decode, rx_bf16_sliver_f32,
-     rx_bf16_block_bf16, NULL},
+     rx_bf16_block_bf16, rx_bf16_small_f32},
     {"q8_0", RX_BASE_Q8_0, RX_Q8_0_BLOCK, RX_Q8_0_BYTES, 0,
      rx_q8_0_from_float, NULL, rx_q8_0_decode, rx_q8_0_sliver_f32,
      rx_q8_0_block_bf16, rx_q8_0_small_f32},

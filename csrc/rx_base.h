@@ -139,6 +139,9 @@ int rx_bf16_sliver_f32(const unsigned char *data, size_t rb, size_t j0, size_t p
                        size_t nr, float *Bp);
 int rx_bf16_block_bf16(const unsigned char *data, size_t rb, int tb, size_t j0, size_t k0,
                        size_t bt_r, size_t bt_k, uint16_t *dst);
+size_t rx_bf16_small_f32(const unsigned char *data, size_t rb, size_t M, const float *A,
+                         size_t lda, size_t K, size_t kcb, size_t j0, size_t j1, int acc0,
+                         float *C, size_t ldc);
 
 /* base_q8_0.c: GGUF Q8_0 rows, per block one fp16 scale d, then int8 q */
 #define RX_Q8_0_BLOCK 32                   /* values per block */

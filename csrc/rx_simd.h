@@ -148,6 +148,33 @@ rx_sliver_q32(const unsigned char *data, size_t rb, size_t j0, size_t p0, size_t
  * (768 x 3072, one thread, Zen 3). */
 #define RX_SMALLQ_MAXM 4
 
+/* A small-M kernel's walk over columns [j, j1) for M rows (1 to
+ * RX_SMALLQ_MAXM): groups of 8 vv columns (vv by M: M vv <= 8 FMA chains),
+ * then groups of 8; GROUP(m, vv) does the group at j, m and vv constants.
+ * Leaves j past the columns done (the rest, fewer than 8, the caller's). */
+#define RX_SMALL_BY_M(M, j, j1, GROUP)                                                           \
+    do {                                                                                         \
+        switch (M) {                                                                             \
+            case 1:                                                                              \
+                for (; (j) + 32 <= (j1); (j) += 32) GROUP(1, 4);                                 \
+                for (; (j) + 8 <= (j1); (j) += 8) GROUP(1, 1);                                   \
+                break;                                                                           \
+            case 2:                                                                              \
+                for (; (j) + 16 <= (j1); (j) += 16) GROUP(2, 2);                                 \
+                for (; (j) + 8 <= (j1); (j) += 8) GROUP(2, 1);                                   \
+                break;                                                                           \
+            case 3:                                                                              \
+                for (; (j) + 16 <= (j1); (j) += 16) GROUP(3, 2);                                 \
+                for (; (j) + 8 <= (j1); (j) += 8) GROUP(3, 1);                                   \
+                break;                                                                           \
+            case 4:                                                                              \
+                for (; (j) + 16 <= (j1); (j) += 16) GROUP(4, 2);                                 \
+                for (; (j) + 8 <= (j1); (j) += 8) GROUP(4, 1);                                   \
+                break;                                                                           \
+            default: break;                                                                      \
+        }                                                                                        \
+    } while (0)
+
 /* offset in a block's transposed bytes of k's 8 rows (register m = k % 16 /
  * 2 holds k = 2m and 2m + 1 in bytes 0..15, +16 in bytes 16..31) */
 #define RX_SMALLQ_OFF(k) ((k) % 16 / 2 * 32 + (k) / 16 * 16 + (k) % 2 * 8)
@@ -235,23 +262,10 @@ rx_small_q32(const unsigned char *data, size_t rb, size_t blk_bytes,
              size_t K, size_t kcb, size_t j0, size_t j1, int acc0, float *C, size_t ldc) {
     size_t j = j0;
     if (M < 1 || M > RX_SMALLQ_MAXM || kcb % 32 || K % 32) return 0;
-#define RX_SMALLQ_CASE(m, vv)                                                                \
-    case m:                                                                                  \
-        for (; j + 8 * (vv) <= j1; j += 8 * (vv))                                            \
-            rx_small_q32_group(m, vv, data, rb, blk_bytes, load, A, lda, K, kcb, j, j1, acc0, \
-                               C, ldc);                                                        \
-        for (; (vv) > 1 && j + 8 <= j1; j += 8)                                              \
-            rx_small_q32_group(m, 1, data, rb, blk_bytes, load, A, lda, K, kcb, j, j1, acc0, \
-                               C, ldc);                                                        \
-        break;
-    switch (M) {
-        RX_SMALLQ_CASE(1, 4)
-        RX_SMALLQ_CASE(2, 2)
-        RX_SMALLQ_CASE(3, 2)
-        RX_SMALLQ_CASE(4, 2)
-        default: break;
-    }
-#undef RX_SMALLQ_CASE
+#define RX_SMALLQ_GROUP(m, vv)                                                                  \
+    rx_small_q32_group(m, vv, data, rb, blk_bytes, load, A, lda, K, kcb, j, j1, acc0, C, ldc)
+    RX_SMALL_BY_M(M, j, j1, RX_SMALLQ_GROUP);
+#undef RX_SMALLQ_GROUP
     return j - j0;
 }
 #endif

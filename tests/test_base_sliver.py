@@ -1,7 +1,8 @@
 """The fp32 GEMM over a frozen base (Q8_0, Q4_0, bf16 rows), op(B) packed
 from the stored rows one 16-column sliver at a time by the dtype's sliver
 kernel (the AVX2 ones: csrc/rx_simd.h's rx_sliver_q32, base_bf16.c's) or
-its scalar decoder: at
+its scalar decoder, or at 1-4 rows read in place by its small-M kernel
+(rx_small_q32, base_bf16.c's small_bf16_group): at
 every M of the small-M path (1..8) and at the packed path's (9), the bits
 of the same product over the decoded weights held as float32 (the GEMM's
 float path, which no base kernel touches). The shapes meet every edge of a
@@ -52,10 +53,10 @@ def _q4_0(rng, N):
     return np.ascontiguousarray(rows.reshape(N, -1)), w.reshape(N, K)
 
 
-def _bf16(rng, N):
-    """the same for bf16: random bits of every kind but NaN and infinity
-    (subnormals kept: the fp32 GEMM reads a bf16 as it is)"""
-    h = rng.integers(0, 1 << 16, (N, K)).astype(np.uint16)
+def _bf16(rng, N, k=K):
+    """the same for bf16 (k values a row): random bits of every kind but NaN
+    and infinity (subnormals kept: the fp32 GEMM reads a bf16 as it is)"""
+    h = rng.integers(0, 1 << 16, (N, k)).astype(np.uint16)
     h[(h & 0x7F80) == 0x7F80] &= 0xBFFF   # an exponent of all ones -> a finite one
     w = (h.astype(np.uint32) << 16).view(np.float32)
     w = np.where(np.abs(w) > 1e30, np.float32(0.5), w)   # no overflow in the sums
@@ -79,6 +80,23 @@ def test_a_base_products_bits_are_the_decoded_weights(dtype, N, threads, restore
         want = _core._sgemm(a, w, tb=True)
         got = _core._base_sgemm(dtype, rows, a)
         assert got.view(np.uint32).tolist() == want.view(np.uint32).tolist(), (M, dtype)
+
+
+@pytest.mark.parametrize("k", [16, 272, 360, 24])
+def test_bf16_products_at_any_depth(k, restore_threads):
+    """bf16 rows read in place at 1-4 rows (base_bf16.c's small-M kernel,
+    16 k a step): one step, a KC chunk and one step more, and depths of
+    no whole steps (360, 24: the kernel declines and the slivers are
+    packed): the bits of the float32 product, at one and two threads."""
+    rng = np.random.default_rng(k)
+    rows, w = _bf16(rng, 75, k)
+    for threads in (1, 2):
+        rx.set_num_threads(threads)
+        for M in (1, 2, 3, 4, 5):
+            a = rng.standard_normal((M, k)).astype(np.float32)
+            want = _core._sgemm(a, w, tb=True)
+            got = _core._base_sgemm("bf16", rows, a)
+            assert got.view(np.uint32).tolist() == want.view(np.uint32).tolist(), (M, k)
 
 
 def test_the_hook_refuses_rows_of_another_shape():
