@@ -4,8 +4,8 @@ prompt), batch-1 decode tokens/s, and decode throughput with 8 and 64
 sequences advancing together.
 
     python bench/bench_generate.py [--shape 0.1B|0.4B|1.5B] [--threads N] [--work DIR]
-        [--engines rwkvx_c,rwkvx_c-fast,llama.cpp,rwkv] [--formats fp32,q8_0] [--decode 64]
-        [--repeat 2]
+        [--engines rwkvx_c,rwkvx_c-fast,llama.cpp,rwkv] [--formats fp32,q8_0,bf16]
+        [--decode 64] [--repeat 2]
 
 The model: an official-layout random .pth of the shape (bench_big's
 writer, bf16), imported as a run (`rwkvx-c import`), exported as float32
@@ -17,7 +17,12 @@ export (`--dtype q8_0`) for llama.cpp, and for rwkvx_c a one-step state
 tune `--init-from` that file, whose frozen base holds the file's blocks as
 they are (the rwkv package has no Q8_0); "rwkvx_c-fast" is the same run
 with GenState's fast_decode (int8 activations in integer dot products, as
-llama.cpp's Q8_0 path; a float32 model has no base: the row is left out).
+llama.cpp's Q8_0 path; only over a Q8_0 base). bf16 against bf16: the
+bf16 .pth itself, for the rwkv package (strategy "cpu fp32": it widens
+the weights as it loads; its "cpu bf16" is two orders slower) and for
+rwkvx_c as the frozen bf16 base of a one-step state tune `--init-from` it
+(what tuning an official .pth gives), and its BF16 GGUF export for
+llama.cpp.
 Each engine runs in a child
 process of its own, --repeat times; a column is the best of them.
 Batched decode: rwkvx_c advances B slots in one GenState.step;
@@ -144,6 +149,8 @@ def child_rwkv(a):
     import torch
     from rwkv.model import RWKV
     torch.set_num_threads(a.threads)
+    # "cpu fp32" on the bf16 .pth too: its "cpu bf16" decodes 0.1B at 0.5
+    # tokens/s (2-core Zen 3), unusable
     model = RWKV(model=a.pth[:-len(".pth")], strategy="cpu fp32")
     prompt = [int(t) for t in _tokens(PROMPT)]
     with torch.no_grad():
@@ -186,15 +193,25 @@ def prepare(a):
     q8 = os.path.join(a.work, f"model-{a.shape}-q8_0.gguf")
     if not os.path.exists(q8):
         _cli("export", run, "--format", "gguf", "--dtype", "q8_0", "--out", q8)
-    q8run = os.path.join(a.work, f"run-{a.shape}-q8_0")
-    if not os.path.isdir(q8run):   # one step at learning rate ~0: the file's model
+    bf = os.path.join(a.work, f"model-{a.shape}-bf16.gguf")
+    if not os.path.exists(bf):
+        _cli("export", run, "--format", "gguf", "--dtype", "bf16", "--out", bf)
+    return {"fp32": (run, gguf, pth), "q8_0": (_held(a, q8, "q8_0"), q8, None),
+            "bf16": (_held(a, src, "bf16"), bf, src)}
+
+
+def _held(a, source, fmt):
+    """A run whose frozen base holds source's weights in their own form:
+    one step of a state tune at learning rate ~0 (made once)."""
+    out = os.path.join(a.work, f"run-{a.shape}-{fmt}")
+    if not os.path.isdir(out):
         text = os.path.join(a.work, "one-step.txt")
         with open(text, "w") as f:
             f.write("a short text for one step of a state tune.\n" * 64)
-        _cli("train", "--init-from", q8, "--tune", "state", "--steps", "1", "--lr", "1e-12",
+        _cli("train", "--init-from", source, "--tune", "state", "--steps", "1", "--lr", "1e-12",
              "--seq-len", "16", "--batch", "1", "--eval-tokens", "16", "--data", text,
-             "--out", q8run)
-    return {"fp32": (run, gguf, pth), "q8_0": (q8run, q8, None)}
+             "--out", out)
+    return out
 
 
 def _fmt(v):
@@ -207,7 +224,7 @@ def main():
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--work", default="/tmp/rwkvx_bench_generate")
     ap.add_argument("--engines", default=",".join(CHILDREN))
-    ap.add_argument("--formats", default="fp32,q8_0", help="weight formats compared")
+    ap.add_argument("--formats", default="fp32,q8_0,bf16", help="weight formats compared")
     ap.add_argument("--decode", type=int, default=64, help="decode steps timed")
     ap.add_argument("--repeat", type=int, default=2, help="child runs per engine (best kept)")
     ap.add_argument("--child", choices=list(CHILDREN), help=argparse.SUPPRESS)
@@ -230,8 +247,8 @@ def main():
     for fmt in a.formats.split(","):
         run, gguf, pth = made[fmt]
         for name in a.engines.split(","):
-            if (name == "rwkv" and pth is None) or (name == "rwkvx_c-fast" and fmt == "fp32"):
-                continue   # the rwkv package reads no Q8_0; a float32 model has no base
+            if (name == "rwkv" and pth is None) or (name == "rwkvx_c-fast" and fmt != "q8_0"):
+                continue   # the rwkv package reads no Q8_0; the fast decode is a Q8_0 base's
             res: dict = {}
             for _ in range(a.repeat):
                 res = _best_of(res, _child(a, name, run, gguf, pth, env))
