@@ -83,15 +83,16 @@ RX_BASE_AVX2 static void sliver_bf16_avx2(const uint16_t *const rows[16], size_t
 
 /* ---- small M (decoding) ------------------------------------------------
  * C[M][j, j+8V) (+)= A[M][K] . W^T[j, j+8V)^T for M <= RX_SMALLQ_MAXM rows
- * read in place from W^T's bf16 rows, rx_small_q32's scheme (rx_simd.h)
- * 16 k a step: per 8 rows the 8 x 32 bytes are transposed as words
- * (rx_transpose8_lanes) and widened to float32 as the sliver widens them
- * (a word under 16 zero bits: the decode's exact value) into an L1 buffer
- * T, which each k's FMAs then read; the packed sliver (16 rows, written
- * and read back whole) costs two more stores and loads a weight. Each C
- * element is one FMA chain from zero over each kcb-deep block of k, in k
- * order, then added to C (stored in the first block without acc0): the
- * packed path's bits. */
+ * read in place from W^T's bf16 rows, rx_small_q32's walk (rx_simd.h) 16 k
+ * a step: per 8 rows the 8 x 32 bytes (8 k pairs a row) are transposed as
+ * 32-bit lanes in registers (rx_transpose8x8: register m holds the 8 rows'
+ * pair 2m, 2m + 1), and each pair becomes two float32 vectors without a
+ * shuffle: k 2m the low words shifted up, k 2m + 1 the high words masked
+ * (a bf16 under 16 zero bits: the decode's exact value). 24 shuffles per
+ * 128 weights, where a sliver's word transpose and widening take 56 and
+ * store and reload every float. Each C element is one FMA chain from zero
+ * over each kcb-deep block of k, in k order, then added to C (stored in
+ * the first block without acc0): the packed path's bits. */
 #define SMALL_STEP 16   /* k a step: 32 bytes of a row */
 
 __attribute__((target("avx2,fma"), always_inline)) static inline void
@@ -104,45 +105,38 @@ small_bf16_group(size_t M, size_t V, const unsigned char *data, size_t rb, const
     const char *pf = (const char *)data + (j + 8 * V) * rb;
     const size_t pf_step = (nj * rb / (K / SMALL_STEP) + 63) / 64 * 64;
     const char *pf_end = pf + nj * rb;
-    const __m256i zero = _mm256_setzero_si256();
-    _Alignas(32) float T[4][SMALL_STEP][8];   /* group v, k, row */
+    const __m256 high = _mm256_castsi256_ps(_mm256_set1_epi32((int)0xFFFF0000u));
     for (size_t pc = 0; pc < K; pc += kcb) {
         const size_t kc = K - pc < kcb ? K - pc : kcb;
         __m256 c[8];   /* row i, columns 8v..: c[i V + v] */
 #pragma GCC unroll 8
         for (size_t u = 0; u < M * V; u++) c[u] = _mm256_setzero_ps();
         for (size_t p = pc; p < pc + kc; p += SMALL_STEP) {
-#pragma GCC unroll 4
-            for (size_t v = 0; v < V; v++) {
-                const unsigned char *r0 = data + (j + 8 * v) * rb + 2 * p;
-                __m256i r[8];
-#pragma GCC unroll 8
-                for (int i = 0; i < 8; i++)
-                    r[i] = _mm256_loadu_si256((const __m256i *)(const void *)(r0 + i * rb));
-                rx_transpose8_lanes(r, 1);
-#pragma GCC unroll 8
-                for (int m = 0; m < 8; m++) {   /* k = m and m + 8: rows 0-3, 4-7 a lane */
-                    const __m256i lo = _mm256_unpacklo_epi16(zero, r[m]);
-                    const __m256i hi = _mm256_unpackhi_epi16(zero, r[m]);
-                    _mm256_store_si256((__m256i *)(void *)T[v][m],
-                                       _mm256_permute2x128_si256(lo, hi, 0x20));
-                    _mm256_store_si256((__m256i *)(void *)T[v][m + 8],
-                                       _mm256_permute2x128_si256(lo, hi, 0x31));
-                }
-            }
             for (const char *e = pf + pf_step; pf < e && pf < pf_end; pf += 64)
                 _mm_prefetch(pf, _MM_HINT_T0);
             const float *a = A + p;
-#pragma GCC unroll 16
-            for (size_t k = 0; k < SMALL_STEP; k++)
 #pragma GCC unroll 4
-                for (size_t v = 0; v < V; v++) {
-                    const __m256 w = _mm256_load_ps(T[v][k]);
+            for (size_t v = 0; v < V; v++) {
+                const unsigned char *r0 = data + (j + 8 * v) * rb + 2 * p;
+                __m256 r[8];
 #pragma GCC unroll 8
-                    for (size_t i = 0; i < M; i++)
-                        c[i * V + v] = _mm256_fmadd_ps(_mm256_broadcast_ss(a + i * lda + k), w,
-                                                       c[i * V + v]);
+                for (int i = 0; i < 8; i++)
+                    r[i] = _mm256_loadu_ps((const float *)(const void *)(r0 + i * rb));
+                rx_transpose8x8(r);
+#pragma GCC unroll 8
+                for (int m = 0; m < 8; m++) {
+                    const __m256 w0 =
+                        _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_castps_si256(r[m]), 16));
+                    const __m256 w1 = _mm256_and_ps(r[m], high);
+#pragma GCC unroll 4
+                    for (size_t i = 0; i < M; i++) {
+                        __m256 ci = _mm256_fmadd_ps(_mm256_broadcast_ss(a + i * lda + 2 * m), w0,
+                                                    c[i * V + v]);
+                        c[i * V + v] = _mm256_fmadd_ps(_mm256_broadcast_ss(a + i * lda + 2 * m + 1),
+                                                       w1, ci);
+                    }
                 }
+            }
         }
         const int acc = pc > 0 || acc0;
 #pragma GCC unroll 8

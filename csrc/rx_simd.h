@@ -67,6 +67,29 @@ rx_transpose8_lanes(__m256i v[8], int words) {
     }
 }
 
+/* In-register transpose of 8 rows of 8 32-bit lanes: r[i] lane m becomes
+ * r[m] lane i (float shuffles move the bits as they are). */
+__attribute__((target("avx2"), always_inline)) static inline void rx_transpose8x8(__m256 r[8]) {
+    __m256 t[8], u[8];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {   /* rows 2i, 2i+1: lanes (0, 1 | 4, 5), (2, 3 | 6, 7) */
+        t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) {   /* rows 4h..4h+3: lane m | m + 4 in u[4h + m] */
+        u[4 * h] = _mm256_shuffle_ps(t[4 * h], t[4 * h + 2], 0x44);
+        u[4 * h + 1] = _mm256_shuffle_ps(t[4 * h], t[4 * h + 2], 0xEE);
+        u[4 * h + 2] = _mm256_shuffle_ps(t[4 * h + 1], t[4 * h + 3], 0x44);
+        u[4 * h + 3] = _mm256_shuffle_ps(t[4 * h + 1], t[4 * h + 3], 0xEE);
+    }
+#pragma GCC unroll 4
+    for (int m = 0; m < 4; m++) {
+        r[m] = _mm256_permute2f128_ps(u[m], u[m + 4], 0x20);
+        r[m + 4] = _mm256_permute2f128_ps(u[m], u[m + 4], 0x31);
+    }
+}
+
 /* The forward sliver of 16 stored rows over one 32-value block of an int8
  * quantised dtype (Q8_0's q, Q4_0's q - 8): r[j] row j's 32 q (k 0..15 in
  * the low 128-bit lane, 16..31 in the high), dh[j] its fp16 scale; out k
