@@ -409,3 +409,20 @@ def test_imported_world_model_keeps_the_world_tokenizer(tmp_path):
     tr = Trainer.resume(str(tmp_path / "run"), steps=1, seq_len=16, batch=2,
                         data=str(tmp_path / "text.txt"), cache_dir=str(tmp_path / "cache"))
     assert tr.tokenizer.name == "world"
+
+
+def test_an_x070_pth_is_imported_tensor_by_tensor(tmp_path, monkeypatch):
+    """import reads an x070 .pth as --init-from does, one tensor at a time
+    (a 1.5B .pth once took every tensor in float32, a model with its init
+    and grads, and the conversions at once: past 20 GB), into the same
+    weights as the whole-dict reader's."""
+    sd = _official_dict(np.random.default_rng(4))
+    pth = tmp_path / "m.pth"
+    interop.save_pth(sd, str(pth), "bf16")
+    whole = interop.from_rwkv7(interop.load_pth(str(pth)))
+    monkeypatch.setattr("rwkvx_c.interop.runs.load_pth", None)   # never the whole dict
+    interop.import_pth(str(pth), str(tmp_path / "run"))
+    from rwkvx_c.sample import load_model
+    got = load_model(str(tmp_path / "run"))
+    for n in whole.param_names:
+        assert np.array_equal(got.params[n], whole.params[n]), n

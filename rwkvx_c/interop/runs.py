@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import os
+import zipfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,13 +29,14 @@ from rwkvx_c.interop.hf import (
     save_peft,
 )
 from rwkvx_c.interop.hf_hybrid import export_modules, read_hf_folder, save_hybrid
-from rwkvx_c.interop.pth import DTYPES, load_pth, save_pth
+from rwkvx_c.interop.pth import DTYPES, PthTensors, load_pth, save_pth
 from rwkvx_c.interop.rwkv7 import (
     from_rwkv7,
     from_rwkvx,
     linear_prefixes,
     parts_out,
     states_out,
+    stream_rwkv7,
     to_rwkv7,
     to_rwkvx,
 )
@@ -49,6 +51,7 @@ from rwkvx_c.model.lora import (
     run_alpha,
     without_adapters,
 )
+from rwkvx_c.model.weights import load_params
 from rwkvx_c.run.rundir import RunDir, checkpoint_path, claim_output, describe_entries
 from rwkvx_c.util.words import listed
 
@@ -296,6 +299,15 @@ def import_adapters(path: str, base: str, out_dir: str, lora_alpha: float | None
     return run.save_checkpoint(tensors, src.config, state)
 
 
+def _x070(path: str) -> bool:
+    """Whether the .pth at path is an x070 state dict (no RWKV-X names)."""
+    pth = PthTensors(path)
+    try:
+        return not any(k.startswith("rwkv.") for k in pth.names)
+    finally:
+        pth.close()
+
+
 def import_pth(path: str, out_dir: str) -> str:
     """A run folder out_dir holding the .pth at path -- an x070 state dict,
     or an RWKV-X checkpoint (names under rwkv. / moba.) -- as a checkpoint
@@ -313,10 +325,17 @@ def import_pth(path: str, out_dir: str) -> str:
     elif path.endswith(".gguf"):   # gguf's dequantized values, exactly
         fmt = "gguf"
         g = GgufWeights(path)
-        model = RxPtModel(g.config, init=False)
+        model = RxPtModel(g.config, init=False, dense=True)
         for n in model.param_names:
             model.params[n][...] = g[n]
         tok = load_tokenizer(g.tokenizer)
+    elif zipfile.is_zipfile(path) and _x070(path):
+        # streamed tensor by tensor, as --init-from reads it: the model's
+        # float32 arena and one tensor at a time, never the file whole
+        fmt = "rwkv7"
+        weights = stream_rwkv7(PthTensors(path))
+        model = RxPtModel(weights.config, init=False, dense=True)
+        load_params(model, weights, f"the state dict {path}", InteropError)
     else:
         sd = load_pth(path)
         fmt = "rwkvx" if any(k.startswith("rwkv.") for k in sd) else "rwkv7"

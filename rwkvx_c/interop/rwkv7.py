@@ -166,9 +166,12 @@ def rwkv7_config(sd: Mapping[str, np.ndarray], prefix: str = "") -> dict[str, in
 
 
 def _new_model(config: dict[str, Any], whose: str) -> RxPtModel:
-    """RxPtModel(config), its ValueError an InteropError naming whose sizes."""
+    """RxPtModel(config) for _fill, its ValueError an InteropError naming
+    whose sizes. _fill writes every parameter (the pairs name them all), so
+    no init runs and the grads are never touched (a dense arena: no memory
+    for them)."""
     try:
-        return _core.RxPtModel(config)
+        return _core.RxPtModel(config, init=False, dense=True)
     except ValueError as e:
         raise InteropError(f"{whose} sizes make no valid model: {e}") from None
 
