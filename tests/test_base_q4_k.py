@@ -1,0 +1,117 @@
+"""The q4_k frozen base (docs/layout.md §Frozen base): GGUF's Q4_K
+super-blocks of 256. Its bytes are llama.cpp's own quantize_row_q4_K_ref
+(ggml's reference, no importance matrix, called through ctypes from
+llama-cpp-python's libggml-base) on every kind of row (random, zero,
+all equal, tiny, huge, subnormal, NaN and infinity, one-signed, of a
+trained model's scale), and they decode bit for bit as gguf-py's
+Q4_K.dequantize_blocks and tests/reference/q4_k.py (float64) do, with the
+AVX2 decoder and the portable loop alike."""
+import ctypes
+import os
+
+import numpy as np
+import pytest
+
+import rwkvx_c as rx
+
+from checks import portable_run
+from reference import q4_k
+
+gguf = pytest.importorskip("gguf")
+Q4_K = gguf.GGMLQuantizationType.Q4_K
+# C = 256: the embedding's and the head's rows are one super-block each
+CFG256 = dict(n_embd=256, n_head=8, head_size=32, n_rwkv_layer=1, n_attn_layer=0, vocab_size=29,
+              Dw=32, Da=32, Dg=32, Dv=32, ffn_dim=256, chunk_size=4, moba_top_k=3)
+V, C = CFG256["vocab_size"], CFG256["n_embd"]
+
+
+def _llama_q4_k(x):
+    """llama.cpp's quantize_row_q4_K_ref of each row of x (skips without
+    llama-cpp-python)."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    lib = ctypes.CDLL(os.path.join(os.path.dirname(llama_cpp.__file__), "lib", "libggml-base.so"))
+    lib.quantize_row_q4_K_ref.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    lib.quantize_row_q4_K_ref.restype = None
+    x = np.ascontiguousarray(x, np.float32)
+    out = np.zeros((x.shape[0], x.shape[1] // 256 * 144), np.uint8)
+    for i in range(x.shape[0]):
+        lib.quantize_row_q4_K_ref(x[i].ctypes.data, out[i].ctypes.data, x.shape[1])
+    return out
+
+
+def _rows(n=512):
+    """rows of n values, each a kind of super-block ggml treats apart"""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((40, n)).astype(np.float32)
+    x[1] = 0.0
+    x[2] = 0.3                               # all equal, positive: the min clamps at 0
+    x[3] = -0.3                              # all equal, negative: every q 0
+    x[4] *= 1e-30                            # tiny: d underflows fp16
+    x[5] *= 1e-6                             # d an fp16 subnormal
+    x[6] = rng.standard_normal(n) * 3e37     # huge: d overflows fp16
+    x[7, :40] = 3.4e38                       # the largest float32
+    x[8] = rng.standard_normal(n) * 1e-40    # float32 subnormals
+    x[9] = np.abs(x[9]) + 1.0                # one-signed: no min
+    x[10] = -np.abs(x[10])
+    x[11, 3] = np.nan                        # a NaN (what ggml's reference makes of it)
+    x[12, 9] = np.inf
+    x[13, 100] = -np.inf
+    x[14, :32] = 0.0                         # one zero sub-block among live ones
+    x[15, ::2] = 0.0
+    x[16] = np.round(x[16] * 4) / 4          # exact quarters: rounding ties
+    x[17, 7] = 50.0                          # one outlier: the other scales coarse
+    x[18:30] *= 0.02                         # a trained model's scale
+    x[30:] = rng.uniform(-1, 1, (10, n)) * rng.uniform(0, 3, (10, 1))
+    return x
+
+
+def test_q4_k_rows_are_llama_cpps_bytes():
+    x = _rows()
+    want = _llama_q4_k(x)
+    got = rx.base_quantize("q4_k", x)
+    assert got.shape == (len(x), 2 * 144)
+    for i in range(len(x)):
+        assert np.array_equal(got[i], want[i]), i
+    y = np.random.default_rng(3).standard_normal((64, 4096)).astype(np.float32) * 0.03
+    assert np.array_equal(rx.base_quantize("q4_k", y), _llama_q4_k(y))
+
+
+def test_q4_k_decodes_as_gguf_and_the_float64_reference():
+    data = rx.base_quantize("q4_k", _rows())
+    ours = rx.base_dequantize("q4_k", data)
+    assert np.array_equal(ours, q4_k.dequantize(data), equal_nan=True)
+    with np.errstate(invalid="ignore"):
+        theirs = gguf.quants.dequantize(data, Q4_K)
+    assert np.array_equal(ours, theirs, equal_nan=True)
+    # every byte value in every place: random blocks, finite scales
+    raw = np.random.default_rng(2).integers(0, 256, (64, 4 * 144), dtype=np.uint8)
+    b = raw.reshape(64, 4, 144)
+    b[..., 0:4] = np.float16(0.01 * np.random.default_rng(4).standard_normal((64, 4, 2))) \
+        .view(np.uint8).reshape(64, 4, 4)
+    assert np.array_equal(rx.base_dequantize("q4_k", raw), q4_k.dequantize(raw))
+    assert np.array_equal(rx.base_dequantize("q4_k", raw), gguf.quants.dequantize(raw, Q4_K))
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_q4_k_base_holds_the_bytes_and_decodes_them(precision):
+    x = _rows(C)[:V]
+    want = rx.base_quantize("q4_k", x)
+    m = rx.RxPtModel(CFG256, seed=0, init=False, precision=precision)
+    m.set_base("q4_k", ["emb", "head"])
+    m.base_fill("emb", x)
+    assert np.array_equal(m.base_data("emb"), want)
+    assert m.base_bytes == 2 * V * 144
+    assert np.array_equal(m.base_tensor("emb"), q4_k.dequantize(want), equal_nan=True)
+    # a row of W^T, its blocks along in, and its own stored rows back in as they are
+    w = np.random.default_rng(1).standard_normal((V, C)).astype(np.float32)
+    m.base_fill("head", w, transposed=True)
+    assert np.array_equal(m.base_data("head"), _llama_q4_k(w))
+    m.base_fill("head", want, transposed=True)
+    assert np.array_equal(m.base_data("head"), want)
+    assert np.array_equal(m.base_tensor("head").T, q4_k.dequantize(want), equal_nan=True)
+
+
+def test_the_portable_q4_k_decoder_gives_the_same_bits():
+    """The decode tests again in a process with RWKVX_BASE_PORTABLE=1: the
+    decoder's scalar loop, not its AVX2 form."""
+    portable_run("test_base_q4_k.py", "decodes_as_gguf or holds_the_bytes")
