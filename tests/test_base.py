@@ -15,7 +15,7 @@ import rwkvx_c as rx
 from rwkvx_c.model.lora import TARGETS, target_params
 
 from checks import GRAD_TOL, assert_rel, portable_run, token_batch
-from reference import nf4
+from reference import nf4, q4_k
 from reference.autograd import Var
 from reference.lora import lora_params
 from reference.model import model_loss
@@ -27,6 +27,8 @@ gguf = pytest.importorskip("gguf")
 CFG = dict(n_embd=64, n_head=2, head_size=32, n_rwkv_layer=2, n_attn_layer=1, vocab_size=37,
            Dw=32, Da=32, Dg=32, Dv=32, ffn_dim=96, chunk_size=4, moba_top_k=3, ln0=1)
 B, T, IGNORE, R, ALPHA = 2, 12, 5, 4, 8.0
+# every matrix's input size a multiple of 256 (Q4_K's super-block)
+CFG256 = dict(CFG, n_embd=256, n_head=8, Dw=256, Da=256, Dg=256, Dv=256, ffn_dim=256)
 
 
 def _bf16(a):
@@ -47,6 +49,8 @@ def _stored(w, dtype, name):
     rows = w if name == "emb" else np.ascontiguousarray(w.T)
     if dtype == "nf4":   # no GGUF type: tests/reference/nf4.py, from its definition
         return nf4.quantize(rows)
+    if dtype == "q4_k":   # gguf-py has no Q4_K encoder: ours, llama.cpp's bytes (test_base_q4_k)
+        return rx.base_quantize("q4_k", np.ascontiguousarray(rows, np.float32))
     return _bf16(rows) if dtype == "bf16" else gguf.quants.quantize(rows, QUANT[dtype])
 
 
@@ -55,7 +59,8 @@ def _decoded(w, dtype, name):
     dequantize(quantize(...)) of its stored rows, in w's layout."""
     if dtype == "bf16":
         return (_bf16(w).astype(np.uint32) << 16).view(np.float32)
-    d = nf4.dequantize(_stored(w, dtype, name)) if dtype == "nf4" else \
+    refs = {"nf4": nf4.dequantize, "q4_k": q4_k.dequantize}
+    d = refs[dtype](_stored(w, dtype, name)) if dtype in refs else \
         gguf.quants.dequantize(_stored(w, dtype, name), QUANT[dtype])
     return d if name == "emb" else np.ascontiguousarray(d.T)
 
@@ -413,14 +418,16 @@ def test_the_rwkv_package_on_the_bf16_pth_gives_a_bf16_base_models_logits(tmp_pa
     assert _rel(ours, theirs) < TOL
 
 
-@pytest.mark.parametrize("dtype", [None, "bf16", "q8_0"])
+@pytest.mark.parametrize("dtype", [None, "bf16", "q8_0", "q4_k"])
 def test_decoding_reads_the_base_in_place_with_the_packed_bits(dtype):
     """Forwards of 1, 4 and 8 rows (decoding's M) take the GEMM's small-M
     path, which reads float32 weights in place and packs a base's B one
     sliver at a time: the same logits, bit for bit, as the packed path, at
-    one and two threads (dtype None: no base)."""
-    src = rx.RxPtModel(CFG, seed=5)
-    m = rx.RxPtModel(CFG, seed=5, init=False)
+    one and two threads (dtype None: no base; q4_k: a model of whole
+    super-blocks)."""
+    cfg = CFG256 if dtype == "q4_k" else CFG
+    src = rx.RxPtModel(cfg, seed=5)
+    m = rx.RxPtModel(cfg, seed=5, init=False)
     m.param_buffer[...] = src.param_buffer
     if dtype is not None:
         m.set_base(dtype, _names(src))
