@@ -5,7 +5,7 @@ the frozen groups of --freeze / --train-parts) is held only in the format
 its GEMM reads: bf16, GGUF Q8_0, Q4_0 or Q4_K, QLoRA's NF4 (RxPtModel.set_base), with no float32
 copy, no gradient and no AdamW moments. --base-dtype picks the format;
 "auto" is the source's own form when a base holds it: bf16 for a source
-whose matrices are bf16 (an official .pth), a GGUF's bf16, q8_0 or q4_0
+whose matrices are bf16 (an official .pth), a GGUF's bf16, q8_0, q4_0 or q4_k
 (its blocks copied in as they are; rwkvx_c.interop.gguf_in); fp32 (the
 arena, as a full run) otherwise. A GGUF matrix in another form is
 converted once into the base, with one line saying so, and one the file
