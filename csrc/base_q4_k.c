@@ -10,8 +10,9 @@
  * in float32, ggml's dequantize_row_q4_K; the products are exact (an
  * 11-bit d times 6 bits times 4 bits), so only the subtraction rounds. The
  * encoder is ggml's quantize_row_q4_K_ref (no importance matrix), step for
- * step, so the bytes are llama.cpp's. The decoder has an AVX2 form
- * (bit-identical: the same exact products, the same subtraction).
+ * step, so the bytes are llama.cpp's. The decoder and the small-M
+ * product have an AVX2 form (bit-identical: the same exact products, the
+ * same subtraction; the small-M sums in the GEMM's order).
  */
 #include <math.h>
 
@@ -200,7 +201,112 @@ RX_BASE_AVX2 static void sub_avx2(const unsigned char *blk, size_t s, float *dst
         _mm256_storeu_ps(dst + 8 * p, _mm256_sub_ps(_mm256_mul_ps(f, dv), mv));
     }
 }
+
+/* rx_small_q32_group (rx_simd.h) over Q4_K rows: the same sums in the same
+ * order (each C element one FMA chain from zero over each kcb-deep block of
+ * k, in k order, then added to C), so the packed path's bits; what differs
+ * is a weight's value, (d sc) q - dmin m, with each of the 8 rows' sub-block
+ * scale d1 and min m1 in lanes, its product and subtraction those of the
+ * decoder (no fused multiply-add) */
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void
+small_group(size_t M, size_t V, const unsigned char *data, size_t rb, const float *A,
+            size_t lda, size_t K, size_t kcb, size_t j, int acc0, float *C, size_t ldc) {
+    _Alignas(32) unsigned char T[4 * 256 + 16];   /* + 16: each k's 8 bytes read as 16 */
+    _Alignas(32) float D[4][8], Mn[4][8];
+    for (size_t pc = 0; pc < K; pc += kcb) {
+        const size_t kc = K - pc < kcb ? K - pc : kcb;
+        __m256 c[8];   /* row i, columns 8v..: c[i V + v] */
+#pragma GCC unroll 8
+        for (size_t u = 0; u < M * V; u++) c[u] = _mm256_setzero_ps();
+        for (size_t p = pc; p < pc + kc; p += SUB) {
+            const size_t s = p % QK / SUB;
+#pragma GCC unroll 4
+            for (size_t v = 0; v < V; v++) {
+                const unsigned char *blk = data + (j + 8 * v) * rb + p / QK * QK_BYTES;
+                __m256i r[8];
+#pragma GCC unroll 8
+                for (int i = 0; i < 8; i++) {
+                    const unsigned char *b = blk + i * rb;
+                    const __m256i x = _mm256_loadu_si256(
+                        (const __m256i *)(const void *)(b + QS_OFF + s / 2 * SUB));
+                    r[i] = _mm256_and_si256(s % 2 ? _mm256_srli_epi16(x, 4) : x,
+                                            _mm256_set1_epi8(0x0f));
+                    sub_scale(b, s, &D[v][i], &Mn[v][i]);
+                }
+                rx_transpose8_lanes(r, 0);
+#pragma GCC unroll 8
+                for (int m = 0; m < 8; m++)
+                    _mm256_store_si256((__m256i *)(void *)(T + 256 * v + 32 * m), r[m]);
+            }
+            __asm__ volatile("" ::: "memory");
+            const float *a = A + p;
+#pragma GCC unroll 32
+            for (size_t k = 0; k < SUB; k++) {
+#pragma GCC unroll 4
+                for (size_t v = 0; v < V; v++) {
+                    const __m128i q = _mm_loadu_si128(
+                        (const __m128i *)(const void *)(T + 256 * v + RX_SMALLQ_OFF(k)));
+                    const __m256 w = _mm256_sub_ps(
+                        _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)),
+                                      _mm256_load_ps(D[v])),
+                        _mm256_load_ps(Mn[v]));
+#pragma GCC unroll 8
+                    for (size_t i = 0; i < M; i++)
+                        c[i * V + v] = _mm256_fmadd_ps(_mm256_broadcast_ss(a + i * lda + k), w,
+                                                       c[i * V + v]);
+                }
+            }
+        }
+        const int acc = pc > 0 || acc0;
+#pragma GCC unroll 8
+        for (size_t i = 0; i < M; i++)
+#pragma GCC unroll 4
+            for (size_t v = 0; v < V; v++) {
+                float *ci = C + i * ldc + j + 8 * v;
+                _mm256_storeu_ps(ci, acc ? _mm256_add_ps(c[i * V + v], _mm256_loadu_ps(ci))
+                                         : c[i * V + v]);
+            }
+    }
+}
+
+/* small_group over columns [j0, j1) as rx_small_q32 groups them (V by M);
+ * returns the columns done from j0 */
+__attribute__((target("avx2,fma,f16c"))) static size_t
+small_avx2(const unsigned char *data, size_t rb, size_t M, const float *A, size_t lda, size_t K,
+           size_t kcb, size_t j0, size_t j1, int acc0, float *C, size_t ldc) {
+    size_t j = j0;
+    if (M < 1 || M > RX_SMALLQ_MAXM || kcb % SUB || K % QK) return 0;
+#define SMALLK_CASE(m, vv)                                                                  \
+    case m:                                                                                 \
+        for (; j + 8 * (vv) <= j1; j += 8 * (vv))                                           \
+            small_group(m, vv, data, rb, A, lda, K, kcb, j, acc0, C, ldc);                  \
+        for (; (vv) > 1 && j + 8 <= j1; j += 8)                                             \
+            small_group(m, 1, data, rb, A, lda, K, kcb, j, acc0, C, ldc);                   \
+        break;
+    switch (M) {
+        SMALLK_CASE(1, 4)
+        SMALLK_CASE(2, 2)
+        SMALLK_CASE(3, 2)
+        SMALLK_CASE(4, 2)
+        default: break;
+    }
+#undef SMALLK_CASE
+    return j - j0;
+}
 #endif
+
+/* AVX2 with FMA where the CPU has them; else 0: the GEMM packs slivers */
+size_t rx_q4_k_small_f32(const unsigned char *data, size_t rb, size_t M, const float *A,
+                         size_t lda, size_t K, size_t kcb, size_t j0, size_t j1, int acc0,
+                         float *C, size_t ldc) {
+#ifdef RX_BASE_X86
+    if (rx_cpu_base_avx2() && __builtin_cpu_supports("fma"))
+        return small_avx2(data, rb, M, A, lda, K, kcb, j0, j1, acc0, C, ldc);
+#endif
+    (void)data, (void)rb, (void)M, (void)A, (void)lda, (void)K, (void)kcb, (void)j0, (void)j1;
+    (void)acc0, (void)C, (void)ldc;
+    return 0;
+}
 
 RX_NO_CONTRACT void rx_q4_k_decode(const unsigned char *row, size_t k0, size_t n, float *dst) {
     for (size_t k = k0; k < k0 + n;) {

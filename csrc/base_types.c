@@ -23,7 +23,7 @@ static const rx_base_type types[] = {
     {"nf4", RX_BASE_NF4, RX_NF4_BLOCK, RX_NF4_BYTES, 0,
      rx_nf4_from_float, NULL, rx_nf4_decode, NULL, NULL, NULL},
     {"q4_k", RX_BASE_Q4_K, RX_Q4_K_BLOCK, RX_Q4_K_BYTES, 0,
-     rx_q4_k_from_float, NULL, rx_q4_k_decode, NULL, NULL, NULL},
+     rx_q4_k_from_float, NULL, rx_q4_k_decode, NULL, NULL, rx_q4_k_small_f32},
 };
 #define N_TYPES ((int)(sizeof types / sizeof types[0]))
 

@@ -118,7 +118,38 @@ def test_a_q4_k_base_holds_the_bytes_and_decodes_them(precision):
 def test_the_portable_q4_k_decoder_gives_the_same_bits():
     """The decode tests again in a process with RWKVX_BASE_PORTABLE=1: the
     decoder's scalar loop, not its AVX2 form."""
-    portable_run("test_base_q4_k.py", "decodes_as_gguf or holds_the_bytes or float32_models_bits")
+    portable_run("test_base_q4_k.py", "decodes_as_gguf or holds_the_bytes or float32_models_bits "
+                 "or products_bits")
+
+
+def _random_rows(rng, N, K):
+    """N stored rows of K / 256 random super-blocks, d and dmin random fp16
+    of every kind the decoders meet (subnormal, zero, negative, the largest)"""
+    raw = rng.integers(0, 256, (N, K // 256, 144), dtype=np.uint8)
+    h = (rng.standard_normal((N, K // 256, 2)) * 0.02).astype(np.float16)
+    h.reshape(-1)[::7] = np.float16(2.0 ** -24)
+    h.reshape(-1)[3::11] = 0
+    h.reshape(-1)[5::13] = np.float16(-65504.0)
+    raw[..., 0:4] = h.view(np.uint8).reshape(N, K // 256, 4)
+    return np.ascontiguousarray(raw.reshape(N, -1))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("N", [16, 57, 1000])
+def test_a_q4_k_base_products_bits_are_the_decoded_weights(N, threads, restore_threads):
+    """The fp32 GEMM reading a q4_k base (the small-M product of M 1..4,
+    the packed slivers' of 5..9) gives the bits of the same product over
+    the decoded weights held as float32; K past one KC-deep chunk (256)."""
+    K = 3 * 256
+    rng = np.random.default_rng(N)
+    rows = _random_rows(rng, N, K)
+    w = q4_k.dequantize(rows)
+    rx.set_num_threads(threads)
+    for M in range(1, 10):
+        a = rng.standard_normal((M, K)).astype(np.float32)
+        want = rx._core._sgemm(a, w, tb=True)
+        got = rx._core._base_sgemm("q4_k", rows, a)
+        assert got.view(np.uint32).tolist() == want.view(np.uint32).tolist(), M
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
