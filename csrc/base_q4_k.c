@@ -250,22 +250,11 @@ small_group(size_t M, size_t V, const unsigned char *data, size_t rb, const floa
                         _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)),
                                       _mm256_load_ps(D[v])),
                         _mm256_load_ps(Mn[v]));
-#pragma GCC unroll 8
-                    for (size_t i = 0; i < M; i++)
-                        c[i * V + v] = _mm256_fmadd_ps(_mm256_broadcast_ss(a + i * lda + k), w,
-                                                       c[i * V + v]);
+                    rx_small_fma(M, V, v, a, lda, k, w, c);
                 }
             }
         }
-        const int acc = pc > 0 || acc0;
-#pragma GCC unroll 8
-        for (size_t i = 0; i < M; i++)
-#pragma GCC unroll 4
-            for (size_t v = 0; v < V; v++) {
-                float *ci = C + i * ldc + j + 8 * v;
-                _mm256_storeu_ps(ci, acc ? _mm256_add_ps(c[i * V + v], _mm256_loadu_ps(ci))
-                                         : c[i * V + v]);
-            }
+        rx_small_store(M, V, c, pc > 0 || acc0, C, ldc, j);
     }
 }
 

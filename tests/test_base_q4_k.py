@@ -5,20 +5,19 @@ llama-cpp-python's libggml-base) on every kind of row (random, zero,
 all equal, tiny, huge, subnormal, NaN and infinity, one-signed, of a
 trained model's scale), and they decode bit for bit as gguf-py's
 Q4_K.dequantize_blocks and tests/reference/q4_k.py (float64) do, with the
-AVX2 decoder and the portable loop alike. A model over a q4_k base
-computes the float32 model's bits; a tune on it (a model whose C is no
-multiple of 256: those matrices stay float32) runs from TrainOptions, the
-command line and a config file, resumes bit for bit and exports."""
+AVX2 decoder and the portable loop alike, as the GEMM's products over
+them are (the model's bits over a q4_k base are tests/test_base.py's). A
+tune on it (a model whose C is no multiple of 256: those matrices stay
+float32) runs from TrainOptions, the command line and a config file,
+resumes bit for bit and exports."""
 import ctypes
-import json
 import os
 
 import numpy as np
 import pytest
-from test_base import CFG256, _assert_same_bits, _pair, _resumed_losses, _tune_losses
+from test_base import CFG256, _counts_its_bytes, _falls, _resumes_and_exports, _tune_three_ways
 
 import rwkvx_c as rx
-from rwkvx_c.cli import main
 
 from checks import portable_run
 from reference import q4_k
@@ -118,8 +117,7 @@ def test_a_q4_k_base_holds_the_bytes_and_decodes_them(precision):
 def test_the_portable_q4_k_decoder_gives_the_same_bits():
     """The decode tests again in a process with RWKVX_BASE_PORTABLE=1: the
     decoder's scalar loop, not its AVX2 form."""
-    portable_run("test_base_q4_k.py", "decodes_as_gguf or holds_the_bytes or float32_models_bits "
-                 "or products_bits")
+    portable_run("test_base_q4_k.py", "decodes_as_gguf or holds_the_bytes or products_bits")
 
 
 def _random_rows(rng, N, K):
@@ -152,18 +150,6 @@ def test_a_q4_k_base_products_bits_are_the_decoded_weights(N, threads, restore_t
         assert got.view(np.uint32).tolist() == want.view(np.uint32).tolist(), M
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
-@pytest.mark.parametrize("recompute,chunked", [(False, False), (True, True)],
-                         ids=["plain", "recompute+chunked_head"])
-def test_a_q4_k_base_gives_the_float32_models_bits(precision, recompute, chunked):
-    ref, m, names = _pair("q4_k", precision, recompute, cfg=CFG256)
-    assert len(names) == len([n for n in m.param_names if m.params[n].ndim == 2])
-    _assert_same_bits(ref, m, names, chunked)
-    m.release_base()
-    for n in names:
-        assert np.array_equal(m.params[n], ref.params[n]), n
-
-
 def test_sizes_that_are_not_whole_q4_k_blocks_are_refused_and_the_bytes_counted():
     odd = rx.RxPtModel(dict(CFG256, Dw=32), seed=0, init=False)
     with pytest.raises(ValueError, match=r"w2 \[32, 256\]: Q4_K needs its input size a "
@@ -175,17 +161,7 @@ def test_sizes_that_are_not_whole_q4_k_blocks_are_refused_and_the_bytes_counted(
         narrow.set_base("q4_k", ["emb"])
     with pytest.raises(ValueError, match="not whole 256-value blocks"):
         rx.base_quantize("q4_k", np.zeros((2, 320), np.float32))
-    assert rx.base_dtype_block("q4_k") == (256, 144)   # 4.5 bits a weight
-    from rwkvx_c.train.base import base_bytes
-    m = rx.RxPtModel(CFG256, seed=0, init=False)
-    names = [n for n in m.param_names if m.params[n].ndim == 2]
-    m.set_base("q4_k", names)
-    assert m.base_bytes == base_bytes(m, names, "q4_k") == \
-        sum(m.params[n].size for n in names) * 144 // 256
-
-
-def _falls(losses):
-    return len(losses) >= 4 and losses[-1] < losses[0]
+    _counts_its_bytes(CFG256, "q4_k", 256, 144)   # 4.5 bits a weight
 
 
 def _pth(tmp_path):
@@ -206,40 +182,11 @@ def _pth(tmp_path):
 
 
 def test_a_q4_k_tune_from_trainoptions_the_command_line_and_a_config_file(tmp_path, capsys):
-    pth = _pth(tmp_path)
-    tr, losses = _tune_losses(tmp_path, pth, "opts", tune="lora", steps=6, lr=0.02,
-                              base_dtype="q4_k")
-    assert tr.model.base_dtype == "q4_k" and _falls(losses), losses
+    tr, runs = _tune_three_ways(tmp_path, capsys, _pth(tmp_path), "q4_k", 2)
+    assert tr.model.base_dtype == "q4_k"
     assert tr.model.base_names == ["blocks.0.cm.ffn_value_w", "blocks.1.cm.ffn_value_w"]
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text("the quick brown fox jumps over the lazy dog. " * 40)
-    common = ["--init-from", pth, "--tune", "lora", "--data", str(corpus), "--cache-dir",
-              str(tmp_path / "cache"), "--steps", "6", "--batch", "2", "--seq-len", "16",
-              "--eval-tokens", "32", "--lr", "0.02", "--threads", "2", "--no-progress"]
-    assert main(["train", *common, "--base-dtype", "q4_k", "--out", str(tmp_path / "c")]) == 0
-    assert "frozen base q4_k, 2 matrices" in capsys.readouterr().out
-    cfg = tmp_path / "run.toml"
-    cfg.write_text(f'init_from = "{pth}"\ntune = "lora"\nbase_dtype = "q4_k"\n'
-                   f'data = "{corpus}"\ncache_dir = "{tmp_path / "cache"}"\nsteps = 6\n'
-                   'batch = 2\nseq_len = 16\neval_tokens = 32\nlr = 0.02\nthreads = 2\n')
-    assert main(["train", "--config", str(cfg), "--out", str(tmp_path / "f"),
-                 "--no-progress"]) == 0
-    assert "frozen base q4_k, 2 matrices" in capsys.readouterr().out
-    losses = []
-    for run in ("c", "f"):
-        with open(tmp_path / run / "log.jsonl") as f:
-            losses.append([r["loss"] for r in map(json.loads, f) if "loss" in r])
-    assert _falls(losses[0]) and losses[0] == losses[1]
+    assert all(_falls(losses) for losses in runs) and runs[1] == runs[2], runs
 
 
 def test_a_q4_k_lora_tune_resumes_bit_exact_and_exports(tmp_path, capsys):
-    pth = _pth(tmp_path)
-    kw = dict(tune="lora", steps=6, save_every=3, base_dtype="q4_k")
-    _, want = _tune_losses(tmp_path, pth, "a", **kw)
-    r, got = _resumed_losses(tmp_path, pth, "b", **kw)
-    assert r.model.base_dtype == "q4_k" and got == want[3:]
-    capsys.readouterr()
-    out = str(tmp_path / "m.pth")
-    assert main(["export", str(tmp_path / "a"), "--format", "rwkv7", "--out", out]) == 0
-    assert "merged into the original weights of its base" in capsys.readouterr().out
-    assert os.path.getsize(out) > 0
+    _resumes_and_exports(tmp_path, capsys, _pth(tmp_path), "q4_k")
