@@ -18,7 +18,7 @@ from test_gguf import Q8_TOL, TOKENS, _err, _llama_logits
 from test_gguf_in import _dequantised, _model, _tensors
 
 import rwkvx_c as rx
-from rwkvx_c.errors import RwkvxWarning
+from rwkvx_c.errors import InteropError, RwkvxWarning
 from rwkvx_c.interop import export_model
 from rwkvx_c.interop.gguf import save_gguf
 
@@ -144,3 +144,17 @@ def test_the_command_line_round_trip(tmp_path, capsys):
     for name, t in ta.items():
         assert t.tensor_type == tb[name].tensor_type, name
         assert np.array_equal(np.asarray(t.data), np.asarray(tb[name].data)), name
+
+
+@pytest.mark.parametrize("at,half", [(0, 0x7E00), (2, 0x7C00)], ids=["d NaN", "dmin inf"])
+def test_a_non_finite_block_scale_is_one_line(tmp_path, at, half):
+    path = tmp_path / "m.gguf"
+    export_model(rx.RxPtModel(CFG, seed=8), "gguf", str(path), "q4_k")
+    r = gguf.GGUFReader(str(path), "r+")
+    t = {x.name: x for x in r.tensors}["blk.0.time_mix_key.weight"]
+    t.data[3, at:at + 2] = np.array([half], "<u2").view(np.uint8)   # row 3's super-block
+    r.data.flush()
+    del r
+    with pytest.raises(InteropError, match=r"blk\.0\.time_mix_key\.weight has a non-finite "
+                                           "block scale"):
+        _model(tmp_path, path)
