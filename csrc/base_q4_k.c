@@ -191,7 +191,8 @@ static inline void sub_scale(const unsigned char *blk, size_t s, float *d1, floa
 RX_BASE_AVX2 static void sub_avx2(const unsigned char *blk, size_t s, float *dst) {
     float d1, m1;
     sub_scale(blk, s, &d1, &m1);
-    const __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(blk + QS_OFF + s / 2 * SUB));
+    const unsigned char *run = blk + QS_OFF + s / 2 * SUB;
+    const __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)run);
     const __m256i q = _mm256_and_si256(s % 2 ? _mm256_srli_epi16(v, 4) : v, _mm256_set1_epi8(0x0f));
     const __m256 dv = _mm256_set1_ps(d1), mv = _mm256_set1_ps(m1);
     const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
@@ -206,8 +207,8 @@ RX_BASE_AVX2 static void sub_avx2(const unsigned char *blk, size_t s, float *dst
  * order (each C element one FMA chain from zero over each kcb-deep block of
  * k, in k order, then added to C), so the packed path's bits; what differs
  * is a weight's value, (d sc) q - dmin m, with each of the 8 rows' sub-block
- * scale d1 and min m1 in lanes, its product and subtraction those of the
- * decoder (no fused multiply-add) */
+ * scale d1 and min m1 in lanes: the decoder's value, as the product is
+ * exact (a contraction into a fused multiply-subtract rounds the same) */
 __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void
 small_group(size_t M, size_t V, const unsigned char *data, size_t rb, const float *A,
             size_t lda, size_t K, size_t kcb, size_t j, int acc0, float *C, size_t ldc) {

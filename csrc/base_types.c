@@ -49,7 +49,8 @@ int rx_base_dtype_info(int i, const char **name, int *id, int *block_elems, int 
 static const rx_base_type *row_type(int dtype, size_t n, const char *who) {
     const rx_base_type *ty = rx_base_type_of(dtype);
     if (!ty || n % ty->blk_elems) {
-        rx_fail(RX_EINVAL, "%s: dtype %d, n %zu: not a dtype, or n not whole blocks", who, dtype, n);
+        rx_fail(RX_EINVAL, "%s: dtype %d, n %zu: not a dtype, or n not whole blocks", who,
+                dtype, n);
         return NULL;
     }
     return ty;
