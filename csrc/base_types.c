@@ -22,6 +22,8 @@ static const rx_base_type types[] = {
      rx_q4_0_block_bf16, rx_q4_0_small_f32},
     {"nf4", RX_BASE_NF4, RX_NF4_BLOCK, RX_NF4_BYTES, 0,
      rx_nf4_from_float, NULL, rx_nf4_decode, NULL, NULL, NULL},
+    {"q4_k", RX_BASE_Q4_K, RX_Q4_K_BLOCK, RX_Q4_K_BYTES, 0,
+     rx_q4_k_from_float, NULL, rx_q4_k_decode, NULL, NULL, rx_q4_k_small_f32},
 };
 #define N_TYPES ((int)(sizeof types / sizeof types[0]))
 
@@ -40,5 +42,30 @@ int rx_base_dtype_info(int i, const char **name, int *id, int *block_elems, int 
     if (id) *id = types[i].id;
     if (block_elems) *block_elems = (int)types[i].blk_elems;
     if (block_bytes) *block_bytes = (int)types[i].blk_bytes;
+    return RX_OK;
+}
+
+/* the dtype's row of n values, or NULL (the error set) */
+static const rx_base_type *row_type(int dtype, size_t n, const char *who) {
+    const rx_base_type *ty = rx_base_type_of(dtype);
+    if (!ty || n % ty->blk_elems) {
+        rx_fail(RX_EINVAL, "%s: dtype %d, n %zu: not a dtype, or n not whole blocks", who,
+                dtype, n);
+        return NULL;
+    }
+    return ty;
+}
+
+int rx_base_quantize(int dtype, const float *x, size_t n, void *dst) {
+    const rx_base_type *ty = row_type(dtype, n, "rx_base_quantize");
+    if (!ty) return RX_EINVAL;
+    ty->from_float(x, n, dst);
+    return RX_OK;
+}
+
+int rx_base_dequantize(int dtype, const void *src, size_t n, float *dst) {
+    const rx_base_type *ty = row_type(dtype, n, "rx_base_dequantize");
+    if (!ty) return RX_EINVAL;
+    ty->decode(src, 0, n, dst);
     return RX_OK;
 }

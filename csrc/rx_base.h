@@ -88,7 +88,7 @@ static inline uint16_t operand_bf16(float x) { return rx_bf16_operand(x); }
  * is whole blocks of blk_elems values in blk_bytes each (the input size must
  * be a multiple of blk_elems), and these kernels read and write it. */
 typedef struct rx_base_type {
-    const char *name;          /* "bf16", "q8_0", "q4_0", "nf4": the binding's, the files' and the CLI's */
+    const char *name;          /* "bf16", "q8_0", "q4_0", "nf4", "q4_k": the binding's, the files' and the CLI's */
     int id;                    /* RX_BASE_* (rx_pretrain.h) */
     size_t blk_elems, blk_bytes;
     /* every value is a bf16: a model computing in bf16 may store the
@@ -176,6 +176,16 @@ size_t rx_q4_0_small_f32(const unsigned char *data, size_t rb, size_t M, const f
 #define RX_NF4_BYTES (4 + RX_NF4_BLOCK / 2)  /* its float32 absmax, then 64 nibbles */
 void rx_nf4_from_float(const float *x, size_t n, unsigned char *dst);
 void rx_nf4_decode(const unsigned char *row, size_t k0, size_t n, float *dst);
+
+/* base_q4_k.c: GGUF Q4_K rows (ggml's block_q4_K), per super-block of 256
+ * fp16 d and dmin, 12 bytes of eight 6-bit scales and mins, 128 bytes of q */
+#define RX_Q4_K_BLOCK 256                           /* values per super-block */
+#define RX_Q4_K_BYTES (4 + 12 + RX_Q4_K_BLOCK / 2)  /* d, dmin, scales, 256 nibbles */
+void rx_q4_k_from_float(const float *x, size_t n, unsigned char *dst);
+void rx_q4_k_decode(const unsigned char *row, size_t k0, size_t n, float *dst);
+size_t rx_q4_k_small_f32(const unsigned char *data, size_t rb, size_t M, const float *A,
+                         size_t lda, size_t K, size_t kcb, size_t j0, size_t j1, int acc0,
+                         float *C, size_t ldc);
 
 /* ---- a base tensor's store (base.c) --------------------------------------- */
 

@@ -648,7 +648,8 @@ int rx_ptmodel_lora_norms(rx_ptmodel *m, int i, float *out);
  * are held only in a store of dtype RX_BASE_BF16 (bfloat16), RX_BASE_Q8_0 or
  * RX_BASE_Q4_0 (GGUF Q8_0 / Q4_0 blocks of 32 along each row of W^T
  * [out][in], which needs in % 32 == 0) or RX_BASE_NF4 (QLoRA's NF4 blocks
- * of 64, bitsandbytes' quantize_4bit: in % 64 == 0), read by the projection GEMMs; their arena slots and grad slots
+ * of 64, bitsandbytes' quantize_4bit: in % 64 == 0) or RX_BASE_Q4_K (GGUF
+ * Q4_K super-blocks of 256, ggml's quantize_row_q4_K_ref: in % 256 == 0), read by the projection GEMMs; their arena slots and grad slots
  * are released (address space only: they read zero) and must not be
  * written. Nothing computes their weight grads; dX flows through them. The
  * store starts unfilled: rx_ptmodel_base_fill each tensor from src, W^T
@@ -656,12 +657,13 @@ int rx_ptmodel_lora_norms(rx_ptmodel *m, int i, float *out);
  * (kind RX_BASE_FP32) or bf16 bits (RX_BASE_BF16), encoded exactly as
  * torch rounds to bf16 (nearest even) or as gguf (bitsandbytes, NF4)
  * quantizes; or, kind the store's block dtype (RX_BASE_Q8_0 / RX_BASE_Q4_0
- * / RX_BASE_NF4) and transposed = 1, its
+ * / RX_BASE_NF4 / RX_BASE_Q4_K) and transposed = 1, its
  * stored rows as rx_ptmodel_base_rows writes them (a GGUF file's blocks),
  * copied as they are. A forward
  * before every tensor is filled is refused. The embedding (tensor "emb",
  * [vocab][C]) may be in the base too: held by its rows as they are
- * (Q8_0 / Q4_0 blocks along C, which needs C % 32 == 0; NF4: C % 64), decoded as they are
+ * (Q8_0 / Q4_0 blocks along C, which needs C % 32 == 0; NF4: C % 64; Q4_K:
+ * C % 256), decoded as they are
  * gathered; it is [vocab][C] in both orientations. A bf16 base set while
  * the model's precision is RX_PRECISION_BF16 is stored in the bf16 GEMM's
  * packed layout (docs/layout.md §Frozen base), which its forward products
@@ -672,7 +674,7 @@ int rx_ptmodel_lora_norms(rx_ptmodel *m, int i, float *out);
  * values as rows of W^T [out][in] into dst (bf16 bits, or the bytes of
  * gguf's Q8_0 / Q4_0 of W^T; the embedding's own rows), out * 2 * in bytes
  * for bf16, out * in / 32 * 34 for Q8_0, out * in / 32 * 18 for Q4_0, out * in / 64 * 36
- * for NF4; rx_ptmodel_base_info the dtype (RX_BASE_NONE: no base),
+ * for NF4, out * in / 256 * 144 for Q4_K; rx_ptmodel_base_info the dtype (RX_BASE_NONE: no base),
  * count and bytes; rx_ptmodel_base_param the tensor index of base tensor i
  * (arena order). rx_ptmodel_base_release decodes every base tensor into its
  * arena slot and frees the store: the model is plain float32 again (the
@@ -683,6 +685,7 @@ int rx_ptmodel_lora_norms(rx_ptmodel *m, int i, float *out);
 #define RX_BASE_Q8_0 2
 #define RX_BASE_Q4_0 3
 #define RX_BASE_NF4 4
+#define RX_BASE_Q4_K 5
 int rx_ptmodel_set_base(rx_ptmodel *m, int dtype, const int *params, int n);
 int rx_ptmodel_base_fill(rx_ptmodel *m, int param, const void *src, int kind, int transposed);
 int rx_ptmodel_base_read(const rx_ptmodel *m, int param, float *dst);
@@ -693,12 +696,19 @@ int rx_ptmodel_base_param(const rx_ptmodel *m, int i);
 int rx_ptmodel_base_release(rx_ptmodel *m);
 /* The frozen-base dtypes as data, so a binding lists them from the library
  * instead of by name: dtype i in [0, rx_base_num_dtypes()) has a name
- * ("bf16", "q8_0", "q4_0", "nf4"), its RX_BASE_* id, and its block: a stored row of W^T is
+ * ("bf16", "q8_0", "q4_0", "nf4", "q4_k"), its RX_BASE_* id, and its block: a stored row of W^T is
  * whole blocks of block_elems values in block_bytes bytes each (the row's
  * size must be a multiple of block_elems). Outputs may be NULL. RX_EINVAL
  * if i is out of range. */
 int rx_base_num_dtypes(void);
 int rx_base_dtype_info(int i, const char **name, int *id, int *block_elems, int *block_bytes);
+/* One row of n float32 values x (n a multiple of the dtype's block_elems)
+ * into dst, the stored row a base of dtype (RX_BASE_*) holds of it (n /
+ * block_elems * block_bytes bytes), as rx_ptmodel_base_fill encodes;
+ * rx_base_dequantize decodes such a row back into n float32 (exact).
+ * RX_EINVAL: not a dtype, or n not whole blocks. */
+int rx_base_quantize(int dtype, const float *x, size_t n, void *dst);
+int rx_base_dequantize(int dtype, const void *src, size_t n, float *dst);
 /* Block kinds in model order, one 'R' (RWKV-7) or 'A' (attention) per
  * block, NUL-terminated: "RRARRAR" for n_rwkv = 5, n_attn = 2. */
 const char *rx_ptmodel_layers(const rx_ptmodel *m);

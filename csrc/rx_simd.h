@@ -202,6 +202,30 @@ rx_sliver_q32(const unsigned char *data, size_t rb, size_t j0, size_t p0, size_t
  * 2 holds k = 2m and 2m + 1 in bytes 0..15, +16 in bytes 16..31) */
 #define RX_SMALLQ_OFF(k) ((k) % 16 / 2 * 32 + (k) / 16 * 16 + (k) % 2 * 8)
 
+/* k's FMAs of column group v: c[i V + v] += a[i][k] w for the M rows (of
+ * stride lda) */
+__attribute__((target("avx2,fma"), always_inline)) static inline void
+rx_small_fma(size_t M, size_t V, size_t v, const float *a, size_t lda, size_t k, __m256 w,
+             __m256 *c) {
+#pragma GCC unroll 8
+    for (size_t i = 0; i < M; i++)
+        c[i * V + v] = _mm256_fmadd_ps(_mm256_broadcast_ss(a + i * lda + k), w, c[i * V + v]);
+}
+
+/* a kcb-deep block's sums c[i V + v] into C's rows i, columns j + 8v:
+ * stored, or added to C's own where acc */
+__attribute__((target("avx2"), always_inline)) static inline void
+rx_small_store(size_t M, size_t V, const __m256 *c, int acc, float *C, size_t ldc, size_t j) {
+#pragma GCC unroll 8
+    for (size_t i = 0; i < M; i++)
+#pragma GCC unroll 4
+        for (size_t v = 0; v < V; v++) {
+            float *ci = C + i * ldc + j + 8 * v;
+            _mm256_storeu_ps(ci, acc ? _mm256_add_ps(c[i * V + v], _mm256_loadu_ps(ci))
+                                     : c[i * V + v]);
+        }
+}
+
 __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void
 rx_small_q32_group(size_t M, size_t V, const unsigned char *data, size_t rb, size_t blk_bytes,
                    __m256i (*load)(const unsigned char *q), const float *A, size_t lda,
@@ -255,22 +279,11 @@ rx_small_q32_group(size_t M, size_t V, const unsigned char *data, size_t rb, siz
                         (const __m128i *)(const void *)(T + 256 * v + RX_SMALLQ_OFF(k)));
                     const __m256 w = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)),
                                                    _mm256_load_ps(D[v]));
-#pragma GCC unroll 8
-                    for (size_t i = 0; i < M; i++)
-                        c[i * V + v] = _mm256_fmadd_ps(_mm256_broadcast_ss(a + i * lda + k), w,
-                                                       c[i * V + v]);
+                    rx_small_fma(M, V, v, a, lda, k, w, c);
                 }
             }
         }
-        const int acc = pc > 0 || acc0;
-#pragma GCC unroll 8
-        for (size_t i = 0; i < M; i++)
-#pragma GCC unroll 4
-            for (size_t v = 0; v < V; v++) {
-                float *ci = C + i * ldc + j + 8 * v;
-                _mm256_storeu_ps(ci, acc ? _mm256_add_ps(c[i * V + v], _mm256_loadu_ps(ci))
-                                         : c[i * V + v]);
-            }
+        rx_small_store(M, V, c, pc > 0 || acc0, C, ldc, j);
     }
 }
 

@@ -33,7 +33,9 @@ try:
         attn_score_av_forward,
         available_memory,
         axpby,
+        base_dequantize,
         base_dtype_block,
+        base_quantize,
         bf16_hardware,
         bf16_pays,
         block_backward,
@@ -83,7 +85,8 @@ __version__ = "0.1.0"
 # typed in _core.pyi) and this module's; the layers above are subpackages
 __all__ = [
     "RxPtModel", "InferState", "GenState", "ByteTrie", "CONFIG_FIELDS", "OPTION_FIELDS",
-    "ALLOC_HEADROOM", "MAX_THREADS", "BASE_DTYPES", "base_dtype_block", "check_config",
+    "ALLOC_HEADROOM", "MAX_THREADS", "BASE_DTYPES", "base_dtype_block", "base_quantize",
+    "base_dequantize", "check_config",
     "tm_fields", "tm_shapes",
     "wkv7_forward", "wkv7_backward", "timemix_forward", "timemix_backward",
     "channelmix_forward", "channelmix_backward", "attn_forward", "attn_backward",

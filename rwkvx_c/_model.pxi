@@ -336,7 +336,7 @@ cdef class _ModelCore:
 
     def set_base(self, dtype, names):
         """Hold the matrices `names` (2-D parameters) only in a frozen base
-        of dtype "bf16", "q8_0", "q4_0" or "nf4" (docs/layout.md §Frozen base), read by
+        of dtype "bf16", "q8_0", "q4_0", "nf4" or "q4_k" (docs/layout.md §Frozen base), read by
         the projection GEMMs (the embedding: its rows decoded as they are
         gathered): their params / grads views are
         then address space only (they read zero, take no memory and must
@@ -363,7 +363,8 @@ cdef class _ModelCore:
         embedding is [vocab, C] in both orientations). bf16 is
         kept as it is or rounded to nearest even (torch's rounding); q8_0 / q4_0
         quantized as gguf.quants.quantize(W^T, Q8_0 / Q4_0) does, nf4 as
-        bitsandbytes' quantize_4bit(W^T, blocksize=64, quant_type="nf4"). A block
+        bitsandbytes' quantize_4bit(W^T, blocksize=64, quant_type="nf4"), q4_k as
+        llama.cpp's quantize_row_q4_K_ref (ggml's reference) of each row. A block
         base also takes its own stored rows, uint8 as base_data gives them
         (transposed: a GGUF file's blocks), copied as they are."""
         if name not in self._params or self._names.index(name) not in self._base_params():
@@ -404,7 +405,7 @@ cdef class _ModelCore:
 
     @property
     def base_dtype(self):
-        """"bf16", "q8_0", "q4_0" or "nf4" when the model holds a frozen base, else None."""
+        """"bf16", "q8_0", "q4_0", "nf4" or "q4_k" when the model holds a frozen base, else None."""
         cdef int d
         rx_ptmodel_base_info(self._h.m, &d, NULL, NULL)
         return None if d == RX_BASE_NONE else _BASE_DTYPE_NAMES[d]
@@ -435,7 +436,8 @@ cdef class _ModelCore:
         as uint16, or a block dtype's rows of W^T as uint8 [out, in / 32 *
         34] (q8_0), [out, in / 32 * 18] (q4_0), the bytes of
         gguf.quants.quantize(W^T, Q8_0 / Q4_0), or [out, in / 64 * 36] (nf4:
-        per block the float32 absmax, then bitsandbytes' packed codes); the
+        per block the float32 absmax, then bitsandbytes' packed codes), or
+        [out, in / 256 * 144] (q4_k: ggml's block_q4_K); the
         embedding's rows as they
         are ([vocab, C], quantize(emb, ...))."""
         if name not in self._params or self._names.index(name) not in self._base_params():
@@ -452,8 +454,8 @@ cdef class _ModelCore:
 
     def release_base(self):
         """Decode every base tensor into its params view and drop the
-        store: the model holds float32 weights again (a q8_0, q4_0 or
-        nf4 base's dequantised values), as a base-unfreeze needs."""
+        store: the model holds float32 weights again (a q8_0, q4_0, nf4
+        or q4_k base's dequantised values), as a base-unfreeze needs."""
         if self._busy:
             raise RuntimeError("RxPtModel: release_base while a forward or backward runs")
         _check_rc(rx_ptmodel_base_release(self._h.m), "RxPtModel.release_base")

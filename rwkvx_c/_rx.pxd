@@ -256,6 +256,8 @@ cdef extern from "rx_pretrain.h" nogil:
     int rx_ptmodel_base_release(rx_ptmodel *m)
     int rx_base_num_dtypes()
     int rx_base_dtype_info(int i, const char **name, int *id, int *block_elems, int *block_bytes)
+    int rx_base_quantize(int dtype, const float *x, size_t n, void *dst)
+    int rx_base_dequantize(int dtype, const void *src, size_t n, float *dst)
     int RX_PT_LN0
     int RX_PT_NO_INIT
     int RX_PT_DENSE

@@ -1,5 +1,6 @@
 """The frozen base (docs/finetune.md §The frozen base, csrc/base.c): frozen
-matrices held as bf16, GGUF Q8_0 or GGUF Q4_0 only. Its bytes are gguf's and torch's;
+matrices held as bf16, GGUF Q8_0, Q4_0 or Q4_K only (q4_k: on a model of
+whole super-blocks; its bytes are tests/test_base_q4_k.py's). Its bytes are gguf's and torch's;
 at either precision a base model computes bit for bit the logits and every
 gradient of the float32 model holding the decoded weights (bf16-rounded,
 or gguf's dequantize(quantize(W))), with state and LoRA tuning, recompute,
@@ -15,7 +16,7 @@ import rwkvx_c as rx
 from rwkvx_c.model.lora import TARGETS, target_params
 
 from checks import GRAD_TOL, assert_rel, portable_run, token_batch
-from reference import nf4
+from reference import nf4, q4_k
 from reference.autograd import Var
 from reference.lora import lora_params
 from reference.model import model_loss
@@ -27,6 +28,8 @@ gguf = pytest.importorskip("gguf")
 CFG = dict(n_embd=64, n_head=2, head_size=32, n_rwkv_layer=2, n_attn_layer=1, vocab_size=37,
            Dw=32, Da=32, Dg=32, Dv=32, ffn_dim=96, chunk_size=4, moba_top_k=3, ln0=1)
 B, T, IGNORE, R, ALPHA = 2, 12, 5, 4, 8.0
+# every matrix's input size a multiple of 256 (Q4_K's super-block)
+CFG256 = dict(CFG, n_embd=256, n_head=8, Dw=256, Da=256, Dg=256, Dv=256, ffn_dim=256)
 
 
 def _bf16(a):
@@ -47,6 +50,8 @@ def _stored(w, dtype, name):
     rows = w if name == "emb" else np.ascontiguousarray(w.T)
     if dtype == "nf4":   # no GGUF type: tests/reference/nf4.py, from its definition
         return nf4.quantize(rows)
+    if dtype == "q4_k":   # gguf-py has no Q4_K encoder: ours, llama.cpp's bytes (test_base_q4_k)
+        return rx.base_quantize("q4_k", np.ascontiguousarray(rows, np.float32))
     return _bf16(rows) if dtype == "bf16" else gguf.quants.quantize(rows, QUANT[dtype])
 
 
@@ -55,7 +60,8 @@ def _decoded(w, dtype, name):
     dequantize(quantize(...)) of its stored rows, in w's layout."""
     if dtype == "bf16":
         return (_bf16(w).astype(np.uint32) << 16).view(np.float32)
-    d = nf4.dequantize(_stored(w, dtype, name)) if dtype == "nf4" else \
+    refs = {"nf4": nf4.dequantize, "q4_k": q4_k.dequantize}
+    d = refs[dtype](_stored(w, dtype, name)) if dtype in refs else \
         gguf.quants.dequantize(_stored(w, dtype, name), QUANT[dtype])
     return d if name == "emb" else np.ascontiguousarray(d.T)
 
@@ -144,12 +150,17 @@ def test_stored_bytes_are_gguf_blocks_and_torch_bf16(precision):
             assert not np.any(m.params[n])   # the arena slot holds nothing
 
 
-@pytest.mark.parametrize("dtype", ["bf16", *BLOCKS])
+def _cfg(dtype):
+    """a model whose every matrix a base of dtype holds"""
+    return CFG256 if dtype == "q4_k" else CFG
+
+
+@pytest.mark.parametrize("dtype", ["bf16", *BLOCKS, "q4_k"])
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 @pytest.mark.parametrize("recompute,chunked", [(False, False), (True, True)],
                          ids=["plain", "recompute+chunked_head"])
 def test_base_gives_the_float32_models_bits(dtype, precision, recompute, chunked):
-    _assert_same_bits(*_pair(dtype, precision, recompute), chunked)
+    _assert_same_bits(*_pair(dtype, precision, recompute, cfg=_cfg(dtype)), chunked)
 
 
 def _assert_same_bits(ref, m, names, chunked):
@@ -207,9 +218,10 @@ def test_a_block_base_state_and_adapter_grads_match_the_float64_reference(dtype)
         assert_rel(f"{p}.lora_B.grad", m.lora_grads[p + ".lora_B"], b.grad, GRAD_TOL)
 
 
-@pytest.mark.parametrize("dtype", BLOCKS)
+@pytest.mark.parametrize("dtype", [*BLOCKS, "q4_k"])
 def test_release_base_gives_the_decoded_float32_weights(dtype):
-    ref, m, names = _pair(dtype)
+    ref, m, names = _pair(dtype, cfg=_cfg(dtype))
+    assert len(names) == len(_names(m))   # every matrix held
     want = _run(ref, False)
     m.release_base()
     assert m.base_dtype is None and m.base_names == [] and m.base_bytes == 0
@@ -288,6 +300,66 @@ def _resumed_losses(tmp_path, pth, out, **kw):
     rows = []
     r.run(on_step=rows.append)
     return r, [x["loss"] for x in rows if "loss" in x]
+
+
+def _tune_three_ways(tmp_path, capsys, pth, dtype, held):
+    """A 6-step LoRA tune of pth over a dtype base from TrainOptions, the
+    command line and a config file: (the first's trainer, each one's
+    losses); the command line's header says the base holds `held` matrices."""
+    import json
+
+    from rwkvx_c.cli import main
+    tr, losses = _tune_losses(tmp_path, pth, "opts", tune="lora", steps=6, lr=0.02,
+                              base_dtype=dtype)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the quick brown fox jumps over the lazy dog. " * 40)
+    common = ["--init-from", pth, "--tune", "lora", "--data", str(corpus), "--cache-dir",
+              str(tmp_path / "cache"), "--steps", "6", "--batch", "2", "--seq-len", "16",
+              "--eval-tokens", "32", "--lr", "0.02", "--threads", "2", "--no-progress"]
+    assert main(["train", *common, "--base-dtype", dtype, "--out", str(tmp_path / "c")]) == 0
+    assert f"frozen base {dtype}, {held} matrices" in capsys.readouterr().out
+    cfg = tmp_path / "run.toml"
+    cfg.write_text(f'init_from = "{pth}"\ntune = "lora"\nbase_dtype = "{dtype}"\n'
+                   f'data = "{corpus}"\ncache_dir = "{tmp_path / "cache"}"\nsteps = 6\n'
+                   'batch = 2\nseq_len = 16\neval_tokens = 32\nlr = 0.02\nthreads = 2\n')
+    assert main(["train", "--config", str(cfg), "--out", str(tmp_path / "f"),
+                 "--no-progress"]) == 0
+    assert f"frozen base {dtype}, {held} matrices" in capsys.readouterr().out
+    runs = [losses]
+    for run in ("c", "f"):
+        with open(tmp_path / run / "log.jsonl") as f:
+            runs.append([r["loss"] for r in map(json.loads, f) if "loss" in r])
+    return tr, runs
+
+
+def _falls(losses):
+    return len(losses) >= 4 and losses[-1] < losses[0]
+
+
+def _resumes_and_exports(tmp_path, capsys, pth, dtype):
+    """A 6-step LoRA tune of pth over a dtype base resumes from step 3 bit
+    for bit, and its rwkv7 export merges into the source's own weights."""
+    from rwkvx_c.cli import main
+    kw = dict(tune="lora", steps=6, save_every=3, base_dtype=dtype)
+    _, want = _tune_losses(tmp_path, pth, "a", **kw)
+    r, got = _resumed_losses(tmp_path, pth, "b", **kw)
+    assert r.model.base_dtype == dtype and got == want[3:]
+    capsys.readouterr()
+    out = str(tmp_path / "m.pth")
+    assert main(["export", str(tmp_path / "a"), "--format", "rwkv7", "--out", out]) == 0
+    assert "merged into the original weights of its base" in capsys.readouterr().out
+    assert os.path.getsize(out) > 0
+
+
+def _counts_its_bytes(cfg, dtype, per, nbytes):
+    """every matrix of a model of cfg in a dtype base: nbytes a per values"""
+    from rwkvx_c.train.base import base_bytes
+    assert rx.base_dtype_block(dtype) == (per, nbytes)
+    m = rx.RxPtModel(cfg, seed=0, init=False)
+    names = _names(m)
+    m.set_base(dtype, names)
+    assert m.base_bytes == base_bytes(m, names, dtype) == \
+        sum(m.params[n].size for n in names) * nbytes // per
 
 
 def test_a_tune_from_a_base_naming_run_streams_that_base(tmp_path):
@@ -413,14 +485,16 @@ def test_the_rwkv_package_on_the_bf16_pth_gives_a_bf16_base_models_logits(tmp_pa
     assert _rel(ours, theirs) < TOL
 
 
-@pytest.mark.parametrize("dtype", [None, "bf16", "q8_0"])
+@pytest.mark.parametrize("dtype", [None, "bf16", "q8_0", "q4_k"])
 def test_decoding_reads_the_base_in_place_with_the_packed_bits(dtype):
     """Forwards of 1, 4 and 8 rows (decoding's M) take the GEMM's small-M
     path, which reads float32 weights in place and packs a base's B one
     sliver at a time: the same logits, bit for bit, as the packed path, at
-    one and two threads (dtype None: no base)."""
-    src = rx.RxPtModel(CFG, seed=5)
-    m = rx.RxPtModel(CFG, seed=5, init=False)
+    one and two threads (dtype None: no base; q4_k: a model of whole
+    super-blocks)."""
+    cfg = _cfg(dtype)
+    src = rx.RxPtModel(cfg, seed=5)
+    m = rx.RxPtModel(cfg, seed=5, init=False)
     m.param_buffer[...] = src.param_buffer
     if dtype is not None:
         m.set_base(dtype, _names(src))

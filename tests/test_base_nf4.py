@@ -12,7 +12,16 @@ import json
 
 import numpy as np
 import pytest
-from test_base import CFG, _assert_same_bits, _bf16_pth, _pair, _resumed_losses, _tune_losses
+from test_base import (
+    CFG,
+    _assert_same_bits,
+    _bf16_pth,
+    _counts_its_bytes,
+    _falls,
+    _pair,
+    _resumed_losses,
+    _tune_losses,
+)
 
 import rwkvx_c as rx
 from rwkvx_c.cli import main
@@ -135,17 +144,7 @@ def test_sizes_that_are_not_whole_nf4_blocks_are_refused_and_the_bytes_counted()
     with pytest.raises(ValueError, match=r"emb \[37, 96\]: NF4 needs its row size a multiple "
                                          r"of 64"):
         narrow.set_base("nf4", ["emb"])
-    assert rx.base_dtype_block("nf4") == (64, 36)   # 0.5625 bytes a weight
-    from rwkvx_c.train.base import base_bytes
-    m = rx.RxPtModel(CFG64, seed=0, init=False)
-    names = [n for n in m.param_names if m.params[n].ndim == 2]
-    m.set_base("nf4", names)
-    assert m.base_bytes == base_bytes(m, names, "nf4") == \
-        sum(m.params[n].size for n in names) * 36 // 64
-
-
-def _falls(losses):
-    return len(losses) >= 4 and losses[-1] < losses[0]
+    _counts_its_bytes(CFG64, "nf4", 64, 36)   # 0.5625 bytes a weight
 
 
 def test_an_nf4_lora_tune_trains_resumes_bit_exact_and_exports(tmp_path, capsys):

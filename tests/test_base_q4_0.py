@@ -10,7 +10,7 @@ import os
 
 import numpy as np
 import pytest
-from test_base import CFG, _bf16_pth, _resumed_losses, _tune_losses
+from test_base import CFG, _bf16_pth, _falls, _resumes_and_exports, _tune_three_ways
 
 import rwkvx_c as rx
 from rwkvx_c.cli import main
@@ -81,47 +81,14 @@ def test_the_portable_q4_0_loops_give_the_same_bytes():
     portable_run("test_base_q4_0.py", "ggufs_bytes")
 
 
-def _falls(losses):
-    return len(losses) >= 4 and losses[-1] < losses[0]
-
-
 def test_a_q4_0_tune_from_trainoptions_the_command_line_and_a_config_file(tmp_path, capsys):
-    pth = _bf16_pth(tmp_path)
-    tr, losses = _tune_losses(tmp_path, pth, "opts", tune="lora", steps=6, lr=0.02,
-                              base_dtype="q4_0")
-    assert tr.model.base_dtype == "q4_0" and _falls(losses), losses
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text("the quick brown fox jumps over the lazy dog. " * 40)
-    common = ["--init-from", pth, "--tune", "lora", "--data", str(corpus), "--cache-dir",
-              str(tmp_path / "cache"), "--steps", "6", "--batch", "2", "--seq-len", "16",
-              "--eval-tokens", "32", "--lr", "0.02", "--threads", "2", "--no-progress"]
-    assert main(["train", *common, "--base-dtype", "q4_0", "--out", str(tmp_path / "c")]) == 0
-    assert "frozen base q4_0, 28 matrices" in capsys.readouterr().out
-    cfg = tmp_path / "run.toml"
-    cfg.write_text(f'init_from = "{pth}"\ntune = "lora"\nbase_dtype = "q4_0"\n'
-                   f'data = "{corpus}"\ncache_dir = "{tmp_path / "cache"}"\nsteps = 6\n'
-                   'batch = 2\nseq_len = 16\neval_tokens = 32\nlr = 0.02\nthreads = 2\n')
-    assert main(["train", "--config", str(cfg), "--out", str(tmp_path / "f"),
-                 "--no-progress"]) == 0
-    assert "frozen base q4_0, 28 matrices" in capsys.readouterr().out
-    import json
-    for run in ("c", "f"):
-        with open(tmp_path / run / "log.jsonl") as f:
-            rows = [json.loads(line) for line in f]
-        assert _falls([r["loss"] for r in rows if "loss" in r]), run
+    tr, runs = _tune_three_ways(tmp_path, capsys, _bf16_pth(tmp_path), "q4_0", 28)
+    assert tr.model.base_dtype == "q4_0"
+    assert all(_falls(losses) for losses in runs), runs
 
 
 def test_a_q4_0_lora_tune_resumes_bit_exact_and_exports(tmp_path, capsys):
-    pth = _bf16_pth(tmp_path)
-    kw = dict(tune="lora", steps=6, save_every=3, base_dtype="q4_0")
-    _, want = _tune_losses(tmp_path, pth, "a", **kw)
-    r, got = _resumed_losses(tmp_path, pth, "b", **kw)
-    assert r.model.base_dtype == "q4_0" and got == want[3:]
-    # the export merges into the source's own weights, whatever the base is held as
-    capsys.readouterr()
-    out = str(tmp_path / "m.pth")
-    assert main(["export", str(tmp_path / "a"), "--format", "rwkv7", "--out", out]) == 0
-    assert "merged into the original weights of its base" in capsys.readouterr().out
+    _resumes_and_exports(tmp_path, capsys, _bf16_pth(tmp_path), "q4_0")
     assert main(["export", str(tmp_path / "a"), "--format", "lora",
                  "--out", str(tmp_path / "l.pth")]) == 0
-    assert os.path.getsize(out) > 0 and os.path.getsize(tmp_path / "l.pth") > 0
+    assert os.path.getsize(tmp_path / "l.pth") > 0

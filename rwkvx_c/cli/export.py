@@ -31,7 +31,7 @@ def add_parser(sub: Subparsers) -> None:
     e.add_argument("--out", required=True, metavar="FILE",
                    help=f"the file to write (a folder for {folders}) (required)")
     e.add_argument("--dtype", default="fp32", choices=list(GGUF_DTYPES),
-                   help="tensor type of the file's matrices (default: fp32; q8_0 and q4_0, "
+                   help="tensor type of the file's matrices (default: fp32; q8_0, q4_0 and q4_k, "
                    "GGUF's blocks, for --format gguf: a frozen base of that type is "
                    "written as it is)")
     add_run_flags(e)

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from rwkvx_c._core import RxPtModel
+from rwkvx_c._core import RxPtModel, base_dtype_block, base_quantize
 from rwkvx_c.data.tokenizers import WORLD_VOCAB_SIZE as WORLD_VOCAB
 from rwkvx_c.data.tokenizers import parse_vocab_file, world_vocab_path
 from rwkvx_c.errors import InteropError, TokenizerError
@@ -34,7 +34,7 @@ WORLD_EOT = 261   # "\n\n" in the World vocabulary: end of a chat turn
 # the lerps, stacked in the order llama.cpp's graph reads them
 _LERPS = ("x_r", "x_w", "x_k", "x_v", "x_a", "x_g")
 # the GGUF block types written and read as they are (a frozen base's dtypes)
-QUANTS = ("q8_0", "q4_0")
+QUANTS = ("q8_0", "q4_0", "q4_k")
 # the tensor types of --format gguf: the model formats' and the block types
 GGUF_DTYPES = DTYPES + QUANTS
 
@@ -188,7 +188,8 @@ def gguf_writer(path: str, config: dict[str, int], dtype: str) -> Any:
     texts, types = gguf_vocab(c["vocab_size"])
     F = gguf.LlamaFileType
     ftype = {"fp32": F.ALL_F32, "bf16": F.MOSTLY_BF16, "fp16": F.MOSTLY_F16,
-             "q8_0": F.MOSTLY_Q8_0, "q4_0": F.MOSTLY_Q4_0}[dtype]
+             "q8_0": F.MOSTLY_Q8_0, "q4_0": F.MOSTLY_Q4_0,
+             "q4_k": F.MOSTLY_Q4_K_S}[dtype]   # Q4_K alone: llama.cpp's "small" mix
     w = gguf.GGUFWriter(path, ARCH)
     w.add_name("rwkvx_c model")
     w.add_file_type(int(ftype))
@@ -215,11 +216,12 @@ def gguf_writer(path: str, config: dict[str, int], dtype: str) -> Any:
 
 def save_gguf(model: RxPtModel, path: str, dtype: str = "fp32") -> None:
     """Writes model as a llama.cpp rwkv7 GGUF at path, atomically; dtype
-    (GGUF_DTYPES: fp32, bf16, fp16, q8_0, q4_0) applies to the large
+    (GGUF_DTYPES: fp32, bf16, fp16, q8_0, q4_0, q4_k) applies to the large
     matrices, as the converter does (a matrix whose rows are not whole
     blocks falls back to F16, as there). A frozen base of dtype q8_0 / q4_0
-    under no adapters gives its blocks as they are; any other matrix is
-    quantized from float32 with gguf.quants.quantize."""
+    / q4_k under no adapters gives its blocks as they are; any other matrix
+    is quantized from float32 with gguf.quants.quantize (Q4_K, which it
+    has no encoder for: the base's own, llama.cpp's quantize_row_q4_K_ref)."""
     gguf = need_gguf()
     if dtype not in GGUF_DTYPES:
         raise InteropError(f"unknown dtype {dtype!r}; choose one of {', '.join(GGUF_DTYPES)}")
@@ -229,11 +231,16 @@ def save_gguf(model: RxPtModel, path: str, dtype: str = "fp32") -> None:
     tensors = gguf_tensors(model, skip={ours for ours, theirs, _ in gguf_pairs(c)
                                         if theirs in held})
     qtype = {"fp32": T.F32, "bf16": T.BF16, "fp16": T.F16, "q8_0": T.Q8_0,
-             "q4_0": T.Q4_0}[dtype]
+             "q4_0": T.Q4_0, "q4_k": T.Q4_K}[dtype]
 
     def add(w: Any, name: str, a: np.ndarray) -> None:
         if qtype == T.F32 or keeps_f32(name, a):
             w.add_tensor(name, a)
+            return
+        if qtype == T.Q4_K:   # gguf has no Q4_K encoder: the base's, llama.cpp's bytes
+            whole = a.ndim == 2 and a.shape[1] % base_dtype_block(dtype)[0] == 0
+            w.add_tensor(name, base_quantize(dtype, a) if whole else
+                         gguf.quants.quantize(a, T.F16), raw_dtype=qtype if whole else T.F16)
             return
         try:
             w.add_tensor(name, gguf.quants.quantize(a, qtype), raw_dtype=qtype)

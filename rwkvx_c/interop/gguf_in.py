@@ -5,7 +5,7 @@ GgufWeights reads the file through the gguf package's reader, which maps
 it: nothing is read until the model asks for a tensor, and a tensor's
 pages are dropped once it is copied (release), so the file is never held
 whole. A matrix the file holds in the frozen base's own form (BF16 bits,
-Q8_0 or Q4_0 blocks: rows of W^T, as the base stores them) is handed over
+Q8_0, Q4_0 or Q4_K blocks: rows of W^T, as the base stores them) is handed over
 as those bytes (raw_t, raw_blocks) and copied in as it is; any other form
 is decoded with gguf's own dequantize, exactly, and encoded once into the
 base (rwkvx_c.train.base says so in one line). A tensor the file holds in
@@ -31,12 +31,15 @@ from rwkvx_c.model.config import ModelConfig
 __all__ = ["GgufWeights", "ggml_dtype"]
 
 # the ggml types named as the frozen base and --dtype name them
-_NAMES = {"F32": "fp32", "F16": "fp16", "BF16": "bf16", "Q8_0": "q8_0", "Q4_0": "q4_0"}
+_NAMES = {"F32": "fp32", "F16": "fp16", "BF16": "bf16", "Q8_0": "q8_0", "Q4_0": "q4_0",
+          "Q4_K": "q4_k"}
+# the bytes of fp16 scales a block of each GGUF type the base holds starts with
+_SCALE_BYTES = {"q8_0": 2, "q4_0": 2, "q4_k": 4}
 
 
 def ggml_dtype(type_name: str) -> str:
-    """Our name of a ggml tensor type (fp32, fp16, bf16, q8_0, q4_0; any
-    other lower-cased: q6_k ...)."""
+    """Our name of a ggml tensor type (fp32, fp16, bf16, q8_0, q4_0, q4_k;
+    any other lower-cased: q6_k ...)."""
     return _NAMES.get(type_name, type_name.lower())
 
 
@@ -52,7 +55,8 @@ class GgufWeights(PairedWeights):
     asked for (float32, our orientation; see the module doc). config: the
     model's; tokenizer: "byte" or "world"; types: each parameter's form in
     the file (ggml_dtype); dtype: the frozen base --base-dtype auto gives
-    (the form of most of the matrices' values: bf16, q8_0, q4_0; fp16
+    (the form of most of the matrices' values: bf16, q8_0, q4_0, q4_k (a
+    Q4_K_M file's, its Q6_K matrices converted once); fp16
     becomes bf16 and another quantized form q8_0, each converted once;
     fp32: no base)."""
 
@@ -124,7 +128,7 @@ class GgufWeights(PairedWeights):
                 d = self.types[ours]
                 count[d] = count.get(d, 0) + int(np.prod(self._shapes[ours]))
         top = max(count, key=lambda d: count[d])
-        return top if top in ("fp32", "bf16", "q8_0", "q4_0") else \
+        return top if top in ("fp32", "bf16", *_SCALE_BYTES) else \
             "bf16" if top == "fp16" else "q8_0"
 
     def _tokenizer(self) -> str:
@@ -190,15 +194,15 @@ class GgufWeights(PairedWeights):
         return None if t is None or self.types[name] != "bf16" else t.data.view(np.uint16)
 
     def raw_blocks(self, name: str) -> tuple[str, np.ndarray] | None:
-        """(q8_0 or q4_0, the file's blocks: uint8 rows of W^T [out, in / 32
-        * block bytes]) of a matrix the file holds so, every block's scale
-        finite; None for any other."""
+        """(q8_0, q4_0 or q4_k, the file's blocks: uint8 rows of W^T [out,
+        in / block values * block bytes]) of a matrix the file holds so,
+        every block's scales (q4_k: d and dmin) finite; None for any other."""
         t = self._matrix(name)
         d = self.types[name]
-        if t is None or d not in ("q8_0", "q4_0"):
+        if t is None or d not in _SCALE_BYTES:
             return None
         _, nbytes = _core.base_dtype_block(d)
-        scales = t.data.reshape(-1, nbytes)[:, :2].copy().view(np.float16)
+        scales = t.data.reshape(-1, nbytes)[:, :_SCALE_BYTES[d]].copy().view(np.float16)
         if not np.isfinite(scales).all():
             raise InteropError(f"{self.path}: {self._pairs[name][0]} has a non-finite block "
                                "scale")

@@ -122,7 +122,7 @@ def export_model(model: RxPtModel, fmt: str, out: str, dtype: str = "fp32", *,
     """Writes model to out in format fmt (EXPORTS: rwkv7, rwkvx or gguf; hf:
     the folder out, with tokenizer's files: rwkv7-hf's layout for a model it
     holds, rwkvx_c's own modeling code for any other) at dtype (fp32, bf16 or fp16;
-    gguf also q8_0, q4_0),
+    gguf also q8_0, q4_0, q4_k),
     atomically; InteropError when the format cannot hold the model (nothing
     is written then). fmt "state": the model's trained initial WKV states
     alone, as RWKV-PEFT saves them (state_dict); "lora": a LoRA run's

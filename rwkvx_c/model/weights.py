@@ -62,7 +62,7 @@ def load_states(model: RxPtModel, states: np.ndarray | None, what: str,
 
 def auto_base_dtype(source_dtype: str) -> str:
     """--base-dtype auto's base for a source whose matrices are of
-    source_dtype: that form when a base holds it (bf16, q8_0, q4_0), else
+    source_dtype: that form when a base holds it (bf16, q8_0, q4_0, q4_k), else
     fp32 (no base)."""
     from rwkvx_c._core import BASE_DTYPES
     return source_dtype if source_dtype in BASE_DTYPES else "fp32"

@@ -2,10 +2,10 @@
 
 A matrix that does not train (every projection of a state or LoRA tune,
 the frozen groups of --freeze / --train-parts) is held only in the format
-its GEMM reads: bf16, GGUF Q8_0 or Q4_0, QLoRA's NF4 (RxPtModel.set_base), with no float32
+its GEMM reads: bf16, GGUF Q8_0, Q4_0 or Q4_K, QLoRA's NF4 (RxPtModel.set_base), with no float32
 copy, no gradient and no AdamW moments. --base-dtype picks the format;
 "auto" is the source's own form when a base holds it: bf16 for a source
-whose matrices are bf16 (an official .pth), a GGUF's bf16, q8_0 or q4_0
+whose matrices are bf16 (an official .pth), a GGUF's bf16, q8_0, q4_0 or q4_k
 (its blocks copied in as they are; rwkvx_c.interop.gguf_in); fp32 (the
 arena, as a full run) otherwise. A GGUF matrix in another form is
 converted once into the base, with one line saying so, and one the file
@@ -57,7 +57,7 @@ def base_names(model: RxPtModel, opts: ResolvedOptions, dtype: str,
     """The matrices a base of dtype holds: every frozen 2-D parameter, the
     embedding included (held by its rows, which are gathered), whose rows
     (W^T's, the embedding's own) are whole blocks of the dtype (q8_0's and q4_0's: 32
-    values, nf4's 64; the rest stay float32), and that the source (weights) holds in
+    values, nf4's 64, q4_k's 256; the rest stay float32), and that the source (weights) holds in
     less than float32 where it says (a GGUF's compact)."""
     if dtype == "fp32":
         return []

@@ -327,8 +327,8 @@ class TrainOptions:
     base_dtype: str = _opt("auto", "how the frozen matrices of a state or LoRA tune (or of "
                            "--freeze / --train-parts) are held: fp32, bf16 (half the memory; "
                            "exact for a bf16 source), q8_0 (GGUF's 8-bit blocks, about a "
-                           "quarter), q4_0 (GGUF's 4-bit blocks, an eighth) or nf4 (QLoRA's "
-                           "4-bit NormalFloat, an eighth); auto: the --init-from source's form",
+                           "quarter), q4_0, nf4 (QLoRA's NormalFloat) or q4_k (GGUF's "
+                           "k-quant) (4-bit forms, an eighth); auto: the --init-from source's form",
                            choices=BASE_DTYPES, absent=DEFAULT)
 
     # options a resumed run may change without changing what it computes

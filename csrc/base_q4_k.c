@@ -1,0 +1,323 @@
+/* SPDX-License-Identifier: AGPL-3.0-or-later AND Apache-2.0
+ *
+ * base_q4_k.c -- the q4_k frozen-base dtype's kernels (its row of
+ * rx_base_types, base_types.c): W^T [out][in] in GGUF Q4_K super-blocks
+ * along in (ggml's block_q4_K, 144 bytes per RX_Q4_K_BLOCK = 256 values):
+ * fp16 d, fp16 dmin, 12 bytes packing eight 6-bit scales sc and eight
+ * 6-bit mins m (get_scale_min below), then 128 bytes of 4-bit q (run r of
+ * 64 values: its first 32 in bytes 32r.. low nibbles, the next 32 in their
+ * high nibbles). Sub-block s (32 values) decodes as (d sc_s) q - (dmin m_s)
+ * in float32, ggml's dequantize_row_q4_K; the products are exact (an
+ * 11-bit d times 6 bits times 4 bits), so only the subtraction rounds. The
+ * encoder is ggml's quantize_row_q4_K_ref (no importance matrix), step for
+ * step, so the bytes are llama.cpp's. The decoder and the small-M
+ * product have an AVX2 form (bit-identical: the same exact products, the
+ * same subtraction; the small-M sums in the GEMM's order).
+ */
+#include <math.h>
+
+#include "rx_base.h"
+#include "rx_simd.h"
+
+#define QK RX_Q4_K_BLOCK
+#define QK_BYTES RX_Q4_K_BYTES
+#define SUB 32                 /* values per sub-block: one 6-bit scale and min */
+#define NSUB (QK / SUB)        /* 8 */
+#define QS_OFF 16              /* d, dmin, the 12 scale bytes */
+#define NMAX 15                /* the largest 4-bit q */
+#define SC_MAX 63              /* the largest 6-bit scale or min */
+
+/* ggml's nearest_int: round to nearest (ties to even) through the float32
+ * sum's mantissa, as its bits give it for any input (a NaN or a value past
+ * 2^22 gives what ggml's gives, not an error) */
+static inline int nearest_int(float fval) {
+    const float val = fval + 12582912.f;
+    int i;
+    memcpy(&i, &val, sizeof i);
+    return (i & 0x007fffff) - 0x00400000;
+}
+
+static inline int clamp_q(int l, int hi) { return l < 0 ? 0 : l > hi ? hi : l; }
+
+/* sub-block j's 6-bit scale and min from the 12 bytes q (ggml's
+ * get_scale_min_k4): j < 4 in the low 6 bits of bytes j and j + 4; j >= 4
+ * in nibbles of bytes j + 4, their top 2 bits in the spare top bits of
+ * bytes j - 4 and j */
+static inline void get_scale_min(int j, const unsigned char *q, unsigned char *sc,
+                                 unsigned char *m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (unsigned char)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+        *m = (unsigned char)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+    }
+}
+
+/* ggml's make_qkx2_quants(32, 15, x, w, L, &the_min, Laux, -1, 0.1, 20,
+ * false): an affine fit scale L + min (min <= 0) of the 32 values x with
+ * weights w, the rounding's scale searched over 21 steps by weighted
+ * least squares; returns the scale, *the_min = -min. Float32 throughout,
+ * in ggml's order (no fused multiply-add: RX_NO_CONTRACT). */
+RX_NO_CONTRACT static float fit_sub(const float *x, const float *w, unsigned char *L,
+                                    float *the_min) {
+    const float rmin = -1.f, rdelta = 0.1f;
+    const int nstep = 20;
+    unsigned char Laux[SUB];
+    float min = x[0], max = x[0], sum_w = w[0], sum_x = sum_w * x[0];
+    for (int i = 1; i < SUB; ++i) {
+        if (x[i] < min) min = x[i];
+        if (x[i] > max) max = x[i];
+        sum_w += w[i];
+        sum_x += w[i] * x[i];
+    }
+    if (min > 0) min = 0;
+    if (max == min) {
+        for (int i = 0; i < SUB; ++i) L[i] = 0;
+        *the_min = -min;
+        return 0.f;
+    }
+    float iscale = NMAX / (max - min), scale = 1 / iscale, best_error = 0;
+    for (int i = 0; i < SUB; ++i) {
+        L[i] = (unsigned char)clamp_q(nearest_int(iscale * (x[i] - min)), NMAX);
+        const float diff = scale * L[i] + min - x[i];
+        best_error += w[i] * (diff * diff);
+    }
+    for (int is = 0; is <= nstep; ++is) {
+        iscale = (rmin + rdelta * is + NMAX) / (max - min);
+        float sum_l = 0, sum_l2 = 0, sum_xl = 0;
+        for (int i = 0; i < SUB; ++i) {
+            const int l = clamp_q(nearest_int(iscale * (x[i] - min)), NMAX);
+            Laux[i] = (unsigned char)l;
+            sum_l += w[i] * l;
+            sum_l2 += w[i] * l * l;
+            sum_xl += w[i] * l * x[i];
+        }
+        const float D = sum_w * sum_l2 - sum_l * sum_l;
+        if (D > 0) {
+            float this_scale = (sum_w * sum_xl - sum_x * sum_l) / D;
+            float this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D;
+            if (this_min > 0) {
+                this_min = 0;
+                this_scale = sum_xl / sum_l2;
+            }
+            float cur_error = 0;
+            for (int i = 0; i < SUB; ++i) {
+                const float diff = this_scale * Laux[i] + this_min - x[i];
+                cur_error += w[i] * (diff * diff);
+            }
+            if (cur_error < best_error) {
+                memcpy(L, Laux, SUB);
+                best_error = cur_error;
+                scale = this_scale;
+                min = this_min;
+            }
+        }
+    }
+    *the_min = -min;
+    return scale;
+}
+
+/* One super-block of 256 values into 144 bytes, as ggml's
+ * quantize_row_q4_K_ref: each sub-block fitted (weights sqrt(mean x^2) +
+ * |x|), its scale and min coded in 6 bits against the largest of each (d =
+ * max scale / 63, dmin = max min / 63, as fp16), then every value
+ * requantized against its coded scale and min */
+RX_NO_CONTRACT static void quantize_block(const float *x, unsigned char *y) {
+    unsigned char L[QK], *scl = y + 4;
+    float w[SUB], mins[NSUB], scales[NSUB], max_scale = 0, max_min = 0;
+    for (int j = 0; j < NSUB; ++j) {
+        const float *xs = x + SUB * j;
+        float sum_x2 = 0;
+        for (int l = 0; l < SUB; ++l) sum_x2 += xs[l] * xs[l];
+        const float av_x = sqrtf(sum_x2 / SUB);
+        for (int l = 0; l < SUB; ++l) w[l] = av_x + fabsf(xs[l]);
+        scales[j] = fit_sub(xs, w, L + SUB * j, &mins[j]);
+        if (scales[j] > max_scale) max_scale = scales[j];
+        if (mins[j] > max_min) max_min = mins[j];
+    }
+    const float inv_scale = max_scale > 0 ? SC_MAX / max_scale : 0.f;
+    const float inv_min = max_min > 0 ? SC_MAX / max_min : 0.f;
+    for (int j = 0; j < NSUB; ++j) {
+        /* ggml keeps the int's low byte, then clips at 63 */
+        unsigned char ls = (unsigned char)nearest_int(inv_scale * scales[j]);
+        unsigned char lm = (unsigned char)nearest_int(inv_min * mins[j]);
+        ls = ls < SC_MAX ? ls : SC_MAX;
+        lm = lm < SC_MAX ? lm : SC_MAX;
+        if (j < 4) {
+            scl[j] = ls;
+            scl[j + 4] = lm;
+        } else {
+            scl[j + 4] = (unsigned char)((ls & 0xF) | ((lm & 0xF) << 4));
+            scl[j - 4] |= (unsigned char)((ls >> 4) << 6);
+            scl[j] |= (unsigned char)((lm >> 4) << 6);
+        }
+    }
+    const uint16_t dh = to_f16(max_scale / SC_MAX), mh = to_f16(max_min / SC_MAX);
+    memcpy(y, &dh, 2);
+    memcpy(y + 2, &mh, 2);
+    for (int j = 0; j < NSUB; ++j) {
+        unsigned char sc, m;
+        get_scale_min(j, scl, &sc, &m);
+        const float d = f16_f32(dh) * sc;
+        if (!d) continue;   /* the fit's own q stay (ggml's) */
+        const float dm = f16_f32(mh) * m;
+        for (int i = 0; i < SUB; ++i)
+            L[SUB * j + i] = (unsigned char)clamp_q(nearest_int((x[SUB * j + i] + dm) / d), NMAX);
+    }
+    unsigned char *q = y + QS_OFF;
+    for (int j = 0; j < QK; j += 2 * SUB, q += SUB)
+        for (int l = 0; l < SUB; ++l) q[l] = (unsigned char)(L[j + l] | (L[j + l + SUB] << 4));
+}
+
+void rx_q4_k_from_float(const float *x, size_t n, unsigned char *dst) {
+    for (size_t b = 0; b < n; b += QK, dst += QK_BYTES) quantize_block(x + b, dst);
+}
+
+/* sub-block s of super-block blk: its d sc and dmin m, float32 (exact) */
+static inline void sub_scale(const unsigned char *blk, size_t s, float *d1, float *m1) {
+    uint16_t dh, mh;
+    memcpy(&dh, blk, 2);
+    memcpy(&mh, blk + 2, 2);
+    unsigned char sc, m;
+    get_scale_min((int)s, blk + 4, &sc, &m);
+    *d1 = f16_f32(dh) * sc;
+    *m1 = f16_f32(mh) * m;
+}
+
+#ifdef RX_BASE_X86
+/* the 32 values of sub-block s: d1 q - m1 over the nibbles (low for an
+ * even s, high for an odd one) of its run's 32 bytes, as the scalar loop */
+RX_BASE_AVX2 static void sub_avx2(const unsigned char *blk, size_t s, float *dst) {
+    float d1, m1;
+    sub_scale(blk, s, &d1, &m1);
+    const unsigned char *run = blk + QS_OFF + s / 2 * SUB;
+    const __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)run);
+    const __m256i q = _mm256_and_si256(s % 2 ? _mm256_srli_epi16(v, 4) : v, _mm256_set1_epi8(0x0f));
+    const __m256 dv = _mm256_set1_ps(d1), mv = _mm256_set1_ps(m1);
+    const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+    const __m128i part[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+    for (int p = 0; p < 4; p++) {
+        const __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(part[p]));
+        _mm256_storeu_ps(dst + 8 * p, _mm256_sub_ps(_mm256_mul_ps(f, dv), mv));
+    }
+}
+
+/* rx_small_q32_group (rx_simd.h) over Q4_K rows: the same sums in the same
+ * order (each C element one FMA chain from zero over each kcb-deep block of
+ * k, in k order, then added to C), so the packed path's bits; what differs
+ * is a weight's value, (d sc) q - dmin m, with each of the 8 rows' sub-block
+ * scale d1 and min m1 in lanes: the decoder's value, as the product is
+ * exact (a contraction into a fused multiply-subtract rounds the same) */
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void
+small_group(size_t M, size_t V, const unsigned char *data, size_t rb, const float *A,
+            size_t lda, size_t K, size_t kcb, size_t j, int acc0, float *C, size_t ldc) {
+    _Alignas(32) unsigned char T[4 * 256 + 16];   /* + 16: each k's 8 bytes read as 16 */
+    _Alignas(32) float D[4][8], Mn[4][8];
+    for (size_t pc = 0; pc < K; pc += kcb) {
+        const size_t kc = K - pc < kcb ? K - pc : kcb;
+        __m256 c[8];   /* row i, columns 8v..: c[i V + v] */
+#pragma GCC unroll 8
+        for (size_t u = 0; u < M * V; u++) c[u] = _mm256_setzero_ps();
+        for (size_t p = pc; p < pc + kc; p += SUB) {
+            const size_t s = p % QK / SUB;
+#pragma GCC unroll 4
+            for (size_t v = 0; v < V; v++) {
+                const unsigned char *blk = data + (j + 8 * v) * rb + p / QK * QK_BYTES;
+                __m256i r[8];
+#pragma GCC unroll 8
+                for (int i = 0; i < 8; i++) {
+                    const unsigned char *b = blk + i * rb;
+                    const __m256i x = _mm256_loadu_si256(
+                        (const __m256i *)(const void *)(b + QS_OFF + s / 2 * SUB));
+                    r[i] = _mm256_and_si256(s % 2 ? _mm256_srli_epi16(x, 4) : x,
+                                            _mm256_set1_epi8(0x0f));
+                    sub_scale(b, s, &D[v][i], &Mn[v][i]);
+                }
+                rx_transpose8_lanes(r, 0);
+#pragma GCC unroll 8
+                for (int m = 0; m < 8; m++)
+                    _mm256_store_si256((__m256i *)(void *)(T + 256 * v + 32 * m), r[m]);
+            }
+            __asm__ volatile("" ::: "memory");
+            const float *a = A + p;
+#pragma GCC unroll 32
+            for (size_t k = 0; k < SUB; k++) {
+#pragma GCC unroll 4
+                for (size_t v = 0; v < V; v++) {
+                    const __m128i q = _mm_loadu_si128(
+                        (const __m128i *)(const void *)(T + 256 * v + RX_SMALLQ_OFF(k)));
+                    const __m256 w = _mm256_sub_ps(
+                        _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)),
+                                      _mm256_load_ps(D[v])),
+                        _mm256_load_ps(Mn[v]));
+                    rx_small_fma(M, V, v, a, lda, k, w, c);
+                }
+            }
+        }
+        rx_small_store(M, V, c, pc > 0 || acc0, C, ldc, j);
+    }
+}
+
+/* small_group over columns [j0, j1) as rx_small_q32 groups them (V by M);
+ * returns the columns done from j0 */
+__attribute__((target("avx2,fma,f16c"))) static size_t
+small_avx2(const unsigned char *data, size_t rb, size_t M, const float *A, size_t lda, size_t K,
+           size_t kcb, size_t j0, size_t j1, int acc0, float *C, size_t ldc) {
+    size_t j = j0;
+    if (M < 1 || M > RX_SMALLQ_MAXM || kcb % SUB || K % QK) return 0;
+#define SMALLK_CASE(m, vv)                                                                  \
+    case m:                                                                                 \
+        for (; j + 8 * (vv) <= j1; j += 8 * (vv))                                           \
+            small_group(m, vv, data, rb, A, lda, K, kcb, j, acc0, C, ldc);                  \
+        for (; (vv) > 1 && j + 8 <= j1; j += 8)                                             \
+            small_group(m, 1, data, rb, A, lda, K, kcb, j, acc0, C, ldc);                   \
+        break;
+    switch (M) {
+        SMALLK_CASE(1, 4)
+        SMALLK_CASE(2, 2)
+        SMALLK_CASE(3, 2)
+        SMALLK_CASE(4, 2)
+        default: break;
+    }
+#undef SMALLK_CASE
+    return j - j0;
+}
+#endif
+
+/* AVX2 with FMA where the CPU has them; else 0: the GEMM packs slivers */
+size_t rx_q4_k_small_f32(const unsigned char *data, size_t rb, size_t M, const float *A,
+                         size_t lda, size_t K, size_t kcb, size_t j0, size_t j1, int acc0,
+                         float *C, size_t ldc) {
+#ifdef RX_BASE_X86
+    if (rx_cpu_base_avx2() && __builtin_cpu_supports("fma"))
+        return small_avx2(data, rb, M, A, lda, K, kcb, j0, j1, acc0, C, ldc);
+#endif
+    (void)data, (void)rb, (void)M, (void)A, (void)lda, (void)K, (void)kcb, (void)j0, (void)j1;
+    (void)acc0, (void)C, (void)ldc;
+    return 0;
+}
+
+RX_NO_CONTRACT void rx_q4_k_decode(const unsigned char *row, size_t k0, size_t n, float *dst) {
+    for (size_t k = k0; k < k0 + n;) {
+        const unsigned char *blk = row + k / QK * QK_BYTES;
+        const size_t s = k % QK / SUB, end = k - k % SUB + SUB;
+        const size_t e = end < k0 + n ? end : k0 + n;
+#ifdef RX_BASE_X86
+        /* a whole sub-block: the AVX2 decoder's 32 at a time */
+        if (k % SUB == 0 && e == end && rx_cpu_base_avx2()) {
+            sub_avx2(blk, s, dst);
+            dst += SUB, k = e;
+            continue;
+        }
+#endif
+        float d1, m1;
+        sub_scale(blk, s, &d1, &m1);
+        const unsigned char *q = blk + QS_OFF + s / 2 * SUB;
+        for (size_t i = k; i < e; i++) {
+            const unsigned char byte = q[i % SUB];
+            *dst++ = d1 * (float)(s % 2 ? byte >> 4 : byte & 15) - m1;
+        }
+        k = e;
+    }
+}
