@@ -128,25 +128,12 @@ small_bf16_group(size_t M, size_t V, const unsigned char *data, size_t rb, const
                     const __m256 w0 =
                         _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_castps_si256(r[m]), 16));
                     const __m256 w1 = _mm256_and_ps(r[m], high);
-#pragma GCC unroll 4
-                    for (size_t i = 0; i < M; i++) {
-                        __m256 ci = _mm256_fmadd_ps(_mm256_broadcast_ss(a + i * lda + 2 * m), w0,
-                                                    c[i * V + v]);
-                        c[i * V + v] = _mm256_fmadd_ps(_mm256_broadcast_ss(a + i * lda + 2 * m + 1),
-                                                       w1, ci);
-                    }
+                    rx_small_fma(M, V, v, a, lda, 2 * (size_t)m, w0, c);
+                    rx_small_fma(M, V, v, a, lda, 2 * (size_t)m + 1, w1, c);
                 }
             }
         }
-        const int acc = pc > 0 || acc0;
-#pragma GCC unroll 8
-        for (size_t i = 0; i < M; i++)
-#pragma GCC unroll 4
-            for (size_t v = 0; v < V; v++) {
-                float *ci = C + i * ldc + j + 8 * v;
-                _mm256_storeu_ps(ci, acc ? _mm256_add_ps(c[i * V + v], _mm256_loadu_ps(ci))
-                                         : c[i * V + v]);
-            }
+        rx_small_store(M, V, c, pc > 0 || acc0, C, ldc, j);
     }
 }
 

@@ -266,21 +266,9 @@ small_avx2(const unsigned char *data, size_t rb, size_t M, const float *A, size_
            size_t kcb, size_t j0, size_t j1, int acc0, float *C, size_t ldc) {
     size_t j = j0;
     if (M < 1 || M > RX_SMALLQ_MAXM || kcb % SUB || K % QK) return 0;
-#define SMALLK_CASE(m, vv)                                                                  \
-    case m:                                                                                 \
-        for (; j + 8 * (vv) <= j1; j += 8 * (vv))                                           \
-            small_group(m, vv, data, rb, A, lda, K, kcb, j, acc0, C, ldc);                  \
-        for (; (vv) > 1 && j + 8 <= j1; j += 8)                                             \
-            small_group(m, 1, data, rb, A, lda, K, kcb, j, acc0, C, ldc);                   \
-        break;
-    switch (M) {
-        SMALLK_CASE(1, 4)
-        SMALLK_CASE(2, 2)
-        SMALLK_CASE(3, 2)
-        SMALLK_CASE(4, 2)
-        default: break;
-    }
-#undef SMALLK_CASE
+#define SMALLK_GROUP(m, vv) small_group(m, vv, data, rb, A, lda, K, kcb, j, acc0, C, ldc)
+    RX_SMALL_BY_M(M, j, j1, SMALLK_GROUP);
+#undef SMALLK_GROUP
     return j - j0;
 }
 #endif
