@@ -36,6 +36,7 @@
  * in place. Either gives the same bits. */
 #define FAST_PANEL_M 3
 #define PANEL_ROWS 3         /* rows of the panel kernel's register tile */
+#define FAST_PANEL_UNIT 4    /* groups a parallel unit, from FAST_PANEL_M rows */
 /* a panel's block: 16 (Q8_0; Q4_0 the first 8) vectors of 32 bytes, then
  * the 8 columns' scales */
 #define PANEL_BLK (16 * 32 + FAST_GROUP * 4)
@@ -361,8 +362,13 @@ int rx_base_fast_sgemm(const void *src, const rx_gemm_op *g) {
     int32_t *sx = (int32_t *)(void *)(buf + M * nb * 4);
     int8_t *qx = (int8_t *)(buf + M * nb * 8);
     const fast_rows x = {qx, dx, sx};
-    /* two units a thread, whole groups */
-    const size_t nu = 2 * (size_t)nt;
+    /* whole groups: at few rows two units a thread (the in-place kernel
+     * prefetches along a unit's run of rows), from FAST_PANEL_M rows units
+     * of FAST_PANEL_UNIT groups, dealt out as threads come free (a thread
+     * slowed by another job on its core then holds up less) */
+    const size_t groups = (g->N + FAST_GROUP - 1) / FAST_GROUP;
+    const size_t nu = M < FAST_PANEL_M || nt == 1 ? 2 * (size_t)nt
+                      : (groups + FAST_PANEL_UNIT - 1) / FAST_PANEL_UNIT;
     const size_t w = (g->N / nu + FAST_GROUP - 1) / FAST_GROUP * FAST_GROUP;
     rx_prof_push(RX_PROF_GEMM);
 #pragma omp parallel num_threads(nt) if (nt > 1)
