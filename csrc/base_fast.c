@@ -37,6 +37,7 @@
 #define FAST_PANEL_M 3
 #define PANEL_ROWS 3         /* rows of the panel kernel's register tile */
 #define FAST_PANEL_UNIT 4    /* groups a parallel unit, from FAST_PANEL_M rows */
+#define FAST_STRIPE (128 * 1024)   /* bytes of quantised rows swept a pass */
 /* a panel's block: 16 (Q8_0; Q4_0 the first 8) vectors of 32 bytes, then
  * the 8 columns' scales */
 #define PANEL_BLK (16 * 32 + FAST_GROUP * 4)
@@ -289,16 +290,15 @@ fast_tile(int q4, size_t R, const unsigned char *pan, const rx_gemm_op *g, const
     fast_store(g, i0, R, j, acc);
 }
 
-/* every row over the panel, FAST_ROWS at a time (R a constant in each
- * instance, so the tile's sums stay in registers) */
+/* rows [i, i1) over the panel, PANEL_ROWS at a time (R a constant in
+ * each instance, so the tile's sums stay in registers) */
 RX_BASE_AVX2 static void fast_panel_rows(int q4, const unsigned char *pan, const rx_gemm_op *g,
-                                         const fast_rows *x, size_t j) {
-    size_t i = 0;
-    for (; i + PANEL_ROWS <= g->M; i += PANEL_ROWS) {
+                                         const fast_rows *x, size_t i, size_t i1, size_t j) {
+    for (; i + PANEL_ROWS <= i1; i += PANEL_ROWS) {
         if (q4) fast_tile(1, PANEL_ROWS, pan, g, x, i, j);
         else fast_tile(0, PANEL_ROWS, pan, g, x, i, j);
     }
-    for (; i < g->M; i++) {
+    for (; i < i1; i++) {
         if (q4) fast_tile(1, 1, pan, g, x, i, j);
         else fast_tile(0, 1, pan, g, x, i, j);
     }
@@ -314,12 +314,19 @@ RX_BASE_AVX2 static size_t fast_cols_avx2(const rx_base_mat *bm, const rx_gemm_o
     unsigned char *pan = M >= FAST_PANEL_M ? rx_thread_buffer(RX_BUF_FAST_PANEL, nb * PANEL_BLK)
                                            : NULL;
     size_t j = j0;
+    if (pan) {
+        /* rows a stripe of at most FAST_STRIPE bytes of quantised x, so that
+         * it stays in L2 over the unit's groups (the panels are rebuilt
+         * for each stripe: a few % of its products) */
+        const size_t mc = (FAST_STRIPE / g->K / PANEL_ROWS + 1) * PANEL_ROWS;
+        for (size_t i = 0; i < M; i += mc)
+            for (j = j0; j + FAST_GROUP <= j1; j += FAST_GROUP) {
+                fast_panel(q4, bm, rb, nb, j, pan);
+                fast_panel_rows(q4, pan, g, x, i, M - i < mc ? M : i + mc, j);
+            }
+        return j - j0;
+    }
     for (; j + FAST_GROUP <= j1; j += FAST_GROUP) {
-        if (pan) {
-            fast_panel(q4, bm, rb, nb, j, pan);
-            fast_panel_rows(q4, pan, g, x, j);
-            continue;
-        }
         /* the next group's rows, one contiguous run, a slice a block:
          * eight rows stepping along k are more streams than the hardware
          * prefetchers follow */
