@@ -29,7 +29,7 @@
 
 #define QBLK 32              /* values a block, of x as of the weights */
 #define FAST_KMAX 16384      /* the widest K */
-#define FAST_ROWS 4          /* rows of one register tile */
+#define FAST_ROWS 4          /* rows of a tile of the in-place and portable kernels */
 #define FAST_GROUP 8         /* columns of one AVX2 accumulator */
 /* From this many rows the AVX2 kernel repacks a group's weight blocks once
  * (a panel) and sweeps every row tile over it; fewer rows read the blocks
