@@ -18,8 +18,10 @@
  *     acc  = acc + s * (float)isum           two float32 roundings
  *
  * acc from zero over the blocks in order, then C = acc (beta 0) or C + acc.
- * The AVX2 kernel and the portable one compute exactly these operations
- * (no fused multiply-add: neither is compiled to contract them), so they
+ * Each row is quantised once a call. The AVX2 kernels (the stored blocks
+ * read in place at one or two rows; from FAST_PANEL_M rows a transposed
+ * panel of them) and the portable one compute exactly these operations
+ * (no fused multiply-add: none is compiled to contract them), so they
  * give the same bits.
  */
 #include <math.h>
