@@ -18,8 +18,10 @@
  *     acc  = acc + s * (float)isum           two float32 roundings
  *
  * acc from zero over the blocks in order, then C = acc (beta 0) or C + acc.
- * The AVX2 kernel and the portable one compute exactly these operations
- * (no fused multiply-add: neither is compiled to contract them), so they
+ * Each row is quantised once a call. The AVX2 kernels (the stored blocks
+ * read in place at one or two rows; from FAST_PANEL_M rows a transposed
+ * panel of them) and the portable one compute exactly these operations
+ * (no fused multiply-add: none is compiled to contract them), so they
  * give the same bits.
  */
 #include <math.h>
@@ -28,9 +30,19 @@
 #include "rx_simd.h"
 
 #define QBLK 32              /* values a block, of x as of the weights */
-#define FAST_KMAX 16384      /* the widest K (the quantised rows' stack buffer) */
-#define FAST_ROWS 4          /* rows quantised and multiplied at once */
+#define FAST_KMAX 16384      /* the widest K */
+#define FAST_ROWS 4          /* rows of a tile of the in-place and portable kernels */
 #define FAST_GROUP 8         /* columns of one AVX2 accumulator */
+/* From this many rows the AVX2 kernel repacks a group's weight blocks once
+ * (a panel) and sweeps every row tile over it; fewer rows read the blocks
+ * in place. Either gives the same bits. */
+#define FAST_PANEL_M 3
+#define PANEL_ROWS 3         /* rows of the panel kernel's register tile */
+#define FAST_PANEL_UNIT 4    /* groups a parallel unit, from FAST_PANEL_M rows */
+#define FAST_STRIPE (128 * 1024)   /* bytes of quantised rows swept a pass */
+/* a panel's block: 16 (Q8_0; Q4_0 the first 8) vectors of 32 bytes, then
+ * the 8 columns' scales */
+#define PANEL_BLK (16 * 32 + FAST_GROUP * 4)
 
 int rx_base_fast_ok(const void *src, const rx_gemm_op *g) {
     const rx_base_mat *b = src;
@@ -38,8 +50,19 @@ int rx_base_fast_ok(const void *src, const rx_gemm_op *g) {
            g->K <= FAST_KMAX && (b->ty->id == RX_BASE_Q8_0 || b->ty->id == RX_BASE_Q4_0);
 }
 
-/* row x [K] into qx [K] int8 and dx [K/32] scales, as the header says */
-RX_NO_CONTRACT static void quantise_row(const float *x, size_t K, int8_t *qx, float *dx) {
+/* A call's activation rows, each quantised once (the calling thread's
+ * buffer, rx_thread_buffer): row i's K int8 at q + i K, its blocks' scales
+ * at d + i nb and their sums of q at sx + i nb (Q4_0's offset of 8) */
+typedef struct {
+    const int8_t *q;
+    const float *d;
+    const int32_t *sx;
+} fast_rows;
+
+/* row x [K] into qx [K] int8, dx [K/32] scales and sx [K/32] sums of qx,
+ * as the header says */
+RX_NO_CONTRACT static void quantise_row(const float *x, size_t K, int8_t *qx, float *dx,
+                                        int32_t *sx) {
     for (size_t b = 0; b < K / QBLK; b++) {
         const float *v = x + b * QBLK;
         float amax = 0.0f;
@@ -49,13 +72,16 @@ RX_NO_CONTRACT static void quantise_row(const float *x, size_t K, int8_t *qx, fl
             amax = fmaxf(amax, fabsf(v[t]));
         }
         const float d = nan ? NAN : amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        int32_t sum = 0;
         dx[b] = d;
         for (size_t t = 0; t < QBLK; t++) {
             const float q = rintf(v[t] * id);
             /* a q past int8 (a scale 1 / d overflowed) or NaN (x or d not
              * finite: s then carries the NaN or infinity) counts 0 */
             qx[b * QBLK + t] = (int8_t)(fabsf(q) <= 127.0f ? (int)q : 0);
+            sum += qx[b * QBLK + t];
         }
+        sx[b] = sum;
     }
 }
 
@@ -75,9 +101,9 @@ static float weight_block(const rx_base_mat *bm, size_t rb, size_t j, size_t b, 
     return f16_f32(dh);
 }
 
-/* C[i][j0, j1) for the R quantised rows (portable) */
-RX_NO_CONTRACT static void fast_cols_c(const rx_base_mat *bm, const rx_gemm_op *g, size_t i0,
-                                       size_t R, const int8_t *qx, const float *dx, size_t j0,
+/* C[i][j0, j1) for the R <= FAST_ROWS rows from i0 (portable) */
+RX_NO_CONTRACT static void fast_cols_c(const rx_base_mat *bm, const rx_gemm_op *g,
+                                       const fast_rows *x, size_t i0, size_t R, size_t j0,
                                        size_t j1) {
     const size_t K = g->K, nb = K / QBLK, rb = rx_base_type_row_bytes(bm->ty, K);
     int8_t q[QBLK];
@@ -86,10 +112,10 @@ RX_NO_CONTRACT static void fast_cols_c(const rx_base_mat *bm, const rx_gemm_op *
         for (size_t b = 0; b < nb; b++) {
             const float dw = weight_block(bm, rb, j, b, q);
             for (size_t r = 0; r < R; r++) {
-                const int8_t *x = qx + r * K + b * QBLK;
+                const int8_t *xq = x->q + (i0 + r) * K + b * QBLK;
                 int32_t isum = 0;
-                for (size_t t = 0; t < QBLK; t++) isum += (int32_t)q[t] * x[t];
-                const float s = dw * dx[r * nb + b];
+                for (size_t t = 0; t < QBLK; t++) isum += (int32_t)q[t] * xq[t];
+                const float s = dw * x->d[(i0 + r) * nb + b];
                 const float p = s * (float)isum;
                 acc[r] = acc[r] + p;
             }
@@ -102,25 +128,34 @@ RX_NO_CONTRACT static void fast_cols_c(const rx_base_mat *bm, const rx_gemm_op *
 }
 
 #ifdef RX_BASE_X86
-/* a Q8_0 block's q as they are; a Q4_0 block's nibbles made bytes q - 8
- * (k 0..15 the low nibbles, 16..31 the high) */
-RX_BASE_AVX2 static inline __m256i fast_q(int q4, const unsigned char *q) {
+/* a Q8_0 block's q as they are; a Q4_0 block's nibbles made bytes, k 0..15
+ * the low nibbles, 16..31 the high (less the offset 8 when off8) */
+RX_BASE_AVX2 static inline __m256i fast_q(int q4, int off8, const unsigned char *q) {
     if (!q4) return _mm256_loadu_si256((const __m256i *)(const void *)q);
     const __m128i v = _mm_loadu_si128((const __m128i *)(const void *)q), low = _mm_set1_epi8(0x0f);
-    return _mm256_sub_epi8(
-        _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), low), _mm_and_si128(v, low)),
-        _mm256_set1_epi8(8));
+    const __m256i n =
+        _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), low), _mm_and_si128(v, low));
+    return off8 ? _mm256_sub_epi8(n, _mm256_set1_epi8(8)) : n;
 }
 
-/* The 8 columns [j, j+8) for R quantised rows: per block, each column's 32
- * products summed exactly (vpmaddubsw of |q| and x with q's sign, pairs of
- * int16 at most 2 * 128 * 127, then vpmaddwd), the 8 columns' sums reduced
- * to one vector (vphaddd), converted, then scaled and added as the
- * portable kernel does, lane by lane. No FMA in this target: no
- * contraction. */
+/* row tile's float sums [R] of 8 columns into C[i0 .. i0+R)[j .. j+8) */
 RX_BASE_AVX2 static inline __attribute__((always_inline)) void
-fast_group(int q4, size_t R, const rx_base_mat *bm, size_t rb, const rx_gemm_op *g, size_t i0,
-           const int8_t *qx, const float *dx, size_t j, const char *pf, size_t pf_step,
+fast_store(const rx_gemm_op *g, size_t i0, size_t R, size_t j, const __m256 *acc) {
+    for (size_t r = 0; r < R; r++) {
+        float *c = g->C + (i0 + r) * g->ldc + j;
+        _mm256_storeu_ps(c, g->beta != 0.0f ? _mm256_add_ps(_mm256_loadu_ps(c), acc[r]) : acc[r]);
+    }
+}
+
+/* The 8 columns [j, j+8) for R rows from i0, the blocks read in place: per
+ * block, each column's 32 products summed exactly (vpmaddubsw of |q| and x
+ * with q's sign, pairs of int16 at most 2 * 128 * 127, then vpmaddwd), the
+ * 8 columns' sums reduced to one vector (vphaddd), converted, then scaled
+ * and added as the portable kernel does, lane by lane. No FMA in this
+ * target: no contraction. */
+RX_BASE_AVX2 static inline __attribute__((always_inline)) void
+fast_group(int q4, size_t R, const rx_base_mat *bm, size_t rb, const rx_gemm_op *g,
+           const fast_rows *x, size_t i0, size_t j, const char *pf, size_t pf_step,
            const char *pf_end) {
     const size_t K = g->K, nb = K / QBLK, bb = bm->ty->blk_bytes;
     const __m256i ones = _mm256_set1_epi16(1);
@@ -133,41 +168,166 @@ fast_group(int q4, size_t R, const rx_base_mat *bm, size_t rb, const rx_gemm_op 
         for (int c = 0; c < FAST_GROUP; c++) {
             const unsigned char *blk = row0 + c * rb + b * bb;
             memcpy(&dh[c], blk, 2);
-            w[c] = fast_q(q4, blk + 2);
+            w[c] = fast_q(q4, 1, blk + 2);
         }
         for (const char *e = pf + pf_step; pf < e && pf < pf_end; pf += 64)
             _mm_prefetch(pf, _MM_HINT_T0);
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)dh));
         for (size_t r = 0; r < R; r++) {
-            const __m256i x = _mm256_loadu_si256((const __m256i *)(const void *)(qx + r * K +
-                                                                                 b * QBLK));
+            const __m256i xv = _mm256_loadu_si256(
+                (const __m256i *)(const void *)(x->q + (i0 + r) * K + b * QBLK));
             __m256i p[FAST_GROUP];
             for (int c = 0; c < FAST_GROUP; c++)
                 p[c] = _mm256_madd_epi16(
-                    _mm256_maddubs_epi16(_mm256_abs_epi8(w[c]), _mm256_sign_epi8(x, w[c])), ones);
+                    _mm256_maddubs_epi16(_mm256_abs_epi8(w[c]), _mm256_sign_epi8(xv, w[c])),
+                    ones);
             /* lane c of the result: column c's 32 products, summed */
             const __m256i h01 = _mm256_hadd_epi32(p[0], p[1]), h23 = _mm256_hadd_epi32(p[2], p[3]);
             const __m256i h45 = _mm256_hadd_epi32(p[4], p[5]), h67 = _mm256_hadd_epi32(p[6], p[7]);
             const __m256i lo = _mm256_hadd_epi32(h01, h23), hi = _mm256_hadd_epi32(h45, h67);
             const __m256i isum = _mm256_add_epi32(_mm256_permute2x128_si256(lo, hi, 0x20),
                                                   _mm256_permute2x128_si256(lo, hi, 0x31));
-            const __m256 s = _mm256_mul_ps(dw, _mm256_set1_ps(dx[r * nb + b]));
+            const __m256 s = _mm256_mul_ps(dw, _mm256_set1_ps(x->d[(i0 + r) * nb + b]));
             acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(s, _mm256_cvtepi32_ps(isum)));
         }
     }
-    for (size_t r = 0; r < R; r++) {
-        float *c = g->C + (i0 + r) * g->ldc + j;
-        _mm256_storeu_ps(c, g->beta != 0.0f ? _mm256_add_ps(_mm256_loadu_ps(c), acc[r]) : acc[r]);
+    fast_store(g, i0, R, j, acc);
+}
+
+/* The panel of the 8 columns [j, j+8): per block, vector t's lane c holds
+ * column j+c's q at k 4t .. 4t+3 (the 8 x 8 transpose of the blocks'
+ * 32-bit words), so that one broadcast word of x times vector t sums, in
+ * each lane, 4 products of its own column: no horizontal sums. Q8_0: |q|
+ * then q (its sign); Q4_0: the nibbles, unsigned (the offset 8 is taken
+ * off the sums, as 8 sx). */
+RX_BASE_AVX2 static void fast_panel(int q4, const rx_base_mat *bm, size_t rb, size_t nb,
+                                    size_t j, unsigned char *pan) {
+    const size_t bb = bm->ty->blk_bytes;
+    const unsigned char *row0 = bm->data + j * rb;
+    for (size_t b = 0; b < nb; b++) {
+        __m256i w[FAST_GROUP], u[FAST_GROUP];
+        uint16_t dh[FAST_GROUP];
+        for (int c = 0; c < FAST_GROUP; c++) {
+            const unsigned char *blk = row0 + c * rb + b * bb;
+            memcpy(&dh[c], blk, 2);
+            w[c] = fast_q(q4, 0, blk + 2);
+        }
+        for (int c = 0; c < FAST_GROUP; c += 2) {
+            u[c] = _mm256_unpacklo_epi32(w[c], w[c + 1]);
+            u[c + 1] = _mm256_unpackhi_epi32(w[c], w[c + 1]);
+        }
+        for (int c = 0; c < FAST_GROUP; c += 4)
+            for (int h = 0; h < 2; h++) {
+                w[c + 2 * h] = _mm256_unpacklo_epi64(u[c + h], u[c + h + 2]);
+                w[c + 2 * h + 1] = _mm256_unpackhi_epi64(u[c + h], u[c + h + 2]);
+            }
+        /* w[c] lanes: words c of columns 0..3, then c + 4 of them (c < 4);
+         * columns 4..7 alike in w[c + 4] */
+        __m256i *o = (__m256i *)(void *)(pan + b * PANEL_BLK);
+        for (int t = 0; t < 4; t++) {
+            const __m256i lo = _mm256_permute2x128_si256(w[t], w[t + 4], 0x20);
+            const __m256i hi = _mm256_permute2x128_si256(w[t], w[t + 4], 0x31);
+            if (q4) {
+                _mm256_storeu_si256(o + t, lo);
+                _mm256_storeu_si256(o + t + 4, hi);
+            } else {
+                _mm256_storeu_si256(o + t, _mm256_abs_epi8(lo));
+                _mm256_storeu_si256(o + t + 4, _mm256_abs_epi8(hi));
+                _mm256_storeu_si256(o + t + 8, lo);
+                _mm256_storeu_si256(o + t + 12, hi);
+            }
+        }
+        _mm256_storeu_ps((float *)(void *)(o + 16),
+                         _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)dh)));
     }
 }
 
-/* fast_cols_c's columns, whole groups of 8 here; returns the columns done */
-RX_BASE_AVX2 static size_t fast_cols_avx2(const rx_base_mat *bm, const rx_gemm_op *g, size_t i0,
-                                          size_t R, const int8_t *qx, const float *dx, size_t j0,
-                                          size_t j1) {
-    const size_t rb = rx_base_type_row_bytes(bm->ty, g->K), nb = g->K / QBLK;
+/* The panel's 8 columns for R rows from i0: per block and word t, row r's
+ * word broadcast, times vector t. Q8_0: vpmaddubsw of |q| and x with q's
+ * sign (pairs at most 2 * 128 * 127), vpmaddwd, summed in int32. Q4_0:
+ * vpmaddubsw of the nibbles and x (pairs at most 2 * 15 * 127), the 8
+ * words summed in int16 (at most 30480), then vpmaddwd, less 8 sx. Each
+ * lane then holds its column's exact isum; scaled and added as the
+ * portable kernel does. */
+RX_BASE_AVX2 static inline __attribute__((always_inline)) void
+fast_tile(int q4, size_t R, const unsigned char *pan, const rx_gemm_op *g, const fast_rows *x,
+          size_t i0, size_t j) {
+    const size_t K = g->K, nb = K / QBLK;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[FAST_ROWS];
+    for (size_t r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (size_t b = 0; b < nb; b++) {
+        const __m256i *p = (const __m256i *)(const void *)(pan + b * PANEL_BLK);
+        const int8_t *xq = x->q + i0 * K + b * QBLK;
+        __m256i s[FAST_ROWS];
+        for (size_t r = 0; r < R; r++) s[r] = _mm256_setzero_si256();
+        /* not unrolled: GCC would otherwise regroup the 8 words' integer
+         * sums and spill their products */
+#pragma GCC unroll 1
+        for (int t = 0; t < 8; t++) {
+            const __m256i w = _mm256_loadu_si256(p + t);
+            const __m256i sg = q4 ? w : _mm256_loadu_si256(p + t + 8);
+            for (size_t r = 0; r < R; r++) {
+                int32_t word;
+                memcpy(&word, xq + r * K + 4 * t, 4);
+                const __m256i xv = _mm256_set1_epi32(word);
+                if (q4) {
+                    s[r] = _mm256_add_epi16(s[r], _mm256_maddubs_epi16(w, xv));
+                } else {
+                    const __m256i pr = _mm256_maddubs_epi16(w, _mm256_sign_epi8(xv, sg));
+                    s[r] = _mm256_add_epi32(s[r], _mm256_madd_epi16(pr, ones));
+                }
+            }
+        }
+        const __m256 dw = _mm256_loadu_ps((const float *)(const void *)(p + 16));
+        for (size_t r = 0; r < R; r++) {
+            __m256i isum = s[r];
+            if (q4)
+                isum = _mm256_sub_epi32(_mm256_madd_epi16(isum, ones),
+                                        _mm256_set1_epi32(8 * x->sx[(i0 + r) * nb + b]));
+            const __m256 sc = _mm256_mul_ps(dw, _mm256_set1_ps(x->d[(i0 + r) * nb + b]));
+            acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(sc, _mm256_cvtepi32_ps(isum)));
+        }
+    }
+    fast_store(g, i0, R, j, acc);
+}
+
+/* rows [i, i1) over the panel, PANEL_ROWS at a time (R a constant in
+ * each instance, so the tile's sums stay in registers) */
+RX_BASE_AVX2 static void fast_panel_rows(int q4, const unsigned char *pan, const rx_gemm_op *g,
+                                         const fast_rows *x, size_t i, size_t i1, size_t j) {
+    for (; i + PANEL_ROWS <= i1; i += PANEL_ROWS) {
+        if (q4) fast_tile(1, PANEL_ROWS, pan, g, x, i, j);
+        else fast_tile(0, PANEL_ROWS, pan, g, x, i, j);
+    }
+    for (; i < i1; i++) {
+        if (q4) fast_tile(1, 1, pan, g, x, i, j);
+        else fast_tile(0, 1, pan, g, x, i, j);
+    }
+}
+
+/* fast_cols_c's columns for every row, whole groups of 8 here; returns the
+ * columns done */
+RX_BASE_AVX2 static size_t fast_cols_avx2(const rx_base_mat *bm, const rx_gemm_op *g,
+                                          const fast_rows *x, size_t j0, size_t j1) {
+    const size_t rb = rx_base_type_row_bytes(bm->ty, g->K), nb = g->K / QBLK, M = g->M;
     const int q4 = bm->ty->id == RX_BASE_Q4_0;
+    /* the worker's panel (none: the blocks read in place, the same bits) */
+    unsigned char *pan = M >= FAST_PANEL_M ? rx_thread_buffer(RX_BUF_FAST_PANEL, nb * PANEL_BLK)
+                                           : NULL;
     size_t j = j0;
+    if (pan) {
+        /* rows a stripe of at most FAST_STRIPE bytes of quantised x, so that
+         * it stays in L2 over the unit's groups (the panels are rebuilt
+         * for each stripe: a few % of its products) */
+        const size_t mc = (FAST_STRIPE / g->K / PANEL_ROWS + 1) * PANEL_ROWS;
+        for (size_t i = 0; i < M; i += mc)
+            for (j = j0; j + FAST_GROUP <= j1; j += FAST_GROUP) {
+                fast_panel(q4, bm, rb, nb, j, pan);
+                fast_panel_rows(q4, pan, g, x, i, M - i < mc ? M : i + mc, j);
+            }
+        return j - j0;
+    }
     for (; j + FAST_GROUP <= j1; j += FAST_GROUP) {
         /* the next group's rows, one contiguous run, a slice a block:
          * eight rows stepping along k are more streams than the hardware
@@ -175,43 +335,62 @@ RX_BASE_AVX2 static size_t fast_cols_avx2(const rx_base_mat *bm, const rx_gemm_o
         const size_t nj = j + 2 * FAST_GROUP <= j1 ? FAST_GROUP : 0;
         const char *pf = (const char *)bm->data + (j + FAST_GROUP) * rb;
         const size_t step = (nj * rb / nb + 63) / 64 * 64;
-        if (q4) fast_group(1, R, bm, rb, g, i0, qx, dx, j, pf, step, pf + nj * rb);
-        else fast_group(0, R, bm, rb, g, i0, qx, dx, j, pf, step, pf + nj * rb);
+        for (size_t i = 0; i < M; i += FAST_ROWS) {
+            const size_t R = M - i < FAST_ROWS ? M - i : FAST_ROWS;
+            if (q4) fast_group(1, R, bm, rb, g, x, i, j, pf, step, pf + nj * rb);
+            else fast_group(0, R, bm, rb, g, x, i, j, pf, step, pf + nj * rb);
+        }
     }
     return j - j0;
 }
 #endif
 
 /* op g's columns [j0, j1), every row */
-static void fast_unit(const rx_base_mat *bm, const rx_gemm_op *g, size_t j0, size_t j1) {
-    int8_t qx[FAST_KMAX];   /* as many quantised rows as fit, up to FAST_ROWS */
-    float dx[FAST_KMAX / QBLK];
-    const size_t K = g->K, per = FAST_KMAX / K < FAST_ROWS ? FAST_KMAX / K : FAST_ROWS;
-    for (size_t i = 0; i < g->M; i += per) {
-        const size_t R = g->M - i < per ? g->M - i : per;
-        for (size_t r = 0; r < R; r++)
-            quantise_row(g->A + (i + r) * g->lda, K, qx + r * K, dx + r * (K / QBLK));
-        size_t j = j0;
+static void fast_unit(const rx_base_mat *bm, const rx_gemm_op *g, const fast_rows *x, size_t j0,
+                      size_t j1) {
+    size_t j = j0;
 #ifdef RX_BASE_X86
-        if (rx_cpu_base_avx2()) j += fast_cols_avx2(bm, g, i, R, qx, dx, j0, j1);
+    if (rx_cpu_base_avx2()) j += fast_cols_avx2(bm, g, x, j0, j1);
 #endif
-        fast_cols_c(bm, g, i, R, qx, dx, j, j1);
-    }
+    for (size_t i = 0; i < g->M && j < j1; i += FAST_ROWS)
+        fast_cols_c(bm, g, x, i, g->M - i < FAST_ROWS ? g->M - i : FAST_ROWS, j, j1);
 }
 
 int rx_base_fast_sgemm(const void *src, const rx_gemm_op *g) {
     const rx_base_mat *bm = src;
+    const size_t M = g->M, K = g->K, nb = K / QBLK;
     int nt = rx_in_parallel() ? 1 : rx_max_threads();
-    if ((double)g->M * (double)g->N * (double)g->K < RX_GEMM_MIN_PAR) nt = 1;
-    /* two units a thread, whole groups: each unit quantises its rows
-     * anew, so a unit is wide against the M x K of that */
-    const size_t nu = 2 * (size_t)nt;
+    if ((double)M * (double)g->N * (double)K < RX_GEMM_MIN_PAR) nt = 1;
+    if (!M || !g->N) return RX_OK;
+    /* every row quantised once, into the calling thread's buffer, which
+     * every column unit then reads */
+    unsigned char *buf = rx_thread_buffer(RX_BUF_FAST_ROWS, M * nb * (2 * 4 + QBLK));
+    if (!buf)
+        return rx_fail(RX_ENOMEM, "rx_base_fast_sgemm: out of memory for the quantised rows");
+    float *dx = (float *)(void *)buf;
+    int32_t *sx = (int32_t *)(void *)(buf + M * nb * 4);
+    int8_t *qx = (int8_t *)(buf + M * nb * 8);
+    const fast_rows x = {qx, dx, sx};
+    /* whole groups: at few rows two units a thread (the in-place kernel
+     * prefetches along a unit's run of rows), from FAST_PANEL_M rows units
+     * of FAST_PANEL_UNIT groups, dealt out as threads come free (a thread
+     * slowed by another job on its core then holds up less) */
+    const size_t groups = (g->N + FAST_GROUP - 1) / FAST_GROUP;
+    const size_t nu = M < FAST_PANEL_M || nt == 1 ? 2 * (size_t)nt
+                      : (groups + FAST_PANEL_UNIT - 1) / FAST_PANEL_UNIT;
     const size_t w = (g->N / nu + FAST_GROUP - 1) / FAST_GROUP * FAST_GROUP;
     rx_prof_push(RX_PROF_GEMM);
-#pragma omp parallel for num_threads(nt) schedule(dynamic, 1) if (nt > 1)
-    for (long u = 0; u < (long)nu; u++) {
-        const size_t j0 = (size_t)u * w, j1 = u + 1 == (long)nu ? g->N : j0 + w;
-        if (j0 < j1 && j0 < g->N) fast_unit(bm, g, j0, j1 < g->N ? j1 : g->N);
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+#pragma omp for schedule(static)
+        for (long i = 0; i < (long)M; i++)
+            quantise_row(g->A + (size_t)i * g->lda, K, qx + (size_t)i * K, dx + (size_t)i * nb,
+                         sx + (size_t)i * nb);
+#pragma omp for schedule(dynamic, 1)
+        for (long u = 0; u < (long)nu; u++) {
+            const size_t j0 = (size_t)u * w, j1 = u + 1 == (long)nu ? g->N : j0 + w;
+            if (j0 < j1 && j0 < g->N) fast_unit(bm, g, &x, j0, j1 < g->N ? j1 : g->N);
+        }
     }
     rx_prof_pop();
     return RX_OK;

@@ -304,6 +304,8 @@ enum {
     RX_BUF_GEMM_B,      /* rx_sgemm's packed op(B) panel */
     RX_BUF_GEMM_FULL,   /* rx_sgemm's op(B) packed over all of K for a parallel unit */
     RX_BUF_GEMM_UNITS,  /* rx_sgemm's table of a parallel batch's units */
+    RX_BUF_FAST_ROWS,   /* the fast decode's quantised activation rows (base_fast.c) */
+    RX_BUF_FAST_PANEL,  /* the fast decode's repacked weight panel (base_fast.c) */
     RX_BUF_N
 };
 /* Buffer `slot` of the calling thread, at least `bytes` long, grown to the
@@ -567,8 +569,9 @@ int rx_base_sgemm(int dtype, const void *rows, size_t M, size_t N, size_t K, con
 /* base_fast.c: the fast decode's product (rx_gemm_set_fast) of op g over
  * base tensor src: whether it takes g (a forward product, op(A) and op(B)
  * untransposed, over a Q8_0 or Q4_0 tensor's rows, K whole blocks of at
- * most 16384), and g computed, each row's activations quantised alone
- * (RX_OK: it allocates nothing) */
+ * most 16384), and g computed, each row's activations quantised alone,
+ * once a call, into the calling thread's buffer (RX_ENOMEM when that
+ * cannot grow) */
 int rx_base_fast_ok(const void *src, const rx_gemm_op *g);
 int rx_base_fast_sgemm(const void *src, const rx_gemm_op *g);
 /* the model's base, NULL when none (model_layout.c) */

@@ -2,7 +2,7 @@
 docs/training.md §Fast decode): bit for bit a float64 NumPy reference of
 exactly its arithmetic (each row's activations quantised alone to 32-value
 int8 blocks, integer dot products with the stored blocks, two float32
-roundings a block), at M 1..9, odd N, two threads, with and without the
+roundings a block), at M 1..9 and up to 512 (odd too), odd N, two threads, with and without the
 AVX2 kernel; each row's result independent of the others; within the
 documented bound of the exact product. GenState's fast_decode:
 tests/test_gen.py."""
@@ -95,6 +95,27 @@ def test_fast_product_is_its_reference_bit_for_bit(dtype, N, threads, restore_th
                                           got[i:i + 1])
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtype", ["q8_0", "q4_0"])
+def test_fast_product_many_rows(dtype, threads, restore_threads):
+    # rows past the register tiles, where the AVX2 kernel sweeps a repacked
+    # panel (fewer rows read the blocks in place): still the reference bit
+    # for bit, and any cut of the batch gives each row the same bits
+    rng = np.random.default_rng(7)
+    rows = _rows(dtype, rng, 203)       # odd N: a ragged last group
+    rx.set_num_threads(threads)
+    a = rng.standard_normal((512, K)).astype(np.float32)
+    a[3, :32] = 0.0
+    a[100, 64:96] *= 1e-3
+    a[200, ::41] *= 1e3                 # large values: whole int8 range
+    full = _core._base_sgemm(dtype, rows, a, fast=True)
+    np.testing.assert_array_equal(full, fast_reference(dtype, rows, a))
+    for M in (1, 3, 4, 5, 63, 64, 65, 257):
+        for i0 in (0, 97, 512 - M):
+            np.testing.assert_array_equal(
+                _core._base_sgemm(dtype, rows, a[i0:i0 + M], fast=True), full[i0:i0 + M])
+
+
 @pytest.mark.parametrize("dtype", ["q8_0", "q4_0"])
 def test_fast_product_is_near_the_exact_one(dtype):
     # the bound docs/training.md §Fast decode states: a quantised x is off
@@ -130,4 +151,5 @@ def test_fast_product_nonfinite_and_refusals():
 
 def test_fast_product_portable_kernel():
     # the portable kernel (RWKVX_BASE_PORTABLE=1) gives the AVX2 one's bits
-    portable_run("test_base_fast.py", "test_fast_product_is_its_reference_bit_for_bit")
+    portable_run("test_base_fast.py", "test_fast_product_is_its_reference_bit_for_bit or "
+                 "test_fast_product_many_rows")
