@@ -11,7 +11,8 @@ installed `rwkv` package's vocabulary file; nothing is downloaded).
 """
 from __future__ import annotations
 
-from collections.abc import Container
+import functools
+from collections.abc import Callable, Container
 from typing import Any
 
 import numpy as np
@@ -134,29 +135,50 @@ def gguf_pairs(config: dict[str, int]) -> list[tuple[str, str, str]]:
 STAND_INS = {f"blk.0.time_mix_v{j}.weight": f"blk.0.time_mix_a{j}.weight" for j in range(3)}
 
 
-def gguf_tensors(model: RxPtModel, skip: Container[str] = ()) -> dict[str, np.ndarray]:
-    """GGUF tensor name -> float32 array in the shape given to the writer
-    (numpy order: a [out, in] matrix for llama.cpp's [in, out] ggml dims),
-    a frozen base's matrices decoded; skip: our parameters left out."""
+Made = tuple[tuple[int, ...], Callable[[], np.ndarray]]
+
+
+def gguf_arrays(model: RxPtModel, skip: Container[str] = ()) -> dict[str, Made]:
+    """GGUF tensor name -> (its shape as given to the writer, a function
+    making its float32 array: numpy order, a [out, in] matrix for
+    llama.cpp's [in, out] ggml dims, a frozen base's matrices decoded), in
+    the file's order; each array is made only when its function is called,
+    so an export holds one at a time. skip: our parameters left out."""
     why = gguf_refusal(model.config)
     if why:
         raise InteropError(why)
     base = set(model.base_names)
-    out: dict[str, np.ndarray] = {}
-    lerps: dict[str, list[np.ndarray]] = {}
+    p = model.params
+
+    def one(ours: str, transposed: bool) -> Made:
+        def make() -> np.ndarray:
+            a = model.base_tensor(ours) if ours in base else p[ours]
+            return np.ascontiguousarray(a.T if transposed else a, dtype=np.float32)
+        shape = p[ours].shape
+        return (shape[::-1] if transposed else shape), make
+
+    def stacked(rows: list[str]) -> Made:
+        return (6, 1, 1, p[rows[0]].size), lambda: np.stack(
+            [np.asarray(p[r], dtype=np.float32) for r in rows]).reshape(6, 1, 1, -1)
+
+    out: dict[str, Made] = {}
+    lerps: dict[str, list[str]] = {}
     for ours, theirs, how in gguf_pairs(model.config):
         if ours in skip:
             continue
-        a = model.base_tensor(ours) if ours in base else \
-            np.asarray(model.params[ours], dtype=np.float32)
         if how.startswith("lerp"):
-            lerps.setdefault(theirs, []).append(a)
+            lerps.setdefault(theirs, []).append(ours)
         else:
-            out[theirs] = np.ascontiguousarray(a.T) if how == "t" else a
+            out[theirs] = one(ours, how == "t")
     for name, rows in lerps.items():
-        out[name] = np.stack(rows).reshape(6, 1, 1, -1)
+        out[name] = stacked(rows)
     out.update({v: out[a] for v, a in STAND_INS.items() if a in out})
-    return {k: np.array(v, dtype=np.float32) for k, v in out.items()}
+    return out
+
+
+def gguf_tensors(model: RxPtModel, skip: Container[str] = ()) -> dict[str, np.ndarray]:
+    """gguf_arrays' arrays, all made at once."""
+    return {k: make() for k, (_, make) in gguf_arrays(model, skip).items()}
 
 
 def _held_blocks(model: RxPtModel, dtype: str) -> dict[str, np.ndarray]:
@@ -170,6 +192,10 @@ def _held_blocks(model: RxPtModel, dtype: str) -> dict[str, np.ndarray]:
            if ours in base and (how == "t" or ours == "emb")}
     out.update({v: out[a] for v, a in STAND_INS.items() if a in out})
     return out
+
+
+def _same(a: np.ndarray) -> np.ndarray:
+    return a
 
 
 def keeps_f32(name: str, a: np.ndarray) -> bool:
@@ -228,34 +254,44 @@ def save_gguf(model: RxPtModel, path: str, dtype: str = "fp32") -> None:
     c = model.config
     T = gguf.GGMLQuantizationType
     held = _held_blocks(model, dtype)
-    tensors = gguf_tensors(model, skip={ours for ours, theirs, _ in gguf_pairs(c)
-                                        if theirs in held})
+    arrays = gguf_arrays(model, skip={ours for ours, theirs, _ in gguf_pairs(c)
+                                      if theirs in held})
     qtype = {"fp32": T.F32, "bf16": T.BF16, "fp16": T.F16, "q8_0": T.Q8_0,
              "q4_0": T.Q4_0, "q4_k": T.Q4_K}[dtype]
 
-    def add(w: Any, name: str, a: np.ndarray) -> None:
-        if qtype == T.F32 or keeps_f32(name, a):
-            w.add_tensor(name, a)
-            return
+    def encoder(name: str, shape: tuple[int, ...]) -> tuple[Callable[[np.ndarray], np.ndarray],
+                                                             Any]:
+        """(the function giving the bytes written of a tensor's float32
+        array, their ggml type: None for F32) by its name and shape"""
+        if qtype == T.F32 or keeps_f32(name, np.broadcast_to(np.uint8(0), shape)):
+            return _same, None
+        block = base_dtype_block(dtype)[0] if qtype == T.Q4_K else gguf.GGML_QUANT_SIZES[qtype][0]
+        if shape[-1] % block or (qtype == T.Q4_K and len(shape) != 2):
+            return (lambda a: gguf.quants.quantize(a, T.F16)), T.F16   # the converter's F16
         if qtype == T.Q4_K:   # gguf has no Q4_K encoder: the base's, llama.cpp's bytes
-            whole = a.ndim == 2 and a.shape[1] % base_dtype_block(dtype)[0] == 0
-            w.add_tensor(name, base_quantize(dtype, a) if whole else
-                         gguf.quants.quantize(a, T.F16), raw_dtype=qtype if whole else T.F16)
-            return
-        try:
-            w.add_tensor(name, gguf.quants.quantize(a, qtype), raw_dtype=qtype)
-        except gguf.QuantError:   # rows not whole blocks: the converter's F16
-            w.add_tensor(name, gguf.quants.quantize(a, T.F16), raw_dtype=T.F16)
+            return (lambda a: base_quantize(dtype, a)), qtype
+        return (lambda a: gguf.quants.quantize(a, qtype)), qtype
 
     def write(tmp: str) -> None:
+        # every tensor's info first (its bytes' shape from one encoded row),
+        # then the tensors one at a time: the file is never held whole
         w = gguf_writer(tmp, c, dtype)
+        plan: list[tuple[Callable[[], np.ndarray], Callable[[np.ndarray], np.ndarray]]] = []
         for name, blocks in held.items():
-            w.add_tensor(name, blocks, raw_dtype=qtype)
-        for name, a in tensors.items():
-            add(w, name, a)
+            w.add_tensor_info(name, blocks.shape, blocks.dtype, blocks.nbytes, raw_dtype=qtype)
+            plan.append((functools.partial(np.asarray, blocks), _same))
+        for name, (shape, make) in arrays.items():
+            enc, raw = encoder(name, shape)
+            row = enc(np.zeros((1,) * (len(shape) - 1) + shape[-1:], np.float32))
+            nbytes = int(np.prod(shape[:-1])) * row.nbytes
+            w.add_tensor_info(name, shape[:-1] + row.shape[-1:], row.dtype, nbytes,
+                              raw_dtype=raw)
+            plan.append((make, enc))
         w.write_header_to_file()
         w.write_kv_data_to_file()
-        w.write_tensors_to_file()
+        w.write_ti_data_to_file()
+        for make, enc in plan:
+            w.write_tensor_data(enc(make()))
         w.close()
 
     replace_with(path, write)
