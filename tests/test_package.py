@@ -59,7 +59,8 @@ def test_classes_have_signatures_that_bind():
     cfg = dict(n_embd=32, n_head=2, head_size=16, n_rwkv_layer=1, n_attn_layer=0,
                vocab_size=256, ffn_dim=64, Dw=8, Da=8, Dg=8, Dv=8, chunk_size=8, moba_top_k=1)
     sig = inspect.signature(rx.RxPtModel)
-    assert list(sig.parameters) == ["config", "seed", "precision", "recompute", "l2wrap", "init"]
+    assert list(sig.parameters) == ["config", "seed", "precision", "recompute", "l2wrap", "init",
+                                    "dense"]
     assert sig.parameters["precision"].kind is inspect.Parameter.KEYWORD_ONLY
     kw = {n: p.default for n, p in sig.parameters.items() if p.default is not p.empty}
     m = rx.RxPtModel(*sig.bind(cfg, **kw).args, **sig.bind(cfg, **kw).kwargs)
