@@ -27,7 +27,7 @@ from rwkvx_c.model.config import ModelConfig, export_refusal
 from rwkvx_c.util.atomic import replace_with
 
 __all__ = ["GGUF_DTYPES", "QUANTS", "STAND_INS", "need_gguf", "gguf_refusal", "gguf_pairs",
-           "gguf_tensors", "gguf_vocab", "gguf_writer", "keeps_f32", "save_gguf"]
+           "gguf_arrays", "gguf_vocab", "gguf_writer", "keeps_f32", "save_gguf"]
 
 ARCH = "rwkv7"
 CONTEXT_LENGTH = 1048576   # what the converter writes: RWKV has no context limit
@@ -174,11 +174,6 @@ def gguf_arrays(model: RxPtModel, skip: Container[str] = ()) -> dict[str, Made]:
         out[name] = stacked(rows)
     out.update({v: out[a] for v, a in STAND_INS.items() if a in out})
     return out
-
-
-def gguf_tensors(model: RxPtModel, skip: Container[str] = ()) -> dict[str, np.ndarray]:
-    """gguf_arrays' arrays, all made at once."""
-    return {k: make() for k, (_, make) in gguf_arrays(model, skip).items()}
 
 
 def _held_blocks(model: RxPtModel, dtype: str) -> dict[str, np.ndarray]:
