@@ -299,13 +299,16 @@ def import_adapters(path: str, base: str, out_dir: str, lora_alpha: float | None
     return run.save_checkpoint(tensors, src.config, state)
 
 
-def _x070(path: str) -> bool:
-    """Whether the .pth at path is an x070 state dict (no RWKV-X names)."""
+def _open_x070(path: str) -> PthTensors | None:
+    """The .pth at path, open, when it is an x070 state dict (a zip with
+    no RWKV-X names); else None (read whole by load_pth)."""
+    if not zipfile.is_zipfile(path):
+        return None
     pth = PthTensors(path)
-    try:
-        return not any(k.startswith("rwkv.") for k in pth.names)
-    finally:
+    if any(k.startswith("rwkv.") for k in pth.names):
         pth.close()
+        return None
+    return pth
 
 
 def import_pth(path: str, out_dir: str) -> str:
@@ -329,11 +332,11 @@ def import_pth(path: str, out_dir: str) -> str:
         for n in model.param_names:
             model.params[n][...] = g[n]
         tok = load_tokenizer(g.tokenizer)
-    elif zipfile.is_zipfile(path) and _x070(path):
+    elif (pth := _open_x070(path)) is not None:
         # streamed tensor by tensor, as --init-from reads it: the model's
         # float32 arena and one tensor at a time, never the file whole
         fmt = "rwkv7"
-        weights = stream_rwkv7(PthTensors(path))
+        weights = stream_rwkv7(pth)
         model = RxPtModel(weights.config, init=False, dense=True)
         load_params(model, weights, f"the state dict {path}", InteropError)
     else:
