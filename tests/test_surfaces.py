@@ -325,6 +325,7 @@ def test_ref_from_a_fine_tune_reads_its_base(run, tunes, ref):
     from rwkvx_c.data.tokenizers import load as load_tokenizer
     from rwkvx_c.sample import load_model
     from rwkvx_c.train.objectives import REF_FILE, pair_logps
+    from rwkvx_c.train.options import auto_precision
     d = tunes
     out = d / f"dpo_{ref}"
     r = cli("train", "--init-from", run, "--objective", "dpo", "--data", str(d / "pairs.jsonl"),
@@ -333,7 +334,9 @@ def test_ref_from_a_fine_tune_reads_its_base(run, tunes, ref):
     assert r.returncode == 0, r.stderr
     got = np.load(out / REF_FILE)
     pairs = read_pairs(str(d / "pairs.jsonl"), load_tokenizer("byte"), 48)
-    want = pair_logps(load_model(str(d / ref)), pairs, 1)
+    model = load_model(str(d / ref))
+    model.precision = auto_precision()   # the DPO run's ("auto": bf16 where it pays)
+    want = pair_logps(model, pairs, 1)
     assert np.array_equal(got[:len(pairs)], want)
 
 
