@@ -89,6 +89,17 @@ def child_llama(a):
         import llama_cpp
     except ImportError:
         return {"note": "llama-cpp-python not installed"}
+    if a.no_extra_bufts:
+        # llama.cpp's extra weight buffers (AMX, repacked) off: its AMX
+        # matmul crashes on RWKV-7 Q8_0 (llama-cpp-python 0.3.36, Sapphire Rapids)
+        low = llama_cpp.llama_cpp   # the module Llama and _llama_batched take params from
+        default = low.llama_model_default_params
+
+        def params():
+            p = default()
+            p.use_extra_bufts = False
+            return p
+        low.llama_model_default_params = params
     llm = llama_cpp.Llama(a.gguf, n_ctx=PROMPT + a.decode + 8, n_batch=PROMPT,
                           n_threads=a.threads, n_threads_batch=a.threads, verbose=False)
     prompt = [int(t) for t in _tokens(PROMPT)]
@@ -114,7 +125,7 @@ def _llama_batched(llama_cpp, a, B):
     """Tokens/s of B sequences decoded together: one llama_batch a step
     holding one token of each sequence (seq_id b, position i)."""
     llama_cpp.llama_backend_init()
-    mp = llama_cpp.llama_model_default_params()
+    mp = llama_cpp.llama_cpp.llama_model_default_params()
     model = llama_cpp.llama_load_model_from_file(a.gguf.encode(), mp)
     cp = llama_cpp.llama_context_default_params()
     cp.n_ctx = B * (a.decode + 8)
@@ -229,6 +240,7 @@ def main():
     ap.add_argument("--repeat", type=int, default=2, help="child runs per engine (best kept)")
     ap.add_argument("--child", choices=list(CHILDREN), help=argparse.SUPPRESS)
     ap.add_argument("--fast", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--no-extra-bufts", action="store_true", help=argparse.SUPPRESS)
     for k in ("run", "gguf", "pth"):
         ap.add_argument("--" + k, help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -252,21 +264,32 @@ def main():
             res: dict = {}
             for _ in range(a.repeat):
                 res = _best_of(res, _child(a, name, run, gguf, pth, env))
-            print(f"| {name} | {fmt} | " + " | ".join(_fmt(res.get(c, res.get('note', '-')))
-                                                      for c in cols) + " |")
+            rated = any(isinstance(res.get(c), float) for c in cols)
+            shown = f"{name} ({res['note']})" if rated and res.get("note") else name
+            print(f"| {shown} | {fmt} | " + " | ".join(_fmt(res.get(c, res.get('note', '-')))
+                                                       for c in cols) + " |")
             print(json.dumps({"engine": name, "weights": fmt, "shape": a.shape, **res}),
                   file=sys.stderr)
 
 
 def _child(a, name, run, gguf, pth, env):
-    r = subprocess.run([sys.executable, __file__, "--child", name, "--run", run, "--gguf",
-                        gguf, "--pth", str(pth), "--threads", str(a.threads), "--decode",
-                        str(a.decode)] + (["--fast"] if name == "rwkvx_c-fast" else []),
-                       capture_output=True, text=True, env=env)
+    def once(extra):
+        return subprocess.run([sys.executable, __file__, "--child", name, "--run", run,
+                               "--gguf", gguf, "--pth", str(pth), "--threads", str(a.threads),
+                               "--decode", str(a.decode)] + extra
+                              + (["--fast"] if name == "rwkvx_c-fast" else []),
+                              capture_output=True, text=True, env=env)
+    r = once([])
+    note = None
+    if r.returncode < 0 and name == "llama.cpp":
+        # killed by a signal: again without llama.cpp's extra weight buffers
+        note = f"killed by signal {-r.returncode}; rerun with use_extra_bufts off"
+        r = once(["--no-extra-bufts"])
     try:
-        return json.loads(r.stdout.strip().splitlines()[-1])
+        out = json.loads(r.stdout.strip().splitlines()[-1])
     except (IndexError, json.JSONDecodeError):
         return {"note": f"failed: {(r.stderr.strip().splitlines() or ['?'])[-1][:100]}"}
+    return {**out, "note": note} if note else out
 
 
 def _best_of(old, new):
