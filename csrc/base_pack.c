@@ -195,10 +195,20 @@ static size_t small_f32(const void *src, const rx_gemm_op *g, size_t j0, size_t 
                             g->K, kcb, j0, j1, g->beta != 0.0f, g->C, g->ldc);
 }
 
-const rx_gemm_source rx_base_source = {pack_f32, pack_bf16, packed, small_f32};
+/* rx_gemm_source's rows_bf16 by the dtype's kernel: whole rows and chunks
+ * of a forward product over a store of rows */
+static int rows_bf16(const void *src, size_t N, size_t K, size_t j0, size_t k0, uint16_t *dst) {
+    const rx_base_mat *b = src;
+    if (b->packed || !b->ty->rows_bf16 || N != b->out || K != b->in || j0 + 16 > N ||
+        k0 + 32 > K)
+        return 0;
+    return b->ty->rows_bf16(b->data, rx_base_type_row_bytes(b->ty, b->in), j0, k0, dst);
+}
+
+const rx_gemm_source rx_base_source = {pack_f32, pack_bf16, packed, small_f32, rows_bf16};
 
 int rx_base_sgemm(int dtype, const void *rows, size_t M, size_t N, size_t K, const float *A,
-                  float *C, int fast) {
+                  float *C, int how) {
     const rx_base_type *ty = rx_base_type_of(dtype);
     if (!ty || K % ty->blk_elems)
         return rx_fail(RX_EINVAL, "rx_base_sgemm: dtype %d, K %zu: not a dtype, or K not whole "
@@ -209,7 +219,8 @@ int rx_base_sgemm(int dtype, const void *rows, size_t M, size_t N, size_t K, con
     rx_gemm_op g = {0, 0, M, N, K, A, K, rows, 0, 0.0f, C, N};
     g.bsrc = &rx_base_source;
     g.bsrc_of = &b;
-    if (!fast) return rx_sgemm_batch(&g, 1);
+    if (how == RX_BASE_GEMM_FP32) return rx_sgemm_batch(&g, 1);
+    if (how == RX_BASE_GEMM_BF16) return rx_bgemm_batch(&g, 1);
     if (!rx_base_fast_ok(&b, &g))
         return rx_fail(RX_EINVAL, "rx_base_sgemm: the fast decode takes a Q8_0 or Q4_0 base of "
                        "K <= 16384; got dtype %d, K %zu", dtype, K);

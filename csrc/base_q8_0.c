@@ -64,6 +64,31 @@ RX_BASE_BF16V static void block_q8_512(const unsigned char *const blks[16], uint
     for (int p = 0; p < 16; p++) _mm512_storeu_si512(dst + p * 32, v[p]);
 }
 
+/* 16 stored rows' blocks at k0 into a row-major [16][32] tile: block_q8_512's
+ * values (q * d rounded by vcvtne2ps2bf16), not transposed. The next 16
+ * rows (the next column block's, one contiguous run) are prefetched a
+ * 16-block slice a call, so they are in cache when the caller walks them
+ * (16 rows stepping along k are more streams than the hardware prefetchers
+ * follow: 39-44 tokens/s without it, 95-97 with it, 0.1B batch-1 decode on
+ * a 2-core Sapphire Rapids). */
+RX_BASE_BF16V static void rows_q8_512(const unsigned char *data, size_t rb, size_t j0, size_t k0,
+                                      uint16_t *dst) {
+    const unsigned char *blk = data + j0 * rb + k0 / Q8_BLOCK * Q8_BYTES;
+    const char *pf = (const char *)data + (j0 + 16) * rb + k0 / Q8_BLOCK * 16 * Q8_BYTES;
+    for (int l = 0; l < 16 * Q8_BYTES; l += 64) _mm_prefetch(pf + l, _MM_HINT_T0);
+    for (int r = 0; r < 16; r++, blk += rb) {
+        uint16_t dh;
+        memcpy(&dh, blk, 2);
+        const __m512 d = _mm512_set1_ps(f16_f32(dh));
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(const void *)(blk + 2));
+        const __m512 x0 = _mm512_mul_ps(
+            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q))), d);
+        const __m512 x1 = _mm512_mul_ps(
+            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1))), d);
+        _mm512_storeu_si512(dst + 32 * r, (__m512i)_mm512_cvtne2ps_pbh(x1, x0));
+    }
+}
+
 /* A dX block from a Q8_0 base: k row q is stored row k0 + q, whose 16 j
  * from j0 lie in one Q8_0 block; rows 2p, 2p+1 decoded (q * d, exact) and
  * rounded as the GEMM rounds its operands, then interleaved into k pairs */
@@ -128,6 +153,18 @@ static inline uint16_t round_q8(float x) {
     uint32_t u;
     memcpy(&u, &x, sizeof u);
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* AVX512-BF16 where the CPU has it (k0 a multiple of 32); else 0 */
+int rx_q8_0_rows_bf16(const unsigned char *data, size_t rb, size_t j0, size_t k0, uint16_t *dst) {
+#ifdef RX_BASE_X86
+    if (rx_cpu_base_simd() >= 2 && k0 % Q8_BLOCK == 0) {
+        rows_q8_512(data, rb, j0, k0, dst);
+        return 1;
+    }
+#endif
+    (void)data, (void)rb, (void)j0, (void)k0, (void)dst;
+    return 0;
 }
 
 int rx_q8_0_block_bf16(const unsigned char *data, size_t rb, int tb, size_t j0, size_t k0,

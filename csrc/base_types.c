@@ -16,7 +16,7 @@ static const rx_base_type types[] = {
      rx_bf16_block_bf16, rx_bf16_small_f32},
     {"q8_0", RX_BASE_Q8_0, RX_Q8_0_BLOCK, RX_Q8_0_BYTES, 0,
      rx_q8_0_from_float, NULL, rx_q8_0_decode, rx_q8_0_sliver_f32,
-     rx_q8_0_block_bf16, rx_q8_0_small_f32},
+     rx_q8_0_block_bf16, rx_q8_0_small_f32, rx_q8_0_rows_bf16},
     {"q4_0", RX_BASE_Q4_0, RX_Q4_0_BLOCK, RX_Q4_0_BYTES, 0,
      rx_q4_0_from_float, NULL, rx_q4_0_decode, rx_q4_0_sliver_f32,
      rx_q4_0_block_bf16, rx_q4_0_small_f32},

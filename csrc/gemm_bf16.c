@@ -671,8 +671,17 @@ static int bgemm_pass(const bgemm_impl *im, const rx_gemm_op *ops, size_t n) {
  * one would round products below 2^-126 differently -- and the range's sum
  * added to C (written: the first range with beta 0), as store_block does.
  * So the bits are the packed path's at any M, thread count and column cut.
- * The AVX-512 and AMX kernels sum in their hardware's order: their batches
- * keep the packed path. */
+ * The AVX-512 and AMX kernels come here too, each with a small kernel that
+ * sums as its packed kernel does, on op(A)'s rows rounded to bf16 once:
+ *   AMX (small_amx): tiles of M rows; a C element starts from zero (C with
+ *     beta) and takes one tdpbf16ps per k chunk over all of K, the chain
+ *     kernel_amx keeps across its calls;
+ *   AVX512-BF16 (small_dp): per range of KCB k chunks, one vdpbf16ps per k
+ *     pair from zero, the range's sum then added to C, as dp8x32 and
+ *     kernel_avx512bf16 do.
+ * A tile or a vdpbf16ps lane computes each C element from its own row and
+ * column alone, so the rows' count changes no bit (tests/test_bf16.py
+ * holds each kernel's small path to its packed path's bits). */
 #ifdef RX_BF16_X86
 #define RX_BF16_AVX2 __attribute__((target("avx2")))
 
@@ -726,8 +735,141 @@ RX_BF16_AVX2 static void small_block(size_t R, const float *ar, size_t kp, const
     }
 }
 
-/* Column block cb (16 columns, all of K) of op o into C; scratch: the
- * thread's block buffer (nkc blocks) when op(B) is not in place */
+/* C[R][nc] (+)= ab[R][kp] . bp[nkc blocks] for one 16-column block (nc <=
+ * 16 valid), ab the rows rounded to bf16 (zero past K), summed as
+ * kernel_avx512bf16 sums: per range of KCB chunks, from zero, one
+ * vdpbf16ps per k pair (A's pair broadcast, B's row of 16 columns), then
+ * added to C (written: the first range with beta 0). R a constant at each use. */
+RX_DPBF16 static inline __attribute__((always_inline)) void
+small_dp_rows(size_t R, const bf16 *ab, size_t kp, const bf16 *bp, size_t nkc, float *C,
+              size_t ldc, size_t nc, int beta_nz) {
+    const __mmask16 m = (__mmask16)((1u << nc) - 1u);
+    for (size_t kb = 0; kb < nkc; kb += KCB) {
+        const size_t ke = kb + KCB < nkc ? kb + KCB : nkc;
+        __m512 c[8];
+#pragma GCC unroll 8
+        for (size_t i = 0; i < R; i++) c[i] = _mm512_setzero_ps();
+        for (size_t kc = kb; kc < ke; kc++) {
+            const bf16 *blk = bp + kc * BT_E, *a = ab + kc * BT_K;
+#pragma GCC unroll 4
+            for (size_t p = 0; p < BT_K / 2; p++) {
+                const __m512bh x = (__m512bh)_mm512_load_si512(blk + p * BT_K);
+#pragma GCC unroll 8
+                for (size_t i = 0; i < R; i++) {
+                    int32_t w;
+                    memcpy(&w, a + i * kp + 2 * p, sizeof w);
+                    c[i] = _mm512_dpbf16_ps(c[i], (__m512bh)_mm512_set1_epi32(w), x);
+                }
+            }
+        }
+        const int acc = kb > 0 || beta_nz;
+#pragma GCC unroll 8
+        for (size_t i = 0; i < R; i++) {
+            float *ci = C + i * ldc;
+            _mm512_mask_storeu_ps(ci, m, acc ? _mm512_add_ps(_mm512_maskz_loadu_ps(m, ci), c[i])
+                                             : c[i]);
+        }
+    }
+}
+
+RX_DPBF16 static void small_dp(size_t R, const bf16 *ab, size_t kp, const bf16 *bp, size_t nkc,
+                               float *C, size_t ldc, size_t nc, int beta_nz) {
+    switch (R) {
+    case 1: small_dp_rows(1, ab, kp, bp, nkc, C, ldc, nc, beta_nz); break;
+    case 2: small_dp_rows(2, ab, kp, bp, nkc, C, ldc, nc, beta_nz); break;
+    case 3: small_dp_rows(3, ab, kp, bp, nkc, C, ldc, nc, beta_nz); break;
+    case 4: small_dp_rows(4, ab, kp, bp, nkc, C, ldc, nc, beta_nz); break;
+    case 5: small_dp_rows(5, ab, kp, bp, nkc, C, ldc, nc, beta_nz); break;
+    case 6: small_dp_rows(6, ab, kp, bp, nkc, C, ldc, nc, beta_nz); break;
+    case 7: small_dp_rows(7, ab, kp, bp, nkc, C, ldc, nc, beta_nz); break;
+    default: small_dp_rows(8, ab, kp, bp, nkc, C, ldc, nc, beta_nz); break;
+    }
+}
+
+/* The tiles of small_amx for R rows: 0 C (R x 16 floats), 1 A (R rows of
+ * a k chunk), 2 B (one block) */
+RX_AMX static void small_amx_configure(size_t R) {
+    tilecfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int i = 0; i < 3; i++) cfg.colsb[i] = 64;
+    cfg.rows[0] = cfg.rows[1] = (uint8_t)R;
+    cfg.rows[2] = BT_R;
+    __asm__ volatile("ldtilecfg %0" : : "m"(cfg));
+}
+
+/* C[R][nc] (+)= ab[R][kp] . bp[nkc blocks] for one 16-column block, tiles
+ * configured for R rows: the C tile from zero (C itself with beta), one
+ * tdpbf16ps per k chunk over all of K, stored once: kernel_amx's chain. */
+RX_AMX static void small_amx(size_t R, const bf16 *ab, size_t kp, const bf16 *bp, size_t nkc,
+                             float *C, size_t ldc, size_t nc, int beta_nz) {
+    float t[BT_R * 16] __attribute__((aligned(64)));
+    if (beta_nz) {
+        for (size_t i = 0; i < R; i++) {
+            memcpy(t + 16 * i, C + i * ldc, nc * sizeof(float));
+            memset(t + 16 * i + nc, 0, (16 - nc) * sizeof(float));
+        }
+        _tile_loadd(0, t, 64);
+    } else {
+        _tile_zero(0);
+    }
+    for (size_t kc = 0; kc < nkc; kc++) {
+        _tile_loadd(1, ab + kc * BT_K, kp * sizeof(bf16));
+        _tile_loadd(2, bp + kc * BT_E, 64);
+        _tile_dpbf16ps(0, 1, 2);
+    }
+    _tile_stored(0, t, 64);
+    for (size_t i = 0; i < R; i++) memcpy(C + i * ldc, t + 16 * i, nc * sizeof(float));
+}
+
+/* AMX over a source that gives W^T's rows as tiles (rows_bf16: a Q8_0
+ * base): the transposed product C^T = W^T . A^T, so the weights are the A
+ * tile, decoded row by row without the transpose into the k-pair layout,
+ * and op(A)'s R rows are the B tile (xv: per k chunk, 16 rows of R k pairs).
+ * A C element takes the same products in the same k pairs in the same
+ * order (each bf16 x bf16 product exact, the same pair slots), so its bits
+ * are small_amx's. Tiles 0 C^T (16 x R floats), 1 the weights, 2 xv. */
+RX_AMX static void small_amx_t_configure(size_t R) {
+    tilecfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    cfg.colsb[0] = cfg.colsb[2] = (uint16_t)(R * 4);
+    cfg.colsb[1] = 64;
+    cfg.rows[0] = cfg.rows[1] = cfg.rows[2] = BT_R;
+    __asm__ volatile("ldtilecfg %0" : : "m"(cfg));
+}
+
+/* Column block cb (16 whole columns) of op g from W^T's rows, tiles
+ * configured by small_amx_t_configure(R); 0 (C untouched) where the source
+ * gives no rows for it. */
+RX_AMX static int small_amx_t(size_t R, const bf16 *xv, const rx_gemm_op *g, size_t nkc,
+                              size_t cb) {
+    bf16 w[BT_R * BT_K] __attribute__((aligned(64)));
+    float t[BT_R * 16] __attribute__((aligned(64)));   /* C^T: row j, column i */
+    const size_t j0 = 16 * cb;
+    if (!g->bsrc->rows_bf16(g->bsrc_of, g->N, g->K, j0, 0, w)) return 0;
+    if (g->beta != 0.0f) {
+        for (size_t j = 0; j < 16; j++)
+            for (size_t i = 0; i < R; i++) t[16 * j + i] = g->C[i * g->ldc + j0 + j];
+        _tile_loadd(0, t, 64);
+    } else {
+        _tile_zero(0);
+    }
+    for (size_t kc = 0; kc < nkc; kc++) {
+        if (kc) g->bsrc->rows_bf16(g->bsrc_of, g->N, g->K, j0, kc * BT_K, w);
+        _tile_loadd(1, w, 64);
+        _tile_loadd(2, xv + kc * BT_K * R, R * 4);
+        _tile_dpbf16ps(0, 1, 2);
+    }
+    _tile_stored(0, t, 64);
+    for (size_t j = 0; j < 16; j++)
+        for (size_t i = 0; i < R; i++) g->C[i * g->ldc + j0 + j] = t[16 * j + i];
+    return 1;
+}
+
+/* Column block cb (16 columns, all of K) of op o into C; ar: op(A)'s rows
+ * rounded (floats for the generic kernel, bf16 for the others); scratch:
+ * the thread's block buffer (nkc blocks) when op(B) is not in place */
 static void small_unit(const bgemm_impl *im, const bop *o, const float *ar, size_t cb,
                        bf16 *scratch) {
     const rx_gemm_op *g = o->g;
@@ -746,7 +888,14 @@ static void small_unit(const bgemm_impl *im, const bop *o, const float *ar, size
             im->pack_b(&ob, cb, cb + 1, 0, o->nkc);
         }
     }
-    const size_t kp = o->nkc * BT_K;
+    const size_t kp = o->nkc * BT_K, nb = g->N - 16 * cb < 16 ? g->N - 16 * cb : 16;
+    if (im != &bimpl_generic) {
+        const bf16 *ab = (const bf16 *)(const void *)ar;
+        if (im->amx) small_amx(g->M, ab, kp, bp, o->nkc, g->C + 16 * cb, g->ldc, nb,
+                               g->beta != 0.0f);
+        else small_dp(g->M, ab, kp, bp, o->nkc, g->C + 16 * cb, g->ldc, nb, g->beta != 0.0f);
+        return;
+    }
     for (size_t h = 0; h < 2 && 16 * cb + 8 * h < g->N; h++) {
         const size_t j0 = 16 * cb + 8 * h, nc = g->N - j0 < 8 ? g->N - j0 : 8;
         small_block(g->M, ar, kp, bp, o->nkc, h, g->C + j0, g->ldc, nc, g->beta != 0.0f);
@@ -755,7 +904,7 @@ static void small_unit(const bgemm_impl *im, const bop *o, const float *ar, size
 
 /* whether the batch takes the small-M path */
 static int small_bbatch(const bgemm_impl *im, const rx_gemm_op *ops, size_t n) {
-    if (im != &bimpl_generic || !__builtin_cpu_supports("avx2")) return 0;
+    if (im == &bimpl_generic && !__builtin_cpu_supports("avx2")) return 0;
     const size_t bound = rx_gemm_small_bound();
     for (size_t k = 0; k < n; k++)
         if (ops[k].M > bound || ops[k].M > 8) return 0;
@@ -788,20 +937,51 @@ static int bgemm_small(const bgemm_impl *im, const rx_gemm_op *ops, size_t n) {
     float *ar = rx_thread_buffer(RX_BUF_BF16_PACK, bytes);
     if (!ar) return RX_ENOMEM;
     bf16 *blocks = (bf16 *)(void *)(ar + arow[n]);
+    /* the generic kernel takes the rounded values as floats, the others as
+     * bf16 (op k's rows at the same offset, half of its room used) */
+    const int hw = im != &bimpl_generic;
+    size_t kpad[MAX_OPS];
     for (size_t k = 0; k < n; k++) {
         const rx_gemm_op *g = &ops[k];
-        const size_t kp = o[k].nkc * BT_K;
+        const size_t kp = kpad[k] = o[k].nkc * BT_K;
+        bf16 *ab = (bf16 *)(void *)(ar + arow[k]);
         for (size_t i = 0; i < g->M; i++)
-            for (size_t q = 0; q < kp; q++)
-                ar[arow[k] + i * kp + q] = q < g->K ? bf16_float(bf16_round(opa(g, i, q))) : 0.0f;
+            for (size_t q = 0; q < kp; q++) {
+                const bf16 h = q < g->K ? bf16_round(opa(g, i, q)) : 0;
+                if (hw) ab[i * kp + q] = h;
+                else ar[arow[k] + i * kp + q] = bf16_float(h);
+            }
+        /* AMX: the same rows as k pairs for small_amx_t, in the room's other
+         * half: chunk kc, pair p, row i at (kc * 16 + p) * M + i */
+        if (im->amx)
+            for (size_t i = 0; i < g->M; i++)
+                for (size_t q = 0; q < kp; q += 2) {
+                    bf16 *x = ab + g->M * kp + 2 * (q / 2 * g->M + i);
+                    x[0] = ab[i * kp + q];
+                    x[1] = ab[i * kp + q + 1];
+                }
     }
     const long nu = (long)first[n];
     (void)nt; /* read only by the OpenMP pragma */
-#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
-    for (long u = 0; u < nu; u++) {
-        size_t k = find_op(first, n + 1, (size_t)u);
-        small_unit(im, &o[k], ar + arow[k], (size_t)u - first[k],
-                   blocks + (size_t)rx_thread_id() * maxe);
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        /* the AMX tiles' configuration: rows (0: none), transposed or not */
+        size_t rows = 0;
+        int trans = 0;
+#pragma omp for schedule(static)
+        for (long u = 0; u < nu; u++) {
+            const size_t k = find_op(first, n + 1, (size_t)u), cb = (size_t)u - first[k];
+            const rx_gemm_op *g = &ops[k];
+            if (im->amx && !o[k].bp && g->bsrc && !g->tb && g->bsrc->rows_bf16 &&
+                16 * cb + 16 <= g->N) {
+                if (g->M != rows || !trans) small_amx_t_configure(rows = g->M), trans = 1;
+                const bf16 *xv = (const bf16 *)(const void *)(ar + arow[k]) + g->M * kpad[k];
+                if (small_amx_t(g->M, xv, g, o[k].nkc, cb)) continue;
+            }
+            if (im->amx && (g->M != rows || trans)) small_amx_configure(rows = g->M), trans = 0;
+            small_unit(im, &o[k], ar + arow[k], cb, blocks + (size_t)rx_thread_id() * maxe);
+        }
+        if (rows) amx_release();
     }
     return RX_OK;
 }

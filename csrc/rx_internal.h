@@ -362,7 +362,11 @@ typedef struct {
  * small_f32: rx_sgemm's small-M product of op g's columns [j0, j1) over all
  * of K, summed as its kernels sum (one FMA chain from zero per kcb-deep
  * block of k, added to C in k order), without packing op(B): returns the
- * columns from j0 it wrote (0: it has no faster way for g). */
+ * columns from j0 it wrote (0: it has no faster way for g); rows_bf16:
+ * for a forward product of N x K, op(B)'s columns [j0, j0+16) (W^T's rows)
+ * over k [k0, k0+32) rounded as rx_bgemm rounds its operands, row-major
+ * [16][32] (AMX's A tile of the product's transpose), 0 where it has no
+ * faster way (an edge, a packed store, a dtype without one). */
 typedef struct rx_gemm_source {
     void (*pack_f32)(const void *src, int tb, size_t p0, size_t kc, size_t j0, size_t nc,
                      size_t nr, float *Bp);
@@ -371,6 +375,7 @@ typedef struct rx_gemm_source {
                       uint16_t *bp);
     const uint16_t *(*packed)(const void *src, size_t N, size_t K);
     size_t (*small_f32)(const void *src, const rx_gemm_op *g, size_t j0, size_t j1, size_t kcb);
+    int (*rows_bf16)(const void *src, size_t N, size_t K, size_t j0, size_t k0, uint16_t *dst);
 } rx_gemm_source;
 /* Independent GEMMs -- no op reads or writes another's C -- run in one
  * parallel region, balanced across threads as one pool of work. */
@@ -560,12 +565,15 @@ extern const rx_gemm_source rx_base_source;
  * base tensor's stored row o of W^T, column o of W */
 extern const rx_weight_columns rx_base_columns;
 /* C [M][N] = A [M][K] . W, W^T [N][K] held as N stored rows of base dtype
- * (RX_BASE_*) at rows, through rx_sgemm_batch packing op(B) from them as a
- * model's forward does (a test hook for the base's packers), or fast: through
- * the fast decode's product (base_fast.c); RX_EINVAL for an unknown dtype or
- * K not whole blocks (fast: a dtype or K it does not take), RX_ENOMEM */
+ * (RX_BASE_*) at rows, by the GEMM how names, packing op(B) from them as a
+ * model's forward does (a test hook for the base's packers):
+ * RX_BASE_GEMM_FP32 rx_sgemm_batch, RX_BASE_GEMM_FAST the fast decode's
+ * product (base_fast.c), RX_BASE_GEMM_BF16 rx_bgemm_batch (bf16
+ * precision's); RX_EINVAL for an unknown dtype or K not whole blocks (fast:
+ * a dtype or K it does not take), RX_ENOMEM */
+enum { RX_BASE_GEMM_FP32, RX_BASE_GEMM_FAST, RX_BASE_GEMM_BF16 };
 int rx_base_sgemm(int dtype, const void *rows, size_t M, size_t N, size_t K, const float *A,
-                  float *C, int fast);
+                  float *C, int how);
 /* base_fast.c: the fast decode's product (rx_gemm_set_fast) of op g over
  * base tensor src: whether it takes g (a forward product, op(A) and op(B)
  * untransposed, over a Q8_0 or Q4_0 tensor's rows, K whole blocks of at

@@ -85,12 +85,13 @@ def _sgemm_small_m(size_t m):
     return rx_sgemm_small_m(m)
 
 
-def _base_sgemm(dtype, rows, a, fast=False):
+def _base_sgemm(dtype, rows, a, fast=False, bf16=False):
     """a . W through rx_sgemm reading W from a frozen base (test hook): W^T
     [N, K] held as the stored rows of the base dtype named dtype, uint8 [N,
     K / block values * block bytes]; a float32 [M, K]. op(B) is packed
     from the rows by the dtype's kernels as a model's forward packs it;
-    fast=True: the fast decode's integer product instead (q8_0, q4_0).
+    fast=True: the fast decode's integer product instead (q8_0, q4_0);
+    bf16=True: through rx_bgemm (bf16 precision's GEMM) instead.
     Returns the float32 [M, N] product."""
     _arr(a, "a", np.float32, 2)
     _arr(rows, "rows", np.uint8, 2)
@@ -104,7 +105,7 @@ def _base_sgemm(dtype, rows, a, fast=False):
     cdef const unsigned char[:, ::1] raw = rows
     cdef const float *pa = _ptr(a)
     cdef float *pc = _wptr(out)
-    cdef int rc, f = 1 if fast else 0
+    cdef int rc, f = 1 if fast else 2 if bf16 else 0   # RX_BASE_GEMM_*
     with nogil:
         rc = rx_base_sgemm(code, &raw[0, 0], M, N, K, pa, pc, f)
     _check_rc(rc, "_base_sgemm")

@@ -320,7 +320,7 @@ cdef extern from "rx_internal.h" nogil:
                   float beta, float *C, size_t ldc)
     int rx_bgemm_use_kernel(const char *name)
     int rx_base_sgemm(int dtype, const void *rows, size_t M, size_t N, size_t K, const float *A,
-                      float *C, int fast)
+                      float *C, int how)
     const char *rx_wkv7_kernel(int head_size)
     int rx_wkv7_use_kernel(const char *name)
 

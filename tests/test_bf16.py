@@ -155,11 +155,11 @@ def _both_paths(a, b, ta, tb, c0, **blocks):
 @pytest.mark.parametrize("M", [1, 2, 3, 5, 7, 8])
 @pytest.mark.parametrize("N,K", [(1, 1), (7, 3), (16, 256), (33, 257), (100, 513), (515, 40),
                                  (1030, 300), (23, 700)])
-def test_small_m_gives_the_packed_paths_bits(small_m, restore_threads, threads, M, N, K, ta,
-                                             tb):
+def test_small_m_gives_the_packed_paths_bits(kernel, small_m, restore_threads, threads, M, N, K,
+                                             ta, tb):
     # decoding's M = 1..8 rows read op(B) a 16-column block at a time and
-    # sum each C element in kernel_generic's order: the same bits (the
-    # AVX-512 and AMX kernels keep the packed path)
+    # sum each C element in the order of the kernel's packed path (the
+    # generic kernel's, AMX's tile chain, AVX512-BF16's ranges): the same bits
     rng = np.random.default_rng(M * 7919 + N * 31 + K + 2 * ta + tb)
     a, b, ref, mag = _operands(rng, M, N, K, ta, tb)
     c0 = rng.standard_normal((M, N), dtype=np.float32)
@@ -171,7 +171,7 @@ def test_small_m_gives_the_packed_paths_bits(small_m, restore_threads, threads, 
 
 @pytest.mark.parametrize("ta,tb", [(False, False), (False, True), (True, False), (True, True)])
 @pytest.mark.parametrize("M,N,K", [(1, 300, 70), (3, 17, 513), (8, 129, 64)])
-def test_small_m_leading_dimensions(small_m, M, N, K, ta, tb):
+def test_small_m_leading_dimensions(kernel, small_m, M, N, K, ta, tb):
     # the leading blocks of wider arrays: every operand's rows lie further
     # apart than its columns
     rng = np.random.default_rng(M + N + K + 2 * ta + tb)
@@ -184,7 +184,32 @@ def test_small_m_leading_dimensions(small_m, M, N, K, ta, tb):
     assert np.array_equal(w, pw) and np.array_equal(s, ps)
 
 
-def test_small_m_rounds_as_the_packed_path(small_m):
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtype", ["q8_0", "q4_0", "bf16"])
+def test_small_m_over_a_base_gives_the_packed_paths_bits(kernel, small_m, restore_threads,
+                                                        threads, dtype):
+    # decoding over a frozen base at bf16 precision: a Q8_0 base's rows
+    # become AMX's A tile of the transposed product (small_amx_t, 16 whole
+    # columns; the edge block packed); the other dtypes packed a column
+    # block at a time. Each C element's bits are the packed path's.
+    from test_base_sliver import MAKE
+    rng = np.random.default_rng(len(dtype) + threads)
+    N = 16 * 9 + 5
+    rows, w = MAKE[dtype](rng, N)
+    for M in (1, 2, 3, 5, 8):
+        a = rng.standard_normal((M, w.shape[1])).astype(np.float32)
+        got = []
+        for m in (8, 0):
+            _core._sgemm_small_m(m)
+            rx.set_num_threads(threads)
+            got.append(_core._base_sgemm(dtype, rows, a, bf16=True))
+        assert np.array_equal(got[0], got[1]), M
+        A, B = bf16(a).astype(np.float64), bf16(w.T).astype(np.float64)
+        assert np.all(np.abs(got[0] - A @ B) <= (w.shape[1] + 2) * U * (np.abs(A) @ np.abs(B))
+                      + 1e-30)
+
+
+def test_small_m_rounds_as_the_packed_path(kernel, small_m):
     # ties, subnormals (to signed zero), infinities: the operands' rounding
     # is the packed path's
     a = np.array([[1 + 2 ** -8, 1 + 3 * 2 ** -8, 1e-40, -1e-40, np.inf, 3.0]], np.float32)
