@@ -6,8 +6,9 @@
  * (value i < 16 in byte i's low nibble, value 16 + i in its high nibble),
  * value = (q - 8) * d; the bytes are those of gguf.quants.quantize(W^T,
  * Q4_0). (q - 8) * d is exact in float32 (an 11-bit d times a 4-bit int).
- * The decoders have an AVX2 form (bit-identical: the same exact products
- * and the same rounding to bf16), picked at run time.
+ * The decoders have an AVX2 form and the bf16 GEMM's blocks and AMX tile
+ * rows an AVX512-BF16 one (bit-identical: the same exact products and the
+ * same rounding to bf16), picked at run time.
  */
 #include <math.h>
 
@@ -123,6 +124,45 @@ RX_BASE_AVX2 static int block_avx2(const unsigned char *data, size_t rb, int tb,
     return 1;
 }
 
+/* ---- AVX512-BF16: the bf16 GEMM's operands ------------------------------
+ * Half h of a block (values 16h..16h+15: nibble h of its 16 bytes) as
+ * (q - 8) * d, the decoder's exact values, rounded by vcvtne2ps2bf16 (the
+ * GEMM's rounding, NaN and infinity included, so no scale is declined). */
+RX_BASE_BF16V static inline __m512 half_512(const unsigned char *blk, int h) {
+    uint16_t dh;
+    memcpy(&dh, blk, 2);
+    const __m128i v = _mm_loadu_si128((const __m128i *)(const void *)(blk + 2));
+    const __m128i q = _mm_and_si128(h ? _mm_srli_epi16(v, 4) : v, _mm_set1_epi8(0x0f));
+    const __m512i qi = _mm512_sub_epi32(_mm512_cvtepu8_epi32(q), _mm512_set1_epi32(8));
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(qi), _mm512_set1_ps(f16_f32(dh)));
+}
+
+/* 16 stored rows' blocks at k0: row-major [16][32] (rows_bf16), or (tr)
+ * transposed into the packed forward block's k pairs (block_bf16); the
+ * next 16 rows prefetched a slice a call, as rows_q8_512 does */
+RX_BASE_BF16V static void rows_q4_512(const unsigned char *data, size_t rb, size_t j0, size_t k0,
+                                      int tr, uint16_t *dst) {
+    __m512i v[16];
+    const unsigned char *blk = data + j0 * rb + k0 / Q4_BLOCK * Q4_BYTES;
+    const char *pf = (const char *)data + (j0 + 16) * rb + k0 / Q4_BLOCK * 16 * Q4_BYTES;
+    for (int l = 0; l < 16 * Q4_BYTES; l += 64) _mm_prefetch(pf + l, _MM_HINT_T0);
+    for (int r = 0; r < 16; r++, blk += rb) v[r] = rx_pairs32(half_512(blk, 0), half_512(blk, 1));
+    if (tr) rx_transpose16(v);
+    for (int r = 0; r < 16; r++) _mm512_storeu_si512(dst + 32 * r, v[r]);
+}
+
+/* A dX block: k row q is stored row k0 + q, whose 16 j from j0 are half
+ * of one block */
+RX_BASE_BF16V static void block_q4_t_512(const unsigned char *data, size_t rb, size_t k0,
+                                         size_t j0, uint16_t *dst) {
+    const size_t off = j0 / Q4_BLOCK * Q4_BYTES;
+    const int h = (int)(j0 % Q4_BLOCK / Q4_HALF);
+    for (size_t p = 0; p < 16; p++) {
+        const unsigned char *b0 = data + (k0 + 2 * p) * rb + off;
+        _mm512_storeu_si512(dst + p * 32, rx_pair_rows(half_512(b0, h), half_512(b0 + rb, h)));
+    }
+}
+
 /* a Q4_0 block's 16 bytes as its 32 q - 8 (low nibbles: values 0..15, the
  * low lane; high nibbles: 16..31, the high lane) */
 RX_BASE_AVX2 static inline __m256i q4_bytes(const unsigned char *q) {
@@ -193,11 +233,28 @@ int rx_q4_0_sliver_f32(const unsigned char *data, size_t rb, size_t j0, size_t p
 int rx_q4_0_block_bf16(const unsigned char *data, size_t rb, int tb, size_t j0, size_t k0,
                        size_t bt_r, size_t bt_k, uint16_t *dst) {
 #ifdef RX_BASE_X86
-    /* an infinite scale (a value past 2^19) takes the packer's loops */
+    if (bt_r == 16 && rx_cpu_base_simd() >= 2) {
+        if (tb) block_q4_t_512(data, rb, k0, j0, dst);
+        else rows_q4_512(data, rb, j0, k0, 1, dst);
+        return 1;
+    }
+    /* AVX2: an infinite scale (a value past 2^19) takes the packer's loops */
     if (bt_r == 16 && rx_cpu_base_avx2() && block_avx2(data, rb, tb, j0, k0, dst)) return 1;
 #endif
     (void)data, (void)rb, (void)tb, (void)j0, (void)k0, (void)bt_r, (void)bt_k, (void)dst;
     return 0;   /* the packer's own loops: decode, then the GEMM's operand rounding */
+}
+
+/* AVX512-BF16 where the CPU has it; else 0 */
+int rx_q4_0_rows_bf16(const unsigned char *data, size_t rb, size_t j0, size_t k0, uint16_t *dst) {
+#ifdef RX_BASE_X86
+    if (rx_cpu_base_simd() >= 2) {
+        rows_q4_512(data, rb, j0, k0, 0, dst);
+        return 1;
+    }
+#endif
+    (void)data, (void)rb, (void)j0, (void)k0, (void)dst;
+    return 0;
 }
 
 /* AVX2 with FMA where the CPU has them; else 0: the GEMM packs slivers */

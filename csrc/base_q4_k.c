@@ -12,7 +12,8 @@
  * encoder is ggml's quantize_row_q4_K_ref (no importance matrix), step for
  * step, so the bytes are llama.cpp's. The decoder and the small-M
  * product have an AVX2 form (bit-identical: the same exact products, the
- * same subtraction; the small-M sums in the GEMM's order).
+ * same subtraction; the small-M sums in the GEMM's order), the bf16 GEMM's
+ * blocks and AMX tile rows an AVX512-BF16 one.
  */
 #include <math.h>
 
@@ -203,6 +204,61 @@ RX_BASE_AVX2 static void sub_avx2(const unsigned char *blk, size_t s, float *dst
     }
 }
 
+/* ---- AVX512-BF16: the bf16 GEMM's operands ------------------------------
+ * Half h (16 values) of sub-block s of super-block blk as (d sc) q - dmin m,
+ * the decoder's values (an exact product, one rounded subtraction), rounded
+ * by vcvtne2ps2bf16 (the GEMM's rounding) */
+RX_BASE_BF16V static inline __m512 half_of(const unsigned char *blk, size_t s, int h, __m512 d1,
+                                           __m512 m1) {
+    const __m128i v = _mm_loadu_si128(
+        (const __m128i *)(const void *)(blk + QS_OFF + s / 2 * SUB + 16 * (size_t)h));
+    const __m128i q = _mm_and_si128(s % 2 ? _mm_srli_epi16(v, 4) : v, _mm_set1_epi8(0x0f));
+    const __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q));
+    return _mm512_sub_ps(_mm512_mul_ps(f, d1), m1);
+}
+
+RX_BASE_BF16V static inline __m512 half_512(const unsigned char *blk, size_t s, int h) {
+    float d1, m1;
+    sub_scale(blk, s, &d1, &m1);
+    return half_of(blk, s, h, _mm512_set1_ps(d1), _mm512_set1_ps(m1));
+}
+
+/* the whole sub-block s as 16 k pairs (its scale and min read once) */
+RX_BASE_BF16V static inline __m512i sub_pairs_512(const unsigned char *blk, size_t s) {
+    float d1, m1;
+    sub_scale(blk, s, &d1, &m1);
+    const __m512 d = _mm512_set1_ps(d1), m = _mm512_set1_ps(m1);
+    return rx_pairs32(half_of(blk, s, 0, d, m), half_of(blk, s, 1, d, m));
+}
+
+/* 16 stored rows' sub-block at k0: row-major [16][32] (rows_bf16), or (tr)
+ * transposed into the packed forward block's k pairs (block_bf16); the
+ * next 16 rows prefetched a slice a call, as rows_q8_512 does */
+RX_BASE_BF16V static void rows_q4k_512(const unsigned char *data, size_t rb, size_t j0, size_t k0,
+                                       int tr, uint16_t *dst) {
+    __m512i v[16];
+    const size_t s = k0 % QK / SUB;
+    const unsigned char *blk = data + j0 * rb + k0 / QK * QK_BYTES;
+    const char *pf = (const char *)data + (j0 + 16) * rb + k0 / SUB * 16 * (QK_BYTES / NSUB);
+    for (int l = 0; l < 16 * QK_BYTES / NSUB; l += 64) _mm_prefetch(pf + l, _MM_HINT_T0);
+    for (int r = 0; r < 16; r++, blk += rb) v[r] = sub_pairs_512(blk, s);
+    if (tr) rx_transpose16(v);
+    for (int r = 0; r < 16; r++) _mm512_storeu_si512(dst + 32 * r, v[r]);
+}
+
+/* A dX block: k row q is stored row k0 + q, whose 16 j from j0 are half of
+ * one sub-block */
+RX_BASE_BF16V static void block_q4k_t_512(const unsigned char *data, size_t rb, size_t k0,
+                                          size_t j0, uint16_t *dst) {
+    const size_t off = j0 / QK * QK_BYTES, s = j0 % QK / SUB;
+    const int h = (int)(j0 % SUB / 16);
+    for (size_t p = 0; p < 16; p++) {
+        const unsigned char *b0 = data + (k0 + 2 * p) * rb + off;
+        _mm512_storeu_si512(dst + p * 32,
+                            rx_pair_rows(half_512(b0, s, h), half_512(b0 + rb, s, h)));
+    }
+}
+
 /* rx_small_q32_group (rx_simd.h) over Q4_K rows: the same sums in the same
  * order (each C element one FMA chain from zero over each kcb-deep block of
  * k, in k order, then added to C), so the packed path's bits; what differs
@@ -272,6 +328,35 @@ small_avx2(const unsigned char *data, size_t rb, size_t M, const float *A, size_
     return j - j0;
 }
 #endif
+
+/* rx_bgemm's packed block: forward, column c's 32 k are one sub-block of
+ * stored row j0 + c; dX, k row q is stored row k0 + q, whose 16 j from j0
+ * are half of one sub-block. AVX512-BF16 where the CPU has it; else 0, and
+ * the packer decodes and rounds each value itself (the same bits). */
+int rx_q4_k_block_bf16(const unsigned char *data, size_t rb, int tb, size_t j0, size_t k0,
+                       size_t bt_r, size_t bt_k, uint16_t *dst) {
+#ifdef RX_BASE_X86
+    if (bt_r == 16 && rx_cpu_base_simd() >= 2) {
+        if (tb) block_q4k_t_512(data, rb, k0, j0, dst);
+        else rows_q4k_512(data, rb, j0, k0, 1, dst);
+        return 1;
+    }
+#endif
+    (void)data, (void)rb, (void)tb, (void)j0, (void)k0, (void)bt_r, (void)bt_k, (void)dst;
+    return 0;
+}
+
+/* AVX512-BF16 where the CPU has it; else 0 */
+int rx_q4_k_rows_bf16(const unsigned char *data, size_t rb, size_t j0, size_t k0, uint16_t *dst) {
+#ifdef RX_BASE_X86
+    if (rx_cpu_base_simd() >= 2) {
+        rows_q4k_512(data, rb, j0, k0, 0, dst);
+        return 1;
+    }
+#endif
+    (void)data, (void)rb, (void)j0, (void)k0, (void)dst;
+    return 0;
+}
 
 /* AVX2 with FMA where the CPU has them; else 0: the GEMM packs slivers */
 size_t rx_q4_k_small_f32(const unsigned char *data, size_t rb, size_t M, const float *A,

@@ -58,7 +58,7 @@ RX_BASE_BF16V static void block_q8_512(const unsigned char *const blks[16], uint
             _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q))), d);
         const __m512 x1 = _mm512_mul_ps(
             _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1))), d);
-        v[c] = (__m512i)_mm512_cvtne2ps_pbh(x1, x0);
+        v[c] = rx_pairs32(x0, x1);
     }
     rx_transpose16(v);
     for (int p = 0; p < 16; p++) _mm512_storeu_si512(dst + p * 32, v[p]);
@@ -85,7 +85,7 @@ RX_BASE_BF16V static void rows_q8_512(const unsigned char *data, size_t rb, size
             _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q))), d);
         const __m512 x1 = _mm512_mul_ps(
             _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1))), d);
-        _mm512_storeu_si512(dst + 32 * r, (__m512i)_mm512_cvtne2ps_pbh(x1, x0));
+        _mm512_storeu_si512(dst + 32 * r, rx_pairs32(x0, x1));
     }
 }
 
@@ -95,10 +95,6 @@ RX_BASE_BF16V static void rows_q8_512(const unsigned char *data, size_t rb, size
 RX_BASE_BF16V static void block_q8_t_512(const unsigned char *data, size_t rb, size_t k0,
                                          size_t j0, uint16_t *dst) {
     const size_t off = j0 / Q8_BLOCK * Q8_BYTES + 2 + j0 % Q8_BLOCK;
-    /* word 2c: row 2p's value c (cvtne2ps's word c), word 2c+1: row 2p+1's (word 16+c) */
-    const __m512i mix = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
-                                         24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1,
-                                         16, 0);
     for (int p = 0; p < 16; p++) {
         __m512 x[2];
         for (int h = 0; h < 2; h++) {
@@ -109,8 +105,7 @@ RX_BASE_BF16V static void block_q8_t_512(const unsigned char *data, size_t rb, s
             x[h] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v)),
                                  _mm512_set1_ps(f16_f32(dh)));
         }
-        const __m512i w = (__m512i)_mm512_cvtne2ps_pbh(x[1], x[0]);
-        _mm512_storeu_si512(dst + p * 32, _mm512_permutexvar_epi16(mix, w));
+        _mm512_storeu_si512(dst + p * 32, rx_pair_rows(x[0], x[1]));
     }
 }
 

@@ -19,11 +19,12 @@ static const rx_base_type types[] = {
      rx_q8_0_block_bf16, rx_q8_0_small_f32, rx_q8_0_rows_bf16},
     {"q4_0", RX_BASE_Q4_0, RX_Q4_0_BLOCK, RX_Q4_0_BYTES, 0,
      rx_q4_0_from_float, NULL, rx_q4_0_decode, rx_q4_0_sliver_f32,
-     rx_q4_0_block_bf16, rx_q4_0_small_f32},
+     rx_q4_0_block_bf16, rx_q4_0_small_f32, rx_q4_0_rows_bf16},
     {"nf4", RX_BASE_NF4, RX_NF4_BLOCK, RX_NF4_BYTES, 0,
      rx_nf4_from_float, NULL, rx_nf4_decode, NULL, NULL, NULL},
     {"q4_k", RX_BASE_Q4_K, RX_Q4_K_BLOCK, RX_Q4_K_BYTES, 0,
-     rx_q4_k_from_float, NULL, rx_q4_k_decode, NULL, NULL, rx_q4_k_small_f32},
+     rx_q4_k_from_float, NULL, rx_q4_k_decode, NULL, rx_q4_k_block_bf16, rx_q4_k_small_f32,
+     rx_q4_k_rows_bf16},
 };
 #define N_TYPES ((int)(sizeof types / sizeof types[0]))
 

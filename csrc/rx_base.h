@@ -171,6 +171,7 @@ int rx_q4_0_sliver_f32(const unsigned char *data, size_t rb, size_t j0, size_t p
                        size_t nr, float *Bp);
 int rx_q4_0_block_bf16(const unsigned char *data, size_t rb, int tb, size_t j0, size_t k0,
                        size_t bt_r, size_t bt_k, uint16_t *dst);
+int rx_q4_0_rows_bf16(const unsigned char *data, size_t rb, size_t j0, size_t k0, uint16_t *dst);
 size_t rx_q4_0_small_f32(const unsigned char *data, size_t rb, size_t M, const float *A,
                         size_t lda, size_t K, size_t kcb, size_t j0, size_t j1, int acc0,
                         float *C, size_t ldc);
@@ -188,6 +189,9 @@ void rx_nf4_decode(const unsigned char *row, size_t k0, size_t n, float *dst);
 #define RX_Q4_K_BYTES (4 + 12 + RX_Q4_K_BLOCK / 2)  /* d, dmin, scales, 256 nibbles */
 void rx_q4_k_from_float(const float *x, size_t n, unsigned char *dst);
 void rx_q4_k_decode(const unsigned char *row, size_t k0, size_t n, float *dst);
+int rx_q4_k_block_bf16(const unsigned char *data, size_t rb, int tb, size_t j0, size_t k0,
+                       size_t bt_r, size_t bt_k, uint16_t *dst);
+int rx_q4_k_rows_bf16(const unsigned char *data, size_t rb, size_t j0, size_t k0, uint16_t *dst);
 size_t rx_q4_k_small_f32(const unsigned char *data, size_t rb, size_t M, const float *A,
                          size_t lda, size_t K, size_t kcb, size_t j0, size_t j1, int acc0,
                          float *C, size_t ldc);

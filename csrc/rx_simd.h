@@ -39,6 +39,26 @@ __attribute__((target("avx512f"))) static inline void rx_transpose16(__m512i r[1
     }
 }
 
+/* ---- a frozen base's bf16 operands (AVX512-BF16) ------------------------
+ * A dtype's AVX-512 decoder gives a row's 32 values from k as two halves
+ * x0 (k..k+15) and x1 (k+16..); these round them as the bf16 GEMM rounds
+ * its operands (vcvtne2ps2bf16, rx_bf16_operand) into its layouts. */
+#define RX_BF16V_TARGET __attribute__((target("avx512f,avx512bw,avx512bf16"), always_inline))
+
+/* 32 values as 16 k pairs, in order: a row of AMX's A tile */
+RX_BF16V_TARGET static inline __m512i rx_pairs32(__m512 x0, __m512 x1) {
+    return (__m512i)_mm512_cvtne2ps_pbh(x1, x0);
+}
+
+/* rows 2p (r0) and 2p + 1 (r1) of 16 columns as row p of a packed block:
+ * word 2c row 2p's value c, word 2c + 1 row 2p + 1's */
+RX_BF16V_TARGET static inline __m512i rx_pair_rows(__m512 r0, __m512 r1) {
+    const __m512i mix = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
+                                         24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1,
+                                         16, 0);
+    return _mm512_permutexvar_epi16(mix, (__m512i)_mm512_cvtne2ps_pbh(r1, r0));
+}
+
 /* Lanes of a 16-wide access inside [0, n - from) */
 static inline __mmask16 rx_lanes(size_t from, size_t n) {
     return from >= n ? 0 : n - from >= 16 ? 0xffff : (__mmask16)((1u << (n - from)) - 1u);

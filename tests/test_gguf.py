@@ -144,9 +144,21 @@ def test_refusals(tmp_path, change, word):
     assert not os.listdir(tmp_path)
 
 
+# llama.cpp's extra weight buffers (AMX, repacked blocks) off: its plain CPU
+# kernels are the judge on every CPU, and its AMX matmul crashes on RWKV-7's
+# quantised tensors (llama-cpp-python 0.3.36, Sapphire Rapids: SIGSEGV in
+# ggml_backend_amx_mul_mat)
 _LLAMA = """
 import sys, numpy as np
+import llama_cpp.llama_cpp as low
 from llama_cpp import Llama
+default = low.llama_model_default_params
+def params():
+    p = default()
+    if hasattr(p, "use_extra_bufts"):
+        p.use_extra_bufts = False
+    return p
+low.llama_model_default_params = params
 toks = [int(t) for t in np.load(sys.argv[2])]
 llm = Llama(model_path=sys.argv[1], n_ctx=len(toks) + 8, n_batch=64, n_ubatch=64,
             n_gpu_layers=0, logits_all=True, n_threads=1, verbose=False,
