@@ -138,14 +138,13 @@ RX_BASE_BF16V static inline __m512 half_512(const unsigned char *blk, int h) {
 }
 
 /* 16 stored rows' blocks at k0: row-major [16][32] (rows_bf16), or (tr)
- * transposed into the packed forward block's k pairs (block_bf16); the
- * next 16 rows prefetched a slice a call, as rows_q8_512 does */
+ * transposed into the packed forward block's k pairs (block_bf16); the 16
+ * rows from pj prefetched a slice a call, as rows_q8_512 does */
 RX_BASE_BF16V static void rows_q4_512(const unsigned char *data, size_t rb, size_t j0, size_t k0,
-                                      int tr, uint16_t *dst) {
+                                      int tr, size_t pj, uint16_t *dst) {
     __m512i v[16];
     const unsigned char *blk = data + j0 * rb + k0 / Q4_BLOCK * Q4_BYTES;
-    const char *pf = (const char *)data + (j0 + 16) * rb + k0 / Q4_BLOCK * 16 * Q4_BYTES;
-    for (int l = 0; l < 16 * Q4_BYTES; l += 64) _mm_prefetch(pf + l, _MM_HINT_T0);
+    rx_prefetch_rows(data, rb, pj, k0 / Q4_BLOCK, Q4_BYTES);
     for (int r = 0; r < 16; r++, blk += rb) v[r] = rx_pairs32(half_512(blk, 0), half_512(blk, 1));
     if (tr) rx_transpose16(v);
     for (int r = 0; r < 16; r++) _mm512_storeu_si512(dst + 32 * r, v[r]);
@@ -235,7 +234,7 @@ int rx_q4_0_block_bf16(const unsigned char *data, size_t rb, int tb, size_t j0, 
 #ifdef RX_BASE_X86
     if (bt_r == 16 && rx_cpu_base_simd() >= 2) {
         if (tb) block_q4_t_512(data, rb, k0, j0, dst);
-        else rows_q4_512(data, rb, j0, k0, 1, dst);
+        else rows_q4_512(data, rb, j0, k0, 1, RX_NO_ROWS, dst);
         return 1;
     }
     /* AVX2: an infinite scale (a value past 2^19) takes the packer's loops */
@@ -246,14 +245,15 @@ int rx_q4_0_block_bf16(const unsigned char *data, size_t rb, int tb, size_t j0, 
 }
 
 /* AVX512-BF16 where the CPU has it; else 0 */
-int rx_q4_0_rows_bf16(const unsigned char *data, size_t rb, size_t j0, size_t k0, uint16_t *dst) {
+int rx_q4_0_rows_bf16(const unsigned char *data, size_t rb, size_t j0, size_t k0, size_t pj,
+                      uint16_t *dst) {
 #ifdef RX_BASE_X86
     if (rx_cpu_base_simd() >= 2) {
-        rows_q4_512(data, rb, j0, k0, 0, dst);
+        rows_q4_512(data, rb, j0, k0, 0, pj, dst);
         return 1;
     }
 #endif
-    (void)data, (void)rb, (void)j0, (void)k0, (void)dst;
+    (void)data, (void)rb, (void)j0, (void)k0, (void)pj, (void)dst;
     return 0;
 }
 

@@ -65,26 +65,27 @@ RX_BASE_BF16V static void block_q8_512(const unsigned char *const blks[16], uint
 }
 
 /* 16 stored rows' blocks at k0 into a row-major [16][32] tile: block_q8_512's
- * values (q * d rounded by vcvtne2ps2bf16), not transposed. The next 16
- * rows (the next column block's, one contiguous run) are prefetched a
- * 16-block slice a call, so they are in cache when the caller walks them
+ * values (q * d rounded by vcvtne2ps2bf16), not transposed. The caller's
+ * next 16 rows (from pj: one contiguous run) are prefetched a 16-block
+ * slice a call (rx_prefetch_rows), so they are in cache when it walks them
  * (16 rows stepping along k are more streams than the hardware prefetchers
  * follow: 39-44 tokens/s without it, 95-97 with it, 0.1B batch-1 decode on
  * a 2-core Sapphire Rapids). */
 RX_BASE_BF16V static void rows_q8_512(const unsigned char *data, size_t rb, size_t j0, size_t k0,
-                                      uint16_t *dst) {
+                                      size_t pj, uint16_t *dst) {
     const unsigned char *blk = data + j0 * rb + k0 / Q8_BLOCK * Q8_BYTES;
-    const char *pf = (const char *)data + (j0 + 16) * rb + k0 / Q8_BLOCK * 16 * Q8_BYTES;
-    for (int l = 0; l < 16 * Q8_BYTES; l += 64) _mm_prefetch(pf + l, _MM_HINT_T0);
+    rx_prefetch_rows(data, rb, pj, k0 / Q8_BLOCK, Q8_BYTES);
+    /* the 16 scales by one vcvtph2ps (f16_f32's values, as rx_small_q32_group's) */
+    uint16_t dh[16];
+    _Alignas(64) float D[16];
+    for (int r = 0; r < 16; r++) memcpy(&dh[r], blk + (size_t)r * rb, 2);
+    _mm512_store_ps(D, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)dh)));
     for (int r = 0; r < 16; r++, blk += rb) {
-        uint16_t dh;
-        memcpy(&dh, blk, 2);
-        const __m512 d = _mm512_set1_ps(f16_f32(dh));
-        const __m256i q = _mm256_loadu_si256((const __m256i *)(const void *)(blk + 2));
-        const __m512 x0 = _mm512_mul_ps(
-            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q))), d);
-        const __m512 x1 = _mm512_mul_ps(
-            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1))), d);
+        const __m512 d = _mm512_set1_ps(D[r]);
+        const __m512 x0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                                            _mm_loadu_si128((const __m128i *)(const void *)(blk + 2)))), d);
+        const __m512 x1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                                            _mm_loadu_si128((const __m128i *)(const void *)(blk + 18)))), d);
         _mm512_storeu_si512(dst + 32 * r, rx_pairs32(x0, x1));
     }
 }
@@ -151,14 +152,15 @@ static inline uint16_t round_q8(float x) {
 }
 
 /* AVX512-BF16 where the CPU has it (k0 a multiple of 32); else 0 */
-int rx_q8_0_rows_bf16(const unsigned char *data, size_t rb, size_t j0, size_t k0, uint16_t *dst) {
+int rx_q8_0_rows_bf16(const unsigned char *data, size_t rb, size_t j0, size_t k0, size_t pj,
+                      uint16_t *dst) {
 #ifdef RX_BASE_X86
     if (rx_cpu_base_simd() >= 2 && k0 % Q8_BLOCK == 0) {
-        rows_q8_512(data, rb, j0, k0, dst);
+        rows_q8_512(data, rb, j0, k0, pj, dst);
         return 1;
     }
 #endif
-    (void)data, (void)rb, (void)j0, (void)k0, (void)dst;
+    (void)data, (void)rb, (void)j0, (void)k0, (void)pj, (void)dst;
     return 0;
 }
 

@@ -822,50 +822,71 @@ RX_AMX static void small_amx(size_t R, const bf16 *ab, size_t kp, const bf16 *bp
     for (size_t i = 0; i < R; i++) memcpy(C + i * ldc, t + 16 * i, nc * sizeof(float));
 }
 
-/* AMX over a source that gives W^T's rows as tiles (rows_bf16: a Q8_0
- * base): the transposed product C^T = W^T . A^T, so the weights are the A
- * tile, decoded row by row without the transpose into the k-pair layout,
- * and op(A)'s R rows are the B tile (xv: per k chunk, 16 rows of R k pairs).
- * A C element takes the same products in the same k pairs in the same
- * order (each bf16 x bf16 product exact, the same pair slots), so its bits
- * are small_amx's. Tiles 0 C^T (16 x R floats), 1 the weights, 2 xv. */
+/* AMX over a source that gives W^T's rows as tiles (rows_bf16: a Q8_0,
+ * Q4_0 or Q4_K base): the transposed product C^T = W^T . A^T, so the
+ * weights are the A tile, decoded row by row without the transpose into
+ * the k-pair layout, and op(A)'s R rows are the B tile (xv: per k chunk, 16
+ * rows of R k pairs). A C element takes the same products in the same k
+ * pairs in the same order (each bf16 x bf16 product exact, the same pair
+ * slots), so its bits are small_amx's. Two column blocks go side by side,
+ * each its own chain (tiles 0 and 3 their C^T, 1 and 4 their weights, 2
+ * xv): one block's tdpbf16ps waits on the one before it, and the other
+ * block's decode and product fill that wait. */
 RX_AMX static void small_amx_t_configure(size_t R) {
     tilecfg cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
-    cfg.colsb[0] = cfg.colsb[2] = (uint16_t)(R * 4);
-    cfg.colsb[1] = 64;
-    cfg.rows[0] = cfg.rows[1] = cfg.rows[2] = BT_R;
+    for (int i = 0; i < 5; i++) cfg.colsb[i] = 64, cfg.rows[i] = BT_R;
+    cfg.colsb[0] = cfg.colsb[2] = cfg.colsb[3] = (uint16_t)(R * 4);
     __asm__ volatile("ldtilecfg %0" : : "m"(cfg));
 }
 
-/* Column block cb (16 whole columns) of op g from W^T's rows, tiles
- * configured by small_amx_t_configure(R); 0 (C untouched) where the source
- * gives no rows for it. */
+/* C^T of column block j0 / 16 from zero (C with beta) into tile T, R rows */
+#define SMALL_T_START(T, t, j0)                                                               \
+    do {                                                                                      \
+        if (g->beta != 0.0f) {                                                                \
+            for (size_t j = 0; j < 16; j++)                                                   \
+                for (size_t i = 0; i < R; i++) (t)[16 * j + i] = g->C[i * g->ldc + (j0) + j]; \
+            _tile_loadd(T, t, 64);                                                            \
+        } else {                                                                              \
+            _tile_zero(T);                                                                    \
+        }                                                                                     \
+    } while (0)
+
+/* Column blocks cb and (two) cb + 1, 16 whole columns each, of op g from
+ * W^T's rows, tiles configured by small_amx_t_configure(R); pj: the first
+ * column the thread takes next (RX_NO_ROWS: none), prefetched meanwhile.
+ * Returns 0 (C untouched) where the source gives no rows for them. */
 RX_AMX static int small_amx_t(size_t R, const bf16 *xv, const rx_gemm_op *g, size_t nkc,
-                              size_t cb) {
-    bf16 w[BT_R * BT_K] __attribute__((aligned(64)));
-    float t[BT_R * 16] __attribute__((aligned(64)));   /* C^T: row j, column i */
-    const size_t j0 = 16 * cb;
-    if (!g->bsrc->rows_bf16(g->bsrc_of, g->N, g->K, j0, 0, w)) return 0;
-    if (g->beta != 0.0f) {
-        for (size_t j = 0; j < 16; j++)
-            for (size_t i = 0; i < R; i++) t[16 * j + i] = g->C[i * g->ldc + j0 + j];
-        _tile_loadd(0, t, 64);
-    } else {
-        _tile_zero(0);
-    }
+                              size_t cb, int two, size_t pj) {
+    bf16 w[2][BT_R * BT_K] __attribute__((aligned(64)));
+    float t[2][BT_R * 16] __attribute__((aligned(64)));   /* C^T: row j, column i */
+    const rx_gemm_source *src = g->bsrc;
+    const size_t j0 = 16 * cb, j1 = j0 + 16;
+    const size_t p0 = pj, p1 = pj == RX_NO_ROWS ? pj : pj + 16;
+    if (!src->rows_bf16(g->bsrc_of, g->N, g->K, j0, 0, p0, w[0]) ||
+        (two && !src->rows_bf16(g->bsrc_of, g->N, g->K, j1, 0, p1, w[1])))
+        return 0;
+    SMALL_T_START(0, t[0], j0);
+    if (two) SMALL_T_START(3, t[1], j1);
     for (size_t kc = 0; kc < nkc; kc++) {
-        if (kc) g->bsrc->rows_bf16(g->bsrc_of, g->N, g->K, j0, kc * BT_K, w);
-        _tile_loadd(1, w, 64);
+        if (kc) src->rows_bf16(g->bsrc_of, g->N, g->K, j0, kc * BT_K, p0, w[0]);
+        _tile_loadd(1, w[0], 64);
         _tile_loadd(2, xv + kc * BT_K * R, R * 4);
         _tile_dpbf16ps(0, 1, 2);
+        if (!two) continue;
+        if (kc) src->rows_bf16(g->bsrc_of, g->N, g->K, j1, kc * BT_K, p1, w[1]);
+        _tile_loadd(4, w[1], 64);
+        _tile_dpbf16ps(3, 4, 2);
     }
-    _tile_stored(0, t, 64);
-    for (size_t j = 0; j < 16; j++)
-        for (size_t i = 0; i < R; i++) g->C[i * g->ldc + j0 + j] = t[16 * j + i];
+    _tile_stored(0, t[0], 64);
+    if (two) _tile_stored(3, t[1], 64);
+    for (int h = 0; h <= two; h++)
+        for (size_t j = 0; j < 16; j++)
+            for (size_t i = 0; i < R; i++) g->C[i * g->ldc + j0 + 16 * (size_t)h + j] = t[h][16 * j + i];
     return 1;
 }
+#undef SMALL_T_START
 
 /* Column block cb (16 columns, all of K) of op o into C; ar: op(A)'s rows
  * rounded (floats for the generic kernel, bf16 for the others); scratch:
@@ -927,7 +948,8 @@ static int bgemm_small(const bgemm_impl *im, const rx_gemm_op *ops, size_t n) {
         o[k].prepacked = pre != NULL;
         o[k].bp = (bf16 *)(uintptr_t)pre;
         if (!pre && o[k].nkc * BT_E > maxe) maxe = o[k].nkc * BT_E;
-        first[k + 1] = first[k] + (g->N + BT_R - 1) / BT_R;
+        /* a unit: two column blocks (small_amx_t's pair) */
+        first[k + 1] = first[k] + ((g->N + BT_R - 1) / BT_R + 1) / 2;
         arow[k + 1] = arow[k] + g->M * o[k].nkc * BT_K;
         total += (double)g->M * g->N * g->K;
     }
@@ -970,16 +992,23 @@ static int bgemm_small(const bgemm_impl *im, const rx_gemm_op *ops, size_t n) {
         int trans = 0;
 #pragma omp for schedule(static)
         for (long u = 0; u < nu; u++) {
-            const size_t k = find_op(first, n + 1, (size_t)u), cb = (size_t)u - first[k];
+            const size_t k = find_op(first, n + 1, (size_t)u), cb = 2 * ((size_t)u - first[k]);
             const rx_gemm_op *g = &ops[k];
+            bf16 *scratch = blocks + (size_t)rx_thread_id() * maxe;
+            const int two = 16 * (cb + 1) < g->N;   /* a second column block */
+            size_t c = cb;                          /* the first block not yet done */
             if (im->amx && !o[k].bp && g->bsrc && !g->tb && g->bsrc->rows_bf16 &&
                 16 * cb + 16 <= g->N) {
                 if (g->M != rows || !trans) small_amx_t_configure(rows = g->M), trans = 1;
                 const bf16 *xv = (const bf16 *)(const void *)(ar + arow[k]) + g->M * kpad[k];
-                if (small_amx_t(g->M, xv, g, o[k].nkc, cb)) continue;
+                const int both = two && 16 * cb + 32 <= g->N;   /* both whole */
+                if (small_amx_t(g->M, xv, g, o[k].nkc, cb, both, 16 * (cb + 2)))
+                    c += both ? 2 : 1;
             }
-            if (im->amx && (g->M != rows || trans)) small_amx_configure(rows = g->M), trans = 0;
-            small_unit(im, &o[k], ar + arow[k], cb, blocks + (size_t)rx_thread_id() * maxe);
+            for (; c < cb + 1 + (size_t)two; c++) {
+                if (im->amx && (g->M != rows || trans)) small_amx_configure(rows = g->M), trans = 0;
+                small_unit(im, &o[k], ar + arow[k], c, scratch);
+            }
         }
         if (rows) amx_release();
     }

@@ -123,8 +123,11 @@ typedef struct rx_base_type {
                         float *C, size_t ldc);
     /* the 16 stored rows [j0, j0+16), k [k0, k0+32), as the GEMM rounds its
      * operands, row-major [16][32] (an AMX A tile of W^T: rx_gemm_source's
-     * rows_bf16); NULL, or 0 returned, where it has no faster way */
-    int (*rows_bf16)(const unsigned char *data, size_t rb, size_t j0, size_t k0, uint16_t *dst);
+     * rows_bf16), and the slice at k0 of the 16 rows from pj (the caller's
+     * next; RX_NO_ROWS: none) prefetched; NULL, or 0 returned, where it has
+     * no faster way */
+    int (*rows_bf16)(const unsigned char *data, size_t rb, size_t j0, size_t k0, size_t pj,
+                     uint16_t *dst);
 } rx_base_type;
 
 /* the row of dtype id (RX_BASE_*), NULL when it is none */
@@ -159,7 +162,8 @@ int rx_q8_0_block_bf16(const unsigned char *data, size_t rb, int tb, size_t j0, 
 size_t rx_q8_0_small_f32(const unsigned char *data, size_t rb, size_t M, const float *A,
                         size_t lda, size_t K, size_t kcb, size_t j0, size_t j1, int acc0,
                         float *C, size_t ldc);
-int rx_q8_0_rows_bf16(const unsigned char *data, size_t rb, size_t j0, size_t k0, uint16_t *dst);
+int rx_q8_0_rows_bf16(const unsigned char *data, size_t rb, size_t j0, size_t k0, size_t pj,
+                      uint16_t *dst);
 
 /* base_q4_0.c: GGUF Q4_0 rows, per block one fp16 scale d, then 16 bytes of
  * two 4-bit q each (low nibbles: values 0..15, high: 16..31) */
@@ -171,7 +175,8 @@ int rx_q4_0_sliver_f32(const unsigned char *data, size_t rb, size_t j0, size_t p
                        size_t nr, float *Bp);
 int rx_q4_0_block_bf16(const unsigned char *data, size_t rb, int tb, size_t j0, size_t k0,
                        size_t bt_r, size_t bt_k, uint16_t *dst);
-int rx_q4_0_rows_bf16(const unsigned char *data, size_t rb, size_t j0, size_t k0, uint16_t *dst);
+int rx_q4_0_rows_bf16(const unsigned char *data, size_t rb, size_t j0, size_t k0, size_t pj,
+                      uint16_t *dst);
 size_t rx_q4_0_small_f32(const unsigned char *data, size_t rb, size_t M, const float *A,
                         size_t lda, size_t K, size_t kcb, size_t j0, size_t j1, int acc0,
                         float *C, size_t ldc);
@@ -191,7 +196,8 @@ void rx_q4_k_from_float(const float *x, size_t n, unsigned char *dst);
 void rx_q4_k_decode(const unsigned char *row, size_t k0, size_t n, float *dst);
 int rx_q4_k_block_bf16(const unsigned char *data, size_t rb, int tb, size_t j0, size_t k0,
                        size_t bt_r, size_t bt_k, uint16_t *dst);
-int rx_q4_k_rows_bf16(const unsigned char *data, size_t rb, size_t j0, size_t k0, uint16_t *dst);
+int rx_q4_k_rows_bf16(const unsigned char *data, size_t rb, size_t j0, size_t k0, size_t pj,
+                      uint16_t *dst);
 size_t rx_q4_k_small_f32(const unsigned char *data, size_t rb, size_t M, const float *A,
                          size_t lda, size_t K, size_t kcb, size_t j0, size_t j1, int acc0,
                          float *C, size_t ldc);

@@ -365,8 +365,11 @@ typedef struct {
  * columns from j0 it wrote (0: it has no faster way for g); rows_bf16:
  * for a forward product of N x K, op(B)'s columns [j0, j0+16) (W^T's rows)
  * over k [k0, k0+32) rounded as rx_bgemm rounds its operands, row-major
- * [16][32] (AMX's A tile of the product's transpose), 0 where it has no
- * faster way (an edge, a packed store, a dtype without one). */
+ * [16][32] (AMX's A tile of the product's transpose), while the caller's
+ * next 16 columns from pj (RX_NO_ROWS: none) are fetched into cache a
+ * slice a call; 0 where it has no faster way (an edge, a packed store, a
+ * dtype without one). */
+#define RX_NO_ROWS ((size_t)-1)
 typedef struct rx_gemm_source {
     void (*pack_f32)(const void *src, int tb, size_t p0, size_t kc, size_t j0, size_t nc,
                      size_t nr, float *Bp);
@@ -375,7 +378,8 @@ typedef struct rx_gemm_source {
                       uint16_t *bp);
     const uint16_t *(*packed)(const void *src, size_t N, size_t K);
     size_t (*small_f32)(const void *src, const rx_gemm_op *g, size_t j0, size_t j1, size_t kcb);
-    int (*rows_bf16)(const void *src, size_t N, size_t K, size_t j0, size_t k0, uint16_t *dst);
+    int (*rows_bf16)(const void *src, size_t N, size_t K, size_t j0, size_t k0, size_t pj,
+                     uint16_t *dst);
 } rx_gemm_source;
 /* Independent GEMMs -- no op reads or writes another's C -- run in one
  * parallel region, balanced across threads as one pool of work. */

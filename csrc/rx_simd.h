@@ -59,6 +59,18 @@ RX_BF16V_TARGET static inline __m512i rx_pair_rows(__m512 r0, __m512 r1) {
     return _mm512_permutexvar_epi16(mix, (__m512i)_mm512_cvtne2ps_pbh(r1, r0));
 }
 
+/* Slice c of the 16 stored rows from pj (rows of rb bytes, one contiguous
+ * run of 16 rb bytes; RX_NO_ROWS: none) into cache: slice c is the run's
+ * bytes [16 c sb, 16 (c + 1) sb), sb the bytes a row gives a call, so the
+ * calls walking a row's rb / sb pieces fetch the whole run once. */
+__attribute__((always_inline)) static inline void rx_prefetch_rows(const unsigned char *data,
+                                                                   size_t rb, size_t pj, size_t c,
+                                                                   size_t sb) {
+    if (pj == (size_t)-1) return;
+    const char *pf = (const char *)data + pj * rb + c * 16 * sb;
+    for (size_t l = 0; l < 16 * sb; l += 64) _mm_prefetch(pf + l, _MM_HINT_T0);
+}
+
 /* Lanes of a 16-wide access inside [0, n - from) */
 static inline __mmask16 rx_lanes(size_t from, size_t n) {
     return from >= n ? 0 : n - from >= 16 ? 0xffff : (__mmask16)((1u << (n - from)) - 1u);

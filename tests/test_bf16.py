@@ -185,18 +185,19 @@ def test_small_m_leading_dimensions(kernel, small_m, M, N, K, ta, tb):
 
 
 @pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("N", [16 * 9 + 5, 16 * 9, 16])
 @pytest.mark.parametrize("dtype", ["q8_0", "q4_0", "q4_k", "bf16"])
 def test_small_m_over_a_base_gives_the_packed_paths_bits(kernel, small_m, restore_threads,
-                                                        threads, dtype):
+                                                        threads, N, dtype):
     # decoding over a frozen base at bf16 precision: a Q8_0, Q4_0 or Q4_K
     # base's rows become AMX's A tile of the transposed product (small_amx_t,
-    # 16 whole columns; the edge block packed); a bf16 base's packed a
-    # column block at a time. Each C element's bits are the packed path's.
+    # whole 16-column blocks in pairs, an odd one alone, the edge block
+    # packed); a bf16 base's packed a column block at a time. Each C
+    # element's bits are the packed path's.
     from reference import q4_k
     from test_base_q4_k import _random_rows
     from test_base_sliver import MAKE
-    rng = np.random.default_rng(len(dtype) + threads)
-    N = 16 * 9 + 5
+    rng = np.random.default_rng(len(dtype) + threads + N)
     if dtype == "q4_k":
         rows = _random_rows(rng, N, 3 * 256)
         w = q4_k.dequantize(rows).astype(np.float32)
