@@ -194,9 +194,10 @@ def test_small_m_over_a_base_gives_the_packed_paths_bits(kernel, small_m, restor
     # whole 16-column blocks in pairs, an odd one alone, the edge block
     # packed); a bf16 base's packed a column block at a time. Each C
     # element's bits are the packed path's.
-    from reference import q4_k
     from test_base_q4_k import _random_rows
     from test_base_sliver import MAKE
+
+    from reference import q4_k
     rng = np.random.default_rng(len(dtype) + threads + N)
     if dtype == "q4_k":
         rows = _random_rows(rng, N, 3 * 256)
