@@ -24,7 +24,10 @@ rwkvx_c as the frozen bf16 base of a one-step state tune `--init-from` it
 (what tuning an official .pth gives), and its BF16 GGUF export for
 llama.cpp.
 Each engine runs in a child
-process of its own, --repeat times; a column is the best of them.
+process of its own, --repeat times; a column is the best of them. A
+llama.cpp child killed by a signal runs again with llama.cpp's extra
+weight buffers off (`use_extra_bufts`: its AMX matmul crashes on RWKV-7's
+Q8_0 tensors on Sapphire Rapids), and its row says so.
 Batched decode: rwkvx_c advances B slots in one GenState.step;
 llama.cpp decodes one llama_batch holding one token of each of B sequences
 (n_seq_max B); the rwkv package's forward takes one sequence, so its
