@@ -227,8 +227,8 @@ int rx_q4_0_sliver_f32(const unsigned char *data, size_t rb, size_t j0, size_t p
 /* rx_bgemm's packed block: forward, column c's 32 k are one Q4_0 block of
  * stored row j0 + c (k0 is a multiple of 32); dX, k row q is stored row
  * k0 + q, whose 16 j from j0 are one half of a block (j0 a multiple of
- * 16). AVX2 where the CPU has it; else 0, and the packer decodes and
- * rounds each value itself (the same bits). */
+ * 16). AVX512-BF16, else AVX2, where the CPU has it; else 0, and the
+ * packer decodes and rounds each value itself (the same bits). */
 int rx_q4_0_block_bf16(const unsigned char *data, size_t rb, int tb, size_t j0, size_t k0,
                        size_t bt_r, size_t bt_k, uint16_t *dst) {
 #ifdef RX_BASE_X86
