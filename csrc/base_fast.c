@@ -20,7 +20,8 @@
  * acc from zero over the blocks in order, then C = acc (beta 0) or C + acc.
  * Each row is quantised once a call. The AVX2 kernels (the stored blocks
  * read in place at one or two rows; from FAST_PANEL_M rows a transposed
- * panel of them) and the portable one compute exactly these operations
+ * panel of them), the AVX512-VNNI one (in place, 16 columns a group) and
+ * the portable one compute exactly these operations
  * (no fused multiply-add: none is compiled to contract them), so they
  * give the same bits.
  */
@@ -194,6 +195,108 @@ fast_group(int q4, size_t R, const rx_base_mat *bm, size_t rb, const rx_gemm_op 
     fast_store(g, i0, R, j, acc);
 }
 
+/* ---- AVX512-VNNI: 16 columns read in place -------------------------------
+ * fast_group's sums over 16 columns with vpdpbusd (unsigned bytes times
+ * signed bytes, 4 products a lane): two columns' blocks side by side in a
+ * 512-bit vector, times the row's block of x in both halves. Q8_0: |q|
+ * times x with q's sign (x at most 127 in magnitude: -x fits); Q4_0: the
+ * nibbles times x, less 8 sx. Each lane sums 4 exact products (at most 4
+ * 128 127), and the 8 pairs' vectors are reduced to one lane a column
+ * (FAST_LANE order), so every column's isum is fast_group's exact integer;
+ * the scales are gathered in the same order and the float ops are the
+ * portable kernel's, lane by lane: the same bits. */
+/* AVX-512 has FMA: no contraction of the scale's product into the add */
+#define RX_FAST512 \
+    __attribute__((target("avx512f,avx512bw,avx512vnni,avx2,f16c"), optimize("fp-contract=off")))
+#define FAST_WIDE 16   /* columns of the AVX-512 group */
+
+/* the column of lane l after fast_sums512's reduction */
+static const unsigned char FAST_LANE[FAST_WIDE] = {0, 2, 4, 6, 1, 3, 5, 7,
+                                                   8, 10, 12, 14, 9, 11, 13, 15};
+
+/* d[p] (p < 8: lanes 0-7 column 2p's partial sums, 8-15 column 2p+1's)
+ * summed into one lane a column, in FAST_LANE order */
+RX_FAST512 static inline __m512i fast_sums512(const __m512i d[8]) {
+    __m512i e[4], f[2];
+    for (int p = 0; p < 4; p++)
+        e[p] = _mm512_add_epi32(_mm512_unpacklo_epi32(d[2 * p], d[2 * p + 1]),
+                                _mm512_unpackhi_epi32(d[2 * p], d[2 * p + 1]));
+    for (int h = 0; h < 2; h++)
+        f[h] = _mm512_add_epi32(_mm512_unpacklo_epi64(e[2 * h], e[2 * h + 1]),
+                                _mm512_unpackhi_epi64(e[2 * h], e[2 * h + 1]));
+    /* f[h]'s 128-bit lanes: pairs 4h.. first columns' two halves, then
+     * their second columns' two halves */
+    return _mm512_add_epi32(_mm512_shuffle_i32x4(f[0], f[1], 0x88),
+                            _mm512_shuffle_i32x4(f[0], f[1], 0xdd));
+}
+
+/* fast_group over the 16 columns [j, j+16) for R rows from i0 */
+RX_FAST512 static inline __attribute__((always_inline)) void
+fast_wide(int q4, size_t R, const rx_base_mat *bm, size_t rb, const rx_gemm_op *g,
+          const fast_rows *x, size_t i0, size_t j, const char *pf, size_t pf_step,
+          const char *pf_end) {
+    const size_t K = g->K, nb = K / QBLK, bb = bm->ty->blk_bytes;
+    __m512 acc[FAST_ROWS];
+    for (size_t r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    const unsigned char *row0 = bm->data + j * rb;
+    for (size_t b = 0; b < nb; b++) {
+        __m512i w[8];
+        __mmask64 neg[8];
+        uint16_t dh[FAST_WIDE];
+        for (int l = 0; l < FAST_WIDE; l++) memcpy(&dh[l], row0 + FAST_LANE[l] * rb + b * bb, 2);
+        for (int p = 0; p < 8; p++) {
+            const unsigned char *b0 = row0 + 2 * (size_t)p * rb + b * bb;
+            w[p] = _mm512_inserti64x4(_mm512_castsi256_si512(fast_q(q4, 0, b0 + 2)),
+                                      fast_q(q4, 0, b0 + rb + 2), 1);
+            if (!q4) {
+                neg[p] = _mm512_movepi8_mask(w[p]);
+                w[p] = _mm512_abs_epi8(w[p]);
+            }
+        }
+        for (const char *e = pf + pf_step; pf < e && pf < pf_end; pf += 64)
+            _mm_prefetch(pf, _MM_HINT_T0);
+        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)dh));
+        for (size_t r = 0; r < R; r++) {
+            const __m512i xv = _mm512_broadcast_i64x4(_mm256_loadu_si256(
+                (const __m256i *)(const void *)(x->q + (i0 + r) * K + b * QBLK)));
+            __m512i d[8];
+            for (int p = 0; p < 8; p++)
+                d[p] = _mm512_dpbusd_epi32(
+                    _mm512_setzero_si512(), w[p],
+                    q4 ? xv : _mm512_mask_sub_epi8(xv, neg[p], _mm512_setzero_si512(), xv));
+            __m512i isum = fast_sums512(d);
+            if (q4) isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(8 * x->sx[(i0 + r) * nb + b]));
+            const __m512 sc = _mm512_mul_ps(dw, _mm512_set1_ps(x->d[(i0 + r) * nb + b]));
+            acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(sc, _mm512_cvtepi32_ps(isum)));
+        }
+    }
+    for (size_t r = 0; r < R; r++) {
+        float t[FAST_WIDE], *c = g->C + (i0 + r) * g->ldc + j;
+        _mm512_storeu_ps(t, acc[r]);
+        for (int l = 0; l < FAST_WIDE; l++)
+            c[FAST_LANE[l]] = g->beta != 0.0f ? c[FAST_LANE[l]] + t[l] : t[l];
+    }
+}
+
+/* fast_wide over whole groups of 16 from j (rows every FAST_ROWS), the
+ * next group's rows prefetched a slice a block; returns the columns done */
+RX_FAST512 static size_t fast_cols_512(const rx_base_mat *bm, const rx_gemm_op *g,
+                                       const fast_rows *x, size_t rb, size_t j, size_t j1) {
+    const size_t j0 = j, nb = g->K / QBLK;
+    const int q4 = bm->ty->id == RX_BASE_Q4_0;
+    for (; j + FAST_WIDE <= j1; j += FAST_WIDE) {
+        const size_t nj = j + 2 * FAST_WIDE <= j1 ? FAST_WIDE : 0;
+        const char *pf = (const char *)bm->data + (j + FAST_WIDE) * rb;
+        const size_t step = (nj * rb / nb + 63) / 64 * 64;
+        for (size_t i = 0; i < g->M; i += FAST_ROWS) {
+            const size_t R = g->M - i < FAST_ROWS ? g->M - i : FAST_ROWS;
+            if (q4) fast_wide(1, R, bm, rb, g, x, i, j, pf, step, pf + nj * rb);
+            else fast_wide(0, R, bm, rb, g, x, i, j, pf, step, pf + nj * rb);
+        }
+    }
+    return j - j0;
+}
+
 /* The panel of the 8 columns [j, j+8): per block, vector t's lane c holds
  * column j+c's q at k 4t .. 4t+3 (the 8 x 8 transpose of the blocks'
  * 32-bit words), so that one broadcast word of x times vector t sums, in
@@ -328,6 +431,10 @@ RX_BASE_AVX2 static size_t fast_cols_avx2(const rx_base_mat *bm, const rx_gemm_o
             }
         return j - j0;
     }
+    /* AVX512-VNNI where the CPU has it: 16 columns a group */
+    if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
+        rx_cpu_base_simd() >= 1)
+        j += fast_cols_512(bm, g, x, rb, j, j1);
     for (; j + FAST_GROUP <= j1; j += FAST_GROUP) {
         /* the next group's rows, one contiguous run, a slice a block:
          * eight rows stepping along k are more streams than the hardware
