@@ -177,21 +177,6 @@ static void kernel_generic(const bf16 *Ap, const bf16 *Bp, size_t nk, size_t bs,
 #define RX_DPBF16 __attribute__((target("avx512f,avx512bw,avx512bf16")))
 #define RX_AMX __attribute__((target("avx512f,avx512bw,avx512bf16,amx-tile,amx-bf16")))
 
-/* 16 floats of row k and 16 of row k+1 (either may be masked to zero) as 16
- * k pairs, the row-k value in the low half of each 32-bit lane. */
-RX_PACK512 static inline __m512i pair16(__m512 lo, __m512 hi) {
-    /* cvtne2ps puts lo's 16 results in words 0-15 and hi's in 16-31 */
-    const __m512i mix = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
-                                         24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1,
-                                         16, 0);
-    return _mm512_permutexvar_epi16(mix, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
-}
-
-/* 32 consecutive floats (k in order) as 16 k pairs. */
-RX_PACK512 static inline __m512i run32(__m512 x0, __m512 x1) {
-    return (__m512i)_mm512_cvtne2ps_pbh(x1, x0);
-}
-
 /* A run of 16 k values starting at k of a row whose valid k are < K,
  * zero past K (and everywhere for a row past the matrix: row NULL). */
 RX_PACK512 static inline __m512 load16(const float *row, size_t k, size_t K) {
@@ -209,7 +194,7 @@ RX_PACK512 static inline void kmajor_block(const float *base, size_t ld, size_t 
         __m512 lo = k < K ? _mm512_maskz_loadu_ps(mask, base + k * ld + x0) : _mm512_setzero_ps();
         __m512 hi = k + 1 < K ? _mm512_maskz_loadu_ps(mask, base + (k + 1) * ld + x0)
                               : _mm512_setzero_ps();
-        v[p] = pair16(lo, hi);
+        v[p] = rx_pair_rows(lo, hi);
     }
     rx_transpose16(v);
     for (size_t r = 0; r < BT_R; r++) _mm512_storeu_si512(dst + r * BT_K, v[r]);
@@ -237,7 +222,7 @@ RX_PACK512 static void pack_a_512(const bop *o, size_t b0, size_t b1, bf16 *ap) 
             for (size_t r = 0; r < BT_R; r++) {
                 const float *row = i0 + r < M ? g->A + (i0 + r) * g->lda : NULL;
                 _mm512_storeu_si512(dst + r * BT_K,
-                                    run32(load16(row, k0, K), load16(row, k0 + 16, K)));
+                                    rx_pairs32(load16(row, k0, K), load16(row, k0 + 16, K)));
             }
         }
 }
@@ -260,7 +245,7 @@ RX_PACK512 static void pack_b_512(const bop *o, size_t b0, size_t b1, size_t kc0
                                       : _mm512_setzero_ps();
                     __m512 hi = k + 1 < K ? _mm512_maskz_loadu_ps(mj, g->B + (k + 1) * g->ldb + j0)
                                           : _mm512_setzero_ps();
-                    _mm512_storeu_si512(dst + p * BT_K, pair16(lo, hi));
+                    _mm512_storeu_si512(dst + p * BT_K, rx_pair_rows(lo, hi));
                 }
             }
         return;
@@ -272,7 +257,7 @@ RX_PACK512 static void pack_b_512(const bop *o, size_t b0, size_t b1, size_t kc0
             __m512i v[16];
             for (size_t c = 0; c < 16; c++) {
                 const float *row = j0 + c < N ? g->B + (j0 + c) * g->ldb : NULL;
-                v[c] = run32(load16(row, k0, K), load16(row, k0 + 16, K));
+                v[c] = rx_pairs32(load16(row, k0, K), load16(row, k0 + 16, K));
             }
             rx_transpose16(v);
             for (size_t p = 0; p < 16; p++) _mm512_storeu_si512(dst + p * BT_K, v[p]);
