@@ -705,19 +705,26 @@ small_half(size_t R, const float *ar, size_t kp, const bf16 *bp, size_t nkc, siz
     }
 }
 
+/* F(r, ...) with r the constant equal to R (1..8; 8 past it), so each
+ * instance keeps its r rows' sums in registers */
+#define SMALL_BY_ROWS(R, F, ...)                                                                \
+    do {                                                                                      \
+        switch (R) {                                                                          \
+        case 1: F(1, __VA_ARGS__); break;                                                     \
+        case 2: F(2, __VA_ARGS__); break;                                                     \
+        case 3: F(3, __VA_ARGS__); break;                                                     \
+        case 4: F(4, __VA_ARGS__); break;                                                     \
+        case 5: F(5, __VA_ARGS__); break;                                                     \
+        case 6: F(6, __VA_ARGS__); break;                                                     \
+        case 7: F(7, __VA_ARGS__); break;                                                     \
+        default: F(8, __VA_ARGS__); break;                                                    \
+        }                                                                                     \
+    } while (0)
+
 RX_BF16_AVX2 static void small_block(size_t R, const float *ar, size_t kp, const bf16 *bp,
                                      size_t nkc, size_t h, float *C, size_t ldc, size_t nc,
                                      int beta_nz) {
-    switch (R) {
-    case 1: small_half(1, ar, kp, bp, nkc, h, C, ldc, nc, beta_nz); break;
-    case 2: small_half(2, ar, kp, bp, nkc, h, C, ldc, nc, beta_nz); break;
-    case 3: small_half(3, ar, kp, bp, nkc, h, C, ldc, nc, beta_nz); break;
-    case 4: small_half(4, ar, kp, bp, nkc, h, C, ldc, nc, beta_nz); break;
-    case 5: small_half(5, ar, kp, bp, nkc, h, C, ldc, nc, beta_nz); break;
-    case 6: small_half(6, ar, kp, bp, nkc, h, C, ldc, nc, beta_nz); break;
-    case 7: small_half(7, ar, kp, bp, nkc, h, C, ldc, nc, beta_nz); break;
-    default: small_half(8, ar, kp, bp, nkc, h, C, ldc, nc, beta_nz); break;
-    }
+    SMALL_BY_ROWS(R, small_half, ar, kp, bp, nkc, h, C, ldc, nc, beta_nz);
 }
 
 /* C[R][nc] (+)= ab[R][kp] . bp[nkc blocks] for one 16-column block (nc <=
@@ -759,16 +766,7 @@ small_dp_rows(size_t R, const bf16 *ab, size_t kp, const bf16 *bp, size_t nkc, f
 
 RX_DPBF16 static void small_dp(size_t R, const bf16 *ab, size_t kp, const bf16 *bp, size_t nkc,
                                float *C, size_t ldc, size_t nc, int beta_nz) {
-    switch (R) {
-    case 1: small_dp_rows(1, ab, kp, bp, nkc, C, ldc, nc, beta_nz); break;
-    case 2: small_dp_rows(2, ab, kp, bp, nkc, C, ldc, nc, beta_nz); break;
-    case 3: small_dp_rows(3, ab, kp, bp, nkc, C, ldc, nc, beta_nz); break;
-    case 4: small_dp_rows(4, ab, kp, bp, nkc, C, ldc, nc, beta_nz); break;
-    case 5: small_dp_rows(5, ab, kp, bp, nkc, C, ldc, nc, beta_nz); break;
-    case 6: small_dp_rows(6, ab, kp, bp, nkc, C, ldc, nc, beta_nz); break;
-    case 7: small_dp_rows(7, ab, kp, bp, nkc, C, ldc, nc, beta_nz); break;
-    default: small_dp_rows(8, ab, kp, bp, nkc, C, ldc, nc, beta_nz); break;
-    }
+    SMALL_BY_ROWS(R, small_dp_rows, ab, kp, bp, nkc, C, ldc, nc, beta_nz);
 }
 
 /* The tiles of small_amx for R rows: 0 C (R x 16 floats), 1 A (R rows of
@@ -948,6 +946,7 @@ static int bgemm_small(const bgemm_impl *im, const rx_gemm_op *ops, size_t n) {
      * bf16 (op k's rows at the same offset, half of its room used) */
     const int hw = im != &bimpl_generic;
     size_t kpad[MAX_OPS];
+    int trans_op[MAX_OPS];
     for (size_t k = 0; k < n; k++) {
         const rx_gemm_op *g = &ops[k];
         const size_t kp = kpad[k] = o[k].nkc * BT_K;
@@ -958,9 +957,10 @@ static int bgemm_small(const bgemm_impl *im, const rx_gemm_op *ops, size_t n) {
                 if (hw) ab[i * kp + q] = h;
                 else ar[arow[k] + i * kp + q] = bf16_float(h);
             }
-        /* AMX: the same rows as k pairs for small_amx_t, in the room's other
-         * half: chunk kc, pair p, row i at (kc * 16 + p) * M + i */
-        if (im->amx)
+        /* an op small_amx_t takes: the same rows as k pairs, in the room's
+         * other half: chunk kc, pair p, row i at (kc * 16 + p) * M + i */
+        trans_op[k] = im->amx && !o[k].bp && g->bsrc && !g->tb && g->bsrc->rows_bf16;
+        if (trans_op[k])
             for (size_t i = 0; i < g->M; i++)
                 for (size_t q = 0; q < kp; q += 2) {
                     bf16 *x = ab + g->M * kp + 2 * (q / 2 * g->M + i);
@@ -982,8 +982,7 @@ static int bgemm_small(const bgemm_impl *im, const rx_gemm_op *ops, size_t n) {
             bf16 *scratch = blocks + (size_t)rx_thread_id() * maxe;
             const int two = 16 * (cb + 1) < g->N;   /* a second column block */
             size_t c = cb;                          /* the first block not yet done */
-            if (im->amx && !o[k].bp && g->bsrc && !g->tb && g->bsrc->rows_bf16 &&
-                16 * cb + 16 <= g->N) {
+            if (trans_op[k] && 16 * cb + 16 <= g->N) {
                 if (g->M != rows || !trans) small_amx_t_configure(rows = g->M), trans = 1;
                 const bf16 *xv = (const bf16 *)(const void *)(ar + arow[k]) + g->M * kpad[k];
                 const int both = two && 16 * cb + 32 <= g->N;   /* both whole */
