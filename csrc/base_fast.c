@@ -20,8 +20,9 @@
  * acc from zero over the blocks in order, then C = acc (beta 0) or C + acc.
  * Each row is quantised once a call. The AVX2 kernels (the stored blocks
  * read in place at one or two rows; from FAST_PANEL_M rows a transposed
- * panel of them), the AVX512-VNNI one (in place, 16 columns a group) and
- * the portable one compute exactly these operations
+ * panel of them), the AVX512-VNNI ones (16 columns a group: in place at
+ * one or two rows, a panel from FAST_PANEL_M) and the portable one compute
+ * exactly these operations
  * (no fused multiply-add: none is compiled to contract them), so they
  * give the same bits.
  */
@@ -41,6 +42,7 @@
 #define PANEL_ROWS 3         /* rows of the panel kernel's register tile */
 #define FAST_PANEL_UNIT 4    /* groups a parallel unit, from FAST_PANEL_M rows */
 #define FAST_STRIPE (128 * 1024)   /* bytes of quantised rows swept a pass */
+#define STRIPE_ROWS 24       /* a stripe's rows: a multiple of both panel tiles' */
 /* a panel's block: 16 (Q8_0; Q4_0 the first 8) vectors of 32 bytes, then
  * the 8 columns' scales */
 #define PANEL_BLK (16 * 32 + FAST_GROUP * 4)
@@ -299,6 +301,127 @@ RX_FAST512 static size_t fast_cols_512(const rx_base_mat *bm, const rx_gemm_op *
     return j - j0;
 }
 
+/* ---- AVX512-VNNI panel: 16 columns repacked, from FAST_PANEL_M rows -------
+ * fast_panel over 16 columns: per block, vector t's lane c holds column
+ * j+c's bytes at k 4t .. 4t+3, made unsigned (Q8_0: q + 128, as q ^ 0x80;
+ * Q4_0: the nibbles), so that one vpdpbusd of vector t by row r's word t
+ * (broadcast) sums 4 exact products a lane. Less off * sx (off 128 or 8,
+ * the unsigned offset, times the row's block sum of qx) the lane holds
+ * fast_group's isum (each product at most 255 * 127, a block's 32 well
+ * inside int32); the float ops are the portable kernel's, lane by lane,
+ * so the bits are the AVX2 panel's. */
+#define WIDE_BLK (8 * 64 + FAST_WIDE * 4)   /* 8 vectors of 64 bytes, then 16 scales */
+#define WIDE_ROWS 8                         /* rows of the register tile */
+
+RX_FAST512 static void fast_panel512(int q4, const rx_base_mat *bm, size_t rb, size_t nb,
+                                     size_t j, unsigned char *pan) {
+    const size_t bb = bm->ty->blk_bytes;
+    const unsigned char *row0 = bm->data + j * rb;
+    /* 64-bit lanes of the two halves' words t (t < 4) and t + 4 */
+    const __m512i lo = _mm512_set_epi64(13, 12, 5, 4, 9, 8, 1, 0);
+    const __m512i hi = _mm512_set_epi64(15, 14, 7, 6, 11, 10, 3, 2);
+    for (size_t b = 0; b < nb; b++) {
+        __m512i w[8], u[8];
+        uint16_t dh[FAST_WIDE];
+        /* w[c]: column c's 32 bytes, then column c + 8's */
+        for (int c = 0; c < 8; c++) {
+            const unsigned char *b0 = row0 + (size_t)c * rb + b * bb;
+            const unsigned char *b1 = b0 + 8 * rb;
+            memcpy(&dh[c], b0, 2);
+            memcpy(&dh[c + 8], b1, 2);
+            w[c] = _mm512_inserti64x4(_mm512_castsi256_si512(fast_q(q4, 0, b0 + 2)),
+                                      fast_q(q4, 0, b1 + 2), 1);
+            if (!q4) w[c] = _mm512_xor_si512(w[c], _mm512_set1_epi8((char)0x80));
+        }
+        for (int c = 0; c < 8; c += 2) {
+            u[c] = _mm512_unpacklo_epi32(w[c], w[c + 1]);
+            u[c + 1] = _mm512_unpackhi_epi32(w[c], w[c + 1]);
+        }
+        for (int c = 0; c < 8; c += 4)
+            for (int h = 0; h < 2; h++) {
+                w[c + 2 * h] = _mm512_unpacklo_epi64(u[c + h], u[c + h + 2]);
+                w[c + 2 * h + 1] = _mm512_unpackhi_epi64(u[c + h], u[c + h + 2]);
+            }
+        /* w[t] (t < 4), by 128-bit lane: words t of columns 0..3, t + 4 of
+         * them, t of columns 8..11, t + 4 of them; w[t + 4] alike for
+         * columns 4..7 and 12..15 */
+        __m512i *o = (__m512i *)(void *)(pan + b * WIDE_BLK);
+        for (int t = 0; t < 4; t++) {
+            _mm512_storeu_si512(o + t, _mm512_permutex2var_epi64(w[t], lo, w[t + 4]));
+            _mm512_storeu_si512(o + t + 4, _mm512_permutex2var_epi64(w[t], hi, w[t + 4]));
+        }
+        _mm512_storeu_ps((float *)(void *)(o + 8),
+                         _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)dh)));
+    }
+}
+
+/* The panel's 16 columns for R rows from i0 (fast_panel512) */
+RX_FAST512 static inline __attribute__((always_inline)) void
+fast_tile512(int q4, size_t R, const unsigned char *pan, const rx_gemm_op *g,
+             const fast_rows *x, size_t i0, size_t j) {
+    const size_t K = g->K, nb = K / QBLK;
+    const int32_t off = q4 ? 8 : 128;
+    __m512 acc[WIDE_ROWS];
+    for (size_t r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    for (size_t b = 0; b < nb; b++) {
+        const __m512i *p = (const __m512i *)(const void *)(pan + b * WIDE_BLK);
+        const int8_t *xq = x->q + i0 * K + b * QBLK;
+        __m512i s[WIDE_ROWS];
+        for (size_t r = 0; r < R; r++) s[r] = _mm512_setzero_si512();
+        for (int t = 0; t < 8; t++) {
+            const __m512i w = _mm512_loadu_si512(p + t);
+            for (size_t r = 0; r < R; r++) {
+                int32_t word;
+                memcpy(&word, xq + r * K + 4 * t, 4);
+                s[r] = _mm512_dpbusd_epi32(s[r], w, _mm512_set1_epi32(word));
+            }
+        }
+        const __m512 dw = _mm512_loadu_ps((const float *)(const void *)(p + 8));
+        for (size_t r = 0; r < R; r++) {
+            const __m512i isum =
+                _mm512_sub_epi32(s[r], _mm512_set1_epi32(off * x->sx[(i0 + r) * nb + b]));
+            const __m512 sc = _mm512_mul_ps(dw, _mm512_set1_ps(x->d[(i0 + r) * nb + b]));
+            acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(sc, _mm512_cvtepi32_ps(isum)));
+        }
+    }
+    for (size_t r = 0; r < R; r++) {
+        float *c = g->C + (i0 + r) * g->ldc + j;
+        _mm512_storeu_ps(c, g->beta != 0.0f ? _mm512_add_ps(_mm512_loadu_ps(c), acc[r]) : acc[r]);
+    }
+}
+
+/* rows [i, i1) over the 16-column panel, WIDE_ROWS at a time (R a
+ * constant in each instance: the tile's sums stay in registers) */
+RX_FAST512 static void fast_panel_rows512(int q4, const unsigned char *pan, const rx_gemm_op *g,
+                                          const fast_rows *x, size_t i, size_t i1, size_t j) {
+    for (; i + WIDE_ROWS <= i1; i += WIDE_ROWS) {
+        if (q4) fast_tile512(1, WIDE_ROWS, pan, g, x, i, j);
+        else fast_tile512(0, WIDE_ROWS, pan, g, x, i, j);
+    }
+    for (; i + 4 <= i1; i += 4) {
+        if (q4) fast_tile512(1, 4, pan, g, x, i, j);
+        else fast_tile512(0, 4, pan, g, x, i, j);
+    }
+    for (; i < i1; i++) {
+        if (q4) fast_tile512(1, 1, pan, g, x, i, j);
+        else fast_tile512(0, 1, pan, g, x, i, j);
+    }
+}
+
+/* rows [i, i1) over whole groups of 16 columns from j, each group's panel
+ * built once; returns the columns done */
+RX_FAST512 static size_t fast_panels512(const rx_base_mat *bm, const rx_gemm_op *g,
+                                        const fast_rows *x, size_t rb, unsigned char *pan,
+                                        size_t i, size_t i1, size_t j, size_t j1) {
+    const size_t j0 = j, nb = g->K / QBLK;
+    const int q4 = bm->ty->id == RX_BASE_Q4_0;
+    for (; j + FAST_WIDE <= j1; j += FAST_WIDE) {
+        fast_panel512(q4, bm, rb, nb, j, pan);
+        fast_panel_rows512(q4, pan, g, x, i, i1, j);
+    }
+    return j - j0;
+}
+
 /* The panel of the 8 columns [j, j+8): per block, vector t's lane c holds
  * column j+c's q at k 4t .. 4t+3 (the 8 x 8 transpose of the blocks'
  * 32-bit words), so that one broadcast word of x times vector t sums, in
@@ -418,25 +541,28 @@ RX_BASE_AVX2 static size_t fast_cols_avx2(const rx_base_mat *bm, const rx_gemm_o
     const size_t rb = rx_base_type_row_bytes(bm->ty, g->K), nb = g->K / QBLK, M = g->M;
     const int q4 = bm->ty->id == RX_BASE_Q4_0;
     /* the worker's panel (none: the blocks read in place, the same bits) */
-    unsigned char *pan = M >= FAST_PANEL_M ? rx_thread_buffer(RX_BUF_FAST_PANEL, nb * PANEL_BLK)
-                                           : NULL;
+    const size_t pan_bytes = nb * (WIDE_BLK > PANEL_BLK ? WIDE_BLK : PANEL_BLK);
+    unsigned char *pan = M >= FAST_PANEL_M ? rx_thread_buffer(RX_BUF_FAST_PANEL, pan_bytes) : NULL;
+    /* AVX512-VNNI where the CPU has it: 16 columns a group */
+    const int vnni = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
+                     rx_cpu_base_simd() >= 1;
     size_t j = j0;
     if (pan) {
         /* rows a stripe of at most FAST_STRIPE bytes of quantised x, so that
          * it stays in L2 over the unit's groups (the panels are rebuilt
          * for each stripe: a few % of its products) */
-        const size_t mc = (FAST_STRIPE / g->K / PANEL_ROWS + 1) * PANEL_ROWS;
-        for (size_t i = 0; i < M; i += mc)
-            for (j = j0; j + FAST_GROUP <= j1; j += FAST_GROUP) {
+        const size_t mc = (FAST_STRIPE / g->K / STRIPE_ROWS + 1) * STRIPE_ROWS;
+        for (size_t i = 0; i < M; i += mc) {
+            const size_t i1 = M - i < mc ? M : i + mc;
+            j = j0 + (vnni ? fast_panels512(bm, g, x, rb, pan, i, i1, j0, j1) : 0);
+            for (; j + FAST_GROUP <= j1; j += FAST_GROUP) {
                 fast_panel(q4, bm, rb, nb, j, pan);
-                fast_panel_rows(q4, pan, g, x, i, M - i < mc ? M : i + mc, j);
+                fast_panel_rows(q4, pan, g, x, i, i1, j);
             }
+        }
         return j - j0;
     }
-    /* AVX512-VNNI where the CPU has it: 16 columns a group */
-    if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
-        rx_cpu_base_simd() >= 1)
-        j += fast_cols_512(bm, g, x, rb, j, j1);
+    if (vnni) j += fast_cols_512(bm, g, x, rb, j, j1);
     for (; j + FAST_GROUP <= j1; j += FAST_GROUP) {
         /* the next group's rows, one contiguous run, a slice a block:
          * eight rows stepping along k are more streams than the hardware

@@ -114,9 +114,11 @@ int rx_cpu_base_simd(void) {
     int v = __atomic_load_n(&level, __ATOMIC_ACQUIRE);
     if (v >= 0) return v;
     unsigned a, b, c, d;
-    /* RWKVX_BASE_PORTABLE=1: the portable packers (tests on an AVX-512 CPU) */
+    /* RWKVX_BASE_PORTABLE=1: the portable packers; =avx2: the AVX2 ones
+     * (tests on an AVX-512 CPU) */
     const char *env = getenv("RWKVX_BASE_PORTABLE");
-    v = !(env && env[0] == '1') && __builtin_cpu_supports("avx512f") &&
+    v = !(env && (!strcmp(env, "1") || !strcmp(env, "avx2"))) &&
+        __builtin_cpu_supports("avx512f") &&
         __builtin_cpu_supports("avx512bw");
     if (v && __get_cpuid_count(7, 1, &a, &b, &c, &d) && ((a >> 5) & 1)) v = 2;
     __atomic_store_n(&level, v, __ATOMIC_RELEASE);
@@ -132,7 +134,7 @@ int rx_cpu_base_avx2(void) {
     int v = __atomic_load_n(&level, __ATOMIC_ACQUIRE);
     if (v >= 0) return v;
     const char *env = getenv("RWKVX_BASE_PORTABLE");
-    v = !(env && env[0] == '1') && __builtin_cpu_supports("avx2") &&
+    v = !(env && !strcmp(env, "1")) && __builtin_cpu_supports("avx2") &&
         __builtin_cpu_supports("f16c");
     __atomic_store_n(&level, v, __ATOMIC_RELEASE);
     return v;

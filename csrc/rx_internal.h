@@ -316,7 +316,8 @@ void *rx_thread_buffer(int slot, size_t bytes);
  * full-width pipes (gemm.c's tile and gemm_bf16.c's precision policy). */
 int rx_cpu_zen5_or_later(void);
 /* 1 when the CPU runs the base's AVX-512 (BW) packers, 2 when also
- * AVX512-BF16; 0 with RWKVX_BASE_PORTABLE=1 (the portable packers) */
+ * AVX512-BF16; 0 with RWKVX_BASE_PORTABLE=1 (the portable packers) or
+ * RWKVX_BASE_PORTABLE=avx2 (the AVX2 ones: tests on an AVX-512 CPU) */
 int rx_cpu_base_simd(void);
 /* 1 when the CPU runs the base's AVX2 decoders (AVX2 and F16C), 0 without
  * them or with RWKVX_BASE_PORTABLE=1 (the portable loops) */

@@ -9,7 +9,8 @@ token_batch: a random batch of tokens and targets with an ignored one.
 kernel_runs / kernel_fixture: which of a set of forced kernels (a
 `_core._*_use_kernel` hook) this CPU runs, and a fixture forcing each in turn.
 portable_run: a test file's selected tests again in a process with
-RWKVX_BASE_PORTABLE=1 (the frozen base's portable kernels).
+RWKVX_BASE_PORTABLE=1 (the frozen base's portable kernels) or =avx2 (its
+AVX2 kernels where the CPU has AVX-512).
 
 full_config: a model config with every optional key (ln0, ln_eps, gn_eps)
 resolved, which the float64 references take their settings from; LN_EPS,
@@ -104,14 +105,16 @@ def small_and_packed(gemm, bound, a, b, ta, tb, c0, **blocks):
     return got
 
 
-def portable_run(test_file, select):
+def portable_run(test_file, select, level="1"):
     """Runs test_file's (a file of tests/) tests matching -k select in a
-    process with RWKVX_BASE_PORTABLE=1: the frozen base's packers and
-    decoders without their AVX-512 and AVX2 forms (any x86-64 or other CPU);
-    asserts they pass. cwd tests/: not the source tree's rwkvx_c."""
+    process with RWKVX_BASE_PORTABLE=level: "1", the frozen base's packers
+    and decoders without their AVX-512 and AVX2 forms (any x86-64 or other
+    CPU); "avx2", without their AVX-512 forms (an AVX2 CPU's kernels, run on
+    an AVX-512 one); asserts they pass. cwd tests/: not the source tree's
+    rwkvx_c."""
     here = os.path.dirname(os.path.abspath(__file__))
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                         os.path.join(here, test_file), "-k", select],
-                       env=dict(os.environ, RWKVX_BASE_PORTABLE="1"), capture_output=True,
+                       env=dict(os.environ, RWKVX_BASE_PORTABLE=level), capture_output=True,
                        text=True, timeout=600, cwd=here)
     assert r.returncode == 0, r.stdout[-2000:]

@@ -2,8 +2,8 @@
 docs/training.md §Fast decode): bit for bit a float64 NumPy reference of
 exactly its arithmetic (each row's activations quantised alone to 32-value
 int8 blocks, integer dot products with the stored blocks, two float32
-roundings a block), at M 1..9 and up to 512 (odd too), odd N, two threads, with and without the
-AVX2 kernel; each row's result independent of the others; within the
+roundings a block), at M 1..9 and up to 512 (odd too), odd N, two threads, with the
+AVX512-VNNI, AVX2 and portable kernels; each row's result independent of the others; within the
 documented bound of the exact product. GenState's fast_decode:
 tests/test_gen.py."""
 import numpy as np
@@ -149,7 +149,10 @@ def test_fast_product_nonfinite_and_refusals():
         _core._base_sgemm("bf16", MAKE["bf16"](rng, 8)[0], a, fast=True)
 
 
-def test_fast_product_portable_kernel():
-    # the portable kernel (RWKVX_BASE_PORTABLE=1) gives the AVX2 one's bits
+@pytest.mark.parametrize("level", ["1", "avx2"])
+def test_fast_product_portable_and_avx2_kernels(level):
+    # the portable kernel (RWKVX_BASE_PORTABLE=1), and the AVX2 ones alone
+    # where the CPU has AVX-512 (=avx2; there they otherwise take only a
+    # ragged last group), give the reference's bits
     portable_run("test_base_fast.py", "test_fast_product_is_its_reference_bit_for_bit or "
-                 "test_fast_product_many_rows")
+                 "test_fast_product_many_rows", level)
