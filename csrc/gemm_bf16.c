@@ -478,11 +478,12 @@ const char *rx_bgemm_kernel(void) { return pick_bimpl()->name; }
 int rx_bgemm_hw(void) { return pick_bimpl() != &bimpl_generic; }
 
 /* The step ratios behind this are in docs/performance.md §bf16 mixed
- * precision (bf16 step / fp32 step by CPU). */
+ * precision (bf16 step / fp32 step by CPU): AMD's vdpbf16ps (Zen 4 and 5)
+ * issues at its FMA's rate, twice the flops; Intel's at half of it. */
 int rx_bgemm_pays(void) {
 #ifdef RX_BF16_X86
     const bgemm_impl *im = pick_bimpl();
-    return im == &bimpl_amx || (im == &bimpl_avx512 && rx_cpu_zen5_or_later());
+    return im == &bimpl_amx || (im == &bimpl_avx512 && __builtin_cpu_is("amd"));
 #else
     return 0;
 #endif
@@ -727,6 +728,27 @@ RX_BF16_AVX2 static void small_block(size_t R, const float *ar, size_t kp, const
     SMALL_BY_ROWS(R, small_half, ar, kp, bp, nkc, h, C, ldc, nc, beta_nz);
 }
 
+/* op(B)'s column block cb (all of K, nkc chunks) into dst as pack_bf16
+ * lays it out, from a base's stored rows: rows_bf16's [16][32] tiles (the
+ * values its block packer rounds) transposed into k pairs in registers,
+ * the block packer's own last step, so the same bits; the next column
+ * block's rows are prefetched a slice a call (16 rows stepping along k
+ * are more streams than the hardware prefetchers follow). 0 where the
+ * source has no such rows (then nothing is left written that counts). */
+RX_DPBF16 static int small_rows_dp(const rx_gemm_op *g, size_t nkc, size_t cb, bf16 *dst) {
+    if (!g->bsrc || g->tb || !g->bsrc->rows_bf16 || 16 * cb + 16 > g->N) return 0;
+    _Alignas(64) bf16 t[BT_E];
+    for (size_t kc = 0; kc < nkc; kc++) {
+        if (!g->bsrc->rows_bf16(g->bsrc_of, g->N, g->K, 16 * cb, kc * BT_K, 16 * (cb + 1), t))
+            return 0;
+        __m512i v[BT_R];
+        for (int r = 0; r < BT_R; r++) v[r] = _mm512_load_si512(t + BT_K * r);
+        rx_transpose16(v);
+        for (int p = 0; p < BT_K / 2; p++) _mm512_storeu_si512(dst + kc * BT_E + p * BT_K, v[p]);
+    }
+    return 1;
+}
+
 /* C[R][nc] (+)= ab[R][kp] . bp[nkc blocks] for one 16-column block (nc <=
  * 16 valid), ab the rows rounded to bf16 (zero past K), summed as
  * kernel_avx512bf16 sums: per range of KCB chunks, from zero, one
@@ -767,6 +789,58 @@ small_dp_rows(size_t R, const bf16 *ab, size_t kp, const bf16 *bp, size_t nkc, f
 RX_DPBF16 static void small_dp(size_t R, const bf16 *ab, size_t kp, const bf16 *bp, size_t nkc,
                                float *C, size_t ldc, size_t nc, int beta_nz) {
     SMALL_BY_ROWS(R, small_dp_rows, ab, kp, bp, nkc, C, ldc, nc, beta_nz);
+}
+
+/* small_dp_rows over two column blocks side by side (b0 whole, b1 nc1 <= 16
+ * valid columns, C's columns 16 on), each column its own lane's chain as
+ * before, so the same bits: at R <= 4 rows one block's R chains leave the
+ * vdpbf16ps latency bare; two blocks' 2R interleave. */
+RX_DPBF16 static inline __attribute__((always_inline)) void
+small_dp2_rows(size_t R, const bf16 *ab, size_t kp, const bf16 *b0, const bf16 *b1, size_t nkc,
+               float *C, size_t ldc, size_t nc1, int beta_nz) {
+    const __mmask16 m1 = (__mmask16)((1u << nc1) - 1u);
+    for (size_t kb = 0; kb < nkc; kb += KCB) {
+        const size_t ke = kb + KCB < nkc ? kb + KCB : nkc;
+        __m512 c0[4], c1[4];
+#pragma GCC unroll 4
+        for (size_t i = 0; i < R; i++) c0[i] = c1[i] = _mm512_setzero_ps();
+        for (size_t kc = kb; kc < ke; kc++) {
+            const bf16 *k0 = b0 + kc * BT_E, *k1 = b1 + kc * BT_E, *a = ab + kc * BT_K;
+#pragma GCC unroll 4
+            for (size_t p = 0; p < BT_K / 2; p++) {
+                const __m512bh x0 = (__m512bh)_mm512_load_si512(k0 + p * BT_K);
+                const __m512bh x1 = (__m512bh)_mm512_load_si512(k1 + p * BT_K);
+#pragma GCC unroll 4
+                for (size_t i = 0; i < R; i++) {
+                    int32_t w;
+                    memcpy(&w, a + i * kp + 2 * p, sizeof w);
+                    const __m512bh av = (__m512bh)_mm512_set1_epi32(w);
+                    c0[i] = _mm512_dpbf16_ps(c0[i], av, x0);
+                    c1[i] = _mm512_dpbf16_ps(c1[i], av, x1);
+                }
+            }
+        }
+        const int acc = kb > 0 || beta_nz;
+#pragma GCC unroll 4
+        for (size_t i = 0; i < R; i++) {
+            float *ci = C + i * ldc;
+            _mm512_storeu_ps(ci, acc ? _mm512_add_ps(_mm512_loadu_ps(ci), c0[i]) : c0[i]);
+            _mm512_mask_storeu_ps(ci + 16, m1, acc ? _mm512_add_ps(
+                                                         _mm512_maskz_loadu_ps(m1, ci + 16), c1[i])
+                                                   : c1[i]);
+        }
+    }
+}
+
+RX_DPBF16 static void small_dp2(size_t R, const bf16 *ab, size_t kp, const bf16 *b0,
+                                const bf16 *b1, size_t nkc, float *C, size_t ldc, size_t nc1,
+                                int beta_nz) {
+    switch (R) {
+    case 1: small_dp2_rows(1, ab, kp, b0, b1, nkc, C, ldc, nc1, beta_nz); break;
+    case 2: small_dp2_rows(2, ab, kp, b0, b1, nkc, C, ldc, nc1, beta_nz); break;
+    case 3: small_dp2_rows(3, ab, kp, b0, b1, nkc, C, ldc, nc1, beta_nz); break;
+    default: small_dp2_rows(4, ab, kp, b0, b1, nkc, C, ldc, nc1, beta_nz); break;
+    }
 }
 
 /* The tiles of small_amx for R rows: 0 C (R x 16 floats), 1 A (R rows of
@@ -871,15 +945,13 @@ RX_AMX static int small_amx_t(size_t R, const bf16 *xv, const rx_gemm_op *g, siz
 }
 #undef SMALL_T_START
 
-/* Column block cb (16 columns, all of K) of op o into C; ar: op(A)'s rows
- * rounded (floats for the generic kernel, bf16 for the others); scratch:
- * the thread's block buffer (nkc blocks) when op(B) is not in place */
-static void small_unit(const bgemm_impl *im, const bop *o, const float *ar, size_t cb,
-                       bf16 *scratch) {
+/* column block cb of op(B) in the packed layout: in place from a packed
+ * store, else into scratch (room for one block: nkc chunks) */
+static const bf16 *small_block_b(const bgemm_impl *im, const bop *o, size_t cb, bf16 *scratch) {
     const rx_gemm_op *g = o->g;
     const size_t E = o->nkc * BT_E;
-    const bf16 *bp = o->bp ? o->bp + cb * E : scratch;
-    if (!o->bp) {
+    if (o->bp) return o->bp + cb * E;
+    if (!(im == &bimpl_avx512 && small_rows_dp(g, o->nkc, cb, scratch))) {
         /* the packers write block (cb, kc) at bp + (cb * nkc + kc) * BT_E: a
          * base address one column block stride below the scratch puts them in it */
         bf16 *at = (bf16 *)(uintptr_t)((uintptr_t)scratch - cb * E * sizeof(bf16));
@@ -892,6 +964,15 @@ static void small_unit(const bgemm_impl *im, const bop *o, const float *ar, size
             im->pack_b(&ob, cb, cb + 1, 0, o->nkc);
         }
     }
+    return scratch;
+}
+
+/* Column block cb (16 columns, all of K) of op o into C from its packed
+ * block bp; ar: op(A)'s rows rounded (floats for the generic kernel, bf16
+ * for the others) */
+static void small_one(const bgemm_impl *im, const bop *o, const float *ar, size_t cb,
+                      const bf16 *bp) {
+    const rx_gemm_op *g = o->g;
     const size_t kp = o->nkc * BT_K, nb = g->N - 16 * cb < 16 ? g->N - 16 * cb : 16;
     if (im != &bimpl_generic) {
         const bf16 *ab = (const bf16 *)(const void *)ar;
@@ -904,6 +985,25 @@ static void small_unit(const bgemm_impl *im, const bop *o, const float *ar, size
         const size_t j0 = 16 * cb + 8 * h, nc = g->N - j0 < 8 ? g->N - j0 : 8;
         small_block(g->M, ar, kp, bp, o->nkc, h, g->C + j0, g->ldc, nc, g->beta != 0.0f);
     }
+}
+
+
+/* C's column block cb (and cb + 1 with two, at most 4 rows, AVX512-BF16:
+ * small_dp2) of op o from its rows ar; scratch: room for two blocks */
+static void small_unit(const bgemm_impl *im, const bop *o, const float *ar, size_t cb, int two,
+                       bf16 *scratch) {
+    const rx_gemm_op *g = o->g;
+    const size_t E = o->nkc * BT_E, kp = o->nkc * BT_K;
+    if (two && im == &bimpl_avx512 && g->M <= 4) {
+        const bf16 *b0 = small_block_b(im, o, cb, scratch);
+        const bf16 *b1 = small_block_b(im, o, cb + 1, scratch + E);
+        const size_t nc1 = g->N - 16 * (cb + 1) < 16 ? g->N - 16 * (cb + 1) : 16;
+        small_dp2(g->M, (const bf16 *)(const void *)ar, kp, b0, b1, o->nkc, g->C + 16 * cb,
+                  g->ldc, nc1, g->beta != 0.0f);
+        return;
+    }
+    for (size_t c = cb; c < cb + 1 + (size_t)two; c++)
+        small_one(im, o, ar, c, small_block_b(im, o, c, scratch));
 }
 
 /* whether the batch takes the small-M path */
@@ -937,8 +1037,8 @@ static int bgemm_small(const bgemm_impl *im, const rx_gemm_op *ops, size_t n) {
         total += (double)g->M * g->N * g->K;
     }
     int nt = rx_in_parallel() || total < RX_GEMM_MIN_PAR ? 1 : rx_max_threads();
-    /* the rounded rows of every op, then a block buffer per thread */
-    const size_t bytes = arow[n] * sizeof(float) + (size_t)nt * maxe * sizeof(bf16);
+    /* the rounded rows of every op, then a thread's room for two blocks */
+    const size_t bytes = arow[n] * sizeof(float) + (size_t)nt * 2 * maxe * sizeof(bf16);
     float *ar = rx_thread_buffer(RX_BUF_BF16_PACK, bytes);
     if (!ar) return RX_ENOMEM;
     bf16 *blocks = (bf16 *)(void *)(ar + arow[n]);
@@ -979,7 +1079,7 @@ static int bgemm_small(const bgemm_impl *im, const rx_gemm_op *ops, size_t n) {
         for (long u = 0; u < nu; u++) {
             const size_t k = find_op(first, n + 1, (size_t)u), cb = 2 * ((size_t)u - first[k]);
             const rx_gemm_op *g = &ops[k];
-            bf16 *scratch = blocks + (size_t)rx_thread_id() * maxe;
+            bf16 *scratch = blocks + (size_t)rx_thread_id() * 2 * maxe;
             const int two = 16 * (cb + 1) < g->N;   /* a second column block */
             size_t c = cb;                          /* the first block not yet done */
             if (trans_op[k] && 16 * cb + 16 <= g->N) {
@@ -989,10 +1089,12 @@ static int bgemm_small(const bgemm_impl *im, const rx_gemm_op *ops, size_t n) {
                 if (small_amx_t(g->M, xv, g, o[k].nkc, cb, both, 16 * (cb + 2)))
                     c += both ? 2 : 1;
             }
-            for (; c < cb + 1 + (size_t)two; c++) {
-                if (im->amx && (g->M != rows || trans)) small_amx_configure(rows = g->M), trans = 0;
-                small_unit(im, &o[k], ar + arow[k], c, scratch);
-            }
+            if (!im->amx) small_unit(im, &o[k], ar + arow[k], cb, two, scratch);
+            else
+                for (; c < cb + 1 + (size_t)two; c++) {
+                    if (g->M != rows || trans) small_amx_configure(rows = g->M), trans = 0;
+                    small_unit(im, &o[k], ar + arow[k], c, 0, scratch);
+                }
         }
         if (rows) amx_release();
     }
