@@ -313,7 +313,7 @@ enum {
  * when the thread exits; NULL when it cannot be allocated. */
 void *rx_thread_buffer(int slot, size_t bytes);
 /* 1 on AMD family 0x1A (Zen 5) and later: 512-bit FMA and vdpbf16ps on
- * full-width pipes (gemm.c's tile and gemm_bf16.c's precision policy). */
+ * full-width pipes (gemm.c's tile). */
 int rx_cpu_zen5_or_later(void);
 /* 1 when the CPU runs the base's AVX-512 (BW) packers, 2 when also
  * AVX512-BF16; 0 with RWKVX_BASE_PORTABLE=1 (the portable packers) or

@@ -893,9 +893,9 @@ const char *rx_bgemm_kernel(void);
 int rx_bgemm_hw(void);
 /* 1 where that kernel makes a training step faster than fp32 on this CPU
  * (what precision "auto" asks): AMX tiles, or vdpbf16ps on a CPU that
- * issues it at the fp32 FMA's rate, so at twice its flops (AMD Zen 5);
- * not where it issues at half that rate (Sapphire Rapids without AMX's
- * grant, Cooper Lake) nor on Zen 4 (not measured). */
+ * issues it at the fp32 FMA's rate, so at twice its flops (AMD Zen 4 and
+ * Zen 5); not where it issues at half that rate (Intel: Sapphire Rapids
+ * without AMX's grant, Cooper Lake). */
 int rx_bgemm_pays(void);
 
 /* ====================================================================

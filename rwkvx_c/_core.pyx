@@ -187,7 +187,8 @@ def bf16_hardware():
 def bf16_pays():
     """True where the bf16 GEMM makes a training step faster than fp32 on
     this CPU: AMX, or AVX512-BF16 whose vdpbf16ps issues at the fp32 FMA's
-    rate (Zen 5); what precision "auto" asks (rwkvx_c.train.auto_precision)."""
+    rate (AMD Zen 4 and 5); what precision "auto" asks
+    (rwkvx_c.train.auto_precision)."""
     return bool(rx_bgemm_pays())
 
 

@@ -56,8 +56,9 @@ def auto_precision() -> str:
     faster than an fp32 one, fp32 elsewhere (rwkvx_c._core.bf16_pays). On a
     Sapphire Rapids the AMX kernel makes a step 2-2.7x faster at 1 thread
     while its AVX512-BF16 kernel (vdpbf16ps at half the FMA rate) runs at
-    0.6-0.7x of the fp32 GEMM; on a Zen 5 vdpbf16ps issues at the FMA rate,
-    twice its flops (the table in docs/performance.md §bf16 mixed precision)."""
+    0.6-0.7x of the fp32 GEMM; on Zen 4 and Zen 5 vdpbf16ps issues at the FMA
+    rate, twice its flops (the table in docs/performance.md §bf16 mixed
+    precision)."""
     return "bf16" if _core.bf16_pays() else "fp32"
 
 
@@ -186,7 +187,7 @@ class TrainOptions:
                                  metavar="DIR")
     precision: str = _opt("auto", "projection GEMMs in fp32, or bf16 with fp32 accumulation; "
                           "auto: bf16 where a bf16 step is faster (AMX, or a full-rate "
-                          "AVX512-BF16 dot product as on Zen 5). A resumed run keeps its "
+                          "AVX512-BF16 dot product as on Zen 4 and 5). A resumed run keeps its "
                           "precision", choices=PRECISIONS)
     grad_cp: bool = _opt(False, "activation recompute (RWKV-LM's --grad_cp): keep only each "
                          "block's input and recompute the block in its backward; the same "
