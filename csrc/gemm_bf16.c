@@ -664,7 +664,9 @@ static int bgemm_pass(const bgemm_impl *im, const rx_gemm_op *ops, size_t n) {
  *     kernel_amx keeps across its calls;
  *   AVX512-BF16 (small_dp): per range of KCB k chunks, one vdpbf16ps per k
  *     pair from zero, the range's sum then added to C, as dp8x32 and
- *     kernel_avx512bf16 do.
+ *     kernel_avx512bf16 do; at up to 4 rows two column blocks' chains side
+ *     by side (small_dp2), and a base's block made from its prefetched
+ *     stored rows (small_rows_dp).
  * A tile or a vdpbf16ps lane computes each C element from its own row and
  * column alone, so the rows' count changes no bit (tests/test_bf16.py
  * holds each kernel's small path to its packed path's bits). */
@@ -986,7 +988,6 @@ static void small_one(const bgemm_impl *im, const bop *o, const float *ar, size_
         small_block(g->M, ar, kp, bp, o->nkc, h, g->C + j0, g->ldc, nc, g->beta != 0.0f);
     }
 }
-
 
 /* C's column block cb (and cb + 1 with two, at most 4 rows, AVX512-BF16:
  * small_dp2) of op o from its rows ar; scratch: room for two blocks */
