@@ -8,8 +8,8 @@ functions `rwkvx-c train --init-from` runs (read_source, from_source,
 Trainer).
 
     python bench/bench_big.py --shape 1.5B --base-dtype bf16 [--tune state|lora|both]
-        [--source pth|hf] [--precision bf16] [--seq-len 512] [--steps 3] [--threads N]
-        [--work DIR] [--paired ROUNDS]
+        [--source pth|hf|gguf] [--precision bf16] [--seq-len 512] [--steps 3] [--threads N]
+        [--work DIR] [--paired ROUNDS] [--no-grad-cp]
 
 The source is an official-layout bf16 .pth with random weights, written
 once per shape into WORK (the names and layouts of
@@ -234,7 +234,8 @@ def trainer(a, base_dtype):
     from rwkvx_c.train.finetune import from_source
     src = read_source(a.src)
     opts = TrainOptions(data=os.path.join(ROOT, "docs"), tokenizer="world", tune=a.tune,
-                        base_dtype=base_dtype, precision=a.precision, grad_cp=True,
+                        base_dtype=base_dtype, precision=a.precision,
+                        grad_cp=not a.no_grad_cp,
                         batch=1, seq_len=a.seq_len, steps=max(a.steps, a.paired) + 2,
                         eval_tokens=a.seq_len, eval_every=10**6, save_every=10**6, lr=1e-4,
                         warmup_steps=1, threads=a.threads,
@@ -271,7 +272,7 @@ def child(a):
     from rwkvx_c.errors import RwkvxError
     t0 = time.perf_counter()
     row = dict(shape=a.shape, source=a.source, base=a.base_dtype, tune=a.tune,
-               precision=a.precision, seq_len=a.seq_len)
+               precision=a.precision, seq_len=a.seq_len, grad_cp=not a.no_grad_cp)
     try:
         tr = trainer(a, a.base_dtype)
     except RwkvxError as e:
@@ -307,6 +308,9 @@ def main():
     ap.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "rwkvx_bench_big"))
     ap.add_argument("--paired", type=int, default=0, metavar="ROUNDS",
                     help="alternate steps on this base and on a float32 base (one tune)")
+    ap.add_argument("--no-grad-cp", action="store_true",
+                    help="keep every block's activations (the trainer's default) instead of "
+                    "recomputing them in the backward (--grad-cp, this script's default)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--source", choices=["pth", "hf", "gguf"], default="pth",
                     help="the random model as an x070 .pth, a Hugging Face folder or a "
@@ -329,13 +333,13 @@ def main():
               flush=True)
     print(f"# CPU: {cpu_name()}, {os.cpu_count()} cores")
     print("| shape | base | tune | precision | base GiB | build s | to first step s | "
-          "peak RSS GiB | tokens/s |")
+          "peak RSS GiB | tokens/s |" + ("  (no --grad-cp)" if a.no_grad_cp else ""))
     for tune in (["state", "lora"] if a.tune == "both" else [a.tune]):
         cmd = [sys.executable, __file__, "--child", "--src", src, "--source", a.source,
                "--shape", a.shape,
                "--base-dtype", a.base_dtype, "--tune", tune, "--precision", a.precision,
                "--seq-len", str(a.seq_len), "--steps", str(a.steps), "--work", a.work,
-               "--paired", str(a.paired)]
+               "--paired", str(a.paired)] + (["--no-grad-cp"] if a.no_grad_cp else [])
         if a.threads:
             cmd += ["--threads", str(a.threads)]
         if a.paired:

@@ -11,6 +11,7 @@ import pytest
 
 import rwkvx_c as rx
 from rwkvx_c import _core
+from rwkvx_c.errors import RwkvxWarning
 from rwkvx_c.model import memory
 from rwkvx_c.model.config import ModelConfig
 
@@ -190,3 +191,42 @@ def test_one_infer_state_two_threads():
         t.join()
     assert st.pos == sum(taken) and sum(taken) + sum(refused) == 2000
     assert os.environ.get("RWKVX_NO_MEMCHECK") is None
+
+
+def test_an_unset_grad_cp_turns_recompute_on_only_where_that_alone_fits(monkeypatch):
+    """TrainOptions.grad_cp unset (auto_recompute): a step that fits with
+    every block's activations kept leaves recompute off; one that fits only
+    under recompute turns it on, with a warning naming both figures; one
+    that fits in neither is refused with the recompute figure (no "add
+    --grad-cp") and the model left as it came; grad_cp false
+    (auto_recompute off) is refused with that advice, as before."""
+    m = rx.RxPtModel(ModelConfig.preset("tiny").to_dict(), init=False)
+    gib = 1 << 30
+    # 1 GiB of activations at T 100 kept, a quarter of it under recompute;
+    # the rough bound never decides (it would not fit)
+    monkeypatch.setattr(memory, "acts_bytes",
+                        lambda model: ((gib // 400 if model.recompute else gib // 100), 0))
+    monkeypatch.setattr(memory, "rough_bytes_per_token", lambda cfg, recompute=False: gib)
+    params = gib // 10
+    head = memory.head_bytes(m.config["vocab_size"], 100)
+    full, lean = params + head + gib, params + head + gib // 4
+
+    def room(r):
+        monkeypatch.setattr(memory, "available_bytes", lambda: int(r / memory.HEADROOM) + 1)
+
+    room(full)
+    memory.check_step(m, 1, 100, params=params, auto_recompute=True)
+    assert not m.recompute
+    room(full - gib // 8)
+    with pytest.warns(RwkvxWarning, match=r"activation recompute \(--grad-cp\) is on"):
+        memory.check_step(m, 1, 100, params=params, auto_recompute=True)
+    assert m.recompute
+    m.recompute = False
+    room(lean - gib // 16)
+    with pytest.raises(memory.MemoryTooSmall) as e:
+        memory.check_step(m, 1, 100, params=params, auto_recompute=True)
+    assert "--grad-cp" not in str(e.value) and not m.recompute
+    room(full - gib // 8)
+    with pytest.raises(memory.MemoryTooSmall, match="or add --grad-cp"):
+        memory.check_step(m, 1, 100, params=params)
+    assert not m.recompute

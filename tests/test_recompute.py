@@ -326,3 +326,33 @@ def test_cli_flags(tmp_path):
     assert a.grad_cp is True and a.l2wrap == 1e-4
     a = build_parser().parse_args(["train"])
     assert a.grad_cp is None and a.l2wrap is None
+
+
+def test_an_unset_grad_cp_follows_the_memory_check(tmp_path, monkeypatch):
+    """--grad-cp unset (the default of TrainOptions and the command line): a
+    run whose step fits only under recompute turns it on with a warning;
+    grad_cp = false in a config file (or TrainOptions) refuses as before."""
+    from dataclasses import fields
+
+    from rwkvx_c.errors import RwkvxWarning
+    from rwkvx_c.model import memory
+    from rwkvx_c.train import Trainer, TrainError, TrainOptions, options_from_file
+    assert TrainOptions().grad_cp is None
+    gib = 1 << 30
+    tokens = 2 * 24   # the options' batch x seq_len
+    # 1 GiB of activations kept, a quarter under recompute; 0.6 GiB available
+    monkeypatch.setattr(memory, "acts_bytes", lambda model: (
+        (gib // 4 if model.recompute else gib) // tokens, 0))
+    monkeypatch.setattr(memory, "rough_bytes_per_token", lambda cfg, recompute=False: gib)
+    monkeypatch.setattr(memory, "available_bytes", lambda: int(0.6 * gib / memory.HEADROOM))
+    with pytest.warns(RwkvxWarning, match=r"recompute \(--grad-cp\) is on"):
+        tr = Trainer(_train_opts(tmp_path), None)
+    assert tr.model.recompute
+    tr.close()
+    cfg = tmp_path / "run.toml"
+    cfg.write_text("grad_cp = false\n")
+    o = _train_opts(tmp_path)
+    given = {f.name: getattr(o, f.name) for f in fields(o)
+             if f.name != "grad_cp" and getattr(o, f.name) is not None}
+    with pytest.raises(TrainError, match="or add --grad-cp"):
+        Trainer(options_from_file(str(cfg), **given), None)

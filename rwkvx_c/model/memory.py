@@ -17,12 +17,13 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+import warnings
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from rwkvx_c import _core
-from rwkvx_c.errors import MemoryTooSmall
+from rwkvx_c.errors import MemoryTooSmall, RwkvxWarning
 
 if TYPE_CHECKING:
     from rwkvx_c._core import RxPtModel
@@ -269,8 +270,22 @@ def check(need: int, what: str, advice: str, available: int | None = None) -> No
                              f"available; {advice}")
 
 
+def _step_need(model: RxPtModel, batch: int, seq_len: int, params: int,
+               loading: int) -> tuple[int, int, int] | None:
+    """check_step's figure in the model's recompute mode: (bytes, activation
+    bytes per token, per sequence), or None when the rough bound already
+    fits (far from the limit: not worth the measuring steps)."""
+    head = head_bytes(model.config["vocab_size"], batch * seq_len)
+    rough = ROUGH_MARGIN * rough_bytes_per_token(model.config, model.recompute)
+    if fits(params + max(loading, head + rough * batch * seq_len)):
+        return None
+    per_tok, per_seq = acts_bytes(model)
+    return (params + max(loading, head + per_tok * batch * seq_len + per_seq * batch),
+            per_tok, per_seq)
+
+
 def check_step(model: RxPtModel, batch: int, seq_len: int, params: int | None = None,
-               loading: int = 0) -> None:
+               loading: int = 0, auto_recompute: bool = False) -> None:
     """Raises MemoryTooSmall when a training step of batch x seq_len tokens
     (with params bytes of weights and what trains: by default the parameter
     copies of PARAM_COPIES; a fine-tune's own figure, rwkvx_c.train.base)
@@ -278,14 +293,35 @@ def check_step(model: RxPtModel, batch: int, seq_len: int, params: int | None = 
     (a fine-tune's tensors in conversion), gone before the step's buffers
     exist: the peak is the larger of the two on top of params. The rough
     bound decides when the machine is far from the limit; near it the
-    activation bytes are measured on the model (acts_bytes)."""
+    activation bytes are measured on the model (acts_bytes).
+    auto_recompute (TrainOptions.grad_cp unset): a step that does not fit
+    with every block's activations kept but does under activation recompute
+    turns the model's recompute on, with an RwkvxWarning saying so."""
+    if os.environ.get("RWKVX_NO_MEMCHECK"):
+        return
     params = param_bytes(model.n_params) if params is None else params
-    head = head_bytes(model.config["vocab_size"], batch * seq_len)
-    rough = ROUGH_MARGIN * rough_bytes_per_token(model.config, model.recompute)
-    if fits(params + max(loading, head + rough * batch * seq_len)):
-        return   # far from the limit: not worth the measuring steps
-    per_tok, per_seq = acts_bytes(model)
+    got = _step_need(model, batch, seq_len, params, loading)
+    if got is None or fits(got[0]):
+        return
+    switched = auto_recompute and not model.recompute
+    if switched:
+        model.recompute = True
+        lean = _step_need(model, batch, seq_len, params, loading)
+        if lean is None or fits(lean[0]):
+            avail = available_bytes()
+            warnings.warn(RwkvxWarning(
+                f"a step of batch {batch} x seq_len {seq_len} needs about {_gib(got[0])} with "
+                f"every block's activations kept, but only {_gib(avail or 0)} is available: "
+                f"activation recompute (--grad-cp) is on"
+                + (f", about {_gib(lean[0])}" if lean else "")), stacklevel=2)
+            return
+        got = lean
+    need, per_tok, per_seq = got
     advice = "lower --batch or --seq-len" + ("" if model.recompute else ", or add --grad-cp")
-    check(params + max(loading, head + per_tok * batch * seq_len + per_seq * batch),
-          f"a step of batch {batch} x seq_len {seq_len} ({per_tok:,} bytes of activations "
-          f"per token and {per_seq:,} per sequence)", advice)
+    try:
+        check(need, f"a step of batch {batch} x seq_len {seq_len} ({per_tok:,} bytes of "
+              f"activations per token and {per_seq:,} per sequence)", advice)
+    except MemoryTooSmall:
+        if switched:
+            model.recompute = False   # as it came
+        raise

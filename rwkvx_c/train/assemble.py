@@ -204,7 +204,8 @@ def build_model(opts: ResolvedOptions, tokenizer: Tokenizer, corpus: Corpus,
                      "the model with its optimiser state", "choose a smaller --preset")
         model = _core.RxPtModel(cfg, seed=opts.seed, precision=opts.precision,
                                 recompute=bool(opts.grad_cp), l2wrap=opts.l2wrap)
-        memory.check_step(model, opts.batch, step_len or opts.seq_len)
+        memory.check_step(model, opts.batch, step_len or opts.seq_len,
+                          auto_recompute=opts.grad_cp is None)
     except (ConfigError, MemoryTooSmall) as e:
         raise TrainError(str(e)) from None
     if tensors is None:

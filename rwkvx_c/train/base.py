@@ -122,7 +122,8 @@ def model_from_source(opts: ResolvedOptions, weights: Mapping[str, np.ndarray],
         types = getattr(weights, "types", None) or {}
         raw = frozenset(n for n in names if types.get(n) == dtype)
         held, loading = tune_bytes(model, opts, names, dtype, raw)
-        memory.check_step(model, opts.batch, step_len or opts.seq_len, held, loading)
+        memory.check_step(model, opts.batch, step_len or opts.seq_len, held, loading,
+                          auto_recompute=opts.grad_cp is None)
     except (ConfigError, MemoryTooSmall, ValueError) as e:
         raise TrainError(str(e)) from None
     placed = place_weights(model, weights)

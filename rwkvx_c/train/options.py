@@ -189,10 +189,12 @@ class TrainOptions:
                           "auto: bf16 where a bf16 step is faster (AMX, or a full-rate "
                           "AVX512-BF16 dot product as on Zen 4 and 5). A resumed run keeps its "
                           "precision", choices=PRECISIONS)
-    grad_cp: bool = _opt(False, "activation recompute (RWKV-LM's --grad_cp): keep only each "
-                         "block's input and recompute the block in its backward; the same "
-                         "losses bit for bit, about one block's activations instead of all",
-                         kind="flag")
+    grad_cp: bool | None = _opt(None, "activation recompute (RWKV-LM's --grad_cp): keep only "
+                                "each block's input and recompute the block in its backward; "
+                                "the same losses bit for bit, about one block's activations "
+                                "instead of all. Unset: off, unless a step without it would not "
+                                "fit in memory and one with it does (then on, with a warning "
+                                "saying so); false: never", kind="flag")
     l2wrap: float = _opt(0.0, "RWKV-LM's L2Wrap: push each position's largest logit towards 0 "
                          "with a grad of X * max_logit / (B*T); RWKV-LM uses 1e-4, 0 disables",
                          kind="nonneg_float", metavar="X")
