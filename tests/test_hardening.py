@@ -401,8 +401,12 @@ m = rx.RxPtModel(cfg, recompute=recompute, init=False)
 m.frozen = frozen
 twin = memcheck._twin_bytes(m)
 own = memcheck._measured_bytes(m)
-for i in (0, 1):   # a token's bytes, a sequence's
-    assert abs(twin[i] - own[i]) <= 0.02 * own[i] + 4096, (i, twin, own)
+# a token's bytes to 2%%; a sequence's (one WKV chunk scratch, 4.26 MB here)
+# to 2%% and malloc's history: the same model measured after its twins and
+# in a process that made it after them gives 4,246,720 and 4,329,440 bytes
+# (AMD Zen 4, glibc 2.36), so 96 KiB more
+for i, slack in ((0, 4096), (1, 96 << 10)):
+    assert abs(twin[i] - own[i]) <= 0.02 * own[i] + slack, (i, twin, own)
 """
 
 

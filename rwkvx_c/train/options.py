@@ -56,9 +56,8 @@ def auto_precision() -> str:
     faster than an fp32 one, fp32 elsewhere (rwkvx_c._core.bf16_pays). On a
     Sapphire Rapids the AMX kernel makes a step 2-2.7x faster at 1 thread
     while its AVX512-BF16 kernel (vdpbf16ps at half the FMA rate) runs at
-    0.6-0.7x of the fp32 GEMM; on Zen 4 and Zen 5 vdpbf16ps issues at the FMA
-    rate, twice its flops (the table in docs/performance.md §bf16 mixed
-    precision)."""
+    0.6-0.7x of the fp32 GEMM; on Zen 4 and 5 vdpbf16ps issues at the FMA rate,
+    twice its flops (the table in docs/performance.md §bf16 mixed precision)."""
     return "bf16" if _core.bf16_pays() else "fp32"
 
 
@@ -190,11 +189,9 @@ class TrainOptions:
                           "AVX512-BF16 dot product as on Zen 4 and 5). A resumed run keeps its "
                           "precision", choices=PRECISIONS)
     grad_cp: bool | None = _opt(None, "activation recompute (RWKV-LM's --grad_cp): keep only "
-                                "each block's input and recompute the block in its backward; "
-                                "the same losses bit for bit, about one block's activations "
-                                "instead of all. Unset: off, unless a step without it would not "
-                                "fit in memory and one with it does (then on, with a warning "
-                                "saying so); false: never", kind="flag")
+                                "each block's input and recompute it in its backward (the same "
+                                "losses bit for bit, about one block's activations); unset: on "
+                                "only where it alone lets a step fit", kind="flag")
     l2wrap: float = _opt(0.0, "RWKV-LM's L2Wrap: push each position's largest logit towards 0 "
                          "with a grad of X * max_logit / (B*T); RWKV-LM uses 1e-4, 0 disables",
                          kind="nonneg_float", metavar="X")
