@@ -356,3 +356,22 @@ def test_an_unset_grad_cp_follows_the_memory_check(tmp_path, monkeypatch):
              if f.name != "grad_cp" and getattr(o, f.name) is not None}
     with pytest.raises(TrainError, match="or add --grad-cp"):
         Trainer(options_from_file(str(cfg), **given), None)
+
+
+def test_an_unset_grad_cp_from_the_command_line(tmp_path, monkeypatch, capsys):
+    """The command line's route: no --grad-cp and a step that fits only
+    under recompute: the run turns it on, says so, and trains."""
+    from rwkvx_c.cli import main
+    from rwkvx_c.model import memory
+    gib = 1 << 30
+    monkeypatch.setattr(memory, "acts_bytes", lambda model: (
+        (gib // 4 if model.recompute else gib) // 48, 0))
+    monkeypatch.setattr(memory, "rough_bytes_per_token", lambda cfg, recompute=False: gib)
+    monkeypatch.setattr(memory, "available_bytes", lambda: int(0.6 * gib / memory.HEADROOM))
+    o = _train_opts(tmp_path)
+    assert main(["train", "--preset", "tiny", "--data", o.data, "--batch", "2",
+                 "--seq-len", "24", "--steps", "1", "--eval-tokens", "96", "--no-progress",
+                 "--threads", "1", "--cache-dir", o.cache_dir,
+                 "--out", str(tmp_path / "run")]) == 0
+    # the command prints warnings as "rwkvx-c: warning: ..." lines
+    assert "activation recompute (--grad-cp) is on" in capsys.readouterr().err
