@@ -33,7 +33,7 @@ struct rx_pt_saved {
     float *work;           /* scratch for any block's backward: the largest
                             * rx_block_work or RX_ATTN_WORK */
     float *wkv_work;       /* the RWKV blocks' one WKV chunk scratch (the largest
-                            * RX_WKV7_WORK; recompute: the lean set's own) */
+                            * rx_wkv7_work_floats; recompute: the lean set's own) */
     float *s, *ds;         /* [B][H][N][N] each when the model has initial states:
                             * one block's broadcast state (advanced in place by
                             * its forward), and the grad on it per sequence */
@@ -132,12 +132,12 @@ static struct rx_pt_saved *saved_new(const rx_ptmodel *m, size_t B, size_t T, in
     /* Every set's WKV scratch is this one: the forward and the backward of
      * the recurrence each write it before reading it (the backward starts
      * from the checkpoints, kept per block), and the blocks run one at a
-     * time, so one block's does not outlive its call (and a set of its own
-     * is 34 MB a block and sequence at C = 2048) */
+     * time, so one block's does not outlive its call (a set of its own
+     * would add a thread's 1.1 MB chunk of states at N = 64 a block) */
     size_t nwkv = 0;
     for (int i = 0; i < m->cfg.n_rwkv_layer && !recompute; i++) {
         const rx_tm_params *P = &m->rwkv[i].tm;
-        const size_t w = RX_WKV7_WORK(B * (size_t)P->n_head, (size_t)P->head_size);
+        const size_t w = rx_wkv7_work_floats(B * (size_t)P->n_head, (size_t)P->head_size);
         if (w > nwkv) nwkv = w;
     }
     if (nwkv && !(s->wkv_work = rx_falloc(nwkv))) {

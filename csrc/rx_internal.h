@@ -688,14 +688,23 @@ int rx_layernorm_backward_eps(const float *x, const float *w, const float *b, co
  * forward also keeps cp [B][H][ceil(T/RX_WKV7_CHUNK)][N][N] (NULL: not
  * kept), the state entering every RX_WKV7_CHUNK-th step; the backward
  * starts from those (NULL: runs the forward again to make them) and only
- * reads them, so it can run twice per forward. work [RX_WKV7_WORK(B*H, N)]
- * is scratch for either (NULL: allocated per call). 64 steps: the
- * checkpoints cost N*N/64 floats a token per head (C at N = 64), and a
- * chunk of recomputed states (65 N*N floats, 1.0 MiB at N = 64) still
- * stays in a 2 MiB L2. */
+ * reads them, so it can run twice per forward. work
+ * [rx_wkv7_work_floats(B*H, N)] is scratch for either (NULL: allocated per
+ * call): the forward's state and sa of each (sequence, head), then the
+ * backward's chunk of recomputed states (RX_WKV7_BWD_WORK) for each of
+ * rx_wkv7_slots(B*H) threads, a head at a time in each, so a batch adds
+ * only the first part. 64 steps: the checkpoints cost N*N/64 floats a
+ * token per head (C at N = 64), and a chunk of recomputed states (65 N*N
+ * floats, 1.0 MiB at N = 64) still stays in a 2 MiB L2. */
 #define RX_WKV7_CHUNK 64
 #define RX_WKV7_CP(BH, T, N) ((BH) * (((T) + RX_WKV7_CHUNK - 1) / RX_WKV7_CHUNK) * (N) * (N))
-#define RX_WKV7_WORK(BH, N) ((BH) * ((RX_WKV7_CHUNK + 1) * (N) * (N) + (RX_WKV7_CHUNK + 4) * (N)))
+#define RX_WKV7_FWD_WORK(N) ((N) * (N) + 2 * (N))
+#define RX_WKV7_BWD_WORK(N) ((RX_WKV7_CHUNK + 1) * (N) * (N) + (RX_WKV7_CHUNK + 4) * (N))
+/* The backward's threads for B*H heads: at most the CPUs the process
+ * started with (a fixed figure, so that a scratch sized by it fits every
+ * later call whatever the thread count then) */
+size_t rx_wkv7_slots(size_t BH);
+size_t rx_wkv7_work_floats(size_t BH, size_t N);
 int rx_wkv7_forward_cp(const float *r, const float *w, const float *k, const float *v,
                        const float *a, const float *b, const float *s_init, float *y_out,
                        float *s_final, float *cp, float *work, int B, int T, int n_head,
@@ -860,7 +869,7 @@ int rx_tm_acts_alloc(rx_tm_acts *A, const rx_tm_params *P, size_t B, size_t T);
 size_t rx_tm_acts_floats(const rx_tm_params *P, size_t B, size_t T);
 void rx_tm_acts_carve(rx_tm_acts *A, const rx_tm_params *P, size_t B, size_t T, float *mem);
 /* The same less the WKV scratch: rx_tm_acts_floats_shared floats of mem,
- * and wkv_work the caller's (RX_WKV7_WORK(B*H, N) floats; a ragged step's
+ * and wkv_work the caller's (rx_wkv7_work_floats(B*H, N) floats; a ragged step's
  * RX_WKV7_SEQS_WORK). The WKV forward and backward each write that scratch
  * before reading it, and nothing reads it between calls, so sets that
  * never run at once (the blocks of one model step) may share one. A NULL

@@ -80,7 +80,7 @@ static size_t tm_acts_floats(const rx_tm_params *P, size_t B, size_t T, int lean
                rx_lines(BT * C) +
            rx_lines(BT * (size_t)P->Dw) + rx_lines(BT * (size_t)P->Da) +
            rx_lines(BT * (size_t)P->Dg) + rx_lines(BT * Dv) + rx_lines(BT * H) +
-           rx_lines(RX_WKV7_CP(B * H, T, N)) + (own_work ? rx_lines(RX_WKV7_WORK(B * H, N)) : 0);
+           rx_lines(RX_WKV7_CP(B * H, T, N)) + (own_work ? rx_lines(rx_wkv7_work_floats(B * H, N)) : 0);
 }
 
 size_t rx_tm_acts_floats(const rx_tm_params *P, size_t B, size_t T) {
@@ -130,7 +130,7 @@ static void tm_acts_carve(rx_tm_acts *A, const rx_tm_params *P, size_t B, size_t
     A->tv = vres ? rx_carve(&p, BT * Dv) : NULL;
     A->bonus = rx_carve(&p, BT * H);
     A->wkv_cp = rx_carve(&p, RX_WKV7_CP(B * H, T, N));
-    A->wkv_work = wkv_work ? wkv_work : rx_carve(&p, RX_WKV7_WORK(B * H, N));
+    A->wkv_work = wkv_work ? wkv_work : rx_carve(&p, rx_wkv7_work_floats(B * H, N));
 }
 
 void rx_tm_acts_carve(rx_tm_acts *A, const rx_tm_params *P, size_t B, size_t T, float *mem) {

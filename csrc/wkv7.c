@@ -44,6 +44,7 @@
  * Both forms follow the same equations; they differ only in the order of
  * float additions.
  */
+#include <stdatomic.h>
 #include <string.h>
 
 #include "rx_internal.h"
@@ -380,9 +381,27 @@ static void forward_head(const float *r, const float *w, const float *k, const f
 }
 
 /* Per (b, h) scratch of the forward: a state [N][N] (used when s_final is
- * NULL) and sa [2][N]; the backward's (RX_WKV7_WORK) holds more, so both
- * take it from the same buffer. */
-#define WKV_FWD_WORK(N) ((N) * (N) + 2 * (N))
+ * NULL) and sa [2][N], the first part of rx_wkv7_work_floats */
+#define WKV_FWD_WORK(N) RX_WKV7_FWD_WORK(N)
+
+size_t rx_wkv7_slots(size_t BH) {
+    /* the CPUs at the first call, kept: every later sizing agrees */
+    static _Atomic int procs;
+    int n = procs;
+    if (!n) {
+        int expected = 0;
+#ifdef _OPENMP
+        n = omp_get_num_procs();
+#endif
+        if (n < 1) n = 1;
+        if (!atomic_compare_exchange_strong(&procs, &expected, n)) n = expected;
+    }
+    return BH < (size_t)n ? BH : (size_t)n;
+}
+
+size_t rx_wkv7_work_floats(size_t BH, size_t N) {
+    return BH * RX_WKV7_FWD_WORK(N) + rx_wkv7_slots(BH) * RX_WKV7_BWD_WORK(N);
+}
 
 /* r..b, y_out: [B][T][H][N]; s_init, s_final: [B][H][N][N]; cp as in
  * rx_internal.h; work [B*H][wstride >= WKV_FWD_WORK(N)] (NULL: one slot
@@ -470,13 +489,14 @@ int rx_wkv7_forward_seq(const float *r, const float *w, const float *k, const fl
                         head_size);
 }
 
-/* As rx_wkv7_forward_seq, also keeping the checkpoints cp; work [RX_WKV7_WORK] */
+/* As rx_wkv7_forward_seq, also keeping the checkpoints cp; work
+ * [rx_wkv7_work_floats(B*H, N)] */
 int rx_wkv7_forward_cp(const float *r, const float *w, const float *k, const float *v,
                        const float *a, const float *b, const float *s_init, float *y_out,
                        float *s_final, float *cp, float *work, int B, int T, int n_head,
                        int head_size) {
     return wkv7_forward(r, w, k, v, a, b, s_init, y_out, s_final, cp, work,
-                        work ? RX_WKV7_WORK(1, (size_t)head_size) : 0, B, T, n_head,
+                        work ? WKV_FWD_WORK((size_t)head_size) : 0, B, T, n_head,
                         head_size);
 }
 
@@ -600,7 +620,7 @@ int rx_wkv7_backward_cp(const float *r, const float *w, const float *k, const fl
     rc = rx_spans_check(fn, &out, &in);
     if (rc != RX_OK) return rc;
     const size_t ncp = (TT + RX_WKV7_CHUNK - 1) / RX_WKV7_CHUNK;
-    const size_t per = RX_WKV7_WORK(1, N);
+    const size_t per = RX_WKV7_BWD_WORK(N);
     const wkv_simd *fast = wkv7_simd(N);
     int nt = rx_in_parallel() ? 1 : rx_max_threads();
     size_t G = wkv7_units_per_head(fast, BH, TT, WKV_SPLIT_MIN_T_BWD, N, nt);
@@ -615,9 +635,14 @@ int rx_wkv7_backward_cp(const float *r, const float *w, const float *k, const fl
     }
     const size_t RT = G > 1 ? WKV_BACK_ROWS : N;
     if ((size_t)nt > BH * G) nt = (int)(BH * G);
+    /* the caller's scratch has rx_wkv7_slots threads' chunks after the
+     * forward's part: more threads than that (set after it was sized) run
+     * in fewer, to the same bits */
+    if (work && (size_t)nt > rx_wkv7_slots(BH)) nt = (int)rx_wkv7_slots(BH);
     /* standalone: scratch and checkpoints per thread, each head's made by
      * its own forward just before its backward */
     float *own = work ? NULL : rx_falloc((size_t)nt * per);
+    float *chunks = work ? work + BH * WKV_FWD_WORK(N) : own;
     float *own_cp = cp ? NULL : rx_falloc((size_t)nt * ncp * NN);
     if ((!work && !own) || (!cp && !own_cp)) {
         free(own);
@@ -633,7 +658,7 @@ int rx_wkv7_backward_cp(const float *r, const float *w, const float *k, const fl
          * dS [N][N]; sab [RX_WKV7_CHUNK + 1][N]: each step's sa; dsa, and a
          * zero dy and a discarded dr for the step before a sequence [N];
          * a tile uses its rows of each (the discarded dr: tile 0's only) */
-        float *buf = own ? own + tid * per : work + bh * per, *dS = buf + RX_WKV7_CHUNK * NN;
+        float *buf = chunks + tid * per, *dS = buf + RX_WKV7_CHUNK * NN;
         float *sab = dS + NN, *dsa = sab + (RX_WKV7_CHUNK + 1) * N, *zero = dsa + N;
         /* this tile's column sums: step t's at cb[q] + t*cs (tile 0: the
          * outputs, and step -1's dr into junk; the others: scratch rows) */

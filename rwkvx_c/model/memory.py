@@ -95,11 +95,11 @@ def acts_bytes(model: RxPtModel, fallback: int | None = None) -> tuple[int, int]
     `model` (in its recompute mode, precision and frozen setting, with the
     trainer's chunked head), the head's scratch (head_bytes) aside: a step
     of B sequences of T tokens keeps about B*T*first + B*second. The second
-    is what a sequence holds whatever its length: the WKV recurrence's
-    chunk scratch, [heads][65][N][N] floats, one for the whole step (every
-    RWKV block runs in it in turn): 34 MB at the 1.5B shape, 68 MB at
-    C 4096, whatever the depth, so a batch of short sequences costs more a
-    token than one long one.
+    is what a sequence holds whatever its length: each head's state in the
+    WKV recurrence's scratch, [heads][N][N] floats, one for the whole step
+    (every RWKV block runs in it in turn): 0.5 MB at the 1.5B shape, 1 MB
+    at C 4096, whatever the depth (the backward's chunk of recomputed
+    states is per thread).
 
     Runs forward and backward at two small sequence lengths and divides the
     heap difference (the activation buffers the model keeps) by the token
@@ -139,7 +139,7 @@ def _twin_bytes(model: RxPtModel) -> tuple[int, int] | None:
     m(2, 0) + (L - 2) (m(3, 0) - m(2, 0)) + [m(2, 1) - m(2, 0)] +
     (A - 1) (m(2, 2) - m(2, 1)), the bracket when A >= 1 (L >= 3 here: the
     model has more than TWIN_BLOCKS blocks and A <= L). Per sequence a
-    block adds nothing (the WKV chunk scratch is the step's, shared by the
+    block adds nothing (the WKV scratch is the step's, shared by the
     blocks; the checkpoints grow with the tokens): there m(3, 0) - m(2, 0)
     measures malloc's noise of a few KiB either way (a negative difference
     counts 0), so the second figure stays the shallow twin's, the one
