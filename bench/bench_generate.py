@@ -24,7 +24,9 @@ rwkvx_c as the frozen bf16 base of a one-step state tune `--init-from` it
 (what tuning an official .pth gives), and its BF16 GGUF export for
 llama.cpp.
 Each engine runs in a child
-process of its own, --repeat times; a column is the best of them. A
+process of its own, --repeat times, the engines in turn (one run of each
+a round, so on a shared machine they sample the same load); a column is
+the best of an engine's runs. A
 llama.cpp child killed by a signal runs again with llama.cpp's extra
 weight buffers off (`use_extra_bufts`: its AMX matmul crashes on RWKV-7's
 Q8_0 tensors on Sapphire Rapids), and its row says so.
@@ -261,12 +263,17 @@ def main():
     print("|---" * (len(cols) + 2) + "|")
     for fmt in a.formats.split(","):
         run, gguf, pth = made[fmt]
-        for name in a.engines.split(","):
-            if (name == "rwkv" and pth is None) or (name == "rwkvx_c-fast" and fmt != "q8_0"):
-                continue   # the rwkv package reads no Q8_0; the fast decode is a Q8_0 base's
-            res: dict = {}
-            for _ in range(a.repeat):
-                res = _best_of(res, _child(a, name, run, gguf, pth, env))
+        # the rwkv package reads no Q8_0; the fast decode is a Q8_0 base's
+        names = [n for n in a.engines.split(",")
+                 if not ((n == "rwkv" and pth is None) or (n == "rwkvx_c-fast" and fmt != "q8_0"))]
+        best: dict = {n: {} for n in names}
+        # round-robin: each round runs every engine once, so on a shared
+        # machine their bests sample the same stretch of load
+        for _ in range(a.repeat):
+            for name in names:
+                best[name] = _best_of(best[name], _child(a, name, run, gguf, pth, env))
+        for name in names:
+            res = best[name]
             rated = any(isinstance(res.get(c), float) for c in cols)
             shown = f"{name} ({res['note']})" if rated and res.get("note") else name
             print(f"| {shown} | {fmt} | " + " | ".join(_fmt(res.get(c, res.get('note', '-')))
