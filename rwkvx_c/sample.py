@@ -100,12 +100,14 @@ def load_run(path: str, base: str | None = None, rehash: bool = False,
         model = _core.RxPtModel(config, init=False, precision=precision, dense=held is None)
         names, dtype = _held_base(model, held, opts) if held is not None else ([], "fp32")
         # the parameters (a held base's in its dtype) and, while reading, the
-        # largest tensor twice: checked before anything is read
+        # largest tensor twice (a checkpoint's mapped pages are dropped once
+        # copied): checked before anything is read
         in_base = sum(model.params[n].size for n in names)
         per, nbytes = _core.base_dtype_block(dtype) if names else (1, 4)
         largest = config["vocab_size"] * config["n_embd"]
-        need = 4 * (model.n_params - in_base) + in_base // per * nbytes + 8 * largest \
-            if isinstance(tensors, Layered) else 8 * model.n_params
+        need = 4 * (model.n_params - in_base) + in_base // per * nbytes + 8 * largest
+        if adapters_of(tensors) and not isinstance(tensors, Layered):
+            need = 8 * model.n_params   # the merged weights are copies (without_adapters)
         memory.check(need, f"the model of {p}" + (f" (its base {dtype})" if names else ""),
                      "sample on a machine with more memory")
     except ConfigError as e:

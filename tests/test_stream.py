@@ -276,3 +276,44 @@ def test_a_large_bf16_folder_loads_within_the_models_size(tmp_path):
     # the model itself, and the largest tensor once more: its float32 copy on the way
     # to the model, or its mapped bf16 pages while the base copies them
     assert r["growth"] <= r["base"] + r["kept"] + r["largest"] + MARGIN
+
+
+_RUN_CHILD = """
+import json, sys
+from rwkvx_c.sample import load_model
+def hwm():
+    status = open("/proc/self/status").read()
+    return int(status.split("VmHWM:")[1].split()[0]) * 1024
+before = hwm()
+model = load_model(sys.argv[1])
+print(json.dumps(dict(growth=hwm() - before, params=4 * model.n_params,
+                      largest=max(4 * model.params[n].size for n in model.param_names))))
+"""
+
+
+def test_a_full_runs_checkpoint_loads_within_the_models_size(tmp_path):
+    """A whole run's checkpoint (its parameters and their two AdamW moments,
+    3x the model) loads holding the parameters once: the file's pages are
+    mapped, checksummed a span at a time and dropped, and each parameter's
+    dropped again once copied; never the moments, never the file whole (it
+    was read whole before: 4x the model's size at the peak)."""
+    import rwkvx_c as rx
+    from rwkvx_c.run.checkpoint import save_checkpoint
+    model = rx.RxPtModel(dict(BIG, vocab_size=256), init=True)
+    n = model.n_params
+    tensors = {k: v for k, v in model.params.items()}
+    rng = np.random.default_rng(0)
+    tensors["optim.m"] = rng.standard_normal(n, dtype=np.float32)
+    tensors["optim.v"] = rng.random(n, dtype=np.float32)
+    os.makedirs(tmp_path / "run")
+    save_checkpoint(str(tmp_path / "run" / "checkpoint.safetensors"), tensors, model.config,
+                    {"step": 1, "tokenizer": {"name": "byte"}})
+    del model, tensors
+    p = subprocess.run([sys.executable, "-c", _RUN_CHILD, str(tmp_path / "run")],
+                       capture_output=True, text=True, cwd=str(tmp_path),
+                       env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    print(f"load growth {r['growth'] / 2**20:.0f} MiB for {r['params'] / 2**20:.0f} MiB "
+          "of parameters")
+    assert r["growth"] <= r["params"] + r["largest"] + MARGIN

@@ -256,8 +256,8 @@ class Layered(Mapping[str, np.ndarray]):
         return name not in self._own and (small is None or small(name))
 
     def release(self, name: str) -> None:
-        drop = getattr(self._base, "release", None)
-        if name not in self._own and drop is not None:
+        drop = getattr(self._own if name in self._own else self._base, "release", None)
+        if drop is not None:
             drop(name)
 
     def hiding(self, hide: Callable[[str], bool]) -> Layered:

@@ -41,8 +41,13 @@ def load_params(model: RxPtModel, tensors: Mapping[str, np.ndarray], what: str,
         got = tuple(shape_of(name)) if shape_of is not None else tensors[name].shape
         if got != want:
             raise error(f"{what}: tensor {name} has shape {got}, the model expects {want}")
+    # a mapping that can drop a copied tensor's pages (a mapped file) does,
+    # so the source is never held whole beside the model
+    drop = getattr(tensors, "release", None)
     for name in names:
         model.params[name][...] = tensors[name]
+        if drop is not None:
+            drop(name)
 
 
 def load_states(model: RxPtModel, states: np.ndarray | None, what: str,

@@ -33,6 +33,10 @@ Why not the `safetensors` package: its writer wants the whole file in one
 call with no fsync and no streaming, and its reader returns copies; a
 NumPy writer of the same format is 40 lines, streams every tensor straight
 from the zero-copy parameter views, fsyncs, and checks everything on load.
+The reader maps the file: its tensors are views of the mapped pages, read
+when touched, and a reader that has copied one drops its pages again
+(CheckpointTensors.release), so loading a run's weights holds them once,
+never its optimiser moments (twice their size) at all.
 tests/test_checkpoint.py reads our files with the `safetensors` package
 when it is installed to keep the two in agreement.
 
@@ -43,6 +47,7 @@ moment leaves either the old checkpoint or the new one, never a torn file.
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import struct
 import zlib
@@ -55,8 +60,8 @@ from rwkvx_c.errors import CheckpointError
 from rwkvx_c.util.atomic import replacing
 from rwkvx_c.util.files import open_input
 
-__all__ = ["CheckpointError", "save_checkpoint", "read_checkpoint", "parse_checkpoint",
-           "read_state", "FORMAT", "VERSION", "STATE_KEY"]
+__all__ = ["CheckpointError", "CheckpointTensors", "save_checkpoint", "read_checkpoint",
+           "parse_checkpoint", "read_state", "FORMAT", "VERSION", "STATE_KEY"]
 
 FORMAT = "rwkvx_c.checkpoint"
 STATE_KEY = "state0"   # the initial WKV states of a state-tuned model
@@ -106,15 +111,53 @@ def save_checkpoint(path: str, tensors: Mapping[str, np.ndarray], config: Mappin
             f.write(tensors[name].data.cast("B"))
 
 
+# bytes of the data section checksummed between two drops of its pages
+_CRC_SPAN = 64 << 20
+
+
+class CheckpointTensors(dict):
+    """A checkpoint's tensors by name: read-only float32 views of the
+    file's bytes (of its mapped pages when read_checkpoint could map it).
+    release(name) drops that tensor's pages from the process's memory once
+    a reader has copied it; touched again, they are read from the file."""
+
+    def __init__(self, tensors: dict[str, np.ndarray], pages: mmap.mmap | None, at: int,
+                 spans: dict[str, tuple[int, int]]):
+        super().__init__(tensors)
+        self._pages, self._at, self._spans = pages, at, spans
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # sent to other processes (MPI ranks) as a plain dict of copies: a
+        # mapping does not travel
+        return dict, (dict(self),)
+
+    def release(self, name: str) -> None:
+        if self._pages is not None and name in self._spans:
+            b, e = self._spans[name]
+            _drop(self._pages, self._at + b, self._at + e)
+
+
+def _drop(pages: mmap.mmap, b: int, e: int) -> None:
+    """madvise(DONTNEED) the whole pages inside file bytes [b, e)."""
+    page = mmap.PAGESIZE
+    b, e = -(-b // page) * page, e // page * page
+    if e > b:
+        pages.madvise(mmap.MADV_DONTNEED, b, e - b)
+
+
 def read_checkpoint(path: str) -> Checkpoint:
     """(tensors, config, state) from a checkpoint written by save_checkpoint.
 
-    tensors maps names to read-only float32 arrays backed by the file's
-    bytes. Raises CheckpointError naming the file and the problem.
+    tensors (CheckpointTensors) maps names to read-only float32 arrays
+    backed by the file's mapped pages (its bytes read whole where it cannot
+    be mapped). Raises CheckpointError naming the file and the problem.
     """
     try:
         with open_input(path, CheckpointError, "checkpoint") as f:
-            blob = f.read()
+            try:
+                blob: bytes | mmap.mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            except (ValueError, OSError):   # empty, or a file system that maps nothing
+                blob = f.read()
     except FileNotFoundError:
         raise CheckpointError(f"no checkpoint at {path}") from None
     except OSError as e:
@@ -157,9 +200,10 @@ def _header_crc_ok(blob: bytes, hlen: int) -> bool | None:
     return want == b"%08x" % zlib.crc32(zeroed, zlib.crc32(blob[:8]))
 
 
-def parse_checkpoint(blob: bytes, path: str = "<bytes>") -> Checkpoint:
-    """(tensors, config, state) from the bytes of a checkpoint file; path
-    only names it in errors. See read_checkpoint."""
+def parse_checkpoint(blob: bytes | mmap.mmap, path: str = "<bytes>") -> Checkpoint:
+    """(tensors, config, state) from the bytes of a checkpoint file (or its
+    mapping, whose pages the checksum drops again as it goes); path only
+    names it in errors. See read_checkpoint."""
     def bad(msg: str) -> CheckpointError:
         return CheckpointError(f"checkpoint {path} {msg}")
 
@@ -217,9 +261,16 @@ def parse_checkpoint(blob: bytes, path: str = "<bytes>") -> Checkpoint:
         raise bad(f"is truncated ({len(data)} of {at} data bytes present)")
     if at < len(data):
         raise bad(f"is corrupt ({len(data) - at} bytes after the last tensor)")
-    if "%08x" % zlib.crc32(data) != crc_want:
+    pages = blob if isinstance(blob, mmap.mmap) else None
+    crc = 0
+    for b in range(0, len(data), _CRC_SPAN):
+        crc = zlib.crc32(data[b:b + _CRC_SPAN], crc)
+        if pages is not None:   # checked: those pages need not stay
+            _drop(pages, 8 + hlen + b, 8 + hlen + min(b + _CRC_SPAN, len(data)))
+    if "%08x" % crc != crc_want:
         raise bad("is corrupt (data checksum mismatch)")
     tensors = {}
     for b, end, name, shape in spans:
         tensors[name] = np.frombuffer(data[b:end], dtype="<f4").reshape(shape)
-    return tensors, config, state
+    return CheckpointTensors(tensors, pages, 8 + hlen, {n: (b, e) for b, e, n, _ in spans}), \
+        config, state
