@@ -185,7 +185,7 @@ def read_state(path: str) -> dict[str, Any]:
     return state if isinstance(state, dict) else {}
 
 
-def _header_crc_ok(blob: bytes, hlen: int) -> bool | None:
+def _header_crc_ok(blob: bytes | mmap.mmap, hlen: int) -> bool | None:
     """True when the header checksum matches (files of version 1 have none:
     None)."""
     header = blob[8:8 + hlen]
