@@ -59,10 +59,13 @@ class Saver(Stepper):
         self.optim = lisa_due(self.model, self.optim, self.opts, max(c["step"] - 1, 0))
         self._load_params(tensors, partial)
         n = self.optim.m.size
+        drop = getattr(tensors, "release", None)   # a mapped checkpoint's copied pages
         for key, buf in (("optim.m", self.optim.m), ("optim.v", self.optim.v)):
             if key not in tensors or tensors[key].shape != (n,):
                 raise TrainError(f"checkpoint lacks the optimiser state {key}")
             buf[...] = tensors[key]
+            if drop is not None:
+                drop(key)
         try:
             (self.pref or self.sampler).set_state(state["sampler"])
         except (TypeError, ValueError, KeyError, AttributeError, OverflowError) as e:
