@@ -7,7 +7,8 @@
  * every output must match bit for bit; the standalone ones are checked
  * against double loops in test_kernels.c and tests/test_wkv7.py. Built with
  * -fsanitize=address,undefined: cp and work are exactly their documented
- * sizes, so an overrun is a sanitizer error.
+ * sizes (work: rx_wkv7_work_floats, its backward part a thread's chunk for
+ * each of rx_wkv7_slots threads), so an overrun is a sanitizer error.
  *
  * Exit status: 0 when every check passes.
  */
@@ -48,7 +49,7 @@ static void test_cp(int B, int T, int H, int N, int with_state) {
     float *v = frand(n, -1, 1), *a = frand(n, -0.3f, 0), *b = frand(n, 0, 0.3f);
     float *dy = frand(n, -1, 1), *s0 = with_state ? frand(ns, -0.5f, 0.5f) : NULL;
     float *cp = malloc(RX_WKV7_CP(BH, (size_t)T, (size_t)N) * sizeof(float));
-    float *work = malloc(RX_WKV7_WORK(BH, (size_t)N) * sizeof(float));
+    float *work = malloc(rx_wkv7_work_floats(BH, (size_t)N) * sizeof(float));
     float *y0 = malloc(n * sizeof(float)), *y1 = malloc(n * sizeof(float));
     float *sf0 = malloc(ns * sizeof(float)), *sf1 = malloc(ns * sizeof(float));
     float *g0 = malloc(6 * n * sizeof(float)), *g1 = malloc(6 * n * sizeof(float));
@@ -86,6 +87,20 @@ static void test_cp(int B, int T, int H, int N, int with_state) {
         snprintf(what, sizeof what, "backward_cp dS_init (pass %d)", pass);
         same(what, dS1, dS0, ns, B, T, H, N);
     }
+#ifdef _OPENMP
+    /* more threads than the scratch was sized for (set after it was): the
+     * backward runs in the threads it has room for, to the same bits */
+    const int threads = omp_get_max_threads();
+    omp_set_num_threads(2 * (int)rx_wkv7_slots(BH) + 1);
+    memset(g1, 0xff, 6 * n * sizeof(float));
+    if (rx_wkv7_backward_cp(r, w, k, v, a, b, dy, s0, cp, work, g1, g1 + n, g1 + 2 * n,
+                            g1 + 3 * n, g1 + 4 * n, g1 + 5 * n, NULL, B, T, H, N) != RX_OK) {
+        printf("FAIL backward_cp rc past its slots\n");
+        failures++;
+    }
+    omp_set_num_threads(threads);
+    same("backward_cp past its slots", g1, g0, 6 * n, B, T, H, N);
+#endif
     /* the forward without y or s_final still keeps the checkpoints */
     memset(cp, 0, RX_WKV7_CP(BH, (size_t)T, (size_t)N) * sizeof(float));
     if (rx_wkv7_forward_cp(r, w, k, v, a, b, s0, NULL, NULL, cp, work, B, T, H, N) != RX_OK ||
