@@ -95,3 +95,30 @@ def test_foreign_safetensors_rejected(tmp_path):
     st.save_file({"w": np.ones(3, np.float32)}, p)
     with pytest.raises(CheckpointError, match="not an rwkvx_c checkpoint"):
         read_checkpoint(p)
+
+
+def test_a_mapped_tensor_copies_a_span_at_a_time(tmp_path, monkeypatch):
+    """copy_into copies a tensor MAP_SPAN bytes at a time (the span made
+    small here: many spans, a ragged last one) to the same values, into a
+    contiguous array or, whole, into a strided view; a checksum read of
+    that many spans still finds a flipped bit."""
+    import rwkvx_c.run.checkpoint as ck
+    monkeypatch.setattr(ck, "MAP_SPAN", 4096)
+    rng = np.random.default_rng(1)
+    t = {"m": rng.standard_normal(10_007).astype(np.float32),
+         "w": rng.standard_normal((33, 65)).astype(np.float32)}
+    p = str(tmp_path / "c.safetensors")
+    save_checkpoint(p, t, {"n": 1}, {"step": 1})
+    got, _, _ = read_checkpoint(p)
+    for name, want in t.items():
+        out = np.full(want.shape, np.nan, np.float32)
+        got.copy_into(name, out)
+        assert np.array_equal(out, want)
+    strided = np.full((33, 130), np.nan, np.float32)
+    got.copy_into("w", strided[:, ::2])
+    assert np.array_equal(strided[:, ::2], t["w"]) and np.isnan(strided[:, 1::2]).all()
+    blob = bytearray(Path(p).read_bytes())
+    blob[-5] ^= 0x10
+    Path(p).write_bytes(bytes(blob))
+    with pytest.raises(CheckpointError, match="checksum"):
+        read_checkpoint(p)

@@ -14,6 +14,7 @@ from rwkvx_c import _core
 from rwkvx_c.errors import RwkvxWarning
 from rwkvx_c.model import memory
 from rwkvx_c.model.config import ModelConfig
+from rwkvx_c.util.files import MAP_SPAN
 
 from hostile import SMALL, corpus, python
 
@@ -72,7 +73,10 @@ def test_one_formula_counts_the_weights(monkeypatch):
     """A full run's figure (PARAM_COPIES) and a fine-tune's (tune_bytes)
     both come from memory.weight_bytes."""
     from rwkvx_c.train import TrainOptions, base
-    assert memory.param_bytes(10) == 4 * memory.PARAM_COPIES * 10
+    # a resume's mapped checkpoint: one span of it at a time, at most the whole file
+    whole = memory.PARAM_COPIES + memory.CHECKPOINT_COPIES
+    assert memory.param_bytes(10) == 4 * whole * 10
+    assert memory.param_bytes(MAP_SPAN) == 4 * memory.PARAM_COPIES * MAP_SPAN + MAP_SPAN
     calls = []
     real = memory.weight_bytes
     monkeypatch.setattr(memory, "weight_bytes", lambda *a: calls.append(a) or real(*a))

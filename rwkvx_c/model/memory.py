@@ -24,6 +24,7 @@ import numpy as np
 
 from rwkvx_c import _core
 from rwkvx_c.errors import MemoryTooSmall, RwkvxWarning
+from rwkvx_c.util.files import MAP_SPAN
 
 if TYPE_CHECKING:
     from rwkvx_c._core import RxPtModel
@@ -31,11 +32,12 @@ if TYPE_CHECKING:
 __all__ = ["MemoryTooSmall", "estimate_params", "param_bytes", "acts_bytes_per_token",
            "acts_bytes", "rough_bytes_per_token", "head_bytes", "available_bytes",
            "address_space_free", "fits",
-           "check", "check_step", "weight_bytes", "PARAM_COPIES", "TRAINED_COPIES", "HEADROOM"]
+           "check", "check_step", "weight_bytes", "PARAM_COPIES", "CHECKPOINT_COPIES",
+           "TRAINED_COPIES", "HEADROOM"]
 
 TRAINED_COPIES = 3          # a trained element's grad and AdamW's two moments (float32 each)
-CHECKPOINT_COPIES = 3       # a resumed run's checkpoint, read: parameters, AdamW's m and v
-PARAM_COPIES = 1 + TRAINED_COPIES + CHECKPOINT_COPIES   # a full run, per parameter
+PARAM_COPIES = 1 + TRAINED_COPIES   # a full run, per parameter
+CHECKPOINT_COPIES = 3       # a whole run's checkpoint, per parameter: it, AdamW's m and v
 VECTORS_PER_LAYER = 32      # an RWKV block has ~22 C-vectors (lerps, biases, norms); margin
 HEADROOM = 0.9              # refuse beyond 90% of MemAvailable: the OS, Python, NumPy need some
 ROUGH_MARGIN = 4            # rough_bytes_per_token x this bounds the measured figure
@@ -60,8 +62,10 @@ def weight_bytes(held: int, trained: int, loading: int, base: int = 0) -> int:
 
 def param_bytes(n_params: int) -> int:
     """weight_bytes of a full run of n_params (PARAM_COPIES of each): every
-    parameter trains, and a resume reads its checkpoint."""
-    return weight_bytes(n_params, n_params, CHECKPOINT_COPIES * n_params)
+    parameter trains, and a resume reads its checkpoint mapped, holding one
+    MAP_SPAN of it at a time as it checks and copies it
+    (rwkvx_c.run.checkpoint), at most the whole file."""
+    return weight_bytes(n_params, n_params, min(MAP_SPAN // 4, CHECKPOINT_COPIES * n_params))
 
 
 def _heap_in_use() -> int | None:

@@ -42,9 +42,13 @@ def load_params(model: RxPtModel, tensors: Mapping[str, np.ndarray], what: str,
         if got != want:
             raise error(f"{what}: tensor {name} has shape {got}, the model expects {want}")
     # a mapping that can drop a copied tensor's pages (a mapped file) does,
-    # so the source is never held whole beside the model
-    drop = getattr(tensors, "release", None)
+    # so the source is never held whole beside the model; a checkpoint's
+    # copies a span at a time (CheckpointTensors.copy_into)
+    copy, drop = getattr(tensors, "copy_into", None), getattr(tensors, "release", None)
     for name in names:
+        if copy is not None:
+            copy(name, model.params[name])
+            continue
         model.params[name][...] = tensors[name]
         if drop is not None:
             drop(name)

@@ -58,7 +58,7 @@ import numpy as np
 
 from rwkvx_c.errors import CheckpointError
 from rwkvx_c.util.atomic import replacing
-from rwkvx_c.util.files import open_input
+from rwkvx_c.util.files import MAP_SPAN, open_input
 
 __all__ = ["CheckpointError", "CheckpointTensors", "save_checkpoint", "read_checkpoint",
            "parse_checkpoint", "read_state", "FORMAT", "VERSION", "STATE_KEY"]
@@ -111,10 +111,6 @@ def save_checkpoint(path: str, tensors: Mapping[str, np.ndarray], config: Mappin
             f.write(tensors[name].data.cast("B"))
 
 
-# bytes of the data section checksummed between two drops of its pages
-_CRC_SPAN = 64 << 20
-
-
 class CheckpointTensors(dict):
     """A checkpoint's tensors by name: read-only float32 views of the
     file's bytes (of its mapped pages when read_checkpoint could map it).
@@ -135,6 +131,23 @@ class CheckpointTensors(dict):
         if self._pages is not None and name in self._spans:
             b, e = self._spans[name]
             _drop(self._pages, self._at + b, self._at + e)
+
+    def copy_into(self, name: str, out: np.ndarray) -> None:
+        """out[...] = self[name] (out C-contiguous, of its size) MAP_SPAN
+        bytes at a time, each span's pages dropped once copied: a tensor as
+        large as the model (AdamW's moments) never whole in memory twice."""
+        src, dst = self[name].reshape(-1), out.reshape(-1)
+        if not np.shares_memory(dst, out):   # reshape copied: out is not contiguous
+            out[...] = self[name]
+            self.release(name)
+            return
+        step = MAP_SPAN // 4
+        b0 = self._spans[name][0] if name in self._spans else 0
+        for i in range(0, src.size, step):
+            dst[i:i + step] = src[i:i + step]
+            if self._pages is not None:
+                _drop(self._pages, self._at + b0 + 4 * i,
+                      self._at + b0 + 4 * min(i + step, src.size))
 
 
 def _drop(pages: mmap.mmap, b: int, e: int) -> None:
@@ -263,10 +276,10 @@ def parse_checkpoint(blob: bytes | mmap.mmap, path: str = "<bytes>") -> Checkpoi
         raise bad(f"is corrupt ({len(data) - at} bytes after the last tensor)")
     pages = blob if isinstance(blob, mmap.mmap) else None
     crc = 0
-    for b in range(0, len(data), _CRC_SPAN):
-        crc = zlib.crc32(data[b:b + _CRC_SPAN], crc)
+    for b in range(0, len(data), MAP_SPAN):
+        crc = zlib.crc32(data[b:b + MAP_SPAN], crc)
         if pages is not None:   # checked: those pages need not stay
-            _drop(pages, 8 + hlen + b, 8 + hlen + min(b + _CRC_SPAN, len(data)))
+            _drop(pages, 8 + hlen + b, 8 + hlen + min(b + MAP_SPAN, len(data)))
     if "%08x" % crc != crc_want:
         raise bad("is corrupt (data checksum mismatch)")
     tensors = {}

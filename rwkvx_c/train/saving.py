@@ -59,13 +59,16 @@ class Saver(Stepper):
         self.optim = lisa_due(self.model, self.optim, self.opts, max(c["step"] - 1, 0))
         self._load_params(tensors, partial)
         n = self.optim.m.size
-        drop = getattr(tensors, "release", None)   # a mapped checkpoint's copied pages
+        # a mapped checkpoint copies a span at a time (CheckpointTensors): a
+        # moment is as large as what trains
+        copy = getattr(tensors, "copy_into", None)
         for key, buf in (("optim.m", self.optim.m), ("optim.v", self.optim.v)):
             if key not in tensors or tensors[key].shape != (n,):
                 raise TrainError(f"checkpoint lacks the optimiser state {key}")
-            buf[...] = tensors[key]
-            if drop is not None:
-                drop(key)
+            if copy is not None:
+                copy(key, buf)
+            else:
+                buf[...] = tensors[key]
         try:
             (self.pref or self.sampler).set_state(state["sampler"])
         except (TypeError, ValueError, KeyError, AttributeError, OverflowError) as e:

@@ -24,6 +24,9 @@ from typing import IO
 __all__ = ["open_input", "read_input", "read_json", "check_input", "MAX_JSON_BYTES"]
 
 MAX_JSON_BYTES = 1 << 24   # a config or index JSON file is kilobytes; a tokenizer.json is not one
+# bytes of a mapped checkpoint a reader checksums between two drops of its
+# pages: with the tensor it is copying, all of the file it holds at once
+MAP_SPAN = 64 << 20
 
 
 def _kind(mode: int) -> str:
