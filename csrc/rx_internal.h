@@ -698,10 +698,13 @@ int rx_layernorm_backward_eps(const float *x, const float *w, const float *b, co
  * floats, 1.0 MiB at N = 64) still stays in a 2 MiB L2. */
 #define RX_WKV7_CHUNK 64
 #define RX_WKV7_CP(BH, T, N) ((BH) * (((T) + RX_WKV7_CHUNK - 1) / RX_WKV7_CHUNK) * (N) * (N))
+/* a (sequence, head)'s part of the forward: its state [N][N] (used when
+ * s_final is NULL) and sa [2][N]; a thread's of the backward: a chunk of
+ * states [RX_WKV7_CHUNK][N][N], dS [N][N], each step's sa and more [N] */
 #define RX_WKV7_FWD_WORK(N) ((N) * (N) + 2 * (N))
 #define RX_WKV7_BWD_WORK(N) ((RX_WKV7_CHUNK + 1) * (N) * (N) + (RX_WKV7_CHUNK + 4) * (N))
-/* The backward's threads for B*H heads: at most the CPUs the process
- * started with (a fixed figure, so that a scratch sized by it fits every
+/* The backward's threads for B*H heads: at most the process's CPUs at the
+ * first call (a fixed figure, so that a scratch sized by it fits every
  * later call whatever the thread count then) */
 size_t rx_wkv7_slots(size_t BH);
 size_t rx_wkv7_work_floats(size_t BH, size_t N);

@@ -80,7 +80,8 @@ static size_t tm_acts_floats(const rx_tm_params *P, size_t B, size_t T, int lean
                rx_lines(BT * C) +
            rx_lines(BT * (size_t)P->Dw) + rx_lines(BT * (size_t)P->Da) +
            rx_lines(BT * (size_t)P->Dg) + rx_lines(BT * Dv) + rx_lines(BT * H) +
-           rx_lines(RX_WKV7_CP(B * H, T, N)) + (own_work ? rx_lines(rx_wkv7_work_floats(B * H, N)) : 0);
+           rx_lines(RX_WKV7_CP(B * H, T, N)) +
+           (own_work ? rx_lines(rx_wkv7_work_floats(B * H, N)) : 0);
 }
 
 size_t rx_tm_acts_floats(const rx_tm_params *P, size_t B, size_t T) {

@@ -380,10 +380,6 @@ static void forward_head(const float *r, const float *w, const float *k, const f
 #undef OFF
 }
 
-/* Per (b, h) scratch of the forward: a state [N][N] (used when s_final is
- * NULL) and sa [2][N], the first part of rx_wkv7_work_floats */
-#define WKV_FWD_WORK(N) RX_WKV7_FWD_WORK(N)
-
 size_t rx_wkv7_slots(size_t BH) {
     /* the CPUs at the first call, kept: every later sizing agrees */
     static _Atomic int procs;
@@ -404,7 +400,7 @@ size_t rx_wkv7_work_floats(size_t BH, size_t N) {
 }
 
 /* r..b, y_out: [B][T][H][N]; s_init, s_final: [B][H][N][N]; cp as in
- * rx_internal.h; work [B*H][wstride >= WKV_FWD_WORK(N)] (NULL: one slot
+ * rx_internal.h; work [B*H][wstride >= RX_WKV7_FWD_WORK(N)] (NULL: one slot
  * per thread allocated here) */
 static int wkv7_forward(const float *r, const float *w, const float *k, const float *v,
                         const float *a, const float *b, const float *s_init, float *y_out,
@@ -432,7 +428,7 @@ static int wkv7_forward(const float *r, const float *w, const float *k, const fl
     const int lockstep = G == 1;
     float *own = NULL;
     if (!work) {
-        wstride = WKV_FWD_WORK(N);
+        wstride = RX_WKV7_FWD_WORK(N);
         work = own = rx_falloc((lockstep ? BH : (size_t)nt) * wstride);
         if (!own) return rx_fail(RX_ENOMEM, "rx_wkv7_forward: out of memory");
     }
@@ -496,7 +492,7 @@ int rx_wkv7_forward_cp(const float *r, const float *w, const float *k, const flo
                        float *s_final, float *cp, float *work, int B, int T, int n_head,
                        int head_size) {
     return wkv7_forward(r, w, k, v, a, b, s_init, y_out, s_final, cp, work,
-                        work ? WKV_FWD_WORK((size_t)head_size) : 0, B, T, n_head,
+                        work ? RX_WKV7_FWD_WORK((size_t)head_size) : 0, B, T, n_head,
                         head_size);
 }
 
@@ -642,7 +638,7 @@ int rx_wkv7_backward_cp(const float *r, const float *w, const float *k, const fl
     /* standalone: scratch and checkpoints per thread, each head's made by
      * its own forward just before its backward */
     float *own = work ? NULL : rx_falloc((size_t)nt * per);
-    float *chunks = work ? work + BH * WKV_FWD_WORK(N) : own;
+    float *chunks = work ? work + BH * RX_WKV7_FWD_WORK(N) : own;
     float *own_cp = cp ? NULL : rx_falloc((size_t)nt * ncp * NN);
     if ((!work && !own) || (!cp && !own_cp)) {
         free(own);
