@@ -16,7 +16,6 @@ package's). docs/interop.md has the tensor table.
 """
 from __future__ import annotations
 
-import mmap
 from typing import Any
 
 import numpy as np
@@ -27,6 +26,7 @@ from rwkvx_c.errors import InteropError
 from rwkvx_c.interop.gguf import ARCH, STAND_INS, gguf_pairs, gguf_vocab, need_gguf
 from rwkvx_c.interop.rwkv7 import PairedWeights
 from rwkvx_c.model.config import ModelConfig
+from rwkvx_c.util.files import drop_pages
 
 __all__ = ["GgufWeights", "ggml_dtype"]
 
@@ -214,8 +214,4 @@ class GgufWeights(PairedWeights):
         m = getattr(self._r.data, "_mmap", None)
         if m is None or not t.n_bytes:
             return
-        page = mmap.PAGESIZE
-        b = -(-t.data_offset // page) * page
-        e = (t.data_offset + t.n_bytes) // page * page
-        if e > b:
-            m.madvise(mmap.MADV_DONTNEED, b, e - b)
+        drop_pages(m, t.data_offset, t.data_offset + t.n_bytes)

@@ -21,7 +21,7 @@ import numpy as np
 
 from rwkvx_c.errors import InteropError
 from rwkvx_c.util.atomic import replacing
-from rwkvx_c.util.files import open_input
+from rwkvx_c.util.files import drop_pages, open_input
 
 __all__ = ["DTYPES", "load_pth", "save_pth", "PthTensors", "MappedTensors", "to_bf16_bits"]
 
@@ -248,10 +248,7 @@ class MappedTensors:
         if not r.nbytes:
             return
         start = r.__array_interface__["data"][0] - _address(self._map)
-        page = mmap.PAGESIZE
-        b, e = -(-start // page) * page, (start + r.nbytes) // page * page
-        if e > b:
-            self._map.madvise(mmap.MADV_DONTNEED, b, e - b)
+        drop_pages(self._map, start, start + r.nbytes)
 
     def array(self, name: str) -> np.ndarray:
         """The tensor as float32 (bf16 and fp16 converted exactly), refusing

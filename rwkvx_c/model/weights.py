@@ -17,7 +17,7 @@ from rwkvx_c.errors import CheckpointError, RwkvxError
 if TYPE_CHECKING:
     from rwkvx_c._core import RxPtModel
 
-__all__ = ["load_params", "load_states", "auto_base_dtype", "fill_base"]
+__all__ = ["load_params", "copy_tensor", "load_states", "auto_base_dtype", "fill_base"]
 
 
 def load_params(model: RxPtModel, tensors: Mapping[str, np.ndarray], what: str,
@@ -41,17 +41,23 @@ def load_params(model: RxPtModel, tensors: Mapping[str, np.ndarray], what: str,
         got = tuple(shape_of(name)) if shape_of is not None else tensors[name].shape
         if got != want:
             raise error(f"{what}: tensor {name} has shape {got}, the model expects {want}")
-    # a mapping that can drop a copied tensor's pages (a mapped file) does,
-    # so the source is never held whole beside the model; a checkpoint's
-    # copies a span at a time (CheckpointTensors.copy_into)
-    copy, drop = getattr(tensors, "copy_into", None), getattr(tensors, "release", None)
     for name in names:
-        if copy is not None:
-            copy(name, model.params[name])
-            continue
-        model.params[name][...] = tensors[name]
-        if drop is not None:
-            drop(name)
+        copy_tensor(tensors, name, model.params[name])
+
+
+def copy_tensor(tensors: Mapping[str, np.ndarray], name: str, out: np.ndarray) -> None:
+    """out[...] = tensors[name], the source never held whole beside out: a
+    mapping that copies a span at a time does so (a checkpoint's,
+    rwkvx_c.run.checkpoint.CheckpointTensors.copy_into), one that can drop
+    a copied tensor's pages (a mapped file) drops them."""
+    copy = getattr(tensors, "copy_into", None)
+    if copy is not None:
+        copy(name, out)
+        return
+    out[...] = tensors[name]
+    drop = getattr(tensors, "release", None)
+    if drop is not None:
+        drop(name)
 
 
 def load_states(model: RxPtModel, states: np.ndarray | None, what: str,

@@ -58,7 +58,7 @@ import numpy as np
 
 from rwkvx_c.errors import CheckpointError
 from rwkvx_c.util.atomic import replacing
-from rwkvx_c.util.files import MAP_SPAN, open_input
+from rwkvx_c.util.files import MAP_SPAN, drop_pages, open_input
 
 __all__ = ["CheckpointError", "CheckpointTensors", "save_checkpoint", "read_checkpoint",
            "parse_checkpoint", "read_state", "FORMAT", "VERSION", "STATE_KEY"]
@@ -130,32 +130,22 @@ class CheckpointTensors(dict):
     def release(self, name: str) -> None:
         if self._pages is not None and name in self._spans:
             b, e = self._spans[name]
-            _drop(self._pages, self._at + b, self._at + e)
+            drop_pages(self._pages, self._at + b, self._at + e)
 
     def copy_into(self, name: str, out: np.ndarray) -> None:
-        """out[...] = self[name] (out C-contiguous, of its size) MAP_SPAN
-        bytes at a time, each span's pages dropped once copied: a tensor as
-        large as the model (AdamW's moments) never whole in memory twice."""
-        src, dst = self[name].reshape(-1), out.reshape(-1)
-        if not np.shares_memory(dst, out):   # reshape copied: out is not contiguous
+        """out[...] = self[name] MAP_SPAN bytes at a time into a contiguous
+        out, each span's pages dropped once copied: a tensor as large as
+        the model (AdamW's moments) never whole in memory twice."""
+        span = self._spans.get(name)
+        if self._pages is None or span is None or not out.flags.c_contiguous:
             out[...] = self[name]
             self.release(name)
             return
+        src, dst, at = self[name].reshape(-1), out.reshape(-1), self._at + span[0]
         step = MAP_SPAN // 4
-        b0 = self._spans[name][0] if name in self._spans else 0
         for i in range(0, src.size, step):
             dst[i:i + step] = src[i:i + step]
-            if self._pages is not None:
-                _drop(self._pages, self._at + b0 + 4 * i,
-                      self._at + b0 + 4 * min(i + step, src.size))
-
-
-def _drop(pages: mmap.mmap, b: int, e: int) -> None:
-    """madvise(DONTNEED) the whole pages inside file bytes [b, e)."""
-    page = mmap.PAGESIZE
-    b, e = -(-b // page) * page, e // page * page
-    if e > b:
-        pages.madvise(mmap.MADV_DONTNEED, b, e - b)
+            drop_pages(self._pages, at + 4 * i, at + 4 * min(i + step, src.size))
 
 
 def read_checkpoint(path: str) -> Checkpoint:
@@ -279,7 +269,7 @@ def parse_checkpoint(blob: bytes | mmap.mmap, path: str = "<bytes>") -> Checkpoi
     for b in range(0, len(data), MAP_SPAN):
         crc = zlib.crc32(data[b:b + MAP_SPAN], crc)
         if pages is not None:   # checked: those pages need not stay
-            _drop(pages, 8 + hlen + b, 8 + hlen + min(b + MAP_SPAN, len(data)))
+            drop_pages(pages, 8 + hlen + b, 8 + hlen + min(b + MAP_SPAN, len(data)))
     if "%08x" % crc != crc_want:
         raise bad("is corrupt (data checksum mismatch)")
     tensors = {}

@@ -14,6 +14,7 @@ from rwkvx_c.data.sampler import IGNORE
 from rwkvx_c.errors import TrainError
 from rwkvx_c.interop.source import base_weights
 from rwkvx_c.model.config import ModelConfig
+from rwkvx_c.model.weights import copy_tensor
 from rwkvx_c.run.base import BASE_KEY
 from rwkvx_c.run.checkpoint import save_checkpoint
 from rwkvx_c.train.assemble import load_source, load_weights
@@ -59,16 +60,10 @@ class Saver(Stepper):
         self.optim = lisa_due(self.model, self.optim, self.opts, max(c["step"] - 1, 0))
         self._load_params(tensors, partial)
         n = self.optim.m.size
-        # a mapped checkpoint copies a span at a time (CheckpointTensors): a
-        # moment is as large as what trains
-        copy = getattr(tensors, "copy_into", None)
         for key, buf in (("optim.m", self.optim.m), ("optim.v", self.optim.v)):
             if key not in tensors or tensors[key].shape != (n,):
                 raise TrainError(f"checkpoint lacks the optimiser state {key}")
-            if copy is not None:
-                copy(key, buf)
-            else:
-                buf[...] = tensors[key]
+            copy_tensor(tensors, key, buf)   # a moment is as large as what trains
         try:
             (self.pref or self.sampler).set_state(state["sampler"])
         except (TypeError, ValueError, KeyError, AttributeError, OverflowError) as e:

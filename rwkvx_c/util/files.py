@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import mmap
 import os
 import stat
 from typing import IO
@@ -27,6 +28,15 @@ MAX_JSON_BYTES = 1 << 24   # a config or index JSON file is kilobytes; a tokeniz
 # bytes of a mapped checkpoint a reader checksums between two drops of its
 # pages: with the tensor it is copying, all of the file it holds at once
 MAP_SPAN = 64 << 20
+
+
+def drop_pages(m: mmap.mmap, b: int, e: int) -> None:
+    """Drop the whole pages inside bytes [b, e) of the file mapping m from
+    this process's memory (read from the file again if touched again)."""
+    page = mmap.PAGESIZE
+    b, e = -(-b // page) * page, e // page * page
+    if e > b:
+        m.madvise(mmap.MADV_DONTNEED, b, e - b)
 
 
 def _kind(mode: int) -> str:
