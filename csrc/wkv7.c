@@ -44,7 +44,6 @@
  * Both forms follow the same equations; they differ only in the order of
  * float additions.
  */
-#include <stdatomic.h>
 #include <string.h>
 
 #include "rx_internal.h"
@@ -381,16 +380,19 @@ static void forward_head(const float *r, const float *w, const float *k, const f
 }
 
 size_t rx_wkv7_slots(size_t BH) {
-    /* the CPUs at the first call, kept: every later sizing agrees */
-    static _Atomic int procs;
-    int n = procs;
+    /* the CPUs at the first call, kept (the first of racing callers wins):
+     * every later sizing agrees */
+    static int procs;
+    int n = __atomic_load_n(&procs, __ATOMIC_ACQUIRE);
     if (!n) {
-        int expected = 0;
+        int first = 0;
 #ifdef _OPENMP
         n = omp_get_num_procs();
 #endif
         if (n < 1) n = 1;
-        if (!atomic_compare_exchange_strong(&procs, &expected, n)) n = expected;
+        if (!__atomic_compare_exchange_n(&procs, &first, n, 0, __ATOMIC_ACQ_REL,
+                                         __ATOMIC_ACQUIRE))
+            n = first;
     }
     return BH < (size_t)n ? BH : (size_t)n;
 }
