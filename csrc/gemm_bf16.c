@@ -70,6 +70,18 @@
  * panel runs over it. */
 #define BCHUNK_BYTES (256 * 1024)
 #define MAX_OPS 16           /* ops of one pass (rx_sgemm_batch's batch size) */
+/* bf16 elements of packed op(B) one pass holds: 64 MiB. A batch whose
+ * op(B)s outgrow it runs in passes over windows of its ops (bgemm_ops; the
+ * head's 65,536 x 4,096 is 512 MiB whole), each C element still summed over
+ * the same k ranges in the same order, so the bits do not depend on it. */
+#define PACK_BUDGET ((size_t)32 << 20)
+static size_t pack_budget = PACK_BUDGET;   /* rx_bgemm_pack_budget's */
+
+size_t rx_bgemm_pack_budget(size_t elems) {
+    const size_t was = pack_budget;
+    pack_budget = elems ? elems : PACK_BUDGET;
+    return was;
+}
 
 typedef uint16_t bf16;
 
@@ -90,9 +102,14 @@ static inline float bf16_float(bf16 h) {
 
 typedef struct {
     const rx_gemm_op *g;
-    size_t mp, np, nkc;   /* M, N padded to BLK; K in BT_K chunks */
+    size_t mp, np, nkc;   /* M, N padded to BLK; the pass's k chunks (of BT_K) */
     bf16 *bp;             /* [np/16][nkc][16][32]; op(A) is packed per panel */
     int prepacked;        /* bp is a frozen base's store, read in place (never written) */
+    /* The pass's window of the product: columns [j0, j1) (multiples of
+     * BLK, j1 <= np) over k chunks [kw, kw + nkc) (kw a multiple of KCB);
+     * only its blocks of op(B) are packed and held, bp addressing block
+     * (j / 16, k chunk) of the whole op(B) */
+    size_t j0, j1, kw;
 } bop;
 
 static inline float opa(const rx_gemm_op *g, size_t i, size_t k) {
@@ -111,7 +128,7 @@ static void pack_a_generic(const bop *o, size_t b0, size_t b1, bf16 *ap) {
             bf16 *dst = ap + ((rb - b0) * o->nkc + kc) * BT_E;
             for (size_t r = 0; r < BT_R; r++)
                 for (size_t q = 0; q < BT_K; q++) {
-                    size_t i = rb * BT_R + r, k = kc * BT_K + q;
+                    size_t i = rb * BT_R + r, k = (o->kw + kc) * BT_K + q;
                     dst[r * BT_K + q] = i < g->M && k < g->K ? bf16_round(opa(g, i, k)) : 0;
                 }
         }
@@ -211,14 +228,14 @@ RX_PACK512 static void pack_a_512(const bop *o, size_t b0, size_t b1, bf16 *ap) 
     if (g->ta) {
         for (size_t kc = 0; kc < o->nkc; kc++)
             for (size_t rb = b0; rb < b1; rb++)
-                kmajor_block(g->A, g->lda, rb * BT_R, rx_lanes(rb * BT_R, M), kc * BT_K, K,
-                             ap + ((rb - b0) * o->nkc + kc) * BT_E);
+                kmajor_block(g->A, g->lda, rb * BT_R, rx_lanes(rb * BT_R, M),
+                             (o->kw + kc) * BT_K, K, ap + ((rb - b0) * o->nkc + kc) * BT_E);
         return;
     }
     for (size_t rb = b0; rb < b1; rb++)
         for (size_t kc = 0; kc < o->nkc; kc++) {
             bf16 *dst = ap + ((rb - b0) * o->nkc + kc) * BT_E;
-            const size_t i0 = rb * BT_R, k0 = kc * BT_K;
+            const size_t i0 = rb * BT_R, k0 = (o->kw + kc) * BT_K;
             for (size_t r = 0; r < BT_R; r++) {
                 const float *row = i0 + r < M ? g->A + (i0 + r) * g->lda : NULL;
                 _mm512_storeu_si512(dst + r * BT_K,
@@ -491,6 +508,12 @@ int rx_bgemm_pays(void) {
 
 /* ---- the batch driver ---------------------------------------------------- */
 
+/* op(B) of g in the packed layout from a source that holds it so (a bf16
+ * base at bf16 precision), read in place; else NULL */
+static const uint16_t *prepacked_b(const rx_gemm_op *g) {
+    return g->bsrc && !g->tb ? g->bsrc->packed(g->bsrc_of, g->N, g->K) : NULL;
+}
+
 /* The compute phase's work item: op k's rows [i0, i0+PANEL) by columns
  * [j0, j1). The item packs its A panel (PANEL rows, all of K) into the
  * thread's own buffer, where it stays in L2 while the item's columns are
@@ -518,12 +541,14 @@ static void compute_item(const bgemm_impl *im, const bop *o, size_t i0, size_t j
         const size_t jc1 = jc + cw < j1 ? jc + cw : j1;
         for (size_t kb = 0; kb < o->nkc; kb += KCB) {
             const size_t nk = o->nkc - kb < KCB ? o->nkc - kb : KCB;
-            const int acc = kb > 0 || g->beta != 0.0f;
+            /* a k window after the first adds to what the earlier ones wrote */
+            const int acc = kb > 0 || o->kw > 0 || g->beta != 0.0f;
             for (size_t i = i0; i < i1; i += BLK)
                 for (size_t j = jc; j < jc1; j += BLK) {
                     size_t mr = g->M - i < BLK ? g->M - i : BLK, nr = g->N - j < BLK ? g->N - j : BLK;
-                    im->kern(ap + (i - i0) / BT_R * bs + kb * BT_E, o->bp + j / BT_R * bs + kb * BT_E,
-                             nk, bs, g->C + i * g->ldc + j, g->ldc, mr, nr, acc);
+                    im->kern(ap + (i - i0) / BT_R * bs + kb * BT_E,
+                             o->bp + j / BT_R * bs + (o->kw + kb) * BT_E, nk, bs,
+                             g->C + i * g->ldc + j, g->ldc, mr, nr, acc);
                 }
         }
     }
@@ -539,7 +564,7 @@ typedef struct {
 /* Packing tasks of op o with kc k chunks per task. */
 static size_t pack_tasks(const bop *o, size_t kc) {
     if (o->prepacked) return 0;
-    return (o->np / BT_R + PACK_BCOLS - 1) / PACK_BCOLS * ((o->nkc + kc - 1) / kc);
+    return ((o->j1 - o->j0) / BT_R + PACK_BCOLS - 1) / PACK_BCOLS * ((o->nkc + kc - 1) / kc);
 }
 
 static size_t find_op(const size_t *prefix, size_t n, size_t w) {
@@ -548,30 +573,42 @@ static size_t find_op(const size_t *prefix, size_t n, size_t w) {
     return k;
 }
 
-/* Up to MAX_OPS live ops (M, N, K >= 1) in one pass: op(B) of every op is
- * packed first (the weights, or the output grads of a weight gradient),
- * then the items run. RX_ENOMEM (C untouched) when the packing buffer
- * cannot be allocated. */
-static int bgemm_pass(const bgemm_impl *im, const rx_gemm_op *ops, size_t n) {
+/* One pass's share of a live op (M, N, K >= 1): its columns [j0, j1),
+ * multiples of BLK (j1 at most N rounded up to BLK), over k chunks [kw,
+ * kw + nk) (kw a multiple of KCB, so each C element is summed over the
+ * same KCB ranges in the same order as by the whole op). */
+typedef struct {
+    const rx_gemm_op *g;
+    size_t j0, j1, kw, nk;
+} bpiece;
+
+/* Up to MAX_OPS pieces in one pass: op(B) of every piece is packed first
+ * (the weights, or the output grads of a weight gradient), then the items
+ * run. RX_ENOMEM (C untouched) when the packing buffer cannot be
+ * allocated. */
+static int bgemm_pass(const bgemm_impl *im, const bpiece *pc, size_t n) {
     bop o[MAX_OPS];
     bplan pl;
     int nt = rx_in_parallel() ? 1 : rx_max_threads();
     size_t need = 0, panel = 0, panels = 0;
     double total = 0.0;
     for (size_t k = 0; k < n; k++) {
-        const rx_gemm_op *g = &ops[k];
+        const rx_gemm_op *g = pc[k].g;
         o[k].g = g;
         o[k].mp = (g->M + BLK - 1) / BLK * BLK;
         o[k].np = (g->N + BLK - 1) / BLK * BLK;
-        o[k].nkc = (g->K + BT_K - 1) / BT_K;
+        o[k].nkc = pc[k].nk;
+        o[k].j0 = pc[k].j0;
+        o[k].j1 = pc[k].j1;
+        o[k].kw = pc[k].kw;
         /* a source holding this layout: its forward product reads it in place */
-        const uint16_t *pre = g->bsrc && !g->tb ? g->bsrc->packed(g->bsrc_of, g->N, g->K) : NULL;
+        const uint16_t *pre = prepacked_b(g);
         o[k].prepacked = pre != NULL;
         o[k].bp = (bf16 *)(uintptr_t)pre;
-        if (!pre) need += o[k].np * o[k].nkc * BT_K;
+        if (!pre) need += (o[k].j1 - o[k].j0) * o[k].nkc * BT_K;
         if (PANEL * o[k].nkc * BT_K > panel) panel = PANEL * o[k].nkc * BT_K;
         panels += (o[k].mp + PANEL - 1) / PANEL;
-        total += (double)g->M * g->N * g->K;
+        total += (double)g->M * (double)(o[k].j1 - o[k].j0) * (double)(o[k].nkc * BT_K);
     }
     /* below ~10 us of work a fork/join costs more than it saves */
     if (total < RX_GEMM_MIN_PAR) nt = 1;
@@ -585,9 +622,9 @@ static int bgemm_pass(const bgemm_impl *im, const rx_gemm_op *ops, size_t n) {
     }
     pl.pb[0] = pl.ci[0] = 0;
     for (size_t k = 0; k < n; k++) {
-        size_t nblk = o[k].np / BLK, ncr = cuts < nblk ? cuts : nblk;
+        size_t nblk = (o[k].j1 - o[k].j0) / BLK, ncr = cuts < nblk ? cuts : nblk;
         pl.cw[k] = (nblk + ncr - 1) / ncr * BLK;
-        pl.ncr[k] = (o[k].np + pl.cw[k] - 1) / pl.cw[k];
+        pl.ncr[k] = (o[k].j1 - o[k].j0 + pl.cw[k] - 1) / pl.cw[k];
         pl.pb[k + 1] = pl.pb[k] + pack_tasks(&o[k], pl.kc);
         pl.ci[k + 1] = pl.ci[k] + (o[k].mp + PANEL - 1) / PANEL * pl.ncr[k];
     }
@@ -601,8 +638,10 @@ static int bgemm_pass(const bgemm_impl *im, const rx_gemm_op *ops, size_t n) {
     bf16 *p = pack;
     for (size_t k = 0; k < n; k++) {
         if (o[k].prepacked) continue;
-        o[k].bp = p;
-        p += o[k].np * o[k].nkc * BT_K;
+        /* the window's blocks at p, bp addressing its first there */
+        o[k].bp = (bf16 *)((uintptr_t)p -
+                           (o[k].j0 / BT_R * o[k].nkc + o[k].kw) * BT_E * sizeof(bf16));
+        p += (o[k].j1 - o[k].j0) * o[k].nkc * BT_K;
     }
     bf16 *const panels_at = p;
     const size_t npack = pl.pb[n], nitem = pl.ci[n];
@@ -613,10 +652,10 @@ static int bgemm_pass(const bgemm_impl *im, const rx_gemm_op *ops, size_t n) {
 #pragma omp for schedule(dynamic, 1)
         for (size_t w = 0; w < npack; w++) {
             size_t k = find_op(pl.pb, n + 1, w), u = w - pl.pb[k];
-            size_t nkg = (o[k].nkc + pl.kc - 1) / pl.kc, nb = o[k].np / BT_R;
-            size_t b0 = u / nkg * PACK_BCOLS, k0 = u % nkg * pl.kc;
+            size_t nkg = (o[k].nkc + pl.kc - 1) / pl.kc, nb = o[k].j1 / BT_R;
+            size_t b0 = o[k].j0 / BT_R + u / nkg * PACK_BCOLS, k0 = o[k].kw + u % nkg * pl.kc;
             const size_t b1 = b0 + PACK_BCOLS < nb ? b0 + PACK_BCOLS : nb;
-            const size_t k1 = k0 + pl.kc < o[k].nkc ? k0 + pl.kc : o[k].nkc;
+            const size_t kend = o[k].kw + o[k].nkc, k1 = k0 + pl.kc < kend ? k0 + pl.kc : kend;
             if (o[k].g->bsrc)   /* a frozen base tensor: packed by its source */
                 o[k].g->bsrc->pack_bf16(o[k].g->bsrc_of, o[k].g->tb, o[k].g->N, o[k].g->K,
                                         o[k].nkc, b0, b1, k0, k1, BT_R, BT_K, o[k].bp);
@@ -631,7 +670,8 @@ static int bgemm_pass(const bgemm_impl *im, const rx_gemm_op *ops, size_t n) {
             size_t k = find_op(pl.ci, n + 1, w), u = w - pl.ci[k];
             /* column range major: a thread's next item tends to share its B range */
             size_t np_k = (o[k].mp + PANEL - 1) / PANEL;
-            size_t j0 = u / np_k * pl.cw[k], j1 = j0 + pl.cw[k] < o[k].np ? j0 + pl.cw[k] : o[k].np;
+            size_t j0 = o[k].j0 + u / np_k * pl.cw[k];
+            size_t j1 = j0 + pl.cw[k] < o[k].j1 ? j0 + pl.cw[k] : o[k].j1;
             compute_item(im, &o[k], u % np_k * PANEL, j0, j1, ap);
         }
 #ifdef RX_BF16_X86
@@ -1027,8 +1067,8 @@ static int bgemm_small(const bgemm_impl *im, const rx_gemm_op *ops, size_t n) {
         const rx_gemm_op *g = &ops[k];
         o[k].g = g;
         o[k].nkc = (g->K + BT_K - 1) / BT_K;
-        o[k].mp = o[k].np = 0;
-        const uint16_t *pre = g->bsrc && !g->tb ? g->bsrc->packed(g->bsrc_of, g->N, g->K) : NULL;
+        o[k].mp = o[k].np = o[k].j0 = o[k].j1 = o[k].kw = 0;
+        const uint16_t *pre = prepacked_b(g);
         o[k].prepacked = pre != NULL;
         o[k].bp = (bf16 *)(uintptr_t)pre;
         if (!pre && o[k].nkc * BT_E > maxe) maxe = o[k].nkc * BT_E;
@@ -1103,6 +1143,50 @@ static int bgemm_small(const bgemm_impl *im, const rx_gemm_op *ops, size_t n) {
 }
 #endif
 
+/* The packed path over n <= MAX_OPS live ops: one pass when their op(B)s
+ * fit the budget (PACK_BUDGET), else ops whole gathered into passes while
+ * they fit, and an op beyond the budget alone in passes over windows:
+ * along K (KCB-aligned, in k order) when K >= N, where column windows
+ * would pack each A panel over all of K once per window (the head's dX,
+ * K = vocab); else along N (the head's logits). A window stays at least
+ * KCB k chunks by BLK columns. A prepacked op(B) is read in place and
+ * takes none of the budget. */
+static int bgemm_ops(const bgemm_impl *im, const rx_gemm_op *ops, size_t n) {
+    bpiece pc[MAX_OPS];
+    size_t np = 0, held = 0;   /* the pieces gathered, their packed elements */
+    int rc = RX_OK;
+    for (size_t k = 0; k < n && rc == RX_OK; k++) {
+        const rx_gemm_op *g = &ops[k];
+        const size_t cols = (g->N + BLK - 1) / BLK * BLK, nkc = (g->K + BT_K - 1) / BT_K;
+        const size_t e = prepacked_b(g) ? 0 : cols * nkc * BT_K;
+        if (np && (np == MAX_OPS || held + e > pack_budget)) {
+            rc = bgemm_pass(im, pc, np);
+            np = held = 0;
+        }
+        if (e <= pack_budget) {
+            pc[np++] = (bpiece){g, 0, cols, 0, nkc};
+            held += e;
+            continue;
+        }
+        size_t w = cols, kn = nkc;   /* a window's columns and k chunks */
+        if (g->K >= g->N) {
+            kn = pack_budget / (cols * BT_K) / KCB * KCB;
+            if (kn < KCB) kn = KCB;
+        }
+        if (w * kn * BT_K > pack_budget) {
+            w = pack_budget / (kn * BT_K) / BLK * BLK;
+            if (w < BLK) w = BLK;
+        }
+        for (size_t j0 = 0; j0 < cols && rc == RX_OK; j0 += w)
+            for (size_t kw = 0; kw < nkc && rc == RX_OK; kw += kn) {
+                const bpiece one = {g, j0, j0 + w < cols ? j0 + w : cols, kw,
+                                    kw + kn < nkc ? kn : nkc - kw};
+                rc = bgemm_pass(im, &one, 1);
+            }
+    }
+    return rc == RX_OK && np ? bgemm_pass(im, pc, np) : rc;
+}
+
 int rx_bgemm_batch(const rx_gemm_op *ops, size_t n) {
     const bgemm_impl *im = pick_bimpl();
     int rc = rx_gemm_check_batch("rx_bgemm", ops, n);
@@ -1117,7 +1201,7 @@ int rx_bgemm_batch(const rx_gemm_op *ops, size_t n) {
             continue;
         }
 #endif
-        if (nl) rc = bgemm_pass(im, live, nl);
+        if (nl) rc = bgemm_ops(im, live, nl);
     }
     rx_prof_pop();
     if (rc != RX_OK && !rx_in_parallel())

@@ -402,6 +402,11 @@ int rx_sgemm_use_kernel(const char *name);
  * both the fp32 and the bf16 GEMM; 0 turns that off. Returns the previous
  * bound. Not thread-safe against concurrent GEMMs. */
 size_t rx_sgemm_small_m(size_t m);
+/* Test hook: the bf16 elements of packed op(B) one rx_bgemm pass holds
+ * (gemm_bf16.c's PACK_BUDGET, 64 MiB; 0 restores it); a batch beyond it
+ * runs in passes over windows of k or columns, with the same bits. Returns the
+ * previous budget. Not thread-safe against concurrent GEMMs. */
+size_t rx_bgemm_pack_budget(size_t elems);
 /* The small-M bound rx_sgemm_small_m set (RX_GEMM_SMALL_M unless a test
  * changed it; gemm_ops.c). Rows up to which a batch takes the small-M
  * path: at 16 rows on Zen 3 the packed path was faster, at 8 and fewer

@@ -85,6 +85,13 @@ def _sgemm_small_m(size_t m):
     return rx_sgemm_small_m(m)
 
 
+def _bgemm_pack_budget(size_t elems):
+    """bf16 elements of packed op(B) one bf16 GEMM pass holds (csrc/gemm_bf16.c
+    PACK_BUDGET; 0 restores it): wider batches run in windows of k or columns.
+    Returns the previous budget (test hook)."""
+    return rx_bgemm_pack_budget(elems)
+
+
 def _base_sgemm(dtype, rows, a, fast=False, bf16=False):
     """a . W through rx_sgemm reading W from a frozen base (test hook): W^T
     [N, K] held as the stored rows of the base dtype named dtype, uint8 [N,

@@ -179,6 +179,29 @@ def _assert_same_bits(ref, m, names, chunked):
         assert np.array_equal(got[4], want[4])       # the adapters' grads
 
 
+@pytest.mark.parametrize("dtype", ["q8_0", "q4_k"])
+@pytest.mark.parametrize("recompute,chunked", [(False, False), (True, True)],
+                         ids=["plain", "recompute+chunked_head"])
+def test_a_base_model_in_windows_gives_the_same_bits(dtype, recompute, chunked):
+    """The bf16 GEMM packs op(B) in windows when a batch's would outgrow
+    its budget (a 7B's head is 512 MiB packed whole); at a budget below one
+    window every product runs in the smallest (32 columns or 256 k), and the
+    logits, loss and every gradient keep their bits, at 1 and 3 threads."""
+    _, m, _ = _pair(dtype, "bf16", recompute, cfg=_cfg(dtype))
+    want = _run(m, chunked, 1)
+    was = rx._core._bgemm_pack_budget(1)
+    try:
+        for threads in (1, 3):
+            got = _run(m, chunked, threads)
+            if not chunked:
+                assert np.array_equal(got[0], want[0])
+            assert got[1] == want[1] and np.array_equal(got[3], want[3])
+            assert np.array_equal(got[4], want[4])
+            assert all(np.array_equal(got[2][n], want[2][n]) for n in m.param_names)
+    finally:
+        rx._core._bgemm_pack_budget(was)
+
+
 def test_a_base_packed_for_bf16_read_at_fp32_gives_the_float32_bits():
     """A bf16 base made at bf16 precision is stored in the bf16 GEMM's
     layout; switched to fp32, the float32 GEMM reads it element by element."""

@@ -130,6 +130,66 @@ def test_bgemm_independent_of_thread_count(kernel, restore_threads, M, N, K, ta)
     assert all(np.array_equal(outs[0], o) for o in outs[1:])
 
 
+@pytest.fixture
+def pack_budget():
+    """_core._bgemm_pack_budget, the default restored after the test."""
+    yield _core._bgemm_pack_budget
+    _core._bgemm_pack_budget(0)
+
+
+# a budget of a few column blocks of op(B) splits each product into windows,
+# each its own pass: 256-aligned k ranges when K >= N (added to C in k
+# order), else columns (the last window narrower: N, K not multiples of 32)
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("M,N,K,ta,tb", [(130, 200, 300, False, False), (40, 301, 70, True, True),
+                                         (9, 1000, 33, False, True), (257, 65, 600, True, False)])
+def test_bgemm_in_windows_gives_the_same_bits(kernel, restore_threads, pack_budget,
+                                                     threads, M, N, K, ta, tb):
+    rng = np.random.default_rng(M + N)
+    a, b, want, P = _operands(rng, M, N, K, ta, tb)
+    c0 = rng.standard_normal((M, N), dtype=np.float32)
+    rx.set_num_threads(threads)
+    whole = (_core._bgemm(a, b, ta, tb), _core._bgemm(a, b, ta, tb, out=c0.copy(), beta=1.0))
+    per = -(-K // 32) * 32   # packed bf16 elements of one column of op(B)
+    assert pack_budget(per * 32) == 32 << 20   # the default: 64 MiB of bf16
+    for cols in (32, 64, 96):
+        assert pack_budget(per * cols) == per * max(cols - 32, 32)
+        got = (_core._bgemm(a, b, ta, tb), _core._bgemm(a, b, ta, tb, out=c0.copy(), beta=1.0))
+        assert np.array_equal(got[0], whole[0]) and np.array_equal(got[1], whole[1]), cols
+    assert (np.abs(whole[0] - want) <= (K + 2) * U * P + K * 2.0 ** -124).all()
+    # a budget below one window of 32 columns still computes, 32 at a time
+    pack_budget(1)
+    assert np.array_equal(_core._bgemm(a, b, ta, tb), whole[0])
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtype", ["q8_0", "q4_0", "q4_k", "bf16"])
+def test_bgemm_over_a_base_in_windows_gives_the_same_bits(kernel, restore_threads,
+                                                                 pack_budget, threads, dtype):
+    # a frozen base's op(B) packed by its source a window at a time (the
+    # head of a big model is 512 MiB packed whole): here 64 columns by 256
+    # k, two k ranges; a bf16 base is read in place and takes none of the
+    # budget
+    from test_base_q4_k import _random_rows
+    from test_base_sliver import MAKE
+
+    from reference import q4_k
+    rng = np.random.default_rng(len(dtype) + threads)
+    N = 16 * 20 + 5
+    if dtype == "q4_k":
+        rows = _random_rows(rng, N, 3 * 256)
+        w = q4_k.dequantize(rows).astype(np.float32)
+    else:
+        rows, w = MAKE[dtype](rng, N)
+    a = rng.standard_normal((70, w.shape[1])).astype(np.float32)
+    rx.set_num_threads(threads)
+    whole = _core._base_sgemm(dtype, rows, a, bf16=True)
+    pack_budget(w.shape[1] * 64)
+    assert np.array_equal(_core._base_sgemm(dtype, rows, a, bf16=True), whole)
+    A, B = bf16(a).astype(np.float64), bf16(w.T).astype(np.float64)
+    assert np.all(np.abs(whole - A @ B) <= (w.shape[1] + 2) * U * (np.abs(A) @ np.abs(B)) + 1e-30)
+
+
 @pytest.mark.parametrize("tb", [False, True])
 def test_bgemm_a_rows_product_does_not_depend_on_the_other_rows(kernel, restore_threads, tb):
     # batch invariance for generation: decoding stacks one row per sequence
