@@ -592,7 +592,7 @@ static void pack_b(const gemm_impl *im, int tb, const float *B, size_t ldb, size
 /* pack_b of op g: by its source when B has one (a frozen base tensor) */
 static void pack_op_b(const gemm_impl *im, const rx_gemm_op *g, size_t p0, size_t kc, size_t j0,
                       size_t nc, float *Bp) {
-    if (g->bsrc) g->bsrc->pack_f32(g->bsrc_of, g->tb, p0, kc, j0, nc, NR, Bp);
+    if (g->bsrc) g->bsrc->pack_f32(g->bsrc_of, g->tb, g->bsrc_k0 + p0, kc, j0, nc, NR, Bp);
     else pack_b(im, g->tb, g->B, g->ldb, p0, kc, j0, nc, Bp);
 }
 
@@ -754,6 +754,18 @@ static int sgemm_serial(const gemm_impl *im, const rx_gemm_op *g) {
 #define MAX_BATCH 16
 #define MAX_THREADS 256   /* a larger team is cut to this; 2 KiB of segments */
 #define MIN_UNIT_W 64     /* narrowest column block split off for a wide team */
+/* Floats of op(B) a thread packs for a unit at most (bfull): 8 MiB. An op
+ * deeper than that at its widest unit runs in k windows (sgemm_windows),
+ * so the buffer stays bounded whatever K: the head's dX at C 4,096 (K =
+ * 65,536 by 512 columns) was 128 MiB a thread. */
+#define FULL_BUDGET ((size_t)2 << 20)
+static size_t full_budget = FULL_BUDGET;   /* rx_sgemm_full_budget's */
+
+size_t rx_sgemm_full_budget(size_t floats) {
+    const size_t was = full_budget;
+    full_budget = floats ? floats : FULL_BUDGET;
+    return was;
+}
 
 
 /* Packs op(B) over all of K, columns [j0,j0+nc), as consecutive KC-deep
@@ -889,6 +901,54 @@ static size_t plan_units(const rx_gemm_op *ops, size_t nops, size_t mr, int nt,
         seg[t] = hi << 32 | seg[t];
     }
     return nu;
+}
+
+/* The k window of op g (a multiple of KC) that keeps its widest unit's
+ * bfull (unit_shape's W is at most UNIT_W, or N padded to NR) within the
+ * budget; 0 when all of K does. */
+static size_t k_window(const rx_gemm_op *g) {
+    const size_t w = g->N < UNIT_W ? (g->N + NR - 1) / NR * NR : UNIT_W;
+    if ((g->K + KC - 1) / KC * KC * w <= full_budget) return 0;
+    const size_t kw = full_budget / w / KC * KC;
+    return kw < KC ? KC : kw;
+}
+
+/* Op g over k [k0, k0 + kn): A and B (or the source's k) offset, and
+ * added to C after the first window. Each C element is summed over the
+ * same KC blocks in the same order as by the whole op (k0 a multiple of
+ * KC), each block's sum added to C as the next block of the whole op
+ * would be, so the windows one after another give its bits. */
+static rx_gemm_op k_slice(const rx_gemm_op *g, size_t k0, size_t kn) {
+    rx_gemm_op s = *g;
+    s.K = kn;
+    s.A = g->ta ? g->A + k0 * g->lda : g->A + k0;
+    if (g->bsrc) s.bsrc_k0 = g->bsrc_k0 + k0;
+    else s.B = g->tb ? g->B + k0 : g->B + k0 * g->ldb;
+    if (k0) s.beta = 1.0f;
+    return s;
+}
+
+static int sgemm_parallel(const gemm_impl *im, const rx_gemm_op *ops, size_t nops, int nt,
+                          double total);
+
+/* sgemm_parallel over the batch, each op too deep for the budget
+ * (k_window) after the rest, alone, in its k windows in order. */
+static int sgemm_windows(const gemm_impl *im, const rx_gemm_op *ops, size_t n, int nt,
+                         double total) {
+    rx_gemm_op whole[MAX_BATCH];
+    size_t nw = 0;
+    for (size_t k = 0; k < n; k++)
+        if (!k_window(&ops[k])) whole[nw++] = ops[k];
+        else total -= (double)ops[k].M * ops[k].N * ops[k].K;
+    int rc = nw ? sgemm_parallel(im, whole, nw, nt, total) : RX_OK;
+    for (size_t k = 0; k < n && rc == RX_OK; k++) {
+        const size_t kw = k_window(&ops[k]), K = ops[k].K;
+        for (size_t k0 = 0; kw && k0 < K && rc == RX_OK; k0 += kw) {
+            const rx_gemm_op s = k_slice(&ops[k], k0, K - k0 < kw ? K - k0 : kw);
+            rc = sgemm_parallel(im, &s, 1, nt, (double)s.M * s.N * s.K);
+        }
+    }
+    return rc;
 }
 
 /* RX_OK or RX_ENOMEM (some units then not computed). */
@@ -1220,7 +1280,7 @@ int rx_sgemm_batch(const rx_gemm_op *ops, size_t n) {
         if (nt <= 1)
             for (size_t k = 0; k < nl && rc == RX_OK; k++) rc = sgemm_serial(im, &live[k]);
         else if (nl)
-            rc = sgemm_parallel(im, live, nl, nt, total);
+            rc = sgemm_windows(im, live, nl, nt, total);
     }
     rx_prof_pop();
     /* inside a team the message would land on a worker thread: the

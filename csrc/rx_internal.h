@@ -352,6 +352,9 @@ typedef struct {
      * bsrc_of, base_pack.c); NULL: from B */
     const struct rx_gemm_source *bsrc;
     const void *bsrc_of;
+    /* set by rx_sgemm_batch alone, on a k window of an op over a source:
+     * the window's first k in the source's op(B) (A is offset itself) */
+    size_t bsrc_k0;
 } rx_gemm_op;
 /* A B operand the GEMMs do not read as floats but have its owner pack (a
  * frozen base tensor): the GEMMs call these on the op's bsrc_of and never
@@ -407,6 +410,11 @@ size_t rx_sgemm_small_m(size_t m);
  * runs in passes over windows of k or columns, with the same bits. Returns the
  * previous budget. Not thread-safe against concurrent GEMMs. */
 size_t rx_bgemm_pack_budget(size_t elems);
+/* Test hook: the floats of op(B) one thread of a parallel rx_sgemm packs
+ * over a unit's k range (gemm.c's FULL_BUDGET, 8 MiB; 0 restores it); a
+ * deeper op runs in k windows, with the same bits. Returns the previous
+ * budget. Not thread-safe against concurrent GEMMs. */
+size_t rx_sgemm_full_budget(size_t floats);
 /* The small-M bound rx_sgemm_small_m set (RX_GEMM_SMALL_M unless a test
  * changed it; gemm_ops.c). Rows up to which a batch takes the small-M
  * path: at 16 rows on Zen 3 the packed path was faster, at 8 and fewer

@@ -92,6 +92,13 @@ def _bgemm_pack_budget(size_t elems):
     return rx_bgemm_pack_budget(elems)
 
 
+def _sgemm_full_budget(size_t floats):
+    """Floats of op(B) one thread of a parallel fp32 GEMM packs for a unit
+    (csrc/gemm.c FULL_BUDGET; 0 restores it): deeper ops run in k windows.
+    Returns the previous budget (test hook)."""
+    return rx_sgemm_full_budget(floats)
+
+
 def _base_sgemm(dtype, rows, a, fast=False, bf16=False):
     """a . W through rx_sgemm reading W from a frozen base (test hook): W^T
     [N, K] held as the stored rows of the base dtype named dtype, uint8 [N,

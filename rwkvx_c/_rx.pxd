@@ -316,6 +316,7 @@ cdef extern from "rx_internal.h" nogil:
     int rx_sgemm_use_kernel(const char *name)
     size_t rx_sgemm_small_m(size_t m)
     size_t rx_bgemm_pack_budget(size_t elems)
+    size_t rx_sgemm_full_budget(size_t floats)
     int rx_bgemm(int ta, int tb, size_t M, size_t N, size_t K,
                   const float *A, size_t lda, const float *B, size_t ldb,
                   float beta, float *C, size_t ldc)

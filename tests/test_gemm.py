@@ -76,6 +76,57 @@ def test_sgemm_threads(kernel, restore_threads, threads, M, N, K, ta, tb):
     _close(_core._sgemm(a, b, ta, tb), ref)
 
 
+@pytest.fixture
+def full_budget():
+    """_core._sgemm_full_budget, the default restored after the test."""
+    yield _core._sgemm_full_budget
+    _core._sgemm_full_budget(0)
+
+
+# a parallel GEMM whose units would pack more of op(B) than a thread's
+# budget runs in k windows of whole 256-deep blocks, in k order, each
+# added to C as the next block would be: the same bits as all of K at once
+@pytest.mark.parametrize("M,N,K,ta,tb", [(130, 200, 1000, False, False), (40, 600, 700, True, True),
+                                         (16, 300, 600, True, False), (300, 70, 513, False, True)])
+def test_sgemm_in_k_windows_gives_the_same_bits(kernel, restore_threads, full_budget, M, N, K,
+                                                ta, tb):
+    rng = np.random.default_rng(M + N + K)
+    a, b, ref = _operands(rng, M, N, K, ta, tb)
+    c0 = rng.standard_normal((M, N), dtype=np.float32)
+    rx.set_num_threads(2)   # the parallel path: one thread packs for itself
+    whole = (_core._sgemm(a, b, ta, tb), _core._sgemm(a, b, ta, tb, out=c0.copy(), beta=1.0))
+    _close(whole[0], ref)
+    assert full_budget(512 * 256) == 2 << 20   # the default: 8 MiB of floats
+    for blocks in (1, 2):   # windows of 256 and 512 k (K rounded up: one budget fits all)
+        full_budget(512 * 256 * blocks)
+        got = (_core._sgemm(a, b, ta, tb), _core._sgemm(a, b, ta, tb, out=c0.copy(), beta=1.0))
+        assert np.array_equal(got[0], whole[0]) and np.array_equal(got[1], whole[1]), blocks
+    full_budget(1)   # below one block: windows of 256 k all the same
+    assert np.array_equal(_core._sgemm(a, b, ta, tb), whole[0])
+
+
+@pytest.mark.parametrize("dtype", ["q8_0", "q4_0", "q4_k", "bf16"])
+def test_sgemm_over_a_base_in_k_windows_gives_the_same_bits(restore_threads, full_budget, dtype):
+    # a frozen base's op(B) packed by its source from the window's first k
+    from test_base_q4_k import _random_rows
+    from test_base_sliver import MAKE
+
+    from reference import q4_k
+    rng = np.random.default_rng(len(dtype))
+    N = 16 * 20 + 5
+    if dtype == "q4_k":
+        rows = _random_rows(rng, N, 3 * 256)
+        w = q4_k.dequantize(rows).astype(np.float32)
+    else:
+        rows, w = MAKE[dtype](rng, N)
+    a = rng.standard_normal((70, w.shape[1])).astype(np.float32)
+    rx.set_num_threads(2)
+    whole = _core._base_sgemm(dtype, rows, a)
+    full_budget(1)   # windows of 256 k
+    assert w.shape[1] > 256 and np.array_equal(_core._base_sgemm(dtype, rows, a), whole)
+    _close(whole, a.astype(np.float64) @ w.T.astype(np.float64))
+
+
 def test_sgemm_beta_accumulates_in_place_twice():
     rng = np.random.default_rng(3)
     a, b, ref = _operands(rng, 9, 20, 11, False, False)
