@@ -70,11 +70,11 @@
  * panel runs over it. */
 #define BCHUNK_BYTES (256 * 1024)
 #define MAX_OPS 16           /* ops of one pass (rx_sgemm_batch's batch size) */
-/* bf16 elements of packed op(B) one pass holds: 64 MiB. A batch whose
+/* bf16 elements of packed op(B) one pass holds: 8 MiB. A batch whose
  * op(B)s outgrow it runs in passes over windows of its ops (bgemm_ops; the
  * head's 65,536 x 4,096 is 512 MiB whole), each C element still summed over
  * the same k ranges in the same order, so the bits do not depend on it. */
-#define PACK_BUDGET ((size_t)32 << 20)
+#define PACK_BUDGET ((size_t)4 << 20)
 static size_t pack_budget = PACK_BUDGET;   /* rx_bgemm_pack_budget's */
 
 size_t rx_bgemm_pack_budget(size_t elems) {

@@ -406,7 +406,7 @@ int rx_sgemm_use_kernel(const char *name);
  * bound. Not thread-safe against concurrent GEMMs. */
 size_t rx_sgemm_small_m(size_t m);
 /* Test hook: the bf16 elements of packed op(B) one rx_bgemm pass holds
- * (gemm_bf16.c's PACK_BUDGET, 64 MiB; 0 restores it); a batch beyond it
+ * (gemm_bf16.c's PACK_BUDGET, 8 MiB; 0 restores it); a batch beyond it
  * runs in passes over windows of k or columns, with the same bits. Returns the
  * previous budget. Not thread-safe against concurrent GEMMs. */
 size_t rx_bgemm_pack_budget(size_t elems);
