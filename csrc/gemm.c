@@ -762,9 +762,7 @@ static int sgemm_serial(const gemm_impl *im, const rx_gemm_op *g) {
 static size_t full_budget = FULL_BUDGET;   /* rx_sgemm_full_budget's */
 
 size_t rx_sgemm_full_budget(size_t floats) {
-    const size_t was = full_budget;
-    full_budget = floats ? floats : FULL_BUDGET;
-    return was;
+    return rx_gemm_set_budget(&full_budget, floats, FULL_BUDGET);
 }
 
 

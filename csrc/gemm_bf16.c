@@ -78,9 +78,7 @@
 static size_t pack_budget = PACK_BUDGET;   /* rx_bgemm_pack_budget's */
 
 size_t rx_bgemm_pack_budget(size_t elems) {
-    const size_t was = pack_budget;
-    pack_budget = elems ? elems : PACK_BUDGET;
-    return was;
+    return rx_gemm_set_budget(&pack_budget, elems, PACK_BUDGET);
 }
 
 typedef uint16_t bf16;

@@ -109,3 +109,9 @@ size_t rx_sgemm_small_m(size_t m) {
 }
 
 size_t rx_gemm_small_bound(void) { return small_m; }
+
+size_t rx_gemm_set_budget(size_t *budget, size_t v, size_t dflt) {
+    const size_t was = *budget;
+    *budget = v ? v : dflt;
+    return was;
+}

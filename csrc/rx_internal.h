@@ -425,6 +425,9 @@ size_t rx_sgemm_full_budget(size_t floats);
 #define RX_GEMM_SMALL_MAX 16
 size_t rx_gemm_small_bound(void);
 /* ---- gemm_ops.c: what both GEMM batches share -------------------------- */
+/* *budget = v, or dflt for v = 0; returns the previous value (the GEMMs'
+ * packing-budget test hooks) */
+size_t rx_gemm_set_budget(size_t *budget, size_t v, size_t dflt);
 /* ops[0..n) -> live: the ops with work to do, in order; returns their count.
  * An op with K = 0 and beta = 0 is done here (C = 0); any other with no
  * work (M, N or K zero) is dropped. Shared by the fp32 and bf16 batches. */

@@ -67,6 +67,19 @@ def _bf16(rng, N, k=K):
 MAKE = {"q8_0": _q8_0, "q4_0": _q4_0, "bf16": _bf16}
 
 
+def stored_and_decoded(rng, dtype, N):
+    """(stored rows, decoded W^T float32) of N random rows of dtype: MAKE's,
+    or for q4_k three random super-blocks (test_base_q4_k's rows, decoded
+    by the reference)"""
+    if dtype != "q4_k":
+        return MAKE[dtype](rng, N)
+    from test_base_q4_k import _random_rows
+
+    from reference import q4_k
+    rows = _random_rows(rng, N, 3 * 256)
+    return rows, q4_k.dequantize(rows).astype(np.float32)
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("N", [16, 57, 1000])
 @pytest.mark.parametrize("dtype", list(MAKE))

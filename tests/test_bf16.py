@@ -170,17 +170,11 @@ def test_bgemm_over_a_base_in_windows_gives_the_same_bits(kernel, restore_thread
     # head of a big model is 512 MiB packed whole): here 64 columns by 256
     # k, two k ranges; a bf16 base is read in place and takes none of the
     # budget
-    from test_base_q4_k import _random_rows
-    from test_base_sliver import MAKE
+    from test_base_sliver import stored_and_decoded
 
-    from reference import q4_k
     rng = np.random.default_rng(len(dtype) + threads)
     N = 16 * 20 + 5
-    if dtype == "q4_k":
-        rows = _random_rows(rng, N, 3 * 256)
-        w = q4_k.dequantize(rows).astype(np.float32)
-    else:
-        rows, w = MAKE[dtype](rng, N)
+    rows, w = stored_and_decoded(rng, dtype, N)
     a = rng.standard_normal((70, w.shape[1])).astype(np.float32)
     rx.set_num_threads(threads)
     whole = _core._base_sgemm(dtype, rows, a, bf16=True)
@@ -253,16 +247,10 @@ def test_small_m_over_a_base_gives_the_packed_paths_bits(kernel, small_m, restor
     # whole 16-column blocks in pairs, an odd one alone, the edge block
     # packed); a bf16 base's packed a column block at a time. Each C
     # element's bits are the packed path's.
-    from test_base_q4_k import _random_rows
-    from test_base_sliver import MAKE
+    from test_base_sliver import stored_and_decoded
 
-    from reference import q4_k
     rng = np.random.default_rng(len(dtype) + threads + N)
-    if dtype == "q4_k":
-        rows = _random_rows(rng, N, 3 * 256)
-        w = q4_k.dequantize(rows).astype(np.float32)
-    else:
-        rows, w = MAKE[dtype](rng, N)
+    rows, w = stored_and_decoded(rng, dtype, N)
     for M in (1, 2, 3, 5, 8):
         a = rng.standard_normal((M, w.shape[1])).astype(np.float32)
         got = []

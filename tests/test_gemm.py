@@ -108,17 +108,11 @@ def test_sgemm_in_k_windows_gives_the_same_bits(kernel, restore_threads, full_bu
 @pytest.mark.parametrize("dtype", ["q8_0", "q4_0", "q4_k", "bf16"])
 def test_sgemm_over_a_base_in_k_windows_gives_the_same_bits(restore_threads, full_budget, dtype):
     # a frozen base's op(B) packed by its source from the window's first k
-    from test_base_q4_k import _random_rows
-    from test_base_sliver import MAKE
+    from test_base_sliver import stored_and_decoded
 
-    from reference import q4_k
     rng = np.random.default_rng(len(dtype))
     N = 16 * 20 + 5
-    if dtype == "q4_k":
-        rows = _random_rows(rng, N, 3 * 256)
-        w = q4_k.dequantize(rows).astype(np.float32)
-    else:
-        rows, w = MAKE[dtype](rng, N)
+    rows, w = stored_and_decoded(rng, dtype, N)
     a = rng.standard_normal((70, w.shape[1])).astype(np.float32)
     rx.set_num_threads(2)
     whole = _core._base_sgemm(dtype, rows, a)
