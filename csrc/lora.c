@@ -18,7 +18,8 @@
  *
  * The base's weight-grad product is skipped by its frozen span; the dA, dB
  * products overwrite the adapter grads (each weight has one weight-grad
- * product per backward). A batch's adapter work runs as two batches of
+ * product per backward), or add to them for a row group after the first
+ * (rx_lora_accumulate). A batch's adapter work runs as two batches of
  * GEMMs in the projections' precision: first every h = s x A^T and
  * g = s dy B (one g when a weight's dx and weight-grad products share a
  * batch), then every product that reads them. Each is one rx_pgemm-class
@@ -67,6 +68,7 @@ struct rx_lora {
     const void *seen_src;
     uint64_t seen_version;
     int kept;
+    int acc;               /* rx_lora_accumulate: weight-grad products add (beta 1) */
 };
 
 /* ---- the adapters' arena (rx_internal.h) -------------------------------- */
@@ -159,6 +161,10 @@ int rx_lora_adapter(const rx_lora *L, int i, int *param, int64_t *a_off, int64_t
 
 int64_t rx_lora_magnitude(const rx_lora *L, int i) {
     return L->dora ? (int64_t)(L->ad[i].M - L->arena) : -1;
+}
+
+void rx_lora_accumulate(rx_lora *L, int on) {
+    if (L) L->acc = on;
 }
 
 float *rx_lora_arena(rx_lora *L, int64_t *n) {
@@ -269,6 +275,7 @@ static int apply_chunk(const rx_lora *L, const rx_gemm_op *ops, size_t n, rx_gem
     if (!buf) return rx_fail(RX_ENOMEM, "rx_pgemm: out of memory for the adapters' scratch");
     rx_gemm_op p1[2 * LORA_OPS], p2[2 * LORA_OPS];
     size_t n1 = 0, n2 = 0;
+    const float beta = L->acc ? 1.0f : 0.0f;
     for (size_t i = 0; i < nj; i++) {
         job *j = &jb[i];
         const adapter *a = j->a;
@@ -301,9 +308,10 @@ static int apply_chunk(const rx_lora *L, const rx_gemm_op *ops, size_t n, rx_gem
         case J_DX:    /* dx += g A */
             p2[n2++] = (rx_gemm_op){0, 0, rows, a->in, r, j->g, r, a->A, a->in, 1.0f, j->C, j->ldc};
             break;
-        default:      /* dB = dy^T h, dA = g^T x */
-            p2[n2++] = (rx_gemm_op){1, 0, a->out, r, rows, j->dy, j->ldy, j->h, r, 0.0f, a->dB, r};
-            p2[n2++] = (rx_gemm_op){1, 0, r, a->in, rows, j->g, r, j->x, j->ldx, 0.0f, a->dA,
+        default:      /* dB (+)= dy^T h, dA (+)= g^T x */
+            p2[n2++] = (rx_gemm_op){1, 0, a->out, r, rows, j->dy, j->ldy, j->h, r, beta, a->dB,
+                                    r};
+            p2[n2++] = (rx_gemm_op){1, 0, r, a->in, rows, j->g, r, j->x, j->ldx, beta, a->dA,
                                     a->in};
         }
     }

@@ -39,6 +39,7 @@ struct rx_pt_saved {
                             * its forward), and the grad on it per sequence */
     int recompute;
     int held_r, held_a;    /* recompute: the blocks the shared sets hold, -1 none */
+    int held_g;            /* recompute: the row group held_r's rows are (rx_pt_acts.group) */
     rx_block_acts view0;   /* recompute: rwkv[0] as RWKV block 0 sees it */
     float *shared;         /* recompute: the region rwkv[0] and attn[0] share */
     int lnout_stale;       /* recompute: a backward used lnout as scratch since the forward */
@@ -181,8 +182,8 @@ void rx_pt_acts_free(rx_pt_acts *a) {
  * summed v_first grad, written only after the head has read lnout), one
  * [BT][C] less: the backward and rx_pretrain_loss make it again from the
  * last block's output when a backward has used it. */
-int rx_pt_acts_create_opts(const rx_ptmodel *m, int B, int T, int flags, int head_rows,
-                           rx_pt_acts **out) {
+int rx_pt_acts_create_groups(const rx_ptmodel *m, int B, int T, int flags, int head_rows,
+                             int group, rx_pt_acts **out) {
     static const char *const fn = "rx_pt_acts_create";
     if (!out) return rx_fail(RX_EINVAL, "%s: out is NULL", fn);
     *out = NULL;
@@ -193,6 +194,11 @@ int rx_pt_acts_create_opts(const rx_ptmodel *m, int B, int T, int flags, int hea
     if (B < 1 || T < 1 || (int64_t)B * T > INT32_MAX)
         return rx_fail(RX_EINVAL, "%s: B = %d, T = %d: each must be >= 1 and B*T <= 2**31 - 1",
                        fn, B, T);
+    if (group < 1 || group > B || B % group)
+        return rx_fail(RX_EINVAL, "%s: group = %d must divide B = %d", fn, group, B);
+    if (group < B && (!(flags & RX_ACTS_RECOMPUTE) || m->cfg.n_attn_layer))
+        return rx_fail(RX_EINVAL, "%s: row groups (group = %d < B = %d) need RX_ACTS_RECOMPUTE "
+                       "and a model without attention blocks", fn, group, B);
     const size_t BT = (size_t)B * (size_t)T, C = (size_t)m->cfg.n_embd;
     const size_t V = (size_t)m->cfg.vocab_size, nb = (size_t)m->n_blocks;
     const int chunked = (flags & RX_ACTS_CHUNKED_HEAD) != 0;
@@ -211,7 +217,9 @@ int rx_pt_acts_create_opts(const rx_ptmodel *m, int B, int T, int flags, int hea
     if (!a) return rx_fail(RX_ENOMEM, "%s: out of memory", fn);
     float *f = rx_fcalloc(total);   /* zeroed: nothing is ever read uninitialised */
     a->tokens = f ? rx_alloc(BT, sizeof(int)) : NULL;
-    a->saved = a->tokens ? saved_new(m, (size_t)B, (size_t)T, flags & RX_ACTS_RECOMPUTE) : NULL;
+    /* the blocks' sets hold one row group */
+    a->saved = a->tokens ? saved_new(m, (size_t)group, (size_t)T, flags & RX_ACTS_RECOMPUTE)
+                         : NULL;
     if (!a->tokens || !f || !a->saved) {
         saved_free(a->saved);
         free(a->tokens);
@@ -233,8 +241,31 @@ int rx_pt_acts_create_opts(const rx_ptmodel *m, int B, int T, int flags, int hea
     a->dlogits = a->work + 4 * rowc + (chunked ? 0 : rowv);
     a->flags = flags;
     a->head_rows = chunked ? rows : 0;
+    a->group = group;
     *out = a;
     return RX_OK;
+}
+
+int rx_pt_acts_create_opts(const rx_ptmodel *m, int B, int T, int flags, int head_rows,
+                           rx_pt_acts **out) {
+    return rx_pt_acts_create_groups(m, B, T, flags, head_rows, B, out);
+}
+
+size_t rx_pt_acts_group_floats(const rx_ptmodel *m, int B, int T) {
+    if (!m || B < 1 || T < 1 || !m->cfg.n_rwkv_layer) return 0;
+    const size_t BT = (size_t)B * (size_t)T;
+    const rx_block_params *shape_of = &m->rwkv[m->cfg.n_rwkv_layer - 1];
+    size_t work = 0;
+    for (int i = 0; i < m->cfg.n_rwkv_layer; i++) {
+        const size_t w = rx_block_work_lean(&m->rwkv[i], BT);
+        if (w > work) work = w;
+    }
+    return rx_block_acts_floats_lean(shape_of, (size_t)B, (size_t)T) + work;
+}
+
+int rx_ptmodel_groups_exact(const rx_ptmodel *m) {
+    return m && m->lora_on && m->lora && rx_lora_magnitude(m->lora, 0) < 0 && !m->state0 &&
+           !m->cfg.n_attn_layer && rx_ptmodel_frozen(m) == 1;
 }
 
 int rx_pt_acts_create(const rx_ptmodel *m, int B, int T, rx_pt_acts **out) {
@@ -296,13 +327,18 @@ static void reduce_state_grad(rx_ptmodel *m, int i, int B, const float *ds) {
         for (size_t e = 0; e < n; e++) g[e] += ds[(size_t)b * n + e];
 }
 
-/* Block L forward from block_in[L] into out [B*T][C], keeping its
- * intermediates (the shared set under recompute, which then holds L);
- * RWKV block 0 writes v_first when write_vf. */
-static int block_forward_vf(rx_ptmodel *m, const rx_pt_acts *acts, int L, float *out,
+/* Block L forward over row group g (sequences g*group .. g*group+group-1
+ * of acts) from block_in[L] into block_in[L+1] (its intermediates alone
+ * when !out), keeping its intermediates (the shared set under recompute,
+ * which then holds L's group g); RWKV block 0 writes v_first when write_vf. */
+static int block_forward_vf(rx_ptmodel *m, const rx_pt_acts *acts, int L, int g, int out,
                             int write_vf) {
     struct rx_pt_saved *s = acts->saved;
-    const float *x = acts->block_in + (size_t)L * (size_t)acts->B * acts->T * acts->C;
+    const size_t rowc = (size_t)acts->B * acts->T * acts->C;
+    const size_t off = (size_t)g * acts->group * acts->T * acts->C;
+    const float *x = acts->block_in + (size_t)L * rowc + off;
+    float *y = out ? acts->block_in + (size_t)(L + 1) * rowc + off : NULL;
+    float *vf = acts->v_first + off;
     const int i = m->block_idx[L];
     /* under recompute both sets share one region: one kind's forward
      * overwrites what the other held */
@@ -310,34 +346,33 @@ static int block_forward_vf(rx_ptmodel *m, const rx_pt_acts *acts, int L, float 
         s->held_a = i;
         s->held_r = -1;
         /* a recompute (out NULL) finds the core's products kept */
-        return out ? rx_attn_forward_acts(&m->ctx, &m->attn[i], x, NULL, attn_acts(s, m, i), out)
-                   : rx_attn_forward_kept(&m->ctx, &m->attn[i], x, NULL, attn_acts(s, m, i));
+        return y ? rx_attn_forward_acts(&m->ctx, &m->attn[i], x, NULL, attn_acts(s, m, i), y)
+                 : rx_attn_forward_kept(&m->ctx, &m->attn[i], x, NULL, attn_acts(s, m, i));
     }
     s->held_r = i;
+    s->held_g = g;
     s->held_a = -1;
     /* a trainable initial state, broadcast to every sequence (the forward
      * advances it in place, so each forward of the block, a recompute's
      * too, starts from a fresh copy) */
     float *st = m->state0 ? s->s : NULL;
-    if (st) broadcast_state(m, i, acts->B, st);
-    return rx_block_forward_state(&m->ctx, &m->rwkv[i], x, NULL, NULL, i > 0 ? acts->v_first : NULL,
-                                  i > 0 || !write_vf ? NULL : acts->v_first, st, rwkv_acts(s, i),
-                                  out);
+    if (st) broadcast_state(m, i, acts->group, st);
+    return rx_block_forward_state(&m->ctx, &m->rwkv[i], x, NULL, NULL, i > 0 ? vf : NULL,
+                                  i > 0 || !write_vf ? NULL : vf, st, rwkv_acts(s, i), y);
 }
 
-static int block_forward(rx_ptmodel *m, const rx_pt_acts *acts, int L, float *out) {
-    return block_forward_vf(m, acts, L, out, 1);
-}
-
-/* Under recompute, block L's intermediates back in the shared set unless
- * it holds them already: its forward again from its kept input (the same
- * inputs and kernels, so the same bits), without the block output (and the
- * channel-mix value projection that only it reads), v_first left as it is. */
-static int block_recompute(rx_ptmodel *m, const rx_pt_acts *acts, int L) {
+/* Under recompute, block L's intermediates of row group g back in the
+ * shared set unless it holds them already: its forward again from its
+ * kept input (the same inputs and kernels, so the same bits), without the
+ * block output (and the channel-mix value projection that only it reads),
+ * v_first left as it is. */
+static int block_recompute(rx_ptmodel *m, const rx_pt_acts *acts, int L, int g) {
     const struct rx_pt_saved *s = acts->saved;
     const int i = m->block_idx[L];
-    if (!s->recompute || (m->layers[L] == 'A' ? s->held_a : s->held_r) == i) return RX_OK;
-    return block_forward_vf(m, acts, L, NULL, 0);
+    if (!s->recompute ||
+        (m->layers[L] == 'A' ? s->held_a == i : s->held_r == i && s->held_g == g))
+        return RX_OK;
+    return block_forward_vf(m, acts, L, g, 0, 0);
 }
 
 /* lnout = ln_out(the last block's output) */
@@ -376,7 +411,6 @@ static int forward_batch(rx_ptmodel *m, const int *tokens, int B, int T, rx_pt_a
     }
     acts->ready = 0;
     memcpy(acts->tokens, copy, (size_t)BT * sizeof(int));
-    const size_t rowc = (size_t)BT * (size_t)C;
     int rc;
     if (m->ln0_w) {
         /* the raw rows go through scratch; the backward gathers them again */
@@ -387,8 +421,14 @@ static int forward_batch(rx_ptmodel *m, const int *tokens, int B, int T, rx_pt_a
     } else {
         rc = emb_gather(m, acts, BT, acts->block_in);
     }
+    /* every row group through a block before the next block: the shared
+     * set holds one group's intermediates at a time. The groups run last
+     * to first, so that the set ends holding group 0's, which the backward
+     * takes first without running it again. */
+    const int groups = B / acts->group;
     for (int L = 0; L < m->n_blocks && rc == RX_OK; L++)
-        rc = block_forward(m, acts, L, acts->block_in + (size_t)(L + 1) * rowc);
+        for (int g = groups - 1; g >= 0 && rc == RX_OK; g--)
+            rc = block_forward_vf(m, acts, L, g, 1, 1);
     if (rc == RX_OK) rc = lnout_forward(m, acts);
     if (rc == RX_OK && acts->logits)
         rc = rx_head_logits(acts->lnout, m->head, BT, C, V, acts->logits);
@@ -447,6 +487,10 @@ static int backward_batch(const char *fn, rx_ptmodel *m, const rx_pt_acts *acts,
                           float k, double *row_loss, double *loss_out) {
     int rc = check_loss_call(fn, m, acts, targets, loss_out, B, T);
     if (rc != RX_OK) return rc;
+    if (acts->group < B && !rx_ptmodel_groups_exact(m))
+        return rx_fail(RX_EINVAL, "%s: acts in row groups (group = %d < B = %d) take a backward "
+                       "only for LoRA adapters (not DoRA) on an otherwise frozen model without "
+                       "trainable states: make them with group = B", fn, acts->group, B);
     const int V = m->cfg.vocab_size, C = m->cfg.n_embd, BT = B * T;
     for (int i = 0; i < BT; i++) {
         int t = targets[i];
@@ -498,33 +542,43 @@ static int backward_batch(const char *fn, rx_ptmodel *m, const rx_pt_acts *acts,
      * handed to RWKV block 0 (always the first block), which produced it. */
     int have_dvf = 0;
     float *ds = m->state0 ? acts->saved->ds : NULL;   /* the initial states' grads, or none */
+    const int groups = B / acts->group;
+    const size_t rowg = (size_t)acts->group * (size_t)T * (size_t)C;
     for (int L = m->n_blocks - 1; L >= 0 && rc == RX_OK; L--) {
-        const float *x = acts->block_in + (size_t)L * rowc;
         int i = m->block_idx[L];
-        rc = block_recompute(m, acts, L);
-        acts->saved->lnout_stale = acts->saved->recompute;   /* dvf_sum is lnout */
-        /* a block's backward takes the scratch that holds part of the lean
-         * set and overwrites the rest of it: the shared sets hold no block */
-        acts->saved->held_r = acts->saved->held_a = -1;
-        if (rc != RX_OK) break;
-        if (m->layers[L] == 'A') {
-            rc = rx_attn_backward_acts(&m->ctx, &m->attn[i], attn_acts(acts->saved, m, i), x, NULL,
-                                       dcur, &m->attn_g[i], dnext, NULL, bwork);
-        } else if (i > 0) {
-            float *dvf = have_dvf ? dvf_one : dvf_sum;
-            rc = rx_block_backward_state(&m->ctx,
-                                         &m->rwkv[i], rwkv_acts(acts->saved, i), x, NULL, NULL,
-                                         acts->v_first, dcur, &m->rwkv_g[i], dnext, NULL, NULL,
-                                         dvf, ds, bwork);
-            if (have_dvf)
-                for (size_t e = 0; e < rowc; e++) dvf_sum[e] += dvf_one[e];
-            have_dvf = 1;
-        } else {
-            rc = rx_block_backward_state(&m->ctx,
-                                         &m->rwkv[0], rwkv_acts(acts->saved, 0), x, NULL, NULL,
-                                         acts->v_first, dcur, &m->rwkv_g[0], dnext, NULL, NULL,
-                                         have_dvf ? dvf_sum : NULL, ds, bwork);
+        /* row group by row group in row order: a group after the first adds
+         * its adapters' weight grads to the first's (rx_lora_accumulate), each
+         * product's k ranges in the order one product over every row takes */
+        for (int g = 0; g < groups && rc == RX_OK; g++) {
+            const size_t o = (size_t)g * rowg;
+            const float *x = acts->block_in + (size_t)L * rowc + o;
+            rc = block_recompute(m, acts, L, g);
+            acts->saved->lnout_stale = acts->saved->recompute;   /* dvf_sum is lnout */
+            /* a block's backward takes the scratch that holds part of the lean
+             * set and overwrites the rest of it: the shared sets hold no block */
+            acts->saved->held_r = acts->saved->held_a = -1;
+            if (rc != RX_OK) break;
+            if (g > 0) rx_lora_accumulate(m->lora, 1);
+            if (m->layers[L] == 'A') {
+                rc = rx_attn_backward_acts(&m->ctx, &m->attn[i], attn_acts(acts->saved, m, i), x,
+                                           NULL, dcur + o, &m->attn_g[i], dnext + o, NULL, bwork);
+            } else if (i > 0) {
+                float *dvf = (have_dvf ? dvf_one : dvf_sum) + o;
+                rc = rx_block_backward_state(&m->ctx, &m->rwkv[i], rwkv_acts(acts->saved, i), x,
+                                             NULL, NULL, acts->v_first + o, dcur + o,
+                                             &m->rwkv_g[i], dnext + o, NULL, NULL, dvf, ds,
+                                             bwork);
+                if (have_dvf)
+                    for (size_t e = o; e < o + rowg; e++) dvf_sum[e] += dvf_one[e];
+            } else {
+                rc = rx_block_backward_state(&m->ctx, &m->rwkv[0], rwkv_acts(acts->saved, 0), x,
+                                             NULL, NULL, acts->v_first + o, dcur + o,
+                                             &m->rwkv_g[0], dnext + o, NULL, NULL,
+                                             have_dvf ? dvf_sum + o : NULL, ds, bwork);
+            }
+            if (g > 0) rx_lora_accumulate(m->lora, 0);
         }
+        if (m->layers[L] == 'R' && i > 0) have_dvf = 1;
         if (rc == RX_OK && ds && m->layers[L] == 'R') reduce_state_grad(m, i, B, ds);
         float *s = dcur;
         dcur = dnext;

@@ -504,6 +504,9 @@ typedef struct {
  * the last prepare while A, B (bit for bit) and src's version are those
  * it read: only M / norm is taken again. */
 int64_t rx_lora_magnitude(const rx_lora *L, int i);
+/* on: the adapters' weight-grad products add to their grads instead of
+ * writing them (a row group after the first, model.c); L NULL: a no-op. */
+void rx_lora_accumulate(rx_lora *L, int on);
 int rx_lora_norms(const rx_lora *L, int i, float *out);
 int rx_lora_prepare(rx_lora *L, const rx_weight_columns *cols, const void *src);
 /* What the adapters run their own products on (the projection entry hands

@@ -383,6 +383,7 @@ typedef struct {
                                    intermediates, reused by the backward */
     int flags;        /* RX_ACTS_* bits of rx_pt_acts_create_opts (0: none) */
     int head_rows;    /* RX_ACTS_CHUNKED_HEAD: rows per head chunk */
+    int group;        /* sequences per row group (rx_pt_acts_create_groups; B: one) */
 } rx_pt_acts;
 
 /* *out: acts for B sequences of T tokens of model m (NULL on failure).
@@ -496,6 +497,29 @@ int rx_ptmodel_ctx(const rx_ptmodel *m, rx_model_ctx *out);
  * RX_ACTS_CHUNKED_HEAD). RX_EINVAL on an unknown flag or head_rows < 0. */
 int rx_pt_acts_create_opts(const rx_ptmodel *m, int B, int T, int flags, int head_rows,
                            rx_pt_acts **out);
+/* Row groups (docs/maths.md §Row groups): rx_pt_acts_create_opts whose
+ * blocks run group sequences at a time (group divides B; B: the whole
+ * batch at once), so one block's recomputed intermediates and backward
+ * scratch are sized for group x T tokens instead of B x T. Every block
+ * still runs before the next; the forward, the loss and every grad on
+ * rows are the same bits (each row's products do not depend on the other
+ * rows). A backward over groups takes an adapter's weight grads group by
+ * group, adding each group's k ranges in the order one product over every
+ * row takes them: the same bits when group x T is a multiple of 256 (the
+ * GEMMs' k range). Other grads (those summed over rows outside a GEMM)
+ * would come group by group, so that backward is refused (RX_EINVAL)
+ * unless rx_ptmodel_groups_exact. group < B needs RX_ACTS_RECOMPUTE and
+ * a model without attention blocks (RX_EINVAL). */
+int rx_pt_acts_create_groups(const rx_ptmodel *m, int B, int T, int flags, int head_rows,
+                             int group, rx_pt_acts **out);
+/* Floats of the part of recompute acts that a row group of B sequences of
+ * T tokens sizes (one RWKV block's lean set and backward scratch), for an
+ * RWKV-only model; 0 on NULL or B, T < 1. */
+size_t rx_pt_acts_group_floats(const rx_ptmodel *m, int B, int T);
+/* 1 when a backward over row groups gives m's grads: its LoRA adapters
+ * (not DoRA) are on, every other parameter is frozen, it has no
+ * trainable initial states and no attention blocks; else 0. */
+int rx_ptmodel_groups_exact(const rx_ptmodel *m);
 /* The mean loss of the forward held in acts against targets, as
  * rx_pretrain_backward_loss computes it, without any grad (evaluation).
  * Errors as rx_pretrain_backward_loss. */

@@ -92,6 +92,8 @@ CONFIG_FIELDS: tuple[str, ...]
 OPTION_FIELDS: dict[str, float]   # the model context's keys a config may hold: their defaults
 KK_FLOOR: float   # the time-mix key normalisation's floor (RX_KK_FLOOR)
 BASE_DTYPES: tuple[str, ...]   # the frozen base's dtypes, from the C table (csrc/base_types.c)
+GROUP_ROWS: int    # the fewest tokens of an automatic row group (RxPtModel.row_group_of)
+GROUP_ALIGN: int   # what they are a multiple of: the GEMMs' k range
 def base_dtype_block(dtype: str) -> tuple[int, int]: ...
 def base_quantize(dtype: str, rows: F32) -> npt.NDArray[np.uint8]: ...
 def base_dequantize(dtype: str, data: npt.NDArray[np.uint8]) -> F32: ...
@@ -104,6 +106,11 @@ class RxPtModel:
     precision: str                                    # "fp32" or "bf16"
     recompute: bool                                   # activation recompute in the backward
     l2wrap: float                                     # RWKV-LM's L2Wrap factor, 0: off
+    row_group: int | None                             # sequences per row group, None: chosen
+    @property
+    def groups_exact(self) -> bool: ...
+    def row_group_of(self, B: int, T: int, exact: bool | None = ...) -> int: ...
+    def group_saving(self, B: int, T: int, exact: bool | None = ...) -> int: ...
     @property
     def config(self) -> dict[str, Any]: ...   # sizes ints; OPTION_FIELDS' keys typed as defaults
     @property

@@ -5,7 +5,12 @@ from cpython.buffer cimport PyBUF_FORMAT, PyBUF_WRITABLE
 from libc.stdint cimport int64_t, uint64_t
 from libc.string cimport memcpy
 
-
+# Row groups (RxPtModel.row_group_of): the fewest tokens a group runs (fewer
+# rows would read a frozen base's weights more often than the step gains)
+# and what they are a multiple of (the GEMMs' k range, so each adapter
+# weight grad adds the same k ranges in the same order as one product).
+GROUP_ROWS = 1024
+GROUP_ALIGN = 256
 
 
 cdef class _ModelHandle:
@@ -67,7 +72,9 @@ cdef class _ModelCore:
     cdef rx_pt_acts *_acts
     cdef int _B, _T            # the batch shape _acts was made for
     cdef int _acts_flags       # the RX_ACTS_* options _acts was made with
+    cdef int _acts_group       # the sequences per row group _acts was made with
     cdef bint _recompute
+    cdef object _row_group     # None: automatic; 0: the whole batch; n: at most n sequences
     cdef object _fwd_shape     # tokens shape of the last successful forward
     cdef bint _busy            # a forward / backward runs (the GIL is released)
     cdef dict _config, _params, _grads
@@ -173,6 +180,56 @@ cdef class _ModelCore:
         if self._busy:
             raise RuntimeError("RxPtModel: recompute changed while a forward or backward runs")
         self._recompute = bool(value)
+
+    @property
+    def row_group(self):
+        """Sequences per row group under recompute (docs/maths.md §Row
+        groups; settable): None (the default) chooses (row_group_of), 0
+        runs the whole batch at once, n >= 1 at most n sequences a group
+        (the largest divisor of the batch not above n)."""
+        return self._row_group
+
+    @row_group.setter
+    def row_group(self, value):
+        if value is not None and (isinstance(value, bool) or
+                                  not isinstance(value, (int, np.integer)) or value < 0):
+            raise ValueError(f"row_group must be None or an int >= 0, got {value!r}")
+        if self._busy:
+            raise RuntimeError("RxPtModel: row_group changed while a forward or backward runs")
+        self._row_group = None if value is None else int(value)
+
+    @property
+    def groups_exact(self):
+        """True when a backward over row groups gives this model's grads
+        (LoRA adapters, not DoRA, on an otherwise frozen RWKV model without
+        trainable states): where the automatic row_group groups."""
+        return rx_ptmodel_groups_exact(self._h.m) == 1
+
+    def row_group_of(self, int B, int T, exact=None):
+        """The sequences per row group a step of B x T tokens runs in: B
+        without recompute or with row_group 0; the largest divisor of B not
+        above row_group when it is set; automatically (None), when
+        groups_exact (or exact, when not None: what a tune about to enable
+        its adapters will be), the fewest sequences whose GROUP_ROWS or
+        more tokens are a multiple of GROUP_ALIGN (so the grads keep their
+        bits), else B."""
+        if not self._recompute or self._row_group == 0 or B < 1 or T < 1:
+            return B
+        if self._row_group is not None:
+            return max(d for d in range(1, min(self._row_group, B) + 1) if B % d == 0)
+        if self._layers.count("A") or not (self.groups_exact if exact is None else exact):
+            return B
+        return next((d for d in range(1, B) if B % d == 0 and d * T >= GROUP_ROWS and
+                     d * T % GROUP_ALIGN == 0), B)
+
+    def group_saving(self, int B, int T, exact=None):
+        """Bytes a step of B x T tokens keeps fewer in row groups
+        (row_group_of, exact as there) than with the whole batch at once."""
+        g = self.row_group_of(B, T, exact)
+        if g == B:
+            return 0
+        return 4 * (<int64_t>rx_pt_acts_group_floats(self._h.m, B, T) -
+                    <int64_t>rx_pt_acts_group_floats(self._h.m, g, T))
 
     @property
     def l2wrap(self):

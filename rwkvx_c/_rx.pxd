@@ -173,6 +173,7 @@ cdef extern from "rx_pretrain.h" nogil:
         void *saved
         int flags
         int head_rows
+        int group
 
     int rx_pt_acts_create(const rx_ptmodel *m, int B, int T, rx_pt_acts **out)
     void rx_pt_acts_free(rx_pt_acts *a)
@@ -183,6 +184,10 @@ cdef extern from "rx_pretrain.h" nogil:
     int RX_ACTS_RECOMPUTE, RX_ACTS_CHUNKED_HEAD
     int rx_pt_acts_create_opts(const rx_ptmodel *m, int B, int T, int flags, int head_rows,
                                rx_pt_acts **out)
+    int rx_pt_acts_create_groups(const rx_ptmodel *m, int B, int T, int flags, int head_rows,
+                                 int group, rx_pt_acts **out)
+    size_t rx_pt_acts_group_floats(const rx_ptmodel *m, int B, int T)
+    int rx_ptmodel_groups_exact(const rx_ptmodel *m)
     int rx_pretrain_loss(rx_ptmodel *m, const rx_pt_acts *acts, const int *targets, int B,
                          int T, int ignore_index, double *loss)
     int rx_pretrain_row_losses(rx_ptmodel *m, const rx_pt_acts *acts, const int *targets,

@@ -78,7 +78,9 @@ A whole RWKV-X model (docs/maths.md §Whole model) with its parameters and grads
         self._enter()
         try:
             self._fwd_shape = None
-            if self._acts == NULL or self._B != B or self._T != T or self._acts_flags != flags:
+            group = self.row_group_of(B, T)
+            if self._acts == NULL or self._B != B or self._T != T or \
+                    self._acts_flags != flags or self._acts_group != group:
                 # the activations of B x T tokens, filled as the forward runs
                 _check_alloc(<int64_t>B * T * (_act_bytes_per_token(self._config, self._recompute)
                                                + (4 * V if return_logits else 0)),
@@ -87,9 +89,9 @@ A whole RWKV-X model (docs/maths.md §Whole model) with its parameters and grads
                 if self._acts != NULL:
                     rx_pt_acts_free(self._acts)
                     self._acts = NULL
-                rc = rx_pt_acts_create_opts(self._h.m, B, T, flags, 0, &self._acts)
+                rc = rx_pt_acts_create_groups(self._h.m, B, T, flags, 0, group, &self._acts)
                 _check_rc(rc, "RxPtModel.forward")
-                self._B, self._T, self._acts_flags = B, T, flags
+                self._B, self._T, self._acts_flags, self._acts_group = B, T, flags, group
             logits = _empty(*tokens.shape, V) if return_logits else None
             ptok = _iptr(tokens)
             with nogil:

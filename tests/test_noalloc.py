@@ -37,12 +37,13 @@ def program(tmp_path_factory):
                                   ["0", "0", "none", "bf16"], ["3", "37", "lora", "q8_0"],
                                   ["0", "0", "none", "gen"], ["0", "0", "lora", "gen"],
                                   ["0", "0", "dora"], ["3", "37", "dora", "q8_0"],
-                                  ["0", "0", "dora", "gen"]],
+                                  ["0", "0", "dora", "gen"], ["3", "37", "lora", "groups"]],
                          ids=["plain", "recompute", "recompute+chunked_head", "lora",
                               "lora+recompute+chunked_head", "lora+rows",
                               "recompute+chunked_head+rows", "grad_accum", "bf16_base",
                               "lora+q8_0_base+recompute+chunked_head", "gen", "lora+gen", "dora",
-                              "dora+q8_0_base+recompute+chunked_head", "dora+gen"])
+                              "dora+q8_0_base+recompute+chunked_head", "dora+gen",
+                              "lora+row_groups+recompute+chunked_head"])
 def test_a_step_allocates_nothing(program, threads, acts):
     # recompute (RX_ACTS_RECOMPUTE = 1) and the chunked head (2; 37-row
     # chunks cut the 256 rows unevenly) with L2Wrap allocate nothing either,

@@ -187,11 +187,15 @@ def _measured_bytes(model: RxPtModel) -> tuple[int, int] | None:
     # tokens) a sequence's; a one-time allocation (a thread's first
     # scratch) can only add to one of them, so the smallest is the figure.
     shapes = [(1, 2 * t1), (1, t1)] * 3 + [(1, 2 * t1), (2, t1)] * 2
-    for B, T in shapes:
-        x = np.zeros((B, T), dtype=np.int32)
-        model.forward(x, return_logits=False)
-        model.backward(x)
-        used.append(_heap_in_use() or 0)
+    group, model.row_group = model.row_group, 0   # the whole batch at once: group_saving's base
+    try:
+        for B, T in shapes:
+            x = np.zeros((B, T), dtype=np.int32)
+            model.forward(x, return_logits=False)
+            model.backward(x)
+            used.append(_heap_in_use() or 0)
+    finally:
+        model.row_group = group
     model.zero_grad()
     head = head_bytes(c["vocab_size"], 2 * t1) - head_bytes(c["vocab_size"], t1)
     grown = [used[i + 1] - used[i] - head for i in (1, 3, 5)]
@@ -275,7 +279,7 @@ def check(need: int, what: str, advice: str, available: int | None = None) -> No
 
 
 def _step_need(model: RxPtModel, batch: int, seq_len: int, params: int,
-               loading: int) -> tuple[int, int, int] | None:
+               loading: int, groups_exact: bool | None = None) -> tuple[int, int, int] | None:
     """check_step's figure in the model's recompute mode: (bytes, activation
     bytes per token, per sequence), or None when the rough bound already
     fits (far from the limit: not worth the measuring steps)."""
@@ -284,12 +288,16 @@ def _step_need(model: RxPtModel, batch: int, seq_len: int, params: int,
     if fits(params + max(loading, head + rough * batch * seq_len)):
         return None
     per_tok, per_seq = acts_bytes(model)
-    return (params + max(loading, head + per_tok * batch * seq_len + per_seq * batch),
-            per_tok, per_seq)
+    # measured with the whole batch at once; row groups keep one block's
+    # intermediates for a group only (RxPtModel.group_saving, the C sizes)
+    acts = per_tok * batch * seq_len + per_seq * batch - \
+        model.group_saving(batch, seq_len, groups_exact)
+    return params + max(loading, head + acts), per_tok, per_seq
 
 
 def check_step(model: RxPtModel, batch: int, seq_len: int, params: int | None = None,
-               loading: int = 0, auto_recompute: bool = False) -> None:
+               loading: int = 0, auto_recompute: bool = False,
+               groups_exact: bool | None = None) -> None:
     """Raises MemoryTooSmall when a training step of batch x seq_len tokens
     (with params bytes of weights and what trains: by default the parameter
     copies of PARAM_COPIES; a fine-tune's own figure, rwkvx_c.train.base)
@@ -300,17 +308,20 @@ def check_step(model: RxPtModel, batch: int, seq_len: int, params: int | None = 
     activation bytes are measured on the model (acts_bytes).
     auto_recompute (TrainOptions.grad_cp unset): a step that does not fit
     with every block's activations kept but does under activation recompute
-    turns the model's recompute on, with an RwkvxWarning saying so."""
+    turns the model's recompute on, with an RwkvxWarning saying so.
+    groups_exact: what the model's groups_exact will be in the step (a
+    tune checked before its adapters exist; None: as it is now), for the
+    row groups it then runs in (RxPtModel.row_group_of)."""
     if os.environ.get("RWKVX_NO_MEMCHECK"):
         return
     params = param_bytes(model.n_params) if params is None else params
-    got = _step_need(model, batch, seq_len, params, loading)
+    got = _step_need(model, batch, seq_len, params, loading, groups_exact)
     if got is None or fits(got[0]):
         return
     switched = auto_recompute and not model.recompute
     if switched:
         model.recompute = True
-        lean = _step_need(model, batch, seq_len, params, loading)
+        lean = _step_need(model, batch, seq_len, params, loading, groups_exact)
         if lean is None or fits(lean[0]):
             avail = available_bytes()
             warnings.warn(RwkvxWarning(

@@ -197,20 +197,32 @@ def build_model(opts: ResolvedOptions, tokenizer: Tokenizer, corpus: Corpus,
                 raise TrainError("the source's LoRA adapters are not the ones --tune lora "
                                  "--lora-targets makes; drop --lora-targets")
             restore_trained(model, weights, "the source")
-        return model, optim
+        return model, groups_checked(model, opts, optim)
     try:
         ModelConfig.from_dict(cfg)
         memory.check(memory.param_bytes(memory.estimate_params(cfg)),
                      "the model with its optimiser state", "choose a smaller --preset")
         model = _core.RxPtModel(cfg, seed=opts.seed, precision=opts.precision,
                                 recompute=bool(opts.grad_cp), l2wrap=opts.l2wrap)
+        model.row_group = opts.row_group
         memory.check_step(model, opts.batch, step_len or opts.seq_len,
                           auto_recompute=opts.grad_cp is None)
     except (ConfigError, MemoryTooSmall) as e:
         raise TrainError(str(e)) from None
     if tensors is None:
         init_model(model, opts.init, seed=opts.seed)
-    return model, make_optimizer(model, opts)
+    return model, groups_checked(model, opts, make_optimizer(model, opts))
+
+
+def groups_checked(model: _core.RxPtModel, opts: ResolvedOptions,
+                   optim: AdamW | PartsAdamW) -> AdamW | PartsAdamW:
+    """optim, once --row-group N is known to keep this tune's bits
+    (RxPtModel.groups_exact, with what trains now set); else TrainError."""
+    if opts.row_group and model.recompute and not model.groups_exact:
+        raise TrainError(f"--row-group {opts.row_group}: row groups keep a step's grads only "
+                         "for LoRA adapters (not DoRA) with nothing else training, on a model "
+                         "without attention blocks; drop --row-group")
+    return optim
 
 
 def load_source(model: _core.RxPtModel, weights: Mapping[str, np.ndarray]) -> None:

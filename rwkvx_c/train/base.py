@@ -31,7 +31,7 @@ import numpy as np
 from rwkvx_c import _core
 from rwkvx_c.errors import ConfigError, MemoryTooSmall, RwkvxWarning, TrainError
 from rwkvx_c.model import memory
-from rwkvx_c.model.lora import target_params
+from rwkvx_c.model.lora import ADAPTERS, target_params
 from rwkvx_c.model.weights import auto_base_dtype, fill_base, load_params
 from rwkvx_c.train.expand import place_weights
 from rwkvx_c.train.finetune import parse_targets, trained_names
@@ -104,6 +104,14 @@ def tune_bytes(model: RxPtModel, opts: ResolvedOptions, names: list[str], dtype:
             memory.weight_bytes(0, 0, 2 * largest))
 
 
+def adapters_alone(opts: ResolvedOptions) -> bool:
+    """Whether the tune trains LoRA adapters (not DoRA) and nothing else:
+    what RxPtModel.groups_exact will say once make_optimizer has enabled
+    them (the memory check runs before)."""
+    return opts.tune == "lora" and not ADAPTERS[opts.adapter].dora and not opts.train_parts \
+        and not opts.lisa_layers
+
+
 def model_from_source(opts: ResolvedOptions, weights: Mapping[str, np.ndarray],
                       step_len: int | None = None) -> RxPtModel:
     """The model of a fine-tune (opts resolved, opts.model the source's
@@ -113,6 +121,7 @@ def model_from_source(opts: ResolvedOptions, weights: Mapping[str, np.ndarray],
     try:
         model = _core.RxPtModel(dict(opts.model), seed=opts.seed, precision=opts.precision,
                                 recompute=bool(opts.grad_cp), l2wrap=opts.l2wrap, init=False)
+        model.row_group = opts.row_group
         dtype = resolve_base_dtype(opts, str(getattr(weights, "dtype", "fp32")))
         names = base_names(model, opts, dtype, weights)
         # frozen while the step may be measured: no weight grad is written
@@ -123,7 +132,7 @@ def model_from_source(opts: ResolvedOptions, weights: Mapping[str, np.ndarray],
         raw = frozenset(n for n in names if types.get(n) == dtype)
         held, loading = tune_bytes(model, opts, names, dtype, raw)
         memory.check_step(model, opts.batch, step_len or opts.seq_len, held, loading,
-                          auto_recompute=opts.grad_cp is None)
+                          auto_recompute=opts.grad_cp is None, groups_exact=adapters_alone(opts))
     except (ConfigError, MemoryTooSmall, ValueError) as e:
         raise TrainError(str(e)) from None
     placed = place_weights(model, weights)

@@ -192,6 +192,12 @@ class TrainOptions:
                                 "each block's input and recompute it in its backward (the same "
                                 "losses bit for bit, about one block's activations); unset: on "
                                 "only where it alone lets a step fit", kind="flag")
+    row_group: int | None = _opt(None, "with activation recompute, run every block N sequences "
+                                 "at a time, so that one block's recomputed activations and "
+                                 "backward scratch are N sequences' (the same losses and grads "
+                                 "bit for bit; a LoRA tune alone, not DoRA); 0: the whole batch; "
+                                 "unset: groups of 1,024 tokens or more where a LoRA tune keeps "
+                                 "its bits", kind="nonneg_int", metavar="N")
     l2wrap: float = _opt(0.0, "RWKV-LM's L2Wrap: push each position's largest logit towards 0 "
                          "with a grad of X * max_logit / (B*T); RWKV-LM uses 1e-4, 0 disables",
                          kind="nonneg_float", metavar="X")
@@ -333,8 +339,8 @@ class TrainOptions:
 
     # options a resumed run may change without changing what it computes
     RESUMABLE = ("steps", "time_budget", "eval_every", "save_every", "threads", "cache_dir",
-                 "on_divergence", "grad_cp", "base", "keep_best", "keep_last", "early_stop",
-                 "log_to", "sample_every", "sample_prompt")
+                 "on_divergence", "grad_cp", "row_group", "base", "keep_best", "keep_last",
+                 "early_stop", "log_to", "sample_every", "sample_prompt")
 
     def resolved(self) -> ResolvedOptions:
         """A copy with every preset default filled in and every value checked."""
@@ -424,6 +430,10 @@ class TrainOptions:
                 if getattr(self, k) not in (None, _DEFAULTS[k]):
                     raise TrainError(f"{flag_of(k)} sets the adapters of --tune lora; it has no "
                                      f"effect with --tune {self.tune}")
+        if self.row_group and (self.grad_cp is False or self.unfreeze_at is not None):
+            raise TrainError(f"--row-group {self.row_group} groups the blocks of activation "
+                             "recompute of a tune whose base stays frozen: it has no effect "
+                             "without --grad-cp, nor past --unfreeze-at")
         if self.lisa_layers is None and self.lisa_interval != _DEFAULTS["lisa_interval"]:
             raise TrainError("--lisa-interval sets the schedule of --lisa-layers; give both")
         if self.lisa_layers is not None and (self.tune != "full" or self.freeze

@@ -21,6 +21,11 @@
  *                      frozen base of that dtype (base.c)
  *   noalloc_step 0 0 - accum
  *                   -> two micro-batches summed into one step (--grad-accum)
+ *   noalloc_step FLAGS HEAD_ROWS lora groups
+ *                   -> a LoRA tune's step in row groups of one sequence
+ *                      (rx_pt_acts_create_groups; FLAGS must hold
+ *                      RX_ACTS_RECOMPUTE), on the model without its
+ *                      attention block
  *   noalloc_step 0 0 lora|dora|none gen
  *                   -> batched generation (gen.c): a step of slots decoding
  *                      beside a slot joining with its prompt, then a
@@ -152,15 +157,17 @@ static int gen_steps(rx_gen *g, const int *tok, int warm) {
     return rc;
 }
 
-/* argv: [RX_ACTS_* flags [head_rows [lora|dora|base|none|- [rows|accum|bf16|q8_0]]]]; with flags,
- * L2Wrap on too */
+/* argv: [RX_ACTS_* flags [head_rows [lora|dora|base|none|-
+ * [rows|accum|bf16|q8_0|gen|groups]]]]; with flags, L2Wrap on too */
 int main(int argc, char **argv) {
     const int flags = argc > 1 ? atoi(argv[1]) : 0, head_rows = argc > 2 ? atoi(argv[2]) : 0;
     rows_mode = argc > 4 && strcmp(argv[4], "rows") == 0;
     /* large enough that the norms, GEMMs and cross-entropy take their
      * multi-threaded paths (OMP_NUM_THREADS=2) */
+    const int groups = argc > 4 && strcmp(argv[4], "groups") == 0;
     const rx_pt_config cfg = {
-        .n_embd = 128, .n_head = 2, .head_size = 64, .n_rwkv_layer = 2, .n_attn_layer = 1,
+        .n_embd = 128, .n_head = 2, .head_size = 64, .n_rwkv_layer = 2,
+        .n_attn_layer = groups ? 0 : 1,
         .vocab_size = 384, .Dw = 16, .Da = 16, .Dg = 32, .Dv = 8, .ffn_dim = 256,
         .chunk_size = 32, .moba_top_k = 2,
     };
@@ -171,7 +178,8 @@ int main(int argc, char **argv) {
     rx_pt_acts *acts = NULL;
     int64_t n = 0;
     int rc = rx_model_create(&cfg, 0, 0, &m);
-    if (rc == RX_OK) rc = rx_pt_acts_create_opts(m, B, T, flags, head_rows, &acts);
+    if (rc == RX_OK)
+        rc = rx_pt_acts_create_groups(m, B, T, flags, head_rows, groups ? 1 : B, &acts);
     if (rc == RX_OK && flags) rc = rx_ptmodel_set_l2wrap(m, 1e-4);
     if (rc == RX_OK && argc > 3 && (strcmp(argv[3], "lora") == 0 || strcmp(argv[3], "dora") == 0))
         rc = add_lora(m, strcmp(argv[3], "dora") == 0);
