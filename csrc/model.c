@@ -174,14 +174,25 @@ void rx_pt_acts_free(rx_pt_acts *a) {
     free(a);
 }
 
+/* Floats of the backward's first residual-grad buffer (work's first):
+ * the head's grad on lnout [BT][C], then a row group's summed v_first
+ * grad and one block's, [2][rowg] */
+static size_t grad_head_floats(size_t rowc, size_t rowg) {
+    return rowc > 2 * rowg ? rowc : 2 * rowg;
+}
+
 /* One float allocation carved into block_in | v_first | lnout | work |
  * logits | dlogits: BT*((n_blocks+7)*C + 2*vocab) floats, or with the
  * chunked head BT*(n_blocks+7)*C + 2*rows*vocab (logits NULL, dlogits the
  * head's scratch); the blocks' kept intermediates and a block backward's
- * scratch beside it. Under recompute lnout is work's third buffer (the
- * summed v_first grad, written only after the head has read lnout), one
- * [BT][C] less: the backward and rx_pretrain_loss make it again from the
- * last block's output when a backward has used it. */
+ * scratch beside it. work is the backward's residual grads: the head's
+ * grad, then a row group's v_first grads (grad_head_floats) | the grad
+ * leaving the last block, [BT][C] | a row group's other residual grad
+ * [group*T][C] (with one group: 4 [BT][C]; with more, 2 [BT][C] and 1 or
+ * 2 groups' rows). Under recompute lnout is work's second buffer (written
+ * only after the head has read lnout), one [BT][C] less: the backward and
+ * rx_pretrain_loss make it again from the last block's output when a
+ * backward has used it. */
 int rx_pt_acts_create_groups(const rx_ptmodel *m, int B, int T, int flags, int head_rows,
                              int group, rx_pt_acts **out) {
     static const char *const fn = "rx_pt_acts_create";
@@ -205,14 +216,16 @@ int rx_pt_acts_create_groups(const rx_ptmodel *m, int B, int T, int flags, int h
     const size_t lean = (flags & RX_ACTS_RECOMPUTE) != 0;
     const int rows = head_rows ? head_rows : rx_head_chunk_rows((int)V, 0);
     size_t rowc, rowv, total;
-    /* sizes that do not fit the address space cannot be allocated either */
+    /* sizes that do not fit the address space cannot be allocated either
+     * (the residual grads take at most 4 [BT][C]) */
     if (!mul_ok(BT, C, &rowc) ||
         !mul_ok(chunked ? ((size_t)rows < BT ? (size_t)rows : BT) : BT, V, &rowv) ||
         !mul_ok(rowc, nb + 7 - lean, &total) ||
         total > SIZE_MAX - 2 * rowv || rowv > SIZE_MAX / 2)
         return rx_fail(RX_ENOMEM, "%s: acts for B = %d, T = %d exceed the address space", fn, B,
                        T);
-    total += 2 * rowv;
+    const size_t rowg = (size_t)group * (size_t)T * C, w1 = grad_head_floats(rowc, rowg);
+    total = rowc * (nb + 3 - lean) + w1 + rowc + rowg + 2 * rowv;
     rx_pt_acts *a = calloc(1, sizeof *a);
     if (!a) return rx_fail(RX_ENOMEM, "%s: out of memory", fn);
     float *f = rx_fcalloc(total);   /* zeroed: nothing is ever read uninitialised */
@@ -236,9 +249,9 @@ int rx_pt_acts_create_groups(const rx_ptmodel *m, int B, int T, int flags, int h
     a->block_in = f;
     a->v_first = a->block_in + (nb + 1) * rowc;
     a->work = a->v_first + (2 - lean) * rowc;
-    a->lnout = lean ? a->work + 2 * rowc : a->v_first + rowc;
-    a->logits = chunked ? NULL : a->work + 4 * rowc;
-    a->dlogits = a->work + 4 * rowc + (chunked ? 0 : rowv);
+    a->lnout = lean ? a->work + w1 : a->v_first + rowc;
+    a->logits = chunked ? NULL : a->work + w1 + rowc + rowg;
+    a->dlogits = a->work + w1 + rowc + rowg + (chunked ? 0 : rowv);
     a->flags = flags;
     a->head_rows = chunked ? rows : 0;
     a->group = group;
@@ -251,16 +264,18 @@ int rx_pt_acts_create_opts(const rx_ptmodel *m, int B, int T, int flags, int hea
     return rx_pt_acts_create_groups(m, B, T, flags, head_rows, B, out);
 }
 
-size_t rx_pt_acts_group_floats(const rx_ptmodel *m, int B, int T) {
-    if (!m || B < 1 || T < 1 || !m->cfg.n_rwkv_layer) return 0;
-    const size_t BT = (size_t)B * (size_t)T;
+size_t rx_pt_acts_group_floats(const rx_ptmodel *m, int B, int T, int group) {
+    if (!m || group < 1 || group > B || T < 1 || !m->cfg.n_rwkv_layer) return 0;
+    const size_t GT = (size_t)group * (size_t)T, C = (size_t)m->cfg.n_embd;
     const rx_block_params *shape_of = &m->rwkv[m->cfg.n_rwkv_layer - 1];
     size_t work = 0;
     for (int i = 0; i < m->cfg.n_rwkv_layer; i++) {
-        const size_t w = rx_block_work_lean(&m->rwkv[i], BT);
+        const size_t w = rx_block_work_lean(&m->rwkv[i], GT);
         if (w > work) work = w;
     }
-    return rx_block_acts_floats_lean(shape_of, (size_t)B, (size_t)T) + work;
+    /* and the residual grads that depend on the group (create's work) */
+    return rx_block_acts_floats_lean(shape_of, (size_t)group, (size_t)T) + work +
+           grad_head_floats((size_t)B * T * C, GT * C) + GT * C;
 }
 
 int rx_ptmodel_groups_exact(const rx_ptmodel *m) {
@@ -499,8 +514,13 @@ static int backward_batch(const char *fn, rx_ptmodel *m, const rx_pt_acts *acts,
                            "not ignore_index %d", fn, t, i, V, ignore_index);
     }
     const size_t rowc = (size_t)BT * (size_t)C;
-    float *dcur = acts->work, *dnext = acts->work + rowc;
-    float *dvf_sum = acts->work + 2 * rowc, *dvf_one = acts->work + 3 * rowc;
+    const int groups = B / acts->group;
+    const size_t rowg = (size_t)acts->group * (size_t)T * (size_t)C;
+    /* work (rx_pt_acts_create_groups): the head's grad on lnout, later a
+     * group's v_first grads | the grad leaving the last block (lnout under
+     * recompute, which the head has read by then) | a group's other grad */
+    float *dhead = acts->work, *dlast = acts->work + grad_head_floats(rowc, rowg);
+    float *dvf_sum = dhead, *dvf_one = dhead + rowg, *dother = dlast + rowc;
     float *bwork = acts->saved->work;
     /* the same call as the forward's: the same bits */
     if (acts->saved->lnout_stale && (rc = lnout_forward(m, acts)) != RX_OK) return rc;
@@ -516,10 +536,10 @@ static int backward_batch(const char *fn, rx_ptmodel *m, const rx_pt_acts *acts,
             rx_l2wrap_rows(acts->logits, acts->dlogits, (size_t)BT, (size_t)V,
                            m->ctx.l2wrap / (double)BT);
         if (rc == RX_OK)
-            rc = rx_head_grads(acts->lnout, m->head, acts->dlogits, BT, C, V, dnext, m->g_head);
+            rc = rx_head_grads(acts->lnout, m->head, acts->dlogits, BT, C, V, dhead, m->g_head);
     } else if (w) {
         rc = rx_head_loss_rows_k(acts->lnout, m->head, targets, BT, C, V, ignore_index,
-                                 m->ctx.l2wrap, w, k, acts->head_rows, acts->dlogits, dnext,
+                                 m->ctx.l2wrap, w, k, acts->head_rows, acts->dlogits, dhead,
                                  m->g_head, row_loss);
         loss = 0.0;
     } else if (acts->logits) {
@@ -528,72 +548,75 @@ static int backward_batch(const char *fn, rx_ptmodel *m, const rx_pt_acts *acts,
             rx_l2wrap_rows(acts->logits, acts->dlogits, (size_t)BT, (size_t)V,
                            m->ctx.l2wrap / (double)BT);
         if (rc == RX_OK)
-            rc = rx_head_grads(acts->lnout, m->head, acts->dlogits, BT, C, V, dnext, m->g_head);
+            rc = rx_head_grads(acts->lnout, m->head, acts->dlogits, BT, C, V, dhead, m->g_head);
     } else {
         rc = rx_head_loss(acts->lnout, m->head, targets, BT, C, V, ignore_index, m->ctx.l2wrap,
-                          acts->head_rows, acts->dlogits, dnext, m->g_head, &loss);
+                          acts->head_rows, acts->dlogits, dhead, m->g_head, &loss);
     }
     if (rc == RX_OK)
         rc = rx_layernorm_backward_eps(acts->block_in + (size_t)m->n_blocks * rowc,
-                                       m->ln_out_w, m->ln_out_b, dnext, dcur, m->g_ln_out_w,
+                                       m->ln_out_w, m->ln_out_b, dhead, dlast, m->g_ln_out_w,
                                        m->g_ln_out_b, B, T, C, (float)m->ctx.ln_eps);
-    /* dcur: grad on the residual leaving block L. Every RWKV block after
-     * the first reads v_first; their grads on it are summed into dvf_sum and
-     * handed to RWKV block 0 (always the first block), which produced it. */
-    int have_dvf = 0;
+    acts->saved->lnout_stale = acts->saved->recompute;   /* dlast is lnout */
+    /* Row group by row group (one: the whole batch), each through every
+     * block from the last: dcur, the grad on the residual leaving block L,
+     * starts as the group's rows of dlast. Every RWKV block after the first
+     * reads v_first; their grads on it are summed into dvf_sum and handed
+     * to RWKV block 0 (always the first block), which produced it. A group
+     * after the first adds its adapters' weight grads to the groups' before
+     * (rx_lora_accumulate): each product's k ranges in the order one
+     * product over every row takes them. */
     float *ds = m->state0 ? acts->saved->ds : NULL;   /* the initial states' grads, or none */
-    const int groups = B / acts->group;
-    const size_t rowg = (size_t)acts->group * (size_t)T * (size_t)C;
-    for (int L = m->n_blocks - 1; L >= 0 && rc == RX_OK; L--) {
-        int i = m->block_idx[L];
-        /* row group by row group in row order: a group after the first adds
-         * its adapters' weight grads to the first's (rx_lora_accumulate), each
-         * product's k ranges in the order one product over every row takes */
-        for (int g = 0; g < groups && rc == RX_OK; g++) {
-            const size_t o = (size_t)g * rowg;
+    float *dcur = dlast, *dnext = dother;
+    for (int g = 0; g < groups && rc == RX_OK; g++) {
+        const size_t o = (size_t)g * rowg;
+        int have_dvf = 0;
+        dcur = dlast + o;
+        dnext = dother;
+        if (g > 0) rx_lora_accumulate(m->lora, 1);
+        for (int L = m->n_blocks - 1; L >= 0 && rc == RX_OK; L--) {
             const float *x = acts->block_in + (size_t)L * rowc + o;
+            const int i = m->block_idx[L];
             rc = block_recompute(m, acts, L, g);
-            acts->saved->lnout_stale = acts->saved->recompute;   /* dvf_sum is lnout */
             /* a block's backward takes the scratch that holds part of the lean
              * set and overwrites the rest of it: the shared sets hold no block */
             acts->saved->held_r = acts->saved->held_a = -1;
             if (rc != RX_OK) break;
-            if (g > 0) rx_lora_accumulate(m->lora, 1);
             if (m->layers[L] == 'A') {
                 rc = rx_attn_backward_acts(&m->ctx, &m->attn[i], attn_acts(acts->saved, m, i), x,
-                                           NULL, dcur + o, &m->attn_g[i], dnext + o, NULL, bwork);
+                                           NULL, dcur, &m->attn_g[i], dnext, NULL, bwork);
             } else if (i > 0) {
-                float *dvf = (have_dvf ? dvf_one : dvf_sum) + o;
+                float *dvf = have_dvf ? dvf_one : dvf_sum;
                 rc = rx_block_backward_state(&m->ctx, &m->rwkv[i], rwkv_acts(acts->saved, i), x,
-                                             NULL, NULL, acts->v_first + o, dcur + o,
-                                             &m->rwkv_g[i], dnext + o, NULL, NULL, dvf, ds,
-                                             bwork);
+                                             NULL, NULL, acts->v_first + o, dcur, &m->rwkv_g[i],
+                                             dnext, NULL, NULL, dvf, ds, bwork);
                 if (have_dvf)
-                    for (size_t e = o; e < o + rowg; e++) dvf_sum[e] += dvf_one[e];
+                    for (size_t e = 0; e < rowg; e++) dvf_sum[e] += dvf_one[e];
+                have_dvf = 1;
             } else {
                 rc = rx_block_backward_state(&m->ctx, &m->rwkv[0], rwkv_acts(acts->saved, 0), x,
-                                             NULL, NULL, acts->v_first + o, dcur + o,
-                                             &m->rwkv_g[0], dnext + o, NULL, NULL,
-                                             have_dvf ? dvf_sum + o : NULL, ds, bwork);
+                                             NULL, NULL, acts->v_first + o, dcur, &m->rwkv_g[0],
+                                             dnext, NULL, NULL, have_dvf ? dvf_sum : NULL, ds,
+                                             bwork);
             }
-            if (g > 0) rx_lora_accumulate(m->lora, 0);
+            if (rc == RX_OK && ds && m->layers[L] == 'R') reduce_state_grad(m, i, B, ds);
+            float *t = dcur;
+            dcur = dnext;
+            dnext = t;
         }
-        if (m->layers[L] == 'R' && i > 0) have_dvf = 1;
-        if (rc == RX_OK && ds && m->layers[L] == 'R') reduce_state_grad(m, i, B, ds);
-        float *s = dcur;
-        dcur = dnext;
-        dnext = s;
+        if (g > 0) rx_lora_accumulate(m->lora, 0);
     }
     /* with emb (and ln0) frozen, nothing below is wanted */
     const size_t emb_off = (size_t)(m->emb - m->params), V_C = (size_t)V * (size_t)C;
     const int emb_frozen = is_frozen(m, emb_off, V_C) || rx_base_find(m->base, m->emb);
-    if (emb_frozen && (!m->ln0_w || is_frozen(m, emb_off + V_C, 2 * (size_t)C))) {
+    if (groups > 1 || (emb_frozen && (!m->ln0_w || is_frozen(m, emb_off + V_C, 2 * (size_t)C)))) {
         if (rc == RX_OK) *loss_out = loss;
         return rc;
     }
     if (rc == RX_OK && m->ln0_w) {
-        /* dcur is the grad on ln0's output; the raw rows are gathered again
-         * into the free dnext, and the grad on them overwrites dcur */
+        /* dcur is the grad on ln0's output (one group: the whole batch's);
+         * the raw rows are gathered again into the free dnext, and the grad
+         * on them overwrites dcur */
         rc = emb_gather(m, acts, BT, dnext);
         if (rc == RX_OK)
             rc = rx_layernorm_backward_eps(dnext, m->ln0_w, m->ln0_b, dcur, dcur, m->g_ln0_w,

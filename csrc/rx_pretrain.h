@@ -377,8 +377,8 @@ typedef struct {
     int B;            /* sequences; T above is the length of each */
     int ready;        /* 1 after a successful forward into these acts */
     float *dlogits;   /* [T][vocab] backward scratch */
-    float *work;      /* [4][T][C] backward scratch: the residual grad (two
-                         buffers), the summed v_first grad, one block's */
+    float *work;      /* backward scratch (rx_pt_acts_create_groups): the
+                         residual grads, the summed v_first grad, one block's */
     struct rx_pt_saved *saved;  /* internal: the RWKV blocks' forward
                                    intermediates, reused by the backward */
     int flags;        /* RX_ACTS_* bits of rx_pt_acts_create_opts (0: none) */
@@ -500,10 +500,12 @@ int rx_pt_acts_create_opts(const rx_ptmodel *m, int B, int T, int flags, int hea
 /* Row groups (docs/maths.md §Row groups): rx_pt_acts_create_opts whose
  * blocks run group sequences at a time (group divides B; B: the whole
  * batch at once), so one block's recomputed intermediates and backward
- * scratch are sized for group x T tokens instead of B x T. Every block
- * still runs before the next; the forward, the loss and every grad on
- * rows are the same bits (each row's products do not depend on the other
- * rows). A backward over groups takes an adapter's weight grads group by
+ * scratch, and all but one of the backward's residual-grad buffers, are
+ * sized for group x T tokens instead of B x T. The forward runs each
+ * block over every group before the next block, the backward each group
+ * through every block, in row order; the forward, the loss and every grad
+ * on rows are the same bits (each row's products do not depend on the
+ * other rows). A backward over groups takes an adapter's weight grads group by
  * group, adding each group's k ranges in the order one product over every
  * row takes them: the same bits when group x T is a multiple of 256 (the
  * GEMMs' k range). Other grads (those summed over rows outside a GEMM)
@@ -512,10 +514,11 @@ int rx_pt_acts_create_opts(const rx_ptmodel *m, int B, int T, int flags, int hea
  * a model without attention blocks (RX_EINVAL). */
 int rx_pt_acts_create_groups(const rx_ptmodel *m, int B, int T, int flags, int head_rows,
                              int group, rx_pt_acts **out);
-/* Floats of the part of recompute acts that a row group of B sequences of
- * T tokens sizes (one RWKV block's lean set and backward scratch), for an
- * RWKV-only model; 0 on NULL or B, T < 1. */
-size_t rx_pt_acts_group_floats(const rx_ptmodel *m, int B, int T);
+/* Floats of the part of recompute acts for B sequences of T tokens that
+ * their row groups of group sequences size (one RWKV block's lean set and
+ * backward scratch, and the residual grads but one [B*T][C]), for an
+ * RWKV-only model; 0 on NULL, T < 1 or group outside [1, B]. */
+size_t rx_pt_acts_group_floats(const rx_ptmodel *m, int B, int T, int group);
 /* 1 when a backward over row groups gives m's grads: its LoRA adapters
  * (not DoRA) are on, every other parameter is frozen, it has no
  * trainable initial states and no attention blocks; else 0. */

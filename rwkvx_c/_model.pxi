@@ -228,8 +228,8 @@ cdef class _ModelCore:
         g = self.row_group_of(B, T, exact)
         if g == B:
             return 0
-        return 4 * (<int64_t>rx_pt_acts_group_floats(self._h.m, B, T) -
-                    <int64_t>rx_pt_acts_group_floats(self._h.m, g, T))
+        return 4 * (<int64_t>rx_pt_acts_group_floats(self._h.m, B, T, B) -
+                    <int64_t>rx_pt_acts_group_floats(self._h.m, B, T, g))
 
     @property
     def l2wrap(self):

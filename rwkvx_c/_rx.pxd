@@ -186,7 +186,7 @@ cdef extern from "rx_pretrain.h" nogil:
                                rx_pt_acts **out)
     int rx_pt_acts_create_groups(const rx_ptmodel *m, int B, int T, int flags, int head_rows,
                                  int group, rx_pt_acts **out)
-    size_t rx_pt_acts_group_floats(const rx_ptmodel *m, int B, int T)
+    size_t rx_pt_acts_group_floats(const rx_ptmodel *m, int B, int T, int group)
     int rx_ptmodel_groups_exact(const rx_ptmodel *m)
     int rx_pretrain_loss(rx_ptmodel *m, const rx_pt_acts *acts, const int *targets, int B,
                          int T, int ignore_index, double *loss)

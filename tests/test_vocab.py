@@ -1,4 +1,4 @@
-"""The model's vocabulary follows the data (rwkvx_c.train.options.model_vocab):
+"""The model's vocabulary follows the data (rwkvx_c.train.assemble.model_vocab):
 the README's pre-tokenised example trains, --vocab-size sets or pads it,
 and --resume keeps it."""
 import json

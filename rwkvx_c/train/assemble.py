@@ -36,7 +36,6 @@ from rwkvx_c.train.finetune import (
     restore_trained,
 )
 from rwkvx_c.train.optim import AdamW
-from rwkvx_c.train.options import model_vocab
 
 if TYPE_CHECKING:
     from rwkvx_c.data.tokenizers import Tokenizer
@@ -217,7 +216,12 @@ def build_model(opts: ResolvedOptions, tokenizer: Tokenizer, corpus: Corpus,
 def groups_checked(model: _core.RxPtModel, opts: ResolvedOptions,
                    optim: AdamW | PartsAdamW) -> AdamW | PartsAdamW:
     """optim, once --row-group N is known to keep this tune's bits
-    (RxPtModel.groups_exact, with what trains now set); else TrainError."""
+    (RxPtModel.groups_exact, with what trains now set) for the whole run
+    (no --unfreeze-at) under recompute; else TrainError."""
+    if opts.row_group and (opts.grad_cp is False or opts.unfreeze_at is not None):
+        raise TrainError(f"--row-group {opts.row_group} groups the blocks of activation "
+                         "recompute of a tune whose base stays frozen: it has no effect "
+                         "without --grad-cp, nor past --unfreeze-at")
     if opts.row_group and model.recompute and not model.groups_exact:
         raise TrainError(f"--row-group {opts.row_group}: row groups keep a step's grads only "
                          "for LoRA adapters (not DoRA) with nothing else training, on a model "
@@ -257,3 +261,31 @@ def name_base(opts: ResolvedOptions, state: Mapping[str, Any] | None,
     if opts.init_from and weights is not None and base_frozen(opts) and writes:
         return pin or identify(opts.init_from)
     return None
+
+
+def model_vocab(opts: ResolvedOptions, tokenizer: Tokenizer, corpus: Corpus,
+                fixed: bool = False) -> int:
+    """The vocabulary the model gets: opts.vocab_size (--vocab-size) when
+    given, else the tokenizer's (unless it is bytes), else the larger of the
+    config's (a preset's, or a resumed run's) and the corpus's ids (a token
+    file's sidecar vocab_size, or its largest id + 1). fixed: the weights
+    come with the config (imported, --init-from), whose size then stands.
+    TrainError when the size cannot hold the corpus's or the tokenizer's ids."""
+    assert opts.model is not None   # resolved() filled it
+    tok = None if tokenizer.name == "byte" else tokenizer.vocab_size
+    need = max(corpus.vocab_size, tok or 0)
+    if fixed:
+        have = opts.model["vocab_size"]
+        if opts.vocab_size is not None and opts.vocab_size != have:
+            raise TrainError(f"--vocab-size {opts.vocab_size} differs from the weights' "
+                             f"vocabulary of {have}; leave it out")
+        if need > have:
+            raise TrainError(f"the corpus has {need} token ids but the model's vocab_size is "
+                             f"{have}")
+        return have
+    if opts.vocab_size is None:
+        return tok if tok is not None else max(opts.model["vocab_size"], corpus.vocab_size)
+    if opts.vocab_size < need:
+        raise TrainError(f"--vocab-size {opts.vocab_size} cannot hold the data's token ids "
+                         f"(0..{need - 1}); give at least {need}, or leave it out")
+    return opts.vocab_size

@@ -34,7 +34,7 @@ from rwkvx_c.util.registry import DEFAULT, Entry, entries, resolve, stored
 from rwkvx_c.util.registry import declare as _opt
 
 __all__ = ["TrainOptions", "auto_precision", "PRECISIONS", "BASE_DTYPES", "TUNE_MODES",
-           "DEFAULT_STEPS", "saved_options", "apply_changes", "model_vocab", "flag_of",
+           "DEFAULT_STEPS", "saved_options", "apply_changes", "flag_of",
            "new_run_hint", "schema"]
 
 PRECISIONS = ("fp32", "bf16", "auto")
@@ -192,12 +192,9 @@ class TrainOptions:
                                 "each block's input and recompute it in its backward (the same "
                                 "losses bit for bit, about one block's activations); unset: on "
                                 "only where it alone lets a step fit", kind="flag")
-    row_group: int | None = _opt(None, "with activation recompute, run every block N sequences "
-                                 "at a time, so that one block's recomputed activations and "
-                                 "backward scratch are N sequences' (the same losses and grads "
-                                 "bit for bit; a LoRA tune alone, not DoRA); 0: the whole batch; "
-                                 "unset: groups of 1,024 tokens or more where a LoRA tune keeps "
-                                 "its bits", kind="nonneg_int", metavar="N")
+    row_group: int | None = _opt(None, "with --grad-cp, run each block N sequences at a time (a "
+                                 "LoRA tune's bits kept); 0: the whole batch; unset: automatic",
+                                 kind="nonneg_int", metavar="N")
     l2wrap: float = _opt(0.0, "RWKV-LM's L2Wrap: push each position's largest logit towards 0 "
                          "with a grad of X * max_logit / (B*T); RWKV-LM uses 1e-4, 0 disables",
                          kind="nonneg_float", metavar="X")
@@ -430,10 +427,6 @@ class TrainOptions:
                 if getattr(self, k) not in (None, _DEFAULTS[k]):
                     raise TrainError(f"{flag_of(k)} sets the adapters of --tune lora; it has no "
                                      f"effect with --tune {self.tune}")
-        if self.row_group and (self.grad_cp is False or self.unfreeze_at is not None):
-            raise TrainError(f"--row-group {self.row_group} groups the blocks of activation "
-                             "recompute of a tune whose base stays frozen: it has no effect "
-                             "without --grad-cp, nor past --unfreeze-at")
         if self.lisa_layers is None and self.lisa_interval != _DEFAULTS["lisa_interval"]:
             raise TrainError("--lisa-interval sets the schedule of --lisa-layers; give both")
         if self.lisa_layers is not None and (self.tune != "full" or self.freeze
@@ -502,9 +495,6 @@ def flag_of(name: str) -> str:
 
 
 if TYPE_CHECKING:
-    from rwkvx_c.data.pipeline import Corpus
-    from rwkvx_c.data.tokenizers import Tokenizer
-
     class ResolvedOptions(TrainOptions):
         """The type of TrainOptions.resolved(): the preset's values filled in."""
         batch: int
@@ -580,31 +570,3 @@ def apply_changes(opts: TrainOptions, changes: dict[str, Any], tokenizer: dict |
 def new_run_hint(out_dir: str) -> str:
     """What a refused resume says: a new run can start from the saved one's weights."""
     return f"to start a new run from its weights, use --init-from {out_dir}"
-
-
-def model_vocab(opts: TrainOptions, tokenizer: Tokenizer, corpus: Corpus,
-                fixed: bool = False) -> int:
-    """The vocabulary the model gets: opts.vocab_size (--vocab-size) when
-    given, else the tokenizer's (unless it is bytes), else the larger of the
-    config's (a preset's, or a resumed run's) and the corpus's ids (a token
-    file's sidecar vocab_size, or its largest id + 1). fixed: the weights
-    come with the config (imported, --init-from), whose size then stands.
-    TrainError when the size cannot hold the corpus's or the tokenizer's ids."""
-    assert opts.model is not None   # resolved() filled it
-    tok = None if tokenizer.name == "byte" else tokenizer.vocab_size
-    need = max(corpus.vocab_size, tok or 0)
-    if fixed:
-        have = opts.model["vocab_size"]
-        if opts.vocab_size is not None and opts.vocab_size != have:
-            raise TrainError(f"--vocab-size {opts.vocab_size} differs from the weights' "
-                             f"vocabulary of {have}; leave it out")
-        if need > have:
-            raise TrainError(f"the corpus has {need} token ids but the model's vocab_size is "
-                             f"{have}")
-        return have
-    if opts.vocab_size is None:
-        return tok if tok is not None else max(opts.model["vocab_size"], corpus.vocab_size)
-    if opts.vocab_size < need:
-        raise TrainError(f"--vocab-size {opts.vocab_size} cannot hold the data's token ids "
-                         f"(0..{need - 1}); give at least {need}, or leave it out")
-    return opts.vocab_size
