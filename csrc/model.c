@@ -80,6 +80,17 @@ static void saved_free(struct rx_pt_saved *s) {
     free(s);
 }
 
+/* Floats of the largest RWKV block backward's scratch over BT rows (its
+ * lean form under recompute) */
+static size_t rwkv_work(const rx_ptmodel *m, size_t BT, int recompute) {
+    size_t nwork = 0;
+    for (int i = 0; i < m->cfg.n_rwkv_layer; i++) {
+        const size_t w = (recompute ? rx_block_work_lean : rx_block_work)(&m->rwkv[i], BT);
+        if (w > nwork) nwork = w;
+    }
+    return nwork;
+}
+
 static struct rx_pt_saved *saved_new(const rx_ptmodel *m, size_t B, size_t T, int recompute) {
     struct rx_pt_saved *s = calloc(1, sizeof *s);
     if (!s) return NULL;
@@ -91,11 +102,8 @@ static struct rx_pt_saved *saved_new(const rx_ptmodel *m, size_t B, size_t T, in
      * first when there is one) */
     const rx_block_params *shape_of = &m->rwkv[recompute ? m->cfg.n_rwkv_layer - 1 : 0];
     const size_t BT = B * T, C = (size_t)m->cfg.n_embd, F = (size_t)m->cfg.ffn_dim;
-    size_t nwork = na ? RX_ATTN_WORK(BT, C, F) : 0;
-    for (int i = 0; i < m->cfg.n_rwkv_layer; i++) {
-        const size_t w = (recompute ? rx_block_work_lean : rx_block_work)(&m->rwkv[i], BT);
-        if (w > nwork) nwork = w;
-    }
+    const size_t na_work = na ? RX_ATTN_WORK(BT, C, F) : 0, nr_work = rwkv_work(m, BT, recompute);
+    const size_t nwork = na_work > nr_work ? na_work : nr_work;
     s->rwkv = calloc((size_t)n, sizeof *s->rwkv);
     s->attn = calloc((size_t)(na ? na : 1), sizeof *s->attn);
     s->work = rx_falloc(nwork);
@@ -268,13 +276,9 @@ size_t rx_pt_acts_group_floats(const rx_ptmodel *m, int B, int T, int group) {
     if (!m || group < 1 || group > B || T < 1 || !m->cfg.n_rwkv_layer) return 0;
     const size_t GT = (size_t)group * (size_t)T, C = (size_t)m->cfg.n_embd;
     const rx_block_params *shape_of = &m->rwkv[m->cfg.n_rwkv_layer - 1];
-    size_t work = 0;
-    for (int i = 0; i < m->cfg.n_rwkv_layer; i++) {
-        const size_t w = rx_block_work_lean(&m->rwkv[i], GT);
-        if (w > work) work = w;
-    }
-    /* and the residual grads that depend on the group (create's work) */
-    return rx_block_acts_floats_lean(shape_of, (size_t)group, (size_t)T) + work +
+    /* saved_new's lean set and scratch, and the residual grads that depend
+     * on the group (create's work) */
+    return rx_block_acts_floats_lean(shape_of, (size_t)group, (size_t)T) + rwkv_work(m, GT, 1) +
            grad_head_floats((size_t)B * T * C, GT * C) + GT * C;
 }
 
