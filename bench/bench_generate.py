@@ -30,7 +30,10 @@ the best of an engine's runs. A
 llama.cpp child killed by a signal runs again with llama.cpp's extra
 weight buffers off (`use_extra_bufts`: its AMX matmul crashes on RWKV-7's
 Q8_0 tensors on Sapphire Rapids), and its row says so.
-Batched decode: rwkvx_c advances B slots in one GenState.step;
+Batched decode: rwkvx_c advances B slots in one GenState.step (the
+last column: and draws each slot's next token from the step's logits, as
+generate() does at Sampling()'s defaults, temperature 1 and top-p 0.9;
+rwkvx_c only);
 llama.cpp decodes one llama_batch holding one token of each of B sequences
 (n_seq_max B); the rwkv package's forward takes one sequence, so its
 batched rows are "n/a". Prints a markdown table and one JSON line per
@@ -67,6 +70,7 @@ def _best(fn, repeat=3):
 
 def child_rwkvx(a):
     import rwkvx_c as rx
+    from rwkvx_c.generation.sampling import sample_rows
     from rwkvx_c.sample import load_model
     model = load_model(a.run, hold_base=True)   # a Q8_0 base read in place
     prompt = _tokens(PROMPT)
@@ -86,6 +90,18 @@ def child_rwkvx(a):
         for i in range(a.decode):
             g.step(slots, ones, _tokens(B, i))
         out[f"decode{B}"] = B * a.decode / (time.perf_counter() - t)
+    # B slots again, each step's tokens drawn from its logits as generate()
+    # draws them at Sampling()'s defaults (temperature 1, top-p 0.9)
+    B = max(BATCHES)
+    slots, ones = np.arange(B, dtype=np.int32), np.ones(B, np.int32)
+    rngs = [np.random.default_rng(k) for k in range(B)]
+    for k in range(B):
+        g.reset(k)
+    ids = _tokens(B)
+    t = time.perf_counter()
+    for _ in range(a.decode):
+        ids = sample_rows(g.step(slots, ones, ids), rngs, 1.0, 0.9).astype(np.int32)
+    out[f"drawn{B}"] = B * a.decode / (time.perf_counter() - t)
     return out
 
 
@@ -257,9 +273,10 @@ def main():
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))
     print(f"# CPU: {cpu_name()}, {os.cpu_count()} cores, {a.threads} threads; shape {a.shape}, "
           f"{PROMPT}-token prompt, {a.decode} decode steps, best of {a.repeat} runs")
-    cols = ["prefill", "decode1"] + [f"decode{B}" for B in BATCHES]
+    cols = ["prefill", "decode1"] + [f"decode{B}" for B in BATCHES] + [f"drawn{max(BATCHES)}"]
     print("| engine | weights | prefill tok/s | decode B=1 tok/s | "
-          + " | ".join(f"decode B={B} tok/s" for B in BATCHES) + " |")
+          + " | ".join(f"decode B={B} tok/s" for B in BATCHES)
+          + f" | B={max(BATCHES)} with each token drawn tok/s |")
     print("|---" * (len(cols) + 2) + "|")
     for fmt in a.formats.split(","):
         run, gguf, pth = made[fmt]

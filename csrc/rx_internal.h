@@ -306,6 +306,7 @@ enum {
     RX_BUF_GEMM_UNITS,  /* rx_sgemm's table of a parallel batch's units */
     RX_BUF_FAST_ROWS,   /* the fast decode's quantised activation rows (base_fast.c) */
     RX_BUF_FAST_PANEL,  /* the fast decode's repacked weight panel (base_fast.c) */
+    RX_BUF_SAMPLE,      /* a drawn row's probabilities, cut and sort (sample.c) */
     RX_BUF_N
 };
 /* Buffer `slot` of the calling thread, at least `bytes` long, grown to the

@@ -888,6 +888,23 @@ int rx_gen_step(rx_gen *g, int n, const int *slots, const int *counts, const int
  * without such a base computes as ever. RX_EINVAL on NULL or on not 0/1. */
 int rx_gen_set_fast(rx_gen *g, int on);
 
+/* ---- sample.c: drawing each row's next token ----------------------------
+ * Rows r < R of x and raw ([R][V], rows ld floats apart): raw the model's
+ * logits, x the logits the token is drawn from (raw after penalties and
+ * banned ids, or raw itself). ids[r]: the id drawn from softmax(x / t)
+ * (t = temperature) kept to the top_k most likely ids (0: all), then to the
+ * fewest most likely whose mass reaches top_p (1: all), ties ordered by id,
+ * renormalised; by u[r] in [0, 1): the first id whose running mass in id
+ * order exceeds u[r] of the whole (numpy's Generator.choice). t = 0 takes
+ * the first largest x. logprob[r]: log_softmax(raw)[ids[r]]. In float64,
+ * each row alone (docs/training.md §Drawing a token): a row's results do
+ * not depend on the other rows. ids[r] = -1 for a row with a raw logit not
+ * finite, or no finite x. RX_EINVAL on NULL, R < 0, V < 1, ld < V, t not
+ * a finite value >= 0, top_p outside [0, 1], top_k < 0 or a u outside
+ * [0, 1); RX_ENOMEM. */
+int rx_sample_rows(int R, int V, const float *x, const float *raw, size_t ld, const double *u,
+                   double temperature, double top_p, int top_k, int32_t *ids, double *logprob);
+
 /* ---- gemm_bf16.c, proj.c, model_layout.c: bf16 mixed precision -------
  * With RX_PRECISION_BF16 every projection GEMM of the model's forward and
  * backward -- time-mix R/K/V/O and its LoRAs, channel-mix key/value,

@@ -229,6 +229,9 @@ class GenState:
              counts: npt.NDArray[np.integer[Any]] | Sequence[int], tokens: I32,
              all_logits: bool = ..., out: F32 | None = ...) -> F32: ...
 
+def draw_rows(x: F32, raw: F32, u: npt.NDArray[np.float64], temperature: float, top_p: float,
+              top_k: int) -> tuple[I32, npt.NDArray[np.float64]]: ...
+
 # -- greedy longest-match byte trie (csrc/tokenize.c) -------------------------
 class ByteTrie:
     """A vocabulary of byte strings encoded by greedy longest match."""

@@ -177,3 +177,30 @@ Recurrent state of n_slots sequences of one RxPtModel, advanced together.
             self._busy = False
         _check_rc(rc, "GenState.step")
         return out
+
+
+def draw_rows(const float[:, ::1] x not None, const float[:, ::1] raw not None,
+              const double[::1] u not None, double temperature, double top_p, int top_k):
+    """Each row's next token drawn from x (R, V) by u[r] in [0, 1), and its
+    log-probability under raw (R, V), the model's logits (csrc/sample.c,
+    rx_sample_rows; x may be raw itself): (ids int32 (R,), logprobs
+    float64 (R,)); ids[r] = -1 for a row whose raw logits are not all
+    finite or whose x has no finite value."""
+    cdef Py_ssize_t R = x.shape[0], V = x.shape[1]
+    if raw.shape[0] != R or raw.shape[1] != V or u.shape[0] != R:
+        raise ValueError(f"x {(R, V)}, raw {(raw.shape[0], raw.shape[1])} and u "
+                         f"({u.shape[0]},) must agree")
+    if V < 1 or V > _INT_MAX or R > _INT_MAX:
+        raise ValueError(f"x's shape {(R, V)} is outside the C API's range")
+    ids = np.empty(R, np.int32)
+    lps = np.empty(R, np.float64)
+    if R == 0:
+        return ids, lps
+    cdef int32_t[::1] pi = ids
+    cdef double[::1] pl = lps
+    cdef int rc
+    with nogil:
+        rc = rx_sample_rows(<int>R, <int>V, &x[0, 0], &raw[0, 0], <size_t>V, &u[0],
+                            temperature, top_p, top_k, &pi[0], &pl[0])
+    _check_rc(rc, "draw_rows")
+    return ids, lps

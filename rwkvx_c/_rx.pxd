@@ -305,6 +305,11 @@ cdef extern from "rx_pretrain.h" nogil:
                     int all, float *logits)
     int rx_gen_set_fast(rx_gen *g, int on)
 
+    # drawing each row's next token (csrc/sample.c)
+    int rx_sample_rows(int R, int V, const float *x, const float *raw, size_t ld,
+                       const double *u, double temperature, double top_p, int top_k,
+                       int32_t *ids, double *logprob)
+
     # AdamW and the global grad norm (csrc/optim.c)
     int rx_adamw_step(float *params, const float *grads, float *m, float *v, size_t n,
                       const int64_t *decay_ranges, int n_ranges,

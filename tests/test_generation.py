@@ -1,7 +1,7 @@
 """The batched generation engine (rwkvx_c.generation, docs/training.md
 §Sampling): a sequence's tokens do not depend on the batch, stop reasons,
 log-probabilities, n samples forking one prompt, slots refilled mid-way,
-the vectorised draw against the one-sequence one, `sample --prompts`, and
+`sample --prompts`, and
 a base-holding run kept as it trained (and its fast decode)."""
 import json
 import os
@@ -14,7 +14,6 @@ import rwkvx_c as rx
 from rwkvx_c.cli import main
 from rwkvx_c.errors import SampleError
 from rwkvx_c.generation import STOP_REASONS, Request, Sampling, generate, run_requests
-from rwkvx_c.generation.sampling import TOP_CANDIDATES, sample_rows, sample_token
 from rwkvx_c.sample import load_run
 
 PROMPTS = ["def f(", "hello", "", "x" * 40]
@@ -103,18 +102,6 @@ def test_n_samples_fork_one_prompt_read_once(monkeypatch):
     steps.clear()
     assert [c.token_ids for c in generate(m, "y" * 30, n=5, max_new_tokens=4, sampling=HOT,
                                           batch_size=2)] == [c.token_ids for c in outs]
-
-
-@pytest.mark.parametrize("T,P,K", [(1.0, 1.0, 0), (0.7, 0.9, 0), (1.3, 0.5, 40), (1.0, 1.0, 3),
-                                   (0.0, 1.0, 0), (2.0, 0.95, 0)])
-def test_sample_rows_is_sample_token_row_by_row(T, P, K):
-    rng = np.random.default_rng(1)
-    for V in (7, 300, 3 * TOP_CANDIDATES):
-        x = (rng.standard_normal((6, V)) * 3).astype(np.float32)
-        x[5, : V // 2] = x[5, 0]   # a tie that crosses the candidates' end
-        want = [sample_token(x[r], np.random.default_rng(r), T, P, K) for r in range(6)]
-        got = sample_rows(x, [np.random.default_rng(r) for r in range(6)], T, P, K)
-        assert list(got) == want
 
 
 def test_bad_requests_are_one_line():

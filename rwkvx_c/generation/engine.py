@@ -8,7 +8,7 @@ rows the step moves. The scheduler here keeps up to B slots busy: a request
 pieces of at most `piece` tokens and its state copied into the slots of its
 other samples (GenState.copy); a finished sequence frees its slot for the
 next request. The draw is vectorised over the rows that sample in a step
-(sampling.sample_rows), each sequence with its own random stream seeded
+(sampling.draw_rows, in C), each sequence with its own random stream seeded
 from (seed, prompt index, sample index), so a sequence's tokens do not
 depend on what else shares its batch.
 """
@@ -28,8 +28,7 @@ from rwkvx_c.generation.sampling import (
     RowPenalties,
     Sampling,
     StopText,
-    log_probs,
-    sample_rows,
+    draw_rows,
 )
 from rwkvx_c.model import memory
 
@@ -225,19 +224,16 @@ class _Scheduler:
                         ready.append(f)
                         rows.append(r)
                     q.forks = []
-            if ready:
-                self._sample(np.array(ready), logits[np.array(rows)])
+            if ready:   # the step's rows as they are when each drew once, in order
+                whole = rows == list(range(len(logits)))
+                self._sample(np.array(ready), logits if whole else logits[np.array(rows)])
 
     def _sample(self, ready: np.ndarray, raw: np.ndarray) -> None:
         s = self.s
         seqs = [self.seqs[k] for k in ready]
         x = self.pen.apply(raw, ready)
-        ids = sample_rows(x, [q.rng for q in seqs if q is not None], s.temperature,
-                          s.top_p, s.top_k)
-        lps = log_probs(raw, ids)
-        if not np.isfinite(raw).all():
-            raise SampleError("the model's logits are not finite (NaN or inf): its weights do "
-                              "not make a usable model")
+        ids, lps = draw_rows(x, raw, [q.rng for q in seqs if q is not None], s.temperature,
+                             s.top_p, s.top_k)
         weights = np.ones(len(ready))
         new = 0
         for r, (k, q) in enumerate(zip(ready, seqs)):

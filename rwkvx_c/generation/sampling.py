@@ -1,9 +1,9 @@
 """How the next token is drawn: the Sampling settings, the rwkv package's
-repetition penalties, stop strings, and the draw itself, for one sequence
-(sample_token) and for the rows of a batch at once (sample_rows).
+repetition penalties, stop strings, and the draw itself, for the rows of a
+batch at once (draw_rows, sample_rows) and for one sequence (sample_token).
 
-sample_rows is sample_token over each row with the row's own random
-stream, vectorised: every row's result depends on that row's logits,
+The draw runs in C (csrc/sample.c, rx_sample_rows), each row with its own
+random stream and alone: every row's result depends on that row's logits,
 counts and stream alone, so a sequence draws the same ids whatever else
 shares its batch.
 """
@@ -15,15 +15,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rwkvx_c import _core
 from rwkvx_c.errors import SampleError
 
-__all__ = ["Sampling", "sample_token", "sample_rows", "log_probs", "Penalties", "RowPenalties",
-           "StopText", "WEIGHTLESS", "TOP_CANDIDATES"]
+__all__ = ["Sampling", "sample_token", "sample_rows", "draw_rows", "Penalties", "RowPenalties",
+           "StopText", "WEIGHTLESS"]
 
 WEIGHTLESS = " \t0123456789"   # a token whose text lies in this counts 0 (the rwkv pipeline)
-# top-k / top-p look at this many of a row's most likely ids first, sorted,
-# and sort the whole row only when the cut falls past them
-TOP_CANDIDATES = 1024
 
 
 @dataclass(frozen=True)
@@ -81,97 +79,47 @@ class Sampling:
         return self.alpha_presence > 0 or self.alpha_frequency > 0
 
 
-def sample_token(logits: np.ndarray, rng: np.random.Generator, temperature: float = 1.0,
-                 top_p: float = 1.0, top_k: int = 0) -> int:
-    """A token id drawn from logits (vocab,) as Sampling describes."""
-    logits = np.asarray(logits, dtype=np.float64)
-    if temperature <= 0:
-        return int(np.argmax(logits))
-    # shifted before the division: a tiny temperature sends the gaps to
-    # -inf (probability 0), never inf - inf = NaN
-    z = (logits - logits.max()) / temperature
-    p = np.exp(z)
-    p /= p.sum()
-    if top_p < 1.0 or 0 < top_k < len(p):
-        order = np.argsort(-p, kind="stable")
-        topk = 0 < top_k < len(p)
-        if topk:
-            order = order[:top_k]
-        cum = np.cumsum(p[order]) / (p[order].sum() if topk else p.sum())
-        keep = order[: int(np.searchsorted(cum, top_p)) + 1] if top_p < 1.0 else order
-        q = np.zeros_like(p)
-        q[keep] = p[keep]
-        p = q / q.sum()
-    return int(rng.choice(len(p), p=p))
+def draw_rows(x: np.ndarray, raw: np.ndarray, rngs: Sequence[np.random.Generator],
+              temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's next token drawn from x [R, V] as Sampling describes, with
+    rngs[r] (one uniform draw a row when temperature > 0), and its
+    log-probability under raw [R, V], the model's logits (x may be raw
+    itself): (ids [R], logprobs [R]). Read as float32, drawn in float64 by
+    csrc/sample.c, each row alone (docs/training.md §Drawing a token)."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    raw = np.ascontiguousarray(raw, dtype=np.float32)
+    if temperature > 0:
+        u = np.array([rng.random() for rng in rngs], dtype=np.float64)
+    else:
+        u = np.zeros(len(rngs))
+    ids, lps = _core.draw_rows(x, raw, u, float(temperature), float(top_p), int(top_k))
+    bad = np.flatnonzero(ids < 0)
+    if len(bad):
+        if not np.isfinite(raw[bad]).all():
+            raise SampleError("the model's logits are not finite (NaN or inf): its weights do "
+                              "not make a usable model")
+        raise SampleError("every token is banned (token_ban) or penalised to -inf: "
+                          "there is nothing to draw")
+    return ids, lps
 
 
 def sample_rows(logits: np.ndarray, rngs: Sequence[np.random.Generator],
                 temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0) -> np.ndarray:
-    """sample_token over each row of logits [R, V] with rngs[r] (one
-    uniform draw a row when temperature > 0): the ids [R]."""
-    x = np.asarray(logits, dtype=np.float64)
-    V = x.shape[1]
-    if temperature <= 0:
-        return np.argmax(x, axis=1)
-    p = np.exp((x - x.max(axis=1, keepdims=True)) / temperature)
-    p /= p.sum(axis=1, keepdims=True)
-    if top_p < 1.0 or 0 < top_k < V:
-        p = _nucleus(p, top_p, top_k if 0 < top_k < V else 0)
-    # Generator.choice(V, p=row): the cumulative sum, normalised by its
-    # last value, searched (right) for one uniform draw
-    u = np.array([rng.random() for rng in rngs], dtype=np.float64)
-    cdf = np.cumsum(p, axis=1)
-    cdf /= cdf[:, -1:]
-    return np.minimum((cdf <= u[:, None]).sum(axis=1), V - 1)
+    """The ids [R] drawn from logits [R, V] (penalised: a banned id's is
+    -inf) with rngs[r], as draw_rows draws them."""
+    x = np.ascontiguousarray(logits, dtype=np.float32)
+    # no log-probability is asked: -inf (a banned id) is no error here
+    raw = np.where(np.isneginf(x), np.float32(0), x) if np.isneginf(x).any() else x
+    return draw_rows(x, raw, rngs, temperature, top_p, top_k)[0]
 
 
-def _nucleus(p: np.ndarray, top_p: float, top_k: int) -> np.ndarray:
-    """p [R, V] (rows summing to 1) kept to each row's top_k (0: all), then
-    to the smallest most-likely set reaching top_p, renormalised: the q of
-    sample_token. The cut is found among the TOP_CANDIDATES most likely ids
-    of a row, sorted by (-p, id) as a stable sort orders them; a row whose
-    cut falls at or past the least of them (a tie there may leave out an
-    id the full sort would keep) is sorted whole."""
-    R, V = p.shape
-    k = min(V, max(TOP_CANDIDATES, top_k + 1))
-    rows = np.arange(R)[:, None]
-    if k < V:
-        cand = np.argpartition(-p, k - 1, axis=1)[:, :k]
-        cand.sort(axis=1)                    # by id, so that the stable sort breaks ties by id
-    else:
-        cand = np.broadcast_to(np.arange(V), (R, V))
-    order = np.take_along_axis(cand, np.argsort(-p[rows, cand], axis=1, kind="stable"), axis=1)
-    ps = p[rows, order]
-    kept = ps[:, :top_k] if top_k else ps
-    # the divisor as sample_token's: the kept mass (all of it without top-k)
-    total = kept.sum(axis=1) if top_k else p.sum(axis=1)
-    n = np.full(R, kept.shape[1])
-    if top_p < 1.0:
-        cum = np.cumsum(kept, axis=1) / total[:, None]
-        n = np.minimum((cum < top_p).sum(axis=1) + 1, kept.shape[1])
-    q = np.zeros_like(p)
-    for r in range(R):
-        last = ps[r, n[r] - 1]
-        if k < V and last <= ps[r, -1]:   # the cut reaches the candidates' end: sort it all
-            whole = np.argsort(-p[r], kind="stable")
-            if top_k:
-                whole = whole[:top_k]
-            c = np.cumsum(p[r, whole]) / p[r, whole].sum()
-            keep = whole[: int(np.searchsorted(c, top_p)) + 1] if top_p < 1.0 else whole
-        else:
-            keep = order[r, :n[r]]
-        q[r, keep] = p[r, keep]
-    return q / q.sum(axis=1, keepdims=True)
-
-
-def log_probs(logits: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    """log_softmax(logits[r])[ids[r]] of each row of logits [R, V], in float64:
-    the model's own probability of the id drawn (before temperature,
-    penalties and top-k/top-p)."""
-    x = np.asarray(logits, dtype=np.float64)
-    m = x.max(axis=1)
-    lse = np.log(np.exp(x - m[:, None]).sum(axis=1)) + m
-    return x[np.arange(len(ids)), ids] - lse
+def sample_token(logits: np.ndarray, rng: np.random.Generator, temperature: float = 1.0,
+                 top_p: float = 1.0, top_k: int = 0) -> int:
+    """A token id drawn from logits (vocab,) as Sampling describes: the
+    draw of one row by sample_rows."""
+    x = np.asarray(logits, dtype=np.float32).reshape(1, -1)
+    return int(sample_rows(x, [rng], temperature, top_p, top_k)[0])
 
 
 class Penalties:
@@ -214,7 +162,10 @@ class RowPenalties:
         self.ban = np.array([t for t in s.token_ban if t < vocab], np.int64)
 
     def apply(self, logits: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        """logits [len(rows), V] of those rows, penalised (float32, a copy)."""
+        """logits [len(rows), V] of those rows, penalised (float32, a copy);
+        logits themselves when no id is banned or penalised."""
+        if not (len(self.ban) or self.s.penalised):
+            return logits
         out = np.array(logits, dtype=np.float32)
         if len(self.ban):
             out[:, self.ban] = -np.inf
