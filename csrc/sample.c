@@ -9,20 +9,20 @@
  * of correctly rounded operations (explicit fmas, a rounding constant, an
  * exponent built from integer bits) that the vectorised and the scalar
  * builds of a loop carry out alike, so the bits are the same on every CPU.
- * Sums over a row are lane_sum's: eight interleaved lanes, then a fixed
+ * Whole-row sums run in eight interleaved lanes, then lane_total's fixed
  * tree, for the same reason. The cumulative sums that place a cut or a
  * draw run in order, one element after another, as a cumulative sum is
  * defined.
  *
- * The cut of top-k / top-p needs the most likely ids in order (probability
- * down, id up among ties) and the running sum of their probabilities. A
- * row's probabilities are bucketed by binade (a double's exponent bits);
- * walking the binades from the top gives the fewest whole binades whose
- * mass reaches the cut with a margin. Only those ids are sorted (a stable
- * LSD radix sort of the probabilities' bits, ids entering in increasing
- * order): every id left out is less likely than each id sorted, so the
- * sorted ids are the head of the whole order. A trained model's rows sort
- * a few hundred ids; a flat row sorts most of the vocabulary.
+ * The cut of top-k / top-p needs the likeliest ids in order (weight down,
+ * id up among ties) and the running sum of their weights. A row's weights
+ * are bucketed by binade (a double's exponent bits); walking the binades
+ * from the top gives the fewest whole binades whose mass reaches the cut
+ * with a margin. Only those ids are sorted (a stable LSD radix sort of the
+ * weights' bits, ids entering in increasing order): every id left out is
+ * less likely than each id sorted, so the sorted ids are the head of the
+ * whole order. A trained model's rows sort a few hundred ids; a flat row
+ * sorts most of the vocabulary. The draw then walks the kept ids alone.
  */
 #include <math.h>
 #include <stdint.h>
@@ -32,9 +32,9 @@
 #include "rx_internal.h"
 #include "rx_pretrain.h"
 
-#define LANES 8                 /* lane_sum's interleaved partial sums */
+#define LANES 8                 /* a whole-row sum's interleaved partial sums */
 #define EXP_FLOOR (-708.0)      /* exp_neg below: 0 (2^-1021 and under taken as 0) */
-#define BINADES 2048            /* a double's exponent field */
+#define BINADES 1024            /* exponent fields of doubles in [0, 1] */
 #define CUT_MARGIN 1e-9         /* relative mass past top_p the binade walk collects */
 #define RADIX_BITS 11          /* six passes at most over 64-bit keys */
 #define RADIX (1 << RADIX_BITS)
@@ -46,8 +46,8 @@
 
 /* exp(x) for x <= 0: x = n ln2 + r, |r| <= ln2 / 2, exp(r) by its Taylor
  * series to r^13 (remainder under 2^-56) in Horner's fmas, times 2^n from
- * the exponent bits. Within 2 ulp of exp. exp_neg4 is the same operations
- * on four lanes. */
+ * the exponent bits: within 1 ulp of glibc's exp over [-708, 0] (968,537
+ * points, docs/training.md). exp_neg4 is the same operations on four lanes. */
 #define EXP_SHIFT 0x1.8p52   /* k = x log2e + this holds n in its low mantissa bits */
 #define LOG2E 0x1.71547652b82fep0
 #define LN2_HI 0x1.62e42fefa39efp-1
@@ -121,6 +121,25 @@ RX_AVX2_FMA static double exp_row_avx2(const float *x, size_t V, double m, doubl
     exp_tail(x, i, V, m, t, p, acc);
     return lane_total(acc);
 }
+
+/* the largest of x[0:i) into *m (a max is exact in any order) and whether
+ * they are all finite into *ok, i the whole eights of V; returns i */
+RX_AVX2_FMA static size_t argmax_avx2(const float *x, size_t V, float *m, int *ok) {
+    __m256 mx = _mm256_set1_ps(x[0]), bad = _mm256_setzero_ps();
+    size_t i = 0;
+    for (; i + 8 <= V; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        mx = _mm256_max_ps(mx, v);
+        /* v - v is 0 for a finite v, NaN for inf and NaN */
+        bad = _mm256_or_ps(bad, _mm256_cmp_ps(_mm256_sub_ps(v, v), _mm256_setzero_ps(),
+                                              _CMP_NEQ_UQ));
+    }
+    float l[8];
+    _mm256_storeu_ps(l, mx);
+    for (int k = 0; k < 8; k++) *m = l[k] > *m ? l[k] : *m;
+    *ok = _mm256_movemask_ps(bad) == 0;
+    return i;
+}
 #endif
 
 /* whether exp_row takes the AVX2 lanes: an x86 CPU with AVX2 and FMA,
@@ -148,50 +167,52 @@ static double exp_row(int avx2, const float *x, size_t V, double m, double t, do
     return lane_total(acc);
 }
 
-/* p[i] /= s, i < V; returns their lane_sum */
-RX_HOT static double scale_row(double *p, size_t V, double s) {
-    double acc[LANES] = {0};
-    size_t i = 0;
-    for (; i + LANES <= V; i += LANES)
-        for (int l = 0; l < LANES; l++) acc[l] += (p[i + l] /= s);
-    for (int l = 0; i + (size_t)l < V; l++) acc[l] += (p[i + l] /= s);
-    return lane_total(acc);
-}
-
-/* the first index of x's largest value (np.argmax's, x without NaN);
- * *all_finite: no inf or NaN in x */
-static size_t argmax_row(const float *x, size_t V, int *all_finite) {
-    size_t best = 0;
+/* the first index of x's largest value (np.argmax's, x without NaN), in
+ * AVX2 lanes when avx2 (the max is exact either way); *all_finite: no inf
+ * or NaN in x */
+static size_t argmax_row(int avx2, const float *x, size_t V, int *all_finite) {
+    float m = x[0];
     int ok = 1;
-    for (size_t i = 0; i < V; i++) {
+    size_t i = 0;
+#ifdef RX_SAMPLE_X86
+    if (avx2) i = argmax_avx2(x, V, &m, &ok);
+#else
+    (void)avx2;
+#endif
+    for (; i < V; i++) {
         ok &= isfinite(x[i]) != 0;
-        if (x[i] > x[best]) best = i;
+        m = x[i] > m ? x[i] : m;
     }
     *all_finite = ok;
+    size_t best = 0;
+    while (best + 1 < V && !(x[best] == m)) best++;
     return best;
 }
 
-/* A row's scratch: p [V], the kept mass q [V], keys and ids twice over [V]
- * (the radix sort's two buffers) and the binades' counts and masses. */
+/* A row's scratch: the weights e [V], keys and ids twice over [V] (the
+ * radix sort's two buffers), and the binades' counts and masses in HIST
+ * interleaved copies (consecutive ids never add to the same one, so the
+ * adds do not wait on each other). */
+#define HIST 4
 typedef struct {
-    int avx2;   /* exp_row's lanes */
-    double *p, *q, mass[BINADES];
+    int avx2;   /* exp_row's and argmax_row's lanes */
+    double *e;
     uint64_t *key[2];
     int32_t *id[2];
-    size_t count[BINADES];
+    double mass[HIST][BINADES];
+    uint32_t count[HIST][BINADES];
 } row_scratch;
 
 static size_t scratch_bytes(size_t V) {
-    return sizeof(row_scratch) + V * (2 * sizeof(double) + 2 * sizeof(uint64_t) +
-                                      2 * sizeof(int32_t)) + 64 * 8;
+    return sizeof(row_scratch) + V * (sizeof(double) + 2 * sizeof(uint64_t) +
+                                      2 * sizeof(int32_t)) + 64 * 5;
 }
 
 static row_scratch *scratch_of(void *buf, size_t V) {
     row_scratch *s = buf;
     char *at = (char *)(s + 1);
 #define TAKE(ptr, n) (ptr = (void *)at, at += ((n) + 63) / 64 * 64)
-    TAKE(s->p, V * sizeof(double));
-    TAKE(s->q, V * sizeof(double));
+    TAKE(s->e, V * sizeof(double));
     TAKE(s->key[0], V * sizeof(uint64_t));
     TAKE(s->key[1], V * sizeof(uint64_t));
     TAKE(s->id[0], V * sizeof(int32_t));
@@ -225,93 +246,106 @@ static int radix_sort(row_scratch *s, size_t n) {
     return src;
 }
 
-/* q := p kept to the top_k most likely (0: all), then to the fewest most
- * likely whose running mass over `total` (the kept top_k's mass, else
- * psum) reaches top_p; 0 elsewhere. p sums to psum. */
-static void cut_row(row_scratch *s, size_t V, double psum, double top_p, size_t top_k) {
+/* The ids the cut keeps, in increasing order, at *kept (*n of them): of
+ * the weights e [V] (summing to E in lanes), the top_k likeliest (0: all;
+ * weight down, id up among ties), then the fewest of those from the top
+ * whose running sum over `total` (the kept top_k's running sum, else E)
+ * reaches top_p. */
+static void cut_row(row_scratch *s, size_t V, double E, double top_p, size_t top_k,
+                    const int32_t **kept, size_t *n) {
     memset(s->count, 0, sizeof s->count);
     memset(s->mass, 0, sizeof s->mass);
     for (size_t i = 0; i < V; i++) {
         uint64_t b;
-        memcpy(&b, &s->p[i], sizeof b);
-        s->count[b >> 52]++;
-        s->mass[b >> 52] += s->p[i];
+        memcpy(&b, &s->e[i], sizeof b);
+        s->count[i % HIST][b >> 52]++;
+        s->mass[i % HIST][b >> 52] += s->e[i];
     }
     /* the fewest top binades holding top_k ids and top_p of the mass */
-    const double want = top_p < 1.0 ? top_p * psum * (1.0 + CUT_MARGIN) : 0.0;
-    size_t n = 0, lo = BINADES;
+    const double want = top_p < 1.0 ? top_p * E * (1.0 + CUT_MARGIN) : 0.0;
+    size_t have = 0, lo = BINADES;
     double got = 0.0;
-    while (lo > 0 && (n < top_k || got < want || n == 0)) {
+    while (lo > 0 && (have < top_k || got < want || have == 0)) {
         lo--;
-        n += s->count[lo];
-        got += s->mass[lo];
+        for (int c = 0; c < HIST; c++) have += s->count[c][lo], got += s->mass[c][lo];
     }
     if (got < want) lo = 0;   /* rounding short of the margin: every id */
     size_t m = 0;
     for (size_t i = 0; i < V; i++) {
         uint64_t b;
-        memcpy(&b, &s->p[i], sizeof b);
+        memcpy(&b, &s->e[i], sizeof b);
         if ((b >> 52) >= lo) s->key[0][m] = ~b, s->id[0][m++] = (int32_t)i;
     }
-    const int h = radix_sort(s, m);
-    const int32_t *order = s->id[h];
+    const int32_t *order = s->id[radix_sort(s, m)];
     size_t keep = top_k && top_k < m ? top_k : m;
-    double total = psum;
+    double total = E;
     if (top_k) {
         total = 0.0;
-        for (size_t j = 0; j < keep; j++) total += s->p[order[j]];
+        for (size_t j = 0; j < keep; j++) total += s->e[order[j]];
     }
     if (top_p < 1.0) {
         double cum = 0.0;
         for (size_t j = 0; j < keep; j++) {
-            cum += s->p[order[j]];
+            cum += s->e[order[j]];
             if (cum / total >= top_p) {
                 keep = j + 1;
                 break;
             }
         }
     }
-    memset(s->q, 0, V * sizeof(double));
-    for (size_t j = 0; j < keep; j++) s->q[order[j]] = s->p[order[j]];
+    /* the kept ids back in id order (an id is its own key) */
+    for (size_t j = 0; j < keep; j++) {
+        const int32_t i = order[j];
+        s->key[0][j] = (uint64_t)i;
+        s->id[0][j] = i;
+    }
+    *kept = s->id[radix_sort(s, keep)];
+    *n = keep;
 }
 
-/* the id drawn by u from the weights w [V] (not all 0): the first whose
- * running sum over the total exceeds u, as Generator.choice(V, p=w / w.sum())
- * finds it */
-static size_t draw_row(const double *w, size_t V, double u) {
+/* The id drawn by u from the weights e over ids (increasing; NULL: all n
+ * ids 0..n-1): the first whose running sum over the total (the running sum
+ * at the end) exceeds u. An id of weight 0 adds nothing to a sum, so
+ * leaving it out changes no bit, and it is never drawn. */
+static size_t draw_row(const double *e, const int32_t *ids, size_t n, double u) {
+#define AT(j) (ids ? (size_t)ids[j] : (j))
     double total = 0.0;
-    for (size_t i = 0; i < V; i++) total += w[i];
+    for (size_t j = 0; j < n; j++) total += e[AT(j)];
     double cum = 0.0;
-    for (size_t i = 0; i < V; i++) {
-        cum += w[i];
-        if (w[i] > 0.0 && cum / total > u) return i;
+    for (size_t j = 0; j < n; j++) {
+        cum += e[AT(j)];
+        if (e[AT(j)] > 0.0 && cum / total > u) return AT(j);
     }
-    /* u past the last cumulative step (not reached for u < 1): the last id
-     * with weight */
-    size_t last = V - 1;
-    while (last > 0 && !(w[last] > 0.0)) last--;
-    return last;
+    /* u past the last step (u < 1 never is): the last id with weight */
+    size_t j = n - 1;
+    while (j > 0 && !(e[AT(j)] > 0.0)) j--;
+    return AT(j);
+#undef AT
 }
 
 static int32_t sample_row(const float *x, const float *raw, size_t V, double u, double t,
                           double top_p, size_t top_k, row_scratch *s, double *logprob) {
     int finite, x_finite;
-    const size_t rmax = argmax_row(raw, V, &finite);
-    const size_t xmax = x == raw ? rmax : argmax_row(x, V, &x_finite);
+    const size_t rmax = argmax_row(s->avx2, raw, V, &finite);
+    const size_t xmax = x == raw ? rmax : argmax_row(s->avx2, x, V, &x_finite);
     if (!finite || !isfinite(x[xmax])) return -1;
     size_t id;
     double lse_sum = -1.0;   /* the raw row's sum of exp(raw - max raw), once known */
     if (t <= 0.0) {
         id = xmax;
     } else {
-        const double psum = exp_row(s->avx2, x, V, x[xmax], t, s->p);
-        if (x == raw && t == 1.0) lse_sum = psum;
-        const double norm = scale_row(s->p, V, psum);
-        const int cut = top_p < 1.0 || (top_k > 0 && top_k < V);
-        if (cut) cut_row(s, V, norm, top_p, top_k < V ? top_k : 0);
-        id = draw_row(cut ? s->q : s->p, V, u);
+        const double E = exp_row(s->avx2, x, V, x[xmax], t, s->e);
+        if (x == raw && t == 1.0) lse_sum = E;
+        if (top_p < 1.0 || (top_k > 0 && top_k < V)) {
+            const int32_t *kept;
+            size_t n;
+            cut_row(s, V, E, top_p, top_k < V ? top_k : 0, &kept, &n);
+            id = draw_row(s->e, kept, n, u);
+        } else {
+            id = draw_row(s->e, NULL, V, u);
+        }
     }
-    if (lse_sum < 0.0) lse_sum = exp_row(s->avx2, raw, V, raw[rmax], 1.0, s->q);
+    if (lse_sum < 0.0) lse_sum = exp_row(s->avx2, raw, V, raw[rmax], 1.0, s->e);
     *logprob = (double)raw[id] - (log(lse_sum) + (double)raw[rmax]);
     return (int32_t)id;
 }

@@ -19,26 +19,38 @@ from rwkvx_c.generation.sampling import draw_rows, sample_rows, sample_token
 EPS = np.finfo(np.float64).eps
 
 
+def lane_sum(e):
+    """e summed in eight interleaved lanes (lane i % 8, each in order), then
+    ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7))."""
+    lanes = np.concatenate([e, np.zeros(-len(e) % 8)]).reshape(-1, 8)
+    acc = np.zeros(8)
+    for row in lanes:        # in order, lane by lane
+        acc += row
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))
+
+
 def ref_draw(x, u, T, P, K):
     """The id docs/training.md §Drawing a token defines, in float64."""
     x = x.astype(np.float64)
     if T <= 0:
         return int(np.argmax(x))
-    p = np.exp((x - x.max()) / T)
-    p /= p.sum()
-    V = len(p)
+    e = np.exp((x - x.max()) / T)
+    V = len(e)
+    ids = np.arange(V)
     if P < 1.0 or 0 < K < V:
-        order = np.argsort(-p, kind="stable")          # likelier first, ties by id
-        topk = 0 < K < V
-        if topk:
+        order = np.argsort(-e, kind="stable")          # likelier first, ties by id
+        total = lane_sum(e)
+        if 0 < K < V:
             order = order[:K]
-        cum = np.cumsum(p[order]) / (p[order].sum() if topk else p.sum())
-        keep = order[: int(np.searchsorted(cum, P)) + 1] if P < 1.0 else order
-        q = np.zeros_like(p)
-        q[keep] = p[keep]
-        p = q
-    cdf = np.cumsum(p)
-    return int(np.searchsorted(cdf / cdf[-1], u, side="right"))
+            total = np.cumsum(e[order])[-1]
+        if P < 1.0:
+            hit = np.flatnonzero(np.cumsum(e[order]) / total >= P)
+            if len(hit):
+                order = order[:hit[0] + 1]
+        ids = np.sort(order)
+    cum = np.cumsum(e[ids])
+    j = int(np.searchsorted(cum / cum[-1], u, side="right"))
+    return int(ids[min(j, len(ids) - 1)])
 
 
 def ref_logprob(raw, i):
