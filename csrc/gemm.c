@@ -1050,12 +1050,40 @@ RX_AVX2 static void small_rows(size_t R, size_t kc, const float *A, size_t rs, s
 
 /* P (a constant) k steps of small_stream: t[i][0:W] += A[i][p..p+P) .
  * B[p..p+P)[0:W], one FMA per k in order, each partial sum loaded and
- * stored once per P steps. */
+ * stored once per P steps; two rows at a time, so each B vector is loaded
+ * once for both (the chains are each row's alone, as before). */
 RX_AVX2 static inline __attribute__((always_inline)) void
 small_steps(size_t P, size_t M, size_t W, const float *A, size_t rs, size_t cs, const float *B,
             size_t ldb, float *t) {
     const size_t W8 = W / 8 * 8;
-    for (size_t i = 0; i < M; i++) {
+    size_t i = 0;
+    /* two rows a pass: each B vector loaded once for both */
+    for (; i + 2 <= M; i += 2) {
+        __m256 x[2][4];
+        float *t0 = t + i * W, *t1 = t0 + W;
+#pragma GCC unroll 4
+        for (size_t q = 0; q < P; q++) {
+            x[0][q] = _mm256_broadcast_ss(A + i * rs + q * cs);
+            x[1][q] = _mm256_broadcast_ss(A + (i + 1) * rs + q * cs);
+        }
+        for (size_t v = 0; v < W8; v += 8) {
+            __m256 c0 = _mm256_loadu_ps(t0 + v), c1 = _mm256_loadu_ps(t1 + v);
+#pragma GCC unroll 4
+            for (size_t q = 0; q < P; q++) {
+                const __m256 b = _mm256_loadu_ps(B + q * ldb + v);
+                c0 = _mm256_fmadd_ps(x[0][q], b, c0);
+                c1 = _mm256_fmadd_ps(x[1][q], b, c1);
+            }
+            _mm256_storeu_ps(t0 + v, c0);
+            _mm256_storeu_ps(t1 + v, c1);
+        }
+        for (size_t v = W8; v < W; v++)
+            for (size_t q = 0; q < P; q++) {
+                t0[v] = fmaf(A[i * rs + q * cs], B[q * ldb + v], t0[v]);
+                t1[v] = fmaf(A[(i + 1) * rs + q * cs], B[q * ldb + v], t1[v]);
+            }
+    }
+    for (; i < M; i++) {
         __m256 x[4];
         float *ti = t + i * W;
 #pragma GCC unroll 4
