@@ -224,7 +224,7 @@ class _Scheduler:
                         ready.append(f)
                         rows.append(r)
                     q.forks = []
-            if ready:   # the step's rows as they are when each drew once, in order
+            if ready:   # every row of the step draws once, in order: its logits as they are
                 whole = rows == list(range(len(logits)))
                 self._sample(np.array(ready), logits if whole else logits[np.array(rows)])
 
