@@ -187,3 +187,37 @@ def test_a_lora_run_holds_its_base_as_trained(tmp_path, capsys):
     assert np.allclose(fast[0][0].logprobs[:1], a.logprobs[:1], atol=0.05)
     assert main(["sample", lora, "--prompt", "User:", "--max-new-tokens", "3",
                  "--fast-decode"]) == 0
+
+
+def test_row_penalties_are_the_one_sequence_rule_bit_for_bit():
+    """RowPenalties (sparse, the batch's) against Penalties (one sequence,
+    the rwkv pipeline's rule) and a dense float64 reference of that rule,
+    over draws, weightless draws, a banned id and a slot reset."""
+    from rwkvx_c.generation.sampling import Penalties, RowPenalties
+    V, R = 50, 4
+    s = Sampling(alpha_presence=0.4, alpha_frequency=0.7, alpha_decay=0.9, token_ban=(3,))
+    rows = RowPenalties(s, R, V)
+    ones = [Penalties(s) for _ in range(R)]
+    count, seen = np.zeros((R, V)), np.zeros((R, V), bool)
+    rng = np.random.default_rng(0)
+    for step in range(40):
+        x = rng.standard_normal((R, V)).astype(np.float32)
+        got = rows.apply(x, np.arange(R))
+        dense = x.copy()
+        dense[:, 3] = -np.inf
+        dense -= np.where(seen, 0.4 + count * 0.7, 0.0).astype(np.float32)
+        assert got.tobytes() == dense.tobytes()
+        for r in range(R):
+            assert got[r].tobytes() == ones[r].apply(x[r]).tobytes()
+        ids = rng.integers(0, 12, R)                 # few ids, so they repeat
+        w = (rng.random(R) < 0.8).astype(float)      # a weightless token counts 0
+        rows.add(np.arange(R), ids, w)
+        count *= 0.9
+        count[np.arange(R), ids] += w
+        seen[np.arange(R), ids] = True
+        for r in range(R):
+            ones[r].add(int(ids[r]), "x" if w[r] else " ")
+        if step == 20:                               # slot 2 takes a new sequence
+            rows.reset(2)
+            ones[2] = Penalties(s)
+            count[2], seen[2] = 0.0, False

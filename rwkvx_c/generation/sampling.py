@@ -151,15 +151,16 @@ class Penalties:
 
 
 class RowPenalties:
-    """Penalties for the rows of a batch at once: each row's counts (and
-    which ids it has generated) as dense [rows, V] arrays, so a step's
-    penalties are array operations, never a loop over ids."""
+    """Penalties (their rule, bit for bit) for the rows of a batch at once:
+    each row's generated ids and their decayed counts, kept sparse, so a
+    step costs the ids each row has generated, not the vocabulary."""
 
     def __init__(self, s: Sampling, rows: int, vocab: int) -> None:
         self.s = s
-        self.count = np.zeros((rows, vocab) if s.penalised else (0, 0), np.float64)
-        self.seen = np.zeros(self.count.shape, bool)
         self.ban = np.array([t for t in s.token_ban if t < vocab], np.int64)
+        self.ids = [np.zeros(0, np.int64) for _ in range(rows)]   # in the order first drawn
+        self.count = [np.zeros(0) for _ in range(rows)]           # each id's, float64
+        self.at: list[dict[int, int]] = [{} for _ in range(rows)]  # id -> its place
 
     def apply(self, logits: np.ndarray, rows: np.ndarray) -> np.ndarray:
         """logits [len(rows), V] of those rows, penalised (float32, a copy);
@@ -170,21 +171,30 @@ class RowPenalties:
         if len(self.ban):
             out[:, self.ban] = -np.inf
         if self.s.penalised:
-            pen = (self.s.alpha_presence + self.count[rows] * self.s.alpha_frequency)
-            out -= np.where(self.seen[rows], pen, 0.0).astype(np.float32)
+            for r, k in enumerate(rows.tolist()):
+                if len(self.ids[k]):
+                    pen = self.s.alpha_presence + self.count[k] * self.s.alpha_frequency
+                    out[r, self.ids[k]] -= pen.astype(np.float32)
         return out
 
     def reset(self, row: int) -> None:
-        if self.s.penalised:
-            self.count[row] = 0
-            self.seen[row] = False
+        self.ids[row] = np.zeros(0, np.int64)
+        self.count[row] = np.zeros(0)
+        self.at[row] = {}
 
     def add(self, rows: np.ndarray, ids: np.ndarray, weights: np.ndarray) -> None:
         """Each row's counts decayed, then its new id counted (weight 0 or 1)."""
-        if self.s.penalised:
-            self.count[rows] *= self.s.alpha_decay
-            self.count[rows, ids] += weights
-            self.seen[rows, ids] = True
+        if not self.s.penalised:
+            return
+        for k, t, w in zip(rows.tolist(), ids.tolist(), weights.tolist()):
+            self.count[k] *= self.s.alpha_decay
+            j = self.at[k].get(t)
+            if j is None:   # 0 decayed is 0, and 0 + w is w
+                self.at[k][t] = len(self.ids[k])
+                self.ids[k] = np.append(self.ids[k], t)
+                self.count[k] = np.append(self.count[k], w)
+            else:
+                self.count[k][j] += w
 
 
 class StopText:
