@@ -21,7 +21,7 @@
  * with a margin. Only those ids are sorted (a stable LSD radix sort of the
  * weights' bits, ids entering in increasing order): every id left out is
  * less likely than each id sorted, so the sorted ids are the head of the
- * whole order. A trained model's rows sort a few hundred ids; a flat row
+ * whole order. A peaked row (its mass in a few ids) sorts few; a flat row
  * sorts most of the vocabulary. The draw then walks the kept ids alone.
  */
 #include <math.h>
@@ -36,7 +36,7 @@
 #define EXP_FLOOR (-708.0)      /* exp_neg below: 0 (2^-1021 and under taken as 0) */
 #define BINADES 1024            /* exponent fields of doubles in [0, 1] */
 #define CUT_MARGIN 1e-9         /* relative mass past top_p the binade walk collects */
-#define RADIX_BITS 11          /* six passes at most over 64-bit keys */
+#define RADIX_BITS 11           /* six passes at most over 64-bit keys */
 #define RADIX (1 << RADIX_BITS)
 
 #if defined(__x86_64__) && defined(__GNUC__)
