@@ -306,19 +306,19 @@ static void cut_row(row_scratch *s, size_t V, double E, double top_p, size_t top
 /* The id drawn by u from the weights e over ids (increasing; NULL: all n
  * ids 0..n-1): the first whose running sum over the total (the running sum
  * at the end) exceeds u. An id of weight 0 adds nothing to a sum, so
- * leaving it out changes no bit, and it is never drawn. */
+ * leaving it out changes no bit, and it is never drawn: its running sum is
+ * the id's before it (or 0, which u >= 0 does not exceed). The last sum is
+ * the total, and u < 1, so the walk always ends inside. */
 static size_t draw_row(const double *e, const int32_t *ids, size_t n, double u) {
 #define AT(j) (ids ? (size_t)ids[j] : (j))
     double total = 0.0;
     for (size_t j = 0; j < n; j++) total += e[AT(j)];
     double cum = 0.0;
-    for (size_t j = 0; j < n; j++) {
+    size_t j = 0;
+    for (; j + 1 < n; j++) {
         cum += e[AT(j)];
-        if (e[AT(j)] > 0.0 && cum / total > u) return AT(j);
+        if (cum / total > u) break;
     }
-    /* u past the last step (u < 1 never is): the last id with weight */
-    size_t j = n - 1;
-    while (j > 0 && !(e[AT(j)] > 0.0)) j--;
     return AT(j);
 #undef AT
 }

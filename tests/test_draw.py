@@ -111,6 +111,7 @@ def test_banned_ids_are_never_drawn_and_penalties_leave_the_logprob_raw():
     x[:, 1] -= 3.0                # a penalty
     for T in (0.0, 0.5, 1.0, 3.0):
         u = np.random.default_rng(int(T * 10)).random(16)
+        u[0] = 0.0   # the walk starts on id 0, banned: weight 0, not drawn
         ids, lps = _core.draw_rows(x, raw, u, T, 1.0, 0)
         assert (ids % 2 == 1).all()
         assert ids.tolist() == [ref_draw(x[r], u[r], T, 1.0, 0) for r in range(16)]

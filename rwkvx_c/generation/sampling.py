@@ -110,7 +110,8 @@ def sample_rows(logits: np.ndarray, rngs: Sequence[np.random.Generator],
     -inf) with rngs[r], as draw_rows draws them."""
     x = np.ascontiguousarray(logits, dtype=np.float32)
     # no log-probability is asked: -inf (a banned id) is no error here
-    raw = np.where(np.isneginf(x), np.float32(0), x) if np.isneginf(x).any() else x
+    banned = np.isneginf(x)
+    raw = np.where(banned, np.float32(0), x) if banned.any() else x
     return draw_rows(x, raw, rngs, temperature, top_p, top_k)[0]
 
 
