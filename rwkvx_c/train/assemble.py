@@ -196,7 +196,8 @@ def build_model(opts: ResolvedOptions, tokenizer: Tokenizer, corpus: Corpus,
                 raise TrainError("the source's LoRA adapters are not the ones --tune lora "
                                  "--lora-targets makes; drop --lora-targets")
             restore_trained(model, weights, "the source")
-        return model, groups_checked(model, opts, optim)
+        check_groups(model, opts)
+        return model, optim
     try:
         ModelConfig.from_dict(cfg)
         memory.check(memory.param_bytes(memory.estimate_params(cfg)),
@@ -210,14 +211,15 @@ def build_model(opts: ResolvedOptions, tokenizer: Tokenizer, corpus: Corpus,
         raise TrainError(str(e)) from None
     if tensors is None:
         init_model(model, opts.init, seed=opts.seed)
-    return model, groups_checked(model, opts, make_optimizer(model, opts))
+    optim = make_optimizer(model, opts)   # its adapters decide groups_exact
+    check_groups(model, opts)
+    return model, optim
 
 
-def groups_checked(model: _core.RxPtModel, opts: ResolvedOptions,
-                   optim: AdamW | PartsAdamW) -> AdamW | PartsAdamW:
-    """optim, once --row-group N is known to keep this tune's bits
+def check_groups(model: _core.RxPtModel, opts: ResolvedOptions) -> None:
+    """TrainError unless --row-group N keeps this tune's bits
     (RxPtModel.groups_exact, with what trains now set) for the whole run
-    (no --unfreeze-at) under recompute; else TrainError."""
+    (no --unfreeze-at) under recompute."""
     if opts.row_group and (opts.grad_cp is False or opts.unfreeze_at is not None):
         raise TrainError(f"--row-group {opts.row_group} groups the blocks of activation "
                          "recompute of a tune whose base stays frozen: it has no effect "
@@ -226,7 +228,6 @@ def groups_checked(model: _core.RxPtModel, opts: ResolvedOptions,
         raise TrainError(f"--row-group {opts.row_group}: row groups keep a step's grads only "
                          "for LoRA adapters (not DoRA) with nothing else training, on a model "
                          "without attention blocks; drop --row-group")
-    return optim
 
 
 def load_source(model: _core.RxPtModel, weights: Mapping[str, np.ndarray]) -> None:
