@@ -1104,10 +1104,11 @@ small_steps(size_t P, size_t M, size_t W, const float *A, size_t rs, size_t cs, 
  * [pc, pc+kc), an untransposed B read in place row by row: four k rows of
  * the unit's columns at a time, contiguous runs the prefetchers follow,
  * multiplied into every row's partial sums t (in L1). The sums run from
- * zero, one FMA per k in order, and are added to C last: the packed
- * kernels' chain, element for element. */
+ * zero, one FMA per k in order: the packed kernels' chain, element for
+ * element. They are written to out[i][0:W] (row stride ldo), added to
+ * what it holds if acc. */
 RX_AVX2 static void small_stream(const rx_gemm_op *g, size_t pc, size_t kc, size_t j0,
-                                 size_t j1, int acc) {
+                                 size_t j1, float *out, size_t ldo, int acc) {
     const size_t rs = g->ta ? 1 : g->lda, cs = g->ta ? g->lda : 1, ldb = g->ldb;
     const size_t M = g->M, W = j1 - j0;
     const float *A = g->A + pc * cs, *B = g->B + pc * ldb + j0;
@@ -1117,7 +1118,7 @@ RX_AVX2 static void small_stream(const rx_gemm_op *g, size_t pc, size_t kc, size
     for (; p + 4 <= kc; p += 4) small_steps(4, M, W, A + p * cs, rs, cs, B + p * ldb, ldb, t);
     for (; p < kc; p++) small_steps(1, M, W, A + p * cs, rs, cs, B + p * ldb, ldb, t);
     for (size_t i = 0; i < M; i++) {
-        float *c = g->C + i * g->ldc + j0;
+        float *c = out + i * ldo;
         const float *ti = t + i * W;
         for (size_t v = 0; v < W; v++) c[v] = acc ? ti[v] + c[v] : ti[v];
     }
@@ -1234,9 +1235,79 @@ static int small_unit(const gemm_impl *im, const rx_gemm_op *g, size_t j0, size_
     }
     for (size_t pc = 0; pc < g->K; pc += KC) {
         const size_t kc = g->K - pc < KC ? g->K - pc : KC;
-        small_stream(g, pc, kc, j0, j1, pc > 0 || g->beta != 0.0f);
+        small_stream(g, pc, kc, j0, j1, g->C + j0, g->ldc, pc > 0 || g->beta != 0.0f);
     }
     return RX_OK;
+}
+
+/* Whether every op of a batch of n streams its B (untransposed, read in
+ * place) and keeps all its row sums in one unit (M N <= SMALL_T) */
+static int stream_rows(const rx_gemm_op *ops, size_t n) {
+    for (size_t k = 0; k < n; k++)
+        if (ops[k].tb || ops[k].bsrc || ops[k].M * ops[k].N > SMALL_T) return 0;
+    return 1;
+}
+
+/* The column at which position q of the line cuts a piece of kc k rows
+ * by N columns that starts at s: 0 before it, N at or past its end, else
+ * q's column rounded down to a multiple of 8 (the threads either side of
+ * a cut compute the same column) */
+static size_t line_col(size_t q, size_t s, size_t kc, size_t N) {
+    if (q <= s) return 0;
+    if (q - s >= kc * N) return N;
+    return (q - s) / kc / 8 * 8;
+}
+
+/* A stream_rows batch with a team. Cut by columns (sgemm_small), each
+ * thread reads a slice of every row of B, runs of a few KiB the
+ * prefetchers follow poorly: 768 columns at one row stream at 22 GB/s
+ * against 30 for whole rows (2-core Zen 4). Here the ops' k blocks are
+ * laid end to end, op by op, each block's columns in order, and the line
+ * is cut into nt runs of equal bytes of B, one a thread: each thread reads
+ * whole rows front to back. A piece's sums (from zero over its k block,
+ * as ever) go to part ([k block][M][N] an op, in turn); after the team's
+ * barrier each thread adds its share of the columns into C in k-block
+ * order. The same chains, added in the same order as a unit's: the same
+ * bits. */
+static void sgemm_rows(const rx_gemm_op *ops, size_t nops, int nt, float *part) {
+    size_t total = 0, cols = 0;
+    for (size_t k = 0; k < nops; k++) total += ops[k].K * ops[k].N, cols += ops[k].N;
+#pragma omp parallel num_threads(nt)
+    {
+        const size_t t = (size_t)rx_thread_id(), T = (size_t)rx_team_size();
+        const size_t lo = total * t / T, hi = total * (t + 1) / T;
+        size_t at = 0;
+        float *pk = part;
+        for (size_t k = 0; k < nops; k++) {
+            const rx_gemm_op *g = &ops[k];
+            for (size_t pc = 0; pc < g->K; pc += KC, pk += g->M * g->N) {
+                const size_t kc = g->K - pc < KC ? g->K - pc : KC, s = at + pc * g->N;
+                const size_t j0 = line_col(lo, s, kc, g->N), j1 = line_col(hi, s, kc, g->N);
+                if (j0 < j1) small_stream(g, pc, kc, j0, j1, pk + j0, g->N, 0);
+            }
+            at += g->K * g->N;
+        }
+#pragma omp barrier
+        const size_t c0 = cols * t / T, c1 = cols * (t + 1) / T;
+        size_t first = 0;
+        pk = part;
+        for (size_t k = 0; k < nops; k++) {
+            const rx_gemm_op *g = &ops[k];
+            const size_t M = g->M, N = g->N, nkb = (g->K + KC - 1) / KC;
+            const size_t j0 = c0 > first ? c0 - first : 0, j1 = c1 - first < N ? c1 - first : N;
+            for (size_t i = 0; i < M && c1 > first && j0 < j1; i++) {
+                float *c = g->C + i * g->ldc;
+                for (size_t j = j0; j < j1; j++) {
+                    float v = pk[i * N + j];
+                    if (g->beta != 0.0f) v += c[j];
+                    for (size_t b = 1; b < nkb; b++) v = pk[(b * M + i) * N + j] + v;
+                    c[j] = v;
+                }
+            }
+            first += N;
+            pk += nkb * M * N;
+        }
+    }
 }
 
 /* A batch whose ops all have M <= small_m: each op's columns cut into
@@ -1261,6 +1332,16 @@ static int sgemm_small(const gemm_impl *im, const rx_gemm_op *ops, size_t nops, 
                 fail = small_unit(im, &ops[k], j0, j0 + width[k] < ops[k].N ? j0 + width[k]
                                                                            : ops[k].N) != RX_OK;
         return fail ? RX_ENOMEM : RX_OK;
+    }
+    if (stream_rows(ops, nops)) {
+        size_t floats = 0;
+        for (size_t k = 0; k < nops; k++)
+            floats += (ops[k].K + KC - 1) / KC * ops[k].M * ops[k].N;
+        float *part = rx_thread_buffer(RX_BUF_GEMM_PART, floats * sizeof(float));
+        if (part) {
+            sgemm_rows(ops, nops, nt, part);
+            return RX_OK;
+        }
     }
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1) reduction(| : fail)
     for (long u = 0; u < nu; u++) {

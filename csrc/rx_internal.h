@@ -304,6 +304,7 @@ enum {
     RX_BUF_GEMM_B,      /* rx_sgemm's packed op(B) panel */
     RX_BUF_GEMM_FULL,   /* rx_sgemm's op(B) packed over all of K for a parallel unit */
     RX_BUF_GEMM_UNITS,  /* rx_sgemm's table of a parallel batch's units */
+    RX_BUF_GEMM_PART,   /* rx_sgemm's k blocks' row sums of a small-M batch (gemm.c) */
     RX_BUF_FAST_ROWS,   /* the fast decode's quantised activation rows (base_fast.c) */
     RX_BUF_FAST_PANEL,  /* the fast decode's repacked weight panel (base_fast.c) */
     RX_BUF_SAMPLE,      /* a drawn row's probabilities, cut and sort (sample.c) */

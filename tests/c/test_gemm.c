@@ -102,6 +102,50 @@ static int check_batch(size_t n, int threads) {
     return fails;
 }
 
+/* A batch of small-M ops that stream B (gemm.c sgemm_rows: the team cuts
+ * the ops' k blocks laid end to end, mid-block and mid-op) gives each op
+ * the bits it has alone on the packed path, at every thread count, and
+ * checks against the double reference; then the same with a transposed
+ * op in the batch (the column-unit path). */
+static int check_small_batch(int threads, int with_tb) {
+    static const size_t shapes[][3] = {{1, 768, 768}, {1, 64, 768}, {1, 13, 257},
+                                       {2, 100, 1000}, {1, 1, 300},  {3, 7, 2000},
+                                       {1, 515, 40}};
+    enum { NS = sizeof shapes / sizeof shapes[0] };
+    gcase g[NS];
+    rx_gemm_op ops[NS];
+    float *alone[NS];
+    for (size_t k = 0; k < NS; k++) {
+        make(&g[k], 0, with_tb && k == 2, shapes[k][0], shapes[k][1], shapes[k][2],
+             (k & 1) ? 1.0f : 0.0f, (k % 3 == 0) * 3);
+        ops[k] = g[k].op;
+        alone[k] = malloc(g[k].nc * sizeof(float));
+        memcpy(alone[k], ops[k].C, g[k].nc * sizeof(float));
+    }
+    const size_t was = rx_sgemm_small_m(0);
+    for (size_t k = 0; k < NS; k++) {
+        rx_gemm_op one = ops[k];
+        one.C = alone[k];
+        rx_sgemm_batch(&one, 1);
+    }
+    rx_sgemm_small_m(was);
+    rx_set_num_threads(threads);
+    rx_sgemm_batch(ops, NS);
+    rx_set_num_threads(0);
+    int fails = 0;
+    for (size_t k = 0; k < NS; k++) {
+        if (memcmp(alone[k], ops[k].C, g[k].nc * sizeof(float))) {
+            fprintf(stderr, "small batch, %d threads%s: op %zu (M=%zu N=%zu K=%zu) is not the "
+                    "packed path's bits\n", threads, with_tb ? " (one op tb)" : "", k,
+                    ops[k].M, ops[k].N, ops[k].K);
+            fails++;
+        }
+        free(alone[k]);
+        fails += verify(&g[k], "small batch");
+    }
+    return fails;
+}
+
 /* A batch whose outputs share memory with its inputs or with each other
  * is refused before anything is written (gemm.c, "independence"); outputs
  * and inputs that only interleave, or only touch, run. */
@@ -193,6 +237,7 @@ int main(void) {
     for (size_t t = 0; t < 4; t++) {
         fails += check_batch(9, threads[t]);
         fails += check_batch(19, threads[t]);
+        fails += check_small_batch(threads[t], 0) + check_small_batch(threads[t], 1);
     }
     fails += check_overlap();
     if (rx_sgemm_use_kernel("no-such-kernel") != RX_EINVAL) fails++;
