@@ -279,10 +279,12 @@ RX_PACK512 static void pack_b_512(const bop *o, size_t b0, size_t b1, size_t kc0
         }
 }
 
-/* 8 rows x 32 columns of C from rows [0,8) of the nk chunks of a 16-row
- * A block at a (Ap of kernel_avx512bf16 plus a row offset). */
+/* 8 rows x 32 columns of sums from rows [0,8) of the nk chunks of a
+ * 16-row A block at a (Ap of kernel_avx512bf16 plus a row offset), stored
+ * to t (row stride ldt), or added to it with acc (t + the sums: C's own
+ * update, so a whole block's C is written here, not through a copy). */
 RX_DPBF16 static inline void dp8x32(const bf16 *a, const bf16 *b0, const bf16 *b1, size_t nk,
-                                    float *t) {
+                                    float *t, size_t ldt, int acc) {
     __m512 c[8][2];
     for (int i = 0; i < 8; i++) c[i][0] = c[i][1] = _mm512_setzero_ps();
     for (size_t kc = 0; kc < nk; kc++, a += BT_E, b0 += BT_E, b1 += BT_E)
@@ -299,8 +301,10 @@ RX_DPBF16 static inline void dp8x32(const bf16 *a, const bf16 *b0, const bf16 *b
             }
         }
     for (int i = 0; i < 8; i++) {
-        _mm512_storeu_ps(t + i * BLK, c[i][0]);
-        _mm512_storeu_ps(t + i * BLK + 16, c[i][1]);
+        float *ti = t + i * ldt;
+        _mm512_storeu_ps(ti, acc ? _mm512_add_ps(_mm512_loadu_ps(ti), c[i][0]) : c[i][0]);
+        _mm512_storeu_ps(ti + 16,
+                         acc ? _mm512_add_ps(_mm512_loadu_ps(ti + 16), c[i][1]) : c[i][1]);
     }
 }
 
@@ -308,19 +312,12 @@ RX_DPBF16 static void kernel_avx512bf16(const bf16 *Ap, const bf16 *Bp, size_t n
                                         float *C, size_t ldc, size_t mr, size_t nr, int acc) {
     float t[BLK * BLK] __attribute__((aligned(64)));
     const bf16 *b1 = Bp + bs;
+    const int full = mr == BLK && nr == BLK;
     for (size_t i = 0; i < BLK; i += 8)
         if (i < mr)
-            dp8x32(Ap + (i / BT_R) * bs + (i % BT_R) * BT_K, Bp, b1, nk, t + i * BLK);
-    if (mr == BLK && nr == BLK) {
-        for (size_t i = 0; i < BLK; i++)
-            for (size_t h = 0; h < BLK; h += 16) {
-                __m512 x = _mm512_load_ps(t + i * BLK + h);
-                float *c = C + i * ldc + h;
-                _mm512_storeu_ps(c, acc ? _mm512_add_ps(_mm512_loadu_ps(c), x) : x);
-            }
-        return;
-    }
-    store_block(t, C, ldc, mr, nr, acc);
+            dp8x32(Ap + (i / BT_R) * bs + (i % BT_R) * BT_K, Bp, b1, nk,
+                   full ? C + i * ldc : t + i * BLK, full ? ldc : BLK, full && acc);
+    if (!full) store_block(t, C, ldc, mr, nr, acc);
 }
 
 /* The AMX tile configuration: palette 1, every tile 16 rows of 64 bytes. */
