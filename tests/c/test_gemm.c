@@ -110,7 +110,7 @@ static int check_batch(size_t n, int threads) {
 static int check_small_batch(int threads, int with_tb) {
     static const size_t shapes[][3] = {{1, 768, 768}, {1, 64, 768}, {1, 13, 257},
                                        {2, 100, 1000}, {1, 1, 300},  {3, 7, 2000},
-                                       {1, 515, 40}};
+                                       {1, 515, 40},   {8, 768, 300}};
     enum { NS = sizeof shapes / sizeof shapes[0] };
     gcase g[NS];
     rx_gemm_op ops[NS];
