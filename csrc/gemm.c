@@ -571,7 +571,12 @@ int rx_sgemm_use_kernel(const char *name) {
 /* op(B) rows [p0,p0+kc) x cols [j0,j0+nc) into NR-column slivers, k-major,
  * zero-padded to a whole sliver. Untransposed B is read a row at a time so
  * the reads run sequentially through memory (sliver by sliver, every one of
- * kc rows would be a new page). */
+ * kc rows would be a new page), and the row PACK_AHEAD further on is
+ * prefetched meanwhile: the hardware prefetchers do not follow the jump
+ * from one row's run to the next's
+ * (64-sequence fp32 decode, whose steps pack every weight: 2-13% faster
+ * over three sittings, Zen 4). */
+#define PACK_AHEAD 4
 static void pack_b(const gemm_impl *im, int tb, const float *B, size_t ldb, size_t p0,
                    size_t kc, size_t j0, size_t nc, float *Bp) {
     if (tb) {
@@ -581,6 +586,8 @@ static void pack_b(const gemm_impl *im, int tb, const float *B, size_t ldb, size
     const size_t full = nc / NR * NR;
     for (size_t p = 0; p < kc; p++) {
         const float *src = B + (p0 + p) * ldb + j0;
+        if (p + PACK_AHEAD < kc)
+            for (size_t j = 0; j < nc; j += 16) __builtin_prefetch(src + PACK_AHEAD * ldb + j);
         float *dst = Bp + p * NR;
         for (size_t s = 0; s < full; s += NR) memcpy(dst + s * kc, src + s, NR * sizeof(float));
         if (full < nc)
