@@ -134,6 +134,21 @@ static void pack_packed(const rx_base_mat *b, int tb, size_t nkc, size_t cb0, si
         }
 }
 
+/* Stored rows [j0, j0 + n) of b over k range [k0, k1), asked for ahead of
+ * their decode: a packing task reads each row's run of a few lines only,
+ * 16 rows at a time, runs no hardware prefetcher follows (64-sequence
+ * decode over a Q8_0 base, bf16: 3-10% faster over two sittings, Zen 4) */
+static void prefetch_rows(const rx_base_mat *b, size_t rb, size_t j0, size_t n, size_t k0,
+                          size_t k1, size_t N, size_t K) {
+    if (j0 >= N || k0 >= K) return;
+    if (j0 + n > N) n = N - j0;
+    const size_t a = rx_base_type_row_bytes(b->ty, k0) / 64 * 64;
+    const size_t e = rx_base_type_row_bytes(b->ty, k1 < K ? k1 : K);
+    for (size_t c = 0; c < n; c++)
+        for (size_t off = a; off < e + 64; off += 64)
+            __builtin_prefetch(b->data + (j0 + c) * rb + off);
+}
+
 /* rx_bgemm's packed op(B): 16-column x 32-k blocks (bt_r x bt_k), block
  * (cb, kc) at bp + (cb * nkc + kc) * bt_r * bt_k, row q/2 holding the k pair
  * (q even, q odd) of its 16 columns interleaved; zero past N and K. Column
@@ -151,7 +166,8 @@ static void pack_bf16(const void *src, int tb, size_t N, size_t K, size_t nkc, s
         pack_packed(b, tb, nkc, cb0, cb1, kc0, kc1, bp);
         return;
     }
-    for (size_t cb = cb0; cb < cb1; cb++)
+    for (size_t cb = cb0; cb < cb1; cb++) {
+        if (!tb) prefetch_rows(b, rb, (cb + 1) * bt_r, bt_r, kc0 * bt_k, kc1 * bt_k, N, K);
         for (size_t kc = kc0; kc < kc1; kc++) {
             uint16_t *dst = bp + (cb * nkc + kc) * bt_r * bt_k;
             const size_t j0 = cb * bt_r, k0 = kc * bt_k;
@@ -184,6 +200,7 @@ static void pack_bf16(const void *src, int tb, size_t N, size_t K, size_t nkc, s
                     dst[q / 2 * bt_k + 2 * c + q % 2] = operand_bf16(run[c]);
             }
         }
+    }
 }
 
 /* rx_gemm_source's small_f32 by the dtype's kernel: a forward product
