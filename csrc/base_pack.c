@@ -142,11 +142,14 @@ static void prefetch_rows(const rx_base_mat *b, size_t rb, size_t j0, size_t n, 
                           size_t k1, size_t N, size_t K) {
     if (j0 >= N || k0 >= K) return;
     if (j0 + n > N) n = N - j0;
-    const size_t a = rx_base_type_row_bytes(b->ty, k0) / 64 * 64;
-    const size_t e = rx_base_type_row_bytes(b->ty, k1 < K ? k1 : K);
-    for (size_t c = 0; c < n; c++)
-        for (size_t off = a; off < e + 64; off += 64)
-            __builtin_prefetch(b->data + (j0 + c) * rb + off);
+    /* within the rows: no address past the store is formed */
+    const size_t a = rx_base_type_row_bytes(b->ty, k0), e1 = rx_base_type_row_bytes(b->ty, k1);
+    const size_t e = e1 < rb ? e1 : rb;
+    for (size_t c = 0; c < n && a < e; c++) {
+        const unsigned char *row = b->data + (j0 + c) * rb;
+        for (size_t off = a; off < e; off += 64) __builtin_prefetch(row + off);
+        __builtin_prefetch(row + e - 1);
+    }
 }
 
 /* rx_bgemm's packed op(B): 16-column x 32-k blocks (bt_r x bt_k), block
