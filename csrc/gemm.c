@@ -1323,11 +1323,22 @@ static void sgemm_rows(const rx_gemm_op *ops, size_t nops, int nt, float *part) 
     }
 }
 
-/* A batch whose ops all have M <= small_m: each op's columns cut into
+/* A batch whose ops all have M <= small_m: with a team, a stream_rows
+ * batch cut by rows of B (sgemm_rows); else each op's columns cut into
  * units as wide as its row sums fit in SMALL_T floats allow (long runs of
  * each B row), in a multiple of nt units so the team shares them evenly;
- * taken in turn. The cut changes no bit. */
+ * taken in turn. Neither cut changes a bit. */
 static int sgemm_small(const gemm_impl *im, const rx_gemm_op *ops, size_t nops, int nt) {
+    if (nt > 1 && stream_rows(ops, nops)) {   /* else (no buffer) the column cut below */
+        size_t floats = 0;
+        for (size_t k = 0; k < nops; k++)
+            floats += (ops[k].K + KC - 1) / KC * ops[k].M * ops[k].N;
+        float *part = rx_thread_buffer(RX_BUF_GEMM_PART, floats * sizeof(float));
+        if (part) {
+            sgemm_rows(ops, nops, nt, part);
+            return RX_OK;
+        }
+    }
     size_t first[MAX_BATCH + 1], width[MAX_BATCH];
     first[0] = 0;
     for (size_t k = 0; k < nops; k++) {
@@ -1345,16 +1356,6 @@ static int sgemm_small(const gemm_impl *im, const rx_gemm_op *ops, size_t nops, 
                 fail = small_unit(im, &ops[k], j0, j0 + width[k] < ops[k].N ? j0 + width[k]
                                                                            : ops[k].N) != RX_OK;
         return fail ? RX_ENOMEM : RX_OK;
-    }
-    if (stream_rows(ops, nops)) {
-        size_t floats = 0;
-        for (size_t k = 0; k < nops; k++)
-            floats += (ops[k].K + KC - 1) / KC * ops[k].M * ops[k].N;
-        float *part = rx_thread_buffer(RX_BUF_GEMM_PART, floats * sizeof(float));
-        if (part) {
-            sgemm_rows(ops, nops, nt, part);
-            return RX_OK;
-        }
     }
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1) reduction(| : fail)
     for (long u = 0; u < nu; u++) {
