@@ -3,6 +3,7 @@ run with its progress bar, Ctrl-C handling and summary."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
@@ -146,6 +147,22 @@ def _start_run(a: argparse.Namespace, group: ProcessGroup) -> tuple[Trainer, str
     return Trainer(TrainOptions(**kw), out, progress=not a.no_progress), out
 
 
+def _end_now() -> None:
+    """The second Ctrl-C: the process ends here, with 130. Not by raising
+    KeyboardInterrupt: Python runs a signal's handler in whatever code is
+    running, a finalizer (__del__) included, and there it prints the
+    exception and drops it, and the run goes on. Nothing is lost by not
+    unwinding: every file is written atomically (a write cut short leaves a
+    temporary that the next run's lock removes) and log rows are closed as
+    they are appended."""
+    with contextlib.suppress(Exception):   # a flush cut into (reentrant) may refuse
+        sys.stdout.flush()
+    with contextlib.suppress(Exception):
+        sys.stderr.write("\nrwkvx-c: interrupted\n")
+        sys.stderr.flush()
+    os._exit(EXIT_INTERRUPTED)
+
+
 def run(a: argparse.Namespace) -> int:
     group = world()
     if not group.is_root:  # rank 0 speaks for the job; a failing rank still reports (abort)
@@ -158,8 +175,9 @@ def run(a: argparse.Namespace) -> int:
     interrupted: list[int] = []
 
     def on_sigint(signum: int, frame: FrameType | None) -> None:
+        if interrupted:
+            _end_now()
         interrupted.append(1)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
 
     old = signal.signal(signal.SIGINT, on_sigint)
     bar = None if a.no_progress else progress_bar(tr)
