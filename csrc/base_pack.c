@@ -219,13 +219,13 @@ static size_t small_f32(const void *src, const rx_gemm_op *g, size_t j0, size_t 
 /* rx_gemm_source's rows_bf16 by the dtype's kernel: whole rows and chunks
  * of a forward product over a store of rows */
 static int rows_bf16(const void *src, size_t N, size_t K, size_t j0, size_t k0, size_t pj,
-                     uint16_t *dst) {
+                     int pairs, uint16_t *dst) {
     const rx_base_mat *b = src;
     if (b->packed || !b->ty->rows_bf16 || N != b->out || K != b->in || j0 + 16 > N ||
         k0 + 32 > K)
-        return 0;
+        return RX_ROWS_NONE;
     return b->ty->rows_bf16(b->data, rx_base_type_row_bytes(b->ty, b->in), j0, k0,
-                            pj != RX_NO_ROWS && pj + 16 <= N ? pj : RX_NO_ROWS, dst);
+                            pj != RX_NO_ROWS && pj + 16 <= N ? pj : RX_NO_ROWS, pairs, dst);
 }
 
 const rx_gemm_source rx_base_source = {pack_f32, pack_bf16, packed, small_f32, rows_bf16};

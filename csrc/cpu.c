@@ -122,13 +122,15 @@ int rx_cpu_base_simd(void) {
     int v = __atomic_load_n(&level, __ATOMIC_ACQUIRE);
     if (v >= 0) return v;
     unsigned a, b, c, d;
-    /* RWKVX_BASE_PORTABLE=1: the portable packers; =avx2: the AVX2 ones
-     * (tests on an AVX-512 CPU) */
+    /* RWKVX_BASE_PORTABLE=1: the portable packers; =avx2: the AVX2 ones;
+     * =avx512bf16: level 2's (tests on a CPU with more) */
     const char *env = getenv("RWKVX_BASE_PORTABLE");
     v = !(env && (!strcmp(env, "1") || !strcmp(env, "avx2"))) &&
         __builtin_cpu_supports("avx512f") &&
         __builtin_cpu_supports("avx512bw");
     if (v && __get_cpuid_count(7, 1, &a, &b, &c, &d) && ((a >> 5) & 1)) v = 2;
+    if (v == 2 && __builtin_cpu_supports("avx512vbmi") && !(env && !strcmp(env, "avx512bf16")))
+        v = 3;
     __atomic_store_n(&level, v, __ATOMIC_RELEASE);
     return v;
 #else

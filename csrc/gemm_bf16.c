@@ -766,22 +766,25 @@ RX_BF16_AVX2 static void small_block(size_t R, const float *ar, size_t kp, const
 }
 
 /* op(B)'s column block cb (all of K, nkc chunks) into dst as pack_bf16
- * lays it out, from a base's stored rows: rows_bf16's [16][32] tiles (the
- * values its block packer rounds) transposed into k pairs in registers,
- * the block packer's own last step, so the same bits; the next column
- * block's rows are prefetched a slice a call (16 rows stepping along k
- * are more streams than the hardware prefetchers follow). 0 where the
- * source has no such rows (then nothing is left written that counts). */
+ * lays it out, from a base's stored rows: rows_bf16's blocks, or its
+ * [16][32] tiles (the values its block packer rounds) transposed into k
+ * pairs in registers, the block packer's own last step, so the same bits;
+ * the next column block's rows are prefetched a slice a call (16 rows
+ * stepping along k are more streams than the hardware prefetchers
+ * follow). 0 where the source has no such rows (then nothing is left
+ * written that counts). */
 RX_DPBF16 static int small_rows_dp(const rx_gemm_op *g, size_t nkc, size_t cb, bf16 *dst) {
     if (!g->bsrc || g->tb || !g->bsrc->rows_bf16 || 16 * cb + 16 > g->N) return 0;
-    _Alignas(64) bf16 t[BT_E];
     for (size_t kc = 0; kc < nkc; kc++) {
-        if (!g->bsrc->rows_bf16(g->bsrc_of, g->N, g->K, 16 * cb, kc * BT_K, 16 * (cb + 1), t))
-            return 0;
+        bf16 *blk = dst + kc * BT_E;
+        const int got = g->bsrc->rows_bf16(g->bsrc_of, g->N, g->K, 16 * cb, kc * BT_K,
+                                           16 * (cb + 1), 1, blk);
+        if (got == RX_ROWS_NONE) return 0;
+        if (got == RX_ROWS_PAIRS) continue;
         __m512i v[BT_R];
-        for (int r = 0; r < BT_R; r++) v[r] = _mm512_load_si512(t + BT_K * r);
+        for (int r = 0; r < BT_R; r++) v[r] = _mm512_loadu_si512(blk + BT_K * r);
         rx_transpose16(v);
-        for (int p = 0; p < BT_K / 2; p++) _mm512_storeu_si512(dst + kc * BT_E + p * BT_K, v[p]);
+        for (int p = 0; p < BT_K / 2; p++) _mm512_storeu_si512(blk + p * BT_K, v[p]);
     }
     return 1;
 }
@@ -958,18 +961,18 @@ RX_AMX static int small_amx_t(size_t R, const bf16 *xv, const rx_gemm_op *g, siz
     const rx_gemm_source *src = g->bsrc;
     const size_t j0 = 16 * cb, j1 = j0 + 16;
     const size_t p0 = pj, p1 = pj == RX_NO_ROWS ? pj : pj + 16;
-    if (!src->rows_bf16(g->bsrc_of, g->N, g->K, j0, 0, p0, w[0]) ||
-        (two && !src->rows_bf16(g->bsrc_of, g->N, g->K, j1, 0, p1, w[1])))
+    if (!src->rows_bf16(g->bsrc_of, g->N, g->K, j0, 0, p0, 0, w[0]) ||
+        (two && !src->rows_bf16(g->bsrc_of, g->N, g->K, j1, 0, p1, 0, w[1])))
         return 0;
     SMALL_T_START(0, t[0], j0);
     if (two) SMALL_T_START(3, t[1], j1);
     for (size_t kc = 0; kc < nkc; kc++) {
-        if (kc) src->rows_bf16(g->bsrc_of, g->N, g->K, j0, kc * BT_K, p0, w[0]);
+        if (kc) src->rows_bf16(g->bsrc_of, g->N, g->K, j0, kc * BT_K, p0, 0, w[0]);
         _tile_loadd(1, w[0], 64);
         _tile_loadd(2, xv + kc * BT_K * R, R * 4);
         _tile_dpbf16ps(0, 1, 2);
         if (!two) continue;
-        if (kc) src->rows_bf16(g->bsrc_of, g->N, g->K, j1, kc * BT_K, p1, w[1]);
+        if (kc) src->rows_bf16(g->bsrc_of, g->N, g->K, j1, kc * BT_K, p1, 0, w[1]);
         _tile_loadd(4, w[1], 64);
         _tile_dpbf16ps(3, 4, 2);
     }

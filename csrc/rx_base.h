@@ -122,12 +122,13 @@ typedef struct rx_base_type {
                         size_t lda, size_t K, size_t kcb, size_t j0, size_t j1, int acc0,
                         float *C, size_t ldc);
     /* the 16 stored rows [j0, j0+16), k [k0, k0+32), as the GEMM rounds its
-     * operands, row-major [16][32] (an AMX A tile of W^T: rx_gemm_source's
-     * rows_bf16), and the slice at k0 of the 16 rows from pj (the caller's
-     * next; RX_NO_ROWS: none) prefetched; NULL, or 0 returned, where it has
-     * no faster way */
+     * operands, row-major [16][32] (an AMX A tile of W^T: RX_ROWS_TILE), or
+     * with pairs where it has a faster way, block_bf16's forward block
+     * (RX_ROWS_PAIRS), and the slice at k0 of the 16 rows from pj (the
+     * caller's next; RX_NO_ROWS: none) prefetched: rx_gemm_source's
+     * rows_bf16; NULL, or RX_ROWS_NONE returned, where it has no faster way */
     int (*rows_bf16)(const unsigned char *data, size_t rb, size_t j0, size_t k0, size_t pj,
-                     uint16_t *dst);
+                     int pairs, uint16_t *dst);
 } rx_base_type;
 
 /* the row of dtype id (RX_BASE_*), NULL when it is none */
@@ -163,7 +164,7 @@ size_t rx_q8_0_small_f32(const unsigned char *data, size_t rb, size_t M, const f
                         size_t lda, size_t K, size_t kcb, size_t j0, size_t j1, int acc0,
                         float *C, size_t ldc);
 int rx_q8_0_rows_bf16(const unsigned char *data, size_t rb, size_t j0, size_t k0, size_t pj,
-                      uint16_t *dst);
+                      int pairs, uint16_t *dst);
 
 /* base_q4_0.c: GGUF Q4_0 rows, per block one fp16 scale d, then 16 bytes of
  * two 4-bit q each (low nibbles: values 0..15, high: 16..31) */
@@ -176,7 +177,7 @@ int rx_q4_0_sliver_f32(const unsigned char *data, size_t rb, size_t j0, size_t p
 int rx_q4_0_block_bf16(const unsigned char *data, size_t rb, int tb, size_t j0, size_t k0,
                        size_t bt_r, size_t bt_k, uint16_t *dst);
 int rx_q4_0_rows_bf16(const unsigned char *data, size_t rb, size_t j0, size_t k0, size_t pj,
-                      uint16_t *dst);
+                      int pairs, uint16_t *dst);
 size_t rx_q4_0_small_f32(const unsigned char *data, size_t rb, size_t M, const float *A,
                         size_t lda, size_t K, size_t kcb, size_t j0, size_t j1, int acc0,
                         float *C, size_t ldc);
@@ -197,7 +198,7 @@ void rx_q4_k_decode(const unsigned char *row, size_t k0, size_t n, float *dst);
 int rx_q4_k_block_bf16(const unsigned char *data, size_t rb, int tb, size_t j0, size_t k0,
                        size_t bt_r, size_t bt_k, uint16_t *dst);
 int rx_q4_k_rows_bf16(const unsigned char *data, size_t rb, size_t j0, size_t k0, size_t pj,
-                      uint16_t *dst);
+                      int pairs, uint16_t *dst);
 size_t rx_q4_k_small_f32(const unsigned char *data, size_t rb, size_t M, const float *A,
                          size_t lda, size_t K, size_t kcb, size_t j0, size_t j1, int acc0,
                          float *C, size_t ldc);

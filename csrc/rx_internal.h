@@ -318,8 +318,9 @@ void *rx_thread_buffer(int slot, size_t bytes);
  * full-width pipes (gemm.c's tile). */
 int rx_cpu_zen5_or_later(void);
 /* 1 when the CPU runs the base's AVX-512 (BW) packers, 2 when also
- * AVX512-BF16; 0 with RWKVX_BASE_PORTABLE=1 (the portable packers) or
- * RWKVX_BASE_PORTABLE=avx2 (the AVX2 ones: tests on an AVX-512 CPU) */
+ * AVX512-BF16, 3 when also AVX-512 VBMI; 0 with RWKVX_BASE_PORTABLE=1 (the
+ * portable packers) or RWKVX_BASE_PORTABLE=avx2 (the AVX2 ones: tests on an
+ * AVX-512 CPU), at most 2 with RWKVX_BASE_PORTABLE=avx512bf16 */
 int rx_cpu_base_simd(void);
 /* 1 when the CPU runs the base's AVX2 decoders (AVX2 and F16C), 0 without
  * them or with RWKVX_BASE_PORTABLE=1 (the portable loops) */
@@ -371,11 +372,14 @@ typedef struct {
  * columns from j0 it wrote (0: it has no faster way for g); rows_bf16:
  * for a forward product of N x K, op(B)'s columns [j0, j0+16) (W^T's rows)
  * over k [k0, k0+32) rounded as rx_bgemm rounds its operands, row-major
- * [16][32] (AMX's A tile of the product's transpose), while the caller's
- * next 16 columns from pj (RX_NO_ROWS: none) are fetched into cache a
- * slice a call; 0 where it has no faster way (an edge, a packed store, a
- * dtype without one). */
+ * [16][32] (AMX's A tile of the product's transpose: RX_ROWS_TILE), or
+ * where the caller allows it (pairs) and the source has a faster way,
+ * rx_bgemm's packed block of them (RX_ROWS_PAIRS), while the caller's next
+ * 16 columns from pj (RX_NO_ROWS: none) are fetched into cache a slice a
+ * call; returns which it wrote, RX_ROWS_NONE where it has no faster way
+ * (an edge, a packed store, a dtype without one). */
 #define RX_NO_ROWS ((size_t)-1)
+enum { RX_ROWS_NONE, RX_ROWS_TILE, RX_ROWS_PAIRS };
 typedef struct rx_gemm_source {
     void (*pack_f32)(const void *src, int tb, size_t p0, size_t kc, size_t j0, size_t nc,
                      size_t nr, float *Bp);
@@ -385,7 +389,7 @@ typedef struct rx_gemm_source {
     const uint16_t *(*packed)(const void *src, size_t N, size_t K);
     size_t (*small_f32)(const void *src, const rx_gemm_op *g, size_t j0, size_t j1, size_t kcb);
     int (*rows_bf16)(const void *src, size_t N, size_t K, size_t j0, size_t k0, size_t pj,
-                     uint16_t *dst);
+                     int pairs, uint16_t *dst);
 } rx_gemm_source;
 /* Independent GEMMs -- no op reads or writes another's C -- run in one
  * parallel region, balanced across threads as one pool of work. */

@@ -19,7 +19,7 @@ import rwkvx_c as rx
 from rwkvx_c import _core
 from rwkvx_c.train import Trainer, TrainError, TrainOptions
 
-from checks import kernel_fixture, kernel_runs, small_and_packed
+from checks import kernel_fixture, kernel_runs, portable_run, small_and_packed
 
 U = 2.0 ** -24
 KERNELS = ("generic-bf16", "avx512-bf16", "amx-bf16")
@@ -262,6 +262,32 @@ def test_small_m_over_a_base_gives_the_packed_paths_bits(kernel, small_m, restor
         A, B = bf16(a).astype(np.float64), bf16(w.T).astype(np.float64)
         assert np.all(np.abs(got[0] - A @ B) <= (w.shape[1] + 2) * U * (np.abs(A) @ np.abs(B))
                       + 1e-30)
+
+
+@pytest.mark.parametrize("dtype", ["q8_0", "q4_0", "q4_k", "bf16"])
+def test_bgemm_over_a_base_gives_its_float32_weights_bits(kernel, small_m, restore_threads,
+                                                          dtype):
+    # a base's blocks (block_bf16's, rows_bf16's tiles or blocks) hold its
+    # weights, decoded exactly, rounded as the GEMM rounds a float32 B: the
+    # product's bits are those of the float32 weights' product, at
+    # decoding's M (the small path) and the packed path's, whole and edge
+    # column blocks, every kind of scale (test_base_sliver's)
+    from test_base_sliver import stored_and_decoded
+
+    rng = np.random.default_rng(len(dtype))
+    rows, w = stored_and_decoded(rng, dtype, 16 * 9 + 5)
+    for threads in (1, 2):
+        rx.set_num_threads(threads)
+        for M in (1, 2, 4, 8, 40):
+            a = rng.standard_normal((M, w.shape[1])).astype(np.float32)
+            assert np.array_equal(_core._base_sgemm(dtype, rows, a, bf16=True),
+                                  _core._bgemm(a, w, False, True)), (threads, M)
+
+
+def test_the_avx512bf16_base_kernels_without_vbmi_give_the_same_bits():
+    """A base's bf16 blocks without AVX-512 VBMI (RWKVX_BASE_PORTABLE=
+    avx512bf16: level 2's kernels, as a CPU with AVX512-BF16 alone runs them)."""
+    portable_run("test_bf16.py", "base_gives_its_float32", level="avx512bf16")
 
 
 def test_small_m_rounds_as_the_packed_path(kernel, small_m):
