@@ -171,10 +171,10 @@ static void pack_bf16(const void *src, int tb, size_t N, size_t K, size_t nkc, s
         return;
     }
     for (size_t cb = cb0; cb < cb1; cb++) {
-        if (!tb) prefetch_rows(b, rb, (cb + 1) * bt_r, bt_r, kc0 * bt_k, kc1 * bt_k, N);
         for (size_t kc = kc0; kc < kc1; kc++) {
             uint16_t *dst = bp + (cb * nkc + kc) * bt_r * bt_k;
             const size_t j0 = cb * bt_r, k0 = kc * bt_k;
+            if (!tb) prefetch_rows(b, rb, j0 + bt_r, bt_r, k0, k0 + bt_k, N);
             const size_t nj = j0 >= N ? 0 : N - j0 < bt_r ? N - j0 : bt_r;
             const size_t nk = k0 >= K ? 0 : K - k0 < bt_k ? K - k0 : bt_k;
             if (bt_r > 64 || bt_k != 2 * bt_r || nj < bt_r || nk < bt_k || b->packed) {
