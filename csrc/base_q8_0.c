@@ -78,7 +78,6 @@ RX_BASE_BF16V static void block_q8_512(const unsigned char *const blks[16], uint
  * 2^23 + u, whose minus (2^23 + 128) is q exactly, then times d (exact, as
  * q * d is) and rounded by vcvtne2ps2bf16 as block_q8_512 rounds: the
  * same bits. */
-#define RX_BASE_BF16VB __attribute__((target("avx512f,avx512bw,avx512bf16,avx512vbmi,f16c")))
 /* vpermt2b index of output half (k1, e) (rows 2t + k1, columns 8e..8e+7):
  * lane l = 2c' + k0 takes byte 4 (8e + c') + 2 k1 + k0 of O(t), then bytes
  * 1, 1 and 3 of the constant 0x4B000000 (64 + i: the second source) */
