@@ -150,6 +150,32 @@ RX_BASE_BF16V static void rows_q4_512(const unsigned char *data, size_t rb, size
     for (int r = 0; r < 16; r++) _mm512_storeu_si512(dst + 32 * r, v[r]);
 }
 
+/* rows_q4_512's transposed block from bytes (rx_vbmi_block), for columns
+ * [j0, j0+16) at k0: nibble h of a row's 16 bytes are its values 16h.. */
+RX_BASE_BF16VB static void block_q4_vbmi(const unsigned char *data, size_t rb, size_t j0,
+                                         size_t k0, uint16_t *dst) {
+    const unsigned char *blk = data + j0 * rb + k0 / Q4_BLOCK * Q4_BYTES;
+    uint16_t dh[16];
+    for (int c = 0; c < 16; c++) memcpy(&dh[c], blk + (size_t)c * rb, 2);
+    __m512 D[2];
+    rx_vbmi_scales(dh, D);
+    const __m512i low = _mm512_set1_epi8(0x0f);
+    __m512i L[8];
+    for (int g = 0; g < 4; g++) {
+        __m256i two[2];
+        for (int u = 0; u < 2; u++) {
+            const unsigned char *r = blk + (size_t)(4 * g + 2 * u) * rb + 2;
+            two[u] = _mm256_inserti128_si256(
+                _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)r)),
+                _mm_loadu_si128((const __m128i *)(const void *)(r + rb)), 1);
+        }
+        const __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(two[0]), two[1], 1);
+        L[g] = _mm512_and_si512(z, low);
+        L[4 + g] = _mm512_and_si512(_mm512_srli_epi16(z, 4), low);
+    }
+    rx_vbmi_block(L, D, 8.0f, dst);
+}
+
 /* A dX block: k row q is stored row k0 + q, whose 16 j from j0 are half
  * of one block */
 RX_BASE_BF16V static void block_q4_t_512(const unsigned char *data, size_t rb, size_t k0,
@@ -232,7 +258,12 @@ int rx_q4_0_sliver_f32(const unsigned char *data, size_t rb, size_t j0, size_t p
 int rx_q4_0_block_bf16(const unsigned char *data, size_t rb, int tb, size_t j0, size_t k0,
                        size_t bt_r, size_t bt_k, uint16_t *dst) {
 #ifdef RX_BASE_X86
-    if (bt_r == 16 && rx_cpu_base_simd() >= 2) {
+    const int lv = bt_r == 16 ? rx_cpu_base_simd() : 0;
+    if (lv >= 3 && !tb) {
+        block_q4_vbmi(data, rb, j0, k0, dst);
+        return 1;
+    }
+    if (lv >= 2) {
         if (tb) block_q4_t_512(data, rb, k0, j0, dst);
         else rows_q4_512(data, rb, j0, k0, 1, RX_NO_ROWS, dst);
         return 1;
@@ -247,14 +278,19 @@ int rx_q4_0_block_bf16(const unsigned char *data, size_t rb, int tb, size_t j0, 
 /* AVX512-BF16 where the CPU has it; else 0 */
 int rx_q4_0_rows_bf16(const unsigned char *data, size_t rb, size_t j0, size_t k0, size_t pj,
                       int pairs, uint16_t *dst) {
-    (void)pairs;   /* its tile, transposed by the caller, is as fast */
 #ifdef RX_BASE_X86
-    if (rx_cpu_base_simd() >= 2) {
+    const int lv = rx_cpu_base_simd();
+    if (pairs && lv >= 3) {
+        rx_prefetch_rows(data, rb, pj, k0 / Q4_BLOCK, Q4_BYTES);
+        block_q4_vbmi(data, rb, j0, k0, dst);
+        return RX_ROWS_PAIRS;
+    }
+    if (lv >= 2) {
         rows_q4_512(data, rb, j0, k0, 0, pj, dst);
         return RX_ROWS_TILE;
     }
 #endif
-    (void)data, (void)rb, (void)j0, (void)k0, (void)pj, (void)dst;
+    (void)data, (void)rb, (void)j0, (void)k0, (void)pj, (void)pairs, (void)dst;
     return RX_ROWS_NONE;
 }
 

@@ -64,43 +64,17 @@ RX_BASE_BF16V static void block_q8_512(const unsigned char *const blks[16], uint
     for (int p = 0; p < 16; p++) _mm512_storeu_si512(dst + p * 32, v[p]);
 }
 
-/* block_q8_512's block with a third of its shuffles (AVX-512 VBMI beside
- * AVX512-BF16: level 3 of rx_cpu_base_simd), for columns [j0, j0+16) at
- * k0. block_q8_512 widens each column's 32 bytes (vpmovsxbd) and then
- * transposes 16 rows of words: 96 shuffles, which bind on the shuffle
- * pipes (52 ns a block hot in L1 on Zen 4, against 36 here). Here the
- * bytes are transposed first, 8 registers of 64 where block_q8_512 moves 16:
- * two columns a register as loaded (rows 2i, 2i+1), then three two-source
- * permutes take it to O(t): column c's 4 bytes k 4t..4t+3 in dword c. Each
- * output row, k pair 2t + k1, is two vectors of 16 lanes, (c, k0) for
- * columns 0..7 and 8..15; one vpermt2b puts lane (c, k0)'s byte, flipped to
- * u = q + 128, under the exponent 0x4B of a second source: the float
- * 2^23 + u, whose minus (2^23 + 128) is q exactly, then times d (exact, as
- * q * d is) and rounded by vcvtne2ps2bf16 as block_q8_512 rounds: the
- * same bits. */
-/* vpermt2b index of output half (k1, e) (rows 2t + k1, columns 8e..8e+7):
- * lane l = 2c' + k0 takes byte 4 (8e + c') + 2 k1 + k0 of O(t), then bytes
- * 1, 1 and 3 of the constant 0x4B000000 (64 + i: the second source) */
-#define Q8_PICK_COL(k1, e, c) 4 * (8 * (e) + (c)) + 2 * (k1), 65, 65, 67, \
-                              4 * (8 * (e) + (c)) + 2 * (k1) + 1, 65, 65, 67
-#define Q8_PICK(k1, e)                                                                       \
-    {Q8_PICK_COL(k1, e, 0), Q8_PICK_COL(k1, e, 1), Q8_PICK_COL(k1, e, 2),                    \
-     Q8_PICK_COL(k1, e, 3), Q8_PICK_COL(k1, e, 4), Q8_PICK_COL(k1, e, 5),                    \
-     Q8_PICK_COL(k1, e, 6), Q8_PICK_COL(k1, e, 7)}
-static const uint8_t q8_pick[4][64] = {Q8_PICK(0, 0), Q8_PICK(0, 1), Q8_PICK(1, 0), Q8_PICK(1, 1)};
-
+/* block_q8_512's block from bytes (rx_vbmi_block: a third of its
+ * shuffles, which bind on the shuffle pipes: 52 ns a block hot in L1 on
+ * Zen 4, against 36), for columns [j0, j0+16) at k0: q flipped to q + 128 */
 RX_BASE_BF16VB static void block_q8_vbmi(const unsigned char *data, size_t rb, size_t j0,
                                          size_t k0, uint16_t *dst) {
     const unsigned char *blk = data + j0 * rb + k0 / Q8_BLOCK * Q8_BYTES;
     uint16_t dh[16];
     for (int c = 0; c < 16; c++) memcpy(&dh[c], blk + (size_t)c * rb, 2);
-    /* d of lane (c, k0) of either half: columns 0..7, then 8..15 */
-    const __m512 d16 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)dh));
-    const __m512i twice = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
-    const __m512 D[2] = {_mm512_permutexvar_ps(twice, d16),
-                         _mm512_permutexvar_ps(_mm512_add_epi32(twice, _mm512_set1_epi32(8)), d16)};
-    /* R[i]: rows 2i and 2i+1's 32 bytes; L[4h + g]: 128-bit lane s holds
-     * column 4g + s's bytes 16h..16h+15, as q + 128 */
+    __m512 D[2];
+    rx_vbmi_scales(dh, D);
+    /* R[i]: rows 2i and 2i + 1's 32 bytes */
     const __m512i flip = _mm512_set1_epi8((char)0x80);
     __m512i R[8], L[8];
     for (int i = 0; i < 8; i++)
@@ -113,36 +87,7 @@ RX_BASE_BF16VB static void block_q8_vbmi(const unsigned char *data, size_t rb, s
         L[g] = _mm512_xor_si512(_mm512_shuffle_i64x2(R[2 * g], R[2 * g + 1], 0x88), flip);
         L[4 + g] = _mm512_xor_si512(_mm512_shuffle_i64x2(R[2 * g], R[2 * g + 1], 0xDD), flip);
     }
-    /* M: columns 4g + s of g, g + 2 (c3 0, 1) at 8 k from 8 k3 in qwords;
-     * then O(t), t = 4h + 2 k3 + k2: dword c from M(c2) */
-    const __m512i by_k3[2] = {_mm512_set_epi64(14, 12, 10, 8, 6, 4, 2, 0),
-                              _mm512_set_epi64(15, 13, 11, 9, 7, 5, 3, 1)};
-    const __m512i by_k2[2] = {
-        _mm512_set_epi32(30, 28, 26, 24, 14, 12, 10, 8, 22, 20, 18, 16, 6, 4, 2, 0),
-        _mm512_set_epi32(31, 29, 27, 25, 15, 13, 11, 9, 23, 21, 19, 17, 7, 5, 3, 1)};
-    __m512i pick[4];
-    for (int i = 0; i < 4; i++) pick[i] = _mm512_loadu_si512(q8_pick[i]);
-    const __m512i exponent = _mm512_set1_epi32(0x4B000000);
-    const __m512 bias = _mm512_set1_ps(8388736.0f);   /* 2^23 + 128 */
-    for (int h = 0; h < 2; h++)
-        for (int k3 = 0; k3 < 2; k3++) {
-            const __m512i m0 = _mm512_permutex2var_epi64(L[4 * h], by_k3[k3], L[4 * h + 2]);
-            const __m512i m1 = _mm512_permutex2var_epi64(L[4 * h + 1], by_k3[k3], L[4 * h + 3]);
-            for (int k2 = 0; k2 < 2; k2++) {
-                const __m512i o = _mm512_permutex2var_epi32(m0, by_k2[k2], m1);
-                const size_t t = 4 * (size_t)h + 2 * (size_t)k3 + (size_t)k2;
-                for (int k1 = 0; k1 < 2; k1++) {
-                    __m512 x[2];
-                    for (int e = 0; e < 2; e++)
-                        x[e] = _mm512_mul_ps(
-                            _mm512_sub_ps(_mm512_castsi512_ps(_mm512_permutex2var_epi8(
-                                              o, pick[2 * k1 + e], exponent)),
-                                          bias),
-                            D[e]);
-                    _mm512_storeu_si512(dst + (2 * t + (size_t)k1) * 32, rx_pairs32(x[0], x[1]));
-                }
-            }
-        }
+    rx_vbmi_block(L, D, 128.0f, dst);
 }
 
 /* 16 stored rows' blocks at k0 into a row-major [16][32] tile: block_q8_512's

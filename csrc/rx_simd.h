@@ -59,6 +59,81 @@ RX_BF16V_TARGET static inline __m512i rx_pair_rows(__m512 r0, __m512 r1) {
     return _mm512_permutexvar_epi16(mix, (__m512i)_mm512_cvtne2ps_pbh(r1, r0));
 }
 
+/* ---- AVX-512 VBMI beside AVX512-BF16: a block from bytes -----------------
+ * A block of 16 columns by 32 k whose values are small integers times a
+ * column scale (Q8_0: q * d; Q4_0: (q - 8) * d) is built with its bytes
+ * transposed first and widened last: 8 registers of 64 bytes where
+ * widening first (vpmovsxbd, then a transpose of 16 rows of words) moves
+ * 16, and no int-to-float conversion. L[4h + g], 128-bit lane s: column
+ * 4g + s's values 16h..16h+15 as unsigned bytes u, value = u - off. Three
+ * two-source permutes (the caller's load order, qwords, dwords) give O(t):
+ * column c's 4 bytes k 4t..4t+3 in dword c. Each output row, k pair
+ * 2t + k1, is two vectors of 16 lanes, (c, k0) for columns 0..7 and 8..15:
+ * one vpermt2b puts lane (c, k0)'s byte under the exponent 0x4B of a
+ * constant second source, the float 2^23 + u, whose minus (2^23 + off) is
+ * the integer exactly, then times its column's scale (exact: a few bits
+ * times an 11-bit half) and rounded by vcvtne2ps2bf16, as the decoders
+ * that widen first round: the same bits. */
+#define RX_BF16VB_TARGET                                                                      \
+    __attribute__((target("avx512f,avx512bw,avx512bf16,avx512vbmi"), always_inline))
+
+/* the 16 columns' fp16 scales as D[e], lane 2c' + k0 holding column 8e + c''s
+ * (vcvtph2ps: f16_f32's values) */
+RX_BF16VB_TARGET static inline void rx_vbmi_scales(const uint16_t dh[16], __m512 D[2]) {
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)dh));
+    const __m512i twice = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+    D[0] = _mm512_permutexvar_ps(twice, d);
+    D[1] = _mm512_permutexvar_ps(_mm512_add_epi32(twice, _mm512_set1_epi32(8)), d);
+}
+
+/* L (as above) and D into the packed block at dst (row p: k pair 2p,
+ * 2p + 1; word 2c + k0 column c's) */
+RX_BF16VB_TARGET static inline void rx_vbmi_block(const __m512i L[8], const __m512 D[2],
+                                                  float off, uint16_t *dst) {
+    /* M: columns 4g + s of g and g + 2 (c3 0, 1), 8 k from 8 k3, in qwords */
+    const __m512i by_k3[2] = {_mm512_set_epi64(14, 12, 10, 8, 6, 4, 2, 0),
+                              _mm512_set_epi64(15, 13, 11, 9, 7, 5, 3, 1)};
+    /* O(t), t = 4h + 2 k3 + k2: dword c from M of c2 */
+    const __m512i by_k2[2] = {
+        _mm512_set_epi32(30, 28, 26, 24, 14, 12, 10, 8, 22, 20, 18, 16, 6, 4, 2, 0),
+        _mm512_set_epi32(31, 29, 27, 25, 15, 13, 11, 9, 23, 21, 19, 17, 7, 5, 3, 1)};
+    /* the vpermt2b index of output half (k1, e): lane l = 2c' + k0 takes
+     * byte 4 (8e + c') + 2 k1 + k0 of O(t), then bytes 1, 1 and 3 of the
+     * constant (64 + i: the second source); (k1, e) adds 2 k1 + 32 e to
+     * byte 0 alone */
+#define RX_VBMI_PICK(l) (int)(0x43414100u | (4u * ((l) / 2u) + (l) % 2u))
+    const __m512i pick0 = _mm512_set_epi32(
+        RX_VBMI_PICK(15), RX_VBMI_PICK(14), RX_VBMI_PICK(13), RX_VBMI_PICK(12), RX_VBMI_PICK(11),
+        RX_VBMI_PICK(10), RX_VBMI_PICK(9), RX_VBMI_PICK(8), RX_VBMI_PICK(7), RX_VBMI_PICK(6),
+        RX_VBMI_PICK(5), RX_VBMI_PICK(4), RX_VBMI_PICK(3), RX_VBMI_PICK(2), RX_VBMI_PICK(1),
+        RX_VBMI_PICK(0));
+#undef RX_VBMI_PICK
+    __m512i pick[4];
+    for (int i = 0; i < 4; i++)
+        pick[i] = _mm512_add_epi32(pick0, _mm512_set1_epi32(2 * (i / 2) + 32 * (i % 2)));
+    const __m512i exponent = _mm512_set1_epi32(0x4B000000);
+    const __m512 bias = _mm512_set1_ps(8388608.0f + off);   /* 2^23 + off, exact */
+    for (int h = 0; h < 2; h++)
+        for (int k3 = 0; k3 < 2; k3++) {
+            const __m512i m0 = _mm512_permutex2var_epi64(L[4 * h], by_k3[k3], L[4 * h + 2]);
+            const __m512i m1 = _mm512_permutex2var_epi64(L[4 * h + 1], by_k3[k3], L[4 * h + 3]);
+            for (int k2 = 0; k2 < 2; k2++) {
+                const __m512i o = _mm512_permutex2var_epi32(m0, by_k2[k2], m1);
+                const int t = 4 * h + 2 * k3 + k2;
+                for (int k1 = 0; k1 < 2; k1++) {
+                    __m512 x[2];
+                    for (int e = 0; e < 2; e++)
+                        x[e] = _mm512_mul_ps(
+                            _mm512_sub_ps(_mm512_castsi512_ps(_mm512_permutex2var_epi8(
+                                              o, pick[2 * k1 + e], exponent)),
+                                          bias),
+                            D[e]);
+                    _mm512_storeu_si512(dst + (2 * t + k1) * 32, rx_pairs32(x[0], x[1]));
+                }
+            }
+        }
+}
+
 /* Slice c of the 16 stored rows from pj (rows of rb bytes, one contiguous
  * run of 16 rb bytes; RX_NO_ROWS: none) into cache: slice c is the run's
  * bytes [16 c sb, 16 (c + 1) sb), sb the bytes a row gives a call, so the
