@@ -7,8 +7,9 @@
  * value = (q - 8) * d; the bytes are those of gguf.quants.quantize(W^T,
  * Q4_0). (q - 8) * d is exact in float32 (an 11-bit d times a 4-bit int).
  * The decoders have an AVX2 form and the bf16 GEMM's blocks and AMX tile
- * rows an AVX512-BF16 one (bit-identical: the same exact products and the
- * same rounding to bf16), picked at run time.
+ * rows an AVX512-BF16 one, the blocks byte-first with AVX-512 VBMI
+ * (bit-identical: the same exact products and the same rounding to bf16),
+ * picked at run time.
  */
 #include <math.h>
 

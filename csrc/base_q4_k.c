@@ -349,7 +349,7 @@ int rx_q4_k_block_bf16(const unsigned char *data, size_t rb, int tb, size_t j0, 
 /* AVX512-BF16 where the CPU has it; else 0 */
 int rx_q4_k_rows_bf16(const unsigned char *data, size_t rb, size_t j0, size_t k0, size_t pj,
                       int pairs, uint16_t *dst) {
-    (void)pairs;   /* its tile, transposed by the caller, is as fast */
+    (void)pairs;   /* the tile alone: the caller transposes it */
 #ifdef RX_BASE_X86
     if (rx_cpu_base_simd() >= 2) {
         rows_q4k_512(data, rb, j0, k0, 0, pj, dst);

@@ -8,8 +8,8 @@
  * fp16 rounding), a base model's loss and initial-state grads equal to the
  * float32 model of the decoded weights under recompute and the chunked
  * head (and at bf16 precision, the bf16 base then held in the GEMM's packed
- * layout), inference refused while a base is held, and the release to
- * float32.
+ * layout, the Q8_0 one decoded into it), inference refused while a base is
+ * held, and the release to float32.
  * Returns nonzero on any failure.
  */
 #include <math.h>
@@ -92,15 +92,16 @@ int main(void) {
     rx_pt_acts_free(a);
     rx_ptmodel_free(m);
 
-    /* bf16 rows, Q8_0, and bf16 in the bf16 GEMM's packed layout (a base
-     * set at bf16 precision) */
-    for (int v = 0; v < 3; v++) {
-        const int dtype = v == 1 ? RX_BASE_Q8_0 : RX_BASE_BF16;
+    /* bf16 rows, Q8_0, bf16 in the bf16 GEMM's packed layout (a base set
+     * at bf16 precision), and Q8_0 at bf16 precision (its blocks decoded
+     * straight into the bf16 GEMM's layout) */
+    for (int v = 0; v < 4; v++) {
+        const int dtype = v % 2 ? RX_BASE_Q8_0 : RX_BASE_BF16;
         rx_ptmodel *ref = NULL;
         m = NULL;
         CHECK(rx_model_create(&CFG, RX_PT_LN0 | RX_PT_NO_INIT, 0, &m) == RX_OK, "create");
         CHECK(rx_model_create(&CFG, RX_PT_LN0, 0, &ref) == RX_OK, "create ref");
-        if (v == 2)
+        if (v >= 2)
             CHECK(rx_ptmodel_set_precision(m, RX_PRECISION_BF16) == RX_OK &&
                       rx_ptmodel_set_precision(ref, RX_PRECISION_BF16) == RX_OK, "bf16");
         make_pair(src, m, ref, dtype, idx, n);
