@@ -156,10 +156,8 @@ RX_BASE_BF16V static void rows_q4_512(const unsigned char *data, size_t rb, size
 RX_BASE_BF16VB static void block_q4_vbmi(const unsigned char *data, size_t rb, size_t j0,
                                          size_t k0, uint16_t *dst) {
     const unsigned char *blk = data + j0 * rb + k0 / Q4_BLOCK * Q4_BYTES;
-    uint16_t dh[16];
-    for (int c = 0; c < 16; c++) memcpy(&dh[c], blk + (size_t)c * rb, 2);
     __m512 D[2];
-    rx_vbmi_scales(dh, D);
+    rx_vbmi_scales(blk, rb, D);
     const __m512i low = _mm512_set1_epi8(0x0f);
     __m512i L[8];
     for (int g = 0; g < 4; g++) {

@@ -70,10 +70,8 @@ RX_BASE_BF16V static void block_q8_512(const unsigned char *const blks[16], uint
 RX_BASE_BF16VB static void block_q8_vbmi(const unsigned char *data, size_t rb, size_t j0,
                                          size_t k0, uint16_t *dst) {
     const unsigned char *blk = data + j0 * rb + k0 / Q8_BLOCK * Q8_BYTES;
-    uint16_t dh[16];
-    for (int c = 0; c < 16; c++) memcpy(&dh[c], blk + (size_t)c * rb, 2);
     __m512 D[2];
-    rx_vbmi_scales(dh, D);
+    rx_vbmi_scales(blk, rb, D);
     /* R[i]: rows 2i and 2i + 1's 32 bytes */
     const __m512i flip = _mm512_set1_epi8((char)0x80);
     __m512i R[8], L[8];

@@ -77,9 +77,13 @@ RX_BF16V_TARGET static inline __m512i rx_pair_rows(__m512 r0, __m512 r1) {
 #define RX_BF16VB_TARGET                                                                      \
     __attribute__((target("avx512f,avx512bw,avx512bf16,avx512vbmi"), always_inline))
 
-/* the 16 columns' fp16 scales as D[e], lane 2c' + k0 holding column 8e + c''s
- * (vcvtph2ps: f16_f32's values) */
-RX_BF16VB_TARGET static inline void rx_vbmi_scales(const uint16_t dh[16], __m512 D[2]) {
+/* the fp16 scales that open the 16 columns' blocks (column c's at blk +
+ * c rb) as D[e], lane 2c' + k0 holding column 8e + c''s (vcvtph2ps:
+ * f16_f32's values) */
+RX_BF16VB_TARGET static inline void rx_vbmi_scales(const unsigned char *blk, size_t rb,
+                                                   __m512 D[2]) {
+    uint16_t dh[16];
+    for (int c = 0; c < 16; c++) memcpy(&dh[c], blk + (size_t)c * rb, 2);
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)dh));
     const __m512i twice = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
     D[0] = _mm512_permutexvar_ps(twice, d);
