@@ -172,7 +172,7 @@ RX_BASE_BF16VB static void block_q4_vbmi(const unsigned char *data, size_t rb, s
         L[g] = _mm512_and_si512(z, low);
         L[4 + g] = _mm512_and_si512(_mm512_srli_epi16(z, 4), low);
     }
-    rx_vbmi_block(L, D, 8.0f, dst);
+    rx_vbmi_block(L, D, NULL, 8.0f, dst);
 }
 
 /* A dX block: k row q is stored row k0 + q, whose 16 j from j0 are half

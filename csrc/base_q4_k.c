@@ -13,7 +13,8 @@
  * step, so the bytes are llama.cpp's. The decoder and the small-M
  * product have an AVX2 form (bit-identical: the same exact products, the
  * same subtraction; the small-M sums in the GEMM's order), the bf16 GEMM's
- * blocks and AMX tile rows an AVX512-BF16 one.
+ * blocks and AMX tile rows an AVX512-BF16 one, the blocks with AVX-512
+ * VBMI a byte-first one (rx_vbmi_block).
  */
 #include <math.h>
 
@@ -246,6 +247,89 @@ RX_BASE_BF16V static void rows_q4k_512(const unsigned char *data, size_t rb, siz
     for (int r = 0; r < 16; r++) _mm512_storeu_si512(dst + 32 * r, v[r]);
 }
 
+/* The 16 columns' (column c's super-block at blk + c rb) sub-block s d sc
+ * and dmin m, lane c column c's: sub_scale's exact products, the halves by
+ * vcvtph2ps (f16_f32's values). Each column's 16-byte head (d, dmin, the
+ * 12 scale bytes) is loaded; one vpermt2b per 8 columns gathers, into a
+ * dword a column, d and dmin, another the two or three bytes that hold
+ * its sc and m (get_scale_min's), cut out by shifts and masks. */
+RX_BASE_BF16VB static inline void q4k_scales16(const unsigned char *blk, size_t rb, size_t s,
+                                               __m512 *dsc, __m512 *dmm) {
+    __m512i Z[4];
+    for (int g = 0; g < 4; g++) {
+        const unsigned char *h = blk + (size_t)(4 * g) * rb;
+#define RX_Q4K_HEAD(u) _mm_loadu_si128((const __m128i *)(const void *)(h + (size_t)(u) * rb))
+        /* the lane an immediate: written out, as an unoptimised build needs */
+        Z[g] = _mm512_inserti32x4(
+            _mm512_inserti32x4(_mm512_inserti32x4(_mm512_castsi128_si512(RX_Q4K_HEAD(0)),
+                                                  RX_Q4K_HEAD(1), 1),
+                               RX_Q4K_HEAD(2), 2),
+            RX_Q4K_HEAD(3), 3);
+#undef RX_Q4K_HEAD
+    }
+    /* lane c: column c % 8's head, 16 (c % 8) in each byte of the pair Z[2 (c / 8)..] */
+    const __m512i head = _mm512_mullo_epi32(
+        _mm512_set_epi32(7, 6, 5, 4, 3, 2, 1, 0, 7, 6, 5, 4, 3, 2, 1, 0),
+        _mm512_set1_epi32(0x10101010));
+    /* the head's bytes: q = head + 4; s < 4: q[s], q[s + 4]; else q[s + 4], q[s - 4], q[s] */
+    const int pick = s < 4 ? (int)((4 + s) | (8 + s) << 8)
+                           : (int)((8 + s) | s << 8 | (4 + s) << 16);
+    __m512i v[2];
+    for (int i = 0; i < 2; i++) {
+        const __m512i idx = _mm512_add_epi8(head, _mm512_set1_epi32(i ? pick : 0x03020100));
+        v[i] = _mm512_mask_blend_epi32(0xFF00, _mm512_permutex2var_epi8(Z[0], idx, Z[1]),
+                                       _mm512_permutex2var_epi8(Z[2], idx, Z[3]));
+    }
+    const __m512i w = v[1];
+    __m512i sc, m;
+    if (s < 4) {
+        sc = _mm512_and_si512(w, _mm512_set1_epi32(63));
+        m = _mm512_and_si512(_mm512_srli_epi32(w, 8), _mm512_set1_epi32(63));
+    } else {
+        const __m512i f = _mm512_set1_epi32(0xF), t = _mm512_set1_epi32(0x30);
+        sc = _mm512_or_si512(_mm512_and_si512(w, f), _mm512_and_si512(_mm512_srli_epi32(w, 10), t));
+        m = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(w, 4), f),
+                            _mm512_and_si512(_mm512_srli_epi32(w, 18), t));
+    }
+    const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v[0]));
+    const __m512 dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(v[0], 16)));
+    *dsc = _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc));
+    *dmm = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(m));
+}
+
+/* rows_q4k_512's transposed block from bytes (rx_vbmi_block), for columns
+ * [j0, j0+16) at k0: sub-block s's nibbles of a row's 32-byte run are its
+ * values, each column's d sc and dmin m (q4k_scales16) in lanes */
+RX_BASE_BF16VB static void block_q4k_vbmi(const unsigned char *data, size_t rb, size_t j0,
+                                          size_t k0, uint16_t *dst) {
+    const size_t s = k0 % QK / SUB;
+    const unsigned char *blk = data + j0 * rb + k0 / QK * QK_BYTES;
+    __m512 dsc, dmm, D[2], Mn[2];
+    q4k_scales16(blk, rb, s, &dsc, &dmm);
+    rx_vbmi_lanes(dsc, D);
+    /* minus dmin m by its sign bit: exact, a zero's sign as the subtraction gives it */
+    rx_vbmi_lanes(_mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(dmm),
+                                                       _mm512_set1_epi32((int)0x80000000u))),
+                  Mn);
+    /* R[i]: rows 2i and 2i + 1's nibbles, as bytes */
+    const unsigned char *run = blk + QS_OFF + s / 2 * SUB;
+    const __m512i low = _mm512_set1_epi8(0x0f);
+    __m512i R[8], L[8];
+    for (int i = 0; i < 8; i++) {
+        const __m512i z = _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_loadu_si256(
+                (const __m256i *)(const void *)(run + (size_t)(2 * i) * rb))),
+            _mm256_loadu_si256((const __m256i *)(const void *)(run + (size_t)(2 * i + 1) * rb)),
+            1);
+        R[i] = _mm512_and_si512(s % 2 ? _mm512_srli_epi16(z, 4) : z, low);
+    }
+    for (int g = 0; g < 4; g++) {
+        L[g] = _mm512_shuffle_i64x2(R[2 * g], R[2 * g + 1], 0x88);
+        L[4 + g] = _mm512_shuffle_i64x2(R[2 * g], R[2 * g + 1], 0xDD);
+    }
+    rx_vbmi_block(L, D, Mn, 0.0f, dst);
+}
+
 /* A dX block: k row q is stored row k0 + q, whose 16 j from j0 are half of
  * one sub-block */
 RX_BASE_BF16V static void block_q4k_t_512(const unsigned char *data, size_t rb, size_t k0,
@@ -336,7 +420,12 @@ small_avx2(const unsigned char *data, size_t rb, size_t M, const float *A, size_
 int rx_q4_k_block_bf16(const unsigned char *data, size_t rb, int tb, size_t j0, size_t k0,
                        size_t bt_r, size_t bt_k, uint16_t *dst) {
 #ifdef RX_BASE_X86
-    if (bt_r == 16 && rx_cpu_base_simd() >= 2) {
+    const int lv = bt_r == 16 ? rx_cpu_base_simd() : 0;
+    if (lv >= 3 && !tb) {
+        block_q4k_vbmi(data, rb, j0, k0, dst);
+        return 1;
+    }
+    if (lv >= 2) {
         if (tb) block_q4k_t_512(data, rb, k0, j0, dst);
         else rows_q4k_512(data, rb, j0, k0, 1, RX_NO_ROWS, dst);
         return 1;
@@ -349,14 +438,19 @@ int rx_q4_k_block_bf16(const unsigned char *data, size_t rb, int tb, size_t j0, 
 /* AVX512-BF16 where the CPU has it; else 0 */
 int rx_q4_k_rows_bf16(const unsigned char *data, size_t rb, size_t j0, size_t k0, size_t pj,
                       int pairs, uint16_t *dst) {
-    (void)pairs;   /* the tile alone: the caller transposes it */
 #ifdef RX_BASE_X86
-    if (rx_cpu_base_simd() >= 2) {
+    const int lv = rx_cpu_base_simd();
+    if (pairs && lv >= 3) {
+        rx_prefetch_rows(data, rb, pj, k0 / SUB, QK_BYTES / NSUB);
+        block_q4k_vbmi(data, rb, j0, k0, dst);
+        return RX_ROWS_PAIRS;
+    }
+    if (lv >= 2) {
         rows_q4k_512(data, rb, j0, k0, 0, pj, dst);
         return RX_ROWS_TILE;
     }
 #endif
-    (void)data, (void)rb, (void)j0, (void)k0, (void)pj, (void)dst;
+    (void)data, (void)rb, (void)j0, (void)k0, (void)pj, (void)pairs, (void)dst;
     return RX_ROWS_NONE;
 }
 

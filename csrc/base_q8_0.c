@@ -85,7 +85,7 @@ RX_BASE_BF16VB static void block_q8_vbmi(const unsigned char *data, size_t rb, s
         L[g] = _mm512_xor_si512(_mm512_shuffle_i64x2(R[2 * g], R[2 * g + 1], 0x88), flip);
         L[4 + g] = _mm512_xor_si512(_mm512_shuffle_i64x2(R[2 * g], R[2 * g + 1], 0xDD), flip);
     }
-    rx_vbmi_block(L, D, 128.0f, dst);
+    rx_vbmi_block(L, D, NULL, 128.0f, dst);
 }
 
 /* 16 stored rows' blocks at k0 into a row-major [16][32] tile: block_q8_512's

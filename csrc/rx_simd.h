@@ -61,7 +61,8 @@ RX_BF16V_TARGET static inline __m512i rx_pair_rows(__m512 r0, __m512 r1) {
 
 /* ---- AVX-512 VBMI beside AVX512-BF16: a block from bytes -----------------
  * A block of 16 columns by 32 k whose values are small integers times a
- * column scale (Q8_0: q * d; Q4_0: (q - 8) * d) is built with its bytes
+ * column scale (Q8_0: q * d; Q4_0: (q - 8) * d), less a column min where
+ * it has one (Q4_K: q (d sc) - dmin m), is built with its bytes
  * transposed first and widened last: 8 registers of 64 bytes where
  * widening first (vpmovsxbd, then a transpose of 16 rows of words) moves
  * 16, and no int-to-float conversion. L[4h + g], 128-bit lane s: column
@@ -72,28 +73,37 @@ RX_BF16V_TARGET static inline __m512i rx_pair_rows(__m512 r0, __m512 r1) {
  * one vpermt2b puts lane (c, k0)'s byte under the exponent 0x4B of a
  * constant second source, the float 2^23 + u, whose minus (2^23 + off) is
  * the integer exactly, then times its column's scale (exact: a few bits
- * times an 11-bit half) and rounded by vcvtne2ps2bf16, as the decoders
+ * times an 11-bit half, or Q4_K's 17-bit d sc), less its min in the same
+ * fused operation (one rounding, as the decoders' exact product and
+ * rounded subtraction), and rounded by vcvtne2ps2bf16, as the decoders
  * that widen first round: the same bits. */
 #define RX_BF16VB_TARGET                                                                      \
     __attribute__((target("avx512f,avx512bw,avx512bf16,avx512vbmi"), always_inline))
 
+/* v's lane c, column c's value, as V[e], lane 2c' + k0 holding column
+ * 8e + c''s */
+RX_BF16VB_TARGET static inline void rx_vbmi_lanes(__m512 v, __m512 V[2]) {
+    const __m512i twice = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+    V[0] = _mm512_permutexvar_ps(twice, v);
+    V[1] = _mm512_permutexvar_ps(_mm512_add_epi32(twice, _mm512_set1_epi32(8)), v);
+}
+
 /* the fp16 scales that open the 16 columns' blocks (column c's at blk +
- * c rb) as D[e], lane 2c' + k0 holding column 8e + c''s (vcvtph2ps:
- * f16_f32's values) */
+ * c rb) as D (rx_vbmi_lanes; vcvtph2ps: f16_f32's values) */
 RX_BF16VB_TARGET static inline void rx_vbmi_scales(const unsigned char *blk, size_t rb,
                                                    __m512 D[2]) {
     uint16_t dh[16];
     for (int c = 0; c < 16; c++) memcpy(&dh[c], blk + (size_t)c * rb, 2);
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)dh));
-    const __m512i twice = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
-    D[0] = _mm512_permutexvar_ps(twice, d);
-    D[1] = _mm512_permutexvar_ps(_mm512_add_epi32(twice, _mm512_set1_epi32(8)), d);
+    rx_vbmi_lanes(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)dh)), D);
 }
 
 /* L (as above) and D into the packed block at dst (row p: k pair 2p,
- * 2p + 1; word 2c + k0 column c's) */
+ * 2p + 1; word 2c + k0 column c's). Mn (NULL: none), lanes as D's: each
+ * column's min m negated, for (u - off) d - m, the exact product less m
+ * in one rounding by a fused multiply-add (Q4_K's value); NULL or not at
+ * each use, a constant. */
 RX_BF16VB_TARGET static inline void rx_vbmi_block(const __m512i L[8], const __m512 D[2],
-                                                  float off, uint16_t *dst) {
+                                                  const __m512 *Mn, float off, uint16_t *dst) {
     /* M: columns 4g + s of g and g + 2 (c3 0, 1), 8 k from 8 k3, in qwords */
     const __m512i by_k3[2] = {_mm512_set_epi64(14, 12, 10, 8, 6, 4, 2, 0),
                               _mm512_set_epi64(15, 13, 11, 9, 7, 5, 3, 1)};
@@ -126,12 +136,13 @@ RX_BF16VB_TARGET static inline void rx_vbmi_block(const __m512i L[8], const __m5
                 const int t = 4 * h + 2 * k3 + k2;
                 for (int k1 = 0; k1 < 2; k1++) {
                     __m512 x[2];
-                    for (int e = 0; e < 2; e++)
-                        x[e] = _mm512_mul_ps(
-                            _mm512_sub_ps(_mm512_castsi512_ps(_mm512_permutex2var_epi8(
-                                              o, pick[2 * k1 + e], exponent)),
-                                          bias),
-                            D[e]);
+                    for (int e = 0; e < 2; e++) {
+                        const __m512 u = _mm512_sub_ps(
+                            _mm512_castsi512_ps(
+                                _mm512_permutex2var_epi8(o, pick[2 * k1 + e], exponent)),
+                            bias);
+                        x[e] = Mn ? _mm512_fmadd_ps(u, D[e], Mn[e]) : _mm512_mul_ps(u, D[e]);
+                    }
                     _mm512_storeu_si512(dst + (2 * t + k1) * 32, rx_pairs32(x[0], x[1]));
                 }
             }
