@@ -4,8 +4,8 @@ prompt), batch-1 decode tokens/s, and decode throughput with 8 and 64
 sequences advancing together.
 
     python bench/bench_generate.py [--shape 0.1B|0.4B|1.5B] [--threads N] [--work DIR]
-        [--engines rwkvx_c,rwkvx_c-fast,llama.cpp,rwkv] [--formats fp32,q8_0,bf16]
-        [--decode 64] [--repeat 2]
+        [--engines rwkvx_c,rwkvx_c-fast,llama.cpp,rwkv]
+        [--formats fp32,q8_0,bf16 (also q4_0, q4_k)] [--decode 64] [--repeat 2]
 
 The model: an official-layout random .pth of the shape (bench_big's
 writer, bf16), imported as a run (`rwkvx-c import`), exported as float32
@@ -15,9 +15,10 @@ without it) and as a float32 x070 .pth (`--format rwkv7`) for the rwkv
 package (strategy "cpu fp32"). Q8_0 against Q8_0: the run's Q8_0 GGUF
 export (`--dtype q8_0`) for llama.cpp, and for rwkvx_c a one-step state
 tune `--init-from` that file, whose frozen base holds the file's blocks as
-they are (the rwkv package has no Q8_0); "rwkvx_c-fast" is the same run
-with GenState's fast_decode (int8 activations in integer dot products, as
-llama.cpp's Q8_0 path; only over a Q8_0 base). bf16 against bf16: the
+they are (the rwkv package has no Q8_0), and the same for Q4_0 and Q4_K
+(`--formats q4_0,q4_k`); "rwkvx_c-fast" is the same run with GenState's
+fast_decode (int8 activations in integer dot products, as llama.cpp's
+Q8_0 and Q4_0 paths; only over those bases). bf16 against bf16: the
 bf16 .pth itself, for the rwkv package (strategy "cpu fp32": it widens
 the weights as it loads; its "cpu bf16" is two orders slower) and for
 rwkvx_c as the frozen bf16 base of a one-step state tune `--init-from` it
@@ -205,8 +206,13 @@ def _cli(*args):
     subprocess.run([sys.executable, "-m", "rwkvx_c", *args], check=True, stdout=subprocess.DEVNULL)
 
 
-def prepare(a):
-    """The run, its GGUFs, its .pth and the Q8_0 run under a.work (made once)."""
+QUANTS = ("q8_0", "q4_0", "q4_k")   # GGUF block types: the run's export, held as they are
+FORMATS = ("fp32", "bf16") + QUANTS
+FAST = ("q8_0", "q4_0")             # the bases fast_decode reads
+
+
+def prepare(a, formats):
+    """(run, GGUF, .pth or None) of each format under a.work, each made once."""
     from bench_big import official_pth
     os.makedirs(a.work, exist_ok=True)
     src = os.path.join(a.work, f"random-{a.shape}.pth")
@@ -216,20 +222,23 @@ def prepare(a):
     run = os.path.join(a.work, f"run-{a.shape}")
     if not os.path.isdir(run):
         _cli("import", src, "--out", run)
-    gguf = os.path.join(a.work, f"model-{a.shape}-f32.gguf")
-    if not os.path.exists(gguf):
-        _cli("export", run, "--format", "gguf", "--dtype", "fp32", "--out", gguf)
-    pth = os.path.join(a.work, f"model-{a.shape}-f32.pth")
-    if not os.path.exists(pth):
-        _cli("export", run, "--format", "rwkv7", "--dtype", "fp32", "--out", pth)
-    q8 = os.path.join(a.work, f"model-{a.shape}-q8_0.gguf")
-    if not os.path.exists(q8):
-        _cli("export", run, "--format", "gguf", "--dtype", "q8_0", "--out", q8)
-    bf = os.path.join(a.work, f"model-{a.shape}-bf16.gguf")
-    if not os.path.exists(bf):
-        _cli("export", run, "--format", "gguf", "--dtype", "bf16", "--out", bf)
-    return {"fp32": (run, gguf, pth), "q8_0": (_held(a, q8, "q8_0"), q8, None),
-            "bf16": (_held(a, src, "bf16"), bf, src)}
+
+    def export(fmt, dtype, ext):
+        out = os.path.join(a.work, f"model-{a.shape}-{fmt}.{ext}")
+        if not os.path.exists(out):
+            _cli("export", run, "--format", "gguf" if ext == "gguf" else "rwkv7", "--dtype",
+                 dtype, "--out", out)
+        return out
+    made = {}
+    for fmt in formats:
+        if fmt == "fp32":
+            made[fmt] = (run, export("f32", "fp32", "gguf"), export("f32", "fp32", "pth"))
+        elif fmt == "bf16":
+            made[fmt] = (_held(a, src, "bf16"), export("bf16", "bf16", "gguf"), src)
+        else:
+            gguf = export(fmt, fmt, "gguf")
+            made[fmt] = (_held(a, gguf, fmt), gguf, None)
+    return made
 
 
 def _held(a, source, fmt):
@@ -256,7 +265,8 @@ def main():
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--work", default="/tmp/rwkvx_bench_generate")
     ap.add_argument("--engines", default=",".join(CHILDREN))
-    ap.add_argument("--formats", default="fp32,q8_0,bf16", help="weight formats compared")
+    ap.add_argument("--formats", default="fp32,q8_0,bf16",
+                    help="weight formats compared, of " + ",".join(FORMATS))
     ap.add_argument("--decode", type=int, default=64, help="decode steps timed")
     ap.add_argument("--repeat", type=int, default=2, help="child runs per engine (best kept)")
     ap.add_argument("--child", choices=list(CHILDREN), help=argparse.SUPPRESS)
@@ -269,7 +279,11 @@ def main():
         print(json.dumps(CHILDREN[a.child](a)))
         return
     from bench_big import cpu_name
-    made = prepare(a)
+    formats = a.formats.split(",")
+    if not set(formats) <= set(FORMATS):
+        ap.error(f"--formats: {','.join(sorted(set(formats) - set(FORMATS)))} is none of "
+                 f"{','.join(FORMATS)}")
+    made = prepare(a, formats)
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))
     print(f"# CPU: {cpu_name()}, {os.cpu_count()} cores, {a.threads} threads; shape {a.shape}, "
           f"{PROMPT}-token prompt, {a.decode} decode steps, best of {a.repeat} runs")
@@ -278,11 +292,12 @@ def main():
           + " | ".join(f"decode B={B} tok/s" for B in BATCHES)
           + f" | B={max(BATCHES)} with each token drawn tok/s |")
     print("|---" * (len(cols) + 2) + "|")
-    for fmt in a.formats.split(","):
+    for fmt in formats:
         run, gguf, pth = made[fmt]
-        # the rwkv package reads no Q8_0; the fast decode is a Q8_0 base's
+        # the rwkv package reads no GGUF blocks; the fast decode is a Q8_0 or Q4_0 base's
         names = [n for n in a.engines.split(",")
-                 if not ((n == "rwkv" and pth is None) or (n == "rwkvx_c-fast" and fmt != "q8_0"))]
+                 if not ((n == "rwkv" and pth is None)
+                         or (n == "rwkvx_c-fast" and fmt not in FAST))]
         best: dict = {n: {} for n in names}
         # round-robin: each round runs every engine once, so on a shared
         # machine their bests sample the same stretch of load
