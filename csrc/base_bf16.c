@@ -113,7 +113,7 @@ small_bf16_group(size_t M, size_t V, const unsigned char *data, size_t rb, const
         for (size_t u = 0; u < M * V; u++) c[u] = _mm256_setzero_ps();
         for (size_t p = pc; p < pc + kc; p += SMALL_STEP) {
             for (const char *e = pf + pf_step; pf < e && pf < pf_end; pf += 64)
-                _mm_prefetch(pf, _MM_HINT_T0);
+                _mm_prefetch(pf, RX_PREFETCH_AHEAD);
             const float *a = A + p;
 #pragma GCC unroll 4
             for (size_t v = 0; v < V; v++) {

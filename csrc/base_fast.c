@@ -174,7 +174,7 @@ fast_group(int q4, size_t R, const rx_base_mat *bm, size_t rb, const rx_gemm_op 
             w[c] = fast_q(q4, 1, blk + 2);
         }
         for (const char *e = pf + pf_step; pf < e && pf < pf_end; pf += 64)
-            _mm_prefetch(pf, _MM_HINT_T0);
+            _mm_prefetch(pf, RX_PREFETCH_AHEAD);
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)dh));
         for (size_t r = 0; r < R; r++) {
             const __m256i xv = _mm256_loadu_si256(
@@ -256,7 +256,7 @@ fast_wide(int q4, size_t R, const rx_base_mat *bm, size_t rb, const rx_gemm_op *
             }
         }
         for (const char *e = pf + pf_step; pf < e && pf < pf_end; pf += 64)
-            _mm_prefetch(pf, _MM_HINT_T1);
+            _mm_prefetch(pf, RX_PREFETCH_AHEAD);
         const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)dh));
         for (size_t r = 0; r < R; r++) {
             const __m512i xv = _mm512_broadcast_i64x4(_mm256_loadu_si256(
@@ -281,9 +281,9 @@ fast_wide(int q4, size_t R, const rx_base_mat *bm, size_t rb, const rx_gemm_op *
 }
 
 /* fast_wide over whole groups of 16 from j (rows every FAST_ROWS), the
- * next group's rows prefetched a slice a block into L2 (prefetcht1: into
- * L1, the requests waited on a full miss queue; 1.5B batch-1 fast decode
- * 13.2 -> 14.2-14.5 tokens/s, Sapphire Rapids); returns the columns done */
+ * next group's rows prefetched a slice a block into L2 (RX_PREFETCH_AHEAD;
+ * into L1, 1.5B batch-1 fast decode 13.2 against 14.2-14.5 tokens/s on
+ * Sapphire Rapids); returns the columns done */
 RX_FAST512 static size_t fast_cols_512(const rx_base_mat *bm, const rx_gemm_op *g,
                                        const fast_rows *x, size_t rb, size_t j, size_t j1) {
     const size_t j0 = j, nb = g->K / QBLK;
