@@ -268,9 +268,9 @@ RX_BASE_BF16VB static inline void q4k_scales16(const unsigned char *blk, size_t 
 #undef RX_Q4K_HEAD
     }
     /* lane c: column c % 8's head, 16 (c % 8) in each byte of the pair Z[2 (c / 8)..] */
-    const __m512i head = _mm512_mullo_epi32(
-        _mm512_set_epi32(7, 6, 5, 4, 3, 2, 1, 0, 7, 6, 5, 4, 3, 2, 1, 0),
-        _mm512_set1_epi32(0x10101010));
+    const __m512i head = _mm512_set_epi32(
+        0x70707070, 0x60606060, 0x50505050, 0x40404040, 0x30303030, 0x20202020, 0x10101010, 0,
+        0x70707070, 0x60606060, 0x50505050, 0x40404040, 0x30303030, 0x20202020, 0x10101010, 0);
     /* the head's bytes: q = head + 4; s < 4: q[s], q[s + 4]; else q[s + 4], q[s - 4], q[s] */
     const int pick = s < 4 ? (int)((4 + s) | (8 + s) << 8)
                            : (int)((8 + s) | s << 8 | (4 + s) << 16);
@@ -311,22 +311,11 @@ RX_BASE_BF16VB static void block_q4k_vbmi(const unsigned char *data, size_t rb, 
     rx_vbmi_lanes(_mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(dmm),
                                                        _mm512_set1_epi32((int)0x80000000u))),
                   Mn);
-    /* R[i]: rows 2i and 2i + 1's nibbles, as bytes */
-    const unsigned char *run = blk + QS_OFF + s / 2 * SUB;
-    const __m512i low = _mm512_set1_epi8(0x0f);
-    __m512i R[8], L[8];
-    for (int i = 0; i < 8; i++) {
-        const __m512i z = _mm512_inserti64x4(
-            _mm512_castsi256_si512(_mm256_loadu_si256(
-                (const __m256i *)(const void *)(run + (size_t)(2 * i) * rb))),
-            _mm256_loadu_si256((const __m256i *)(const void *)(run + (size_t)(2 * i + 1) * rb)),
-            1);
-        R[i] = _mm512_and_si512(s % 2 ? _mm512_srli_epi16(z, 4) : z, low);
-    }
-    for (int g = 0; g < 4; g++) {
-        L[g] = _mm512_shuffle_i64x2(R[2 * g], R[2 * g + 1], 0x88);
-        L[4 + g] = _mm512_shuffle_i64x2(R[2 * g], R[2 * g + 1], 0xDD);
-    }
+    /* the run's bytes, then sub-block s's nibbles of them */
+    __m512i L[8];
+    rx_vbmi_rows32(blk + QS_OFF + s / 2 * SUB, rb, L);
+    for (int i = 0; i < 8; i++)
+        L[i] = _mm512_and_si512(s % 2 ? _mm512_srli_epi16(L[i], 4) : L[i], _mm512_set1_epi8(0x0f));
     rx_vbmi_block(L, D, Mn, 0.0f, dst);
 }
 

@@ -72,19 +72,9 @@ RX_BASE_BF16VB static void block_q8_vbmi(const unsigned char *data, size_t rb, s
     const unsigned char *blk = data + j0 * rb + k0 / Q8_BLOCK * Q8_BYTES;
     __m512 D[2];
     rx_vbmi_scales(blk, rb, D);
-    /* R[i]: rows 2i and 2i + 1's 32 bytes */
-    const __m512i flip = _mm512_set1_epi8((char)0x80);
-    __m512i R[8], L[8];
-    for (int i = 0; i < 8; i++)
-        R[i] = _mm512_inserti64x4(
-            _mm512_castsi256_si512(_mm256_loadu_si256(
-                (const __m256i *)(const void *)(blk + (size_t)(2 * i) * rb + 2))),
-            _mm256_loadu_si256((const __m256i *)(const void *)(blk + (size_t)(2 * i + 1) * rb + 2)),
-            1);
-    for (int g = 0; g < 4; g++) {
-        L[g] = _mm512_xor_si512(_mm512_shuffle_i64x2(R[2 * g], R[2 * g + 1], 0x88), flip);
-        L[4 + g] = _mm512_xor_si512(_mm512_shuffle_i64x2(R[2 * g], R[2 * g + 1], 0xDD), flip);
-    }
+    __m512i L[8];
+    rx_vbmi_rows32(blk + 2, rb, L);
+    for (int i = 0; i < 8; i++) L[i] = _mm512_xor_si512(L[i], _mm512_set1_epi8((char)0x80));
     rx_vbmi_block(L, D, NULL, 128.0f, dst);
 }
 

@@ -107,6 +107,24 @@ RX_BF16VB_TARGET static inline void rx_vbmi_scales(const unsigned char *blk, siz
     rx_vbmi_lanes(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)dh)), D);
 }
 
+/* L (as above) from the 16 rows' 32 bytes at p + r rb, as stored (the
+ * caller maps them to u after, byte by byte): two rows a register as
+ * loaded (rows 2i, 2i + 1), then of registers 2g and 2g + 1 the lanes 0
+ * and 2 (bytes 0..15) as L[g], 1 and 3 (bytes 16..31) as L[4 + g] */
+RX_BF16VB_TARGET static inline void rx_vbmi_rows32(const unsigned char *p, size_t rb,
+                                                   __m512i L[8]) {
+    __m512i R[8];
+    for (int i = 0; i < 8; i++)
+        R[i] = _mm512_inserti64x4(
+            _mm512_castsi256_si512(
+                _mm256_loadu_si256((const __m256i *)(const void *)(p + (size_t)(2 * i) * rb))),
+            _mm256_loadu_si256((const __m256i *)(const void *)(p + (size_t)(2 * i + 1) * rb)), 1);
+    for (int g = 0; g < 4; g++) {
+        L[g] = _mm512_shuffle_i64x2(R[2 * g], R[2 * g + 1], 0x88);
+        L[4 + g] = _mm512_shuffle_i64x2(R[2 * g], R[2 * g + 1], 0xDD);
+    }
+}
+
 /* L (as above) and D into the packed block at dst (row p: k pair 2p,
  * 2p + 1; word 2c + k0 column c's). Mn (NULL: none), lanes as D's: each
  * column's min m negated, for (u - off) d - m, the exact product less m
