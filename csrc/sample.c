@@ -38,6 +38,8 @@
 #define CUT_MARGIN 1e-9         /* relative mass past top_p the binade walk collects */
 #define RADIX_BITS 11           /* six passes at most over 64-bit keys */
 #define RADIX (1 << RADIX_BITS)
+#define RADIX_PASSES ((64 + RADIX_BITS - 1) / RADIX_BITS)
+#define KEPT_SCAN 64            /* kept ids past V / this: put in id order by a scan */
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -201,6 +203,7 @@ typedef struct {
     int32_t *id[2];
     double mass[HIST][BINADES];
     uint32_t count[HIST][BINADES];
+    uint32_t digits[RADIX_PASSES][RADIX];   /* radix_sort's counts (V < 2^31) */
 } row_scratch;
 
 static size_t scratch_bytes(size_t V) {
@@ -222,17 +225,24 @@ static row_scratch *scratch_of(void *buf, size_t V) {
 }
 
 /* key[0][0:n), id[0][0:n) sorted by key up, stably (LSD radix, RADIX_BITS
- * a pass; a digit that every key shares is skipped); returns the buffer (0
- * or 1) that holds the result */
+ * a pass, every pass's counts from one read of the keys: a permutation
+ * keeps each digit's counts; a digit that every key shares is skipped);
+ * returns the buffer (0 or 1) that holds the result */
 static int radix_sort(row_scratch *s, size_t n) {
+    memset(s->digits, 0, sizeof s->digits);
+    for (size_t i = 0; i < n; i++) {
+        const uint64_t k = s->key[0][i];
+        for (int p = 0; p < RADIX_PASSES; p++)
+            s->digits[p][(k >> (p * RADIX_BITS)) & (RADIX - 1)]++;
+    }
     int src = 0;
-    for (int shift = 0; shift < 64; shift += RADIX_BITS) {
-        size_t cnt[RADIX] = {0};
-        for (size_t i = 0; i < n; i++) cnt[(s->key[src][i] >> shift) & (RADIX - 1)]++;
+    for (int p = 0; p < RADIX_PASSES; p++) {
+        const int shift = p * RADIX_BITS;
+        uint32_t *cnt = s->digits[p];
         if (n == 0 || cnt[(s->key[src][0] >> shift) & (RADIX - 1)] == n) continue;
-        size_t at = 0;
+        uint32_t at = 0;
         for (int b = 0; b < RADIX; b++) {
-            const size_t c = cnt[b];
+            const uint32_t c = cnt[b];
             cnt[b] = at;
             at += c;
         }
@@ -293,14 +303,29 @@ static void cut_row(row_scratch *s, size_t V, double E, double top_p, size_t top
             }
         }
     }
-    /* the kept ids back in id order (an id is its own key) */
-    for (size_t j = 0; j < keep; j++) {
-        const int32_t i = order[j];
-        s->key[0][j] = (uint64_t)i;
-        s->id[0][j] = i;
-    }
-    *kept = s->id[radix_sort(s, keep)];
     *n = keep;
+    if (keep * KEPT_SCAN < V) {
+        /* the few kept ids back in id order (an id is its own key) */
+        for (size_t j = 0; j < keep; j++) {
+            const int32_t i = order[j];
+            s->key[0][j] = (uint64_t)i;
+            s->id[0][j] = i;
+        }
+        *kept = s->id[radix_sort(s, keep)];
+        return;
+    }
+    /* many: a flag an id, then the vocabulary in order (two radix passes
+     * over a flat row's kept ids took longer than this scan) */
+    unsigned char *flag = (unsigned char *)s->key[0];
+    int32_t *ids = order == s->id[0] ? s->id[1] : s->id[0];
+    memset(flag, 0, V);
+    for (size_t j = 0; j < keep; j++) flag[order[j]] = 1;
+    size_t at = 0;   /* branch-free: every id written, the kept ones kept */
+    for (size_t i = 0; i < V; i++) {
+        ids[at] = (int32_t)i;
+        at += flag[i];
+    }
+    *kept = ids;
 }
 
 /* The id drawn by u from the weights e over ids (increasing; NULL: all n
