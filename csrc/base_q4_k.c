@@ -321,8 +321,7 @@ RX_BASE_BF16VB static void block_q4k_vbmi(const unsigned char *data, size_t rb, 
 
 /* rows_q4k_512's row-major tile (the AMX small path's A) with the 16
  * columns' d sc and dmin m from q4k_scales16 in place of a scalar
- * sub_scale a row: a row's 32 values are (d sc) q - dmin m by one fused
- * multiply-subtract (the product exact, as half_of's), rounded to bf16 */
+ * sub_scale a row */
 RX_BASE_BF16VB static void tile_q4k_vbmi(const unsigned char *data, size_t rb, size_t j0,
                                          size_t k0, size_t pj, uint16_t *dst) {
     const size_t s = k0 % QK / SUB;
@@ -333,16 +332,10 @@ RX_BASE_BF16VB static void tile_q4k_vbmi(const unsigned char *data, size_t rb, s
     _Alignas(64) float D[16], Mn[16];
     _mm512_store_ps(D, dsc);
     _mm512_store_ps(Mn, dmm);
-    const unsigned char *run = blk + QS_OFF + s / 2 * SUB;
-    for (int r = 0; r < 16; r++, run += rb) {
-        const __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)run);
-        const __m256i q = _mm256_and_si256(s % 2 ? _mm256_srli_epi16(v, 4) : v,
-                                           _mm256_set1_epi8(0x0f));
+    for (int r = 0; r < 16; r++, blk += rb) {
         const __m512 d = _mm512_set1_ps(D[r]), m = _mm512_set1_ps(Mn[r]);
-        const __m512 x0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(q)));
-        const __m512 x1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(q, 1)));
-        _mm512_storeu_si512(dst + 32 * r,
-                            rx_pairs32(_mm512_fmsub_ps(x0, d, m), _mm512_fmsub_ps(x1, d, m)));
+        _mm512_storeu_si512(dst + 32 * r, rx_pairs32(half_of(blk, s, 0, d, m),
+                                                     half_of(blk, s, 1, d, m)));
     }
 }
 
