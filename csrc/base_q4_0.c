@@ -140,13 +140,30 @@ RX_BASE_BF16V static inline __m512 half_512(const unsigned char *blk, int h) {
 
 /* 16 stored rows' blocks at k0: row-major [16][32] (rows_bf16), or (tr)
  * transposed into the packed forward block's k pairs (block_bf16); the 16
- * rows from pj prefetched a slice a call, as rows_q8_512 does */
+ * rows from pj prefetched a slice a call, as rows_q8_512 does. A row's
+ * values are its 16 possible (q - 8) d picked by nibble (rx_pick16). */
 RX_BASE_BF16V static void rows_q4_512(const unsigned char *data, size_t rb, size_t j0, size_t k0,
                                       int tr, size_t pj, uint16_t *dst) {
     __m512i v[16];
     const unsigned char *blk = data + j0 * rb + k0 / Q4_BLOCK * Q4_BYTES;
     rx_prefetch_rows(data, rb, pj, k0 / Q4_BLOCK, Q4_BYTES);
-    for (int r = 0; r < 16; r++, blk += rb) v[r] = rx_pairs32(half_512(blk, 0), half_512(blk, 1));
+    /* the 16 scales by one vcvtph2ps (f16_f32's values) */
+    uint16_t dh[16];
+    _Alignas(64) float D[16];
+    for (int r = 0; r < 16; r++) memcpy(&dh[r], blk + (size_t)r * rb, 2);
+    _mm512_store_ps(D, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)dh)));
+    RX_SCALES_IN_MEMORY();
+    const __m512 qm8 = _mm512_set_ps(7, 6, 5, 4, 3, 2, 1, 0, -1, -2, -3, -4, -5, -6, -7, -8);
+    const __m128i low = _mm_set1_epi8(0x0f);
+    for (int r = 0; r < 16; r += 2, blk += 2 * rb) {
+        const __m512i tab = rx_pairs32(_mm512_mul_ps(qm8, _mm512_set1_ps(D[r])),
+                                       _mm512_mul_ps(qm8, _mm512_set1_ps(D[r + 1])));
+        for (int h = 0; h < 2; h++) {
+            const __m128i b = _mm_loadu_si128((const __m128i *)(const void *)(blk + h * rb + 2));
+            v[r + h] = rx_pick16(tab, _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), low),
+                                                       _mm_and_si128(b, low)), h);
+        }
+    }
     if (tr) rx_transpose16(v);
     for (int r = 0; r < 16; r++) _mm512_storeu_si512(dst + 32 * r, v[r]);
 }

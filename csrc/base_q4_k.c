@@ -319,9 +319,9 @@ RX_BASE_BF16VB static void block_q4k_vbmi(const unsigned char *data, size_t rb, 
     rx_vbmi_block(L, D, Mn, 0.0f, dst);
 }
 
-/* rows_q4k_512's row-major tile (the AMX small path's A) with the 16
- * columns' d sc and dmin m from q4k_scales16 in place of a scalar
- * sub_scale a row */
+/* rows_q4k_512's row-major tile (the AMX small path's A): the 16 columns'
+ * d sc and dmin m from q4k_scales16, and a row's values its 16 possible
+ * (d sc) q - dmin m picked by nibble (rx_pick16) */
 RX_BASE_BF16VB static void tile_q4k_vbmi(const unsigned char *data, size_t rb, size_t j0,
                                          size_t k0, size_t pj, uint16_t *dst) {
     const size_t s = k0 % QK / SUB;
@@ -332,10 +332,21 @@ RX_BASE_BF16VB static void tile_q4k_vbmi(const unsigned char *data, size_t rb, s
     _Alignas(64) float D[16], Mn[16];
     _mm512_store_ps(D, dsc);
     _mm512_store_ps(Mn, dmm);
-    for (int r = 0; r < 16; r++, blk += rb) {
-        const __m512 d = _mm512_set1_ps(D[r]), m = _mm512_set1_ps(Mn[r]);
-        _mm512_storeu_si512(dst + 32 * r, rx_pairs32(half_of(blk, s, 0, d, m),
-                                                     half_of(blk, s, 1, d, m)));
+    RX_SCALES_IN_MEMORY();
+    const __m512 q = _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    const __m256i low = _mm256_set1_epi8(0x0f);
+    for (int r = 0; r < 16; r += 2, blk += 2 * rb) {
+        /* half_of's value: the exact product less the min, one rounding */
+        const __m512i tab = rx_pairs32(
+            _mm512_sub_ps(_mm512_mul_ps(q, _mm512_set1_ps(D[r])), _mm512_set1_ps(Mn[r])),
+            _mm512_sub_ps(_mm512_mul_ps(q, _mm512_set1_ps(D[r + 1])), _mm512_set1_ps(Mn[r + 1])));
+        for (int h = 0; h < 2; h++) {
+            const __m256i b = _mm256_loadu_si256(
+                (const __m256i *)(const void *)(blk + h * rb + QS_OFF + s / 2 * SUB));
+            _mm512_storeu_si512(dst + 32 * (r + h),
+                                rx_pick16(tab, _mm256_and_si256(s % 2 ? _mm256_srli_epi16(b, 4) : b,
+                                                                low), h));
+        }
     }
 }
 

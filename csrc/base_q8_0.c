@@ -94,6 +94,7 @@ RX_BASE_BF16V static void rows_q8_512(const unsigned char *data, size_t rb, size
     _Alignas(64) float D[16];
     for (int r = 0; r < 16; r++) memcpy(&dh[r], blk + (size_t)r * rb, 2);
     _mm512_store_ps(D, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)dh)));
+    RX_SCALES_IN_MEMORY();
     for (int r = 0; r < 16; r++, blk += rb) {
         const __m512 d = _mm512_set1_ps(D[r]);
         const __m512 x0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
