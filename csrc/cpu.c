@@ -126,8 +126,8 @@ int rx_cpu_base_simd(void) {
      * =avx512bf16: level 2's (tests on a CPU with more) */
     const char *env = getenv("RWKVX_BASE_PORTABLE");
     v = !(env && (!strcmp(env, "1") || !strcmp(env, "avx2"))) &&
-        __builtin_cpu_supports("avx512f") &&
-        __builtin_cpu_supports("avx512bw");
+        __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl");
     if (v && __get_cpuid_count(7, 1, &a, &b, &c, &d) && ((a >> 5) & 1)) v = 2;
     if (v == 2 && __builtin_cpu_supports("avx512vbmi") && !(env && !strcmp(env, "avx512bf16")))
         v = 3;

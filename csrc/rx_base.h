@@ -14,9 +14,9 @@
 #define RX_BASE_X86 1
 #define RX_BASE512 __attribute__((target("avx512f,avx512bw")))
 #define RX_BASE_AVX2 __attribute__((target("avx2,f16c")))   /* rx_cpu_base_avx2 */
-#define RX_BASE_BF16V __attribute__((target("avx512f,avx512bw,avx512bf16")))
+#define RX_BASE_BF16V __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 /* level 3 of rx_cpu_base_simd */
-#define RX_BASE_BF16VB __attribute__((target("avx512f,avx512bw,avx512bf16,avx512vbmi")))
+#define RX_BASE_BF16VB __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx512vbmi")))
 #endif
 
 /* a function whose float32 products must each round before an addition:
